@@ -1,0 +1,94 @@
+"""Argument checks shared by every public launcher.
+
+Every check raises ``ValueError`` whose message starts with the argument's name, before any
+kernel is launched (SPEC §3 "Bad input"). Checks that would need a device sync (values in range,
+distinct indices) live in the ``*_values`` helpers and run only when a launcher is called with
+``validate=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def tensor(
+    name: str,
+    t,
+    *,
+    ndim: int | None = None,
+    shape: Sequence[int | None] | None = None,
+    dtype: torch.dtype | Iterable[torch.dtype] | None = None,
+    device: torch.device | None = None,
+    last_contiguous: bool = False,
+    contiguous: bool = False,
+) -> torch.Tensor:
+    """Check one tensor argument; ``None`` entries in ``shape`` match any size. Returns ``t``."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dims, got shape {tuple(t.shape)}")
+    if shape is not None:
+        if t.dim() != len(shape) or any(s is not None and s != a for s, a in zip(shape, t.shape)):
+            want = tuple("*" if s is None else s for s in shape)
+            raise ValueError(f"{name}: expected shape {want}, got {tuple(t.shape)}")
+    if dtype is not None:
+        allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
+        if t.dtype not in allowed:
+            names = ", ".join(str(d).replace("torch.", "") for d in allowed)
+            raise ValueError(f"{name}: dtype must be one of {names}, got {str(t.dtype).replace('torch.', '')}")
+    if device is not None and t.device != torch.device(device):
+        if not (t.device.type == torch.device(device).type and torch.device(device).index is None):
+            raise ValueError(f"{name}: expected a tensor on {device}, got one on {t.device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous (strides {t.stride()})")
+    if last_contiguous and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name}: last dim must be contiguous (stride 1), got strides {t.stride()}")
+    return t
+
+
+def same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
+    """Every tensor in ``others`` lives on ``ref``'s device."""
+    for name, t in others.items():
+        if t is not None and t.device != ref.device:
+            raise ValueError(f"{name}: on {t.device}, but {ref_name} is on {ref.device}")
+
+
+def positive_int(name: str, value, *, minimum: int = 1, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < minimum or (maximum is not None and value > maximum):
+        hi = "" if maximum is None else f" and <= {maximum}"
+        raise ValueError(f"{name}: must be >= {minimum}{hi}, got {value}")
+    return value
+
+
+def choice(name: str, value, options: Sequence) -> None:
+    if value not in options:
+        raise ValueError(f"{name}: must be one of {list(options)}, got {value!r}")
+
+
+# ---- value checks (device sync: only with validate=True) -------------------------------------
+
+def indices_values(name: str, idx: torch.Tensor, size: int, *, distinct: bool = True) -> None:
+    """``idx`` entries lie in ``[0, size)`` and, if ``distinct``, appear once each."""
+    if idx.numel() == 0:
+        return
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= size:
+        raise ValueError(f"{name}: entries must lie in [0, {size}), got range [{lo}, {hi}]")
+    if distinct and torch.unique(idx).numel() != idx.numel():
+        raise ValueError(f"{name}: entries must be distinct within one launch")
+
+
+def range_values(name: str, t: torch.Tensor, lo: float, hi: float) -> None:
+    """Every entry of ``t`` lies in ``[lo, hi]`` (NaN fails)."""
+    if t.numel() == 0:
+        return
+    bad = ~((t >= lo) & (t <= hi))
+    if bool(bad.any()):
+        first = t[bad].flatten()[0].item()
+        raise ValueError(f"{name}: entries must lie in [{lo}, {hi}], found {first}")

@@ -1,0 +1,80 @@
+"""Where the kernels run: the one place in pmll_lab that decides it.
+
+On a machine with CUDA the Triton kernels run on the GPU (``DEVICE = cuda:0``). Without CUDA, or
+when the environment variable ``PMLL_LAB_DEVICE=cpu`` is set before ``pmll_lab`` is first
+imported, they run through the Triton interpreter on CPU tensors: this module sets
+``TRITON_INTERPRET=1`` *before* any kernel module is imported (Triton reads it when a kernel is
+decorated), which is why ``pmll_lab/__init__.py`` imports this module first.
+
+Every test, notebook and sweep asks this module for the device (``DEVICE``) instead of deciding
+for itself. ``PMLL_LAB_DEVICE=cuda`` on a machine without CUDA raises ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+
+def _decide() -> tuple[torch.device, bool]:
+    wanted = os.environ.get("PMLL_LAB_DEVICE", "auto").strip().lower()
+    if wanted not in ("auto", "cpu", "cuda"):
+        raise RuntimeError(f"PMLL_LAB_DEVICE must be auto, cpu or cuda, not {wanted!r}")
+    has_cuda = torch.cuda.is_available()
+    if wanted == "cuda" and not has_cuda:
+        raise RuntimeError("PMLL_LAB_DEVICE=cuda but torch sees no CUDA device")
+    if wanted == "cpu" or not has_cuda:
+        os.environ["TRITON_INTERPRET"] = "1"
+        return torch.device("cpu"), True
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        # A GPU machine asked for the interpreter explicitly: honour it, on CPU tensors.
+        return torch.device("cpu"), True
+    return torch.device("cuda", torch.cuda.current_device()), False
+
+
+DEVICE, INTERPRET = _decide()
+"""``DEVICE``: the torch device kernels run on. ``INTERPRET``: True when Triton runs interpreted."""
+
+
+def device_name() -> str:
+    """Human-readable name of the device the kernels run on (GPU name, or CPU + interpreter)."""
+    if DEVICE.type == "cuda":
+        return torch.cuda.get_device_name(DEVICE)
+    return f"CPU ({platform.processor() or platform.machine()}, Triton interpreter)"
+
+
+@lru_cache(maxsize=1)
+def git_commit() -> str:
+    """Short commit hash of the checkout pmll_lab is imported from ('unknown' outside git)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()
+        return out + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def environment() -> dict[str, str]:
+    """Provenance stamped on every results row: device, versions, commit."""
+    import triton
+
+    return {
+        "device": device_name(),
+        "backend": "triton-interpreter" if INTERPRET else "cuda",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "commit": git_commit(),
+    }

@@ -1,0 +1,124 @@
+"""Seeded input generators with realistic statistics (never zeros).
+
+Every test, sweep point and notebook draws its inputs here, from an explicit ``seed``, so a
+failing point can be re-created exactly. Statistics follow Qwen3-Next's GDN layer (STYLE.md,
+gpu-mode habit): log-decay gates ``g = -exp(A_log) * softplus(a)`` (so ``g <= 0``),
+``beta = sigmoid(b)``, keys and queries of unit scale (the kernels l2-normalise them), states of
+random scale. Tensors are created on the CPU from a ``torch.Generator`` and then moved, so the
+same seed gives the same values on every device.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pmll_lab.backend import DEVICE
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(int(seed))
+
+
+def _randn(gen, *shape, scale=1.0):
+    return torch.randn(*shape, generator=gen, dtype=torch.float32) * scale
+
+
+def gdn_inputs(
+    seed: int,
+    batch: int,
+    num_k_heads: int,
+    num_v_heads: int,
+    k_dim: int,
+    v_dim: int,
+    *,
+    rows: int | None = None,
+    slots: int | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str | None = None,
+) -> dict[str, torch.Tensor]:
+    """Inputs for one GDN decode (``rows=None``) or a K-row verify (``rows=K``).
+
+    Returns a dict with ``q, k [B, (K,) HK, kd]`` and ``v [B, (K,) HV, vd]`` in ``dtype``;
+    ``g, beta [B, (K,) HV]`` fp32 (``g`` log decay <= 0, ``beta`` in (0, 1));
+    ``state [S, HV, kd, vd]`` fp32 with entries of scale ~0.1 (``S = slots or batch``);
+    ``state_indices [B]`` int32: a seeded permutation of ``S`` slots, so launches skip and
+    permute slots.
+    """
+    gen = generator(seed)
+    dev = DEVICE if device is None else torch.device(device)
+    lead = (batch,) if rows is None else (batch, rows)
+    slots = batch if slots is None else slots
+    if slots < batch:
+        raise ValueError(f"slots: must be >= batch ({batch}), got {slots}")
+    q = _randn(gen, *lead, num_k_heads, k_dim)
+    k = _randn(gen, *lead, num_k_heads, k_dim)
+    v = _randn(gen, *lead, num_v_heads, v_dim)
+    a_log = torch.rand(num_v_heads, generator=gen) * 2.0 - 1.0          # A_log ~ U(-1, 1)
+    a = _randn(gen, *lead, num_v_heads)
+    g = -torch.exp(a_log) * F.softplus(a)
+    beta = torch.sigmoid(_randn(gen, *lead, num_v_heads))
+    state = _randn(gen, slots, num_v_heads, k_dim, v_dim, scale=0.1)
+    state_indices = torch.randperm(slots, generator=gen)[:batch].to(torch.int32)
+    out = dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g, beta=beta,
+               state=state, state_indices=state_indices)
+    return {name: t.to(dev) for name, t in out.items()}
+
+
+def conv_inputs(
+    seed: int,
+    batch: int,
+    dim: int,
+    *,
+    rows: int | None = None,
+    d_conv: int = 4,
+    state_len: int | None = None,
+    slots: int | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str | None = None,
+) -> dict[str, torch.Tensor]:
+    """Inputs for the causal conv: ``x [B, (K,) dim]``, ``weight [dim, d_conv]`` (scale
+    ``d_conv**-0.5``), ``bias [dim]``, ``conv_state [S, dim, state_len]`` (default
+    ``state_len = d_conv - 1``), all in ``dtype``; ``state_indices [B]`` int32 permuted slots."""
+    gen = generator(seed)
+    dev = DEVICE if device is None else torch.device(device)
+    lead = (batch,) if rows is None else (batch, rows)
+    slots = batch if slots is None else slots
+    state_len = d_conv - 1 if state_len is None else state_len
+    x = _randn(gen, *lead, dim)
+    weight = _randn(gen, dim, d_conv, scale=d_conv ** -0.5)
+    bias = _randn(gen, dim, scale=0.1)
+    conv_state = _randn(gen, slots, dim, state_len)
+    state_indices = torch.randperm(slots, generator=gen)[:batch].to(torch.int32)
+    out = dict(x=x.to(dtype), weight=weight.to(dtype), bias=bias.to(dtype),
+               conv_state=conv_state.to(dtype), state_indices=state_indices)
+    return {name: t.to(dev) for name, t in out.items()}
+
+
+def pmll_inputs(
+    seed: int,
+    batch: int,
+    heads: int,
+    tokens: int,
+    head_dim: int,
+    *,
+    gate: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> dict[str, torch.Tensor | None]:
+    """Inputs for one PMLL segment: ``k_new, v_new, q [B, H, T, D]`` in ``dtype``; ``gate``
+    None, ``"bt"`` -> ``[B, T]`` or ``"bht"`` -> ``[B, H, T]`` fp32 in (0, 1)."""
+    gen = generator(seed)
+    dev = DEVICE if device is None else torch.device(device)
+    shape = (batch, heads, tokens, head_dim)
+    out = dict(k_new=_randn(gen, *shape).to(dtype), v_new=_randn(gen, *shape).to(dtype),
+               q=_randn(gen, *shape).to(dtype))
+    if gate is None:
+        out["gate"] = None
+    elif gate == "bt":
+        out["gate"] = torch.rand(batch, tokens, generator=gen)
+    elif gate == "bht":
+        out["gate"] = torch.rand(batch, heads, tokens, generator=gen)
+    else:
+        raise ValueError(f"gate: must be None, 'bt' or 'bht', got {gate!r}")
+    return {name: (None if t is None else t.to(dev)) for name, t in out.items()}

@@ -1,0 +1,1 @@
+"""Triton kernels and their launchers, one sub-package per operator family."""

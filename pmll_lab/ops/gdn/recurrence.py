@@ -1,0 +1,75 @@
+"""The Gated DeltaNet per-row recurrence, shared by every GDN kernel (SPEC §2).
+
+Decode, the K-row chain, the carried-state verify (exact form) and the carry fold/flush all call
+these ``@triton.jit`` helpers on the same block shapes (``block_config``), so their results
+agree to the bit: that is what makes speculative verify return exactly the tokens of plain
+decoding (SPEC §2 "Exactness"). Change the arithmetic here, and only here.
+
+Arithmetic (ours to choose, SPEC §2 and issue 5; equal to the spec's order up to rounding):
+for one value head, a state block ``h [BK, BV]`` (key rows x value columns, fp32),
+normalised key ``k [BK]``, scaled query ``q [BK]``, value block ``v [BV]``, log decay ``g``
+and ``beta``::
+
+    e  = exp(g)
+    hk = h^T k,  hq = h^T q          # both reductions read the *old* state in one pass
+    u  = beta * (v - e * hk)         # the delta-rule correction (the stash's ``u_t``)
+    o  = e * hq + (k . q) * u        # == (e*h + k u^T)^T q
+    h  = fold_row(h, e, k, u)        # h * e + k u^T
+
+``fold_row`` is exactly the state update, so replaying stashed ``(g_t, k_t, u_t)`` rows
+reproduces the chain's states bit for bit (SPEC §3b).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+L2NORM_EPS = 1e-6
+"""eps inside ``x * rsqrt(sum(x*x) + eps)`` for q/k l2norm (SPEC §2; FLA and Qwen3-Next use 1e-6)."""
+
+
+@triton.jit
+def qk_prepare(q, k, scale, USE_QK_L2NORM: tl.constexpr):
+    """fp32 ``q, k [BK]`` (padding lanes zero) -> (scaled, normalised q; normalised k)."""
+    if USE_QK_L2NORM:
+        q = q * tl.math.rsqrt(tl.sum(q * q, 0) + 1e-6)
+        k = k * tl.math.rsqrt(tl.sum(k * k, 0) + 1e-6)
+    q = q * scale
+    return q, k
+
+
+@triton.jit
+def fold_row(h, e, k, u):
+    """State update with a known row: ``h * e + k u^T`` (``h [BK, BV]``, ``e`` = exp(g))."""
+    return h * e + k[:, None] * u[None, :]
+
+
+@triton.jit
+def gdn_row(h, q, k, v, g, beta):
+    """One token of the recurrence on a state block. Returns ``(h_new, o [BV], u [BV])``.
+
+    ``h [BK, BV]`` fp32; ``q, k [BK]`` fp32 as returned by ``qk_prepare``; ``v [BV]`` fp32;
+    ``g`` (log decay), ``beta`` fp32 scalars.
+    """
+    e = tl.exp(g)
+    hk = tl.sum(h * k[:, None], 0)
+    hq = tl.sum(h * q[:, None], 0)
+    u = beta * (v - e * hk)
+    o = e * hq + tl.sum(k * q, 0) * u
+    h = fold_row(h, e, k, u)
+    return h, o, u
+
+
+def block_config(k_dim: int, v_dim: int) -> tuple[int, int, int]:
+    """``(BK, BV, num_warps)`` for a head of ``k_dim x v_dim``.
+
+    Every GDN kernel must launch with this config so that the reductions in ``gdn_row`` run in
+    the same order everywhere (bitwise agreement). ``BK`` covers the whole key dim (padded to a
+    power of two); ``BV`` columns per block. Initial choice (not yet tuned on the H200: see
+    reports/perf-notes.md): keep ``BK*BV`` at 4096 fp32 per block, 4 warps (32 registers of
+    state per thread).
+    """
+    bk = triton.next_power_of_2(k_dim)
+    bv = min(triton.next_power_of_2(v_dim), max(16, 4096 // bk))
+    return bk, bv, 4
