@@ -1,0 +1,148 @@
+"""Checking and timing one launch: errors against a reference, time, bytes, roofline.
+
+Conventions (SPEC §4; STYLE.md's llm.c and Liger habits):
+
+- ``errors(out, ref)``: max-abs and relative L2 (``||out - ref|| / ||ref||``), both computed in
+  float64; NaN anywhere gives ``inf`` so a NaN never passes a tolerance.
+- ``time_launch(fn)``: on the GPU, ``triton.testing.do_bench`` (CUDA events, L2 flushed between
+  reps) with median, p20 and p80 in microseconds, ``timer="do_bench"``. On the CPU, the kernels
+  run in the Triton interpreter: the wall time of a few calls, ``timer="interpreter-wall"``. The
+  two are never mixed in one plot (``pmll_lab.sweep.speed_rows`` keeps one timer).
+- ``copy_bandwidth()``: the roofline, measured once per process as a device-to-device copy of
+  1 GiB, counting bytes read plus bytes written (METHOD.md). ``None`` on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from functools import lru_cache
+
+import torch
+
+from pmll_lab.backend import DEVICE, INTERPRET
+
+
+def errors(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    """``{"max_abs": ..., "rel_l2": ...}`` of ``out`` against ``ref`` (same shape), in float64."""
+    if out.shape != ref.shape:
+        raise ValueError(f"out: shape {tuple(out.shape)} differs from ref {tuple(ref.shape)}")
+    a = out.detach().to("cpu", torch.float64)
+    b = ref.detach().to("cpu", torch.float64)
+    if not torch.isfinite(a).all():
+        return {"max_abs": math.inf, "rel_l2": math.inf}
+    diff = a - b
+    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
+    denom = float(torch.linalg.vector_norm(b))
+    num = float(torch.linalg.vector_norm(diff))
+    rel = num / denom if denom > 0 else (0.0 if num == 0 else math.inf)
+    return {"max_abs": max_abs, "rel_l2": rel}
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and bits (NaNs with equal bits count as equal)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    ai, bi = a.detach().contiguous(), b.detach().contiguous()
+    if ai.element_size() in (2, 4, 8):
+        view = {2: torch.int16, 4: torch.int32, 8: torch.int64}[ai.element_size()]
+        return bool(torch.equal(ai.view(view), bi.view(view)))
+    return bool(torch.equal(ai, bi))
+
+
+def time_launch(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100,
+                cpu_reps: int = 3) -> dict[str, float | str]:
+    """Time ``fn()``; returns ``median_us, p20_us, p80_us, timer``.
+
+    GPU: ``triton.testing.do_bench(fn, warmup, rep, quantiles=[0.5, 0.2, 0.8])``. CPU
+    (interpreter): ``cpu_reps`` calls after one warm-up, wall clock; quantiles of those.
+    """
+    if DEVICE.type == "cuda" and not INTERPRET:
+        import triton.testing
+
+        med, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
+                                                quantiles=[0.5, 0.2, 0.8])
+        return {"median_us": med * 1e3, "p20_us": p20 * 1e3, "p80_us": p80 * 1e3,
+                "timer": "do_bench"}
+    fn()
+    samples = []
+    for _ in range(max(1, cpu_reps)):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    samples.sort()
+    q = statistics.quantiles(samples, n=5, method="inclusive") if len(samples) > 1 else samples * 4
+    return {"median_us": statistics.median(samples), "p20_us": q[0], "p80_us": q[3],
+            "timer": "interpreter-wall"}
+
+
+def time_graph(fn: Callable[[], object], *, replays: int = 200) -> float | None:
+    """Mean microseconds per replay of ``fn`` captured in a CUDA graph (None on the CPU).
+
+    Captures one call after a warm-up on a side stream, then times ``replays`` replays with CUDA
+    events: the launch cost without Python or driver launch overhead.
+    """
+    if DEVICE.type != "cuda" or INTERPRET:
+        return None
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / replays
+
+
+@lru_cache(maxsize=1)
+def copy_bandwidth(nbytes: int = 1 << 30) -> float | None:
+    """Measured device copy bandwidth in GB/s (read + write bytes), the roofline; None on CPU."""
+    if DEVICE.type != "cuda" or INTERPRET:
+        return None
+    import triton.testing
+
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=DEVICE).uniform_()
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    del src, dst
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def throughput_rows(kernel: str, timing: dict, nbytes: int) -> list[dict]:
+    """Tidy rows for one timed kernel: time (us) with p20/p80, GB/s over ``nbytes`` (the fewest
+    bytes the launch must move), and on the GPU that GB/s as a fraction of ``copy_bandwidth()``."""
+    med = float(timing["median_us"])
+    rows = [
+        {"kernel": kernel, "metric": "time_us", "value": med, "p20": timing["p20_us"],
+         "p80": timing["p80_us"], "unit": "us", "timer": timing["timer"]},
+        {"kernel": kernel, "metric": "gbps", "value": nbytes / (med * 1e-6) / 1e9,
+         "unit": "GB/s", "timer": timing["timer"], "bytes": int(nbytes)},
+    ]
+    roof = copy_bandwidth()
+    if roof:
+        rows.append({"kernel": kernel, "metric": "roofline_frac", "value": rows[1]["value"] / roof,
+                     "unit": "fraction", "timer": timing["timer"], "copy_gbps": roof})
+    return rows
+
+
+def error_rows(kernel: str, out: torch.Tensor, ref: torch.Tensor, *, tol: float,
+               what: str = "") -> list[dict]:
+    """Tidy rows ``max_abs`` and ``rel_l2`` for ``out`` vs ``ref``, with ``passed = rel_l2 <= tol``.
+
+    ``what`` names the compared quantity (``"o"``, ``"state"``...)."""
+    e = errors(out, ref)
+    passed = e["rel_l2"] <= tol
+    return [{"kernel": kernel, "metric": m, "value": v, "tolerance": tol if m == "rel_l2" else None,
+             "passed": passed, "what": what} for m, v in e.items()]
