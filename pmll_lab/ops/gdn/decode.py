@@ -1,0 +1,236 @@
+"""Gated DeltaNet decode (SPEC §2) and the K-row chain with snapshots (SPEC §3a): one kernel.
+
+``gdn_rows_kernel`` runs ``K`` rows (tokens) of the recurrence for one (sequence, value head,
+column block): it loads the state block ``H[slot, hv, :, cols]`` (``BK x BV`` fp32) into
+registers once, applies each row in order through the shared helpers ``qk_prepare`` and
+``gdn_row`` (``pmll_lab.ops.gdn.recurrence``), writes each row's output, optionally the state
+after each row ``t < K-1`` to the snapshot buffer, and writes the state back once after the last
+row. Decode is the same kernel with ``K = 1`` and no snapshots, so a chain of ``K`` rows and ``K``
+successive decodes execute the same per-row instructions on the same block shapes
+(``block_config``): that is SPEC §2's exactness, checked bitwise by the tests and the notebook.
+
+Grid: ``(B * HV, cdiv(vd, BV))``; program ``(b * HV + hv, j)`` owns value columns
+``j*BV .. j*BV+BV-1`` of head ``hv`` of sequence ``b``, and reads key head
+``hv // (HV // HK)`` (GVA). Columns of one head are independent in the recurrence (each program
+recomputes the row's normalised q, k), so programs never share writes.
+
+Layouts: every input is addressed through its strides (last dim contiguous), so ``q, k, v, g,
+beta`` can be views of one fused projection buffer; ``state [S, HV, kd, vd]`` and the snapshots
+``[B, K-1, HV, kd, vd]`` likewise (last dim contiguous). Slot and batch offsets use int64.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pmll_lab import _checks
+from pmll_lab.backend import DEVICE
+from pmll_lab.ops.gdn.recurrence import block_config, gdn_row, qk_prepare
+
+MAX_ROWS = 8
+"""Most rows one chain launch verifies (SPEC §3: ``K <= CAP``, ``CAP = 8``)."""
+
+
+@triton.jit
+def gdn_rows_kernel(
+    state, q, k, v, g, beta, o, inter, slot_idx,
+    scale,
+    s_slot, s_head, s_key,                 # state strides (value column stride 1)
+    q_b, q_t, q_h,                         # q strides (batch, row, head)
+    k_b, k_t, k_h,
+    v_b, v_t, v_h,
+    g_b, g_t,                              # g, beta: head stride 1
+    beta_b, beta_t,
+    o_b, o_t, o_h,
+    i_b, i_t, i_h, i_k,                    # snapshot strides (batch, row, head, key row)
+    HV, GROUP,
+    KD: tl.constexpr, VD: tl.constexpr,
+    K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_IDX: tl.constexpr, STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    b = pid_bh // HV
+    hv = pid_bh % HV
+    hk = hv // GROUP
+    b64 = b.to(tl.int64)
+    if HAS_IDX:
+        slot = tl.load(slot_idx + b).to(tl.int64)
+    else:
+        slot = b64
+
+    rk = tl.arange(0, BK)
+    rv = pid_v * BV + tl.arange(0, BV)
+    mk = rk < KD
+    mv = rv < VD
+    mh = mk[:, None] & mv[None, :]
+
+    p_h = state + slot * s_slot + hv * s_head + rk[:, None] * s_key + rv[None, :]
+    h = tl.load(p_h, mask=mh, other=0.0)
+
+    for t in tl.static_range(K):
+        qt = tl.load(q + b64 * q_b + t * q_t + hk * q_h + rk, mask=mk, other=0.0).to(tl.float32)
+        kt = tl.load(k + b64 * k_b + t * k_t + hk * k_h + rk, mask=mk, other=0.0).to(tl.float32)
+        vt = tl.load(v + b64 * v_b + t * v_t + hv * v_h + rv, mask=mv, other=0.0).to(tl.float32)
+        gt = tl.load(g + b64 * g_b + t * g_t + hv).to(tl.float32)
+        bt = tl.load(beta + b64 * beta_b + t * beta_t + hv).to(tl.float32)
+        qt, kt = qk_prepare(qt, kt, scale, USE_QK_L2NORM)
+        h, ot, ut = gdn_row(h, qt, kt, vt, gt, bt)
+        tl.store(o + b64 * o_b + t * o_t + hv * o_h + rv, ot.to(o.dtype.element_ty), mask=mv)
+        if STORE_INTER:
+            if t < K - 1:
+                tl.store(inter + b64 * i_b + t * i_t + hv * i_h + rk[:, None] * i_k + rv[None, :],
+                         h, mask=mh)
+
+    tl.store(p_h, h, mask=mh)
+
+
+# ---- argument checks ---------------------------------------------------------------------------
+
+def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtype, validate,
+           *, rows: bool):
+    """Validate a decode (``rows=False``) or chain (``rows=True``) call; return its sizes."""
+    C = _checks
+    C.tensor("state", state, ndim=4, dtype=torch.float32, last_contiguous=True)
+    if state.device.type != DEVICE.type:
+        raise ValueError(f"state: on {state.device}, but kernels run on {DEVICE} "
+                         "(pmll_lab.backend.DEVICE)")
+    S, HV, kd, vd = state.shape
+    nd = 4 if rows else 3
+    C.tensor("q", q, ndim=nd, dtype=C.FLOAT_DTYPES, last_contiguous=True)
+    lead = tuple(q.shape[:nd - 2])                      # (B,) or (B, K)
+    HK = q.shape[-2]
+    if q.shape[-1] != kd:
+        raise ValueError(f"q: key head size {q.shape[-1]} differs from state's kd = {kd} "
+                         f"(state shape {tuple(state.shape)})")
+    if rows and not 1 <= lead[1] <= MAX_ROWS:
+        raise ValueError(f"q: rows per sequence K (dim 1) must lie in [1, {MAX_ROWS}], "
+                         f"got {lead[1]}")
+    if HK < 1 or HV % HK != 0:
+        raise ValueError(f"q: value heads HV = {HV} (state dim 1) must be a multiple of key "
+                         f"heads HK = {HK} (q dim {nd - 2})")
+    C.tensor("k", k, shape=q.shape, dtype=q.dtype, last_contiguous=True)
+    C.tensor("v", v, shape=(*lead, HV, vd), dtype=q.dtype, last_contiguous=True)
+    C.tensor("g", g, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)
+    C.tensor("beta", beta, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)
+    C.same_device("state", state, q=q, k=k, v=v, g=g, beta=beta, state_indices=state_indices,
+                  intermediate=intermediate)
+    B = lead[0]
+    if state_indices is not None:
+        C.tensor("state_indices", state_indices, shape=(B,), dtype=torch.int32)
+    elif B > S:
+        raise ValueError(f"state_indices: None means slots arange(B), but B = {B} > S = {S} "
+                         "state slots")
+    if intermediate is not None:
+        if not rows:
+            raise ValueError("intermediate: only the chain writes snapshots")
+        C.tensor("intermediate", intermediate, shape=(B, lead[1] - 1, HV, kd, vd),
+                 dtype=torch.float32, last_contiguous=True)
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise ValueError(f"scale: expected a float or None, got {type(scale).__name__}")
+    if out_dtype is not None:
+        C.choice("out_dtype", out_dtype, [None, *C.FLOAT_DTYPES])
+    if validate:
+        if state_indices is not None:
+            C.indices_values("state_indices", state_indices, S)
+        C.range_values("g", g, -float("inf"), 0.0)
+        C.range_values("beta", beta, 0.0, 1.0)
+    return B, (lead[1] if rows else 1), HK, HV, kd, vd
+
+
+def _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
+            B, K, HK, HV, kd, vd, *, rows: bool):
+    if B == 0:
+        return
+    BK, BV, num_warps = block_config(kd, vd)
+    # Strides of the row axis are 0 for decode (no rows axis); every head stride is explicit.
+    if rows:
+        qs, ks, vs, os_ = q.stride()[:3], k.stride()[:3], v.stride()[:3], o.stride()[:3]
+        gs, bs = g.stride()[:2], beta.stride()[:2]
+    else:
+        qs, ks, vs, os_ = ((t.stride(0), 0, t.stride(1)) for t in (q, k, v, o))
+        gs, bs = (g.stride(0), 0), (beta.stride(0), 0)
+    store_inter = intermediate is not None and K > 1
+    if store_inter:
+        ist = intermediate.stride()[:4]
+        inter = intermediate
+    else:
+        ist, inter = (0, 0, 0, 0), state        # never written (STORE_INTER=False)
+    has_idx = state_indices is not None
+    grid = (B * HV, triton.cdiv(vd, BV))
+    gdn_rows_kernel[grid](
+        state, q, k, v, g, beta, o, inter, state_indices if has_idx else state,
+        float(kd ** -0.5 if scale is None else scale),
+        state.stride(0), state.stride(1), state.stride(2),
+        *qs, *ks, *vs, *gs, *bs, *os_, *ist,
+        HV, HV // HK,
+        KD=kd, VD=vd, K=K, BK=BK, BV=BV,
+        HAS_IDX=has_idx, STORE_INTER=store_inter, USE_QK_L2NORM=bool(use_qk_l2norm),
+        num_warps=num_warps,
+    )
+
+
+def _device_guard(t: torch.Tensor):
+    if t.device.type == "cuda":
+        return torch.cuda.device(t.device)
+    import contextlib
+    return contextlib.nullcontext()
+
+
+def gdn_decode(state, q, k, v, g, beta, *, state_indices=None, scale=None, use_qk_l2norm=True,
+               out_dtype=None, validate=False):
+    """One Gated DeltaNet decode token per sequence (SPEC §2); updates ``state`` in place.
+
+    Args:
+        state: ``[S, HV, kd, vd]`` fp32 (last dim contiguous), FLA's key-major layout; the slots
+            ``state_indices`` are advanced one token, every other slot is left untouched.
+        q, k: ``[B, HK, kd]``, fp32/bf16/fp16 (same dtype), last dim contiguous, any other
+            strides (views of a fused projection buffer are read in place, never copied).
+        v: ``[B, HV, vd]``, q's dtype; value head ``h`` reads key head ``h // (HV // HK)``.
+        g: ``[B, HV]`` fp32 log decay (<= 0). beta: ``[B, HV]`` fp32 in [0, 1].
+        state_indices: ``[B]`` int32 slot of each sequence (default ``arange(B)``).
+        scale: query scale (default ``kd ** -0.5``). use_qk_l2norm: l2-normalise q and k
+            (eps 1e-6) first.
+        out_dtype: ``None`` (v's dtype) or a float dtype (``torch.float32`` for fp32 outputs).
+        validate: also check values (device sync): ``state_indices`` in ``[0, S)`` and distinct,
+            ``g <= 0``, ``beta`` in ``[0, 1]``.
+
+    Returns ``o [B, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
+    launching. Source: SPEC §2; arithmetic order from ``pmll_lab.ops.gdn.recurrence``.
+    """
+    B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, None, scale,
+                                  out_dtype, validate, rows=False)
+    o = torch.empty(B, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
+    with _device_guard(state):
+        _launch(state, q, k, v, g, beta, o, None, state_indices, scale, use_qk_l2norm,
+                B, K, HK, HV, kd, vd, rows=False)
+    return o
+
+
+def gdn_chain(state, q, k, v, g, beta, *, state_indices=None, intermediate=None, scale=None,
+              use_qk_l2norm=True, out_dtype=None, validate=False):
+    """Verify ``K`` draft rows per sequence with the chain-with-snapshots (SPEC §3a).
+
+    Runs ``K`` tokens of the decode recurrence per sequence in one launch (the state block stays
+    in registers between rows), leaves each addressed slot of ``state`` at the state after the
+    last row and, when ``intermediate`` is given, writes the state after each row ``t < K-1``
+    to ``intermediate[:, t]`` (after accepting ``a`` rows the caller keeps snapshot ``a-1``, or
+    ``state`` itself when ``a == K``). Bitwise equal to ``K`` successive ``gdn_decode`` launches
+    on the same device: outputs, final state and every snapshot.
+
+    Args: as ``gdn_decode`` with a rows axis after ``B``: ``q, k [B, K, HK, kd]``,
+    ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]``, ``1 <= K <= 8``;
+    ``intermediate``: ``None`` or ``[B, K-1, HV, kd, vd]`` fp32 (last dim contiguous).
+
+    Returns ``o [B, K, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
+    launching. Source: SPEC §3a, the seed's ``gdn_exact_chain`` batched over sequences.
+    """
+    B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
+                                  out_dtype, validate, rows=True)
+    o = torch.empty(B, K, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
+    with _device_guard(state):
+        _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
+                B, K, HK, HV, kd, vd, rows=True)
+    return o

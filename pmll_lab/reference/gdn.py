@@ -1,0 +1,95 @@
+"""Float64 references for Gated DeltaNet decode and the K-row chain with snapshots.
+
+Written for clarity, not speed (SPEC §2, §3a): every kernel in ``pmll_lab.ops.gdn`` answers to
+these. One token of one value head ``h`` (key head ``h // (HV // HK)``, as ``repeat_interleave``
+does in Qwen3-Next), state ``H [kd, vd]`` (FLA's layout)::
+
+    q, k <- l2norm(q), l2norm(k)        if use_qk_l2norm   (x * rsqrt(sum(x*x) + 1e-6))
+    q    <- q * scale                                          (scale = kd**-0.5 unless given)
+    H    <- exp(g) * H                                         (g: log decay, <= 0)
+    u    <- beta * (v - H^T k)
+    H    <- H + k u^T
+    o    <- H^T q
+
+The chain reference is literally the decode reference applied K times, in order, with the
+state after each row ``t < K-1`` kept as a snapshot (the intermediate buffer of §3a). Inputs are
+never mutated; everything is computed in float64 on the inputs' device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+L2NORM_EPS = 1e-6
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def _slots(state_indices, batch: int, device) -> torch.Tensor:
+    if state_indices is None:
+        return torch.arange(batch, device=device)
+    return state_indices.to(device=device, dtype=torch.long)
+
+
+def gdn_decode_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
+                   use_qk_l2norm=True):
+    """One decode token per sequence, in float64.
+
+    Args: ``state [S, HV, kd, vd]``; ``q, k [B, HK, kd]``; ``v [B, HV, vd]``; ``g, beta [B, HV]``
+    (any float dtypes: values are read exactly, then computed in float64); ``state_indices [B]``
+    (default ``arange(B)``) selects each sequence's slot.
+
+    Returns ``(o [B, HV, vd], new_state [S, HV, kd, vd])``, both float64: ``new_state`` is a copy
+    of ``state`` with the addressed slots advanced by one token and every other slot unchanged.
+    """
+    B, HK, kd = q.shape
+    HV = v.shape[1]
+    group = HV // HK
+    scale = kd ** -0.5 if scale is None else float(scale)
+    f64 = torch.float64
+    q, k, v, g, beta = (t.to(f64) for t in (q, k, v, g, beta))
+    if use_qk_l2norm:
+        q, k = _l2norm(q), _l2norm(k)
+    q = q * scale
+    # GVA: value head h reads key head h // group.
+    q = q.repeat_interleave(group, dim=1)               # [B, HV, kd]
+    k = k.repeat_interleave(group, dim=1)
+
+    new_state = state.to(f64).clone()
+    slots = _slots(state_indices, B, state.device)
+    H = new_state[slots]                                # [B, HV, kd, vd] (a copy)
+    H = torch.exp(g)[..., None, None] * H
+    u = beta[..., None] * (v - torch.einsum("bhkv,bhk->bhv", H, k))
+    H = H + k[..., :, None] * u[..., None, :]
+    o = torch.einsum("bhkv,bhk->bhv", H, q)
+    new_state[slots] = H
+    return o, new_state
+
+
+def gdn_chain_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
+                  use_qk_l2norm=True):
+    """K rows per sequence: the decode reference applied row by row, in float64.
+
+    Args: as ``gdn_decode_ref`` with a rows axis after ``B``: ``q, k [B, K, HK, kd]``,
+    ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]``.
+
+    Returns ``(o [B, K, HV, vd], new_state [S, HV, kd, vd], intermediate [B, K-1, HV, kd, vd])``
+    (float64): ``new_state`` holds the state after the last row in the addressed slots;
+    ``intermediate[b, t]`` is sequence ``b``'s state after row ``t`` (``t < K-1``).
+    """
+    B, K = q.shape[:2]
+    slots = _slots(state_indices, B, state.device)
+    cur = state
+    outs, snaps = [], []
+    for t in range(K):
+        o_t, cur = gdn_decode_ref(cur, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t],
+                                  state_indices=slots, scale=scale, use_qk_l2norm=use_qk_l2norm)
+        outs.append(o_t)
+        if t < K - 1:
+            snaps.append(cur[slots])
+    HV, kd, vd = state.shape[1:]
+    inter = (torch.stack(snaps, dim=1) if snaps
+             else torch.empty(B, 0, HV, kd, vd, dtype=torch.float64, device=state.device))
+    return torch.stack(outs, dim=1), cur.to(torch.float64), inter
