@@ -1,0 +1,627 @@
+"""Carried-state GDN verify, flush and accept: Triton kernels and their launchers (SPEC §3b).
+
+Buffers (all fp32 unless said):
+
+- ``state [S, HV, kd, vd]``: the stored recurrent states (FLA layout), inner three dims
+  contiguous, any slot stride.
+- ``GdnCarry.buf [S, W]`` with ``W = CAP*(HV*vd + HV + HV*kd)`` floats per slot (the seed's
+  ``gdn_carry_seq_floats``), laid out as the seed's ``vn[CAP][HV][vd] | g[CAP][HV] |
+  sk[CAP][HV][kd]``: row ``r`` of the stash holds ``u_r`` (the delta-rule correction, ``vn``),
+  ``g_r`` (the log decay) and ``k_r`` (the l2-normalised key, ``sk``) of every value head.
+- ``GdnCarry.pend [S]`` int32: accepted stash rows not yet folded into ``state``.
+
+Verify (``gdn_carry_verify``), one program per (sequence, value head), grid ``(B, HV)``:
+the program loads the slot's ``pend`` ``p``, and for each column block of ``BV`` value columns
+(``block_config(kd, vd)``, looped inside the program) loads the state block, folds the ``p``
+pending rows (``fold_row``), writes it back when the protocol says so (eager: ``p > 0``; lazy:
+``p + K > CAP``), runs the ``K`` rows and stashes each row's ``u`` columns at stash row
+``first + t`` (``first = 0`` after a write-back, else ``p``). The ``g`` and ``k`` stash rows are
+shared by all column blocks of the head, so they are written once, after every block has folded
+the old ones (behind ``tl.debug_barrier()``): a write-back that restarts the stash at row 0 can
+never overwrite a row that is still to be folded (SPEC §3b "Shared rows"). No two programs of a
+launch touch the same stash or state bytes (slots distinct within a launch, heads disjoint).
+``engaged[b]`` is written by the program of value head 0: 2 after a write-back, else 1.
+
+- exact form: each row through ``qk_prepare`` + ``gdn_row`` of ``pmll_lab.ops.gdn.recurrence`` on
+  ``block_config``'s block shapes and warps, the same code as plain decode, so outputs and folded
+  states are bitwise equal to decoding the rows one by one.
+- WY form: the ``K`` rows at once (SPEC §3b). Per program, before the column loop: the rows'
+  normalised keys and scaled queries as ``[KP, BK]`` tiles (``KP = 16``, the smallest ``tl.dot``
+  side), ``c = cumsum(g)``, ``A[t,s] = beta_t exp(c_t - c_s) k_t.k_s`` (``s < t``), the inverse
+  ``T = (I + A)^-1`` by forward substitution over the ``K`` rows, and
+  ``P[t,s] = exp(c_t - c_s) q_t.k_s`` (``s <= t``). Per column block: ``KH = K_rows H``,
+  ``QH = Q_rows H`` (``tl.dot``, ``input_precision="ieee"`` so the fp32 state is not rounded to
+  tf32), ``U = T (beta * (V - exp(c) KH))``, ``O = exp(c) QH + P U``; ``U``'s rows are the
+  stashed ``u`` rows. Equal to the exact form up to fp32 rounding (tests: rel L2 <= 1e-4).
+
+Flush (``gdn_carry_flush``), grid ``(B, HV * NV, L)``: folds each slot's pending rows into its
+state for ``L`` separately allocated layers in one launch. The launcher passes layer 0's state,
+stash and ``pend`` tensors as base pointers and three int64 tables holding each layer's element
+offset from those bases (``(ptr_l - ptr_0) / itemsize``); the kernel adds ``table[l]``. That
+works in the interpreter (which hands kernels the tensors' real CPU addresses) and on the GPU
+(one flat address space). Flush reads the stash only, so it may split a head's columns across
+programs. ``pend`` is not changed.
+
+Accept (``carry_accept``), grid ``(cdiv(B, 128), L)``: ``pend[slot] = a if engaged == 2 else
+pend[slot] + a`` for one or several carries (any object with ``.pend`` int32 ``[S]``), on the
+device, with no host sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from pmll_lab import _checks
+from pmll_lab.backend import DEVICE
+from pmll_lab.ops.gdn.recurrence import block_config, fold_row, gdn_row, qk_prepare
+
+GDN_CARRY_CAP = 8
+"""Stash rows per (layer, slot): the seed's ``GDN_CARRY_CAP`` (``CARRY_CAP`` in its CUDA file).
+``K <= CAP`` is required; a verify whose rows do not fit behind the pending ones writes back."""
+
+WY_ROWS_PAD = 16
+"""The WY form pads the K axis to 16 rows: ``tl.dot`` needs every side >= 16."""
+
+ACCEPT_BLOCK = 128
+"""Sequences per program of the accept kernel (a handful of int32 loads/stores each)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The stash
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class GdnCarry:
+    """One layer's carried-state stash and pending counts for ``S`` slots (SPEC §3b).
+
+    ``buf [S, CAP*(HV*vd + HV + HV*kd)]`` fp32, per slot the seed's layout
+    ``vn[CAP][HV][vd] | g[CAP][HV] | sk[CAP][HV][kd]`` (last dim contiguous; any slot stride,
+    so a view into a larger buffer works); ``pend [S]`` int32 on the same device, contiguous.
+    Build with ``GdnCarry.empty(...)`` or pass existing tensors (validated here).
+    Views for tests and references: ``.u [S, CAP, HV, vd]``, ``.g [S, CAP, HV]``,
+    ``.k [S, CAP, HV, kd]``.
+    """
+
+    buf: torch.Tensor
+    pend: torch.Tensor
+    num_v_heads: int
+    k_dim: int
+    v_dim: int
+    cap: int = GDN_CARRY_CAP
+
+    def __post_init__(self):
+        for name in ("num_v_heads", "k_dim", "v_dim", "cap"):
+            _checks.positive_int(name, getattr(self, name))
+        width = self.floats_per_slot
+        _checks.tensor("buf", self.buf, ndim=2, shape=(None, width), dtype=torch.float32,
+                       last_contiguous=True)
+        _checks.tensor("pend", self.pend, shape=(self.buf.shape[0],), dtype=torch.int32,
+                       device=self.buf.device, contiguous=True)
+
+    @classmethod
+    def empty(cls, slots: int, num_v_heads: int, k_dim: int, v_dim: int, *,
+              cap: int = GDN_CARRY_CAP, device=None) -> "GdnCarry":
+        """A zeroed stash with ``pend = 0`` for ``slots`` slots on ``device`` (default
+        ``pmll_lab.DEVICE``)."""
+        _checks.positive_int("slots", slots)
+        for name, val in (("num_v_heads", num_v_heads), ("k_dim", k_dim), ("v_dim", v_dim),
+                          ("cap", cap)):
+            _checks.positive_int(name, val)
+        dev = DEVICE if device is None else torch.device(device)
+        width = cap * (num_v_heads * v_dim + num_v_heads + num_v_heads * k_dim)
+        return cls(buf=torch.zeros(slots, width, dtype=torch.float32, device=dev),
+                   pend=torch.zeros(slots, dtype=torch.int32, device=dev),
+                   num_v_heads=num_v_heads, k_dim=k_dim, v_dim=v_dim, cap=cap)
+
+    # -- sizes ------------------------------------------------------------------------------
+    @property
+    def slots(self) -> int:
+        return self.buf.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.buf.device
+
+    @property
+    def floats_per_slot(self) -> int:
+        """``CAP*(HV*vd + HV + HV*kd)``: the seed's ``gdn_carry_seq_floats``."""
+        return self.cap * (self.num_v_heads * self.v_dim + self.num_v_heads
+                           + self.num_v_heads * self.k_dim)
+
+    @property
+    def stash_bytes_per_slot(self) -> int:
+        """Bytes of stash per slot (fp32)."""
+        return 4 * self.floats_per_slot
+
+    @property
+    def bytes(self) -> int:
+        """Bytes held by this layer's stash and ``pend``."""
+        return self.slots * (self.stash_bytes_per_slot + 4)
+
+    # -- views ------------------------------------------------------------------------------
+    @property
+    def u(self) -> torch.Tensor:
+        """``[S, CAP, HV, vd]`` view of the stashed ``u`` rows (the seed's ``vn``)."""
+        n = self.cap * self.num_v_heads * self.v_dim
+        return self.buf[:, :n].unflatten(1, (self.cap, self.num_v_heads, self.v_dim))
+
+    @property
+    def g(self) -> torch.Tensor:
+        """``[S, CAP, HV]`` view of the stashed log decays."""
+        a = self.cap * self.num_v_heads * self.v_dim
+        return self.buf[:, a:a + self.cap * self.num_v_heads].unflatten(1, (self.cap, self.num_v_heads))
+
+    @property
+    def k(self) -> torch.Tensor:
+        """``[S, CAP, HV, kd]`` view of the stashed normalised keys (the seed's ``sk``)."""
+        a = self.cap * self.num_v_heads * (self.v_dim + 1)
+        return self.buf[:, a:].unflatten(1, (self.cap, self.num_v_heads, self.k_dim))
+
+    def reset(self, slots) -> None:
+        """Forget the pending rows of ``slots`` (ints, list or index tensor): ``pend = 0``.
+
+        The stash rows themselves are left as they are: a row at or beyond ``pend`` is never
+        read. Use when a slot is freed or handed to a new sequence (its state is the caller's)."""
+        if isinstance(slots, int):
+            slots = [slots]
+        idx = torch.as_tensor(slots, dtype=torch.int64, device=self.pend.device)
+        self.pend.index_fill_(0, idx, 0)
+
+
+def stash_bytes_per_slot(num_v_heads: int, k_dim: int, v_dim: int, cap: int = GDN_CARRY_CAP) -> int:
+    """Stash bytes per (layer, slot) without allocating: ``4*CAP*(HV*vd + HV + HV*kd)``."""
+    return 4 * cap * (num_v_heads * v_dim + num_v_heads + num_v_heads * k_dim)
+
+
+def snapshot_bytes_per_slot(num_v_heads: int, k_dim: int, v_dim: int, rows: int) -> int:
+    """Bytes of the snapshot chain's intermediate states per (layer, sequence): ``(K-1)`` fp32
+    states of ``HV*kd*vd`` (SPEC §3a)."""
+    return 4 * (rows - 1) * num_v_heads * k_dim * v_dim
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv,
+                  HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr):
+    """Fold stash rows ``0..p-1`` into the state block ``h [BK, BV]`` (columns ``rv``)."""
+    for i in range(p):
+        gi = tl.load(gs_ptr + i * HV)
+        ki = tl.load(ks_ptr + i * (HV * KD) + rk, mask=mk, other=0.0)
+        ui = tl.load(u_ptr + i * (HV * VD) + rv, mask=mv, other=0.0)
+        h = fold_row(h, tl.exp(gi), ki, ui)
+    return h
+
+
+@triton.jit
+def _gdn_carry_exact_kernel(
+    state_ptr, stash_ptr, pend_ptr, slot_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
+    scale, stride_state, stride_stash,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
+    sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
+    K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
+    KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    hk = hv // GROUP
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    p = tl.load(pend_ptr + slot)
+    if LAZY:
+        wb = p + K > CAP
+    else:
+        wb = p > 0
+    first = tl.where(wb, 0, p)
+
+    rk = tl.arange(0, BK)
+    mk = rk < KD
+    h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
+    s_ptr = stash_ptr + slot * stride_stash
+    u_ptr = s_ptr + hv * VD
+    gs_ptr = s_ptr + CAP * HV * VD + hv
+    ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
+    qrow = q_ptr + b * sq_b + hk * sq_h
+    krow = k_ptr + b * sk_b + hk * sk_h
+    vrow = v_ptr + b * sv_b + hv * sv_h
+    orow = o_ptr + b * so_b + hv * so_h
+
+    for j in range(0, tl.cdiv(VD, BV)):
+        rv = j * BV + tl.arange(0, BV)
+        mv = rv < VD
+        m2 = mk[:, None] & mv[None, :]
+        hp = h_ptr + rk[:, None] * VD + rv[None, :]
+        h = tl.load(hp, mask=m2, other=0.0)
+        h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD)
+        tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
+        if wb:
+            tl.store(hp, h, mask=m2)
+        for t in tl.static_range(K):
+            q = tl.load(qrow + t * sq_t + rk, mask=mk, other=0.0).to(tl.float32)
+            k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
+            q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
+            v = tl.load(vrow + t * sv_t + rv, mask=mv, other=0.0).to(tl.float32)
+            g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
+            beta = tl.load(beta_ptr + b * sb_b + t * sb_t + hv).to(tl.float32)
+            h, o, u = gdn_row(h, q, k, v, g, beta)
+            tl.store(orow + t * so_t + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
+            tl.store(u_ptr + (first + t) * (HV * VD) + rv, u, mask=mv)
+
+    # The g and k rows are shared by all column blocks: restash them only after every block
+    # has folded the old ones.
+    tl.debug_barrier()
+    for t in tl.static_range(K):
+        q = tl.load(qrow + t * sq_t + rk, mask=mk, other=0.0).to(tl.float32)
+        k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
+        q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
+        g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
+        tl.store(gs_ptr + (first + t) * HV, g)
+        tl.store(ks_ptr + (first + t) * (HV * KD) + rk, k, mask=mk)
+    if hv == 0:
+        tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
+
+
+@triton.jit
+def _gdn_carry_wy_kernel(
+    state_ptr, stash_ptr, pend_ptr, slot_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
+    scale, stride_state, stride_stash,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
+    sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
+    K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
+    KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, KP: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    hk = hv // GROUP
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    p = tl.load(pend_ptr + slot)
+    if LAZY:
+        wb = p + K > CAP
+    else:
+        wb = p > 0
+    first = tl.where(wb, 0, p)
+
+    rk = tl.arange(0, BK)
+    mk = rk < KD
+    rt = tl.arange(0, KP)            # draft rows, padded to KP
+    mt = rt < K
+    h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
+    s_ptr = stash_ptr + slot * stride_stash
+    u_ptr = s_ptr + hv * VD
+    gs_ptr = s_ptr + CAP * HV * VD + hv
+    ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
+
+    # ---- per (sequence, head), independent of the state: rows, gates, the small matrices ----
+    mtk = mt[:, None] & mk[None, :]
+    Q = tl.load(q_ptr + b * sq_b + hk * sq_h + rt[:, None] * sq_t + rk[None, :],
+                mask=mtk, other=0.0).to(tl.float32)
+    Kr = tl.load(k_ptr + b * sk_b + hk * sk_h + rt[:, None] * sk_t + rk[None, :],
+                 mask=mtk, other=0.0).to(tl.float32)
+    if USE_QK_L2NORM:
+        Q = Q * tl.math.rsqrt(tl.sum(Q * Q, 1) + 1e-6)[:, None]
+        Kr = Kr * tl.math.rsqrt(tl.sum(Kr * Kr, 1) + 1e-6)[:, None]
+    Q = Q * scale
+    g = tl.load(g_ptr + b * sg_b + rt * sg_t + hv, mask=mt, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + b * sb_b + rt * sb_t + hv, mask=mt, other=0.0).to(tl.float32)
+    c = tl.cumsum(g, 0)
+    ec = tl.exp(c)
+    lower = rt[:, None] >= rt[None, :]
+    strict = rt[:, None] > rt[None, :]
+    decay = tl.where(lower, tl.exp(tl.where(lower, c[:, None] - c[None, :], 0.0)), 0.0)
+    KK = tl.dot(Kr, tl.trans(Kr), input_precision="ieee")
+    QK = tl.dot(Q, tl.trans(Kr), input_precision="ieee")
+    A = tl.where(strict, beta[:, None] * decay * KK, 0.0)
+    P = decay * QK
+    # T = (I + A)^-1 by forward substitution: row t = e_t - sum_{s<t} A[t, s] T[s, :]
+    T = tl.where(rt[:, None] == rt[None, :], 1.0, 0.0)
+    for t in tl.static_range(1, K):
+        a_t = tl.sum(tl.where(rt[:, None] == t, A, 0.0), 0)          # row t of A, over s
+        corr = tl.sum(a_t[:, None] * T, 0)
+        T = tl.where(rt[:, None] == t, T - corr[None, :], T)
+
+    for j in range(0, tl.cdiv(VD, BV)):
+        rv = j * BV + tl.arange(0, BV)
+        mv = rv < VD
+        m2 = mk[:, None] & mv[None, :]
+        hp = h_ptr + rk[:, None] * VD + rv[None, :]
+        h = tl.load(hp, mask=m2, other=0.0)
+        h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD)
+        tl.debug_barrier()
+        if wb:
+            tl.store(hp, h, mask=m2)
+        mtv = mt[:, None] & mv[None, :]
+        V = tl.load(v_ptr + b * sv_b + hv * sv_h + rt[:, None] * sv_t + rv[None, :],
+                    mask=mtv, other=0.0).to(tl.float32)
+        KH = tl.dot(Kr, h, input_precision="ieee")
+        QH = tl.dot(Q, h, input_precision="ieee")
+        R = beta[:, None] * (V - ec[:, None] * KH)
+        U = tl.dot(T, R, input_precision="ieee")
+        O = ec[:, None] * QH + tl.dot(P, U, input_precision="ieee")
+        tl.store(o_ptr + b * so_b + hv * so_h + rt[:, None] * so_t + rv[None, :],
+                 O.to(o_ptr.dtype.element_ty), mask=mtv)
+        tl.store(u_ptr + (first + rt[:, None]) * (HV * VD) + rv[None, :], U, mask=mtv)
+
+    tl.debug_barrier()
+    tl.store(gs_ptr + (first + rt) * HV, g, mask=mt)
+    tl.store(ks_ptr + (first + rt[:, None]) * (HV * KD) + rk[None, :], Kr, mask=mtk)
+    if hv == 0:
+        tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
+
+
+@triton.jit
+def _gdn_carry_flush_kernel(
+    state_ptr, stash_ptr, pend_ptr, slot_ptr, state_off_ptr, stash_off_ptr, pend_off_ptr,
+    stride_state, stride_stash,
+    CAP: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1) // NV
+    j = tl.program_id(1) % NV
+    layer = tl.program_id(2)
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    p = tl.load(pend_ptr + tl.load(pend_off_ptr + layer) + slot)
+    if p > 0:
+        rk = tl.arange(0, BK)
+        mk = rk < KD
+        rv = j * BV + tl.arange(0, BV)
+        mv = rv < VD
+        m2 = mk[:, None] & mv[None, :]
+        h_ptr = state_ptr + tl.load(state_off_ptr + layer) + slot * stride_state + hv * (KD * VD)
+        s_ptr = stash_ptr + tl.load(stash_off_ptr + layer) + slot * stride_stash
+        hp = h_ptr + rk[:, None] * VD + rv[None, :]
+        h = tl.load(hp, mask=m2, other=0.0)
+        h = _fold_pending(h, s_ptr + hv * VD, s_ptr + CAP * HV * VD + hv,
+                          s_ptr + CAP * HV * VD + CAP * HV + hv * KD, p, rk, mk, rv, mv, HV, KD, VD)
+        tl.store(hp, h, mask=m2)
+
+
+@triton.jit
+def _carry_accept_kernel(pend_ptr, pend_off_ptr, slot_ptr, engaged_ptr, acc_ptr, B,
+                         BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < B
+    pend = pend_ptr + tl.load(pend_off_ptr + tl.program_id(1))
+    slot = tl.load(slot_ptr + offs, mask=m, other=0).to(tl.int64)
+    e = tl.load(engaged_ptr + offs, mask=m, other=1)
+    a = tl.load(acc_ptr + offs, mask=m, other=0).to(tl.int32)
+    p = tl.load(pend + slot, mask=m, other=0)
+    tl.store(pend + slot, tl.where(e == 2, a, p + a), mask=m)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------
+
+FORMS = ("exact", "wy")
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def offsets_table(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """int64 ``[L]`` tensor of each tensor's element offset from ``tensors[0]``'s data pointer,
+    on their device. Cached by the pointers (the table depends on nothing else), so a launcher
+    called again on the same buffers does no host-to-device copy."""
+    t0 = tensors[0]
+    item = t0.element_size()
+    key = (t0.device, item) + tuple(t.data_ptr() for t in tensors)
+    table = _TABLES.get(key)
+    if table is None:
+        offs = []
+        for t in tensors:
+            delta = t.data_ptr() - t0.data_ptr()
+            if delta % item:
+                raise ValueError("tensors: data pointers are not a whole number of elements apart")
+            offs.append(delta // item)
+        if len(_TABLES) > 256:
+            _TABLES.clear()
+        table = _TABLES[key] = torch.tensor(offs, dtype=torch.int64, device=t0.device)
+    return table
+
+
+def check_carry(name: str, carry, state: torch.Tensor | None = None) -> None:
+    """``carry`` is a ``GdnCarry`` matching ``state [S, HV, kd, vd]`` (slots, heads, dims)."""
+    if not isinstance(carry, GdnCarry):
+        raise ValueError(f"{name}: expected a GdnCarry, got {type(carry).__name__}")
+    if state is not None:
+        S, HV, kd, vd = state.shape
+        if (carry.slots, carry.num_v_heads, carry.k_dim, carry.v_dim) != (S, HV, kd, vd):
+            raise ValueError(
+                f"{name}: stash for (slots, HV, kd, vd) = {(carry.slots, carry.num_v_heads, carry.k_dim, carry.v_dim)}"
+                f" does not match state {tuple(state.shape)}")
+        _checks.same_device("state", state, **{f"{name}.buf": carry.buf, f"{name}.pend": carry.pend})
+
+
+def check_state(name: str, state) -> torch.Tensor:
+    """fp32 ``[S, HV, kd, vd]``, the inner three dims contiguous (any slot stride)."""
+    _checks.tensor(name, state, ndim=4, dtype=torch.float32)
+    _, HV, kd, vd = state.shape
+    if state.stride()[1:] != (kd * vd, vd, 1) and state.numel() > 0:
+        raise ValueError(f"{name}: inner dims [HV, kd, vd] must be contiguous, got strides {state.stride()}")
+    return state
+
+
+def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", lazy=False,
+                     scale=None, use_qk_l2norm=True, validate=False, eager_max_pending=None):
+    """Carried-state verify of ``K`` draft rows per sequence (SPEC §3b; seed ``gdn_exact_carry``,
+    ``gdn_carry_wy`` and their ``_lazy`` forms).
+
+    Args:
+        state: ``[S, HV, kd, vd]`` fp32 (inner dims contiguous). Read; written only on a
+            write-back (``engaged == 2``), with the slot's pending rows folded in.
+        carry: the layer's ``GdnCarry`` (``S`` slots, ``HV``, ``kd``, ``vd``, ``CAP``). Its stash
+            rows ``first..first+K-1`` of each slot are written (``first = 0`` after a
+            write-back, else ``pend``); ``pend`` is read, never written (``carry_accept`` does).
+        q, k: ``[B, K, HK, kd]``; v: ``[B, K, HV, vd]`` — fp32, bf16 or fp16, one dtype, last dim
+            contiguous, any other strides (views of a fused projection: no copies).
+        g, beta: ``[B, K, HV]`` float (log decay ``<= 0``; ``beta`` in ``[0, 1]``), last dim
+            contiguous.
+        slot_tab: ``[B]`` int32/int64 slot of each sequence (distinct, in ``[0, S)``).
+        form: ``"exact"`` (bitwise equal to decoding the rows one at a time) or ``"wy"``.
+        lazy: ``False`` = eager (write back whenever ``pend > 0``); ``True`` = write back only
+            when ``pend + K > CAP``.
+        scale: query scale, default ``kd ** -0.5``. use_qk_l2norm: l2-normalise q and k.
+        validate: also run the checks that sync with the device: slots distinct and in range,
+            ``0 <= pend <= CAP``, ``g <= 0``, ``beta`` in ``[0, 1]``, and for an eager verify
+            ``pend <= eager_max_pending`` (when that is not ``None``; the kernel itself folds
+            any ``pend <= CAP``).
+
+    Returns:
+        ``(o, engaged)``: ``o [B, K, HV, vd]`` in ``v``'s dtype; ``engaged [B]`` int32, 2 if the
+        verify wrote the state back, else 1.
+
+    Raises:
+        ValueError naming the argument: shapes, dtypes, devices, strides, ``HV % HK``,
+        ``1 <= K <= CAP``, unknown ``form``; value errors with ``validate=True``.
+    """
+    check_state("state", state)
+    check_carry("carry", carry, state)
+    _checks.choice("form", form, FORMS)
+    if not isinstance(lazy, bool):
+        raise ValueError(f"lazy: expected a bool, got {type(lazy).__name__}")
+    S, HV, kd, vd = state.shape
+    _checks.tensor("q", q, ndim=4, dtype=_checks.FLOAT_DTYPES, device=state.device, last_contiguous=True)
+    B, K, HK = q.shape[:3]
+    _checks.tensor("q", q, shape=(B, K, HK, kd))
+    _checks.tensor("k", k, shape=(B, K, HK, kd), dtype=q.dtype, device=state.device, last_contiguous=True)
+    _checks.tensor("v", v, shape=(B, K, HV, vd), dtype=q.dtype, device=state.device, last_contiguous=True)
+    _checks.tensor("g", g, shape=(B, K, HV), dtype=_checks.FLOAT_DTYPES, device=state.device, last_contiguous=True)
+    _checks.tensor("beta", beta, shape=(B, K, HV), dtype=_checks.FLOAT_DTYPES, device=state.device, last_contiguous=True)
+    _checks.tensor("slot_tab", slot_tab, shape=(B,), dtype=INDEX_DTYPES, device=state.device)
+    if HK < 1 or HV % HK:
+        raise ValueError(f"q: HV ({HV}) must be a multiple of HK ({HK})")
+    if K < 1 or K > carry.cap:
+        raise ValueError(f"q: K = {K} draft rows must lie in [1, CAP = {carry.cap}]")
+    if B > S:
+        raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
+    scale = kd ** -0.5 if scale is None else float(scale)
+    if validate:
+        _checks.indices_values("slot_tab", slot_tab, S)
+        pend = carry.pend[slot_tab.long()]
+        _checks.range_values("carry.pend", pend, 0, carry.cap)
+        if not lazy and eager_max_pending is not None and B and int(pend.max()) > eager_max_pending:
+            raise ValueError(
+                f"carry.pend: an eager verify folds at most eager_max_pending = {eager_max_pending}"
+                f" rows, a slot holds {int(pend.max())}: flush first (gdn_carry_flush)")
+        _checks.range_values("g", g, float("-inf"), 0.0)
+        _checks.range_values("beta", beta, 0.0, 1.0)
+
+    o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
+    engaged = torch.empty(B, dtype=torch.int32, device=v.device)
+    if B == 0:
+        return o, engaged
+    BK, BV, num_warps = block_config(kd, vd)
+    args = (state, carry.buf, carry.pend, slot_tab, q, k, v, g, beta, o, engaged,
+            scale, state.stride(0), carry.buf.stride(0),
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
+            beta.stride(0), beta.stride(1), o.stride(0), o.stride(1), o.stride(2))
+    meta = dict(K=K, CAP=carry.cap, HV=HV, GROUP=HV // HK, KD=kd, VD=vd, LAZY=lazy,
+                USE_QK_L2NORM=bool(use_qk_l2norm))
+    if form == "exact":
+        _gdn_carry_exact_kernel[(B, HV)](*args, BK=BK, BV=BV, num_warps=num_warps, **meta)
+    else:
+        _gdn_carry_wy_kernel[(B, HV)](*args, BK=max(BK, 16), BV=max(BV, 16), KP=WY_ROWS_PAD,
+                                      num_warps=num_warps, **meta)
+    return o, engaged
+
+
+def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:
+    """Fold every listed slot's pending rows into its state, over ``L`` layers in one launch
+    (SPEC §3b "Flush"; the seed's ``gdn_carry_flush``).
+
+    ``states``: list of ``L`` fp32 ``[S, HV, kd, vd]`` (separately allocated is fine; same
+    shape and strides); ``carries``: list of ``L`` ``GdnCarry`` (same layout and slot stride);
+    ``slot_tab [B]`` int32/int64. A slot with ``pend = 0`` is left alone; ``pend`` is not changed
+    (the caller clears it). Folding uses ``fold_row`` on ``block_config`` blocks, so the state is
+    bitwise the one plain decoding would hold. ``validate=True``: slots distinct and in range,
+    ``0 <= pend <= CAP`` in every layer. Raises ``ValueError`` naming the argument.
+    """
+    if isinstance(states, torch.Tensor) or isinstance(carries, GdnCarry):
+        raise ValueError("states, carries: pass lists (one entry per layer)")
+    states, carries = list(states), list(carries)
+    if not states or len(states) != len(carries):
+        raise ValueError(f"carries: need one per state, got {len(carries)} carries for {len(states)} states")
+    for i, (st, ca) in enumerate(zip(states, carries)):
+        check_state(f"states[{i}]", st)
+        check_carry(f"carries[{i}]", ca, st)
+        if st.shape != states[0].shape or st.stride() != states[0].stride():
+            raise ValueError(f"states[{i}]: shape/strides differ from states[0]")
+        if ca.cap != carries[0].cap or ca.buf.stride() != carries[0].buf.stride():
+            raise ValueError(f"carries[{i}]: CAP or stash strides differ from carries[0]")
+        _checks.same_device("states[0]", states[0], **{f"states[{i}]": st})
+    S, HV, kd, vd = states[0].shape
+    _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=states[0].device)
+    B = slot_tab.shape[0]
+    if B > S:
+        raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
+    if validate:
+        _checks.indices_values("slot_tab", slot_tab, S)
+        for i, ca in enumerate(carries):
+            _checks.range_values(f"carries[{i}].pend", ca.pend[slot_tab.long()], 0, ca.cap)
+    if B == 0:
+        return
+    L = len(states)
+    BK, BV, num_warps = block_config(kd, vd)
+    NV = triton.cdiv(vd, BV)
+    pends = [c.pend for c in carries]
+    _gdn_carry_flush_kernel[(B, HV * NV, L)](
+        states[0], carries[0].buf, pends[0], slot_tab,
+        offsets_table(states), offsets_table([c.buf for c in carries]), offsets_table(pends),
+        states[0].stride(0), carries[0].buf.stride(0),
+        CAP=carries[0].cap, HV=HV, KD=kd, VD=vd, BK=BK, BV=BV, NV=NV, num_warps=num_warps)
+
+
+def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=False) -> None:
+    """The pending update after a verify, on the device with no host sync (SPEC §3b):
+    ``pend[slot] = a if engaged == 2 else pend[slot] + a`` for each sequence.
+
+    ``carry``: one carry or a list of carries (one launch for all; e.g. every layer's GDN and conv
+    carry of a step, which share ``slot_tab`` and ``engaged``), each with ``.pend`` int32 ``[S]``
+    and ``.cap`` (``GdnCarry``, ``ConvCarry``); ``slot_tab [B]`` int32/int64; ``engaged [B]``
+    int32 as the verify returned it; ``accepted [B]`` int32/int64 on the same device, or a list
+    of ints (copied to the device). ``rows``: the verify's ``K``, for ``validate``.
+    ``validate=True`` checks slots distinct and in range, ``engaged`` in {1, 2}, ``0 <= a <= K``
+    (``rows``) and ``<= CAP``, and that no ``pend`` exceeds ``CAP`` afterwards (a sync).
+    """
+    carries = list(carry) if isinstance(carry, (list, tuple)) else [carry]
+    if not carries:
+        raise ValueError("carry: empty list")
+    for i, c in enumerate(carries):
+        pend = getattr(c, "pend", None)
+        if not hasattr(c, "cap") or pend is None:
+            raise ValueError(f"carry: entry {i} has no .pend/.cap ({type(c).__name__})")
+        _checks.tensor(f"carry.pend[{i}]", pend, ndim=1, dtype=torch.int32, device=carries[0].pend.device)
+    dev = carries[0].pend.device
+    _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=dev)
+    B = slot_tab.shape[0]
+    if not isinstance(accepted, torch.Tensor):
+        accepted = torch.tensor(list(accepted), dtype=torch.int32).to(dev)
+    _checks.tensor("engaged", engaged, shape=(B,), dtype=torch.int32, device=dev)
+    _checks.tensor("accepted", accepted, shape=(B,), dtype=INDEX_DTYPES, device=dev)
+    if validate:
+        S = min(c.pend.shape[0] for c in carries)
+        _checks.indices_values("slot_tab", slot_tab, S)
+        _checks.range_values("engaged", engaged, 1, 2)
+        hi = min(c.cap for c in carries) if rows is None else rows
+        _checks.range_values("accepted", accepted, 0, hi)
+        for i, c in enumerate(carries):
+            p = c.pend[slot_tab.long()]
+            after = torch.where(engaged == 2, accepted.to(torch.int32), p + accepted.to(torch.int32))
+            _checks.range_values(f"carry.pend[{i}] after accept", after, 0, c.cap)
+    if B == 0:
+        return
+    pends = [c.pend for c in carries]
+    _carry_accept_kernel[(triton.cdiv(B, ACCEPT_BLOCK), len(pends))](
+        pends[0], offsets_table(pends), slot_tab, engaged, accepted, B, BLOCK=ACCEPT_BLOCK)

@@ -1,0 +1,192 @@
+"""Float64 reference of the carried-state protocol (SPEC §3b), written for clarity, not speed.
+
+A verify of ``K`` draft rows does not keep ``K`` state snapshots. Instead, per (slot, value head)
+it stashes the three things that replay each row — ``u_t [vd]``, ``g_t`` and the normalised key
+``k_t [kd]`` — and ``pend[slot]`` counts the accepted stash rows not yet folded into the stored
+state. Folding a row is ``H <- exp(g_t) * H + k_t u_t^T``, which is exactly the recurrence's state
+update (SPEC §2), so folding the accepted rows reproduces plain decoding.
+
+Everything here is plain PyTorch on float64 tensors, one sequence at a time:
+
+- ``RefCarry``: the stash as separate tensors ``u [S, CAP, HV, vd]``, ``g [S, CAP, HV]``,
+  ``k [S, CAP, HV, kd]`` and ``pend [S]`` (int64), built from / compared with a ``GdnCarry``.
+- ``decode_row``: one token of SPEC §2 for all value heads of one sequence.
+- ``verify``: SPEC §3b steps 1-4 (eager or lazy), mutating the state (write-back) and the stash.
+- ``accept``: ``pend = a`` after a write-back (``engaged == 2``), else ``p + a``.
+- ``flush``: fold every listed slot's pending rows into its state, over ``L`` layers.
+- ``wy_rows``: the WY form's algebra for ``K`` rows at once (SPEC §3b), to show it equals the
+  chain (``decode_row`` ``K`` times) up to float64 rounding.
+- ``decode_tokens``: plain decoding of a token sequence, the end-to-end target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+F64 = torch.float64
+L2NORM_EPS = 1e-6
+
+
+def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
+    """``x * rsqrt(sum(x*x) + eps)`` over the last dim (SPEC §2)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def prepare_qk(q, k, num_v_heads, *, scale=None, use_qk_l2norm=True):
+    """``q, k [HK, kd]`` (any float dtype) -> float64 ``(q, k) [HV, kd]``: normalised, ``q``
+    scaled, key head ``h // (HV // HK)`` repeated for value head ``h`` (GVA)."""
+    q, k = q.to(F64), k.to(F64)
+    kd = q.shape[-1]
+    scale = kd ** -0.5 if scale is None else scale
+    if use_qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+    group = num_v_heads // q.shape[0]
+    return (q * scale).repeat_interleave(group, 0), k.repeat_interleave(group, 0)
+
+
+def fold_row(H, g, k, u):
+    """Fold one stashed row into ``H [HV, kd, vd]``: ``exp(g) * H + k u^T`` per head
+    (``g [HV]``, ``k [HV, kd]``, ``u [HV, vd]``)."""
+    return torch.exp(g)[:, None, None] * H + k[:, :, None] * u[:, None, :]
+
+
+def decode_row(H, q, k, v, g, beta):
+    """One token of SPEC §2 for all heads of one sequence; ``q, k`` already prepared ``[HV, kd]``.
+
+    Returns ``(H_new [HV, kd, vd], o [HV, vd], u [HV, vd])`` in float64."""
+    v, g, beta = v.to(F64), g.to(F64), beta.to(F64)
+    decayed = torch.exp(g)[:, None, None] * H
+    u = beta[:, None] * (v - torch.einsum("hkv,hk->hv", decayed, k))
+    H = decayed + k[:, :, None] * u[:, None, :]
+    o = torch.einsum("hkv,hk->hv", H, q)
+    return H, o, u
+
+
+@dataclass
+class RefCarry:
+    """The stash of one layer in float64: ``u [S, CAP, HV, vd]``, ``g [S, CAP, HV]``,
+    ``k [S, CAP, HV, kd]``, ``pend [S]`` int64."""
+
+    u: torch.Tensor
+    g: torch.Tensor
+    k: torch.Tensor
+    pend: torch.Tensor
+
+    @property
+    def cap(self) -> int:
+        return self.u.shape[1]
+
+    @classmethod
+    def from_carry(cls, carry) -> "RefCarry":
+        """Float64 CPU copy of a ``GdnCarry`` (through its ``.u``, ``.g``, ``.k``, ``.pend``)."""
+        return cls(u=carry.u.detach().to("cpu", F64).clone(), g=carry.g.detach().to("cpu", F64).clone(),
+                   k=carry.k.detach().to("cpu", F64).clone(), pend=carry.pend.detach().to("cpu", torch.int64).clone())
+
+    @classmethod
+    def zeros(cls, slots, num_v_heads, k_dim, v_dim, cap=8) -> "RefCarry":
+        return cls(u=torch.zeros(slots, cap, num_v_heads, v_dim, dtype=F64),
+                   g=torch.zeros(slots, cap, num_v_heads, dtype=F64),
+                   k=torch.zeros(slots, cap, num_v_heads, k_dim, dtype=F64),
+                   pend=torch.zeros(slots, dtype=torch.int64))
+
+
+def fold_pending(H, carry: RefCarry, slot: int):
+    """``H [HV, kd, vd]`` with the slot's ``pend[slot]`` stash rows folded in, oldest first."""
+    for i in range(int(carry.pend[slot])):
+        H = fold_row(H, carry.g[slot, i], carry.k[slot, i], carry.u[slot, i])
+    return H
+
+
+def verify(state, carry: RefCarry, q, k, v, g, beta, slot_tab, *, lazy=False, scale=None,
+           use_qk_l2norm=True):
+    """One carried-state verify of ``K`` rows per sequence (SPEC §3b).
+
+    ``state [S, HV, kd, vd]`` float64 and ``carry`` are updated in place (write-back, stash rows);
+    ``q, k [B, K, HK, kd]``, ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]``, ``slot_tab [B]``.
+    Returns ``(o [B, K, HV, vd] float64, engaged [B] int64)``. ``pend`` is not changed.
+    """
+    B, K = q.shape[:2]
+    HV = v.shape[2]
+    o = torch.zeros(B, K, HV, v.shape[3], dtype=F64)
+    engaged = torch.zeros(B, dtype=torch.int64)
+    for b in range(B):
+        slot = int(slot_tab[b])
+        p = int(carry.pend[slot])
+        # 1. load the state and fold the pending rows
+        H = fold_pending(state[slot].clone(), carry, slot)
+        # 2. write back (eager: whenever rows were folded; lazy: only when K rows do not fit)
+        write_back = (p + K > carry.cap) if lazy else (p > 0)
+        if write_back:
+            state[slot] = H
+        first = 0 if write_back else p
+        # 3. the K-row chain from the folded state, stashing each row
+        for t in range(K):
+            qn, kn = prepare_qk(q[b, t], k[b, t], HV, scale=scale, use_qk_l2norm=use_qk_l2norm)
+            H, o[b, t], u = decode_row(H, qn, kn, v[b, t], g[b, t], beta[b, t])
+            carry.u[slot, first + t] = u
+            carry.g[slot, first + t] = g[b, t].to(F64)
+            carry.k[slot, first + t] = kn
+        # 4. engaged flag
+        engaged[b] = 2 if write_back else 1
+    return o, engaged
+
+
+def accept(carry, slot_tab, engaged, accepted) -> None:
+    """The caller's pending update after a verify: ``pend = a`` if ``engaged == 2`` else
+    ``p + a``, per sequence (``accepted [B]``, ``0 <= a <= K``). Works on any ``.pend``."""
+    for b in range(len(slot_tab)):
+        slot = int(slot_tab[b])
+        a = int(accepted[b])
+        carry.pend[slot] = a if int(engaged[b]) == 2 else int(carry.pend[slot]) + a
+
+
+def flush(states, carries, slot_tab) -> None:
+    """Fold the pending rows of every slot in ``slot_tab`` into its state, for each layer
+    (``states``: list of ``[S, HV, kd, vd]`` float64, ``carries``: list of ``RefCarry``).
+    ``pend`` is left for the caller to clear."""
+    for state, carry in zip(states, carries):
+        for slot in (int(s) for s in slot_tab):
+            state[slot] = fold_pending(state[slot].clone(), carry, slot)
+
+
+def wy_rows(H, q, k, v, g, beta):
+    """The WY form of ``K`` rows at once for one sequence (SPEC §3b), float64.
+
+    ``H [HV, kd, vd]``; ``q, k [K, HV, kd]`` prepared; ``v [K, HV, vd]``; ``g, beta [K, HV]``.
+    With ``c_t = sum_{s<=t} g_s`` and ``A[t, s] = beta_t exp(c_t - c_s) k_t.k_s`` (``s < t``),
+    solves ``(I + A) U = beta * (V - exp(c) * (K_rows H))``; outputs
+    ``o_t = exp(c_t) H^T q_t + sum_{s<=t} exp(c_t - c_s) (q_t.k_s) u_s``.
+    Returns ``(o [K, HV, vd], U [K, HV, vd])``.
+    """
+    q, k, v, g, beta = (x.to(F64) for x in (q, k, v, g, beta))
+    K = q.shape[0]
+    o = torch.zeros_like(v)
+    U = torch.zeros_like(v)
+    for h in range(H.shape[0]):
+        c = torch.cumsum(g[:, h], 0)
+        decay = torch.exp(c[:, None] - c[None, :]).tril()              # exp(c_t - c_s), s <= t
+        A = (beta[:, h, None] * decay * (k[:, h] @ k[:, h].T)).tril(-1)
+        rhs = beta[:, h, None] * (v[:, h] - torch.exp(c)[:, None] * (k[:, h] @ H[h]))
+        U[:, h] = torch.linalg.solve_triangular(torch.eye(K, dtype=F64) + A, rhs, upper=False)
+        o[:, h] = torch.exp(c)[:, None] * (q[:, h] @ H[h]) + (decay * (q[:, h] @ k[:, h].T)) @ U[:, h]
+    return o, U
+
+
+def decode_tokens(state, q, k, v, g, beta, slot_tab, *, scale=None, use_qk_l2norm=True):
+    """Plain decoding of ``T`` tokens per sequence, one after another (the end-to-end target).
+
+    ``state [S, HV, kd, vd]`` float64 updated in place; ``q, k [B, T, HK, kd]``, ... Returns
+    ``o [B, T, HV, vd]`` float64."""
+    B, T = q.shape[:2]
+    HV = v.shape[2]
+    o = torch.zeros(B, T, HV, v.shape[3], dtype=F64)
+    for b in range(B):
+        slot = int(slot_tab[b])
+        H = state[slot].clone()
+        for t in range(T):
+            qn, kn = prepare_qk(q[b, t], k[b, t], HV, scale=scale, use_qk_l2norm=use_qk_l2norm)
+            H, o[b, t], _ = decode_row(H, qn, kn, v[b, t], g[b, t], beta[b, t])
+        state[slot] = H
+    return o
