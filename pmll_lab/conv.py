@@ -1,0 +1,94 @@
+"""Causal depthwise conv for Gated DeltaNet decode and its carry twin (SPEC §3c).
+
+Qwen3-Next feeds each GDN layer through a depthwise causal conv over the fused ``qkv`` channels
+(``dim = 2*HK*kd + HV*vd``, width ``d_conv = 4``), SiLU, and an l2norm of the q and k channels.
+
+Launchers (Triton kernels in ``pmll_lab.ops.conv``; float64 references in
+``pmll_lab.reference.conv``):
+
+- ``conv_update``: one token per sequence, window updated in place.
+- ``conv_chain``: K tokens per sequence in one launch, optional window after each row (the
+  snapshot baseline); bitwise equal to K successive ``conv_update``.
+- ``ConvCarry``, ``conv_carry_verify``, ``conv_carry_flush``: the carried-window verify (stash
+  the K inputs, shift pending ones in first; eager or lazy write-back) and the L-layer flush.
+
+Bytes helpers: the fewest bytes each launch must move (SPEC §4), for GB/s and roofline plots.
+Windows and stash rows are counted in the inputs' dtype, weights once per launch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pmll_lab.ops.conv.carry import ConvCarry, conv_carry_flush, conv_carry_verify
+from pmll_lab.ops.conv.chain import conv_chain, conv_update
+from pmll_lab.ops.conv.common import conv_block_config
+
+__all__ = [
+    "conv_update", "conv_chain", "ConvCarry", "conv_carry_verify", "conv_carry_flush",
+    "conv_block_config", "qwen3_next_conv_dim", "conv_update_bytes", "conv_chain_bytes",
+    "conv_carry_verify_bytes", "conv_carry_flush_bytes",
+]
+
+
+def qwen3_next_conv_dim(num_k_heads: int = 16, num_v_heads: int = 32, k_dim: int = 128,
+                        v_dim: int = 128) -> tuple[int, int, int]:
+    """``(dim, qk_channels, head_dim)`` of the fused qkv conv: ``dim = 2*HK*kd + HV*vd``
+    (Qwen3-Next: 8192), ``qk_channels = 2*HK*kd``, ``head_dim = kd``."""
+    return 2 * num_k_heads * k_dim + num_v_heads * v_dim, 2 * num_k_heads * k_dim, k_dim
+
+
+def _size(dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _weights(dim, d_conv, esize, bias):
+    return dim * (d_conv + (1 if bias else 0)) * esize
+
+
+def conv_update_bytes(batch: int, dim: int, *, d_conv: int = 4, state_len: int | None = None,
+                      dtype=torch.bfloat16, out_dtype=None, bias: bool = True) -> int:
+    """Bytes one ``conv_update`` launch must move: per sequence the window read and written
+    (``2 * dim * state_len``), ``x`` read and ``y`` written; the weights once."""
+    return conv_chain_bytes(batch, 1, dim, d_conv=d_conv, state_len=state_len, dtype=dtype,
+                            out_dtype=out_dtype, bias=bias, intermediate=False)
+
+
+def conv_chain_bytes(batch: int, rows: int, dim: int, *, d_conv: int = 4,
+                     state_len: int | None = None, dtype=torch.bfloat16, out_dtype=None,
+                     bias: bool = True, intermediate: bool = True) -> int:
+    """Bytes one ``conv_chain`` launch of ``rows`` (K) must move: per sequence the window read,
+    the final window written, ``K-1`` intermediate windows written (if kept), K inputs read,
+    K outputs written; the weights once. ``K`` successive updates move ``K`` times the
+    ``conv_update`` bytes instead."""
+    sl = d_conv - 1 if state_len is None else state_len
+    e, eo = _size(dtype), _size(out_dtype or dtype)
+    win = dim * sl * e
+    per_seq = 2 * win + (rows - 1) * win * bool(intermediate) + rows * dim * (e + eo)
+    return batch * per_seq + _weights(dim, d_conv, e, bias)
+
+
+def conv_carry_verify_bytes(batch: int, rows: int, dim: int, *, pending: float = 0.0,
+                            write_back: float = 0.0, d_conv: int = 4,
+                            state_len: int | None = None, dtype=torch.bfloat16, out_dtype=None,
+                            bias: bool = True) -> int:
+    """Bytes one ``conv_carry_verify`` launch must move: per sequence the window read,
+    ``pending`` stash rows read, the window written back with probability ``write_back``,
+    K inputs read, K outputs written, K inputs stashed; ``slot_tab``/``pend``/``engaged`` (4 B
+    each); the weights once. ``pending`` and ``write_back`` may be averages."""
+    sl = d_conv - 1 if state_len is None else state_len
+    e, eo = _size(dtype), _size(out_dtype or dtype)
+    win = dim * sl * e
+    per_seq = win * (1 + write_back) + pending * dim * e + rows * dim * (2 * e + eo) + 12
+    return int(round(batch * per_seq)) + _weights(dim, d_conv, e, bias)
+
+
+def conv_carry_flush_bytes(layers: int, batch: int, dim: int, *, pending: float = 1.0,
+                           d_conv: int = 4, state_len: int | None = None,
+                           dtype=torch.bfloat16) -> int:
+    """Bytes one ``conv_carry_flush`` over ``layers`` must move, every slot holding ``pending``
+    rows (> 0): window read and written, ``pending`` stash rows read, ``slot_tab``/``pend``."""
+    sl = d_conv - 1 if state_len is None else state_len
+    e = _size(dtype)
+    per = 2 * dim * sl * e + pending * dim * e + 8
+    return int(round(layers * batch * per))

@@ -1,0 +1,357 @@
+"""The conv carry twin: verify K draft rows without K window snapshots, and the L-layer flush.
+
+SPEC §3b/§3c; the seed's ``gdn_carry_conv`` / ``gdn_carry_conv_f32`` and ``gdn_carry_conv_flush``
+(``seeds/001_…txt``). Per slot the carry keeps the last verify's input rows in a stash
+``[CAP, dim]`` and ``pend[slot]``, the number of accepted inputs in it not yet shifted into the
+stored window. A verify first shifts those ``p`` inputs into the window (in registers), writes
+the window back when the protocol says so, runs the K rows and stashes their inputs; the caller's
+``carry_accept`` then updates ``pend`` on the device.
+
+Race freedom (SPEC §3b "Shared rows"): the conv is depthwise, so a program owns its channels of
+its slot's window *and* stash; a write-back that restarts the stash at row 0 only overwrites
+entries its own program has already read (before ``tl.debug_barrier()``). The l2norm groups
+need a whole group's outputs, which a program holds (``common.conv_block_config``), and outputs
+are not stashed. So any number of channel-block programs per sequence is safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from pmll_lab import _checks
+from pmll_lab.ops.conv.common import (
+    INPUT_DTYPES,
+    check_conv_args,
+    check_device,
+    check_indices,
+    conv_block_config,
+    conv_output_row,
+    seq_load,
+    tile_channels,
+)
+
+DEFAULT_CAP = 8
+"""Stash rows per slot (the seed's ``GDN_CARRY_CAP``)."""
+
+
+@dataclass
+class ConvCarry:
+    """One layer's conv carry for ``S`` slots.
+
+    Attributes:
+        stash: ``[S, CAP, dim]`` input rows (bf16 for bf16 inputs, fp32 in the FP32 form); last dim
+            contiguous, any other strides (it may be a view into a larger buffer).
+        pend: ``[S]`` int32, pending (accepted, not yet folded) inputs per slot, ``0..CAP``.
+
+    ``cap`` is ``stash.shape[1]``. ``pend`` and ``cap`` mean the same as in ``GdnCarry``, so
+    ``pmll_lab.carry.carry_accept`` serves both.
+    """
+
+    stash: torch.Tensor
+    pend: torch.Tensor
+
+    def __post_init__(self):
+        _checks.tensor("stash", self.stash, ndim=3, dtype=INPUT_DTYPES, last_contiguous=True)
+        _checks.tensor("pend", self.pend, shape=(self.stash.shape[0],), dtype=torch.int32,
+                       device=self.stash.device)
+
+    @classmethod
+    def empty(cls, slots: int, dim: int, *, cap: int = DEFAULT_CAP,
+              dtype: torch.dtype = torch.bfloat16, device=None) -> "ConvCarry":
+        """A zeroed stash ``[slots, cap, dim]`` of ``dtype`` and ``pend = 0``, on ``device``
+        (default ``pmll_lab.backend.DEVICE``)."""
+        from pmll_lab.backend import DEVICE
+
+        _checks.positive_int("slots", slots)
+        _checks.positive_int("dim", dim)
+        _checks.positive_int("cap", cap)
+        if dtype not in INPUT_DTYPES:
+            raise ValueError(f"dtype: must be float32 or bfloat16, got {dtype}")
+        dev = DEVICE if device is None else torch.device(device)
+        return cls(torch.zeros(slots, cap, dim, dtype=dtype, device=dev),
+                   torch.zeros(slots, dtype=torch.int32, device=dev))
+
+    @property
+    def cap(self) -> int:
+        return self.stash.shape[1]
+
+    @property
+    def slots(self) -> int:
+        return self.stash.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.stash.shape[2]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.stash.dtype
+
+    def reset(self, slots) -> None:
+        """Forget the carry of ``slots`` (int, sequence or index tensor): ``pend = 0`` and their
+        stash rows zeroed. Asynchronous on the device."""
+        if isinstance(slots, int):
+            slots = [slots]
+        idx = torch.as_tensor(slots, dtype=torch.int64, device=self.pend.device)
+        self.pend[idx] = 0
+        self.stash[idx] = 0
+
+    @property
+    def stash_bytes_per_slot(self) -> int:
+        """``CAP * dim * element size``: the stash one slot owns."""
+        return self.cap * self.dim * self.stash.element_size()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stash and ``pend`` for all slots."""
+        return self.slots * self.stash_bytes_per_slot + self.slots * 4
+
+
+# ---- verify -----------------------------------------------------------------------------------
+
+@triton.jit
+def _conv_carry_verify_kernel(
+    state_ptr, stash_ptr, pend_ptr, x_ptr, w_ptr, bias_ptr, y_ptr, slot_ptr, eng_ptr,
+    dim, cap, qk_channels, l2_eps,
+    s_s, s_c, s_j,
+    t_s, t_r,
+    p_s,
+    x_b, x_k,
+    w_c, w_d,
+    b_c,
+    y_b, y_k,
+    K: tl.constexpr, D: tl.constexpr, SL: tl.constexpr, SLP: tl.constexpr,
+    W: tl.constexpr, WP: tl.constexpr, ROWS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_QK: tl.constexpr, LAZY: tl.constexpr,
+):
+    """Grid ``(channel blocks, B)``: ``seq = [window | stash rows 0..p-1 | x rows 0..K-1]``."""
+    pid_c = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    p = tl.load(pend_ptr + slot * p_s)
+    if LAZY:
+        write_back = p + K > cap
+    else:
+        write_back = p > 0
+    first = tl.where(write_back, 0, p)
+    ch, cmask, rows = tile_channels(pid_c, dim, W, WP, ROWS)
+    win = state_ptr + slot * s_s + ch * s_c
+    st = stash_ptr + slot * t_s + ch
+    xs = x_ptr + b * x_b + ch
+    ws = w_ptr + ch * w_c
+    bs = bias_ptr + ch * b_c
+    cols = tl.arange(0, SLP)[None, None, :]
+    mask3 = cmask[:, :, None] & (cols < SL)
+    # reads: outputs of the K rows, and the window with the p pending inputs shifted in
+    for t in tl.static_range(K):
+        y = conv_output_row(t, ws, w_d, bs, win, s_j, st, t_r, xs, x_k, p, cmask, rows,
+                            qk_channels, l2_eps, D, SL, W, WP, ROWS, HAS_BIAS, SILU, HAS_QK,
+                            True)
+        tl.store(y_ptr + b * y_b + t * y_k + ch, y.to(y_ptr.dtype.element_ty), mask=cmask)
+    folded = seq_load(win[:, :, None], s_j, st[:, :, None], t_r, xs[:, :, None], x_k, p + cols,
+                      p, mask3, SL, True)
+    tl.debug_barrier()   # every read of the window and stash above, every write below
+    tl.store(win[:, :, None] + cols * s_j, folded, mask=mask3 & write_back)
+    for t in tl.static_range(K):
+        xv = tl.load(xs + t * x_k, mask=cmask, other=0.0)
+        tl.store(st + (first + t) * t_r, xv, mask=cmask)
+    if pid_c == 0:
+        tl.store(eng_ptr + b, tl.where(write_back, 2, 1).to(tl.int32))
+
+
+def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *, slot_tab,
+                      lazy=False, activation="silu", qk_channels=0, head_dim=None, l2_eps=1e-6,
+                      out_dtype=None, validate=False):
+    """Verify ``K`` draft rows per sequence with the carried conv window (SPEC §3b/§3c).
+
+    Args:
+        conv_state: ``[S, dim, state_len]`` fp32 or bf16 stored windows (as in ``conv_update``).
+        conv_carry: the layer's ``ConvCarry`` (``S`` slots, stash dtype = ``x``'s dtype).
+        x: ``[B, K, dim]`` input rows, ``1 <= K <= conv_carry.cap``; any strides on ``B``/``K``,
+            last dim contiguous. weight ``[dim, d_conv]``, bias ``[dim]`` or None.
+        slot_tab: ``[B]`` int32/int64 slot of each sequence (distinct).
+        lazy: False (eager): write the window back whenever ``p = pend[slot] > 0``, stash the new
+            rows at ``0..K-1``. True (lazy): write back only when ``p + K > cap`` (then stash at
+            ``0..K-1``), else leave the stored window and stash at ``p..p+K-1``.
+        activation, qk_channels, head_dim, l2_eps, out_dtype: as in ``conv_update``.
+        validate: also check slot values (in range, distinct) and ``0 <= pend <= cap`` (a sync).
+
+    Both forms fold any ``p <= cap`` pending inputs. Returns ``(y [B, K, dim], engaged [B]
+    int32)``: ``engaged[b] = 2`` when the window was written back, else 1. ``pend`` is left for
+    ``carry_accept`` (``pend = a`` after a write-back, else ``p + a``). The outputs are bitwise
+    equal to ``conv_update`` on the same inputs.
+
+    Raises ``ValueError`` naming the argument: shapes, dtypes, devices, strides, ``K > cap``,
+    and with ``validate=True`` bad slots or ``pend`` outside ``0..cap``.
+    """
+    B, K, dim, d_conv, state_len, out_dtype = check_conv_args(
+        conv_state, x, weight, bias, rows=True, activation=activation,
+        qk_channels=qk_channels, head_dim=head_dim, l2_eps=l2_eps, out_dtype=out_dtype)
+    S = conv_state.shape[0]
+    _check_carry("conv_carry", conv_carry, S, dim, conv_state)
+    if not 1 <= K <= conv_carry.cap:
+        raise ValueError(f"x: rows K (shape[1]) must be in 1..conv_carry.cap = {conv_carry.cap}, got {K}")
+    if not isinstance(lazy, bool):
+        raise ValueError(f"lazy: must be a bool, got {lazy!r}")
+    check_indices("slot_tab", slot_tab, B, S, conv_state.device)
+    if validate:
+        _checks.indices_values("slot_tab", slot_tab, S)
+        _checks.range_values("conv_carry.pend", conv_carry.pend, 0, conv_carry.cap)
+    y = torch.empty(B, K, dim, dtype=out_dtype, device=x.device)
+    engaged = torch.empty(B, dtype=torch.int32, device=x.device)
+    if B == 0:
+        return y, engaged
+    W, WP, ROWS, num_warps = conv_block_config(dim, head_dim)
+    grid = (triton.cdiv(triton.cdiv(dim, W), ROWS), B)
+    stash, pend = conv_carry.stash, conv_carry.pend
+    _conv_carry_verify_kernel[grid](
+        conv_state, stash, pend, x, weight, bias if bias is not None else weight, y, slot_tab,
+        engaged, dim, conv_carry.cap, qk_channels, float(l2_eps),
+        *conv_state.stride(), stash.stride(0), stash.stride(1), pend.stride(0),
+        x.stride(0), x.stride(1), *weight.stride(), bias.stride(0) if bias is not None else 0,
+        y.stride(0), y.stride(1),
+        K=K, D=d_conv, SL=state_len, SLP=triton.next_power_of_2(state_len),
+        W=W, WP=WP, ROWS=ROWS, HAS_BIAS=bias is not None, SILU=activation == "silu",
+        HAS_QK=qk_channels > 0, LAZY=lazy, num_warps=num_warps,
+    )
+    return y, engaged
+
+
+def _check_carry(name, carry, S, dim, conv_state):
+    if not isinstance(carry, ConvCarry):
+        raise ValueError(f"{name}: expected a ConvCarry, got {type(carry).__name__}")
+    stash = carry.stash
+    if stash.shape[0] != S or stash.shape[2] != dim:
+        raise ValueError(f"{name}: stash shape {tuple(stash.shape)} does not fit S = {S} slots "
+                         f"and dim = {dim} of conv_state")
+    if stash.dtype != conv_state.dtype:
+        raise ValueError(f"{name}: stash dtype {stash.dtype} differs from conv_state's {conv_state.dtype}")
+    if stash.device != conv_state.device or carry.pend.device != conv_state.device:
+        raise ValueError(f"{name}: on {stash.device}, but conv_state is on {conv_state.device}")
+    _checks.tensor(f"{name}.stash", stash, last_contiguous=True)
+    _checks.tensor(f"{name}.pend", carry.pend, shape=(S,), dtype=torch.int32)
+
+
+# ---- flush over L layers ----------------------------------------------------------------------
+
+@triton.jit
+def _conv_carry_flush_kernel(
+    state_ptr, stash_ptr, pend_ptr, off_ptr, slot_ptr,
+    L, dim,
+    s_s, s_c, s_j,
+    t_s, t_r,
+    p_s,
+    SL: tl.constexpr, SLP: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    """Grid ``(channel blocks, B, L)``. Layer ``l``'s tensors lie at the first layer's pointers
+    plus ``off[l]`` (window elements), ``off[L + l]`` (stash elements), ``off[2L + l]`` (pend)."""
+    pid_c = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    layer = tl.program_id(2)
+    state_l = state_ptr + tl.load(off_ptr + layer)
+    stash_l = stash_ptr + tl.load(off_ptr + L + layer)
+    pend_l = pend_ptr + tl.load(off_ptr + 2 * L + layer)
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    p = tl.load(pend_l + slot * p_s)
+    ch, cmask, rows = tile_channels(pid_c, dim, W, WP, ROWS)
+    win = (state_l + slot * s_s + ch * s_c)[:, :, None]
+    st = (stash_l + slot * t_s + ch)[:, :, None]
+    cols = tl.arange(0, SLP)[None, None, :]
+    mask3 = cmask[:, :, None] & (cols < SL) & (p > 0)
+    # seq = [window | stash rows 0..p-1]; no new rows (reads past them are masked: n < SL + p)
+    folded = seq_load(win, s_j, st, t_r, st, 0, p + cols, p, mask3, SL, True)
+    tl.debug_barrier()
+    tl.store(win + cols * s_j, folded, mask=mask3)
+
+
+_OFFSET_TABLES: dict = {}
+_OFFSET_TABLES_MAX = 64
+
+
+def _offset_table(groups, device):
+    """int64 ``[3 * L]`` element offsets of each layer's tensors from the first layer's, cached
+    by the tensors' addresses (the table depends on nothing else), so a steady-state flush does
+    no host-to-device copy."""
+    key = (str(device),) + tuple(t.data_ptr() for g in groups for t in g)
+    table = _OFFSET_TABLES.get(key)
+    if table is None:
+        offs = []
+        for name, g in zip(("conv_states", "conv_carries (stash)", "conv_carries (pend)"), groups):
+            base, size = g[0].data_ptr(), g[0].element_size()
+            for t in g:
+                diff = t.data_ptr() - base
+                if diff % size:
+                    raise ValueError(f"{name}: layer tensors must be aligned to their element size")
+                offs.append(diff // size)
+        table = torch.tensor(offs, dtype=torch.int64, device=device)
+        if len(_OFFSET_TABLES) >= _OFFSET_TABLES_MAX:
+            _OFFSET_TABLES.pop(next(iter(_OFFSET_TABLES)))
+        _OFFSET_TABLES[key] = table
+    return table
+
+
+def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False) -> None:
+    """Fold every slot's pending inputs into its window, for ``L`` layers in one launch.
+
+    Args:
+        conv_states: list of ``L`` windows ``[S, dim, state_len]`` (same shape, strides, dtype;
+            separately allocated tensors are fine).
+        conv_carries: list of ``L`` ``ConvCarry`` (same stash shape, strides, dtype as one another
+            and the windows' dtype).
+        slot_tab: ``[B]`` int32/int64 slots to flush (distinct).
+        validate: also check slot values and ``0 <= pend <= cap`` in every layer (a sync).
+
+    For each layer and ``slot = slot_tab[b]`` with ``p = pend[slot] > 0``: the window becomes its
+    last ``state_len`` columns after shifting in ``stash[slot, :p]``, written back; ``p = 0``
+    leaves it untouched. ``pend`` is not changed (the caller clears it, e.g. with
+    ``ConvCarry.reset`` or ``pend[slots] = 0``). The seed's ``gdn_carry_conv_flush``.
+
+    One launch over all layers: the kernel reads each layer's tensors at an int64 element offset
+    from the first layer's pointer (a small table cached per set of addresses).
+    Raises ``ValueError`` naming the argument.
+    """
+    if not isinstance(conv_states, (list, tuple)) or not conv_states:
+        raise ValueError("conv_states: expected a non-empty list of per-layer windows")
+    if not isinstance(conv_carries, (list, tuple)) or len(conv_carries) != len(conv_states):
+        raise ValueError(f"conv_carries: expected a list of {len(conv_states)} ConvCarry (one per layer)")
+    first = conv_states[0]
+    _checks.tensor("conv_states[0]", first, ndim=3, dtype=INPUT_DTYPES)
+    check_device("conv_states[0]", first)
+    S, dim, state_len = first.shape
+    for i, (cs, carry) in enumerate(zip(conv_states, conv_carries)):
+        _checks.tensor(f"conv_states[{i}]", cs, shape=tuple(first.shape), dtype=first.dtype,
+                       device=first.device)
+        if cs.stride() != first.stride():
+            raise ValueError(f"conv_states[{i}]: strides {cs.stride()} differ from layer 0's {first.stride()}")
+        _check_carry(f"conv_carries[{i}]", carry, S, dim, first)
+        c0 = conv_carries[0]
+        if carry.stash.shape != c0.stash.shape or carry.stash.stride() != c0.stash.stride():
+            raise ValueError(f"conv_carries[{i}]: stash shape/strides differ from layer 0's")
+        if carry.pend.stride() != c0.pend.stride():
+            raise ValueError(f"conv_carries[{i}]: pend strides differ from layer 0's")
+    B = slot_tab.shape[0] if isinstance(slot_tab, torch.Tensor) else -1
+    check_indices("slot_tab", slot_tab, B, S, first.device)
+    if validate:
+        _checks.indices_values("slot_tab", slot_tab, S)
+        for i, carry in enumerate(conv_carries):
+            _checks.range_values(f"conv_carries[{i}].pend", carry.pend, 0, carry.cap)
+    if B == 0:
+        return
+    L = len(conv_states)
+    stashes = [c.stash for c in conv_carries]
+    pends = [c.pend for c in conv_carries]
+    table = _offset_table((list(conv_states), stashes, pends), first.device)
+    W, WP, ROWS, num_warps = conv_block_config(dim, None)
+    grid = (triton.cdiv(triton.cdiv(dim, W), ROWS), B, L)
+    c0 = conv_carries[0]
+    _conv_carry_flush_kernel[grid](
+        first, c0.stash, c0.pend, table, slot_tab, L, dim,
+        *first.stride(), c0.stash.stride(0), c0.stash.stride(1), c0.pend.stride(0),
+        SL=state_len, SLP=triton.next_power_of_2(state_len), W=W, WP=WP, ROWS=ROWS,
+        num_warps=num_warps,
+    )
