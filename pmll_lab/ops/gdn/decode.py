@@ -124,8 +124,6 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
         raise ValueError(f"state_indices: None means slots arange(B), but B = {B} > S = {S} "
                          "state slots")
     if intermediate is not None:
-        if not rows:
-            raise ValueError("intermediate: only the chain writes snapshots")
         C.tensor("intermediate", intermediate, shape=(B, lead[1] - 1, HV, kd, vd),
                  dtype=torch.float32, last_contiguous=True)
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):

@@ -1,0 +1,494 @@
+"""Gated DeltaNet decode and the K-row chain with snapshots (SPEC §2, §3a; issue 3).
+
+Every kernel is checked against the float64 reference (``pmll_lab.reference.gdn``), which is
+checked in turn against fla-core's naive recurrent reference and against an independent
+closed-form (WY) re-derivation of the same K rows. The chain is checked *bitwise* against K
+successive decode launches (outputs, final state, every snapshot).
+
+Tolerances (relative L2, ``||x - ref|| / ||ref||``; the reference is fed exactly the values the
+kernel reads, i.e. bf16/fp16 inputs already rounded):
+- fp32 state and snapshots, any input dtype: ``STATE_TOL = 1e-5`` (fp32 arithmetic over kd-long
+  reductions and up to 8 rows; measured <= 1e-7 on the interpreter for heads up to 256).
+- outputs: fp32 ``1e-5`` (measured <= 2.5e-7); fp16 ``1e-3`` (measured ~2e-4); bf16 ``8e-3``
+  (one bf16 ulp is 2**-7 relative and the output is rounded once to bf16: measured ~3.3e-3).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
+from pmll_lab.backend import DEVICE
+from pmll_lab.bench import bitwise_equal, errors
+from pmll_lab.gdn import (
+    chain_bytes, decode_bytes, decodes_bytes, gdn_chain, gdn_chain_ref, gdn_decode,
+    gdn_decode_ref, row_io_bytes, snapshot_bytes, state_bytes, carry_stash_bytes,
+)
+from pmll_lab.inputs import gdn_inputs
+
+STATE_TOL = 1e-5
+O_TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+def _check_close(name, out, ref, tol):
+    e = errors(out, ref)
+    assert e["rel_l2"] <= tol, f"{name}: rel_l2 {e['rel_l2']:.3e} > {tol:.0e} (max_abs {e['max_abs']:.3e})"
+
+
+def _untouched(before, after, idx):
+    """Slots not in ``idx`` are bitwise unchanged."""
+    keep = torch.ones(before.shape[0], dtype=torch.bool, device=before.device)
+    keep[idx.long()] = False
+    assert keep.any(), "test must leave some slots untouched"
+    assert bitwise_equal(before[keep], after[keep]), "a slot outside state_indices changed"
+
+
+# ---- kernels vs the float64 reference ----------------------------------------------------------
+
+# (dtype, B, S, HK, HV, kd, vd): GVA ratios 1 and 2, kd != vd, a non-power-of-two head, one
+# large head (128 x 64: two column blocks per head).
+DECODE_CASES = [
+    (torch.float32, 3, 5, 2, 2, 16, 32),
+    (torch.float32, 2, 4, 2, 4, 32, 16),
+    (torch.float32, 2, 3, 1, 2, 24, 40),
+    (torch.bfloat16, 3, 6, 2, 4, 32, 32),
+    (torch.bfloat16, 2, 3, 1, 1, 128, 64),
+    (torch.float16, 2, 4, 1, 2, 16, 16),
+]
+
+
+@pytest.mark.parametrize("dtype,B,S,HK,HV,kd,vd", DECODE_CASES)
+def test_decode_matches_reference(dtype, B, S, HK, HV, kd, vd):
+    x = gdn_inputs(11 + kd + vd, B, HK, HV, kd, vd, slots=S, dtype=dtype)
+    idx = x["state_indices"]
+    before = x["state"].clone()
+    o_ref, s_ref = gdn_decode_ref(before, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                  state_indices=idx)
+    state = before.clone()
+    o = gdn_decode(state, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
+                   validate=True)
+    assert o.dtype == dtype and o.shape == (B, HV, vd)
+    _check_close("o", o, o_ref, O_TOL[dtype])
+    _check_close("state", state[idx.long()], s_ref[idx.long()], STATE_TOL)
+    _untouched(before, state, idx)
+    # fp32 outputs from the same inputs: only fp32 arithmetic separates them from the reference.
+    state2 = before.clone()
+    o32 = gdn_decode(state2, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
+                     out_dtype=torch.float32)
+    assert o32.dtype == torch.float32
+    _check_close("o (fp32 out)", o32, o_ref, O_TOL[torch.float32])
+    assert bitwise_equal(state2, state), "out_dtype changed the state"
+
+
+def test_decode_default_slots_and_options():
+    """state_indices=None addresses slots 0..B-1; scale and use_qk_l2norm=False are honoured."""
+    B, S, HK, HV, kd, vd = 2, 4, 1, 2, 16, 32
+    x = gdn_inputs(5, B, HK, HV, kd, vd, slots=S, dtype=torch.float32)
+    before = x["state"].clone()
+    for scale, l2 in [(None, True), (0.37, True), (0.21, False)]:
+        o_ref, s_ref = gdn_decode_ref(before, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                      scale=scale, use_qk_l2norm=l2)
+        state = before.clone()
+        o = gdn_decode(state, x["q"], x["k"], x["v"], x["g"], x["beta"], scale=scale,
+                       use_qk_l2norm=l2, validate=True)
+        _check_close(f"o scale={scale} l2={l2}", o, o_ref, 1e-5)
+        _check_close("state", state[:B], s_ref[:B], STATE_TOL)
+        assert bitwise_equal(state[B:], before[B:])
+
+
+# (dtype, K, B, S, HK, HV, kd, vd)
+CHAIN_CASES = [
+    (torch.float32, 1, 2, 3, 2, 4, 16, 32),
+    (torch.float32, 3, 3, 5, 2, 2, 32, 16),
+    (torch.float32, 8, 2, 4, 1, 2, 16, 16),
+    (torch.bfloat16, 4, 3, 4, 2, 4, 32, 32),
+    (torch.bfloat16, 8, 2, 3, 1, 2, 16, 32),
+    (torch.float16, 2, 2, 3, 2, 2, 32, 16),
+    (torch.bfloat16, 3, 1, 2, 1, 1, 64, 128),
+]
+
+
+@pytest.mark.parametrize("dtype,K,B,S,HK,HV,kd,vd", CHAIN_CASES)
+def test_chain_matches_reference(dtype, K, B, S, HK, HV, kd, vd):
+    x = gdn_inputs(100 + K * kd + vd, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
+    idx = x["state_indices"]
+    before = x["state"].clone()
+    o_ref, s_ref, i_ref = gdn_chain_ref(before, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                        state_indices=idx)
+    state = before.clone()
+    inter = torch.full((B, K - 1, HV, kd, vd), float("nan"), device=DEVICE)
+    o = gdn_chain(state, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
+                  intermediate=inter, validate=True)
+    assert o.dtype == dtype and o.shape == (B, K, HV, vd)
+    _check_close("o", o, o_ref, O_TOL[dtype])
+    _check_close("state", state[idx.long()], s_ref[idx.long()], STATE_TOL)
+    if K > 1:
+        _check_close("intermediate", inter, i_ref, STATE_TOL)
+    _untouched(before, state, idx)
+
+
+def test_reference_does_not_mutate_inputs():
+    x = gdn_inputs(3, 2, 1, 2, 16, 16, rows=3, slots=3, dtype=torch.bfloat16)
+    copies = {n: t.clone() for n, t in x.items()}
+    gdn_chain_ref(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"],
+                  state_indices=x["state_indices"])
+    gdn_decode_ref(x["state"], x["q"][:, 0], x["k"][:, 0], x["v"][:, 0], x["g"][:, 0],
+                   x["beta"][:, 0], state_indices=x["state_indices"])
+    for n, t in x.items():
+        assert bitwise_equal(t, copies[n]), n
+
+
+# ---- exactness: chain == K successive decodes, bitwise -----------------------------------------
+
+# (dtype, K, HK, HV, kd, vd): several K including 1 and 8; the 128 x 64 head has two column
+# blocks, so programs of one head run separately.
+BITWISE_CASES = [
+    (torch.bfloat16, 1, 2, 4, 32, 16),
+    (torch.bfloat16, 2, 1, 2, 16, 32),
+    (torch.float32, 5, 2, 2, 32, 32),
+    (torch.bfloat16, 8, 1, 2, 32, 16),
+    (torch.float32, 8, 1, 1, 128, 64),
+]
+
+
+@pytest.mark.parametrize("dtype,K,HK,HV,kd,vd", BITWISE_CASES)
+def test_chain_bitwise_equals_successive_decodes(dtype, K, HK, HV, kd, vd):
+    B, S = 3, 5
+    x = gdn_inputs(200 + K, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
+    idx = x["state_indices"]
+    before = x["state"].clone()
+
+    s_chain = before.clone()
+    inter = torch.full((B, K - 1, HV, kd, vd), float("nan"), device=DEVICE)
+    o_chain = gdn_chain(s_chain, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
+                        intermediate=inter, validate=True)
+
+    s_dec = before.clone()
+    outs, snaps = [], []
+    for t in range(K):
+        outs.append(gdn_decode(s_dec, x["q"][:, t], x["k"][:, t], x["v"][:, t], x["g"][:, t],
+                               x["beta"][:, t], state_indices=idx, validate=True))
+        if t < K - 1:
+            snaps.append(s_dec[idx.long()].clone())
+    assert bitwise_equal(o_chain, torch.stack(outs, dim=1)), "outputs differ"
+    assert bitwise_equal(s_chain, s_dec), "final states differ"
+    if K > 1:
+        assert bitwise_equal(inter, torch.stack(snaps, dim=1)), "snapshots differ"
+
+    # Without a snapshot buffer the chain computes the same outputs and final state.
+    s_plain = before.clone()
+    o_plain = gdn_chain(s_plain, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx)
+    assert bitwise_equal(o_plain, o_chain) and bitwise_equal(s_plain, s_chain)
+
+
+# ---- strided views of one fused projection buffer ----------------------------------------------
+
+def _fused_views(seed, B, K, HK, HV, kd, vd, dtype):
+    """q, k, v as column slices of one [K, B, C] projection buffer permuted to [B, K, C]
+    (so batch, row and head strides are all non-standard), g and beta as slices of an fp32
+    [B, K, 2*HV + 3] gate buffer; plus contiguous copies of the same values."""
+    x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=B + 2, dtype=dtype)
+    nq, nv = HK * kd, HV * vd
+    C = 2 * nq + nv + 8                                  # padding columns, as in a real layout
+    gen = torch.Generator().manual_seed(seed)
+    buf = torch.randn(K, B, C, generator=gen).to(dtype).to(DEVICE).permute(1, 0, 2)
+    buf[..., :nq] = x["q"].reshape(B, K, nq)
+    buf[..., nq:2 * nq] = x["k"].reshape(B, K, nq)
+    buf[..., 2 * nq:2 * nq + nv] = x["v"].reshape(B, K, nv)
+    gb = torch.randn(B, K, 2 * HV + 3, generator=gen).to(DEVICE)
+    gb[..., 1:HV + 1] = x["g"]
+    gb[..., HV + 2:2 * HV + 2] = x["beta"]
+    views = dict(
+        q=buf[..., :nq].unflatten(-1, (HK, kd)),
+        k=buf[..., nq:2 * nq].unflatten(-1, (HK, kd)),
+        v=buf[..., 2 * nq:2 * nq + nv].unflatten(-1, (HV, vd)),
+        g=gb[..., 1:HV + 1], beta=gb[..., HV + 2:2 * HV + 2],
+    )
+    for name, t in views.items():
+        assert not t.is_contiguous() and t.stride(-1) == 1, name
+        assert torch.equal(t, x[name]), name
+    return x, views
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_strided_views_read_in_place(dtype):
+    B, K, HK, HV, kd, vd = 2, 3, 1, 2, 16, 32
+    x, views = _fused_views(31, B, K, HK, HV, kd, vd, dtype)
+    idx = x["state_indices"]
+    # The state and the snapshot buffer as strided views too (padded key rows / value columns).
+    S = x["state"].shape[0]
+    big = torch.randn(S, HV, kd + 3, vd + 5, device=DEVICE)
+    state_view = big[:, :, 1:kd + 1, 2:vd + 2]
+    state_view.copy_(x["state"])
+    inter_big = torch.zeros(B, K - 1, HV, kd, vd + 7, device=DEVICE)
+    inter_view = inter_big[..., :vd]
+    big_before = big.clone()
+
+    state_c = x["state"].clone()
+    inter_c = torch.empty(B, K - 1, HV, kd, vd, device=DEVICE)
+    o_c = gdn_chain(state_c, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
+                    intermediate=inter_c)
+    o_v = gdn_chain(state_view, views["q"], views["k"], views["v"], views["g"], views["beta"],
+                    state_indices=idx, intermediate=inter_view, validate=True)
+    assert bitwise_equal(o_v, o_c)
+    assert bitwise_equal(state_view.contiguous(), state_c)
+    assert bitwise_equal(inter_view.contiguous(), inter_c)
+    # Nothing outside the views' elements was written.
+    pad = torch.ones_like(big, dtype=torch.bool)
+    pad[:, :, 1:kd + 1, 2:vd + 2] = False
+    assert bitwise_equal(big[pad], big_before[pad])
+    assert bool((inter_big[..., vd:] == 0).all())
+
+    # Decode reads the row-0 views in place too.
+    s1, s2 = x["state"].clone(), x["state"].clone()
+    o1 = gdn_decode(s1, x["q"][:, 0], x["k"][:, 0], x["v"][:, 0], x["g"][:, 0], x["beta"][:, 0],
+                    state_indices=idx)
+    o2 = gdn_decode(s2, views["q"][:, 0], views["k"][:, 0], views["v"][:, 0], views["g"][:, 0],
+                    views["beta"][:, 0], state_indices=idx, validate=True)
+    assert bitwise_equal(o1, o2) and bitwise_equal(s1, s2)
+
+
+def test_gva_reads_key_head_h_div_group():
+    """HV = 2*HK equals HK = HV with q, k repeat_interleaved (bitwise): value head h reads key
+    head h // 2, not h % HK."""
+    B, K, HK, HV, kd, vd = 2, 2, 2, 4, 16, 16
+    x = gdn_inputs(41, B, HK, HV, kd, vd, rows=K, slots=B, dtype=torch.bfloat16)
+    s1, s2 = x["state"].clone(), x["state"].clone()
+    o1 = gdn_chain(s1, x["q"], x["k"], x["v"], x["g"], x["beta"])
+    qr = x["q"].repeat_interleave(2, dim=2)
+    kr = x["k"].repeat_interleave(2, dim=2)
+    o2 = gdn_chain(s2, qr, kr, x["v"], x["g"], x["beta"])
+    assert bitwise_equal(o1, o2) and bitwise_equal(s1, s2)
+    # and a different mapping (h % HK) would give different outputs
+    qm = x["q"].repeat(1, 1, 2, 1)
+    km = x["k"].repeat(1, 1, 2, 1)
+    o3 = gdn_chain(x["state"].clone(), qm, km, x["v"], x["g"], x["beta"])
+    assert not torch.equal(o1, o3)
+
+
+# ---- the float64 reference against peers -------------------------------------------------------
+
+def _wy_chain(h0, q, k, v, g, beta):
+    """Closed form of K rows at once (SPEC §3b's WY form), float64, heads already matched:
+    ``h0 [N, kd, vd]``, ``q, k [N, K, kd]`` (normalised, scaled), ``v [N, K, vd]``,
+    ``g, beta [N, K]``. With ``c_t = sum_{s<=t} g_s``: ``(I + A) U = beta*(V - exp(c) K h0)``,
+    ``A[t,s] = beta_t exp(c_t - c_s) k_t.k_s`` (s < t); ``o_t = exp(c_t) h0^T q_t +
+    sum_{s<=t} exp(c_t - c_s) (q_t.k_s) u_s``; ``h_K = exp(c_K) h0 + sum_s exp(c_K-c_s) k_s u_s^T``.
+    """
+    N, K, _ = k.shape
+    c = torch.cumsum(g, dim=1)                                    # [N, K]
+    decay = torch.exp(c[:, :, None] - c[:, None, :])              # [N, t, s]
+    lower = torch.tril(torch.ones(K, K, dtype=torch.bool, device=k.device), -1)
+    A = beta[:, :, None] * decay * (k @ k.transpose(1, 2)) * lower
+    rhs = beta[:, :, None] * (v - torch.exp(c)[:, :, None] * (k @ h0))
+    eye = torch.eye(K, dtype=k.dtype, device=k.device)
+    U = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
+    incl = torch.tril(torch.ones(K, K, dtype=torch.bool, device=k.device))
+    o = torch.exp(c)[:, :, None] * (q @ h0) + (decay * (q @ k.transpose(1, 2)) * incl) @ U
+    w = torch.exp(c[:, -1:] - c)                                  # [N, K]
+    hK = torch.exp(c[:, -1])[:, None, None] * h0 + (k * w[:, :, None]).transpose(1, 2) @ U
+    return o, hK
+
+
+def _heads_matched(x, K, HK, HV, scale=None, l2=True):
+    """float64 normalised, scaled q, k repeated to value heads: [B, K, HV, kd]."""
+    q, k = x["q"].double(), x["k"].double()
+    if l2:
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
+    return q.repeat_interleave(HV // HK, 2), k.repeat_interleave(HV // HK, 2)
+
+
+def test_reference_matches_wy_closed_form():
+    B, K, HK, HV, kd, vd = 3, 8, 2, 4, 16, 24
+    x = gdn_inputs(51, B, HK, HV, kd, vd, rows=K, slots=4, dtype=torch.float32)
+    idx = x["state_indices"].long()
+    o_ref, s_ref, i_ref = gdn_chain_ref(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                        state_indices=x["state_indices"])
+    q, k = _heads_matched(x, K, HK, HV)
+    flat = lambda t: t.transpose(1, 2).reshape(B * HV, K, *t.shape[3:])  # noqa: E731
+    o_wy, h_wy = _wy_chain(x["state"][idx].double().reshape(B * HV, kd, vd), flat(q), flat(k),
+                           flat(x["v"].double()), flat(x["g"].double()), flat(x["beta"].double()))
+    o_wy = o_wy.reshape(B, HV, K, vd).transpose(1, 2)
+    _check_close("o (WY)", o_ref, o_wy, 1e-12)
+    _check_close("state (WY)", s_ref[idx], h_wy.reshape(B, HV, kd, vd), 1e-12)
+    # the snapshots are the WY final states of the first t+1 rows
+    o_wy3, h_wy3 = _wy_chain(x["state"][idx].double().reshape(B * HV, kd, vd), *(
+        flat(t)[:, :3] for t in (q, k, x["v"].double(), x["g"].double(), x["beta"].double())))
+    _check_close("intermediate[2] (WY)", i_ref[:, 2], h_wy3.reshape(B, HV, kd, vd), 1e-12)
+
+
+def _fla_naive():
+    try:
+        from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
+    except Exception as exc:  # noqa: BLE001 - any import failure means "no peer here"
+        return None, f"{type(exc).__name__}: {exc}"
+    return naive_recurrent_gated_delta_rule, ""
+
+
+@pytest.mark.parametrize("l2", [True, False])
+def test_reference_matches_fla_naive(l2):
+    """fla-core's ``naive_recurrent_gated_delta_rule`` (fp32, no l2norm, heads matched) is the
+    peer oracle. If fla-core cannot be imported here the test still checks, against the WY
+    closed form, and warns."""
+    B, K, HK, HV, kd, vd = 2, 6, 1, 2, 16, 32
+    x = gdn_inputs(61 + l2, B, HK, HV, kd, vd, rows=K, slots=3, dtype=torch.float32)
+    idx = x["state_indices"].long()
+    o_ref, s_ref, _ = gdn_chain_ref(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                    state_indices=x["state_indices"], use_qk_l2norm=l2)
+    q, k = _heads_matched(x, K, HK, HV, l2=l2)
+    h0 = x["state"][idx].double()
+    naive, why = _fla_naive()
+    if naive is not None:
+        # fla's naive scales q itself: hand it unscaled q and the scale, in fp32 as it computes.
+        o_p, h_p = naive(q=(q * kd ** 0.5).float().cpu(), k=k.float().cpu(),
+                         v=x["v"].float().cpu(), beta=x["beta"].float().cpu(),
+                         g=x["g"].float().cpu(), scale=kd ** -0.5, initial_state=h0.float().cpu(),
+                         output_final_state=True)
+        tol = 1e-5                                   # the peer computes in fp32
+    else:
+        warnings.warn(f"fla-core not importable ({why}); peer check runs against the WY form")
+        flat = lambda t: t.transpose(1, 2).reshape(B * HV, K, *t.shape[3:])  # noqa: E731
+        o_p, h_p = _wy_chain(h0.reshape(B * HV, kd, vd), flat(q), flat(k), flat(x["v"].double()),
+                             flat(x["g"].double()), flat(x["beta"].double()))
+        o_p, h_p = o_p.reshape(B, HV, K, vd).transpose(1, 2), h_p.reshape(B, HV, kd, vd)
+        tol = 1e-12
+    _check_close("o vs peer", o_ref.cpu(), o_p, tol)
+    _check_close("state vs peer", s_ref[idx].cpu(), h_p, tol)
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+def _good(rows=None, dtype=torch.bfloat16):
+    B, HK, HV, kd, vd = 2, 1, 2, 16, 16
+    x = gdn_inputs(71, B, HK, HV, kd, vd, rows=rows, slots=4, dtype=dtype)
+    if rows is not None:
+        x["intermediate"] = torch.empty(B, rows - 1, HV, kd, vd, device=DEVICE)
+    return x
+
+
+def _call(x, rows, **kw):
+    args = dict(state_indices=x["state_indices"], validate=True)
+    if rows is not None:
+        args["intermediate"] = x.get("intermediate")
+    args.update(kw)
+    fn = gdn_decode if rows is None else gdn_chain
+    return fn(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"], **args)
+
+
+def _bad_cases():
+    # (name, rows, mutate(x) -> kwargs override or None, argument named)
+    def setx(key, fn):
+        def m(x):
+            x[key] = fn(x)
+        return m
+
+    cases = [
+        ("q ndim", None, setx("q", lambda x: x["q"][None]), "q"),
+        ("k shape", None, setx("k", lambda x: x["k"][:, :, :8]), "k"),
+        ("kd vs state", None, lambda x: (x.__setitem__("q", x["q"][..., :8]),
+                                         x.__setitem__("k", x["k"][..., :8])), "q"),
+        ("v head size", None, setx("v", lambda x: x["v"][..., :8]), "v"),
+        ("v heads", None, setx("v", lambda x: x["v"][:, :1]), "v"),
+        ("g shape", None, setx("g", lambda x: x["g"][:, :1]), "g"),
+        ("beta dtype", None, setx("beta", lambda x: x["beta"].bfloat16()), "beta"),
+        ("g dtype", 2, setx("g", lambda x: x["g"].double()), "g"),
+        ("HV % HK", None, lambda x: x.update(gdn_inputs(72, 2, 2, 3, 16, 16, slots=4)), "q"),
+        ("K > 8", 9, None, "q"),
+        ("k dtype", None, setx("k", lambda x: x["k"].float()), "k"),
+        ("v dtype", 2, setx("v", lambda x: x["v"].half()), "v"),
+        ("q int dtype", None, lambda x: [x.__setitem__(n, x[n].to(torch.int32))
+                                         for n in ("q", "k", "v")], "q"),
+        ("state dtype", None, setx("state", lambda x: x["state"].bfloat16()), "state"),
+        ("state ndim", None, setx("state", lambda x: x["state"][0]), "state"),
+        ("indices dtype", None, setx("state_indices", lambda x: x["state_indices"].long()),
+         "state_indices"),
+        ("indices shape", 2, setx("state_indices", lambda x: x["state_indices"][:1]),
+         "state_indices"),
+        ("q device", None, setx("q", lambda x: torch.empty(x["q"].shape, dtype=x["q"].dtype,
+                                                           device="meta")), "q"),
+        ("indices device", 2, setx("state_indices",
+                                   lambda x: torch.empty(2, dtype=torch.int32, device="meta")),
+         "state_indices"),
+        ("q last dim strided", None,
+         setx("q", lambda x: torch.repeat_interleave(x["q"], 2, -1)[..., ::2]), "q"),
+        ("v last dim strided", 3,
+         setx("v", lambda x: torch.repeat_interleave(x["v"], 2, -1)[..., ::2]), "v"),
+        ("state last dim strided", None,
+         setx("state", lambda x: x["state"].transpose(2, 3)), "state"),
+        ("intermediate shape", 3, setx("intermediate", lambda x: x["intermediate"][:, :1]),
+         "intermediate"),
+        ("intermediate dtype", 3, setx("intermediate", lambda x: x["intermediate"].bfloat16()),
+         "intermediate"),
+        ("intermediate strided", 3,
+         setx("intermediate", lambda x: x["intermediate"].transpose(3, 4)), "intermediate"),
+        ("duplicate indices", 2,
+         setx("state_indices", lambda x: x["state_indices"][:1].repeat(2)), "state_indices"),
+        ("index out of range", None,
+         setx("state_indices", lambda x: torch.tensor([0, 4], dtype=torch.int32, device=DEVICE)),
+         "state_indices"),
+        ("negative index", 2,
+         setx("state_indices", lambda x: torch.tensor([-1, 1], dtype=torch.int32, device=DEVICE)),
+         "state_indices"),
+        ("g positive", 2, setx("g", lambda x: x["g"].abs() + 0.1), "g"),
+        ("beta > 1", None, setx("beta", lambda x: x["beta"] + 1.0), "beta"),
+        ("beta NaN", 2, setx("beta", lambda x: x["beta"] * float("nan")), "beta"),
+    ]
+    return cases
+
+
+@pytest.mark.parametrize("name,rows,mutate,arg", _bad_cases(), ids=[c[0] for c in _bad_cases()])
+def test_bad_input_raises_naming_the_argument(name, rows, mutate, arg):
+    x = _good(rows)
+    if mutate is not None:
+        mutate(x)
+    state_before = x["state"].clone()
+    with pytest.raises(ValueError, match=rf"^{arg}:"):
+        _call(x, rows)
+    assert bitwise_equal(x["state"], state_before), "a rejected call touched the state"
+
+
+def test_bad_scalar_arguments():
+    x = _good(2)
+    with pytest.raises(ValueError, match=r"^out_dtype:"):
+        _call(x, 2, out_dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^scale:"):
+        _call(x, 2, scale="0.1")
+    # state_indices=None needs B <= S
+    y = _good(None)
+    y["state"] = y["state"][:1]
+    with pytest.raises(ValueError, match=r"^state_indices:"):
+        _call(y, None, state_indices=None)
+
+
+def test_chain_k_zero_and_k_max_boundaries():
+    x = _good(1)
+    x["q"] = x["q"][:, :0]
+    with pytest.raises(ValueError, match=r"^q:"):
+        _call(x, 1)
+    x = _good(8)
+    o = _call(x, 8)          # K = 8 is legal
+    assert o.shape == (2, 8, 2, 16)
+
+
+# ---- bytes per SPEC §4 ------------------------------------------------------------------------
+
+def test_bytes_moved_per_spec():
+    HK, HV, kd, vd = 16, 32, 128, 128
+    hb = state_bytes(HV, kd, vd)
+    assert hb == HV * kd * vd * 4
+    io_bf16 = (2 * HK * kd + HV * vd) * 2 + 2 * HV * 4 + HV * vd * 2
+    assert row_io_bytes(HK, HV, kd, vd, torch.bfloat16) == io_bf16
+    assert row_io_bytes(HK, HV, kd, vd, torch.bfloat16, torch.float32) == io_bf16 + HV * vd * 2
+    for B in (1, 64):
+        assert decode_bytes(B, HK, HV, kd, vd) == B * (2 * hb + io_bf16 + 4)
+        for K in (1, 4, 8):
+            assert chain_bytes(B, K, HK, HV, kd, vd) == B * ((K + 1) * hb + K * io_bf16 + 4)
+            assert decodes_bytes(B, K, HK, HV, kd, vd) == K * decode_bytes(B, HK, HV, kd, vd)
+        assert chain_bytes(B, 1, HK, HV, kd, vd) == decode_bytes(B, HK, HV, kd, vd)
+    assert snapshot_bytes(1, HV, kd, vd) == 0 and snapshot_bytes(4, HV, kd, vd) == 3 * hb
+    assert carry_stash_bytes(HV, kd, vd) == 8 * (HV * vd + HV + HV * kd) * 4
