@@ -49,6 +49,7 @@ device, with no host sync.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -444,8 +445,11 @@ def check_carry(name: str, carry, state: torch.Tensor | None = None) -> None:
 
 
 def check_state(name: str, state) -> torch.Tensor:
-    """fp32 ``[S, HV, kd, vd]``, the inner three dims contiguous (any slot stride)."""
+    """fp32 ``[S, HV, kd, vd]`` on the kernels' device type, inner three dims contiguous (any
+    slot stride)."""
     _checks.tensor(name, state, ndim=4, dtype=torch.float32)
+    if state.device.type != DEVICE.type:
+        raise ValueError(f"{name}: on {state.device}, but kernels run on {DEVICE} (pmll_lab.backend.DEVICE)")
     _, HV, kd, vd = state.shape
     if state.stride()[1:] != (kd * vd, vd, 1) and state.numel() > 0:
         raise ValueError(f"{name}: inner dims [HV, kd, vd] must be contiguous, got strides {state.stride()}")
@@ -465,7 +469,7 @@ def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", 
             write-back, else ``pend``); ``pend`` is read, never written (``carry_accept`` does).
         q, k: ``[B, K, HK, kd]``; v: ``[B, K, HV, vd]`` — fp32, bf16 or fp16, one dtype, last dim
             contiguous, any other strides (views of a fused projection: no copies).
-        g, beta: ``[B, K, HV]`` float (log decay ``<= 0``; ``beta`` in ``[0, 1]``), last dim
+        g, beta: ``[B, K, HV]`` fp32 (log decay ``<= 0``; ``beta`` in ``[0, 1]``), last dim
             contiguous.
         slot_tab: ``[B]`` int32/int64 slot of each sequence (distinct, in ``[0, S)``).
         form: ``"exact"`` (bitwise equal to decoding the rows one at a time) or ``"wy"``.
@@ -496,8 +500,8 @@ def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", 
     _checks.tensor("q", q, shape=(B, K, HK, kd))
     _checks.tensor("k", k, shape=(B, K, HK, kd), dtype=q.dtype, device=state.device, last_contiguous=True)
     _checks.tensor("v", v, shape=(B, K, HV, vd), dtype=q.dtype, device=state.device, last_contiguous=True)
-    _checks.tensor("g", g, shape=(B, K, HV), dtype=_checks.FLOAT_DTYPES, device=state.device, last_contiguous=True)
-    _checks.tensor("beta", beta, shape=(B, K, HV), dtype=_checks.FLOAT_DTYPES, device=state.device, last_contiguous=True)
+    _checks.tensor("g", g, shape=(B, K, HV), dtype=torch.float32, device=state.device, last_contiguous=True)
+    _checks.tensor("beta", beta, shape=(B, K, HV), dtype=torch.float32, device=state.device, last_contiguous=True)
     _checks.tensor("slot_tab", slot_tab, shape=(B,), dtype=INDEX_DTYPES, device=state.device)
     if HK < 1 or HV % HK:
         raise ValueError(f"q: HV ({HV}) must be a multiple of HK ({HK})")
@@ -521,6 +525,21 @@ def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", 
     engaged = torch.empty(B, dtype=torch.int32, device=v.device)
     if B == 0:
         return o, engaged
+    with _device_guard(state):
+        _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
+                       use_qk_l2norm)
+    return o, engaged
+
+
+def _device_guard(t: torch.Tensor):
+    """Launch on ``t``'s GPU (Triton launches on the current device)."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+def _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
+                   use_qk_l2norm):
+    B, K, HK = q.shape[:3]
+    _, HV, kd, vd = state.shape
     BK, BV, num_warps = block_config(kd, vd)
     args = (state, carry.buf, carry.pend, slot_tab, q, k, v, g, beta, o, engaged,
             scale, state.stride(0), carry.buf.stride(0),
@@ -534,7 +553,6 @@ def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", 
     else:
         _gdn_carry_wy_kernel[(B, HV)](*args, BK=max(BK, 16), BV=max(BV, 16), KP=WY_ROWS_PAD,
                                       num_warps=num_warps, **meta)
-    return o, engaged
 
 
 def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:
@@ -576,11 +594,12 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:
     BK, BV, num_warps = block_config(kd, vd)
     NV = triton.cdiv(vd, BV)
     pends = [c.pend for c in carries]
-    _gdn_carry_flush_kernel[(B, HV * NV, L)](
-        states[0], carries[0].buf, pends[0], slot_tab,
-        offsets_table(states), offsets_table([c.buf for c in carries]), offsets_table(pends),
-        states[0].stride(0), carries[0].buf.stride(0),
-        CAP=carries[0].cap, HV=HV, KD=kd, VD=vd, BK=BK, BV=BV, NV=NV, num_warps=num_warps)
+    with _device_guard(states[0]):
+        _gdn_carry_flush_kernel[(B, HV * NV, L)](
+            states[0], carries[0].buf, pends[0], slot_tab,
+            offsets_table(states), offsets_table([c.buf for c in carries]), offsets_table(pends),
+            states[0].stride(0), carries[0].buf.stride(0),
+            CAP=carries[0].cap, HV=HV, KD=kd, VD=vd, BK=BK, BV=BV, NV=NV, num_warps=num_warps)
 
 
 def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=False) -> None:
@@ -623,5 +642,6 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
     if B == 0:
         return
     pends = [c.pend for c in carries]
-    _carry_accept_kernel[(triton.cdiv(B, ACCEPT_BLOCK), len(pends))](
-        pends[0], offsets_table(pends), slot_tab, engaged, accepted, B, BLOCK=ACCEPT_BLOCK)
+    with _device_guard(pends[0]):
+        _carry_accept_kernel[(triton.cdiv(B, ACCEPT_BLOCK), len(pends))](
+            pends[0], offsets_table(pends), slot_tab, engaged, accepted, B, BLOCK=ACCEPT_BLOCK)

@@ -1,0 +1,316 @@
+"""Carried-state verify of K draft rows: public API (SPEC §3b, §3c; seed ``001_…txt``).
+
+Speculative decoding verifies ``K`` draft rows per sequence and later accepts ``a <= K`` of them.
+The snapshot chain (``pmll_lab.gdn.gdn_chain``) keeps the state after every row. The carried
+state instead stashes, per row, what replays it (``u_t``, ``g_t``, ``k_t``; the conv twin: the
+input row) and counts the accepted rows not yet folded in ``pend[slot]``; the next verify (or a
+flush) folds them. Launchers:
+
+- ``GdnCarry`` (one layer's stash + ``pend``), ``gdn_carry_verify`` (exact or WY form, eager or
+  lazy), ``gdn_carry_flush`` (``L`` layers, one launch): ``pmll_lab.ops.carry.gdn_carry``.
+- ``ConvCarry``, ``conv_carry_verify``, ``conv_carry_flush``: the conv twin, re-exported from
+  ``pmll_lab.conv`` (imported on first use).
+- ``carry_accept``: ``pend = a`` after a write-back (``engaged == 2``), else ``pend + a``, on the
+  device, for one carry or a whole stack in one launch (GDN and conv carries alike).
+- ``SpecDecodeStep``: a host-side driver for a stack of layers that applies the seed's policy
+  (lazy from ``lazy_min_seqs`` sequences; an eager verify folds at most ``eager_max_pending``
+  rows, so a slot holding more is flushed first).
+
+The float64 reference of the protocol is ``pmll_lab.reference.carry``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from pmll_lab import _checks
+from pmll_lab.ops.carry.gdn_carry import (
+    FORMS,
+    GDN_CARRY_CAP,
+    GdnCarry,
+    carry_accept,
+    gdn_carry_flush,
+    gdn_carry_verify,
+    snapshot_bytes_per_slot,
+    stash_bytes_per_slot,
+)
+
+__all__ = [
+    "GDN_CARRY_CAP", "GDN_CARRY_LAZY_MIN_SEQS", "GDN_CARRY_EAGER_MAX_PENDING",
+    "GdnCarry", "gdn_carry_verify", "gdn_carry_flush", "carry_accept",
+    "ConvCarry", "conv_carry_verify", "conv_carry_flush",
+    "CarryLayer", "SpecDecodeStep", "stash_bytes_per_slot", "snapshot_bytes_per_slot",
+]
+
+GDN_CARRY_LAZY_MIN_SEQS = 8
+"""Batch width from which the seed takes the lazy verify. The seed measured it end to end on a
+GB10 (dgx3): lazy 2.5 % faster at 16 sequences, 8 instead of 16 gave 214.4 -> 216.2 tok/s at 8,
+eager ahead at 2 and 4. Not measured on the H200 yet: ``notebooks/carry_protocol`` measures it."""
+
+GDN_CARRY_EAGER_MAX_PENDING = 4
+"""Most pending rows the seed's eager kernels fold; a slot holding more (possible only after lazy
+verifies) is flushed first. Our kernels fold any ``pend <= CAP``; the limit is policy."""
+
+_CONV_NAMES = ("ConvCarry", "conv_carry_verify", "conv_carry_flush")
+
+
+def __getattr__(name):
+    """The conv twin's names, imported from ``pmll_lab.conv`` on first use."""
+    if name in _CONV_NAMES:
+        from pmll_lab import conv
+
+        return getattr(conv, name)
+    raise AttributeError(f"module 'pmll_lab.carry' has no attribute {name!r}")
+
+
+@dataclass(eq=False)
+class CarryLayer:
+    """One GDN layer of a stack driven by ``SpecDecodeStep``.
+
+    ``state [S, HV, kd, vd]`` fp32 and its ``carry`` (``GdnCarry``). Optionally the causal conv
+    that feeds it (SPEC §3c): ``conv_state [S, dim, state_len]``, ``conv_carry`` (``ConvCarry``),
+    ``conv_weight [dim, d_conv]``, ``conv_bias [dim]`` or None, with
+    ``dim = 2*HK*kd + HV*vd`` (``num_k_heads`` = HK required). With a conv the layer's input is
+    ``x [B, K, dim]`` and q, k, v are views of the conv output's channels ``[q | k | v]``
+    (Qwen3-Next's order). ``qk_l2norm_in_conv``: the conv l2-normalises the q and k channels
+    (the seed's fused conv) and the GDN kernel does not; else the GDN kernel does.
+    Without a conv, ``use_qk_l2norm`` is passed to the GDN kernel.
+    """
+
+    state: torch.Tensor
+    carry: GdnCarry
+    conv_state: torch.Tensor | None = None
+    conv_carry: object | None = None
+    conv_weight: torch.Tensor | None = None
+    conv_bias: torch.Tensor | None = None
+    num_k_heads: int | None = None
+    qk_l2norm_in_conv: bool = True
+    use_qk_l2norm: bool = True
+
+    @property
+    def has_conv(self) -> bool:
+        return self.conv_state is not None
+
+    def carries(self) -> list:
+        return [self.carry] + ([self.conv_carry] if self.has_conv else [])
+
+
+class SpecDecodeStep:
+    """Host-side driver of the carried-state protocol for a stack of layers (SPEC §3b, §3c).
+
+    One step: ``begin(slots)`` chooses eager or lazy and flushes slots that hold too many
+    pending rows for an eager verify; ``verify_layer(i, ...)`` runs layer ``i`` (conv twin, then
+    GDN); ``accept(accepted)`` updates every carry's ``pend`` in one launch. ``verify(slots,
+    inputs)`` does ``begin`` plus every layer (inputs known up front, as in tests and sweeps).
+
+    Policy (the seed's constants, parameters here because ``notebooks/carry_protocol`` measures
+    them): a step of ``B >= lazy_min_seqs`` sequences runs the lazy form, else the eager form;
+    an eager verify folds at most ``eager_max_pending`` rows (``None``: no limit), so a slot
+    holding more is first folded by ``gdn_carry_flush`` / ``conv_carry_flush`` (all layers, one
+    launch each) and its ``pend`` cleared.
+
+    Host syncs: the step keeps a host-side upper bound on every slot's ``pend`` (exact when
+    ``accepted`` is given as host ints; ``a <= K`` when it is a device tensor). Only an eager
+    step whose bound exceeds ``eager_max_pending`` for some slot reads the batch's true ``pend``
+    from the device (one ``B``-int32 copy, a sync; ``stats["host_syncs"]``) to decide which
+    slots to flush. So a run that stays eager with ``K <= eager_max_pending``, or stays lazy,
+    never syncs; the first eager step after lazy ones syncs once. Slots given as a host list are
+    copied to the device (cached per slot list); a device ``slots`` tensor costs one
+    device-to-host copy for the bookkeeping.
+
+    All layers receive the same accepts, so their ``pend`` (and ``engaged``) agree; ``accept``
+    uses layer 0's ``engaged`` for all carries (``validate=True`` checks the agreement).
+    """
+
+    def __init__(self, layers: Sequence[CarryLayer], *, form: str = "exact",
+                 lazy_min_seqs: int | None = GDN_CARRY_LAZY_MIN_SEQS,
+                 eager_max_pending: int | None = GDN_CARRY_EAGER_MAX_PENDING,
+                 scale: float | None = None, validate: bool = False):
+        layers = list(layers)
+        if not layers:
+            raise ValueError("layers: need at least one CarryLayer")
+        _checks.choice("form", form, FORMS)
+        for i, lay in enumerate(layers):
+            if not isinstance(lay, CarryLayer):
+                raise ValueError(f"layers[{i}]: expected a CarryLayer, got {type(lay).__name__}")
+            if lay.state.shape != layers[0].state.shape or lay.carry.cap != layers[0].carry.cap:
+                raise ValueError(f"layers[{i}]: state shape / CAP differ from layers[0]")
+            if lay.has_conv != layers[0].has_conv:
+                raise ValueError(f"layers[{i}]: every layer has a conv or none does")
+            if lay.has_conv:
+                if lay.conv_carry is None or lay.conv_weight is None or lay.num_k_heads is None:
+                    raise ValueError(f"layers[{i}]: a conv needs conv_carry, conv_weight and num_k_heads")
+                if lay.conv_carry.cap != lay.carry.cap:
+                    raise ValueError(f"layers[{i}]: conv_carry.cap differs from carry.cap")
+        if lazy_min_seqs is not None:
+            _checks.positive_int("lazy_min_seqs", lazy_min_seqs)
+        if eager_max_pending is not None:
+            _checks.positive_int("eager_max_pending", eager_max_pending, minimum=0)
+        self.layers = layers
+        self.form = form
+        self.lazy_min_seqs = lazy_min_seqs
+        self.eager_max_pending = eager_max_pending
+        self.scale = scale
+        self.validate = validate
+        self.cap = layers[0].carry.cap
+        self.device = layers[0].state.device
+        self._bound = torch.zeros(layers[0].state.shape[0], dtype=torch.int64)  # host, per slot
+        self._slot_cache: dict[tuple, torch.Tensor] = {}
+        self._cur = None       # (host slots [B] int64, device slot_tab, lazy)
+        self._engaged: list[torch.Tensor | None] = [None] * len(layers)
+        self._rows: int | None = None
+        self.stats = dict(steps=0, lazy_steps=0, eager_steps=0, flushes=0, flushed_slots=0,
+                          host_syncs=0)
+
+    # -- slots --------------------------------------------------------------------------------
+    def _slots(self, slots):
+        if isinstance(slots, torch.Tensor) and slots.device.type != "cpu":
+            dev_tab = slots
+            host = slots.to("cpu", torch.int64)           # a sync: pass host slots to avoid it
+            self.stats["host_syncs"] += 1
+            return host, dev_tab
+        host = torch.as_tensor(slots, dtype=torch.int64).reshape(-1).cpu()
+        key = tuple(host.tolist())
+        dev_tab = self._slot_cache.get(key)
+        if dev_tab is None:
+            if len(self._slot_cache) > 1024:
+                self._slot_cache.clear()
+            dev_tab = self._slot_cache[key] = host.to(torch.int32).to(self.device)
+        return host, dev_tab
+
+    def _clear_pend(self, host_slots: torch.Tensor, dev_tab: torch.Tensor) -> None:
+        idx = dev_tab.long()
+        for lay in self.layers:
+            for c in lay.carries():
+                c.pend.index_fill_(0, idx, 0)
+        self._bound[host_slots] = 0
+
+    # -- the protocol -------------------------------------------------------------------------
+    def reset(self, slots) -> None:
+        """A slot starts a new sequence: ``pend = 0`` in every carry (its states are the
+        caller's to set)."""
+        host, dev_tab = self._slots(slots)
+        self._clear_pend(host, dev_tab)
+
+    def flush(self, slots) -> None:
+        """Fold the pending rows of ``slots`` into every layer's state (GDN and conv, one launch
+        each over all layers) and clear their ``pend``."""
+        host, dev_tab = self._slots(slots)
+        if host.numel() == 0:
+            return
+        gdn_carry_flush([lay.state for lay in self.layers], [lay.carry for lay in self.layers],
+                        dev_tab, validate=self.validate)
+        if self.layers[0].has_conv:
+            from pmll_lab.conv import conv_carry_flush
+
+            conv_carry_flush([lay.conv_state for lay in self.layers],
+                             [lay.conv_carry for lay in self.layers], dev_tab,
+                             validate=self.validate)
+        self._clear_pend(host, dev_tab)
+        self.stats["flushes"] += 1
+        self.stats["flushed_slots"] += int(host.numel())
+
+    def begin(self, slots, rows: int) -> dict:
+        """Start a step of ``rows`` (K) draft rows for the sequences in ``slots``: choose the form
+        and flush what an eager verify may not fold. Returns ``{"lazy", "flushed", "synced"}``."""
+        if self._cur is not None and self._rows is not None and any(e is not None for e in self._engaged):
+            raise ValueError("begin: the previous step was verified but not accepted")
+        _checks.positive_int("rows", rows, maximum=self.cap)
+        host, dev_tab = self._slots(slots)
+        B = int(host.numel())
+        lazy = self.lazy_min_seqs is not None and B >= self.lazy_min_seqs
+        flushed, synced = 0, False
+        lim = self.eager_max_pending
+        if not lazy and lim is not None and B and int(self._bound[host].max()) > lim:
+            # One sync: the true pending counts of this batch's slots (layer 0's GDN carry; every
+            # carry of the stack received the same accepts).
+            actual = self.layers[0].carry.pend[dev_tab.long()].to("cpu", torch.int64)
+            self.stats["host_syncs"] += 1
+            synced = True
+            self._bound[host] = actual
+            over = host[actual > lim]
+            if over.numel():
+                self.flush(over)
+                flushed = int(over.numel())
+        self._cur = (host, dev_tab, lazy)
+        self._rows = rows
+        self._engaged = [None] * len(self.layers)
+        self.stats["steps"] += 1
+        self.stats["lazy_steps" if lazy else "eager_steps"] += 1
+        return {"lazy": lazy, "flushed": flushed, "synced": synced}
+
+    def verify_layer(self, i: int, *, g, beta, q=None, k=None, v=None, x=None):
+        """Verify the current step's rows on layer ``i``. Without a conv: ``q, k [B, K, HK, kd]``,
+        ``v [B, K, HV, vd]``; with one: ``x [B, K, dim]`` (the conv runs first, q, k, v are views
+        of its output). ``g, beta [B, K, HV]`` fp32. Returns ``o [B, K, HV, vd]``."""
+        if self._cur is None:
+            raise ValueError("verify_layer: call begin() first")
+        _, dev_tab, lazy = self._cur
+        lay = self.layers[i]
+        use_l2 = lay.use_qk_l2norm
+        if lay.has_conv:
+            from pmll_lab.conv import conv_carry_verify
+
+            if x is None or q is not None:
+                raise ValueError("x: a conv layer takes x [B, K, dim], not q/k/v")
+            HK, kd, vd = lay.num_k_heads, lay.carry.k_dim, lay.carry.v_dim
+            HV = lay.carry.num_v_heads
+            qk = 2 * HK * kd
+            y, eng_c = conv_carry_verify(
+                lay.conv_state, lay.conv_carry, x, lay.conv_weight, lay.conv_bias,
+                slot_tab=dev_tab, lazy=lazy, qk_channels=qk if lay.qk_l2norm_in_conv else 0,
+                head_dim=kd, validate=self.validate)
+            q = y[..., :HK * kd].unflatten(-1, (HK, kd))
+            k = y[..., HK * kd:qk].unflatten(-1, (HK, kd))
+            v = y[..., qk:].unflatten(-1, (HV, vd))
+            use_l2 = not lay.qk_l2norm_in_conv
+        elif q is None or k is None or v is None:
+            raise ValueError("q: a layer without conv takes q, k, v")
+        if q.shape[1] != self._rows:
+            raise ValueError(f"q: {q.shape[1]} rows, but begin() was told {self._rows}")
+        o, eng = gdn_carry_verify(lay.state, lay.carry, q, k, v, g, beta, slot_tab=dev_tab,
+                                  form=self.form, lazy=lazy, scale=self.scale,
+                                  use_qk_l2norm=use_l2, validate=self.validate,
+                                  eager_max_pending=self.eager_max_pending)
+        if self.validate and lay.has_conv and not torch.equal(eng, eng_c):
+            raise ValueError(f"layers[{i}]: conv and GDN engaged flags differ (pend out of step)")
+        self._engaged[i] = eng
+        return o
+
+    def verify(self, slots, inputs: Sequence[dict]) -> list[torch.Tensor]:
+        """``begin`` + ``verify_layer`` for every layer; ``inputs[i]`` holds layer ``i``'s
+        keyword arguments. Returns the outputs per layer."""
+        if len(inputs) != len(self.layers):
+            raise ValueError(f"inputs: need one dict per layer ({len(self.layers)}), got {len(inputs)}")
+        first = inputs[0]
+        rows = (first["x"] if "x" in first else first["q"]).shape[1]
+        self.begin(slots, rows)
+        return [self.verify_layer(i, **inp) for i, inp in enumerate(inputs)]
+
+    def accept(self, accepted) -> None:
+        """Accept ``a`` of the ``K`` rows per sequence (``0 <= a <= K``; ``accepted [B]`` device
+        int tensor or host ints) in every carry, one launch (``carry_accept``)."""
+        if self._cur is None or any(e is None for e in self._engaged):
+            raise ValueError("accept: every layer of the step must be verified first")
+        host, dev_tab, lazy = self._cur
+        eng = self._engaged[0]
+        if self.validate:
+            for i, e in enumerate(self._engaged[1:], 1):
+                if not torch.equal(e, eng):
+                    raise ValueError(f"layers[{i}]: engaged differs from layer 0 (pend out of step)")
+        on_host = not isinstance(accepted, torch.Tensor) or accepted.device.type == "cpu"
+        if on_host:
+            acc_host = torch.as_tensor(accepted, dtype=torch.int64).reshape(-1)
+            accepted = acc_host.to(torch.int32).to(self.device)
+        carries = [c for lay in self.layers for c in lay.carries()]
+        carry_accept(carries, dev_tab, eng, accepted, rows=self._rows, validate=self.validate)
+        a = acc_host if on_host else torch.full_like(host, self._rows)
+        if lazy:
+            self._bound[host] = torch.clamp(self._bound[host] + a, max=self.cap)
+        else:
+            self._bound[host] = a
+        self._cur = None
+        self._engaged = [None] * len(self.layers)
