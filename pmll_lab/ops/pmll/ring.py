@@ -40,13 +40,17 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 
 TILE_ELEMS = 8192
-"""Elements per ``[BLOCK_S, BLOCK_D]`` tile and tensor. Initial choice, not yet measured on the
-H200: 16 KB of bf16 per tensor per program, so a program moves 32-64 KB. Larger tiles also mean
-fewer programs in the Triton interpreter, which is what the CPU tests pay for."""
+"""Elements per ``[BLOCK_S, BLOCK_D]`` tile and tensor (BLOCK_S = 64 slots at D = 128).
+Measured on an H200, 2026-11-29 (``scripts/tune_pmll_ring.py``, log in
+``reports/h200-2026-11-29-tune-pmll-ring.log``; rings of 0.54 GB, bf16 D = 128 / 64 and fp32
+D = 128; copy roofline 4246 GB/s): read 90-91 % of the roofline, write of T = M rows 88-95 %,
+within 2 % of the best tile (2048) there, and the best or near it for a write of T = 1024 rows
+(71-80 %), where 2048-4096 dropped to 41-57 % on bf16 D = 128. 16384 lost up to 40 points
+with gated writes. Larger tiles also mean fewer programs in the Triton interpreter."""
 
 NUM_WARPS = 8
-"""Warps per program at ``TILE_ELEMS`` elements: 32 elements (two 16-byte vectors of bf16) per
-thread per tensor. Initial choice, like ``TILE_ELEMS``."""
+"""Warps per program: with ``TILE_ELEMS = 8192``, 4 warps lost 6-30 points on gated writes
+(same run as ``TILE_ELEMS``); 8 warps = 32 elements per thread per tensor."""
 
 
 def _tile(head_dim: int, rows: int) -> tuple[int, int]:
