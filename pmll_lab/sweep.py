@@ -19,12 +19,13 @@ import datetime as _dt
 import itertools
 import json
 import math
+import os
+import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from pmll_lab.backend import environment
 
@@ -51,9 +52,46 @@ def point_id(point: Mapping) -> str:
 
 
 def _clean(value):
+    """A JSON-safe value: numpy/torch scalars become Python numbers, non-finite floats strings
+    ("inf", "nan"; ``load`` reads them back as floats)."""
+    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
+        value = value.item()  # numpy scalar, 0-d array or 0-d tensor
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
+
+
+def _progress(items: list, desc: str, enabled: bool):
+    """A tqdm bar over ``items``: a widget in JupyterLab when ipywidgets is there, else text.
+    No bar inside ``python -m pmll_lab report`` (``PMLL_LAB_REPORT`` set): a bar's redraws would
+    fill the HTML report, and ``run_sweep`` prints a one-line summary instead."""
+    if not enabled or os.environ.get("PMLL_LAB_REPORT"):
+        return items
+    try:
+        import ipywidgets  # noqa: F401
+        from tqdm.auto import tqdm
+    except ImportError:
+        from tqdm.std import tqdm
+    return tqdm(items, desc=desc)
+
+
+def _done_points(path: Path) -> set[str]:
+    """``point_id`` of every point stored in ``path``; a line cut off when a run was killed is
+    ignored (that point runs again) and the file is made to end with a newline again."""
+    done: set[str] = set()
+    if not path.exists():
+        return done
+    text = path.read_text()
+    for line in text.splitlines():
+        if line.strip():
+            try:
+                done.add(json.loads(line)["point_id"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+    if text and not text.endswith("\n"):
+        with path.open("a") as fh:
+            fh.write("\n")
+    return done
 
 
 def run_sweep(
@@ -67,24 +105,26 @@ def run_sweep(
 ) -> pd.DataFrame:
     """Run ``point_fn`` on every point not already in ``<results_dir>/<name>.jsonl``.
 
-    Returns every row of the results file (earlier runs' rows included) as a DataFrame, and
-    also writes it as ``<name>.csv`` beside the JSONL.
+    Each point's rows are appended to the JSONL file in one write as soon as the point finishes,
+    so a sweep killed half-way and run again skips the points already done. A point whose
+    function raises is stored as one failed row (``status="failed"``, ``error`` = the exception
+    and the end of its traceback); ``CheckFailed`` keeps the error rows it carries, all marked
+    failed. ``KeyboardInterrupt`` stops the sweep (the points done so far stay stored).
+
+    Returns the rows of the requested ``points`` (run now or found from an earlier run) as a
+    DataFrame, and writes the same as ``<name>.csv`` beside the JSONL.
     """
     results_dir = Path(results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.jsonl"
-    done: set[str] = set()
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                try:
-                    done.add(json.loads(line)["point_id"])
-                except (json.JSONDecodeError, KeyError):
-                    continue  # a line cut off when a run was killed: that point runs again
+    done = _done_points(path)
     env = environment()
     points = list(points)
+    wanted = {point_id(p) for p in points}
     todo = [p for p in points if point_id(p) not in done]
-    for point in tqdm(todo, desc=desc or name, disable=not progress):
+    failed = 0
+    t0 = time.perf_counter()
+    for point in _progress(todo, desc or name, progress):
         pid = point_id(point)
         stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         try:
@@ -98,33 +138,63 @@ def run_sweep(
             err = err + "\n" + tb[-1500:]
         if not rows:
             rows = [{"kernel": "*", "metric": "error", "value": None}]
-        with path.open("a") as fh:
-            for row in rows:
-                full = {**point, **row, "point_id": pid, "status": row.get("status", status),
-                        "error": err, "timestamp": stamp, **env}
-                if status == "failed":
-                    full["status"] = "failed"
-                fh.write(json.dumps({k: _clean(v) for k, v in full.items()}, default=str) + "\n")
-    df = load(path)
+        failed += status == "failed"
+        lines = []
+        for row in rows:
+            full = {**point, **row, "point_id": pid, "status": row.get("status", status),
+                    "error": err, "timestamp": stamp, **env}
+            if status == "failed":
+                full["status"] = "failed"
+            lines.append(json.dumps({k: _clean(v) for k, v in full.items()}, default=str))
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, ("\n".join(lines) + "\n").encode())
+        finally:
+            os.close(fd)
+    df = load(path) if path.exists() else pd.DataFrame()
+    if "point_id" in df:
+        df = df[df["point_id"].isin(wanted)].reset_index(drop=True)
     df.to_csv(results_dir / f"{name}.csv", index=False)
+    if progress:
+        print(f"sweep {name}: {len(points)} points, {len(todo)} run now "
+              f"({failed} failed) in {time.perf_counter() - t0:.1f} s, "
+              f"{len(points) - len(todo)} from earlier runs; results in {path}")
     return df
 
 
 def load(path: str | Path) -> pd.DataFrame:
-    """Read a results JSONL file (skipping a cut-off last line) into a DataFrame."""
+    """Read a results JSONL file (skipping a cut-off line) into a DataFrame; ``value`` stored
+    as "inf"/"nan" comes back as a float."""
     rows = []
     for line in Path(path).read_text().splitlines():
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    if "value" in df:
+        nonfinite = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+        df["value"] = df["value"].map(lambda v: nonfinite.get(v, v) if isinstance(v, str) else v)
+        try:
+            df["value"] = pd.to_numeric(df["value"])
+        except (ValueError, TypeError):
+            pass  # a sweep that stores text values keeps them as they are
+    return df
 
 
 def speed_rows(df: pd.DataFrame, metric: str = "time_us") -> pd.DataFrame:
-    """Rows of ``metric`` from points that passed their checks, one timer only (GPU do_bench
-    if present, else interpreter wall time): what a speed plot may show."""
+    """Rows of ``metric`` that a speed plot may show: only from points that passed their checks
+    (``status == "ok"`` and no row of the point with ``passed == False``), and one timer only
+    (GPU ``do_bench`` if any row has it, else the interpreter's wall time): GPU and interpreter
+    figures are never mixed."""
+    if df.empty or "metric" not in df:
+        return df.iloc[0:0]
+    bad = set()
+    if "passed" in df and "point_id" in df:
+        bad = set(df.loc[df["passed"].eq(False), "point_id"])
     sel = df[(df["metric"] == metric) & (df["status"] == "ok")]
+    if bad:
+        sel = sel[~sel["point_id"].isin(bad)]
     if "timer" in sel and (sel["timer"] == "do_bench").any():
         sel = sel[sel["timer"] == "do_bench"]
     return sel

@@ -1,0 +1,82 @@
+# pmll_lab: the two commands of README.md, each doing its own set-up on a fresh machine.
+#
+#   make report   bootstrap, then run every notebook (quick preset) -> reports/latest/index.html
+#   make test     bootstrap, then pytest
+#   make lab      bootstrap + the lab extra, then JupyterLab on notebooks/
+#   make clean    remove reports/latest and caches (make distclean also removes .venv)
+#
+# Bootstrap (once; the stamp file .venv/.pmll_lab-installed makes later calls instant until
+# pyproject.toml changes): create .venv if missing. If the system python already has torch
+# with CUDA (a GPU machine), the venv is made with --system-site-packages and that torch and
+# triton are kept (pinned by a constraints file so pip never replaces them); otherwise torch
+# is installed first from $(TORCH_PIP) (the CPU build, which lies on local disk on this
+# project's machines). Then the package in editable mode with its dev extra.
+#
+# Variables: PRESET=quick|full  DEVICE=auto|cpu|cuda  RUN=latest  ONLY="name ..."
+#            REPORT_ARGS="--resume ..."  PYTEST_ARGS="-x -q ..."  PYTHON=python3
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.pmll_lab-installed
+LAB_STAMP := $(VENV)/.pmll_lab-lab-installed
+GPU_PINS := $(VENV)/.gpu-constraints.txt
+TORCH_PIP ?= torch==2.13.0
+PRESET ?= quick
+DEVICE ?= auto
+RUN ?= latest
+ONLY ?=
+REPORT_ARGS ?=
+PYTEST_ARGS ?=
+
+# "-c .venv/.gpu-constraints.txt" on a GPU venv: keep the system's torch and triton.
+PINS = $$([ -f $(GPU_PINS) ] && echo "-c $(GPU_PINS)" || true)
+
+.PHONY: report test lab install clean distclean
+
+report: $(STAMP)
+	$(PY) -m pmll_lab report --preset $(PRESET) --device $(DEVICE) --run $(RUN) \
+		$(if $(strip $(ONLY)),--only $(ONLY)) $(REPORT_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@set -euo pipefail; \
+	if [ ! -x "$(PY)" ]; then \
+	  if $(PYTHON) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
+	      >/dev/null 2>&1; then \
+	    echo "bootstrap: $(PYTHON) has torch with CUDA: $(VENV) uses its torch and triton"; \
+	    $(PYTHON) -m venv --system-site-packages $(VENV); \
+	    $(PY) -c 'import torch, triton; print(f"torch=={torch.__version__}\ntriton=={triton.__version__}")' \
+	      > $(GPU_PINS); \
+	  else \
+	    echo "bootstrap: no CUDA torch on $(PYTHON): $(VENV) gets the CPU build ($(TORCH_PIP))"; \
+	    $(PYTHON) -m venv $(VENV); \
+	  fi; \
+	fi; \
+	if [ ! -f $(GPU_PINS) ] && ! $(PY) -c 'import torch' >/dev/null 2>&1; then \
+	  echo "bootstrap: pip install $(TORCH_PIP)"; \
+	  $(PIP) install -q $(TORCH_PIP); \
+	fi; \
+	echo "bootstrap: pip install -e '.[dev]'"; \
+	$(PIP) install -q $(PINS) -e '.[dev]'; \
+	touch $@
+
+$(LAB_STAMP): $(STAMP)
+	$(PIP) install -q $(PINS) -e '.[dev,lab]'
+	touch $@
+
+lab: $(LAB_STAMP)
+	$(PY) -m jupyter lab notebooks
+
+clean:
+	rm -rf reports/latest .pytest_cache .hypothesis build *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

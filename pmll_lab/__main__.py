@@ -1,0 +1,63 @@
+"""Command line: ``python -m pmll_lab report ...`` (see ``pmll_lab.report``).
+
+    python -m pmll_lab report --preset quick|full --device auto|cpu|cuda [--only NAME ...]
+                              [--run NAME] [--resume] [--cell-timeout SECONDS]
+
+Exit status: 0 when every notebook ran, 1 when one failed (the others still ran and the index
+marks it), 2 when the report could not start (unknown notebook, device not available...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pmll_lab.report import DEVICES, PRESETS, ReportError, build_report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pmll_lab",
+                                     description="pmll_lab workbench commands")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rep = sub.add_parser("report", help="run the notebooks with papermill and write an HTML report",
+                         description="Run notebooks/*.ipynb with papermill (parameters preset, "
+                         "device, results_dir), render them to HTML and write "
+                         "reports/<run>/index.html and manifest.json.")
+    rep.add_argument("--preset", choices=PRESETS, default="quick",
+                     help="sweep grids: quick (minutes on a CPU) or full (the GPU grids)")
+    rep.add_argument("--device", choices=DEVICES, default="auto",
+                     help="where kernels run: sets PMLL_LAB_DEVICE for the notebook kernels")
+    rep.add_argument("--only", nargs="+", action="extend", metavar="NAME", default=[],
+                     help="run only these notebooks (file stems, e.g. pmll_ring)")
+    rep.add_argument("--run", default="latest",
+                     help="run folder under reports/ (default latest, git-ignored); "
+                     "e.g. h200-2026-11-29 for a run to commit")
+    rep.add_argument("--resume", action="store_true",
+                     help="keep the notebooks' earlier results so sweeps skip the points done")
+    rep.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
+                     help="fail a notebook whose cell runs longer than this")
+    rep.add_argument("--notebooks-dir", default="notebooks")
+    rep.add_argument("--reports-dir", default="reports")
+    args = parser.parse_args(argv)
+
+    try:
+        manifest = build_report(preset=args.preset, device=args.device, run=args.run,
+                                only=args.only or None, resume=args.resume,
+                                cell_timeout=args.cell_timeout,
+                                notebooks_dir=args.notebooks_dir, reports_dir=args.reports_dir,
+                                log=lambda msg: print(msg, flush=True))
+    except ReportError as exc:
+        print(f"pmll_lab report: {exc}", file=sys.stderr)
+        return 2
+    index = f"{args.reports_dir}/{args.run}/index.html"
+    failed = [b["name"] for b in manifest["notebooks"]
+              if b["status"] != "ok" and not b.get("kept_from_earlier")]
+    if failed:
+        print(f"FAILED notebook(s): {', '.join(failed)}; report: {index}", flush=True)
+        return 1
+    print(f"report: {index}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""Report builder: run the notebooks with papermill, render them to HTML, index the run.
+
+One *run* is a folder ``reports/<run>/`` (``latest`` by default; it is git-ignored, while runs worth
+keeping, such as ``h200-2026-11-29``, are committed under their own names)::
+
+    reports/<run>/
+        index.html            device, date (UTC), commit, versions and preset on top; one row per
+                              notebook: status (ok / FAILED), its HTML report, the executed
+                              notebook and its results files
+        manifest.json         the same, machine-readable
+        <name>.html           the executed notebook rendered without input cells (nbconvert)
+        <name>.ipynb          the executed notebook, outputs included (papermill)
+        results/<name>/       the notebook's ``results_dir``: sweep results (.jsonl, .csv)
+
+Each notebook runs in a fresh ``python3`` kernel with three injected parameters (papermill):
+``preset``, ``device`` and ``results_dir``. The kernel is this Python (``sys.executable``), whatever
+kernelspec named ``python3`` a user may have registered elsewhere, and it imports the ``pmll_lab``
+of this checkout; ``PMLL_LAB_DEVICE`` is set to ``device`` in its environment, so the library's
+backend (``pmll_lab.backend``) makes the same decision as the notebook's own parameter.
+A notebook that fails still gets its partial executed notebook rendered, is marked FAILED in the
+index, and the other notebooks still run.
+
+A notebook's results folder is emptied before it runs, so a report never mixes results from two
+code versions; ``resume=True`` keeps it, and the sweeps then skip the points already stored
+(``pmll_lab.sweep``), which is how a killed long run on a GPU is finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import html
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+PRESETS = ("quick", "full")
+DEVICES = ("auto", "cpu", "cuda")
+KERNEL_NAME = "python3"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+"""The folder holding the ``pmll_lab`` package: put on the kernels' ``PYTHONPATH``."""
+
+
+class ReportError(RuntimeError):
+    """A report could not be started (bad notebook name, device not available...)."""
+
+
+def _utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def discover(notebooks_dir: str | Path = "notebooks") -> list[Path]:
+    """The notebooks a report runs: ``<notebooks_dir>/*.ipynb`` sorted by name (checkpoints and
+    files starting with ``_`` or ``.`` left out)."""
+    folder = Path(notebooks_dir)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.ipynb") if not p.name.startswith(("_", ".")))
+
+
+def select(notebooks: Sequence[Path], only: Sequence[str]) -> list[Path]:
+    """The notebooks named in ``only`` (by stem, with or without ``.ipynb``), in that order.
+
+    Raises ``ReportError`` naming the unknown names and the ones available."""
+    by_name = {p.stem: p for p in notebooks}
+    wanted = [Path(n).name.removesuffix(".ipynb") for n in only]
+    unknown = [n for n in wanted if n not in by_name]
+    if unknown:
+        raise ReportError(f"only: no notebook named {', '.join(unknown)} "
+                          f"(available: {', '.join(by_name) or 'none'})")
+    return [by_name[n] for n in dict.fromkeys(wanted)]
+
+
+@contextlib.contextmanager
+def _kernel_environment(device: str) -> Iterator[dict[str, str]]:
+    """Environment the notebook kernels inherit while the report runs (restored afterwards).
+
+    - ``PMLL_LAB_DEVICE=device`` for ``pmll_lab.backend``; ``TRITON_INTERPRET`` dropped when the
+      GPU is asked for (the builder's own import may have set it).
+    - ``PMLL_LAB_REPORT=1``: sweeps draw no progress bar (``pmll_lab.sweep``).
+    - ``PYTHONPATH`` starts with this checkout, so the notebooks import this ``pmll_lab``.
+    - ``JUPYTER_PATH`` starts with a throwaway folder holding a ``python3`` kernelspec that runs
+      ``sys.executable``: a ``python3`` kernelspec registered for another environment (user-level
+      specs win over the virtualenv's own) must not run the notebooks.
+    """
+    saved = dict(os.environ)
+    with tempfile.TemporaryDirectory(prefix="pmll_lab-kernels-") as tmp:
+        spec_dir = Path(tmp, "kernels", KERNEL_NAME)
+        spec_dir.mkdir(parents=True)
+        spec = {
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                     "--IPKernelApp.log_level=ERROR"],
+            "display_name": "Python 3 (pmll_lab)",
+            "language": "python",
+            "metadata": {"debugger": False},
+        }
+        (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
+        os.environ["PMLL_LAB_DEVICE"] = device
+        os.environ["PMLL_LAB_REPORT"] = "1"  # sweeps print a summary line instead of a bar
+        if device == "cuda":
+            os.environ.pop("TRITON_INTERPRET", None)
+        for var, first in (("PYTHONPATH", str(REPO_ROOT)), ("JUPYTER_PATH", tmp)):
+            rest = os.environ.get(var)
+            os.environ[var] = first + (os.pathsep + rest if rest else "")
+        # The debugger's warning about frozen modules would land in every kernel's log.
+        os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+        try:
+            yield dict(os.environ)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+def probe_environment(env: dict[str, str]) -> dict[str, str]:
+    """Device name, backend, versions and commit as a notebook kernel started with ``env`` sees
+    them (``pmll_lab.backend.environment()`` run in a child Python). Raises ``ReportError`` if
+    that fails, e.g. ``device="cuda"`` on a machine without CUDA."""
+    code = "import json, pmll_lab.backend as b; print(json.dumps(b.environment()))"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ReportError(f"device {env.get('PMLL_LAB_DEVICE')!r}: the kernel environment "
+                          f"cannot start pmll_lab: {last}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _short_error(exc: BaseException) -> str:
+    """One readable line for a failed notebook (papermill errors carry ename/evalue)."""
+    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
+    text = f"{ename}: {evalue}" if ename else f"{type(exc).__name__}: {exc}"
+    text = " ".join(text.split())
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def render_html(executed: Path, target: Path, *, failure: str | None = None) -> None:
+    """Render an executed notebook to HTML without input cells (nbconvert ``HTMLExporter``,
+    ``exclude_input=True``). A failed notebook gets a banner cell on top naming the error."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(executed, as_version=4)
+    if failure is not None:
+        banner = nbformat.v4.new_markdown_cell(
+            "<div style='border:2px solid #c00;padding:0.6em;color:#c00'>"
+            f"<b>FAILED</b> while running this notebook: {html.escape(failure)}. "
+            "The outputs below stop where it failed.</div>")
+        nb.cells.insert(0, banner)
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
+                            exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": executed.stem}})
+    target.write_text(body, encoding="utf-8")
+
+
+def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool,
+             cell_timeout: float | None, env_info: dict, log: Callable[[str], None]) -> dict:
+    import papermill
+
+    name = src.stem
+    out_nb, out_html = run_dir / f"{name}.ipynb", run_dir / f"{name}.html"
+    results = run_dir / "results" / name
+    for stale in (out_nb, out_html):
+        stale.unlink(missing_ok=True)
+    if results.exists() and not resume:
+        shutil.rmtree(results)
+    results.mkdir(parents=True, exist_ok=True)
+    entry = {"name": name, "source": str(src), "status": "ok", "error": "",
+             "started_utc": _utc_now(), "preset": preset, "device_requested": device,
+             "device": env_info.get("device", ""), "commit": env_info.get("commit", "")}
+    t0 = time.perf_counter()
+    try:
+        papermill.execute_notebook(
+            str(src), str(out_nb),
+            parameters={"preset": preset, "device": device, "results_dir": str(results.resolve())},
+            kernel_name=KERNEL_NAME, language="python", cwd=str(src.parent.resolve()), progress_bar=False,
+            log_output=False, execution_timeout=cell_timeout,
+        )
+    except Exception as exc:  # noqa: BLE001 - a failed notebook must not stop the others
+        entry["status"], entry["error"] = "failed", _short_error(exc)
+    entry["seconds"] = round(time.perf_counter() - t0, 1)
+    if out_nb.exists():
+        try:
+            render_html(out_nb, out_html,
+                        failure=entry["error"] if entry["status"] == "failed" else None)
+        except Exception as exc:  # noqa: BLE001
+            entry["status"] = "failed"
+            entry["error"] = (entry["error"] + "; " if entry["error"] else "") + \
+                f"rendering HTML: {_short_error(exc)}"
+    entry["ipynb"] = out_nb.name if out_nb.exists() else None
+    entry["html"] = out_html.name if out_html.exists() else None
+    entry["results"] = sorted(p.relative_to(run_dir).as_posix()
+                              for p in results.rglob("*") if p.is_file())
+    log(f"  {name}: {'ok' if entry['status'] == 'ok' else 'FAILED'} in {entry['seconds']:.0f} s"
+        + (f" -- {entry['error']}" if entry["error"] else ""))
+    return entry
+
+
+def build_report(
+    notebooks: Sequence[str | Path] | None = None,
+    *,
+    preset: str = "quick",
+    device: str = "auto",
+    run: str = "latest",
+    reports_dir: str | Path = "reports",
+    notebooks_dir: str | Path = "notebooks",
+    only: Sequence[str] | None = None,
+    resume: bool = False,
+    cell_timeout: float | None = None,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Run notebooks into ``<reports_dir>/<run>/`` and write ``index.html`` and ``manifest.json``.
+
+    ``notebooks``: paths to run; default every notebook of ``notebooks_dir`` (``discover``).
+    ``only``: names (stems) to keep from those. ``preset`` in ``PRESETS``, ``device`` in
+    ``DEVICES``. ``cell_timeout``: seconds per cell (None: no limit).
+
+    Returns the manifest (``manifest["ok"]`` is False when a notebook of this call failed).
+    When some notebooks are chosen (``notebooks`` or ``only``), the entries of the run's earlier
+    manifest for the other notebooks are kept in the index, each with its own date and preset.
+    Raises ``ReportError`` for an unknown preset, device, run name or notebook name, or when the
+    kernel environment cannot import ``pmll_lab`` with that device (checked before any notebook
+    runs).
+    """
+    if preset not in PRESETS:
+        raise ReportError(f"preset: must be one of {PRESETS}, not {preset!r}")
+    if device not in DEVICES:
+        raise ReportError(f"device: must be one of {DEVICES}, not {device!r}")
+    if not run or Path(run).name != run or run.startswith("."):
+        raise ReportError(f"run: must be a plain folder name, not {run!r}")
+    chosen = notebooks is not None or bool(only)
+    paths = [Path(p) for p in notebooks] if notebooks is not None else discover(notebooks_dir)
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise ReportError(f"notebooks: not found: {', '.join(missing)}")
+    if only:
+        paths = select(paths, only)
+
+    run_dir = Path(reports_dir) / run
+    run_dir.mkdir(parents=True, exist_ok=True)
+    previous = []
+    manifest_path = run_dir / "manifest.json"
+    if chosen and manifest_path.exists():
+        try:
+            previous = json.loads(manifest_path.read_text()).get("notebooks", [])
+        except (json.JSONDecodeError, AttributeError):
+            previous = []
+
+    manifest = {"run": run, "preset": preset, "device_requested": device,
+                "started_utc": _utc_now(), "environment": {}, "notebooks": []}
+    with _kernel_environment(device) as env:
+        manifest["environment"] = env_info = probe_environment(env)
+        if not paths:
+            log(f"no notebooks found in {notebooks_dir}: nothing to run "
+                f"(writing an empty index)")
+        else:
+            log(f"report '{run}': {len(paths)} notebook(s), preset {preset}, "
+                f"device {env_info['device']}, commit {env_info['commit']}")
+        for i, src in enumerate(paths, 1):
+            log(f"[{i}/{len(paths)}] {src.stem} ...")
+            manifest["notebooks"].append(
+                _run_one(src, run_dir, preset=preset, device=device, resume=resume,
+                         cell_timeout=cell_timeout, env_info=env_info, log=log))
+    ran = {e["name"] for e in manifest["notebooks"]}
+    kept = [dict(e, kept_from_earlier=True) for e in previous
+            if e.get("name") not in ran and e.get("html") and (run_dir / e["html"]).exists()]
+    manifest["notebooks"] = sorted(manifest["notebooks"] + kept, key=lambda e: e["name"])
+    manifest["finished_utc"] = _utc_now()
+    manifest["ok"] = all(e["status"] == "ok" for e in manifest["notebooks"]
+                         if not e.get("kept_from_earlier"))
+    manifest["notebooks_dir"] = str(notebooks_dir)
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
+    (run_dir / "index.html").write_text(index_html(manifest), encoding="utf-8")
+    return manifest
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
+max-width:70em;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.35em .7em;
+text-align:left;vertical-align:top}th{background:#f3f3f3}.ok{color:#070;font-weight:bold}
+.failed{color:#c00;font-weight:bold}.err{color:#c00;font-size:.9em;max-width:40em}
+.note{color:#555;font-size:.9em}code{font-size:.95em}
+"""
+
+
+def _link(path: str | None, label: str) -> str:
+    return f"<a href='{html.escape(path)}'>{html.escape(label)}</a>" if path else "none"
+
+
+def index_html(manifest: dict) -> str:
+    """The run's ``index.html``: provenance on top, one row per notebook with its links."""
+    e = html.escape
+    env = manifest.get("environment", {})
+    started = manifest.get("started_utc", "")
+    head_rows = [
+        ("Device", env.get("device", "?")),
+        ("Backend", env.get("backend", "?")),
+        ("Date (UTC)", started.replace("T", " ").replace("+00:00", "")),
+        ("Git commit", env.get("commit", "?")),
+        ("torch / triton / python",
+         f"{env.get('torch', '?')} / {env.get('triton', '?')} / {env.get('python', '?')}"),
+        ("Preset", manifest.get("preset", "?")),
+        ("Device asked for", manifest.get("device_requested", "?")),
+    ]
+    out = ["<!DOCTYPE html><html><head><meta charset='utf-8'>",
+           f"<title>pmll_lab report: {e(manifest.get('run', ''))}</title>",
+           f"<style>{_CSS}</style></head><body>",
+           f"<h1>pmll_lab report: <code>{e(manifest.get('run', ''))}</code></h1>",
+           "<table>"]
+    out += [f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in head_rows]
+    out.append("</table>")
+    if env.get("backend") == "triton-interpreter":
+        out.append("<p class='note'>Kernels ran in the Triton interpreter on the CPU: every time "
+                   "in these reports is interpreter wall time, not GPU speed.</p>")
+    books = manifest.get("notebooks", [])
+    if not books:
+        out.append(f"<p><b>No notebooks found</b> in <code>"
+                   f"{e(str(manifest.get('notebooks_dir', 'notebooks')))}</code>: nothing ran.</p>")
+    else:
+        failed = sum(b["status"] != "ok" for b in books)
+        out.append(f"<p>{len(books)} notebook(s), "
+                   + (f"<span class='failed'>{failed} FAILED</span>" if failed
+                      else "<span class='ok'>all ok</span>") + ".</p>")
+        out.append("<table><tr><th>Notebook</th><th>Status</th><th>Time (s)</th><th>Report</th>"
+                   "<th>Executed notebook</th><th>Results</th></tr>")
+        for b in books:
+            status = ("<span class='ok'>ok</span>" if b["status"] == "ok"
+                      else "<span class='failed'>FAILED</span>")
+            if b.get("error"):
+                status += f"<div class='err'>{e(b['error'])}</div>"
+            if b.get("kept_from_earlier"):
+                status += (f"<div class='note'>from an earlier call: {e(b.get('started_utc', ''))}"
+                           f", preset {e(b.get('preset', '?'))}, commit {e(b.get('commit', '?'))}"
+                           "</div>")
+            results = "<br>".join(_link(r, r.split("/")[-1]) for r in b.get("results", [])) or "none"
+            out.append(f"<tr><td><b>{e(b['name'])}</b></td><td>{status}</td>"
+                       f"<td>{b.get('seconds', 0):.0f}</td>"
+                       f"<td>{_link(b.get('html'), 'HTML report')}</td>"
+                       f"<td>{_link(b.get('ipynb'), b.get('ipynb') or '')}</td>"
+                       f"<td>{results}</td></tr>")
+        out.append("</table>")
+    out.append(f"<p class='note'>Written by <code>python -m pmll_lab report</code>; "
+               f"finished {e(manifest.get('finished_utc', ''))}. Machine-readable: "
+               "<a href='manifest.json'>manifest.json</a>.</p></body></html>")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,132 @@
+"""pmll_lab.report and the CLI, on tiny throwaway parameterized notebooks (a good one, a failing one)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import nbformat
+import pytest
+
+import pmll_lab  # noqa: F401  (backend first)
+from pmll_lab.__main__ import main
+from pmll_lab.report import REPO_ROOT, ReportError, build_report, discover
+
+GOOD = '''\
+import os, pathlib
+import pmll_lab
+from pmll_lab.sweep import grid, run_sweep
+hidden_source_marker = "this source line must not reach the HTML"
+df = run_sweep("tiny", grid(n=[1, 2]),
+               lambda p: [{"kernel": "k", "metric": "time_us", "value": 10.0 * p["n"]}],
+               results_dir=results_dir)
+print("OUTPUT-SEEN", preset, device, os.environ["PMLL_LAB_DEVICE"], pmll_lab.DEVICE.type,
+      pathlib.Path(pmll_lab.__file__).parent.parent.name, len(df))
+'''
+
+
+def _notebook(path, body_cells):
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('preset = "quick"\ndevice = "auto"\nresults_dir = "results"')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# A throwaway notebook"), params]
+    nb.cells += [nbformat.v4.new_code_cell(src) for src in body_cells]
+    nbformat.write(nb, path)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    nbdir = root / "notebooks"
+    nbdir.mkdir()
+    _notebook(nbdir / "good.ipynb", [GOOD, 'print("GOOD-END")'])
+    _notebook(nbdir / "bad.ipynb", ['print("BEFORE-FAILURE")',
+                                    'raise RuntimeError("planned failure for the test")',
+                                    'print("NEVER-RUN")'])
+    (nbdir / ".ipynb_checkpoints").mkdir()
+    manifest = build_report(preset="quick", device="cpu", notebooks_dir=nbdir,
+                            reports_dir=root / "reports", log=lambda m: None)
+    return root, manifest
+
+
+def test_report_runs_both_and_marks_the_failure(built):
+    root, manifest = built
+    run = root / "reports" / "latest"
+    index = (run / "index.html").read_text()
+    assert manifest["ok"] is False
+    status = {b["name"]: b for b in manifest["notebooks"]}
+    assert status["good"]["status"] == "ok" and status["good"]["error"] == ""
+    assert status["bad"]["status"] == "failed"
+    assert "planned failure for the test" in status["bad"]["error"]
+    # Both linked, with their executed notebooks and results files.
+    for name in ("good", "bad"):
+        assert f"href='{name}.html'" in index and f"href='{name}.ipynb'" in index
+        assert (run / f"{name}.html").is_file() and (run / f"{name}.ipynb").is_file()
+    assert "href='results/good/tiny.jsonl'" in index and "href='results/good/tiny.csv'" in index
+    assert status["good"]["results"] == ["results/good/tiny.csv", "results/good/tiny.jsonl"]
+    # The failure is marked in the bad notebook's row, not the good one's.
+    rows = re.findall(r"<tr><td><b>(\w+)</b></td><td>(.*?)</td>", index)
+    assert dict(rows)["bad"].count("FAILED") == 1 and "planned failure" in dict(rows)["bad"]
+    assert "FAILED" not in dict(rows)["good"]
+    # Provenance on top; the machine-readable manifest agrees.
+    env = manifest["environment"]
+    for text in (env["device"], env["commit"], env["torch"], env["triton"], "quick",
+                 manifest["started_utc"][:10]):
+        assert text in index
+    assert "Triton interpreter" in env["device"] and "interpreter wall time" in index
+    assert json.loads((run / "manifest.json").read_text())["notebooks"] == manifest["notebooks"]
+
+
+def test_html_has_outputs_but_no_input_cells(built):
+    root, _ = built
+    run = root / "reports" / "latest"
+    good = (run / "good.html").read_text()
+    assert "hidden_source_marker" not in good and "run_sweep(" not in good
+    # Parameters injected (preset, device, results_dir) and the env passed to the kernel,
+    # which imported this checkout's pmll_lab and ran on the CPU.
+    assert "OUTPUT-SEEN quick cpu cpu cpu" in good and "GOOD-END" in good
+    assert f"OUTPUT-SEEN quick cpu cpu cpu {REPO_ROOT.name} 2" in good
+    rows = [json.loads(x) for x in (run / "results/good/tiny.jsonl").read_text().splitlines()]
+    assert sorted(r["value"] for r in rows) == [10.0, 20.0]
+    bad = (run / "bad.html").read_text()
+    assert "BEFORE-FAILURE" in bad and "NEVER-RUN" not in bad
+    assert "FAILED" in bad and "planned failure for the test" in bad
+    assert 'raise RuntimeError("planned failure' not in bad  # the failing cell's source
+    executed = nbformat.read(run / "good.ipynb", as_version=4)
+    assert any(c.get("outputs") for c in executed.cells if c.cell_type == "code")
+
+
+def test_cli_only_keeps_earlier_entries_and_sets_exit_codes(built, capsys):
+    root, _ = built
+    args = ["report", "--device", "cpu", "--notebooks-dir", str(root / "notebooks"),
+            "--reports-dir", str(root / "reports")]
+    assert main(args + ["--only", "good", "--run", "latest"]) == 0
+    manifest = json.loads((root / "reports/latest/manifest.json").read_text())
+    by = {b["name"]: b for b in manifest["notebooks"]}
+    assert by["good"]["status"] == "ok" and not by["good"].get("kept_from_earlier")
+    assert by["bad"]["kept_from_earlier"] and by["bad"]["status"] == "failed"
+    assert manifest["ok"] is True  # only what this call ran counts
+    assert main(args + ["--only", "nope"]) == 2
+    assert "no notebook named nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["report", "--preset", "huge"])
+
+
+def test_empty_notebooks_dir_writes_an_index_saying_so(tmp_path):
+    (tmp_path / "notebooks").mkdir()
+    assert discover(tmp_path / "notebooks") == []
+    manifest = build_report(device="cpu", notebooks_dir=tmp_path / "notebooks",
+                            reports_dir=tmp_path / "reports", run="empty", log=lambda m: None)
+    assert manifest["ok"] is True and manifest["notebooks"] == []
+    assert "No notebooks found" in (tmp_path / "reports/empty/index.html").read_text()
+
+
+def test_bad_arguments_raise_before_running(tmp_path):
+    with pytest.raises(ReportError, match="preset"):
+        build_report(preset="medium", notebooks_dir=tmp_path, reports_dir=tmp_path)
+    with pytest.raises(ReportError, match="device"):
+        build_report(device="tpu", notebooks_dir=tmp_path, reports_dir=tmp_path)
+    with pytest.raises(ReportError, match="run"):
+        build_report(run="../x", notebooks_dir=tmp_path, reports_dir=tmp_path)
+    with pytest.raises(ReportError, match="notebooks: not found"):
+        build_report([tmp_path / "missing.ipynb"], reports_dir=tmp_path)
