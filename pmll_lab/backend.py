@@ -50,7 +50,13 @@ def device_name() -> str:
 
 @lru_cache(maxsize=1)
 def git_commit() -> str:
-    """Short commit hash of the checkout pmll_lab is imported from ('unknown' outside git)."""
+    """Short commit hash of the checkout pmll_lab is imported from ('unknown' outside git).
+
+    ``PMLL_LAB_COMMIT``, when set, is returned instead: for a copy of the tree without its
+    ``.git`` (an offline GPU machine), so that its results still name the commit they ran."""
+    pinned = os.environ.get("PMLL_LAB_COMMIT", "").strip()
+    if pinned:
+        return pinned
     root = Path(__file__).resolve().parent.parent
     try:
         out = subprocess.run(
