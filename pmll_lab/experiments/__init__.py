@@ -1,0 +1,1 @@
+"""Sweep point functions and plotting helpers used by the notebooks, one module per family."""
