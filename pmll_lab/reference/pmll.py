@@ -68,11 +68,9 @@ def ring_read(
     for b in range(batch):
         n = int(count[b])
         length = min(n, capacity)
-        oldest = n - length
-        for i in range(length):
-            slot = (oldest + i) % capacity
-            k_out[b, :, capacity - length + i] = k[b, :, slot]
-            v_out[b, :, capacity - length + i] = v[b, :, slot]
+        slots = (n - length + torch.arange(length)) % capacity     # oldest ... newest
+        k_out[b, :, capacity - length:capacity] = k[b][:, slots]
+        v_out[b, :, capacity - length:capacity] = v[b][:, slots]
     return k_out, v_out
 
 
