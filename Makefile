@@ -8,9 +8,11 @@
 # Bootstrap (once; the stamp file .venv/.pmll_lab-installed makes later calls instant until
 # pyproject.toml changes): create .venv if missing. If the system python already has torch
 # with CUDA (a GPU machine), the venv is made with --system-site-packages and that torch and
-# triton are kept (pinned by a constraints file so pip never replaces them); otherwise torch
-# is installed first from $(TORCH_PIP) (the CPU build, which lies on local disk on this
-# project's machines). Then the package in editable mode with its dev extra.
+# triton are kept (pinned by a constraints file so pip never replaces them); a .pth file also
+# adds that python's own site-packages, for images whose python3 is itself a virtualenv (its
+# packages are not "system site packages" then). Otherwise torch is installed first from
+# $(TORCH_PIP) (the CPU build, which lies on local disk on this project's machines). Then the
+# package in editable mode with its dev extra.
 #
 # Variables: PRESET=quick|full  DEVICE=auto|cpu|cuda  RUN=latest  ONLY="name ..."
 #            REPORT_ARGS="--resume ..."  PYTEST_ARGS="-x -q ..."  PYTHON=python3
@@ -52,6 +54,8 @@ $(STAMP): pyproject.toml
 	      >/dev/null 2>&1; then \
 	    echo "bootstrap: $(PYTHON) has torch with CUDA: $(VENV) uses its torch and triton"; \
 	    $(PYTHON) -m venv --system-site-packages $(VENV); \
+	    $(PYTHON) -c 'import site; print("\n".join(site.getsitepackages()))' \
+	      > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_pmll_lab_system.pth"; \
 	    $(PY) -c 'import torch, triton; print(f"torch=={torch.__version__}\ntriton=={triton.__version__}")' \
 	      > $(GPU_PINS); \
 	  else \
