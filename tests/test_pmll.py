@@ -362,7 +362,7 @@ def test_read_and_memory_bad_input():
 
 # ---- property test ----------------------------------------------------------------------------
 
-@settings(max_examples=12, deadline=None, derandomize=True,
+@settings(max_examples=25, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(
     batch=st.integers(1, 3), heads=st.integers(1, 2), capacity=st.integers(1, 9),
