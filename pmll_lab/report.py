@@ -31,6 +31,7 @@ import contextlib
 import datetime as _dt
 import html
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -251,6 +252,9 @@ def build_report(
         except (json.JSONDecodeError, AttributeError):
             previous = []
 
+    # papermill logs a warning for each line of a multi-line parameters cell it cannot parse
+    # for its type hints (the grids); the parameters are injected all the same.
+    logging.getLogger("papermill.translators").setLevel(logging.ERROR)
     manifest = {"run": run, "preset": preset, "device_requested": device,
                 "started_utc": _utc_now(), "environment": {}, "notebooks": []}
     with _kernel_environment(device) as env:
