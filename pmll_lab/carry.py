@@ -216,7 +216,7 @@ class SpecDecodeStep:
     def begin(self, slots, rows: int) -> dict:
         """Start a step of ``rows`` (K) draft rows for the sequences in ``slots``: choose the form
         and flush what an eager verify may not fold. Returns ``{"lazy", "flushed", "synced"}``."""
-        if self._cur is not None and self._rows is not None and any(e is not None for e in self._engaged):
+        if self._cur is not None and any(e is not None for e in self._engaged):
             raise ValueError("begin: the previous step was verified but not accepted")
         _checks.positive_int("rows", rows, maximum=self.cap)
         host, dev_tab = self._slots(slots)
@@ -279,6 +279,12 @@ class SpecDecodeStep:
             raise ValueError(f"layers[{i}]: conv and GDN engaged flags differ (pend out of step)")
         self._engaged[i] = eng
         return o
+
+    @property
+    def engaged(self) -> list:
+        """The current step's ``engaged [B]`` int32 per layer (``None`` for a layer not yet
+        verified); cleared by ``accept``."""
+        return list(self._engaged)
 
     def verify(self, slots, inputs: Sequence[dict]) -> list[torch.Tensor]:
         """``begin`` + ``verify_layer`` for every layer; ``inputs[i]`` holds layer ``i``'s

@@ -361,7 +361,7 @@ def test_end_to_end_equals_plain_decoding(form, dtype):
         plan_before = dict(step.stats)
         outs = step.verify(slots, inputs)
         seen["flushed"] += step.stats["flushes"] - plan_before["flushes"]
-        seen["engaged"] |= {(B >= 3, e) for e in step._engaged[0].cpu().tolist()}
+        seen["engaged"] |= {(B >= 3, e) for e in step.engaged[0].cpu().tolist()}
         acc = [rng.randint(0, K) for _ in range(B)]
         acc[0] = K if n % 2 else 0
         if B > 1:

@@ -68,6 +68,11 @@ GDN_CARRY_CAP = 8
 WY_ROWS_PAD = 16
 """The WY form pads the K axis to 16 rows: ``tl.dot`` needs every side >= 16."""
 
+WY_NUM_WARPS = 4
+"""Warps per WY program. The WY form is not bound to decode's reductions (only its fold is, and
+that is elementwise), and its ``[16, BK]`` row tiles next to the ``[BK, BV]`` state block want
+more registers than one warp holds. Initial choice, not yet measured on the H200."""
+
 ACCEPT_BLOCK = 128
 """Sequences per program of the accept kernel (a handful of int32 loads/stores each)."""
 
@@ -552,7 +557,7 @@ def _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, l
         _gdn_carry_exact_kernel[(B, HV)](*args, BK=BK, BV=BV, num_warps=num_warps, **meta)
     else:
         _gdn_carry_wy_kernel[(B, HV)](*args, BK=max(BK, 16), BV=max(BV, 16), KP=WY_ROWS_PAD,
-                                      num_warps=num_warps, **meta)
+                                      num_warps=WY_NUM_WARPS, **meta)
 
 
 def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:
