@@ -179,8 +179,8 @@ def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool
         papermill.execute_notebook(
             str(src), str(out_nb),
             parameters={"preset": preset, "device": device, "results_dir": str(results.resolve())},
-            kernel_name=KERNEL_NAME, language="python", cwd=str(src.parent.resolve()), progress_bar=False,
-            log_output=False, execution_timeout=cell_timeout,
+            kernel_name=KERNEL_NAME, language="python", cwd=str(src.parent.resolve()),
+            progress_bar=False, log_output=False, execution_timeout=cell_timeout,
         )
     except Exception as exc:  # noqa: BLE001 - a failed notebook must not stop the others
         entry["status"], entry["error"] = "failed", _short_error(exc)
@@ -256,7 +256,8 @@ def build_report(
     # for its type hints (the grids); the parameters are injected all the same.
     logging.getLogger("papermill.translators").setLevel(logging.ERROR)
     manifest = {"run": run, "preset": preset, "device_requested": device,
-                "started_utc": _utc_now(), "environment": {}, "notebooks": []}
+                "started_utc": _utc_now(), "notebooks_dir": str(notebooks_dir),
+                "environment": {}, "notebooks": []}
     with _kernel_environment(device) as env:
         manifest["environment"] = env_info = probe_environment(env)
         if not paths:
@@ -265,22 +266,30 @@ def build_report(
         else:
             log(f"report '{run}': {len(paths)} notebook(s), preset {preset}, "
                 f"device {env_info['device']}, commit {env_info['commit']}")
+        ran: list[dict] = []
+        _write_index(run_dir, manifest, ran, previous, complete=not paths)
         for i, src in enumerate(paths, 1):
             log(f"[{i}/{len(paths)}] {src.stem} ...")
-            manifest["notebooks"].append(
-                _run_one(src, run_dir, preset=preset, device=device, resume=resume,
-                         cell_timeout=cell_timeout, env_info=env_info, log=log))
-    ran = {e["name"] for e in manifest["notebooks"]}
-    kept = [dict(e, kept_from_earlier=True) for e in previous
-            if e.get("name") not in ran and e.get("html") and (run_dir / e["html"]).exists()]
-    manifest["notebooks"] = sorted(manifest["notebooks"] + kept, key=lambda e: e["name"])
-    manifest["finished_utc"] = _utc_now()
-    manifest["ok"] = all(e["status"] == "ok" for e in manifest["notebooks"]
-                         if not e.get("kept_from_earlier"))
-    manifest["notebooks_dir"] = str(notebooks_dir)
-    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
-    (run_dir / "index.html").write_text(index_html(manifest), encoding="utf-8")
+            ran.append(_run_one(src, run_dir, preset=preset, device=device, resume=resume,
+                                cell_timeout=cell_timeout, env_info=env_info, log=log))
+            # Written after every notebook: a long run cut short still has its index.
+            _write_index(run_dir, manifest, ran, previous, complete=i == len(paths))
     return manifest
+
+
+def _write_index(run_dir: Path, manifest: dict, ran: list[dict], previous: list[dict], *,
+                 complete: bool) -> None:
+    """Fill ``manifest`` with the notebooks run so far (plus the earlier entries kept) and write
+    ``manifest.json`` and ``index.html``."""
+    names = {e["name"] for e in ran}
+    kept = [dict(e, kept_from_earlier=True) for e in previous
+            if e.get("name") not in names and e.get("html") and (run_dir / e["html"]).exists()]
+    manifest["notebooks"] = sorted(ran + kept, key=lambda e: e["name"])
+    manifest["finished_utc"] = _utc_now() if complete else None
+    manifest["complete"] = complete
+    manifest["ok"] = all(e["status"] == "ok" for e in ran)
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (run_dir / "index.html").write_text(index_html(manifest), encoding="utf-8")
 
 
 _CSS = """
@@ -323,6 +332,9 @@ def index_html(manifest: dict) -> str:
         out.append("<p class='note'>Kernels ran in the Triton interpreter on the CPU: every time "
                    "in these reports is interpreter wall time, not GPU speed.</p>")
     books = manifest.get("notebooks", [])
+    if not manifest.get("complete", True):
+        out.append("<p class='failed'>This run is not complete: the notebooks below are those "
+                   "finished so far.</p>")
     if not books:
         out.append(f"<p><b>No notebooks found</b> in <code>"
                    f"{e(str(manifest.get('notebooks_dir', 'notebooks')))}</code>: nothing ran.</p>")
@@ -350,6 +362,6 @@ def index_html(manifest: dict) -> str:
                        f"<td>{results}</td></tr>")
         out.append("</table>")
     out.append(f"<p class='note'>Written by <code>python -m pmll_lab report</code>; "
-               f"finished {e(manifest.get('finished_utc', ''))}. Machine-readable: "
+               f"finished {e(manifest.get('finished_utc') or 'not yet')}. Machine-readable: "
                "<a href='manifest.json'>manifest.json</a>.</p></body></html>")
     return "\n".join(out) + "\n"

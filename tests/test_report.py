@@ -53,7 +53,8 @@ def test_report_runs_both_and_marks_the_failure(built):
     root, manifest = built
     run = root / "reports" / "latest"
     index = (run / "index.html").read_text()
-    assert manifest["ok"] is False
+    assert manifest["ok"] is False and manifest["complete"] is True
+    assert "not complete" not in index
     status = {b["name"]: b for b in manifest["notebooks"]}
     assert status["good"]["status"] == "ok" and status["good"]["error"] == ""
     assert status["bad"]["status"] == "failed"
