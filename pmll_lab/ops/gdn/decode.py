@@ -33,7 +33,21 @@ MAX_ROWS = 8
 """Most rows one chain launch verifies (SPEC §3: ``K <= CAP``, ``CAP = 8``)."""
 
 
-@triton.jit
+# The per-row vectors (q, k, v, g, beta, o) and their strides are not specialised on alignment
+# or divisibility: the compiler picks the register layout of a loaded vector, and so the order
+# of the sums in ``qk_prepare``, from what it knows of the pointer's alignment. Unspecialised,
+# the results do not depend on where a view starts in a fused projection buffer, and a decode
+# launch on row ``t`` of a view sees what the chain sees (bitwise agreement). They are a few
+# hundred bytes per row, so the vector width does not matter for speed. The state and snapshot
+# buffers stay specialised (wide loads): bitwise agreement across kernels needs them to be the
+# same buffers, or buffers of the same alignment (any torch allocation with kd, vd multiples of
+# 16 qualifies).
+_ROW_PTRS = ["q", "k", "v", "g", "beta", "o"]
+_ROW_STRIDES = ["q_b", "q_t", "q_h", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h", "g_b", "g_t",
+                "beta_b", "beta_t", "o_b", "o_t", "o_h"]
+
+
+@triton.jit(do_not_specialize=_ROW_STRIDES, do_not_specialize_on_alignment=_ROW_PTRS)
 def gdn_rows_kernel(
     state, q, k, v, g, beta, o, inter, slot_idx,
     scale,
