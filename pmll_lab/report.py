@@ -85,6 +85,7 @@ def _kernel_environment(device: str) -> Iterator[dict[str, str]]:
     - ``PMLL_LAB_DEVICE=device`` for ``pmll_lab.backend``; ``TRITON_INTERPRET`` dropped when the
       GPU is asked for (the builder's own import may have set it).
     - ``PMLL_LAB_REPORT=1``: sweeps draw no progress bar (``pmll_lab.sweep``).
+    - ``MPLBACKEND`` unset, so that figures are inline outputs of the notebook.
     - ``PYTHONPATH`` starts with this checkout, so the notebooks import this ``pmll_lab``.
     - ``JUPYTER_PATH`` starts with a throwaway folder holding a ``python3`` kernelspec that runs
       ``sys.executable``: a ``python3`` kernelspec registered for another environment (user-level
@@ -104,6 +105,9 @@ def _kernel_environment(device: str) -> Iterator[dict[str, str]]:
         (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
         os.environ["PMLL_LAB_DEVICE"] = device
         os.environ["PMLL_LAB_REPORT"] = "1"  # sweeps print a summary line instead of a bar
+        # ipykernel makes figures inline outputs only when MPLBACKEND is unset (CI often sets
+        # Agg): with it set, plt.show() would leave every plot out of the report.
+        os.environ.pop("MPLBACKEND", None)
         if device == "cuda":
             os.environ.pop("TRITON_INTERPRET", None)
         for var, first in (("PYTHONPATH", str(REPO_ROOT)), ("JUPYTER_PATH", tmp)):

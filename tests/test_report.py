@@ -34,18 +34,31 @@ def _notebook(path, body_cells):
     nbformat.write(nb, path)
 
 
+FIGURE = '''\
+import matplotlib.pyplot as plt
+plt.figure(figsize=(2, 1.5))
+plt.plot([1, 3, 2])
+plt.show()
+'''
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
+    # A non-interactive backend in the caller's environment (as CI often has) must not keep
+    # the figures out of the report.
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MPLBACKEND", "Agg")
     root = tmp_path_factory.mktemp("report")
     nbdir = root / "notebooks"
     nbdir.mkdir()
-    _notebook(nbdir / "good.ipynb", [GOOD, 'print("GOOD-END")'])
+    _notebook(nbdir / "good.ipynb", [GOOD, FIGURE, 'print("GOOD-END")'])
     _notebook(nbdir / "bad.ipynb", ['print("BEFORE-FAILURE")',
                                     'raise RuntimeError("planned failure for the test")',
                                     'print("NEVER-RUN")'])
     (nbdir / ".ipynb_checkpoints").mkdir()
     manifest = build_report(preset="quick", device="cpu", notebooks_dir=nbdir,
                             reports_dir=root / "reports", log=lambda m: None)
+    mp.undo()
     return root, manifest
 
 
@@ -86,6 +99,7 @@ def test_html_has_outputs_but_no_input_cells(built):
     # Parameters injected (preset, device, results_dir) and the env passed to the kernel,
     # which imported this checkout's pmll_lab and ran on the CPU.
     assert "OUTPUT-SEEN quick cpu cpu cpu" in good and "GOOD-END" in good
+    assert good.count("src=\"data:image/png;base64,") == 1  # the figure, inline
     assert f"OUTPUT-SEEN quick cpu cpu cpu {REPO_ROOT.name} 2" in good
     rows = [json.loads(x) for x in (run / "results/good/tiny.jsonl").read_text().splitlines()]
     assert sorted(r["value"] for r in rows) == [10.0, 20.0]
