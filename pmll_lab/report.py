@@ -355,7 +355,8 @@ def index_html(manifest: dict) -> str:
             if b.get("error"):
                 status += f"<div class='err'>{e(b['error'])}</div>"
             if b.get("kept_from_earlier"):
-                status += (f"<div class='note'>from an earlier call: {e(b.get('started_utc', ''))}"
+                when = (b.get("started_utc") or "?").replace("T", " ").replace("+00:00", " UTC")
+                status += (f"<div class='note'>from an earlier call: {e(when)}"
                            f", preset {e(b.get('preset', '?'))}, commit {e(b.get('commit', '?'))}"
                            "</div>")
             results = "<br>".join(_link(r, r.split("/")[-1]) for r in b.get("results", [])) or "none"
