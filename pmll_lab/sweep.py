@@ -43,7 +43,8 @@ class CheckFailed(Exception):
 def grid(**axes: Iterable) -> list[dict]:
     """Cartesian product of named axes: ``grid(K=[1, 2], B=[1, 64])`` -> 4 points."""
     names = list(axes)
-    return [dict(zip(names, values)) for values in itertools.product(*(list(axes[n]) for n in names))]
+    values = itertools.product(*(list(axes[n]) for n in names))
+    return [dict(zip(names, combo)) for combo in values]
 
 
 def point_id(point: Mapping) -> str:
@@ -92,6 +93,18 @@ def _done_points(path: Path) -> set[str]:
         with path.open("a") as fh:
             fh.write("\n")
     return done
+
+
+def _append(path: Path, data: bytes) -> None:
+    """Append ``data`` with one ``write`` call (a point's rows land whole or, if the process is
+    killed mid-write, as a cut-off last line that ``_done_points`` ignores)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def run_sweep(
@@ -146,11 +159,7 @@ def run_sweep(
             if status == "failed":
                 full["status"] = "failed"
             lines.append(json.dumps({k: _clean(v) for k, v in full.items()}, default=str))
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, ("\n".join(lines) + "\n").encode())
-        finally:
-            os.close(fd)
+        _append(path, ("\n".join(lines) + "\n").encode())
     df = load(path) if path.exists() else pd.DataFrame()
     if "point_id" in df:
         df = df[df["point_id"].isin(wanted)].reset_index(drop=True)
