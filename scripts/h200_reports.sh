@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Run the notebooks' full preset on the H200 device machine and pack the run folder into $OUT.
+# Usage (device machine, repo root, .whl carried):  bash scripts/h200_reports.sh RUN_NAME SECONDS_PER_NOTEBOOK NB...
+# Each notebook gets a wall-clock limit; a notebook cut short keeps the sweep rows it finished.
+set -u
+run=$1; limit=$2; shift 2
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD JUPYTER_PATH=/tmp/site/share/jupyter PATH=/tmp/site/bin:$PATH
+python3 -m ipykernel install --user --name python3 >/dev/null || exit 1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+for nb in "$@"; do
+  echo "== $nb $(date -u +%H:%M:%S)"
+  timeout "$limit" python3 -m pmll_lab report --preset full --device cuda --run "$run" --only "$nb" --resume
+  echo "== $nb rc=$? $(date -u +%H:%M:%S)"
+done
+tar czf "$OUT/report.tgz" -C reports "$run"
+ls -la "reports/$run"
