@@ -14,7 +14,10 @@ For one point (``K`` rows, conv ``shape`` from ``SHAPES``, ``B`` sequences, inpu
    (outputs, final and intermediate windows), and each carry's outputs == the chain run over
    the pending rows followed by the K new rows (the carry must give plain decoding's outputs);
 4. only if every check passed, times each kernel (``pmll_lab.bench.time_launch``) and reports
-   GB/s over the bytes of ``pmll_lab.conv.*_bytes`` and the roofline fraction.
+   GB/s over the bytes of ``pmll_lab.conv.*_bytes`` and the roofline fraction; on a GPU also the
+   time per replay of the same call captured in a CUDA graph (``graph_us``, ``gbps_graph``):
+   the kernels are small, and at small B ``do_bench`` mostly measures the Python launch.
+   Graph replays do not flush the L2 between calls: below ~60 MB per call they read warm data.
 
 A failed check raises ``CheckFailed`` before anything is timed (STYLE.md, llm.c habit).
 """
@@ -27,7 +30,9 @@ import pandas as pd
 import torch
 
 from pmll_lab.backend import DEVICE
-from pmll_lab.bench import bitwise_equal, copy_bandwidth, error_rows, throughput_rows, time_launch
+from pmll_lab.bench import (
+    bitwise_equal, copy_bandwidth, error_rows, throughput_rows, time_graph, time_launch,
+)
 from pmll_lab.conv import (
     ConvCarry,
     conv_carry_verify,
@@ -181,8 +186,15 @@ def conv_point(point: dict) -> list[dict]:
         timed.append((name, run_carry, nbytes))
     for name, fn, nbytes in timed:
         t = time_launch(fn)
-        rows += [dict(r, write_back=float(carries[name][3]) if name in carries else None)
-                 for r in throughput_rows(name, t, nbytes)]
+        wb = float(carries[name][3]) if name in carries else None
+        rows += [dict(r, write_back=wb) for r in throughput_rows(name, t, nbytes)]
+        g = time_graph(fn)      # None on the CPU
+        if g is not None:
+            rows += [{"kernel": name, "metric": "graph_us", "value": g, "unit": "us",
+                      "timer": "cuda-graph", "write_back": wb},
+                     {"kernel": name, "metric": "gbps_graph", "value": nbytes / (g * 1e-6) / 1e9,
+                      "unit": "GB/s", "timer": "cuda-graph", "bytes": int(nbytes),
+                      "write_back": wb}]
     return rows
 
 
@@ -266,7 +278,7 @@ def plot_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | None = N
     if not Ks:
         return None
     fig, axes = plt.subplots(1, len(Ks), figsize=(3.2 * len(Ks), 3.4), sharey=True, squeeze=False)
-    gpu = "timer" in sel and (sel["timer"] == "do_bench").any()
+    gpu = "timer" in sel and sel["timer"].isin(["do_bench", "cuda-graph"]).any()
     roof = copy_bandwidth() if gpu else None
     if gpu and roof is None:
         roof = _stored_roofline(df)
@@ -275,21 +287,23 @@ def plot_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | None = N
             s = sel[(sel["K"] == K) & (sel["kernel"] == kern)].sort_values("B")
             if not s.empty:
                 ax.plot(s["B"], s["value"], "o-", ms=3, color=f"C{i}", label=LABELS[kern])
-        if metric == "gbps" and roof:
+        if metric in ("gbps", "gbps_graph") and roof:
             ax.axhline(roof, color="k", ls="--", lw=1, label=f"copy roofline {roof:.0f} GB/s")
         ax.set_xscale("log", base=2)
-        if metric == "time_us":
+        if metric in ("time_us", "graph_us"):
             ax.set_yscale("log")
         ax.set_title(f"K = {K}")
         ax.set_xlabel("batch width B (sequences)")
-    unit = {"time_us": "time per launch set (us)", "gbps": "GB/s (fewest bytes moved)"}[metric]
+    unit = {"time_us": "time per verify, do_bench (us)", "gbps": "GB/s, do_bench",
+            "graph_us": "time per verify, CUDA graph (us)",
+            "gbps_graph": "GB/s, CUDA-graph replay"}[metric]
     if not gpu:
         unit += "\nTriton interpreter wall time, not GPU speed"
     axes[0][0].set_ylabel(unit)
     axes[0][-1].legend(fontsize=7, loc="best")
     desc = ", ".join(f"{k}={v}" for k, v in shape.items())
-    fig.suptitle(f"{'Time per verify of K rows' if metric == 'time_us' else 'Achieved bandwidth'}"
-                 f" ({desc})", fontsize=10)
+    title = "Time per verify of K rows" if metric.endswith("_us") else "Achieved bandwidth"
+    fig.suptitle(f"{title} ({desc})", fontsize=10)
     fig.tight_layout()
     return fig
 
