@@ -18,6 +18,18 @@ and ``beta``::
 
 ``fold_row`` is exactly the state update, so replaying stashed ``(g_t, k_t, u_t)`` rows
 reproduces the chain's states bit for bit (SPEC §3b).
+
+Same block shapes are necessary, not sufficient: on a GPU the compiler picks the register
+layout of a loaded block (and so the order of the sums above) from what it knows of the
+pointer's alignment and strides (Triton specialises pointers on 16-byte alignment and integer
+arguments on divisibility by 16). Seen on an H200 (2026-11-29, tests/test_gdn.py): a state read
+through a misaligned strided view gave results that differ in the last bits from the same
+values in a contiguous buffer. So kernels that must agree bitwise should (a) read the state from
+the same buffers, or buffers of the same alignment, and (b) not specialise the small per-row
+vectors (q, k, v, g, beta, outputs) and their strides
+(``do_not_specialize`` / ``do_not_specialize_on_alignment``), as
+``pmll_lab.ops.gdn.decode.gdn_rows_kernel`` does, so that where a view starts in a fused
+projection buffer cannot change the bits.
 """
 
 from __future__ import annotations
