@@ -337,7 +337,8 @@ def headline(df: pd.DataFrame, K: int = 4, B: int = 64, shape: str = "qwen3-next
              dtype: str = "bfloat16") -> pd.DataFrame:
     """Time, GB/s and roofline fraction of every kernel at one point."""
     sel = df[(df["status"] == "ok") & (df["K"] == K) & (df["B"] == B) & (df["shape"] == shape)
-             & (df["dtype"] == dtype) & df["metric"].isin(["time_us", "gbps", "roofline_frac"])]
+             & (df["dtype"] == dtype)
+             & df["metric"].isin(["time_us", "gbps", "roofline_frac", "graph_us", "gbps_graph"])]
     if sel.empty:
         return pd.DataFrame()
     return sel.pivot_table(index="kernel", columns="metric", values="value").reset_index()
@@ -366,10 +367,13 @@ def conclusion(df: pd.DataFrame) -> str:
         if not h.empty:
             for _, r in h.iterrows():
                 frac = r.get("roofline_frac", math.nan)
+                graph = r.get("graph_us", math.nan)
                 lines.append(f"- Qwen3-Next conv (dim 8192), bf16, B=64, K=4: "
                              f"{LABELS.get(r['kernel'], r['kernel'])} {r['time_us']:.1f} us, "
                              f"{r['gbps']:.0f} GB/s"
-                             + ("" if math.isnan(frac) else f" = {frac:.0%} of the roofline") + ".")
+                             + ("" if math.isnan(frac) else f" = {frac:.0%} of the roofline")
+                             + ("" if math.isnan(graph) else
+                                f" ({graph:.1f} us per CUDA-graph replay)") + ".")
         tt = t.pivot_table(index=["shape", "dtype", "K", "B"], columns="kernel", values="value")
         if {"chain", "updates"} <= set(tt.columns):
             r = (tt["updates"] / tt["chain"]).dropna()
