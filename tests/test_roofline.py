@@ -1,0 +1,327 @@
+"""The roofline notebook's point functions, tables and targets (issue 5; pmll_lab.experiments.roofline).
+
+On the CPU the providers run in the Triton interpreter at tiny shapes (HK=2, HV=4, kd=vd=16,
+K <= 2, B <= 2). What is held here:
+
+- every provider checks against the float64 references and the decode launches, and the rows it
+  returns carry real values: finite errors within tolerance, positive times, bytes and GB/s; the
+  lazy carry's amortised time is the stated mix of its two timings at the simulated write-back
+  frequency;
+- the check runs before any timing: a provider whose kernel is corrupted raises ``CheckFailed``
+  and ``time_launch`` is never called;
+- in a sweep, a provider that fails its check or crashes (a simulated out-of-memory) is stored as
+  failed, is left out of every speed table, and the other providers still run;
+- the acceptance process (analytic cases), the byte counts, the points' order, and the targets
+  table's met / missed / not measured / "GPU only" logic on constructed rows.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
+from pmll_lab.experiments import roofline as E
+from pmll_lab.gdn import row_io_bytes, state_bytes
+from pmll_lab.sweep import CheckFailed, run_sweep, speed_rows
+
+SHAPE = dict(head_dim=[16], heads=[(2, 4)], dtype=["bfloat16"])
+OURS = [p for p in E.PROVIDERS if p != "fla_fused_recurrent"]
+
+
+def _points(K, B, providers=OURS, **kw):
+    return E.points([dict(K=[K], B=[B], providers=providers, **SHAPE)], fla=False, **kw)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    E.release()
+    yield
+    E.release()
+
+
+# ---- acceptance process and bytes ---------------------------------------------------------------
+
+def test_acceptance_process():
+    alpha = E.alpha_for_mean(3.3, 4)
+    assert abs(E.mean_accept_len(alpha, 4) - 3.3) < 1e-9
+    a4 = E.acceptance(4)
+    assert a4["alpha"] == pytest.approx(alpha)
+    # eager: the pending count before a verify is the previous step's accepted count
+    assert a4["eager_wb"] == 1.0
+    assert abs(a4["eager_mean_pend"] - 3.3) < 0.05
+    assert 0.2 < a4["lazy_wb"] < 0.8
+    for K in (1, 2, 4, 8):
+        h = np.asarray(E.acceptance(K)["lazy_hist"])
+        assert abs(h.sum() - 1) < 1e-12 and h[0] == 0.0   # every step accepts at least one row
+    # K = 1 accepts one row per step: p runs 1..8 and writes back once in 8 verifies
+    assert E.acceptance(1)["lazy_wb"] == pytest.approx(1 / 8)
+    # K = CAP: every verify after the first has p >= 1 rows pending, so p + K > CAP
+    assert E.acceptance(8)["lazy_wb"] == 1.0
+    with pytest.raises(ValueError, match="mean_len"):
+        E.alpha_for_mean(5.0, 4)
+
+
+def test_draw_pending_conditions():
+    rng = np.random.default_rng(0)
+    K, cap = 4, E.CAP
+    h = E.acceptance(K)["lazy_hist"]
+    nowb = E.draw_pending(h, 500, K, rng, write_back=False)
+    wb = E.draw_pending(h, 500, K, rng, write_back=True)
+    assert (nowb + K <= cap).all() and (nowb >= 1).all()
+    assert (wb + K > cap).all() and (wb <= cap).all()
+    assert len(set(nowb.tolist())) > 1 and len(set(wb.tolist())) > 1
+    # no pending count avoids a write-back at K = CAP: the fresh slot (p = 0) is used
+    h8 = E.acceptance(8)["lazy_hist"]
+    assert (E.draw_pending(h8, 5, 8, rng, write_back=False) == 0).all()
+
+
+def test_byte_counts():
+    HK, HV, D, dt = 2, 4, 16, torch.bfloat16
+    hb, io, row = state_bytes(HV, D, D), row_io_bytes(HK, HV, D, D, dt), E.stash_row_bytes(HV, D, D)
+    assert row == 4 * (HV * D + HV + HV * D)
+    B, K = 3, 2
+    zero = np.zeros(B, dtype=int)
+    assert E.carry_bytes(zero, zero.astype(bool), K, HK, HV, D, dt) == \
+        E.floor_bytes(B, K, HK, HV, D, dt) + 12 * B
+    pend, wb = np.array([0, 3, 5]), np.array([False, False, True])
+    assert E.carry_bytes(pend, wb, K, HK, HV, D, dt) - E.carry_bytes(zero, zero.astype(bool), K, HK,
+                                                                      HV, D, dt) == hb + 8 * row
+    assert E.fla_bytes(B, K, HK, HV, D, dt) == B * (2 * hb + K * io)
+
+
+def test_points_order_and_fields():
+    grids = [dict(K=[2, 1], B=[2, 1], **SHAPE),
+             dict(K=[4], B=[3], head_dim=[32], heads=[(2, 4)], dtype=["bfloat16"],
+                  providers=["carry_wy_lazy"])]
+    pts = E.points(grids, fla=False, seed=5)
+    assert not any(p["provider"] == "chain_snapshots" and p["K"] == 1 for p in pts)
+    assert not any(p["provider"] == "fla_fused_recurrent" for p in pts)
+    assert any(p["provider"] == "fla_fused_recurrent" for p in E.points(grids, fla=True))
+    small = [p for p in pts if p["head_dim"] == 16]
+    assert {(p["slots"], p["rows_max"]) for p in small} == {(2, 2)}
+    assert [p for p in pts if p["head_dim"] == 32][0]["slots"] == 3
+    # one (K, B) after the other, its providers in PROVIDERS order
+    keys = [(p["K"], p["B"], E.PROVIDERS.index(p["provider"])) for p in small]
+    assert keys == sorted(keys)
+    assert all(p["seed"] == 5 and p["mean_accept"] == 3.3 for p in pts)
+    with pytest.raises(ValueError, match="providers"):
+        E.points([dict(K=[1], B=[1], providers=["nope"], **SHAPE)], fla=False)
+
+
+# ---- the point functions ------------------------------------------------------------------------
+
+def _timed_rows(rows, kernel):
+    return {r["metric"]: r for r in rows if r["kernel"] == kernel and "timer" in r}
+
+
+@pytest.mark.parametrize("provider", OURS)
+def test_point_rows_have_real_values(provider):
+    K, B = 2, 2
+    pt = [p for p in _points(K, B) if p["provider"] == provider][0]
+    rows = E.gdn_point(pt)
+    checks = [r for r in rows if "passed" in r]
+    assert checks and all(r["passed"] is True for r in checks)
+    errs = [r for r in rows if r["metric"] == "rel_l2"]
+    assert errs and all(math.isfinite(r["value"]) and r["value"] <= r["tolerance"] for r in errs)
+    flags = [r for r in rows if r["metric"] in ("bitwise_vs_decode", "engaged_as_protocol")]
+    if provider != "decodes":
+        assert flags, "bitwise / protocol flags expected"
+    kernels = [provider] + ([f"{provider}:nowb", f"{provider}:wb"] if provider.endswith("lazy") else [])
+    for kern in kernels:
+        t = _timed_rows(rows, kern)
+        assert t["time_us"]["value"] > 0 and math.isfinite(t["time_us"]["value"])
+        assert t["time_us"]["timer"] == "interpreter-wall"
+        assert t["gbps"]["value"] > 0 and t["gbps"]["bytes"] > 0
+        # first timing row comes after every check row: the checks ran first
+        first_time = min(i for i, r in enumerate(rows) if r["kernel"] == kern and "timer" in r)
+        assert max(i for i, r in enumerate(rows) if "passed" in r) < first_time
+    if provider.endswith("lazy"):
+        f = E.acceptance(K)["lazy_wb"]
+        t0, t1, ta = (_timed_rows(rows, k)["time_us"] for k in kernels[1:] + kernels[:1])
+        assert ta["value"] == pytest.approx((1 - f) * t0["value"] + f * t1["value"])
+        assert ta["wb_frac"] == pytest.approx(f) and ta["variant"] == "amortised"
+        assert t0["wb_frac"] == 0.0 and t1["wb_frac"] == 1.0
+    if provider.endswith("eager"):
+        assert _timed_rows(rows, provider)["time_us"]["wb_frac"] == 1.0
+
+
+def test_fla_point_on_the_interpreter(monkeypatch):
+    """FLA's kernel runs in the Triton interpreter too: the provider's checks (both GVA paths)
+    are exercised here by pretending to be on the GPU. Without fla-core the provider must raise
+    (a failed point), never time something else."""
+    pt = [p for p in E.points([dict(K=[2], B=[2], **SHAPE)], fla=True)
+          if p["provider"] == "fla_fused_recurrent"][0]
+    monkeypatch.setattr(E, "_on_cuda", lambda: True)
+    if E._fla_fused() is None:
+        warnings.warn("fla-core does not import here: only the failure path is checked")
+        with pytest.raises(RuntimeError, match="fla"):
+            E.gdn_point(pt)
+        return
+    for gva in (True, False):
+        monkeypatch.setattr(E, "fla_supports_gva", lambda gva=gva: gva)
+        rows = E.gdn_point(pt)
+        errs = [r for r in rows if r["metric"] == "rel_l2"]
+        assert len(errs) == 4 and all(r["passed"] for r in errs)
+        t = _timed_rows(rows, "fla_fused_recurrent")["time_us"]
+        assert t["value"] > 0 and t["fla_gva"] == ("native" if gva else "repeat_interleave")
+
+
+def test_b1_graph_and_floor_fields(monkeypatch):
+    """The GPU-only fields, with the device parts stubbed (the interpreter has no CUDA graph and
+    no roofline): at B = 1 every timed row gets the graph replay figure (the amortised one is the
+    same mix of the two), and the roofline fraction and floor time follow from the bytes."""
+    import pmll_lab.bench as bench
+
+    roof = 4000.0
+    graphs = iter([3.0, 5.0])
+    monkeypatch.setattr(E, "_on_cuda", lambda: True)
+    monkeypatch.setattr(E, "time_graph", lambda fn: next(graphs))
+    monkeypatch.setattr(E, "copy_bandwidth", lambda: roof)
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda: roof)
+    pt = [p for p in _points(2, 1) if p["provider"] == "carry_wy_lazy"][0]
+    rows = E.gdn_point(pt)
+    f = E.acceptance(2)["lazy_wb"]
+    t0, t1, ta = (_timed_rows(rows, k) for k in ("carry_wy_lazy:nowb", "carry_wy_lazy:wb",
+                                                 "carry_wy_lazy"))
+    assert (t0["time_us"]["graph_us"], t1["time_us"]["graph_us"]) == (3.0, 5.0)
+    assert ta["time_us"]["graph_us"] == pytest.approx((1 - f) * 3.0 + f * 5.0)
+    for t in (t0, t1, ta):
+        nbytes = t["gbps"]["bytes"]
+        assert t["time_us"]["floor_us"] == pytest.approx(nbytes / (roof * 1e3))
+        assert t["roofline_frac"]["value"] == pytest.approx(t["gbps"]["value"] / roof)
+    assert t1["gbps"]["bytes"] > t0["gbps"]["bytes"]      # the write-back moves the state twice
+
+
+def _corrupt(fn, which):
+    def wrapped(*args, **kw):
+        out = fn(*args, **kw)
+        if which == "o":
+            o = out[0] if isinstance(out, tuple) else out
+            o.mul_(1.5)
+        elif which == "snapshots":
+            kw["intermediate"][:, 0].add_(1e-3)
+        return out
+    return wrapped
+
+
+@pytest.mark.parametrize("provider,target,which", [
+    ("decodes", "gdn_decode", "o"),
+    ("chain_snapshots", "gdn_chain", "snapshots"),
+    ("carry_exact_eager", "gdn_carry_verify", "o"),
+    ("carry_wy_lazy", "gdn_carry_verify", "o"),
+])
+def test_check_runs_before_timing(monkeypatch, provider, target, which):
+    timed = []
+    monkeypatch.setattr(E, "time_launch", lambda fn, **kw: timed.append(fn) or {})
+    monkeypatch.setattr(E, target, _corrupt(getattr(E, target), which))
+    pt = [p for p in _points(2, 2) if p["provider"] == provider][0]
+    with pytest.raises(CheckFailed) as info:
+        E.gdn_point(pt)
+    assert timed == [], "a provider that failed its check was timed"
+    assert any(r.get("passed") is False for r in info.value.rows)
+
+
+def test_failed_providers_are_marked_and_the_rest_runs(monkeypatch, tmp_path):
+    real_verify, released = E.gdn_carry_verify, []
+
+    def verify(*args, form, **kw):
+        if form == "wy":
+            raise torch.OutOfMemoryError("simulated out of memory")
+        return real_verify(*args, form=form, **kw)
+
+    real_release = E.release
+    monkeypatch.setattr(E, "gdn_carry_verify", verify)
+    monkeypatch.setattr(E, "gdn_chain", _corrupt(E.gdn_chain, "snapshots"))
+    monkeypatch.setattr(E, "release", lambda: released.append(1) or real_release())
+    pts = _points(2, 2, providers=["decodes", "chain_snapshots", "carry_wy_lazy", "carry_exact_lazy"])
+    df = run_sweep("rl", pts, E.gdn_point, results_dir=tmp_path, progress=False)
+    status = df.groupby("provider")["status"].agg(set)
+    assert status["decodes"] == {"ok"} and status["carry_exact_lazy"] == {"ok"}
+    assert status["chain_snapshots"] == {"failed"} and status["carry_wy_lazy"] == {"failed"}
+    err = df.groupby("provider")["error"].first()
+    assert err["chain_snapshots"].startswith("check failed")
+    assert "OutOfMemoryError" in err["carry_wy_lazy"]
+    assert released, "an out-of-memory error must drop the cached inputs"
+    # the failed check's rows are kept (marked failed), and never shown as speeds
+    chain = df[df["provider"] == "chain_snapshots"]
+    assert (chain["passed"] == False).any()  # noqa: E712
+    shown = set(speed_rows(df)["kernel"]) | set(E.wide_table(df)["kernel"])
+    assert shown == {"decodes", "carry_exact_lazy", "carry_exact_lazy:nowb", "carry_exact_lazy:wb"}
+    assert set(E.failed_points(df)["provider"]) == {"chain_snapshots", "carry_wy_lazy"}
+
+
+# ---- tables, plots and targets --------------------------------------------------------------------
+
+def test_tables_and_plots_on_interpreter_results(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    pts = E.points([dict(K=[2], B=[1, 2], providers=OURS, **SHAPE)], fla=False)
+    df = run_sweep("rl", pts, E.gdn_point, results_dir=tmp_path, progress=False)
+    assert (df["status"] == "ok").all()
+    corr = E.correctness_table(df)
+    assert (corr["passed"] == corr["points"]).all() and len(corr) > 10
+    lazy = E.lazy_table(df, Bs=(1, 2))
+    assert set(lazy["form"]) == {"exact", "wy"}
+    assert lazy[["eager", "no write-back", "write-back", "amortised"]].gt(0).all().all()
+    assert (E.b1_table(df)["time_us"] > 0).all()
+    shapes = E.shapes_table(df, B=64, K=2)
+    assert set(shapes["kernel"]) == set(OURS) and (shapes["B"] == 2).all()
+    fig = E.plot_roofline(df)
+    assert len(fig.axes) == 1 and "interpreter" in fig.axes[0].get_ylabel()
+    assert E.plot_errors(df) is not None
+    targets = E.targets_table(df, None)
+    assert (targets["status"] == "GPU only").all() and len(targets) >= 20
+    assert "GPU only" in E.conclusion(df, None, targets)
+
+
+def _gpu_rows(entries, roof=4000.0):
+    """Constructed do_bench rows: ``entries`` = (kernel, K, B, time_us, roofline_frac, extra)."""
+    rows = []
+    for i, (kern, K, B, t, fr, extra) in enumerate(entries):
+        base = dict(E.MAIN_SHAPE, K=K, B=B, provider=kern.split(":")[0], point_id=f"p{i}",
+                    status="ok", error="", timer="do_bench", kernel=kern)
+        nbytes = fr * roof * 1e3 * t
+        rows += [dict(base, metric="time_us", value=t, **extra),
+                 dict(base, metric="gbps", value=nbytes / (t * 1e3), bytes=nbytes),
+                 dict(base, metric="roofline_frac", value=fr, copy_gbps=roof)]
+    return pd.DataFrame(rows)
+
+
+def test_targets_logic_on_constructed_gpu_rows():
+    import matplotlib
+    matplotlib.use("Agg")
+    df = _gpu_rows([
+        ("carry_wy_lazy", 4, 64, 40.0, 0.80, {}),           # 80 % and 150/40 = 3.75x: met
+        ("fla_fused_recurrent", 4, 64, 150.0, 0.3, {}),
+        ("carry_wy_lazy", 4, 128, 80.0, 0.70, {}),          # 70 %: missed; no FLA: not measured
+        ("decodes", 1, 64, 90.0, 0.86, {}),                 # 86 % met; 90 vs 100: faster, met
+        ("fla_fused_recurrent", 1, 64, 100.0, 0.8, {}),
+        ("carry_wy_lazy", 4, 1, 12.0, 0.01, {"graph_us": 4.0}),   # 12 us > 10: missed
+    ])
+    t = E.targets_table(df, None).set_index("target")
+
+    def status(prefix):
+        hits = [s for tg, s in t["status"].items() if tg.startswith(prefix)]
+        assert len(hits) == 1, prefix
+        return hits[0]
+
+    assert status("carry lazy WY, K=4, B=64: >= 75%") == "met"
+    assert status("carry lazy WY, K=4, B=64: >= 3.5x") == "met"
+    assert status("carry lazy WY, K=4, B=128: >= 75%") == "missed"
+    assert status("carry lazy WY, K=4, B=128: >= 3.5x") == "not measured"
+    assert status("carry lazy exact, K=4, B=64: >= 50%") == "not measured"
+    assert status("decode (K=1), B=64: >= 85%") == "met"
+    assert status("decode (K=1), B=64: faster") == "met"
+    assert status("B=1, K=4, carry WY") == "missed"
+    assert "4.0 us" in t.loc[[tg for tg in t.index if tg.startswith("B=1, K=4, carry WY")][0],
+                             "measured"]
+    assert status("PMLL read") == "not measured"
+    assert "missed" in E.conclusion(df, None, t.reset_index())
+    fig = E.plot_roofline(df)
+    assert len(fig.axes) == 2 * df["K"].nunique()       # time row and roofline-fraction row
