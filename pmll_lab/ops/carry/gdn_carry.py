@@ -12,7 +12,10 @@ Buffers (all fp32 unless said):
 
 Verify (``gdn_carry_verify``), one program per (sequence, value head), grid ``(B, HV)``:
 the program loads the slot's ``pend`` ``p``, and for each column block of ``BV`` value columns
-(``block_config(kd, vd)``, looped inside the program) loads the state block, folds the ``p``
+(``block_config(kd, vd)``, looped inside the program, unrolled: with a constant block offset the
+compiler sees the columns' alignment as in decode, vectorises the state load the same way and so
+picks the same layout, hence the same reduction order — on the H200 a dynamic loop gave outputs
+differing from ``gdn_decode`` in the last bits) loads the state block, folds the ``p``
 pending rows (``fold_row``), writes it back when the protocol says so (eager: ``p > 0``; lazy:
 ``p + K > CAP``), runs the ``K`` rows and stashes each row's ``u`` columns at stash row
 ``first + t`` (``first = 0`` after a write-back, else ``p``). The ``g`` and ``k`` stash rows are
@@ -240,7 +243,7 @@ def _gdn_carry_exact_kernel(
     vrow = v_ptr + b * sv_b + hv * sv_h
     orow = o_ptr + b * so_b + hv * so_h
 
-    for j in range(0, tl.cdiv(VD, BV)):
+    for j in tl.static_range(0, tl.cdiv(VD, BV)):
         rv = j * BV + tl.arange(0, BV)
         mv = rv < VD
         m2 = mk[:, None] & mv[None, :]
@@ -335,7 +338,7 @@ def _gdn_carry_wy_kernel(
         corr = tl.sum(a_t[:, None] * T, 0)
         T = tl.where(rt[:, None] == t, T - corr[None, :], T)
 
-    for j in range(0, tl.cdiv(VD, BV)):
+    for j in tl.static_range(0, tl.cdiv(VD, BV)):
         rv = j * BV + tl.arange(0, BV)
         mv = rv < VD
         m2 = mk[:, None] & mv[None, :]
