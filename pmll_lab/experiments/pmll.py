@@ -373,8 +373,10 @@ def plot_throughput(df: pd.DataFrame):
 
 
 def bandwidth_table(df: pd.DataFrame, min_bytes: float = 240e6) -> pd.DataFrame:
-    """GB/s and roofline fraction per series and dtype over launches moving at least
-    ``min_bytes`` (default 4x the H200's 60 MB L2): median and best. Empty on the CPU."""
+    """GB/s and roofline fraction per series, segment regime (``T <= M`` or ``T > M``: a
+    segment longer than the ring, written in several passes per slot) and dtype, over launches
+    moving at least ``min_bytes`` (default 4x the H200's 60 MB L2): median and best. Empty on
+    the CPU."""
     gb = _timed(df, "gbps")
     if gb.empty or not _on_gpu(gb):
         return pd.DataFrame()
@@ -382,7 +384,9 @@ def bandwidth_table(df: pd.DataFrame, min_bytes: float = 240e6) -> pd.DataFrame:
     fr = _timed(df, "roofline_frac").set_index(["point_id", "kernel"])["value"]
     gb["roofline_frac"] = [fr.get((p, k), float("nan")) for p, k in zip(gb["point_id"], gb["kernel"])]
     gb["series"] = gb["series"].map(LABELS)
-    return (gb.groupby(["series", "dtype"])
+    gb["segment"] = ["-" if k == "pmll_read" else ("T > M" if t > m else "T <= M")
+                     for k, t, m in zip(gb["kernel"], gb["T"], gb["M"])]
+    return (gb.groupby(["series", "segment", "dtype"])
             .agg(launches=("value", "size"), median_gbps=("value", "median"),
                  best_gbps=("value", "max"), median_roofline=("roofline_frac", "median"),
                  best_roofline=("roofline_frac", "max"))
@@ -423,7 +427,8 @@ def conclusion(df: pd.DataFrame) -> str:
         lines.append(f"- On launches moving >= 240 MB (4x L2), against the measured copy "
                      f"bandwidth of {roof_txt}:")
         for _, r in bw.iterrows():
-            lines.append(f"    - {r['series']}, {r['dtype']}: median {r['median_gbps']:.0f} GB/s "
+            seg = "" if r["segment"] == "-" else f"{r['segment']}, "
+            lines.append(f"    - {r['series']}, {seg}{r['dtype']}: median {r['median_gbps']:.0f} GB/s "
                          f"= {r['median_roofline']:.0%} of the roofline (best "
                          f"{r['best_roofline']:.0%}, {int(r['launches'])} launches).")
         small = _timed(df, "gbps")
@@ -431,8 +436,9 @@ def conclusion(df: pd.DataFrame) -> str:
         if not small.empty:
             t = _timed(df, "time_us")
             t = t[(t["T"] == 1) & (t["kernel"] == "pmll_write")]["value"].astype(float)
-            lines.append(f"- A one-token write (decode) moves only KBs to a few MB: it costs "
-                         f"{t.median():.1f} us (median), launch latency, not bandwidth.")
+            lines.append(f"- A one-token write (decode) moves only KBs: it costs {t.median():.1f} us "
+                         "(median), the launcher's host overhead and launch latency, not bandwidth "
+                         "(launches under ~100 us are bound by it in this sweep).")
     elif not ok.empty:
         lines.append("- Timings are Triton-interpreter wall times on the CPU: they say nothing "
                      "about GPU speed; run the full preset on a GPU for bandwidth.")
