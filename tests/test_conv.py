@@ -166,6 +166,33 @@ def test_chain_groups_of_odd_head_dim_over_several_blocks():
     assert torch.allclose(norms, torch.ones_like(norms), atol=1e-4), "q/k groups not unit norm"
 
 
+def test_bitwise_whatever_the_alignment_of_the_views():
+    """Same values through views at odd element offsets (misaligned on a GPU) give the same bits:
+    the l2norm sum has a fixed order (``row_sum_pairwise``), not the layout's."""
+    B, K = 2, 3
+    d = conv_inputs(35, B, DIM, rows=K, dtype=torch.bfloat16)
+    kw = dict(qk_channels=QK, head_dim=HD)
+    gen = generator(36)
+    xbuf = _randn(gen, B, K, DIM + 3, dtype=torch.bfloat16)
+    xbuf[:, :, 1:1 + DIM] = d["x"]
+    x_odd = xbuf[:, :, 1:1 + DIM]
+    sbuf = _randn(gen, B, DIM, 5, dtype=torch.bfloat16)
+    sbuf[:, :, 1:4] = d["conv_state"]
+    st_odd, st = sbuf[:, :, 1:4], d["conv_state"].clone()
+    y = conv_chain(st, d["x"], d["weight"], d["bias"], **kw)
+    y_odd = conv_chain(st_odd, x_odd, d["weight"], d["bias"], **kw)
+    assert bitwise_equal(y, y_odd) and bitwise_equal(st, st_odd.contiguous())
+    carry = ConvCarry.empty(B, DIM, dtype=torch.bfloat16)
+    tbuf = torch.zeros(B, 8, DIM + 1, dtype=torch.bfloat16, device=DEVICE)
+    carry_odd = ConvCarry(tbuf[:, :, 1:], torch.zeros(B, dtype=torch.int32, device=DEVICE))
+    slots = torch.arange(B, dtype=torch.int32, device=DEVICE)
+    y_c, _ = conv_carry_verify(d["conv_state"].clone(), carry, d["x"], d["weight"], d["bias"],
+                               slot_tab=slots, **kw)
+    y_c_odd, _ = conv_carry_verify(sbuf[:, :, 1:4].copy_(d["conv_state"]), carry_odd, x_odd,
+                                   d["weight"], d["bias"], slot_tab=slots, **kw)
+    assert bitwise_equal(y_c, y) and bitwise_equal(y_c_odd, y)
+
+
 # ---- peer oracle: HF transformers' Qwen3-Next torch conv update -------------------------------
 
 def test_reference_matches_hf_qwen3_next_conv_update():

@@ -22,8 +22,11 @@ depthwise), so programs of one launch never share window or stash entries: no cr
 threads per element) cannot race either.
 
 Bitwise agreement. ``conv_taps`` and ``conv_activate`` carry all the arithmetic, with explicit
-``fma`` in a fixed tap order, and every kernel launches with ``conv_block_config``: conv_update,
-conv_chain, the carry verify and (for windows) the flush give bit-identical results.
+``fma`` in a fixed tap order, and the one reduction (the l2norm's sum of squares) in the fixed
+pairwise order of ``row_sum_pairwise``, so no result depends on a register layout and so on the
+alignment of the buffers or views passed in. Every kernel launches with ``conv_block_config``:
+conv_update, conv_chain, the carry verify and (for windows) the flush give bit-identical
+results.
 """
 
 from __future__ import annotations
@@ -109,15 +112,30 @@ def conv_taps(acc, w_ptrs, stride_wd, win_ptrs, stride_wj, stash_ptrs, stride_sr
 
 
 @triton.jit
+def row_sum_pairwise(x, ROWS: tl.constexpr):
+    """Sum of ``x [ROWS, WP]`` (``WP`` a power of two <= 4096) along its rows in a fixed
+    pairwise order (``((x0+x1) + (x2+x3)) + ...``), written out with reshape/split so that the
+    order does not depend on the register layout the compiler picks: ``tl.sum``'s does, and the
+    layout follows the alignment Triton sees on the input pointers (seen on the H200 by the GDN
+    kernels, ``pmll_lab/ops/gdn/recurrence.py``). Returns ``[ROWS]``."""
+    for _ in tl.static_range(12):
+        if x.shape[1] > 1:
+            a, b = tl.split(tl.reshape(x, (ROWS, x.shape[1] // 2, 2)))
+            x = a + b
+    return tl.reshape(x, (ROWS,))
+
+
+@triton.jit
 def conv_activate(acc, rows, cmask, qk_channels, l2_eps, W: tl.constexpr,
                   SILU: tl.constexpr, HAS_QK: tl.constexpr):
     """SiLU (``x / (1 + exp(-x))``), then each row below ``qk_channels`` (one l2norm group)
-    scaled by ``rsqrt(sum(y*y) + l2_eps)``. ``acc [ROWS, WP]`` fp32."""
+    scaled by ``rsqrt(sum(y*y) + l2_eps)``, the sum in ``row_sum_pairwise``'s fixed order.
+    ``acc [ROWS, WP]`` fp32."""
     if SILU:
         acc = acc / (1.0 + tl.exp(-acc))
     if HAS_QK:
         sq = tl.where(cmask, acc * acc, 0.0)
-        inv = tl.math.rsqrt(tl.sum(sq, 1) + l2_eps)
+        inv = tl.math.rsqrt(row_sum_pairwise(sq, acc.shape[0]) + l2_eps)
         is_qk = rows * W < qk_channels
         acc = acc * tl.where(is_qk, inv, 1.0)[:, None]
     return acc
