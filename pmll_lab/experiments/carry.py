@@ -583,7 +583,11 @@ def plot_errors(df: pd.DataFrame, ax=None):
     tolerance as a short dash."""
     import matplotlib.pyplot as plt
 
+    if not {"metric", "what", "kernel", "dtype"} <= set(df.columns):
+        return None
     err = df[df["metric"] == "rel_l2"].copy()
+    if err.empty:
+        return None
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 4), layout="constrained")
     err["cat"] = err["kernel"] + "\n" + err["what"].astype(str)

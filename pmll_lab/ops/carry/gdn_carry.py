@@ -217,7 +217,7 @@ def _gdn_carry_exact_kernel(
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
     sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
-    KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -243,7 +243,7 @@ def _gdn_carry_exact_kernel(
     vrow = v_ptr + b * sv_b + hv * sv_h
     orow = o_ptr + b * so_b + hv * so_h
 
-    for j in tl.static_range(0, tl.cdiv(VD, BV)):
+    for j in tl.static_range(0, NV):
         rv = j * BV + tl.arange(0, BV)
         mv = rv < VD
         m2 = mk[:, None] & mv[None, :]
@@ -286,7 +286,7 @@ def _gdn_carry_wy_kernel(
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
     sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
-    KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, KP: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -338,7 +338,7 @@ def _gdn_carry_wy_kernel(
         corr = tl.sum(a_t[:, None] * T, 0)
         T = tl.where(rt[:, None] == t, T - corr[None, :], T)
 
-    for j in tl.static_range(0, tl.cdiv(VD, BV)):
+    for j in tl.static_range(0, NV):
         rv = j * BV + tl.arange(0, BV)
         mv = rv < VD
         m2 = mk[:, None] & mv[None, :]
@@ -557,10 +557,12 @@ def _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, l
     meta = dict(K=K, CAP=carry.cap, HV=HV, GROUP=HV // HK, KD=kd, VD=vd, LAZY=lazy,
                 USE_QK_L2NORM=bool(use_qk_l2norm))
     if form == "exact":
-        _gdn_carry_exact_kernel[(B, HV)](*args, BK=BK, BV=BV, num_warps=num_warps, **meta)
+        _gdn_carry_exact_kernel[(B, HV)](*args, BK=BK, BV=BV, NV=triton.cdiv(vd, BV),
+                                         num_warps=num_warps, **meta)
     else:
-        _gdn_carry_wy_kernel[(B, HV)](*args, BK=max(BK, 16), BV=max(BV, 16), KP=WY_ROWS_PAD,
-                                      num_warps=WY_NUM_WARPS, **meta)
+        bk, bv = max(BK, 16), max(BV, 16)
+        _gdn_carry_wy_kernel[(B, HV)](*args, BK=bk, BV=bv, NV=triton.cdiv(vd, bv),
+                                      KP=WY_ROWS_PAD, num_warps=WY_NUM_WARPS, **meta)
 
 
 def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:
