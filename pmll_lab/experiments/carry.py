@@ -806,6 +806,9 @@ def conclusion(df: pd.DataFrame, sim: pd.DataFrame, cross: pd.DataFrame,
                 lines.append(f"- Eager vs lazy, {form}, K={K}: lazy faster from B = "
                              f"{'never (in this sweep)' if cb is None or (isinstance(cb, float) and math.isnan(cb)) else int(cb)}"
                              f" (policy threshold {lazy_min_seqs}).")
+    elif "backend" in df and (df["backend"] == "cuda").any():
+        lines.append("- No point passed its checks on the GPU, so nothing was timed (a failed point "
+                     "is never plotted as a speed).")
     else:
         lines.append("- Timings are Triton-interpreter wall times on the CPU: they say nothing about "
                      "GPU speed, and no crossover is read from them; run the full preset on a GPU.")
