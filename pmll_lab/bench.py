@@ -29,8 +29,10 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     """``{"max_abs": ..., "rel_l2": ...}`` of ``out`` against ``ref`` (same shape), in float64."""
     if out.shape != ref.shape:
         raise ValueError(f"out: shape {tuple(out.shape)} differs from ref {tuple(ref.shape)}")
-    a = out.detach().to("cpu", torch.float64)
-    b = ref.detach().to("cpu", torch.float64)
+    # Compared where ``out`` lives (GPU float64 is fine): copying GB-sized snapshot buffers to
+    # the host made an H200 sweep overrun its 10 minutes (2026-11-29).
+    a = out.detach().to(torch.float64)
+    b = ref.detach().to(a.device, torch.float64)
     if not torch.isfinite(a).all():
         return {"max_abs": math.inf, "rel_l2": math.inf}
     diff = a - b

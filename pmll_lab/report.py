@@ -144,12 +144,35 @@ def _short_error(exc: BaseException) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
+def _ensure_nbconvert_templates() -> None:
+    """Make nbconvert find its own templates wherever the package was installed.
+
+    nbconvert looks for them under ``<prefix>/share/jupyter`` and ``JUPYTER_PATH``; when it was
+    installed with ``pip --target DIR`` (the H200 wheel flow) they sit in ``DIR/share/jupyter``,
+    which it misses unless ``JUPYTER_PATH`` names it (seen on the H200, 2026-11-29: "No template
+    sub-directory with name 'lab' found"). Walk up from the package, and add the folder found to
+    ``JUPYTER_PATH`` for this process when it is not already searched.
+    """
+    import nbconvert
+    from jupyter_core.paths import jupyter_path
+
+    for parent in Path(nbconvert.__file__).resolve().parents:
+        share = parent / "share" / "jupyter"
+        if (share / "nbconvert" / "templates").is_dir():
+            searched = {str(Path(p).resolve()) for p in jupyter_path()}
+            if str(share.resolve()) not in searched:
+                rest = os.environ.get("JUPYTER_PATH")
+                os.environ["JUPYTER_PATH"] = str(share) + (os.pathsep + rest if rest else "")
+            return
+
+
 def render_html(executed: Path, target: Path, *, failure: str | None = None) -> None:
     """Render an executed notebook to HTML without input cells (nbconvert ``HTMLExporter``,
     ``exclude_input=True``). A failed notebook gets a banner cell on top naming the error."""
     import nbformat
     from nbconvert import HTMLExporter
 
+    _ensure_nbconvert_templates()
     nb = nbformat.read(executed, as_version=4)
     if failure is not None:
         banner = nbformat.v4.new_markdown_cell(

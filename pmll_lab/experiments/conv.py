@@ -144,7 +144,7 @@ def conv_point(point: dict) -> list[dict]:
     plain_st = state0.clone()
     y_plain = conv_chain(plain_st, torch.cat([prior, x], dim=1), w, bias, state_indices=idx,
                          **kw)[:, pending:]
-    carries, timed_carry = {}, {}
+    carries = {}
     for name, lazy in (("carry_eager", False), ("carry_lazy", True)):
         carry = ConvCarry.empty(S, dim, cap=CAP, dtype=dtype)
         carry.stash[idx.long(), :pending] = prior

@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from pmll_lab.backend import DEVICE, INTERPRET
-from pmll_lab.bench import bitwise_equal, copy_bandwidth, throughput_rows, time_launch
+from pmll_lab.bench import bitwise_equal, copy_bandwidth, error_rows, throughput_rows, time_launch
 from pmll_lab.gdn import (
     carry_stash_bytes, chain_bytes, decodes_bytes, gdn_chain, gdn_chain_ref, gdn_decode,
     row_io_bytes, snapshot_bytes, state_bytes,
@@ -45,23 +45,6 @@ KERNELS = ("chain", "chain_nosnap", "decodes", "fla_fused_recurrent")
 LABELS = {"chain": "chain + snapshots (ours)", "chain_nosnap": "chain, no snapshots (ours)",
           "decodes": "K successive decodes (ours)",
           "fla_fused_recurrent": "FLA fused_recurrent (no snapshots)"}
-
-
-def error_rows(kernel: str, out: torch.Tensor, ref: torch.Tensor, *, tol: float,
-               what: str) -> list[dict]:
-    """``pmll_lab.bench.error_rows``, computed in float64 on the tensors' device: the snapshot
-    buffers of the full preset are gigabytes, too slow to copy to the host for every check."""
-    a, b = out.detach().to(torch.float64), ref.detach().to(out.device, torch.float64)
-    if not bool(torch.isfinite(a).all()):
-        max_abs = rel = math.inf
-    else:
-        diff = a - b
-        max_abs = float(diff.abs().max()) if diff.numel() else 0.0
-        num, den = float(torch.linalg.vector_norm(diff)), float(torch.linalg.vector_norm(b))
-        rel = num / den if den > 0 else (0.0 if num == 0 else math.inf)
-    passed = rel <= tol
-    return [{"kernel": kernel, "metric": m, "value": v, "tolerance": tol if m == "rel_l2" else None,
-             "passed": passed, "what": what} for m, v in (("max_abs", max_abs), ("rel_l2", rel))]
 
 
 def points(grids: list[dict]) -> list[dict]:
