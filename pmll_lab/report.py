@@ -355,6 +355,8 @@ def index_html(manifest: dict) -> str:
            "<table>"]
     out += [f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in head_rows]
     out.append("</table>")
+    for note in manifest.get("notes", []):  # provenance notes a person added to a kept run
+        out.append(f"<p class='note'>{e(note)}</p>")
     if env.get("backend") == "triton-interpreter":
         out.append("<p class='note'>Kernels ran in the Triton interpreter on the CPU: every time "
                    "in these reports is interpreter wall time, not GPU speed.</p>")
