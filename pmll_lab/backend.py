@@ -30,11 +30,28 @@ def _decide() -> tuple[torch.device, bool]:
         raise RuntimeError("PMLL_LAB_DEVICE=cuda but torch sees no CUDA device")
     if wanted == "cpu" or not has_cuda:
         os.environ["TRITON_INTERPRET"] = "1"
+        _require_fresh_triton_language()
         return torch.device("cpu"), True
     if os.environ.get("TRITON_INTERPRET") == "1":
         # A GPU machine asked for the interpreter explicitly: honour it, on CPU tensors.
         return torch.device("cpu"), True
     return torch.device("cuda", torch.cuda.current_device()), False
+
+
+def _require_fresh_triton_language() -> None:
+    """Triton decorates its own library functions (``tl.sum`` and friends) when
+    ``triton.language`` is first imported, for the interpreter only if ``TRITON_INTERPRET=1`` was
+    set by then. Imported earlier without it, every kernel that reduces would fail in the
+    interpreter with "Cannot call @triton.jit'd outside of the scope of a kernel"."""
+    import sys
+
+    standard = sys.modules.get("triton.language.standard")
+    if standard is not None and type(standard.sum).__name__ != "InterpretedFunction":
+        raise RuntimeError(
+            "pmll_lab must be imported before triton on a machine without CUDA (or with "
+            "PMLL_LAB_DEVICE=cpu): triton.language was already imported without "
+            "TRITON_INTERPRET=1, so its functions cannot run in the interpreter. Restart Python "
+            "and `import pmll_lab` first, or set TRITON_INTERPRET=1 before starting it.")
 
 
 DEVICE, INTERPRET = _decide()

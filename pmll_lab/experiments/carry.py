@@ -39,7 +39,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from pmll_lab.backend import DEVICE, INTERPRET
+from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal, copy_bandwidth, error_rows, errors, throughput_rows, time_launch
 from pmll_lab.carry import (
     GDN_CARRY_CAP,
@@ -51,7 +51,13 @@ from pmll_lab.carry import (
 )
 from pmll_lab.inputs import conv_inputs, gdn_inputs
 from pmll_lab.reference import carry as ref
-from pmll_lab.sweep import CheckFailed, grid
+from pmll_lab.experiments.common import failed_points as _failed_points
+from pmll_lab.experiments.common import head_points
+from pmll_lab.peers import fla_available, fla_runner
+from pmll_lab.sweep import CheckFailed
+
+points = head_points
+"""The notebook's grids -> points (axes ``K, B, head_dim, heads [(HK, HV)], dtype``)."""
 
 CAP = GDN_CARRY_CAP
 O_TOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
@@ -237,36 +243,7 @@ def fla_bytes(B, K, HK, HV, kd, vd, dtype) -> int:
     return B * (2 * 4 * HV * kd * vd + K * row_io_bytes(HK, HV, kd, vd, dtype))
 
 
-def _fla_fused():
-    try:
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-    except Exception:  # noqa: BLE001 - not installed, or cannot import on this machine
-        return None
-    return fused_recurrent_gated_delta_rule
-
-
-def fla_available() -> bool:
-    """FLA's fused recurrent kernel is a GPU speed reference, used where fla-core imports."""
-    return DEVICE.type == "cuda" and not INTERPRET and _fla_fused() is not None
-
-
 # ---- 3. the verify sweep ----------------------------------------------------------------------
-
-def points(grids: list[dict]) -> list[dict]:
-    """Expand grids with axes ``K, B, head_dim, heads [(HK, HV)], dtype`` (``alpha`` etc. are
-    added by the notebook); duplicates dropped, order kept."""
-    out, seen = [], set()
-    for g in grids:
-        axes = dict(g)
-        heads = axes.pop("heads")
-        for p in grid(**axes, heads=[tuple(h) for h in heads]):
-            hk, hv = p.pop("heads")
-            p.update(HK=int(hk), HV=int(hv))
-            key = tuple(sorted(p.items()))
-            if key not in seen:
-                seen.add(key)
-                out.append(p)
-    return out
 
 
 def _decode_reference(state, carry, x, K, slots):
@@ -361,14 +338,10 @@ def verify_point(point: dict) -> list[dict]:
         state0[sel].double().cpu(), *(t[:n_ref].cpu() for t in args), torch.arange(n_ref)),
         tol=otol, what="o")
 
-    fla = _fla_fused() if fla_available() else None
     fla_ok = False
-    if fla is not None:
-        h0 = state0[slots.long()].contiguous()
-
-        def run_fla():
-            return fla(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], scale=D ** -0.5,
-                       initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    if fla_available():
+        run_fla, _ = fla_runner(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                state0[slots.long()].contiguous(), scale=D ** -0.5)
 
         o_f, _ = run_fla()
         frows = error_rows("fla_fused_recurrent", o_f[:n_ref], o_ref_plain(state0, x, sel, n_ref),
@@ -574,8 +547,8 @@ def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def failed_points(df: pd.DataFrame) -> pd.DataFrame:
-    cols = [c for c in ("K", "B", "head_dim", "HK", "HV", "dtype", "form", "error") if c in df]
-    return df[df["status"] == "failed"][cols].drop_duplicates()
+    """One line per failed point: its parameters and error text."""
+    return _failed_points(df, ("K", "B", "head_dim", "HK", "HV", "dtype", "form"))
 
 
 def plot_errors(df: pd.DataFrame, ax=None):

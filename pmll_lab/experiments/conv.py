@@ -46,6 +46,7 @@ from pmll_lab.conv import (
 from pmll_lab.inputs import conv_inputs, generator
 from pmll_lab.reference import conv as ref
 from pmll_lab.sweep import CheckFailed, grid
+from pmll_lab.experiments.common import failed_points as _failed_points
 
 SHAPES = {
     "qwen3-next": (16, 32, 128),     # HK, HV, kd = vd: dim 8192, qk_channels 4096
@@ -221,8 +222,7 @@ def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def failed_points(df: pd.DataFrame) -> pd.DataFrame:
     """One line per failed point: its parameters and error text."""
-    cols = [c for c in ("K", "B", "shape", "dtype", "pending", "error") if c in df]
-    return df[df["status"] == "failed"][cols].drop_duplicates()
+    return _failed_points(df, ("K", "B", "shape", "dtype", "pending"))
 
 
 def plot_errors(df: pd.DataFrame, ax=None):

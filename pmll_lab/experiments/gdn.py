@@ -26,14 +26,20 @@ import math
 import pandas as pd
 import torch
 
-from pmll_lab.backend import DEVICE, INTERPRET
+from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal, copy_bandwidth, error_rows, throughput_rows, time_launch
 from pmll_lab.gdn import (
     carry_stash_bytes, chain_bytes, decodes_bytes, gdn_chain, gdn_chain_ref, gdn_decode,
     row_io_bytes, snapshot_bytes, state_bytes,
 )
 from pmll_lab.inputs import gdn_inputs
-from pmll_lab.sweep import CheckFailed, grid
+from pmll_lab.experiments.common import failed_points as _failed_points
+from pmll_lab.experiments.common import head_points
+from pmll_lab.peers import fla_available, fla_runner
+from pmll_lab.sweep import CheckFailed
+
+points = head_points
+"""The notebook's grids -> points (axes ``K, B, head_dim, heads [(HK, HV)], dtype``)."""
 
 STATE_TOL = 1e-5
 """rel_l2 tolerance of fp32 states and snapshots against the float64 reference (tests/test_gdn.py
@@ -47,35 +53,6 @@ LABELS = {"chain": "chain + snapshots (ours)", "chain_nosnap": "chain, no snapsh
           "fla_fused_recurrent": "FLA fused_recurrent (no snapshots)"}
 
 
-def points(grids: list[dict]) -> list[dict]:
-    """Expand the notebook's grids: each grid is a dict of axes ``K, head_dim, heads (list of
-    (HK, HV)), B, dtype``; returns one point per combination with ``HK, HV`` split out
-    (duplicates across grids dropped, order kept)."""
-    out, seen = [], set()
-    for g in grids:
-        axes = dict(g)
-        heads = axes.pop("heads")
-        for p in grid(**axes, heads=[tuple(h) for h in heads]):
-            hk, hv = p.pop("heads")
-            p.update(HK=int(hk), HV=int(hv))
-            key = tuple(sorted(p.items()))
-            if key not in seen:
-                seen.add(key)
-                out.append(p)
-    return out
-
-
-def _fla_fused():
-    try:
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-    except Exception:  # noqa: BLE001 - not installed, or cannot import on this machine
-        return None
-    return fused_recurrent_gated_delta_rule
-
-
-def fla_available() -> bool:
-    """FLA's fused recurrent kernel is used only on a GPU, and only where fla-core imports."""
-    return DEVICE.type == "cuda" and not INTERPRET and _fla_fused() is not None
 
 
 def verify_point(point: dict) -> list[dict]:
@@ -129,15 +106,10 @@ def verify_point(point: dict) -> list[dict]:
         raise CheckFailed(f"failed checks: {what}", rows)
 
     # FLA, same K rows (speed reference; checked, never part of the pass/fail of ours)
-    fla = _fla_fused() if fla_available() else None
     fla_ok = False
-    if fla is not None:
-        h0 = state0[sel].contiguous()
-
-        def run_fla():
-            return fla(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"],
-                       scale=D ** -0.5, initial_state=h0, output_final_state=True,
-                       use_qk_l2norm_in_kernel=True)
+    if fla_available():
+        run_fla, _ = fla_runner(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                state0[sel].contiguous(), scale=D ** -0.5)
 
         o_f, h_f = run_fla()
         frows = (error_rows("fla_fused_recurrent", o_f, o_ref, tol=otol, what="o")
@@ -194,8 +166,7 @@ def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def failed_points(df: pd.DataFrame) -> pd.DataFrame:
     """One line per failed point: its parameters and error text."""
-    cols = [c for c in ("K", "head_dim", "HK", "HV", "B", "dtype", "error") if c in df]
-    return df[df["status"] == "failed"][cols].drop_duplicates()
+    return _failed_points(df, ("K", "head_dim", "HK", "HV", "B", "dtype"))
 
 
 def plot_errors(df: pd.DataFrame, ax=None):

@@ -38,6 +38,7 @@ from pmll_lab.inputs import pmll_inputs
 from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_write, read_bytes, write_bytes
 from pmll_lab.reference import pmll as ref
 from pmll_lab.sweep import CheckFailed, grid
+from pmll_lab.experiments.common import failed_points as _failed_points
 
 WRITE_TOL = {"float32": 1e-6, "bfloat16": 1.6e-2, "float16": 2e-3}
 """rel_l2 tolerance of the ring after gated writes, per memory dtype: 8 unit roundoffs (a
@@ -272,8 +273,7 @@ def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def failed_points(df: pd.DataFrame) -> pd.DataFrame:
     """One line per failed point: its parameters and error text."""
-    cols = [c for c in ("B", "H", "M", "T", "D", "dtype", "gate", "segments", "error") if c in df]
-    return df[df["status"] == "failed"][cols].drop_duplicates()
+    return _failed_points(df, ("B", "H", "M", "T", "D", "dtype", "gate", "segments"))
 
 
 def plot_errors(df: pd.DataFrame, ax=None):

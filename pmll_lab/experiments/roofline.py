@@ -78,8 +78,12 @@ from pmll_lab.gdn import (
     row_io_bytes, state_bytes,
 )
 from pmll_lab.inputs import gdn_inputs
+from pmll_lab.peers import (  # noqa: F401  (fla_supports_gva: used by the notebook)
+    fla_available, fla_fused_recurrent, fla_runner, fla_supports_gva, fla_version,
+)
 from pmll_lab.reference import carry as ref_carry
 from pmll_lab.sweep import CheckFailed, grid, speed_rows
+from pmll_lab.experiments.common import failed_points as _failed_points
 
 CAP = GDN_CARRY_CAP
 O_TOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
@@ -238,27 +242,6 @@ def nosnap_bytes(B: int, K: int, HK: int, HV: int, D: int, dtype) -> int:
 
 
 # ---- points ------------------------------------------------------------------------------------
-
-def _fla_fused():
-    try:
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-    except Exception:  # noqa: BLE001 - not installed, or cannot import on this machine
-        return None
-    return fused_recurrent_gated_delta_rule
-
-
-def fla_available() -> bool:
-    """FLA's fused recurrent kernel is measured on a GPU only, where fla-core imports."""
-    return DEVICE.type == "cuda" and not INTERPRET and _fla_fused() is not None
-
-
-def fla_supports_gva() -> bool:
-    """Whether the installed FLA's ``fused_recurrent_gated_delta_rule`` takes fewer q/k heads
-    than v heads (its docstring documents GVA, as fla-core 0.6 does). Otherwise q and k are
-    expanded to ``HV`` heads with ``repeat_interleave`` before the call (not timed)."""
-    fn = _fla_fused()
-    return fn is not None and "GVA" in (fn.__doc__ or "")
-
 
 def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept_K: int = 4,
            fla: bool | None = None) -> list[dict]:
@@ -452,27 +435,6 @@ def _require(rows: list[dict]) -> None:
         raise CheckFailed(f"failed checks: {what}", rows)
 
 
-def _dev_error_rows(kernel: str, out: torch.Tensor, ref: torch.Tensor, *, tol: float,
-                    what: str) -> list[dict]:
-    """``pmll_lab.bench.error_rows`` computed in float64 on the tensors' device: the full-batch
-    comparisons (states of up to 256 sequences) would otherwise move gigabytes to the host."""
-    if out.shape != ref.shape:
-        raise ValueError(f"out: shape {tuple(out.shape)} differs from ref {tuple(ref.shape)}")
-    a, b = out.detach().double(), ref.detach().to(out.device).double()
-    if not bool(torch.isfinite(a).all()):
-        max_abs = rel = math.inf
-    else:
-        d = a - b
-        max_abs = float(d.abs().max()) if d.numel() else 0.0
-        den, num = float(torch.linalg.vector_norm(b)), float(torch.linalg.vector_norm(d))
-        rel = num / den if den > 0 else (0.0 if num == 0 else math.inf)
-    passed = rel <= tol
-    return [{"kernel": kernel, "metric": "max_abs", "value": max_abs, "tolerance": None,
-             "passed": passed, "what": what},
-            {"kernel": kernel, "metric": "rel_l2", "value": rel, "tolerance": tol,
-             "passed": passed, "what": what}]
-
-
 def _flag(kernel: str, metric: str, ok: bool, what: str) -> dict:
     return {"kernel": kernel, "metric": metric, "value": float(ok), "passed": bool(ok), "what": what}
 
@@ -592,9 +554,9 @@ def _point_carry(c: _Case, form: str, lazy: bool) -> list[dict]:
                                   bitwise_equal(st_b[wbm], cc["folded"][wbm]),
                                   "written-back state" + tag))
         else:
-            rows += _dev_error_rows(name, o, cc["o_dec"], tol=otol, what="o vs decode" + tag)
+            rows += error_rows(name, o, cc["o_dec"], tol=otol, what="o vs decode" + tag)
             if wb.any():
-                rows += _dev_error_rows(name, st_b[wbm], cc["folded"][wbm], tol=STATE_TOL,
+                rows += error_rows(name, st_b[wbm], cc["folded"][wbm], tol=STATE_TOL,
                                         what="written-back state" + tag)
         del st_b
         nbytes = carry_bytes(cc["pend"], wb, c.K, c.HK, c.HV, c.D, c.dtype)
@@ -624,35 +586,21 @@ def _point_carry(c: _Case, form: str, lazy: bool) -> list[dict]:
 
 def _point_fla(c: _Case) -> list[dict]:
     name = "fla_fused_recurrent"
-    fla = _fla_fused()
-    if fla is None or not _on_cuda():
+    if fla_fused_recurrent() is None or not _on_cuda():
         raise RuntimeError("fla_fused_recurrent: needs a GPU and an importable fla-core")
     q, k, v, g, beta = (t.contiguous() for t in c.args)
-    gva = "native"
-    if c.HV != c.HK and not fla_supports_gva():
-        q = q.repeat_interleave(c.HV // c.HK, dim=2)
-        k = k.repeat_interleave(c.HV // c.HK, dim=2)
-        gva = "repeat_interleave"
-    h0 = c.state0[c.lsel].contiguous()
-
-    def run():
-        return fla(q=q, k=k, v=v, g=g, beta=beta, scale=c.D ** -0.5, initial_state=h0,
-                   output_final_state=True, use_qk_l2norm_in_kernel=True)
+    run, gva = fla_runner(q, k, v, g, beta, c.state0[c.lsel].contiguous(), scale=c.D ** -0.5)
 
     o_f, h_f = run()
     o_dec, st_dec, _ = c.decoded()
     rows = (error_rows(name, o_f[:c.n], c.o_ref, tol=c.otol, what="o")
             + error_rows(name, h_f[:c.n], c.s_ref, tol=STATE_TOL, what="state")
-            + _dev_error_rows(name, o_f, o_dec, tol=c.otol, what="o vs decode")
-            + _dev_error_rows(name, h_f, st_dec, tol=STATE_TOL, what="state vs decode"))
+            + error_rows(name, o_f, o_dec, tol=c.otol, what="o vs decode")
+            + error_rows(name, h_f, st_dec, tol=STATE_TOL, what="state vs decode"))
     _require(rows)
     del o_f, h_f
     t, gr = _time(run, c.B)
-    try:
-        import fla as _fla_pkg
-        version = getattr(_fla_pkg, "__version__", "")
-    except Exception:  # noqa: BLE001
-        version = ""
+    version = fla_version()
     return rows + _speed_rows(name, t, gr, fla_bytes(c.B, c.K, c.HK, c.HV, c.D, c.dtype),
                               variant="", fla_gva=gva, fla_version=version)
 
@@ -725,12 +673,8 @@ def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def failed_points(df: pd.DataFrame) -> pd.DataFrame:
-    """One line per failed point: its parameters and the error text."""
-    if df.empty or "status" not in df:
-        return pd.DataFrame()
-    cols = [c for c in ("provider", "K", "B", "HK", "HV", "head_dim", "dtype", "gate", "M", "T",
-                        "error") if c in df]
-    return df[df["status"] == "failed"][cols].drop_duplicates().reset_index(drop=True)
+    """One line per failed point: its parameters and error text."""
+    return _failed_points(df, ("provider", "K", "B", "HK", "HV", "head_dim", "dtype", "gate", "M", "T"))
 
 
 def wide_table(df: pd.DataFrame) -> pd.DataFrame:

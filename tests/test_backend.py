@@ -1,0 +1,45 @@
+"""pmll_lab.backend: the one place that picks the GPU or the Triton interpreter."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
+from pmll_lab import backend
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    full.pop("TRITON_INTERPRET", None)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cpu_choice_sets_the_interpreter():
+    proc = _python("import os, pmll_lab; print(pmll_lab.DEVICE, pmll_lab.INTERPRET, "
+                   "os.environ['TRITON_INTERPRET'])", PMLL_LAB_DEVICE="cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["cpu", "True", "1"]
+
+
+def test_triton_imported_first_is_a_clear_error():
+    """Triton decorates tl.sum & co. at import: imported before pmll_lab without the
+    interpreter switched on, kernels would fail later with an unreadable error."""
+    proc = _python("import triton.language, pmll_lab", PMLL_LAB_DEVICE="cpu")
+    assert proc.returncode != 0
+    assert "pmll_lab must be imported before triton" in proc.stderr
+
+
+def test_unknown_device_request_is_refused():
+    proc = _python("import pmll_lab", PMLL_LAB_DEVICE="tpu")
+    assert proc.returncode != 0 and "PMLL_LAB_DEVICE must be auto, cpu or cuda" in proc.stderr
+
+
+def test_environment_names_device_versions_and_commit():
+    env = backend.environment()
+    assert set(env) >= {"device", "backend", "torch", "triton", "python", "commit"}
+    assert env["backend"] == ("triton-interpreter" if backend.INTERPRET else "cuda")
+    assert env["commit"]
