@@ -368,15 +368,21 @@ def index_html(manifest: dict) -> str:
         out.append(f"<p><b>No notebooks found</b> in <code>"
                    f"{e(str(manifest.get('notebooks_dir', 'notebooks')))}</code>: nothing ran.</p>")
     else:
-        failed = sum(b["status"] != "ok" for b in books)
+        failed = sum(b["status"] not in ("ok", "results-only") for b in books)
+        only = sum(b["status"] == "results-only" for b in books)
         out.append(f"<p>{len(books)} notebook(s), "
                    + (f"<span class='failed'>{failed} FAILED</span>" if failed
-                      else "<span class='ok'>all ok</span>") + ".</p>")
+                      else "<span class='ok'>none failed</span>" if only
+                      else "<span class='ok'>all ok</span>")
+                   + (f", {only} with results only (no rendered notebook)" if only else "")
+                   + ".</p>")
         out.append("<table><tr><th>Notebook</th><th>Status</th><th>Time (s)</th><th>Report</th>"
                    "<th>Executed notebook</th><th>Results</th></tr>")
         for b in books:
-            status = ("<span class='ok'>ok</span>" if b["status"] == "ok"
-                      else "<span class='failed'>FAILED</span>")
+            status = {"ok": "<span class='ok'>ok</span>",
+                      # a kept run whose sweep ran without the notebook: data, no rendering
+                      "results-only": "<span>results only</span>"}.get(
+                          b["status"], "<span class='failed'>FAILED</span>")
             if b.get("error"):
                 status += f"<div class='err'>{e(b['error'])}</div>"
             if b.get("kept_from_earlier"):
