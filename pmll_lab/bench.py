@@ -122,6 +122,12 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float | None:
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
+H200_L2_BYTES = 60e6
+"""L2 size of this workplace's H200 as PyTorch reported it (device/KINDS.md reading of
+2026-10-28: "132 multiprocessors and 60 MB of L2"). Bandwidth figures count only launches moving
+several times this, so that they measure HBM, not the cache."""
+
+
 def throughput_rows(kernel: str, timing: dict, nbytes: int) -> list[dict]:
     """Tidy rows for one timed kernel: time (us) with p20/p80, GB/s over ``nbytes`` (the fewest
     bytes the launch must move), and on the GPU that GB/s as a fraction of ``copy_bandwidth()``."""

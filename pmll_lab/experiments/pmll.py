@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 
 from pmll_lab.backend import DEVICE
-from pmll_lab.bench import error_rows, throughput_rows, time_launch
+from pmll_lab.bench import H200_L2_BYTES, error_rows, throughput_rows, time_launch
 from pmll_lab.inputs import pmll_inputs
 from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_write, read_bytes, write_bytes
 from pmll_lab.reference import pmll as ref
@@ -358,7 +358,8 @@ def plot_throughput(df: pd.DataFrame):
                            color=f"C{i}", label=LABELS[s], alpha=0.8)
         if roof:
             ax.axhline(roof, color="k", ls="--", lw=1, label=f"copy roofline {roof:.0f} GB/s")
-            ax.axvline(60e6, color="grey", ls=":", lw=1, label="60 MB (H200 L2)")
+            ax.axvline(H200_L2_BYTES, color="grey", ls=":", lw=1,
+                       label=f"{H200_L2_BYTES / 1e6:.0f} MB (H200 L2)")
         ax.set_xscale("log")
         ax.set_yscale("log" if not gpu else "linear")
         ax.set_xlabel("bytes moved per launch (fewest needed)")
@@ -372,11 +373,11 @@ def plot_throughput(df: pd.DataFrame):
     return fig
 
 
-def bandwidth_table(df: pd.DataFrame, min_bytes: float = 240e6) -> pd.DataFrame:
+def bandwidth_table(df: pd.DataFrame, min_bytes: float = 4 * H200_L2_BYTES) -> pd.DataFrame:
     """GB/s and roofline fraction per series, segment regime (``T <= M`` or ``T > M``: a
     segment longer than the ring, written in several passes per slot) and dtype, over launches
-    moving at least ``min_bytes`` (default 4x the H200's 60 MB L2): median and best. Empty on
-    the CPU."""
+    moving at least ``min_bytes`` (default 4x the H200's L2, ``bench.H200_L2_BYTES``): median
+    and best. Empty on the CPU."""
     gb = _timed(df, "gbps")
     if gb.empty or not _on_gpu(gb):
         return pd.DataFrame()

@@ -70,6 +70,7 @@ import torch.nn.functional as F
 
 from pmll_lab.backend import DEVICE, INTERPRET
 from pmll_lab.bench import (
+    H200_L2_BYTES,
     bitwise_equal, copy_bandwidth, error_rows, throughput_rows, time_graph, time_launch,
 )
 from pmll_lab.carry import GDN_CARRY_CAP, GdnCarry, gdn_carry_flush, gdn_carry_verify
@@ -99,8 +100,8 @@ WARMUP_MS, REP_MS = 10, 50
 """``do_bench`` warm-up and measurement windows (ms): the full preset times ~350 launches."""
 CPU_REPS = 1
 """Interpreter calls timed after one warm-up call (CPU wall time says nothing about GPU speed)."""
-L2_BYTES = 60e6
-"""The L2 size issue 5 states for the H200; PMLL targets count launches moving >= 4x this."""
+L2_BYTES = H200_L2_BYTES
+"""PMLL targets count launches moving >= 4x the H200's L2 (``bench.H200_L2_BYTES``)."""
 
 PROVIDERS = ("decodes", "chain_snapshots", "carry_exact_eager", "carry_exact_lazy",
              "carry_wy_eager", "carry_wy_lazy", "fla_fused_recurrent")
