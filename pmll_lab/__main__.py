@@ -36,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
                      help="keep the notebooks' earlier results so sweeps skip the points done")
     rep.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
                      help="fail a notebook whose cell runs longer than this")
-    rep.add_argument("--notebooks-dir", default="notebooks")
-    rep.add_argument("--reports-dir", default="reports")
+    rep.add_argument("--notebooks-dir", default="notebooks",
+                     help="folder of the notebooks to run (default: notebooks)")
+    rep.add_argument("--reports-dir", default="reports",
+                     help="folder the run folder is written under (default: reports)")
     args = parser.parse_args(argv)
 
     try:
