@@ -8,6 +8,8 @@ distinct indices) live in the ``*_values`` helpers and run only when a launcher 
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -51,9 +53,16 @@ def tensor(
 
 
 def same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
-    """Every tensor in ``others`` lives on ``ref``'s device."""
+    """Every tensor in ``others`` (``None`` entries skipped) lives on ``ref``'s device. A
+    non-tensor ``ref`` or entry raises ``ValueError`` naming it."""
+    if not isinstance(ref, torch.Tensor):
+        raise ValueError(f"{ref_name}: expected a torch.Tensor, got {type(ref).__name__}")
     for name, t in others.items():
-        if t is not None and t.device != ref.device:
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.device != ref.device:
             raise ValueError(f"{name}: on {t.device}, but {ref_name} is on {ref.device}")
 
 
@@ -64,6 +73,74 @@ def positive_int(name: str, value, *, minimum: int = 1, maximum: int | None = No
         hi = "" if maximum is None else f" and <= {maximum}"
         raise ValueError(f"{name}: must be >= {minimum}{hi}, got {value}")
     return value
+
+
+def positive_float(name: str, value) -> float:
+    """A real number (not bool), finite and > 0. Returns it as a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}: expected a positive float, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}: must be finite and > 0, got {value!r}")
+    return float(value)
+
+
+def device(name: str, value, default: torch.device) -> torch.device:
+    """A device argument: ``None`` (``default``), a ``torch.device``, a string or a CUDA ordinal
+    naming one that this machine has (a CUDA device needs CUDA and an index below the device
+    count)."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (str, torch.device, int)):
+        raise ValueError(f"{name}: expected None, a str, an int or a torch.device, got "
+                         f"{type(value).__name__}")
+    try:
+        dev = torch.device(value)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"{name}: not a device ({exc})") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name}: {dev} requested, but CUDA is not available here")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{name}: {dev} requested, but there are "
+                             f"{torch.cuda.device_count()} CUDA devices")
+    return dev
+
+
+def int_list(name: str, value) -> list[int]:
+    """Host integers: an int (one entry) or an iterable of ints (numpy ints too). Bools, floats
+    (even integral ones), strings and ``None`` raise ``ValueError`` naming ``name``."""
+    if isinstance(value, (bool, str, bytes)) or value is None:
+        raise ValueError(f"{name}: expected an int or a sequence of ints, got {value!r}")
+    if isinstance(value, numbers.Integral):
+        return [int(value)]
+    try:
+        items = list(value)
+    except TypeError:
+        raise ValueError(f"{name}: expected an int or a sequence of ints, got "
+                         f"{type(value).__name__}") from None
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise ValueError(f"{name}: entries must be ints, got {v!r} ({type(v).__name__})")
+    return [int(v) for v in items]
+
+
+def index_tensor(name: str, value, size: int, *, device=None, distinct: bool = False) -> torch.Tensor:
+    """Indices given as an int, a sequence of ints or an integer tensor (0-D or 1-D), checked to
+    lie in ``[0, size)`` (and to be distinct if asked). Returns int64 ``[n]`` on ``device``
+    (default: the tensor's own, else CPU). Checking a device tensor's values syncs: for host-side
+    bookkeeping (``reset``), not for launchers."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype == torch.bool or value.dtype.is_floating_point or value.dtype.is_complex \
+                or value.dim() > 1:
+            raise ValueError(f"{name}: expected integer indices (0-D or 1-D), got {value.dtype} "
+                             f"of shape {tuple(value.shape)}")
+        idx = value.reshape(-1).to(torch.int64)
+    else:
+        idx = torch.tensor(int_list(name, value), dtype=torch.int64)
+    if device is not None:
+        idx = idx.to(device)
+    indices_values(name, idx, size, distinct=distinct)
+    return idx
 
 
 def choice(name: str, value, options: Sequence) -> None:

@@ -30,8 +30,11 @@ from pmll_lab import _checks
 from pmll_lab.ops.carry.gdn_carry import (
     FORMS,
     GDN_CARRY_CAP,
+    INDEX_DTYPES,
     GdnCarry,
     carry_accept,
+    check_carry,
+    check_state,
     gdn_carry_flush,
     gdn_carry_verify,
     snapshot_bytes_per_slot,
@@ -78,6 +81,10 @@ class CarryLayer:
     (Qwen3-Next's order). ``qk_l2norm_in_conv``: the conv l2-normalises the q and k channels
     (the seed's fused conv) and the GDN kernel does not; else the GDN kernel does.
     Without a conv, ``use_qk_l2norm`` is passed to the GDN kernel.
+
+    Construction checks the fields (``ValueError`` naming the field): ``state`` and ``carry``
+    as ``gdn_carry_verify`` needs them, and with ``conv_state`` given a ``ConvCarry``, a
+    ``conv_weight`` tensor and ``num_k_heads``.
     """
 
     state: torch.Tensor
@@ -96,6 +103,29 @@ class CarryLayer:
 
     def carries(self) -> list:
         return [self.carry] + ([self.conv_carry] if self.has_conv else [])
+
+    def __post_init__(self):
+        _check_layer("", self)
+
+
+def _check_layer(prefix: str, lay: CarryLayer) -> None:
+    """The fields a ``SpecDecodeStep`` relies on; errors name ``prefix + field``."""
+    check_state(f"{prefix}state", lay.state)
+    check_carry(f"{prefix}carry", lay.carry, lay.state)
+    if lay.conv_state is not None:
+        from pmll_lab.conv import ConvCarry
+
+        _checks.tensor(f"{prefix}conv_state", lay.conv_state, ndim=3)
+        if not isinstance(lay.conv_carry, ConvCarry):
+            raise ValueError(f"{prefix}conv_carry: a conv needs a ConvCarry, got "
+                             f"{type(lay.conv_carry).__name__}")
+        _checks.tensor(f"{prefix}conv_weight", lay.conv_weight, ndim=2)
+        if lay.num_k_heads is None:
+            raise ValueError(f"{prefix}num_k_heads: required with a conv")
+        _checks.positive_int(f"{prefix}num_k_heads", lay.num_k_heads)
+        if lay.conv_carry.cap != lay.carry.cap:
+            raise ValueError(f"{prefix}conv_carry: cap {lay.conv_carry.cap} differs from "
+                             f"carry.cap {lay.carry.cap}")
 
 
 class SpecDecodeStep:
@@ -123,6 +153,12 @@ class SpecDecodeStep:
 
     All layers receive the same accepts, so their ``pend`` (and ``engaged``) agree; ``accept``
     uses layer 0's ``engaged`` for all carries (``validate=True`` checks the agreement).
+
+    Arguments are checked on the host before any launch, ``ValueError`` naming the argument:
+    ``slots`` (of ``begin``, ``flush``, ``reset``, ``verify``) are ints or a 1-D contiguous
+    int32/int64 tensor of distinct slots in ``[0, S)``; ``accepted`` host ints (floats refused)
+    or an int tensor of ``B`` entries; ``i`` a layer index in ``[0, L)``; ``inputs[i]`` a dict
+    with exactly the keys its layer takes.
     """
 
     def __init__(self, layers: Sequence[CarryLayer], *, form: str = "exact",
@@ -136,15 +172,11 @@ class SpecDecodeStep:
         for i, lay in enumerate(layers):
             if not isinstance(lay, CarryLayer):
                 raise ValueError(f"layers[{i}]: expected a CarryLayer, got {type(lay).__name__}")
+            _check_layer(f"layers[{i}].", lay)      # fields may have changed since construction
             if lay.state.shape != layers[0].state.shape or lay.carry.cap != layers[0].carry.cap:
                 raise ValueError(f"layers[{i}]: state shape / CAP differ from layers[0]")
             if lay.has_conv != layers[0].has_conv:
                 raise ValueError(f"layers[{i}]: every layer has a conv or none does")
-            if lay.has_conv:
-                if lay.conv_carry is None or lay.conv_weight is None or lay.num_k_heads is None:
-                    raise ValueError(f"layers[{i}]: a conv needs conv_carry, conv_weight and num_k_heads")
-                if lay.conv_carry.cap != lay.carry.cap:
-                    raise ValueError(f"layers[{i}]: conv_carry.cap differs from carry.cap")
         if lazy_min_seqs is not None:
             _checks.positive_int("lazy_min_seqs", lazy_min_seqs)
         if eager_max_pending is not None:
@@ -167,12 +199,20 @@ class SpecDecodeStep:
 
     # -- slots --------------------------------------------------------------------------------
     def _slots(self, slots):
+        """``(host int64 [B], device slot_tab [B])``. ``slots``: ints or a 1-D contiguous
+        int32/int64 tensor (a device tensor is used as the kernels' slot table as it is) of
+        distinct slots in ``[0, S)``; ``ValueError`` naming ``slots`` otherwise."""
+        S = self._bound.shape[0]
+        if isinstance(slots, torch.Tensor):
+            _checks.tensor("slots", slots, ndim=1, dtype=INDEX_DTYPES, contiguous=True)
         if isinstance(slots, torch.Tensor) and slots.device.type != "cpu":
+            _checks.tensor("slots", slots, device=self.device)
             dev_tab = slots
             host = slots.to("cpu", torch.int64)           # a sync: pass host slots to avoid it
             self.stats["host_syncs"] += 1
+            _checks.indices_values("slots", host, S)
             return host, dev_tab
-        host = torch.as_tensor(slots, dtype=torch.int64).reshape(-1).cpu()
+        host = _checks.index_tensor("slots", slots, S, distinct=True)
         key = tuple(host.tolist())
         dev_tab = self._slot_cache.get(key)
         if dev_tab is None:
@@ -242,12 +282,16 @@ class SpecDecodeStep:
         self.stats["lazy_steps" if lazy else "eager_steps"] += 1
         return {"lazy": lazy, "flushed": flushed, "synced": synced}
 
-    def verify_layer(self, i: int, *, g, beta, q=None, k=None, v=None, x=None):
+    def verify_layer(self, i: int, *, g=None, beta=None, q=None, k=None, v=None, x=None):
         """Verify the current step's rows on layer ``i``. Without a conv: ``q, k [B, K, HK, kd]``,
         ``v [B, K, HV, vd]``; with one: ``x [B, K, dim]`` (the conv runs first, q, k, v are views
         of its output). ``g, beta [B, K, HV]`` fp32. Returns ``o [B, K, HV, vd]``."""
         if self._cur is None:
             raise ValueError("verify_layer: call begin() first")
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.layers):
+            raise ValueError(f"i: layer index must be an int in [0, {len(self.layers)}), got {i!r}")
+        if g is None or beta is None:
+            raise ValueError(f"{'g' if g is None else 'beta'}: required [B, K, HV] fp32")
         _, dev_tab, lazy = self._cur
         lay = self.layers[i]
         use_l2 = lay.use_qk_l2norm
@@ -289,10 +333,21 @@ class SpecDecodeStep:
     def verify(self, slots, inputs: Sequence[dict]) -> list[torch.Tensor]:
         """``begin`` + ``verify_layer`` for every layer; ``inputs[i]`` holds layer ``i``'s
         keyword arguments. Returns the outputs per layer."""
-        if len(inputs) != len(self.layers):
-            raise ValueError(f"inputs: need one dict per layer ({len(self.layers)}), got {len(inputs)}")
+        if not isinstance(inputs, (list, tuple)) or len(inputs) != len(self.layers):
+            got = len(inputs) if isinstance(inputs, (list, tuple)) else type(inputs).__name__
+            raise ValueError(f"inputs: need one dict per layer ({len(self.layers)}), got {got}")
+        for i, (inp, lay) in enumerate(zip(inputs, self.layers)):
+            if not isinstance(inp, dict):
+                raise ValueError(f"inputs[{i}]: expected a dict, got {type(inp).__name__}")
+            need = {"x", "g", "beta"} if lay.has_conv else {"q", "k", "v", "g", "beta"}
+            if set(inp) != need:
+                raise ValueError(f"inputs[{i}]: expected keys {sorted(need)}, got {sorted(inp)}")
         first = inputs[0]
-        rows = (first["x"] if "x" in first else first["q"]).shape[1]
+        lead = first["x"] if "x" in first else first["q"]
+        if not isinstance(lead, torch.Tensor) or lead.dim() < 2:
+            raise ValueError(f"inputs[0]: {'x' if 'x' in first else 'q'} must be a tensor "
+                             "[B, K, ...]")
+        rows = lead.shape[1]
         self.begin(slots, rows)
         return [self.verify_layer(i, **inp) for i, inp in enumerate(inputs)]
 
@@ -309,7 +364,14 @@ class SpecDecodeStep:
                     raise ValueError(f"layers[{i}]: engaged differs from layer 0 (pend out of step)")
         on_host = not isinstance(accepted, torch.Tensor) or accepted.device.type == "cpu"
         if on_host:
-            acc_host = torch.as_tensor(accepted, dtype=torch.int64).reshape(-1)
+            if isinstance(accepted, torch.Tensor):
+                _checks.tensor("accepted", accepted, ndim=1, dtype=INDEX_DTYPES)
+                acc_host = accepted.to(torch.int64)
+            else:
+                acc_host = torch.tensor(_checks.int_list("accepted", accepted), dtype=torch.int64)
+            if acc_host.shape != host.shape:
+                raise ValueError(f"accepted: expected shape {tuple(host.shape)}, got "
+                                 f"{tuple(acc_host.shape)}")
             accepted = acc_host.to(torch.int32).to(self.device)
         carries = [c for lay in self.layers for c in lay.carries()]
         carry_accept(carries, dev_tab, eng, accepted, rows=self._rows, validate=self.validate)

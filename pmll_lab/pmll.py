@@ -55,12 +55,13 @@ class RingMemory:
               dtype: torch.dtype = torch.float32,
               device: torch.device | str | None = None) -> "RingMemory":
         """Zeroed memory with ``count = 0`` (SPEC §1 "init"); ``device`` defaults to
-        ``pmll_lab.backend.DEVICE``. Raises ``ValueError`` naming a bad size or ``dtype``."""
+        ``pmll_lab.backend.DEVICE``. Raises ``ValueError`` naming a bad size, ``dtype`` or
+        ``device`` (one this machine does not have)."""
         for name, value in (("batch", batch), ("heads", heads), ("capacity", capacity),
                             ("head_dim", head_dim)):
             _checks.positive_int(name, value)
         _checks.choice("dtype", dtype, _checks.FLOAT_DTYPES)
-        dev = DEVICE if device is None else torch.device(device)
+        dev = _checks.device("device", device, DEVICE)
         shape = (batch, heads, capacity, head_dim)
         return cls(torch.zeros(shape, dtype=dtype, device=dev),
                    torch.zeros(shape, dtype=dtype, device=dev),
@@ -113,33 +114,27 @@ class RingMemory:
         """Forget sequences, in place: their rows become zero and their ``count`` 0 (SPEC §1;
         the seed reset only the length, so later gated writes blended with stale rows).
 
-        ``seqs``: None (all sequences), a bool mask ``[B]``, or an integer index tensor / list
-        of sequence numbers in ``[0, B)``. Raises ``ValueError`` naming ``seqs`` on a mask of
-        the wrong shape, a non-integer index, or an index out of range (that check syncs).
-        Returns ``self``.
+        ``seqs``: None (all sequences), a bool mask ``[B]`` (tensor or list), or sequence numbers in
+        ``[0, B)``: one int, a sequence of ints or an integer index tensor (repeats allowed; the
+        same forms as ``GdnCarry.reset`` / ``ConvCarry.reset``). Raises ``ValueError`` naming
+        ``seqs`` on a mask of the wrong shape, a non-integer index, or an index out of range
+        (that check syncs for a device tensor). Returns ``self``.
         """
         if seqs is None:
             self.k.zero_()
             self.v.zero_()
             self.count.zero_()
             return self
-        if not isinstance(seqs, torch.Tensor):
-            try:
-                seqs = torch.as_tensor(seqs) if len(seqs) else torch.empty(0, dtype=torch.int64)
-            except (TypeError, ValueError, RuntimeError) as exc:
-                raise ValueError(f"seqs: expected None, a bool mask or indices, got {seqs!r}") from exc
-        seqs = seqs.to(self.device)
-        if seqs.dtype == torch.bool:
+        if isinstance(seqs, (list, tuple)) and seqs and all(isinstance(s, bool) for s in seqs):
+            seqs = torch.tensor(seqs)                      # a host bool mask
+        if isinstance(seqs, torch.Tensor) and seqs.dtype == torch.bool:
             _checks.tensor("seqs", seqs, shape=(self.batch,))
+            seqs = seqs.to(self.device)
             self.k.masked_fill_(seqs[:, None, None, None], 0)
             self.v.masked_fill_(seqs[:, None, None, None], 0)
             self.count.masked_fill_(seqs, 0)
             return self
-        if seqs.dtype.is_floating_point or seqs.dtype.is_complex or seqs.dim() > 1:
-            raise ValueError(f"seqs: expected a bool mask [B] or 1-D integer indices, got "
-                             f"{seqs.dtype} of shape {tuple(seqs.shape)}")
-        idx = seqs.reshape(-1).to(torch.int64)
-        _checks.indices_values("seqs", idx, self.batch, distinct=False)
+        idx = _checks.index_tensor("seqs", seqs, self.batch, device=self.device)
         self.k.index_fill_(0, idx, 0)
         self.v.index_fill_(0, idx, 0)
         self.count.index_fill_(0, idx, 0)

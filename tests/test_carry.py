@@ -456,6 +456,14 @@ BAD = {
     "slot dtype": (lambda kw: kw.update(slot_tab=kw["slot_tab"].float()), "slot_tab"),
     "carry dims": (lambda kw: kw.update(carry=GdnCarry.empty(3, 2, 16, 8)), "carry"),
     "carry type": (lambda kw: kw.update(carry=object()), "carry"),
+    # read at offset b: a strided view [2, 0] of [2, 1, 0, 1] would address slots [2, 1]
+    "slot strided": (lambda kw: kw.update(slot_tab=torch.tensor([2, 1, 0, 1], dtype=torch.int32,
+                                                                device=DEVICE)[::2]), "slot_tab"),
+    "slot list": (lambda kw: kw.update(slot_tab=[0, 1]), "slot_tab"),
+    "scale str": (lambda kw: kw.update(scale="a"), "scale"),
+    "scale list": (lambda kw: kw.update(scale=[1.0]), "scale"),
+    "kd zero": (lambda kw: kw.update(state=kw["state"][:, :, :0], q=kw["q"][..., :0],
+                                     k=kw["k"][..., :0]), "state"),
 }
 
 
@@ -464,7 +472,7 @@ def test_verify_rejects_bad_input(name):
     kw = _verify_args()
     mutate, arg = BAD[name]
     mutate(kw)
-    with pytest.raises(ValueError, match=arg):
+    with pytest.raises(ValueError, match=f"^{arg}"):
         _call(kw)
 
 
@@ -526,6 +534,21 @@ def test_accept_and_flush_reject_bad_input():
         carry_accept(c, slots, eng.long(), [1, 1])
     with pytest.raises(ValueError, match="carry"):
         carry_accept(object(), slots, eng, [1, 1])
+    for acc in (None, "ab", [1.5, 1.0], [1.0, 1.0], [True, 1], 2.0):
+        with pytest.raises(ValueError, match="^accepted"):
+            carry_accept(c, slots, eng, acc)
+    # every index tensor is read at offset b: strided views (of [0, 1, 2, 1] etc.) are refused
+    strided = lambda vals: torch.tensor(vals, dtype=torch.int32, device=DEVICE)[::2]  # noqa: E731
+    pend_before = c.pend.clone()
+    for name, args in (("slot_tab", (strided([0, 1, 2, 1]), eng, [1, 1])),
+                       ("engaged", (slots, strided([1, 2, 2, 1]), [1, 1])),
+                       ("accepted", (slots, eng, strided([1, 0, 1, 0])))):
+        with pytest.raises(ValueError, match=f"^{name}"):
+            carry_accept(c, *args)
+    with pytest.raises(ValueError, match=r"^carry.pend\[0\]"):
+        carry_accept(SimpleNamespace(pend=torch.zeros(6, dtype=torch.int32, device=DEVICE)[::2],
+                                     cap=CAP), slots, eng, [1, 1])
+    assert torch.equal(c.pend, pend_before)
     st = gdn_inputs(1, 1, 1, 2, 16, 16, slots=3)["state"]
     with pytest.raises(ValueError, match="carries"):
         gdn_carry_flush([st, st.clone()], [c], slots)
@@ -539,3 +562,52 @@ def test_accept_and_flush_reject_bad_input():
     c.pend.zero_()
     with pytest.raises(ValueError, match="slot_tab"):
         gdn_carry_flush([st], [c], torch.tensor([1, 1], dtype=torch.int32, device=DEVICE), validate=True)
+    with pytest.raises(ValueError, match="^slot_tab"):
+        gdn_carry_flush([st], [c], strided([2, 0, 1, 0]))
+    for slots_bad in ([3], [-1], 5, [0.5], None, torch.tensor([1.0])):
+        with pytest.raises(ValueError, match="^slots"):
+            c.reset(slots_bad)
+    with pytest.raises(ValueError, match="^device"):
+        GdnCarry.empty(3, 2, 16, 16, device="bogus")
+
+
+def test_spec_decode_step_rejects_bad_input():
+    """Bad layers, slots, inputs, layer index and accepts raise ValueError naming the argument
+    before any launch; the step stays usable afterwards."""
+    S, HV, kd, vd, K = 4, 2, 16, 16, 2
+    st = gdn_inputs(7, 1, 1, HV, kd, vd, slots=S, dtype=torch.float32)["state"]
+    with pytest.raises(ValueError, match="^state"):
+        CarryLayer(None, GdnCarry.empty(S, HV, kd, vd))
+    with pytest.raises(ValueError, match="^carry"):
+        CarryLayer(st, None)
+    with pytest.raises(ValueError, match="^conv_carry"):
+        CarryLayer(st, GdnCarry.empty(S, HV, kd, vd), conv_state=torch.zeros(S, 96, 3))
+    lay = CarryLayer(st, GdnCarry.empty(S, HV, kd, vd))
+    lay.carry = None                                  # changed after construction
+    with pytest.raises(ValueError, match=r"^layers\[0\].carry"):
+        SpecDecodeStep([lay])
+    lay.carry = GdnCarry.empty(S, HV, kd, vd)
+    step = SpecDecodeStep([lay], validate=True)
+    for slots in ([0, 4], [-1, 0], [0.7, 1.2], [1, 1], "ab",
+                  torch.tensor([0, 1, 2, 1], dtype=torch.int32, device=DEVICE)[::2]):
+        with pytest.raises(ValueError, match="^slots"):
+            step.begin(slots, K)
+    x = gdn_inputs(8, 2, 1, HV, kd, vd, rows=K, dtype=torch.float32)
+    inp = dict(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"])
+    with pytest.raises(ValueError, match=r"^inputs\[0\]"):
+        step.verify([0, 1], [dict(q=x["q"])])
+    with pytest.raises(ValueError, match="^inputs"):
+        step.verify([0, 1], inp)
+    step.begin([2, 0], K)
+    for i in (5, -1, 0.0):
+        with pytest.raises(ValueError, match="^i:"):
+            step.verify_layer(i, **inp)
+    with pytest.raises(ValueError, match="^beta"):
+        step.verify_layer(0, q=x["q"], k=x["k"], v=x["v"], g=x["g"])
+    step.verify_layer(0, **inp)
+    for acc in ([1.5, 1], [1], "ab", torch.tensor([1.0, 1.0])):
+        with pytest.raises(ValueError, match="^accepted"):
+            step.accept(acc)
+    assert lay.carry.pend.tolist() == [0, 0, 0, 0]
+    step.accept([1, 2])
+    assert lay.carry.pend.tolist() == [2, 0, 1, 0]

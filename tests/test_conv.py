@@ -168,7 +168,9 @@ def test_chain_groups_of_odd_head_dim_over_several_blocks():
 
 def test_bitwise_whatever_the_alignment_of_the_views():
     """Same values through views at odd element offsets (misaligned on a GPU) give the same bits:
-    the l2norm sum has a fixed order (``row_sum_pairwise``), not the layout's."""
+    the l2norm sum has a fixed order (``row_sum_pairwise``), not the layout's. The carried verify
+    is run with random pending stash rows (``pend`` 2 and 1), so the fold reads the misaligned
+    stash, and both views equal the plain chain over ``[pending rows | new rows]``."""
     B, K = 2, 3
     d = conv_inputs(35, B, DIM, rows=K, dtype=torch.bfloat16)
     kw = dict(qk_channels=QK, head_dim=HD)
@@ -182,15 +184,32 @@ def test_bitwise_whatever_the_alignment_of_the_views():
     y = conv_chain(st, d["x"], d["weight"], d["bias"], **kw)
     y_odd = conv_chain(st_odd, x_odd, d["weight"], d["bias"], **kw)
     assert bitwise_equal(y, y_odd) and bitwise_equal(st, st_odd.contiguous())
-    carry = ConvCarry.empty(B, DIM, dtype=torch.bfloat16)
-    tbuf = torch.zeros(B, 8, DIM + 1, dtype=torch.bfloat16, device=DEVICE)
-    carry_odd = ConvCarry(tbuf[:, :, 1:], torch.zeros(B, dtype=torch.int32, device=DEVICE))
+
+    pend = [2, 1]
+    rows = _randn(gen, B, 8, DIM, dtype=torch.bfloat16)               # random stash rows
+    pend_t = torch.tensor(pend, dtype=torch.int32, device=DEVICE)
+    carry = ConvCarry(rows.clone(), pend_t.clone())
+    tbuf = _randn(gen, B, 8, DIM + 1, dtype=torch.bfloat16)
+    tbuf[:, :, 1:] = rows
+    carry_odd = ConvCarry(tbuf[:, :, 1:], pend_t.clone())                # odd element offset
     slots = torch.arange(B, dtype=torch.int32, device=DEVICE)
-    y_c, _ = conv_carry_verify(d["conv_state"].clone(), carry, d["x"], d["weight"], d["bias"],
-                               slot_tab=slots, **kw)
-    y_c_odd, _ = conv_carry_verify(sbuf[:, :, 1:4].copy_(d["conv_state"]), carry_odd, x_odd,
-                                   d["weight"], d["bias"], slot_tab=slots, **kw)
-    assert bitwise_equal(y_c, y) and bitwise_equal(y_c_odd, y)
+    st_c = d["conv_state"].clone()
+    y_c, eng = conv_carry_verify(st_c, carry, d["x"], d["weight"], d["bias"], slot_tab=slots,
+                                 **kw)
+    st_c_odd = sbuf[:, :, 1:4].copy_(d["conv_state"])
+    y_c_odd, eng_odd = conv_carry_verify(st_c_odd, carry_odd, x_odd, d["weight"], d["bias"],
+                                         slot_tab=slots, **kw)
+    assert eng.tolist() == eng_odd.tolist() == [2, 2]                 # eager, p > 0: write-back
+    assert bitwise_equal(y_c_odd, y_c) and bitwise_equal(st_c_odd.contiguous(), st_c)
+    assert bitwise_equal(carry_odd.stash.contiguous(), carry.stash)
+    for b, p in enumerate(pend):
+        seq = torch.cat([rows[b, :p], d["x"][b]])[None]               # [1, p + K, DIM]
+        st_b = d["conv_state"][b:b + 1].clone()
+        inter = torch.empty(1, p + K - 1, DIM, 3, dtype=torch.bfloat16, device=DEVICE)
+        y_b = conv_chain(st_b, seq, d["weight"], d["bias"], intermediate=inter, **kw)
+        assert bitwise_equal(y_c[b], y_b[0, p:]), f"sequence {b}: outputs"
+        assert bitwise_equal(st_c[b], inter[0, p - 1]), f"sequence {b}: folded window"
+        assert bitwise_equal(carry.stash[b, :K], d["x"][b]), f"sequence {b}: stashed rows"
 
 
 # ---- peer oracle: HF transformers' Qwen3-Next torch conv update -------------------------------
@@ -401,6 +420,9 @@ def test_conv_carry_container():
     c.reset([1, 3])
     assert c.pend.tolist() == [1, 0, 3, 0]
     assert float(c.stash[1].abs().sum()) == 0 and float(c.stash[0].min()) == 1.5
+    c.reset(2)                                    # one int, as GdnCarry / RingMemory.reset
+    c.reset(torch.tensor([0], device=c.pend.device))
+    assert c.pend.tolist() == [0, 0, 0, 0] and float(c.stash[2].abs().sum()) == 0
     b = ConvCarry.empty(2, 16)
     assert b.dtype == torch.bfloat16 and b.stash_bytes_per_slot == 8 * 16 * 2
 
@@ -433,6 +455,9 @@ def _update_cases():
         ("head_dim", dict(qk_channels=32)),
         ("qk_channels", dict(qk_channels=128, head_dim=32)),
         ("l2_eps", dict(l2_eps=0.0)),
+        ("l2_eps", dict(l2_eps=float("inf"))),
+        ("l2_eps", dict(l2_eps=float("nan"))),
+        ("l2_eps", dict(l2_eps="1e-6")),
         ("out_dtype", dict(out_dtype=torch.float16)),
         ("state_indices", dict(state_indices=idx.float())),
         ("state_indices", dict(state_indices=idx[:1])),
@@ -443,6 +468,11 @@ def _update_cases():
         ("state_indices", dict(state_indices=torch.tensor([-1, 2], dtype=torch.int32).to(DEVICE),
                                validate=True)),
         ("state_indices", dict(conv_state=st[:1])),                   # S < B, no indices
+        ("state_indices", dict(conv_state=st[:1], state_indices=idx)),   # S < B with indices
+        ("state_indices", dict(state_indices=[0, 1])),
+        # read at offset b: a strided view [3, 1] of [3, 0, 1, 0] would address slots [3, 0]
+        ("state_indices", dict(state_indices=torch.tensor([3, 0, 1, 0], dtype=torch.int32)
+                               .to(DEVICE)[::2], validate=True)),
     ]
 
 
@@ -473,6 +503,11 @@ def test_chain_bad_input():
     with pytest.raises(ValueError, match="^state_indices"):
         conv_chain(st, x, w, b, state_indices=torch.tensor([3, 3], dtype=torch.int32).to(DEVICE),
                    validate=True)
+    before = st.clone()
+    with pytest.raises(ValueError, match="^state_indices"):
+        conv_chain(st, x, w, b, state_indices=torch.tensor([1, 0, 2, 0]).to(DEVICE)[::2],
+                   validate=True)
+    assert bitwise_equal(st, before)
 
 
 def test_carry_bad_input():
@@ -501,6 +536,11 @@ def test_carry_bad_input():
         verify(slot_tab=slot_tab[:1])
     with pytest.raises(ValueError, match="^slot_tab"):
         verify(slot_tab=slot_tab.float())
+    with pytest.raises(ValueError, match="^slot_tab"):    # strided view of [2, 0, 1, 0]
+        verify(slot_tab=torch.tensor([2, 0, 1, 0], dtype=torch.int32, device=DEVICE)[::2],
+               validate=True)
+    with pytest.raises(ValueError, match="^slot_tab"):    # more sequences than slots
+        verify(conv_state=st[:1], conv_carry=ConvCarry.empty(1, 64, cap=4, dtype=torch.float32))
     with pytest.raises(ValueError, match="^lazy"):
         verify(lazy="yes")
     with pytest.raises(ValueError, match="^x"):
@@ -519,6 +559,16 @@ def test_carry_bad_input():
         ConvCarry(torch.zeros(4, 4, 64, dtype=torch.float16), torch.zeros(4, dtype=torch.int32))
     with pytest.raises(ValueError, match="^pend"):
         ConvCarry(torch.zeros(4, 4, 64), torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="^pend"):     # carry_accept reads pend at stride 1
+        ConvCarry(torch.zeros(4, 4, 64), torch.zeros(8, dtype=torch.int32)[::2])
+    carry.pend.zero_()
+    carry.stash.fill_(2.0)
+    for slots in ([4], [-1], 9, [0.5], "ab", None, torch.tensor([0.0])):
+        with pytest.raises(ValueError, match="^slots"):
+            carry.reset(slots)
+    assert int(carry.pend.abs().sum()) == 0 and bool((carry.stash == 2.0).all())
+    with pytest.raises(ValueError, match="^device"):
+        ConvCarry.empty(4, 64, device="bogus")
     with pytest.raises(ValueError, match="^dtype"):
         ConvCarry.empty(4, 64, dtype=torch.float16)
     with pytest.raises(ValueError, match="^cap"):
@@ -544,6 +594,10 @@ def test_flush_bad_input():
                          slot_tab)
     with pytest.raises(ValueError, match="^slot_tab"):
         conv_carry_flush([st], [c], [2, 0])
+    with pytest.raises(ValueError, match="^slot_tab"):    # strided view of [2, 0, 1, 0]
+        conv_carry_flush([st], [c], torch.tensor([2, 0, 1, 0], device=DEVICE)[::2])
+    with pytest.raises(ValueError, match="^slot_tab"):    # 6 sequences, 4 slots
+        conv_carry_flush([st], [c], torch.arange(6, device=DEVICE))
     with pytest.raises(ValueError, match="^slot_tab"):
         conv_carry_flush([st], [c], torch.tensor([1, 1], dtype=torch.int32, device=DEVICE),
                          validate=True)

@@ -15,8 +15,6 @@ kernel reads, i.e. bf16/fp16 inputs already rounded):
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -359,16 +357,17 @@ def test_reference_matches_wy_closed_form():
 def _fla_naive():
     try:
         from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
-    except Exception as exc:  # noqa: BLE001 - any import failure means "no peer here"
-        return None, f"{type(exc).__name__}: {exc}"
-    return naive_recurrent_gated_delta_rule, ""
+    except Exception as exc:  # noqa: BLE001 - report exactly why the peer is missing
+        pytest.fail(f"peer oracle unavailable: fla.ops.gated_delta_rule.naive does not import "
+                    f"({type(exc).__name__}: {exc}); install fla-core (extra 'dev' or 'peers')")
+    return naive_recurrent_gated_delta_rule
 
 
 @pytest.mark.parametrize("l2", [True, False])
 def test_reference_matches_fla_naive(l2):
     """fla-core's ``naive_recurrent_gated_delta_rule`` (fp32, no l2norm, heads matched) is the
-    peer oracle. If fla-core cannot be imported here the test still checks, against the WY
-    closed form, and warns."""
+    peer oracle; the test fails if fla-core is missing (the WY closed form is checked on its own
+    in ``test_reference_matches_wy_closed_form``)."""
     B, K, HK, HV, kd, vd = 2, 6, 1, 2, 16, 32
     x = gdn_inputs(61 + l2, B, HK, HV, kd, vd, rows=K, slots=3, dtype=torch.float32)
     idx = x["state_indices"].long()
@@ -376,21 +375,13 @@ def test_reference_matches_fla_naive(l2):
                                     state_indices=x["state_indices"], use_qk_l2norm=l2)
     q, k = _heads_matched(x, K, HK, HV, l2=l2)
     h0 = x["state"][idx].double()
-    naive, why = _fla_naive()
-    if naive is not None:
-        # fla's naive scales q itself: hand it unscaled q and the scale, in fp32 as it computes.
-        o_p, h_p = naive(q=(q * kd ** 0.5).float().cpu(), k=k.float().cpu(),
-                         v=x["v"].float().cpu(), beta=x["beta"].float().cpu(),
-                         g=x["g"].float().cpu(), scale=kd ** -0.5, initial_state=h0.float().cpu(),
-                         output_final_state=True)
-        tol = 1e-5                                   # the peer computes in fp32
-    else:
-        warnings.warn(f"fla-core not importable ({why}); peer check runs against the WY form")
-        flat = lambda t: t.transpose(1, 2).reshape(B * HV, K, *t.shape[3:])  # noqa: E731
-        o_p, h_p = _wy_chain(h0.reshape(B * HV, kd, vd), flat(q), flat(k), flat(x["v"].double()),
-                             flat(x["g"].double()), flat(x["beta"].double()))
-        o_p, h_p = o_p.reshape(B, HV, K, vd).transpose(1, 2), h_p.reshape(B, HV, kd, vd)
-        tol = 1e-12
+    naive = _fla_naive()
+    # fla's naive scales q itself: hand it unscaled q and the scale, in fp32 as it computes.
+    o_p, h_p = naive(q=(q * kd ** 0.5).float().cpu(), k=k.float().cpu(),
+                     v=x["v"].float().cpu(), beta=x["beta"].float().cpu(),
+                     g=x["g"].float().cpu(), scale=kd ** -0.5, initial_state=h0.float().cpu(),
+                     output_final_state=True)
+    tol = 1e-5                                       # the peer computes in fp32
     _check_close("o vs peer", o_ref.cpu(), o_p, tol)
     _check_close("state vs peer", s_ref[idx].cpu(), h_p, tol)
 
@@ -471,6 +462,19 @@ def _bad_cases():
         ("g positive", 2, setx("g", lambda x: x["g"].abs() + 0.1), "g"),
         ("beta > 1", None, setx("beta", lambda x: x["beta"] + 1.0), "beta"),
         ("beta NaN", 2, setx("beta", lambda x: x["beta"] * float("nan")), "beta"),
+        # the kernel reads entry b at offset b: a strided view [3, 1] of [3, 0, 1, 0] would
+        # address slots [3, 0] (passes validate); rejected for its strides
+        ("indices strided", None, setx("state_indices", lambda x: torch.tensor(
+            [3, 0, 1, 0], dtype=torch.int32, device=DEVICE)[::2]), "state_indices"),
+        ("indices strided chain", 3, setx("state_indices", lambda x: torch.tensor(
+            [1, 0, 3, 0], dtype=torch.int32, device=DEVICE)[::2]), "state_indices"),
+        ("indices list", None, setx("state_indices", lambda x: [0, 1]), "state_indices"),
+        ("more sequences than slots", 2, setx("state", lambda x: x["state"][:1]),
+         "state_indices"),
+        ("kd zero", None, lambda x: x.update(state=x["state"][:, :, :0], q=x["q"][..., :0],
+                                             k=x["k"][..., :0]), "state"),
+        ("vd zero", 2, lambda x: x.update(state=x["state"][..., :0], v=x["v"][..., :0],
+                                          intermediate=x["intermediate"][..., :0]), "state"),
     ]
     return cases
 

@@ -187,6 +187,21 @@ def test_partial_reset_then_gated_writes(how):
     _assert_close(k_out, ref.ring_read(rk, rv, rc, 0)[0], TOL[torch.float32], "read")
 
 
+def test_reset_forms_agree():
+    """One int, a list, an index tensor and a bool mask (tensor or list) reset the same rows:
+    the forms ``GdnCarry.reset`` / ``ConvCarry.reset`` take too."""
+    outs = []
+    for seqs in (1, [1], torch.tensor([1]), torch.tensor([False, True, False]),
+                 [False, True, False]):
+        mem = _seeded_memory(13, 3, 2, 4, 16, torch.float32, count=[5, 6, 2])
+        before = mem.clone()
+        mem.reset(seqs.to(pmll_lab.DEVICE) if isinstance(seqs, torch.Tensor) else seqs)
+        assert mem.count.tolist() == [5, 0, 2] and not mem.k[1].any() and not mem.v[1].any()
+        assert torch.equal(mem.k[0::2], before.k[0::2]) and torch.equal(mem.v[0::2], before.v[0::2])
+        outs.append(mem)
+    assert all(torch.equal(m.k, outs[0].k) for m in outs)
+
+
 def test_empty_and_properties():
     mem = RingMemory.empty(3, 2, 5, 16, dtype=torch.bfloat16)
     assert (mem.batch, mem.heads, mem.capacity, mem.head_dim) == (3, 2, 5, 16)
@@ -273,6 +288,7 @@ def _good(dtype=torch.float32):
     ("device", "k_new"), ("gate_shape", "gate"), ("gate_rank", "gate"), ("gate_dtype", "gate"),
     ("gate_range", "gate"), ("gate_nan", "gate"), ("last_stride", "k_new"), ("mem_type", "mem"),
     ("mem_count", "mem.count"), ("mem_v", "mem.v"), ("neg_count", "mem.count"),
+    ("gate_list", "gate"),
 ])
 def test_write_bad_input_names_argument(case, name):
     mem, x = _good()
@@ -317,6 +333,8 @@ def test_write_bad_input_names_argument(case, name):
         mem.v = mem.v[:, :, :3].contiguous()
     elif case == "neg_count":
         mem.count[1] = -1
+    elif case == "gate_list":
+        g = [0.5] * 5
     before = mem.k.clone() if hasattr(mem, "k") else None
     with pytest.raises(ValueError, match=rf"^{name}:"):
         pmll_write(mem, k, v, g, validate=True)
@@ -344,9 +362,14 @@ def test_read_and_memory_bad_input():
         RingMemory.empty(2, 3, 0, 16)
     with pytest.raises(ValueError, match=r"^dtype:"):
         RingMemory.empty(2, 3, 4, 16, dtype=torch.float64)
-    for seqs in (torch.tensor([True, False, True]), torch.tensor([0, 2]), [0.5], torch.tensor([[0]])):
+    for seqs in (torch.tensor([True, False, True]), torch.tensor([0, 2]), [0.5], torch.tensor([[0]]),
+                 5, -1, True, "ab", [0, 1.0]):
         with pytest.raises(ValueError, match=r"^seqs:"):
             mem.reset(seqs)
+    # a device this machine lacks (no CUDA here, or an index past the last GPU), or no device
+    for dev in (f"cuda:{torch.cuda.device_count()}", "bogus", 1.5):
+        with pytest.raises(ValueError, match=r"^device:"):
+            RingMemory.empty(2, 3, 4, 16, device=dev)
     q = x["q"]
     with pytest.raises(ValueError, match=r"^q:"):
         memory_attention(q[0], x["k_new"], x["v_new"], mem)

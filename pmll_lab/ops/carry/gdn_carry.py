@@ -116,12 +116,12 @@ class GdnCarry:
     def empty(cls, slots: int, num_v_heads: int, k_dim: int, v_dim: int, *,
               cap: int = GDN_CARRY_CAP, device=None) -> "GdnCarry":
         """A zeroed stash with ``pend = 0`` for ``slots`` slots on ``device`` (default
-        ``pmll_lab.DEVICE``)."""
+        ``pmll_lab.DEVICE``). Raises ``ValueError`` naming a bad size or ``device``."""
         _checks.positive_int("slots", slots)
         for name, val in (("num_v_heads", num_v_heads), ("k_dim", k_dim), ("v_dim", v_dim),
                           ("cap", cap)):
             _checks.positive_int(name, val)
-        dev = DEVICE if device is None else torch.device(device)
+        dev = _checks.device("device", device, DEVICE)
         width = cap * (num_v_heads * v_dim + num_v_heads + num_v_heads * k_dim)
         return cls(buf=torch.zeros(slots, width, dtype=torch.float32, device=dev),
                    pend=torch.zeros(slots, dtype=torch.int32, device=dev),
@@ -172,13 +172,14 @@ class GdnCarry:
         return self.buf[:, a:].unflatten(1, (self.cap, self.num_v_heads, self.k_dim))
 
     def reset(self, slots) -> None:
-        """Forget the pending rows of ``slots`` (ints, list or index tensor): ``pend = 0``.
+        """Forget the pending rows of ``slots``: ``pend = 0``.
 
-        The stash rows themselves are left as they are: a row at or beyond ``pend`` is never
-        read. Use when a slot is freed or handed to a new sequence (its state is the caller's)."""
-        if isinstance(slots, int):
-            slots = [slots]
-        idx = torch.as_tensor(slots, dtype=torch.int64, device=self.pend.device)
+        ``slots``: one int, a sequence of ints or an integer index tensor, each in ``[0, S)``
+        (repeats allowed). Raises ``ValueError`` naming ``slots`` otherwise (checking a device
+        tensor's values syncs; reset is not on the decode path). The stash rows themselves are
+        left as they are: a row at or beyond ``pend`` is never read. Use when a slot is freed or
+        handed to a new sequence (its state is the caller's)."""
+        idx = _checks.index_tensor("slots", slots, self.slots, device=self.pend.device)
         self.pend.index_fill_(0, idx, 0)
 
 
@@ -459,6 +460,9 @@ def check_state(name: str, state) -> torch.Tensor:
     if state.device.type != DEVICE.type:
         raise ValueError(f"{name}: on {state.device}, but kernels run on {DEVICE} (pmll_lab.backend.DEVICE)")
     _, HV, kd, vd = state.shape
+    if min(HV, kd, vd) < 1:
+        raise ValueError(f"{name}: heads HV and head sizes kd, vd (dims 1-3) must be >= 1, got "
+                         f"shape {tuple(state.shape)}")
     if state.stride()[1:] != (kd * vd, vd, 1) and state.numel() > 0:
         raise ValueError(f"{name}: inner dims [HV, kd, vd] must be contiguous, got strides {state.stride()}")
     return state
@@ -479,7 +483,8 @@ def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", 
             contiguous, any other strides (views of a fused projection: no copies).
         g, beta: ``[B, K, HV]`` fp32 (log decay ``<= 0``; ``beta`` in ``[0, 1]``), last dim
             contiguous.
-        slot_tab: ``[B]`` int32/int64 slot of each sequence (distinct, in ``[0, S)``).
+        slot_tab: ``[B]`` int32/int64 slot of each sequence (distinct, in ``[0, S)``),
+            contiguous.
         form: ``"exact"`` (bitwise equal to decoding the rows one at a time) or ``"wy"``.
         lazy: ``False`` = eager (write back whenever ``pend > 0``); ``True`` = write back only
             when ``pend + K > CAP``.
@@ -510,13 +515,17 @@ def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", 
     _checks.tensor("v", v, shape=(B, K, HV, vd), dtype=q.dtype, device=state.device, last_contiguous=True)
     _checks.tensor("g", g, shape=(B, K, HV), dtype=torch.float32, device=state.device, last_contiguous=True)
     _checks.tensor("beta", beta, shape=(B, K, HV), dtype=torch.float32, device=state.device, last_contiguous=True)
-    _checks.tensor("slot_tab", slot_tab, shape=(B,), dtype=INDEX_DTYPES, device=state.device)
+    # contiguous: the kernels read entry b at offset b (a strided view would address other slots)
+    _checks.tensor("slot_tab", slot_tab, shape=(B,), dtype=INDEX_DTYPES, device=state.device,
+                   contiguous=True)
     if HK < 1 or HV % HK:
         raise ValueError(f"q: HV ({HV}) must be a multiple of HK ({HK})")
     if K < 1 or K > carry.cap:
         raise ValueError(f"q: K = {K} draft rows must lie in [1, CAP = {carry.cap}]")
     if B > S:
         raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise ValueError(f"scale: expected a float or None, got {type(scale).__name__}")
     scale = kd ** -0.5 if scale is None else float(scale)
     if validate:
         _checks.indices_values("slot_tab", slot_tab, S)
@@ -571,7 +580,7 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:
 
     ``states``: list of ``L`` fp32 ``[S, HV, kd, vd]`` (separately allocated is fine; same
     shape and strides); ``carries``: list of ``L`` ``GdnCarry`` (same layout and slot stride);
-    ``slot_tab [B]`` int32/int64. A slot with ``pend = 0`` is left alone; ``pend`` is not changed
+    ``slot_tab [B]`` int32/int64, contiguous. A slot with ``pend = 0`` is left alone; ``pend`` is not changed
     (the caller clears it). Folding uses ``fold_row`` on ``block_config`` blocks, so the state is
     bitwise the one plain decoding would hold. ``validate=True``: slots distinct and in range,
     ``0 <= pend <= CAP`` in every layer. Raises ``ValueError`` naming the argument.
@@ -590,7 +599,8 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:
             raise ValueError(f"carries[{i}]: CAP or stash strides differ from carries[0]")
         _checks.same_device("states[0]", states[0], **{f"states[{i}]": st})
     S, HV, kd, vd = states[0].shape
-    _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=states[0].device)
+    _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=states[0].device,
+                   contiguous=True)
     B = slot_tab.shape[0]
     if B > S:
         raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
@@ -618,9 +628,11 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
 
     ``carry``: one carry or a list of carries (one launch for all; e.g. every layer's GDN and conv
     carry of a step, which share ``slot_tab`` and ``engaged``), each with ``.pend`` int32 ``[S]``
-    and ``.cap`` (``GdnCarry``, ``ConvCarry``); ``slot_tab [B]`` int32/int64; ``engaged [B]``
-    int32 as the verify returned it; ``accepted [B]`` int32/int64 on the same device, or a list
-    of ints (copied to the device). ``rows``: the verify's ``K``, for ``validate``.
+    and ``.cap`` (``GdnCarry``, ``ConvCarry``; ``pend`` contiguous); ``slot_tab [B]``
+    int32/int64; ``engaged [B]`` int32 as the verify returned it; ``accepted [B]`` int32/int64
+    on the same device, or a list of ints (copied to the device; floats are rejected). The three
+    index tensors must be contiguous (read at offset ``b``). Raises ``ValueError`` naming the
+    argument. ``rows``: the verify's ``K``, for ``validate``.
     ``validate=True`` checks slots distinct and in range, ``engaged`` in {1, 2}, ``0 <= a <= K``
     (``rows``) and ``<= CAP``, and that no ``pend`` exceeds ``CAP`` afterwards (a sync).
     """
@@ -631,14 +643,17 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
         pend = getattr(c, "pend", None)
         if not hasattr(c, "cap") or pend is None:
             raise ValueError(f"carry: entry {i} has no .pend/.cap ({type(c).__name__})")
-        _checks.tensor(f"carry.pend[{i}]", pend, ndim=1, dtype=torch.int32, device=carries[0].pend.device)
+        _checks.tensor(f"carry.pend[{i}]", pend, ndim=1, dtype=torch.int32, contiguous=True)
+        _checks.same_device("carry.pend[0]", carries[0].pend, **{f"carry.pend[{i}]": pend})
     dev = carries[0].pend.device
-    _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=dev)
+    # every index tensor is read at offset b for sequence b: contiguous
+    _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=dev, contiguous=True)
     B = slot_tab.shape[0]
     if not isinstance(accepted, torch.Tensor):
-        accepted = torch.tensor(list(accepted), dtype=torch.int32).to(dev)
-    _checks.tensor("engaged", engaged, shape=(B,), dtype=torch.int32, device=dev)
-    _checks.tensor("accepted", accepted, shape=(B,), dtype=INDEX_DTYPES, device=dev)
+        accepted = torch.tensor(_checks.int_list("accepted", accepted), dtype=torch.int32).to(dev)
+    _checks.tensor("engaged", engaged, shape=(B,), dtype=torch.int32, device=dev, contiguous=True)
+    _checks.tensor("accepted", accepted, shape=(B,), dtype=INDEX_DTYPES, device=dev,
+                   contiguous=True)
     if validate:
         S = min(c.pend.shape[0] for c in carries)
         _checks.indices_values("slot_tab", slot_tab, S)

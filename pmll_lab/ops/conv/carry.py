@@ -45,7 +45,8 @@ class ConvCarry:
     Attributes:
         stash: ``[S, CAP, dim]`` input rows (bf16 for bf16 inputs, fp32 in the FP32 form); last dim
             contiguous, any other strides (it may be a view into a larger buffer).
-        pend: ``[S]`` int32, pending (accepted, not yet folded) inputs per slot, ``0..CAP``.
+        pend: ``[S]`` int32, contiguous, pending (accepted, not yet folded) inputs per slot,
+            ``0..CAP``.
 
     ``cap`` is ``stash.shape[1]``. ``pend`` and ``cap`` mean the same as in ``GdnCarry``, so
     ``pmll_lab.carry.carry_accept`` serves both.
@@ -56,14 +57,16 @@ class ConvCarry:
 
     def __post_init__(self):
         _checks.tensor("stash", self.stash, ndim=3, dtype=INPUT_DTYPES, last_contiguous=True)
+        # contiguous: carry_accept indexes pend with stride 1 (as for GdnCarry)
         _checks.tensor("pend", self.pend, shape=(self.stash.shape[0],), dtype=torch.int32,
-                       device=self.stash.device)
+                       device=self.stash.device, contiguous=True)
 
     @classmethod
     def empty(cls, slots: int, dim: int, *, cap: int = DEFAULT_CAP,
               dtype: torch.dtype = torch.bfloat16, device=None) -> "ConvCarry":
         """A zeroed stash ``[slots, cap, dim]`` of ``dtype`` and ``pend = 0``, on ``device``
-        (default ``pmll_lab.backend.DEVICE``)."""
+        (default ``pmll_lab.backend.DEVICE``). Raises ``ValueError`` naming a bad size,
+        ``dtype`` or ``device``."""
         from pmll_lab.backend import DEVICE
 
         _checks.positive_int("slots", slots)
@@ -71,7 +74,7 @@ class ConvCarry:
         _checks.positive_int("cap", cap)
         if dtype not in INPUT_DTYPES:
             raise ValueError(f"dtype: must be float32 or bfloat16, got {dtype}")
-        dev = DEVICE if device is None else torch.device(device)
+        dev = _checks.device("device", device, DEVICE)
         return cls(torch.zeros(slots, cap, dim, dtype=dtype, device=dev),
                    torch.zeros(slots, dtype=torch.int32, device=dev))
 
@@ -92,13 +95,14 @@ class ConvCarry:
         return self.stash.dtype
 
     def reset(self, slots) -> None:
-        """Forget the carry of ``slots`` (int, sequence or index tensor): ``pend = 0`` and their
-        stash rows zeroed. Asynchronous on the device."""
-        if isinstance(slots, int):
-            slots = [slots]
-        idx = torch.as_tensor(slots, dtype=torch.int64, device=self.pend.device)
-        self.pend[idx] = 0
-        self.stash[idx] = 0
+        """Forget the carry of ``slots``: ``pend = 0`` and their stash rows zeroed.
+
+        ``slots``: one int, a sequence of ints or an integer index tensor, each in ``[0, S)``
+        (repeats allowed). Raises ``ValueError`` naming ``slots`` otherwise (checking a device
+        tensor's values syncs; reset is not on the decode path)."""
+        idx = _checks.index_tensor("slots", slots, self.slots, device=self.pend.device)
+        self.pend.index_fill_(0, idx, 0)
+        self.stash.index_fill_(0, idx, 0)
 
     @property
     def stash_bytes_per_slot(self) -> int:
@@ -173,7 +177,7 @@ def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *
         conv_carry: the layer's ``ConvCarry`` (``S`` slots, stash dtype = ``x``'s dtype).
         x: ``[B, K, dim]`` input rows, ``1 <= K <= conv_carry.cap``; any strides on ``B``/``K``,
             last dim contiguous. weight ``[dim, d_conv]``, bias ``[dim]`` or None.
-        slot_tab: ``[B]`` int32/int64 slot of each sequence (distinct).
+        slot_tab: ``[B]`` int32/int64 slot of each sequence (distinct), contiguous, ``B <= S``.
         lazy: False (eager): write the window back whenever ``p = pend[slot] > 0``, stash the new
             rows at ``0..K-1``. True (lazy): write back only when ``p + K > cap`` (then stash at
             ``0..K-1``), else leave the stored window and stash at ``p..p+K-1``.
@@ -233,7 +237,7 @@ def _check_carry(name, carry, S, dim, conv_state):
     if stash.device != conv_state.device or carry.pend.device != conv_state.device:
         raise ValueError(f"{name}: on {stash.device}, but conv_state is on {conv_state.device}")
     _checks.tensor(f"{name}.stash", stash, last_contiguous=True)
-    _checks.tensor(f"{name}.pend", carry.pend, shape=(S,), dtype=torch.int32)
+    _checks.tensor(f"{name}.pend", carry.pend, shape=(S,), dtype=torch.int32, contiguous=True)
 
 
 # ---- flush over L layers ----------------------------------------------------------------------
@@ -303,7 +307,7 @@ def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False) -> 
             separately allocated tensors are fine).
         conv_carries: list of ``L`` ``ConvCarry`` (same stash shape, strides, dtype as one another
             and the windows' dtype).
-        slot_tab: ``[B]`` int32/int64 slots to flush (distinct).
+        slot_tab: ``[B]`` int32/int64 slots to flush (distinct), contiguous, ``B <= S``.
         validate: also check slot values and ``0 <= pend <= cap`` in every layer (a sync).
 
     For each layer and ``slot = slot_tab[b]`` with ``p = pend[slot] > 0``: the window becomes its

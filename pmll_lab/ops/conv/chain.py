@@ -103,7 +103,8 @@ def conv_update(conv_state, x, weight, bias=None, *, state_indices=None, activat
         x: ``[B, dim]`` in ``conv_state``'s dtype; any row stride, last dim contiguous (a strided
             view of a fused projection is read in place).
         weight: ``[dim, d_conv]``, bias: ``[dim]`` or None, in the same dtype.
-        state_indices: ``[B]`` int32/int64 slots (default ``arange(B)``; ``S >= B`` then).
+        state_indices: ``[B]`` int32/int64 slots, contiguous, ``B <= S`` (default
+            ``arange(B)``).
         activation: ``"silu"`` or None. qk_channels: the first ``qk_channels`` channels are
             l2-normalised in groups of ``head_dim`` (``x * rsqrt(sum(x*x) + l2_eps)``);
             ``qk_channels`` must be a multiple of ``head_dim``. 0 turns it off.

@@ -197,8 +197,7 @@ def check_conv_args(conv_state, x, weight, bias, *, rows: bool, activation, qk_c
             raise ValueError(f"qk_channels: must be a multiple of head_dim = {head_dim}, got {qk_channels}")
     elif head_dim is not None:
         _checks.positive_int("head_dim", head_dim)
-    if not isinstance(l2_eps, (int, float)) or isinstance(l2_eps, bool) or not l2_eps > 0:
-        raise ValueError(f"l2_eps: must be a positive float, got {l2_eps!r}")
+    _checks.positive_float("l2_eps", l2_eps)
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if out_dtype not in (x.dtype, torch.float32):
         raise ValueError(f"out_dtype: must be x's dtype or float32, got {out_dtype}")
@@ -208,6 +207,11 @@ def check_conv_args(conv_state, x, weight, bias, *, rows: bool, activation, qk_c
 
 
 def check_indices(name: str, idx, batch: int, slots: int, dev) -> torch.Tensor:
-    """``idx [batch]`` int32/int64 on ``dev`` (shape/dtype/device only; values need validate)."""
-    _checks.tensor(name, idx, shape=(batch,), dtype=(torch.int32, torch.int64), device=dev)
+    """``idx [batch]`` int32/int64 on ``dev``, contiguous (the kernels read entry ``b`` at offset
+    ``b``), and ``batch <= slots`` (distinct slots cannot be more than the slots). Shape, dtype,
+    device, strides only: values need ``validate``."""
+    _checks.tensor(name, idx, shape=(batch,), dtype=(torch.int32, torch.int64), device=dev,
+                   contiguous=True)
+    if batch > slots:
+        raise ValueError(f"{name}: {batch} sequences but only {slots} slots")
     return idx

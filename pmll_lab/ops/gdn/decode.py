@@ -112,6 +112,9 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
         raise ValueError(f"state: on {state.device}, but kernels run on {DEVICE} "
                          "(pmll_lab.backend.DEVICE)")
     S, HV, kd, vd = state.shape
+    if min(HV, kd, vd) < 1:
+        raise ValueError(f"state: heads HV and head sizes kd, vd (dims 1-3) must be >= 1, got "
+                         f"shape {tuple(state.shape)}")
     nd = 4 if rows else 3
     C.tensor("q", q, ndim=nd, dtype=C.FLOAT_DTYPES, last_contiguous=True)
     lead = tuple(q.shape[:nd - 2])                      # (B,) or (B, K)
@@ -133,7 +136,10 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
                   intermediate=intermediate)
     B = lead[0]
     if state_indices is not None:
-        C.tensor("state_indices", state_indices, shape=(B,), dtype=torch.int32)
+        # the kernel reads entry b at offset b: a strided view would address other slots
+        C.tensor("state_indices", state_indices, shape=(B,), dtype=torch.int32, contiguous=True)
+        if B > S:
+            raise ValueError(f"state_indices: {B} sequences but only {S} state slots")
     elif B > S:
         raise ValueError(f"state_indices: None means slots arange(B), but B = {B} > S = {S} "
                          "state slots")
@@ -202,7 +208,7 @@ def gdn_decode(state, q, k, v, g, beta, *, state_indices=None, scale=None, use_q
             strides (views of a fused projection buffer are read in place, never copied).
         v: ``[B, HV, vd]``, q's dtype; value head ``h`` reads key head ``h // (HV // HK)``.
         g: ``[B, HV]`` fp32 log decay (<= 0). beta: ``[B, HV]`` fp32 in [0, 1].
-        state_indices: ``[B]`` int32 slot of each sequence (default ``arange(B)``).
+        state_indices: ``[B]`` int32 slot of each sequence (default ``arange(B)``), contiguous.
         scale: query scale (default ``kd ** -0.5``). use_qk_l2norm: l2-normalise q and k
             (eps 1e-6) first.
         out_dtype: ``None`` (v's dtype) or a float dtype (``torch.float32`` for fp32 outputs).
