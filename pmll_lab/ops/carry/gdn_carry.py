@@ -71,6 +71,15 @@ GDN_CARRY_CAP = 8
 WY_ROWS_PAD = 16
 """The WY form pads the K axis to 16 rows: ``tl.dot`` needs every side >= 16."""
 
+WY_DOT_PRECISION = "ieee"
+"""``input_precision`` of the WY form's two products with the state (``K_rows H``, ``Q_rows H``;
+the small ``[16, 16]`` products stay ``"ieee"``). ``"ieee"`` keeps the fp32 state exact but runs
+on the FP32 pipes with the K axis padded to 16 (4x the work at K = 4); ``"tf32x3"`` uses the
+tensor cores in three passes at close to fp32 accuracy. Read at launch time, so
+``scripts/tune_carry.py`` can compare them; the choice stays ``"ieee"`` until the H200 says
+otherwise (reports/perf-notes.md). The interpreter computes every ``tl.dot`` in fp32 whatever
+this says."""
+
 WY_NUM_WARPS = 4
 """Warps per WY program. The WY form is not bound to decode's reductions (only its fold is, and
 that is elementwise), and its ``[16, BK]`` row tiles next to the ``[BK, BV]`` state block want
@@ -289,6 +298,7 @@ def _gdn_carry_wy_kernel(
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, KP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
@@ -352,8 +362,8 @@ def _gdn_carry_wy_kernel(
         mtv = mt[:, None] & mv[None, :]
         V = tl.load(v_ptr + b * sv_b + hv * sv_h + rt[:, None] * sv_t + rv[None, :],
                     mask=mtv, other=0.0).to(tl.float32)
-        KH = tl.dot(Kr, h, input_precision="ieee")
-        QH = tl.dot(Q, h, input_precision="ieee")
+        KH = tl.dot(Kr, h, input_precision=DOT_PRECISION)
+        QH = tl.dot(Q, h, input_precision=DOT_PRECISION)
         R = beta[:, None] * (V - ec[:, None] * KH)
         U = tl.dot(T, R, input_precision="ieee")
         O = ec[:, None] * QH + tl.dot(P, U, input_precision="ieee")
@@ -571,7 +581,8 @@ def _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, l
     else:
         bk, bv = max(BK, 16), max(BV, 16)
         _gdn_carry_wy_kernel[(B, HV)](*args, BK=bk, BV=bv, NV=triton.cdiv(vd, bv),
-                                      KP=WY_ROWS_PAD, num_warps=WY_NUM_WARPS, **meta)
+                                      KP=WY_ROWS_PAD, DOT_PRECISION=WY_DOT_PRECISION,
+                                      num_warps=WY_NUM_WARPS, **meta)
 
 
 def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:
