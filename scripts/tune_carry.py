@@ -1,5 +1,5 @@
 """GPU tuning sweep for the carried-state verify (issue 5): WY dot precision x warps, the exact
-form, and FLA over the same K rows, at HV=32, HK=16, kd=vd=128, bf16 inputs, fp32 state.
+form with and without its column blocks split across programs, and FLA over the same K rows, at HV=32, HK=16, kd=vd=128, bf16 inputs, fp32 state.
 
 For each variant: seeded inputs, a stash holding ``p`` pending rows (p=3: no write-back at K=4;
 p=5: write-back, as the lazy form does on ~half of the verifies at a mean accepted length of
@@ -21,7 +21,7 @@ import pmll_lab  # noqa: E402  (first: GPU or the Triton interpreter)
 import torch  # noqa: E402
 
 from pmll_lab.backend import DEVICE, device_name  # noqa: E402
-from pmll_lab.bench import copy_bandwidth, errors, time_launch  # noqa: E402
+from pmll_lab.bench import bitwise_equal, copy_bandwidth, errors, time_launch  # noqa: E402
 from pmll_lab.carry import GdnCarry, gdn_carry_verify  # noqa: E402
 from pmll_lab.gdn import row_io_bytes, state_bytes  # noqa: E402
 from pmll_lab.inputs import gdn_inputs, generator  # noqa: E402
@@ -48,6 +48,10 @@ def nbytes(B, K, HK, HV, D, pend, wb):
 
 
 def run_variant(x, carry0, form, lazy, precision=None, warps=None):
+    """``form``: "exact" (one program per head), "exact-split" (column blocks across programs)
+    or "wy" (with ``precision`` and ``warps``)."""
+    C.EXACT_SPLIT_COLUMNS = form == "exact-split"
+    form = "exact" if form.startswith("exact") else form
     C.WY_DOT_PRECISION = precision or "ieee"
     C.WY_NUM_WARPS = warps or 4
     state, carry = x["state"].clone(), _clone(carry0)
@@ -75,10 +79,10 @@ def main():
     batches = (2,) if a.smoke else (64, 128)
     roof = copy_bandwidth()
     print(f"device {device_name()}; copy roofline {roof and round(roof)} GB/s", flush=True)
-    variants = [("exact", None, None)] + [("wy", p, w) for p in ("ieee", "tf32x3", "tf32")
-                                          for w in (2, 4, 8)]
+    variants = [("exact", None, None), ("exact-split", None, None)] + [
+        ("wy", p, w) for p in ("ieee", "tf32x3", "tf32") for w in (2, 4, 8)]
     if a.smoke:
-        variants = [("exact", None, None), ("wy", "ieee", 4)]
+        variants = [("exact", None, None), ("exact-split", None, None), ("wy", "ieee", 4)]
     for B in batches:
         for pend in (3, 5) if not a.smoke else (1,):
             wb = pend + K > 8
@@ -90,8 +94,10 @@ def main():
                 eo = errors(o, o_ref)["rel_l2"]
                 eu = errors(c.buf, c_ref.buf)["rel_l2"]
                 ok = eo <= 8e-3 and eu <= 1e-4 and bool((engaged == (2 if wb else 1)).all())
-                line = (f"B={B:3d} K={K} pend={pend} wb={int(wb)} {form:5s} {prec or '-':6s} "
-                        f"w={warps or 1}  o_err {eo:.1e} u_err {eu:.1e} {'ok' if ok else 'CHECK FAILED'}")
+                same = bitwise_equal(o, o_ref) and bitwise_equal(c.buf, c_ref.buf)
+                line = (f"B={B:3d} K={K} pend={pend} wb={int(wb)} {form:11s} {prec or '-':6s} "
+                        f"w={warps or 1}  o_err {eo:.1e} u_err {eu:.1e} bitwise={int(same)} "
+                        f"{'ok' if ok else 'CHECK FAILED'}")
                 if ok and not a.smoke:
                     t = time_launch(f, warmup_ms=10, rep_ms=50)["median_us"]
                     gbps = nb / (t * 1e-6) / 1e9

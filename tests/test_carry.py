@@ -211,6 +211,34 @@ def test_verify_write_back_with_several_column_blocks(form):
     _run_verify_case(form, True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7], seed=32)
 
 
+def test_split_columns_exact_variant(monkeypatch):
+    """The exact form with a head's column blocks split across programs
+    (``EXACT_SPLIT_COLUMNS``): the race case (write-backs with several column blocks, where the
+    last block to arrive must restash the shared g/k rows), the protocol reference, the arrival
+    counts left at zero, and bitwise agreement with the one-program-per-head form."""
+    import pmll_lab.ops.carry.gdn_carry as C
+
+    monkeypatch.setattr(C, "EXACT_SPLIT_COLUMNS", True)
+    _run_verify_case("exact", False, torch.float32, 2, 3, 1, 2, 128, 64, 3, [5, 2], seed=31)
+    _run_verify_case("exact", True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7], seed=32)
+    _run_verify_case("exact", True, torch.bfloat16, 3, 5, 1, 2, 64, 48, 2, [0, 6, 7], seed=33)
+
+    x = gdn_inputs(34, 3, 1, 2, 128, 64, rows=3, slots=4, dtype=torch.bfloat16)
+    results = {}
+    for split in (True, False):
+        monkeypatch.setattr(C, "EXACT_SPLIT_COLUMNS", split)
+        st, c = x["state"].clone(), GdnCarry.empty(4, 2, 128, 64)
+        _fill_stash(c, 35)
+        c.pend.copy_(torch.tensor([2, 6, 0, 7], dtype=torch.int32))
+        o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                slot_tab=x["state_indices"], form="exact", lazy=False)
+        results[split] = (o, e, st, c.buf)
+        if split:
+            assert int(c._arrivals.abs().sum()) == 0, "arrival counts must be left at zero"
+    for a, b_ in zip(results[True], results[False]):
+        assert bitwise_equal(a, b_)
+
+
 def test_wy_matches_exact():
     """Both forms from the same pending rows: outputs and stash within tolerance."""
     x = gdn_inputs(40, 3, 2, 4, 16, 16, rows=4, slots=4, dtype=torch.float32)

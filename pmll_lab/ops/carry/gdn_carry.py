@@ -71,6 +71,14 @@ GDN_CARRY_CAP = 8
 WY_ROWS_PAD = 16
 """The WY form pads the K axis to 16 rows: ``tl.dot`` needs every side >= 16."""
 
+EXACT_SPLIT_COLUMNS = False
+"""Exact form: split a head's column blocks across programs (grid ``(B, HV, NV)``, as decode
+does, with an arrival count so that the last block restashes the shared g/k rows) instead of
+looping over them inside one program per head (grid ``(B, HV)``). The split gives 4x the
+programs at kd = vd = 128 (more bytes in flight at small B); the loop is what the H200 has
+checked bitwise against decode so far (2026-11-29). Read at launch time;
+``scripts/tune_carry.py`` times both, and the tests run both."""
+
 WY_DOT_PRECISION = "ieee"
 """``input_precision`` of the WY form's two products with the state (``K_rows H``, ``Q_rows H``;
 the small ``[16, 16]`` products stay ``"ieee"``). ``"ieee"`` keeps the fp32 state exact but runs
@@ -286,6 +294,81 @@ def _gdn_carry_exact_kernel(
         tl.store(ks_ptr + (first + t) * (HV * KD) + rk, k, mask=mk)
     if hv == 0:
         tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
+
+
+@triton.jit
+def _gdn_carry_exact_split_kernel(
+    state_ptr, stash_ptr, pend_ptr, slot_ptr, arrive_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
+    scale, stride_state, stride_stash,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
+    sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
+    K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
+    KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+    LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+):
+    """The exact form with a head's column blocks split across programs (grid ``(B, HV, NV)``,
+    decode's own split). Shared rows: each program counts itself in ``arrive[slot, hv]`` after
+    its fold (an acq_rel atomic); the last one to arrive restashes the g/k rows, once every
+    other block has folded the old ones, and sets the count back to 0."""
+    b = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    j = tl.program_id(2)
+    hk = hv // GROUP
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    p = tl.load(pend_ptr + slot)
+    if LAZY:
+        wb = p + K > CAP
+    else:
+        wb = p > 0
+    first = tl.where(wb, 0, p)
+
+    rk = tl.arange(0, BK)
+    mk = rk < KD
+    rv = j * BV + tl.arange(0, BV)
+    mv = rv < VD
+    m2 = mk[:, None] & mv[None, :]
+    h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
+    s_ptr = stash_ptr + slot * stride_stash
+    u_ptr = s_ptr + hv * VD
+    gs_ptr = s_ptr + CAP * HV * VD + hv
+    ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
+    qrow = q_ptr + b * sq_b + hk * sq_h
+    krow = k_ptr + b * sk_b + hk * sk_h
+    vrow = v_ptr + b * sv_b + hv * sv_h
+    orow = o_ptr + b * so_b + hv * so_h
+
+    hp = h_ptr + rk[:, None] * VD + rv[None, :]
+    h = tl.load(hp, mask=m2, other=0.0)
+    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD)
+    tl.debug_barrier()  # every thread's fold loads done before u rows are restashed
+    if wb:
+        tl.store(hp, h, mask=m2)
+    for t in tl.static_range(K):
+        q = tl.load(qrow + t * sq_t + rk, mask=mk, other=0.0).to(tl.float32)
+        k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
+        q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
+        v = tl.load(vrow + t * sv_t + rv, mask=mv, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
+        beta = tl.load(beta_ptr + b * sb_b + t * sb_t + hv).to(tl.float32)
+        h, o, u = gdn_row(h, q, k, v, g, beta)
+        tl.store(orow + t * so_t + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
+        tl.store(u_ptr + (first + t) * (HV * VD) + rv, u, mask=mv)
+
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel")
+    if arrived == NV - 1:
+        for t in tl.static_range(K):
+            q = tl.load(qrow + t * sq_t + rk, mask=mk, other=0.0).to(tl.float32)
+            k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
+            q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
+            g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
+            tl.store(gs_ptr + (first + t) * HV, g)
+            tl.store(ks_ptr + (first + t) * (HV * KD) + rk, k, mask=mk)
+        tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
+    if hv == 0:
+        if j == 0:
+            tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
 
 
 @triton.jit
@@ -558,6 +641,16 @@ def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", 
     return o, engaged
 
 
+def _arrivals(carry, num_v_heads: int) -> torch.Tensor:
+    """The split exact form's arrival counts ``[S, HV]`` int32 for ``carry``: zeros, allocated
+    on first use and kept on the carry (every launch leaves them at zero)."""
+    arrive = getattr(carry, "_arrivals", None)
+    if arrive is None or arrive.shape != (carry.slots, num_v_heads) or arrive.device != carry.device:
+        arrive = torch.zeros(carry.slots, num_v_heads, dtype=torch.int32, device=carry.device)
+        carry._arrivals = arrive
+    return arrive
+
+
 def _device_guard(t: torch.Tensor):
     """Launch on ``t``'s GPU (Triton launches on the current device)."""
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
@@ -575,7 +668,12 @@ def _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, l
             beta.stride(0), beta.stride(1), o.stride(0), o.stride(1), o.stride(2))
     meta = dict(K=K, CAP=carry.cap, HV=HV, GROUP=HV // HK, KD=kd, VD=vd, LAZY=lazy,
                 USE_QK_L2NORM=bool(use_qk_l2norm))
-    if form == "exact":
+    if form == "exact" and EXACT_SPLIT_COLUMNS:
+        NV = triton.cdiv(vd, BV)
+        arrive = _arrivals(carry, HV)
+        _gdn_carry_exact_split_kernel[(B, HV, NV)](*args[:4], arrive, *args[4:], BK=BK, BV=BV,
+                                                   NV=NV, num_warps=num_warps, **meta)
+    elif form == "exact":
         _gdn_carry_exact_kernel[(B, HV)](*args, BK=BK, BV=BV, NV=triton.cdiv(vd, BV),
                                          num_warps=num_warps, **meta)
     else:
