@@ -228,6 +228,55 @@ def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv,
 
 
 @triton.jit
+def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
+                        g_ptr, beta_ptr, o_ptr, b, hv, p, wb, first, scale, j,
+                        sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
+                        K: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
+                        BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """Columns ``j*BV ..`` of one head: load the state block, fold the ``p`` pending rows, write
+    it back if ``wb``, run the ``K`` rows (decode's ``gdn_row``), store outputs and stash ``u``."""
+    rk = tl.arange(0, BK)
+    mk = rk < KD
+    rv = j * BV + tl.arange(0, BV)
+    mv = rv < VD
+    m2 = mk[:, None] & mv[None, :]
+    hp = h_ptr + rk[:, None] * VD + rv[None, :]
+    h = tl.load(hp, mask=m2, other=0.0)
+    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD)
+    tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
+    if wb:
+        tl.store(hp, h, mask=m2)
+    for t in tl.static_range(K):
+        q = tl.load(qrow + t * sq_t + rk, mask=mk, other=0.0).to(tl.float32)
+        k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
+        q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
+        v = tl.load(vrow + t * sv_t + rv, mask=mv, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
+        beta = tl.load(beta_ptr + b * sb_b + t * sb_t + hv).to(tl.float32)
+        h, o, u = gdn_row(h, q, k, v, g, beta)
+        tl.store(orow + t * so_t + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
+        tl.store(u_ptr + (first + t) * (HV * VD) + rv, u, mask=mv)
+
+
+@triton.jit
+def _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
+                         sq_t, sk_t, sg_b, sg_t,
+                         K: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr,
+                         BK: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """Stash the ``K`` rows' log decays and normalised keys (shared by a head's column blocks)
+    at rows ``first ..``: call only once every block has folded the old rows."""
+    rk = tl.arange(0, BK)
+    mk = rk < KD
+    for t in tl.static_range(K):
+        q = tl.load(qrow + t * sq_t + rk, mask=mk, other=0.0).to(tl.float32)
+        k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
+        q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
+        g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
+        tl.store(gs_ptr + (first + t) * HV, g)
+        tl.store(ks_ptr + (first + t) * (HV * KD) + rk, k, mask=mk)
+
+
+@triton.jit
 def _gdn_carry_exact_kernel(
     state_ptr, stash_ptr, pend_ptr, slot_ptr,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
@@ -238,6 +287,8 @@ def _gdn_carry_exact_kernel(
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
 ):
+    """The exact form, one program per (sequence, head) looping over the head's column
+    blocks (grid ``(B, HV)``); the shared g/k rows are restashed after the last block."""
     b = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     hk = hv // GROUP
@@ -248,9 +299,6 @@ def _gdn_carry_exact_kernel(
     else:
         wb = p > 0
     first = tl.where(wb, 0, p)
-
-    rk = tl.arange(0, BK)
-    mk = rk < KD
     h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
     s_ptr = stash_ptr + slot * stride_stash
     u_ptr = s_ptr + hv * VD
@@ -262,36 +310,13 @@ def _gdn_carry_exact_kernel(
     orow = o_ptr + b * so_b + hv * so_h
 
     for j in tl.static_range(0, NV):
-        rv = j * BV + tl.arange(0, BV)
-        mv = rv < VD
-        m2 = mk[:, None] & mv[None, :]
-        hp = h_ptr + rk[:, None] * VD + rv[None, :]
-        h = tl.load(hp, mask=m2, other=0.0)
-        h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD)
-        tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
-        if wb:
-            tl.store(hp, h, mask=m2)
-        for t in tl.static_range(K):
-            q = tl.load(qrow + t * sq_t + rk, mask=mk, other=0.0).to(tl.float32)
-            k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
-            q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
-            v = tl.load(vrow + t * sv_t + rv, mask=mv, other=0.0).to(tl.float32)
-            g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
-            beta = tl.load(beta_ptr + b * sb_b + t * sb_t + hv).to(tl.float32)
-            h, o, u = gdn_row(h, q, k, v, g, beta)
-            tl.store(orow + t * so_t + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
-            tl.store(u_ptr + (first + t) * (HV * VD) + rv, u, mask=mv)
-
-    # The g and k rows are shared by all column blocks: restash them only after every block
-    # has folded the old ones.
+        _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
+                            g_ptr, beta_ptr, o_ptr, b, hv, p, wb, first, scale, j,
+                            sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
+                            K, HV, KD, VD, BK, BV, USE_QK_L2NORM)
     tl.debug_barrier()
-    for t in tl.static_range(K):
-        q = tl.load(qrow + t * sq_t + rk, mask=mk, other=0.0).to(tl.float32)
-        k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
-        q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
-        g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
-        tl.store(gs_ptr + (first + t) * HV, g)
-        tl.store(ks_ptr + (first + t) * (HV * KD) + rk, k, mask=mk)
+    _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
+                         sq_t, sk_t, sg_b, sg_t, K, HV, KD, BK, USE_QK_L2NORM)
     if hv == 0:
         tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
 
@@ -322,12 +347,6 @@ def _gdn_carry_exact_split_kernel(
     else:
         wb = p > 0
     first = tl.where(wb, 0, p)
-
-    rk = tl.arange(0, BK)
-    mk = rk < KD
-    rv = j * BV + tl.arange(0, BV)
-    mv = rv < VD
-    m2 = mk[:, None] & mv[None, :]
     h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
     s_ptr = stash_ptr + slot * stride_stash
     u_ptr = s_ptr + hv * VD
@@ -338,33 +357,15 @@ def _gdn_carry_exact_split_kernel(
     vrow = v_ptr + b * sv_b + hv * sv_h
     orow = o_ptr + b * so_b + hv * so_h
 
-    hp = h_ptr + rk[:, None] * VD + rv[None, :]
-    h = tl.load(hp, mask=m2, other=0.0)
-    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD)
-    tl.debug_barrier()  # every thread's fold loads done before u rows are restashed
-    if wb:
-        tl.store(hp, h, mask=m2)
-    for t in tl.static_range(K):
-        q = tl.load(qrow + t * sq_t + rk, mask=mk, other=0.0).to(tl.float32)
-        k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
-        q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
-        v = tl.load(vrow + t * sv_t + rv, mask=mv, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
-        beta = tl.load(beta_ptr + b * sb_b + t * sb_t + hv).to(tl.float32)
-        h, o, u = gdn_row(h, q, k, v, g, beta)
-        tl.store(orow + t * so_t + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
-        tl.store(u_ptr + (first + t) * (HV * VD) + rv, u, mask=mv)
-
+    _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
+                        g_ptr, beta_ptr, o_ptr, b, hv, p, wb, first, scale, j,
+                        sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
+                        K, HV, KD, VD, BK, BV, USE_QK_L2NORM)
     tl.debug_barrier()
     arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel")
     if arrived == NV - 1:
-        for t in tl.static_range(K):
-            q = tl.load(qrow + t * sq_t + rk, mask=mk, other=0.0).to(tl.float32)
-            k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
-            q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
-            g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
-            tl.store(gs_ptr + (first + t) * HV, g)
-            tl.store(ks_ptr + (first + t) * (HV * KD) + rk, k, mask=mk)
+        _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
+                             sq_t, sk_t, sg_b, sg_t, K, HV, KD, BK, USE_QK_L2NORM)
         tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
     if hv == 0:
         if j == 0:
