@@ -84,6 +84,7 @@ from pmll_lab.peers import (  # noqa: F401  (fla_supports_gva: used by the noteb
 )
 from pmll_lab.reference import carry as ref_carry
 from pmll_lab.sweep import CheckFailed, grid, speed_rows
+from pmll_lab.experiments.carry import accept_counts, alpha_for_mean, mean_accept_len
 from pmll_lab.experiments.common import failed_points as _failed_points
 
 CAP = GDN_CARRY_CAP
@@ -121,31 +122,6 @@ SHAPE_KEYS = ("HK", "HV", "head_dim", "dtype")
 
 
 # ---- acceptance process ------------------------------------------------------------------------
-
-def mean_accept_len(alpha: float, K: int) -> float:
-    """``E[a] = 1 + alpha + ... + alpha^(K-1)``: the mean accepted rows of a ``K``-row verify."""
-    return float(sum(alpha ** i for i in range(K)))
-
-
-def alpha_for_mean(mean_len: float, K: int) -> float:
-    """The per-draft acceptance probability giving mean accepted length ``mean_len`` at ``K``
-    rows (``1 <= mean_len <= K``; bisection). Raises ``ValueError`` outside that range."""
-    if not 1.0 <= mean_len <= K:
-        raise ValueError(f"mean_len: must lie in [1, K={K}], got {mean_len}")
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if mean_accept_len(mid, K) < mean_len else (lo, mid)
-    return (lo + hi) / 2
-
-
-def accept_counts(rng: np.random.Generator, n: int, K: int, alpha: float) -> np.ndarray:
-    """``n`` accepted counts in ``1..K``: one plus the leading drafts accepted (each ``alpha``)."""
-    if K == 1:
-        return np.ones(n, dtype=np.int64)
-    drafts = (rng.random((n, K - 1)) < alpha).cumprod(axis=1).sum(axis=1)
-    return 1 + drafts.astype(np.int64)
-
 
 @lru_cache(maxsize=64)
 def acceptance(K: int, mean_accept: float = 3.3, accept_K: int = 4, cap: int = CAP,
