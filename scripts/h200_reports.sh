@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the notebooks' full preset on the H200 device machine and pack the run folder into $OUT.
-# Usage (device machine, repo root, .whl carried):  bash scripts/h200_reports.sh RUN_NAME SECONDS_PER_NOTEBOOK NB...
-# Each notebook gets a wall-clock limit; a notebook cut short keeps the sweep rows it finished.
+# Usage (device machine, repo root, .whl carried):  bash scripts/h200_reports.sh RUN_NAME SECONDS NB[:SECONDS]...
+# Each notebook gets a wall-clock limit (its own after a colon, else SECONDS); a notebook cut short
+# keeps the sweep rows it finished. Set PMLL_LAB_COMMIT to the commit sent (the copy has no .git).
 set -u
 run=$1; limit=$2; shift 2
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -9,9 +10,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD JUPYTER_PATH=/tmp/site/share/jupyter PATH=/tmp/site/bin:$PATH
 python3 -m ipykernel install --user --name python3 >/dev/null || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-for nb in "$@"; do
+for arg in "$@"; do
+  nb=${arg%%:*}; lim=$limit; [ "$nb" != "$arg" ] && lim=${arg#*:}
   echo "== $nb $(date -u +%H:%M:%S)"
-  timeout "$limit" python3 -m pmll_lab report --preset full --device cuda --run "$run" --only "$nb" --resume
+  timeout "$lim" python3 -m pmll_lab report --preset full --device cuda --run "$run" --only "$nb" --resume
   echo "== $nb rc=$? $(date -u +%H:%M:%S)"
 done
 tar czf "$OUT/report.tgz" -C reports "$run"
