@@ -8,6 +8,10 @@ decorated), which is why ``pmll_lab/__init__.py`` imports this module first.
 
 Every test, notebook and sweep asks this module for the device (``DEVICE``) instead of deciding
 for itself. ``PMLL_LAB_DEVICE=cuda`` on a machine without CUDA raises ``RuntimeError``.
+
+``PMLL_LAB_DEVICE=lower`` is for ``pmll_lab.lowering`` only: kernels are compiled for a GPU target
+(Triton IR, PTX) but never launched, on any machine, GPU or not; ``DEVICE`` is the CPU and
+``INTERPRET`` is False. ``TRITON_INTERPRET=1`` in the environment then raises ``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -23,8 +27,13 @@ import torch
 
 def _decide() -> tuple[torch.device, bool]:
     wanted = os.environ.get("PMLL_LAB_DEVICE", "auto").strip().lower()
-    if wanted not in ("auto", "cpu", "cuda"):
-        raise RuntimeError(f"PMLL_LAB_DEVICE must be auto, cpu or cuda, not {wanted!r}")
+    if wanted not in ("auto", "cpu", "cuda", "lower"):
+        raise RuntimeError(f"PMLL_LAB_DEVICE must be auto, cpu, cuda or lower, not {wanted!r}")
+    if wanted == "lower":
+        if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+            raise RuntimeError("PMLL_LAB_DEVICE=lower compiles kernels for a GPU target: unset "
+                               "TRITON_INTERPRET")
+        return torch.device("cpu"), False
     has_cuda = torch.cuda.is_available()
     if wanted == "cuda" and not has_cuda:
         raise RuntimeError("PMLL_LAB_DEVICE=cuda but torch sees no CUDA device")

@@ -211,14 +211,15 @@ def test_verify_write_back_with_several_column_blocks(form):
     _run_verify_case(form, True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7], seed=32)
 
 
-def test_split_columns_exact_variant(monkeypatch):
-    """The exact form with a head's column blocks split across programs
-    (``EXACT_SPLIT_COLUMNS``): the race case (write-backs with several column blocks, where the
-    last block to arrive must restash the shared g/k rows), the protocol reference, the arrival
-    counts left at zero, and bitwise agreement with the one-program-per-head form."""
+def test_per_head_loop_exact_variant(monkeypatch):
+    """The exact form with one program per head looping over its column blocks
+    (``EXACT_SPLIT_COLUMNS = False``; the default splits them across programs and every other
+    test runs that): the race case (write-backs with several column blocks, where the shared g/k
+    rows must be restashed only after the last block folded them), the protocol reference, and
+    bitwise agreement with the split form, whose arrival counts must be left at zero."""
     import pmll_lab.ops.carry.gdn_carry as C
 
-    monkeypatch.setattr(C, "EXACT_SPLIT_COLUMNS", True)
+    monkeypatch.setattr(C, "EXACT_SPLIT_COLUMNS", False)
     _run_verify_case("exact", False, torch.float32, 2, 3, 1, 2, 128, 64, 3, [5, 2], seed=31)
     _run_verify_case("exact", True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7], seed=32)
     _run_verify_case("exact", True, torch.bfloat16, 3, 5, 1, 2, 64, 48, 2, [0, 6, 7], seed=33)

@@ -10,19 +10,20 @@ Buffers (all fp32 unless said):
   ``g_r`` (the log decay) and ``k_r`` (the l2-normalised key, ``sk``) of every value head.
 - ``GdnCarry.pend [S]`` int32: accepted stash rows not yet folded into ``state``.
 
-Verify (``gdn_carry_verify``), one program per (sequence, value head), grid ``(B, HV)``:
-the program loads the slot's ``pend`` ``p``, and for each column block of ``BV`` value columns
-(``block_config(kd, vd)``, looped inside the program, unrolled: with a constant block offset the
-compiler sees the columns' alignment as in decode, vectorises the state load the same way and so
-picks the same layout, hence the same reduction order — on the H200 a dynamic loop gave outputs
-differing from ``gdn_decode`` in the last bits) loads the state block, folds the ``p``
-pending rows (``fold_row``), writes it back when the protocol says so (eager: ``p > 0``; lazy:
+Verify (``gdn_carry_verify``), exact form, one program per (sequence, value head, column block
+of ``BV`` value columns), grid ``(B, HV, NV)`` with ``block_config(kd, vd)``, decode's own split:
+the program loads the slot's ``pend`` ``p`` and its state block, folds the ``p`` pending rows
+(``fold_row``), writes the block back when the protocol says so (eager: ``p > 0``; lazy:
 ``p + K > CAP``), runs the ``K`` rows and stashes each row's ``u`` columns at stash row
 ``first + t`` (``first = 0`` after a write-back, else ``p``). The ``g`` and ``k`` stash rows are
 shared by all column blocks of the head, so they are written once, after every block has folded
-the old ones (behind ``tl.debug_barrier()``): a write-back that restarts the stash at row 0 can
-never overwrite a row that is still to be folded (SPEC §3b "Shared rows"). No two programs of a
-launch touch the same stash or state bytes (slots distinct within a launch, heads disjoint).
+the old ones: each program counts itself in an arrival counter (``acq_rel`` atomic) after its
+fold, and the last to arrive restashes them and resets the counter, so a write-back that restarts
+the stash at row 0 can never overwrite a row that is still to be folded (SPEC §3b "Shared rows").
+With ``EXACT_SPLIT_COLUMNS = False``, one program per (sequence, head) loops over the column
+blocks instead (unrolled, constant block offsets) and restashes after the loop behind
+``tl.debug_barrier()``. The WY form runs one program per (sequence, head). No two heads or slots
+of a launch share state or stash bytes (slots distinct within a launch, heads disjoint).
 ``engaged[b]`` is written by the program of value head 0: 2 after a write-back, else 1.
 
 - exact form: each row through ``qk_prepare`` + ``gdn_row`` of ``pmll_lab.ops.gdn.recurrence`` on
@@ -71,12 +72,13 @@ GDN_CARRY_CAP = 8
 WY_ROWS_PAD = 16
 """The WY form pads the K axis to 16 rows: ``tl.dot`` needs every side >= 16."""
 
-EXACT_SPLIT_COLUMNS = False
+EXACT_SPLIT_COLUMNS = True
 """Exact form: split a head's column blocks across programs (grid ``(B, HV, NV)``, as decode
 does, with an arrival count so that the last block restashes the shared g/k rows) instead of
-looping over them inside one program per head (grid ``(B, HV)``). The split gives 4x the
-programs at kd = vd = 128 (more bytes in flight at small B); the loop is what the H200 has
-checked bitwise against decode so far (2026-11-29). Read at launch time;
+looping over them inside one program per head (grid ``(B, HV)``). Measured on an NVIDIA H200,
+2026-11-29 (reports/h200-2026-11-29b-tune-carry.log; HK=16, HV=32, kd=vd=128, K=4, bf16 inputs):
+split 114 / 154 us against the loop's 230 / 273 us at B=64 without / with write-back, 212 / 290
+against 470 / 563 us at B=128, bitwise equal to the loop. Read at launch time;
 ``scripts/tune_carry.py`` times both, and the tests run both."""
 
 WY_DOT_PRECISION = "ieee"
@@ -215,6 +217,22 @@ def snapshot_bytes_per_slot(num_v_heads: int, k_dim: int, v_dim: int, rows: int)
 # Kernels
 # ---------------------------------------------------------------------------------------------
 
+# Row vectors (q, k, v, g, beta, o) and their strides are not specialised on alignment or
+# divisibility, as in decode (``pmll_lab.ops.gdn.decode``): the compiler picks the layout of a
+# loaded vector, and so the order of the l2norm and ``k.q`` sums, from what it knows of the
+# pointer. Specialised, these kernels loaded q/k 4 elements per thread where decode loads 1, and
+# on the H200 their outputs differed from decode in the last bits (2026-11-29). Checked on the CPU
+# for sm_90 by ``pmll_lab.lowering`` (tests/test_lowering.py). The stash is left unspecialised
+# too: its key rows are loaded on the same ``rk`` lanes as q/k, and the compiler propagates a
+# wide layout from those aligned loads to the q/k loads (seen in the sm_90 TTGIR). Stash rows
+# are a few hundred bytes per row; the state stays specialised (wide loads, as in decode).
+_ROW_PTRS = ["q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "o_ptr", "stash_ptr"]
+_ROW_STRIDES = ["sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b", "sv_t", "sv_h",
+                "sg_b", "sg_t", "sb_b", "sb_t", "so_b", "so_t", "so_h", "stride_stash"]
+_ROW_UNSPECIALIZED = dict(do_not_specialize=_ROW_STRIDES,
+                          do_not_specialize_on_alignment=_ROW_PTRS)
+
+
 @triton.jit
 def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv,
                   HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr):
@@ -276,7 +294,7 @@ def _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
         tl.store(ks_ptr + (first + t) * (HV * KD) + rk, k, mask=mk)
 
 
-@triton.jit
+@triton.jit(**_ROW_UNSPECIALIZED)
 def _gdn_carry_exact_kernel(
     state_ptr, stash_ptr, pend_ptr, slot_ptr,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
@@ -321,7 +339,7 @@ def _gdn_carry_exact_kernel(
         tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
 
 
-@triton.jit
+@triton.jit(**_ROW_UNSPECIALIZED)
 def _gdn_carry_exact_split_kernel(
     state_ptr, stash_ptr, pend_ptr, slot_ptr, arrive_ptr,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
@@ -372,7 +390,7 @@ def _gdn_carry_exact_split_kernel(
             tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
 
 
-@triton.jit
+@triton.jit(**_ROW_UNSPECIALIZED)
 def _gdn_carry_wy_kernel(
     state_ptr, stash_ptr, pend_ptr, slot_ptr,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,

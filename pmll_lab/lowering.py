@@ -1,0 +1,137 @@
+"""Lower Triton kernels for a GPU target without a GPU, and check what decides bitwise agreement.
+
+Why: the GDN kernels that must agree to the bit (decode, the chain, the exact carried-state
+verify; SPEC §2 "Exactness") share their arithmetic (``pmll_lab.ops.gdn.recurrence``), but on a
+GPU the order of a ``tl.sum`` also depends on the register layout the compiler gives its operand,
+and that layout follows what the launch specialised (16-byte pointer alignment, integer
+divisibility by 16). The Triton interpreter, which CI runs, has no layouts, so it cannot see a
+kernel that reduces on another layout than decode. This module compiles kernels for ``sm_90``
+on the CPU (Triton's own compiler and ptxas) with the specialisation a launch would give, and
+compares the layouts of every reduction (``tt.reduce``) in the Triton GPU IR (TTGIR).
+
+Seen on an NVIDIA H200, 2026-11-29 (reports/h200-2026-11-29b): the exact carry kernels, then
+specialised on the row pointers, loaded ``q``/``k`` with 4 elements per thread where decode has 1,
+so the l2norm and ``k.q`` sums ran in another order and outputs differed from decode in the last
+bits. ``python -m pmll_lab.lowering`` prints the comparison; tests/test_lowering.py asserts it.
+
+Run with ``PMLL_LAB_DEVICE=lower`` set before ``pmll_lab`` is imported (kernels are then compiled,
+never interpreted); :func:`lower` raises ``RuntimeError`` otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+
+from pmll_lab.backend import INTERPRET
+
+_LAYOUT_DEF = re.compile(r"^(#[\w.]+) = (#ttg\.[^\n]*?)(?:\s+loc\(.*\))?$", re.M)
+_REDUCE = re.compile(r'"tt\.reduce"\(%[\w.]+\)[^\n]*?\n(?:.*\n)*?\s*\}\) : \(tensor<([^>]*)>\)')
+
+
+def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
+          num_warps: int = 1, arch: int = 90, unaligned: tuple[str, ...] = ()):
+    """Compile ``kernel`` (a ``@triton.jit`` function) for CUDA ``sm_<arch>`` without launching it.
+
+    ``types``: Triton type of every non-constexpr argument by name (``"*bf16"``, ``"i32"``,
+    ``"fp32"``...); ``constexprs``: value of every ``tl.constexpr`` argument. Specialisation as a
+    launch gives it when every pointer is 16-byte aligned and every integer a multiple of 16
+    (except the arguments the kernel lists in ``do_not_specialize`` /
+    ``do_not_specialize_on_alignment``, and the pointers or ints named in ``unaligned``).
+    Returns Triton's compiled kernel; ``.asm`` holds ``"ttir"``, ``"ttgir"``, ``"ptx"``...
+    Raises ``RuntimeError`` when kernels are interpreted (set ``PMLL_LAB_DEVICE=lower``) and
+    ``ValueError`` naming an argument missing from ``types``/``constexprs``.
+    """
+    if INTERPRET:
+        raise RuntimeError("pmll_lab.lowering needs compiled kernels: set PMLL_LAB_DEVICE=lower "
+                           "before pmll_lab is first imported")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig, attrs, consts = {}, {}, {}
+    for i, param in enumerate(kernel.params):
+        name = param.name
+        if param.is_constexpr:
+            if name not in constexprs:
+                raise ValueError(f"constexprs: no value for the constexpr argument {name!r}")
+            sig[name] = "constexpr"
+            consts[(i,)] = constexprs[name]
+            continue
+        if name not in types:
+            raise ValueError(f"types: no Triton type for argument {name!r}")
+        sig[name] = types[name]
+        pointer = types[name].startswith("*")
+        skip = param.do_not_specialize or name in unaligned or (
+            pointer and param.do_not_specialize_on_alignment)
+        if not skip and (pointer or types[name] in ("i32", "i64")):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps})
+
+
+def reduction_layouts(ttgir: str) -> list[str]:
+    """The operand layout of every ``tt.reduce`` in a TTGIR module, in program order, each as
+    ``"<shape x type>, <layout definition>"`` (aliases such as ``#blocked1`` resolved)."""
+    defs = dict(_LAYOUT_DEF.findall(ttgir))
+    out = []
+    for operand in _REDUCE.findall(ttgir):
+        shape, _, alias = operand.partition(", ")
+        out.append(f"{shape}, {defs.get(alias.strip(), alias.strip())}")
+    return out
+
+
+def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, int] = (16, 32),
+                     input_type: str = "bf16", arch: int = 90) -> dict[str, set[str]]:
+    """Reduction layouts of the kernels that must agree bitwise with GDN decode (SPEC §2):
+    ``gdn_rows_kernel`` (decode and the chain), the exact carried-state verify per head and with
+    split columns. Each kernel as the launchers launch it (``block_config`` shapes and warps,
+    lazy form, l2norm in kernel). Returns ``{kernel name: set of reduction layouts}``: the
+    family agrees when every set equals decode's."""
+    from pmll_lab.ops.carry import gdn_carry as C
+    from pmll_lab.ops.gdn import decode as D
+    from pmll_lab.ops.gdn.recurrence import block_config
+
+    HK, HV = heads
+    BK, BV, warps = block_config(head_dim, head_dim)
+    rows_t = {n: f"*{input_type}" for n in ("q", "k", "v", "o")} | {"g": "*fp32", "beta": "*fp32"}
+    dec_types = {"state": "*fp32", "inter": "*fp32", "slot_idx": "*i32", "scale": "fp32", **rows_t}
+    for p in D.gdn_rows_kernel.params:
+        dec_types.setdefault(p.name, "i32")
+    dec = lower(D.gdn_rows_kernel, dec_types,
+                dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,
+                     STORE_INTER=False, USE_QK_L2NORM=True), num_warps=warps, arch=arch)
+    carry_types = {f"{n}_ptr": t for n, t in rows_t.items()} | {
+        "state_ptr": "*fp32", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
+        "engaged_ptr": "*i32", "arrive_ptr": "*i32", "scale": "fp32"}
+    meta = dict(K=rows, CAP=C.GDN_CARRY_CAP, HV=HV, GROUP=HV // HK, KD=head_dim, VD=head_dim,
+                BK=BK, BV=BV, NV=-(-head_dim // BV), LAZY=True, USE_QK_L2NORM=True)
+    out = {"gdn_rows_kernel": set(reduction_layouts(dec.asm["ttgir"]))}
+    for kern in (C._gdn_carry_exact_kernel, C._gdn_carry_exact_split_kernel):
+        types = dict(carry_types)
+        for p in kern.params:
+            types.setdefault(p.name, "i32")
+        types = {p.name: types[p.name] for p in kern.params if not p.is_constexpr}
+        low = lower(kern, types, meta, num_warps=warps, arch=arch)
+        out[kern.__name__] = set(reduction_layouts(low.asm["ttgir"]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pmll_lab.lowering``: print the GDN exact family's reduction layouts; exit 1
+    when a kernel reduces on a layout decode does not use."""
+    fam = gdn_exact_family()
+    ref = fam["gdn_rows_kernel"]
+    bad = 0
+    for name, layouts in fam.items():
+        extra = layouts - ref
+        bad += bool(extra) or not layouts
+        print(f"{name}: {len(layouts)} reduction layouts"
+              + (f", NOT in decode: {sorted(extra)}" if extra else ", all as in decode"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

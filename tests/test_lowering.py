@@ -1,0 +1,78 @@
+"""The GDN kernels that must agree bitwise reduce on decode's register layouts (sm_90 lowering).
+
+The interpreter that runs the other tests has no layouts, so this test compiles the kernels for
+an H100/H200 (``sm_90``) on the CPU, in a subprocess with ``PMLL_LAB_DEVICE=lower``, and compares
+the layout of every ``tt.reduce`` (``pmll_lab.lowering``). The mutation case rebuilds the exact
+carry kernel without its unspecialised row arguments, the version that the H200 caught differing
+from decode in the last bits (2026-11-29), and requires the check to see it.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import triton
+    from pmll_lab.lowering import gdn_exact_family
+    from pmll_lab.ops.carry import gdn_carry as C
+    out = {}
+    for head_dim, input_type, rows in ((128, "bf16", 4), (64, "fp32", 1), (256, "bf16", 8)):
+        fam = gdn_exact_family(head_dim=head_dim, input_type=input_type, rows=rows)
+        out[f"{head_dim}-{input_type}-{rows}"] = {k: sorted(v) for k, v in fam.items()}
+    # mutation: the exact kernel specialised on every argument (no do_not_specialize lists)
+    C._gdn_carry_exact_kernel = triton.JITFunction(C._gdn_carry_exact_kernel.fn)
+    fam = gdn_exact_family(head_dim=128, input_type="bf16", rows=4)
+    out["mutant"] = {k: sorted(v) for k, v in fam.items()}
+    json.dump(out, sys.stdout)
+""")
+
+
+@pytest.fixture(scope="module")
+def lowered():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PMLL_LAB_DEVICE"] = "lower"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    import json
+    return json.loads(run.stdout)
+
+
+@pytest.mark.parametrize("case", ["128-bf16-4", "64-fp32-1", "256-bf16-8"])
+def test_exact_family_reduces_on_decode_layouts(lowered, case):
+    fam = lowered[case]
+    decode = fam["gdn_rows_kernel"]
+    # decode reduces on two layouts: the [BK] row vectors (l2norm, k.q) and the [BK, BV] block
+    assert len(decode) == 2, decode
+    shapes = sorted(s.split(",")[0].count("x") for s in decode)   # "128xf32", "128x32xf32"
+    assert shapes == [1, 2], decode
+    for name in ("_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"):
+        assert fam[name] == decode, (name, fam[name], decode)
+
+
+def test_check_sees_a_specialised_kernel(lowered):
+    fam = lowered["mutant"]
+    assert fam["_gdn_carry_exact_split_kernel"] == fam["gdn_rows_kernel"]
+    extra = set(fam["_gdn_carry_exact_kernel"]) - set(fam["gdn_rows_kernel"])
+    assert extra, "the specialised exact kernel must reduce on a layout decode does not use"
+
+
+def test_lower_needs_compiled_kernels_and_every_argument():
+    from pmll_lab import INTERPRET
+    from pmll_lab.lowering import lower
+    from pmll_lab.ops.gdn.decode import gdn_rows_kernel
+
+    if INTERPRET:
+        with pytest.raises(RuntimeError, match="PMLL_LAB_DEVICE=lower"):
+            lower(gdn_rows_kernel, {}, {})
+    else:   # compiled kernels (a GPU machine): lowering runs, and names what is missing
+        with pytest.raises(ValueError, match="types: no Triton type for argument 'state'"):
+            lower(gdn_rows_kernel, {}, {})
