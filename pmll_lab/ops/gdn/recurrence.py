@@ -19,13 +19,16 @@ and ``beta``::
 ``fold_row`` is exactly the state update, so replaying stashed ``(g_t, k_t, u_t)`` rows
 reproduces the chain's states bit for bit (SPEC §3b).
 
-Every multiply-add above is an explicit ``tl.fma`` (``u = beta * fma(-e, hk, v)``,
-``o = fma(k.q, u, e * hq)``, ``h = fma(h, e, k u^T)``), not ``a * b + c`` left to the compiler:
-LLVM contracts ``a * b + c`` into an FMA or not per copy of the expression, and Triton may compute
-a value twice in two register layouts. Seen in the sm_90 PTX (2026-11-29): decode computed ``u``
-fused for its fold and unfused in the layout it stores, while the carry verify stashed the
-unfused one, so folding the stash gave states one ulp off decode's (H200 run h200-2026-11-29c).
-The interpreter computes ``tl.fma`` unfused, consistently in every kernel.
+``u`` is computed as ``beta * fma(-e, hk, v)``, the fused multiply-add written out rather than
+left to the compiler: LLVM contracts ``v - e * hk`` into an FMA or not per copy of the expression,
+and Triton may compute a value twice, in two register layouts. Seen in the sm_90 PTX (2026-11-29):
+decode computed ``u`` fused for its fold and unfused in the layout it stores, while the carry
+verify stashed the unfused one, so folding the stash gave states one ulp off decode's (H200 run
+h200-2026-11-29c). Writing the other two multiply-adds (``o``, ``fold_row``) as ``tl.fma`` too
+made the chain differ from K decodes at kd = vd = 64 on the H200 (run h200-2026-11-29d; 128 and
+256 unaffected), so they stay as written: the compiler contracts them the same way in every
+kernel, which the H200 runs check (chain vs decodes, carry vs decode, protocol vs plain
+decoding). The interpreter computes ``tl.fma`` unfused, consistently in every kernel.
 
 Same block shapes are necessary, not sufficient: on a GPU the compiler picks the register
 layout of a loaded block (and so the order of the sums above) from what it knows of the
@@ -61,10 +64,8 @@ def qk_prepare(q, k, scale, USE_QK_L2NORM: tl.constexpr):
 
 @triton.jit
 def fold_row(h, e, k, u):
-    """State update with a known row: ``h * e + k u^T`` (``h [BK, BV]``, ``e`` = exp(g)), as
-    ``fma(h, e, k u^T)``: the fused multiply-add is written out, not left to the compiler's
-    contraction (see the module docstring)."""
-    return tl.fma(h, e, k[:, None] * u[None, :])
+    """State update with a known row: ``h * e + k u^T`` (``h [BK, BV]``, ``e`` = exp(g))."""
+    return h * e + k[:, None] * u[None, :]
 
 
 @triton.jit
@@ -78,7 +79,7 @@ def gdn_row(h, q, k, v, g, beta):
     hk = tl.sum(h * k[:, None], 0)
     hq = tl.sum(h * q[:, None], 0)
     u = beta * tl.fma(-e, hk, v)
-    o = tl.fma(tl.sum(k * q, 0), u, e * hq)
+    o = e * hq + tl.sum(k * q, 0) * u
     h = fold_row(h, e, k, u)
     return h, o, u
 
