@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from pmll_lab.backend import INTERPRET
 
 _LAYOUT_DEF = re.compile(r"^(#[\w.]+) = (#ttg\.[^\n]*?)(?:\s+loc\(.*\))?$", re.M)
+_TRITON_TYPES = {"i1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "fp8e4nv", "fp8e5",
+                 "fp16", "bf16", "fp32", "fp64"}
 _REDUCE = re.compile(r'"tt\.reduce"\(%[\w.]+\)[^\n]*?\n(?:.*\n)*?\s*\}\) : \(tensor<([^>]*)>\)')
 
 
@@ -41,7 +43,9 @@ def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
     ``do_not_specialize_on_alignment``, and the pointers or ints named in ``unaligned``).
     Returns Triton's compiled kernel; ``.asm`` holds ``"ttir"``, ``"ttgir"``, ``"ptx"``...
     Raises ``RuntimeError`` when kernels are interpreted (set ``PMLL_LAB_DEVICE=lower``) and
-    ``ValueError`` naming an argument missing from ``types``/``constexprs``.
+    ``ValueError`` naming an argument missing from ``types``/``constexprs``, a name in ``types``
+    or ``unaligned`` that is not a non-constexpr argument of ``kernel``, or a type Triton does
+    not know.
     """
     if INTERPRET:
         raise RuntimeError("pmll_lab.lowering needs compiled kernels: set PMLL_LAB_DEVICE=lower "
@@ -49,6 +53,18 @@ def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    runtime_args = {p.name for p in kernel.params if not p.is_constexpr}
+    for what, names in (("types", types), ("unaligned", unaligned)):
+        unknown = sorted(set(names) - runtime_args)
+        if unknown:
+            raise ValueError(f"{what}: {unknown} are not non-constexpr arguments of "
+                             f"{getattr(kernel, '__name__', kernel)}")
+    for name, ty in types.items():
+        base = ty[1:] if ty.startswith("*") else ty
+        if base not in _TRITON_TYPES:
+            raise ValueError(f"types: {name!r} has type {ty!r}; expected one of "
+                             f"{sorted(_TRITON_TYPES)}, optionally behind '*' for a pointer")
 
     sig, attrs, consts = {}, {}, {}
     for i, param in enumerate(kernel.params):
@@ -89,8 +105,17 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     ``gdn_rows_kernel`` (decode and the chain), the exact carried-state verify per head and with
     split columns. Each kernel as the launchers launch it (``block_config`` shapes and warps,
     lazy form, l2norm in kernel). Returns ``{kernel name: set of reduction layouts}``: the
-    family agrees when every set equals decode's."""
+    family agrees when every set equals decode's. Raises ``ValueError`` for ``rows`` outside
+    ``1..8``, ``head_dim < 1`` or value heads not a multiple of key heads, and ``RuntimeError``
+    as :func:`lower` does."""
     from pmll_lab.ops.carry import gdn_carry as C
+
+    if not 1 <= rows <= C.GDN_CARRY_CAP:
+        raise ValueError(f"rows: must lie in 1..{C.GDN_CARRY_CAP}, got {rows}")
+    if head_dim < 1:
+        raise ValueError(f"head_dim: must be >= 1, got {head_dim}")
+    if heads[0] < 1 or heads[1] % heads[0]:
+        raise ValueError(f"heads: value heads {heads[1]} must be a multiple of key heads {heads[0]}")
     from pmll_lab.ops.gdn import decode as D
     from pmll_lab.ops.gdn.recurrence import block_config
 
@@ -98,8 +123,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     BK, BV, warps = block_config(head_dim, head_dim)
     rows_t = {n: f"*{input_type}" for n in ("q", "k", "v", "o")} | {"g": "*fp32", "beta": "*fp32"}
     dec_types = {"state": "*fp32", "inter": "*fp32", "slot_idx": "*i32", "scale": "fp32", **rows_t}
-    for p in D.gdn_rows_kernel.params:
-        dec_types.setdefault(p.name, "i32")
+    dec_types = {p.name: dec_types.get(p.name, "i32") for p in D.gdn_rows_kernel.params
+                 if not p.is_constexpr}
     dec = lower(D.gdn_rows_kernel, dec_types,
                 dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,
                      STORE_INTER=False, USE_QK_L2NORM=True), num_warps=warps, arch=arch)
@@ -120,9 +145,20 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pmll_lab.lowering``: print the GDN exact family's reduction layouts; exit 1
-    when a kernel reduces on a layout decode does not use."""
-    fam = gdn_exact_family()
+    """``python -m pmll_lab.lowering [--head-dim D] [--rows K] [--input-type T]``: print the GDN
+    exact family's reduction layouts; exit 1 when a kernel reduces on a layout decode does not
+    use, or has no reduction at all (a lowering that lost the recurrence)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m pmll_lab.lowering",
+                                 description="Compare the sm_90 reduction layouts of the GDN "
+                                             "kernels that must agree bitwise with decode "
+                                             "(run with PMLL_LAB_DEVICE=lower).")
+    ap.add_argument("--head-dim", type=int, default=128, help="kd = vd (default 128)")
+    ap.add_argument("--rows", type=int, default=4, help="draft rows K (default 4)")
+    ap.add_argument("--input-type", default="bf16", help="q/k/v/o type: bf16, fp16, fp32")
+    args = ap.parse_args(argv)
+    fam = gdn_exact_family(head_dim=args.head_dim, rows=args.rows, input_type=args.input_type)
     ref = fam["gdn_rows_kernel"]
     bad = 0
     for name, layouts in fam.items():

@@ -76,3 +76,40 @@ def test_lower_needs_compiled_kernels_and_every_argument():
     else:   # compiled kernels (a GPU machine): lowering runs, and names what is missing
         with pytest.raises(ValueError, match="types: no Triton type for argument 'state'"):
             lower(gdn_rows_kernel, {}, {})
+
+
+BAD_CALLS = textwrap.dedent("""
+    import json, sys
+    from pmll_lab.lowering import gdn_exact_family, lower
+    from pmll_lab.ops.gdn.decode import gdn_rows_kernel
+    out = {}
+    for name, call in (
+        ("type", lambda: lower(gdn_rows_kernel, {"state": "foo"}, {})),
+        ("unaligned", lambda: lower(gdn_rows_kernel, {}, {}, unaligned=("no_such_arg",))),
+        ("extra_type", lambda: lower(gdn_rows_kernel, {"KD": "i32"}, {})),
+        ("rows", lambda: gdn_exact_family(rows=0)),
+        ("heads", lambda: gdn_exact_family(heads=(16, 24))),
+    ):
+        try:
+            call()
+            out[name] = "no error"
+        except ValueError as exc:
+            out[name] = str(exc)
+    json.dump(out, sys.stdout)
+""")
+
+
+def test_lowering_rejects_bad_arguments_naming_them():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PMLL_LAB_DEVICE"] = "lower"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", BAD_CALLS], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    import json
+    got = json.loads(run.stdout)
+    assert got["type"].startswith("types: 'state' has type 'foo'"), got
+    assert got["unaligned"].startswith("unaligned: ['no_such_arg']"), got
+    assert got["extra_type"].startswith("types: ['KD']"), got
+    assert got["rows"].startswith("rows: must lie in 1..8"), got
+    assert got["heads"].startswith("heads: value heads 24"), got
