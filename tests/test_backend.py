@@ -35,7 +35,7 @@ def test_triton_imported_first_is_a_clear_error():
 
 def test_unknown_device_request_is_refused():
     proc = _python("import pmll_lab", PMLL_LAB_DEVICE="tpu")
-    assert proc.returncode != 0 and "PMLL_LAB_DEVICE must be auto, cpu or cuda" in proc.stderr
+    assert proc.returncode != 0 and "PMLL_LAB_DEVICE must be auto, cpu, cuda or lower" in proc.stderr
 
 
 def test_environment_names_device_versions_and_commit():
@@ -43,3 +43,16 @@ def test_environment_names_device_versions_and_commit():
     assert set(env) >= {"device", "backend", "torch", "triton", "python", "commit"}
     assert env["backend"] == ("triton-interpreter" if backend.INTERPRET else "cuda")
     assert env["commit"]
+
+
+def test_lower_mode_compiles_and_refuses_the_interpreter():
+    """PMLL_LAB_DEVICE=lower (pmll_lab.lowering): CPU device, kernels compiled, not interpreted;
+    with TRITON_INTERPRET=1 also set, a clear error."""
+    proc = _python("import os, pmll_lab; print(pmll_lab.DEVICE, pmll_lab.INTERPRET, "
+                   "os.environ.get('TRITON_INTERPRET'))", PMLL_LAB_DEVICE="lower")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["cpu", "False", "None"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PMLL_LAB_DEVICE": "lower", "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", "import pmll_lab"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0 and "unset TRITON_INTERPRET" in proc.stderr
