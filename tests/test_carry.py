@@ -224,20 +224,49 @@ def test_per_head_loop_exact_variant(monkeypatch):
     _run_verify_case("exact", True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7], seed=32)
     _run_verify_case("exact", True, torch.bfloat16, 3, 5, 1, 2, 64, 48, 2, [0, 6, 7], seed=33)
 
-    x = gdn_inputs(34, 3, 1, 2, 128, 64, rows=3, slots=4, dtype=torch.bfloat16)
+    results = _split_vs_per_head(monkeypatch, "exact", "EXACT_SPLIT_COLUMNS", seed=34)
+    for a, b_ in zip(results[True], results[False]):
+        assert bitwise_equal(a, b_)
+
+
+def _split_vs_per_head(monkeypatch, form, flag, seed):
+    """One eager verify (several column blocks, write-backs) with ``flag`` on and off: returns
+    ``{split: (o, engaged, state, stash)}``; the split launch must leave its arrival counts at
+    zero."""
+    import pmll_lab.ops.carry.gdn_carry as C
+
+    x = gdn_inputs(seed, 3, 1, 2, 128, 64, rows=3, slots=4, dtype=torch.bfloat16)
     results = {}
     for split in (True, False):
-        monkeypatch.setattr(C, "EXACT_SPLIT_COLUMNS", split)
+        monkeypatch.setattr(C, flag, split)
         st, c = x["state"].clone(), GdnCarry.empty(4, 2, 128, 64)
-        _fill_stash(c, 35)
+        _fill_stash(c, seed + 1)
         c.pend.copy_(torch.tensor([2, 6, 0, 7], dtype=torch.int32))
         o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                slot_tab=x["state_indices"], form="exact", lazy=False)
+                                slot_tab=x["state_indices"], form=form, lazy=False)
         results[split] = (o, e, st, c.buf)
         if split:
             assert int(c._arrivals.abs().sum()) == 0, "arrival counts must be left at zero"
-    for a, b_ in zip(results[True], results[False]):
-        assert bitwise_equal(a, b_)
+    return results
+
+
+def test_split_columns_wy_variant(monkeypatch):
+    """The WY form with a head's column blocks split across programs (``WY_SPLIT_COLUMNS``):
+    the race case (write-backs with several column blocks; the last block to arrive restashes
+    the shared g/k rows), the protocol reference, and agreement with the per-head WY form (the
+    same arithmetic per column block: within fp32 rounding, 1e-5)."""
+    import pmll_lab.ops.carry.gdn_carry as C
+
+    monkeypatch.setattr(C, "WY_SPLIT_COLUMNS", True)
+    _run_verify_case("wy", False, torch.float32, 2, 3, 1, 2, 128, 64, 3, [5, 2], seed=41)
+    _run_verify_case("wy", True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7], seed=42)
+    _run_verify_case("wy", True, torch.bfloat16, 3, 5, 1, 2, 64, 48, 2, [0, 6, 7], seed=43)
+    results = _split_vs_per_head(monkeypatch, "wy", "WY_SPLIT_COLUMNS", seed=44)
+    for name, a, b_ in zip(("o", "engaged", "state", "stash"), results[True], results[False]):
+        if name == "engaged":
+            assert torch.equal(a, b_)
+        else:
+            _close(name, a.float(), b_.float(), TOL)
 
 
 def test_wy_matches_exact():

@@ -90,6 +90,14 @@ tensor cores in three passes at close to fp32 accuracy. Read at launch time, so
 otherwise (reports/perf-notes.md). The interpreter computes every ``tl.dot`` in fp32 whatever
 this says."""
 
+WY_SPLIT_COLUMNS = False
+"""WY form: split a head's column blocks across programs (grid ``(B, HV, NV)``, arrival count as
+in the split exact form), each program recomputing the head's small ``[16, 16]`` matrices,
+instead of one program per head looping over them. Prepared after the exact form measured
+1.8-2.2x faster split (H200, 2026-11-29); not yet measured for WY, so off by default.
+Prediction (reports/perf-notes.md v4): 2-3x at B=64, K=4. Read at launch time;
+``scripts/tune_carry.py`` times both, and the tests run both."""
+
 WY_NUM_WARPS = 4
 """Warps per WY program. The WY form is not bound to decode's reductions (only its fold is, and
 that is elementwise), and its ``[16, BK]`` row tiles next to the ``[BK, BV]`` state block want
@@ -390,40 +398,18 @@ def _gdn_carry_exact_split_kernel(
             tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
 
 
-@triton.jit(**_ROW_UNSPECIALIZED)
-def _gdn_carry_wy_kernel(
-    state_ptr, stash_ptr, pend_ptr, slot_ptr,
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
-    scale, stride_state, stride_stash,
-    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
-    sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
-    K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
-    KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
-    LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, KP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    b = tl.program_id(0).to(tl.int64)
-    hv = tl.program_id(1)
-    hk = hv // GROUP
-    slot = tl.load(slot_ptr + b).to(tl.int64)
-    p = tl.load(pend_ptr + slot)
-    if LAZY:
-        wb = p + K > CAP
-    else:
-        wb = p > 0
-    first = tl.where(wb, 0, p)
-
+@triton.jit
+def _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
+             sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sb_b, sb_t,
+             K: tl.constexpr, KD: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
+             USE_QK_L2NORM: tl.constexpr):
+    """Per (sequence, head), independent of the state: the ``K`` rows' scaled queries ``Q`` and
+    normalised keys ``Kr`` as ``[KP, BK]`` tiles, gates ``g``, ``beta``, ``ec = exp(cumsum g)``,
+    ``T = (I + A)^-1`` (forward substitution) and ``P`` (SPEC §3b)."""
     rk = tl.arange(0, BK)
     mk = rk < KD
     rt = tl.arange(0, KP)            # draft rows, padded to KP
     mt = rt < K
-    h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
-    s_ptr = stash_ptr + slot * stride_stash
-    u_ptr = s_ptr + hv * VD
-    gs_ptr = s_ptr + CAP * HV * VD + hv
-    ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
-
-    # ---- per (sequence, head), independent of the state: rows, gates, the small matrices ----
     mtk = mt[:, None] & mk[None, :]
     Q = tl.load(q_ptr + b * sq_b + hk * sq_h + rt[:, None] * sq_t + rk[None, :],
                 mask=mtk, other=0.0).to(tl.float32)
@@ -450,34 +436,145 @@ def _gdn_carry_wy_kernel(
         a_t = tl.sum(tl.where(rt[:, None] == t, A, 0.0), 0)          # row t of A, over s
         corr = tl.sum(a_t[:, None] * T, 0)
         T = tl.where(rt[:, None] == t, T - corr[None, :], T)
+    return Q, Kr, g, beta, ec, T, P
 
-    for j in tl.static_range(0, NV):
-        rv = j * BV + tl.arange(0, BV)
-        mv = rv < VD
-        m2 = mk[:, None] & mv[None, :]
-        hp = h_ptr + rk[:, None] * VD + rv[None, :]
-        h = tl.load(hp, mask=m2, other=0.0)
-        h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD)
-        tl.debug_barrier()
-        if wb:
-            tl.store(hp, h, mask=m2)
-        mtv = mt[:, None] & mv[None, :]
-        V = tl.load(v_ptr + b * sv_b + hv * sv_h + rt[:, None] * sv_t + rv[None, :],
-                    mask=mtv, other=0.0).to(tl.float32)
-        KH = tl.dot(Kr, h, input_precision=DOT_PRECISION)
-        QH = tl.dot(Q, h, input_precision=DOT_PRECISION)
-        R = beta[:, None] * (V - ec[:, None] * KH)
-        U = tl.dot(T, R, input_precision="ieee")
-        O = ec[:, None] * QH + tl.dot(P, U, input_precision="ieee")
-        tl.store(o_ptr + b * so_b + hv * so_h + rt[:, None] * so_t + rv[None, :],
-                 O.to(o_ptr.dtype.element_ty), mask=mtv)
-        tl.store(u_ptr + (first + rt[:, None]) * (HV * VD) + rv[None, :], U, mask=mtv)
 
-    tl.debug_barrier()
+@triton.jit
+def _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, p, wb, first, j,
+                     Q, Kr, beta, ec, T, P, sv_b, sv_t, sv_h, so_b, so_t, so_h,
+                     K: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
+                     BK: tl.constexpr, BV: tl.constexpr, KP: tl.constexpr,
+                     DOT_PRECISION: tl.constexpr):
+    """Columns ``j*BV ..`` of one head: load the state block, fold the ``p`` pending rows, write
+    it back if ``wb``, then the ``K`` rows at once: ``KH = Kr H``, ``QH = Q H``,
+    ``U = T (beta (V - ec KH))``, ``O = ec QH + P U``; store ``O`` and stash ``U``."""
+    rk = tl.arange(0, BK)
+    mk = rk < KD
+    rt = tl.arange(0, KP)
+    mt = rt < K
+    rv = j * BV + tl.arange(0, BV)
+    mv = rv < VD
+    m2 = mk[:, None] & mv[None, :]
+    hp = h_ptr + rk[:, None] * VD + rv[None, :]
+    h = tl.load(hp, mask=m2, other=0.0)
+    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD)
+    tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
+    if wb:
+        tl.store(hp, h, mask=m2)
+    mtv = mt[:, None] & mv[None, :]
+    V = tl.load(v_ptr + b * sv_b + hv * sv_h + rt[:, None] * sv_t + rv[None, :],
+                mask=mtv, other=0.0).to(tl.float32)
+    KH = tl.dot(Kr, h, input_precision=DOT_PRECISION)
+    QH = tl.dot(Q, h, input_precision=DOT_PRECISION)
+    R = beta[:, None] * (V - ec[:, None] * KH)
+    U = tl.dot(T, R, input_precision="ieee")
+    O = ec[:, None] * QH + tl.dot(P, U, input_precision="ieee")
+    tl.store(o_ptr + b * so_b + hv * so_h + rt[:, None] * so_t + rv[None, :],
+             O.to(o_ptr.dtype.element_ty), mask=mtv)
+    tl.store(u_ptr + (first + rt[:, None]) * (HV * VD) + rv[None, :], U, mask=mtv)
+
+
+@triton.jit
+def _wy_restash_shared_rows(gs_ptr, ks_ptr, first, g, Kr, K: tl.constexpr, HV: tl.constexpr,
+                            KD: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr):
+    """Stash the rows' log decays and normalised keys at rows ``first ..`` (after every block
+    of the head has folded the old ones)."""
+    rk = tl.arange(0, BK)
+    rt = tl.arange(0, KP)
+    mt = rt < K
     tl.store(gs_ptr + (first + rt) * HV, g, mask=mt)
-    tl.store(ks_ptr + (first + rt[:, None]) * (HV * KD) + rk[None, :], Kr, mask=mtk)
+    tl.store(ks_ptr + (first + rt[:, None]) * (HV * KD) + rk[None, :], Kr,
+             mask=mt[:, None] & (rk < KD)[None, :])
+
+
+@triton.jit(**_ROW_UNSPECIALIZED)
+def _gdn_carry_wy_kernel(
+    state_ptr, stash_ptr, pend_ptr, slot_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
+    scale, stride_state, stride_stash,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
+    sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
+    K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
+    KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+    LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, KP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """The WY form, one program per (sequence, head) looping over the head's column blocks
+    (grid ``(B, HV)``); the shared g/k rows are restashed after the last block."""
+    b = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    hk = hv // GROUP
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    p = tl.load(pend_ptr + slot)
+    if LAZY:
+        wb = p + K > CAP
+    else:
+        wb = p > 0
+    first = tl.where(wb, 0, p)
+    h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
+    s_ptr = stash_ptr + slot * stride_stash
+    u_ptr = s_ptr + hv * VD
+    gs_ptr = s_ptr + CAP * HV * VD + hv
+    ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
+    Q, Kr, g, beta, ec, T, P = _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
+                                        sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sb_b,
+                                        sb_t, K, KD, BK, KP, USE_QK_L2NORM)
+    for j in tl.static_range(0, NV):
+        _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, p, wb, first, j,
+                         Q, Kr, beta, ec, T, P, sv_b, sv_t, sv_h, so_b, so_t, so_h,
+                         K, HV, KD, VD, BK, BV, KP, DOT_PRECISION)
+    tl.debug_barrier()
+    _wy_restash_shared_rows(gs_ptr, ks_ptr, first, g, Kr, K, HV, KD, BK, KP)
     if hv == 0:
         tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
+
+
+@triton.jit(**_ROW_UNSPECIALIZED)
+def _gdn_carry_wy_split_kernel(
+    state_ptr, stash_ptr, pend_ptr, slot_ptr, arrive_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
+    scale, stride_state, stride_stash,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
+    sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
+    K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
+    KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+    LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, KP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """The WY form with a head's column blocks split across programs (grid ``(B, HV, NV)``):
+    each program computes the head's small matrices itself (a few ``[16, BK]`` products), folds
+    and runs its block, counts itself in ``arrive[slot, hv]`` (acq_rel atomic); the last to
+    arrive restashes the g/k rows and resets the count, as the split exact form does."""
+    b = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    j = tl.program_id(2)
+    hk = hv // GROUP
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    p = tl.load(pend_ptr + slot)
+    if LAZY:
+        wb = p + K > CAP
+    else:
+        wb = p > 0
+    first = tl.where(wb, 0, p)
+    h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
+    s_ptr = stash_ptr + slot * stride_stash
+    u_ptr = s_ptr + hv * VD
+    gs_ptr = s_ptr + CAP * HV * VD + hv
+    ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
+    Q, Kr, g, beta, ec, T, P = _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
+                                        sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sb_b,
+                                        sb_t, K, KD, BK, KP, USE_QK_L2NORM)
+    _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, p, wb, first, j,
+                     Q, Kr, beta, ec, T, P, sv_b, sv_t, sv_h, so_b, so_t, so_h,
+                     K, HV, KD, VD, BK, BV, KP, DOT_PRECISION)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel")
+    if arrived == NV - 1:
+        _wy_restash_shared_rows(gs_ptr, ks_ptr, first, g, Kr, K, HV, KD, BK, KP)
+        tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
+    if hv == 0:
+        if j == 0:
+            tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
 
 
 @triton.jit
@@ -695,6 +792,14 @@ def _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, l
     elif form == "exact":
         _gdn_carry_exact_kernel[(B, HV)](*args, BK=BK, BV=BV, NV=triton.cdiv(vd, BV),
                                          num_warps=num_warps, **meta)
+    elif WY_SPLIT_COLUMNS:
+        bk, bv = max(BK, 16), max(BV, 16)
+        NV = triton.cdiv(vd, bv)
+        arrive = _arrivals(carry, HV)
+        _gdn_carry_wy_split_kernel[(B, HV, NV)](*args[:4], arrive, *args[4:], BK=bk, BV=bv,
+                                                NV=NV, KP=WY_ROWS_PAD,
+                                                DOT_PRECISION=WY_DOT_PRECISION,
+                                                num_warps=WY_NUM_WARPS, **meta)
     else:
         bk, bv = max(BK, 16), max(BV, 16)
         _gdn_carry_wy_kernel[(B, HV)](*args, BK=bk, BV=bv, NV=triton.cdiv(vd, bv),
