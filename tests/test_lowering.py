@@ -113,3 +113,40 @@ def test_lowering_rejects_bad_arguments_naming_them():
     assert got["extra_type"].startswith("types: ['KD']"), got
     assert got["rows"].startswith("rows: must lie in 1..8"), got
     assert got["heads"].startswith("heads: value heads 24"), got
+
+
+COMPILE_ALL = textwrap.dedent("""
+    from pmll_lab.lowering import lower
+    from pmll_lab.ops.carry import gdn_carry as C
+    rows = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "o": "*bf16", "g": "*fp32", "beta": "*fp32"}
+    types = {f"{n}_ptr": t for n, t in rows.items()} | {
+        "state_ptr": "*fp32", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
+        "engaged_ptr": "*i32", "arrive_ptr": "*i32", "scale": "fp32", "state_off_ptr": "*i64",
+        "stash_off_ptr": "*i64", "pend_off_ptr": "*i64", "acc_ptr": "*i32"}
+    meta = dict(K=4, CAP=8, HV=32, GROUP=2, KD=128, VD=128, BK=128, BV=32, NV=4, LAZY=True,
+                USE_QK_L2NORM=True, KP=16, BLOCK=128)
+    for kern, extra, warps in (
+            (C._gdn_carry_wy_kernel, dict(DOT_PRECISION="ieee"), 4),
+            (C._gdn_carry_wy_split_kernel, dict(DOT_PRECISION="tf32x3"), 2),
+            (C._gdn_carry_flush_kernel, {}, 1),
+            (C._carry_accept_kernel, {}, 4)):
+        t = {p.name: types.get(p.name, "i32") for p in kern.params if not p.is_constexpr}
+        m = {p.name: (extra | meta)[p.name] for p in kern.params if p.is_constexpr}
+        ptx = lower(kern, t, m, num_warps=warps).asm["ptx"]
+        assert ".target sm_90" in ptx, kern.__name__
+        print(kern.__name__, "ok")
+""")
+
+
+def test_other_carry_kernels_compile_for_sm90():
+    """The interpreter does not apply the GPU compiler's rules (tl.dot shapes and precisions,
+    atomics, layouts): every carry kernel the bitwise check does not already lower is compiled
+    for sm_90 here, so a kernel that only the GPU would reject fails in CI."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PMLL_LAB_DEVICE"] = "lower"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", COMPILE_ALL], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert run.stdout.split() == ["_gdn_carry_wy_kernel", "ok", "_gdn_carry_wy_split_kernel", "ok",
+                                  "_gdn_carry_flush_kernel", "ok", "_carry_accept_kernel", "ok"]
