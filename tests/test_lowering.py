@@ -34,13 +34,18 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def lowered():
+def _lowered(script: str) -> subprocess.CompletedProcess:
+    """Run ``script`` in a fresh Python with ``PMLL_LAB_DEVICE=lower`` (kernels compiled)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PMLL_LAB_DEVICE"] = "lower"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=600)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def lowered():
+    run = _lowered(SCRIPT)
     assert run.returncode == 0, run.stderr[-4000:]
     import json
     return json.loads(run.stdout)
@@ -100,11 +105,7 @@ BAD_CALLS = textwrap.dedent("""
 
 
 def test_lowering_rejects_bad_arguments_naming_them():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PMLL_LAB_DEVICE"] = "lower"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", BAD_CALLS], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=300)
+    run = _lowered(BAD_CALLS)
     assert run.returncode == 0, run.stderr[-4000:]
     import json
     got = json.loads(run.stdout)
@@ -142,11 +143,7 @@ def test_other_carry_kernels_compile_for_sm90():
     """The interpreter does not apply the GPU compiler's rules (tl.dot shapes and precisions,
     atomics, layouts): every carry kernel the bitwise check does not already lower is compiled
     for sm_90 here, so a kernel that only the GPU would reject fails in CI."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PMLL_LAB_DEVICE"] = "lower"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", COMPILE_ALL], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=600)
+    run = _lowered(COMPILE_ALL)
     assert run.returncode == 0, run.stderr[-4000:]
     assert run.stdout.split() == ["_gdn_carry_wy_kernel", "ok", "_gdn_carry_wy_split_kernel", "ok",
                                   "_gdn_carry_flush_kernel", "ok", "_carry_accept_kernel", "ok"]

@@ -22,7 +22,8 @@ fold, and the last to arrive restashes them and resets the counter, so a write-b
 the stash at row 0 can never overwrite a row that is still to be folded (SPEC §3b "Shared rows").
 With ``EXACT_SPLIT_COLUMNS = False``, one program per (sequence, head) loops over the column
 blocks instead (unrolled, constant block offsets) and restashes after the loop behind
-``tl.debug_barrier()``. The WY form runs one program per (sequence, head). No two heads or slots
+``tl.debug_barrier()``. The WY form runs one program per (sequence, head), or split the same
+way with ``WY_SPLIT_COLUMNS``. No two heads or slots
 of a launch share state or stash bytes (slots distinct within a launch, heads disjoint).
 ``engaged[b]`` is written by the program of value head 0: 2 after a write-back, else 1.
 
@@ -254,6 +255,29 @@ def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv,
 
 
 @triton.jit
+def _verify_prologue(state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state,
+                     stride_stash, K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr,
+                     KD: tl.constexpr, VD: tl.constexpr, LAZY: tl.constexpr):
+    """Sequence ``b``, value head ``hv``: its slot, pending count ``p``, the write-back rule
+    (eager: ``p > 0``; lazy: ``p + K > CAP``), the first stash row of this verify (0 after a
+    write-back, else ``p``), and pointers to the head's state and to its ``u``, ``g``, ``k``
+    stash rows (row 0)."""
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    p = tl.load(pend_ptr + slot)
+    if LAZY:
+        wb = p + K > CAP
+    else:
+        wb = p > 0
+    first = tl.where(wb, 0, p)
+    h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
+    s_ptr = stash_ptr + slot * stride_stash
+    u_ptr = s_ptr + hv * VD
+    gs_ptr = s_ptr + CAP * HV * VD + hv
+    ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
+    return slot, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr
+
+
+@triton.jit
 def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                         g_ptr, beta_ptr, o_ptr, b, hv, p, wb, first, scale, j,
                         sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
@@ -318,18 +342,9 @@ def _gdn_carry_exact_kernel(
     b = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     hk = hv // GROUP
-    slot = tl.load(slot_ptr + b).to(tl.int64)
-    p = tl.load(pend_ptr + slot)
-    if LAZY:
-        wb = p + K > CAP
-    else:
-        wb = p > 0
-    first = tl.where(wb, 0, p)
-    h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
-    s_ptr = stash_ptr + slot * stride_stash
-    u_ptr = s_ptr + hv * VD
-    gs_ptr = s_ptr + CAP * HV * VD + hv
-    ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
+    slot, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+        state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
+        K, CAP, HV, KD, VD, LAZY)
     qrow = q_ptr + b * sq_b + hk * sq_h
     krow = k_ptr + b * sk_b + hk * sk_h
     vrow = v_ptr + b * sv_b + hv * sv_h
@@ -366,18 +381,9 @@ def _gdn_carry_exact_split_kernel(
     hv = tl.program_id(1)
     j = tl.program_id(2)
     hk = hv // GROUP
-    slot = tl.load(slot_ptr + b).to(tl.int64)
-    p = tl.load(pend_ptr + slot)
-    if LAZY:
-        wb = p + K > CAP
-    else:
-        wb = p > 0
-    first = tl.where(wb, 0, p)
-    h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
-    s_ptr = stash_ptr + slot * stride_stash
-    u_ptr = s_ptr + hv * VD
-    gs_ptr = s_ptr + CAP * HV * VD + hv
-    ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
+    slot, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+        state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
+        K, CAP, HV, KD, VD, LAZY)
     qrow = q_ptr + b * sq_b + hk * sq_h
     krow = k_ptr + b * sk_b + hk * sk_h
     vrow = v_ptr + b * sv_b + hv * sv_h
@@ -504,18 +510,9 @@ def _gdn_carry_wy_kernel(
     b = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     hk = hv // GROUP
-    slot = tl.load(slot_ptr + b).to(tl.int64)
-    p = tl.load(pend_ptr + slot)
-    if LAZY:
-        wb = p + K > CAP
-    else:
-        wb = p > 0
-    first = tl.where(wb, 0, p)
-    h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
-    s_ptr = stash_ptr + slot * stride_stash
-    u_ptr = s_ptr + hv * VD
-    gs_ptr = s_ptr + CAP * HV * VD + hv
-    ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
+    slot, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+        state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
+        K, CAP, HV, KD, VD, LAZY)
     Q, Kr, g, beta, ec, T, P = _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
                                         sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sb_b,
                                         sb_t, K, KD, BK, KP, USE_QK_L2NORM)
@@ -549,18 +546,9 @@ def _gdn_carry_wy_split_kernel(
     hv = tl.program_id(1)
     j = tl.program_id(2)
     hk = hv // GROUP
-    slot = tl.load(slot_ptr + b).to(tl.int64)
-    p = tl.load(pend_ptr + slot)
-    if LAZY:
-        wb = p + K > CAP
-    else:
-        wb = p > 0
-    first = tl.where(wb, 0, p)
-    h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
-    s_ptr = stash_ptr + slot * stride_stash
-    u_ptr = s_ptr + hv * VD
-    gs_ptr = s_ptr + CAP * HV * VD + hv
-    ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
+    slot, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+        state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
+        K, CAP, HV, KD, VD, LAZY)
     Q, Kr, g, beta, ec, T, P = _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
                                         sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sb_b,
                                         sb_t, K, KD, BK, KP, USE_QK_L2NORM)
