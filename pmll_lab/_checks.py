@@ -31,23 +31,31 @@ def tensor(
     """Check one tensor argument; ``None`` entries in ``shape`` match any size. Returns ``t``."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if ndim is not None and t.dim() != ndim:
-        raise ValueError(f"{name}: expected {ndim} dims, got shape {tuple(t.shape)}")
+    ts = t.shape
+    if ndim is not None and len(ts) != ndim:
+        raise ValueError(f"{name}: expected {ndim} dims, got shape {tuple(ts)}")
     if shape is not None:
-        if t.dim() != len(shape) or any(s is not None and s != a for s, a in zip(shape, t.shape)):
+        bad = len(ts) != len(shape)
+        if not bad:
+            for s, a in zip(shape, ts):
+                if s is not None and s != a:
+                    bad = True
+                    break
+        if bad:
             want = tuple("*" if s is None else s for s in shape)
-            raise ValueError(f"{name}: expected shape {want}, got {tuple(t.shape)}")
+            raise ValueError(f"{name}: expected shape {want}, got {tuple(ts)}")
     if dtype is not None:
         allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
         if t.dtype not in allowed:
             names = ", ".join(str(d).replace("torch.", "") for d in allowed)
             raise ValueError(f"{name}: dtype must be one of {names}, got {str(t.dtype).replace('torch.', '')}")
-    if device is not None and t.device != torch.device(device):
-        if not (t.device.type == torch.device(device).type and torch.device(device).index is None):
+    if device is not None and t.device != device:
+        want = device if isinstance(device, torch.device) else torch.device(device)
+        if t.device != want and not (t.device.type == want.type and want.index is None):
             raise ValueError(f"{name}: expected a tensor on {device}, got one on {t.device}")
     if contiguous and not t.is_contiguous():
         raise ValueError(f"{name}: must be contiguous (strides {t.stride()})")
-    if last_contiguous and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+    if last_contiguous and len(ts) > 0 and ts[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name}: last dim must be contiguous (stride 1), got strides {t.stride()}")
     return t
 

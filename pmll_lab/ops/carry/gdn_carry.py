@@ -65,6 +65,7 @@ import triton.language as tl
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.gdn.recurrence import block_config, fold_row, gdn_row, qk_prepare
+from pmll_lab.ops.host import cdiv
 
 GDN_CARRY_CAP = 8
 """Stash rows per (layer, slot): the seed's ``GDN_CARRY_CAP`` (``CARRY_CAP`` in its CUDA file).
@@ -773,16 +774,16 @@ def _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, l
     meta = dict(K=K, CAP=carry.cap, HV=HV, GROUP=HV // HK, KD=kd, VD=vd, LAZY=lazy,
                 USE_QK_L2NORM=bool(use_qk_l2norm))
     if form == "exact" and EXACT_SPLIT_COLUMNS:
-        NV = triton.cdiv(vd, BV)
+        NV = cdiv(vd, BV)
         arrive = _arrivals(carry, HV)
         _gdn_carry_exact_split_kernel[(B, HV, NV)](*args[:4], arrive, *args[4:], BK=BK, BV=BV,
                                                    NV=NV, num_warps=num_warps, **meta)
     elif form == "exact":
-        _gdn_carry_exact_kernel[(B, HV)](*args, BK=BK, BV=BV, NV=triton.cdiv(vd, BV),
+        _gdn_carry_exact_kernel[(B, HV)](*args, BK=BK, BV=BV, NV=cdiv(vd, BV),
                                          num_warps=num_warps, **meta)
     elif WY_SPLIT_COLUMNS:
         bk, bv = max(BK, 16), max(BV, 16)
-        NV = triton.cdiv(vd, bv)
+        NV = cdiv(vd, bv)
         arrive = _arrivals(carry, HV)
         _gdn_carry_wy_split_kernel[(B, HV, NV)](*args[:4], arrive, *args[4:], BK=bk, BV=bv,
                                                 NV=NV, KP=WY_ROWS_PAD,
@@ -790,7 +791,7 @@ def _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, l
                                                 num_warps=WY_NUM_WARPS, **meta)
     else:
         bk, bv = max(BK, 16), max(BV, 16)
-        _gdn_carry_wy_kernel[(B, HV)](*args, BK=bk, BV=bv, NV=triton.cdiv(vd, bv),
+        _gdn_carry_wy_kernel[(B, HV)](*args, BK=bk, BV=bv, NV=cdiv(vd, bv),
                                       KP=WY_ROWS_PAD, DOT_PRECISION=WY_DOT_PRECISION,
                                       num_warps=WY_NUM_WARPS, **meta)
 
@@ -833,7 +834,7 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:
         return
     L = len(states)
     BK, BV, num_warps = block_config(kd, vd)
-    NV = triton.cdiv(vd, BV)
+    NV = cdiv(vd, BV)
     pends = [c.pend for c in carries]
     with _device_guard(states[0]):
         _gdn_carry_flush_kernel[(B, HV * NV, L)](
@@ -889,5 +890,5 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
         return
     pends = [c.pend for c in carries]
     with _device_guard(pends[0]):
-        _carry_accept_kernel[(triton.cdiv(B, ACCEPT_BLOCK), len(pends))](
+        _carry_accept_kernel[(cdiv(B, ACCEPT_BLOCK), len(pends))](
             pends[0], offsets_table(pends), slot_tab, engaged, accepted, B, BLOCK=ACCEPT_BLOCK)

@@ -33,6 +33,7 @@ from pmll_lab.ops.conv.common import (
     seq_load,
     tile_channels,
 )
+from pmll_lab.ops.host import cdiv, next_power_of_2
 
 DEFAULT_CAP = 8
 """Stash rows per slot (the seed's ``GDN_CARRY_CAP``)."""
@@ -210,7 +211,7 @@ def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *
     if B == 0:
         return y, engaged
     W, WP, ROWS, num_warps = conv_block_config(dim, head_dim)
-    grid = (triton.cdiv(triton.cdiv(dim, W), ROWS), B)
+    grid = (cdiv(cdiv(dim, W), ROWS), B)
     stash, pend = conv_carry.stash, conv_carry.pend
     _conv_carry_verify_kernel[grid](
         conv_state, stash, pend, x, weight, bias if bias is not None else weight, y, slot_tab,
@@ -218,7 +219,7 @@ def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *
         *conv_state.stride(), stash.stride(0), stash.stride(1), pend.stride(0),
         x.stride(0), x.stride(1), *weight.stride(), bias.stride(0) if bias is not None else 0,
         y.stride(0), y.stride(1),
-        K=K, D=d_conv, SL=state_len, SLP=triton.next_power_of_2(state_len),
+        K=K, D=d_conv, SL=state_len, SLP=next_power_of_2(state_len),
         W=W, WP=WP, ROWS=ROWS, HAS_BIAS=bias is not None, SILU=activation == "silu",
         HAS_QK=qk_channels > 0, LAZY=lazy, num_warps=num_warps,
     )
@@ -351,11 +352,11 @@ def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False) -> 
     pends = [c.pend for c in conv_carries]
     table = _offset_table((list(conv_states), stashes, pends), first.device)
     W, WP, ROWS, num_warps = conv_block_config(dim, None)
-    grid = (triton.cdiv(triton.cdiv(dim, W), ROWS), B, L)
+    grid = (cdiv(cdiv(dim, W), ROWS), B, L)
     c0 = conv_carries[0]
     _conv_carry_flush_kernel[grid](
         first, c0.stash, c0.pend, table, slot_tab, L, dim,
         *first.stride(), c0.stash.stride(0), c0.stash.stride(1), c0.pend.stride(0),
-        SL=state_len, SLP=triton.next_power_of_2(state_len), W=W, WP=WP, ROWS=ROWS,
+        SL=state_len, SLP=next_power_of_2(state_len), W=W, WP=WP, ROWS=ROWS,
         num_warps=num_warps,
     )

@@ -21,6 +21,7 @@ from pmll_lab.ops.conv.common import (
     seq_load,
     tile_channels,
 )
+from pmll_lab.ops.host import cdiv, next_power_of_2
 
 
 @triton.jit
@@ -75,7 +76,7 @@ def _launch_chain(conv_state, x3, weight, bias, state_indices, intermediate, y3,
                   d_conv, state_len, activation, qk_channels, head_dim, l2_eps):
     B = x3.shape[0]
     W, WP, ROWS, num_warps = conv_block_config(dim, head_dim)
-    grid = (triton.cdiv(triton.cdiv(dim, W), ROWS), B)
+    grid = (cdiv(cdiv(dim, W), ROWS), B)
     inter = intermediate if intermediate is not None else y3
     i_strides = intermediate.stride() if intermediate is not None else (0, 0, 0, 0)
     _conv_chain_kernel[grid](
@@ -84,7 +85,7 @@ def _launch_chain(conv_state, x3, weight, bias, state_indices, intermediate, y3,
         dim, qk_channels, float(l2_eps),
         *conv_state.stride(), x3.stride(0), x3.stride(1), *weight.stride(),
         bias.stride(0) if bias is not None else 0, y3.stride(0), y3.stride(1), *i_strides,
-        K=K, D=d_conv, SL=state_len, SLP=triton.next_power_of_2(state_len),
+        K=K, D=d_conv, SL=state_len, SLP=next_power_of_2(state_len),
         W=W, WP=WP, ROWS=ROWS, HAS_BIAS=bias is not None, SILU=activation == "silu",
         HAS_QK=qk_channels > 0, HAS_INTER=intermediate is not None and K > 1,
         HAS_IDX=state_indices is not None, num_warps=num_warps,

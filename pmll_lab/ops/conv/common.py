@@ -37,6 +37,7 @@ import triton.language as tl
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
+from pmll_lab.ops.host import cdiv, next_power_of_2
 
 BLOCK_CHANNELS = 256
 """Channels a program covers (rounded to whole rows). Initial choice, not tuned: 256 channels x
@@ -62,9 +63,9 @@ def conv_block_config(dim: int, head_dim: int | None) -> tuple[int, int, int, in
     Every conv kernel of one run must use the same config (bitwise agreement): it depends only
     on ``dim`` and ``head_dim``."""
     w = int(head_dim) if head_dim else DEFAULT_ROW_WIDTH
-    wp = triton.next_power_of_2(w)
-    rows_total = triton.cdiv(dim, w)
-    rows = max(1, min(BLOCK_CHANNELS // wp, triton.next_power_of_2(rows_total)))
+    wp = next_power_of_2(w)
+    rows_total = cdiv(dim, w)
+    rows = max(1, min(BLOCK_CHANNELS // wp, next_power_of_2(rows_total)))
     return w, wp, rows, NUM_WARPS
 
 

@@ -28,6 +28,7 @@ import triton.language as tl
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.gdn.recurrence import block_config, gdn_row, qk_prepare
+from pmll_lab.ops.host import cdiv
 
 MAX_ROWS = 8
 """Most rows one chain launch verifies (SPEC §3: ``K <= CAP``, ``CAP = 8``)."""
@@ -177,7 +178,7 @@ def _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_
     else:
         ist, inter = (0, 0, 0, 0), state        # never written (STORE_INTER=False)
     has_idx = state_indices is not None
-    grid = (B * HV, triton.cdiv(vd, BV))
+    grid = (B * HV, cdiv(vd, BV))
     gdn_rows_kernel[grid](
         state, q, k, v, g, beta, o, inter, state_indices if has_idx else state,
         float(kd ** -0.5 if scale is None else scale),

@@ -45,8 +45,11 @@ projection buffer cannot change the bits.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import triton
 import triton.language as tl
+from pmll_lab.ops.host import next_power_of_2
 
 L2NORM_EPS = 1e-6
 """eps inside ``x * rsqrt(sum(x*x) + eps)`` for q/k l2norm (SPEC §2; FLA and Qwen3-Next use 1e-6)."""
@@ -84,6 +87,7 @@ def gdn_row(h, q, k, v, g, beta):
     return h, o, u
 
 
+@lru_cache(maxsize=None)
 def block_config(k_dim: int, v_dim: int) -> tuple[int, int, int]:
     """``(BK, BV, num_warps)`` for a head of ``k_dim x v_dim``.
 
@@ -99,6 +103,6 @@ def block_config(k_dim: int, v_dim: int) -> tuple[int, int, int]:
     shape) 92 us (second best; BV=16/1 warp was 83 us but made decode 145 us). So: keep
     ``BK*BV`` at 4096 fp32 (128 state registers per thread), 1 warp.
     """
-    bk = triton.next_power_of_2(k_dim)
-    bv = min(triton.next_power_of_2(v_dim), max(16, 4096 // bk))
+    bk = next_power_of_2(k_dim)
+    bv = min(next_power_of_2(v_dim), max(16, 4096 // bk))
     return bk, bv, 1

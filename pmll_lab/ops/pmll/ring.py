@@ -38,6 +38,7 @@ import triton.language as tl
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
+from pmll_lab.ops.host import cdiv, next_power_of_2
 
 TILE_ELEMS = 8192
 """Elements per ``[BLOCK_S, BLOCK_D]`` tile and tensor (BLOCK_S = 64 slots at D = 128).
@@ -56,8 +57,8 @@ NUM_WARPS = 8
 def _tile(head_dim: int, rows: int) -> tuple[int, int]:
     """``(BLOCK_S, BLOCK_D)``: the head size padded to a power of two, and enough slots per
     program to make a tile of ``TILE_ELEMS`` elements (fewer when there are fewer rows)."""
-    block_d = triton.next_power_of_2(head_dim)
-    block_s = max(1, min(triton.next_power_of_2(max(rows, 1)), TILE_ELEMS // block_d))
+    block_d = next_power_of_2(head_dim)
+    block_s = max(1, min(next_power_of_2(max(rows, 1)), TILE_ELEMS // block_d))
     return block_s, block_d
 
 
@@ -205,7 +206,7 @@ def pmll_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tensor
     if tokens == 0:
         return mem
     block_s, block_d = _tile(head_dim, min(tokens, capacity))
-    grid = (batch * heads, triton.cdiv(min(tokens, capacity), block_s))
+    grid = (batch * heads, cdiv(min(tokens, capacity), block_s))
     if gate is None:
         g, sg = k_new, (0, 0, 0)                 # never read (HAS_GATE=False)
     elif gate.dim() == 2:
@@ -216,7 +217,7 @@ def pmll_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tensor
         mem.k, mem.v, mem.count, k_new, v_new, g,
         heads, capacity, tokens, head_dim,
         *k_new.stride()[:3], *v_new.stride()[:3], *sg,
-        triton.cdiv(tokens, capacity),
+        cdiv(tokens, capacity),
         HAS_GATE=gate is not None, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=NUM_WARPS,
     )
     mem.count.add_(tokens)
@@ -239,7 +240,7 @@ def pmll_read(mem, t_ctx: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     if k_out.numel() == 0:
         return k_out, v_out
     block_s, block_d = _tile(head_dim, rows)
-    grid = (batch * heads, triton.cdiv(rows, block_s))
+    grid = (batch * heads, cdiv(rows, block_s))
     _ring_read_kernel[grid](
         mem.k, mem.v, mem.count, k_out, v_out,
         heads, capacity, rows, head_dim,
