@@ -29,18 +29,21 @@ from pmll_lab.backend import INTERPRET
 _LAYOUT_DEF = re.compile(r"^(#[\w.]+) = (#ttg\.[^\n]*?)(?:\s+loc\(.*\))?$", re.M)
 _TRITON_TYPES = {"i1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "fp8e4nv", "fp8e5",
                  "fp16", "bf16", "fp32", "fp64"}
-_REDUCE = re.compile(r'"tt\.reduce"\(%[\w.]+\)[^\n]*?\n(?:.*\n)*?\s*\}\) : \(tensor<([^>]*)>\)')
+_ALIAS = re.compile(r"#[A-Za-z_][\w.]*")
 
 
 def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
-          num_warps: int = 1, arch: int = 90, unaligned: tuple[str, ...] = ()):
+          num_warps: int = 1, arch: int = 90, unaligned: tuple[str, ...] = (),
+          values: Mapping[str, int] | None = None):
     """Compile ``kernel`` (a ``@triton.jit`` function) for CUDA ``sm_<arch>`` without launching it.
 
     ``types``: Triton type of every non-constexpr argument by name (``"*bf16"``, ``"i32"``,
     ``"fp32"``...); ``constexprs``: value of every ``tl.constexpr`` argument. Specialisation as a
-    launch gives it when every pointer is 16-byte aligned and every integer a multiple of 16
-    (except the arguments the kernel lists in ``do_not_specialize`` /
-    ``do_not_specialize_on_alignment``, and the pointers or ints named in ``unaligned``).
+    launch gives it (Triton 3.6): every pointer 16-byte aligned, unless named in ``unaligned``;
+    an integer argument with its value in ``values`` is specialised as a launch would (1 becomes
+    a constant, a multiple of 16 gets the divisibility hint), one without is taken as a multiple
+    of 16 unless named in ``unaligned``. Arguments the kernel lists in ``do_not_specialize`` get
+    nothing; in ``do_not_specialize_on_alignment``, no alignment or divisibility hint.
     Returns Triton's compiled kernel; ``.asm`` holds ``"ttir"``, ``"ttgir"``, ``"ptx"``...
     Raises ``RuntimeError`` when kernels are interpreted (set ``PMLL_LAB_DEVICE=lower``) and
     ``ValueError`` naming an argument missing from ``types``/``constexprs``, a name in ``types``
@@ -55,7 +58,8 @@ def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
     from triton.compiler import ASTSource
 
     runtime_args = {p.name for p in kernel.params if not p.is_constexpr}
-    for what, names in (("types", types), ("unaligned", unaligned)):
+    values = dict(values or {})
+    for what, names in (("types", types), ("unaligned", unaligned), ("values", values)):
         unknown = sorted(set(names) - runtime_args)
         if unknown:
             raise ValueError(f"{what}: {unknown} are not non-constexpr arguments of "
@@ -79,23 +83,70 @@ def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
             raise ValueError(f"types: no Triton type for argument {name!r}")
         sig[name] = types[name]
         pointer = types[name].startswith("*")
-        skip = param.do_not_specialize or name in unaligned or (
-            pointer and param.do_not_specialize_on_alignment)
-        if not skip and (pointer or types[name] in ("i32", "i64")):
+        integer = types[name] in ("i32", "i64")
+        if param.do_not_specialize or not (pointer or integer):
+            continue
+        if integer and values.get(name) == 1:
+            sig[name] = "constexpr"
+            consts[(i,)] = 1
+            continue
+        aligned = (name not in unaligned and not param.do_not_specialize_on_alignment
+                   and (pointer or values.get(name, 16) % 16 == 0))
+        if aligned:
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": num_warps})
 
 
+def _operand_type(line: str) -> str:
+    """The first operand type of a region op's closing line ``}) : (tensor<...>, ...) -> ...``,
+    brackets balanced (layouts may be written inline, e.g. ``#ttg.slice<{..., parent = ...}>``)."""
+    start = line.index(": (") + 3
+    depth = 0
+    for i in range(start, len(line)):
+        c = line[i]
+        if c in "<({[":
+            depth += 1
+        elif c in ">)}]":
+            if depth == 0:
+                return line[start:i]
+            depth -= 1
+        elif c == "," and depth == 0:
+            return line[start:i]
+    raise ValueError(f"ttgir: no operand type in {line.strip()!r}")
+
+
 def reduction_layouts(ttgir: str) -> list[str]:
     """The operand layout of every ``tt.reduce`` in a TTGIR module, in program order, each as
-    ``"<shape x type>, <layout definition>"`` (aliases such as ``#blocked1`` resolved)."""
+    ``"<shape x type>, <layout>"`` with every layout alias (``#blocked1``, also inside a
+    ``parent = ...``) replaced by its definition. Raises ``ValueError`` when a reduce's closing
+    line cannot be found or parsed (so no reduction is silently left out)."""
     defs = dict(_LAYOUT_DEF.findall(ttgir))
+
+    def resolve(text: str, depth: int = 0) -> str:
+        if depth > 8:
+            return text
+        return _ALIAS.sub(lambda m: resolve(defs[m.group(0)], depth + 1)
+                          if m.group(0) in defs else m.group(0), text)
+
+    lines = ttgir.splitlines()
     out = []
-    for operand in _REDUCE.findall(ttgir):
-        shape, _, alias = operand.partition(", ")
-        out.append(f"{shape}, {defs.get(alias.strip(), alias.strip())}")
+    for i, line in enumerate(lines):
+        if '"tt.reduce"(' not in line:
+            continue
+        opened = 0
+        for j in range(i, len(lines)):
+            opened += lines[j].count("({") - lines[j].count("})")
+            if opened <= 0 and "})" in lines[j]:
+                break
+        else:
+            raise ValueError(f"ttgir: unterminated tt.reduce at line {i + 1}")
+        operand = _operand_type(lines[j])
+        if not operand.startswith("tensor<") or not operand.endswith(">"):
+            raise ValueError(f"ttgir: unexpected reduce operand {operand!r} at line {j + 1}")
+        shape, _, layout = operand[len("tensor<"):-1].partition(", ")
+        out.append(f"{shape}, {resolve(layout.strip())}")
     return out
 
 
@@ -104,7 +155,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     """Reduction layouts of the kernels that must agree bitwise with GDN decode (SPEC §2):
     ``gdn_rows_kernel`` (decode and the chain), the exact carried-state verify per head and with
     split columns. Each kernel as the launchers launch it (``block_config`` shapes and warps,
-    lazy form, l2norm in kernel). Returns ``{kernel name: set of reduction layouts}``: the
+    lazy form, l2norm in kernel; contiguous state of ``head_dim x head_dim`` per head, the
+    decode launch's integer values). Returns ``{kernel name: set of reduction layouts}``: the
     family agrees when every set equals decode's. Raises ``ValueError`` for ``rows`` outside
     ``1..8``, ``head_dim < 1`` or value heads not a multiple of key heads, and ``RuntimeError``
     as :func:`lower` does."""
@@ -127,7 +179,9 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
                  if not p.is_constexpr}
     dec = lower(D.gdn_rows_kernel, dec_types,
                 dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,
-                     STORE_INTER=False, USE_QK_L2NORM=True), num_warps=warps, arch=arch)
+                     STORE_INTER=False, USE_QK_L2NORM=True), num_warps=warps, arch=arch,
+                values=dict(HV=HV, GROUP=HV // HK, s_slot=HV * head_dim * head_dim,
+                            s_head=head_dim * head_dim, s_key=head_dim))
     carry_types = {f"{n}_ptr": t for n, t in rows_t.items()} | {
         "state_ptr": "*fp32", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
         "engaged_ptr": "*i32", "arrive_ptr": "*i32", "scale": "fp32"}
@@ -139,7 +193,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         for p in kern.params:
             types.setdefault(p.name, "i32")
         types = {p.name: types[p.name] for p in kern.params if not p.is_constexpr}
-        low = lower(kern, types, meta, num_warps=warps, arch=arch)
+        low = lower(kern, types, meta, num_warps=warps, arch=arch,
+                    values=dict(stride_state=HV * head_dim * head_dim))
         out[kern.__name__] = set(reduction_layouts(low.asm["ttgir"]))
     return out
 

@@ -15,3 +15,9 @@ def test_next_power_of_2_as_triton(n):
 @given(st.integers(min_value=0, max_value=2**40), st.integers(min_value=1, max_value=2**20))
 def test_cdiv_as_triton(a, b):
     assert cdiv(a, b) == triton.cdiv(a, b)
+
+
+def test_numpy_integers_accepted():
+    import numpy as np
+
+    assert next_power_of_2(np.int64(100)) == 128 and cdiv(np.int32(129), np.int64(16)) == 9

@@ -23,6 +23,11 @@ SCRIPT = textwrap.dedent("""
     from pmll_lab.lowering import gdn_exact_family
     from pmll_lab.ops.carry import gdn_carry as C
     out = {}
+    from pmll_lab.ops.gdn import decode as D
+    names = set(C._ROW_PTRS + C._ROW_STRIDES)
+    for kern in (C._gdn_carry_exact_kernel, C._gdn_carry_exact_split_kernel):
+        assert names <= set(kern.arg_names), (kern.__name__, names - set(kern.arg_names))
+    assert set(D._ROW_PTRS + D._ROW_STRIDES) <= set(D.gdn_rows_kernel.arg_names)
     for head_dim, input_type, rows in ((128, "bf16", 4), (64, "fp32", 1), (256, "bf16", 8)):
         fam = gdn_exact_family(head_dim=head_dim, input_type=input_type, rows=rows)
         out[f"{head_dim}-{input_type}-{rows}"] = {k: sorted(v) for k, v in fam.items()}
@@ -133,6 +138,9 @@ COMPILE_ALL = textwrap.dedent("""
             (C._carry_accept_kernel, {}, 4)):
         t = {p.name: types.get(p.name, "i32") for p in kern.params if not p.is_constexpr}
         m = {p.name: (extra | meta)[p.name] for p in kern.params if p.is_constexpr}
+        if "_wy_" in kern.__name__:   # its unspecialised row arguments name real arguments
+            missing = set(C._ROW_PTRS + C._ROW_STRIDES) - set(kern.arg_names)
+            assert not missing, (kern.__name__, missing)
         ptx = lower(kern, t, m, num_warps=warps).asm["ptx"]
         assert ".target sm_90" in ptx, kern.__name__
         print(kern.__name__, "ok")
@@ -147,3 +155,31 @@ def test_other_carry_kernels_compile_for_sm90():
     assert run.returncode == 0, run.stderr[-4000:]
     assert run.stdout.split() == ["_gdn_carry_wy_kernel", "ok", "_gdn_carry_wy_split_kernel", "ok",
                                   "_gdn_carry_flush_kernel", "ok", "_carry_accept_kernel", "ok"]
+
+
+def test_reduction_layouts_reads_inline_and_aliased_layouts():
+    """A reduce whose operand layout is written inline (a slice of an aliased parent) is read,
+    its parent resolved; a module whose reduce cannot be parsed raises instead of dropping it."""
+    from pmll_lab.lowering import reduction_layouts
+
+    blocked = "#ttg.blocked<{sizePerThread = [1, 4], threadsPerWarp = [4, 8], warpsPerCTA = [1, 1], order = [1, 0]}>"
+    text = "\n".join([
+        f"#blocked = {blocked}",
+        "module {",
+        '    %a = "tt.reduce"(%x) <{axis = 0 : i32}> ({',
+        "    ^bb0(%p: f32, %q: f32):",
+        "      %s = arith.addf %p, %q : f32",
+        "      tt.reduce.return %s : f32",
+        "    }) : (tensor<128xf32, #ttg.slice<{dim = 1, parent = #blocked}>>) -> f32",
+        '    %b = "tt.reduce"(%y) <{axis = 0 : i32}> ({',
+        "    ^bb0(%p: f32, %q: f32):",
+        "      tt.reduce.return %p : f32",
+        "    }) : (tensor<128x32xf32, #blocked>) -> tensor<32xf32, #ttg.slice<{dim = 0, parent = #blocked}>>",
+        "}",
+    ])
+    assert reduction_layouts(text) == [
+        f"128xf32, #ttg.slice<{{dim = 1, parent = {blocked}}}>",
+        f"128x32xf32, {blocked}",
+    ]
+    with pytest.raises(ValueError, match="unterminated tt.reduce"):
+        reduction_layouts('%a = "tt.reduce"(%x) <{axis = 0 : i32}> ({\n  ^bb0:\n')

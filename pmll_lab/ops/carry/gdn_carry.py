@@ -25,7 +25,8 @@ blocks instead (unrolled, constant block offsets) and restashes after the loop b
 ``tl.debug_barrier()``. The WY form runs one program per (sequence, head), or split the same
 way with ``WY_SPLIT_COLUMNS``. No two heads or slots
 of a launch share state or stash bytes (slots distinct within a launch, heads disjoint).
-``engaged[b]`` is written by the program of value head 0: 2 after a write-back, else 1.
+``engaged[b]`` is written by the program of value head 0 (and column block 0 where split): 2
+after a write-back, else 1.
 
 - exact form: each row through ``qk_prepare`` + ``gdn_row`` of ``pmll_lab.ops.gdn.recurrence`` on
   ``block_config``'s block shapes and warps, the same code as plain decode, so outputs and folded
@@ -747,7 +748,7 @@ def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", 
 
 
 def _arrivals(carry, num_v_heads: int) -> torch.Tensor:
-    """The split exact form's arrival counts ``[S, HV]`` int32 for ``carry``: zeros, allocated
+    """The split forms' (exact and WY) arrival counts ``[S, HV]`` int32 for ``carry``: zeros, allocated
     on first use and kept on the carry (every launch leaves them at zero)."""
     arrive = getattr(carry, "_arrivals", None)
     if arrive is None or arrive.shape != (carry.slots, num_v_heads) or arrive.device != carry.device:
