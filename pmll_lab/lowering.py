@@ -150,14 +150,51 @@ def reduction_layouts(ttgir: str) -> list[str]:
     return out
 
 
+def sass_stats(compiled) -> dict:
+    """Registers and SASS instruction mix of a kernel from :func:`lower`, read from its cubin
+    with the ``cuobjdump`` that ships with Triton: ``{"registers", "stack_bytes",
+    "shared_bytes", "instructions", "mix": {opcode: count}}`` (opcodes without modifiers, e.g.
+    ``FFMA``, ``SHFL``). Static counts: every unrolled row counts once, a loop body once.
+    Raises ``RuntimeError`` if ``cuobjdump`` is missing or fails."""
+    import os
+    import subprocess
+    import tempfile
+    from collections import Counter
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        raise RuntimeError(f"cuobjdump not found at {tool} (it ships with Triton's NVIDIA backend)")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        outs = []
+        for flag in ("-res-usage", "-sass"):
+            run = subprocess.run([tool, flag, path], capture_output=True, text=True)
+            if run.returncode != 0:
+                raise RuntimeError(f"cuobjdump {flag} failed: {run.stderr.strip()[:500]}")
+            outs.append(run.stdout)
+    usage = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", outs[0])
+    if usage is None:
+        raise RuntimeError("cuobjdump -res-usage: no REG/STACK/SHARED line")
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", outs[1])
+    return {"registers": int(usage.group(1)), "stack_bytes": int(usage.group(2)),
+            "shared_bytes": int(usage.group(3)), "instructions": len(ops),
+            "mix": dict(Counter(ops).most_common())}
+
+
 def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, int] = (16, 32),
-                     input_type: str = "bf16", arch: int = 90) -> dict[str, set[str]]:
+                     input_type: str = "bf16", arch: int = 90,
+                     resources: dict | None = None) -> dict[str, set[str]]:
     """Reduction layouts of the kernels that must agree bitwise with GDN decode (SPEC §2):
     ``gdn_rows_kernel`` (decode and the chain), the exact carried-state verify per head and with
     split columns. Each kernel as the launchers launch it (``block_config`` shapes and warps,
     lazy form, l2norm in kernel; contiguous state of ``head_dim x head_dim`` per head, the
     decode launch's integer values). Returns ``{kernel name: set of reduction layouts}``: the
-    family agrees when every set equals decode's. Raises ``ValueError`` for ``rows`` outside
+    family agrees when every set equals decode's. A dict passed as ``resources`` is filled with
+    each kernel's :func:`sass_stats`. Raises ``ValueError`` for ``rows`` outside
     ``1..8``, ``head_dim < 1`` or value heads not a multiple of key heads, and ``RuntimeError``
     as :func:`lower` does."""
     from pmll_lab.ops.carry import gdn_carry as C
@@ -187,6 +224,7 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         "engaged_ptr": "*i32", "arrive_ptr": "*i32", "scale": "fp32"}
     meta = dict(K=rows, CAP=C.GDN_CARRY_CAP, HV=HV, GROUP=HV // HK, KD=head_dim, VD=head_dim,
                 BK=BK, BV=BV, NV=-(-head_dim // BV), LAZY=True, USE_QK_L2NORM=True)
+    compiled = {"gdn_rows_kernel": dec}
     out = {"gdn_rows_kernel": set(reduction_layouts(dec.asm["ttgir"]))}
     for kern in (C._gdn_carry_exact_kernel, C._gdn_carry_exact_split_kernel):
         types = dict(carry_types)
@@ -196,6 +234,9 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         low = lower(kern, types, meta, num_warps=warps, arch=arch,
                     values=dict(stride_state=HV * head_dim * head_dim))
         out[kern.__name__] = set(reduction_layouts(low.asm["ttgir"]))
+        compiled[kern.__name__] = low
+    if resources is not None:
+        resources.update({name: sass_stats(k) for name, k in compiled.items()})
     return out
 
 
@@ -212,8 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-dim", type=int, default=128, help="kd = vd (default 128)")
     ap.add_argument("--rows", type=int, default=4, help="draft rows K (default 4)")
     ap.add_argument("--input-type", default="bf16", help="q/k/v/o type: bf16, fp16, fp32")
+    ap.add_argument("--resources", action="store_true",
+                    help="also print registers, stack (spills) and SASS instruction counts")
     args = ap.parse_args(argv)
-    fam = gdn_exact_family(head_dim=args.head_dim, rows=args.rows, input_type=args.input_type)
+    res = {} if args.resources else None
+    fam = gdn_exact_family(head_dim=args.head_dim, rows=args.rows, input_type=args.input_type,
+                           resources=res)
     ref = fam["gdn_rows_kernel"]
     bad = 0
     for name, layouts in fam.items():
@@ -221,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         bad += bool(extra) or not layouts
         print(f"{name}: {len(layouts)} reduction layouts"
               + (f", NOT in decode: {sorted(extra)}" if extra else ", all as in decode"))
+    for name, st in (res or {}).items():
+        mix = st["mix"]
+        print(f"{name}: {st['registers']} registers, {st['stack_bytes']} B stack, "
+              f"{st['instructions']} SASS instructions (FFMA {mix.get('FFMA', 0)}, "
+              f"FMUL {mix.get('FMUL', 0)}, FADD {mix.get('FADD', 0)}, SHFL {mix.get('SHFL', 0)})")
     return 1 if bad else 0
 
 

@@ -183,3 +183,34 @@ def test_reduction_layouts_reads_inline_and_aliased_layouts():
     ]
     with pytest.raises(ValueError, match="unterminated tt.reduce"):
         reduction_layouts('%a = "tt.reduce"(%x) <{axis = 0 : i32}> ({\n  ^bb0:\n')
+
+
+SASS = textwrap.dedent("""
+    import json, sys
+    from pmll_lab.lowering import lower, sass_stats
+    from pmll_lab.ops.gdn import decode as D
+    rows = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "o": "*bf16", "g": "*fp32", "beta": "*fp32"}
+    t = {"state": "*fp32", "inter": "*fp32", "slot_idx": "*i32", "scale": "fp32", **rows}
+    t = {p.name: t.get(p.name, "i32") for p in D.gdn_rows_kernel.params if not p.is_constexpr}
+    out = {}
+    for K in (1, 4):
+        k = lower(D.gdn_rows_kernel, t, dict(KD=64, VD=64, K=K, BK=64, BV=64, HAS_IDX=True,
+                  STORE_INTER=False, USE_QK_L2NORM=True), values=dict(HV=32, GROUP=2))
+        out[K] = sass_stats(k)
+    json.dump(out, sys.stdout)
+""")
+
+
+def test_sass_stats_counts_the_unrolled_rows():
+    """Decode of K rows unrolls the shared row K times: the FP32 multiply-add count of the
+    4-row kernel is 4x the 1-row one (within 2 %: shared prologue), registers in 1..255."""
+    run = _lowered(SASS)
+    assert run.returncode == 0, run.stderr[-4000:]
+    import json
+    got = json.loads(run.stdout)
+    one, four = got["1"], got["4"]
+    for st in (one, four):
+        assert 0 < st["registers"] <= 255 and st["instructions"] > 100, st
+    assert one["mix"]["FFMA"] > 100
+    assert abs(four["mix"]["FFMA"] / one["mix"]["FFMA"] - 4) < 0.08, (one["mix"], four["mix"])
+    assert four["instructions"] > 3 * one["instructions"]
