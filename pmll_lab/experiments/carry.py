@@ -51,6 +51,7 @@ from pmll_lab.carry import (
 )
 from pmll_lab.inputs import conv_inputs, gdn_inputs
 from pmll_lab.reference import carry as ref
+from pmll_lab.experiments.common import error_strip
 from pmll_lab.experiments.common import failed_points as _failed_points
 from pmll_lab.experiments.common import head_points
 from pmll_lab.peers import fla_available, fla_runner
@@ -564,24 +565,7 @@ def plot_errors(df: pd.DataFrame, ax=None):
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 4), layout="constrained")
     err["cat"] = err["kernel"] + "\n" + err["what"].astype(str)
-    cats = sorted(err["cat"].unique())
-    dtypes = sorted(err["dtype"].unique())
-    width = 0.8 / max(len(dtypes), 1)
-    for j, dt in enumerate(dtypes):
-        for i, cat in enumerate(cats):
-            s = err[(err["cat"] == cat) & (err["dtype"] == dt)]
-            if s.empty:
-                continue
-            xpos = i - 0.4 + width * (j + 0.5)
-            ax.scatter([xpos] * len(s), s["value"].astype(float).clip(lower=1e-12), s=10,
-                       color=f"C{j}", alpha=0.7, label=dt)
-            ax.hlines(float(s["tolerance"].max()), xpos - width / 2, xpos + width / 2,
-                      colors=f"C{j}", linestyles="--")
-    h, lab = ax.get_legend_handles_labels()
-    uniq = dict(zip(lab, h))
-    ax.legend(uniq.values(), uniq.keys(), title="input dtype (-- tolerance)", fontsize=7)
-    ax.set_xticks(range(len(cats)), cats, fontsize=6, rotation=90)
-    ax.set_yscale("log")
+    error_strip(ax, err, sorted(err["cat"].unique()), fontsize=6, rotation=90)
     ax.set_ylabel("rel. L2 error")
     ax.set_title("Errors against the references (0 plotted as 1e-12)")
     return ax

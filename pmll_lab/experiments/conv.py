@@ -46,6 +46,7 @@ from pmll_lab.conv import (
 from pmll_lab.inputs import conv_inputs, generator
 from pmll_lab.reference import conv as ref
 from pmll_lab.sweep import CheckFailed, grid
+from pmll_lab.experiments.common import error_strip
 from pmll_lab.experiments.common import failed_points as _failed_points
 
 SHAPES = {
@@ -233,24 +234,10 @@ def plot_errors(df: pd.DataFrame, ax=None):
     err = df[df["metric"] == "rel_l2"]
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 3.6))
-    dtypes = sorted(err["dtype"].unique())
-    width = 0.8 / max(len(dtypes), 1)
-    for j, dt in enumerate(dtypes):
-        for i, kern in enumerate(KERNELS):
-            sel = err[(err["kernel"] == kern) & (err["dtype"] == dt)]
-            if sel.empty:
-                continue
-            xpos = i - 0.4 + width * (j + 0.5)
-            vals = sel["value"].astype(float).clip(lower=1e-12)
-            ax.scatter([xpos] * len(vals), vals, s=12, color=f"C{j}", alpha=0.7,
-                       label=dt if i == 0 else None)
-            ax.hlines(float(sel["tolerance"].max()), xpos - width / 2, xpos + width / 2,
-                      colors=f"C{j}", linestyles="--")
-    ax.set_xticks(range(len(KERNELS)), [TICKS[k] for k in KERNELS], fontsize=8)
-    ax.set_yscale("log")
+    err = err.assign(cat=err["kernel"])
+    error_strip(ax, err, KERNELS, ticks=[TICKS[k] for k in KERNELS], legend_title="input dtype")
     ax.set_ylabel("rel. L2 error of y vs float64")
     ax.set_title("Conv outputs against the float64 reference (-- tolerance)")
-    ax.legend(title="input dtype", fontsize=8)
     return ax
 
 

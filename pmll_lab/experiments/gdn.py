@@ -33,6 +33,7 @@ from pmll_lab.gdn import (
     row_io_bytes, snapshot_bytes, state_bytes,
 )
 from pmll_lab.inputs import gdn_inputs
+from pmll_lab.experiments.common import error_strip
 from pmll_lab.experiments.common import failed_points as _failed_points
 from pmll_lab.experiments.common import head_points
 from pmll_lab.peers import fla_available, fla_runner
@@ -178,25 +179,7 @@ def plot_errors(df: pd.DataFrame, ax=None):
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 4), layout="constrained")
     err["cat"] = err["kernel"] + "\n" + err["what"]
-    cats = sorted(err["cat"].unique())
-    dtypes = sorted(err["dtype"].unique())
-    width = 0.8 / max(len(dtypes), 1)
-    for j, dt in enumerate(dtypes):
-        for i, cat in enumerate(cats):
-            sel = err[(err["cat"] == cat) & (err["dtype"] == dt)]
-            if sel.empty:
-                continue
-            xpos = i - 0.4 + width * (j + 0.5)
-            vals = sel["value"].astype(float).clip(lower=1e-12)
-            ax.scatter([xpos] * len(vals), vals, s=12, color=f"C{j}",
-                       label=dt if i == 0 or cat == cats[0] else None, alpha=0.7)
-            ax.hlines(float(sel["tolerance"].max()), xpos - width / 2, xpos + width / 2,
-                      colors=f"C{j}", linestyles="--")
-    handles, labels = ax.get_legend_handles_labels()
-    uniq = dict(zip(labels, handles))
-    ax.legend(uniq.values(), uniq.keys(), title="input dtype (-- tolerance)", fontsize=8)
-    ax.set_xticks(range(len(cats)), cats, fontsize=8)
-    ax.set_yscale("log")
+    error_strip(ax, err, sorted(err["cat"].unique()))
     ax.set_ylabel("rel. L2 error vs float64 reference")
     ax.set_title("Error against the float64 reference (0 plotted as 1e-12)")
     return ax

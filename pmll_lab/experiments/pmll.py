@@ -38,6 +38,7 @@ from pmll_lab.inputs import pmll_inputs
 from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_write, read_bytes, write_bytes
 from pmll_lab.reference import pmll as ref
 from pmll_lab.sweep import CheckFailed, grid
+from pmll_lab.experiments.common import error_strip
 from pmll_lab.experiments.common import failed_points as _failed_points
 
 WRITE_TOL = {"float32": 1e-6, "bfloat16": 1.6e-2, "float16": 2e-3}
@@ -286,29 +287,10 @@ def plot_errors(df: pd.DataFrame, ax=None):
         _, ax = plt.subplots(figsize=(9, 3.8))
     err["cat"] = [f"{k}\n{'gate ' + g if k == 'pmll_write' else ''}".strip()
                   for k, g in zip(err["kernel"], err["gate"])]
-    cats = sorted(err["cat"].unique())
-    dtypes = sorted(err["dtype"].unique())
-    width = 0.8 / max(len(dtypes), 1)
-    labelled = set()
-    for j, dt in enumerate(dtypes):
-        for i, cat in enumerate(cats):
-            sel = err[(err["cat"] == cat) & (err["dtype"] == dt)]
-            if sel.empty:
-                continue
-            xpos = i - 0.4 + width * (j + 0.5)
-            vals = sel["value"].astype(float).clip(lower=1e-12)
-            ax.scatter([xpos] * len(vals), vals, s=12, color=f"C{j}", alpha=0.7,
-                       label=None if dt in labelled else dt)
-            labelled.add(dt)
-            tol = float(sel["tolerance"].max())
-            if tol > 0:
-                ax.hlines(tol, xpos - width / 2, xpos + width / 2, colors=f"C{j}", linestyles="--")
-    ax.set_xticks(range(len(cats)), cats, fontsize=8)
-    ax.set_yscale("log")
+    error_strip(ax, err, sorted(err["cat"].unique()), legend_title="memory dtype (-- tolerance)")
     ax.set_ylim(5e-13, 1)
     ax.set_ylabel("rel. L2 error vs float64 reference")
     ax.set_title("Error against the float64 reference (exact = 0, drawn at 1e-12)", fontsize=10)
-    ax.legend(title="memory dtype (-- tolerance)", fontsize=8)
     return ax
 
 
