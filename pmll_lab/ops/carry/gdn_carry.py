@@ -98,7 +98,8 @@ WY_SPLIT_COLUMNS = False
 in the split exact form), each program recomputing the head's small ``[16, 16]`` matrices,
 instead of one program per head looping over them. Prepared after the exact form measured
 1.8-2.2x faster split (H200, 2026-11-29); not yet measured for WY, so off by default.
-Prediction (reports/perf-notes.md v4): 2-3x at B=64, K=4. Read at launch time;
+Prediction (reports/perf-notes.md v4): 1.8-2x the per-head WY at B=64, K=4, still slower
+than the split exact form. Read at launch time;
 ``scripts/tune_carry.py`` times both, and the tests run both."""
 
 WY_NUM_WARPS = 4
