@@ -130,7 +130,7 @@ COMPILE_ALL = textwrap.dedent("""
         "engaged_ptr": "*i32", "arrive_ptr": "*i32", "scale": "fp32", "state_off_ptr": "*i64",
         "stash_off_ptr": "*i64", "pend_off_ptr": "*i64", "acc_ptr": "*i32"}
     meta = dict(K=4, CAP=8, HV=32, GROUP=2, KD=128, VD=128, BK=128, BV=32, NV=4, LAZY=True,
-                USE_QK_L2NORM=True, KP=16, BLOCK=128)
+                USE_QK_L2NORM=True, KP=16, BLOCK=128, PREFETCH=True)
     for kern, extra, warps in (
             (C._gdn_carry_wy_kernel, dict(DOT_PRECISION="ieee"), 4),
             (C._gdn_carry_wy_split_kernel, dict(DOT_PRECISION="tf32x3"), 2),
@@ -195,7 +195,8 @@ SASS = textwrap.dedent("""
     out = {}
     for K in (1, 4):
         k = lower(D.gdn_rows_kernel, t, dict(KD=64, VD=64, K=K, BK=64, BV=64, HAS_IDX=True,
-                  STORE_INTER=False, USE_QK_L2NORM=True), values=dict(HV=32, GROUP=2))
+                  STORE_INTER=False, USE_QK_L2NORM=True, PREFETCH=True),
+                  values=dict(HV=32, GROUP=2))
         out[K] = sass_stats(k)
     json.dump(out, sys.stdout)
 """)

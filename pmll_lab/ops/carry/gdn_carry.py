@@ -65,7 +65,9 @@ import triton.language as tl
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
-from pmll_lab.ops.gdn.recurrence import block_config, fold_row, gdn_row, qk_prepare
+from pmll_lab.ops.gdn import recurrence
+from pmll_lab.ops.gdn.recurrence import (block_config, fold_row, gdn_row, load_row_inputs,
+                                           qk_prepare)
 from pmll_lab.ops.host import cdiv
 
 GDN_CARRY_CAP = 8
@@ -247,13 +249,26 @@ _ROW_UNSPECIALIZED = dict(do_not_specialize=_ROW_STRIDES,
 
 @triton.jit
 def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv,
-                  HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr):
-    """Fold stash rows ``0..p-1`` into the state block ``h [BK, BV]`` (columns ``rv``)."""
-    for i in range(p):
-        gi = tl.load(gs_ptr + i * HV)
-        ki = tl.load(ks_ptr + i * (HV * KD) + rk, mask=mk, other=0.0)
-        ui = tl.load(u_ptr + i * (HV * VD) + rv, mask=mv, other=0.0)
-        h = fold_row(h, tl.exp(gi), ki, ui)
+                  HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr):
+    """Fold stash rows ``0..p-1`` into the state block ``h [BK, BV]`` (columns ``rv``); with
+    ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded (``recurrence.PREFETCH_ROWS``)."""
+    if PREFETCH:
+        gn = tl.load(gs_ptr, mask=p > 0, other=0.0)
+        kn = tl.load(ks_ptr + rk, mask=mk & (p > 0), other=0.0)
+        un = tl.load(u_ptr + rv, mask=mv & (p > 0), other=0.0)
+        for i in range(p):
+            gi, ki, ui = gn, kn, un
+            more = i + 1 < p
+            gn = tl.load(gs_ptr + (i + 1) * HV, mask=more, other=0.0)
+            kn = tl.load(ks_ptr + (i + 1) * (HV * KD) + rk, mask=mk & more, other=0.0)
+            un = tl.load(u_ptr + (i + 1) * (HV * VD) + rv, mask=mv & more, other=0.0)
+            h = fold_row(h, tl.exp(gi), ki, ui)
+    else:
+        for i in range(p):
+            gi = tl.load(gs_ptr + i * HV)
+            ki = tl.load(ks_ptr + i * (HV * KD) + rk, mask=mk, other=0.0)
+            ui = tl.load(u_ptr + i * (HV * VD) + rv, mask=mv, other=0.0)
+            h = fold_row(h, tl.exp(gi), ki, ui)
     return h
 
 
@@ -285,9 +300,11 @@ def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                         g_ptr, beta_ptr, o_ptr, b, hv, p, wb, first, scale, j,
                         sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
                         K: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
-                        BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+                        BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+                        PREFETCH: tl.constexpr):
     """Columns ``j*BV ..`` of one head: load the state block, fold the ``p`` pending rows, write
-    it back if ``wb``, run the ``K`` rows (decode's ``gdn_row``), store outputs and stash ``u``."""
+    it back if ``wb``, run the ``K`` rows (decode's ``gdn_row``), store outputs and stash ``u``.
+    ``PREFETCH``: row ``t+1``'s inputs are loaded before row ``t`` runs, as decode does."""
     rk = tl.arange(0, BK)
     mk = rk < KD
     rv = j * BV + tl.arange(0, BV)
@@ -295,17 +312,25 @@ def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
     m2 = mk[:, None] & mv[None, :]
     hp = h_ptr + rk[:, None] * VD + rv[None, :]
     h = tl.load(hp, mask=m2, other=0.0)
-    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD)
+    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD, PREFETCH)
     tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
     if wb:
         tl.store(hp, h, mask=m2)
+    grow = g_ptr + b * sg_b + hv
+    brow = beta_ptr + b * sb_b + hv
+    if PREFETCH:
+        nxt = load_row_inputs(qrow, krow, vrow, grow, brow, rk, mk, rv, mv)
     for t in tl.static_range(K):
-        q = tl.load(qrow + t * sq_t + rk, mask=mk, other=0.0).to(tl.float32)
-        k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
+        if PREFETCH:
+            q, k, v, g, beta = nxt
+            if t + 1 < K:
+                nxt = load_row_inputs(qrow + (t + 1) * sq_t, krow + (t + 1) * sk_t,
+                                      vrow + (t + 1) * sv_t, grow + (t + 1) * sg_t,
+                                      brow + (t + 1) * sb_t, rk, mk, rv, mv)
+        else:
+            q, k, v, g, beta = load_row_inputs(qrow + t * sq_t, krow + t * sk_t, vrow + t * sv_t,
+                                               grow + t * sg_t, brow + t * sb_t, rk, mk, rv, mv)
         q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
-        v = tl.load(vrow + t * sv_t + rv, mask=mv, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
-        beta = tl.load(beta_ptr + b * sb_b + t * sb_t + hv).to(tl.float32)
         h, o, u = gdn_row(h, q, k, v, g, beta)
         tl.store(orow + t * so_t + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
         tl.store(u_ptr + (first + t) * (HV * VD) + rv, u, mask=mv)
@@ -338,7 +363,7 @@ def _gdn_carry_exact_kernel(
     sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
-    LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """The exact form, one program per (sequence, head) looping over the head's column
     blocks (grid ``(B, HV)``); the shared g/k rows are restashed after the last block."""
@@ -357,7 +382,7 @@ def _gdn_carry_exact_kernel(
         _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                             g_ptr, beta_ptr, o_ptr, b, hv, p, wb, first, scale, j,
                             sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
-                            K, HV, KD, VD, BK, BV, USE_QK_L2NORM)
+                            K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH)
     tl.debug_barrier()
     _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
                          sq_t, sk_t, sg_b, sg_t, K, HV, KD, BK, USE_QK_L2NORM)
@@ -374,7 +399,7 @@ def _gdn_carry_exact_split_kernel(
     sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
-    LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """The exact form with a head's column blocks split across programs (grid ``(B, HV, NV)``,
     decode's own split). Shared rows: each program counts itself in ``arrive[slot, hv]`` after
@@ -395,7 +420,7 @@ def _gdn_carry_exact_split_kernel(
     _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                         g_ptr, beta_ptr, o_ptr, b, hv, p, wb, first, scale, j,
                         sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
-                        K, HV, KD, VD, BK, BV, USE_QK_L2NORM)
+                        K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH)
     tl.debug_barrier()
     arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel")
     if arrived == NV - 1:
@@ -453,7 +478,7 @@ def _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, p, wb, f
                      Q, Kr, beta, ec, T, P, sv_b, sv_t, sv_h, so_b, so_t, so_h,
                      K: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
                      BK: tl.constexpr, BV: tl.constexpr, KP: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr):
+                     DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr):
     """Columns ``j*BV ..`` of one head: load the state block, fold the ``p`` pending rows, write
     it back if ``wb``, then the ``K`` rows at once: ``KH = Kr H``, ``QH = Q H``,
     ``U = T (beta (V - ec KH))``, ``O = ec QH + P U``; store ``O`` and stash ``U``."""
@@ -466,7 +491,7 @@ def _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, p, wb, f
     m2 = mk[:, None] & mv[None, :]
     hp = h_ptr + rk[:, None] * VD + rv[None, :]
     h = tl.load(hp, mask=m2, other=0.0)
-    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD)
+    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD, PREFETCH)
     tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
     if wb:
         tl.store(hp, h, mask=m2)
@@ -506,7 +531,7 @@ def _gdn_carry_wy_kernel(
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, KP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """The WY form, one program per (sequence, head) looping over the head's column blocks
     (grid ``(B, HV)``); the shared g/k rows are restashed after the last block."""
@@ -522,7 +547,7 @@ def _gdn_carry_wy_kernel(
     for j in tl.static_range(0, NV):
         _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, p, wb, first, j,
                          Q, Kr, beta, ec, T, P, sv_b, sv_t, sv_h, so_b, so_t, so_h,
-                         K, HV, KD, VD, BK, BV, KP, DOT_PRECISION)
+                         K, HV, KD, VD, BK, BV, KP, DOT_PRECISION, PREFETCH)
     tl.debug_barrier()
     _wy_restash_shared_rows(gs_ptr, ks_ptr, first, g, Kr, K, HV, KD, BK, KP)
     if hv == 0:
@@ -539,7 +564,7 @@ def _gdn_carry_wy_split_kernel(
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, KP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """The WY form with a head's column blocks split across programs (grid ``(B, HV, NV)``):
     each program computes the head's small matrices itself (a few ``[16, BK]`` products), folds
@@ -557,7 +582,7 @@ def _gdn_carry_wy_split_kernel(
                                         sb_t, K, KD, BK, KP, USE_QK_L2NORM)
     _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, p, wb, first, j,
                      Q, Kr, beta, ec, T, P, sv_b, sv_t, sv_h, so_b, so_t, so_h,
-                     K, HV, KD, VD, BK, BV, KP, DOT_PRECISION)
+                     K, HV, KD, VD, BK, BV, KP, DOT_PRECISION, PREFETCH)
     tl.debug_barrier()
     arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel")
     if arrived == NV - 1:
@@ -573,7 +598,7 @@ def _gdn_carry_flush_kernel(
     state_ptr, stash_ptr, pend_ptr, slot_ptr, state_off_ptr, stash_off_ptr, pend_off_ptr,
     stride_state, stride_stash,
     CAP: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1) // NV
@@ -592,7 +617,8 @@ def _gdn_carry_flush_kernel(
         hp = h_ptr + rk[:, None] * VD + rv[None, :]
         h = tl.load(hp, mask=m2, other=0.0)
         h = _fold_pending(h, s_ptr + hv * VD, s_ptr + CAP * HV * VD + hv,
-                          s_ptr + CAP * HV * VD + CAP * HV + hv * KD, p, rk, mk, rv, mv, HV, KD, VD)
+                          s_ptr + CAP * HV * VD + CAP * HV + hv * KD, p, rk, mk, rv, mv, HV, KD, VD,
+                          PREFETCH)
         tl.store(hp, h, mask=m2)
 
 
@@ -774,7 +800,7 @@ def _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, l
             v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1), o.stride(0), o.stride(1), o.stride(2))
     meta = dict(K=K, CAP=carry.cap, HV=HV, GROUP=HV // HK, KD=kd, VD=vd, LAZY=lazy,
-                USE_QK_L2NORM=bool(use_qk_l2norm))
+                USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=recurrence.PREFETCH_ROWS)
     if form == "exact" and EXACT_SPLIT_COLUMNS:
         NV = cdiv(vd, BV)
         arrive = _arrivals(carry, HV)
@@ -843,7 +869,8 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:
             states[0], carries[0].buf, pends[0], slot_tab,
             offsets_table(states), offsets_table([c.buf for c in carries]), offsets_table(pends),
             states[0].stride(0), carries[0].buf.stride(0),
-            CAP=carries[0].cap, HV=HV, KD=kd, VD=vd, BK=BK, BV=BV, NV=NV, num_warps=num_warps)
+            CAP=carries[0].cap, HV=HV, KD=kd, VD=vd, BK=BK, BV=BV, NV=NV,
+            PREFETCH=recurrence.PREFETCH_ROWS, num_warps=num_warps)
 
 
 def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=False) -> None:

@@ -27,7 +27,8 @@ import triton.language as tl
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
-from pmll_lab.ops.gdn.recurrence import block_config, gdn_row, qk_prepare
+from pmll_lab.ops.gdn import recurrence
+from pmll_lab.ops.gdn.recurrence import block_config, gdn_row, load_row_inputs, qk_prepare
 from pmll_lab.ops.host import cdiv
 
 MAX_ROWS = 8
@@ -64,6 +65,7 @@ def gdn_rows_kernel(
     KD: tl.constexpr, VD: tl.constexpr,
     K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_IDX: tl.constexpr, STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_v = tl.program_id(1)
@@ -85,12 +87,24 @@ def gdn_rows_kernel(
     p_h = state + slot * s_slot + hv * s_head + rk[:, None] * s_key + rv[None, :]
     h = tl.load(p_h, mask=mh, other=0.0)
 
+    q_row = q + b64 * q_b + hk * q_h
+    k_row = k + b64 * k_b + hk * k_h
+    v_row = v + b64 * v_b + hv * v_h
+    g_row = g + b64 * g_b + hv
+    beta_row = beta + b64 * beta_b + hv
+    if PREFETCH:
+        nxt = load_row_inputs(q_row, k_row, v_row, g_row, beta_row, rk, mk, rv, mv)
     for t in tl.static_range(K):
-        qt = tl.load(q + b64 * q_b + t * q_t + hk * q_h + rk, mask=mk, other=0.0).to(tl.float32)
-        kt = tl.load(k + b64 * k_b + t * k_t + hk * k_h + rk, mask=mk, other=0.0).to(tl.float32)
-        vt = tl.load(v + b64 * v_b + t * v_t + hv * v_h + rv, mask=mv, other=0.0).to(tl.float32)
-        gt = tl.load(g + b64 * g_b + t * g_t + hv).to(tl.float32)
-        bt = tl.load(beta + b64 * beta_b + t * beta_t + hv).to(tl.float32)
+        if PREFETCH:
+            qt, kt, vt, gt, bt = nxt
+            if t + 1 < K:
+                nxt = load_row_inputs(q_row + (t + 1) * q_t, k_row + (t + 1) * k_t,
+                                      v_row + (t + 1) * v_t, g_row + (t + 1) * g_t,
+                                      beta_row + (t + 1) * beta_t, rk, mk, rv, mv)
+        else:
+            qt, kt, vt, gt, bt = load_row_inputs(q_row + t * q_t, k_row + t * k_t,
+                                                 v_row + t * v_t, g_row + t * g_t,
+                                                 beta_row + t * beta_t, rk, mk, rv, mv)
         qt, kt = qk_prepare(qt, kt, scale, USE_QK_L2NORM)
         h, ot, ut = gdn_row(h, qt, kt, vt, gt, bt)
         tl.store(o + b64 * o_b + t * o_t + hv * o_h + rv, ot.to(o.dtype.element_ty), mask=mv)
@@ -187,7 +201,7 @@ def _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_
         HV, HV // HK,
         KD=kd, VD=vd, K=K, BK=BK, BV=BV,
         HAS_IDX=has_idx, STORE_INTER=store_inter, USE_QK_L2NORM=bool(use_qk_l2norm),
-        num_warps=num_warps,
+        PREFETCH=recurrence.PREFETCH_ROWS, num_warps=num_warps,
     )
 
 

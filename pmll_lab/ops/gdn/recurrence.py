@@ -45,11 +45,23 @@ projection buffer cannot change the bits.
 
 from __future__ import annotations
 
+import contextlib
 from functools import lru_cache
 
 import triton
 import triton.language as tl
 from pmll_lab.ops.host import next_power_of_2
+
+PREFETCH_ROWS = True
+"""Issue row ``t+1``'s loads (q, k, v, g, beta; a stash row's g, k, u when folding) before row
+``t``'s arithmetic and stores, in every GDN kernel of the family (decode, chain, exact carry,
+fold). Without it each row's loads wait behind the previous row's stores (the compiler cannot
+move a load above a store that may alias it), so a verify pays one global-memory latency per
+row in series. The arithmetic, and so every result bit, is the same either way (checked by the
+tests on the interpreter and by ``pmll_lab.lowering``'s layout comparison for sm_90). Read at
+launch time, so ``scripts/tune_gdn_config.py`` can time both."""
+
+_OVERRIDE: tuple[int, int] | None = None
 
 L2NORM_EPS = 1e-6
 """eps inside ``x * rsqrt(sum(x*x) + eps)`` for q/k l2norm (SPEC §2; FLA and Qwen3-Next use 1e-6)."""
@@ -69,6 +81,18 @@ def qk_prepare(q, k, scale, USE_QK_L2NORM: tl.constexpr):
 def fold_row(h, e, k, u):
     """State update with a known row: ``h * e + k u^T`` (``h [BK, BV]``, ``e`` = exp(g))."""
     return h * e + k[:, None] * u[None, :]
+
+
+@triton.jit
+def load_row_inputs(q_row, k_row, v_row, g_row, beta_row, rk, mk, rv, mv):
+    """One row's inputs as fp32: ``q, k [BK]`` (padding lanes 0), ``v [BV]``, scalars ``g``,
+    ``beta``, from pointers to the row's key head (q, k), value head (v) and gates."""
+    q = tl.load(q_row + rk, mask=mk, other=0.0).to(tl.float32)
+    k = tl.load(k_row + rk, mask=mk, other=0.0).to(tl.float32)
+    v = tl.load(v_row + rv, mask=mv, other=0.0).to(tl.float32)
+    g = tl.load(g_row).to(tl.float32)
+    beta = tl.load(beta_row).to(tl.float32)
+    return q, k, v, g, beta
 
 
 @triton.jit
@@ -104,5 +128,29 @@ def block_config(k_dim: int, v_dim: int) -> tuple[int, int, int]:
     ``BK*BV`` at 4096 fp32 (128 state registers per thread), 1 warp.
     """
     bk = next_power_of_2(k_dim)
+    if _OVERRIDE is not None:
+        bv, warps = _OVERRIDE
+        return bk, min(next_power_of_2(v_dim), bv), warps
     bv = min(next_power_of_2(v_dim), max(16, 4096 // bk))
     return bk, bv, 1
+
+
+@contextlib.contextmanager
+def block_config_override(block_v: int, num_warps: int):
+    """Make ``block_config`` return ``BV = min(block_v, vd padded)`` columns and ``num_warps``
+    for every head size inside the ``with`` block (for tuning sweeps: every GDN kernel launched
+    inside it uses the same config, so they still agree bitwise with each other; results differ
+    in the last bits from the default config's). ``block_v`` and ``num_warps`` must be powers of
+    two (``ValueError`` naming them otherwise). Not thread-safe; restores the default on exit."""
+    global _OVERRIDE
+    for name, val in (("block_v", block_v), ("num_warps", num_warps)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1 or val & (val - 1):
+            raise ValueError(f"{name}: expected a power of two >= 1, got {val!r}")
+    old = _OVERRIDE
+    _OVERRIDE = (block_v, num_warps)
+    block_config.cache_clear()
+    try:
+        yield
+    finally:
+        _OVERRIDE = old
+        block_config.cache_clear()
