@@ -250,14 +250,15 @@ def _split_vs_per_head(monkeypatch, form, flag, seed):
     return results
 
 
-def test_split_columns_wy_variant(monkeypatch):
-    """The WY form with a head's column blocks split across programs (``WY_SPLIT_COLUMNS``):
-    the race case (write-backs with several column blocks; the last block to arrive restashes
-    the shared g/k rows), the protocol reference, and agreement with the per-head WY form (the
-    same arithmetic per column block: within fp32 rounding, 1e-5)."""
+def test_per_head_wy_variant(monkeypatch):
+    """The WY form with one program per head looping over its column blocks
+    (``WY_SPLIT_COLUMNS = False``; the default splits them across programs and every other test
+    runs that): the race case (write-backs with several column blocks; the shared g/k rows are
+    restashed after the last block), the protocol reference, and agreement with the split WY
+    form (the same arithmetic per column block: within fp32 rounding, 1e-5)."""
     import pmll_lab.ops.carry.gdn_carry as C
 
-    monkeypatch.setattr(C, "WY_SPLIT_COLUMNS", True)
+    monkeypatch.setattr(C, "WY_SPLIT_COLUMNS", False)
     _run_verify_case("wy", False, torch.float32, 2, 3, 1, 2, 128, 64, 3, [5, 2], seed=41)
     _run_verify_case("wy", True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7], seed=42)
     _run_verify_case("wy", True, torch.bfloat16, 3, 5, 1, 2, 64, 48, 2, [0, 6, 7], seed=43)
@@ -267,6 +268,31 @@ def test_split_columns_wy_variant(monkeypatch):
             assert torch.equal(a, b_)
         else:
             _close(name, a.float(), b_.float(), TOL)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_row_prefetch_changes_no_bit(monkeypatch, form):
+    """``CARRY_PREFETCH_ROWS`` only moves loads: with it off, the race case (write-backs over
+    several column blocks, pending rows folded) gives the same outputs, engaged flags, states and
+    stash bit for bit, and still matches the protocol reference."""
+    from pmll_lab.ops.gdn import recurrence
+
+    assert recurrence.CARRY_PREFETCH_ROWS, "the default this test compares against"
+    results = {}
+    for prefetch in (True, False):
+        monkeypatch.setattr(recurrence, "CARRY_PREFETCH_ROWS", prefetch)
+        if not prefetch:
+            _run_verify_case(form, True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7], seed=52)
+        x = gdn_inputs(51, 3, 1, 2, 128, 64, rows=3, slots=4, dtype=torch.bfloat16)
+        st, c = x["state"].clone(), GdnCarry.empty(4, 2, 128, 64)
+        _fill_stash(c, 53)
+        c.pend.copy_(torch.tensor([2, 6, 0, 7], dtype=torch.int32))
+        o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                slot_tab=x["state_indices"], form=form, lazy=True)
+        results[prefetch] = (o, e, st, c.buf)
+    assert results[True][1].tolist() != [1, 1, 1], "the case must write back somewhere"
+    for name, a, b_ in zip(("o", "engaged", "state", "stash"), results[True], results[False]):
+        assert bitwise_equal(a, b_), name
 
 
 def test_wy_matches_exact():

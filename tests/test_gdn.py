@@ -182,6 +182,67 @@ def test_chain_bitwise_equals_successive_decodes(dtype, K, HK, HV, kd, vd):
     assert bitwise_equal(o_plain, o_chain) and bitwise_equal(s_plain, s_chain)
 
 
+def _chain_and_decodes(x):
+    """(chain outputs, chain state, snapshots), (decode outputs, decode state, snapshots)."""
+    idx, K = x["state_indices"], x["q"].shape[1]
+    B, HV, kd, vd = idx.shape[0], *x["state"].shape[1:]
+    s_chain, s_dec = x["state"].clone(), x["state"].clone()
+    inter = torch.full((B, K - 1, HV, kd, vd), float("nan"), device=DEVICE)
+    o_chain = gdn_chain(s_chain, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
+                        intermediate=inter)
+    outs, snaps = [], []
+    for t in range(K):
+        outs.append(gdn_decode(s_dec, x["q"][:, t], x["k"][:, t], x["v"][:, t], x["g"][:, t],
+                               x["beta"][:, t], state_indices=idx))
+        if t < K - 1:
+            snaps.append(s_dec[idx.long()].clone())
+    return (o_chain, s_chain, inter), (torch.stack(outs, 1), s_dec, torch.stack(snaps, 1))
+
+
+def test_chain_row_prefetch_changes_no_bit(monkeypatch):
+    """``CHAIN_PREFETCH_ROWS`` only moves loads: the chain with it on equals the chain with it
+    off, and K decodes, bit for bit (the default is off; perf-notes v7 says why)."""
+    from pmll_lab.ops.gdn import recurrence
+
+    x = gdn_inputs(230, 3, 1, 2, 128, 64, rows=4, slots=5, dtype=torch.bfloat16)
+    got = {}
+    for prefetch in (False, True):
+        monkeypatch.setattr(recurrence, "CHAIN_PREFETCH_ROWS", prefetch)
+        got[prefetch] = _chain_and_decodes(x)
+    for a, b_ in zip(got[True][0] + got[True][1], got[False][0] + got[False][1]):
+        assert bitwise_equal(a, b_)
+    for a, b_ in zip(*got[True]):
+        assert bitwise_equal(a, b_)
+    _check_close("o", got[True][0][0], gdn_chain_ref(x["state"].double(), x["q"], x["k"], x["v"],
+                                                     x["g"], x["beta"], state_indices=x["state_indices"])[0],
+                 O_TOL[torch.bfloat16])
+
+
+def test_block_config_override():
+    """``block_config_override`` (tuning sweeps): every kernel launched inside it uses the given
+    ``BV`` and warps, so the chain still equals K decodes bitwise and the reference within
+    tolerance; the default comes back on exit, also after an error; bad values are rejected."""
+    from pmll_lab.ops.gdn.recurrence import block_config, block_config_override
+
+    default = block_config(128, 64)
+    x = gdn_inputs(231, 2, 1, 2, 64, 64, rows=3, slots=3, dtype=torch.float32)
+    with block_config_override(16, 2):
+        assert block_config(64, 64) == (64, 16, 2) and block_config(128, 8) == (128, 8, 2)
+        chain, dec = _chain_and_decodes(x)
+    for a, b_ in zip(chain, dec):
+        assert bitwise_equal(a, b_)
+    _check_close("state", chain[1], gdn_chain_ref(x["state"].double(), x["q"], x["k"], x["v"],
+                                                  x["g"], x["beta"],
+                                                  state_indices=x["state_indices"])[1], STATE_TOL)
+    assert block_config(128, 64) == default
+    with pytest.raises(RuntimeError), block_config_override(8, 1):
+        raise RuntimeError("inside")
+    assert block_config(128, 64) == default
+    for bad in ((12, 1), (16, 0), (16, 3), (True, 1)):
+        with pytest.raises(ValueError, match="^(block_v|num_warps):"), block_config_override(*bad):
+            pass
+
+
 # ---- strided views of one fused projection buffer ----------------------------------------------
 
 def _fused_views(seed, B, K, HK, HV, kd, vd, dtype):

@@ -22,8 +22,10 @@ fold, and the last to arrive restashes them and resets the counter, so a write-b
 the stash at row 0 can never overwrite a row that is still to be folded (SPEC §3b "Shared rows").
 With ``EXACT_SPLIT_COLUMNS = False``, one program per (sequence, head) loops over the column
 blocks instead (unrolled, constant block offsets) and restashes after the loop behind
-``tl.debug_barrier()``. The WY form runs one program per (sequence, head), or split the same
-way with ``WY_SPLIT_COLUMNS``. No two heads or slots
+``tl.debug_barrier()``. The WY form splits its column blocks the same way (``WY_SPLIT_COLUMNS``,
+the default), or runs one program per (sequence, head). With ``CARRY_PREFETCH_ROWS``
+(``pmll_lab.ops.gdn.recurrence``) the exact form and the folds load the next row before
+running the current one. No two heads or slots
 of a launch share state or stash bytes (slots distinct within a launch, heads disjoint).
 ``engaged[b]`` is written by the program of value head 0 (and column block 0 where split): 2
 after a write-back, else 1.
@@ -95,19 +97,21 @@ tensor cores in three passes at close to fp32 accuracy. Read at launch time, so
 otherwise (reports/perf-notes.md). The interpreter computes every ``tl.dot`` in fp32 whatever
 this says."""
 
-WY_SPLIT_COLUMNS = False
+WY_SPLIT_COLUMNS = True
 """WY form: split a head's column blocks across programs (grid ``(B, HV, NV)``, arrival count as
 in the split exact form), each program recomputing the head's small ``[16, 16]`` matrices,
-instead of one program per head looping over them. Prepared after the exact form measured
-1.8-2.2x faster split (H200, 2026-11-29); not yet measured for WY, so off by default.
-Prediction (reports/perf-notes.md v4): 1.8-2x the per-head WY at B=64, K=4, still slower
-than the split exact form. Read at launch time;
+instead of one program per head looping over them. Measured on an NVIDIA H200, 2026-11-29
+(reports/h200-2026-11-29s3-tune-carry.log; HK=16, HV=32, kd=vd=128, K=4, bf16 inputs, lazy):
+split with 2 warps 394 / 425 us at B=64 without / with write-back, 759 / 823 us at B=128,
+against 1373 / 1499 and 2767 / 3014 us for one program per head (4 warps, ``"ieee"``): 3.5x.
+Still 3-4x slower than the split exact form (perf-notes v4, v7). Read at launch time;
 ``scripts/tune_carry.py`` times both, and the tests run both."""
 
-WY_NUM_WARPS = 4
+WY_NUM_WARPS = 2
 """Warps per WY program. The WY form is not bound to decode's reductions (only its fold is, and
-that is elementwise), and its ``[16, BK]`` row tiles next to the ``[BK, BV]`` state block want
-more registers than one warp holds. Initial choice, not yet measured on the H200."""
+that is elementwise). Measured with the split form (H200, same log as ``WY_SPLIT_COLUMNS``):
+2 warps 394 us, 4 warps 434 us, 1 warp 901 us at B=64, no write-back; the per-head form was
+fastest with 4 (1373 us against 2663 with 2)."""
 
 ACCEPT_BLOCK = 128
 """Sequences per program of the accept kernel (a handful of int32 loads/stores each)."""
@@ -251,7 +255,7 @@ _ROW_UNSPECIALIZED = dict(do_not_specialize=_ROW_STRIDES,
 def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv,
                   HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr):
     """Fold stash rows ``0..p-1`` into the state block ``h [BK, BV]`` (columns ``rv``); with
-    ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded (``recurrence.PREFETCH_ROWS``)."""
+    ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded (``recurrence.CARRY_PREFETCH_ROWS``)."""
     if PREFETCH:
         gn = tl.load(gs_ptr, mask=p > 0, other=0.0)
         kn = tl.load(ks_ptr + rk, mask=mk & (p > 0), other=0.0)
@@ -800,7 +804,7 @@ def _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, l
             v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1), o.stride(0), o.stride(1), o.stride(2))
     meta = dict(K=K, CAP=carry.cap, HV=HV, GROUP=HV // HK, KD=kd, VD=vd, LAZY=lazy,
-                USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=recurrence.PREFETCH_ROWS)
+                USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=recurrence.CARRY_PREFETCH_ROWS)
     if form == "exact" and EXACT_SPLIT_COLUMNS:
         NV = cdiv(vd, BV)
         arrive = _arrivals(carry, HV)
@@ -870,7 +874,7 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:
             offsets_table(states), offsets_table([c.buf for c in carries]), offsets_table(pends),
             states[0].stride(0), carries[0].buf.stride(0),
             CAP=carries[0].cap, HV=HV, KD=kd, VD=vd, BK=BK, BV=BV, NV=NV,
-            PREFETCH=recurrence.PREFETCH_ROWS, num_warps=num_warps)
+            PREFETCH=recurrence.CARRY_PREFETCH_ROWS, num_warps=num_warps)
 
 
 def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=False) -> None:

@@ -201,7 +201,7 @@ def _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_
         HV, HV // HK,
         KD=kd, VD=vd, K=K, BK=BK, BV=BV,
         HAS_IDX=has_idx, STORE_INTER=store_inter, USE_QK_L2NORM=bool(use_qk_l2norm),
-        PREFETCH=recurrence.PREFETCH_ROWS, num_warps=num_warps,
+        PREFETCH=recurrence.CHAIN_PREFETCH_ROWS, num_warps=num_warps,
     )
 
 

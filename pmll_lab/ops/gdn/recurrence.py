@@ -52,14 +52,22 @@ import triton
 import triton.language as tl
 from pmll_lab.ops.host import next_power_of_2
 
-PREFETCH_ROWS = True
-"""Issue row ``t+1``'s loads (q, k, v, g, beta; a stash row's g, k, u when folding) before row
-``t``'s arithmetic and stores, in every GDN kernel of the family (decode, chain, exact carry,
-fold). Without it each row's loads wait behind the previous row's stores (the compiler cannot
-move a load above a store that may alias it), so a verify pays one global-memory latency per
-row in series. The arithmetic, and so every result bit, is the same either way (checked by the
-tests on the interpreter and by ``pmll_lab.lowering``'s layout comparison for sm_90). Read at
-launch time, so ``scripts/tune_gdn_config.py`` can time both."""
+CARRY_PREFETCH_ROWS = True
+"""Exact carry verify and fold (``pmll_lab.ops.carry.gdn_carry``): issue row ``t+1``'s loads
+(q, k, v, g, beta; a stash row's g, k, u when folding) before row ``t``'s arithmetic and stores.
+Without it each row's loads wait behind the previous row's stores (the compiler cannot move a
+load above a store that may alias it), so a verify pays one global-memory latency per row in
+series. The arithmetic, and so every result bit, is the same either way: the family check of
+``scripts/tune_gdn_config.py`` found carry and decode bitwise equal with it on and off, and
+``pmll_lab.lowering`` compares the sm_90 reduction layouts in CI.
+Measured on an NVIDIA H200, 2026-11-29 (reports/h200-2026-11-29s3-tune-gdn-config.log; HV=32,
+HK=16, kd=vd=128, K=4, bf16 inputs, lazy, 3 / 5 pending rows): 104.3 / 145.0 us with it against
+114.3 / 153.7 us without at B=64, 192.9 / 273.4 against 210.8 / 290.9 us at B=128."""
+
+CHAIN_PREFETCH_ROWS = False
+"""The same for decode and the chain (``gdn_rows_kernel``). Off: with it the 4-row chain with
+snapshots spilled more (sm_90: 216 B of stack against 72 B) and measured 349.1 us against
+304.6 us at B=64 (same run as ``CARRY_PREFETCH_ROWS``); decode K=1 has no next row to load."""
 
 _OVERRIDE: tuple[int, int] | None = None
 
