@@ -7,7 +7,8 @@ input row) and counts the accepted rows not yet folded in ``pend[slot]``; the ne
 flush) folds them. Launchers:
 
 - ``GdnCarry`` (one layer's stash + ``pend``), ``gdn_carry_verify`` (exact or WY form, eager or
-  lazy), ``gdn_carry_flush`` (``L`` layers, one launch): ``pmll_lab.ops.carry.gdn_carry``.
+  lazy), ``gdn_carry_verify_plan`` (the same bound to fixed buffers, a lean call for small
+  batches: ``pmll_lab.ops.launch.LaunchPlan``), ``gdn_carry_flush`` (``L`` layers, one launch): ``pmll_lab.ops.carry.gdn_carry``.
 - ``ConvCarry``, ``conv_carry_verify``, ``conv_carry_flush``: the conv twin, re-exported from
   ``pmll_lab.conv`` (imported on first use).
 - ``carry_accept``: ``pend = a`` after a write-back (``engaged == 2``), else ``pend + a``, on the
@@ -37,13 +38,14 @@ from pmll_lab.ops.carry.gdn_carry import (
     check_state,
     gdn_carry_flush,
     gdn_carry_verify,
+    gdn_carry_verify_plan,
     snapshot_bytes_per_slot,
     stash_bytes_per_slot,
 )
 
 __all__ = [
     "GDN_CARRY_CAP", "GDN_CARRY_LAZY_MIN_SEQS", "GDN_CARRY_EAGER_MAX_PENDING",
-    "GdnCarry", "gdn_carry_verify", "gdn_carry_flush", "carry_accept",
+    "GdnCarry", "gdn_carry_verify", "gdn_carry_verify_plan", "gdn_carry_flush", "carry_accept",
     "ConvCarry", "conv_carry_verify", "conv_carry_flush",
     "CarryLayer", "SpecDecodeStep", "stash_bytes_per_slot", "snapshot_bytes_per_slot",
 ]

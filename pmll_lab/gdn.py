@@ -4,6 +4,8 @@
 - ``gdn_chain(state, q, k, v, g, beta, ..., intermediate=None) -> o``: ``K <= 8`` draft rows per
   sequence, the state after each row ``t < K-1`` written to ``intermediate`` (the snapshot
   baseline that vLLM and SGLang verify with). Bitwise equal to ``K`` successive decodes.
+- ``gdn_decode_plan`` / ``gdn_chain_plan``: the same launches bound to fixed buffers, a lean
+  call for host-bound small batches (``pmll_lab.ops.launch.LaunchPlan``).
 - ``gdn_decode_ref`` / ``gdn_chain_ref``: the float64 references both answer to.
 - Byte counts of SPEC §4 (the fewest bytes a launch must move, for GB/s and the roofline):
   ``state_bytes``, ``row_io_bytes``, ``decode_bytes``, ``chain_bytes``, ``decodes_bytes``,
@@ -16,11 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from pmll_lab.ops.gdn.decode import MAX_ROWS, gdn_chain, gdn_decode
+from pmll_lab.ops.gdn.decode import MAX_ROWS, gdn_chain, gdn_chain_plan, gdn_decode, gdn_decode_plan
 from pmll_lab.reference.gdn import gdn_chain_ref, gdn_decode_ref
 
 __all__ = [
-    "MAX_ROWS", "gdn_decode", "gdn_chain", "gdn_decode_ref", "gdn_chain_ref",
+    "MAX_ROWS", "gdn_decode", "gdn_chain", "gdn_decode_plan", "gdn_chain_plan", "gdn_decode_ref", "gdn_chain_ref",
     "state_bytes", "row_io_bytes", "decode_bytes", "chain_bytes", "decodes_bytes",
     "snapshot_bytes", "carry_stash_bytes",
 ]

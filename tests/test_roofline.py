@@ -175,7 +175,7 @@ def test_b1_graph_and_floor_fields(monkeypatch):
     import pmll_lab.bench as bench
 
     roof = 4000.0
-    graphs = iter([3.0, 5.0])
+    graphs = iter([3.0, 4.0, 5.0, 6.0])    # nowb, nowb through the plan, wb, wb plan
     monkeypatch.setattr(E, "_on_cuda", lambda: True)
     monkeypatch.setattr(E, "time_graph", lambda fn: next(graphs))
     monkeypatch.setattr(E, "copy_bandwidth", lambda: roof)
@@ -187,6 +187,9 @@ def test_b1_graph_and_floor_fields(monkeypatch):
                                                  "carry_wy_lazy"))
     assert (t0["time_us"]["graph_us"], t1["time_us"]["graph_us"]) == (3.0, 5.0)
     assert ta["time_us"]["graph_us"] == pytest.approx((1 - f) * 3.0 + f * 5.0)
+    p0, p1 = (_timed_rows(rows, k) for k in ("carry_wy_lazy:nowb:plan", "carry_wy_lazy:wb:plan"))
+    assert (p0["time_us"]["graph_us"], p1["time_us"]["graph_us"]) == (4.0, 6.0)
+    assert p0["gbps"]["bytes"] == t0["gbps"]["bytes"] and p1["gbps"]["bytes"] == t1["gbps"]["bytes"]
     for t in (t0, t1, ta):
         nbytes = t["gbps"]["bytes"]
         assert t["time_us"]["floor_us"] == pytest.approx(nbytes / (roof * 1e3))
@@ -221,6 +224,41 @@ def test_check_runs_before_timing(monkeypatch, provider, target, which):
         E.gdn_point(pt)
     assert timed == [], "a provider that failed its check was timed"
     assert any(r.get("passed") is False for r in info.value.rows)
+
+
+@pytest.mark.parametrize("provider,target", [("decodes", "gdn_decode_plan"),
+                                             ("carry_exact_lazy", "gdn_carry_verify_plan")])
+def test_launch_plans_are_checked_at_b1(monkeypatch, provider, target):
+    """At B = 1 the launch plans run too (kernel ``<name>:plan``): checked bitwise against the
+    plain launchers on their second call, timed, and a plan whose second call is wrong fails
+    the point before anything is timed."""
+    pt = [p for p in _points(2, 1) if p["provider"] == provider][0]
+    rows = E.gdn_point(pt)
+    flags = [r for r in rows if r["kernel"].endswith(":plan") and "passed" in r]
+    assert flags and all(r["passed"] for r in flags)
+    assert any(r["kernel"].endswith(":plan") and r["metric"] == "time_us" and r["value"] > 0
+               for r in rows)
+
+    real = getattr(E, target)
+
+    def wrong_second_call(*args, **kw):
+        plan, calls = real(*args, **kw), []
+
+        def call():
+            out = plan()
+            calls.append(1)
+            if len(calls) == 2:
+                (out[0] if isinstance(out, tuple) else out).add_(1.0)
+            return out
+        return call
+
+    timed = []
+    E.release()
+    monkeypatch.setattr(E, target, wrong_second_call)
+    monkeypatch.setattr(E, "time_launch", lambda fn, **kw: timed.append(fn) or {})
+    with pytest.raises(CheckFailed):
+        E.gdn_point(pt)
+    assert timed == []
 
 
 def test_failed_providers_are_marked_and_the_rest_runs(monkeypatch, tmp_path):

@@ -73,10 +73,12 @@ from pmll_lab.bench import (
     H200_L2_BYTES,
     bitwise_equal, copy_bandwidth, error_rows, throughput_rows, time_graph, time_launch,
 )
-from pmll_lab.carry import GDN_CARRY_CAP, GdnCarry, gdn_carry_flush, gdn_carry_verify
+from pmll_lab.carry import (
+    GDN_CARRY_CAP, GdnCarry, gdn_carry_flush, gdn_carry_verify, gdn_carry_verify_plan,
+)
 from pmll_lab.gdn import (
     carry_stash_bytes, chain_bytes, decodes_bytes, gdn_chain, gdn_chain_ref, gdn_decode,
-    row_io_bytes, state_bytes,
+    gdn_decode_plan, row_io_bytes, state_bytes,
 )
 from pmll_lab.inputs import gdn_inputs
 from pmll_lab.peers import (  # noqa: F401  (fla_supports_gva: used by the notebook)
@@ -101,6 +103,11 @@ WARMUP_MS, REP_MS = 10, 50
 """``do_bench`` warm-up and measurement windows (ms): the full preset times ~350 launches."""
 CPU_REPS = 1
 """Interpreter calls timed after one warm-up call (CPU wall time says nothing about GPU speed)."""
+PLAN_MAX_B = 1
+"""Batch widths up to which the decodes and carry verifies are also checked and timed through
+launch plans (``gdn_decode_plan``, ``gdn_carry_verify_plan``: arguments bound once, later calls
+straight to the compiled kernel), as kernel ``<name>:plan``: the host-bound small-batch path."""
+PLAN_SUFFIX = ":plan"
 L2_BYTES = H200_L2_BYTES
 """PMLL targets count launches moving >= 4x the H200's L2 (``bench.H200_L2_BYTES``)."""
 
@@ -458,6 +465,18 @@ def _point_decodes(c: _Case) -> list[dict]:
     name = "decodes"
     rows = (error_rows(name, o_dec[:c.n], c.o_ref, tol=c.otol, what="o")
             + error_rows(name, st_sel[:c.n], c.s_ref[:c.n], tol=STATE_TOL, what="state"))
+    plans = None
+    if c.B <= PLAN_MAX_B:
+        # the same K decodes through launch plans (lean host path): checked bitwise on their
+        # second call, the first that skips Triton's launcher on a GPU
+        st_p = c.state0.clone()
+        plans = [gdn_decode_plan(st_p, *c.row_args[r], state_indices=c.sel) for r in range(c.K)]
+        for _ in range(2):
+            st_p.copy_(c.state0)
+            o_p = torch.stack([p().clone() for p in plans], 1)
+        rows.append(_flag(f"{name}{PLAN_SUFFIX}", "bitwise_vs_decode",
+                          bitwise_equal(o_p, o_dec) and bitwise_equal(st_p[c.lsel], st_sel),
+                          "o and state"))
     _require(rows)
     st = c.state0.clone()
 
@@ -466,7 +485,16 @@ def _point_decodes(c: _Case) -> list[dict]:
             gdn_decode(st, *c.row_args[r], state_indices=c.sel)
 
     t, gr = _time(run, c.B)
-    return rows + _speed_rows(name, t, gr, decodes_bytes(c.B, c.K, **c.io()), variant="")
+    nbytes = decodes_bytes(c.B, c.K, **c.io())
+    rows += _speed_rows(name, t, gr, nbytes, variant="")
+    if plans is not None:
+        def run_plans():
+            for p in plans:
+                p()
+
+        t, gr = _time(run_plans, c.B)
+        rows += _speed_rows(f"{name}{PLAN_SUFFIX}", t, gr, nbytes, variant="launch plan")
+    return rows
 
 
 def _point_chain(c: _Case) -> list[dict]:
@@ -536,12 +564,28 @@ def _point_carry(c: _Case, form: str, lazy: bool) -> list[dict]:
                 rows += error_rows(name, st_b[wbm], cc["folded"][wbm], tol=STATE_TOL,
                                         what="written-back state" + tag)
         del st_b
+        plan = None
+        if c.B <= PLAN_MAX_B:
+            # the same verify through a launch plan (lean host path), checked bitwise against
+            # the launch above on its second call (the first that skips Triton's launcher)
+            st_p, carry_p = c.state0.clone(), clone_carry(cc["carry"])
+            plan = gdn_carry_verify_plan(st_p, carry_p, *c.args, slot_tab=c.sel, form=form,
+                                         lazy=lazy)
+            for _ in range(2):
+                st_p.copy_(c.state0)
+                carry_p.buf.copy_(cc["carry"].buf)
+                o_p, e_p = plan()
+            rows.append(_flag(f"{name}{PLAN_SUFFIX}", "bitwise_vs_launcher",
+                              bitwise_equal(o_p, o) and bitwise_equal(e_p, eng)
+                              and bitwise_equal(st_p, st) and bitwise_equal(carry_p.buf, carry.buf),
+                              "o, engaged, state, stash" + tag))
         nbytes = carry_bytes(cc["pend"], wb, c.K, c.HK, c.HV, c.D, c.dtype)
-        ready.append((var, st, carry, nbytes, float(np.mean(cc["pend"])), float(np.mean(wb))))
+        ready.append((var, st, carry, nbytes, float(np.mean(cc["pend"])), float(np.mean(wb)),
+                      plan))
     _require(rows)
 
     timed = {}
-    for var, st, carry, nbytes, mean_pend, wb_frac in ready:
+    for var, st, carry, nbytes, mean_pend, wb_frac, plan in ready:
         def run(st=st, carry=carry):
             gdn_carry_verify(st, carry, *c.args, slot_tab=c.sel, form=form, lazy=lazy)
 
@@ -550,6 +594,11 @@ def _point_carry(c: _Case, form: str, lazy: bool) -> list[dict]:
         kname = name if var == "eager" else f"{name}:{var}"
         rows += _speed_rows(kname, t, gr, nbytes, variant=VARIANT_NAMES[var],
                             mean_pend=mean_pend, wb_frac=wb_frac)
+        if plan is not None:
+            t, gr = _time(plan, c.B)
+            rows += _speed_rows(f"{kname}{PLAN_SUFFIX}", t, gr, nbytes,
+                                variant=f"{VARIANT_NAMES[var]}, launch plan",
+                                mean_pend=mean_pend, wb_frac=wb_frac)
     if lazy:
         f = float(c.acc["lazy_wb"])
         (t0, g0, b0), (t1, g1, b1) = timed["nowb"], timed["wb"]
@@ -711,7 +760,8 @@ def lazy_table(df: pd.DataFrame, shape: dict | None = None, Bs=(1, 64, 128)) -> 
         return pd.DataFrame()
     shape = main_shape(df) if shape is None else shape
     w = _sel_shape(w, shape)
-    w = w[w["B"].isin(Bs) & w["kernel"].str.startswith("carry_")]
+    w = w[w["B"].isin(Bs) & w["kernel"].str.startswith("carry_")
+          & ~w["kernel"].str.endswith(PLAN_SUFFIX)]
     if w.empty:
         return pd.DataFrame()
     w = w.assign(form=w["kernel"].str.split("_").str[1])

@@ -71,6 +71,7 @@ from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import (block_config, fold_row, gdn_row, load_row_inputs,
                                            qk_prepare)
 from pmll_lab.ops.host import cdiv
+from pmll_lab.ops.launch import LaunchPlan
 
 GDN_CARRY_CAP = 8
 """Stash rows per (layer, slot): the seed's ``GDN_CARRY_CAP`` (``CARRY_CAP`` in its CUDA file).
@@ -698,40 +699,9 @@ def check_state(name: str, state) -> torch.Tensor:
     return state
 
 
-def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", lazy=False,
-                     scale=None, use_qk_l2norm=True, validate=False, eager_max_pending=None):
-    """Carried-state verify of ``K`` draft rows per sequence (SPEC §3b; seed ``gdn_exact_carry``,
-    ``gdn_carry_wy`` and their ``_lazy`` forms).
-
-    Args:
-        state: ``[S, HV, kd, vd]`` fp32 (inner dims contiguous). Read; written only on a
-            write-back (``engaged == 2``), with the slot's pending rows folded in.
-        carry: the layer's ``GdnCarry`` (``S`` slots, ``HV``, ``kd``, ``vd``, ``CAP``). Its stash
-            rows ``first..first+K-1`` of each slot are written (``first = 0`` after a
-            write-back, else ``pend``); ``pend`` is read, never written (``carry_accept`` does).
-        q, k: ``[B, K, HK, kd]``; v: ``[B, K, HV, vd]`` — fp32, bf16 or fp16, one dtype, last dim
-            contiguous, any other strides (views of a fused projection: no copies).
-        g, beta: ``[B, K, HV]`` fp32 (log decay ``<= 0``; ``beta`` in ``[0, 1]``), last dim
-            contiguous.
-        slot_tab: ``[B]`` int32/int64 slot of each sequence (distinct, in ``[0, S)``),
-            contiguous.
-        form: ``"exact"`` (bitwise equal to decoding the rows one at a time) or ``"wy"``.
-        lazy: ``False`` = eager (write back whenever ``pend > 0``); ``True`` = write back only
-            when ``pend + K > CAP``.
-        scale: query scale, default ``kd ** -0.5``. use_qk_l2norm: l2-normalise q and k.
-        validate: also run the checks that sync with the device: slots distinct and in range,
-            ``0 <= pend <= CAP``, ``g <= 0``, ``beta`` in ``[0, 1]``, and for an eager verify
-            ``pend <= eager_max_pending`` (when that is not ``None``; the kernel itself folds
-            any ``pend <= CAP``).
-
-    Returns:
-        ``(o, engaged)``: ``o [B, K, HV, vd]`` in ``v``'s dtype; ``engaged [B]`` int32, 2 if the
-        verify wrote the state back, else 1.
-
-    Raises:
-        ValueError naming the argument: shapes, dtypes, devices, strides, ``HV % HK``,
-        ``1 <= K <= CAP``, unknown ``form``; value errors with ``validate=True``.
-    """
+def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
+                  eager_max_pending):
+    """``gdn_carry_verify``'s argument checks; returns ``(B, K, HK, scale)``."""
     check_state("state", state)
     check_carry("carry", carry, state)
     _checks.choice("form", form, FORMS)
@@ -768,6 +738,46 @@ def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", 
         _checks.range_values("g", g, float("-inf"), 0.0)
         _checks.range_values("beta", beta, 0.0, 1.0)
 
+    return B, K, HK, scale
+
+
+def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", lazy=False,
+                     scale=None, use_qk_l2norm=True, validate=False, eager_max_pending=None):
+    """Carried-state verify of ``K`` draft rows per sequence (SPEC §3b; seed ``gdn_exact_carry``,
+    ``gdn_carry_wy`` and their ``_lazy`` forms).
+
+    Args:
+        state: ``[S, HV, kd, vd]`` fp32 (inner dims contiguous). Read; written only on a
+            write-back (``engaged == 2``), with the slot's pending rows folded in.
+        carry: the layer's ``GdnCarry`` (``S`` slots, ``HV``, ``kd``, ``vd``, ``CAP``). Its stash
+            rows ``first..first+K-1`` of each slot are written (``first = 0`` after a
+            write-back, else ``pend``); ``pend`` is read, never written (``carry_accept`` does).
+        q, k: ``[B, K, HK, kd]``; v: ``[B, K, HV, vd]`` — fp32, bf16 or fp16, one dtype, last dim
+            contiguous, any other strides (views of a fused projection: no copies).
+        g, beta: ``[B, K, HV]`` fp32 (log decay ``<= 0``; ``beta`` in ``[0, 1]``), last dim
+            contiguous.
+        slot_tab: ``[B]`` int32/int64 slot of each sequence (distinct, in ``[0, S)``),
+            contiguous.
+        form: ``"exact"`` (bitwise equal to decoding the rows one at a time) or ``"wy"``.
+        lazy: ``False`` = eager (write back whenever ``pend > 0``); ``True`` = write back only
+            when ``pend + K > CAP``.
+        scale: query scale, default ``kd ** -0.5``. use_qk_l2norm: l2-normalise q and k.
+        validate: also run the checks that sync with the device: slots distinct and in range,
+            ``0 <= pend <= CAP``, ``g <= 0``, ``beta`` in ``[0, 1]``, and for an eager verify
+            ``pend <= eager_max_pending`` (when that is not ``None``; the kernel itself folds
+            any ``pend <= CAP``).
+
+    Returns:
+        ``(o, engaged)``: ``o [B, K, HV, vd]`` in ``v``'s dtype; ``engaged [B]`` int32, 2 if the
+        verify wrote the state back, else 1.
+
+    Raises:
+        ValueError naming the argument: shapes, dtypes, devices, strides, ``HV % HK``,
+        ``1 <= K <= CAP``, unknown ``form``; value errors with ``validate=True``.
+    """
+    B, K, HK, scale = _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
+                                    validate, eager_max_pending)
+    _, HV, kd, vd = state.shape
     o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
     engaged = torch.empty(B, dtype=torch.int32, device=v.device)
     if B == 0:
@@ -793,8 +803,10 @@ def _device_guard(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
-def _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
-                   use_qk_l2norm):
+def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
+                        use_qk_l2norm):
+    """``(kernel, grid, args, kwargs)`` of the verify launch for ``form`` and the launch-time
+    settings (``EXACT_SPLIT_COLUMNS``, ``WY_*``, ``CARRY_PREFETCH_ROWS``, ``block_config``)."""
     B, K, HK = q.shape[:3]
     _, HV, kd, vd = state.shape
     BK, BV, num_warps = block_config(kd, vd)
@@ -807,25 +819,52 @@ def _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, l
                 USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=recurrence.CARRY_PREFETCH_ROWS)
     if form == "exact" and EXACT_SPLIT_COLUMNS:
         NV = cdiv(vd, BV)
-        arrive = _arrivals(carry, HV)
-        _gdn_carry_exact_split_kernel[(B, HV, NV)](*args[:4], arrive, *args[4:], BK=BK, BV=BV,
-                                                   NV=NV, num_warps=num_warps, **meta)
-    elif form == "exact":
-        _gdn_carry_exact_kernel[(B, HV)](*args, BK=BK, BV=BV, NV=cdiv(vd, BV),
-                                         num_warps=num_warps, **meta)
-    elif WY_SPLIT_COLUMNS:
-        bk, bv = max(BK, 16), max(BV, 16)
-        NV = cdiv(vd, bv)
-        arrive = _arrivals(carry, HV)
-        _gdn_carry_wy_split_kernel[(B, HV, NV)](*args[:4], arrive, *args[4:], BK=bk, BV=bv,
-                                                NV=NV, KP=WY_ROWS_PAD,
-                                                DOT_PRECISION=WY_DOT_PRECISION,
-                                                num_warps=WY_NUM_WARPS, **meta)
-    else:
-        bk, bv = max(BK, 16), max(BV, 16)
-        _gdn_carry_wy_kernel[(B, HV)](*args, BK=bk, BV=bv, NV=cdiv(vd, bv),
-                                      KP=WY_ROWS_PAD, DOT_PRECISION=WY_DOT_PRECISION,
-                                      num_warps=WY_NUM_WARPS, **meta)
+        return (_gdn_carry_exact_split_kernel, (B, HV, NV),
+                (*args[:4], _arrivals(carry, HV), *args[4:]),
+                dict(BK=BK, BV=BV, NV=NV, num_warps=num_warps, **meta))
+    if form == "exact":
+        return (_gdn_carry_exact_kernel, (B, HV), args,
+                dict(BK=BK, BV=BV, NV=cdiv(vd, BV), num_warps=num_warps, **meta))
+    bk, bv = max(BK, 16), max(BV, 16)
+    wy = dict(BK=bk, BV=bv, NV=cdiv(vd, bv), KP=WY_ROWS_PAD, DOT_PRECISION=WY_DOT_PRECISION,
+              num_warps=WY_NUM_WARPS, **meta)
+    if WY_SPLIT_COLUMNS:
+        return (_gdn_carry_wy_split_kernel, (B, HV, wy["NV"]),
+                (*args[:4], _arrivals(carry, HV), *args[4:]), wy)
+    return _gdn_carry_wy_kernel, (B, HV), args, wy
+
+
+def _launch_verify(*args):
+    kernel, grid, a, kw = _verify_launch_args(*args)
+    kernel[grid](*a, **kw)
+
+
+def gdn_carry_verify_plan(state, carry, q, k, v, g, beta, *, slot_tab, form="exact",
+                          lazy=False, scale=None, use_qk_l2norm=True, validate=False,
+                          eager_max_pending=None) -> LaunchPlan:
+    """``gdn_carry_verify`` bound to these buffers, for host-bound small batches (issue 5, B=1).
+
+    Checks the arguments once, as ``gdn_carry_verify`` does (``validate`` checks the values at
+    plan time only), allocates ``o`` and ``engaged`` once, and returns a
+    ``pmll_lab.ops.launch.LaunchPlan``: ``plan()`` runs the verify on whatever ``state``, the
+    stash, ``pend``, ``slot_tab`` and the row tensors hold at that moment and returns
+    ``(o, engaged)`` (the same two tensors every call: read them before the next call). After
+    the first call on a GPU, calls go straight to the compiled kernel: no checks, allocations or
+    argument binding. Write each step's rows into the same tensors; a new tensor needs a new
+    plan. The launch-time settings (``EXACT_SPLIT_COLUMNS``, ``WY_*``, ``block_config``) are
+    read when the plan is made. Same results, bit for bit, as ``gdn_carry_verify``.
+    Raises ``ValueError`` naming the argument.
+    """
+    B, K, HK, scale = _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
+                                    validate, eager_max_pending)
+    _, HV, kd, vd = state.shape
+    o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
+    engaged = torch.empty(B, dtype=torch.int32, device=v.device)
+    if B == 0:
+        return LaunchPlan(None, (1,), (), {}, outputs=(o, engaged))
+    kernel, grid, a, kw = _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
+                                              form, lazy, scale, use_qk_l2norm)
+    return LaunchPlan(kernel, grid, a, kw, outputs=(o, engaged), device=state.device)
 
 
 def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:

@@ -30,6 +30,7 @@ from pmll_lab.backend import DEVICE
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import block_config, gdn_row, load_row_inputs, qk_prepare
 from pmll_lab.ops.host import cdiv
+from pmll_lab.ops.launch import LaunchPlan
 
 MAX_ROWS = 8
 """Most rows one chain launch verifies (SPEC §3: ``K <= CAP``, ``CAP = 8``)."""
@@ -173,10 +174,9 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
     return B, (lead[1] if rows else 1), HK, HV, kd, vd
 
 
-def _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
-            B, K, HK, HV, kd, vd, *, rows: bool):
-    if B == 0:
-        return
+def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
+                 B, K, HK, HV, kd, vd, *, rows: bool):
+    """``(grid, args, kwargs)`` of the ``gdn_rows_kernel`` launch (``B >= 1``)."""
     BK, BV, num_warps = block_config(kd, vd)
     # Strides of the row axis are 0 for decode (no rows axis); every head stride is explicit.
     if rows:
@@ -193,16 +193,24 @@ def _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_
         ist, inter = (0, 0, 0, 0), state        # never written (STORE_INTER=False)
     has_idx = state_indices is not None
     grid = (B * HV, cdiv(vd, BV))
-    gdn_rows_kernel[grid](
-        state, q, k, v, g, beta, o, inter, state_indices if has_idx else state,
-        float(kd ** -0.5 if scale is None else scale),
-        state.stride(0), state.stride(1), state.stride(2),
-        *qs, *ks, *vs, *gs, *bs, *os_, *ist,
-        HV, HV // HK,
-        KD=kd, VD=vd, K=K, BK=BK, BV=BV,
-        HAS_IDX=has_idx, STORE_INTER=store_inter, USE_QK_L2NORM=bool(use_qk_l2norm),
-        PREFETCH=recurrence.CHAIN_PREFETCH_ROWS, num_warps=num_warps,
-    )
+    args = (state, q, k, v, g, beta, o, inter, state_indices if has_idx else state,
+            float(kd ** -0.5 if scale is None else scale),
+            state.stride(0), state.stride(1), state.stride(2),
+            *qs, *ks, *vs, *gs, *bs, *os_, *ist,
+            HV, HV // HK)
+    kwargs = dict(KD=kd, VD=vd, K=K, BK=BK, BV=BV,
+                  HAS_IDX=has_idx, STORE_INTER=store_inter, USE_QK_L2NORM=bool(use_qk_l2norm),
+                  PREFETCH=recurrence.CHAIN_PREFETCH_ROWS, num_warps=num_warps)
+    return grid, args, kwargs
+
+
+def _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
+            B, K, HK, HV, kd, vd, *, rows: bool):
+    if B == 0:
+        return
+    grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices,
+                                      scale, use_qk_l2norm, B, K, HK, HV, kd, vd, rows=rows)
+    gdn_rows_kernel[grid](*args, **kwargs)
 
 
 def _device_guard(t: torch.Tensor):
@@ -267,3 +275,48 @@ def gdn_chain(state, q, k, v, g, beta, *, state_indices=None, intermediate=None,
         _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
                 B, K, HK, HV, kd, vd, rows=True)
     return o
+
+
+def gdn_decode_plan(state, q, k, v, g, beta, *, state_indices=None, scale=None,
+                    use_qk_l2norm=True, out=None, validate=False) -> LaunchPlan:
+    """``gdn_decode`` bound to these buffers, for host-bound small batches (issue 5, B=1).
+
+    Checks the arguments once (as ``gdn_decode``; ``out``: ``None`` or the ``o [B, HV, vd]``
+    tensor to write, v's dtype, contiguous) and returns a ``LaunchPlan``: ``plan()`` runs one
+    decode token on whatever the tensors hold at that moment and returns ``o``. After the first
+    call on a GPU, calls go straight to the compiled kernel (no checks, no allocation, no
+    argument binding). Write each step's inputs into the same tensors (``q.copy_(...)``, or
+    project into them); a new tensor needs a new plan. Same results, bit for bit, as
+    ``gdn_decode`` on the same values. Raises ``ValueError`` naming the argument.
+    """
+    B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, None, scale,
+                                  None, validate, rows=False)
+    o = _plan_out(out, (B, HV, vd), v, state)
+    if B == 0:
+        return LaunchPlan(None, (1,), (), {}, outputs=o)
+    grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, None, state_indices, scale,
+                                      use_qk_l2norm, B, K, HK, HV, kd, vd, rows=False)
+    return LaunchPlan(gdn_rows_kernel, grid, args, kwargs, outputs=o, device=state.device)
+
+
+def gdn_chain_plan(state, q, k, v, g, beta, *, state_indices=None, intermediate=None,
+                   scale=None, use_qk_l2norm=True, out=None, validate=False) -> LaunchPlan:
+    """``gdn_chain`` bound to these buffers (see ``gdn_decode_plan``); ``out``: ``None`` or
+    ``o [B, K, HV, vd]``. ``plan()`` returns ``o``. Raises ``ValueError`` naming the argument."""
+    B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
+                                  None, validate, rows=True)
+    o = _plan_out(out, (B, K, HV, vd), v, state)
+    if B == 0:
+        return LaunchPlan(None, (1,), (), {}, outputs=o)
+    grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices,
+                                      scale, use_qk_l2norm, B, K, HK, HV, kd, vd, rows=True)
+    return LaunchPlan(gdn_rows_kernel, grid, args, kwargs, outputs=o, device=state.device)
+
+
+def _plan_out(out, shape, v, state):
+    if out is None:
+        return torch.empty(shape, dtype=v.dtype, device=state.device)
+    C = _checks
+    C.tensor("out", out, shape=shape, dtype=v.dtype, contiguous=True)
+    C.same_device("state", state, out=out)
+    return out
