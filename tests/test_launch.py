@@ -108,3 +108,22 @@ def test_plans_check_arguments_once_and_handle_empty_batches():
     with pytest.raises(ValueError, match="^kwargs:"):
         from pmll_lab.ops.gdn.decode import gdn_rows_kernel
         LaunchPlan(gdn_rows_kernel, (1,), (), {})
+
+
+def test_direct_path_only_without_launch_hooks():
+    """The direct path skips Triton's launch hooks, so it is taken only when none is registered:
+    Triton 3.6 keeps them as (normally empty) ``HookChain`` objects, which must not count as
+    hooks (the H200 run of 2026-11-29 found every plan call on Triton's slow path because they
+    did), while a registered hook must."""
+    from triton import knobs
+
+    from pmll_lab.ops import launch
+
+    assert launch._no_launch_hooks()
+    hook = lambda metadata: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert not launch._no_launch_hooks()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert launch._no_launch_hooks()

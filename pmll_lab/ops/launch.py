@@ -83,8 +83,20 @@ class LaunchPlan:
 
 
 def _no_launch_hooks() -> bool:
-    try:
-        from triton import knobs
-    except ImportError:  # pragma: no cover - older Triton
+    """No profiler or tool has registered a Triton launch hook. Triton 3.6 keeps them as
+    ``knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``, ``HookChain`` objects whose
+    ``calls`` list is empty when unused (older versions: ``None``)."""
+    rt = _knobs.runtime if _knobs is not None else None
+    if rt is None:
         return False
-    return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+    return not (_hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook))
+
+
+def _hooked(hook) -> bool:
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+try:
+    from triton import knobs as _knobs
+except ImportError:  # pragma: no cover - Triton without knobs: always Triton's own path
+    _knobs = None
