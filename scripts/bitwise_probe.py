@@ -45,15 +45,14 @@ def probe(D, K, B, out_dtype, seed=0):
 
 def main():
     print(f"device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
-    for D in (64, 128):
-        for K in (4, 8):
-            for B in (64, 256):
-                for od in (torch.bfloat16, torch.float32):
-                    for rep in range(2):
-                        n, tot, s_same, per_t, vals = probe(D, K, B, od)
-                        print(f"kd={D:3d} K={K} B={B:3d} o={str(od)[6:]:8s} run{rep}: "
-                              f"{n}/{tot} o elements differ, state same={s_same}, per row {per_t}"
-                              + (f" e.g. {vals[:2]}" if vals else ""), flush=True)
+    for D, K, B in [(64, 4, 64), (64, 8, 64), (64, 8, 256), (128, 4, 64), (128, 8, 64),
+                    (128, 8, 256), (256, 8, 64)]:
+        for od in (torch.bfloat16, torch.float32):
+            for rep in range(1):
+                n, tot, s_same, per_t, vals = probe(D, K, B, od)
+                print(f"kd={D:3d} K={K} B={B:3d} o={str(od)[6:]:8s} run{rep}: "
+                      f"{n}/{tot} o elements differ, state same={s_same}, per row {per_t}"
+                      + (f" e.g. {vals[:2]}" if vals else ""), flush=True)
 
 
 if __name__ == "__main__":
