@@ -295,6 +295,15 @@ def test_row_prefetch_changes_no_bit(monkeypatch, form):
         assert bitwise_equal(a, b_), name
 
 
+def test_wy_launch_config_table():
+    """The WY launch follows the measured table: the split, 2-warp form up to kd = 128, one
+    4-warp program per head above (slower split at kd = 256 on the H200)."""
+    import pmll_lab.ops.carry.gdn_carry as C
+
+    assert C.wy_config(64) == C.wy_config(128) == (C.WY_SPLIT_COLUMNS, C.WY_NUM_WARPS) == (True, 2)
+    assert C.wy_config(256) == C.WY_WIDE_HEAD_CONFIG == (False, 4)
+
+
 def test_wy_matches_exact():
     """Both forms from the same pending rows: outputs and stash within tolerance."""
     x = gdn_inputs(40, 3, 2, 4, 16, 16, rows=4, slots=4, dtype=torch.float32)

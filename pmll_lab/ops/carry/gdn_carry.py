@@ -99,7 +99,7 @@ otherwise (reports/perf-notes.md). The interpreter computes every ``tl.dot`` in 
 this says."""
 
 WY_SPLIT_COLUMNS = True
-"""WY form: split a head's column blocks across programs (grid ``(B, HV, NV)``, arrival count as
+"""WY form, key heads up to 128 (``wy_config``): split a head's column blocks across programs (grid ``(B, HV, NV)``, arrival count as
 in the split exact form), each program recomputing the head's small ``[16, 16]`` matrices,
 instead of one program per head looping over them. Measured on an NVIDIA H200, 2026-11-29
 (reports/h200-2026-11-29s3-tune-carry.log; HK=16, HV=32, kd=vd=128, K=4, bf16 inputs, lazy):
@@ -113,6 +113,20 @@ WY_NUM_WARPS = 2
 that is elementwise). Measured with the split form (H200, same log as ``WY_SPLIT_COLUMNS``):
 2 warps 394 us, 4 warps 434 us, 1 warp 901 us at B=64, no write-back; the per-head form was
 fastest with 4 (1373 us against 2663 with 2)."""
+
+WY_WIDE_HEAD_CONFIG = (False, 4)
+"""``(split columns, warps)`` of the WY form for key heads wider than 128 (kd = 256 measured):
+one program per head with 4 warps. The split form with 2 warps, measured better at kd = 128,
+took 12255 us against 3740 us at kd = vd = 256, HV=32, B=64, K=4 (H200, roofline runs
+h200-2026-11-29s3 and h200-2026-11-29e: its ``[16, 256]`` row tiles on 2 warps)."""
+
+
+def wy_config(k_dim: int) -> tuple[bool, int]:
+    """``(split columns, num_warps)`` of the WY launch for key head size ``k_dim``: the
+    measured table (``WY_SPLIT_COLUMNS``, ``WY_NUM_WARPS`` up to 128, ``WY_WIDE_HEAD_CONFIG``
+    above)."""
+    return (WY_SPLIT_COLUMNS, WY_NUM_WARPS) if k_dim <= 128 else WY_WIDE_HEAD_CONFIG
+
 
 ACCEPT_BLOCK = 128
 """Sequences per program of the accept kernel (a handful of int32 loads/stores each)."""
@@ -826,9 +840,10 @@ def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, fo
         return (_gdn_carry_exact_kernel, (B, HV), args,
                 dict(BK=BK, BV=BV, NV=cdiv(vd, BV), num_warps=num_warps, **meta))
     bk, bv = max(BK, 16), max(BV, 16)
+    split, warps = wy_config(kd)
     wy = dict(BK=bk, BV=bv, NV=cdiv(vd, bv), KP=WY_ROWS_PAD, DOT_PRECISION=WY_DOT_PRECISION,
-              num_warps=WY_NUM_WARPS, **meta)
-    if WY_SPLIT_COLUMNS:
+              num_warps=warps, **meta)
+    if split:
         return (_gdn_carry_wy_split_kernel, (B, HV, wy["NV"]),
                 (*args[:4], _arrivals(carry, HV), *args[4:]), wy)
     return _gdn_carry_wy_kernel, (B, HV), args, wy
