@@ -206,7 +206,7 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     if heads[0] < 1 or heads[1] % heads[0]:
         raise ValueError(f"heads: value heads {heads[1]} must be a multiple of key heads {heads[0]}")
     from pmll_lab.ops.gdn import decode as D
-    from pmll_lab.ops.gdn.recurrence import CARRY_PREFETCH_ROWS, CHAIN_PREFETCH_ROWS, block_config
+    from pmll_lab.ops.gdn.recurrence import CARRY_PREFETCH_ROWS, block_config
 
     HK, HV = heads
     BK, BV, warps = block_config(head_dim, head_dim)
@@ -216,7 +216,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
                  if not p.is_constexpr}
     dec = lower(D.gdn_rows_kernel, dec_types,
                 dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,
-                     STORE_INTER=False, USE_QK_L2NORM=True, PREFETCH=CHAIN_PREFETCH_ROWS),
+                     STORE_INTER=False, USE_QK_L2NORM=True,
+                     UNROLL=rows <= D.CHAIN_UNROLL_MAX_ROWS),
                 num_warps=warps, arch=arch,
                 values=dict(HV=HV, GROUP=HV // HK, s_slot=HV * head_dim * head_dim,
                             s_head=head_dim * head_dim, s_key=head_dim))

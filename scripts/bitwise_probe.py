@@ -5,18 +5,15 @@ outputs not bitwise equal to K decodes at one point (kd=vd=64, K=8, B=256; state
 equal). This counts mismatching elements of o in bf16 and in fp32 outputs (``out_dtype``), for
 kd 64 / 128, K 4 / 8, B 64 / 256, twice each (a count that changes between two identical runs
 is a race, one that stays is an arithmetic difference), and prints the first few differing fp32
-values. Usage on a GPU:  python3 scripts/bitwise_probe.py   (~30 s)
+values; then the lazy exact carry verify against K decodes (bf16 and fp32 inputs). Usage on a GPU:  python3 scripts/bitwise_probe.py   (~30 s)
 
-``--rolled-chain``: the chain from a copy of ``pmll_lab/ops/gdn/decode.py`` whose row loop is a
-runtime ``range(K)`` instead of ``tl.static_range(K)`` (one compiled loop body for every row),
-against the library's decode: a test of that fix before it goes into the library.
+The runtime row loop the library now uses for chains longer than 4 rows
+(``CHAIN_UNROLL_MAX_ROWS``) was tried first through this script's ``--rolled-chain`` option
+(commit d450be2; log reports/h200-2026-11-29s3-bitwise-probe-rolled.log).
 """
 
-import argparse
-import importlib.util
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pmll_lab  # noqa: E402,F401
@@ -24,25 +21,6 @@ import torch  # noqa: E402
 
 from pmll_lab.gdn import gdn_chain, gdn_decode  # noqa: E402
 from pmll_lab.inputs import gdn_inputs  # noqa: E402
-
-CHAIN = gdn_chain
-
-
-def rolled_chain():
-    """``gdn_chain`` from a copy of decode.py with a runtime row loop in ``gdn_rows_kernel``."""
-    import pmll_lab.ops.gdn.decode as D
-    src = open(D.__file__).read()
-    old = "    for t in tl.static_range(K):\n        if PREFETCH:"
-    assert src.count(old) == 1, "decode.py changed: update the probe"
-    src = src.replace(old, "    for t in range(K):\n        if PREFETCH:")
-    path = os.path.join(tempfile.mkdtemp(), "decode_rolled.py")
-    with open(path, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location("decode_rolled", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.gdn_chain
-
 
 def mism(a, b):
     a32 = a.view(torch.int16) if a.dtype == torch.bfloat16 else a.view(torch.int32)
@@ -55,7 +33,7 @@ def probe(D, K, B, out_dtype, seed=0):
     args = [x[n] for n in ("q", "k", "v", "g", "beta")]
     idx = x["state_indices"]
     sc = x["state"].clone()
-    oc = CHAIN(sc, *args, state_indices=idx, out_dtype=out_dtype)
+    oc = gdn_chain(sc, *args, state_indices=idx, out_dtype=out_dtype)
     sd = x["state"].clone()
     od = torch.stack([gdn_decode(sd, *[a[:, t] for a in args], state_indices=idx,
                                  out_dtype=out_dtype) for t in range(K)], 1)
@@ -68,13 +46,23 @@ def probe(D, K, B, out_dtype, seed=0):
     return n, m.numel(), s_same, per_t, vals
 
 
+def probe_carry(D, K, B, dtype, seed=0):
+    """Lazy exact carry verify (empty stash) against K decodes: differing output elements."""
+    from pmll_lab.carry import GdnCarry, gdn_carry_verify
+    x = gdn_inputs(seed, B, 16, 32, D, D, rows=K, dtype=dtype)
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    idx = x["state_indices"]
+    carry = GdnCarry.empty(B, 32, D, D, device=x["state"].device)
+    oc, _ = gdn_carry_verify(x["state"].clone(), carry, *args, slot_tab=idx, form="exact",
+                             lazy=True)
+    sd = x["state"].clone()
+    od = torch.stack([gdn_decode(sd, *[a[:, t] for a in args], state_indices=idx)
+                      for t in range(K)], 1)
+    m = mism(oc, od)
+    return int(m.sum()), m.numel(), m.sum(dim=(0, 2, 3)).tolist()
+
+
 def main():
-    global CHAIN
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rolled-chain", action="store_true")
-    if ap.parse_args().rolled_chain:
-        CHAIN = rolled_chain()
-        print("chain: runtime row loop (copy of decode.py)")
     print(f"device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
     for D, K, B in [(64, 4, 64), (64, 8, 64), (64, 8, 256), (128, 4, 64), (128, 8, 64),
                     (128, 8, 256), (256, 8, 64)]:
@@ -84,16 +72,20 @@ def main():
                 print(f"kd={D:3d} K={K} B={B:3d} o={str(od)[6:]:8s} run{rep}: "
                       f"{n}/{tot} o elements differ, state same={s_same}, per row {per_t}"
                       + (f" e.g. {vals[:2]}" if vals else ""), flush=True)
+    for D, K, B in [(64, 4, 64), (64, 8, 64), (64, 8, 256), (128, 8, 64), (256, 8, 64)]:
+        for dt in (torch.bfloat16, torch.float32):
+            n, tot, per_t = probe_carry(D, K, B, dt)
+            print(f"carry exact lazy vs decodes kd={D:3d} K={K} B={B:3d} inputs={str(dt)[6:]:8s}: "
+                  f"{n}/{tot} o elements differ, per row {per_t}", flush=True)
     if torch.cuda.is_available():
         from pmll_lab.bench import time_launch
         for D, K in ((128, 4), (128, 8), (64, 8)):
             x = gdn_inputs(0, 64, 16, 32, D, D, rows=K, dtype=torch.bfloat16)
             args = [x[n] for n in ("q", "k", "v", "g", "beta")]
             inter = torch.empty(64, K - 1, 32, D, D, device=x["state"].device)
-            for name, fn in (("library chain", gdn_chain), ("probed chain", CHAIN)):
-                t = time_launch(lambda: fn(x["state"], *args, state_indices=x["state_indices"],
-                                           intermediate=inter))["median_us"]
-                print(f"chain+snapshots kd={D} K={K} B=64 {name}: {t:.1f} us", flush=True)
+            t = time_launch(lambda: gdn_chain(x["state"], *args, state_indices=x["state_indices"],
+                                              intermediate=inter))["median_us"]
+            print(f"chain+snapshots kd={D} K={K} B=64: {t:.1f} us", flush=True)
 
 
 if __name__ == "__main__":

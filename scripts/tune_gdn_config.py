@@ -3,7 +3,8 @@
 Every GDN kernel that must agree bitwise with decode (decode, the chain, the exact carry verify
 and its fold) launches with ``block_config``; this script runs each candidate ``(BV, warps)``
 (``recurrence.block_config_override``) with the row prefetch on and off
-(``recurrence.CARRY_PREFETCH_ROWS`` and ``CHAIN_PREFETCH_ROWS`` together), and for each:
+(``recurrence.CARRY_PREFETCH_ROWS``; decode and the chain had their own switch, measured
+slower with it and removed since: perf-notes v7), and for each:
 
 1. checks the family still agrees to the bit under it: two lazy exact carry verifies (the second
    folds 3 stashed rows, a third writes back after 7) against plain ``gdn_decode`` of the same
@@ -125,11 +126,11 @@ def main():
     HK, HV, D = (1, 2, 32) if a.smoke else (16, 32, 128)
     roof = None if a.smoke else copy_bandwidth()
     print(f"device {device_name()}; copy roofline {roof and round(roof)} GB/s", flush=True)
-    saved = recurrence.CARRY_PREFETCH_ROWS, recurrence.CHAIN_PREFETCH_ROWS
+    saved = recurrence.CARRY_PREFETCH_ROWS
     for cfg in a.configs.split(","):
         bv, w = (int(s) for s in cfg.split("x"))
         for prefetch in (True, False):
-            recurrence.CARRY_PREFETCH_ROWS = recurrence.CHAIN_PREFETCH_ROWS = prefetch
+            recurrence.CARRY_PREFETCH_ROWS = prefetch
             with recurrence.block_config_override(bv, w):
                 head = f"== BV={bv} warps={w} prefetch={int(prefetch)}"
                 try:
@@ -141,7 +142,7 @@ def main():
                             print(f"   {line}", flush=True)
                 except Exception as e:  # noqa: BLE001  (a failed config must not end the sweep)
                     print(f"{head}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
-    recurrence.CARRY_PREFETCH_ROWS, recurrence.CHAIN_PREFETCH_ROWS = saved
+    recurrence.CARRY_PREFETCH_ROWS = saved
 
 
 if __name__ == "__main__":

@@ -199,23 +199,26 @@ def _chain_and_decodes(x):
     return (o_chain, s_chain, inter), (torch.stack(outs, 1), s_dec, torch.stack(snaps, 1))
 
 
-def test_chain_row_prefetch_changes_no_bit(monkeypatch):
-    """``CHAIN_PREFETCH_ROWS`` only moves loads: the chain with it on equals the chain with it
-    off, and K decodes, bit for bit (the default is off; perf-notes v7 says why)."""
-    from pmll_lab.ops.gdn import recurrence
+@pytest.mark.parametrize("K", [3, 8])
+def test_chain_runtime_row_loop_equals_unrolled(monkeypatch, K):
+    """Chains longer than ``CHAIN_UNROLL_MAX_ROWS`` run a runtime row loop (one compiled body
+    for every row; perf-notes v10): with the loop forced on and forced off, outputs, final
+    states and snapshots are bit for bit those of K decodes, and within tolerance of the
+    float64 reference."""
+    import pmll_lab.ops.gdn.decode as D
 
-    x = gdn_inputs(230, 3, 1, 2, 128, 64, rows=4, slots=5, dtype=torch.bfloat16)
+    x = gdn_inputs(230 + K, 3, 1, 2, 64, 32, rows=K, slots=5, dtype=torch.bfloat16)
     got = {}
-    for prefetch in (False, True):
-        monkeypatch.setattr(recurrence, "CHAIN_PREFETCH_ROWS", prefetch)
-        got[prefetch] = _chain_and_decodes(x)
-    for a, b_ in zip(got[True][0] + got[True][1], got[False][0] + got[False][1]):
+    for unroll_max in (0, 8):
+        monkeypatch.setattr(D, "CHAIN_UNROLL_MAX_ROWS", unroll_max)
+        got[unroll_max] = _chain_and_decodes(x)
+        for a, b_ in zip(*got[unroll_max]):
+            assert bitwise_equal(a, b_), f"unroll up to {unroll_max} rows"
+    for a, b_ in zip(got[0][0], got[8][0]):
         assert bitwise_equal(a, b_)
-    for a, b_ in zip(*got[True]):
-        assert bitwise_equal(a, b_)
-    _check_close("o", got[True][0][0], gdn_chain_ref(x["state"].double(), x["q"], x["k"], x["v"],
-                                                     x["g"], x["beta"], state_indices=x["state_indices"])[0],
-                 O_TOL[torch.bfloat16])
+    o_ref = gdn_chain_ref(x["state"].double(), x["q"], x["k"], x["v"], x["g"], x["beta"],
+                          state_indices=x["state_indices"])[0]
+    _check_close("o", got[0][0][0], o_ref, O_TOL[torch.bfloat16])
 
 
 def test_block_config_override():

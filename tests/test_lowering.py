@@ -195,7 +195,7 @@ SASS = textwrap.dedent("""
     out = {}
     for K in (1, 4):
         k = lower(D.gdn_rows_kernel, t, dict(KD=64, VD=64, K=K, BK=64, BV=64, HAS_IDX=True,
-                  STORE_INTER=False, USE_QK_L2NORM=True, PREFETCH=True),
+                  STORE_INTER=False, USE_QK_L2NORM=True, UNROLL=True),
                   values=dict(HV=32, GROUP=2))
         out[K] = sass_stats(k)
     json.dump(out, sys.stdout)

@@ -27,13 +27,21 @@ import triton.language as tl
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
-from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import block_config, gdn_row, load_row_inputs, qk_prepare
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
 
 MAX_ROWS = 8
 """Most rows one chain launch verifies (SPEC §3: ``K <= CAP``, ``CAP = 8``)."""
+
+CHAIN_UNROLL_MAX_ROWS = 4
+"""Chains of up to this many rows unroll their row loop (``tl.static_range``); longer ones run
+a runtime loop, one compiled body for every row. Unrolled at K = 8 the chain's last row gave
+outputs 1 ulp off K decodes' at kd = vd = 64 (2.5 % of that row's fp32 outputs; states exact;
+H200, 2026-11-29, reports/perf-notes.md v10); the runtime loop was bitwise equal to decodes at
+kd = 64, 128, 256, K = 4 and 8, B = 64 and 256, and faster at K = 8 (chain with snapshots,
+kd=128, B=64: 527 against 692 us) but slower at K = 4 (336 against 307 us), so short chains
+stay unrolled (reports/h200-2026-11-29s3-bitwise-probe-rolled.log). Read at launch time."""
 
 
 # The per-row vectors (q, k, v, g, beta, o) and their strides are not specialised on alignment
@@ -48,6 +56,25 @@ MAX_ROWS = 8
 _ROW_PTRS = ["q", "k", "v", "g", "beta", "o"]
 _ROW_STRIDES = ["q_b", "q_t", "q_h", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h", "g_b", "g_t",
                 "beta_b", "beta_t", "o_b", "o_t", "o_h"]
+
+
+@triton.jit
+def _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
+               q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
+               rk, mk, rv, mv, mh, scale, K: tl.constexpr, STORE_INTER: tl.constexpr,
+               USE_QK_L2NORM: tl.constexpr):
+    """Row ``t`` of ``gdn_rows_kernel``: load, ``qk_prepare``, ``gdn_row``, store ``o`` (and
+    the snapshot after the row when ``STORE_INTER`` and ``t < K-1``). Returns the new block."""
+    qt, kt, vt, gt, bt = load_row_inputs(q_row + t * q_t, k_row + t * k_t, v_row + t * v_t,
+                                         g_row + t * g_t, beta_row + t * beta_t, rk, mk, rv, mv)
+    qt, kt = qk_prepare(qt, kt, scale, USE_QK_L2NORM)
+    h, ot, ut = gdn_row(h, qt, kt, vt, gt, bt)
+    tl.store(o + b64 * o_b + t * o_t + hv * o_h + rv, ot.to(o.dtype.element_ty), mask=mv)
+    if STORE_INTER:
+        if t < K - 1:
+            tl.store(inter + b64 * i_b + t * i_t + hv * i_h + rk[:, None] * i_k + rv[None, :],
+                     h, mask=mh)
+    return h
 
 
 @triton.jit(do_not_specialize=_ROW_STRIDES, do_not_specialize_on_alignment=_ROW_PTRS)
@@ -66,7 +93,7 @@ def gdn_rows_kernel(
     KD: tl.constexpr, VD: tl.constexpr,
     K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_IDX: tl.constexpr, STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_v = tl.program_id(1)
@@ -93,26 +120,16 @@ def gdn_rows_kernel(
     v_row = v + b64 * v_b + hv * v_h
     g_row = g + b64 * g_b + hv
     beta_row = beta + b64 * beta_b + hv
-    if PREFETCH:
-        nxt = load_row_inputs(q_row, k_row, v_row, g_row, beta_row, rk, mk, rv, mv)
-    for t in tl.static_range(K):
-        if PREFETCH:
-            qt, kt, vt, gt, bt = nxt
-            if t + 1 < K:
-                nxt = load_row_inputs(q_row + (t + 1) * q_t, k_row + (t + 1) * k_t,
-                                      v_row + (t + 1) * v_t, g_row + (t + 1) * g_t,
-                                      beta_row + (t + 1) * beta_t, rk, mk, rv, mv)
-        else:
-            qt, kt, vt, gt, bt = load_row_inputs(q_row + t * q_t, k_row + t * k_t,
-                                                 v_row + t * v_t, g_row + t * g_t,
-                                                 beta_row + t * beta_t, rk, mk, rv, mv)
-        qt, kt = qk_prepare(qt, kt, scale, USE_QK_L2NORM)
-        h, ot, ut = gdn_row(h, qt, kt, vt, gt, bt)
-        tl.store(o + b64 * o_b + t * o_t + hv * o_h + rv, ot.to(o.dtype.element_ty), mask=mv)
-        if STORE_INTER:
-            if t < K - 1:
-                tl.store(inter + b64 * i_b + t * i_t + hv * i_h + rk[:, None] * i_k + rv[None, :],
-                         h, mask=mh)
+    if UNROLL:
+        for t in tl.static_range(K):
+            h = _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
+                           q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
+                           rk, mk, rv, mv, mh, scale, K, STORE_INTER, USE_QK_L2NORM)
+    else:
+        for t in range(K):
+            h = _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
+                           q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
+                           rk, mk, rv, mv, mh, scale, K, STORE_INTER, USE_QK_L2NORM)
 
     tl.store(p_h, h, mask=mh)
 
@@ -200,7 +217,7 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
             HV, HV // HK)
     kwargs = dict(KD=kd, VD=vd, K=K, BK=BK, BV=BV,
                   HAS_IDX=has_idx, STORE_INTER=store_inter, USE_QK_L2NORM=bool(use_qk_l2norm),
-                  PREFETCH=recurrence.CHAIN_PREFETCH_ROWS, num_warps=num_warps)
+                  UNROLL=K <= CHAIN_UNROLL_MAX_ROWS, num_warps=num_warps)
     return grid, args, kwargs
 
 

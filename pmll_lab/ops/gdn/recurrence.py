@@ -62,12 +62,9 @@ series. The arithmetic, and so every result bit, is the same either way: the fam
 ``pmll_lab.lowering`` compares the sm_90 reduction layouts in CI.
 Measured on an NVIDIA H200, 2026-11-29 (reports/h200-2026-11-29s3-tune-gdn-config.log; HV=32,
 HK=16, kd=vd=128, K=4, bf16 inputs, lazy, 3 / 5 pending rows): 104.3 / 145.0 us with it against
-114.3 / 153.7 us without at B=64, 192.9 / 273.4 against 210.8 / 290.9 us at B=128."""
-
-CHAIN_PREFETCH_ROWS = False
-"""The same for decode and the chain (``gdn_rows_kernel``). Off: with it the 4-row chain with
-snapshots spilled more (sm_90: 216 B of stack against 72 B) and measured 349.1 us against
-304.6 us at B=64 (same run as ``CARRY_PREFETCH_ROWS``); decode K=1 has no next row to load."""
+114.3 / 153.7 us without at B=64, 192.9 / 273.4 against 210.8 / 290.9 us at B=128. Decode and
+the chain (``gdn_rows_kernel``) do not prefetch: there it made the 4-row chain with snapshots
+spill more (216 B of stack against 72 B on sm_90) and measured 349.1 against 304.6 us."""
 
 _OVERRIDE: tuple[int, int] | None = None
 
