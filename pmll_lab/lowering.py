@@ -226,7 +226,7 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         "engaged_ptr": "*i32", "arrive_ptr": "*i32", "scale": "fp32"}
     meta = dict(K=rows, CAP=C.GDN_CARRY_CAP, HV=HV, GROUP=HV // HK, KD=head_dim, VD=head_dim,
                 BK=BK, BV=BV, NV=-(-head_dim // BV), LAZY=True, USE_QK_L2NORM=True,
-                PREFETCH=CARRY_PREFETCH_ROWS)
+                PREFETCH=CARRY_PREFETCH_ROWS, UNROLL=rows <= C.EXACT_UNROLL_MAX_ROWS)
     compiled = {"gdn_rows_kernel": dec}
     out = {"gdn_rows_kernel": set(reduction_layouts(dec.asm["ttgir"]))}
     for kern in (C._gdn_carry_exact_kernel, C._gdn_carry_exact_split_kernel):

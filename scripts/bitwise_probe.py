@@ -46,6 +46,31 @@ def probe(D, K, B, out_dtype, seed=0):
     return n, m.numel(), s_same, per_t, vals
 
 
+def carry_only():
+    """The exact carry against decodes at K = 8 with the runtime row loop (default) and the
+    unrolled one, and the verify's time under each (kd=128, B=64, lazy, empty stash)."""
+    import pmll_lab.ops.carry.gdn_carry as C
+    from pmll_lab.bench import time_launch
+    from pmll_lab.carry import GdnCarry, gdn_carry_verify
+    default = C.EXACT_UNROLL_MAX_ROWS
+    for unroll_max in (default, 8):
+        C.EXACT_UNROLL_MAX_ROWS = unroll_max
+        for D, K, B in [(64, 8, 64), (64, 8, 256), (128, 8, 64), (64, 5, 64), (64, 4, 64)]:
+            for dt in (torch.bfloat16, torch.float32):
+                n, tot, per_t = probe_carry(D, K, B, dt)
+                print(f"unroll<={unroll_max} carry vs decodes kd={D:3d} K={K} B={B:3d} "
+                      f"inputs={str(dt)[6:]:8s}: {n}/{tot} differ, per row {per_t}", flush=True)
+        for K in (4, 8):
+            x = gdn_inputs(0, 64, 16, 32, 128, 128, rows=K)
+            args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+            carry = GdnCarry.empty(64, 32, 128, 128, device=x["state"].device)
+            t = time_launch(lambda: gdn_carry_verify(x["state"], carry, *args,
+                                                     slot_tab=x["state_indices"], lazy=True))
+            print(f"unroll<={unroll_max} carry exact lazy kd=128 K={K} B=64 pend=0: "
+                  f"{t['median_us']:.1f} us", flush=True)
+    C.EXACT_UNROLL_MAX_ROWS = default
+
+
 def probe_carry(D, K, B, dtype, seed=0):
     """Lazy exact carry verify (empty stash) against K decodes: differing output elements."""
     from pmll_lab.carry import GdnCarry, gdn_carry_verify
@@ -63,6 +88,8 @@ def probe_carry(D, K, B, dtype, seed=0):
 
 
 def main():
+    if "--carry-only" in sys.argv:
+        return carry_only()
     print(f"device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
     for D, K, B in [(64, 4, 64), (64, 8, 64), (64, 8, 256), (128, 4, 64), (128, 8, 64),
                     (128, 8, 256), (256, 8, 64)]:

@@ -295,6 +295,28 @@ def test_row_prefetch_changes_no_bit(monkeypatch, form):
         assert bitwise_equal(a, b_), name
 
 
+def test_exact_runtime_row_loop(monkeypatch):
+    """Verifies longer than ``EXACT_UNROLL_MAX_ROWS`` run a runtime row loop (perf-notes v10):
+    K = 6 with and without write-backs matches the protocol reference, and gives the same bits
+    as the unrolled loop (outputs, engaged, state, stash)."""
+    import pmll_lab.ops.carry.gdn_carry as C
+
+    assert 6 > C.EXACT_UNROLL_MAX_ROWS
+    _run_verify_case("exact", True, torch.bfloat16, 3, 5, 1, 2, 32, 16, 6, [0, 2, 3], seed=61)
+    x = gdn_inputs(62, 3, 1, 2, 32, 16, rows=6, slots=4, dtype=torch.float32)
+    got = {}
+    for unroll_max in (C.EXACT_UNROLL_MAX_ROWS, 8):
+        monkeypatch.setattr(C, "EXACT_UNROLL_MAX_ROWS", unroll_max)
+        st, c = x["state"].clone(), GdnCarry.empty(4, 2, 32, 16)
+        _fill_stash(c, 63)
+        c.pend.copy_(torch.tensor([1, 3, 0, 2], dtype=torch.int32))
+        o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                slot_tab=x["state_indices"], lazy=True)
+        got[unroll_max] = (o, e, st, c.buf)
+    for a, b_ in zip(*got.values()):
+        assert bitwise_equal(a, b_)
+
+
 def test_wy_launch_config_table():
     """The WY launch follows the measured table: the split, 2-warp form up to kd = 128, one
     4-warp program per head above (slower split at kd = 256 on the H200)."""

@@ -89,6 +89,14 @@ split 114 / 154 us against the loop's 230 / 273 us at B=64 without / with write-
 against 470 / 563 us at B=128, bitwise equal to the loop. Read at launch time;
 ``scripts/tune_carry.py`` times both, and the tests run both."""
 
+EXACT_UNROLL_MAX_ROWS = 4
+"""Exact form: verifies of up to this many rows unroll their row loop; longer ones run a
+runtime loop (one compiled body for every row, no prefetch), as the chain does above
+``pmll_lab.ops.gdn.decode.CHAIN_UNROLL_MAX_ROWS`` (perf-notes v10). Unrolled at K = 8, kd = 64
+with fp32 inputs, rows 2-5 of the verify's outputs were 1 ulp off decode's in ~2.5 % of their
+elements on the H200 (2026-11-29, reports/h200-2026-11-29s3-bitwise-probe-final.log). Read at
+launch time."""
+
 WY_DOT_PRECISION = "ieee"
 """``input_precision`` of the WY form's two products with the state (``K_rows H``, ``Q_rows H``;
 the small ``[16, 16]`` products stay ``"ieee"``). ``"ieee"`` keeps the fp32 state exact but runs
@@ -320,10 +328,11 @@ def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                         sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
                         K: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-                        PREFETCH: tl.constexpr):
+                        PREFETCH: tl.constexpr, UNROLL: tl.constexpr):
     """Columns ``j*BV ..`` of one head: load the state block, fold the ``p`` pending rows, write
     it back if ``wb``, run the ``K`` rows (decode's ``gdn_row``), store outputs and stash ``u``.
-    ``PREFETCH``: row ``t+1``'s inputs are loaded before row ``t`` runs, as decode does."""
+    ``PREFETCH``: row ``t+1``'s inputs are loaded before row ``t`` runs; ``UNROLL``: the rows are
+    unrolled (else a runtime loop, one compiled body for every row, without the prefetch)."""
     rk = tl.arange(0, BK)
     mk = rk < KD
     rv = j * BV + tl.arange(0, BV)
@@ -337,22 +346,40 @@ def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
         tl.store(hp, h, mask=m2)
     grow = g_ptr + b * sg_b + hv
     brow = beta_ptr + b * sb_b + hv
-    if PREFETCH:
-        nxt = load_row_inputs(qrow, krow, vrow, grow, brow, rk, mk, rv, mv)
-    for t in tl.static_range(K):
+    if UNROLL:
         if PREFETCH:
-            q, k, v, g, beta = nxt
-            if t + 1 < K:
-                nxt = load_row_inputs(qrow + (t + 1) * sq_t, krow + (t + 1) * sk_t,
-                                      vrow + (t + 1) * sv_t, grow + (t + 1) * sg_t,
-                                      brow + (t + 1) * sb_t, rk, mk, rv, mv)
-        else:
+            nxt = load_row_inputs(qrow, krow, vrow, grow, brow, rk, mk, rv, mv)
+        for t in tl.static_range(K):
+            if PREFETCH:
+                q, k, v, g, beta = nxt
+                if t + 1 < K:
+                    nxt = load_row_inputs(qrow + (t + 1) * sq_t, krow + (t + 1) * sk_t,
+                                          vrow + (t + 1) * sv_t, grow + (t + 1) * sg_t,
+                                          brow + (t + 1) * sb_t, rk, mk, rv, mv)
+            else:
+                q, k, v, g, beta = load_row_inputs(qrow + t * sq_t, krow + t * sk_t,
+                                                   vrow + t * sv_t, grow + t * sg_t,
+                                                   brow + t * sb_t, rk, mk, rv, mv)
+            h = _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
+                           HV, VD, USE_QK_L2NORM)
+    else:
+        for t in range(K):
             q, k, v, g, beta = load_row_inputs(qrow + t * sq_t, krow + t * sk_t, vrow + t * sv_t,
                                                grow + t * sg_t, brow + t * sb_t, rk, mk, rv, mv)
-        q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
-        h, o, u = gdn_row(h, q, k, v, g, beta)
-        tl.store(orow + t * so_t + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
-        tl.store(u_ptr + (first + t) * (HV * VD) + rv, u, mask=mv)
+            h = _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
+                           HV, VD, USE_QK_L2NORM)
+
+
+@triton.jit
+def _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
+               HV: tl.constexpr, VD: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """Row ``t`` of the exact form on its loaded inputs: decode's ``qk_prepare`` + ``gdn_row``,
+    store the output columns and stash ``u`` at row ``first + t``. Returns the new block."""
+    q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
+    h, o, u = gdn_row(h, q, k, v, g, beta)
+    tl.store(orow + t * so_t + rv, o.to(orow.dtype.element_ty), mask=mv)
+    tl.store(u_ptr + (first + t) * (HV * VD) + rv, u, mask=mv)
+    return h
 
 
 @triton.jit
@@ -383,6 +410,7 @@ def _gdn_carry_exact_kernel(
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     """The exact form, one program per (sequence, head) looping over the head's column
     blocks (grid ``(B, HV)``); the shared g/k rows are restashed after the last block."""
@@ -401,7 +429,7 @@ def _gdn_carry_exact_kernel(
         _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                             g_ptr, beta_ptr, o_ptr, b, hv, p, wb, first, scale, j,
                             sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
-                            K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH)
+                            K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH, UNROLL)
     tl.debug_barrier()
     _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
                          sq_t, sk_t, sg_b, sg_t, K, HV, KD, BK, USE_QK_L2NORM)
@@ -419,6 +447,7 @@ def _gdn_carry_exact_split_kernel(
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     """The exact form with a head's column blocks split across programs (grid ``(B, HV, NV)``,
     decode's own split). Shared rows: each program counts itself in ``arrive[slot, hv]`` after
@@ -439,7 +468,7 @@ def _gdn_carry_exact_split_kernel(
     _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                         g_ptr, beta_ptr, o_ptr, b, hv, p, wb, first, scale, j,
                         sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
-                        K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH)
+                        K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH, UNROLL)
     tl.debug_barrier()
     arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel")
     if arrived == NV - 1:
@@ -831,14 +860,15 @@ def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, fo
             beta.stride(0), beta.stride(1), o.stride(0), o.stride(1), o.stride(2))
     meta = dict(K=K, CAP=carry.cap, HV=HV, GROUP=HV // HK, KD=kd, VD=vd, LAZY=lazy,
                 USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=recurrence.CARRY_PREFETCH_ROWS)
+    unroll = K <= EXACT_UNROLL_MAX_ROWS
     if form == "exact" and EXACT_SPLIT_COLUMNS:
         NV = cdiv(vd, BV)
         return (_gdn_carry_exact_split_kernel, (B, HV, NV),
                 (*args[:4], _arrivals(carry, HV), *args[4:]),
-                dict(BK=BK, BV=BV, NV=NV, num_warps=num_warps, **meta))
+                dict(BK=BK, BV=BV, NV=NV, num_warps=num_warps, UNROLL=unroll, **meta))
     if form == "exact":
         return (_gdn_carry_exact_kernel, (B, HV), args,
-                dict(BK=BK, BV=BV, NV=cdiv(vd, BV), num_warps=num_warps, **meta))
+                dict(BK=BK, BV=BV, NV=cdiv(vd, BV), num_warps=num_warps, UNROLL=unroll, **meta))
     bk, bv = max(BK, 16), max(BV, 16)
     split, warps = wy_config(kd)
     wy = dict(BK=bk, BV=bv, NV=cdiv(vd, bv), KP=WY_ROWS_PAD, DOT_PRECISION=WY_DOT_PRECISION,
