@@ -1,4 +1,4 @@
-"""B=1 launch paths side by side (issue 5's <= 10 us per call target; perf-notes v8).
+"""B=1 launch paths side by side (issue 5's <= 10 us per call target; perf-notes v9).
 
 For decode (K=1) and the lazy exact carry verify (K=4, 3 pending rows), HV=32, HK=16,
 kd=vd=128, bf16 inputs: the plain launcher, its launch plan (``gdn_decode_plan``,
@@ -44,7 +44,7 @@ def main():
     for _ in range(2):
         st_b.copy_(x["state"])
         o_b = plan().clone()
-        print(f"decode plan direct={plan.direct}", flush=True)
+        print(f"decode plan: direct path from the next call: {plan.direct}", flush=True)
     o_a = gdn_decode(st_a, *row, state_indices=x["state_indices"])
     print(f"decode plan bitwise: {bitwise_equal(o_a, o_b) and bitwise_equal(st_a, st_b)}")
     report("decode K=1 B=1 launcher", lambda: gdn_decode(st_a, *row,
@@ -72,7 +72,7 @@ def main():
     for _ in range(2):
         cb.buf.copy_(carry0.buf)
         ob, eb = (t.clone() for t in vplan())
-        print(f"carry plan direct={vplan.direct}", flush=True)
+        print(f"carry plan: direct path from the next call: {vplan.direct}", flush=True)
     oa, ea = gdn_carry_verify(sa, ca, *rows, slot_tab=xr["state_indices"], form="exact",
                               lazy=True)
     same = all(bitwise_equal(a, b) for a, b in ((oa, ob), (ea, eb), (sa, sb), (ca.buf, cb.buf)))

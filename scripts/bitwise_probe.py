@@ -3,9 +3,9 @@
 The H200 gdn_verify run of 2026-11-29 (reports/h200-2026-11-29s3) found the chain's bf16
 outputs not bitwise equal to K decodes at one point (kd=vd=64, K=8, B=256; states and snapshots
 equal). This counts mismatching elements of o in bf16 and in fp32 outputs (``out_dtype``), for
-kd 64 / 128, K 4 / 8, B 64 / 256, twice each (a count that changes between two identical runs
-is a race, one that stays is an arithmetic difference), and prints the first few differing fp32
-values; then the lazy exact carry verify against K decodes (bf16 and fp32 inputs). Usage on a GPU:  python3 scripts/bitwise_probe.py   (~30 s)
+seven (kd, K, B) cases from kd = 64 to 256 (run it twice: a count that changes between two
+identical runs is a race, one that stays is an arithmetic difference), and prints the first
+few differing fp32 values (states are compared too, snapshots are not); then the lazy exact carry verify against K decodes (bf16 and fp32 inputs). Usage on a GPU:  python3 scripts/bitwise_probe.py   (~30 s)
 
 The runtime row loop the library now uses for chains longer than 4 rows
 (``CHAIN_UNROLL_MAX_ROWS``) was tried first through this script's ``--rolled-chain`` option
@@ -47,13 +47,14 @@ def probe(D, K, B, out_dtype, seed=0):
 
 
 def carry_only():
-    """The exact carry against decodes at K = 8 with the runtime row loop (default) and the
-    unrolled one, and the verify's time under each (kd=128, B=64, lazy, empty stash)."""
+    """``--carry-only``: the exact carry against decodes with the runtime row loop above 4 rows
+    (``EXACT_UNROLL_MAX_ROWS = 4``) and fully unrolled (8), and the verify's time under each
+    (kd=128, B=64, lazy, empty stash)."""
     import pmll_lab.ops.carry.gdn_carry as C
     from pmll_lab.bench import time_launch
     from pmll_lab.carry import GdnCarry, gdn_carry_verify
     default = C.EXACT_UNROLL_MAX_ROWS
-    for unroll_max in (default, 8):
+    for unroll_max in (4, 8):
         C.EXACT_UNROLL_MAX_ROWS = unroll_max
         for D, K, B in [(64, 8, 64), (64, 8, 256), (128, 8, 64), (64, 5, 64), (64, 4, 64)]:
             for dt in (torch.bfloat16, torch.float32):

@@ -3,7 +3,7 @@ timed with the host clock over 3000 calls (GPU work queued; then drained), plus 
 decode plan's call. GPU only.  Usage: python3 scripts/plan_host_time.py   (~10 s)
 """
 import os, sys, time, cProfile, pstats
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pmll_lab, torch
 from pmll_lab.backend import DEVICE
 from pmll_lab.carry import GdnCarry, gdn_carry_verify_plan
@@ -27,7 +27,8 @@ def host(fn, n=3000):
     return h, w
 for name, fn in [("decode plan", dp), ("decode plan on row views", dpv), ("decode bare", lambda: bare(*dp.args, **dp.kwargs)),
                  ("carry plan", cp), ("decode launcher", lambda: gdn_decode(x["state"], *[x[n] for n in R], state_indices=x["state_indices"]))]:
-    print(f"{name:26s} host {host(fn)[0]:6.1f} us/call, with GPU drain {host(fn)[1]:6.1f}", flush=True)
+    h, w = host(fn)
+    print(f"{name:26s} host {h:6.1f} us/call, with GPU drain {w:6.1f}", flush=True)
 pr = cProfile.Profile(); pr.enable()
 for _ in range(2000): dp()
 pr.disable(); pstats.Stats(pr).sort_stats("tottime").print_stats(8)

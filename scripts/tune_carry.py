@@ -56,7 +56,7 @@ def run_variant(x, carry0, form, lazy, precision=None, warps=None):
     C.WY_SPLIT_COLUMNS = form == "wy-split"
     form = form.split("-")[0]
     C.WY_DOT_PRECISION = precision or "ieee"
-    C.WY_NUM_WARPS = warps or 4
+    C.WY_NUM_WARPS = C.WY_PER_HEAD_WARPS = warps or 4
     state, carry = x["state"].clone(), _clone(carry0)
     slot = x["state_indices"]
 

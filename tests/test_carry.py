@@ -296,16 +296,16 @@ def test_row_prefetch_changes_no_bit(monkeypatch, form):
 
 
 def test_exact_runtime_row_loop(monkeypatch):
-    """Verifies longer than ``EXACT_UNROLL_MAX_ROWS`` run a runtime row loop (perf-notes v10):
-    K = 6 with and without write-backs matches the protocol reference, and gives the same bits
-    as the unrolled loop (outputs, engaged, state, stash)."""
+    """Verifies longer than ``EXACT_UNROLL_MAX_ROWS`` run a runtime row loop (perf-notes v10;
+    prepared, off by default): K = 6 with and without write-backs matches the protocol
+    reference, and gives the same bits as the unrolled loop (outputs, engaged, state, stash)."""
     import pmll_lab.ops.carry.gdn_carry as C
 
-    assert 6 > C.EXACT_UNROLL_MAX_ROWS
+    monkeypatch.setattr(C, "EXACT_UNROLL_MAX_ROWS", 4)
     _run_verify_case("exact", True, torch.bfloat16, 3, 5, 1, 2, 32, 16, 6, [0, 2, 3], seed=61)
     x = gdn_inputs(62, 3, 1, 2, 32, 16, rows=6, slots=4, dtype=torch.float32)
     got = {}
-    for unroll_max in (C.EXACT_UNROLL_MAX_ROWS, 8):
+    for unroll_max in (4, 8):
         monkeypatch.setattr(C, "EXACT_UNROLL_MAX_ROWS", unroll_max)
         st, c = x["state"].clone(), GdnCarry.empty(4, 2, 32, 16)
         _fill_stash(c, 63)
@@ -317,13 +317,27 @@ def test_exact_runtime_row_loop(monkeypatch):
         assert bitwise_equal(a, b_)
 
 
-def test_wy_launch_config_table():
+def test_wy_launch_config_table(monkeypatch):
     """The WY launch follows the measured table: the split, 2-warp form up to kd = 128, one
-    4-warp program per head above (slower split at kd = 256 on the H200)."""
+    4-warp program per head from kd = 256 (slower split there on the H200) and whenever the
+    split is switched off; checked on the launch the verify builds, not only the table."""
     import pmll_lab.ops.carry.gdn_carry as C
 
-    assert C.wy_config(64) == C.wy_config(128) == (C.WY_SPLIT_COLUMNS, C.WY_NUM_WARPS) == (True, 2)
-    assert C.wy_config(256) == C.WY_WIDE_HEAD_CONFIG == (False, 4)
+    def launch(kd):
+        x = gdn_inputs(64, 1, 1, 1, kd, 16, rows=2, slots=1, dtype=torch.float32)
+        c = GdnCarry.empty(1, 1, kd, 16)
+        o, e = torch.empty(1, 2, 1, 16), torch.empty(1, dtype=torch.int32)
+        kern, grid, _, kw = C._verify_launch_args(x["state"], c, x["q"], x["k"], x["v"], x["g"],
+                                                  x["beta"], o, e, x["state_indices"], "wy",
+                                                  True, 1.0, True)
+        return kern, kw["num_warps"]
+
+    assert C.wy_config(64) == C.wy_config(128) == (True, 2)
+    assert C.wy_config(256) == (False, 4)
+    assert launch(128) == (C._gdn_carry_wy_split_kernel, 2)
+    assert launch(256) == (C._gdn_carry_wy_kernel, 4)
+    monkeypatch.setattr(C, "WY_SPLIT_COLUMNS", False)
+    assert launch(128) == (C._gdn_carry_wy_kernel, 4)
 
 
 def test_wy_matches_exact():

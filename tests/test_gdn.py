@@ -238,6 +238,12 @@ def test_block_config_override():
                                                   x["g"], x["beta"],
                                                   state_indices=x["state_indices"])[1], STATE_TOL)
     assert block_config(128, 64) == default
+    assert block_config(64, 64) == (64, 64, 1), "a config cached inside the block leaked out"
+    with block_config_override(32, 4):
+        with block_config_override(8, 2):
+            assert block_config(64, 64) == (64, 8, 2)
+        assert block_config(64, 64) == (64, 32, 4), "nested override must restore the outer one"
+    assert block_config(64, 64) == (64, 64, 1)
     with pytest.raises(RuntimeError), block_config_override(8, 1):
         raise RuntimeError("inside")
     assert block_config(128, 64) == default

@@ -48,6 +48,17 @@ def test_decode_plan_matches_gdn_decode_over_steps():
         assert bitwise_equal(o, ref) and bitwise_equal(s_plan, s_ref), f"step {step}"
 
 
+def test_decode_plan_fp32_outputs_from_bf16_inputs():
+    x = gdn_inputs(305, 2, 1, 2, 16, 16, slots=3, dtype=torch.bfloat16)
+    s_plan, s_ref = x["state"].clone(), x["state"].clone()
+    o = gdn_decode_plan(s_plan, *(x[n] for n in ROWS), out_dtype=torch.float32)()
+    ref = gdn_decode(s_ref, *(x[n] for n in ROWS), out_dtype=torch.float32)
+    assert o.dtype == torch.float32 and bitwise_equal(o, ref) and bitwise_equal(s_plan, s_ref)
+    with pytest.raises(ValueError, match="^out:"):
+        gdn_decode_plan(x["state"], *(x[n] for n in ROWS), out_dtype=torch.float32,
+                        out=torch.empty(2, 2, 16, dtype=torch.bfloat16))
+
+
 def test_chain_plan_matches_gdn_chain_with_snapshots():
     x = gdn_inputs(301, 2, 1, 2, 16, 32, rows=3, slots=4, dtype=torch.float32)
     s_plan, s_ref = x["state"].clone(), x["state"].clone()
@@ -127,3 +138,38 @@ def test_direct_path_only_without_launch_hooks():
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
     assert launch._no_launch_hooks()
+
+
+def test_direct_call_passes_every_parameter_in_order():
+    """The direct path (GPU only) hands the compiled kernel's launcher the grid, the stream, the
+    function, the packed metadata, no launch metadata or hooks, then every kernel parameter in
+    declaration order (positional arguments, then the constexprs by name), as Triton's own
+    ``JITFunction.run`` does. Checked here with a stand-in compiled kernel."""
+    from pmll_lab.ops.gdn import decode as D
+
+    x = gdn_inputs(304, 2, 1, 2, 16, 16, slots=3, dtype=torch.float32)
+    plan = gdn_decode_plan(x["state"], *(x[n] for n in ROWS), state_indices=x["state_indices"])
+    calls = []
+
+    class Compiled:
+        function, packed_metadata = object(), object()
+
+        def run(self, *a):
+            calls.append(a)
+
+    comp = Compiled()
+    plan._compiled, plan._device_index = comp, 0
+    plan._current_device = lambda: 0
+    plan._get_stream = lambda device: ("stream", device)
+    assert plan() is plan.outputs
+    (got,) = calls
+    names = D.gdn_rows_kernel.arg_names
+    want_bound = tuple(plan.args) + tuple(plan.kwargs[n] for n in names[len(plan.args):])
+    assert len(want_bound) == len(names)
+    assert got == (*plan.grid, ("stream", 0), comp.function, comp.packed_metadata, None, None,
+                   None, *want_bound)
+    assert plan.kwargs["KD"] == 16 and "num_warps" in plan.kwargs   # options are not parameters
+    # another device current: Triton's own path (here the interpreter), not the stand-in
+    plan._current_device = lambda: 1
+    plan()
+    assert len(calls) == 1

@@ -13,8 +13,11 @@ values into the same tensors between calls. Reusing the compiled kernel is valid
 argument is the same object: the pointers' alignment and the integers' specialisation
 (divisibility by 16, equality to 1), which select the compiled variant, cannot change.
 
-On the CPU interpreter, or with a Triton launch hook set (profilers), every call goes through
-Triton's normal path, so results are the same either way (tests/test_launch.py).
+On the CPU interpreter, or with a Triton launch hook set (profilers), or when called with
+another device current than the plan's, a call goes through Triton's normal path. The CPU tests
+(tests/test_launch.py) check the plans' results on that path and the direct call's arguments
+against a stand-in compiled kernel; the direct path's results are checked bitwise on the GPU by
+the roofline notebook's B=1 rows and by ``scripts/b1_launch.py``.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ class LaunchPlan:
         # every parameter's value in declaration order: what Triton's launcher receives
         self._bound = self.args + tuple(self.kwargs[n] for n in params[len(self.args):])
         self._compiled = None
-        self._stream = None
+        self._device_index = None
 
     @property
     def direct(self) -> bool:
@@ -60,26 +63,35 @@ class LaunchPlan:
     def __call__(self):
         if self.kernel is None:
             return self.outputs
-        if self._compiled is not None and _no_launch_hooks():
+        if (self._compiled is not None and _no_launch_hooks()
+                and self._current_device() == self._device_index):
             c = self._compiled
-            c.run(*self.grid, self._stream(), c.function, c.packed_metadata, None, None, None,
-                  *self._bound)
+            c.run(*self.grid, self._get_stream(self._device_index), c.function,
+                  c.packed_metadata, None, None, None, *self._bound)
             return self.outputs
-        if self.device is not None and getattr(self.device, "type", None) == "cuda":
+        on_gpu = self.device is not None and getattr(self.device, "type", None) == "cuda"
+        if on_gpu:
             import torch
 
             with torch.cuda.device(self.device):
                 compiled = self.kernel[self.grid](*self.args, **self.kwargs)
+                self._remember(compiled)
         else:
-            compiled = self.kernel[self.grid](*self.args, **self.kwargs)
-        if not INTERPRET and compiled is not None and hasattr(compiled, "packed_metadata"):
-            from triton.runtime.driver import driver
-
-            device = driver.active.get_current_device()
-            get_stream = driver.active.get_current_stream
-            self._stream = lambda: get_stream(device)
-            self._compiled = compiled
+            self.kernel[self.grid](*self.args, **self.kwargs)
         return self.outputs
+
+    def _remember(self, compiled) -> None:
+        """Keep the compiled kernel and the device it was loaded on (called with that device
+        current): later calls on that device go straight to its launcher; a call made with
+        another device current takes Triton's path under a device guard."""
+        if INTERPRET or compiled is None or not hasattr(compiled, "packed_metadata"):
+            return
+        from triton.runtime.driver import driver
+
+        self._current_device = driver.active.get_current_device
+        self._get_stream = driver.active.get_current_stream
+        self._device_index = self._current_device()
+        self._compiled = compiled
 
 
 def _no_launch_hooks() -> bool:

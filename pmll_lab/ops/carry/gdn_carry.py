@@ -23,7 +23,7 @@ the stash at row 0 can never overwrite a row that is still to be folded (SPEC §
 With ``EXACT_SPLIT_COLUMNS = False``, one program per (sequence, head) loops over the column
 blocks instead (unrolled, constant block offsets) and restashes after the loop behind
 ``tl.debug_barrier()``. The WY form splits its column blocks the same way (``WY_SPLIT_COLUMNS``,
-the default), or runs one program per (sequence, head). With ``CARRY_PREFETCH_ROWS``
+the default for key heads up to 128), or runs one program per (sequence, head) (``wy_config``). With ``CARRY_PREFETCH_ROWS``
 (``pmll_lab.ops.gdn.recurrence``) the exact form and the folds load the next row before
 running the current one. No two heads or slots
 of a launch share state or stash bytes (slots distinct within a launch, heads disjoint).
@@ -89,13 +89,16 @@ split 114 / 154 us against the loop's 230 / 273 us at B=64 without / with write-
 against 470 / 563 us at B=128, bitwise equal to the loop. Read at launch time;
 ``scripts/tune_carry.py`` times both, and the tests run both."""
 
-EXACT_UNROLL_MAX_ROWS = 4
+EXACT_UNROLL_MAX_ROWS = GDN_CARRY_CAP
 """Exact form: verifies of up to this many rows unroll their row loop; longer ones run a
 runtime loop (one compiled body for every row, no prefetch), as the chain does above
-``pmll_lab.ops.gdn.decode.CHAIN_UNROLL_MAX_ROWS`` (perf-notes v10). Unrolled at K = 8, kd = 64
-with fp32 inputs, rows 2-5 of the verify's outputs were 1 ulp off decode's in ~2.5 % of their
-elements on the H200 (2026-11-29, reports/h200-2026-11-29s3-bitwise-probe-final.log). Read at
-launch time."""
+``pmll_lab.ops.gdn.decode.CHAIN_UNROLL_MAX_ROWS`` (perf-notes v10). Today every K unrolls
+(``CAP``): on the H200 (2026-11-29, reports/h200-2026-11-29s3-bitwise-probe-final.log) the
+unrolled K = 8 verify at kd = 64 with **fp32** inputs gave rows 2-5 of its outputs 1 ulp off
+decode's in ~2.5 % of their elements (bf16 inputs, kd = 128 / 256, and K = 4 were exact). The
+runtime loop is the candidate fix, as it was for the chain, but it has not run on a GPU yet
+(``scripts/bitwise_probe.py --carry-only`` checks and times both); set 4 to use it for K > 4.
+Read at launch time."""
 
 WY_DOT_PRECISION = "ieee"
 """``input_precision`` of the WY form's two products with the state (``K_rows H``, ``Q_rows H``;
@@ -113,27 +116,32 @@ instead of one program per head looping over them. Measured on an NVIDIA H200, 2
 (reports/h200-2026-11-29s3-tune-carry.log; HK=16, HV=32, kd=vd=128, K=4, bf16 inputs, lazy):
 split with 2 warps 394 / 425 us at B=64 without / with write-back, 759 / 823 us at B=128,
 against 1373 / 1499 and 2767 / 3014 us for one program per head (4 warps, ``"ieee"``): 3.5x.
-Still 3-4x slower than the split exact form (perf-notes v4, v7). Read at launch time;
+Still 3-4x slower than the split exact form (perf-notes v4, v8). Read at launch time;
 ``scripts/tune_carry.py`` times both, and the tests run both."""
 
 WY_NUM_WARPS = 2
-"""Warps per WY program. The WY form is not bound to decode's reductions (only its fold is, and
-that is elementwise). Measured with the split form (H200, same log as ``WY_SPLIT_COLUMNS``):
-2 warps 394 us, 4 warps 434 us, 1 warp 901 us at B=64, no write-back; the per-head form was
-fastest with 4 (1373 us against 2663 with 2)."""
+"""Warps per program of the split WY form. The WY form is not bound to decode's reductions (only
+its fold is, and that is elementwise). Measured (H200, same log as ``WY_SPLIT_COLUMNS``): 2 warps
+394 us, 4 warps 434 us, 1 warp 901 us at B=64, no write-back."""
 
-WY_WIDE_HEAD_CONFIG = (False, 4)
-"""``(split columns, warps)`` of the WY form for key heads wider than 128 (kd = 256 measured):
-one program per head with 4 warps. The split form with 2 warps, measured better at kd = 128,
-took 12255 us against 3740 us at kd = vd = 256, HV=32, B=64, K=4 (H200, roofline runs
-h200-2026-11-29s3 and h200-2026-11-29e: its ``[16, 256]`` row tiles on 2 warps)."""
+WY_PER_HEAD_WARPS = 4
+"""Warps per program of the per-head WY form (``WY_SPLIT_COLUMNS = False``, and key heads
+wider than 128): fastest with 4 (1373 us against 2663 with 2 and 1673 with 1; same log)."""
+
+WY_WIDE_HEAD_MIN_KD = 256
+"""Key heads at least this wide run the per-head WY form with ``WY_PER_HEAD_WARPS``: the split
+form with 2 warps took 12255 us against 3740 us per head with 4 warps at kd = vd = 256, HV=32,
+B=64, K=4 (H200, roofline runs h200-2026-11-29s3 and h200-2026-11-29e: its ``[16, 256]`` row
+tiles on 2 warps; perf-notes v8)."""
 
 
 def wy_config(k_dim: int) -> tuple[bool, int]:
-    """``(split columns, num_warps)`` of the WY launch for key head size ``k_dim``: the
-    measured table (``WY_SPLIT_COLUMNS``, ``WY_NUM_WARPS`` up to 128, ``WY_WIDE_HEAD_CONFIG``
-    above)."""
-    return (WY_SPLIT_COLUMNS, WY_NUM_WARPS) if k_dim <= 128 else WY_WIDE_HEAD_CONFIG
+    """``(split columns, num_warps)`` of the WY launch for key head size ``k_dim``, from the
+    measured table: split with ``WY_NUM_WARPS`` when ``WY_SPLIT_COLUMNS`` and
+    ``k_dim < WY_WIDE_HEAD_MIN_KD``, else one program per head with ``WY_PER_HEAD_WARPS``."""
+    if WY_SPLIT_COLUMNS and k_dim < WY_WIDE_HEAD_MIN_KD:
+        return True, WY_NUM_WARPS
+    return False, WY_PER_HEAD_WARPS
 
 
 ACCEPT_BLOCK = 128
@@ -895,8 +903,10 @@ def gdn_carry_verify_plan(state, carry, q, k, v, g, beta, *, slot_tab, form="exa
     stash, ``pend``, ``slot_tab`` and the row tensors hold at that moment and returns
     ``(o, engaged)`` (the same two tensors every call: read them before the next call). After
     the first call on a GPU, calls go straight to the compiled kernel: no checks, allocations or
-    argument binding. Write each step's rows into the same tensors; a new tensor needs a new
-    plan. The launch-time settings (``EXACT_SPLIT_COLUMNS``, ``WY_*``, ``block_config``) are
+    argument binding. Write each step's rows into the same tensors: a plan keeps reading the
+    tensors it was made with, so rebinding a name (``q = new``) is silently ignored; make a new
+    plan instead. ``pend`` is read on every call: apply ``carry_accept`` between calls, as with
+    ``gdn_carry_verify``. The launch-time settings (``EXACT_SPLIT_COLUMNS``, ``WY_*``, ``block_config``) are
     read when the plan is made. Same results, bit for bit, as ``gdn_carry_verify``.
     Raises ``ValueError`` naming the argument.
     """

@@ -295,20 +295,24 @@ def gdn_chain(state, q, k, v, g, beta, *, state_indices=None, intermediate=None,
 
 
 def gdn_decode_plan(state, q, k, v, g, beta, *, state_indices=None, scale=None,
-                    use_qk_l2norm=True, out=None, validate=False) -> LaunchPlan:
+                    use_qk_l2norm=True, out_dtype=None, out=None, validate=False) -> LaunchPlan:
     """``gdn_decode`` bound to these buffers, for host-bound small batches (issue 5, B=1).
 
-    Checks the arguments once (as ``gdn_decode``; ``out``: ``None`` or the ``o [B, HV, vd]``
-    tensor to write, v's dtype, contiguous) and returns a ``LaunchPlan``: ``plan()`` runs one
-    decode token on whatever the tensors hold at that moment and returns ``o``. After the first
-    call on a GPU, calls go straight to the compiled kernel (no checks, no allocation, no
-    argument binding). Write each step's inputs into the same tensors (``q.copy_(...)``, or
-    project into them); a new tensor needs a new plan. Same results, bit for bit, as
+    Checks the arguments once, as ``gdn_decode`` does (``validate`` checks the values now, at
+    plan time only), and returns a ``pmll_lab.ops.launch.LaunchPlan``: ``plan()`` runs one decode
+    token on whatever the tensors hold at that moment and returns ``o [B, HV, vd]`` (dtype
+    ``out_dtype`` or v's). ``o`` is the same tensor on every call, overwritten by the next one:
+    read or copy it first. ``out``: ``None`` (allocated once here) or that tensor, contiguous.
+    After the first call on a GPU, calls go straight to the compiled kernel (no checks,
+    allocations or argument binding). Write each step's inputs into the same tensors
+    (``q.copy_(...)``, or project into them): a plan keeps reading the tensors it was made with,
+    so rebinding a name (``q = new``) is silently ignored; make a new plan instead.
+    ``block_config`` is read when the plan is made. Same results, bit for bit, as
     ``gdn_decode`` on the same values. Raises ``ValueError`` naming the argument.
     """
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, None, scale,
-                                  None, validate, rows=False)
-    o = _plan_out(out, (B, HV, vd), v, state)
+                                  out_dtype, validate, rows=False)
+    o = _plan_out(out, (B, HV, vd), out_dtype or v.dtype, state)
     if B == 0:
         return LaunchPlan(None, (1,), (), {}, outputs=o)
     grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, None, state_indices, scale,
@@ -317,12 +321,14 @@ def gdn_decode_plan(state, q, k, v, g, beta, *, state_indices=None, scale=None,
 
 
 def gdn_chain_plan(state, q, k, v, g, beta, *, state_indices=None, intermediate=None,
-                   scale=None, use_qk_l2norm=True, out=None, validate=False) -> LaunchPlan:
-    """``gdn_chain`` bound to these buffers (see ``gdn_decode_plan``); ``out``: ``None`` or
-    ``o [B, K, HV, vd]``. ``plan()`` returns ``o``. Raises ``ValueError`` naming the argument."""
+                   scale=None, use_qk_l2norm=True, out_dtype=None, out=None,
+                   validate=False) -> LaunchPlan:
+    """``gdn_chain`` bound to these buffers (as ``gdn_decode_plan``; ``intermediate`` is bound
+    too); ``plan()`` returns ``o [B, K, HV, vd]``, the same tensor every call (``out``: ``None``
+    or that tensor). Raises ``ValueError`` naming the argument."""
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
-                                  None, validate, rows=True)
-    o = _plan_out(out, (B, K, HV, vd), v, state)
+                                  out_dtype, validate, rows=True)
+    o = _plan_out(out, (B, K, HV, vd), out_dtype or v.dtype, state)
     if B == 0:
         return LaunchPlan(None, (1,), (), {}, outputs=o)
     grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices,
@@ -330,10 +336,10 @@ def gdn_chain_plan(state, q, k, v, g, beta, *, state_indices=None, intermediate=
     return LaunchPlan(gdn_rows_kernel, grid, args, kwargs, outputs=o, device=state.device)
 
 
-def _plan_out(out, shape, v, state):
+def _plan_out(out, shape, dtype, state):
     if out is None:
-        return torch.empty(shape, dtype=v.dtype, device=state.device)
+        return torch.empty(shape, dtype=dtype, device=state.device)
     C = _checks
-    C.tensor("out", out, shape=shape, dtype=v.dtype, contiguous=True)
+    C.tensor("out", out, shape=shape, dtype=dtype, contiguous=True)
     C.same_device("state", state, out=out)
     return out

@@ -58,8 +58,10 @@ CARRY_PREFETCH_ROWS = True
 Without it each row's loads wait behind the previous row's stores (the compiler cannot move a
 load above a store that may alias it), so a verify pays one global-memory latency per row in
 series. The arithmetic, and so every result bit, is the same either way: the family check of
-``scripts/tune_gdn_config.py`` found carry and decode bitwise equal with it on and off, and
-``pmll_lab.lowering`` compares the sm_90 reduction layouts in CI.
+``scripts/tune_gdn_config.py`` found carry and decode bitwise equal with it on and off (there
+with decode prefetching too), the H200 run h200-2026-11-29s3 with the shipped mix (carry on,
+decode off: 92/92 and 230/230 bitwise flags), and ``pmll_lab.lowering`` compares the sm_90
+reduction layouts in CI.
 Measured on an NVIDIA H200, 2026-11-29 (reports/h200-2026-11-29s3-tune-gdn-config.log; HV=32,
 HK=16, kd=vd=128, K=4, bf16 inputs, lazy, 3 / 5 pending rows): 104.3 / 145.0 us with it against
 114.3 / 153.7 us without at B=64, 192.9 / 273.4 against 210.8 / 290.9 us at B=128. Decode and
@@ -143,8 +145,9 @@ def block_config(k_dim: int, v_dim: int) -> tuple[int, int, int]:
 @contextlib.contextmanager
 def block_config_override(block_v: int, num_warps: int):
     """Make ``block_config`` return ``BV = min(block_v, vd padded)`` columns and ``num_warps``
-    for every head size inside the ``with`` block (for tuning sweeps: every GDN kernel launched
-    inside it uses the same config, so they still agree bitwise with each other; results differ
+    for every head size inside the ``with`` block (for tuning sweeps: decode, the chain, the
+    exact carry and its folds launched inside it use the same config, so they still agree bitwise
+    with each other; the WY form's warps come from ``gdn_carry.wy_config``; results differ
     in the last bits from the default config's). ``block_v`` and ``num_warps`` must be powers of
     two (``ValueError`` naming them otherwise). Not thread-safe; restores the default on exit."""
     global _OVERRIDE
