@@ -33,6 +33,7 @@ from pmll_lab.gdn import (chain_bytes, decode_bytes, gdn_chain, gdn_decode, row_
                           state_bytes)
 from pmll_lab.inputs import gdn_inputs  # noqa: E402
 from pmll_lab.ops.gdn import recurrence  # noqa: E402
+from tune_carry import case as carry_case, nbytes as carry_bytes  # noqa: E402  (scripts/)
 
 CONFIGS = ["32x1", "16x1", "8x1", "16x2", "32x2", "32x4", "64x4"]
 
@@ -68,24 +69,6 @@ def check_family(HK, HV, D, B=8, seed=7):
     return bad
 
 
-def carry_case(B, HK, HV, D, pend, seed=0):
-    x = gdn_inputs(seed, B, HK, HV, D, D, rows=4, slots=B)
-    carry = GdnCarry.empty(B, HV, D, D, device=DEVICE)
-    gen = torch.Generator().manual_seed(seed + 1)
-    carry.buf.copy_(torch.randn(carry.buf.shape, generator=gen).mul_(0.1))
-    carry.g.copy_(-torch.rand(carry.g.shape, generator=gen))
-    k = torch.randn(carry.k.shape, generator=gen)
-    carry.k.copy_(k / k.norm(dim=-1, keepdim=True))
-    carry.pend.fill_(pend)
-    return x, carry
-
-
-def carry_bytes(B, K, HK, HV, D, pend, wb):
-    row = 4 * (HV * D + HV + HV * D)
-    return B * (state_bytes(HV, D, D) * (2 if wb else 1) + (pend + K) * row
-                + K * row_io_bytes(HK, HV, D, D, torch.bfloat16))
-
-
 def timings(HK, HV, D, roof):
     out = []
 
@@ -110,7 +93,7 @@ def timings(HK, HV, D, roof):
         chain_bytes(B, 4, HK, HV, D, D))
     for B in (1, 64, 128):
         for pend in (3, 5):
-            x, carry = carry_case(B, HK, HV, D, pend)
+            x, carry = carry_case(B, 4, HK, HV, D, pend)
             rec(f"carry lazy p={pend}", B,
                 lambda: gdn_carry_verify(x["state"], carry, *rows_of(x, 0, 4),
                                          slot_tab=x["state_indices"], form="exact", lazy=True),

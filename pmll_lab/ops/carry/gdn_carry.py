@@ -792,6 +792,17 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
     return B, K, HK, scale
 
 
+def _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
+                     eager_max_pending):
+    """Checks (``_check_verify``), then the verify's outputs: ``(scale, o [B, K, HV, vd] in v's
+    dtype, engaged [B] int32)``, uninitialised."""
+    B, K, _, scale = _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
+                                   validate, eager_max_pending)
+    HV, vd = state.shape[1], state.shape[3]
+    o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
+    return scale, o, torch.empty(B, dtype=torch.int32, device=v.device)
+
+
 def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", lazy=False,
                      scale=None, use_qk_l2norm=True, validate=False, eager_max_pending=None):
     """Carried-state verify of ``K`` draft rows per sequence (SPEC §3b; seed ``gdn_exact_carry``,
@@ -826,12 +837,9 @@ def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", 
         ValueError naming the argument: shapes, dtypes, devices, strides, ``HV % HK``,
         ``1 <= K <= CAP``, unknown ``form``; value errors with ``validate=True``.
     """
-    B, K, HK, scale = _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
-                                    validate, eager_max_pending)
-    _, HV, kd, vd = state.shape
-    o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
-    engaged = torch.empty(B, dtype=torch.int32, device=v.device)
-    if B == 0:
+    scale, o, engaged = _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy,
+                                         scale, validate, eager_max_pending)
+    if o.shape[0] == 0:
         return o, engaged
     with _device_guard(state):
         _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
@@ -910,12 +918,9 @@ def gdn_carry_verify_plan(state, carry, q, k, v, g, beta, *, slot_tab, form="exa
     read when the plan is made. Same results, bit for bit, as ``gdn_carry_verify``.
     Raises ``ValueError`` naming the argument.
     """
-    B, K, HK, scale = _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
-                                    validate, eager_max_pending)
-    _, HV, kd, vd = state.shape
-    o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
-    engaged = torch.empty(B, dtype=torch.int32, device=v.device)
-    if B == 0:
+    scale, o, engaged = _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy,
+                                         scale, validate, eager_max_pending)
+    if o.shape[0] == 0:
         return LaunchPlan(None, (1,), (), {}, outputs=(o, engaged))
     kernel, grid, a, kw = _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
                                               form, lazy, scale, use_qk_l2norm)
