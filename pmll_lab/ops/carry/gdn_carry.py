@@ -331,6 +331,22 @@ def _verify_prologue(state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_sta
 
 
 @triton.jit
+def _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv,
+                  HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr):
+    """The state block ``[BK, BV]`` (key rows ``rk``, value columns ``rv``) of one head with its
+    ``p`` pending stash rows folded in, written back when ``wb``; shared by the exact and WY
+    forms."""
+    m2 = mk[:, None] & mv[None, :]
+    hp = h_ptr + rk[:, None] * VD + rv[None, :]
+    h = tl.load(hp, mask=m2, other=0.0)
+    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD, PREFETCH)
+    tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
+    if wb:
+        tl.store(hp, h, mask=m2)
+    return h
+
+
+@triton.jit
 def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                         g_ptr, beta_ptr, o_ptr, b, hv, p, wb, first, scale, j,
                         sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
@@ -345,13 +361,7 @@ def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
     mk = rk < KD
     rv = j * BV + tl.arange(0, BV)
     mv = rv < VD
-    m2 = mk[:, None] & mv[None, :]
-    hp = h_ptr + rk[:, None] * VD + rv[None, :]
-    h = tl.load(hp, mask=m2, other=0.0)
-    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD, PREFETCH)
-    tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
-    if wb:
-        tl.store(hp, h, mask=m2)
+    h = _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv, HV, KD, VD, PREFETCH)
     grow = g_ptr + b * sg_b + hv
     brow = beta_ptr + b * sb_b + hv
     if UNROLL:
@@ -544,13 +554,7 @@ def _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, p, wb, f
     mt = rt < K
     rv = j * BV + tl.arange(0, BV)
     mv = rv < VD
-    m2 = mk[:, None] & mv[None, :]
-    hp = h_ptr + rk[:, None] * VD + rv[None, :]
-    h = tl.load(hp, mask=m2, other=0.0)
-    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD, PREFETCH)
-    tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
-    if wb:
-        tl.store(hp, h, mask=m2)
+    h = _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv, HV, KD, VD, PREFETCH)
     mtv = mt[:, None] & mv[None, :]
     V = tl.load(v_ptr + b * sv_b + hv * sv_h + rt[:, None] * sv_t + rv[None, :],
                 mask=mtv, other=0.0).to(tl.float32)
