@@ -4,14 +4,17 @@ For decode (K=1) and the lazy exact carry verify (K=4, 3 pending rows), HV=32, H
 kd=vd=128, bf16 inputs: the plain launcher, its launch plan (``gdn_decode_plan``,
 ``gdn_carry_verify_plan``: arguments checked and bound once, later calls straight to the compiled
 kernel) and Triton's bare ``kernel[grid](...)`` with the same arguments (no checks of ours), each
-as ``do_bench`` times it (median, host launch included) and as a CUDA graph replay; the plan's
-results are first checked bitwise against the launcher's on its second (direct) call.
+as ``do_bench`` times it (median, host launch included), as a CUDA graph replay, and as host
+microseconds per call (host clock over 3000 queued calls); the plan's results are first checked
+bitwise against the launcher's on its second (direct) call. (The host column was
+``scripts/plan_host_time.py`` until it was folded in here.)
 
 Usage on a GPU:  python3 scripts/b1_launch.py      (~20 s)
 """
 
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pmll_lab  # noqa: E402,F401  (first: GPU or the Triton interpreter)
@@ -26,12 +29,25 @@ from pmll_lab.inputs import gdn_inputs  # noqa: E402
 ROWS = ("q", "k", "v", "g", "beta")
 
 
+def host_us(fn, calls=3000):
+    """Host microseconds per call, GPU work left queued (drained before and after)."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
 def report(name, fn):
     t = time_launch(fn, warmup_ms=25, rep_ms=200)
     g = time_graph(fn)
     print(f"{name:34s} do_bench median {t['median_us']:7.1f} us (p20 {t['p20_us']:6.1f}, "
-          f"p80 {t['p80_us']:6.1f})   graph replay {g if g is None else round(g, 2)} us",
-          flush=True)
+          f"p80 {t['p80_us']:6.1f})   graph replay {g if g is None else round(g, 2)} us   "
+          f"host {host_us(fn):6.1f} us/call", flush=True)
 
 
 def main():
