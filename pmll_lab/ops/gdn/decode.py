@@ -314,14 +314,8 @@ def gdn_decode_plan(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     ``block_config`` is read when the plan is made. Same results, bit for bit, as
     ``gdn_decode`` on the same values. Raises ``ValueError`` naming the argument.
     """
-    B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, None, scale,
-                                  out_dtype, validate, rows=False)
-    o = _plan_out(out, (B, HV, vd), out_dtype or v.dtype, state)
-    if B == 0:
-        return LaunchPlan(None, (1,), (), {}, outputs=o)
-    grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, None, state_indices, scale,
-                                      use_qk_l2norm, B, K, HK, HV, kd, vd, rows=False)
-    return LaunchPlan(gdn_rows_kernel, grid, args, kwargs, outputs=o, device=state.device)
+    return _plan(state, q, k, v, g, beta, state_indices, None, scale, use_qk_l2norm, out_dtype,
+                 out, validate, rows=False)
 
 
 def gdn_chain_plan(state, q, k, v, g, beta, *, state_indices=None, intermediate=None,
@@ -330,20 +324,25 @@ def gdn_chain_plan(state, q, k, v, g, beta, *, state_indices=None, intermediate=
     """``gdn_chain`` bound to these buffers (as ``gdn_decode_plan``; ``intermediate`` is bound
     too); ``plan()`` returns ``o [B, K, HV, vd]``, the same tensor every call (``out``: ``None``
     or that tensor). Raises ``ValueError`` naming the argument."""
+    return _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2norm,
+                 out_dtype, out, validate, rows=True)
+
+
+def _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2norm, out_dtype,
+          out, validate, *, rows: bool) -> LaunchPlan:
+    """Check once, take or allocate ``o`` (``out``, checked), bind the launch."""
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
-                                  out_dtype, validate, rows=True)
-    o = _plan_out(out, (B, K, HV, vd), out_dtype or v.dtype, state)
+                                  out_dtype, validate, rows=rows)
+    shape = (B, K, HV, vd) if rows else (B, HV, vd)
+    dtype = out_dtype or v.dtype
+    if out is None:
+        o = torch.empty(shape, dtype=dtype, device=state.device)
+    else:
+        _checks.tensor("out", out, shape=shape, dtype=dtype, contiguous=True)
+        _checks.same_device("state", state, out=out)
+        o = out
     if B == 0:
         return LaunchPlan(None, (1,), (), {}, outputs=o)
     grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices,
-                                      scale, use_qk_l2norm, B, K, HK, HV, kd, vd, rows=True)
+                                      scale, use_qk_l2norm, B, K, HK, HV, kd, vd, rows=rows)
     return LaunchPlan(gdn_rows_kernel, grid, args, kwargs, outputs=o, device=state.device)
-
-
-def _plan_out(out, shape, dtype, state):
-    if out is None:
-        return torch.empty(shape, dtype=dtype, device=state.device)
-    C = _checks
-    C.tensor("out", out, shape=shape, dtype=dtype, contiguous=True)
-    C.same_device("state", state, out=out)
-    return out
