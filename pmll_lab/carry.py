@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from pmll_lab import _checks
+from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, STATE_LAYOUTS, check_layout
 from pmll_lab.ops.carry.gdn_carry import (
     FORMS,
     GDN_CARRY_CAP,
@@ -44,7 +45,7 @@ from pmll_lab.ops.carry.gdn_carry import (
 )
 
 __all__ = [
-    "GDN_CARRY_CAP", "GDN_CARRY_LAZY_MIN_SEQS", "GDN_CARRY_EAGER_MAX_PENDING",
+    "GDN_CARRY_CAP", "GDN_CARRY_LAZY_MIN_SEQS", "STATE_LAYOUTS", "GDN_CARRY_EAGER_MAX_PENDING",
     "GdnCarry", "gdn_carry_verify", "gdn_carry_verify_plan", "gdn_carry_flush", "carry_accept",
     "ConvCarry", "conv_carry_verify", "conv_carry_flush",
     "CarryLayer", "SpecDecodeStep", "stash_bytes_per_slot", "snapshot_bytes_per_slot",
@@ -82,7 +83,8 @@ class CarryLayer:
     ``x [B, K, dim]`` and q, k, v are views of the conv output's channels ``[q | k | v]``
     (Qwen3-Next's order). ``qk_l2norm_in_conv``: the conv l2-normalises the q and k channels
     (the seed's fused conv) and the GDN kernel does not; else the GDN kernel does.
-    Without a conv, ``use_qk_l2norm`` is passed to the GDN kernel.
+    Without a conv, ``use_qk_l2norm`` is passed to the GDN kernel. ``state_layout``: ``"kv"``
+    (``state [S, HV, kd, vd]``) or ``"vk"`` (``[S, HV, vd, kd]``), passed to every launch.
 
     Construction checks the fields (``ValueError`` naming the field): ``state`` and ``carry``
     as ``gdn_carry_verify`` needs them, and with ``conv_state`` given a ``ConvCarry``, a
@@ -98,6 +100,7 @@ class CarryLayer:
     num_k_heads: int | None = None
     qk_l2norm_in_conv: bool = True
     use_qk_l2norm: bool = True
+    state_layout: str = DEFAULT_STATE_LAYOUT
 
     @property
     def has_conv(self) -> bool:
@@ -112,8 +115,9 @@ class CarryLayer:
 
 def _check_layer(prefix: str, lay: CarryLayer) -> None:
     """The fields a ``SpecDecodeStep`` relies on; errors name ``prefix + field``."""
+    check_layout(f"{prefix}state_layout", lay.state_layout)
     check_state(f"{prefix}state", lay.state)
-    check_carry(f"{prefix}carry", lay.carry, lay.state)
+    check_carry(f"{prefix}carry", lay.carry, lay.state, lay.state_layout)
     if lay.conv_state is not None:
         from pmll_lab.conv import ConvCarry
 
@@ -177,6 +181,8 @@ class SpecDecodeStep:
             _check_layer(f"layers[{i}].", lay)      # fields may have changed since construction
             if lay.state.shape != layers[0].state.shape or lay.carry.cap != layers[0].carry.cap:
                 raise ValueError(f"layers[{i}]: state shape / CAP differ from layers[0]")
+            if lay.state_layout != layers[0].state_layout:
+                raise ValueError(f"layers[{i}]: state_layout differs from layers[0]")
             if lay.has_conv != layers[0].has_conv:
                 raise ValueError(f"layers[{i}]: every layer has a conv or none does")
         if lazy_min_seqs is not None:
@@ -244,7 +250,8 @@ class SpecDecodeStep:
         if host.numel() == 0:
             return
         gdn_carry_flush([lay.state for lay in self.layers], [lay.carry for lay in self.layers],
-                        dev_tab, validate=self.validate)
+                        dev_tab, validate=self.validate,
+                        state_layout=self.layers[0].state_layout)
         if self.layers[0].has_conv:
             from pmll_lab.conv import conv_carry_flush
 
@@ -320,7 +327,8 @@ class SpecDecodeStep:
         o, eng = gdn_carry_verify(lay.state, lay.carry, q, k, v, g, beta, slot_tab=dev_tab,
                                   form=self.form, lazy=lazy, scale=self.scale,
                                   use_qk_l2norm=use_l2, validate=self.validate,
-                                  eager_max_pending=self.eager_max_pending)
+                                  eager_max_pending=self.eager_max_pending,
+                                  state_layout=lay.state_layout)
         if self.validate and lay.has_conv and not torch.equal(eng, eng_c):
             raise ValueError(f"layers[{i}]: conv and GDN engaged flags differ (pend out of step)")
         self._engaged[i] = eng

@@ -33,8 +33,15 @@ def _slots(state_indices, batch: int, device) -> torch.Tensor:
     return state_indices.to(device=device, dtype=torch.long)
 
 
+def _to_kv(state, state_layout: str):
+    """The state as ``[S, HV, kd, vd]`` (a transposed view of a V-major state)."""
+    if state_layout not in ("kv", "vk"):
+        raise ValueError(f"state_layout: expected 'kv' or 'vk', got {state_layout!r}")
+    return state if state_layout == "kv" else state.transpose(-1, -2)
+
+
 def gdn_decode_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
-                   use_qk_l2norm=True):
+                   use_qk_l2norm=True, state_layout="kv"):
     """One decode token per sequence, in float64.
 
     Args: ``state [S, HV, kd, vd]``; ``q, k [B, HK, kd]``; ``v [B, HV, vd]``; ``g, beta [B, HV]``
@@ -43,7 +50,14 @@ def gdn_decode_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
 
     Returns ``(o [B, HV, vd], new_state [S, HV, kd, vd])``, both float64: ``new_state`` is a copy
     of ``state`` with the addressed slots advanced by one token and every other slot unchanged.
+    ``state_layout="vk"``: ``state`` and ``new_state`` are ``[S, HV, vd, kd]`` (the same ``H``
+    transposed; a layout is only a pair of strides here).
     """
+    if state_layout != "kv":
+        o, new = gdn_decode_ref(_to_kv(state, state_layout), q, k, v, g, beta,
+                                state_indices=state_indices, scale=scale,
+                                use_qk_l2norm=use_qk_l2norm)
+        return o, new.transpose(-1, -2).contiguous()
     B, HK, kd = q.shape
     HV = v.shape[1]
     group = HV // HK
@@ -69,7 +83,7 @@ def gdn_decode_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
 
 
 def gdn_chain_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
-                  use_qk_l2norm=True):
+                  use_qk_l2norm=True, state_layout="kv"):
     """K rows per sequence: the decode reference applied row by row, in float64.
 
     Args: as ``gdn_decode_ref`` with a rows axis after ``B``: ``q, k [B, K, HK, kd]``,
@@ -78,7 +92,13 @@ def gdn_chain_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     Returns ``(o [B, K, HV, vd], new_state [S, HV, kd, vd], intermediate [B, K-1, HV, kd, vd])``
     (float64): ``new_state`` holds the state after the last row in the addressed slots;
     ``intermediate[b, t]`` is sequence ``b``'s state after row ``t`` (``t < K-1``).
+    ``state_layout="vk"``: states and snapshots are ``[..., vd, kd]``.
     """
+    if state_layout != "kv":
+        o, new, inter = gdn_chain_ref(_to_kv(state, state_layout), q, k, v, g, beta,
+                                      state_indices=state_indices, scale=scale,
+                                      use_qk_l2norm=use_qk_l2norm)
+        return o, new.transpose(-1, -2).contiguous(), inter.transpose(-1, -2).contiguous()
     B, K = q.shape[:2]
     slots = _slots(state_indices, B, state.device)
     cur = state

@@ -68,8 +68,9 @@ import triton.language as tl
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.gdn import recurrence
-from pmll_lab.ops.gdn.recurrence import (block_config, fold_row, gdn_row, load_row_inputs,
-                                           qk_prepare)
+from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
+                                         fold_row, gdn_row, head_dims, load_row_inputs,
+                                         qk_prepare, vk_config)
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
 
@@ -127,6 +128,12 @@ its fold is, and that is elementwise). Measured (H200, same log as ``WY_SPLIT_CO
 WY_PER_HEAD_WARPS = 4
 """Warps per program of the per-head WY form (``WY_SPLIT_COLUMNS = False``, and key heads
 wider than 128): fastest with 4 (1373 us against 2663 with 2 and 1673 with 1; same log)."""
+
+VK_WY_ROWS = 16
+"""Value rows per program of the V-major WY form (``tl.dot`` needs every side >= 16)."""
+
+VK_WY_WARPS = 1
+"""Warps per program of the V-major WY form (one ``[16, BK]`` tile)."""
 
 WY_WIDE_HEAD_MIN_KD = 256
 """Key heads at least this wide run the per-head WY form with ``WY_PER_HEAD_WARPS``: the split
@@ -726,12 +733,14 @@ def offsets_table(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return table
 
 
-def check_carry(name: str, carry, state: torch.Tensor | None = None) -> None:
-    """``carry`` is a ``GdnCarry`` matching ``state [S, HV, kd, vd]`` (slots, heads, dims)."""
+def check_carry(name: str, carry, state: torch.Tensor | None = None,
+                layout: str = DEFAULT_STATE_LAYOUT) -> None:
+    """``carry`` is a ``GdnCarry`` matching ``state`` (slots, heads, dims) in ``layout``."""
     if not isinstance(carry, GdnCarry):
         raise ValueError(f"{name}: expected a GdnCarry, got {type(carry).__name__}")
     if state is not None:
-        S, HV, kd, vd = state.shape
+        S, HV = state.shape[:2]
+        kd, vd = head_dims(state.shape, layout)
         if (carry.slots, carry.num_v_heads, carry.k_dim, carry.v_dim) != (S, HV, kd, vd):
             raise ValueError(
                 f"{name}: stash for (slots, HV, kd, vd) = {(carry.slots, carry.num_v_heads, carry.k_dim, carry.v_dim)}"
@@ -740,29 +749,31 @@ def check_carry(name: str, carry, state: torch.Tensor | None = None) -> None:
 
 
 def check_state(name: str, state) -> torch.Tensor:
-    """fp32 ``[S, HV, kd, vd]`` on the kernels' device type, inner three dims contiguous (any
-    slot stride)."""
+    """fp32 ``[S, HV, kd, vd]`` (or ``[S, HV, vd, kd]``) on the kernels' device type, inner
+    three dims contiguous (any slot stride)."""
     _checks.tensor(name, state, ndim=4, dtype=torch.float32)
     if state.device.type != DEVICE.type:
         raise ValueError(f"{name}: on {state.device}, but kernels run on {DEVICE} (pmll_lab.backend.DEVICE)")
-    _, HV, kd, vd = state.shape
-    if min(HV, kd, vd) < 1:
-        raise ValueError(f"{name}: heads HV and head sizes kd, vd (dims 1-3) must be >= 1, got "
+    _, HV, d2, d3 = state.shape
+    if min(HV, d2, d3) < 1:
+        raise ValueError(f"{name}: heads HV and head sizes (dims 1-3) must be >= 1, got "
                          f"shape {tuple(state.shape)}")
-    if state.stride()[1:] != (kd * vd, vd, 1) and state.numel() > 0:
-        raise ValueError(f"{name}: inner dims [HV, kd, vd] must be contiguous, got strides {state.stride()}")
+    if state.stride()[1:] != (d2 * d3, d3, 1) and state.numel() > 0:
+        raise ValueError(f"{name}: inner three dims must be contiguous, got strides {state.stride()}")
     return state
 
 
 def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
-                  eager_max_pending):
+                  eager_max_pending, layout=DEFAULT_STATE_LAYOUT):
     """``gdn_carry_verify``'s argument checks; returns ``(B, K, HK, scale)``."""
+    check_layout("state_layout", layout)
     check_state("state", state)
-    check_carry("carry", carry, state)
+    check_carry("carry", carry, state, layout)
     _checks.choice("form", form, FORMS)
     if not isinstance(lazy, bool):
         raise ValueError(f"lazy: expected a bool, got {type(lazy).__name__}")
-    S, HV, kd, vd = state.shape
+    S, HV = state.shape[:2]
+    kd, vd = head_dims(state.shape, layout)
     _checks.tensor("q", q, ndim=4, dtype=_checks.FLOAT_DTYPES, device=state.device, last_contiguous=True)
     B, K, HK = q.shape[:3]
     _checks.tensor("q", q, shape=(B, K, HK, kd))
@@ -797,24 +808,26 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
 
 
 def _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
-                     eager_max_pending):
+                     eager_max_pending, layout=DEFAULT_STATE_LAYOUT):
     """Checks (``_check_verify``), then the verify's outputs: ``(scale, o [B, K, HV, vd] in v's
     dtype, engaged [B] int32)``, uninitialised."""
     B, K, _, scale = _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
-                                   validate, eager_max_pending)
-    HV, vd = state.shape[1], state.shape[3]
+                                   validate, eager_max_pending, layout)
+    HV, vd = state.shape[1], head_dims(state.shape, layout)[1]
     o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
     return scale, o, torch.empty(B, dtype=torch.int32, device=v.device)
 
 
 def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", lazy=False,
-                     scale=None, use_qk_l2norm=True, validate=False, eager_max_pending=None):
+                     scale=None, use_qk_l2norm=True, validate=False, eager_max_pending=None,
+                     state_layout=DEFAULT_STATE_LAYOUT):
     """Carried-state verify of ``K`` draft rows per sequence (SPEC §3b; seed ``gdn_exact_carry``,
     ``gdn_carry_wy`` and their ``_lazy`` forms).
 
     Args:
-        state: ``[S, HV, kd, vd]`` fp32 (inner dims contiguous). Read; written only on a
-            write-back (``engaged == 2``), with the slot's pending rows folded in.
+        state: ``[S, HV, kd, vd]`` (``state_layout="kv"``) or ``[S, HV, vd, kd]`` (``"vk"``),
+            fp32, inner dims contiguous. Read; written only on a write-back
+            (``engaged == 2``), with the slot's pending rows folded in.
         carry: the layer's ``GdnCarry`` (``S`` slots, ``HV``, ``kd``, ``vd``, ``CAP``). Its stash
             rows ``first..first+K-1`` of each slot are written (``first = 0`` after a
             write-back, else ``pend``); ``pend`` is read, never written (``carry_accept`` does).
@@ -832,6 +845,9 @@ def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", 
             ``0 <= pend <= CAP``, ``g <= 0``, ``beta`` in ``[0, 1]``, and for an eager verify
             ``pend <= eager_max_pending`` (when that is not ``None``; the kernel itself folds
             any ``pend <= CAP``).
+        state_layout: ``"kv"`` (K-major kernels, this module) or ``"vk"`` (V-major kernels,
+            ``pmll_lab.ops.carry.gdn_carry_vk``: a tile of value rows per program, bitwise
+            equal to V-major ``gdn_decode``). The stash is the same for both.
 
     Returns:
         ``(o, engaged)``: ``o [B, K, HV, vd]`` in ``v``'s dtype; ``engaged [B]`` int32, 2 if the
@@ -842,12 +858,12 @@ def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", 
         ``1 <= K <= CAP``, unknown ``form``; value errors with ``validate=True``.
     """
     scale, o, engaged = _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy,
-                                         scale, validate, eager_max_pending)
+                                         scale, validate, eager_max_pending, state_layout)
     if o.shape[0] == 0:
         return o, engaged
     with _device_guard(state):
         _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
-                       use_qk_l2norm)
+                       use_qk_l2norm, state_layout)
     return o, engaged
 
 
@@ -867,11 +883,16 @@ def _device_guard(t: torch.Tensor):
 
 
 def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
-                        use_qk_l2norm):
-    """``(kernel, grid, args, kwargs)`` of the verify launch for ``form`` and the launch-time
-    settings (``EXACT_SPLIT_COLUMNS``, ``WY_*``, ``CARRY_PREFETCH_ROWS``, ``block_config``)."""
+                        use_qk_l2norm, layout=DEFAULT_STATE_LAYOUT):
+    """``(kernel, grid, args, kwargs)`` of the verify launch for ``form``, ``layout`` and the
+    launch-time settings (``EXACT_SPLIT_COLUMNS``, ``WY_*``, ``CARRY_PREFETCH_ROWS``,
+    ``block_config`` / ``vk_config``)."""
     B, K, HK = q.shape[:3]
-    _, HV, kd, vd = state.shape
+    HV = state.shape[1]
+    kd, vd = head_dims(state.shape, layout)
+    if layout == "vk":
+        return _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form,
+                                      lazy, scale, use_qk_l2norm, B, K, HK, HV, kd, vd)
     BK, BV, num_warps = block_config(kd, vd)
     args = (state, carry.buf, carry.pend, slot_tab, q, k, v, g, beta, o, engaged,
             scale, state.stride(0), carry.buf.stride(0),
@@ -899,6 +920,38 @@ def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, fo
     return _gdn_carry_wy_kernel, (B, HV), args, wy
 
 
+def _row_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, scale):
+    """The verify kernels' runtime arguments after the arrival counts (every form, layout)."""
+    return (q, k, v, g, beta, o, engaged, scale, state.stride(0), carry.buf.stride(0),
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
+            beta.stride(0), beta.stride(1), o.stride(0), o.stride(1), o.stride(2))
+
+
+def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy,
+                           scale, use_qk_l2norm, B, K, HK, HV, kd, vd):
+    """The V-major verify launch (``pmll_lab.ops.carry.gdn_carry_vk``): tiles of value rows
+    from ``vk_config`` for ``B * HV`` (the WY form: at least 16 rows and keys, for
+    ``tl.dot``)."""
+    from pmll_lab.ops.carry import gdn_carry_vk as VK
+
+    args = (state, carry.buf, carry.pend, slot_tab, _arrivals(carry, HV),
+            *_row_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, scale))
+    meta = dict(K=K, CAP=carry.cap, HV=HV, GROUP=HV // HK, KD=kd, VD=vd, LAZY=lazy,
+                USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=recurrence.CARRY_PREFETCH_ROWS)
+    BK, BR, num_warps = vk_config(kd, vd, B * HV)
+    if form == "exact":
+        NT = cdiv(vd, BR)
+        return (VK.gdn_carry_exact_vk_kernel, (B, HV, NT), args,
+                dict(BK=BK, BV=BR, NV=NT, num_warps=num_warps,
+                     UNROLL=K <= EXACT_UNROLL_MAX_ROWS, **meta))
+    bk, br = max(BK, 16), max(BR, VK_WY_ROWS)
+    NT = cdiv(vd, br)
+    return (VK.gdn_carry_wy_vk_kernel, (B, HV, NT), args,
+            dict(BK=bk, BV=br, NV=NT, KP=WY_ROWS_PAD, DOT_PRECISION=VK.WY_VK_DOT_PRECISION,
+                 num_warps=VK_WY_WARPS, **meta))
+
+
 def _launch_verify(*args):
     kernel, grid, a, kw = _verify_launch_args(*args)
     kernel[grid](*a, **kw)
@@ -906,7 +959,8 @@ def _launch_verify(*args):
 
 def gdn_carry_verify_plan(state, carry, q, k, v, g, beta, *, slot_tab, form="exact",
                           lazy=False, scale=None, use_qk_l2norm=True, validate=False,
-                          eager_max_pending=None) -> LaunchPlan:
+                          eager_max_pending=None,
+                          state_layout=DEFAULT_STATE_LAYOUT) -> LaunchPlan:
     """``gdn_carry_verify`` bound to these buffers, for host-bound small batches (issue 5, B=1).
 
     Checks the arguments once, as ``gdn_carry_verify`` does (``validate`` checks the values at
@@ -923,15 +977,16 @@ def gdn_carry_verify_plan(state, carry, q, k, v, g, beta, *, slot_tab, form="exa
     Raises ``ValueError`` naming the argument.
     """
     scale, o, engaged = _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy,
-                                         scale, validate, eager_max_pending)
+                                         scale, validate, eager_max_pending, state_layout)
     if o.shape[0] == 0:
         return LaunchPlan(None, (1,), (), {}, outputs=(o, engaged))
     kernel, grid, a, kw = _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
-                                              form, lazy, scale, use_qk_l2norm)
+                                              form, lazy, scale, use_qk_l2norm, state_layout)
     return LaunchPlan(kernel, grid, a, kw, outputs=(o, engaged), device=state.device)
 
 
-def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:
+def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
+                    state_layout=DEFAULT_STATE_LAYOUT) -> None:
     """Fold every listed slot's pending rows into its state, over ``L`` layers in one launch
     (SPEC §3b "Flush"; the seed's ``gdn_carry_flush``).
 
@@ -940,8 +995,11 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:
     ``slot_tab [B]`` int32/int64, contiguous. A slot with ``pend = 0`` is left alone; ``pend`` is not changed
     (the caller clears it). Folding uses ``fold_row`` on ``block_config`` blocks, so the state is
     bitwise the one plain decoding would hold. ``validate=True``: slots distinct and in range,
-    ``0 <= pend <= CAP`` in every layer. Raises ``ValueError`` naming the argument.
+    ``0 <= pend <= CAP`` in every layer. ``state_layout``: ``"kv"`` (states
+    ``[S, HV, kd, vd]``) or ``"vk"`` (``[S, HV, vd, kd]``, V-major tiles; the same bits as
+    V-major decoding). Raises ``ValueError`` naming the argument.
     """
+    check_layout("state_layout", state_layout)
     if isinstance(states, torch.Tensor) or isinstance(carries, GdnCarry):
         raise ValueError("states, carries: pass lists (one entry per layer)")
     states, carries = list(states), list(carries)
@@ -949,13 +1007,14 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:
         raise ValueError(f"carries: need one per state, got {len(carries)} carries for {len(states)} states")
     for i, (st, ca) in enumerate(zip(states, carries)):
         check_state(f"states[{i}]", st)
-        check_carry(f"carries[{i}]", ca, st)
+        check_carry(f"carries[{i}]", ca, st, state_layout)
         if st.shape != states[0].shape or st.stride() != states[0].stride():
             raise ValueError(f"states[{i}]: shape/strides differ from states[0]")
         if ca.cap != carries[0].cap or ca.buf.stride() != carries[0].buf.stride():
             raise ValueError(f"carries[{i}]: CAP or stash strides differ from carries[0]")
         _checks.same_device("states[0]", states[0], **{f"states[{i}]": st})
-    S, HV, kd, vd = states[0].shape
+    S, HV = states[0].shape[:2]
+    kd, vd = head_dims(states[0].shape, state_layout)
     _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=states[0].device,
                    contiguous=True)
     B = slot_tab.shape[0]
@@ -968,11 +1027,17 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False) -> None:
     if B == 0:
         return
     L = len(states)
-    BK, BV, num_warps = block_config(kd, vd)
+    if state_layout == "vk":
+        from pmll_lab.ops.carry.gdn_carry_vk import gdn_carry_flush_vk_kernel as kernel
+
+        BK, BV, num_warps = vk_config(kd, vd, B * HV)
+    else:
+        kernel = _gdn_carry_flush_kernel
+        BK, BV, num_warps = block_config(kd, vd)
     NV = cdiv(vd, BV)
     pends = [c.pend for c in carries]
     with _device_guard(states[0]):
-        _gdn_carry_flush_kernel[(B, HV * NV, L)](
+        kernel[(B, HV * NV, L)](
             states[0], carries[0].buf, pends[0], slot_tab,
             offsets_table(states), offsets_table([c.buf for c in carries]), offsets_table(pends),
             states[0].stride(0), carries[0].buf.stride(0),

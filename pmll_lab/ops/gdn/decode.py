@@ -31,7 +31,10 @@ import triton.language as tl
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
-from pmll_lab.ops.gdn.recurrence import block_config, gdn_row, load_row_inputs, qk_prepare
+from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
+from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
+                                         gdn_row, head_dims, load_row_inputs, qk_prepare,
+                                         vk_config)
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
 
@@ -141,14 +144,16 @@ def gdn_rows_kernel(
 # ---- argument checks ---------------------------------------------------------------------------
 
 def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtype, validate,
-           *, rows: bool):
+           *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT):
     """Validate a decode (``rows=False``) or chain (``rows=True``) call; return its sizes."""
     C = _checks
+    check_layout("state_layout", layout)
     C.tensor("state", state, ndim=4, dtype=torch.float32, last_contiguous=True)
     if state.device.type != DEVICE.type:
         raise ValueError(f"state: on {state.device}, but kernels run on {DEVICE} "
                          "(pmll_lab.backend.DEVICE)")
-    S, HV, kd, vd = state.shape
+    S, HV = state.shape[:2]
+    kd, vd = head_dims(state.shape, layout)
     if min(HV, kd, vd) < 1:
         raise ValueError(f"state: heads HV and head sizes kd, vd (dims 1-3) must be >= 1, got "
                          f"shape {tuple(state.shape)}")
@@ -181,7 +186,7 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
         raise ValueError(f"state_indices: None means slots arange(B), but B = {B} > S = {S} "
                          "state slots")
     if intermediate is not None:
-        C.tensor("intermediate", intermediate, shape=(B, lead[1] - 1, HV, kd, vd),
+        C.tensor("intermediate", intermediate, shape=(B, lead[1] - 1, *state.shape[1:]),
                  dtype=torch.float32, last_contiguous=True)
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise ValueError(f"scale: expected a float or None, got {type(scale).__name__}")
@@ -196,9 +201,16 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
 
 
 def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
-                 B, K, HK, HV, kd, vd, *, rows: bool):
-    """``(grid, args, kwargs)`` of the ``gdn_rows_kernel`` launch (``B >= 1``)."""
-    BK, BV, num_warps = block_config(kd, vd)
+                 B, K, HK, HV, kd, vd, *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT):
+    """``(kernel, grid, args, kwargs)`` of the launch (``B >= 1``): ``gdn_rows_kernel`` on a
+    K-major state, ``gdn_rows_vk_kernel`` on a V-major one (same arguments; ``BV`` is then the
+    tile's value rows)."""
+    if layout == "vk":
+        BK, BV, num_warps = vk_config(kd, vd, B * HV)
+        kernel = gdn_rows_vk_kernel
+    else:
+        BK, BV, num_warps = block_config(kd, vd)
+        kernel = gdn_rows_kernel
     # Strides of the row axis are 0 for decode (no rows axis); every head stride is explicit.
     if rows:
         qs, ks, vs, os_ = q.stride()[:3], k.stride()[:3], v.stride()[:3], o.stride()[:3]
@@ -222,16 +234,17 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
     kwargs = dict(KD=kd, VD=vd, K=K, BK=BK, BV=BV,
                   HAS_IDX=has_idx, STORE_INTER=store_inter, USE_QK_L2NORM=bool(use_qk_l2norm),
                   UNROLL=K <= CHAIN_UNROLL_MAX_ROWS, num_warps=num_warps)
-    return grid, args, kwargs
+    return kernel, grid, args, kwargs
 
 
 def _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
-            B, K, HK, HV, kd, vd, *, rows: bool):
+            B, K, HK, HV, kd, vd, *, rows: bool, layout: str):
     if B == 0:
         return
-    grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices,
-                                      scale, use_qk_l2norm, B, K, HK, HV, kd, vd, rows=rows)
-    gdn_rows_kernel[grid](*args, **kwargs)
+    kernel, grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, intermediate,
+                                              state_indices, scale, use_qk_l2norm, B, K, HK, HV,
+                                              kd, vd, rows=rows, layout=layout)
+    kernel[grid](*args, **kwargs)
 
 
 def _device_guard(t: torch.Tensor):
@@ -242,12 +255,14 @@ def _device_guard(t: torch.Tensor):
 
 
 def gdn_decode(state, q, k, v, g, beta, *, state_indices=None, scale=None, use_qk_l2norm=True,
-               out_dtype=None, validate=False):
+               out_dtype=None, validate=False, state_layout=DEFAULT_STATE_LAYOUT):
     """One Gated DeltaNet decode token per sequence (SPEC §2); updates ``state`` in place.
 
     Args:
-        state: ``[S, HV, kd, vd]`` fp32 (last dim contiguous), FLA's key-major layout; the slots
-            ``state_indices`` are advanced one token, every other slot is left untouched.
+        state: fp32, last dim contiguous: ``[S, HV, kd, vd]`` with ``state_layout="kv"``
+            (key-major, FLA's) or ``[S, HV, vd, kd]`` with ``"vk"`` (value-major, FlashInfer's
+            "pretranspose"); the slots ``state_indices`` are advanced one token, every other
+            slot is left untouched.
         q, k: ``[B, HK, kd]``, fp32/bf16/fp16 (same dtype), last dim contiguous, any other
             strides (views of a fused projection buffer are read in place, never copied).
         v: ``[B, HV, vd]``, q's dtype; value head ``h`` reads key head ``h // (HV // HK)``.
@@ -258,21 +273,25 @@ def gdn_decode(state, q, k, v, g, beta, *, state_indices=None, scale=None, use_q
         out_dtype: ``None`` (v's dtype) or a float dtype (``torch.float32`` for fp32 outputs).
         validate: also check values (device sync): ``state_indices`` in ``[0, S)`` and distinct,
             ``g <= 0``, ``beta`` in ``[0, 1]``.
+        state_layout: ``"kv"`` or ``"vk"`` (``pmll_lab.ops.gdn.recurrence.STATE_LAYOUTS``).
+            ``"vk"`` runs ``gdn_rows_vk_kernel`` (a few value rows per program, tile from
+            ``vk_config``), ``"kv"`` the K-major kernel (``block_config``).
 
     Returns ``o [B, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
     launching. Source: SPEC §2; arithmetic order from ``pmll_lab.ops.gdn.recurrence``.
     """
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, None, scale,
-                                  out_dtype, validate, rows=False)
+                                  out_dtype, validate, rows=False, layout=state_layout)
     o = torch.empty(B, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
     with _device_guard(state):
         _launch(state, q, k, v, g, beta, o, None, state_indices, scale, use_qk_l2norm,
-                B, K, HK, HV, kd, vd, rows=False)
+                B, K, HK, HV, kd, vd, rows=False, layout=state_layout)
     return o
 
 
 def gdn_chain(state, q, k, v, g, beta, *, state_indices=None, intermediate=None, scale=None,
-              use_qk_l2norm=True, out_dtype=None, validate=False):
+              use_qk_l2norm=True, out_dtype=None, validate=False,
+              state_layout=DEFAULT_STATE_LAYOUT):
     """Verify ``K`` draft rows per sequence with the chain-with-snapshots (SPEC §3a).
 
     Runs ``K`` tokens of the decode recurrence per sequence in one launch (the state block stays
@@ -284,22 +303,24 @@ def gdn_chain(state, q, k, v, g, beta, *, state_indices=None, intermediate=None,
 
     Args: as ``gdn_decode`` with a rows axis after ``B``: ``q, k [B, K, HK, kd]``,
     ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]``, ``1 <= K <= 8``;
-    ``intermediate``: ``None`` or ``[B, K-1, HV, kd, vd]`` fp32 (last dim contiguous).
+    ``intermediate``: ``None`` or ``[B, K-1, *state.shape[1:]]`` fp32 (last dim contiguous;
+    snapshots in the state's layout); ``state_layout`` as in ``gdn_decode``.
 
     Returns ``o [B, K, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
     launching. Source: SPEC §3a, the seed's ``gdn_exact_chain`` batched over sequences.
     """
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
-                                  out_dtype, validate, rows=True)
+                                  out_dtype, validate, rows=True, layout=state_layout)
     o = torch.empty(B, K, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
     with _device_guard(state):
         _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
-                B, K, HK, HV, kd, vd, rows=True)
+                B, K, HK, HV, kd, vd, rows=True, layout=state_layout)
     return o
 
 
 def gdn_decode_plan(state, q, k, v, g, beta, *, state_indices=None, scale=None,
-                    use_qk_l2norm=True, out_dtype=None, out=None, validate=False) -> LaunchPlan:
+                    use_qk_l2norm=True, out_dtype=None, out=None, validate=False,
+                    state_layout=DEFAULT_STATE_LAYOUT) -> LaunchPlan:
     """``gdn_decode`` bound to these buffers, for host-bound small batches (issue 5, B=1).
 
     Checks the arguments once, as ``gdn_decode`` does (``validate`` checks the values now, at
@@ -315,24 +336,24 @@ def gdn_decode_plan(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     ``gdn_decode`` on the same values. Raises ``ValueError`` naming the argument.
     """
     return _plan(state, q, k, v, g, beta, state_indices, None, scale, use_qk_l2norm, out_dtype,
-                 out, validate, rows=False)
+                 out, validate, rows=False, layout=state_layout)
 
 
 def gdn_chain_plan(state, q, k, v, g, beta, *, state_indices=None, intermediate=None,
                    scale=None, use_qk_l2norm=True, out_dtype=None, out=None,
-                   validate=False) -> LaunchPlan:
+                   validate=False, state_layout=DEFAULT_STATE_LAYOUT) -> LaunchPlan:
     """``gdn_chain`` bound to these buffers (as ``gdn_decode_plan``; ``intermediate`` is bound
     too); ``plan()`` returns ``o [B, K, HV, vd]``, the same tensor every call (``out``: ``None``
     or that tensor). Raises ``ValueError`` naming the argument."""
     return _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2norm,
-                 out_dtype, out, validate, rows=True)
+                 out_dtype, out, validate, rows=True, layout=state_layout)
 
 
 def _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2norm, out_dtype,
-          out, validate, *, rows: bool) -> LaunchPlan:
+          out, validate, *, rows: bool, layout: str) -> LaunchPlan:
     """Check once, take or allocate ``o`` (``out``, checked), bind the launch."""
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
-                                  out_dtype, validate, rows=rows)
+                                  out_dtype, validate, rows=rows, layout=layout)
     shape = (B, K, HV, vd) if rows else (B, HV, vd)
     dtype = out_dtype or v.dtype
     if out is None:
@@ -343,6 +364,7 @@ def _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2
         o = out
     if B == 0:
         return LaunchPlan(None, (1,), (), {}, outputs=o)
-    grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices,
-                                      scale, use_qk_l2norm, B, K, HK, HV, kd, vd, rows=rows)
-    return LaunchPlan(gdn_rows_kernel, grid, args, kwargs, outputs=o, device=state.device)
+    kernel, grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, intermediate,
+                                              state_indices, scale, use_qk_l2norm, B, K, HK, HV,
+                                              kd, vd, rows=rows, layout=layout)
+    return LaunchPlan(kernel, grid, args, kwargs, outputs=o, device=state.device)

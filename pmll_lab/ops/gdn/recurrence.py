@@ -68,6 +68,28 @@ HK=16, kd=vd=128, K=4, bf16 inputs, lazy, 3 / 5 pending rows): 104.3 / 145.0 us 
 the chain (``gdn_rows_kernel``) do not prefetch: there it made the 4-row chain with snapshots
 spill more (216 B of stack against 72 B on sm_90) and measured 349.1 against 304.6 us."""
 
+STATE_LAYOUTS = ("kv", "vk")
+"""State layouts of the GDN family (SPEC §2 "Serving conventions"): ``"kv"`` stores a head's
+state key-major, ``[S, HV, kd, vd]`` (FLA, vLLM); ``"vk"`` value-major, ``[S, HV, vd, kd]``
+(FlashInfer, SGLang "pretranspose"). Both hold the same ``H``; exactness holds within one."""
+
+DEFAULT_STATE_LAYOUT = "kv"
+"""The layout every launcher takes when ``state_layout`` is not given."""
+
+
+def check_layout(name: str, layout) -> str:
+    """``layout`` if it is one of ``STATE_LAYOUTS``; ``ValueError`` naming ``name`` otherwise."""
+    if layout not in STATE_LAYOUTS:
+        raise ValueError(f"{name}: expected one of {STATE_LAYOUTS}, got {layout!r}")
+    return layout
+
+
+def head_dims(shape, layout: str) -> tuple[int, int]:
+    """``(kd, vd)`` of a state whose last two dims are ``shape[-2:]`` in ``layout``."""
+    a, b = shape[-2], shape[-1]
+    return (a, b) if layout == "kv" else (b, a)
+
+
 _OVERRIDE: tuple[int, int] | None = None
 
 L2NORM_EPS = 1e-6
@@ -116,6 +138,57 @@ def gdn_row(h, q, k, v, g, beta):
     o = e * hq + tl.sum(k * q, 0) * u
     h = fold_row(h, e, k, u)
     return h, o, u
+
+
+# ---- V-major state ("vk": [S, HV, vd, kd]) ---------------------------------------------------
+# The same recurrence on a tile ``h [BR, BK]`` of value rows x keys (each value row's keys
+# contiguous, FlashInfer's "pretranspose" layout). A value row's update depends on that row
+# alone, so a program holds a few rows (little state per thread, many programs resident) and
+# reduces over keys along axis 1. Decode, the chain, the exact carry and its folds call these.
+
+
+@triton.jit
+def fold_row_vk(h, e, k, u):
+    """State update with a known row on a V-major tile: ``h * e + u k^T`` (``h [BR, BK]``)."""
+    return h * e + u[:, None] * k[None, :]
+
+
+@triton.jit
+def gdn_row_vk(h, q, k, v, g, beta):
+    """One token of the recurrence on a V-major tile. Returns ``(h_new, o [BR], u [BR])``.
+
+    ``h [BR, BK]`` fp32 (value rows x keys); ``q, k [BK]`` fp32 from ``qk_prepare``;
+    ``v [BR]`` fp32 (this tile's value rows); ``g``, ``beta`` fp32 scalars. Same arithmetic
+    as ``gdn_row`` with the state transposed.
+    """
+    e = tl.exp(g)
+    hk = tl.sum(h * k[None, :], 1)
+    hq = tl.sum(h * q[None, :], 1)
+    u = beta * tl.fma(-e, hk, v)
+    o = e * hq + tl.sum(k * q, 0) * u
+    h = fold_row_vk(h, e, k, u)
+    return h, o, u
+
+
+VK_TILES: tuple[tuple[int, int, int], ...] = ((1024, 8, 1), (1 << 62, 8, 1))
+"""V-major launch table: rows ``(max work units B*HV, BR value rows per program, warps)``;
+the first row whose bound is >= ``B*HV`` applies. Every kernel of the V-major family reads it,
+so decode, the chain, the exact carry and the flush of one batch share one tile (bitwise
+agreement). Measured values and reasons: ``reports/perf-notes.md`` (v11)."""
+
+
+def vk_config(k_dim: int, v_dim: int, work: int) -> tuple[int, int, int]:
+    """``(BK, BR, num_warps)`` of the V-major family for a head of ``k_dim x v_dim`` and
+    ``work = B * HV`` (sequences x value heads) programs' worth of heads: ``BK`` covers the
+    whole key dim (padded to a power of two), ``BR`` value rows per program from ``VK_TILES``
+    (at most ``v_dim`` padded, and at most ``8192 // BK`` so the tile stays <= 64 fp32 per
+    thread of one warp)."""
+    bk = next_power_of_2(k_dim)
+    for bound, br, warps in VK_TILES:
+        if work <= bound:
+            break
+    br = max(1, min(br, next_power_of_2(v_dim), max(1, 8192 // bk)))
+    return bk, br, warps
 
 
 @lru_cache(maxsize=None)

@@ -1,0 +1,245 @@
+"""Carried-state GDN verify and flush on a V-major state (``state_layout="vk"``; SPEC §3b).
+
+The state is ``[S, HV, vd, kd]`` (inner three dims contiguous); the stash (``GdnCarry``) is the
+same as for the K-major kernels (``pmll_lab.ops.carry.gdn_carry``): ``u`` rows per value row,
+``g`` and normalised ``k`` rows per head. These kernels use the V-major decomposition of
+``pmll_lab.ops.gdn.decode_vk``: a program owns a tile of ``BR`` value rows of one
+(sequence, value head), ``h [BR, BK]``, on the tile ``vk_config`` gives decode for the same
+batch, and runs each row through ``gdn_row_vk`` and each fold through ``fold_row_vk``, so the
+exact verify is bitwise equal to V-major decoding.
+
+Exact verify, grid ``(B, HV, NT)`` (``NT = cdiv(vd, BR)`` tiles per head): load the tile, fold
+the ``p`` pending rows, write the tile back when the protocol says so (eager: ``p > 0``; lazy:
+``p + K > CAP``), run the ``K`` rows, store the outputs and stash each row's ``u`` for the
+tile's value rows at stash row ``first + t``. The ``g``/``k`` stash rows are shared by the
+head's tiles: each program counts itself in an arrival counter (``acq_rel`` atomic) after its
+fold, and the last to arrive restashes them (SPEC §3b "Shared rows"), as the K-major split
+form does. After the last row the tile is dead (a verify never stores the post-row state), so
+the compiler drops that row's state update.
+
+WY verify, grid ``(B, HV, NT)``: the ``K`` rows at once on the tensor cores. Per program the
+head's small matrices (``pmll_lab.ops.carry.gdn_carry._wy_rows``: scaled queries ``Q`` and keys
+``Kr`` ``[KP, BK]``, ``ec = exp(cumsum g)``, ``T = (I + A)^-1``, ``P``), then on the tile
+``h [BR, BK]``: ``KH = h Kr^T``, ``QH = h Q^T`` (``[BR, KP]``, ``tl.dot`` with
+``WY_VK_DOT_PRECISION``), ``U = (beta (V - ec KH)) T^T``, ``O = ec QH + U P^T``.
+
+Flush, grid ``(B, HV * NT, L)``: as the K-major flush (per-layer offset tables), on V-major
+tiles.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from pmll_lab.ops.carry.gdn_carry import (_ROW_UNSPECIALIZED, _restash_shared_rows,
+                                          _verify_prologue, _wy_restash_shared_rows, _wy_rows)
+from pmll_lab.ops.gdn.decode_vk import load_row_inputs_vk
+from pmll_lab.ops.gdn.recurrence import fold_row_vk, gdn_row_vk, qk_prepare
+
+WY_VK_DOT_PRECISION = "tf32x3"
+"""``input_precision`` of the V-major WY form's products with the state (``h Kr^T``,
+``h Q^T``): ``"tf32x3"`` runs them on the tensor cores in three passes at close to fp32
+accuracy (the SPEC's WY tolerance holds: tests and the H200 report check rel L2 against the
+float64 reference). The small ``[BR, KP] x [KP, KP]`` products stay ``"ieee"``. Read at launch
+time; measured in ``reports/perf-notes.md`` (v11)."""
+
+
+@triton.jit
+def _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr,
+                     HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
+                     PREFETCH: tl.constexpr):
+    """Fold stash rows ``0..p-1`` into the tile ``h [BR, BK]`` (value rows ``rr``); with
+    ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded."""
+    if PREFETCH:
+        gn = tl.load(gs_ptr, mask=p > 0, other=0.0)
+        kn = tl.load(ks_ptr + rk, mask=mk & (p > 0), other=0.0)
+        un = tl.load(u_ptr + rr, mask=mr & (p > 0), other=0.0)
+        for i in range(p):
+            gi, ki, ui = gn, kn, un
+            more = i + 1 < p
+            gn = tl.load(gs_ptr + (i + 1) * HV, mask=more, other=0.0)
+            kn = tl.load(ks_ptr + (i + 1) * (HV * KD) + rk, mask=mk & more, other=0.0)
+            un = tl.load(u_ptr + (i + 1) * (HV * VD) + rr, mask=mr & more, other=0.0)
+            h = fold_row_vk(h, tl.exp(gi), ki, ui)
+    else:
+        for i in range(p):
+            gi = tl.load(gs_ptr + i * HV)
+            ki = tl.load(ks_ptr + i * (HV * KD) + rk, mask=mk, other=0.0)
+            ui = tl.load(u_ptr + i * (HV * VD) + rr, mask=mr, other=0.0)
+            h = fold_row_vk(h, tl.exp(gi), ki, ui)
+    return h
+
+
+@triton.jit
+def _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr,
+                 HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr):
+    """The tile ``[BR, BK]`` (value rows ``rr``) of one head with its ``p`` pending stash rows
+    folded in, written back when ``wb``; shared by the exact and WY forms."""
+    m2 = mr[:, None] & mk[None, :]
+    hp = h_ptr + rr[:, None] * KD + rk[None, :]
+    h = tl.load(hp, mask=m2, other=0.0)
+    h = _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, HV, KD, VD, PREFETCH)
+    tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
+    if wb:
+        tl.store(hp, h, mask=m2)
+    return h
+
+
+@triton.jit
+def _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
+                  HV: tl.constexpr, VD: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """Row ``t`` on its loaded inputs: decode's ``qk_prepare`` + ``gdn_row_vk``, store the
+    output rows and stash ``u`` at row ``first + t``. Returns the new tile."""
+    q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
+    h, o, u = gdn_row_vk(h, q, k, v, g, beta)
+    tl.store(orow + t * so_t + rr, o.to(orow.dtype.element_ty), mask=mr)
+    tl.store(u_ptr + (first + t) * (HV * VD) + rr, u, mask=mr)
+    return h
+
+
+@triton.jit(**_ROW_UNSPECIALIZED)
+def gdn_carry_exact_vk_kernel(
+    state_ptr, stash_ptr, pend_ptr, slot_ptr, arrive_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
+    scale, stride_state, stride_stash,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
+    sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
+    K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
+    KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+    LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
+    UNROLL: tl.constexpr,
+):
+    """Exact verify on V-major tiles of ``BV`` value rows (``NV`` tiles per head)."""
+    b = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    j = tl.program_id(2)
+    hk = hv // GROUP
+    slot, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+        state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
+        K, CAP, HV, KD, VD, LAZY)
+    qrow = q_ptr + b * sq_b + hk * sq_h
+    krow = k_ptr + b * sk_b + hk * sk_h
+    vrow = v_ptr + b * sv_b + hv * sv_h
+    orow = o_ptr + b * so_b + hv * so_h
+    grow = g_ptr + b * sg_b + hv
+    brow = beta_ptr + b * sb_b + hv
+
+    rk = tl.arange(0, BK)
+    mk = rk < KD
+    rr = j * BV + tl.arange(0, BV)
+    mr = rr < VD
+    h = _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr, HV, KD, VD, PREFETCH)
+    if UNROLL:
+        if PREFETCH:
+            nxt = load_row_inputs_vk(qrow, krow, vrow, grow, brow, rk, mk, rr, mr)
+        for t in tl.static_range(K):
+            if PREFETCH:
+                q, k, v, g, beta = nxt
+                if t + 1 < K:
+                    nxt = load_row_inputs_vk(qrow + (t + 1) * sq_t, krow + (t + 1) * sk_t,
+                                             vrow + (t + 1) * sv_t, grow + (t + 1) * sg_t,
+                                             brow + (t + 1) * sb_t, rk, mk, rr, mr)
+            else:
+                q, k, v, g, beta = load_row_inputs_vk(qrow + t * sq_t, krow + t * sk_t,
+                                                      vrow + t * sv_t, grow + t * sg_t,
+                                                      brow + t * sb_t, rk, mk, rr, mr)
+            h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
+                              HV, VD, USE_QK_L2NORM)
+    else:
+        for t in range(K):
+            q, k, v, g, beta = load_row_inputs_vk(qrow + t * sq_t, krow + t * sk_t,
+                                                  vrow + t * sv_t, grow + t * sg_t,
+                                                  brow + t * sb_t, rk, mk, rr, mr)
+            h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
+                              HV, VD, USE_QK_L2NORM)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel")
+    if arrived == NV - 1:
+        _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
+                             sq_t, sk_t, sg_b, sg_t, K, HV, KD, BK, USE_QK_L2NORM)
+        tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
+    if hv == 0:
+        if j == 0:
+            tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
+
+
+@triton.jit(**_ROW_UNSPECIALIZED)
+def gdn_carry_wy_vk_kernel(
+    state_ptr, stash_ptr, pend_ptr, slot_ptr, arrive_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
+    scale, stride_state, stride_stash,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
+    sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
+    K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
+    KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+    LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, KP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """WY verify on V-major tiles of ``BV`` value rows (``BV >= 16`` for ``tl.dot``)."""
+    b = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    j = tl.program_id(2)
+    hk = hv // GROUP
+    slot, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+        state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
+        K, CAP, HV, KD, VD, LAZY)
+    Q, Kr, g, beta, ec, T, P = _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
+                                        sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sb_b,
+                                        sb_t, K, KD, BK, KP, USE_QK_L2NORM)
+    rk = tl.arange(0, BK)
+    mk = rk < KD
+    rt = tl.arange(0, KP)
+    mt = rt < K
+    rr = j * BV + tl.arange(0, BV)
+    mr = rr < VD
+    h = _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr, HV, KD, VD, PREFETCH)
+    mrt = mr[:, None] & mt[None, :]
+    Vt = tl.load(v_ptr + b * sv_b + hv * sv_h + rt[None, :] * sv_t + rr[:, None],
+                 mask=mrt, other=0.0).to(tl.float32)                        # [BR, KP]
+    KH = tl.dot(h, tl.trans(Kr), input_precision=DOT_PRECISION)              # [BR, KP]
+    QH = tl.dot(h, tl.trans(Q), input_precision=DOT_PRECISION)
+    R = beta[None, :] * (Vt - ec[None, :] * KH)
+    U = tl.dot(R, tl.trans(T), input_precision="ieee")
+    O = ec[None, :] * QH + tl.dot(U, tl.trans(P), input_precision="ieee")
+    tl.store(o_ptr + b * so_b + hv * so_h + rt[None, :] * so_t + rr[:, None],
+             O.to(o_ptr.dtype.element_ty), mask=mrt)
+    tl.store(u_ptr + (first + rt[None, :]) * (HV * VD) + rr[:, None], U, mask=mrt)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel")
+    if arrived == NV - 1:
+        _wy_restash_shared_rows(gs_ptr, ks_ptr, first, g, Kr, K, HV, KD, BK, KP)
+        tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
+    if hv == 0:
+        if j == 0:
+            tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
+
+
+@triton.jit
+def gdn_carry_flush_vk_kernel(
+    state_ptr, stash_ptr, pend_ptr, slot_ptr, state_off_ptr, stash_off_ptr, pend_off_ptr,
+    stride_state, stride_stash,
+    CAP: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """Flush on V-major tiles (same arguments as the K-major flush; ``BV`` value rows)."""
+    b = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1) // NV
+    j = tl.program_id(1) % NV
+    layer = tl.program_id(2)
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    p = tl.load(pend_ptr + tl.load(pend_off_ptr + layer) + slot)
+    if p > 0:
+        rk = tl.arange(0, BK)
+        mk = rk < KD
+        rr = j * BV + tl.arange(0, BV)
+        mr = rr < VD
+        m2 = mr[:, None] & mk[None, :]
+        h_ptr = state_ptr + tl.load(state_off_ptr + layer) + slot * stride_state + hv * (KD * VD)
+        s_ptr = stash_ptr + tl.load(stash_off_ptr + layer) + slot * stride_stash
+        hp = h_ptr + rr[:, None] * KD + rk[None, :]
+        h = tl.load(hp, mask=m2, other=0.0)
+        h = _fold_pending_vk(h, s_ptr + hv * VD, s_ptr + CAP * HV * VD + hv,
+                             s_ptr + CAP * HV * VD + CAP * HV + hv * KD, p, rk, mk, rr, mr,
+                             HV, KD, VD, PREFETCH)
+        tl.store(hp, h, mask=m2)

@@ -1,0 +1,124 @@
+"""Gated DeltaNet decode and the K-row chain on a V-major state (``state_layout="vk"``).
+
+The state is stored ``[S, HV, vd, kd]``: each value row's ``kd`` keys contiguous (FlashInfer's
+and SGLang's "pretranspose" layout; SPEC §2 "Serving conventions"). The recurrence is
+independent per value row, so ``gdn_rows_vk_kernel`` gives each program a tile of ``BR`` value
+rows of one (sequence, value head), ``h [BR, BK]`` fp32, and reduces over keys along the tile's
+rows (``pmll_lab.ops.gdn.recurrence.gdn_row_vk``). With ``BR = 8`` and one warp that is 32 state
+registers per thread (the K-major kernel holds 128), so many programs are resident and the
+state streams through at close to copy bandwidth. Tile and warps come from ``vk_config`` (one
+table keyed on ``B * HV``), shared with the V-major carry kernels: decode, the chain and the
+exact carry run the same per-row instructions on the same tiles (bitwise agreement, SPEC §2).
+
+Grid: ``(B * HV, cdiv(vd, BR))``; program ``(b * HV + hv, j)`` owns value rows
+``j*BR .. j*BR+BR-1`` of head ``hv`` of sequence ``b`` and reads key head ``hv // (HV // HK)``.
+Arguments are those of ``pmll_lab.ops.gdn.decode.gdn_rows_kernel`` (the launcher there builds
+both), with the state's third stride being the value-row stride and the snapshots
+``[B, K-1, HV, vd, kd]``. Rows stay unrolled up to ``CHAIN_UNROLL_MAX_ROWS``, as in the K-major
+chain.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from pmll_lab.ops.gdn.recurrence import gdn_row_vk, qk_prepare
+
+# Row vectors and their strides are not specialised (as in decode.py): the register layout of a
+# loaded vector, and so the order of the l2norm and k.q sums, must not depend on where a view
+# starts in a fused projection buffer.
+_ROW_PTRS = ["q", "k", "v", "g", "beta", "o"]
+_ROW_STRIDES = ["q_b", "q_t", "q_h", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h", "g_b", "g_t",
+                "beta_b", "beta_t", "o_b", "o_t", "o_h"]
+
+
+@triton.jit
+def load_row_inputs_vk(q_row, k_row, v_row, g_row, beta_row, rk, mk, rr, mr):
+    """One row's inputs as fp32 for a V-major tile: ``q, k [BK]`` (padding lanes 0),
+    ``v [BR]`` (the tile's value rows), scalars ``g``, ``beta``."""
+    q = tl.load(q_row + rk, mask=mk, other=0.0).to(tl.float32)
+    k = tl.load(k_row + rk, mask=mk, other=0.0).to(tl.float32)
+    v = tl.load(v_row + rr, mask=mr, other=0.0).to(tl.float32)
+    g = tl.load(g_row).to(tl.float32)
+    beta = tl.load(beta_row).to(tl.float32)
+    return q, k, v, g, beta
+
+
+@triton.jit
+def _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
+                  q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
+                  rk, mk, rr, mr, mh, scale, K: tl.constexpr, STORE_INTER: tl.constexpr,
+                  USE_QK_L2NORM: tl.constexpr):
+    """Row ``t``: load, ``qk_prepare``, ``gdn_row_vk``, store ``o`` (and the snapshot tile
+    after the row when ``STORE_INTER`` and ``t < K-1``). Returns the new tile."""
+    qt, kt, vt, gt, bt = load_row_inputs_vk(q_row + t * q_t, k_row + t * k_t, v_row + t * v_t,
+                                            g_row + t * g_t, beta_row + t * beta_t,
+                                            rk, mk, rr, mr)
+    qt, kt = qk_prepare(qt, kt, scale, USE_QK_L2NORM)
+    h, ot, ut = gdn_row_vk(h, qt, kt, vt, gt, bt)
+    tl.store(o + b64 * o_b + t * o_t + hv * o_h + rr, ot.to(o.dtype.element_ty), mask=mr)
+    if STORE_INTER:
+        if t < K - 1:
+            tl.store(inter + b64 * i_b + t * i_t + hv * i_h + rr[:, None] * i_r + rk[None, :],
+                     h, mask=mh)
+    return h
+
+
+@triton.jit(do_not_specialize=_ROW_STRIDES, do_not_specialize_on_alignment=_ROW_PTRS)
+def gdn_rows_vk_kernel(
+    state, q, k, v, g, beta, o, inter, slot_idx,
+    scale,
+    s_slot, s_head, s_row,                 # state strides (key stride 1)
+    q_b, q_t, q_h,
+    k_b, k_t, k_h,
+    v_b, v_t, v_h,
+    g_b, g_t,
+    beta_b, beta_t,
+    o_b, o_t, o_h,
+    i_b, i_t, i_h, i_r,                    # snapshot strides (batch, row, head, value row)
+    HV, GROUP,
+    KD: tl.constexpr, VD: tl.constexpr,
+    K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_IDX: tl.constexpr, STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    UNROLL: tl.constexpr,
+):
+    """``K`` rows on one ``[BV value rows, BK keys]`` tile (``BV`` is the tile's row count,
+    named as in the K-major kernel so one launcher builds both)."""
+    pid_bh = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    b = pid_bh // HV
+    hv = pid_bh % HV
+    hk = hv // GROUP
+    b64 = b.to(tl.int64)
+    if HAS_IDX:
+        slot = tl.load(slot_idx + b).to(tl.int64)
+    else:
+        slot = b64
+
+    rk = tl.arange(0, BK)
+    rr = pid_r * BV + tl.arange(0, BV)
+    mk = rk < KD
+    mr = rr < VD
+    mh = mr[:, None] & mk[None, :]
+
+    p_h = state + slot * s_slot + hv * s_head + rr[:, None] * s_row + rk[None, :]
+    h = tl.load(p_h, mask=mh, other=0.0)
+
+    q_row = q + b64 * q_b + hk * q_h
+    k_row = k + b64 * k_b + hk * k_h
+    v_row = v + b64 * v_b + hv * v_h
+    g_row = g + b64 * g_b + hv
+    beta_row = beta + b64 * beta_b + hv
+    if UNROLL:
+        for t in tl.static_range(K):
+            h = _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
+                              q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
+                              rk, mk, rr, mr, mh, scale, K, STORE_INTER, USE_QK_L2NORM)
+    else:
+        for t in range(K):
+            h = _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
+                              q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
+                              rk, mk, rr, mr, mh, scale, K, STORE_INTER, USE_QK_L2NORM)
+
+    tl.store(p_h, h, mask=mh)

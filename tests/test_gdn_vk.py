@@ -1,0 +1,210 @@
+"""The V-major GDN family (``state_layout="vk"``, state ``[S, HV, vd, kd]``; SPEC §2, §3).
+
+Decode and the chain against the float64 reference (which reads the same ``H`` through
+transposed strides); the family **bitwise** within the layout: the chain (outputs, final
+state, every snapshot) against ``K`` V-major decodes, the launch plans against the launchers,
+and the carried-state protocol (exact form, eager and lazy, write-backs with several tiles per
+head, flushes) against plain V-major decoding. The WY form within tolerance. Tolerances as in
+``tests/test_gdn.py`` and ``tests/test_carry.py`` (fp32 arithmetic: rel L2 <= 1e-5; bf16
+outputs: 8e-3; WY end to end: 1e-4).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
+from pmll_lab.backend import DEVICE
+from pmll_lab.bench import bitwise_equal, errors
+from pmll_lab.carry import GdnCarry, carry_accept, gdn_carry_flush, gdn_carry_verify
+from pmll_lab.gdn import (gdn_chain, gdn_chain_plan, gdn_chain_ref, gdn_decode,
+                          gdn_decode_plan, gdn_decode_ref)
+from pmll_lab.inputs import gdn_inputs
+from pmll_lab.ops.carry import gdn_carry as C
+from pmll_lab.ops.gdn.recurrence import vk_config
+from pmll_lab.reference import carry as ref
+
+STATE_TOL = 1e-5
+O_TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+WY_TOL = 1e-4
+
+
+def _vk(state):
+    """A K-major state ``[S, HV, kd, vd]`` as a contiguous V-major one ``[S, HV, vd, kd]``."""
+    return state.transpose(-1, -2).contiguous()
+
+
+def _close(name, out, want, tol):
+    e = errors(out, want)
+    assert e["rel_l2"] <= tol, f"{name}: rel_l2 {e['rel_l2']:.3e} > {tol:.0e}"
+
+
+# (dtype, B, S, HK, HV, kd, vd): GVA 1 and 2, kd != vd, non-power-of-two heads, a head with
+# several tiles of value rows.
+CASES = [
+    (torch.float32, 3, 5, 2, 4, 32, 24),
+    (torch.bfloat16, 2, 4, 1, 2, 24, 40),
+    (torch.float16, 2, 3, 1, 1, 16, 16),
+]
+
+
+@pytest.mark.parametrize("dtype,B,S,HK,HV,kd,vd", CASES)
+def test_decode_vk_matches_reference(dtype, B, S, HK, HV, kd, vd):
+    x = gdn_inputs(5 + kd, B, HK, HV, kd, vd, slots=S, dtype=dtype)
+    idx = x["state_indices"]
+    before = _vk(x["state"])
+    o_ref, s_ref = gdn_decode_ref(before, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                  state_indices=idx, state_layout="vk")
+    state = before.clone()
+    o = gdn_decode(state, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
+                   validate=True, state_layout="vk")
+    assert o.shape == (B, HV, vd) and o.dtype == dtype
+    _close("o", o, o_ref, O_TOL[dtype])
+    _close("state", state, s_ref, STATE_TOL)
+    keep = torch.ones(S, dtype=torch.bool, device=DEVICE)
+    keep[idx.long()] = False
+    assert keep.any() and bitwise_equal(state[keep], before[keep])
+    # the same H through the K-major kernel: equal within fp32 rounding (not bitwise: another
+    # reduction order)
+    kv = x["state"].clone()
+    o_kv = gdn_decode(kv, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
+                      out_dtype=torch.float32)
+    o_vk = gdn_decode(before.clone(), x["q"], x["k"], x["v"], x["g"], x["beta"],
+                      state_indices=idx, out_dtype=torch.float32, state_layout="vk")
+    _close("vk vs kv", o_vk, o_kv, O_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("K", [3, 6])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chain_vk_bitwise_equals_decodes(K, dtype):
+    """Outputs, final state and every snapshot; K = 6 runs the runtime row loop."""
+    B, S, HK, HV, kd, vd = 3, 4, 1, 2, 32, 24
+    x = gdn_inputs(40 + K, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
+    idx = x["state_indices"]
+    st0 = _vk(x["state"])
+    o_ref, s_ref, i_ref = gdn_chain_ref(st0, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                        state_indices=idx, state_layout="vk")
+    state = st0.clone()
+    inter = torch.full((B, K - 1, HV, vd, kd), 7.0, device=DEVICE)
+    o = gdn_chain(state, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
+                  intermediate=inter, validate=True, state_layout="vk")
+    _close("o", o, o_ref, O_TOL[dtype])
+    _close("state", state, s_ref, STATE_TOL)
+    _close("snapshots", inter, i_ref, STATE_TOL)
+    dec = st0.clone()
+    for t in range(K):
+        o_t = gdn_decode(dec, x["q"][:, t], x["k"][:, t], x["v"][:, t], x["g"][:, t],
+                         x["beta"][:, t], state_indices=idx, state_layout="vk")
+        assert bitwise_equal(o[:, t], o_t), f"row {t}: chain output != decode"
+        if t < K - 1:
+            assert bitwise_equal(inter[:, t], dec[idx.long()]), f"snapshot {t} != decode state"
+    assert bitwise_equal(state, dec), "final state != K decodes"
+
+
+def test_plans_vk_bitwise_equal_launchers():
+    B, S, HK, HV, kd, vd, K = 2, 3, 1, 2, 16, 24, 3
+    x = gdn_inputs(71, B, HK, HV, kd, vd, rows=K, slots=S, dtype=torch.bfloat16)
+    idx = x["state_indices"]
+    st0 = _vk(x["state"])
+    a, b = st0.clone(), st0.clone()
+    plan = gdn_chain_plan(a, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
+                          state_layout="vk")
+    for _ in range(2):
+        o_p = plan()
+        o_l = gdn_chain(b, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
+                        state_layout="vk")
+        assert bitwise_equal(o_p, o_l) and bitwise_equal(a, b)
+    q1, k1, v1, g1, b1 = (x[n][:, 0].contiguous() for n in ("q", "k", "v", "g", "beta"))
+    dplan = gdn_decode_plan(a, q1, k1, v1, g1, b1, state_indices=idx, state_layout="vk")
+    assert bitwise_equal(dplan(), gdn_decode(b, q1, k1, v1, g1, b1, state_indices=idx,
+                                             state_layout="vk"))
+    assert bitwise_equal(a, b)
+
+
+def test_layout_errors_name_the_argument():
+    x = gdn_inputs(3, 2, 1, 2, 16, 24, dtype=torch.float32)
+    with pytest.raises(ValueError, match="state_layout"):
+        gdn_decode(x["state"].clone(), x["q"], x["k"], x["v"], x["g"], x["beta"],
+                   state_layout="kvx")
+    # a K-major state [S, HV, 16, 24] read as V-major means kd = 24: q's head size 16 differs
+    with pytest.raises(ValueError, match="q"):
+        gdn_decode(x["state"].clone(), x["q"], x["k"], x["v"], x["g"], x["beta"],
+                   state_layout="vk")
+    carry = GdnCarry.empty(2, 2, 16, 24)
+    xr = gdn_inputs(3, 2, 1, 2, 16, 24, rows=2, dtype=torch.float32)
+    with pytest.raises(ValueError, match="carry"):
+        gdn_carry_verify(xr["state"].clone(), carry, xr["q"], xr["k"], xr["v"], xr["g"],
+                         xr["beta"], slot_tab=xr["state_indices"], state_layout="vk")
+    with pytest.raises(ValueError, match="state_layout"):
+        gdn_carry_flush([xr["state"]], [carry], xr["state_indices"], state_layout="VK")
+
+
+# ---- carried state, V-major ---------------------------------------------------------------
+
+def _decode_accepted(state, x, slots, acc):
+    """Plain V-major decoding of each sequence's first ``acc[b]`` rows (one launch per row over
+    the sequences still accepting)."""
+    K = x["q"].shape[1]
+    outs = []
+    for t in range(K):
+        live = [b for b in range(len(acc)) if acc[b] > t]
+        if not live:
+            break
+        sel = torch.tensor(live, device=DEVICE)
+        o_t = gdn_decode(state, x["q"][sel, t], x["k"][sel, t], x["v"][sel, t], x["g"][sel, t],
+                         x["beta"][sel, t], state_indices=slots[sel].contiguous(),
+                         state_layout="vk")
+        outs.append((t, sel, o_t))
+    return outs
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_carry_vk_exact_bitwise_equals_plain_decoding(lazy, dtype):
+    """Steps of verify + accept (random a in 1..K) against plain V-major decoding of the
+    accepted rows: every accepted output bitwise; after a flush, every state bitwise. vd = 40
+    with 8-row tiles gives several tiles per head, so write-backs that restart the stash at row
+    0 exercise the shared-row rule (the interpreter runs the tiles in order)."""
+    _, BR, _ = vk_config(16, 40, 3 * 2)
+    assert 40 > BR, "the case must have several tiles per head"
+    _run_protocol("exact", lazy, dtype, seed=7 if lazy else 8)
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+def test_carry_vk_wy_matches_plain_decoding(lazy):
+    worst = _run_protocol("wy", lazy, torch.float32, seed=9)
+    assert worst <= WY_TOL
+
+
+def _run_protocol(form, lazy, dtype, seed, *, B=3, S=5, HK=1, HV=2, kd=16, vd=40, K=3,
+                  steps=5):
+    gen = torch.Generator().manual_seed(seed)
+    x0 = gdn_inputs(seed, B, HK, HV, kd, vd, slots=S, dtype=dtype)
+    slots = x0["state_indices"]
+    state = _vk(x0["state"])
+    plain = state.clone()
+    carry = GdnCarry.empty(S, HV, kd, vd)
+    worst, wrote_back = 0.0, 0
+    for step in range(steps):
+        x = gdn_inputs(seed + 100 + step, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
+        o, eng = gdn_carry_verify(state, carry, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                  slot_tab=slots, form=form, lazy=lazy, validate=True,
+                                  state_layout="vk")
+        wrote_back += int((eng == 2).sum())
+        acc = torch.randint(1, K + 1, (B,), generator=gen, dtype=torch.int32).tolist()
+        for row, sel, o_t in _decode_accepted(plain, x, slots, acc):
+            got = o[sel, row]
+            if form == "exact":
+                assert bitwise_equal(got, o_t), f"step {step} row {row}: o differs from decode"
+            else:
+                worst = max(worst, errors(got.float(), o_t.float())["rel_l2"])
+        carry_accept(carry, slots, eng, torch.tensor(acc, dtype=torch.int32, device=DEVICE),
+                     rows=K, validate=True)
+    assert wrote_back > 0, "the case must exercise write-backs"
+    gdn_carry_flush([state], [carry], slots, validate=True, state_layout="vk")
+    if form == "exact":
+        assert bitwise_equal(state, plain), "flushed state != plain decoding"
+    else:
+        worst = max(worst, errors(state, plain)["rel_l2"])
+    return worst
