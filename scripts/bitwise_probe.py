@@ -9,7 +9,7 @@ few differing fp32 values (states are compared too, snapshots are not); then the
 
 The runtime row loop the library now uses for chains longer than 4 rows
 (``CHAIN_UNROLL_MAX_ROWS``) was tried first through this script's ``--rolled-chain`` option
-(commit d450be2; log reports/h200-2026-11-29s3-bitwise-probe-rolled.log).
+(commit d450be2; log reports/h200-2026-11-29s3/logs/bitwise-probe-rolled.log).
 """
 
 import os

@@ -10,7 +10,7 @@ written on a write-back, p pending + K new stash rows, inputs and outputs).
 
 Usage on the H200:  python3 scripts/tune_carry.py            (prints a table; ~1-2 minutes)
 (2026-11-29: WY tf32 and 8 warps measured and dropped: tf32's output error, 6e-4 rel L2, is over
-the WY form's 1e-4 tolerance; 8 warps slower than 4; reports/h200-2026-11-29b-tune-carry.log)
+the WY form's 1e-4 tolerance; 8 warps slower than 4; reports/h200-2026-11-29b/logs/tune-carry.log)
 Smoke test on CPU:  PMLL_LAB_DEVICE=cpu python3 scripts/tune_carry.py --smoke
 """
 

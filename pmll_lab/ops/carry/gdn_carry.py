@@ -85,7 +85,7 @@ EXACT_SPLIT_COLUMNS = True
 """Exact form: split a head's column blocks across programs (grid ``(B, HV, NV)``, as decode
 does, with an arrival count so that the last block restashes the shared g/k rows) instead of
 looping over them inside one program per head (grid ``(B, HV)``). Measured on an NVIDIA H200,
-2026-11-29 (reports/h200-2026-11-29b-tune-carry.log; HK=16, HV=32, kd=vd=128, K=4, bf16 inputs):
+2026-11-29 (reports/h200-2026-11-29b/logs/tune-carry.log; HK=16, HV=32, kd=vd=128, K=4, bf16 inputs):
 split 114 / 154 us against the loop's 230 / 273 us at B=64 without / with write-back, 212 / 290
 against 470 / 563 us at B=128, bitwise equal to the loop. Read at launch time;
 ``scripts/tune_carry.py`` times both, and the tests run both."""
@@ -94,7 +94,7 @@ EXACT_UNROLL_MAX_ROWS = GDN_CARRY_CAP
 """Exact form: verifies of up to this many rows unroll their row loop; longer ones run a
 runtime loop (one compiled body for every row, no prefetch), as the chain does above
 ``pmll_lab.ops.gdn.decode.CHAIN_UNROLL_MAX_ROWS`` (perf-notes v10). Today every K unrolls
-(``CAP``): on the H200 (2026-11-29, reports/h200-2026-11-29s3-bitwise-probe-final.log) the
+(``CAP``): on the H200 (2026-11-29, reports/h200-2026-11-29s3/logs/bitwise-probe-final.log) the
 unrolled K = 8 verify at kd = 64 with **fp32** inputs gave rows 2-5 of its outputs 1 ulp off
 decode's in ~2.5 % of their elements (bf16 inputs, kd = 128 / 256, and K = 4 were exact). The
 runtime loop is the candidate fix, as it was for the chain, but it has not run on a GPU yet
@@ -114,7 +114,7 @@ WY_SPLIT_COLUMNS = True
 """WY form, key heads up to 128 (``wy_config``): split a head's column blocks across programs (grid ``(B, HV, NV)``, arrival count as
 in the split exact form), each program recomputing the head's small ``[16, 16]`` matrices,
 instead of one program per head looping over them. Measured on an NVIDIA H200, 2026-11-29
-(reports/h200-2026-11-29s3-tune-carry.log; HK=16, HV=32, kd=vd=128, K=4, bf16 inputs, lazy):
+(reports/h200-2026-11-29s3/logs/tune-carry.log; HK=16, HV=32, kd=vd=128, K=4, bf16 inputs, lazy):
 split with 2 warps 394 / 425 us at B=64 without / with write-back, 759 / 823 us at B=128,
 against 1373 / 1499 and 2767 / 3014 us for one program per head (4 warps, ``"ieee"``): 3.5x.
 Still 3-4x slower than the split exact form (perf-notes v4, v8). Read at launch time;

@@ -48,7 +48,7 @@ outputs 1 ulp off K decodes' at kd = vd = 64 (2.5 % of that row's fp32 outputs; 
 H200, 2026-11-29, reports/perf-notes.md v10); the runtime loop was bitwise equal to decodes at
 kd = 64, 128, 256, K = 4 and 8, B = 64 and 256, and faster at K = 8 (chain with snapshots,
 kd=128, B=64: 527 against 692 us) but slower at K = 4 (336 against 307 us), so short chains
-stay unrolled (reports/h200-2026-11-29s3-bitwise-probe-rolled.log). Read at launch time."""
+stay unrolled (reports/h200-2026-11-29s3/logs/bitwise-probe-rolled.log). Read at launch time."""
 
 
 # The per-row vectors (q, k, v, g, beta, o) and their strides are not specialised on alignment

@@ -62,7 +62,7 @@ series. The arithmetic, and so every result bit, is the same either way: the fam
 with decode prefetching too), the H200 run h200-2026-11-29s3 with the shipped mix (carry on,
 decode off: 92/92 and 230/230 bitwise flags), and ``pmll_lab.lowering`` compares the sm_90
 reduction layouts in CI.
-Measured on an NVIDIA H200, 2026-11-29 (reports/h200-2026-11-29s3-tune-gdn-config.log; HV=32,
+Measured on an NVIDIA H200, 2026-11-29 (reports/h200-2026-11-29s3/logs/tune-gdn-config.log; HV=32,
 HK=16, kd=vd=128, K=4, bf16 inputs, lazy, 3 / 5 pending rows): 104.3 / 145.0 us with it against
 114.3 / 153.7 us without at B=64, 192.9 / 273.4 against 210.8 / 290.9 us at B=128. Decode and
 the chain (``gdn_rows_kernel``) do not prefetch: there it made the 4-row chain with snapshots

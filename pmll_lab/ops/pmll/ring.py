@@ -43,7 +43,7 @@ from pmll_lab.ops.host import cdiv, next_power_of_2
 TILE_ELEMS = 8192
 """Elements per ``[BLOCK_S, BLOCK_D]`` tile and tensor (BLOCK_S = 64 slots at D = 128).
 Measured on an H200, 2026-11-29 (``scripts/tune_pmll_ring.py``, log in
-``reports/h200-2026-11-29-tune-pmll-ring.log``; rings of 0.54 GB, bf16 D = 128 / 64 and fp32
+``reports/h200-2026-11-29/logs/tune-pmll-ring.log``; rings of 0.54 GB, bf16 D = 128 / 64 and fp32
 D = 128; copy roofline 4246 GB/s): read 90-91 % of the roofline, write of T = M rows 88-95 %,
 within 2 % of the best tile (2048) there, and the best or near it for a write of T = 1024 rows
 (71-80 %), where 2048-4096 dropped to 41-57 % on bf16 D = 128. 16384 lost up to 40 points

@@ -1,0 +1,213 @@
+"""GPU sweep of the V-major GDN family's tile (``recurrence.VK_TILES``) against the K-major
+kernels and FLA, with a bitwise family check per tile (issue 10; perf-notes v11).
+
+For each candidate ``BRxW`` (value rows per program x warps; ``VK_TILES`` set to that one tile):
+
+1. family check, bitwise: the K=4 chain with snapshots against 4 V-major decodes (outputs,
+   final state, snapshots), and a lazy and an eager exact carry protocol (three verifies,
+   accepting 4, 4, 2 rows: the lazy third one writes back) against plain V-major decoding of
+   the accepted rows (outputs; the states after a final flush), at each ``--family`` shape
+   ``kd:K:dtype``;
+2. times at HK=16, HV=32, kd=vd=128, bf16 inputs, fp32 state: decode (K=1), the K=4 chain with
+   3 snapshots, the exact carry lazy without write-back (pend 4), with write-back (pend 5),
+   eager (pend 3), the WY carry lazy without write-back (pend 4); CUDA-graph replay (median of
+   200 replays timed one by one) and do_bench (host launch included) medians, in us, and
+   the graph time as a fraction of the copy roofline over SPEC §4 bytes.
+
+The K-major kernels (default config) and FLA's fused_recurrent (K=4, no snapshots) are timed
+once as baselines. Usage on the H200:  python3 scripts/tune_gdn_vk.py [--tiles 8x1,16x1]
+[--B 1,64,128,256] [--json PATH]; ``--smoke`` runs the family check at tiny sizes (CPU).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import pmll_lab  # noqa: E402,F401  (first: GPU or the Triton interpreter)
+import torch  # noqa: E402
+
+from pmll_lab.backend import DEVICE, device_name  # noqa: E402
+from pmll_lab.bench import bitwise_equal, copy_bandwidth  # noqa: E402
+from pmll_lab.carry import (GdnCarry, carry_accept, gdn_carry_flush,  # noqa: E402
+                            gdn_carry_verify)
+from pmll_lab.gdn import gdn_chain, gdn_decode, state_bytes, row_io_bytes  # noqa: E402
+from pmll_lab.inputs import gdn_inputs  # noqa: E402
+from pmll_lab.ops.gdn import recurrence  # noqa: E402
+from pmll_lab.peers import fla_fused_recurrent, fla_runner  # noqa: E402
+
+DT = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+def rows(x, t0=0, t1=None):
+    return [x[n][:, t0:t1] for n in ("q", "k", "v", "g", "beta")]
+
+
+def vk(state):
+    return state.transpose(-1, -2).contiguous()
+
+
+def check_family(HK, HV, kd, K, dtype, B=8, seed=7):
+    """Bitwise family check in the V-major layout; returns what differed (empty: agreed)."""
+    bad = []
+    x = gdn_inputs(seed, B, HK, HV, kd, kd, rows=K, slots=B + 2, dtype=dtype)
+    slots = x["state_indices"]
+    st0 = vk(x["state"])
+    chain = st0.clone()
+    inter = torch.empty(B, K - 1, HV, kd, kd, device=DEVICE)
+    o = gdn_chain(chain, *rows(x), state_indices=slots, intermediate=inter, state_layout="vk")
+    dec = st0.clone()
+    for t in range(K):
+        o_t = gdn_decode(dec, *[r[:, t] for r in rows(x)], state_indices=slots,
+                         state_layout="vk")
+        if not bitwise_equal(o[:, t], o_t):
+            bad.append(f"chain o row {t}")
+        if t < K - 1 and not bitwise_equal(inter[:, t], dec[slots.long()]):
+            bad.append(f"chain snapshot {t}")
+    if not bitwise_equal(chain, dec):
+        bad.append("chain state")
+    for lazy in (True, False):
+        state, plain = st0.clone(), st0.clone()
+        carry = GdnCarry.empty(B + 2, HV, kd, kd, device=DEVICE)
+        for i, acc in enumerate((K, K, 2)):
+            xi = gdn_inputs(seed + 10 + i, B, HK, HV, kd, kd, rows=K, slots=B + 2, dtype=dtype)
+            o, eng = gdn_carry_verify(state, carry, *rows(xi), slot_tab=slots, form="exact",
+                                      lazy=lazy, state_layout="vk")
+            for t in range(acc):
+                o_t = gdn_decode(plain, *[r[:, t] for r in rows(xi)], state_indices=slots,
+                                 state_layout="vk")
+                if not bitwise_equal(o[:, t], o_t):
+                    bad.append(f"{'lazy' if lazy else 'eager'} verify {i} o row {t}")
+            carry_accept(carry, slots, eng, torch.full((B,), acc, dtype=torch.int32,
+                                                       device=DEVICE))
+        gdn_carry_flush([state], [carry], slots, state_layout="vk")
+        if not bitwise_equal(state, plain):
+            bad.append(f"{'lazy' if lazy else 'eager'} flushed state")
+    return bad
+
+
+def graph_us(fn, replays=200):
+    """Median us of ``replays`` CUDA-graph replays of ``fn``, each timed with events."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(replays)]
+    for _ in range(5):
+        g.replay()
+    for a, b in ev:
+        a.record()
+        g.replay()
+        b.record()
+    torch.cuda.synchronize()
+    t = sorted(a.elapsed_time(b) * 1e3 for a, b in ev)
+    return t[len(t) // 2]
+
+
+def bench_us(fn):
+    import triton.testing
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+
+
+def fill_stash(carry, seed):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    carry.u.copy_(torch.randn(carry.u.shape, generator=gen) * 0.3)
+    carry.g.copy_(-torch.nn.functional.softplus(torch.randn(carry.g.shape, generator=gen)))
+    k = torch.randn(carry.k.shape, generator=gen)
+    carry.k.copy_(k / k.norm(dim=-1, keepdim=True))
+
+
+def timings(B, layout, HK=16, HV=32, D=128, K=4, seed=3):
+    """{kernel: (graph_us, bench_us, bytes)} at one batch width in one layout."""
+    x = gdn_inputs(seed, B, HK, HV, D, D, rows=K, slots=B, dtype=torch.bfloat16)
+    slots = x["state_indices"]
+    st = x["state"] if layout == "kv" else vk(x["state"])
+    hb, io = state_bytes(HV, D, D), row_io_bytes(HK, HV, D, D)
+    stash_row = 4 * HV * (2 * D + 1)
+    out = {}
+    x1 = [r[:, 0].contiguous() for r in rows(x)]
+    fns = {"decode": (lambda: gdn_decode(st, *x1, state_indices=slots, state_layout=layout),
+                      B * (2 * hb + io))}
+    inter = torch.empty(B, K - 1, *st.shape[1:], device=DEVICE)
+    fns["chain_snapshots"] = (lambda: gdn_chain(st, *rows(x), state_indices=slots,
+                                                intermediate=inter, state_layout=layout),
+                              B * ((K + 1) * hb + K * io))
+    carry = GdnCarry.empty(B, HV, D, D, device=DEVICE)
+    fill_stash(carry, seed)
+    for name, form, lazy, pend, wb in (("carry_exact_lazy:nowb", "exact", True, 4, False),
+                                       ("carry_exact_lazy:wb", "exact", True, 5, True),
+                                       ("carry_exact_eager", "exact", False, 3, True),
+                                       ("carry_wy_lazy:nowb", "wy", True, 4, False)):
+        def run(form=form, lazy=lazy, pend=pend):
+            carry.pend.fill_(pend)
+            return gdn_carry_verify(st, carry, *rows(x), slot_tab=slots, form=form, lazy=lazy,
+                                    state_layout=layout)
+        fns[name] = (run, B * ((2 if wb else 1) * hb + (pend + K) * stash_row + K * io))
+    if layout == "kv" and fla_fused_recurrent() is not None:
+        q, k, v, g, beta = (t.contiguous() for t in rows(x))
+        r, _ = fla_runner(q, k, v, g, beta, st[slots.long()].contiguous(), scale=D ** -0.5)
+        fns["fla_fused_recurrent"] = (r, B * (2 * hb + K * io))
+    for name, (fn, nbytes) in fns.items():
+        try:
+            out[name] = (graph_us(fn), bench_us(fn), nbytes)
+        except Exception as e:  # noqa: BLE001 - one failed kernel must not lose the sweep
+            print(f"  {layout} {name} B={B}: {type(e).__name__}: {e}")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiles", default="4x1,8x1,16x1,8x2,16x2,32x4")
+    ap.add_argument("--B", default="1,64,128,256")
+    ap.add_argument("--family", default="128:4:bf16,64:8:fp32,256:4:bf16")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true")
+    a = ap.parse_args()
+    tiles = [tuple(int(v) for v in t.split("x")) for t in a.tiles.split(",")]
+    if a.smoke:
+        for br, w in tiles[:2]:
+            recurrence.VK_TILES = ((1 << 62, br, w),)
+            print(br, w, check_family(1, 2, 16, 3, torch.float32, B=3) or "bitwise")
+        return
+    roof = copy_bandwidth()
+    print(f"device {device_name()}, copy roofline {roof:.0f} GB/s")
+    Bs = [int(b) for b in a.B.split(",")]
+    res = []
+
+    def record(tag, B, t):
+        for name, (gu, bu, nb) in t.items():
+            frac = nb / (gu * 1e-6) / 1e9 / roof
+            res.append(dict(tile=tag, B=B, kernel=name, graph_us=gu, bench_us=bu, bytes=nb,
+                            roof_frac=frac))
+            print(f"{tag:>6} B={B:<4} {name:<24} graph {gu:9.1f} us  do_bench {bu:9.1f} us"
+                  f"  {100 * frac:5.1f} %")
+
+    default = recurrence.VK_TILES
+    for B in Bs:
+        record("kv", B, timings(B, "kv"))
+    for br, w in tiles:
+        recurrence.VK_TILES = ((1 << 62, br, w),)
+        fam = []
+        for spec in a.family.split(","):
+            kd, K, dt = spec.split(":")
+            bad = check_family(16, 32, int(kd), int(K), DT[dt])
+            fam.append(f"{spec}: {'bitwise' if not bad else 'DIFFERS ' + ', '.join(bad[:4])}")
+        print(f"tile {br}x{w} family: " + "; ".join(fam))
+        res.append(dict(tile=f"{br}x{w}", family=fam))
+        for B in Bs:
+            record(f"{br}x{w}", B, timings(B, "vk"))
+    recurrence.VK_TILES = default
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
