@@ -5,9 +5,13 @@ Conventions (SPEC §4; STYLE.md's llm.c and Liger habits):
 - ``errors(out, ref)``: max-abs and relative L2 (``||out - ref|| / ||ref||``), both computed in
   float64; NaN anywhere gives ``inf`` so a NaN never passes a tolerance.
 - ``time_launch(fn)``: on the GPU, ``triton.testing.do_bench`` (CUDA events, L2 flushed between
-  reps) with median, p20 and p80 in microseconds, ``timer="do_bench"``. On the CPU, the kernels
-  run in the Triton interpreter: the wall time of a few calls, ``timer="interpreter-wall"``. The
-  two are never mixed in one plot (``pmll_lab.sweep.speed_rows`` keeps one timer).
+  reps) with median, p20 and p80 in microseconds, ``timer="do_bench"``: each call as Python issues
+  it, host launch included when the GPU waits for the host. On the CPU, the kernels run in the
+  Triton interpreter: the wall time of a few calls, ``timer="interpreter-wall"``. The two are
+  never mixed in one plot (``pmll_lab.sweep.speed_rows`` keeps one timer).
+- ``time_cuda_graph(fn)``: GPU time without the host: ``fn`` captured once in a CUDA graph, then
+  ``>= 100`` replays each timed with its own pair of CUDA events (L2 flushed before each, as
+  do_bench does); median, p20 and p80 in microseconds, ``timer="cuda_graph"``. None on the CPU.
 - ``copy_bandwidth()``: the roofline, measured once per process as a device-to-device copy of
   1 GiB, counting bytes read plus bytes written (METHOD.md). ``None`` on the CPU.
 """
@@ -74,24 +78,24 @@ def time_launch(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: floa
         t0 = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t0) * 1e6)
-    samples.sort()
-    q = statistics.quantiles(samples, n=5, method="inclusive") if len(samples) > 1 else samples * 4
-    return {"median_us": statistics.median(samples), "p20_us": q[0], "p80_us": q[3],
-            "timer": "interpreter-wall"}
+    med, p20, p80 = _quantiles(sorted(samples))
+    return {"median_us": med, "p20_us": p20, "p80_us": p80, "timer": "interpreter-wall"}
 
 
-def time_graph(fn: Callable[[], object], *, replays: int = 200) -> float | None:
-    """Mean microseconds per replay of ``fn`` captured in a CUDA graph (None on the CPU).
+GRAPH_MIN_REPLAYS = 100
+"""Fewest replays ``time_cuda_graph`` times (issue 10: a median of at least 100 replays)."""
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+"""Bytes zeroed before each timed graph replay, as ``triton.testing.do_bench`` does (256 MB,
+4x the H200's L2): each replay starts from HBM, and the memset keeps the GPU busy while the host
+queues the replay, so no host gap lands between a replay's events."""
 
-    Captures one call after a warm-up on a side stream, then times ``replays`` replays with CUDA
-    events: the launch cost without Python or driver launch overhead.
-    """
-    if DEVICE.type != "cuda" or INTERPRET:
-        return None
+
+def _capture(fn: Callable[[], object], warmup: int) -> "torch.cuda.CUDAGraph":
+    """``fn`` run ``warmup`` times on a side stream (compiles, allocates), then captured."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for _ in range(3):
+        for _ in range(warmup):
             fn()
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
@@ -99,6 +103,59 @@ def time_graph(fn: Callable[[], object], *, replays: int = 200) -> float | None:
         fn()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def _quantiles(samples: list[float]) -> tuple[float, float, float]:
+    """Median, p20 and p80 (inclusive quantiles) of ``samples``."""
+    if len(samples) == 1:
+        return samples[0], samples[0], samples[0]
+    q = statistics.quantiles(samples, n=5, method="inclusive")
+    return statistics.median(samples), q[0], q[3]
+
+
+def time_cuda_graph(fn: Callable[[], object], *, replays: int = 200, warmup: int = 3,
+                    flush_l2: bool = True) -> dict[str, float | str] | None:
+    """GPU time of ``fn`` without the host: ``median_us, p20_us, p80_us, replays, timer``.
+
+    ``fn`` runs ``warmup`` times on a side stream, is captured in one CUDA graph, and the graph
+    is replayed ``replays`` times (at least ``GRAPH_MIN_REPLAYS``), each replay between its own
+    two CUDA events; with ``flush_l2`` a 256 MB memset (``L2_FLUSH_BYTES``) precedes each replay
+    outside its events. Returns None on the CPU (interpreter). Raises what capture raises (a
+    launcher that synchronises with the host cannot be captured); the caller decides whether
+    its other figures stand without this one. ``fn`` must be capturable: no host sync, no
+    allocation that outlives the capture."""
+    if DEVICE.type != "cuda" or INTERPRET:
+        return None
+    replays = max(int(replays), GRAPH_MIN_REPLAYS)
+    graph = _capture(fn, warmup)
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=DEVICE) if flush_l2 else None
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+             for _ in range(replays)]
+    for start, end in pairs:
+        if flush is not None:
+            flush.zero_()
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    samples = sorted(start.elapsed_time(end) * 1e3 for start, end in pairs)
+    del graph, flush
+    med, p20, p80 = _quantiles(samples)
+    return {"median_us": med, "p20_us": p20, "p80_us": p80, "replays": replays,
+            "timer": "cuda_graph"}
+
+
+def time_graph(fn: Callable[[], object], *, replays: int = 200) -> float | None:
+    """Mean microseconds per replay of ``fn`` captured in a CUDA graph (None on the CPU).
+
+    Captures one call after a warm-up on a side stream, then times ``replays`` back-to-back
+    replays between two CUDA events (no L2 flush): the launch cost without Python or driver
+    launch overhead. ``time_cuda_graph`` gives quantiles of individually timed replays.
+    """
+    if DEVICE.type != "cuda" or INTERPRET:
+        return None
+    graph = _capture(fn, 3)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(replays):

@@ -4,6 +4,31 @@
   DeltaNet recurrence over T tokens that keeps no per-row state, so it cannot roll back a
   rejected draft: a *speed* reference for the K-row verify, checked against our float64
   reference before it is timed. Used on a GPU only (on the CPU it runs in the interpreter).
+  K-major state ``[B, HV, kd, vd]`` (our ``state_layout="kv"``).
+- FlashInfer (PyPI ``flashinfer-python``, read and checked against 0.7.2.post1's
+  ``flashinfer/gdn_decode.py``): CuTe-DSL kernels for Hopper and later, GPU only (the ``peers``
+  extra; never installed by ``dev``). V-major ("pretranspose") fp32 state pool
+  ``[S, HV, vd, kd]`` (our ``state_layout="vk"``) addressed by int32 slot indices:
+
+  ``gated_delta_rule_decode_pretranspose(q, k, v, state, A_log, a, dt_bias, b, scale=None,
+  output=None, use_qk_l2norm=True, initial_state=None, initial_state_indices=None,
+  output_state_indices=None, intermediate_states_buffer=None, disable_state_update=False,
+  backend="auto")``: one token (``T = 1``), the state updated in place (pool form:
+  ``state=None, initial_state=pool, initial_state_indices=slots``);
+
+  ``gated_delta_rule_mtp(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b,
+  scale=None, output=None, intermediate_states_buffer=None, ssm_state_indices=None,
+  disable_state_update=None, use_qk_l2norm=True, output_state_indices=None, ...)``: ``T > 1``
+  rows (the K-row verify); ``intermediate_states_buffer [B, >=T, HV, vd, kd]`` fp32 receives the
+  state after *every* row (``T`` states, the last one the final state), and
+  ``disable_state_update=True`` leaves the pool as it was (SGLang's snapshot verify).
+
+  Both take ``q, k [B, T, HK, kd]``, ``v [B, T, HV, vd]`` (bf16/fp16), ``A_log, dt_bias [HV]``
+  fp32, ``a, b [B, T, HV]`` (bf16 here), compute the gating in fp32 inside the kernel with
+  ``g = -exp(A_log) * softplus(a + dt_bias)`` (softplus beta 1, threshold 20: PyTorch's) and
+  ``beta = sigmoid(b)``, l2-normalise q and k in the kernel (``x * rsqrt(sum(x*x) + 1e-6)``, as
+  SPEC §2) and scale q by ``scale`` (default ``kd**-0.5``); value head ``h`` reads key head
+  ``h // (HV // HK)``; the output is written in bf16; ``kd, vd >= 128`` (asserted).
 
 Every helper here returns ``None``/``False`` instead of raising when the peer is not installed
 or cannot import on this machine, so notebooks and sweeps run without it.
@@ -15,6 +40,7 @@ from collections.abc import Callable
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 
 from pmll_lab.backend import DEVICE, INTERPRET
 
@@ -77,3 +103,150 @@ def fla_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
                   output_final_state=True, use_qk_l2norm_in_kernel=True)
 
     return run, gva
+
+
+# ---- FlashInfer ----------------------------------------------------------------------------------
+
+FLASHINFER_MIN_HEAD_DIM = 128
+"""FlashInfer 0.7.2's fp32-state GDN paths assert ``kd >= 128`` and ``vd >= 128``."""
+FLASHINFER_INPUT_DTYPES = ("bfloat16", "float16")
+"""Input dtypes its GDN decode and MTP entry points accept for q, k, v (asserted)."""
+
+
+@lru_cache(maxsize=1)
+def flashinfer_gdn() -> tuple[Callable, Callable] | None:
+    """FlashInfer's ``(gated_delta_rule_decode_pretranspose, gated_delta_rule_mtp)``, or None
+    where flashinfer-python is not installed or does not import on this machine."""
+    try:
+        from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose, gated_delta_rule_mtp
+    except Exception:  # noqa: BLE001 - not installed, or cannot import on this machine
+        return None
+    return gated_delta_rule_decode_pretranspose, gated_delta_rule_mtp
+
+
+def flashinfer_available() -> bool:
+    """FlashInfer is measured on a GPU only, where flashinfer-python imports."""
+    return DEVICE.type == "cuda" and not INTERPRET and flashinfer_gdn() is not None
+
+
+def flashinfer_version() -> str:
+    """The installed flashinfer-python's version, or "" where it does not import."""
+    try:
+        import flashinfer
+
+        return str(getattr(flashinfer, "__version__", ""))
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def flashinfer_supports(head_dim: int, dtype: str) -> bool:
+    """Whether FlashInfer's GDN kernels take this head size (``kd = vd``) and input dtype."""
+    return int(head_dim) >= FLASHINFER_MIN_HEAD_DIM and str(dtype) in FLASHINFER_INPUT_DTYPES
+
+
+def flashinfer_status() -> str:
+    """One line for a report: ``"FlashInfer <version>"``, ``"FlashInfer: not installed"``, or
+    ``"FlashInfer <version>: installed, GPU only (not measured on this device)"``."""
+    if flashinfer_gdn() is None:
+        return "FlashInfer: not installed"
+    ver = flashinfer_version() or "(version unknown)"
+    if not flashinfer_available():
+        return f"FlashInfer {ver}: installed, GPU only (not measured on this device)"
+    return f"FlashInfer {ver}"
+
+
+def fused_gating(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor,
+                 *, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(g, beta)`` from FlashInfer's (and Qwen3-Next's) gating inputs, computed in ``dtype``.
+
+    ``A_log, dt_bias [HV]``, ``a, b [..., HV]`` (any float dtype; converted to ``dtype`` first):
+    ``g = -exp(A_log) * softplus(a + dt_bias)`` with PyTorch's softplus (beta 1, threshold 20,
+    as FlashInfer's kernels use), ``beta = sigmoid(b)``. float64 for the references, float32
+    for our kernels' ``g, beta`` inputs (SPEC §2, "Gating")."""
+    x = a.to(dtype) + dt_bias.to(dtype)
+    g = -torch.exp(A_log.to(dtype)) * F.softplus(x)
+    return g, torch.sigmoid(b.to(dtype))
+
+
+def _flashinfer_fns() -> tuple[Callable, Callable]:
+    fns = flashinfer_gdn()
+    if fns is None:
+        raise RuntimeError("flashinfer: flashinfer-python does not import on this machine")
+    return fns
+
+
+def _check_pool(state: torch.Tensor, v: torch.Tensor, q: torch.Tensor, slots: torch.Tensor) -> None:
+    """The shapes FlashInfer asserts, raised as ``ValueError`` naming the argument."""
+    B, K, HV, vd = v.shape
+    kd = q.shape[-1]
+    if state.dim() != 4 or tuple(state.shape[1:]) != (HV, vd, kd) or state.dtype != torch.float32:
+        raise ValueError(f"state: must be an fp32 V-major pool [S, {HV}, {vd}, {kd}], got "
+                         f"{tuple(state.shape)} {state.dtype}")
+    if slots.shape != (B,) or slots.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"state_indices: must be int32/int64 [{B}], got {tuple(slots.shape)} "
+                         f"{slots.dtype}")
+
+
+def flashinfer_decode_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor,
+                             b: torch.Tensor, state: torch.Tensor, state_indices: torch.Tensor,
+                             *, scale: float
+                             ) -> tuple[Callable[[], object], dict[str, torch.Tensor]]:
+    """A zero-argument call of FlashInfer's decode (``gated_delta_rule_decode_pretranspose``,
+    one token, fp32 V-major pool updated in place) and its output buffer.
+
+    ``q, k [B, 1, HK, kd]``, ``v [B, 1, HV, vd]`` bf16/fp16; ``A_log, dt_bias [HV]`` fp32;
+    ``a, b [B, 1, HV]``; ``state [S, HV, vd, kd]`` fp32, ``state_indices [B]`` int32 (slots).
+    Inputs are copied to contiguous tensors once (not timed); the output buffer
+    ``o [B, 1, HV, vd]`` bf16 is passed in, so a call allocates nothing and can be captured in
+    a CUDA graph. Returns ``(run, {"o": o})``. Raises ``RuntimeError`` when flashinfer does not
+    import, ``ValueError`` for shapes it would reject."""
+    decode, _ = _flashinfer_fns()
+    if q.dim() != 4 or q.shape[1] != 1:
+        raise ValueError(f"q: must be [B, 1, HK, kd] (one token), got {tuple(q.shape)}")
+    _check_pool(state, v, q, state_indices)
+    q, k, v, a, b = (t.contiguous() for t in (q, k, v, a, b))
+    A_log, dt_bias = A_log.float().contiguous(), dt_bias.float().contiguous()
+    o = torch.zeros(v.shape, dtype=torch.bfloat16, device=v.device)
+
+    def run():
+        return decode(q, k, v, None, A_log, a, dt_bias, b, scale=scale, output=o,
+                      use_qk_l2norm=True, initial_state=state, initial_state_indices=state_indices)
+
+    return run, {"o": o}
+
+
+def flashinfer_mtp_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor,
+                          b: torch.Tensor, state: torch.Tensor, state_indices: torch.Tensor,
+                          *, scale: float, snapshots: bool, frozen: bool
+                          ) -> tuple[Callable[[], object], dict[str, torch.Tensor | None]]:
+    """A zero-argument call of FlashInfer's K-row verify (``gated_delta_rule_mtp``) and its
+    output buffers.
+
+    ``q, k [B, K, HK, kd]``, ``v [B, K, HV, vd]`` bf16/fp16, ``K >= 2``; ``A_log, dt_bias [HV]``
+    fp32; ``a, b [B, K, HV]``; ``state [S, HV, vd, kd]`` fp32 V-major pool, ``state_indices [B]``
+    int32. ``snapshots``: pass ``intermediate_states_buffer [B, K, HV, vd, kd]`` fp32 (the state
+    after each of the K rows, row ``K-1``'s being the final state); ``frozen``:
+    ``disable_state_update=True`` (the pool is left as it was; with ``snapshots`` this is the
+    snapshot verify SGLang runs, without it a verify that cannot roll back nor advance).
+    Returns ``(run, {"o": o [B, K, HV, vd] bf16, "intermediate": buffer or None})``; inputs are
+    copied to contiguous tensors once (not timed). Raises ``RuntimeError`` when flashinfer does
+    not import, ``ValueError`` for shapes it would reject."""
+    _, mtp = _flashinfer_fns()
+    if q.dim() != 4 or q.shape[1] < 2:
+        raise ValueError(f"q: must be [B, K, HK, kd] with K >= 2, got {tuple(q.shape)}")
+    _check_pool(state, v, q, state_indices)
+    q, k, v, a, b = (t.contiguous() for t in (q, k, v, a, b))
+    A_log, dt_bias = A_log.float().contiguous(), dt_bias.float().contiguous()
+    B, K, HV, vd = v.shape
+    o = torch.zeros(v.shape, dtype=torch.bfloat16, device=v.device)
+    inter = (torch.zeros(B, K, HV, vd, q.shape[-1], dtype=torch.float32, device=v.device)
+             if snapshots else None)
+
+    def run():
+        return mtp(q, k, v, state, state_indices, A_log, a, dt_bias, b, scale=scale, output=o,
+                   intermediate_states_buffer=inter, disable_state_update=bool(frozen),
+                   use_qk_l2norm=True)
+
+    return run, {"o": o, "intermediate": inter}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pandas as pd
+import torch
 
 from pmll_lab.sweep import grid
 
@@ -62,3 +63,27 @@ def error_strip(ax, err: pd.DataFrame, cats: Sequence[str], *,
                   fontsize=fontsize, rotation=rotation)
     ax.set_yscale("log")
     return ax
+
+
+def gating_inputs(seed: int, lead: Sequence[int], num_v_heads: int, *,
+                  device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """Raw gating inputs of a Qwen3-Next GDN layer and the ``g, beta`` they give, so that our
+    kernels (fed ``g, beta``) and FlashInfer (fed the raw inputs) gate identically.
+
+    ``A_log [HV]`` fp32 ~ U(-1, 1); ``dt_bias [HV]`` fp32 zeros; ``a, b [*lead, HV]`` bf16 (the
+    projections' dtype in the model), drawn N(0, 1) on the CPU from ``seed``; ``g, beta
+    [*lead, HV]`` fp32 computed from the bf16 values by ``pmll_lab.peers.fused_gating`` in fp32
+    (``g = -exp(A_log) * softplus(a + dt_bias)``, PyTorch softplus threshold 20; ``beta =
+    sigmoid(b)``). References recompute them in float64 from the same raw inputs."""
+    from pmll_lab.backend import DEVICE
+    from pmll_lab.peers import fused_gating
+
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    dev = DEVICE if device is None else torch.device(device)
+    A_log = torch.rand(num_v_heads, generator=gen) * 2.0 - 1.0
+    a = torch.randn(*lead, num_v_heads, generator=gen).to(torch.bfloat16)
+    b = torch.randn(*lead, num_v_heads, generator=gen).to(torch.bfloat16)
+    dt_bias = torch.zeros(num_v_heads)
+    g, beta = fused_gating(A_log, a, dt_bias, b, dtype=torch.float32)
+    out = dict(A_log=A_log, a=a, dt_bias=dt_bias, b=b, g=g, beta=beta)
+    return {name: t.to(dev) for name, t in out.items()}

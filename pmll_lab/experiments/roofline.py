@@ -3,8 +3,9 @@
 What one run measures (SPEC §4; issue 5's targets):
 
 - the **roofline**: the device copy bandwidth (``pmll_lab.bench.copy_bandwidth``);
-- for each point ``(K, B, HK, HV, head_dim, dtype, provider)`` a **provider** verifying the same
-  ``K`` draft rows of ``B`` sequences from the same state:
+- for each point ``(K, B, HK, HV, head_dim, dtype, state_layout, provider)`` a **provider**
+  verifying the same ``K`` draft rows of ``B`` sequences from the same state, held K-major
+  (``state_layout="kv"``: ``[S, HV, kd, vd]``) or V-major (``"vk"``: ``[S, HV, vd, kd]``):
 
   ``decodes``              ``K`` successive ``gdn_decode`` launches (``K * 2*Hb`` per sequence);
   ``chain_snapshots``      ``gdn_chain`` with the ``K-1`` snapshots (``(K+1)*Hb``; not at ``K=1``);
@@ -17,7 +18,18 @@ What one run measures (SPEC §4; issue 5's targets):
                            frequency of the acceptance process below;
   ``fla_fused_recurrent``  FLA's ``fused_recurrent_gated_delta_rule`` over the same ``K`` rows
                            from the same state (GPU and fla-core only; a speed reference that
-                           keeps no snapshots, so it cannot roll back).
+                           keeps no snapshots, so it cannot roll back); K-major only;
+  ``flashinfer_decode``    FlashInfer's ``gated_delta_rule_decode_pretranspose`` (``K = 1``,
+                           the state updated; ``2*Hb``);
+  ``flashinfer_mtp_snapshots``  ``gated_delta_rule_mtp`` with ``intermediate_states_buffer`` and
+                           ``disable_state_update=True``: the snapshot verify SGLang runs
+                           (``K >= 2``; ``K`` states written, ``(K+1)*Hb``);
+  ``flashinfer_mtp_frozen``  the same without the buffer: the state read, nothing written
+                           (``Hb``). FlashInfer runs V-major only, on a GPU where
+                           flashinfer-python imports, at ``kd >= 128`` with bf16/fp16 inputs
+                           (``pmll_lab.peers``); its points are made at ``state_layout="vk"``
+                           whatever the grid's layouts. Our providers run at every layout of the
+                           grid their launchers take (``layout_support``).
 
 - **PMLL** ``pmll_read`` / ``pmll_write`` at rings several times the L2: the notebook runs
   ``pmll_lab.experiments.pmll.ring_point`` (its own check-then-time point) on those sizes.
@@ -53,13 +65,25 @@ Inputs: one ``gdn_inputs`` draw per shape for the largest ``B`` and ``K`` of the
 every provider; the decode baseline and the carry references of one ``(K, B)`` are computed once
 and shared by its providers. ``release()`` frees these caches.
 
-At ``B = 1`` on a GPU every timed launch also gets a CUDA-graph replay figure
-(``pmll_lab.bench.time_graph``, column ``graph_us``) next to its ``do_bench`` time, which
-includes the host launch.
+**Timers.** On a GPU every timed launch (ours and the peers') gets two ``time_us`` rows (and
+``gbps`` / ``roofline_frac`` rows for each): ``timer="do_bench"`` (each call as Python issues it,
+host launch included) and ``timer="cuda_graph"`` (``pmll_lab.bench.time_cuda_graph``: the call
+captured once, the median of >= 100 individually timed replays: GPU time). Launch plans
+(``<kernel>:plan``, ``B <= PLAN_MAX_B``) are timed with do_bench only: their point is the host
+path. On the CPU the one timer is the interpreter's wall time. Tables, plots and targets use
+cuda_graph where present (``pmll_lab.experiments.roofline_report``).
+
+**Gating.** The gates come from raw inputs ``A_log, a, dt_bias = 0, b`` (``a, b`` bf16;
+``pmll_lab.experiments.common.gating_inputs``): our kernels get ``g, beta`` computed from them in
+fp32, FlashInfer the raw inputs; FlashInfer's float64 reference recomputes them in float64.
+
+The tables, targets, headline and plots are in ``roofline_report`` and ``roofline_plots``
+(also reachable as attributes of this module); the peers' point functions in ``roofline_peers``.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from functools import lru_cache
 
@@ -71,7 +95,7 @@ import torch.nn.functional as F
 from pmll_lab.backend import DEVICE, INTERPRET
 from pmll_lab.bench import (
     H200_L2_BYTES,
-    bitwise_equal, copy_bandwidth, error_rows, throughput_rows, time_graph, time_launch,
+    bitwise_equal, copy_bandwidth, error_rows, throughput_rows, time_cuda_graph, time_launch,
 )
 from pmll_lab.carry import (
     GDN_CARRY_CAP, GdnCarry, gdn_carry_flush, gdn_carry_verify, gdn_carry_verify_plan,
@@ -81,13 +105,14 @@ from pmll_lab.gdn import (
     gdn_decode_plan, row_io_bytes, state_bytes,
 )
 from pmll_lab.inputs import gdn_inputs
-from pmll_lab.peers import (  # noqa: F401  (fla_supports_gva: used by the notebook)
+from pmll_lab.peers import (  # noqa: F401  (used by the notebook and roofline_peers)
     fla_available, fla_fused_recurrent, fla_runner, fla_supports_gva, fla_version,
+    flashinfer_available, flashinfer_status, flashinfer_supports, flashinfer_version, fused_gating,
 )
 from pmll_lab.reference import carry as ref_carry
 from pmll_lab.sweep import CheckFailed, grid, speed_rows
 from pmll_lab.experiments.carry import accept_counts, alpha_for_mean, mean_accept_len
-from pmll_lab.experiments.common import failed_points as _failed_points
+from pmll_lab.experiments.common import gating_inputs
 
 CAP = GDN_CARRY_CAP
 O_TOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
@@ -111,18 +136,32 @@ PLAN_SUFFIX = ":plan"
 L2_BYTES = H200_L2_BYTES
 """PMLL targets count launches moving >= 4x the H200's L2 (``bench.H200_L2_BYTES``)."""
 
-PROVIDERS = ("decodes", "chain_snapshots", "carry_exact_eager", "carry_exact_lazy",
-             "carry_wy_eager", "carry_wy_lazy", "fla_fused_recurrent")
+GRAPH_REPLAYS = 200
+"""Replays ``time_cuda_graph`` times per launch (its minimum is 100)."""
+
+OURS = ("decodes", "chain_snapshots", "carry_exact_eager", "carry_exact_lazy",
+        "carry_wy_eager", "carry_wy_lazy")
+FLASHINFER = ("flashinfer_decode", "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen")
+PEERS = ("fla_fused_recurrent",) + FLASHINFER
+PROVIDERS = OURS + PEERS
+LAYOUTS = ("kv", "vk")
+"""State layouts: ``"kv"`` K-major ``[S, HV, kd, vd]``, ``"vk"`` V-major ``[S, HV, vd, kd]``."""
+NATIVE_LAYOUT = {"fla_fused_recurrent": "kv", **{p: "vk" for p in FLASHINFER}}
+"""The one layout each peer runs in (its own state layout)."""
 LABELS = {
     "decodes": "K x decode (ours)", "chain_snapshots": "chain + snapshots (ours)",
     "carry_exact_eager": "carry exact, eager", "carry_exact_lazy": "carry exact, lazy (amortised)",
     "carry_wy_eager": "carry WY, eager", "carry_wy_lazy": "carry WY, lazy (amortised)",
     "fla_fused_recurrent": "FLA fused_recurrent",
+    "flashinfer_decode": "FlashInfer decode",
+    "flashinfer_mtp_snapshots": "FlashInfer mtp + snapshots",
+    "flashinfer_mtp_frozen": "FlashInfer mtp, frozen (no buffer)",
 }
 STYLE = {"decodes": ("C4", "-", "v"), "chain_snapshots": ("C2", "-", "s"),
          "carry_exact_eager": ("C0", "--", "o"), "carry_exact_lazy": ("C0", "-", "o"),
          "carry_wy_eager": ("C1", "--", "D"), "carry_wy_lazy": ("C1", "-", "D"),
-         "fla_fused_recurrent": ("C3", ":", "x")}
+         "fla_fused_recurrent": ("C3", ":", "x"), "flashinfer_decode": ("C5", ":", "^"),
+         "flashinfer_mtp_snapshots": ("C6", ":", "P"), "flashinfer_mtp_frozen": ("C8", ":", "*")}
 MAIN_SHAPE = dict(HK=16, HV=32, head_dim=128, dtype="bfloat16")
 """Issue 5's target shape (Qwen3-Next's GDN heads)."""
 SHAPE_KEYS = ("HK", "HV", "head_dim", "dtype")
@@ -225,43 +264,106 @@ def nosnap_bytes(B: int, K: int, HK: int, HV: int, D: int, dtype) -> int:
     return fla_bytes(B, K, HK, HV, D, dtype)
 
 
+def frozen_bytes(B: int, K: int, HK: int, HV: int, D: int, dtype) -> int:
+    """A verify that reads the state and writes nothing back (FlashInfer's frozen ``mtp``):
+    per sequence ``Hb`` + ``K`` rows of inputs/outputs + the slot index."""
+    return B * (state_bytes(HV, D, D) + K * row_io_bytes(HK, HV, D, D, dtype) + 4)
+
+
+# ---- layouts -----------------------------------------------------------------------------------
+
+_LAUNCHERS = {
+    "decodes": ("gdn_decode", "gdn_decode_plan"),
+    "chain_snapshots": ("gdn_chain", "gdn_decode"),
+    "carry": ("gdn_carry_verify", "gdn_carry_verify_plan", "gdn_carry_flush", "gdn_decode"),
+}
+
+
+def _takes_layout(fn) -> bool:
+    try:
+        return "state_layout" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def layout_support(provider: str, layout: str) -> bool:
+    """Whether ``provider`` runs with states in ``layout``: a peer in its native layout only
+    (``NATIVE_LAYOUT``); ours in ``"kv"`` always and in ``"vk"`` where every launcher it calls
+    takes the ``state_layout`` keyword (read from their signatures)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"state_layout: must be one of {LAYOUTS}, got {layout!r}")
+    if provider in NATIVE_LAYOUT:
+        return NATIVE_LAYOUT[provider] == layout
+    if layout == "kv":
+        return True
+    names = _LAUNCHERS["carry" if provider.startswith("carry_") else provider]
+    return all(_takes_layout(globals()[n]) for n in names)
+
+
 # ---- points ------------------------------------------------------------------------------------
 
-def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept_K: int = 4,
-           fla: bool | None = None) -> list[dict]:
-    """Expand grids into points, one per provider.
+def _wanted(prov: str, base: dict, fla: bool, flashinfer: bool) -> bool:
+    """Whether ``prov`` runs at this ``(K, shape)`` (``points``)."""
+    K = base["K"]
+    if prov == "chain_snapshots" or prov.startswith("flashinfer_mtp"):
+        if K == 1:
+            return False           # the chain at K = 1 is one decode; FlashInfer's mtp takes T > 1
+    if prov == "flashinfer_decode" and K != 1:
+        return False
+    if prov == "fla_fused_recurrent":
+        return fla
+    if prov in FLASHINFER:
+        return flashinfer and flashinfer_supports(base["head_dim"], base["dtype"])
+    return True
 
-    Each grid: axes ``K, B, head_dim, heads`` (list of ``(HK, HV)``), ``dtype``, and optionally
-    ``providers`` (default all of ``PROVIDERS``). ``chain_snapshots`` is dropped at ``K = 1``
-    (it is one decode), ``fla_fused_recurrent`` unless ``fla`` (default ``fla_available()``).
+
+def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept_K: int = 4,
+           fla: bool | None = None, flashinfer: bool | None = None) -> list[dict]:
+    """Expand grids into points, one per provider and state layout.
+
+    Each grid: axes ``K, B, head_dim, heads`` (list of ``(HK, HV)``), ``dtype``, optionally
+    ``state_layout`` (default ``["kv"]``) and ``providers`` (default all of ``PROVIDERS``).
+    Dropped: ``chain_snapshots`` and the FlashInfer ``mtp`` providers at ``K = 1``,
+    ``flashinfer_decode`` at ``K > 1``; ``fla_fused_recurrent`` unless ``fla`` (default
+    ``fla_available()``); the FlashInfer providers unless ``flashinfer`` (default
+    ``flashinfer_available()``) and ``flashinfer_supports(head_dim, dtype)``. A peer is made
+    at its own layout (``NATIVE_LAYOUT``) whatever the grid's; ours at each of the grid's
+    layouts they take (``layout_support``; layouts they do not take are left out).
     Every point also carries ``slots`` and ``rows_max``: the largest ``B`` and ``K`` of its shape
     over all grids (one input draw per shape), ``seed``, ``mean_accept``, ``accept_K``.
-    Points are ordered shape, ``K``, ``B``, provider, so that the providers of one ``(K, B)``
-    run one after another and share its inputs and references. Duplicates dropped.
+    Points are ordered shape, ``K``, ``B``, layout, provider, so that the providers of one
+    ``(K, B, layout)`` run one after another and share its inputs and references. Duplicates
+    dropped. Raises ``ValueError`` for an unknown provider or layout.
     """
     fla = fla_available() if fla is None else fla
+    flashinfer = flashinfer_available() if flashinfer is None else flashinfer
     pts, seen = [], set()
     for g in grids:
         axes = dict(g)
         heads = axes.pop("heads")
         provs = list(axes.pop("providers", PROVIDERS))
+        layouts = [str(x) for x in axes.pop("state_layout", ["kv"])]
         bad = [p for p in provs if p not in PROVIDERS]
         if bad:
             raise ValueError(f"providers: unknown {bad}; known {list(PROVIDERS)}")
+        bad = [x for x in layouts if x not in LAYOUTS]
+        if bad:
+            raise ValueError(f"state_layout: unknown {bad}; known {list(LAYOUTS)}")
         for p in grid(**axes, heads=[tuple(h) for h in heads]):
             hk, hv = p.pop("heads")
             base = dict(K=int(p["K"]), B=int(p["B"]), HK=int(hk), HV=int(hv),
                         head_dim=int(p["head_dim"]), dtype=str(p["dtype"]))
             for prov in provs:
-                if prov == "chain_snapshots" and base["K"] == 1:
+                if not _wanted(prov, base, fla, flashinfer):
                     continue
-                if prov == "fla_fused_recurrent" and not fla:
-                    continue
-                q = dict(base, provider=prov)
-                key = tuple(sorted(q.items()))
-                if key not in seen:
-                    seen.add(key)
-                    pts.append(q)
+                lays = [NATIVE_LAYOUT[prov]] if prov in NATIVE_LAYOUT else \
+                    [x for x in layouts if layout_support(prov, x)]
+                for lay in lays:
+                    q = dict(base, state_layout=lay, provider=prov)
+                    key = tuple(sorted(q.items()))
+                    if key not in seen:
+                        seen.add(key)
+                        pts.append(q)
     shape_of = lambda p: tuple(p[k] for k in SHAPE_KEYS)  # noqa: E731
     slots, rows = {}, {}
     for p in pts:
@@ -269,7 +371,8 @@ def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept
         slots[s] = max(slots.get(s, 0), p["B"])
         rows[s] = max(rows.get(s, 0), p["K"])
     order = {s: i for i, s in enumerate(dict.fromkeys(shape_of(p) for p in pts))}
-    pts.sort(key=lambda p: (order[shape_of(p)], p["K"], p["B"], PROVIDERS.index(p["provider"])))
+    pts.sort(key=lambda p: (order[shape_of(p)], p["K"], p["B"], LAYOUTS.index(p["state_layout"]),
+                            PROVIDERS.index(p["provider"])))
     for p in pts:
         p.update(slots=slots[shape_of(p)], rows_max=rows[shape_of(p)], seed=int(seed),
                  mean_accept=float(mean_accept), accept_K=int(accept_K))
@@ -304,23 +407,38 @@ def clone_carry(c: GdnCarry) -> GdnCarry:
 
 
 def _shape(point: dict) -> dict:
+    """Inputs of one shape (all ``(K, B, layout)`` of it take views): ``gdn_inputs`` with its
+    ``g, beta`` replaced by those of ``gating_inputs`` (whose raw inputs FlashInfer takes), the
+    stash, and (on first use) the V-major copy of the state."""
     key = (point["seed"], point["slots"], point["rows_max"], point["HK"], point["HV"],
            point["head_dim"], point["dtype"])
     if key not in _SHAPE:
         _SHAPE.clear()      # one shape at a time: the previous shape's tensors are dropped
         _CASE.clear()
         S, Kmax, HK, HV, D = (int(point[n]) for n in ("slots", "rows_max", "HK", "HV", "head_dim"))
-        x = gdn_inputs(int(point["seed"]), S, HK, HV, D, D, rows=Kmax,
-                       dtype=getattr(torch, point["dtype"]))
+        seed = int(point["seed"])
+        x = gdn_inputs(seed, S, HK, HV, D, D, rows=Kmax, dtype=getattr(torch, point["dtype"]))
+        gate = gating_inputs(seed + 11, (S, Kmax), HV)
+        x["g"], x["beta"] = gate["g"], gate["beta"]
         stash = GdnCarry.empty(S, HV, D, D, cap=CAP)
-        fill_stash(stash, int(point["seed"]) + 7)
-        _SHAPE[key] = dict(x=x, stash=stash)
+        fill_stash(stash, seed + 7)
+        _SHAPE[key] = dict(x=x, gate=gate, stash=stash)
     return _SHAPE[key]
 
 
+def _state_in(shape: dict, layout: str) -> torch.Tensor:
+    """The shape's state pool in ``layout`` (the V-major copy made once; never written)."""
+    if layout == "kv":
+        return shape["x"]["state"]
+    if "state_vk" not in shape:
+        shape["state_vk"] = shape["x"]["state"].transpose(-1, -2).contiguous()
+    return shape["state_vk"]
+
+
 class _Case:
-    """One ``(shape, K, B)``: input views, float64 references on ``N_REF`` sequences, and (on
-    first use) the decode baseline and the carry references per pending-count variant."""
+    """One ``(shape, K, B, state_layout)``: input views, float64 references on ``N_REF``
+    sequences (K-major; ``to_layout`` transposes them for V-major comparisons), and (on first
+    use) the decode baseline and the carry references per pending-count variant."""
 
     def __init__(self, point: dict, shape: dict):
         self.K, self.B, self.HK, self.HV, self.D = (
@@ -328,49 +446,76 @@ class _Case:
         self.dname = point["dtype"]
         self.dtype = getattr(torch, self.dname)
         self.seed = int(point["seed"])
+        self.layout = point.get("state_layout", "kv")
+        # the keyword goes to our launchers only for "vk", so that launchers without it run "kv"
+        self.lay = {} if self.layout == "kv" else {"state_layout": self.layout}
         self.acc = acceptance(self.K, float(point["mean_accept"]), int(point["accept_K"]),
                               seed=self.seed)
         x = shape["x"]
         K, B = self.K, self.B
-        self.state0 = x["state"]                               # [S, HV, kd, vd], never written
+        self.shape = shape
+        self.state_kv = x["state"]                             # [S, HV, kd, vd], never written
+        self.state0 = _state_in(shape, self.layout)            # the same in this case's layout
         self.sel = x["state_indices"][:B].contiguous()         # B distinct slots of S
         self.lsel = self.sel.long()
         self.args = tuple(x[n][:B, :K] for n in ("q", "k", "v", "g", "beta"))
+        self.gate = tuple(shape["gate"][n] for n in ("A_log", "a", "dt_bias", "b"))
         self.row_args = [tuple(t[:, r] for t in self.args) for r in range(K)]
         self.stash = shape["stash"]
         self.n = min(B, N_REF)
         self.otol = O_TOL[self.dname]
-        sub = self.state0[self.lsel[:self.n]].to("cpu", torch.float64)
+        sub = self.state_kv[self.lsel[:self.n]].to("cpu", torch.float64)
         self.cpu_args = tuple(t[:self.n].cpu() for t in self.args)
         self.o_ref, s_ref, self.i_ref = gdn_chain_ref(sub, *self.cpu_args)
         self.s_ref = s_ref
-        self._dec = None
+        self._dec: dict = {}
         self._carry: dict = {}
+        self._fi_ref = None
+
+    def to_layout(self, t: torch.Tensor) -> torch.Tensor:
+        """A K-major state tensor ``[..., kd, vd]`` seen in this case's layout (a view)."""
+        return t if self.layout == "kv" else t.transpose(-1, -2)
 
     def io(self) -> dict:
         return dict(num_k_heads=self.HK, num_v_heads=self.HV, k_dim=self.D, v_dim=self.D,
                     dtype=self.dtype)
 
-    def decoded(self):
-        """``K`` ``gdn_decode`` launches from ``state0`` (validated): ``(o [B, K, HV, vd],
-        final states [B, ...], snapshots: list of K-1 states [B, ...])``."""
-        if self._dec is None:
-            st = self.state0.clone()
+    def decoded(self, layout: str | None = None):
+        """``K`` ``gdn_decode`` launches (validated) from the state in ``layout`` (default this
+        case's): ``(o [B, K, HV, vd], final states [B, ...], snapshots: list of K-1 states
+        [B, ...])``, states in that layout."""
+        layout = self.layout if layout is None else layout
+        if layout not in self._dec:
+            lay = {} if layout == "kv" else {"state_layout": layout}
+            st = _state_in(self.shape, layout).clone()
             outs, snaps = [], []
             for r in range(self.K):
                 outs.append(gdn_decode(st, *self.row_args[r], state_indices=self.sel,
-                                       validate=True))
+                                       validate=True, **lay))
                 if r < self.K - 1:
                     snaps.append(st[self.lsel])
-            self._dec = (torch.stack(outs, 1), st[self.lsel], snaps)
+            self._dec[layout] = (torch.stack(outs, 1), st[self.lsel], snaps)
             del st
-        return self._dec
+        return self._dec[layout]
+
+    def fi_ref(self):
+        """The float64 chain reference with FlashInfer's own gating: ``g, beta`` recomputed in
+        float64 from the raw ``A_log, a, dt_bias, b`` (``pmll_lab.peers.fused_gating``).
+        ``(o [n, K, HV, vd], state [n, HV, kd, vd], snapshots [n, K-1, HV, kd, vd])``."""
+        if self._fi_ref is None:
+            A_log, a, dt_bias, b = (t.cpu() for t in self.gate)
+            g, beta = fused_gating(A_log, a[self.lsel[:self.n].cpu(), :self.K], dt_bias,
+                                   b[self.lsel[:self.n].cpu(), :self.K], dtype=torch.float64)
+            sub = self.state_kv[self.lsel[:self.n]].to("cpu", torch.float64)
+            self._fi_ref = gdn_chain_ref(sub, *self.cpu_args[:3], g, beta)
+        return self._fi_ref
 
     def carry_case(self, variant: str) -> dict:
         """Pending counts for ``variant`` (``eager``, ``nowb``, ``wb``) drawn from the
         acceptance process, the carry holding them, and its references: plain decoding after
-        folding (``o_dec``, ``folded`` states of the B slots) and the float64 protocol
-        reference on ``N_REF`` sequences (``o``, state after the verify, stash ``u``)."""
+        folding (``o_dec``, ``folded`` states of the B slots, this case's layout) and the
+        float64 protocol reference on ``N_REF`` sequences (``o``, state after the verify
+        (K-major), stash ``u``)."""
         if variant in self._carry:
             return self._carry[variant]
         lazy = variant != "eager"
@@ -382,12 +527,13 @@ class _Case:
         carry = clone_carry(self.stash)
         carry.pend[self.lsel] = torch.as_tensor(pend, dtype=torch.int32).to(DEVICE)
         st = self.state0.clone()
-        gdn_carry_flush([st], [carry], self.sel, validate=True)
+        gdn_carry_flush([st], [carry], self.sel, validate=True, **self.lay)
         folded = st[self.lsel]
-        outs = [gdn_decode(st, *self.row_args[r], state_indices=self.sel) for r in range(self.K)]
+        outs = [gdn_decode(st, *self.row_args[r], state_indices=self.sel, **self.lay)
+                for r in range(self.K)]
         del st
         s = self.lsel[:self.n]
-        sub_state = self.state0[s].to("cpu", torch.float64)
+        sub_state = self.state_kv[s].to("cpu", torch.float64)
         sub = ref_carry.RefCarry(u=carry.u[s].to("cpu", torch.float64),
                                  g=carry.g[s].to("cpu", torch.float64),
                                  k=carry.k[s].to("cpu", torch.float64),
@@ -401,8 +547,9 @@ class _Case:
 
 def _case(point: dict) -> _Case:
     shape = _shape(point)
-    key = tuple(point[n] for n in ("seed", "slots", "rows_max", "HK", "HV", "head_dim", "dtype",
-                                    "K", "B", "mean_accept", "accept_K"))
+    key = tuple(point.get(n, "kv") for n in ("seed", "slots", "rows_max", "HK", "HV", "head_dim",
+                                              "dtype", "K", "B", "mean_accept", "accept_K",
+                                              "state_layout"))
     if key not in _CASE:
         _CASE.clear()
         _CASE[key] = _Case(point, shape)
@@ -427,36 +574,52 @@ def _on_cuda() -> bool:
     return DEVICE.type == "cuda" and not INTERPRET
 
 
-def _graph(fn) -> float | None:
-    """CUDA-graph replay time of ``fn`` (us), or None (CPU, or capture failed: the do_bench
-    figure stands on its own)."""
-    if not _on_cuda():
-        return None
-    try:
-        return time_graph(fn)
-    except Exception:  # noqa: BLE001 - a capture that fails must not lose the do_bench figure
-        torch.cuda.synchronize()
-        return None
+def _time(fn, *, graph: bool = True) -> list[dict]:
+    """Timings of ``fn``: ``time_launch``'s (do_bench on a GPU, interpreter wall time on the
+    CPU) and, on a GPU with ``graph``, ``time_cuda_graph``'s. A capture that fails loses only
+    the graph figure: its error text goes to the do_bench timing (``graph_error``)."""
+    t = dict(time_launch(fn, warmup_ms=WARMUP_MS, rep_ms=REP_MS, cpu_reps=CPU_REPS))
+    out = [t]
+    if graph and _on_cuda():
+        try:
+            g = time_cuda_graph(fn, replays=GRAPH_REPLAYS)
+        except Exception as exc:  # noqa: BLE001 - the do_bench figure stands on its own
+            torch.cuda.synchronize()
+            t["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        else:
+            if g is not None:
+                out.append(g)
+    return out
 
 
-def _time(fn, B: int) -> tuple[dict, float | None]:
-    t = time_launch(fn, warmup_ms=WARMUP_MS, rep_ms=REP_MS, cpu_reps=CPU_REPS)
-    return t, (_graph(fn) if B == 1 else None)
+def _mix(t0: list[dict], t1: list[dict], f: float) -> list[dict]:
+    """``(1-f)*t0 + f*t1`` per timer found in both (the amortised lazy figure)."""
+    other = {t["timer"]: t for t in t1}
+    out = []
+    for a in t0:
+        b = other.get(a["timer"])
+        if b is not None:
+            m = {k: (1 - f) * float(a[k]) + f * float(b[k]) for k in ("median_us", "p20_us", "p80_us")}
+            out.append(dict(m, timer=a["timer"]))
+    return out
 
 
-def _speed_rows(kernel: str, timing: dict, graph_us, nbytes: int, **extra) -> list[dict]:
-    """``throughput_rows`` plus the bytes, the roofline floor time (GPU), the graph replay time
-    (B = 1, GPU) and ``extra`` on the time row."""
-    rows = throughput_rows(kernel, timing, nbytes)
+def _speed_rows(kernel: str, timings: list[dict], nbytes: int, **extra) -> list[dict]:
+    """``throughput_rows`` of each timing (one timer each) plus the bytes, the roofline floor
+    time (GPU), the graph replay count or capture error, and ``extra`` on every row."""
     roof = copy_bandwidth()
-    for r in rows:
-        r.update(extra)
-        r["bytes"] = int(nbytes)
-        if r["metric"] == "time_us":
-            if graph_us is not None:
-                r["graph_us"] = float(graph_us)
-            if roof:
-                r["floor_us"] = nbytes / (roof * 1e3)
+    rows: list[dict] = []
+    for timing in timings:
+        for r in throughput_rows(kernel, timing, nbytes):
+            r.update(extra)
+            r["bytes"] = int(nbytes)
+            if r["metric"] == "time_us":
+                for k in ("replays", "graph_error"):
+                    if k in timing:
+                        r[k] = timing[k]
+                if roof:
+                    r["floor_us"] = nbytes / (roof * 1e3)
+            rows.append(r)
     return rows
 
 
@@ -464,13 +627,15 @@ def _point_decodes(c: _Case) -> list[dict]:
     o_dec, st_sel, _ = c.decoded()
     name = "decodes"
     rows = (error_rows(name, o_dec[:c.n], c.o_ref, tol=c.otol, what="o")
-            + error_rows(name, st_sel[:c.n], c.s_ref[:c.n], tol=STATE_TOL, what="state"))
+            + error_rows(name, st_sel[:c.n], c.to_layout(c.s_ref[:c.n]), tol=STATE_TOL,
+                         what="state"))
     plans = None
     if c.B <= PLAN_MAX_B:
         # the same K decodes through launch plans (lean host path): checked bitwise on their
         # second call, the first that skips Triton's launcher on a GPU
         st_p = c.state0.clone()
-        plans = [gdn_decode_plan(st_p, *c.row_args[r], state_indices=c.sel) for r in range(c.K)]
+        plans = [gdn_decode_plan(st_p, *c.row_args[r], state_indices=c.sel, **c.lay)
+                 for r in range(c.K)]
         for _ in range(2):
             st_p.copy_(c.state0)
             o_p = torch.stack([p().clone() for p in plans], 1)
@@ -482,18 +647,17 @@ def _point_decodes(c: _Case) -> list[dict]:
 
     def run():
         for r in range(c.K):
-            gdn_decode(st, *c.row_args[r], state_indices=c.sel)
+            gdn_decode(st, *c.row_args[r], state_indices=c.sel, **c.lay)
 
-    t, gr = _time(run, c.B)
     nbytes = decodes_bytes(c.B, c.K, **c.io())
-    rows += _speed_rows(name, t, gr, nbytes, variant="")
+    rows += _speed_rows(name, _time(run), nbytes, variant="")
     if plans is not None:
         def run_plans():
             for p in plans:
                 p()
 
-        t, gr = _time(run_plans, c.B)
-        rows += _speed_rows(f"{name}{PLAN_SUFFIX}", t, gr, nbytes, variant="launch plan")
+        rows += _speed_rows(f"{name}{PLAN_SUFFIX}", _time(run_plans, graph=False), nbytes,
+                            variant="launch plan")
     return rows
 
 
@@ -501,10 +665,12 @@ def _point_chain(c: _Case) -> list[dict]:
     name = "chain_snapshots"
     st = c.state0.clone()
     inter = torch.empty(c.B, c.K - 1, c.HV, c.D, c.D, device=DEVICE)
-    o = gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, validate=True)
+    o = gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, validate=True, **c.lay)
     rows = (error_rows(name, o[:c.n], c.o_ref, tol=c.otol, what="o")
-            + error_rows(name, st[c.lsel[:c.n]], c.s_ref, tol=STATE_TOL, what="state")
-            + error_rows(name, inter[:c.n], c.i_ref, tol=STATE_TOL, what="snapshots"))
+            + error_rows(name, st[c.lsel[:c.n]], c.to_layout(c.s_ref), tol=STATE_TOL,
+                         what="state")
+            + error_rows(name, inter[:c.n], c.to_layout(c.i_ref), tol=STATE_TOL,
+                         what="snapshots"))
     o_dec, st_dec, snaps = c.decoded()
     rows += [_flag(name, "bitwise_vs_decode", bitwise_equal(o, o_dec), "o"),
              _flag(name, "bitwise_vs_decode", bitwise_equal(st[c.lsel], st_dec), "state"),
@@ -513,12 +679,9 @@ def _point_chain(c: _Case) -> list[dict]:
     _require(rows)
 
     def run():
-        gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter)
+        gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, **c.lay)
 
-    t, gr = _time(run, c.B)
-    return rows + _speed_rows(name, t, gr, chain_bytes(c.B, c.K, **c.io()), variant="")
-
-
+    return rows + _speed_rows(name, _time(run), chain_bytes(c.B, c.K, **c.io()), variant="")
 VARIANT_NAMES = {"eager": "eager", "nowb": "no write-back", "wb": "write-back"}
 
 
@@ -532,7 +695,7 @@ def _point_carry(c: _Case, form: str, lazy: bool) -> list[dict]:
         tag = "" if var == "eager" else f" ({VARIANT_NAMES[var]})"
         st, carry = c.state0.clone(), clone_carry(cc["carry"])
         o, eng = gdn_carry_verify(st, carry, *c.args, slot_tab=c.sel, form=form, lazy=lazy,
-                                  validate=True, eager_max_pending=None)
+                                  validate=True, eager_max_pending=None, **c.lay)
         wb = cc["wb"]
         want_eng = torch.as_tensor(np.where(wb, 2, 1), dtype=torch.int32)
         rows.append(_flag(name, "engaged_as_protocol", torch.equal(eng.cpu(), want_eng),
@@ -540,7 +703,8 @@ def _point_carry(c: _Case, form: str, lazy: bool) -> list[dict]:
         otol = c.otol if form == "exact" else max(c.otol, WY_TOL)
         s = c.lsel[:c.n]
         rows += error_rows(name, o[:c.n], cc["o_ref"], tol=otol, what="o" + tag)
-        rows += error_rows(name, st[s], cc["state_ref"], tol=STATE_TOL, what="state" + tag)
+        rows += error_rows(name, st[s], c.to_layout(cc["state_ref"]), tol=STATE_TOL,
+                           what="state" + tag)
         rows += error_rows(name, carry.u[s], cc["u_ref"],
                            tol=STATE_TOL if form == "exact" else WY_TOL, what="stash u" + tag)
         # Over all B sequences: sequences that do not write back leave the state as it was;
@@ -570,7 +734,7 @@ def _point_carry(c: _Case, form: str, lazy: bool) -> list[dict]:
             # the launch above on its second call (the first that skips Triton's launcher)
             st_p, carry_p = c.state0.clone(), clone_carry(cc["carry"])
             plan = gdn_carry_verify_plan(st_p, carry_p, *c.args, slot_tab=c.sel, form=form,
-                                         lazy=lazy)
+                                         lazy=lazy, **c.lay)
             for _ in range(2):
                 st_p.copy_(c.state0)
                 carry_p.buf.copy_(cc["carry"].buf)
@@ -587,62 +751,45 @@ def _point_carry(c: _Case, form: str, lazy: bool) -> list[dict]:
     timed = {}
     for var, st, carry, nbytes, mean_pend, wb_frac, plan in ready:
         def run(st=st, carry=carry):
-            gdn_carry_verify(st, carry, *c.args, slot_tab=c.sel, form=form, lazy=lazy)
+            gdn_carry_verify(st, carry, *c.args, slot_tab=c.sel, form=form, lazy=lazy, **c.lay)
 
-        t, gr = _time(run, c.B)
-        timed[var] = (t, gr, nbytes)
+        t = _time(run)
+        timed[var] = (t, nbytes)
         kname = name if var == "eager" else f"{name}:{var}"
-        rows += _speed_rows(kname, t, gr, nbytes, variant=VARIANT_NAMES[var],
+        rows += _speed_rows(kname, t, nbytes, variant=VARIANT_NAMES[var],
                             mean_pend=mean_pend, wb_frac=wb_frac)
         if plan is not None:
-            t, gr = _time(plan, c.B)
-            rows += _speed_rows(f"{kname}{PLAN_SUFFIX}", t, gr, nbytes,
+            rows += _speed_rows(f"{kname}{PLAN_SUFFIX}", _time(plan, graph=False), nbytes,
                                 variant=f"{VARIANT_NAMES[var]}, launch plan",
                                 mean_pend=mean_pend, wb_frac=wb_frac)
     if lazy:
         f = float(c.acc["lazy_wb"])
-        (t0, g0, b0), (t1, g1, b1) = timed["nowb"], timed["wb"]
-        comb = {k: (1 - f) * float(t0[k]) + f * float(t1[k]) for k in ("median_us", "p20_us", "p80_us")}
-        comb["timer"] = t0["timer"]
-        graph = None if g0 is None or g1 is None else (1 - f) * g0 + f * g1
-        rows += _speed_rows(name, comb, graph, round((1 - f) * b0 + f * b1), variant="amortised",
-                            wb_frac=f, mean_pend=float(c.acc["lazy_mean_pend"]))
+        (t0, b0), (t1, b1) = timed["nowb"], timed["wb"]
+        rows += _speed_rows(name, _mix(t0, t1, f), round((1 - f) * b0 + f * b1),
+                            variant="amortised", wb_frac=f,
+                            mean_pend=float(c.acc["lazy_mean_pend"]))
     return rows
 
 
-def _point_fla(c: _Case) -> list[dict]:
-    name = "fla_fused_recurrent"
-    if fla_fused_recurrent() is None or not _on_cuda():
-        raise RuntimeError("fla_fused_recurrent: needs a GPU and an importable fla-core")
-    q, k, v, g, beta = (t.contiguous() for t in c.args)
-    run, gva = fla_runner(q, k, v, g, beta, c.state0[c.lsel].contiguous(), scale=c.D ** -0.5)
-
-    o_f, h_f = run()
-    o_dec, st_dec, _ = c.decoded()
-    rows = (error_rows(name, o_f[:c.n], c.o_ref, tol=c.otol, what="o")
-            + error_rows(name, h_f[:c.n], c.s_ref, tol=STATE_TOL, what="state")
-            + error_rows(name, o_f, o_dec, tol=c.otol, what="o vs decode")
-            + error_rows(name, h_f, st_dec, tol=STATE_TOL, what="state vs decode"))
-    _require(rows)
-    del o_f, h_f
-    t, gr = _time(run, c.B)
-    version = fla_version()
-    return rows + _speed_rows(name, t, gr, fla_bytes(c.B, c.K, c.HK, c.HV, c.D, c.dtype),
-                              variant="", fla_gva=gva, fla_version=version)
-
-
 def gdn_point(point: dict) -> list[dict]:
-    """Check, then time, one provider at one ``(shape, K, B)`` (module docstring).
+    """Check, then time, one provider at one ``(shape, K, B, state_layout)`` (module docstring).
 
-    Point keys: ``K, B, HK, HV, head_dim, dtype, provider, slots, rows_max, seed, mean_accept,
-    accept_K`` (``points`` fills them). Returns tidy rows: error and flag rows (``passed``),
-    then ``time_us`` / ``gbps`` / ``roofline_frac`` rows (``bytes``; ``floor_us`` and, at
-    ``B = 1``, ``graph_us`` on the GPU). Raises ``CheckFailed`` when a check fails (nothing is
-    timed then); any other exception (FLA error, OOM) propagates to ``run_sweep``, which stores
-    the point as failed and goes on (an OOM first drops the cached inputs)."""
+    Point keys: ``K, B, HK, HV, head_dim, dtype, state_layout, provider, slots, rows_max, seed,
+    mean_accept, accept_K`` (``points`` fills them; ``state_layout`` defaults to ``"kv"``).
+    Returns tidy rows: error and flag rows (``passed``), then per timer (``do_bench`` and
+    ``cuda_graph`` on a GPU, ``interpreter-wall`` on the CPU) ``time_us`` / ``gbps`` /
+    ``roofline_frac`` rows (``bytes``; ``floor_us`` on the GPU). Raises ``CheckFailed`` when a
+    check fails (nothing is timed then); any other exception (a peer's error, OOM) propagates
+    to ``run_sweep``, which stores the point as failed and goes on (an OOM first drops the
+    cached inputs)."""
+    from pmll_lab.experiments import roofline_peers
+
     prov = point["provider"]
     if prov not in PROVIDERS:
         raise ValueError(f"provider: unknown {prov!r}; known {list(PROVIDERS)}")
+    layout = point.get("state_layout", "kv")
+    if not layout_support(prov, layout):
+        raise ValueError(f"state_layout: {prov} does not run with {layout!r} states")
     try:
         c = _case(point)
         if prov == "decodes":
@@ -650,7 +797,9 @@ def gdn_point(point: dict) -> list[dict]:
         if prov == "chain_snapshots":
             return _point_chain(c)
         if prov == "fla_fused_recurrent":
-            return _point_fla(c)
+            return roofline_peers.point_fla(c)
+        if prov in FLASHINFER:
+            return roofline_peers.point_flashinfer(c, prov)
         form, mode = prov.split("_")[1:]
         return _point_carry(c, form, mode == "lazy")
     except torch.OutOfMemoryError:
@@ -658,388 +807,21 @@ def gdn_point(point: dict) -> list[dict]:
         raise
 
 
-# ---- tables ------------------------------------------------------------------------------------
+# ---- tables, headline and plots (roofline_report, roofline_plots) ------------------------------
 
-def on_gpu(df: pd.DataFrame) -> bool:
-    """Whether ``df`` holds GPU (``do_bench``) timings."""
-    return "timer" in df and (df["timer"] == "do_bench").any()
+_REPORT_MODULES = ("roofline_report", "roofline_plots")
 
 
-def roofline_gbps(df: pd.DataFrame) -> float | None:
-    """The copy bandwidth the rows were divided by (GB/s), None without GPU rows."""
-    if "copy_gbps" not in df:
-        return None
-    vals = pd.to_numeric(df["copy_gbps"], errors="coerce").dropna()
-    return float(vals.iloc[0]) if len(vals) else None
+def __getattr__(name: str):
+    """The tables, targets, headline and plots live in ``roofline_report`` and
+    ``roofline_plots`` (which import this module); they are reachable here too
+    (``roofline.headline_table``), imported on first use."""
+    import importlib
 
-
-def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per kernel and compared quantity: points, passed, worst rel_l2 and its tolerance (error
-    rows), or the bitwise / protocol flags."""
-    if df.empty or "passed" not in df:
-        return pd.DataFrame()
-    chk = df[df["passed"].notna()].copy()
-    chk["what"] = chk["what"].fillna("")
-    chk["passed"] = chk["passed"].astype(bool)
-    err = chk[chk["metric"] == "rel_l2"]
-    t1 = (err.groupby(["kernel", "what"])
-          .agg(points=("value", "size"), passed=("passed", "sum"), worst_rel_l2=("value", "max"),
-               tolerance=("tolerance", "max")).reset_index())
-    vs_dec = t1["what"].str.contains("vs decode|written-back", regex=True)
-    t1["check"] = np.where(vs_dec, "rel. L2 vs decode", "rel. L2 vs float64 reference")
-    flg = chk[~chk["metric"].isin(["rel_l2", "max_abs"])]
-    t2 = (flg.groupby(["kernel", "metric", "what"])
-          .agg(points=("value", "size"), passed=("passed", "sum")).reset_index()
-          .rename(columns={"metric": "check"}))
-    out = pd.concat([t1, t2], ignore_index=True)
-    out["passed"] = out["passed"].astype(int)
-    cols = ["kernel", "check", "what", "points", "passed", "worst_rel_l2", "tolerance"]
-    out = out[[c for c in cols if c in out]]
-    return out.sort_values(["kernel", "check", "what"]).reset_index(drop=True)
-
-
-def failed_points(df: pd.DataFrame) -> pd.DataFrame:
-    """One line per failed point: its parameters and error text."""
-    return _failed_points(df, ("provider", "K", "B", "HK", "HV", "head_dim", "dtype", "gate", "M", "T"))
-
-
-def wide_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per timed (point, kernel) that passed its checks: the point's parameters and
-    ``time_us`` (+ ``p20``, ``p80``, ``graph_us``, ``floor_us``), ``gbps``, ``bytes`` and, on a
-    GPU, ``roofline_frac``. Interpreter and GPU timings are never mixed (``speed_rows``)."""
-    if df.empty or "metric" not in df:
-        return pd.DataFrame()
-    tm = speed_rows(df, "time_us")
-    if tm.empty:
-        return pd.DataFrame()
-    key = ["point_id", "kernel"]
-    out = tm.rename(columns={"value": "time_us"}).drop(columns=["metric", "bytes"], errors="ignore")
-    for metric in ("gbps", "roofline_frac"):
-        m = speed_rows(df, metric)
-        if m.empty:
-            continue
-        cols = ["value"] + (["bytes"] if metric == "gbps" else [])
-        m = m[key + cols].rename(columns={"value": metric})
-        out = out.merge(m, on=key, how="left")
-    return out.reset_index(drop=True)
-
-
-def main_shape(df: pd.DataFrame) -> dict:
-    """``MAIN_SHAPE`` if the results hold it, else the shape with the most timed points."""
-    w = wide_table(df)
-    if w.empty:
-        return {}
-    sizes = w.groupby(list(SHAPE_KEYS)).size()
-    if tuple(MAIN_SHAPE[k] for k in SHAPE_KEYS) in sizes.index:
-        return dict(MAIN_SHAPE)
-    return dict(zip(SHAPE_KEYS, sizes.idxmax()))
-
-
-def _sel_shape(df: pd.DataFrame, shape: dict) -> pd.DataFrame:
-    for k, v in shape.items():
-        df = df[df[k] == v]
-    return df
-
-
-def _lookup(w: pd.DataFrame, kernel: str, col: str, **where) -> float:
-    """``w[col]`` of the one row of ``kernel`` matching ``where`` (NaN if none)."""
-    if w.empty or col not in w:
-        return math.nan
-    s = w[w["kernel"] == kernel]
-    for k, v in where.items():
-        s = s[s[k] == v]
-    return float(s[col].iloc[0]) if len(s) and pd.notna(s[col].iloc[0]) else math.nan
-
-
-def lazy_table(df: pd.DataFrame, shape: dict | None = None, Bs=(1, 64, 128)) -> pd.DataFrame:
-    """Time per verify (us) of the carry forms per ``K`` and ``B``: eager, the lazy timings
-    without and with a write-back, and their amortised combination with the write-back
-    frequency it used."""
-    w = wide_table(df)
-    if w.empty:
-        return pd.DataFrame()
-    shape = main_shape(df) if shape is None else shape
-    w = _sel_shape(w, shape)
-    w = w[w["B"].isin(Bs) & w["kernel"].str.startswith("carry_")
-          & ~w["kernel"].str.endswith(PLAN_SUFFIX)]
-    if w.empty:
-        return pd.DataFrame()
-    w = w.assign(form=w["kernel"].str.split("_").str[1])
-    out = w.pivot_table(index=["form", "K", "B"], columns="variant", values="time_us").reset_index()
-    out.columns.name = None
-    amort = w[w["variant"] == "amortised"].set_index(["form", "K", "B"])["wb_frac"]
-    out["write-back freq used"] = [amort.get(k, math.nan)
-                                   for k in zip(out["form"], out["K"], out["B"])]
-    return out.round(3)
-
-
-def b1_table(df: pd.DataFrame, shape: dict | None = None) -> pd.DataFrame:
-    """``B = 1``: the do_bench time per call (host launch included) and, on a GPU, the CUDA
-    graph replay time, per kernel and ``K``."""
-    w = wide_table(df)
-    if w.empty:
-        return pd.DataFrame()
-    shape = main_shape(df) if shape is None else shape
-    w = _sel_shape(w, shape)
-    w = w[w["B"] == 1]
-    cols = ["kernel", "K", "time_us"] + (["graph_us"] if "graph_us" in w else [])
-    return w[cols].sort_values(["K", "kernel"]).reset_index(drop=True).round(2)
-
-
-def shapes_table(df: pd.DataFrame, B: int = 64, K: int = 4) -> pd.DataFrame:
-    """Time, GB/s and roofline fraction of every provider: ``K`` (4) for every shape and
-    ``K = 8`` at the main shape (the head sizes, head counts and rows issue 5 asks to see), at
-    batch width ``B``, or the largest batch width below it that the shape was run at."""
-    w = wide_table(df)
-    if w.empty:
-        return pd.DataFrame()
-    w = w[w["kernel"].isin(PROVIDERS)]
-    main = main_shape(df)
-    is_main = np.ones(len(w), dtype=bool)
-    for k, v in main.items():
-        is_main &= (w[k] == v).to_numpy()
-    w = w[(w["K"] == K).to_numpy() | ((w["K"] == 8).to_numpy() & is_main)]
-    if w.empty:
-        return pd.DataFrame()
-    keys = list(SHAPE_KEYS) + ["K"]
-    below = w[w["B"] <= B]
-    if below.empty:
-        return pd.DataFrame()
-    pick = below.groupby(keys)["B"].transform("max")
-    w = below[below["B"] == pick]
-    cols = [c for c in ("HK", "HV", "head_dim", "dtype", "K", "B", "kernel", "time_us", "gbps",
-                        "roofline_frac") if c in w]
-    out = w[cols].sort_values(["HV", "head_dim", "K", "kernel"]).reset_index(drop=True)
-    return out.round({"time_us": 2, "roofline_frac": 3})
-
-
-def pmll_table(pdf: pd.DataFrame, min_bytes: float = 4 * L2_BYTES) -> pd.DataFrame:
-    """PMLL read and write launches: MB moved, time, GB/s and (GPU) roofline fraction; on a GPU
-    only launches moving at least ``min_bytes`` (4x the L2)."""
-    w = wide_table(pdf)
-    if w.empty:
-        return pd.DataFrame()
-    w = w.assign(MB=w["bytes"].astype(float) / 1e6)
-    if on_gpu(w):
-        w = w[w["MB"] * 1e6 >= min_bytes]
-    cols = [c for c in ("kernel", "gate", "dtype", "B", "H", "M", "T", "D", "MB", "time_us",
-                        "gbps", "roofline_frac") if c in w]
-    return w[cols].reset_index(drop=True).round({"MB": 1, "time_us": 2, "roofline_frac": 3})
-
-
-# ---- targets -----------------------------------------------------------------------------------
-
-def _pct(v: float) -> str:
-    return "not measured" if math.isnan(v) else f"{v:.1%}"
-
-
-def targets_table(df: pd.DataFrame, pdf: pd.DataFrame | None = None, *, mean_accept: float = 3.3,
-                  accept_K: int = 4, seed: int = 0) -> pd.DataFrame:
-    """Issue 5's targets, each computed from the data: ``target``, ``measured``, ``status``:
-    ``met`` / ``missed``, ``not measured`` (no such rows), ``reported`` (no threshold), or
-    ``GPU only`` for every target when the results hold no GPU timing (interpreter wall times
-    say nothing about the roofline)."""
-    rows: list[dict] = []
-    w_all = wide_table(df)
-    gpu = on_gpu(w_all) if not w_all.empty else False
-    w = _sel_shape(w_all, MAIN_SHAPE) if gpu else pd.DataFrame()
-
-    def add(target: str, measured: str | None, ok: bool | None):
-        if not gpu:
-            rows.append({"target": target, "measured": "GPU only", "status": "GPU only"})
-        elif measured is None:
-            rows.append({"target": target, "measured": "not measured", "status": "not measured"})
-        else:
-            rows.append({"target": target, "measured": measured,
-                         "status": "reported" if ok is None else ("met" if ok else "missed")})
-
-    def get(kernel, col, K, B):
-        return _lookup(w, kernel, col, K=K, B=B)
-
-    f4 = acceptance(4, mean_accept, accept_K, seed=seed)["lazy_wb"]
-    for form, label, frac_t, speed_t in (("wy", "WY", 0.75, 3.5), ("exact", "exact", 0.50, 2.5)):
-        kern = f"carry_{form}_lazy"
-        for B in (64, 128):
-            fr = get(kern, "roofline_frac", 4, B)
-            add(f"carry lazy {label}, K=4, B={B}: >= {frac_t:.0%} of roofline (write-backs "
-                f"amortised at f = {f4:.2f})", None if math.isnan(fr) else _pct(fr),
-                None if math.isnan(fr) else fr >= frac_t)
-            tf, tc = get("fla_fused_recurrent", "time_us", 4, B), get(kern, "time_us", 4, B)
-            sp = tf / tc
-            add(f"carry lazy {label}, K=4, B={B}: >= {speed_t}x faster than FLA (same K rows)",
-                None if math.isnan(sp) else f"{sp:.2f}x ({tc:.1f} us vs FLA {tf:.1f} us)",
-                None if math.isnan(sp) else sp >= speed_t)
-    for B in (64, 128):
-        fr = get("chain_snapshots", "roofline_frac", 4, B)
-        add(f"snapshot chain, K=4, B={B}: >= 75% of its roofline",
-            None if math.isnan(fr) else _pct(fr), None if math.isnan(fr) else fr >= 0.75)
-    for B in (64, 128, 256):
-        fr = get("decodes", "roofline_frac", 1, B)
-        add(f"decode (K=1), B={B}: >= 85% of roofline",
-            None if math.isnan(fr) else _pct(fr), None if math.isnan(fr) else fr >= 0.85)
-        td, tf = get("decodes", "time_us", 1, B), get("fla_fused_recurrent", "time_us", 1, B)
-        add(f"decode (K=1), B={B}: faster than FLA",
-            None if math.isnan(td + tf) else f"{td:.1f} us vs FLA {tf:.1f} us ({tf / td:.2f}x)",
-            None if math.isnan(td + tf) else td < tf)
-    for kern in ("carry_wy_lazy", "carry_exact_lazy"):
-        tb, gr = get(kern, "time_us", 4, 1), get(kern, "graph_us", 4, 1)
-        add(f"B=1, K=4, {LABELS[kern]}: <= 10 us per verify call (do_bench, host launch "
-            "included)", None if math.isnan(tb) else
-            f"{tb:.1f} us (CUDA graph replay: {'n/a' if math.isnan(gr) else f'{gr:.1f} us'})",
-            None if math.isnan(tb) else tb <= 10.0)
-    pw = wide_table(pdf) if pdf is not None and gpu else pd.DataFrame()
-    for kern, label in (("pmll_read", "PMLL read"), ("pmll_write", "PMLL write")):
-        target = f"{label}: >= 80% of copy bandwidth at >= 4x the L2 ({4 * L2_BYTES / 1e6:.0f} MB)"
-        s = pw[(pw["kernel"] == kern) & (pw["bytes"] >= 4 * L2_BYTES)] if not pw.empty else pw
-        if s.empty or "roofline_frac" not in s:
-            add(target, None, None)
-            continue
-        worst = float(s["roofline_frac"].min())
-        add(target, f"worst {worst:.1%}, median {s['roofline_frac'].median():.1%} over "
-                    f"{len(s)} launches", worst >= 0.80)
-    others = [("head size 64", dict(MAIN_SHAPE, head_dim=64), 4),
-              ("head size 256", dict(MAIN_SHAPE, head_dim=256), 4),
-              ("HV=64", dict(MAIN_SHAPE, HV=64), 4), ("K=8", MAIN_SHAPE, 8)]
-    for label, shp, K in others:
-        s = _sel_shape(w_all, shp) if gpu else pd.DataFrame()
-        if not s.empty:
-            s = s[(s["K"] == K) & (s["B"] == 64) & s["kernel"].isin(PROVIDERS)]
-        txt = ", ".join(f"{LABELS[k]} {_pct(v)}" for k, v in zip(s.get("kernel", []),
-                                                                  s.get("roofline_frac", [])))
-        add(f"{label}: roofline fractions reported (K={K}, B=64)", txt or None, None)
-    return pd.DataFrame(rows)
-
-
-# ---- plots -------------------------------------------------------------------------------------
-
-def plot_roofline(df: pd.DataFrame, shape: dict | None = None):
-    """One column per ``K``: time per verify against batch width ``B``, every provider a line,
-    with (GPU) the roofline-floor time dashed (state read once, ``K`` stash rows and rows in and
-    out) and the state-read-and-written-once time dotted; on a GPU a second row holds each
-    provider's fraction of the roofline. On the CPU the single row is the Triton interpreter's
-    wall time, labelled so (no roofline there). Returns the figure (None without timings)."""
-    import matplotlib.pyplot as plt
-
-    w = wide_table(df)
-    if w.empty:
-        return None
-    shape = main_shape(df) if shape is None else shape
-    w = _sel_shape(w, shape)
-    gpu = on_gpu(w)
-    roof = roofline_gbps(df) if gpu else None
-    Ks = sorted(w["K"].unique())
-    nrow = 2 if gpu else 1
-    fig, axes = plt.subplots(nrow, len(Ks), figsize=(3.4 * len(Ks), 3.2 * nrow), squeeze=False)
-    dt = getattr(torch, shape["dtype"])
-    for j, K in enumerate(Ks):
-        ax = axes[0][j]
-        for prov in PROVIDERS:
-            s = w[(w["K"] == K) & (w["kernel"] == prov)].sort_values("B")
-            if s.empty:
-                continue
-            col, ls, mk = STYLE[prov]
-            ax.plot(s["B"], s["time_us"], ls=ls, marker=mk, ms=3, color=col, label=LABELS[prov])
-            if gpu and "roofline_frac" in s:
-                axes[1][j].plot(s["B"], s["roofline_frac"], ls=ls, marker=mk, ms=3, color=col,
-                                label=LABELS[prov])
-        if roof:
-            Bs = np.array(sorted(w[w["K"] == K]["B"].unique()))
-            args = (int(K), shape["HK"], shape["HV"], shape["head_dim"], dt)
-            ax.plot(Bs, [floor_bytes(int(b), *args) / (roof * 1e3) for b in Bs], "k--", lw=1,
-                    label="roofline floor (state read once)")
-            ax.plot(Bs, [nosnap_bytes(int(b), *args) / (roof * 1e3) for b in Bs], ":",
-                    color="grey", lw=1, label="state read + written once")
-            bx = axes[1][j]
-            bx.axhline(1.0, color="k", lw=0.8)
-            bx.axhline(0.75, color="grey", ls="--", lw=0.8)
-            bx.set_ylim(0, 1.1)
-            bx.set_xscale("log", base=2)
-            bx.set_xlabel("batch width B (sequences)")
-        else:
-            ax.set_xlabel("batch width B (sequences)")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(f"K = {K}")
-    axes[0][0].set_ylabel("time per verify (us, do_bench median)" if gpu else
-                          "time per verify (us)\nTriton interpreter wall time, not GPU speed")
-    if gpu:
-        axes[1][0].set_ylabel("fraction of copy roofline\n(SPEC §4 bytes; -- 75 %)")
-    axes[0][-1].legend(fontsize=6, loc="best")
-    desc = ", ".join(f"{k}={v}" for k, v in shape.items())
-    fig.suptitle(("Verify time and roofline fraction" if gpu else
-                  "Verify time (Triton interpreter wall time, not GPU speed)")
-                 + f" vs batch width ({desc}" + (f"; copy roofline {roof:.0f} GB/s)" if roof else ")"),
-                 fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def plot_errors(df: pd.DataFrame, ax=None):
-    """rel_l2 of every kernel against the float64 reference (and decode), each tolerance as a
-    short dash; 0 drawn at 1e-12. Returns the axes (None without error rows)."""
-    import matplotlib.pyplot as plt
-
-    err = df[df["metric"] == "rel_l2"].copy() if "metric" in df else pd.DataFrame()
-    if err.empty:
-        return None
-    if ax is None:
-        _, ax = plt.subplots(figsize=(11, 4.2), layout="constrained")
-    err["cat"] = err["kernel"] + ": " + err["what"].fillna("")
-    cats = sorted(err["cat"].unique())
-    for i, cat in enumerate(cats):
-        s = err[err["cat"] == cat]
-        col = STYLE.get(s["kernel"].iloc[0], ("C7",))[0]
-        ax.scatter([i] * len(s), s["value"].astype(float).clip(lower=1e-12), s=10, color=col,
-                   alpha=0.6)
-        ax.hlines(float(s["tolerance"].max()), i - 0.35, i + 0.35, colors="k", linestyles="--",
-                  lw=1)
-    ax.set_xticks(range(len(cats)), cats, fontsize=6, rotation=90)
-    ax.set_yscale("log")
-    ax.set_ylabel("rel. L2 error")
-    ax.set_title("Errors checked before timing (-- tolerance; 0 drawn at 1e-12)", fontsize=10)
-    return ax
-
-
-# ---- conclusion --------------------------------------------------------------------------------
-
-def conclusion(df: pd.DataFrame, pdf: pd.DataFrame | None, targets: pd.DataFrame, *,
-               mean_accept: float = 3.3, accept_K: int = 4, seed: int = 0) -> str:
-    """A few sentences written from the results (markdown)."""
-    lines = []
-    n_pts = df["point_id"].nunique() if "point_id" in df else 0
-    n_fail = df[df["status"] == "failed"]["point_id"].nunique() if n_pts else 0
-    lines.append(f"- GDN: {n_pts} provider points run, {n_fail} failed (a check or an error)"
-                 + (": see the failed points above." if n_fail else "."))
-    if pdf is not None and not pdf.empty:
-        pf = pdf[pdf["status"] == "failed"]["point_id"].nunique()
-        lines.append(f"- PMLL: {pdf['point_id'].nunique()} ring points, {pf} failed.")
-    a4 = acceptance(4, mean_accept, accept_K, seed=seed)
-    lines.append(f"- Acceptance process: alpha = {a4['alpha']:.3f} per draft (mean accepted "
-                 f"length {mean_accept} at K={accept_K}); the lazy verify writes back in "
-                 f"{a4['lazy_wb']:.0%} of K=4 verifies (mean {a4['lazy_mean_pend']:.2f} pending "
-                 "rows): the frequency the amortised lazy figures use.")
-    w = wide_table(df)
-    if w.empty or not on_gpu(w):
-        lines.append("- No GPU timing in these results: the times are Triton-interpreter wall "
-                     "times on the CPU, there is no roofline, and every target reads 'GPU only'. "
-                     "Run the full preset on the H200 for the figures.")
-        return "\n".join(lines)
-    roof = roofline_gbps(df)
-    if roof:
-        lines.append(f"- Copy roofline of this run: {roof:.0f} GB/s.")
-    m = _sel_shape(w, MAIN_SHAPE)
-    for B in (64, 128):
-        parts = []
-        for prov in PROVIDERS:
-            tm = _lookup(m, prov, "time_us", K=4, B=B)
-            fr = _lookup(m, prov, "roofline_frac", K=4, B=B)
-            if not math.isnan(tm):
-                parts.append(f"{LABELS[prov]} {tm:.1f} us ({_pct(fr)})")
-        if parts:
-            lines.append(f"- K=4, B={B} (HV=32, kd=vd=128): " + "; ".join(parts) + ".")
-    if not targets.empty:
-        counts = targets["status"].value_counts()
-        lines.append("- Targets: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ".")
-        for _, r in targets[targets["status"] == "missed"].iterrows():
-            lines.append(f"  - missed: {r['target']}: measured {r['measured']}.")
-    return "\n".join(lines)
+    if name.startswith("__"):
+        raise AttributeError(name)
+    for mod in _REPORT_MODULES:
+        m = importlib.import_module(f"pmll_lab.experiments.{mod}")
+        if hasattr(m, name):
+            return getattr(m, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,106 @@
+"""The roofline's peer providers: FLA (K-major) and FlashInfer (V-major), checked, then timed.
+
+Each takes a ``roofline._Case`` (the shared inputs and references of one ``(shape, K, B,
+state_layout)``) and returns the provider's tidy rows, as ``roofline.gdn_point`` documents:
+
+- ``point_fla``: FLA's ``fused_recurrent_gated_delta_rule`` over the case's ``K`` rows from a
+  gathered copy of the ``B`` slots' K-major states (``pmll_lab.peers.fla_runner``);
+- ``point_flashinfer``: FlashInfer's decode (``flashinfer_decode``, ``K = 1``, the V-major pool
+  updated) or K-row verify (``flashinfer_mtp_snapshots``: ``intermediate_states_buffer`` and
+  ``disable_state_update=True``; ``flashinfer_mtp_frozen``: no buffer, pool frozen), fed the
+  raw gating inputs ``A_log, a, dt_bias, b`` whose fp32 ``g, beta`` our kernels get.
+
+Checks before timing: against the float64 chain reference on ``N_REF`` sequences (FlashInfer's
+with its own gating recomputed in float64, ``_Case.fi_ref``) and against our ``K`` decode
+launches over all ``B`` sequences (K-major baseline, transposed for FlashInfer), within the
+output and state tolerances (peers are not bitwise ours); FlashInfer's frozen verifies must
+leave the pool bit for bit as it was. Both need a GPU (``RuntimeError`` otherwise).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pmll_lab import peers
+from pmll_lab.bench import bitwise_equal, error_rows
+from pmll_lab.experiments import roofline as E
+from pmll_lab.gdn import chain_bytes, decode_bytes
+
+
+def point_fla(c) -> list[dict]:
+    """FLA over the case's ``K`` rows (K-major only); rows named ``fla_fused_recurrent``."""
+    name = "fla_fused_recurrent"
+    if peers.fla_fused_recurrent() is None or not E._on_cuda():
+        raise RuntimeError("fla_fused_recurrent: needs a GPU and an importable fla-core")
+    if c.layout != "kv":
+        raise ValueError(f"state_layout: FLA runs K-major states only, got {c.layout!r}")
+    q, k, v, g, beta = (t.contiguous() for t in c.args)
+    run, gva = peers.fla_runner(q, k, v, g, beta, c.state0[c.lsel].contiguous(),
+                                scale=c.D ** -0.5)
+    o_f, h_f = run()
+    o_dec, st_dec, _ = c.decoded()
+    rows = (error_rows(name, o_f[:c.n], c.o_ref, tol=c.otol, what="o")
+            + error_rows(name, h_f[:c.n], c.s_ref, tol=E.STATE_TOL, what="state")
+            + error_rows(name, o_f, o_dec, tol=c.otol, what="o vs decode")
+            + error_rows(name, h_f, st_dec, tol=E.STATE_TOL, what="state vs decode"))
+    E._require(rows)
+    del o_f, h_f
+    return rows + E._speed_rows(name, E._time(run), E.fla_bytes(c.B, c.K, c.HK, c.HV, c.D, c.dtype),
+                                variant="", fla_gva=gva, fla_version=peers.fla_version())
+
+
+def _vk(t: torch.Tensor) -> torch.Tensor:
+    """A K-major state tensor ``[..., kd, vd]`` seen V-major."""
+    return t.transpose(-1, -2)
+
+
+def point_flashinfer(c, provider: str) -> list[dict]:
+    """One FlashInfer provider (``roofline.FLASHINFER``) on a V-major case; rows named
+    ``provider``. The time rows carry ``flashinfer_version``."""
+    if provider not in E.FLASHINFER:
+        raise ValueError(f"provider: not a FlashInfer provider: {provider!r}")
+    if peers.flashinfer_gdn() is None or not E._on_cuda():
+        raise RuntimeError(f"{provider}: needs a GPU and an importable flashinfer-python")
+    if c.layout != "vk":
+        raise ValueError(f"state_layout: FlashInfer runs V-major states only, got {c.layout!r}")
+    name, K, n = provider, c.K, c.n
+    pool = c.state0.clone()                                     # [S, HV, vd, kd]
+    A_log, a, dt_bias, b = c.gate
+    q, k, v = c.args[:3]
+    gate = (A_log, a[:c.B, :K], dt_bias, b[:c.B, :K])
+    if provider == "flashinfer_decode":
+        run, bufs = peers.flashinfer_decode_runner(q, k, v, *gate, pool, c.sel, scale=c.D ** -0.5)
+    else:
+        run, bufs = peers.flashinfer_mtp_runner(q, k, v, *gate, pool, c.sel, scale=c.D ** -0.5,
+                                                snapshots=provider.endswith("snapshots"),
+                                                frozen=True)
+    run()
+    o = bufs["o"]
+    o_ref, s_ref, i_ref = c.fi_ref()
+    o_dec, st_dec, snaps = c.decoded("kv")
+    rows = (error_rows(name, o[:n], o_ref, tol=c.otol, what="o")
+            + error_rows(name, o, o_dec, tol=c.otol, what="o vs decode"))
+    if provider == "flashinfer_decode":
+        st = pool[c.lsel]
+        rows += (error_rows(name, st[:n], _vk(s_ref), tol=E.STATE_TOL, what="state")
+                 + error_rows(name, st, _vk(st_dec), tol=E.STATE_TOL, what="state vs decode"))
+        nbytes = decode_bytes(c.B, **c.io())
+    else:
+        rows.append(E._flag(name, "state_untouched", bitwise_equal(pool, c.state0),
+                            "pool unchanged (disable_state_update=True)"))
+        inter = bufs["intermediate"]
+        if inter is not None:                                   # [B, K, HV, vd, kd]
+            rows += (error_rows(name, inter[:n, :K - 1], _vk(i_ref), tol=E.STATE_TOL,
+                                what="snapshots")
+                     + error_rows(name, inter[:n, K - 1], _vk(s_ref), tol=E.STATE_TOL,
+                                  what="state")
+                     + error_rows(name, inter[:, :K - 1], _vk(torch.stack(snaps, 1)),
+                                  tol=E.STATE_TOL, what="snapshots vs decode")
+                     + error_rows(name, inter[:, K - 1], _vk(st_dec), tol=E.STATE_TOL,
+                                  what="state vs decode"))
+            nbytes = chain_bytes(c.B, K, **c.io())
+        else:
+            nbytes = E.frozen_bytes(c.B, K, c.HK, c.HV, c.D, c.dtype)
+    E._require(rows)
+    return rows + E._speed_rows(name, E._time(run), nbytes, variant="",
+                                flashinfer_version=peers.flashinfer_version())
