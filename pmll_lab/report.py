@@ -6,7 +6,8 @@ keeping, such as ``h200-2026-11-29``, are committed under their own names)::
     reports/<run>/
         index.html            device, date (UTC), commit, versions and preset on top; one row per
                               notebook: status (ok / FAILED), its HTML report, the executed
-                              notebook and its results files
+                              notebook and its results files; then each notebook's headline
+                              table (``results/<name>/headline.csv``, written by the notebook)
         manifest.json         the same, machine-readable
         <name>.html           the executed notebook rendered without input cells (nbconvert)
         <name>.ipynb          the executed notebook, outputs included (papermill)
@@ -28,6 +29,7 @@ code versions; ``resume=True`` keeps it, and the sweeps then skip the points alr
 from __future__ import annotations
 
 import contextlib
+import csv
 import datetime as _dt
 import html
 import json
@@ -316,7 +318,7 @@ def _write_index(run_dir: Path, manifest: dict, ran: list[dict], previous: list[
     manifest["complete"] = complete
     manifest["ok"] = all(e["status"] == "ok" for e in ran)
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    (run_dir / "index.html").write_text(index_html(manifest), encoding="utf-8")
+    (run_dir / "index.html").write_text(index_html(manifest, run_dir=run_dir), encoding="utf-8")
 
 
 _CSS = """
@@ -333,8 +335,41 @@ def _link(path: str | None, label: str) -> str:
     return f"<a href='{html.escape(path)}'>{html.escape(label)}</a>" if path else "none"
 
 
-def index_html(manifest: dict) -> str:
-    """The run's ``index.html``: provenance on top, one row per notebook with its links."""
+HEADLINE_FILE = "headline.csv"
+"""A notebook that writes ``<results_dir>/headline.csv`` gets that table on the run's index."""
+_STATUS_CLASS = {"met": "ok", "missed": "failed"}
+
+
+def headline_html(path: Path, title: str) -> str:
+    """A headline CSV (header row, then one row per target) as an HTML table under ``title``:
+    every row and column as written (no truncation); a ``status`` column of met / missed is
+    coloured. A file that cannot be read gives a one-line note instead."""
+    e = html.escape
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            rows = list(csv.reader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        return f"<p class='err'>{e(title)}: cannot read {e(path.name)}: {e(str(exc))}</p>"
+    if not rows:
+        return f"<p class='note'>{e(title)}: empty headline table.</p>"
+    head, body = rows[0], rows[1:]
+    col = head.index("status") if "status" in head else -1
+    out = [f"<h2>{e(title)}</h2>", "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head)
+           + "</tr>"]
+    for r in body:
+        cells = []
+        for i, v in enumerate(r):
+            cls = _STATUS_CLASS.get(v) if i == col else None
+            cells.append(f"<td class='{cls}'>{e(v)}</td>" if cls else f"<td>{e(v)}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
+    """The run's ``index.html``: provenance on top, one row per notebook with its links, then
+    (with ``run_dir``) the headline table of each notebook whose results hold
+    ``headline.csv`` (``headline_html``)."""
     e = html.escape
     env = manifest.get("environment", {})
     started = manifest.get("started_utc", "")
@@ -397,6 +432,11 @@ def index_html(manifest: dict) -> str:
                        f"<td>{_link(b.get('ipynb'), b.get('ipynb') or '')}</td>"
                        f"<td>{results}</td></tr>")
         out.append("</table>")
+        if run_dir is not None:
+            for b in books:
+                for r in b.get("results", []):
+                    if r.split("/")[-1] == HEADLINE_FILE and (Path(run_dir) / r).is_file():
+                        out.append(headline_html(Path(run_dir) / r, f"Headline: {b['name']}"))
     out.append(f"<p class='note'>Written by <code>python -m pmll_lab report</code>; "
                f"finished {e(manifest.get('finished_utc') or 'not yet')}. Machine-readable: "
                "<a href='manifest.json'>manifest.json</a>.</p></body></html>")

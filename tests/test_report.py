@@ -145,3 +145,25 @@ def test_bad_arguments_raise_before_running(tmp_path):
         build_report(run="../x", notebooks_dir=tmp_path, reports_dir=tmp_path)
     with pytest.raises(ReportError, match="notebooks: not found"):
         build_report([tmp_path / "missing.ipynb"], reports_dir=tmp_path)
+
+
+def test_index_shows_each_notebooks_headline(tmp_path):
+    """A notebook that writes ``results/<name>/headline.csv`` gets that table, whole, on the
+    run's index; met / missed are coloured; a notebook without one adds nothing."""
+    from pmll_lab.report import index_html
+
+    res = tmp_path / "results" / "roofline"
+    res.mkdir(parents=True)
+    rows = ["target,B,ours_us,status"] + [f"target number {i},{i},{10.5 + i},"
+                                         + ("met" if i % 2 else "missed") for i in range(70)]
+    (res / "headline.csv").write_text("\n".join(rows) + "\n")
+    manifest = {"run": "t", "environment": {}, "complete": True, "notebooks": [
+        {"name": "roofline", "status": "ok", "seconds": 1.0,
+         "results": ["results/roofline/headline.csv"]},
+        {"name": "other", "status": "ok", "seconds": 1.0, "results": []}]}
+    page = index_html(manifest, run_dir=tmp_path)
+    assert "<h2>Headline: roofline</h2>" in page and "Headline: other" not in page
+    assert page.count("<td class='ok'>met</td>") == 35
+    assert page.count("<td class='failed'>missed</td>") == 35
+    assert "target number 69" in page and "79.5" in page and "…" not in page
+    assert "Headline" not in index_html(manifest)          # without run_dir: links only

@@ -398,3 +398,67 @@ def test_targets_logic_on_constructed_gpu_rows():
     assert "missed" in E.conclusion(df, None, t.reset_index())
     fig = E.plot_roofline(df)
     assert len(fig.axes) == 2 * df["K"].nunique()       # time row and roofline-fraction row
+
+
+def test_headline_on_constructed_gpu_rows():
+    f = E.acceptance(4)["lazy_wb"]
+    df = _gpu_rows([
+        ("decodes", 1, 64, 80.0, 0.8, {}),
+        ("decodes", 1, 64, 70.0, 0.9, {"state_layout": "vk"}),     # the faster layout
+        ("flashinfer_decode", 1, 64, 75.0, 0.85, {"state_layout": "vk"}),
+        ("decodes", 1, 128, 160.0, 0.8, {}),
+        ("flashinfer_decode", 1, 128, 150.0, 0.85, {"state_layout": "vk"}),
+        ("decodes", 1, 256, 300.0, 0.8, {}),                         # no FlashInfer at 256
+        ("chain_snapshots", 4, 64, 300.0, 0.5, {}),
+        ("flashinfer_mtp_snapshots", 4, 64, 190.0, 0.84, {"state_layout": "vk"}),
+        ("carry_exact_lazy", 4, 64, 70.0, 0.5, {}),                  # 70/190 = 0.368 <= 0.4
+        ("carry_exact_lazy:nowb", 4, 64, 80.0, 0.4, {"mean_pend": 2.5}),
+        ("flashinfer_mtp_frozen", 4, 64, 81.0, 0.4, {"state_layout": "vk"}),
+        ("carry_wy_lazy:nowb", 4, 64, 400.0, 0.1, {}),
+        ("carry_exact_lazy:nowb:plan", 4, 1, 9.0, 0.01, {}),
+        ("carry_exact_lazy:wb:plan", 4, 1, 12.0, 0.01, {}),
+    ])
+    h = E.headline_table(df)
+    assert list(h.columns) == E.HEADLINE_COLUMNS
+    assert (h["timer"].iloc[:-1] == "cuda_graph").all() and h["timer"].iloc[-1] == "do_bench"
+
+    def row(prefix, B):
+        hits = h[h["target"].str.startswith(prefix) & (h["B"] == B)]
+        assert len(hits) == 1, (prefix, B)
+        return hits.iloc[0]
+
+    r = row("decode K=1", 64)
+    assert (r["status"], r["layout"], r["ours_us"], r["peer_us"]) == ("met", "vk", 70.0, 75.0)
+    assert r["ratio"] == pytest.approx(70 / 75, abs=1e-3) and r["ours_roofline_frac"] == 0.9
+    assert row("decode K=1", 128)["status"] == "missed"
+    r = row("decode K=1", 256)
+    assert r["status"] == "not measured" and "peer" in r["note"]
+    assert row("snapshot verify K=4", 64)["status"] == "missed"
+    assert row("snapshot verify K=4", 128)["status"] == "not measured"
+    r = row("carry lazy exact K=4, amortised", 64)
+    assert r["status"] == "met" and r["bound"] == 0.4 and r["ratio"] == pytest.approx(70 / 190, abs=1e-3)
+    r = row("carry lazy exact K=4 without", 64)
+    assert r["status"] == "met" and "mean pend 2.50" in r["note"]
+    assert row("WY lazy K=4", 64)["status"] == "missed"
+    plan = h.iloc[-1]
+    assert plan["ours_us"] == pytest.approx((1 - f) * 9 + f * 12, abs=0.01)
+    assert plan["status"] == ("met" if (1 - f) * 9 + f * 12 <= 10 else "missed")
+    # a run without FlashInfer says so, and targets against it are not measured
+    h2 = E.headline_table(df[~df["kernel"].str.startswith("flashinfer")])
+    r = h2[h2["target"].str.startswith("decode K=1") & (h2["B"] == 64)].iloc[0]
+    assert r["status"] == "not measured" and r["note"] == "FlashInfer not in this run"
+    assert "met" in E.headline_summary(h) and "missed" in E.headline_summary(h)
+
+
+def test_headline_on_interpreter_rows_reads_gpu_only():
+    df = _gpu_rows([("decodes", 1, 4, 900.0, 0.1, {"do_bench": None}),
+                    ("carry_wy_lazy:nowb", 4, 4, 5000.0, 0.1, {"do_bench": None}),
+                    ("carry_exact_lazy:nowb", 4, 4, 4000.0, 0.1, {"do_bench": None})])
+    df["timer"] = "interpreter-wall"
+    df = df[df["metric"] != "roofline_frac"]
+    h = E.headline_table(df)
+    r = h[h["target"].str.startswith("WY lazy")].iloc[0]
+    assert (r["status"], r["B"], r["timer"]) == ("GPU only", 4, "interpreter-wall")
+    assert "B=4 stands in for the target's B=64" in r["note"]
+    assert r["ratio"] == pytest.approx(1.25)
+    assert set(h["status"]) <= {"GPU only", "not measured"}

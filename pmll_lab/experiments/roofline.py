@@ -504,8 +504,9 @@ class _Case:
         ``(o [n, K, HV, vd], state [n, HV, kd, vd], snapshots [n, K-1, HV, kd, vd])``."""
         if self._fi_ref is None:
             A_log, a, dt_bias, b = (t.cpu() for t in self.gate)
-            g, beta = fused_gating(A_log, a[self.lsel[:self.n].cpu(), :self.K], dt_bias,
-                                   b[self.lsel[:self.n].cpu(), :self.K], dtype=torch.float64)
+            # the gating rows follow the batch rows (as q, k, v do), not the slots
+            g, beta = fused_gating(A_log, a[:self.n, :self.K], dt_bias, b[:self.n, :self.K],
+                                   dtype=torch.float64)
             sub = self.state_kv[self.lsel[:self.n]].to("cpu", torch.float64)
             self._fi_ref = gdn_chain_ref(sub, *self.cpu_args[:3], g, beta)
         return self._fi_ref
