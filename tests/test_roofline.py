@@ -175,6 +175,7 @@ def test_graph_rows_and_floor_fields(monkeypatch):
     per timer, and the roofline fraction and floor time follow from the bytes."""
     import pmll_lab.bench as bench
 
+    assert bench.time_cuda_graph(lambda: None) is None        # the CPU has no CUDA graph
     roof = 4000.0
     graphs = iter([3.0, 5.0])    # nowb, wb (the plans are not graph-timed)
 
