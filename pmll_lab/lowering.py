@@ -187,14 +187,17 @@ def sass_stats(compiled) -> dict:
 
 def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, int] = (16, 32),
                      input_type: str = "bf16", arch: int = 90,
-                     resources: dict | None = None) -> dict[str, set[str]]:
+                     resources: dict | None = None, layout: str = "kv",
+                     batch: int = 64) -> dict[str, set[str]]:
     """Reduction layouts of the kernels that must agree bitwise with GDN decode (SPEC §2):
     ``gdn_rows_kernel`` (decode and the chain), the exact carried-state verify per head and with
     split columns. Each kernel as the launchers launch it (``block_config`` shapes and warps,
     lazy form, l2norm in kernel; contiguous state of ``head_dim x head_dim`` per head, the
     decode launch's integer values). Returns ``{kernel name: set of reduction layouts}``: the
     family agrees when every set equals decode's. A dict passed as ``resources`` is filled with
-    each kernel's :func:`sass_stats`. Raises ``ValueError`` for ``rows`` outside
+    each kernel's :func:`sass_stats`. ``layout="vk"`` lowers the V-major family instead
+    (``gdn_rows_vk_kernel``, ``gdn_carry_exact_vk_kernel``; tile from ``vk_config`` for
+    ``batch * HV`` work units). Raises ``ValueError`` for ``rows`` outside
     ``1..8``, ``head_dim < 1`` or value heads not a multiple of key heads, and ``RuntimeError``
     as :func:`lower` does."""
     from pmll_lab.ops.carry import gdn_carry as C
@@ -206,30 +209,44 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     if heads[0] < 1 or heads[1] % heads[0]:
         raise ValueError(f"heads: value heads {heads[1]} must be a multiple of key heads {heads[0]}")
     from pmll_lab.ops.gdn import decode as D
-    from pmll_lab.ops.gdn.recurrence import CARRY_PREFETCH_ROWS, block_config
+    from pmll_lab.ops.gdn.recurrence import (CARRY_PREFETCH_ROWS, block_config, check_layout,
+                                             vk_chunks, vk_config)
 
+    check_layout("layout", layout)
     HK, HV = heads
-    BK, BV, warps = block_config(head_dim, head_dim)
+    if layout == "vk":
+        from pmll_lab.ops.carry import gdn_carry_vk as VK
+        from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
+
+        BK, BV, warps = vk_config(head_dim, head_dim, batch * HV)
+        rows_kernel, carry_kernels = gdn_rows_vk_kernel, (VK.gdn_carry_exact_vk_kernel,)
+        chunks = dict(zip(("NC", "CW"), vk_chunks(BK)))
+    else:
+        BK, BV, warps = block_config(head_dim, head_dim)
+        chunks = {}
+        rows_kernel = D.gdn_rows_kernel
+        carry_kernels = (C._gdn_carry_exact_kernel, C._gdn_carry_exact_split_kernel)
     rows_t = {n: f"*{input_type}" for n in ("q", "k", "v", "o")} | {"g": "*fp32", "beta": "*fp32"}
     dec_types = {"state": "*fp32", "inter": "*fp32", "slot_idx": "*i32", "scale": "fp32", **rows_t}
-    dec_types = {p.name: dec_types.get(p.name, "i32") for p in D.gdn_rows_kernel.params
+    dec_types = {p.name: dec_types.get(p.name, "i32") for p in rows_kernel.params
                  if not p.is_constexpr}
-    dec = lower(D.gdn_rows_kernel, dec_types,
+    stride3 = "s_key" if layout == "kv" else "s_row"
+    dec = lower(rows_kernel, dec_types,
                 dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,
                      STORE_INTER=False, USE_QK_L2NORM=True,
-                     UNROLL=rows <= D.CHAIN_UNROLL_MAX_ROWS),
+                     UNROLL=rows <= D.CHAIN_UNROLL_MAX_ROWS, **chunks),
                 num_warps=warps, arch=arch,
                 values=dict(HV=HV, GROUP=HV // HK, s_slot=HV * head_dim * head_dim,
-                            s_head=head_dim * head_dim, s_key=head_dim))
+                            s_head=head_dim * head_dim, **{stride3: head_dim}))
     carry_types = {f"{n}_ptr": t for n, t in rows_t.items()} | {
         "state_ptr": "*fp32", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
         "engaged_ptr": "*i32", "arrive_ptr": "*i32", "scale": "fp32"}
     meta = dict(K=rows, CAP=C.GDN_CARRY_CAP, HV=HV, GROUP=HV // HK, KD=head_dim, VD=head_dim,
                 BK=BK, BV=BV, NV=-(-head_dim // BV), LAZY=True, USE_QK_L2NORM=True,
-                PREFETCH=CARRY_PREFETCH_ROWS, UNROLL=rows <= C.EXACT_UNROLL_MAX_ROWS)
-    compiled = {"gdn_rows_kernel": dec}
-    out = {"gdn_rows_kernel": set(reduction_layouts(dec.asm["ttgir"]))}
-    for kern in (C._gdn_carry_exact_kernel, C._gdn_carry_exact_split_kernel):
+                PREFETCH=CARRY_PREFETCH_ROWS, UNROLL=rows <= C.EXACT_UNROLL_MAX_ROWS, **chunks)
+    compiled = {rows_kernel.__name__: dec}
+    out = {rows_kernel.__name__: set(reduction_layouts(dec.asm["ttgir"]))}
+    for kern in carry_kernels:
         types = dict(carry_types)
         for p in kern.params:
             types.setdefault(p.name, "i32")
@@ -256,13 +273,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-dim", type=int, default=128, help="kd = vd (default 128)")
     ap.add_argument("--rows", type=int, default=4, help="draft rows K (default 4)")
     ap.add_argument("--input-type", default="bf16", help="q/k/v/o type: bf16, fp16, fp32")
+    ap.add_argument("--layout", default="kv", help="state layout: kv (K-major) or vk (V-major)")
+    ap.add_argument("--batch", type=int, default=64, help="B for the V-major tile (default 64)")
     ap.add_argument("--resources", action="store_true",
                     help="also print registers, stack (spills) and SASS instruction counts")
     args = ap.parse_args(argv)
     res = {} if args.resources else None
     fam = gdn_exact_family(head_dim=args.head_dim, rows=args.rows, input_type=args.input_type,
-                           resources=res)
-    ref = fam["gdn_rows_kernel"]
+                           resources=res, layout=args.layout, batch=args.batch)
+    ref = next(iter(fam.values()))
     bad = 0
     for name, layouts in fam.items():
         extra = layouts - ref

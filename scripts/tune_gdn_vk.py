@@ -169,6 +169,7 @@ def main():
     ap.add_argument("--family", default="128:4:bf16,64:8:fp32,256:4:bf16")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--no-kv", action="store_true", help="skip the K-major and FLA baselines")
     a = ap.parse_args()
     tiles = [tuple(int(v) for v in t.split("x")) for t in a.tiles.split(",")]
     if a.smoke:
@@ -190,7 +191,7 @@ def main():
                   f"  {100 * frac:5.1f} %")
 
     default = recurrence.VK_TILES
-    for B in Bs:
+    for B in ([] if a.no_kv else Bs):
         record("kv", B, timings(B, "kv"))
     for br, w in tiles:
         recurrence.VK_TILES = ((1 << 62, br, w),)

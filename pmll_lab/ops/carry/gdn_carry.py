@@ -70,7 +70,7 @@ from pmll_lab.backend import DEVICE
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
                                          fold_row, gdn_row, head_dims, load_row_inputs,
-                                         qk_prepare, vk_config)
+                                         qk_prepare, vk_chunks, vk_config)
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
 
@@ -944,12 +944,17 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
         NT = cdiv(vd, BR)
         return (VK.gdn_carry_exact_vk_kernel, (B, HV, NT), args,
                 dict(BK=BK, BV=BR, NV=NT, num_warps=num_warps,
-                     UNROLL=K <= EXACT_UNROLL_MAX_ROWS, **meta))
+                     UNROLL=K <= EXACT_UNROLL_MAX_ROWS, **_chunks(BK), **meta))
     bk, br = max(BK, 16), max(BR, VK_WY_ROWS)
     NT = cdiv(vd, br)
     return (VK.gdn_carry_wy_vk_kernel, (B, HV, NT), args,
             dict(BK=bk, BV=br, NV=NT, KP=WY_ROWS_PAD, DOT_PRECISION=VK.WY_VK_DOT_PRECISION,
-                 num_warps=VK_WY_WARPS, **meta))
+                 num_warps=VK_WY_WARPS, **_chunks(bk), **meta))
+
+
+def _chunks(block_k: int) -> dict:
+    """The V-major kernels' ``NC``, ``CW`` constexprs for a key block of ``block_k``."""
+    return dict(zip(("NC", "CW"), vk_chunks(block_k)))
 
 
 def _launch_verify(*args):
@@ -1031,7 +1036,9 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
         from pmll_lab.ops.carry.gdn_carry_vk import gdn_carry_flush_vk_kernel as kernel
 
         BK, BV, num_warps = vk_config(kd, vd, B * HV)
+        extra = _chunks(BK)
     else:
+        extra = {}
         kernel = _gdn_carry_flush_kernel
         BK, BV, num_warps = block_config(kd, vd)
     NV = cdiv(vd, BV)
@@ -1042,7 +1049,7 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
             offsets_table(states), offsets_table([c.buf for c in carries]), offsets_table(pends),
             states[0].stride(0), carries[0].buf.stride(0),
             CAP=carries[0].cap, HV=HV, KD=kd, VD=vd, BK=BK, BV=BV, NV=NV,
-            PREFETCH=recurrence.CARRY_PREFETCH_ROWS, num_warps=num_warps)
+            PREFETCH=recurrence.CARRY_PREFETCH_ROWS, num_warps=num_warps, **extra)
 
 
 def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=False) -> None:

@@ -4,7 +4,7 @@ The state is ``[S, HV, vd, kd]`` (inner three dims contiguous); the stash (``Gdn
 same as for the K-major kernels (``pmll_lab.ops.carry.gdn_carry``): ``u`` rows per value row,
 ``g`` and normalised ``k`` rows per head. These kernels use the V-major decomposition of
 ``pmll_lab.ops.gdn.decode_vk``: a program owns a tile of ``BR`` value rows of one
-(sequence, value head), ``h [BR, BK]``, on the tile ``vk_config`` gives decode for the same
+(sequence, value head), ``h [BR, NC, CW]`` (keys in chunks), on the tile ``vk_config`` gives decode for the same
 batch, and runs each row through ``gdn_row_vk`` and each fold through ``fold_row_vk``, so the
 exact verify is bitwise equal to V-major decoding.
 
@@ -20,7 +20,7 @@ the compiler drops that row's state update.
 WY verify, grid ``(B, HV, NT)``: the ``K`` rows at once on the tensor cores. Per program the
 head's small matrices (``pmll_lab.ops.carry.gdn_carry._wy_rows``: scaled queries ``Q`` and keys
 ``Kr`` ``[KP, BK]``, ``ec = exp(cumsum g)``, ``T = (I + A)^-1``, ``P``), then on the tile
-``h [BR, BK]``: ``KH = h Kr^T``, ``QH = h Q^T`` (``[BR, KP]``, ``tl.dot`` with
+``h [BR, BK]`` (the chunked tile reshaped): ``KH = h Kr^T``, ``QH = h Q^T`` (``[BR, KP]``, ``tl.dot`` with
 ``WY_VK_DOT_PRECISION``), ``U = (beta (V - ec KH)) T^T``, ``O = ec QH + U P^T``.
 
 Flush, grid ``(B, HV * NT, L)``: as the K-major flush (per-layer offset tables), on V-major
@@ -32,10 +32,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.carry.gdn_carry import (_ROW_UNSPECIALIZED, _restash_shared_rows,
-                                          _verify_prologue, _wy_restash_shared_rows, _wy_rows)
-from pmll_lab.ops.gdn.decode_vk import load_row_inputs_vk
-from pmll_lab.ops.gdn.recurrence import fold_row_vk, gdn_row_vk, qk_prepare
+from pmll_lab.ops.carry.gdn_carry import (_ROW_UNSPECIALIZED, _verify_prologue,
+                                          _wy_restash_shared_rows, _wy_rows)
+from pmll_lab.ops.gdn.decode_vk import load_row_inputs_vk, vk_tile_index, vk_tile_offsets
+from pmll_lab.ops.gdn.recurrence import fold_row_vk, gdn_row_vk, qk_prepare_vk
 
 WY_VK_DOT_PRECISION = "tf32x3"
 """``input_precision`` of the V-major WY form's products with the state (``h Kr^T``,
@@ -49,8 +49,8 @@ time; measured in ``reports/perf-notes.md`` (v11)."""
 def _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr,
                      HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
                      PREFETCH: tl.constexpr):
-    """Fold stash rows ``0..p-1`` into the tile ``h [BR, BK]`` (value rows ``rr``); with
-    ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded."""
+    """Fold stash rows ``0..p-1`` into the tile ``h [BR, NC, CW]`` (value rows ``rr``, keys
+    ``rk [NC, CW]``); with ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded."""
     if PREFETCH:
         gn = tl.load(gs_ptr, mask=p > 0, other=0.0)
         kn = tl.load(ks_ptr + rk, mask=mk & (p > 0), other=0.0)
@@ -74,10 +74,10 @@ def _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr,
 @triton.jit
 def _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr,
                  HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr):
-    """The tile ``[BR, BK]`` (value rows ``rr``) of one head with its ``p`` pending stash rows
-    folded in, written back when ``wb``; shared by the exact and WY forms."""
-    m2 = mr[:, None] & mk[None, :]
-    hp = h_ptr + rr[:, None] * KD + rk[None, :]
+    """The tile ``[BR, NC, CW]`` (value rows ``rr``) of one head with its ``p`` pending stash
+    rows folded in, written back when ``wb``; shared by the exact and WY forms."""
+    m2 = mr[:, None, None] & mk[None, :, :]
+    hp = h_ptr + vk_tile_offsets(rk, rr, KD)
     h = tl.load(hp, mask=m2, other=0.0)
     h = _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, HV, KD, VD, PREFETCH)
     tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
@@ -91,11 +91,27 @@ def _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, m
                   HV: tl.constexpr, VD: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
     """Row ``t`` on its loaded inputs: decode's ``qk_prepare`` + ``gdn_row_vk``, store the
     output rows and stash ``u`` at row ``first + t``. Returns the new tile."""
-    q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
+    q, k = qk_prepare_vk(q, k, scale, USE_QK_L2NORM)
     h, o, u = gdn_row_vk(h, q, k, v, g, beta)
     tl.store(orow + t * so_t + rr, o.to(orow.dtype.element_ty), mask=mr)
     tl.store(u_ptr + (first + t) * (HV * VD) + rr, u, mask=mr)
     return h
+
+
+@triton.jit
+def _restash_shared_rows_vk(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
+                            sq_t, sk_t, sg_b, sg_t, rk, mk, K: tl.constexpr, HV: tl.constexpr,
+                            KD: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """Stash the ``K`` rows' log decays and normalised keys (shared by a head's tiles) at
+    rows ``first ..``, the keys normalised on the same ``[NC, CW]`` vectors as the rows
+    (``qk_prepare_vk``: the same bits). Call only once every tile has folded the old rows."""
+    for t in tl.static_range(K):
+        q = tl.load(qrow + t * sq_t + rk, mask=mk, other=0.0).to(tl.float32)
+        k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
+        q, k = qk_prepare_vk(q, k, scale, USE_QK_L2NORM)
+        g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
+        tl.store(gs_ptr + (first + t) * HV, g)
+        tl.store(ks_ptr + (first + t) * (HV * KD) + rk, k, mask=mk)
 
 
 @triton.jit(**_ROW_UNSPECIALIZED)
@@ -108,9 +124,10 @@ def gdn_carry_exact_vk_kernel(
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
-    UNROLL: tl.constexpr,
+    UNROLL: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr,
 ):
-    """Exact verify on V-major tiles of ``BV`` value rows (``NV`` tiles per head)."""
+    """Exact verify on V-major tiles of ``BV`` value rows (``NV`` tiles per head), keys in
+    ``NC`` chunks of ``CW``."""
     b = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     j = tl.program_id(2)
@@ -125,10 +142,7 @@ def gdn_carry_exact_vk_kernel(
     grow = g_ptr + b * sg_b + hv
     brow = beta_ptr + b * sb_b + hv
 
-    rk = tl.arange(0, BK)
-    mk = rk < KD
-    rr = j * BV + tl.arange(0, BV)
-    mr = rr < VD
+    rk, mk, rr, mr, _ = vk_tile_index(j, KD, VD, BV, NC, CW)
     h = _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr, HV, KD, VD, PREFETCH)
     if UNROLL:
         if PREFETCH:
@@ -156,8 +170,8 @@ def gdn_carry_exact_vk_kernel(
     tl.debug_barrier()
     arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel")
     if arrived == NV - 1:
-        _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
-                             sq_t, sk_t, sg_b, sg_t, K, HV, KD, BK, USE_QK_L2NORM)
+        _restash_shared_rows_vk(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
+                                sq_t, sk_t, sg_b, sg_t, rk, mk, K, HV, KD, USE_QK_L2NORM)
         tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
     if hv == 0:
         if j == 0:
@@ -174,7 +188,7 @@ def gdn_carry_wy_vk_kernel(
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, KP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr,
 ):
     """WY verify on V-major tiles of ``BV`` value rows (``BV >= 16`` for ``tl.dot``)."""
     b = tl.program_id(0).to(tl.int64)
@@ -187,13 +201,11 @@ def gdn_carry_wy_vk_kernel(
     Q, Kr, g, beta, ec, T, P = _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
                                         sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sb_b,
                                         sb_t, K, KD, BK, KP, USE_QK_L2NORM)
-    rk = tl.arange(0, BK)
-    mk = rk < KD
     rt = tl.arange(0, KP)
     mt = rt < K
-    rr = j * BV + tl.arange(0, BV)
-    mr = rr < VD
+    rk, mk, rr, mr, _ = vk_tile_index(j, KD, VD, BV, NC, CW)
     h = _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr, HV, KD, VD, PREFETCH)
+    h = tl.reshape(h, (BV, BK))                                             # [BR, BK]
     mrt = mr[:, None] & mt[None, :]
     Vt = tl.load(v_ptr + b * sv_b + hv * sv_h + rt[None, :] * sv_t + rr[:, None],
                  mask=mrt, other=0.0).to(tl.float32)                        # [BR, KP]
@@ -221,8 +233,10 @@ def gdn_carry_flush_vk_kernel(
     stride_state, stride_stash,
     CAP: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, PREFETCH: tl.constexpr,
+    NC: tl.constexpr, CW: tl.constexpr,
 ):
-    """Flush on V-major tiles (same arguments as the K-major flush; ``BV`` value rows)."""
+    """Flush on V-major tiles (the K-major flush's arguments; ``BV`` value rows, keys in
+    ``NC`` chunks of ``CW``)."""
     b = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1) // NV
     j = tl.program_id(1) % NV
@@ -230,14 +244,10 @@ def gdn_carry_flush_vk_kernel(
     slot = tl.load(slot_ptr + b).to(tl.int64)
     p = tl.load(pend_ptr + tl.load(pend_off_ptr + layer) + slot)
     if p > 0:
-        rk = tl.arange(0, BK)
-        mk = rk < KD
-        rr = j * BV + tl.arange(0, BV)
-        mr = rr < VD
-        m2 = mr[:, None] & mk[None, :]
+        rk, mk, rr, mr, m2 = vk_tile_index(j, KD, VD, BV, NC, CW)
         h_ptr = state_ptr + tl.load(state_off_ptr + layer) + slot * stride_state + hv * (KD * VD)
         s_ptr = stash_ptr + tl.load(stash_off_ptr + layer) + slot * stride_stash
-        hp = h_ptr + rr[:, None] * KD + rk[None, :]
+        hp = h_ptr + vk_tile_offsets(rk, rr, KD)
         h = tl.load(hp, mask=m2, other=0.0)
         h = _fold_pending_vk(h, s_ptr + hv * VD, s_ptr + CAP * HV * VD + hv,
                              s_ptr + CAP * HV * VD + CAP * HV + hv * KD, p, rk, mk, rr, mr,

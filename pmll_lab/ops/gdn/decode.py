@@ -34,7 +34,7 @@ from pmll_lab.backend import DEVICE
 from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
                                          gdn_row, head_dims, load_row_inputs, qk_prepare,
-                                         vk_config)
+                                         vk_chunks, vk_config)
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
 
@@ -205,9 +205,11 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
     """``(kernel, grid, args, kwargs)`` of the launch (``B >= 1``): ``gdn_rows_kernel`` on a
     K-major state, ``gdn_rows_vk_kernel`` on a V-major one (same arguments; ``BV`` is then the
     tile's value rows)."""
+    extra = {}
     if layout == "vk":
         BK, BV, num_warps = vk_config(kd, vd, B * HV)
         kernel = gdn_rows_vk_kernel
+        extra = dict(zip(("NC", "CW"), vk_chunks(BK)))
     else:
         BK, BV, num_warps = block_config(kd, vd)
         kernel = gdn_rows_kernel
@@ -233,7 +235,7 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
             HV, HV // HK)
     kwargs = dict(KD=kd, VD=vd, K=K, BK=BK, BV=BV,
                   HAS_IDX=has_idx, STORE_INTER=store_inter, USE_QK_L2NORM=bool(use_qk_l2norm),
-                  UNROLL=K <= CHAIN_UNROLL_MAX_ROWS, num_warps=num_warps)
+                  UNROLL=K <= CHAIN_UNROLL_MAX_ROWS, num_warps=num_warps, **extra)
     return kernel, grid, args, kwargs
 
 

@@ -3,10 +3,10 @@
 The state is stored ``[S, HV, vd, kd]``: each value row's ``kd`` keys contiguous (FlashInfer's
 and SGLang's "pretranspose" layout; SPEC §2 "Serving conventions"). The recurrence is
 independent per value row, so ``gdn_rows_vk_kernel`` gives each program a tile of ``BR`` value
-rows of one (sequence, value head), ``h [BR, BK]`` fp32, and reduces over keys along the tile's
-rows (``pmll_lab.ops.gdn.recurrence.gdn_row_vk``). With ``BR = 8`` and one warp that is 32 state
-registers per thread (the K-major kernel holds 128), so many programs are resident and the
-state streams through at close to copy bandwidth. Tile and warps come from ``vk_config`` (one
+rows of one (sequence, value head), held as ``h [BR, NC, CW]`` fp32 (the key axis in chunks,
+``pmll_lab.ops.gdn.recurrence``'s V-major section), and reduces over keys
+(``gdn_row_vk``). With ``BR = 8`` and one warp that is 32 state registers per thread (the
+K-major kernel holds 128), so many programs are resident. Tile and warps come from ``vk_config`` (one
 table keyed on ``B * HV``), shared with the V-major carry kernels: decode, the chain and the
 exact carry run the same per-row instructions on the same tiles (bitwise agreement, SPEC §2).
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.gdn.recurrence import gdn_row_vk, qk_prepare
+from pmll_lab.ops.gdn.recurrence import gdn_row_vk, qk_prepare_vk
 
 # Row vectors and their strides are not specialised (as in decode.py): the register layout of a
 # loaded vector, and so the order of the l2norm and k.q sums, must not depend on where a view
@@ -34,8 +34,28 @@ _ROW_STRIDES = ["q_b", "q_t", "q_h", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h", "
 
 
 @triton.jit
+def vk_tile_index(pid_r, KD: tl.constexpr, VD: tl.constexpr, BV: tl.constexpr,
+                  NC: tl.constexpr, CW: tl.constexpr):
+    """Index vectors of tile ``pid_r``: key offsets ``rk [NC, CW]`` and mask ``mk``, value
+    rows ``rr [BV]`` and mask ``mr``, and the tile's mask ``[BV, NC, CW]``."""
+    rk = tl.arange(0, NC)[:, None] * CW + tl.arange(0, CW)[None, :]
+    mk = rk < KD
+    rr = pid_r * BV + tl.arange(0, BV)
+    mr = rr < VD
+    mh = mr[:, None, None] & mk[None, :, :]
+    return rk, mk, rr, mr, mh
+
+
+@triton.jit
+def vk_tile_offsets(rk, rr, row_stride):
+    """Element offsets ``[BV, NC, CW]`` of a tile: value rows ``rr`` ``row_stride`` apart,
+    keys ``rk`` contiguous."""
+    return rr[:, None, None] * row_stride + rk[None, :, :]
+
+
+@triton.jit
 def load_row_inputs_vk(q_row, k_row, v_row, g_row, beta_row, rk, mk, rr, mr):
-    """One row's inputs as fp32 for a V-major tile: ``q, k [BK]`` (padding lanes 0),
+    """One row's inputs as fp32 for a V-major tile: ``q, k [NC, CW]`` (padding lanes 0),
     ``v [BR]`` (the tile's value rows), scalars ``g``, ``beta``."""
     q = tl.load(q_row + rk, mask=mk, other=0.0).to(tl.float32)
     k = tl.load(k_row + rk, mask=mk, other=0.0).to(tl.float32)
@@ -48,20 +68,20 @@ def load_row_inputs_vk(q_row, k_row, v_row, g_row, beta_row, rk, mk, rr, mr):
 @triton.jit
 def _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                   q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
-                  rk, mk, rr, mr, mh, scale, K: tl.constexpr, STORE_INTER: tl.constexpr,
-                  USE_QK_L2NORM: tl.constexpr):
+                  rk, mk, rr, mr, mh, scale, K: tl.constexpr,
+                  STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
     """Row ``t``: load, ``qk_prepare``, ``gdn_row_vk``, store ``o`` (and the snapshot tile
     after the row when ``STORE_INTER`` and ``t < K-1``). Returns the new tile."""
     qt, kt, vt, gt, bt = load_row_inputs_vk(q_row + t * q_t, k_row + t * k_t, v_row + t * v_t,
                                             g_row + t * g_t, beta_row + t * beta_t,
                                             rk, mk, rr, mr)
-    qt, kt = qk_prepare(qt, kt, scale, USE_QK_L2NORM)
+    qt, kt = qk_prepare_vk(qt, kt, scale, USE_QK_L2NORM)
     h, ot, ut = gdn_row_vk(h, qt, kt, vt, gt, bt)
     tl.store(o + b64 * o_b + t * o_t + hv * o_h + rr, ot.to(o.dtype.element_ty), mask=mr)
     if STORE_INTER:
         if t < K - 1:
-            tl.store(inter + b64 * i_b + t * i_t + hv * i_h + rr[:, None] * i_r + rk[None, :],
-                     h, mask=mh)
+            tl.store(inter + b64 * i_b + t * i_t + hv * i_h + vk_tile_offsets(rk, rr, i_r), h,
+                     mask=mh)
     return h
 
 
@@ -81,10 +101,10 @@ def gdn_rows_vk_kernel(
     KD: tl.constexpr, VD: tl.constexpr,
     K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_IDX: tl.constexpr, STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-    UNROLL: tl.constexpr,
+    UNROLL: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr,
 ):
-    """``K`` rows on one ``[BV value rows, BK keys]`` tile (``BV`` is the tile's row count,
-    named as in the K-major kernel so one launcher builds both)."""
+    """``K`` rows on one tile of ``BV`` value rows x ``BK = NC * CW`` keys (``BV`` is the
+    tile's row count, named as in the K-major kernel so one launcher builds both)."""
     pid_bh = tl.program_id(0)
     pid_r = tl.program_id(1)
     b = pid_bh // HV
@@ -96,13 +116,8 @@ def gdn_rows_vk_kernel(
     else:
         slot = b64
 
-    rk = tl.arange(0, BK)
-    rr = pid_r * BV + tl.arange(0, BV)
-    mk = rk < KD
-    mr = rr < VD
-    mh = mr[:, None] & mk[None, :]
-
-    p_h = state + slot * s_slot + hv * s_head + rr[:, None] * s_row + rk[None, :]
+    rk, mk, rr, mr, mh = vk_tile_index(pid_r, KD, VD, BV, NC, CW)
+    p_h = state + slot * s_slot + hv * s_head + vk_tile_offsets(rk, rr, s_row)
     h = tl.load(p_h, mask=mh, other=0.0)
 
     q_row = q + b64 * q_b + hk * q_h

@@ -141,54 +141,89 @@ def gdn_row(h, q, k, v, g, beta):
 
 
 # ---- V-major state ("vk": [S, HV, vd, kd]) ---------------------------------------------------
-# The same recurrence on a tile ``h [BR, BK]`` of value rows x keys (each value row's keys
-# contiguous, FlashInfer's "pretranspose" layout). A value row's update depends on that row
-# alone, so a program holds a few rows (little state per thread, many programs resident) and
-# reduces over keys along axis 1. Decode, the chain, the exact carry and its folds call these.
+# The same recurrence on a tile of value rows x keys (each value row's keys contiguous,
+# FlashInfer's "pretranspose" layout). A value row's update depends on that row alone, so a
+# program holds a few rows (little state per thread, many programs resident). The tile is held
+# as ``h [BR, NC, CW]``: the key axis split into ``NC`` chunks of ``CW`` (<= 32) keys. Triton
+# spreads a warp's threads over the contiguous chunk width (8 threads of 4 keys) and then over
+# value rows (4), and keeps the chunks in each thread's registers, so a sum over keys is
+# register adds over chunks and keys plus a 3-step shuffle tree, against a 5-step tree for
+# every value row with a flat ``[BR, BK]`` tile (reports/perf-notes.md v11). Decode,
+# the chain, the exact carry and its folds call these; ``q``, ``k`` and stash key rows are
+# ``[NC, CW]``.
+
+
+@triton.jit
+def vk_sum_keys(x):
+    """Sum of ``x [BR, NC, CW]`` over keys (chunks, then chunk width): ``[BR]``."""
+    return tl.sum(tl.sum(x, 1), 1)
+
+
+@triton.jit
+def qk_prepare_vk(q, k, scale, USE_QK_L2NORM: tl.constexpr):
+    """``qk_prepare`` for chunked ``q, k [NC, CW]`` fp32 (padding lanes zero)."""
+    if USE_QK_L2NORM:
+        q = q * tl.math.rsqrt(tl.sum(tl.sum(q * q, 1), 0) + 1e-6)
+        k = k * tl.math.rsqrt(tl.sum(tl.sum(k * k, 1), 0) + 1e-6)
+    q = q * scale
+    return q, k
 
 
 @triton.jit
 def fold_row_vk(h, e, k, u):
-    """State update with a known row on a V-major tile: ``h * e + u k^T`` (``h [BR, BK]``)."""
-    return h * e + u[:, None] * k[None, :]
+    """State update with a known row on a V-major tile ``h [BR, NC, CW]``:
+    ``tl.fma(u k^T, 1, h * e)``, the FMA written out. Left to the compiler,
+    ``h * e + u * k`` was contracted one way in decode and another in the flush kernel, whose
+    folded states then differed from decode's in the last bit (H200, 2026-11-30,
+    reports/perf-notes.md v11)."""
+    return tl.fma(u[:, None, None], k[None, :, :], h * e)
 
 
 @triton.jit
 def gdn_row_vk(h, q, k, v, g, beta):
     """One token of the recurrence on a V-major tile. Returns ``(h_new, o [BR], u [BR])``.
 
-    ``h [BR, BK]`` fp32 (value rows x keys); ``q, k [BK]`` fp32 from ``qk_prepare``;
-    ``v [BR]`` fp32 (this tile's value rows); ``g``, ``beta`` fp32 scalars. Same arithmetic
-    as ``gdn_row`` with the state transposed.
+    ``h [BR, NC, CW]`` fp32 (value rows x key chunks x chunk width); ``q, k [NC, CW]`` fp32
+    from ``qk_prepare_vk``; ``v [BR]`` fp32 (this tile's value rows); ``g``, ``beta`` fp32
+    scalars. Same arithmetic as ``gdn_row`` with the state transposed.
     """
     e = tl.exp(g)
-    hk = tl.sum(h * k[None, :], 1)
-    hq = tl.sum(h * q[None, :], 1)
+    hk = vk_sum_keys(h * k[None, :, :])
+    hq = vk_sum_keys(h * q[None, :, :])
     u = beta * tl.fma(-e, hk, v)
-    o = e * hq + tl.sum(k * q, 0) * u
+    o = e * hq + tl.sum(tl.sum(k * q, 1), 0) * u
     h = fold_row_vk(h, e, k, u)
     return h, o, u
 
 
-VK_TILES: tuple[tuple[int, int, int], ...] = ((1024, 8, 1), (1 << 62, 8, 1))
+VK_TILES: tuple[tuple[int, int, int], ...] = ((1 << 62, 8, 1),)
 """V-major launch table: rows ``(max work units B*HV, BR value rows per program, warps)``;
 the first row whose bound is >= ``B*HV`` applies. Every kernel of the V-major family reads it,
 so decode, the chain, the exact carry and the flush of one batch share one tile (bitwise
 agreement). Measured values and reasons: ``reports/perf-notes.md`` (v11)."""
 
+VK_CHUNK = 32
+"""Keys per chunk of a V-major tile (``CW``; heads narrower than this use one chunk)."""
+
 
 def vk_config(k_dim: int, v_dim: int, work: int) -> tuple[int, int, int]:
     """``(BK, BR, num_warps)`` of the V-major family for a head of ``k_dim x v_dim`` and
-    ``work = B * HV`` (sequences x value heads) programs' worth of heads: ``BK`` covers the
-    whole key dim (padded to a power of two), ``BR`` value rows per program from ``VK_TILES``
-    (at most ``v_dim`` padded, and at most ``8192 // BK`` so the tile stays <= 64 fp32 per
-    thread of one warp)."""
+    ``work = B * HV`` (sequences x value heads): ``BK`` covers the whole key dim (padded to a
+    power of two), ``BR`` value rows per program from ``VK_TILES`` (at most ``v_dim`` padded,
+    and at most ``8192 // BK`` so a one-warp tile stays <= 64 fp32 per thread). The key axis
+    is held in ``vk_chunks(BK)`` chunks."""
     bk = next_power_of_2(k_dim)
     for bound, br, warps in VK_TILES:
         if work <= bound:
             break
     br = max(1, min(br, next_power_of_2(v_dim), max(1, 8192 // bk)))
     return bk, br, warps
+
+
+def vk_chunks(block_k: int) -> tuple[int, int]:
+    """``(NC, CW)``: a key block of ``block_k`` (a power of two) as ``NC`` chunks of ``CW``."""
+    cw = min(block_k, VK_CHUNK)
+    return block_k // cw, cw
 
 
 @lru_cache(maxsize=None)
