@@ -34,7 +34,7 @@ _ALIAS = re.compile(r"#[A-Za-z_][\w.]*")
 
 def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
           num_warps: int = 1, arch: int = 90, unaligned: tuple[str, ...] = (),
-          values: Mapping[str, int] | None = None):
+          values: Mapping[str, int] | None = None, maxnreg: int | None = None):
     """Compile ``kernel`` (a ``@triton.jit`` function) for CUDA ``sm_<arch>`` without launching it.
 
     ``types``: Triton type of every non-constexpr argument by name (``"*bf16"``, ``"i32"``,
@@ -44,7 +44,8 @@ def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
     a constant, a multiple of 16 gets the divisibility hint), one without is taken as a multiple
     of 16 unless named in ``unaligned``. Arguments the kernel lists in ``do_not_specialize`` get
     nothing; in ``do_not_specialize_on_alignment``, no alignment or divisibility hint.
-    Returns Triton's compiled kernel; ``.asm`` holds ``"ttir"``, ``"ttgir"``, ``"ptx"``...
+    ``maxnreg``: a register cap per thread (Triton's launch option), as the V-major kernels may
+    launch with. Returns Triton's compiled kernel; ``.asm`` holds ``"ttir"``, ``"ttgir"``, ``"ptx"``...
     Raises ``RuntimeError`` when kernels are interpreted (set ``PMLL_LAB_DEVICE=lower``) and
     ``ValueError`` naming an argument missing from ``types``/``constexprs``, a name in ``types``
     or ``unaligned`` that is not a non-constexpr argument of ``kernel``, or a type Triton does
@@ -95,8 +96,10 @@ def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
         if aligned:
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": num_warps})
+    options = {"num_warps": num_warps}
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def _operand_type(line: str) -> str:
@@ -219,10 +222,12 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
 
         BK, BV, warps = vk_config(head_dim, head_dim, batch * HV)
+        BV_carry = vk_config(head_dim, head_dim, batch * HV, "carry")[1]
         rows_kernel, carry_kernels = gdn_rows_vk_kernel, (VK.gdn_carry_exact_vk_kernel,)
         chunks = dict(zip(("NC", "CW"), vk_chunks(BK)))
     else:
         BK, BV, warps = block_config(head_dim, head_dim)
+        BV_carry = BV
         chunks = {}
         rows_kernel = D.gdn_rows_kernel
         carry_kernels = (C._gdn_carry_exact_kernel, C._gdn_carry_exact_split_kernel)
@@ -242,10 +247,16 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         "state_ptr": "*fp32", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
         "engaged_ptr": "*i32", "arrive_ptr": "*i32", "scale": "fp32"}
     meta = dict(K=rows, CAP=C.GDN_CARRY_CAP, HV=HV, GROUP=HV // HK, KD=head_dim, VD=head_dim,
-                BK=BK, BV=BV, NV=-(-head_dim // BV), LAZY=True, USE_QK_L2NORM=True,
+                BK=BK, BV=BV_carry, NV=-(-head_dim // BV_carry), LAZY=True, USE_QK_L2NORM=True,
                 PREFETCH=CARRY_PREFETCH_ROWS, UNROLL=rows <= C.EXACT_UNROLL_MAX_ROWS, **chunks)
+    def layouts_of(low) -> set[str]:
+        # V-major tiles may differ in their row count (VK_TILES: decode and the carry), never in
+        # how a row is spread over threads: compare with the leading dim written as BR.
+        found = set(reduction_layouts(low.asm["ttgir"]))
+        return {re.sub(r"^\d+x", "BRx", lay) for lay in found} if layout == "vk" else found
+
     compiled = {rows_kernel.__name__: dec}
-    out = {rows_kernel.__name__: set(reduction_layouts(dec.asm["ttgir"]))}
+    out = {rows_kernel.__name__: layouts_of(dec)}
     for kern in carry_kernels:
         types = dict(carry_types)
         for p in kern.params:
@@ -253,7 +264,7 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         types = {p.name: types[p.name] for p in kern.params if not p.is_constexpr}
         low = lower(kern, types, meta, num_warps=warps, arch=arch,
                     values=dict(stride_state=HV * head_dim * head_dim))
-        out[kern.__name__] = set(reduction_layouts(low.asm["ttgir"]))
+        out[kern.__name__] = layouts_of(low)
         compiled[kern.__name__] = low
     if resources is not None:
         resources.update({name: sass_stats(k) for name, k in compiled.items()})

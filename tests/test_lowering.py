@@ -31,6 +31,15 @@ SCRIPT = textwrap.dedent("""
     for head_dim, input_type, rows in ((128, "bf16", 4), (64, "fp32", 1), (256, "bf16", 8)):
         fam = gdn_exact_family(head_dim=head_dim, input_type=input_type, rows=rows)
         out[f"{head_dim}-{input_type}-{rows}"] = {k: sorted(v) for k, v in fam.items()}
+    for head_dim, input_type, rows, batch in ((128, "bf16", 4, 64), (64, "fp32", 8, 64),
+                                              (256, "bf16", 4, 1)):
+        fam = gdn_exact_family(head_dim=head_dim, input_type=input_type, rows=rows,
+                               layout="vk", batch=batch)
+        out[f"vk-{head_dim}-{input_type}-{rows}-{batch}"] = {k: sorted(v) for k, v in fam.items()}
+    from pmll_lab.ops.carry import gdn_carry_vk as VK
+    VK.gdn_carry_exact_vk_kernel = triton.JITFunction(VK.gdn_carry_exact_vk_kernel.fn)
+    fam = gdn_exact_family(head_dim=128, input_type="bf16", rows=4, layout="vk")
+    out["vk-mutant"] = {k: sorted(v) for k, v in fam.items()}
     # mutation: the exact kernel specialised on every argument (no do_not_specialize lists)
     C._gdn_carry_exact_kernel = triton.JITFunction(C._gdn_carry_exact_kernel.fn)
     fam = gdn_exact_family(head_dim=128, input_type="bf16", rows=4)
@@ -66,6 +75,22 @@ def test_exact_family_reduces_on_decode_layouts(lowered, case):
     assert shapes == [1, 2], decode
     for name in ("_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"):
         assert fam[name] == decode, (name, fam[name], decode)
+
+
+@pytest.mark.parametrize("case", ["vk-128-bf16-4-64", "vk-64-fp32-8-64", "vk-256-bf16-4-1"])
+def test_vk_family_reduces_on_decode_layouts(lowered, case):
+    """The V-major exact verify (whose tile may hold more value rows than decode's:
+    ``VK_TILES``) sums every row over keys on decode's thread layout."""
+    fam = lowered[case]
+    decode = fam["gdn_rows_vk_kernel"]
+    assert decode, "decode lost its reductions"
+    assert fam["gdn_carry_exact_vk_kernel"] == decode, (fam["gdn_carry_exact_vk_kernel"], decode)
+
+
+def test_check_sees_a_specialised_vk_kernel(lowered):
+    fam = lowered["vk-mutant"]
+    extra = set(fam["gdn_carry_exact_vk_kernel"]) - set(fam["gdn_rows_vk_kernel"])
+    assert extra, "the specialised V-major verify must reduce on a layout decode does not use"
 
 
 def test_check_sees_a_specialised_kernel(lowered):

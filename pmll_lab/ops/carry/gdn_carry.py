@@ -939,7 +939,7 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
             *_row_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, scale))
     meta = dict(K=K, CAP=carry.cap, HV=HV, GROUP=HV // HK, KD=kd, VD=vd, LAZY=lazy,
                 USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=recurrence.CARRY_PREFETCH_ROWS)
-    BK, BR, num_warps = vk_config(kd, vd, B * HV)
+    BK, BR, num_warps = vk_config(kd, vd, B * HV, "carry")
     if form == "exact":
         NT = cdiv(vd, BR)
         return (VK.gdn_carry_exact_vk_kernel, (B, HV, NT), args,
@@ -1035,7 +1035,7 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     if state_layout == "vk":
         from pmll_lab.ops.carry.gdn_carry_vk import gdn_carry_flush_vk_kernel as kernel
 
-        BK, BV, num_warps = vk_config(kd, vd, B * HV)
+        BK, BV, num_warps = vk_config(kd, vd, B * HV, "carry")
         extra = _chunks(BK)
     else:
         extra = {}

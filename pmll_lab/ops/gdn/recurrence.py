@@ -196,26 +196,39 @@ def gdn_row_vk(h, q, k, v, g, beta):
     return h, o, u
 
 
-VK_TILES: tuple[tuple[int, int, int], ...] = ((1 << 62, 8, 1),)
-"""V-major launch table: rows ``(max work units B*HV, BR value rows per program, warps)``;
-the first row whose bound is >= ``B*HV`` applies. Every kernel of the V-major family reads it,
-so decode, the chain, the exact carry and the flush of one batch share one tile (bitwise
-agreement). Measured values and reasons: ``reports/perf-notes.md`` (v11)."""
+VK_TILES: tuple[tuple[int, int, int, int], ...] = ((128, 8, 8, 1), (1 << 62, 8, 16, 1))
+"""V-major launch table, one row per range of work units ``B*HV`` (sequences x value heads):
+``(max B*HV, value rows per program for decode and the chain, for the carry verify and flush,
+warps)``; the first row whose bound is >= ``B*HV`` applies. Every tile has one warp with its
+threads over 4 value rows x 8 key lanes, so the per-row sums run in the same order whatever the
+tile's row count, and decode, the chain, the exact carry and the flush agree to the bit (SPEC §2;
+checked on the H200 and by the tests). Measured on an NVIDIA H200, 2026-11-30
+(reports/h200-2026-11-30/logs/tune-gdn-vk-chunked.log; HK=16, HV=32, kd=vd=128, bf16 inputs,
+CUDA-graph replay): decode 8 rows 75.9 / 146.5 / 301.2 us at B = 64 / 128 / 256 against 78.2 /
+151.7 / 303.2 with 16 rows; the K=4 chain with snapshots 214.2 / 438.2 / 869.5 (8) against
+224.8 / 443.3 / 880.3 (16); the lazy exact verify with 4 pending rows 115.3 / 233.2 / 448.5 us
+with 16 rows against 126.8 / 262.0 / 566.5 with 8 (more independent rows per warp for the folds),
+but 16.1 against 13.2 us at B = 1, so 8 rows up to B*HV = 128. Two warps and 4 rows per program
+were slower everywhere (same log)."""
 
 VK_CHUNK = 32
 """Keys per chunk of a V-major tile (``CW``; heads narrower than this use one chunk)."""
 
 
-def vk_config(k_dim: int, v_dim: int, work: int) -> tuple[int, int, int]:
+def vk_config(k_dim: int, v_dim: int, work: int, kind: str = "rows") -> tuple[int, int, int]:
     """``(BK, BR, num_warps)`` of the V-major family for a head of ``k_dim x v_dim`` and
-    ``work = B * HV`` (sequences x value heads): ``BK`` covers the whole key dim (padded to a
-    power of two), ``BR`` value rows per program from ``VK_TILES`` (at most ``v_dim`` padded,
-    and at most ``8192 // BK`` so a one-warp tile stays <= 64 fp32 per thread). The key axis
-    is held in ``vk_chunks(BK)`` chunks."""
+    ``work = B * HV`` (sequences x value heads). ``kind``: ``"rows"`` (decode, the chain) or
+    ``"carry"`` (the carried-state verify and flush). ``BK`` covers the whole key dim (padded
+    to a power of two), ``BR`` value rows per program from ``VK_TILES`` (at most ``v_dim``
+    padded, and at most ``8192 // BK`` so a one-warp tile stays <= 64 fp32 per thread). The key
+    axis is held in ``vk_chunks(BK)`` chunks. Raises ``ValueError`` for an unknown ``kind``."""
+    if kind not in ("rows", "carry"):
+        raise ValueError(f"kind: expected 'rows' or 'carry', got {kind!r}")
     bk = next_power_of_2(k_dim)
-    for bound, br, warps in VK_TILES:
+    for bound, br_rows, br_carry, warps in VK_TILES:
         if work <= bound:
             break
+    br = br_rows if kind == "rows" else br_carry
     br = max(1, min(br, next_power_of_2(v_dim), max(1, 8192 // bk)))
     return bk, br, warps
 
