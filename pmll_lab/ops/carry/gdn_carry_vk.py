@@ -17,7 +17,9 @@ fold, and the last to arrive restashes them (SPEC §3b "Shared rows"), as the K-
 form does. After the last row the tile is dead (a verify never stores the post-row state), so
 the compiler drops that row's state update.
 
-WY verify, grid ``(B, HV, NT)``: the ``K`` rows at once on the tensor cores. Per program the
+WY verify, grid ``(B, HV, NT)``, a **reference form** (measured 4.8x slower than the exact
+form on the H200, reports/perf-notes.md v11; kept for the tolerance-checked algebra): the ``K``
+rows at once on the tensor cores. Per program the
 head's small matrices (``pmll_lab.ops.carry.gdn_carry._wy_rows``: scaled queries ``Q`` and keys
 ``Kr`` ``[KP, BK]``, ``ec = exp(cumsum g)``, ``T = (I + A)^-1``, ``P``), then on the tile
 ``h [BR, BK]`` (the chunked tile reshaped): ``KH = h Kr^T``, ``QH = h Q^T`` (``[BR, KP]``, ``tl.dot`` with

@@ -74,7 +74,11 @@ state key-major, ``[S, HV, kd, vd]`` (FLA, vLLM); ``"vk"`` value-major, ``[S, HV
 (FlashInfer, SGLang "pretranspose"). Both hold the same ``H``; exactness holds within one."""
 
 DEFAULT_STATE_LAYOUT = "kv"
-"""The layout every launcher takes when ``state_layout`` is not given."""
+"""The layout every launcher takes when ``state_layout`` is not given: K-major, the layout of
+FLA, vLLM and the Hugging Face Qwen3-Next cache. Neither layout is faster for every kernel
+(H200, reports/perf-notes.md v11): V-major decode 75.9 against 83.6 us and the K=4 chain with
+snapshots 214 against 305 us at B=64, but the lazy exact verify without write-back 115 against
+105 us. A serving loop that verifies with the chain should pass ``state_layout="vk"``."""
 
 
 def check_layout(name: str, layout) -> str:
