@@ -3,11 +3,14 @@
 # Usage (device machine, repo root, .whl carried):  bash scripts/h200_reports.sh RUN_NAME SECONDS NB[:SECONDS]...
 # Each notebook gets a wall-clock limit (its own after a colon, else SECONDS); a notebook cut short
 # keeps the sweep rows it finished. Set PMLL_LAB_COMMIT to the commit sent (the copy has no .git).
+# FlashInfer is used when an earlier `bash .fi/fi-unpack.sh` unpacked it into /tmp/site.
 set -u
 run=$1; limit=$2; shift 2
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD JUPYTER_PATH=/tmp/site/share/jupyter PATH=/tmp/site/bin:$PATH
+# FlashInfer, when ../shared/device/fetch-flashinfer.sh's three parts were unpacked (fi-unpack.sh)
+[ -f /tmp/site/.fi-ready ] && export PYTHONPATH=$PYTHONPATH:/tmp/site/nvidia_cutlass_dsl/dsl_packages
 python3 -m ipykernel install --user --name python3 >/dev/null || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 for arg in "$@"; do
