@@ -3,6 +3,8 @@ kernels and FLA, with a bitwise family check per tile (issue 10; perf-notes v11)
 
 For each candidate ``BRxW`` (value rows per program x warps; ``VK_TILES`` set to that one tile):
 
+``default`` runs the library's table (decode and the carry may then use different tiles).
+
 1. family check, bitwise: the K=4 chain with snapshots against 4 V-major decodes (outputs,
    final state, snapshots), and a lazy and an eager exact carry protocol (three verifies,
    accepting 4, 4, 2 rows: the lazy third one writes back) against plain V-major decoding of
@@ -162,20 +164,36 @@ def timings(B, layout, HK=16, HV=32, D=128, K=4, seed=3):
     return out
 
 
+DEFAULT_TILES = recurrence.VK_TILES
+
+
+def set_tile(tile):
+    """``VK_TILES`` set to one tile ``(rows, warps)`` for every kernel and batch, or to the
+    library's table (``None``: decode and carry tiles may differ, as shipped). Returns a tag."""
+    if tile is None:
+        recurrence.VK_TILES = DEFAULT_TILES
+        return "default"
+    br, w = tile
+    recurrence.VK_TILES = ((1 << 62, br, br, w),)
+    return f"{br}x{w}"
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tiles", default="4x1,8x1,16x1,8x2,16x2,32x4")
+    ap.add_argument("--tiles", default="default,4x1,8x1,16x1,8x2,16x2",
+                    help="BRxW tiles, or 'default' for the library's VK_TILES")
     ap.add_argument("--B", default="1,64,128,256")
     ap.add_argument("--family", default="128:4:bf16,64:8:fp32,256:4:bf16")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--no-kv", action="store_true", help="skip the K-major and FLA baselines")
     a = ap.parse_args()
-    tiles = [tuple(int(v) for v in t.split("x")) for t in a.tiles.split(",")]
+    tiles = [None if t == "default" else tuple(int(v) for v in t.split("x"))
+             for t in a.tiles.split(",")]
     if a.smoke:
-        for br, w in tiles[:2]:
-            recurrence.VK_TILES = ((1 << 62, br, w),)
-            print(br, w, check_family(1, 2, 16, 3, torch.float32, B=3) or "bitwise")
+        for tile in tiles[:2]:
+            set_tile(tile)
+            print(tile, check_family(1, 2, 16, 3, torch.float32, B=5) or "bitwise")
         return
     roof = copy_bandwidth()
     print(f"device {device_name()}, copy roofline {roof:.0f} GB/s")
@@ -193,18 +211,18 @@ def main():
     default = recurrence.VK_TILES
     for B in ([] if a.no_kv else Bs):
         record("kv", B, timings(B, "kv"))
-    for br, w in tiles:
-        recurrence.VK_TILES = ((1 << 62, br, w),)
+    for tile in tiles:
+        tag = set_tile(tile)
         fam = []
         for spec in a.family.split(","):
             kd, K, dt = spec.split(":")
             bad = check_family(16, 32, int(kd), int(K), DT[dt])
             fam.append(f"{spec}: {'bitwise' if not bad else 'DIFFERS ' + ', '.join(bad[:4])}")
-        print(f"tile {br}x{w} family: " + "; ".join(fam))
-        res.append(dict(tile=f"{br}x{w}", family=fam))
+        print(f"tile {tag} family: " + "; ".join(fam))
+        res.append(dict(tile=tag, family=fam))
         for B in Bs:
-            record(f"{br}x{w}", B, timings(B, "vk"))
-    recurrence.VK_TILES = default
+            record(tag, B, timings(B, "vk"))
+        recurrence.VK_TILES = default
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

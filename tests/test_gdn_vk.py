@@ -208,3 +208,15 @@ def _run_protocol(form, lazy, dtype, seed, *, B=3, S=5, HK=1, HV=2, kd=16, vd=40
     else:
         worst = max(worst, errors(state, plain)["rel_l2"])
     return worst
+
+
+def test_carry_vk_tile_larger_than_decode_tile(monkeypatch):
+    """``VK_TILES`` may give the verify and flush more value rows per program than decode (as
+    shipped above B*HV = 128); the protocol stays bitwise equal to plain decoding."""
+    from pmll_lab.ops.gdn import recurrence
+
+    monkeypatch.setattr(recurrence, "VK_TILES", ((1 << 62, 8, 16, 1),))
+    assert vk_config(16, 40, 6, "carry")[1] == 16 and vk_config(16, 40, 6)[1] == 8
+    _run_protocol("exact", True, torch.float32, seed=12, vd=40)
+    with pytest.raises(ValueError, match="kind"):
+        vk_config(16, 40, 6, "decode")
