@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from pmll_lab.backend import DEVICE
-from pmll_lab.bench import bitwise_equal, copy_bandwidth, error_rows, errors, throughput_rows, time_launch
+from pmll_lab.bench import bitwise_equal, copy_bandwidth, error_rows, errors
 from pmll_lab.carry import (
     GDN_CARRY_CAP,
     CarryLayer,
@@ -51,14 +51,17 @@ from pmll_lab.carry import (
 )
 from pmll_lab.inputs import conv_inputs, gdn_inputs
 from pmll_lab.reference import carry as ref
-from pmll_lab.experiments.common import error_strip
+from pmll_lab.experiments.common import error_strip, gating_inputs
 from pmll_lab.experiments.common import failed_points as _failed_points
-from pmll_lab.experiments.common import head_points
-from pmll_lab.peers import fla_available, fla_runner
+from pmll_lab.experiments.gdn import (
+    LAYOUT_NAMES, LAYOUT_STYLE, LAYOUTS, TIMER_LABELS, best_timer, flashinfer_snapshot_check,
+    points, speed_rows, timed, timings, with_layout,
+)
+from pmll_lab.peers import (  # noqa: F401  (flashinfer_status: for the notebook)
+    fla_available, fla_runner, flashinfer_available, flashinfer_status, flashinfer_supports,
+    flashinfer_version,
+)
 from pmll_lab.sweep import CheckFailed
-
-points = head_points
-"""The notebook's grids -> points (axes ``K, B, head_dim, heads [(HK, HV)], dtype``)."""
 
 CAP = GDN_CARRY_CAP
 O_TOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
@@ -71,15 +74,17 @@ WY_TOL = 1e-4
 MODES = ("eager", "lazy")
 FORMS = ("exact", "wy")
 CARRY_KERNELS = tuple(f"carry_{f}_{m}" for f in FORMS for m in MODES)
-KERNELS = CARRY_KERNELS + ("chain_snapshots", "fla_fused_recurrent")
+KERNELS = CARRY_KERNELS + ("chain_snapshots", "fla_fused_recurrent", "flashinfer_mtp_snapshots")
 LABELS = {
     "carry_exact_eager": "carry exact, eager", "carry_exact_lazy": "carry exact, lazy",
     "carry_wy_eager": "carry WY, eager", "carry_wy_lazy": "carry WY, lazy",
     "chain_snapshots": "chain + K-1 snapshots", "fla_fused_recurrent": "FLA fused_recurrent (no rollback)",
+    "flashinfer_mtp_snapshots": "FlashInfer mtp + K snapshots",
 }
 STYLE = {"carry_exact_eager": ("C0", "--"), "carry_exact_lazy": ("C0", "-"),
          "carry_wy_eager": ("C1", "--"), "carry_wy_lazy": ("C1", "-"),
-         "chain_snapshots": ("C2", "-"), "fla_fused_recurrent": ("C3", ":")}
+         "chain_snapshots": ("C2", "-"), "fla_fused_recurrent": ("C3", ":"),
+         "flashinfer_mtp_snapshots": ("C6", "-.")}
 
 MODEL_CONFIGS = [
     dict(model="Qwen3-Next-80B-A3B", HK=16, HV=32, kd=128, vd=128, d_conv=4, gdn_layers=36),
@@ -247,34 +252,50 @@ def fla_bytes(B, K, HK, HV, kd, vd, dtype) -> int:
 # ---- 3. the verify sweep ----------------------------------------------------------------------
 
 
-def _decode_reference(state, carry, x, K, slots):
+def _decode_reference(state, carry, x, K, slots, layout="kv"):
     """Plain decoding of this verify's rows: fold each slot's pending rows (flush), then ``K``
-    ``gdn_decode`` launches. Returns ``(o [B, K, HV, vd], folded state)``."""
+    ``gdn_decode`` launches, in ``layout``. Returns ``(o [B, K, HV, vd], folded state)``."""
     from pmll_lab.gdn import gdn_decode
 
     st = state.clone()
-    gdn_carry_flush([st], [carry], slots)
+    gdn_carry_flush([st], [carry], slots, state_layout=layout)
     folded = st.clone()
     outs = [gdn_decode(st, x["q"][:, t], x["k"][:, t], x["v"][:, t], x["g"][:, t],
-                       x["beta"][:, t], state_indices=slots) for t in range(K)]
+                       x["beta"][:, t], state_indices=slots, state_layout=layout)
+            for t in range(K)]
     return torch.stack(outs, 1), folded
 
 
 def verify_point(point: dict) -> list[dict]:
     """Check, then time, every verify kernel at one point (see the module docstring).
 
-    Point keys: ``K, B, HK, HV, head_dim, dtype``; optional ``alpha`` (default 0.875),
-    ``p_zero`` (0), ``seed`` (0), ``ref_seqs`` (sequences checked against the float64
-    reference, default 4)."""
+    Point keys: ``K, B, HK, HV, head_dim, dtype``; optional ``state_layout`` (``"kv"``: state
+    ``[S, HV, kd, vd]``; ``"vk"``: ``[S, HV, vd, kd]``), ``alpha`` (default 0.875), ``p_zero``
+    (0), ``seed`` (0), ``ref_seqs`` (sequences checked against the float64 reference, default 4),
+    ``baselines`` (default True: also check and time the snapshot chain and, on a GPU, the
+    peers: FLA at ``"kv"``, FlashInfer's snapshot verify at ``"vk"``). Raises ``CheckFailed``
+    (nothing timed) when one of our kernels fails a check."""
     K, B, HK, HV, D = (int(point[n]) for n in ("K", "B", "HK", "HV", "head_dim"))
     dname = point.get("dtype", "bfloat16")
     dtype = getattr(torch, dname)
+    layout = point.get("state_layout", "kv")
+    if layout not in LAYOUTS:
+        raise ValueError(f"state_layout: must be one of {LAYOUTS}, got {layout!r}")
+    lay = {"state_layout": layout}
     alpha = float(point.get("alpha", 0.875))
     p_zero = float(point.get("p_zero", 0.0))
     seed = int(point.get("seed", 0))
+    baselines = bool(point.get("baselines", True))
     n_ref = min(B, int(point.get("ref_seqs", 4)))
     x = gdn_inputs(seed, B, HK, HV, D, D, rows=K, dtype=dtype)
-    state0, slots = x["state"], x["state_indices"]
+    gate = gating_inputs(seed + 11, (B, K), HV)
+    x["g"], x["beta"] = gate["g"], gate["beta"]
+    state_kv, slots = x["state"], x["state_indices"]
+    state0 = state_kv if layout == "kv" else state_kv.transpose(-1, -2).contiguous()
+
+    def in_layout(t):                   # a K-major state tensor [..., kd, vd] seen in `layout`
+        return t if layout == "kv" else t.transpose(-1, -2)
+
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     rng = np.random.default_rng(seed + 1)
     base = GdnCarry.empty(B, HV, D, D)
@@ -290,9 +311,10 @@ def verify_point(point: dict) -> list[dict]:
         carry_m = clone_carry(base)
         carry_m.pend[slots.long()] = torch.as_tensor(pend, dtype=torch.int32, device=DEVICE)
         wb = (pend + K > CAP) if lazy else (pend > 0)
-        o_dec, folded = _decode_reference(state0, carry_m, x, K, slots)
-        # float64 protocol reference on the first n_ref sequences (a sub-problem of their slots)
-        sub_state = state0[sel].double().cpu()
+        o_dec, folded = _decode_reference(state0, carry_m, x, K, slots, layout)
+        # float64 protocol reference on the first n_ref sequences (a sub-problem of their slots;
+        # K-major, mutated in place by the reference)
+        sub_state = state_kv[sel].double().cpu()
         sub_carry = ref.RefCarry(u=carry_m.u[sel].double().cpu(), g=carry_m.g[sel].double().cpu(),
                                  k=carry_m.k[sel].double().cpu(),
                                  pend=carry_m.pend[sel].long().cpu())
@@ -302,12 +324,12 @@ def verify_point(point: dict) -> list[dict]:
             name = f"carry_{form}_{mode}"
             st, c = state0.clone(), clone_carry(carry_m)
             o, eng = gdn_carry_verify(st, c, *args, slot_tab=slots, form=form, lazy=lazy,
-                                      validate=True, eager_max_pending=None)
+                                      validate=True, eager_max_pending=None, **lay)
             eng_ok = eng.cpu().tolist() == np.where(wb, 2, 1).tolist()
             rows.append({"kernel": name, "metric": "engaged_as_protocol", "value": float(eng_ok),
                          "passed": eng_ok, "what": "engaged"})
             rows += error_rows(name, o[:n_ref], o_ref, tol=otol, what="o")
-            rows += error_rows(name, st[sel], sub_state, tol=STATE_TOL, what="state")
+            rows += error_rows(name, st[sel], in_layout(sub_state), tol=STATE_TOL, what="state")
             rows += error_rows(name, c.u[sel], sub_carry.u, tol=STATE_TOL if form == "exact" else WY_TOL,
                                what="stash u")
             wbm = torch.as_tensor(wb, device=DEVICE)
@@ -329,46 +351,62 @@ def verify_point(point: dict) -> list[dict]:
         what = ", ".join(sorted({f"{r['kernel']}:{r['what']}:{r['metric']}" for r in bad}))
         raise CheckFailed(f"failed checks: {what}", rows)
 
-    # the snapshot chain (checked against plain decoding of the same rows from the same state)
-    from pmll_lab.gdn import gdn_chain
-
-    st_c = state0.clone()
-    inter = torch.empty(B, K - 1, HV, D, D, device=DEVICE)
-    o_c = gdn_chain(st_c, *args, state_indices=slots, intermediate=inter)
-    rows += error_rows("chain_snapshots", o_c[:n_ref], ref.decode_tokens(
-        state0[sel].double().cpu(), *(t[:n_ref].cpu() for t in args), torch.arange(n_ref)),
-        tol=otol, what="o")
-
-    fla_ok = False
-    if fla_available():
-        run_fla, _ = fla_runner(x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                state0[slots.long()].contiguous(), scale=D ** -0.5)
-
-        o_f, _ = run_fla()
-        frows = error_rows("fla_fused_recurrent", o_f[:n_ref], o_ref_plain(state0, x, sel, n_ref),
-                           tol=otol, what="o")
-        fla_ok = all(r["passed"] for r in frows)
-        rows += frows
-
-    # timing, after every check passed (the verify does not change pend: each call is the same)
-    timed = []
+    timed_fns = []
     for name in CARRY_KERNELS:
         st, c, _, lazy, nbytes = runs[name]
         form = name.split("_")[1]
 
         def run(st=st, c=c, lazy=lazy, form=form):
-            gdn_carry_verify(st, c, *args, slot_tab=slots, form=form, lazy=lazy)
+            gdn_carry_verify(st, c, *args, slot_tab=slots, form=form, lazy=lazy, **lay)
 
-        timed.append((name, run, nbytes))
-    timed.append(("chain_snapshots",
-                  lambda: gdn_chain(st_c, *args, state_indices=slots, intermediate=inter),
-                  chain_bytes(B, K, HK, HV, D, D, dtype)))
-    if fla_ok:
-        timed.append(("fla_fused_recurrent", run_fla, fla_bytes(B, K, HK, HV, D, D, dtype)))
-    for name, fn, nbytes in timed:
-        t = time_launch(fn)
-        rows += throughput_rows(name, t, nbytes)
+        timed_fns.append((name, run, nbytes, {}))
+
+    if baselines:
+        # the snapshot chain (checked against plain decoding of the same rows from the same
+        # state, float64)
+        from pmll_lab.gdn import gdn_chain
+
+        st_c = state0.clone()
+        inter = torch.empty(B, K - 1, HV, D, D, device=DEVICE)
+        o_c = gdn_chain(st_c, *args, state_indices=slots, intermediate=inter, **lay)
+        o_plain = o_ref_plain(state_kv, x, sel, n_ref)
+        crows = error_rows("chain_snapshots", o_c[:n_ref], o_plain, tol=otol, what="o")
+        rows += crows
+        _require(rows)
+        timed_fns.append(("chain_snapshots",
+                          lambda: gdn_chain(st_c, *args, state_indices=slots, intermediate=inter,
+                                            **lay),
+                          chain_bytes(B, K, HK, HV, D, D, dtype), {}))
+
+        if layout == "kv" and fla_available():
+            run_fla, _ = fla_runner(*args, state0[slots.long()].contiguous(), scale=D ** -0.5)
+            o_f, _ = run_fla()
+            frows = error_rows("fla_fused_recurrent", o_f[:n_ref], o_plain, tol=otol, what="o")
+            rows += frows
+            if all(r["passed"] for r in frows):
+                timed_fns.append(("fla_fused_recurrent", run_fla,
+                                  fla_bytes(B, K, HK, HV, D, D, dtype), {}))
+        if (layout == "vk" and K >= 2 and flashinfer_available()
+                and flashinfer_supports(D, dname)):
+            firows, run_fi = flashinfer_snapshot_check(x, gate, state0, o_c, st_c[slots.long()],
+                                                       inter, otol)
+            rows += firows
+            if run_fi is not None:
+                timed_fns.append(("flashinfer_mtp_snapshots", run_fi,
+                                  chain_bytes(B, K, HK, HV, D, D, dtype),
+                                  {"flashinfer_version": flashinfer_version()}))
+
+    # timing, after every check passed (the verify does not change pend: each call is the same)
+    for name, fn, nbytes, extra in timed_fns:
+        rows += speed_rows(name, timings(fn), nbytes, **extra)
     return rows
+
+
+def _require(rows: list[dict]) -> None:
+    bad = [r for r in rows if r.get("passed") is False]
+    if bad:
+        what = ", ".join(sorted({f"{r['kernel']}:{r['what']}:{r['metric']}" for r in bad}))
+        raise CheckFailed(f"failed checks: {what}", rows)
 
 
 def o_ref_plain(state0, x, sel, n):
@@ -384,8 +422,9 @@ def protocol_point(point: dict) -> list[dict]:
     """A stack of ``L`` layers (conv twin + GDN) through ``steps`` steps of ``SpecDecodeStep``
     (see the module docstring). Point keys: ``form, L, S, HK, HV, head_dim, dtype, steps,
     widths (list of batch widths cycled), K, alpha, p_zero, lazy_min_seqs, eager_max_pending,
-    seed``. Rows: checks (``bitwise_vs_plain`` or rel_l2 vs plain, ``engaged_as_simulated``) and
-    counts (write-backs, flushes, host syncs, steps per mode)."""
+    seed``, optional ``state_layout`` (``"kv"``; ``"vk"``: every layer's state V-major, plain
+    decoding too). Rows: checks (``bitwise_vs_plain`` or rel_l2 vs plain,
+    ``engaged_as_simulated``) and counts (write-backs, flushes, host syncs, steps per mode)."""
     from pmll_lab.conv import ConvCarry, conv_update
     from pmll_lab.gdn import gdn_decode
 
@@ -395,17 +434,23 @@ def protocol_point(point: dict) -> list[dict]:
     steps, seed = int(point["steps"]), int(point.get("seed", 0))
     alpha, p_zero = float(point.get("alpha", 0.875)), float(point.get("p_zero", 0.0))
     widths = [int(w) for w in point["widths"]]
+    layout = point.get("state_layout", "kv")
+    if layout not in LAYOUTS:
+        raise ValueError(f"state_layout: must be one of {LAYOUTS}, got {layout!r}")
     dim, qk = 2 * HK * D + HV * D, 2 * HK * D
     rng = np.random.default_rng(seed)
     pyrng = random.Random(seed)
     layers, plain = [], []
     for layer in range(L):
         st = gdn_inputs(seed + 100 + layer, 1, HK, HV, D, D, slots=S, dtype=dtype)["state"]
+        if layout == "vk":
+            st = st.transpose(-1, -2).contiguous()
         ci = conv_inputs(seed + 200 + layer, 1, dim, slots=S, dtype=dtype)
         layers.append(CarryLayer(st.clone(), GdnCarry.empty(S, HV, D, D),
                                  conv_state=ci["conv_state"].clone(),
                                  conv_carry=ConvCarry.empty(S, dim, dtype=dtype),
-                                 conv_weight=ci["weight"], conv_bias=ci["bias"], num_k_heads=HK))
+                                 conv_weight=ci["weight"], conv_bias=ci["bias"], num_k_heads=HK,
+                                 state_layout=layout))
         plain.append((st.clone(), ci["conv_state"].clone()))
     step = SpecDecodeStep(layers, form=form, lazy_min_seqs=point.get("lazy_min_seqs", 8),
                           eager_max_pending=point.get("eager_max_pending", 4), validate=True)
@@ -447,7 +492,8 @@ def protocol_point(point: dict) -> list[dict]:
                 k = y[:, HK * D:qk].unflatten(-1, (HK, D))
                 v = y[:, qk:].unflatten(-1, (HV, D))
                 o = gdn_decode(pst, q, k, v, g_in["g"][sel_t, t], g_in["beta"][sel_t, t],
-                               state_indices=slot_t[sel_t], use_qk_l2norm=False)
+                               state_indices=slot_t[sel_t], use_qk_l2norm=False,
+                               state_layout=layout)
                 got = outs[layer][sel_t, t]
                 if form == "exact":
                     bit_ok &= bitwise_equal(got, o)
@@ -522,19 +568,21 @@ def plot_budget(table: pd.DataFrame, ax=None):
 def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
     """Worst rel_l2 per (kernel, dtype, what) with tolerance and passes, plus the bitwise and
     protocol flags."""
+    df = with_layout(df)
+    keys = ["state_layout", "kernel", "dtype", "what"]
     err = df[df["metric"] == "rel_l2"]
     parts = []
     if not err.empty:
-        t = (err.groupby(["kernel", "dtype", "what"])
+        t = (err.groupby(keys)
              .agg(points=("value", "size"), passed=("passed", "sum"), worst_rel_l2=("value", "max"),
                   tolerance=("tolerance", "max")).reset_index())
         parts.append(t)
     flags = df[df["metric"].isin(["bitwise_vs_decode", "engaged_as_protocol", "bitwise_vs_plain",
-                                  "engaged_as_simulated", "rel_l2_vs_plain"])]
+                                  "engaged_as_simulated", "rel_l2_vs_plain", "state_untouched"])]
     if not flags.empty:
         f = flags.copy()
         f["what"] = f["metric"] + ": " + f["what"].astype(str)
-        f2 = (f.groupby(["kernel", "dtype", "what"])
+        f2 = (f.groupby(keys)
               .agg(points=("value", "size"), passed=("passed", "sum"),
                    worst_rel_l2=("value", "max"), tolerance=("tolerance", "max")).reset_index())
         is_flag = ~f2["what"].str.startswith("rel_l2")
@@ -549,7 +597,8 @@ def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def failed_points(df: pd.DataFrame) -> pd.DataFrame:
     """One line per failed point: its parameters and error text."""
-    return _failed_points(df, ("K", "B", "head_dim", "HK", "HV", "dtype", "form"))
+    return _failed_points(with_layout(df), ("K", "B", "head_dim", "HK", "HV", "dtype", "form",
+                                            "state_layout"))
 
 
 def plot_errors(df: pd.DataFrame, ax=None):
@@ -564,76 +613,85 @@ def plot_errors(df: pd.DataFrame, ax=None):
         return None
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 4), layout="constrained")
-    err["cat"] = err["kernel"] + "\n" + err["what"].astype(str)
+    err = with_layout(err)
+    err["cat"] = err["kernel"] + " " + err["state_layout"] + "\n" + err["what"].astype(str)
     error_strip(ax, err, sorted(err["cat"].unique()), fontsize=6, rotation=90)
     ax.set_ylabel("rel. L2 error")
     ax.set_title("Errors against the references (0 plotted as 1e-12)")
     return ax
 
 
-def _timed(df: pd.DataFrame, metric: str) -> pd.DataFrame:
-    from pmll_lab.sweep import speed_rows
-
-    return speed_rows(df, metric)
-
-
 def on_gpu(df: pd.DataFrame) -> bool:
-    t = df[df["metric"] == "time_us"]
-    return "timer" in t and (t["timer"] == "do_bench").any()
+    """Whether ``df`` holds GPU timings (do_bench or CUDA graph)."""
+    t = df[df["metric"] == "time_us"] if "metric" in df else df.iloc[0:0]
+    return "timer" in t and t["timer"].isin(["do_bench", "cuda_graph"]).any()
+
+
+def _at(sel: pd.DataFrame, shape: dict | None) -> pd.DataFrame:
+    for k, v in (shape or {}).items():
+        sel = sel[sel[k] == v]
+    return sel
 
 
 def plot_verify_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | None = None):
-    """One panel per K: ``metric`` (time per verify, GB/s or roofline fraction) against batch
-    width for every kernel; the copy roofline on GB/s panels (GPU)."""
+    """One panel per ``(state_layout, K)`` (rows: layouts): ``metric`` (time per verify, GB/s
+    or roofline fraction; best timer, CUDA graph replay on a GPU) against batch width for every
+    kernel; the copy roofline on GB/s panels (GPU)."""
     import matplotlib.pyplot as plt
 
-    sel = _timed(df, metric)
-    if shape:
-        for k, v in shape.items():
-            sel = sel[sel[k] == v]
+    sel = _at(timed(df, metric), shape)
     Ks = sorted(sel["K"].unique())
+    lays = [x for x in LAYOUTS if (sel["state_layout"] == x).any()]
     if not Ks:
         return None
-    fig, axes = plt.subplots(1, len(Ks), figsize=(3.4 * len(Ks), 3.5), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(len(lays), len(Ks), figsize=(3.4 * len(Ks), 3.2 * len(lays)),
+                             sharey=True, squeeze=False)
     gpu = on_gpu(df)
     roof = copy_bandwidth() if gpu else None
-    for ax, K in zip(axes[0], Ks):
-        for kern in KERNELS:
-            s = sel[(sel["K"] == K) & (sel["kernel"] == kern)].groupby("B")["value"].median()
-            if not s.empty:
-                color, ls = STYLE[kern]
-                ax.plot(s.index, s.values, ls, marker="o", ms=3, color=color, label=LABELS[kern])
-        if metric == "gbps" and roof:
-            ax.axhline(roof, color="k", ls="--", lw=1, label=f"copy roofline {roof:.0f} GB/s")
-        if metric == "roofline_frac":
-            ax.axhline(1.0, color="k", ls="--", lw=1)
-        ax.set_xscale("log", base=2)
-        if metric == "time_us":
-            ax.set_yscale("log")
-        ax.set_title(f"K = {K}")
-        ax.set_xlabel("batch width B (sequences)")
+    for row, lay in zip(axes, lays):
+        for ax, K in zip(row, Ks):
+            s_lk = sel[(sel["K"] == K) & (sel["state_layout"] == lay)]
+            for kern in KERNELS:
+                s = s_lk[s_lk["kernel"] == kern].groupby("B")["value"].median()
+                if not s.empty:
+                    color, ls = STYLE[kern]
+                    ax.plot(s.index, s.values, ls, marker="o", ms=3, color=color,
+                            label=LABELS[kern])
+            if metric == "gbps" and roof:
+                ax.axhline(roof, color="k", ls="--", lw=1, label=f"copy roofline {roof:.0f} GB/s")
+            if metric == "roofline_frac":
+                ax.axhline(1.0, color="k", ls="--", lw=1)
+            ax.set_xscale("log", base=2)
+            if metric == "time_us":
+                ax.set_yscale("log")
+            ax.set_title(f"{LAYOUT_NAMES[lay]} state, K = {K}", fontsize=9)
+            ax.set_xlabel("batch width B (sequences)")
     ylab = {"time_us": "time per verify (us)", "gbps": "GB/s (SPEC §4 bytes)",
             "roofline_frac": "fraction of copy roofline"}[metric]
-    if not gpu:
-        ylab += "\nTriton interpreter wall time, not GPU speed"
-    axes[0][0].set_ylabel(ylab)
-    axes[0][-1].legend(fontsize=6)
+    timer = best_timer(df)
+    for row in axes:
+        row[0].set_ylabel(ylab + f"\n{TIMER_LABELS.get(timer, timer)}", fontsize=8)
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
     desc = ", ".join(f"{k}={v}" for k, v in (shape or {}).items())
-    fig.suptitle(f"Verify: carried state vs snapshot chain vs FLA ({desc})", fontsize=10)
-    fig.tight_layout()
+    fig.suptitle(f"Verify: carried state vs snapshot chain vs peers ({desc})", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08 if len(lays) > 1 else 0.14, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, frameon=False)
     return fig
 
 
 def crossover_table(df: pd.DataFrame, shape: dict | None = None) -> pd.DataFrame:
-    """Per (form, K): time of eager and lazy at each B, their ratio, and the crossover: the
-    smallest measured B from which lazy is faster at every larger measured B."""
-    sel = _timed(df, "time_us")
-    if shape:
-        for k, v in shape.items():
-            sel = sel[sel[k] == v]
+    """Per (state_layout, form, K): time of eager and lazy at each B (best timer), their ratio,
+    and the crossover: the smallest measured B from which lazy is faster at every larger
+    measured B (None: lazy never faster over the whole tail)."""
+    sel = _at(timed(df, "time_us"), shape)
     rows = []
-    for form in FORMS:
-        for K, g in sel.groupby("K"):
+    for (lay, K), g in sel.groupby(["state_layout", "K"]):
+        for form in FORMS:
             e = g[g["kernel"] == f"carry_{form}_eager"].groupby("B")["value"].median()
             lz = g[g["kernel"] == f"carry_{form}_lazy"].groupby("B")["value"].median()
             Bs = sorted(set(e.index) & set(lz.index))
@@ -646,41 +704,63 @@ def crossover_table(df: pd.DataFrame, shape: dict | None = None) -> pd.DataFrame
                     cross = B
                     break
             for B in Bs:
-                rows.append(dict(form=form, K=K, B=B, eager_us=e[B], lazy_us=lz[B],
-                                 lazy_over_eager=ratio[B], crossover_B=cross))
+                rows.append(dict(state_layout=lay, form=form, K=K, B=B, eager_us=e[B],
+                                 lazy_us=lz[B], lazy_over_eager=ratio[B], crossover_B=cross,
+                                 timer=best_timer(df)))
     return pd.DataFrame(rows)
 
 
+def crossover_summary(cross: pd.DataFrame) -> pd.DataFrame:
+    """The crossover table folded: one row per (state_layout, form, K), the lazy/eager ratio at
+    each B as columns, and ``lazy faster from B``."""
+    if cross.empty:
+        return pd.DataFrame()
+    keys = ["state_layout", "form", "K"]
+    wide = cross.pivot_table(index=keys, columns="B", values="lazy_over_eager").round(3)
+    wide.columns = [f"B={b}" for b in wide.columns]
+    first = cross.groupby(keys)["crossover_B"].first()
+    wide["lazy faster from B"] = first.map(lambda v: "never" if v is None or pd.isna(v) else int(v))
+    return wide.reset_index()
+
+
 def plot_crossover(cross: pd.DataFrame, lazy_min_seqs: int = 8):
-    """Lazy / eager time ratio against batch width; below 1 the lazy form is faster. The
-    policy's threshold (``lazy_min_seqs``) as a vertical line."""
+    """Lazy / eager time ratio against batch width, one panel per state layout; below 1 the
+    lazy form is faster. The policy's threshold (``lazy_min_seqs``) as a vertical line."""
     import matplotlib.pyplot as plt
 
     if cross.empty:
         return None
-    fig, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
-    for i, ((form, K), g) in enumerate(cross.groupby(["form", "K"])):
-        ax.plot(g["B"], g["lazy_over_eager"], "-" if form == "exact" else "--", marker="o", ms=3,
-                color=f"C{i % 10}", label=f"{form}, K={K}")
-    ax.axhline(1.0, color="k", lw=1)
-    ax.axvline(lazy_min_seqs, color="grey", ls=":", label=f"policy: lazy from B={lazy_min_seqs}")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch width B")
-    ax.set_ylabel("lazy time / eager time")
-    ax.set_title("Eager vs lazy: where the lazy verify pays off")
-    ax.legend(fontsize=7, ncol=2)
+    lays = [x for x in LAYOUTS if (cross["state_layout"] == x).any()]
+    fig, axes = plt.subplots(1, len(lays), figsize=(6.5 * len(lays), 3.8), sharey=True,
+                             squeeze=False)
+    for ax, lay in zip(axes[0], lays):
+        c = cross[cross["state_layout"] == lay]
+        for i, ((form, K), g) in enumerate(c.groupby(["form", "K"])):
+            ax.plot(g["B"], g["lazy_over_eager"], "-" if form == "exact" else "--", marker="o",
+                    ms=3, color=f"C{i % 10}", label=f"{form}, K={K}")
+        ax.axhline(1.0, color="k", lw=1)
+        ax.axvline(lazy_min_seqs, color="grey", ls=":", label=f"policy: lazy from B={lazy_min_seqs}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch width B")
+        ax.set_title(f"{LAYOUT_NAMES[lay]} state")
+        ax.legend(fontsize=7, ncol=2)
+    axes[0][0].set_ylabel("lazy time / eager time")
+    fig.suptitle("Eager vs lazy: where the lazy verify pays off", fontsize=10)
+    fig.tight_layout()
     return fig
 
 
 def plot_writeback(df: pd.DataFrame, sim: pd.DataFrame | None = None):
-    """Measured write-back fraction of the timed launches (engaged == 2) against B, per mode,
-    with the simulated frequency at the same acceptance as horizontal lines."""
+    """Measured write-back fraction of the timed launches (engaged == 2) against B, per mode
+    and K (K-major points; the pending counts do not depend on the layout)."""
     import matplotlib.pyplot as plt
 
-    w = df[(df["metric"] == "write_back_frac") & (df["status"] == "ok")
-           & df["kernel"].str.startswith("carry_exact")]
+    w = with_layout(df)
+    w = w[(w["metric"] == "write_back_frac") & (w["status"] == "ok")
+          & w["kernel"].str.startswith("carry_exact")]
     if w.empty:
         return None
+    w = w[w["state_layout"] == w["state_layout"].iloc[0]]
     fig, ax = plt.subplots(figsize=(7, 3.4), layout="constrained")
     for i, ((kern, K), g) in enumerate(w.groupby(["kernel", "K"])):
         s = g.groupby("B")["value"].mean()
@@ -697,48 +777,122 @@ def plot_writeback(df: pd.DataFrame, sim: pd.DataFrame | None = None):
 
 
 def speed_vs_acceptance(df: pd.DataFrame, shape: dict | None = None) -> pd.DataFrame:
-    """Time per verify (us) of every kernel against the acceptance length, at each ``(K, B)``
-    measured at several ``alpha`` (empty if none was)."""
-    sel = _timed(df, "time_us")
-    if shape:
-        for k, v in shape.items():
-            sel = sel[sel[k] == v]
+    """Time per verify (us, best timer) of every kernel against the acceptance length, at each
+    ``(state_layout, K, B)`` measured at several ``alpha`` (empty if none was)."""
+    sel = _at(timed(df, "time_us"), shape)
     if sel.empty or "alpha" not in sel:
         return pd.DataFrame()
-    n_alpha = sel.groupby(["K", "B"])["alpha"].nunique()
+    keys = ["state_layout", "K", "B"]
+    n_alpha = sel.groupby(keys)["alpha"].nunique()
     keep = n_alpha[n_alpha > 1].index
     if not len(keep):
         return pd.DataFrame()
-    sel = sel.set_index(["K", "B"]).loc[keep].reset_index()
+    sel = sel.set_index(keys).loc[keep].reset_index()
     sel["accept_len"] = [mean_accept_len(a, int(k)) for a, k in zip(sel["alpha"], sel["K"])]
-    return sel.pivot_table(index=["K", "B", "alpha", "accept_len"], columns="kernel",
-                           values="value").reset_index()
+    out = sel.pivot_table(index=keys + ["alpha", "accept_len"], columns="kernel", values="value")
+    out.columns.name = None
+    return out.reset_index()
+
+
+COMPARE_SHAPE = dict(HK=16, HV=32, head_dim=128, dtype="bfloat16")
+"""The shape of the carry vs snapshot-verify comparison (Qwen3-Next's GDN heads)."""
+
+
+def rollback_bytes(K: int, HV: int, kd: int, vd: int, cap: int = CAP) -> dict:
+    """Bytes per sequence and layer each design holds to roll back a K-row verify: the carry's
+    stash (``cap`` rows of ``u, g, k``, fp32) and pending count (int32), independent of K;
+    FlashInfer's snapshot buffer (``K`` fp32 states: the state after every row); our chain's
+    (``K-1`` states)."""
+    hb = 4 * HV * kd * vd
+    return {"carry stash + pend": cap * stash_row_bytes(HV, kd, vd) + 4,
+            "FlashInfer K snapshots": K * hb, "chain K-1 snapshots": (K - 1) * hb}
+
+
+def carry_vs_snapshots(df: pd.DataFrame, K: int = 4, shape: dict | None = None) -> pd.DataFrame:
+    """The carried state against FlashInfer's snapshot verify at ``shape`` (default
+    ``COMPARE_SHAPE``) and ``K``: per batch width B and carry layout, the time per verify (us,
+    best timer) of the exact carry (lazy with the protocol's pending counts, and eager),
+    FlashInfer's ``mtp`` with its snapshot buffer (V-major points) and our snapshot chain, the
+    ratio carry lazy / FlashInfer (below 1: the carry faster), and per sequence the bytes
+    each launch moves (SPEC §4) and the bytes each design holds to roll back
+    (``rollback_bytes``). Empty without timings at that shape."""
+    shape = dict(COMPARE_SHAPE) if shape is None else shape
+    t = _at(timed(df, "time_us"), dict(shape, K=K))
+    if t.empty:
+        return pd.DataFrame()
+    fi = t[t["kernel"] == "flashinfer_mtp_snapshots"].groupby("B")[["value", "bytes"]].median()
+    hold = rollback_bytes(K, int(shape["HV"]), int(shape["head_dim"]), int(shape["head_dim"]))
+    rows = []
+    for (lay, B), g in t.groupby(["state_layout", "B"]):
+        def get(kern, col="value"):
+            s = g[g["kernel"] == kern]
+            return float(s[col].median()) if len(s) and col in s else float("nan")
+
+        r = {"state_layout": lay, "B": int(B), "K": K,
+             "carry exact lazy us": get("carry_exact_lazy"),
+             "carry exact eager us": get("carry_exact_eager"),
+             "chain + snapshots us": get("chain_snapshots"),
+             "FlashInfer mtp + snapshots us": float(fi.loc[B, "value"]) if B in fi.index else float("nan")}
+        r["lazy / FlashInfer"] = r["carry exact lazy us"] / r["FlashInfer mtp + snapshots us"]
+        r["carry lazy moved KiB/seq"] = get("carry_exact_lazy", "bytes") / B / 1024
+        r["FlashInfer moved KiB/seq"] = (float(fi.loc[B, "bytes"]) / B / 1024
+                                         if B in fi.index else float("nan"))
+        r["carry holds KiB/seq"] = hold["carry stash + pend"] / 1024
+        r["FlashInfer holds KiB/seq"] = hold["FlashInfer K snapshots"] / 1024
+        r["timer"] = best_timer(df)
+        rows.append(r)
+    return pd.DataFrame(rows).round(3)
 
 
 def headline(df: pd.DataFrame, K: int = 4, Bs=(64, 128), HV: int = 32, head_dim: int = 128,
              dtype: str = "bfloat16") -> pd.DataFrame:
-    """Time, GB/s and roofline fraction of every kernel at the issue's closing-note points."""
-    sel = df[(df["status"] == "ok") & (df["K"] == K) & df["B"].isin(Bs) & (df["HV"] == HV)
-             & (df["head_dim"] == head_dim) & (df["dtype"] == dtype)
-             & df["metric"].isin(["time_us", "gbps", "roofline_frac", "write_back_frac"])]
-    if sel.empty:
+    """Time (best timer; beside CUDA-graph times the do_bench time of the same launch), GB/s,
+    roofline fraction and write-back fraction of every kernel and layout at the issue's
+    closing-note points."""
+    where = dict(K=K, HV=HV, head_dim=head_dim, dtype=dtype)
+    timer = best_timer(df)
+    keys = ["state_layout", "B", "kernel"]
+    parts = []
+    for metric in ("time_us", "gbps", "roofline_frac"):
+        s = _at(timed(df, metric, timer), where)
+        s = s[s["B"].isin(Bs)]
+        if not s.empty:
+            parts.append(s.pivot_table(index=keys, values="value").rename(columns={"value": metric}))
+    if not parts:
         return pd.DataFrame()
-    return sel.pivot_table(index=["B", "kernel"], columns="metric", values="value").reset_index()
+    out = pd.concat(parts, axis=1)
+    if timer == "cuda_graph":
+        db = _at(timed(df, "time_us", "do_bench"), where)
+        db = db[db["B"].isin(Bs)]
+        if not db.empty:
+            out["do_bench_us"] = db.pivot_table(index=keys, values="value")["value"]
+    w = _at(with_layout(df), where)
+    w = w[(w["metric"] == "write_back_frac") & (w["status"] == "ok") & w["B"].isin(Bs)]
+    if not w.empty:
+        out["write_back_frac"] = w.pivot_table(index=keys, values="value")["value"]
+    out["timer"] = timer
+    return out.reset_index()
 
 
 def conclusion(df: pd.DataFrame, sim: pd.DataFrame, cross: pd.DataFrame,
-               budget: pd.DataFrame, lazy_min_seqs: int = 8) -> str:
-    """A few sentences written from the results (markdown)."""
+               budget: pd.DataFrame, lazy_min_seqs: int = 8,
+               compare: pd.DataFrame | None = None) -> str:
+    """A few sentences written from the results (markdown): checks, simulation, on a GPU the
+    times at the closing-note points, the eager/lazy crossover per layout, the carry against
+    FlashInfer's snapshot verify (``compare``: ``carry_vs_snapshots``), and the byte budget."""
     lines = []
+    df = with_layout(df)
     n_pts = df["point_id"].nunique()
     n_fail = df[df["status"] == "failed"]["point_id"].nunique()
     lines.append(f"- {n_pts} points run, {n_fail} failed their checks.")
     ok = df[df["status"] == "ok"]
-    bit = ok[ok["metric"].isin(["bitwise_vs_decode", "bitwise_vs_plain"])]
-    if not bit.empty:
-        lines.append(f"- Exact form bitwise equal to plain decoding in {int(bit['passed'].sum())} of "
-                     f"{len(bit)} checks (verify sweep: outputs and written-back states; protocol "
-                     "runs: accepted outputs and folded states over many steps).")
+    for lay, g in ok.groupby("state_layout"):
+        bit = g[g["metric"].isin(["bitwise_vs_decode", "bitwise_vs_plain"])]
+        if not bit.empty:
+            lines.append(f"- {LAYOUT_NAMES.get(lay, lay)} state: exact form bitwise equal to plain "
+                         f"decoding in {int(bit['passed'].sum())} of {len(bit)} checks (verify "
+                         "sweep: outputs and written-back states; protocol runs: accepted outputs "
+                         "and folded states over many steps).")
     err = ok[(ok["metric"] == "rel_l2") & (ok["what"] == "o") & ok["kernel"].str.startswith("carry")]
     for (form, dt), g in err.assign(form=err["kernel"].str.split("_").str[1]).groupby(["form", "dtype"]):
         lines.append(f"- {form} form, {dt} inputs: worst output rel. L2 error vs the float64 "
@@ -751,18 +905,45 @@ def conclusion(df: pd.DataFrame, sim: pd.DataFrame, cross: pd.DataFrame,
                          f"writes back on {r['wb_freq']:.0%} of verifies and folds "
                          f"{r['mean_folded']:.2f} pending rows per verify.")
     if on_gpu(df):
+        timer = best_timer(df)
+        lines.append(f"- Times below: {TIMER_LABELS.get(timer, timer)}.")
         h = headline(df)
         for _, r in h.iterrows():
             frac = r.get("roofline_frac", float("nan"))
-            lines.append(f"- B={int(r['B'])}, K=4, HV=32, 128x128: {LABELS.get(r['kernel'], r['kernel'])} "
-                         f"{r['time_us']:.1f} us, {r['gbps']:.0f} GB/s"
-                         + ("" if math.isnan(frac) else f" ({frac:.0%} of roofline)") + ".")
+            lines.append(f"- B={int(r['B'])}, K=4, HV=32, 128x128, "
+                         f"{LAYOUT_NAMES.get(r['state_layout'], r['state_layout'])}: "
+                         f"{LABELS.get(r['kernel'], r['kernel'])} {r['time_us']:.1f} us, "
+                         f"{r['gbps']:.0f} GB/s"
+                         + ("" if pd.isna(frac) else f" ({frac:.0%} of roofline)") + ".")
         if not cross.empty:
-            for (form, K), g in cross.groupby(["form", "K"]):
-                cb = g["crossover_B"].iloc[0]
-                lines.append(f"- Eager vs lazy, {form}, K={K}: lazy faster from B = "
-                             f"{'never (in this sweep)' if cb is None or (isinstance(cb, float) and math.isnan(cb)) else int(cb)}"
-                             f" (policy threshold {lazy_min_seqs}).")
+            for (lay, form), g in cross.groupby(["state_layout", "form"]):
+                parts = []
+                for K, gk in g.groupby("K"):
+                    cb = gk["crossover_B"].iloc[0]
+                    best = gk.loc[gk["lazy_over_eager"].idxmin()]
+                    parts.append(f"K={K}: " + ("never" if cb is None or pd.isna(cb) else f"B >= {int(cb)}")
+                                 + f" (lazy/eager {gk['lazy_over_eager'].min():.2f}-"
+                                 f"{gk['lazy_over_eager'].max():.2f}, best at B={int(best['B'])})")
+                lines.append(f"- Eager vs lazy, {form} form, {LAYOUT_NAMES.get(lay, lay)} state: lazy "
+                             f"faster from {'; '.join(parts)} (policy threshold {lazy_min_seqs}).")
+        if compare is not None and not compare.empty:
+            c = compare.dropna(subset=["lazy / FlashInfer"])
+            if len(c):
+                for _, r in c[c["B"].isin([64, 128])].iterrows():
+                    lines.append(
+                        f"- Carry (exact, lazy, {LAYOUT_NAMES.get(r['state_layout'], r['state_layout'])}) vs "
+                        f"FlashInfer's snapshot verify, B={int(r['B'])}, K=4: "
+                        f"{r['carry exact lazy us']:.1f} us vs {r['FlashInfer mtp + snapshots us']:.1f} us "
+                        f"({r['lazy / FlashInfer']:.2f}x its time); it moves "
+                        f"{r['carry lazy moved KiB/seq']:.0f} KiB per sequence against "
+                        f"{r['FlashInfer moved KiB/seq']:.0f} KiB and holds "
+                        f"{r['carry holds KiB/seq']:.0f} KiB against {r['FlashInfer holds KiB/seq']:.0f} KiB.")
+                lines.append(f"- Over all measured B, carry lazy / FlashInfer snapshot verify ranges "
+                             f"{c['lazy / FlashInfer'].min():.2f}-{c['lazy / FlashInfer'].max():.2f}.")
+            else:
+                lines.append("- FlashInfer's snapshot verify was not measured in this run (see "
+                             "the FlashInfer line at the top); the carry is compared with our "
+                             "snapshot chain only.")
     elif "backend" in df and (df["backend"] == "cuda").any():
         lines.append("- No point passed its checks on the GPU, so nothing was timed (a failed point "
                      "is never plotted as a speed).")

@@ -1,22 +1,38 @@
 """The gdn_verify notebook's sweep point and plots: verifying K draft rows with the snapshot chain.
 
 For one point (``K`` rows, head size ``head_dim = kd = vd``, ``HK`` key / ``HV`` value heads,
-``B`` sequences, input ``dtype``) ``verify_point``:
+``B`` sequences, input ``dtype``, ``state_layout``: ``"kv"`` K-major state ``[S, HV, kd, vd]``,
+``"vk"`` V-major ``[S, HV, vd, kd]``, the same ``H`` transposed) ``verify_point``:
 
-1. draws seeded inputs (``pmll_lab.inputs.gdn_inputs``; permuted, skipping slots);
-2. runs the float64 reference chain (``gdn_chain_ref``);
-3. runs the chain with snapshots (``gdn_chain`` with ``intermediate``), the same chain without
-   snapshots, and ``K`` successive ``gdn_decode`` launches; checks each against the reference
-   (outputs, final state, snapshots) and the chain against the decodes *bitwise* (SPEC §2
-   "Exactness"): any failure raises ``CheckFailed`` before anything is timed;
-4. on a GPU with fla-core importable, runs FLA's ``fused_recurrent_gated_delta_rule`` over the
-   same K rows (a speed reference: it keeps no snapshots, so it cannot roll back) and checks it
-   against the reference too (its rows are recorded; a disagreement drops only its timing);
-5. times each (``pmll_lab.bench.time_launch``) and emits GB/s over SPEC §4's bytes and the
-   roofline fraction.
+1. draws seeded inputs (``pmll_lab.inputs.gdn_inputs``; permuted, skipping slots) whose gates
+   ``g, beta`` come from raw Qwen3-Next gating inputs ``A_log, a, dt_bias, b``
+   (``pmll_lab.experiments.common.gating_inputs``, fp32), so that FlashInfer, which takes the raw
+   inputs, gates as our kernels do; the V-major state is the K-major draw transposed;
+2. runs the float64 reference chain (``gdn_chain_ref``, in the point's layout);
+3. runs the chain with snapshots (``gdn_chain`` with ``intermediate [B, K-1, HV, ...]``), the
+   same chain without snapshots, and ``K`` successive ``gdn_decode`` launches, all in the
+   point's layout; checks each against the reference (outputs, final state, snapshots) and the
+   chain against the decodes *bitwise* (SPEC §2 "Exactness", within one layout): any failure
+   raises ``CheckFailed`` before anything is timed;
+4. peers on a GPU, each checked before it is timed (a peer that disagrees is recorded with
+   ``passed = False`` and not timed; our figures stand):
+   FLA's ``fused_recurrent_gated_delta_rule`` over the same K rows at ``"kv"`` points (fla-core
+   importable; a speed reference that keeps no snapshots, so it cannot roll back), against the
+   float64 reference; FlashInfer's ``gated_delta_rule_mtp`` with its snapshot buffer and
+   ``disable_state_update=True`` (the snapshot verify SGLang runs: ``K`` states written, the pool
+   left as it was) at ``"vk"`` points with ``K >= 2``, ``head_dim >= 128`` and bf16/fp16 inputs
+   (flashinfer-python importable), fed the raw gating inputs and checked against the float64
+   chain with *its own* gating recomputed in float64 on the first ``N_REF`` sequences
+   (outputs, snapshots, final state), against our chain over all ``B`` sequences within the
+   same tolerances, and for an untouched pool (bitwise);
+5. times each and emits time, GB/s over SPEC §4's bytes and the roofline fraction. On a GPU every
+   timed launch gets two timers (``timings``): ``timer="do_bench"`` (each call as Python issues
+   it, host launch included) and ``timer="cuda_graph"`` (``pmll_lab.bench.time_cuda_graph``:
+   the median of ``GRAPH_REPLAYS`` individually timed graph replays, GPU time); on the CPU one,
+   ``"interpreter-wall"``. Tables and plots use cuda_graph where present (``timed``).
 
 Kernels in the rows: ``chain`` (with snapshots), ``chain_nosnap``, ``decodes`` (K launches),
-``fla_fused_recurrent``.
+``fla_fused_recurrent``, ``flashinfer_mtp_snapshots``.
 """
 
 from __future__ import annotations
@@ -26,46 +42,224 @@ import math
 import pandas as pd
 import torch
 
-from pmll_lab.backend import DEVICE
-from pmll_lab.bench import bitwise_equal, copy_bandwidth, error_rows, throughput_rows, time_launch
+from pmll_lab.backend import DEVICE, INTERPRET
+from pmll_lab.bench import (
+    bitwise_equal, copy_bandwidth, error_rows, throughput_rows, time_cuda_graph, time_launch,
+)
 from pmll_lab.gdn import (
     carry_stash_bytes, chain_bytes, decodes_bytes, gdn_chain, gdn_chain_ref, gdn_decode,
     row_io_bytes, snapshot_bytes, state_bytes,
 )
 from pmll_lab.inputs import gdn_inputs
-from pmll_lab.experiments.common import error_strip
+from pmll_lab.experiments.common import error_strip, gating_inputs
 from pmll_lab.experiments.common import failed_points as _failed_points
 from pmll_lab.experiments.common import head_points
-from pmll_lab.peers import fla_available, fla_runner
+from pmll_lab.peers import (  # noqa: F401  (flashinfer_status: for the notebook)
+    fla_available, fla_runner, flashinfer_available, flashinfer_mtp_runner, flashinfer_status,
+    flashinfer_supports, flashinfer_version, fused_gating,
+)
 from pmll_lab.sweep import CheckFailed
-
-points = head_points
-"""The notebook's grids -> points (axes ``K, B, head_dim, heads [(HK, HV)], dtype``)."""
 
 STATE_TOL = 1e-5
 """rel_l2 tolerance of fp32 states and snapshots against the float64 reference (tests/test_gdn.py
 states the measured margins)."""
 O_TOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
 """rel_l2 tolerance of outputs per input dtype (outputs are rounded once to that dtype)."""
+N_REF = 4
+"""Sequences a peer is checked on against the float64 reference with its own gating."""
+LAYOUTS = ("kv", "vk")
+"""State layouts: ``"kv"`` K-major ``[S, HV, kd, vd]``; ``"vk"`` V-major ``[S, HV, vd, kd]``."""
+LAYOUT_NAMES = {"kv": "K-major", "vk": "V-major"}
+WARMUP_MS, REP_MS = 10, 50
+"""``do_bench`` warm-up and measurement windows (ms) per timed launch."""
+GRAPH_REPLAYS = 100
+"""Graph replays timed per launch (``time_cuda_graph``'s minimum, the issue's >= 100)."""
+TIMERS = ("cuda_graph", "do_bench", "interpreter-wall")
+"""Timers in order of preference for tables and plots."""
+TIMER_LABELS = {"cuda_graph": "CUDA graph replay, median (GPU time)",
+                "do_bench": "do_bench, median (host launch included)",
+                "interpreter-wall": "Triton interpreter wall time, not GPU speed"}
 
-KERNELS = ("chain", "chain_nosnap", "decodes", "fla_fused_recurrent")
+KERNELS = ("chain", "chain_nosnap", "decodes", "fla_fused_recurrent", "flashinfer_mtp_snapshots")
+PEERS = ("fla_fused_recurrent", "flashinfer_mtp_snapshots")
 LABELS = {"chain": "chain + snapshots (ours)", "chain_nosnap": "chain, no snapshots (ours)",
           "decodes": "K successive decodes (ours)",
-          "fla_fused_recurrent": "FLA fused_recurrent (no snapshots)"}
+          "fla_fused_recurrent": "FLA fused_recurrent (no snapshots)",
+          "flashinfer_mtp_snapshots": "FlashInfer mtp + snapshots"}
 
 
+def points(grids: list[dict]) -> list[dict]:
+    """The notebook's grids -> points. Axes ``K, B, head_dim, heads [(HK, HV)], dtype`` and
+    ``state_layout`` (list of ``"kv"`` / ``"vk"``; default ``["kv"]``). Duplicates dropped, order
+    kept. Raises ``ValueError`` for an unknown layout."""
+    out, seen = [], set()
+    for g in grids:
+        g = dict(g)
+        g.setdefault("state_layout", ["kv"])
+        bad = [x for x in g["state_layout"] if x not in LAYOUTS]
+        if bad:
+            raise ValueError(f"state_layout: unknown {bad}; known {list(LAYOUTS)}")
+        for p in head_points([g]):
+            key = tuple(sorted(p.items()))
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+    return out
+
+
+# ---- timers ------------------------------------------------------------------------------------
+
+def on_cuda() -> bool:
+    """Whether the kernels run on a GPU (not the Triton interpreter)."""
+    return DEVICE.type == "cuda" and not INTERPRET
+
+
+def timings(fn, *, graph: bool = True) -> list[dict]:
+    """Timings of the zero-argument call ``fn``: ``time_launch``'s (``do_bench`` on a GPU with
+    ``WARMUP_MS``/``REP_MS``, interpreter wall time of one call on the CPU) and, on a GPU with
+    ``graph``, ``time_cuda_graph``'s (``GRAPH_REPLAYS`` replays). Each: ``median_us, p20_us,
+    p80_us, timer``. A capture that fails loses only the graph figure: its error text goes on
+    the do_bench timing (``graph_error``)."""
+    t = dict(time_launch(fn, warmup_ms=WARMUP_MS, rep_ms=REP_MS, cpu_reps=1))
+    out = [t]
+    if graph and on_cuda():
+        try:
+            g = time_cuda_graph(fn, replays=GRAPH_REPLAYS)
+        except Exception as exc:  # noqa: BLE001 - the do_bench figure stands on its own
+            torch.cuda.synchronize()
+            t["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        else:
+            if g is not None:
+                out.append(g)
+    return out
+
+
+def speed_rows(kernel: str, times: list[dict], nbytes: int, **extra) -> list[dict]:
+    """``throughput_rows`` for each timing in ``times`` (one timer each: ``time_us`` in us,
+    ``gbps`` over ``nbytes``, ``roofline_frac`` on a GPU), with ``bytes``, the graph replay count
+    or capture error on the time row, and ``extra`` on every row."""
+    rows = []
+    for t in times:
+        for r in throughput_rows(kernel, t, nbytes):
+            r.update(extra)
+            r["bytes"] = int(nbytes)
+            if r["metric"] == "time_us":
+                r.update({k: t[k] for k in ("replays", "graph_error") if k in t})
+            rows.append(r)
+    return rows
+
+
+def best_timer(df: pd.DataFrame) -> str | None:
+    """The timer tables and plots use: cuda_graph where any time row has it, else do_bench,
+    else the interpreter's wall time (None without time rows)."""
+    if df.empty or "timer" not in df or "metric" not in df:
+        return None
+    have = set(df.loc[df["metric"] == "time_us", "timer"].dropna())
+    return next((t for t in TIMERS if t in have), None)
+
+
+def timed(df: pd.DataFrame, metric: str = "time_us", timer: str | None = None) -> pd.DataFrame:
+    """Rows of ``metric`` from points that passed their checks (``status == "ok"``; a peer that
+    failed its own check has no timing rows), one timer only (``best_timer`` by default), with
+    ``state_layout`` filled as ``"kv"`` for rows written before the layout axis."""
+    if df.empty or "metric" not in df:
+        return df.iloc[0:0]
+    timer = best_timer(df) if timer is None else timer
+    sel = df[(df["metric"] == metric) & (df["status"] == "ok")].copy()
+    if "timer" in sel:
+        sel = sel[sel["timer"] == timer]
+    sel["state_layout"] = sel["state_layout"].fillna("kv") if "state_layout" in sel else "kv"
+    return sel
+
+
+def on_gpu(df: pd.DataFrame) -> bool:
+    """Whether ``df`` holds GPU timings."""
+    return "timer" in df and df["timer"].isin(["do_bench", "cuda_graph"]).any()
+
+
+def with_layout(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with ``state_layout`` present (``"kv"`` where missing: rows from before the axis)."""
+    df = df.copy()
+    df["state_layout"] = df["state_layout"].fillna("kv") if "state_layout" in df else "kv"
+    return df
+
+
+# ---- the sweep point -----------------------------------------------------------------------------
+
+def _flag(kernel: str, what: str, ok: bool, metric: str = "bitwise_vs_decodes") -> dict:
+    return {"kernel": kernel, "metric": metric, "value": float(ok), "passed": bool(ok),
+            "what": what}
+
+
+def flashinfer_snapshot_check(x: dict, gate: dict, state0: torch.Tensor, o_c: torch.Tensor,
+                              st_final: torch.Tensor, inter: torch.Tensor, otol: float):
+    """Check FlashInfer's snapshot verify (``gated_delta_rule_mtp`` with its buffer, pool frozen)
+    on a V-major point before it is timed; GPU and flashinfer-python only (``RuntimeError``
+    otherwise, from ``pmll_lab.peers``).
+
+    ``x``: the point's inputs (``q, k [B, K, HK, kd]``, ``v [B, K, HV, vd]``, ``state_indices
+    [B]``); ``gate``: ``gating_inputs`` of the same rows; ``state0 [S, HV, vd, kd]`` fp32, the
+    pool before the verify (not written); ``o_c [B, K, HV, vd]``, ``st_final [B, HV, vd, kd]``,
+    ``inter [B, K-1, HV, vd, kd]``: our chain's outputs, final states and snapshots from the
+    same pool. Returns ``(rows, run)``: error rows named ``flashinfer_mtp_snapshots`` (against
+    the float64 chain with FlashInfer's gating on the first ``N_REF`` sequences, against ours
+    over all ``B``) and the untouched-pool flag; ``run`` is the zero-argument call to time, or
+    None when a check failed."""
+    name = "flashinfer_mtp_snapshots"
+    B, K = x["q"].shape[:2]
+    D = x["q"].shape[-1]
+    idx = x["state_indices"]
+    pool = state0.clone()
+    a, b = gate["a"], gate["b"]
+    run, bufs = flashinfer_mtp_runner(x["q"], x["k"], x["v"], gate["A_log"], a, gate["dt_bias"],
+                                      b, pool, idx, scale=D ** -0.5, snapshots=True, frozen=True)
+    run()
+    o, buf = bufs["o"], bufs["intermediate"]                    # [B, K, HV, vd], [B, K, HV, vd, kd]
+    n = min(B, N_REF)
+    # float64 reference with FlashInfer's own gating (rows follow the batch rows, as q, k, v do)
+    g64, beta64 = fused_gating(*(t.cpu() for t in (gate["A_log"], a[:n], gate["dt_bias"], b[:n])),
+                               dtype=torch.float64)
+    sub = state0[idx[:n].long()].to("cpu", torch.float64)
+    o_r, s_r, i_r = gdn_chain_ref(sub, *(x[m][:n].cpu() for m in ("q", "k", "v")), g64, beta64,
+                                  state_layout="vk")
+    rows = (error_rows(name, o[:n], o_r, tol=otol, what="o")
+            + error_rows(name, buf[:n, K - 1], s_r, tol=STATE_TOL, what="state")
+            + error_rows(name, buf[:n, :K - 1], i_r, tol=STATE_TOL, what="snapshots")
+            + error_rows(name, o, o_c.to(o.dtype), tol=otol, what="o vs our chain")
+            + error_rows(name, buf[:, K - 1], st_final, tol=STATE_TOL, what="state vs our chain")
+            + error_rows(name, buf[:, :K - 1], inter, tol=STATE_TOL,
+                         what="snapshots vs our chain"))
+    rows.append(_flag(name, "pool unchanged (disable_state_update=True)",
+                      bitwise_equal(pool, state0), metric="state_untouched"))
+    ok = all(r["passed"] for r in rows)
+    return rows, (run if ok else None)
 
 
 def verify_point(point: dict) -> list[dict]:
-    """Check then time one point; returns tidy rows (see the module docstring)."""
+    """Check then time one point; returns tidy rows (see the module docstring).
+
+    Point keys: ``K, B, HK, HV, head_dim``; optional ``dtype`` (default bf16), ``state_layout``
+    (``"kv"``), ``seed`` (0). Rows: ``rel_l2`` / ``max_abs`` error rows and
+    ``bitwise_vs_decodes`` flags (``passed``), then per timer ``time_us`` (with
+    ``time_per_row_us``), ``gbps`` and on a GPU ``roofline_frac`` rows. Raises ``CheckFailed``
+    (nothing timed) when one of our kernels fails a check; ``ValueError`` for an unknown layout.
+    """
     K, D, HK, HV, B = (int(point[n]) for n in ("K", "head_dim", "HK", "HV", "B"))
     dname = point.get("dtype", "bfloat16")
     dtype = getattr(torch, dname)
-    x = gdn_inputs(int(point.get("seed", 0)), B, HK, HV, D, D, rows=K, dtype=dtype)
-    state0, idx = x["state"], x["state_indices"]
+    layout = point.get("state_layout", "kv")
+    if layout not in LAYOUTS:
+        raise ValueError(f"state_layout: must be one of {LAYOUTS}, got {layout!r}")
+    lay = {"state_layout": layout}
+    seed = int(point.get("seed", 0))
+    x = gdn_inputs(seed, B, HK, HV, D, D, rows=K, dtype=dtype)
+    gate = gating_inputs(seed + 11, (B, K), HV)
+    x["g"], x["beta"] = gate["g"], gate["beta"]
+    state0 = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
+    idx = x["state_indices"]
     sel = idx.long()
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-    o_ref, s_ref, i_ref = gdn_chain_ref(state0, *args, state_indices=idx)
+    o_ref, s_ref, i_ref = gdn_chain_ref(state0, *args, state_indices=idx, **lay)
     s_ref = s_ref[sel]
     otol = O_TOL[dname]
     rows: list[dict] = []
@@ -73,7 +267,7 @@ def verify_point(point: dict) -> list[dict]:
     # chain with snapshots
     st_c = state0.clone()
     inter = torch.empty(B, K - 1, HV, D, D, device=DEVICE)
-    o_c = gdn_chain(st_c, *args, state_indices=idx, intermediate=inter, validate=True)
+    o_c = gdn_chain(st_c, *args, state_indices=idx, intermediate=inter, validate=True, **lay)
     rows += error_rows("chain", o_c, o_ref, tol=otol, what="o")
     rows += error_rows("chain", st_c[sel], s_ref, tol=STATE_TOL, what="state")
     if K > 1:
@@ -82,7 +276,7 @@ def verify_point(point: dict) -> list[dict]:
 
     # chain without snapshots
     st_n = state0.clone()
-    o_n = gdn_chain(st_n, *args, state_indices=idx, validate=True)
+    o_n = gdn_chain(st_n, *args, state_indices=idx, validate=True, **lay)
     same_n = bitwise_equal(o_n, o_c) and bitwise_equal(st_n, st_c)
 
     # K successive decodes (row views made once, reused by the timing below)
@@ -90,7 +284,7 @@ def verify_point(point: dict) -> list[dict]:
     st_d = state0.clone()
     outs, same_snaps = [], True
     for r in range(K):
-        outs.append(gdn_decode(st_d, *row_args[r], state_indices=idx, validate=True))
+        outs.append(gdn_decode(st_d, *row_args[r], state_indices=idx, validate=True, **lay))
         if r < K - 1:
             same_snaps = same_snaps and bitwise_equal(st_d[sel], inter[:, r])
     o_d = torch.stack(outs, dim=1)
@@ -99,24 +293,28 @@ def verify_point(point: dict) -> list[dict]:
     same_o, same_s = bitwise_equal(o_c, o_d), bitwise_equal(st_c, st_d)
     for what, ok in (("o", same_o), ("state", same_s), ("snapshots", same_snaps),
                      ("no-snapshot chain", same_n)):
-        rows.append({"kernel": "chain", "metric": "bitwise_vs_decodes", "value": float(ok),
-                     "passed": ok, "what": what})
+        rows.append(_flag("chain", what, ok))
     bad = [r for r in rows if r.get("passed") is False]
     if bad:
         what = ", ".join(sorted({f"{r['kernel']}:{r['what']}:{r['metric']}" for r in bad}))
         raise CheckFailed(f"failed checks: {what}", rows)
 
-    # FLA, same K rows (speed reference; checked, never part of the pass/fail of ours)
-    fla_ok = False
-    if fla_available():
-        run_fla, _ = fla_runner(x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                state0[sel].contiguous(), scale=D ** -0.5)
-
+    # peers (checked; a disagreement is recorded and drops only that peer's timing)
+    run_fla = run_fi = None
+    if layout == "kv" and fla_available():
+        run_fla, _ = fla_runner(*args, state0[sel].contiguous(), scale=D ** -0.5)
         o_f, h_f = run_fla()
         frows = (error_rows("fla_fused_recurrent", o_f, o_ref, tol=otol, what="o")
                  + error_rows("fla_fused_recurrent", h_f, s_ref, tol=STATE_TOL, what="state"))
-        fla_ok = all(r["passed"] for r in frows)
         rows += frows
+        if not all(r["passed"] for r in frows):
+            run_fla = None
+        del o_f, h_f
+    if (layout == "vk" and K >= 2 and flashinfer_available()
+            and flashinfer_supports(D, dname)):
+        firows, run_fi = flashinfer_snapshot_check(x, gate, state0, o_c, st_c[sel], inter, otol)
+        rows += firows
+    del o_ref, s_ref
 
     # timing (after every check passed)
     io = dict(num_k_heads=HK, num_v_heads=HV, k_dim=D, v_dim=D, dtype=dtype)
@@ -124,132 +322,164 @@ def verify_point(point: dict) -> list[dict]:
     rowio = row_io_bytes(HK, HV, D, D, dtype)
 
     def run_chain():
-        gdn_chain(st_c, *args, state_indices=idx, intermediate=inter)
+        gdn_chain(st_c, *args, state_indices=idx, intermediate=inter, **lay)
 
     def run_nosnap():
-        gdn_chain(st_n, *args, state_indices=idx)
+        gdn_chain(st_n, *args, state_indices=idx, **lay)
 
     def run_decodes():
         for r in range(K):
-            gdn_decode(st_d, *row_args[r], state_indices=idx)
+            gdn_decode(st_d, *row_args[r], state_indices=idx, **lay)
 
-    timed = [("chain", run_chain, chain_bytes(B, K, **io)),
-             ("chain_nosnap", run_nosnap, B * (2 * hb + K * rowio + 4)),
-             ("decodes", run_decodes, decodes_bytes(B, K, **io))]
-    if fla_ok:
-        timed.append(("fla_fused_recurrent", run_fla, B * (2 * hb + K * rowio)))
-    for name, fn, nbytes in timed:
-        t = time_launch(fn)
-        rows += [dict(r, time_per_row_us=t["median_us"] / K) if r["metric"] == "time_us" else r
-                 for r in throughput_rows(name, t, nbytes)]
+    timed_fns = [("chain", run_chain, chain_bytes(B, K, **io), {}),
+                 ("chain_nosnap", run_nosnap, B * (2 * hb + K * rowio + 4), {}),
+                 ("decodes", run_decodes, decodes_bytes(B, K, **io), {})]
+    if run_fla is not None:
+        timed_fns.append(("fla_fused_recurrent", run_fla, B * (2 * hb + K * rowio), {}))
+    if run_fi is not None:
+        # K states written to the buffer, the pool read once: (K+1)*Hb, as the chain
+        timed_fns.append(("flashinfer_mtp_snapshots", run_fi, chain_bytes(B, K, **io),
+                          {"flashinfer_version": flashinfer_version()}))
+    for name, fn, nbytes, extra in timed_fns:
+        for r in speed_rows(name, timings(fn), nbytes, **extra):
+            if r["metric"] == "time_us":
+                r["time_per_row_us"] = r["value"] / K
+            rows.append(r)
     return rows
 
 
 # ---- tables and plots --------------------------------------------------------------------------
 
 def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Worst rel_l2 per (kernel, dtype, what) with its tolerance and how many points passed, plus
-    the bitwise chain-vs-decodes flags."""
+    """Worst rel_l2 per (state_layout, kernel, dtype, what) with its tolerance and how many
+    points passed, plus the flags (bitwise chain vs decodes; FlashInfer's untouched pool)."""
+    df = with_layout(df)
+    keys = ["state_layout", "kernel", "dtype", "what"]
     err = df[df["metric"] == "rel_l2"]
-    t1 = (err.groupby(["kernel", "dtype", "what"])
+    t1 = (err.groupby(keys)
           .agg(worst_rel_l2=("value", "max"), tolerance=("tolerance", "max"),
                points=("value", "size"), passed=("passed", "sum"))
           .reset_index())
-    bit = df[df["metric"] == "bitwise_vs_decodes"]
-    t2 = (bit.groupby(["kernel", "dtype", "what"])
+    bit = df[df["metric"].isin(["bitwise_vs_decodes", "state_untouched"])].copy()
+    t2 = (bit.groupby(keys)
           .agg(points=("value", "size"), passed=("passed", "sum")).reset_index())
     t2["worst_rel_l2"], t2["tolerance"] = float("nan"), float("nan")
-    t2["what"] = "bitwise == decodes: " + t2["what"]
+    t2["what"] = t2["what"].map(lambda w: w if w.startswith("pool") else f"bitwise == decodes: {w}")
     out = pd.concat([t1, t2], ignore_index=True)
     out["passed"] = out["passed"].astype(int)
-    return out[["kernel", "dtype", "what", "points", "passed", "worst_rel_l2", "tolerance"]]
+    return out[keys[:3] + ["what", "points", "passed", "worst_rel_l2", "tolerance"]]
 
 
 def failed_points(df: pd.DataFrame) -> pd.DataFrame:
     """One line per failed point: its parameters and error text."""
-    return _failed_points(df, ("K", "head_dim", "HK", "HV", "B", "dtype"))
+    return _failed_points(with_layout(df), ("K", "head_dim", "HK", "HV", "B", "dtype",
+                                            "state_layout"))
 
 
 def plot_errors(df: pd.DataFrame, ax=None):
-    """rel_l2 against the float64 reference, per kernel and compared quantity, one colour per
-    input dtype; tolerances as short dashes."""
+    """rel_l2 against the float64 reference, per kernel, layout and compared quantity, one
+    colour per input dtype; tolerances as short dashes."""
     import matplotlib.pyplot as plt
 
-    err = df[(df["metric"] == "rel_l2")].copy()
+    err = with_layout(df[(df["metric"] == "rel_l2")])
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 4), layout="constrained")
-    err["cat"] = err["kernel"] + "\n" + err["what"]
-    error_strip(ax, err, sorted(err["cat"].unique()))
+        _, ax = plt.subplots(figsize=(11, 4.5), layout="constrained")
+    err["cat"] = err["kernel"] + " " + err["state_layout"] + "\n" + err["what"]
+    error_strip(ax, err, sorted(err["cat"].unique()), fontsize=7, rotation=90)
     ax.set_ylabel("rel. L2 error vs float64 reference")
     ax.set_title("Error against the float64 reference (0 plotted as 1e-12)")
     return ax
 
 
-def _speed(df: pd.DataFrame, metric: str, shape: dict | None) -> pd.DataFrame:
-    from pmll_lab.sweep import speed_rows
+SHAPE_KEYS = ("head_dim", "HK", "HV", "dtype")
 
-    sel = speed_rows(df, metric)
-    if shape is None:
-        shape = main_shape(df)
+
+def main_shape(df: pd.DataFrame) -> dict:
+    """The (head_dim, HK, HV, dtype) with the most timed points: what the speed plots show."""
+    t = timed(df)
+    if t.empty:
+        return {}
+    key = t.groupby(list(SHAPE_KEYS)).size().idxmax()
+    return dict(zip(SHAPE_KEYS, key))
+
+
+def _at(sel: pd.DataFrame, shape: dict) -> pd.DataFrame:
     for k, v in shape.items():
         sel = sel[sel[k] == v]
     return sel
 
 
-def main_shape(df: pd.DataFrame) -> dict:
-    """The (head_dim, HK, HV, dtype) with the most timed points: what the speed plots show."""
-    t = df[(df["metric"] == "time_us") & (df["status"] == "ok")]
-    if t.empty:
-        return {}
-    key = t.groupby(["head_dim", "HK", "HV", "dtype"]).size().idxmax()
-    return dict(zip(["head_dim", "HK", "HV", "dtype"], key))
-
-
-def _on_gpu(sel: pd.DataFrame) -> bool:
-    return "timer" in sel and (sel["timer"] == "do_bench").any()
+LAYOUT_STYLE = {"kv": "-", "vk": "--"}
 
 
 def plot_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | None = None):
     """One panel per K: ``metric`` (``time_us`` per verify, or ``gbps``) against batch width B
-    for each kernel; with ``gbps`` on a GPU, the measured copy roofline as a line."""
+    for each kernel (colour) and state layout (solid K-major, dashed V-major), from the best
+    timer (``best_timer``: CUDA graph replay on a GPU); with ``gbps`` on a GPU, the measured copy
+    roofline as a line."""
     import matplotlib.pyplot as plt
 
     shape = main_shape(df) if shape is None else shape
-    sel = _speed(df, metric, shape)
+    sel = _at(timed(df, metric), shape)
     Ks = sorted(sel["K"].unique())
     if not Ks:
         return None
-    fig, axes = plt.subplots(1, len(Ks), figsize=(3.3 * len(Ks), 3.4), sharey=True,
+    fig, axes = plt.subplots(1, len(Ks), figsize=(3.3 * len(Ks), 3.6), sharey=True,
                              squeeze=False)
-    gpu = _on_gpu(sel)
+    gpu = on_gpu(df)
     roof = copy_bandwidth() if gpu else None
-    if roof is None and "copy_gbps" in df:
+    if roof is None and gpu and "copy_gbps" in df:
         vals = df["copy_gbps"].dropna()
-        roof = float(vals.iloc[0]) if len(vals) and gpu else None
+        roof = float(vals.iloc[0]) if len(vals) else None
     for ax, K in zip(axes[0], Ks):
         for i, kern in enumerate(KERNELS):
-            s = sel[(sel["K"] == K) & (sel["kernel"] == kern)].sort_values("B")
-            if not s.empty:
-                ax.plot(s["B"], s["value"], "o-", ms=3, color=f"C{i}", label=LABELS[kern])
+            for lay, ls in LAYOUT_STYLE.items():
+                s = sel[(sel["K"] == K) & (sel["kernel"] == kern) & (sel["state_layout"] == lay)]
+                s = s.groupby("B")["value"].median()
+                if not s.empty:
+                    ax.plot(s.index, s.values, ls, marker="o", ms=3, color=f"C{i}",
+                            label=f"{LABELS[kern]}, {LAYOUT_NAMES[lay]}")
         if metric == "gbps" and roof:
-            ax.axhline(roof, color="k", ls="--", lw=1, label=f"copy roofline {roof:.0f} GB/s")
+            ax.axhline(roof, color="k", ls=":", lw=1, label=f"copy roofline {roof:.0f} GB/s")
         ax.set_xscale("log", base=2)
         if metric == "time_us":
             ax.set_yscale("log")
         ax.set_title(f"K = {K}")
         ax.set_xlabel("batch width B (sequences)")
     unit = {"time_us": "time per verify (us)", "gbps": "GB/s (SPEC §4 bytes)"}[metric]
-    if not gpu:
-        unit += "\nTriton interpreter wall time, not GPU speed"
-    axes[0][0].set_ylabel(unit)
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    timer = best_timer(df)
+    axes[0][0].set_ylabel(unit + f"\n{TIMER_LABELS.get(timer, timer)}")
+    handles, labels = [], []
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
     desc = ", ".join(f"{k}={v}" for k, v in shape.items())
     fig.suptitle(f"{'Time per verify' if metric == 'time_us' else 'Achieved bandwidth'} ({desc})",
                  fontsize=10)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
     return fig
 
+
+def layout_table(df: pd.DataFrame, shape: dict | None = None) -> pd.DataFrame:
+    """Time per verify (us, best timer) of each kernel per ``(K, B)`` at ``shape`` (default
+    ``main_shape``), one column per ``kernel layout``, and the V-major / K-major ratio of our
+    chain with snapshots (below 1: V-major faster). Empty without timings."""
+    shape = main_shape(df) if shape is None else shape
+    sel = _at(timed(df), shape)
+    if sel.empty:
+        return pd.DataFrame()
+    sel = sel.assign(col=sel["kernel"] + " " + sel["state_layout"])
+    out = sel.pivot_table(index=["K", "B"], columns="col", values="value").round(1)
+    if {"chain kv", "chain vk"} <= set(out.columns):
+        out["chain vk / kv"] = (out["chain vk"] / out["chain kv"]).round(3)
+    if {"flashinfer_mtp_snapshots vk", "chain vk"} <= set(out.columns):
+        out["chain vk / FlashInfer"] = (out["chain vk"]
+                                        / out["flashinfer_mtp_snapshots vk"]).round(3)
+    out.columns.name = None
+    return out.reset_index()
 
 def plot_snapshot_budget(shapes: list[tuple[int, int]], Ks=(1, 2, 3, 4, 8), ax=None):
     """State bytes per sequence and layer that verifying K rows holds: the snapshot buffer
@@ -291,32 +521,49 @@ def budget_table(shapes: list[tuple[int, int]], Ks=(1, 2, 3, 4, 8)) -> pd.DataFr
     return pd.DataFrame(rows).round(3)
 
 
+
+
 def headline(df: pd.DataFrame, K: int = 4, B: int = 64, HK: int = 16, HV: int = 32,
              head_dim: int = 128, dtype: str = "bfloat16") -> pd.DataFrame:
-    """Time, GB/s and roofline fraction of every kernel at one point (the issue's closing note:
-    HV=32, kd=vd=128, B=64, K=4; HK=16 as in Qwen3-Next)."""
-    sel = df[(df["status"] == "ok") & (df["K"] == K) & (df["B"] == B) & (df["HV"] == HV)
-             & (df["HK"] == HK) & (df["head_dim"] == head_dim) & (df["dtype"] == dtype)
-             & df["metric"].isin(["time_us", "gbps", "roofline_frac"])]
-    if sel.empty:
+    """Time (best timer, and beside a CUDA-graph time the do_bench time of the same launch),
+    GB/s and roofline fraction of every kernel and layout at one point (HV=32, kd=vd=128, B=64,
+    K=4; HK=16 as in Qwen3-Next)."""
+    where = dict(K=K, B=B, HK=HK, HV=HV, head_dim=head_dim, dtype=dtype)
+    timer = best_timer(df)
+    parts = []
+    for metric in ("time_us", "gbps", "roofline_frac"):
+        s = _at(timed(df, metric, timer), where)
+        if not s.empty:
+            parts.append(s.pivot_table(index=["state_layout", "kernel"], values="value")
+                         .rename(columns={"value": metric}))
+    if not parts:
         return pd.DataFrame()
-    return sel.pivot_table(index="kernel", columns="metric", values="value").reset_index()
+    out = pd.concat(parts, axis=1)
+    if timer == "cuda_graph":
+        db = _at(timed(df, "time_us", "do_bench"), where)
+        if not db.empty:
+            out["do_bench_us"] = db.pivot_table(index=["state_layout", "kernel"], values="value")["value"]
+    out["timer"] = timer
+    return out.reset_index()
 
 
 def conclusion(df: pd.DataFrame) -> str:
     """A few sentences written from the results (markdown)."""
     lines = []
+    df = with_layout(df)
     ok = df[df["status"] == "ok"]
     n_pts = df["point_id"].nunique()
     n_fail = df[df["status"] == "failed"]["point_id"].nunique()
     lines.append(f"- {n_pts} points run, {n_fail} failed their checks.")
-    bit = ok[ok["metric"] == "bitwise_vs_decodes"]
-    if not bit.empty:
-        allbit = bool(bit["passed"].all())
-        lines.append(f"- Chain vs K successive decodes: bitwise equal at "
-                     f"{bit['point_id'][bit['passed'].astype(bool)].nunique()} of "
-                     f"{bit['point_id'].nunique()} points (outputs, final state, snapshots)"
-                     + ("." if allbit else " -- NOT everywhere: see the failed points."))
+    for lay, g in ok.groupby("state_layout"):
+        bit = g[g["metric"] == "bitwise_vs_decodes"]
+        if bit.empty:
+            continue
+        good = bit.groupby("point_id")["passed"].all()
+        lines.append(f"- {LAYOUT_NAMES.get(lay, lay)} state (`{lay}`): chain vs K successive decodes "
+                     f"bitwise equal at {int(good.sum())} of {len(good)} points (outputs, final "
+                     "state, snapshots, and the chain without snapshots)"
+                     + ("." if good.all() else " -- NOT everywhere: see the failed points."))
     err = ok[(ok["metric"] == "rel_l2") & ok["kernel"].isin(["chain", "decodes"])]
     for dt, g in err.groupby("dtype"):
         o = g[g["what"] == "o"]["value"].astype(float).max()
@@ -324,39 +571,55 @@ def conclusion(df: pd.DataFrame) -> str:
         lines.append(f"- {dt} inputs: worst rel. L2 error of outputs {o:.1e}, of states and "
                      f"snapshots {s:.1e} (tolerances {O_TOL.get(dt, float('nan')):.0e} and "
                      f"{STATE_TOL:.0e}).")
-    t = ok[ok["metric"] == "time_us"]
-    if not t.empty and (t["timer"] == "do_bench").any():
+    fi = df[df["kernel"] == "flashinfer_mtp_snapshots"]
+    if not fi.empty:
+        fe = fi[fi["metric"] == "rel_l2"]
+        nfail = fe[fe["passed"] == False]["point_id"].nunique()  # noqa: E712
+        lines.append(f"- FlashInfer's snapshot verify checked at {fi['point_id'].nunique()} points "
+                     f"against the float64 reference with its own gating: worst rel. L2 error "
+                     f"{fe['value'].astype(float).max():.1e}"
+                     + (f"; it disagreed at {nfail} points (not timed there)." if nfail else "."))
+    if on_gpu(df):
+        timer = best_timer(df)
         hK = 4
         h = headline(df, K=hK)
         if not h.empty:
+            lines.append(f"- HK=16, HV=32, kd=vd=128, B=64, K=4, {TIMER_LABELS[timer]}:")
             for _, r in h.iterrows():
                 frac = r.get("roofline_frac", float("nan"))
-                lines.append(f"- HK=16, HV=32, kd=vd=128, B=64, K=4: "
-                             f"{LABELS.get(r['kernel'], r['kernel'])} {r['time_us']:.1f} us, "
-                             f"{r['gbps']:.0f} GB/s"
-                             + ("" if math.isnan(frac) else f" = {frac:.0%} of the roofline")
+                lines.append(f"  - {LABELS.get(r['kernel'], r['kernel'])}, "
+                             f"{LAYOUT_NAMES.get(r['state_layout'], r['state_layout'])}: "
+                             f"{r['time_us']:.1f} us, {r['gbps']:.0f} GB/s"
+                             + ("" if pd.isna(frac) else f" = {frac:.0%} of the roofline")
                              + ".")
-            tm = dict(zip(h["kernel"], h["time_us"]))
-            if "chain" in tm and "chain_nosnap" in tm:
-                lines.append(f"- There the snapshots make the verify {tm['chain'] / tm['chain_nosnap']:.1f}x "
-                             f"slower than the same chain without them (SPEC §4 bytes: "
-                             f"(K+1)/2 = {(hK + 1) / 2:.1f}x the state traffic)"
-                             + (f"; FLA's chain, which keeps no snapshots, takes "
-                                f"{tm['fla_fused_recurrent'] / tm['chain_nosnap']:.2f}x ours "
-                                f"without snapshots" if "fla_fused_recurrent" in tm else "")
-                             + ".")
-        small = ok[(ok["metric"] == "time_us") & (ok["B"] <= 4) & (ok["timer"] == "do_bench")
-                   & ok["kernel"].isin(["chain", "chain_nosnap"])]
-        if not small.empty:
-            lines.append(f"- At B <= 4 one chain launch takes {small['value'].min():.0f}-"
-                         f"{small['value'].max():.0f} us, dominated by launch "
-                         "overhead (Python checks, Triton launch) rather than bandwidth; K decodes "
-                         "pay it K times.")
-        g = ok[ok["metric"] == "roofline_frac"]
+            tm = {(r["state_layout"], r["kernel"]): r["time_us"] for _, r in h.iterrows()}
+            for lay in LAYOUTS:
+                if (lay, "chain") in tm and (lay, "chain_nosnap") in tm:
+                    lines.append(f"- {LAYOUT_NAMES[lay]}: the snapshots make the verify "
+                                 f"{tm[(lay, 'chain')] / tm[(lay, 'chain_nosnap')]:.2f}x slower "
+                                 "than the same chain without them (SPEC §4 bytes: (K+1)/2 = "
+                                 f"{(hK + 1) / 2:.1f}x the state traffic).")
+            if ("kv", "chain") in tm and ("vk", "chain") in tm:
+                lines.append(f"- Chain with snapshots, V-major / K-major time: "
+                             f"{tm[('vk', 'chain')] / tm[('kv', 'chain')]:.2f}.")
+            if ("vk", "flashinfer_mtp_snapshots") in tm:
+                best = min((tm[(lay, "chain")], lay) for lay in LAYOUTS if (lay, "chain") in tm)
+                lines.append(f"- FlashInfer's snapshot verify: {tm[('vk', 'flashinfer_mtp_snapshots')]:.1f}"
+                             f" us; our best chain ({LAYOUT_NAMES[best[1]]}) takes "
+                             f"{best[0] / tm[('vk', 'flashinfer_mtp_snapshots')]:.2f}x its time.")
+        lt = layout_table(df)
+        if "chain vk / FlashInfer" in lt:
+            r = lt.dropna(subset=["chain vk / FlashInfer"])
+            if len(r):
+                lines.append(f"- Over the main shape's sweep, V-major chain / FlashInfer time ranges "
+                             f"{r['chain vk / FlashInfer'].min():.2f}-"
+                             f"{r['chain vk / FlashInfer'].max():.2f} ({len(r)} points).")
+        g = timed(df, "roofline_frac", timer)
         if not g.empty:
-            best = g.groupby("kernel")["value"].max()
+            best = g.groupby(["kernel", "state_layout"])["value"].max()
             lines.append("- Best roofline fraction per kernel over the sweep: "
-                         + ", ".join(f"{LABELS.get(k, k)} {v:.0%}" for k, v in best.items()) + ".")
+                         + ", ".join(f"{LABELS.get(k, k)} ({lay}) {v:.0%}"
+                                     for (k, lay), v in best.items()) + ".")
     else:
         lines.append("- Timings are Triton-interpreter wall times on the CPU: they say nothing "
                      "about GPU speed; run the full preset on a GPU for speeds.")
