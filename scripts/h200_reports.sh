@@ -6,8 +6,11 @@
 # FlashInfer is used when an earlier `bash .fi/fi-unpack.sh` unpacked it into /tmp/site.
 set -u
 run=$1; limit=$2; shift 2
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
+# the wheels: installed when carried (a later call on the same warm machine may leave them out)
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+fi
 export PYTHONPATH=/tmp/site:$PWD JUPYTER_PATH=/tmp/site/share/jupyter PATH=/tmp/site/bin:$PATH
 # FlashInfer, when ../shared/device/fetch-flashinfer.sh's three parts were unpacked (fi-unpack.sh)
 [ -f /tmp/site/.fi-ready ] && export PYTHONPATH=$PYTHONPATH:/tmp/site/nvidia_cutlass_dsl/dsl_packages
