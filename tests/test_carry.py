@@ -36,6 +36,7 @@ from pmll_lab.carry import (
     gdn_carry_flush,
     gdn_carry_verify,
 )
+from pmll_lab.gdn import gdn_chain_ref
 from pmll_lab.inputs import conv_inputs, gdn_inputs
 from pmll_lab.ops.carry.gdn_carry import FORMS, stash_bytes_per_slot
 from pmll_lab.ops.gdn.recurrence import block_config
@@ -611,6 +612,28 @@ def test_verify_rejects_unknown_form_and_lazy():
         _call(kw, form="chunk")
     with pytest.raises(ValueError, match="lazy"):
         _call(kw, lazy=1)
+
+
+def test_wy_refuses_more_rows_than_its_tiles_before_launch():
+    """The WY kernels tile the rows by 16: K = 17 (allowed by a CAP of 24) must be refused,
+    naming K, before any kernel runs, in both layouts; the exact form serves it."""
+    S, HV, kd, vd, K = 2, 1, 16, 16, 17
+    x = gdn_inputs(5, S, 1, HV, kd, vd, rows=K, dtype=torch.float32)
+    for layout in ("kv", "vk"):
+        carry = GdnCarry.empty(S, HV, kd, vd, cap=24)
+        st = x["state"].clone() if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
+        before = (st.clone(), carry.buf.clone())
+        with pytest.raises(ValueError, match="K"):
+            gdn_carry_verify(st, carry, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                             slot_tab=x["state_indices"], form="wy", state_layout=layout)
+        assert bitwise_equal(st, before[0]) and bitwise_equal(carry.buf, before[1])
+    carry = GdnCarry.empty(S, HV, kd, vd, cap=24)
+    st = x["state"].clone()
+    o, _ = gdn_carry_verify(st, carry, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                            slot_tab=x["state_indices"], form="exact", validate=True)
+    o_ref, _, _ = gdn_chain_ref(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                state_indices=x["state_indices"])
+    _close("o (exact, K=17)", o, o_ref, O_TOL[torch.float32])
 
 
 BAD_VALUES = {

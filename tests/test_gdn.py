@@ -500,7 +500,7 @@ def _bad_cases():
                                          for n in ("q", "k", "v")], "q"),
         ("state dtype", None, setx("state", lambda x: x["state"].bfloat16()), "state"),
         ("state ndim", None, setx("state", lambda x: x["state"][0]), "state"),
-        ("indices dtype", None, setx("state_indices", lambda x: x["state_indices"].long()),
+        ("indices dtype", None, setx("state_indices", lambda x: x["state_indices"].float()),
          "state_indices"),
         ("indices shape", 2, setx("state_indices", lambda x: x["state_indices"][:1]),
          "state_indices"),
@@ -600,3 +600,18 @@ def test_bytes_moved_per_spec():
         assert chain_bytes(B, 1, HK, HV, kd, vd) == decode_bytes(B, HK, HV, kd, vd)
     assert snapshot_bytes(1, HV, kd, vd) == 0 and snapshot_bytes(4, HV, kd, vd) == 3 * hb
     assert carry_stash_bytes(HV, kd, vd) == 8 * (HV * vd + HV + HV * kd) * 4
+
+
+def test_decode_and_chain_take_int64_slots():
+    """Slot indices as int64 (the dtype torch indexing produces) give the same bits as int32."""
+    x = gdn_inputs(77, 3, 1, 2, 16, 16, rows=2, slots=5, dtype=torch.bfloat16)
+    idx32 = x["state_indices"]
+    a, b = x["state"].clone(), x["state"].clone()
+    o32 = gdn_chain(a, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx32)
+    o64 = gdn_chain(b, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx32.long(),
+                    validate=True)
+    assert bitwise_equal(o32, o64) and bitwise_equal(a, b)
+    q1, k1, v1, g1, b1 = (x[n][:, 0].contiguous() for n in ("q", "k", "v", "g", "beta"))
+    d32 = gdn_decode(a, q1, k1, v1, g1, b1, state_indices=idx32)
+    d64 = gdn_decode(b, q1, k1, v1, g1, b1, state_indices=idx32.long())
+    assert bitwise_equal(d32, d64) and bitwise_equal(a, b)

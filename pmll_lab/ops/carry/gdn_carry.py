@@ -788,6 +788,9 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
         raise ValueError(f"q: HV ({HV}) must be a multiple of HK ({HK})")
     if K < 1 or K > carry.cap:
         raise ValueError(f"q: K = {K} draft rows must lie in [1, CAP = {carry.cap}]")
+    if form == "wy" and K > WY_ROWS_PAD:
+        raise ValueError(f"K: the WY form verifies at most {WY_ROWS_PAD} rows (its row tiles), "
+                         f"got K = {K}; use form='exact'")
     if B > S:
         raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):

@@ -280,9 +280,10 @@ _OFFSET_TABLES_MAX = 64
 
 def _offset_table(groups, device):
     """int64 ``[3 * L]`` element offsets of each layer's tensors from the first layer's, cached
-    by the tensors' addresses (the table depends on nothing else), so a steady-state flush does
-    no host-to-device copy."""
-    key = (str(device),) + tuple(t.data_ptr() for g in groups for t in g)
+    by what they depend on: the tensors' addresses and element sizes (a caching allocator hands
+    the same addresses to tensors of another dtype), so a steady-state flush does no
+    host-to-device copy."""
+    key = (str(device),) + tuple((t.data_ptr(), t.element_size()) for g in groups for t in g)
     table = _OFFSET_TABLES.get(key)
     if table is None:
         offs = []

@@ -179,7 +179,8 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
     B = lead[0]
     if state_indices is not None:
         # the kernel reads entry b at offset b: a strided view would address other slots
-        C.tensor("state_indices", state_indices, shape=(B,), dtype=torch.int32, contiguous=True)
+        C.tensor("state_indices", state_indices, shape=(B,), dtype=(torch.int32, torch.int64),
+                 contiguous=True)
         if B > S:
             raise ValueError(f"state_indices: {B} sequences but only {S} state slots")
     elif B > S:
@@ -269,7 +270,8 @@ def gdn_decode(state, q, k, v, g, beta, *, state_indices=None, scale=None, use_q
             strides (views of a fused projection buffer are read in place, never copied).
         v: ``[B, HV, vd]``, q's dtype; value head ``h`` reads key head ``h // (HV // HK)``.
         g: ``[B, HV]`` fp32 log decay (<= 0). beta: ``[B, HV]`` fp32 in [0, 1].
-        state_indices: ``[B]`` int32 slot of each sequence (default ``arange(B)``), contiguous.
+        state_indices: ``[B]`` int32 or int64 slot of each sequence (default ``arange(B)``),
+            contiguous.
         scale: query scale (default ``kd ** -0.5``). use_qk_l2norm: l2-normalise q and k
             (eps 1e-6) first.
         out_dtype: ``None`` (v's dtype) or a float dtype (``torch.float32`` for fp32 outputs).
