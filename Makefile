@@ -1,6 +1,8 @@
 # pmll_lab: the two commands of README.md, each doing its own set-up on a fresh machine.
 #
 #   make report   bootstrap, then run every notebook (quick preset) -> reports/latest/index.html
+#                 (WORKERS=N: the sweeps on a local Dask cluster, one worker per GPU or N CPU
+#                 workers; SCHEDULER=tcp://host:8786: on a running Dask cluster)
 #   make test     bootstrap, then pytest
 #   make lab      bootstrap + the lab extra, then JupyterLab on notebooks/
 #   make clean    remove reports/latest and caches (make distclean also removes .venv)
@@ -12,10 +14,11 @@
 # adds that python's own site-packages, for images whose python3 is itself a virtualenv (its
 # packages are not "system site packages" then). Otherwise torch is installed first from
 # $(TORCH_PIP) (the CPU build, which lies on local disk on this project's machines). Then the
-# package in editable mode with its dev extra.
+# package in editable mode with its dev and dist (Dask distributed) extras.
 #
 # Variables: PRESET=quick|full  DEVICE=auto|cpu|cuda  RUN=latest  ONLY="name ..."
-#            REPORT_ARGS="--resume ..."  PYTEST_ARGS="-x -q ..."  PYTHON=python3
+#            WORKERS=N  SCHEDULER=ADDRESS  REPORT_ARGS="--resume ..."  PYTEST_ARGS="-x -q ..."
+#            PYTHON=python3
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -30,6 +33,8 @@ PRESET ?= quick
 DEVICE ?= auto
 RUN ?= latest
 ONLY ?=
+WORKERS ?=
+SCHEDULER ?=
 REPORT_ARGS ?=
 PYTEST_ARGS ?=
 
@@ -40,7 +45,8 @@ PINS = $$([ -f $(GPU_PINS) ] && echo "-c $(GPU_PINS)" || true)
 
 report: $(STAMP)
 	$(PY) -m pmll_lab report --preset $(PRESET) --device $(DEVICE) --run $(RUN) \
-		$(if $(strip $(ONLY)),--only $(ONLY)) $(REPORT_ARGS)
+		$(if $(strip $(ONLY)),--only $(ONLY)) $(if $(strip $(WORKERS)),--workers $(WORKERS)) \
+		$(if $(strip $(SCHEDULER)),--scheduler $(SCHEDULER)) $(REPORT_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -67,12 +73,12 @@ $(STAMP): pyproject.toml
 	  echo "bootstrap: pip install $(TORCH_PIP)"; \
 	  $(PIP) install -q $(TORCH_PIP); \
 	fi; \
-	echo "bootstrap: pip install -e '.[dev]'"; \
-	$(PIP) install -q $(PINS) -e '.[dev]'; \
+	echo "bootstrap: pip install -e '.[dev,dist]'"; \
+	$(PIP) install -q $(PINS) -e '.[dev,dist]'; \
 	touch $@
 
 $(LAB_STAMP): $(STAMP)
-	$(PIP) install -q $(PINS) -e '.[dev,lab]'
+	$(PIP) install -q $(PINS) -e '.[dev,dist,lab]'
 	touch $@
 
 lab: $(LAB_STAMP)

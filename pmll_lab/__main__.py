@@ -2,6 +2,12 @@
 
     python -m pmll_lab report --preset quick|full --device auto|cpu|cuda [--only NAME ...]
                               [--run NAME] [--resume] [--cell-timeout SECONDS]
+                              [--workers N | --scheduler ADDRESS]
+
+``--workers N`` runs the notebooks' sweeps on a Dask LocalCluster started for the report: one
+worker per visible GPU (the first N, each pinned with CUDA_VISIBLE_DEVICES, one thread), or N CPU
+workers with ``--device cpu`` or without GPUs. ``--scheduler ADDRESS`` runs them on a running Dask
+cluster. Without either, each notebook runs its sweeps in its own process.
 
 Exit status: 0 when every notebook ran, 1 when one failed (the others still ran and the index
 marks it), 2 when the report could not start (unknown notebook, device not available...).
@@ -36,6 +42,13 @@ def main(argv: list[str] | None = None) -> int:
                      help="keep the notebooks' earlier results so sweeps skip the points done")
     rep.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
                      help="fail a notebook whose cell runs longer than this")
+    where = rep.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, default=None, metavar="N",
+                       help="run the sweeps on a local Dask cluster: one worker per visible GPU "
+                       "(up to N), or N CPU workers with --device cpu or without GPUs")
+    where.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                       help="run the sweeps on the Dask cluster of this scheduler "
+                       "(e.g. tcp://host:8786)")
     rep.add_argument("--notebooks-dir", default="notebooks",
                      help="folder of the notebooks to run (default: notebooks)")
     rep.add_argument("--reports-dir", default="reports",
@@ -46,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest = build_report(preset=args.preset, device=args.device, run=args.run,
                                 only=args.only or None, resume=args.resume,
                                 cell_timeout=args.cell_timeout,
+                                workers=args.workers, scheduler=args.scheduler,
                                 notebooks_dir=args.notebooks_dir, reports_dir=args.reports_dir,
                                 log=lambda msg: print(msg, flush=True))
     except ReportError as exc:

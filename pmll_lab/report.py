@@ -14,7 +14,11 @@ keeping, such as ``h200-2026-11-29``, are committed under their own names)::
         results/<name>/       the notebook's ``results_dir``: sweep results (.jsonl, .csv)
 
 Each notebook runs in a fresh ``python3`` kernel with three injected parameters (papermill):
-``preset``, ``device`` and ``results_dir``. The kernel is this Python (``sys.executable``), whatever
+``preset``, ``device`` and ``results_dir`` (and ``scheduler``, a Dask scheduler address, when the
+sweeps run on a cluster: ``workers=N`` starts a ``LocalCluster`` for the whole report, one worker
+per visible GPU (up to N) or N CPU workers, ``pmll_lab.sweep.local_cluster``; ``scheduler=ADDRESS``
+uses a running one). The index says which, and for each notebook how many workers and GPUs ran
+its sweeps. The kernel is this Python (``sys.executable``), whatever
 kernelspec named ``python3`` a user may have registered elsewhere, and it imports the ``pmll_lab``
 of this checkout; ``PMLL_LAB_DEVICE`` is set to ``device`` in its environment, so the library's
 backend (``pmll_lab.backend``) makes the same decision as the notebook's own parameter.
@@ -46,6 +50,8 @@ from pathlib import Path
 PRESETS = ("quick", "full")
 DEVICES = ("auto", "cpu", "cuda")
 KERNEL_NAME = "python3"
+SCHEDULER_TIMEOUT_S = 10.0
+"""Seconds ``--scheduler ADDRESS`` may take to answer before the report gives up."""
 REPO_ROOT = Path(__file__).resolve().parent.parent
 """The folder holding the ``pmll_lab`` package: put on the kernels' ``PYTHONPATH``."""
 
@@ -189,7 +195,8 @@ def render_html(executed: Path, target: Path, *, failure: str | None = None) -> 
 
 
 def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool,
-             cell_timeout: float | None, env_info: dict, log: Callable[[str], None]) -> dict:
+             cell_timeout: float | None, env_info: dict, log: Callable[[str], None],
+             scheduler: str | None = None) -> dict:
     import papermill
 
     name = src.stem
@@ -204,10 +211,13 @@ def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool
              "started_utc": _utc_now(), "preset": preset, "device_requested": device,
              "device": env_info.get("device", ""), "commit": env_info.get("commit", "")}
     t0 = time.perf_counter()
+    parameters = {"preset": preset, "device": device, "results_dir": str(results.resolve())}
+    if scheduler:
+        parameters["scheduler"] = scheduler
     try:
         papermill.execute_notebook(
             str(src), str(out_nb),
-            parameters={"preset": preset, "device": device, "results_dir": str(results.resolve())},
+            parameters=parameters,
             kernel_name=KERNEL_NAME, language="python", cwd=str(src.parent.resolve()),
             progress_bar=False, log_output=False, execution_timeout=cell_timeout,
         )
@@ -226,9 +236,100 @@ def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool
     entry["html"] = out_html.name if out_html.exists() else None
     entry["results"] = sorted(p.relative_to(run_dir).as_posix()
                               for p in results.rglob("*") if p.is_file())
+    entry["ran_on"] = results_placement(results)
     log(f"  {name}: {'ok' if entry['status'] == 'ok' else 'FAILED'} in {entry['seconds']:.0f} s"
         + (f" -- {entry['error']}" if entry["error"] else ""))
     return entry
+
+
+def results_placement(results: Path) -> dict:
+    """Who ran the sweeps whose rows lie in ``results`` (``*.jsonl``): ``workers`` and
+    ``gpus`` (distinct, over all its sweeps), ``devices`` (points per device kind) and
+    ``in_process`` (True when no row came from a Dask worker); ``pmll_lab.sweep.placement``."""
+    import pandas as pd
+
+    from pmll_lab.sweep import IN_PROCESS, load, placement
+
+    frames = []
+    for path in sorted(Path(results).glob("*.jsonl")):
+        try:
+            df = load(path)
+        except (OSError, ValueError):
+            continue
+        if not df.empty and "point_id" in df:
+            frames.append(df.assign(point_id=path.stem + ":" + df["point_id"].astype(str)))
+    if not frames:
+        return {"workers": 0, "gpus": 0, "devices": {}, "in_process": True}
+    df = pd.concat(frames, ignore_index=True)
+    out = placement(df)
+    out["in_process"] = "worker" not in df or set(df["worker"].fillna(IN_PROCESS)) == {IN_PROCESS}
+    return out
+
+
+def ran_on_text(p: dict | None) -> str:
+    """A notebook's ``ran_on`` in words for the index."""
+    if not p or not p.get("workers"):
+        return "no sweep rows"
+    kinds = ", ".join(f"{n} × {k}" if len(p["devices"]) > 1 else k
+                      for k, n in p.get("devices", {}).items())
+    if p.get("in_process"):
+        return f"in the notebook's process ({kinds})"
+    gpus = f", {p['gpus']} GPU{'s' if p['gpus'] != 1 else ''}" if p.get("gpus") else ""
+    return f"{p['workers']} Dask worker{'s' if p['workers'] != 1 else ''}{gpus} ({kinds})"
+
+
+@contextlib.contextmanager
+def _cluster(workers: int | None, scheduler: str | None, device: str,
+             log: Callable[[str], None]) -> Iterator[tuple[str | None, dict]]:
+    """The scheduler address the notebooks' sweeps use (None: in-process) and its description
+    for the manifest. ``workers``: start a ``LocalCluster`` here (closed on exit): one worker per
+    visible GPU, the first ``workers`` of them, unless ``device="cpu"`` or there is no GPU,
+    then ``workers`` CPU workers. ``scheduler``: check that it answers and count its workers.
+    Raises ``ReportError`` naming the argument."""
+    if workers is None and not scheduler:
+        yield None, {"kind": "in-process"}
+        return
+    try:
+        import distributed
+    except ImportError as exc:
+        raise ReportError("workers/scheduler: Dask distributed is not installed "
+                          "(pip install -e '.[dist]')") from exc
+    from pmll_lab import sweep
+
+    if scheduler:
+        try:
+            with distributed.Client(scheduler, timeout=f"{SCHEDULER_TIMEOUT_S}s",
+                                    set_as_default=False) as client:
+                info = sweep._workers(client)
+        except (OSError, TimeoutError) as exc:
+            raise ReportError(f"scheduler: no Dask scheduler answers at {scheduler!r}: "
+                              f"{exc}") from exc
+        gpus = sweep.slots(info, gpu=True)
+        log(f"Dask scheduler {scheduler}: {len(info)} worker(s) now, {gpus} with a GPU resource")
+        yield scheduler, {"kind": "scheduler", "address": scheduler, "workers": len(info),
+                          "gpus": gpus}
+        return
+    gpu_ids = [] if device == "cpu" else sweep.visible_gpus()
+    try:
+        sweep.cluster_spec(workers, gpu_ids)  # checks workers before anything starts
+    except ValueError as exc:
+        raise ReportError(str(exc)) from exc
+    try:
+        import bokeh  # noqa: F401  (the dashboard's pages need it)
+        dashboard = ":8787"
+    except ImportError:
+        dashboard = None
+    cluster = sweep.local_cluster(workers, gpu_ids, dashboard_address=dashboard)
+    try:
+        n = len(cluster.worker_spec)  # all started: local_cluster waits for them
+        desc = {"kind": "LocalCluster", "address": cluster.scheduler_address, "workers": n,
+                "gpus": n if gpu_ids else 0, "gpu_ids": gpu_ids[:n],
+                "dashboard": cluster.dashboard_link if dashboard else None}
+        log(f"LocalCluster {cluster.scheduler_address}: {n} worker(s), "
+            + (f"one per GPU ({', '.join(gpu_ids[:n])})" if gpu_ids else "CPU"))
+        yield cluster.scheduler_address, desc
+    finally:
+        cluster.close()
 
 
 def build_report(
@@ -242,20 +343,27 @@ def build_report(
     only: Sequence[str] | None = None,
     resume: bool = False,
     cell_timeout: float | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
     log: Callable[[str], None] = print,
 ) -> dict:
     """Run notebooks into ``<reports_dir>/<run>/`` and write ``index.html`` and ``manifest.json``.
 
     ``notebooks``: paths to run; default every notebook of ``notebooks_dir`` (``discover``).
     ``only``: names (stems) to keep from those. ``preset`` in ``PRESETS``, ``device`` in
-    ``DEVICES``. ``cell_timeout``: seconds per cell (None: no limit).
+    ``DEVICES``. ``cell_timeout``: seconds per cell (None: no limit). ``workers``: run the
+    sweeps on a ``LocalCluster`` started for this report (one worker per visible GPU, up to
+    ``workers``, or ``workers`` CPU workers when ``device="cpu"`` or without GPUs);
+    ``scheduler``: on the Dask cluster at that address (both None: in the notebooks' own
+    process). Each notebook gets ``scheduler`` as a parameter.
 
     Returns the manifest (``manifest["ok"]`` is False when a notebook of this call failed).
     When some notebooks are chosen (``notebooks`` or ``only``), the entries of the run's earlier
     manifest for the other notebooks are kept in the index, each with its own date and preset.
-    Raises ``ReportError`` for an unknown preset, device, run name or notebook name, or when the
-    kernel environment cannot import ``pmll_lab`` with that device (checked before any notebook
-    runs).
+    Raises ``ReportError`` for an unknown preset, device, run name or notebook name, a bad
+    ``workers`` (not a positive int, more than the GPUs visible), ``workers`` and ``scheduler``
+    both given, a scheduler that does not answer, or when the kernel environment cannot import
+    ``pmll_lab`` with that device (checked before any notebook runs).
     """
     if preset not in PRESETS:
         raise ReportError(f"preset: must be one of {PRESETS}, not {preset!r}")
@@ -263,6 +371,12 @@ def build_report(
         raise ReportError(f"device: must be one of {DEVICES}, not {device!r}")
     if not run or Path(run).name != run or run.startswith("."):
         raise ReportError(f"run: must be a plain folder name, not {run!r}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):
+        raise ReportError(f"workers: must be a positive int, not {workers!r}")
+    if workers is not None and scheduler:
+        raise ReportError("workers/scheduler: give one of them (workers starts a local cluster, "
+                          "scheduler uses a running one)")
     chosen = notebooks is not None or bool(only)
     paths = [Path(p) for p in notebooks] if notebooks is not None else discover(notebooks_dir)
     missing = [str(p) for p in paths if not p.is_file()]
@@ -287,7 +401,9 @@ def build_report(
     manifest = {"run": run, "preset": preset, "device_requested": device,
                 "started_utc": _utc_now(), "notebooks_dir": str(notebooks_dir),
                 "environment": {}, "notebooks": []}
-    with _kernel_environment(device) as env:
+    with _kernel_environment(device) as env, _cluster(workers, scheduler, device, log) as (
+            address, cluster_desc):
+        manifest["cluster"] = cluster_desc
         manifest["environment"] = env_info = probe_environment(env)
         if not paths:
             log(f"no notebooks found in {notebooks_dir}: nothing to run "
@@ -300,7 +416,8 @@ def build_report(
         for i, src in enumerate(paths, 1):
             log(f"[{i}/{len(paths)}] {src.stem} ...")
             ran.append(_run_one(src, run_dir, preset=preset, device=device, resume=resume,
-                                cell_timeout=cell_timeout, env_info=env_info, log=log))
+                                cell_timeout=cell_timeout, env_info=env_info, log=log,
+                                scheduler=address))
             # Written after every notebook: a long run cut short still has its index.
             _write_index(run_dir, manifest, ran, previous, complete=i == len(paths))
     return manifest
@@ -366,6 +483,22 @@ def headline_html(path: Path, title: str) -> str:
     return "\n".join(out)
 
 
+def cluster_text(cluster: dict | None) -> str:
+    """The manifest's ``cluster`` in words for the index."""
+    if not cluster:
+        return "?"  # a run written before this was recorded
+    kind = cluster.get("kind")
+    if kind == "LocalCluster":
+        n, gpus = cluster.get("workers", 0), cluster.get("gpus", 0)
+        what = (f"one per GPU, {gpus} GPU{'s' if gpus != 1 else ''} "
+                f"(CUDA devices {', '.join(cluster.get('gpu_ids', []))})" if gpus else "CPU")
+        return f"on a Dask LocalCluster of {n} worker{'s' if n != 1 else ''}: {what}"
+    if kind == "scheduler":
+        return (f"on the Dask cluster at {cluster.get('address')} ({cluster.get('workers', 0)} "
+                f"worker(s) at the start, {cluster.get('gpus', 0)} with a GPU resource)")
+    return "in each notebook's own process (no Dask cluster)"
+
+
 def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
     """The run's ``index.html``: provenance on top, one row per notebook with its links, then
     (with ``run_dir``) the headline table of each notebook whose results hold
@@ -382,6 +515,7 @@ def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
          f"{env.get('torch', '?')} / {env.get('triton', '?')} / {env.get('python', '?')}"),
         ("Preset", manifest.get("preset", "?")),
         ("Device asked for", manifest.get("device_requested", "?")),
+        ("Sweeps ran", cluster_text(manifest.get("cluster"))),
     ]
     out = ["<!DOCTYPE html><html><head><meta charset='utf-8'>",
            f"<title>pmll_lab report: {e(manifest.get('run', ''))}</title>",
@@ -411,8 +545,9 @@ def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
                       else "<span class='ok'>all ok</span>")
                    + (f", {only} with results only (no rendered notebook)" if only else "")
                    + ".</p>")
-        out.append("<table><tr><th>Notebook</th><th>Status</th><th>Time (s)</th><th>Report</th>"
-                   "<th>Executed notebook</th><th>Results</th></tr>")
+        out.append("<table><tr><th>Notebook</th><th>Status</th><th>Time (s)</th>"
+                   "<th>Sweeps ran on</th><th>Report</th><th>Executed notebook</th>"
+                   "<th>Results</th></tr>")
         for b in books:
             status = {"ok": "<span class='ok'>ok</span>",
                       # a kept run whose sweep ran without the notebook: data, no rendering
@@ -428,6 +563,7 @@ def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
             results = "<br>".join(_link(r, r.split("/")[-1]) for r in b.get("results", [])) or "none"
             out.append(f"<tr><td><b>{e(b['name'])}</b></td><td>{status}</td>"
                        f"<td>{b.get('seconds', 0):.0f}</td>"
+                       f"<td>{e(ran_on_text(b.get('ran_on')) if 'ran_on' in b else '?')}</td>"
                        f"<td>{_link(b.get('html'), 'HTML report')}</td>"
                        f"<td>{_link(b.get('ipynb'), b.get('ipynb') or '')}</td>"
                        f"<td>{results}</td></tr>")

@@ -11,6 +11,16 @@ check fails, so that the point is stored as failed and never plotted as a speed.
 (Liger-Kernel's tidy format). Rows are appended to ``<results_dir>/<name>.jsonl`` as each point
 finishes, so a sweep killed half-way and run again skips the points already done; any exception
 in a point (OOM, compile error, failed check) becomes a failed row and the sweep goes on.
+
+With a Dask ``client`` (a ``distributed.Client`` or a scheduler address), the points run as tasks
+on the cluster's workers, at most one per worker slot (a ``GPU`` resource of 1 per point on GPU
+runs, one thread per worker otherwise), and their rows stream back into the same file as they
+finish; only the calling process writes it. A worker that dies costs its in-flight point only:
+that point is submitted once more on another worker, then stored as failed with the error.
+``local_cluster`` starts the cluster ``python -m pmll_lab report --workers N`` uses: one worker
+per GPU, each pinned with ``CUDA_VISIBLE_DEVICES``, or N CPU workers. Every row names the
+``worker`` it ran on (``in-process`` without a client) and its ``gpu`` (device name) and
+``gpu_id`` (host and CUDA device; both empty on the CPU).
 """
 
 from __future__ import annotations
@@ -20,14 +30,24 @@ import itertools
 import json
 import math
 import os
+import socket
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from pmll_lab.backend import environment
+from pmll_lab.backend import DEVICE, environment
+
+IN_PROCESS = "in-process"
+"""``worker`` of the rows of a sweep run without a Dask client."""
+PLACEMENT_COLUMNS = ("worker", "gpu", "gpu_id")
+"""Columns naming where a point ran (they differ between runs of the same sweep)."""
+RETRIES = 1
+"""Times a point whose worker died is submitted again before it is stored as failed."""
 
 
 class CheckFailed(Exception):
@@ -62,18 +82,18 @@ def _clean(value):
     return value
 
 
-def _progress(items: list, desc: str, enabled: bool):
-    """A tqdm bar over ``items``: a widget in JupyterLab when ipywidgets is there, else text.
-    No bar inside ``python -m pmll_lab report`` (``PMLL_LAB_REPORT`` set): a bar's redraws would
-    fill the HTML report, and ``run_sweep`` prints a one-line summary instead."""
+def _bar(total: int, desc: str, enabled: bool):
+    """A tqdm bar of ``total`` points: a widget in JupyterLab when ipywidgets is there, else
+    text. None inside ``python -m pmll_lab report`` (``PMLL_LAB_REPORT`` set): a bar's redraws
+    would fill the HTML report, and ``run_sweep`` prints a one-line summary instead."""
     if not enabled or os.environ.get("PMLL_LAB_REPORT"):
-        return items
+        return None
     try:
         import ipywidgets  # noqa: F401
         from tqdm.auto import tqdm
     except ImportError:
         from tqdm.std import tqdm
-    return tqdm(items, desc=desc)
+    return tqdm(total=total, desc=desc, unit="point")
 
 
 def _done_points(path: Path) -> set[str]:
@@ -107,6 +127,222 @@ def _append(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+_ENV: dict[str, str] | None = None
+
+
+def _placement() -> dict[str, str]:
+    """Where this process runs points: the Dask worker's name (its address when unnamed) or
+    ``in-process``; the GPU's device name and ``host:CUDA id`` (the id as in
+    ``CUDA_VISIBLE_DEVICES`` when that is set), both empty without a GPU."""
+    worker = IN_PROCESS
+    try:
+        from distributed import get_worker
+
+        w = get_worker()
+        worker = w.name if isinstance(w.name, str) and w.name else w.address
+    except (ImportError, ValueError):
+        pass
+    gpu = gpu_id = ""
+    if DEVICE.type == "cuda":
+        import torch
+
+        gpu = torch.cuda.get_device_name(DEVICE)
+        index = DEVICE.index or 0
+        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+                   if v.strip()]
+        gpu_id = f"{socket.gethostname()}:{visible[index] if index < len(visible) else index}"
+    return {"worker": worker, "gpu": gpu, "gpu_id": gpu_id}
+
+
+def _rows_json(point: Mapping, pid: str, rows: list[dict], status: str, err: str,
+               stamp: str, env: Mapping) -> list[dict]:
+    """A point's rows as stored: its parameters, the row, status, error, provenance."""
+    if not rows:
+        rows = [{"kernel": "*", "metric": "error", "value": None}]
+    out = []
+    for row in rows:
+        full = {**point, **row, "point_id": pid, "status": row.get("status", status),
+                "error": err, "timestamp": stamp, **env}
+        if status == "failed":
+            full["status"] = "failed"
+        out.append({k: _clean(v) for k, v in full.items()})
+    return out
+
+
+def _point_rows(point_fn: Callable[[dict], list[dict]], point: Mapping, pid: str) -> list[dict]:
+    """Run one point where this is called (this process or a Dask worker) and return its rows,
+    JSON-safe, with the provenance and placement of this process. Every exception of
+    ``point_fn`` becomes a failed row (``KeyboardInterrupt`` and ``SystemExit`` pass)."""
+    global _ENV
+    if _ENV is None:
+        _ENV = environment()
+    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    try:
+        rows = point_fn(dict(point))
+        status, err = "ok", ""
+    except CheckFailed as exc:
+        rows, status, err = exc.rows, "failed", f"check failed: {exc}"
+    except Exception as exc:  # noqa: BLE001 - one bad point must not lose the others
+        rows, status, err = [], "failed", f"{type(exc).__name__}: {exc}"
+        tb = traceback.format_exc(limit=3)
+        err = err + "\n" + tb[-1500:]
+    return _rows_json(point, pid, rows, status, err, stamp, {**_ENV, **_placement()})
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    _append(path, ("\n".join(json.dumps(r, default=str) for r in rows) + "\n").encode())
+
+
+_CLIENTS: dict[str, object] = {}
+
+
+def _as_client(client, wait_s: float = 30.0):
+    """``client`` as a ``distributed.Client``: one given is used as it is; a scheduler address
+    (``"tcp://host:8786"``) gets a client of this process, kept for later sweeps. Raises
+    ``ValueError`` naming ``client`` for anything else, or when nothing answers there."""
+    if isinstance(client, str):
+        address = client.strip()
+        if not address:
+            raise ValueError("client: empty scheduler address")
+        try:
+            from distributed import Client
+        except ImportError as exc:  # the dist extra is not installed
+            raise ImportError("client: running a sweep on a Dask cluster needs dask.distributed: "
+                              "pip install -e '.[dist]'") from exc
+        known = _CLIENTS.get(address)
+        if known is not None and getattr(known, "status", "") == "running":
+            return known
+        try:
+            _CLIENTS[address] = Client(address, set_as_default=False,
+                                       timeout=f"{max(1.0, min(wait_s, 30.0))}s")
+        except OSError as exc:
+            raise ValueError(f"client: no Dask scheduler answers at {address!r}: {exc}") from exc
+        return _CLIENTS[address]
+    if callable(getattr(client, "submit", None)) and callable(getattr(client, "scheduler_info",
+                                                                      None)):
+        return client
+    raise ValueError(f"client: must be None, a distributed.Client or a scheduler address, "
+                     f"not {type(client).__name__}")
+
+
+def _workers(client) -> dict[str, dict]:
+    """Scheduler's view of the workers now: ``{address: {"name", "nthreads", "resources"}}``."""
+    info = client.scheduler_info(n_workers=-1) if _takes_n_workers(client) \
+        else client.scheduler_info()
+    return info.get("workers", {})
+
+
+def _takes_n_workers(client) -> bool:
+    import inspect
+
+    try:
+        return "n_workers" in inspect.signature(client.scheduler_info).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def slots(workers: Mapping[str, Mapping], gpu: bool) -> int:
+    """Points a cluster runs at once: the sum of the workers' ``GPU`` resources on a GPU run,
+    else of their threads. ``workers``: ``scheduler_info()["workers"]``."""
+    if gpu:
+        return int(sum(w.get("resources", {}).get("GPU", 0) for w in workers.values()))
+    return int(sum(w.get("nthreads", 1) for w in workers.values()))
+
+
+def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn, path: Path,
+                    bar, gpu: bool, wait_s: float) -> int:
+    """Run ``todo`` on the cluster, writing each point's rows as it finishes; returns the
+    number of failed points. At most one point per slot is in flight, so a worker that dies
+    holds one point only; that point is submitted once more (``RETRIES``) away from the dead
+    worker, then stored as failed with the error. An interrupt cancels what is in flight."""
+    from distributed import as_completed
+
+    try:
+        client.wait_for_workers(1, timeout=wait_s)
+    except TimeoutError as exc:
+        raise ValueError(f"client: the Dask scheduler has no worker after {wait_s:.0f} s") from exc
+    if gpu and not slots(_workers(client), gpu=True):
+        raise ValueError("client: a GPU run needs workers with a GPU resource (start them with "
+                         "`--resources GPU=1`, one per GPU, or `python -m pmll_lab report "
+                         "--workers N`); this cluster's workers have none")
+    resources = {"GPU": 1} if gpu else None
+    token = uuid.uuid4().hex[:8]
+    pending = deque((point, pid, 0, None) for point, pid in todo)
+    inflight: dict[str, tuple] = {}
+    futures: dict[str, object] = {}
+    done = as_completed([], loop=client.loop, with_results=True, raise_errors=False)
+    failed = submitted = 0
+
+    def fill():
+        nonlocal submitted
+        room = max(1, slots(_workers(client), gpu)) - len(inflight)
+        while pending and room > 0:
+            point, pid, attempt, avoid = pending.popleft()
+            kw = {}
+            if avoid:  # the retry of a point whose worker died: on another worker if any
+                others = [a for a, w in _workers(client).items()
+                          if avoid not in (a, str(w.get("name")))]
+                if others:
+                    kw = {"workers": others, "allow_other_workers": True}
+            fut = client.submit(_point_rows, point_fn, point, pid, pure=False,
+                                resources=resources, key=f"{name}-{token}-{submitted}", **kw)
+            submitted += 1
+            inflight[fut.key], futures[fut.key] = (point, pid, attempt), fut
+            done.add(fut)
+            room -= 1
+
+    try:
+        fill()
+        for fut, result in done:
+            point, pid, attempt = inflight.pop(fut.key)
+            futures.pop(fut.key)
+            rows = None
+            if fut.status == "finished":
+                rows = result
+            else:  # the task itself failed (point_fn's errors are rows): its worker died
+                if getattr(client, "status", "running") != "running":
+                    raise RuntimeError(f"client: lost the Dask scheduler during sweep {name!r}; "
+                                       "the points finished are stored: run it again to finish")
+                try:
+                    result = fut.exception()
+                except BaseException as exc:  # noqa: BLE001 - cancelled by the cluster
+                    result = exc
+                dead = getattr(result, "last_worker", None)
+                where = str(getattr(dead, "name", None) or getattr(dead, "address", "") or "")
+                if attempt < RETRIES:
+                    pending.appendleft((point, pid, attempt + 1, where))
+                else:
+                    err = (f"{type(result).__name__}: {result} (worker died; {attempt + 1} "
+                           f"attempts)")
+                    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+                    env = {**environment(), "worker": where or "?", "gpu": "", "gpu_id": ""}
+                    rows = _rows_json(point, pid, [], "failed", err, stamp, env)
+            fut.release()
+            if rows is not None:
+                _write(path, rows)
+                failed += any(r.get("status") == "failed" for r in rows)
+                if bar is not None:
+                    bar.update(1)
+            fill()
+    except BaseException:
+        try:
+            client.cancel(list(futures.values()))
+        except Exception:  # noqa: BLE001 - the scheduler may be gone: nothing left to cancel
+            pass
+        raise
+    return failed
+
+
+def on_workers(fn: Callable[[], object], client=None) -> None:
+    """Call ``fn()`` in this process and, with a Dask ``client`` (or scheduler address), on
+    every worker of that cluster: e.g. an experiment's ``release()`` that frees the device
+    memory its cached inputs hold, wherever its points ran. Raises ``ValueError`` naming
+    ``client`` as ``run_sweep`` does."""
+    fn()
+    if client is not None:
+        _as_client(client).run(fn)
+
+
 def run_sweep(
     name: str,
     points: Iterable[Mapping],
@@ -115,14 +351,27 @@ def run_sweep(
     results_dir: str | Path = "results",
     desc: str | None = None,
     progress: bool = True,
+    client=None,
+    gpu: bool | None = None,
+    wait_s: float = 120.0,
 ) -> pd.DataFrame:
     """Run ``point_fn`` on every point not already in ``<results_dir>/<name>.jsonl``.
 
     Each point's rows are appended to the JSONL file in one write as soon as the point finishes,
-    so a sweep killed half-way and run again skips the points already done. A point whose
-    function raises is stored as one failed row (``status="failed"``, ``error`` = the exception
-    and the end of its traceback); ``CheckFailed`` keeps the error rows it carries, all marked
-    failed. ``KeyboardInterrupt`` stops the sweep (the points done so far stay stored).
+    so a sweep killed half-way and run again skips the points already done (a point listed twice
+    runs once). A point whose function raises is stored as one failed row (``status="failed"``,
+    ``error`` = the exception and the end of its traceback); ``CheckFailed`` keeps the error rows
+    it carries, all marked failed. ``KeyboardInterrupt`` stops the sweep (the points done so far
+    stay stored).
+
+    ``client``: None runs the points here, one after the other. A ``distributed.Client`` or a
+    scheduler address (``"tcp://host:8786"``, e.g. the notebooks' ``scheduler`` parameter) runs
+    them as tasks on that cluster's workers (``point_fn`` and the points must pickle), with a
+    ``GPU`` resource of 1 each when ``gpu`` (default: this process runs kernels on a GPU); the
+    rows are written here as points finish. ``wait_s``: seconds to wait for a first worker
+    (and, at most 30 of them, for the scheduler to answer).
+    Raises ``ValueError`` naming ``client`` for an unusable client (not a client or address, no
+    scheduler there, no worker, no GPU resource on a GPU run).
 
     Returns the rows of the requested ``points`` (run now or found from an earlier run) as a
     DataFrame, and writes the same as ``<name>.csv`` beside the JSONL.
@@ -130,45 +379,137 @@ def run_sweep(
     results_dir = Path(results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.jsonl"
+    if client is not None:
+        client = _as_client(client, wait_s)
+    gpu = DEVICE.type == "cuda" if gpu is None else bool(gpu)
     done = _done_points(path)
-    env = environment()
     points = list(points)
     wanted = {point_id(p) for p in points}
-    todo = [p for p in points if point_id(p) not in done]
+    todo: dict[str, dict] = {}
+    for p in points:
+        pid = point_id(p)
+        if pid not in done and pid not in todo:
+            todo[pid] = dict(p)
+    bar = _bar(len(todo), desc or name, progress)
     failed = 0
     t0 = time.perf_counter()
-    for point in _progress(todo, desc or name, progress):
-        pid = point_id(point)
-        stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        try:
-            rows = point_fn(dict(point))
-            status, err = "ok", ""
-        except CheckFailed as exc:
-            rows, status, err = exc.rows, "failed", f"check failed: {exc}"
-        except Exception as exc:  # noqa: BLE001 - one bad point must not lose the others
-            rows, status, err = [], "failed", f"{type(exc).__name__}: {exc}"
-            tb = traceback.format_exc(limit=3)
-            err = err + "\n" + tb[-1500:]
-        if not rows:
-            rows = [{"kernel": "*", "metric": "error", "value": None}]
-        failed += status == "failed"
-        lines = []
-        for row in rows:
-            full = {**point, **row, "point_id": pid, "status": row.get("status", status),
-                    "error": err, "timestamp": stamp, **env}
-            if status == "failed":
-                full["status"] = "failed"
-            lines.append(json.dumps({k: _clean(v) for k, v in full.items()}, default=str))
-        _append(path, ("\n".join(lines) + "\n").encode())
+    try:
+        if client is None:
+            for pid, point in todo.items():
+                rows = _point_rows(point_fn, point, pid)
+                _write(path, rows)
+                failed += any(r.get("status") == "failed" for r in rows)
+                if bar is not None:
+                    bar.update(1)
+        else:
+            failed = _run_on_cluster(client, name, [(p, pid) for pid, p in todo.items()],
+                                     point_fn, path, bar, gpu, wait_s)
+    finally:
+        if bar is not None:
+            bar.close()
     df = load(path) if path.exists() else pd.DataFrame()
     if "point_id" in df:
         df = df[df["point_id"].isin(wanted)].reset_index(drop=True)
     df.to_csv(results_dir / f"{name}.csv", index=False)
     if progress:
+        ran = df[df["point_id"].isin(todo)] if "point_id" in df else df
         print(f"sweep {name}: {len(points)} points, {len(todo)} run now "
-              f"({failed} failed) in {time.perf_counter() - t0:.1f} s, "
-              f"{len(points) - len(todo)} from earlier runs; results in {path}")
+              f"({failed} failed) in {time.perf_counter() - t0:.1f} s "
+              f"{describe_placement(ran)}, {len(points) - len(todo)} from earlier runs; "
+              f"results in {path}")
     return df
+
+
+def placement(df: pd.DataFrame) -> dict:
+    """Who ran the rows of ``df``: ``{"workers": n, "gpus": n, "devices": {name: points}}``:
+    distinct ``worker`` names, distinct GPUs (``gpu_id``), and points per ``device`` kind
+    (rows written before these columns existed count as one in-process worker)."""
+    if df.empty or "point_id" not in df:
+        return {"workers": 0, "gpus": 0, "devices": {}}
+    first = df.drop_duplicates("point_id")
+    workers = first["worker"].fillna(IN_PROCESS).nunique() if "worker" in first else 1
+    gpus = 0
+    if "gpu_id" in first:
+        ids = first["gpu_id"].dropna()
+        gpus = ids[ids.astype(str) != ""].nunique()
+    devices = first["device"].value_counts().to_dict() if "device" in first else {}
+    return {"workers": int(workers), "gpus": int(gpus),
+            "devices": {str(k): int(v) for k, v in devices.items()}}
+
+
+def describe_placement(df: pd.DataFrame) -> str:
+    """``placement`` in words: "in this process", "on 2 workers (2 GPUs: NVIDIA H200)"..."""
+    p = placement(df)
+    if not p["workers"]:
+        return "(nothing run)"
+    kinds = ", ".join(p["devices"])
+    if "worker" not in df or set(df["worker"].fillna(IN_PROCESS)) == {IN_PROCESS}:
+        return f"in one process ({kinds})"
+    gpus = f"{p['gpus']} GPU{'s' if p['gpus'] != 1 else ''}: " if p["gpus"] else ""
+    return f"on {p['workers']} worker{'s' if p['workers'] != 1 else ''} ({gpus}{kinds})"
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA devices this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (its
+    entries when it is set, else ``0 .. n-1``); empty without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [v.strip() for v in listed.split(",") if v.strip()][:torch.cuda.device_count()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def cluster_spec(workers: int, gpu_ids: Sequence[str] = ()) -> dict[str, dict]:
+    """Worker specs of ``local_cluster``: ``{name: {"cls": Nanny, "options": ...}}``. With
+    ``gpu_ids``, one worker per id (the first ``workers`` of them), named ``gpu<id>``, pinned
+    with ``CUDA_VISIBLE_DEVICES=<id>``, one thread and a ``GPU`` resource of 1; without, that
+    many CPU workers ``cpu0 ..`` of one thread each. Raises ``ValueError`` naming ``workers``
+    when it is not a positive int or asks for more GPUs than ``gpu_ids`` holds."""
+    import logging
+
+    from distributed import Nanny
+
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers: must be a positive int, not {workers!r}")
+    gpu_ids = [str(g) for g in gpu_ids]
+    if gpu_ids and workers > len(gpu_ids):
+        raise ValueError(f"workers: {workers} asked for, but only {len(gpu_ids)} GPU(s) are "
+                         f"visible ({', '.join(gpu_ids)}): one worker runs per GPU")
+    base = {"nthreads": 1, "silence_logs": logging.WARNING}
+    if gpu_ids:
+        return {f"gpu{g}": {"cls": Nanny, "options": dict(
+                    base, name=f"gpu{g}", env={"CUDA_VISIBLE_DEVICES": g},
+                    resources={"GPU": 1})}
+                for g in gpu_ids[:workers]}
+    return {f"cpu{i}": {"cls": Nanny, "options": dict(base, name=f"cpu{i}")}
+            for i in range(workers)}
+
+
+def local_cluster(workers: int, gpu_ids: Sequence[str] = (), *,
+                  dashboard_address: str | None = ":0", timeout: float = 120.0):
+    """A ``distributed.LocalCluster`` of worker processes (``cluster_spec``: one per GPU in
+    ``gpu_ids``, pinned, or ``workers`` CPU workers), started and waited for. Its scheduler
+    gives up a task at the first death of its worker (``allowed-failures`` 0): ``run_sweep``
+    then retries the point itself, once, elsewhere. Close it with ``cluster.close()``.
+    ``dashboard_address``: where the dashboard listens (needs bokeh; None: none)."""
+    import dask
+    from distributed import LocalCluster
+
+    specs = cluster_spec(workers, gpu_ids)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        cluster = LocalCluster(n_workers=0, threads_per_worker=1, processes=True,
+                               dashboard_address=dashboard_address)
+    try:
+        cluster.worker_spec.update(specs)
+        cluster.scale(len(specs))
+        cluster.wait_for_workers(len(specs), timeout=timeout)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
 
 
 def load(path: str | Path) -> pd.DataFrame:
@@ -191,11 +532,32 @@ def load(path: str | Path) -> pd.DataFrame:
     return df
 
 
-def speed_rows(df: pd.DataFrame, metric: str = "time_us") -> pd.DataFrame:
+def one_device(df: pd.DataFrame, device: str | None = None) -> pd.DataFrame:
+    """The rows of ``df`` from one kind of device (its ``device`` column: "NVIDIA H200", the
+    CPU interpreter...): ``device`` when given, else the kind with the most points (ties: the
+    first name in sorted order). A sweep spread over a cluster of mixed GPUs thus never puts
+    two kinds in one plot or table; ``df`` without that column or of one kind comes back whole.
+    """
+    if df.empty or "device" not in df:
+        return df
+    kinds = df["device"].dropna()
+    if device is None:
+        if kinds.nunique() <= 1:
+            return df
+        per = (df.drop_duplicates("point_id") if "point_id" in df else df)["device"]
+        counts = per.value_counts()
+        device = sorted(counts[counts == counts.max()].index)[0]
+    return df[df["device"] == device]
+
+
+def speed_rows(df: pd.DataFrame, metric: str = "time_us", device: str | None = None
+               ) -> pd.DataFrame:
     """Rows of ``metric`` that a speed plot may show: only from points that passed their checks
-    (``status == "ok"`` and no row of the point with ``passed == False``), and one timer only
-    (GPU ``do_bench`` if any row has it, else the interpreter's wall time): GPU and interpreter
-    figures are never mixed."""
+    (``status == "ok"`` and no row of the point with ``passed == False``), one timer only (GPU
+    ``do_bench`` if any row has it, else the interpreter's wall time): GPU and interpreter
+    figures are never mixed; and one device kind only (``one_device``: ``device``, else the
+    kind with the most points): rows of two GPU models, say from a mixed cluster, are never
+    mixed either."""
     if df.empty or "metric" not in df:
         return df.iloc[0:0]
     bad = set()
@@ -206,4 +568,4 @@ def speed_rows(df: pd.DataFrame, metric: str = "time_us") -> pd.DataFrame:
         sel = sel[~sel["point_id"].isin(bad)]
     if "timer" in sel and (sel["timer"] == "do_bench").any():
         sel = sel[sel["timer"] == "do_bench"]
-    return sel
+    return one_device(sel, device)

@@ -237,3 +237,51 @@ def test_time_launch_and_throughput_rows():
     assert by["gbps"]["value"] == pytest.approx(4_000_000 / (t["median_us"] * 1e-6) / 1e9)
     assert by["gbps"]["timer"] == t["timer"] and by["gbps"]["bytes"] == 4_000_000
     assert ("roofline_frac" in by) == (bench.copy_bandwidth() is not None)
+
+
+def test_rows_name_where_they_ran_in_process(tmp_path):
+    df = run_sweep("s", grid(n=[1, 2]), _rows, results_dir=tmp_path, progress=False)
+    assert (df["worker"] == "in-process").all()
+    if DEVICE.type == "cpu":
+        assert (df["gpu"] == "").all() and (df["gpu_id"] == "").all()
+    else:
+        assert (df["gpu"] == torch.cuda.get_device_name(DEVICE)).all()
+    from pmll_lab.sweep import describe_placement, placement
+
+    assert placement(df) == {"workers": 1, "gpus": int(DEVICE.type == "cuda"),
+                             "devices": {df["device"].iloc[0]: 2}}
+    assert describe_placement(df).startswith("in one process (")
+
+
+def test_a_point_listed_twice_runs_once(tmp_path):
+    calls = []
+    df = run_sweep("s", [{"n": 1}, {"n": 2}, {"n": 1}],
+                   lambda p: calls.append(p["n"]) or _rows(p), results_dir=tmp_path, progress=False)
+    assert calls == [1, 2] and len(df) == 4
+
+
+def test_speed_rows_never_mix_device_kinds():
+    """Rows from a cluster of two GPU models: each plot keeps one kind (the one with the most
+    points, or the one asked for); a table of one kind passes whole."""
+    import pandas as pd
+
+    from pmll_lab.sweep import one_device
+
+    rows = []
+    for n, dev in enumerate(["NVIDIA H200", "NVIDIA H200", "NVIDIA H100 80GB HBM3",
+                             "NVIDIA H200"]):
+        pid = point_id({"n": n})
+        rows += [{"n": n, "point_id": pid, "status": "ok", "device": dev, "kernel": "k",
+                  "metric": "time_us", "value": 10.0 + n, "timer": "do_bench"},
+                 {"n": n, "point_id": pid, "status": "ok", "device": dev, "kernel": "k",
+                  "metric": "rel_l2", "value": 1e-7, "passed": True}]
+    df = pd.DataFrame(rows)
+    sel = speed_rows(df)
+    assert list(sel["n"]) == [0, 1, 3] and set(sel["device"]) == {"NVIDIA H200"}
+    h100 = speed_rows(df, device="NVIDIA H100 80GB HBM3")
+    assert list(h100["value"]) == [12.0]
+    assert len(one_device(df[df.n != 2])) == 6
+    # a tie goes to the first name in sorted order, whatever the row order
+    tie = df[df.n.isin([1, 2])]
+    assert set(one_device(tie)["device"]) == {"NVIDIA H100 80GB HBM3"}
+    assert set(one_device(tie.iloc[::-1])["device"]) == {"NVIDIA H100 80GB HBM3"}
