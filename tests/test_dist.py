@@ -177,9 +177,11 @@ import sys, time
 import pmll_lab
 from pmll_lab.sweep import grid, run_sweep
 
+LOG = sys.argv[3]  # read here: slow() runs on the workers, whose sys.argv is another's
+
 def slow(p):
     time.sleep(0.3)
-    with open(sys.argv[3], "a") as fh:
+    with open(LOG, "a") as fh:
         fh.write(f"A {p['n']}\\n")
     return [{"kernel": "k", "metric": "v", "value": p["n"] * 2.5}]
 
@@ -215,6 +217,8 @@ def test_killed_client_rerun_completes_only_missing_points(cluster, tmp_path):
 
     points = grid(n=range(14))
     df = run_sweep("s", points, slow_b, results_dir=results, progress=False, client=client)
+    first = {point_id({"n": int(n)}) for tag, n in _calls(calls) if tag == "A"}
+    assert stored <= first  # what the killed client stored, its workers ran
     rerun = {point_id({"n": int(n)}) for tag, n in _calls(calls) if tag == "B"}
     assert rerun == {point_id(p) for p in points} - stored  # only the missing points ran
     lines = [json.loads(x) for x in path.read_text().splitlines()]

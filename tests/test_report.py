@@ -248,8 +248,3 @@ def test_committed_notebooks_pass_their_scheduler_to_every_sweep():
             kw = {k.arg: k.value for k in call.keywords}
             assert isinstance(kw.get("client"), ast.Name) and kw["client"].id == "scheduler", \
                 f"{path.name}: a run_sweep call without client=scheduler"
-A 1
-A 2
-A 3
-A 4
-A 0
