@@ -158,13 +158,19 @@ def choice(name: str, value, options: Sequence) -> None:
 
 # ---- value checks (device sync: only with validate=True) -------------------------------------
 
-def indices_values(name: str, idx: torch.Tensor, size: int, *, distinct: bool = True) -> None:
-    """``idx`` entries lie in ``[0, size)`` and, if ``distinct``, appear once each."""
+def indices_values(name: str, idx: torch.Tensor, size: int, *, distinct: bool = True,
+                   padding: bool = False) -> None:
+    """``idx`` entries lie in ``[0, size)`` and, if ``distinct``, appear once each. With
+    ``padding``, entries of -1 (padding lanes, SPEC §2 "Serving conventions") are allowed and
+    left out of both checks."""
+    if padding:
+        idx = idx[idx != -1]
     if idx.numel() == 0:
         return
     lo, hi = int(idx.min()), int(idx.max())
     if lo < 0 or hi >= size:
-        raise ValueError(f"{name}: entries must lie in [0, {size}), got range [{lo}, {hi}]")
+        extra = " or be -1 (a padding lane)" if padding else ""
+        raise ValueError(f"{name}: entries must lie in [0, {size}){extra}, got range [{lo}, {hi}]")
     if distinct and torch.unique(idx).numel() != idx.numel():
         raise ValueError(f"{name}: entries must be distinct within one launch")
 

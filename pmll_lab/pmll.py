@@ -154,7 +154,8 @@ def memory_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
     Reference path, not a fused kernel (a fused memory-attention kernel comes later): the
     memory is gathered by the ``pmll_read`` kernel into ``[B, H, M + T, D]`` (context rows
     copied behind it), then PyTorch computes the masked attention in fp32, materialising the
-    ``[B, H, T, M + T]`` scores. Raises ``ValueError`` naming the argument.
+    ``[B, H, T, M + T]`` scores; a memory whose every sequence is empty takes the ``mem=None``
+    path (a host sync). Raises ``ValueError`` naming the argument.
     """
     _checks.tensor("q", q, ndim=4, dtype=_checks.FLOAT_DTYPES, last_contiguous=False)
     batch, heads, tokens, head_dim = q.shape
@@ -175,6 +176,11 @@ def memory_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
     if mem.k.dtype != q.dtype:
         raise ValueError(f"q: dtype {q.dtype} differs from the memory's {mem.k.dtype}")
     _checks.same_device("mem.k", mem.k, q=q)
+    if not bool((mem.lengths > 0).any()):
+        # No sequence has memory yet: exactly vanilla attention. Computed as such, since the
+        # padded [T, M + T] products and softmax round differently from the [T, T] ones
+        # (seen on this project's CPUs: the bits differed).
+        return memory_attention(q, k_ctx, v_ctx, None)
     k_all, v_all = pmll_read(mem, tokens)                            # [B, H, M + T, D]
     k_all, v_all = k_all.float(), v_all.float()
     k_all[:, :, m_:] = k_ctx.float()

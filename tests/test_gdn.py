@@ -527,7 +527,7 @@ def _bad_cases():
          setx("state_indices", lambda x: torch.tensor([0, 4], dtype=torch.int32, device=DEVICE)),
          "state_indices"),
         ("negative index", 2,
-         setx("state_indices", lambda x: torch.tensor([-1, 1], dtype=torch.int32, device=DEVICE)),
+         setx("state_indices", lambda x: torch.tensor([-2, 1], dtype=torch.int32, device=DEVICE)),
          "state_indices"),
         ("g positive", 2, setx("g", lambda x: x["g"].abs() + 0.1), "g"),
         ("beta > 1", None, setx("beta", lambda x: x["beta"] + 1.0), "beta"),

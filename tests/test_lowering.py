@@ -31,8 +31,7 @@ SCRIPT = textwrap.dedent("""
     for head_dim, input_type, rows in ((128, "bf16", 4), (64, "fp32", 1), (256, "bf16", 8)):
         fam = gdn_exact_family(head_dim=head_dim, input_type=input_type, rows=rows)
         out[f"{head_dim}-{input_type}-{rows}"] = {k: sorted(v) for k, v in fam.items()}
-    for head_dim, input_type, rows, batch in ((128, "bf16", 4, 64), (64, "fp32", 8, 64),
-                                              (256, "bf16", 4, 1)):
+    for head_dim, input_type, rows, batch in ((128, "bf16", 4, 64), (64, "fp32", 8, 1)):
         fam = gdn_exact_family(head_dim=head_dim, input_type=input_type, rows=rows,
                                layout="vk", batch=batch)
         out[f"vk-{head_dim}-{input_type}-{rows}-{batch}"] = {k: sorted(v) for k, v in fam.items()}
@@ -54,7 +53,7 @@ def _lowered(script: str) -> subprocess.CompletedProcess:
     env["PMLL_LAB_DEVICE"] = "lower"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=600)
+                          env=env, cwd=ROOT, timeout=1200)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +76,7 @@ def test_exact_family_reduces_on_decode_layouts(lowered, case):
         assert fam[name] == decode, (name, fam[name], decode)
 
 
-@pytest.mark.parametrize("case", ["vk-128-bf16-4-64", "vk-64-fp32-8-64", "vk-256-bf16-4-1"])
+@pytest.mark.parametrize("case", ["vk-128-bf16-4-64", "vk-64-fp32-8-1"])
 def test_vk_family_reduces_on_decode_layouts(lowered, case):
     """The V-major exact verify (whose tile may hold more value rows than decode's:
     ``VK_TILES``) sums every row over keys on decode's thread layout."""

@@ -318,23 +318,27 @@ def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv,
 def _verify_prologue(state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state,
                      stride_stash, K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr,
                      KD: tl.constexpr, VD: tl.constexpr, LAZY: tl.constexpr):
-    """Sequence ``b``, value head ``hv``: its slot, pending count ``p``, the write-back rule
+    """Sequence ``b``, value head ``hv``: its slot, whether it is a live lane (slot -1 marks a
+    padding lane: nothing of it is read or written but its zero outputs; its slot is taken as 0
+    for address arithmetic only), pending count ``p`` (0 for padding), the write-back rule
     (eager: ``p > 0``; lazy: ``p + K > CAP``), the first stash row of this verify (0 after a
     write-back, else ``p``), and pointers to the head's state and to its ``u``, ``g``, ``k``
     stash rows (row 0)."""
     slot = tl.load(slot_ptr + b).to(tl.int64)
-    p = tl.load(pend_ptr + slot)
+    live = slot >= 0
+    slot = tl.maximum(slot, 0)
+    p = tl.load(pend_ptr + slot, mask=live, other=0)
     if LAZY:
-        wb = p + K > CAP
+        wb = (p + K > CAP) & live
     else:
-        wb = p > 0
+        wb = (p > 0) & live
     first = tl.where(wb, 0, p)
     h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
     s_ptr = stash_ptr + slot * stride_stash
     u_ptr = s_ptr + hv * VD
     gs_ptr = s_ptr + CAP * HV * VD + hv
     ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
-    return slot, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr
+    return slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr
 
 
 @triton.jit
@@ -355,7 +359,7 @@ def _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv,
 
 @triton.jit
 def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
-                        g_ptr, beta_ptr, o_ptr, b, hv, p, wb, first, scale, j,
+                        g_ptr, beta_ptr, o_ptr, b, hv, live, p, wb, first, scale, j,
                         sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
                         K: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
@@ -363,12 +367,14 @@ def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
     """Columns ``j*BV ..`` of one head: load the state block, fold the ``p`` pending rows, write
     it back if ``wb``, run the ``K`` rows (decode's ``gdn_row``), store outputs and stash ``u``.
     ``PREFETCH``: row ``t+1``'s inputs are loaded before row ``t`` runs; ``UNROLL``: the rows are
-    unrolled (else a runtime loop, one compiled body for every row, without the prefetch)."""
+    unrolled (else a runtime loop, one compiled body for every row, without the prefetch).
+    A padding lane (``live`` false) touches no state or stash and stores zero outputs."""
     rk = tl.arange(0, BK)
     mk = rk < KD
     rv = j * BV + tl.arange(0, BV)
     mv = rv < VD
-    h = _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv, HV, KD, VD, PREFETCH)
+    ml = mv & live
+    h = _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, ml, HV, KD, VD, PREFETCH)
     grow = g_ptr + b * sg_b + hv
     brow = beta_ptr + b * sb_b + hv
     if UNROLL:
@@ -386,24 +392,25 @@ def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                                                    vrow + t * sv_t, grow + t * sg_t,
                                                    brow + t * sb_t, rk, mk, rv, mv)
             h = _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
-                           HV, VD, USE_QK_L2NORM)
+                           live, HV, VD, USE_QK_L2NORM)
     else:
         for t in range(K):
             q, k, v, g, beta = load_row_inputs(qrow + t * sq_t, krow + t * sk_t, vrow + t * sv_t,
                                                grow + t * sg_t, brow + t * sb_t, rk, mk, rv, mv)
             h = _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
-                           HV, VD, USE_QK_L2NORM)
+                           live, HV, VD, USE_QK_L2NORM)
 
 
 @triton.jit
-def _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
+def _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv, live,
                HV: tl.constexpr, VD: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
     """Row ``t`` of the exact form on its loaded inputs: decode's ``qk_prepare`` + ``gdn_row``,
-    store the output columns and stash ``u`` at row ``first + t``. Returns the new block."""
+    store the output columns (zeros for a padding lane) and stash ``u`` at row ``first + t``
+    (live lanes only). Returns the new block."""
     q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
     h, o, u = gdn_row(h, q, k, v, g, beta)
-    tl.store(orow + t * so_t + rv, o.to(orow.dtype.element_ty), mask=mv)
-    tl.store(u_ptr + (first + t) * (HV * VD) + rv, u, mask=mv)
+    tl.store(orow + t * so_t + rv, tl.where(live, o, 0.0).to(orow.dtype.element_ty), mask=mv)
+    tl.store(u_ptr + (first + t) * (HV * VD) + rv, u, mask=mv & live)
     return h
 
 
@@ -442,7 +449,7 @@ def _gdn_carry_exact_kernel(
     b = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     hk = hv // GROUP
-    slot, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
     qrow = q_ptr + b * sq_b + hk * sq_h
@@ -452,12 +459,13 @@ def _gdn_carry_exact_kernel(
 
     for j in tl.static_range(0, NV):
         _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
-                            g_ptr, beta_ptr, o_ptr, b, hv, p, wb, first, scale, j,
+                            g_ptr, beta_ptr, o_ptr, b, hv, live, p, wb, first, scale, j,
                             sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
                             K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH, UNROLL)
     tl.debug_barrier()
-    _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
-                         sq_t, sk_t, sg_b, sg_t, K, HV, KD, BK, USE_QK_L2NORM)
+    if live:
+        _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
+                             sq_t, sk_t, sg_b, sg_t, K, HV, KD, BK, USE_QK_L2NORM)
     if hv == 0:
         tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
 
@@ -482,7 +490,7 @@ def _gdn_carry_exact_split_kernel(
     hv = tl.program_id(1)
     j = tl.program_id(2)
     hk = hv // GROUP
-    slot, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
     qrow = q_ptr + b * sq_b + hk * sq_h
@@ -491,12 +499,12 @@ def _gdn_carry_exact_split_kernel(
     orow = o_ptr + b * so_b + hv * so_h
 
     _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
-                        g_ptr, beta_ptr, o_ptr, b, hv, p, wb, first, scale, j,
+                        g_ptr, beta_ptr, o_ptr, b, hv, live, p, wb, first, scale, j,
                         sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
                         K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH, UNROLL)
     tl.debug_barrier()
-    arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel")
-    if arrived == NV - 1:
+    arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)
+    if live & (arrived == NV - 1):
         _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
                              sq_t, sk_t, sg_b, sg_t, K, HV, KD, BK, USE_QK_L2NORM)
         tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
@@ -547,7 +555,7 @@ def _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
 
 
 @triton.jit
-def _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, p, wb, first, j,
+def _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, live, p, wb, first, j,
                      Q, Kr, beta, ec, T, P, sv_b, sv_t, sv_h, so_b, so_t, so_h,
                      K: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
                      BK: tl.constexpr, BV: tl.constexpr, KP: tl.constexpr,
@@ -561,7 +569,8 @@ def _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, p, wb, f
     mt = rt < K
     rv = j * BV + tl.arange(0, BV)
     mv = rv < VD
-    h = _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv, HV, KD, VD, PREFETCH)
+    h = _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv & live, HV, KD, VD,
+                      PREFETCH)
     mtv = mt[:, None] & mv[None, :]
     V = tl.load(v_ptr + b * sv_b + hv * sv_h + rt[:, None] * sv_t + rv[None, :],
                 mask=mtv, other=0.0).to(tl.float32)
@@ -571,8 +580,8 @@ def _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, p, wb, f
     U = tl.dot(T, R, input_precision="ieee")
     O = ec[:, None] * QH + tl.dot(P, U, input_precision="ieee")
     tl.store(o_ptr + b * so_b + hv * so_h + rt[:, None] * so_t + rv[None, :],
-             O.to(o_ptr.dtype.element_ty), mask=mtv)
-    tl.store(u_ptr + (first + rt[:, None]) * (HV * VD) + rv[None, :], U, mask=mtv)
+             tl.where(live, O, 0.0).to(o_ptr.dtype.element_ty), mask=mtv)
+    tl.store(u_ptr + (first + rt[:, None]) * (HV * VD) + rv[None, :], U, mask=mtv & live)
 
 
 @triton.jit
@@ -605,18 +614,20 @@ def _gdn_carry_wy_kernel(
     b = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     hk = hv // GROUP
-    slot, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
     Q, Kr, g, beta, ec, T, P = _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
                                         sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sb_b,
                                         sb_t, K, KD, BK, KP, USE_QK_L2NORM)
     for j in tl.static_range(0, NV):
-        _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, p, wb, first, j,
+        _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, live, p, wb, first,
+                         j,
                          Q, Kr, beta, ec, T, P, sv_b, sv_t, sv_h, so_b, so_t, so_h,
                          K, HV, KD, VD, BK, BV, KP, DOT_PRECISION, PREFETCH)
     tl.debug_barrier()
-    _wy_restash_shared_rows(gs_ptr, ks_ptr, first, g, Kr, K, HV, KD, BK, KP)
+    if live:
+        _wy_restash_shared_rows(gs_ptr, ks_ptr, first, g, Kr, K, HV, KD, BK, KP)
     if hv == 0:
         tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
 
@@ -641,18 +652,18 @@ def _gdn_carry_wy_split_kernel(
     hv = tl.program_id(1)
     j = tl.program_id(2)
     hk = hv // GROUP
-    slot, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
     Q, Kr, g, beta, ec, T, P = _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
                                         sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sb_b,
                                         sb_t, K, KD, BK, KP, USE_QK_L2NORM)
-    _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, p, wb, first, j,
+    _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, live, p, wb, first, j,
                      Q, Kr, beta, ec, T, P, sv_b, sv_t, sv_h, so_b, so_t, so_h,
                      K, HV, KD, VD, BK, BV, KP, DOT_PRECISION, PREFETCH)
     tl.debug_barrier()
-    arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel")
-    if arrived == NV - 1:
+    arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)
+    if live & (arrived == NV - 1):
         _wy_restash_shared_rows(gs_ptr, ks_ptr, first, g, Kr, K, HV, KD, BK, KP)
         tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
     if hv == 0:
@@ -672,7 +683,9 @@ def _gdn_carry_flush_kernel(
     j = tl.program_id(1) % NV
     layer = tl.program_id(2)
     slot = tl.load(slot_ptr + b).to(tl.int64)
-    p = tl.load(pend_ptr + tl.load(pend_off_ptr + layer) + slot)
+    live = slot >= 0                     # slot -1: a padding lane, nothing to fold
+    slot = tl.maximum(slot, 0)
+    p = tl.load(pend_ptr + tl.load(pend_off_ptr + layer) + slot, mask=live, other=0)
     if p > 0:
         rk = tl.arange(0, BK)
         mk = rk < KD
@@ -695,7 +708,8 @@ def _carry_accept_kernel(pend_ptr, pend_off_ptr, slot_ptr, engaged_ptr, acc_ptr,
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < B
     pend = pend_ptr + tl.load(pend_off_ptr + tl.program_id(1))
-    slot = tl.load(slot_ptr + offs, mask=m, other=0).to(tl.int64)
+    slot = tl.load(slot_ptr + offs, mask=m, other=-1).to(tl.int64)
+    m = m & (slot >= 0)                  # slot -1: a padding lane, its pend is not touched
     e = tl.load(engaged_ptr + offs, mask=m, other=1)
     a = tl.load(acc_ptr + offs, mask=m, other=0).to(tl.int32)
     p = tl.load(pend + slot, mask=m, other=0)
@@ -797,10 +811,11 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
         raise ValueError(f"scale: expected a float or None, got {type(scale).__name__}")
     scale = kd ** -0.5 if scale is None else float(scale)
     if validate:
-        _checks.indices_values("slot_tab", slot_tab, S)
-        pend = carry.pend[slot_tab.long()]
+        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
+        pend = carry.pend[slot_tab[slot_tab >= 0].long()]
         _checks.range_values("carry.pend", pend, 0, carry.cap)
-        if not lazy and eager_max_pending is not None and B and int(pend.max()) > eager_max_pending:
+        if not lazy and eager_max_pending is not None and pend.numel() \
+                and int(pend.max()) > eager_max_pending:
             raise ValueError(
                 f"carry.pend: an eager verify folds at most eager_max_pending = {eager_max_pending}"
                 f" rows, a slot holds {int(pend.max())}: flush first (gdn_carry_flush)")
@@ -838,8 +853,9 @@ def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", 
             contiguous, any other strides (views of a fused projection: no copies).
         g, beta: ``[B, K, HV]`` fp32 (log decay ``<= 0``; ``beta`` in ``[0, 1]``), last dim
             contiguous.
-        slot_tab: ``[B]`` int32/int64 slot of each sequence (distinct, in ``[0, S)``),
-            contiguous.
+        slot_tab: ``[B]`` int32/int64 slot of each sequence (distinct, in ``[0, S)``), or -1
+            for a padding lane (zero outputs, ``engaged`` 1; no state, stash or ``pend``
+            access), contiguous.
         form: ``"exact"`` (bitwise equal to decoding the rows one at a time) or ``"wy"``.
         lazy: ``False`` = eager (write back whenever ``pend > 0``); ``True`` = write back only
             when ``pend + K > CAP``.
@@ -1029,9 +1045,10 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     if B > S:
         raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
     if validate:
-        _checks.indices_values("slot_tab", slot_tab, S)
+        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
+        live = slot_tab[slot_tab >= 0].long()
         for i, ca in enumerate(carries):
-            _checks.range_values(f"carries[{i}].pend", ca.pend[slot_tab.long()], 0, ca.cap)
+            _checks.range_values(f"carries[{i}].pend", ca.pend[live], 0, ca.cap)
     if B == 0:
         return
     L = len(states)
@@ -1089,13 +1106,15 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
                    contiguous=True)
     if validate:
         S = min(c.pend.shape[0] for c in carries)
-        _checks.indices_values("slot_tab", slot_tab, S)
+        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
         _checks.range_values("engaged", engaged, 1, 2)
         hi = min(c.cap for c in carries) if rows is None else rows
         _checks.range_values("accepted", accepted, 0, hi)
+        live = slot_tab >= 0
         for i, c in enumerate(carries):
-            p = c.pend[slot_tab.long()]
-            after = torch.where(engaged == 2, accepted.to(torch.int32), p + accepted.to(torch.int32))
+            p = c.pend[slot_tab[live].long()]
+            acc = accepted[live].to(torch.int32)
+            after = torch.where(engaged[live] == 2, acc, p + acc)
             _checks.range_values(f"carry.pend[{i}] after accept", after, 0, c.cap)
     if B == 0:
         return

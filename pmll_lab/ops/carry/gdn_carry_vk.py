@@ -89,14 +89,15 @@ def _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr,
 
 
 @triton.jit
-def _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
+def _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr, live,
                   HV: tl.constexpr, VD: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
     """Row ``t`` on its loaded inputs: decode's ``qk_prepare`` + ``gdn_row_vk``, store the
-    output rows and stash ``u`` at row ``first + t``. Returns the new tile."""
+    output rows (zeros for a padding lane) and stash ``u`` at row ``first + t`` (live lanes
+    only). Returns the new tile."""
     q, k = qk_prepare_vk(q, k, scale, USE_QK_L2NORM)
     h, o, u = gdn_row_vk(h, q, k, v, g, beta)
-    tl.store(orow + t * so_t + rr, o.to(orow.dtype.element_ty), mask=mr)
-    tl.store(u_ptr + (first + t) * (HV * VD) + rr, u, mask=mr)
+    tl.store(orow + t * so_t + rr, tl.where(live, o, 0.0).to(orow.dtype.element_ty), mask=mr)
+    tl.store(u_ptr + (first + t) * (HV * VD) + rr, u, mask=mr & live)
     return h
 
 
@@ -134,7 +135,7 @@ def gdn_carry_exact_vk_kernel(
     hv = tl.program_id(1)
     j = tl.program_id(2)
     hk = hv // GROUP
-    slot, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
     qrow = q_ptr + b * sq_b + hk * sq_h
@@ -145,7 +146,8 @@ def gdn_carry_exact_vk_kernel(
     brow = beta_ptr + b * sb_b + hv
 
     rk, mk, rr, mr, _ = vk_tile_index(j, KD, VD, BV, NC, CW)
-    h = _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr, HV, KD, VD, PREFETCH)
+    h = _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr & live, HV, KD, VD,
+                     PREFETCH)
     if UNROLL:
         if PREFETCH:
             nxt = load_row_inputs_vk(qrow, krow, vrow, grow, brow, rk, mk, rr, mr)
@@ -161,17 +163,17 @@ def gdn_carry_exact_vk_kernel(
                                                       vrow + t * sv_t, grow + t * sg_t,
                                                       brow + t * sb_t, rk, mk, rr, mr)
             h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
-                              HV, VD, USE_QK_L2NORM)
+                              live, HV, VD, USE_QK_L2NORM)
     else:
         for t in range(K):
             q, k, v, g, beta = load_row_inputs_vk(qrow + t * sq_t, krow + t * sk_t,
                                                   vrow + t * sv_t, grow + t * sg_t,
                                                   brow + t * sb_t, rk, mk, rr, mr)
             h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
-                              HV, VD, USE_QK_L2NORM)
+                              live, HV, VD, USE_QK_L2NORM)
     tl.debug_barrier()
-    arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel")
-    if arrived == NV - 1:
+    arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)
+    if live & (arrived == NV - 1):
         _restash_shared_rows_vk(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
                                 sq_t, sk_t, sg_b, sg_t, rk, mk, K, HV, KD, USE_QK_L2NORM)
         tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
@@ -197,7 +199,7 @@ def gdn_carry_wy_vk_kernel(
     hv = tl.program_id(1)
     j = tl.program_id(2)
     hk = hv // GROUP
-    slot, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
     Q, Kr, g, beta, ec, T, P = _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
@@ -206,7 +208,8 @@ def gdn_carry_wy_vk_kernel(
     rt = tl.arange(0, KP)
     mt = rt < K
     rk, mk, rr, mr, _ = vk_tile_index(j, KD, VD, BV, NC, CW)
-    h = _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr, HV, KD, VD, PREFETCH)
+    h = _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr & live, HV, KD, VD,
+                     PREFETCH)
     h = tl.reshape(h, (BV, BK))                                             # [BR, BK]
     mrt = mr[:, None] & mt[None, :]
     Vt = tl.load(v_ptr + b * sv_b + hv * sv_h + rt[None, :] * sv_t + rr[:, None],
@@ -217,11 +220,11 @@ def gdn_carry_wy_vk_kernel(
     U = tl.dot(R, tl.trans(T), input_precision="ieee")
     O = ec[None, :] * QH + tl.dot(U, tl.trans(P), input_precision="ieee")
     tl.store(o_ptr + b * so_b + hv * so_h + rt[None, :] * so_t + rr[:, None],
-             O.to(o_ptr.dtype.element_ty), mask=mrt)
-    tl.store(u_ptr + (first + rt[None, :]) * (HV * VD) + rr[:, None], U, mask=mrt)
+             tl.where(live, O, 0.0).to(o_ptr.dtype.element_ty), mask=mrt)
+    tl.store(u_ptr + (first + rt[None, :]) * (HV * VD) + rr[:, None], U, mask=mrt & live)
     tl.debug_barrier()
-    arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel")
-    if arrived == NV - 1:
+    arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)
+    if live & (arrived == NV - 1):
         _wy_restash_shared_rows(gs_ptr, ks_ptr, first, g, Kr, K, HV, KD, BK, KP)
         tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
     if hv == 0:
@@ -244,7 +247,9 @@ def gdn_carry_flush_vk_kernel(
     j = tl.program_id(1) % NV
     layer = tl.program_id(2)
     slot = tl.load(slot_ptr + b).to(tl.int64)
-    p = tl.load(pend_ptr + tl.load(pend_off_ptr + layer) + slot)
+    live = slot >= 0                     # slot -1: a padding lane, nothing to fold
+    slot = tl.maximum(slot, 0)
+    p = tl.load(pend_ptr + tl.load(pend_off_ptr + layer) + slot, mask=live, other=0)
     if p > 0:
         rk, mk, rr, mr, m2 = vk_tile_index(j, KD, VD, BV, NC, CW)
         h_ptr = state_ptr + tl.load(state_off_ptr + layer) + slot * stride_state + hv * (KD * VD)

@@ -68,7 +68,7 @@ _ROW_STRIDES = ["q_b", "q_t", "q_h", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h", "
 @triton.jit
 def _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
-               rk, mk, rv, mv, mh, scale, K: tl.constexpr, STORE_INTER: tl.constexpr,
+               rk, mk, rv, mv, mh, live, scale, K: tl.constexpr, STORE_INTER: tl.constexpr,
                USE_QK_L2NORM: tl.constexpr):
     """Row ``t`` of ``gdn_rows_kernel``: load, ``qk_prepare``, ``gdn_row``, store ``o`` (and
     the snapshot after the row when ``STORE_INTER`` and ``t < K-1``). Returns the new block."""
@@ -76,7 +76,8 @@ def _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                                          g_row + t * g_t, beta_row + t * beta_t, rk, mk, rv, mv)
     qt, kt = qk_prepare(qt, kt, scale, USE_QK_L2NORM)
     h, ot, ut = gdn_row(h, qt, kt, vt, gt, bt)
-    tl.store(o + b64 * o_b + t * o_t + hv * o_h + rv, ot.to(o.dtype.element_ty), mask=mv)
+    tl.store(o + b64 * o_b + t * o_t + hv * o_h + rv,
+             tl.where(live, ot, 0.0).to(o.dtype.element_ty), mask=mv)
     if STORE_INTER:
         if t < K - 1:
             tl.store(inter + b64 * i_b + t * i_t + hv * i_h + rk[:, None] * i_k + rv[None, :],
@@ -112,12 +113,14 @@ def gdn_rows_kernel(
         slot = tl.load(slot_idx + b).to(tl.int64)
     else:
         slot = b64
+    live = slot >= 0                     # slot -1: a padding lane (zero outputs, no state access)
+    slot = tl.maximum(slot, 0)
 
     rk = tl.arange(0, BK)
     rv = pid_v * BV + tl.arange(0, BV)
     mk = rk < KD
     mv = rv < VD
-    mh = mk[:, None] & mv[None, :]
+    mh = mk[:, None] & mv[None, :] & live
 
     p_h = state + slot * s_slot + hv * s_head + rk[:, None] * s_key + rv[None, :]
     h = tl.load(p_h, mask=mh, other=0.0)
@@ -131,12 +134,12 @@ def gdn_rows_kernel(
         for t in tl.static_range(K):
             h = _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                            q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
-                           rk, mk, rv, mv, mh, scale, K, STORE_INTER, USE_QK_L2NORM)
+                           rk, mk, rv, mv, mh, live, scale, K, STORE_INTER, USE_QK_L2NORM)
     else:
         for t in range(K):
             h = _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                            q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
-                           rk, mk, rv, mv, mh, scale, K, STORE_INTER, USE_QK_L2NORM)
+                           rk, mk, rv, mv, mh, live, scale, K, STORE_INTER, USE_QK_L2NORM)
 
     tl.store(p_h, h, mask=mh)
 
@@ -195,7 +198,7 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
         C.choice("out_dtype", out_dtype, [None, *C.FLOAT_DTYPES])
     if validate:
         if state_indices is not None:
-            C.indices_values("state_indices", state_indices, S)
+            C.indices_values("state_indices", state_indices, S, padding=True)
         C.range_values("g", g, -float("inf"), 0.0)
         C.range_values("beta", beta, 0.0, 1.0)
     return B, (lead[1] if rows else 1), HK, HV, kd, vd
@@ -276,7 +279,9 @@ def gdn_decode(state, q, k, v, g, beta, *, state_indices=None, scale=None, use_q
             (eps 1e-6) first.
         out_dtype: ``None`` (v's dtype) or a float dtype (``torch.float32`` for fp32 outputs).
         validate: also check values (device sync): ``state_indices`` in ``[0, S)`` and distinct,
-            ``g <= 0``, ``beta`` in ``[0, 1]``.
+            or -1, ``g <= 0``, ``beta`` in ``[0, 1]``. A slot of -1 marks a padding lane (vLLM's
+            ``PAD_SLOT_ID``): its outputs are zeros and no state is read or written for it.
+            Other out-of-range slots are undefined behaviour without ``validate``.
         state_layout: ``"kv"`` or ``"vk"`` (``pmll_lab.ops.gdn.recurrence.STATE_LAYOUTS``).
             ``"vk"`` runs ``gdn_rows_vk_kernel`` (a few value rows per program, tile from
             ``vk_config``), ``"kv"`` the K-major kernel (``block_config``).

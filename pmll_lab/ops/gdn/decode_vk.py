@@ -68,7 +68,7 @@ def load_row_inputs_vk(q_row, k_row, v_row, g_row, beta_row, rk, mk, rr, mr):
 @triton.jit
 def _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                   q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
-                  rk, mk, rr, mr, mh, scale, K: tl.constexpr,
+                  rk, mk, rr, mr, mh, live, scale, K: tl.constexpr,
                   STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
     """Row ``t``: load, ``qk_prepare``, ``gdn_row_vk``, store ``o`` (and the snapshot tile
     after the row when ``STORE_INTER`` and ``t < K-1``). Returns the new tile."""
@@ -77,7 +77,8 @@ def _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                                             rk, mk, rr, mr)
     qt, kt = qk_prepare_vk(qt, kt, scale, USE_QK_L2NORM)
     h, ot, ut = gdn_row_vk(h, qt, kt, vt, gt, bt)
-    tl.store(o + b64 * o_b + t * o_t + hv * o_h + rr, ot.to(o.dtype.element_ty), mask=mr)
+    tl.store(o + b64 * o_b + t * o_t + hv * o_h + rr,
+             tl.where(live, ot, 0.0).to(o.dtype.element_ty), mask=mr)
     if STORE_INTER:
         if t < K - 1:
             tl.store(inter + b64 * i_b + t * i_t + hv * i_h + vk_tile_offsets(rk, rr, i_r), h,
@@ -115,8 +116,11 @@ def gdn_rows_vk_kernel(
         slot = tl.load(slot_idx + b).to(tl.int64)
     else:
         slot = b64
+    live = slot >= 0                     # slot -1: a padding lane (zero outputs, no state access)
+    slot = tl.maximum(slot, 0)
 
     rk, mk, rr, mr, mh = vk_tile_index(pid_r, KD, VD, BV, NC, CW)
+    mh = mh & live
     p_h = state + slot * s_slot + hv * s_head + vk_tile_offsets(rk, rr, s_row)
     h = tl.load(p_h, mask=mh, other=0.0)
 
@@ -129,11 +133,13 @@ def gdn_rows_vk_kernel(
         for t in tl.static_range(K):
             h = _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                               q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
-                              rk, mk, rr, mr, mh, scale, K, STORE_INTER, USE_QK_L2NORM)
+                              rk, mk, rr, mr, mh, live, scale, K, STORE_INTER,
+                              USE_QK_L2NORM)
     else:
         for t in range(K):
             h = _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                               q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
-                              rk, mk, rr, mr, mh, scale, K, STORE_INTER, USE_QK_L2NORM)
+                              rk, mk, rr, mr, mh, live, scale, K, STORE_INTER,
+                              USE_QK_L2NORM)
 
     tl.store(p_h, h, mask=mh)
