@@ -76,7 +76,8 @@ def __getattr__(name):
 class CarryLayer:
     """One GDN layer of a stack driven by ``SpecDecodeStep``.
 
-    ``state [S, HV, kd, vd]`` fp32 and its ``carry`` (``GdnCarry``). Optionally the causal conv
+    ``state`` fp32 in ``state_layout`` (``[S, HV, kd, vd]`` for ``"kv"``, ``[S, HV, vd, kd]`` for
+    ``"vk"``) and its ``carry`` (``GdnCarry``, the same for both layouts). Optionally the causal conv
     that feeds it (SPEC §3c): ``conv_state [S, dim, state_len]``, ``conv_carry`` (``ConvCarry``),
     ``conv_weight [dim, d_conv]``, ``conv_bias [dim]`` or None, with
     ``dim = 2*HK*kd + HV*vd`` (``num_k_heads`` = HK required). With a conv the layer's input is

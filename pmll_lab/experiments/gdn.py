@@ -58,7 +58,7 @@ from pmll_lab.peers import (  # noqa: F401  (flashinfer_status: for the notebook
     fla_available, fla_runner, flashinfer_available, flashinfer_mtp_runner, flashinfer_status,
     flashinfer_supports, flashinfer_version, fused_gating,
 )
-from pmll_lab.sweep import CheckFailed
+from pmll_lab.sweep import CheckFailed, one_device
 
 STATE_TOL = 1e-5
 """rel_l2 tolerance of fp32 states and snapshots against the float64 reference (tests/test_gdn.py
@@ -161,7 +161,8 @@ def best_timer(df: pd.DataFrame) -> str | None:
 def timed(df: pd.DataFrame, metric: str = "time_us", timer: str | None = None) -> pd.DataFrame:
     """Rows of ``metric`` from points that passed their checks (``status == "ok"``; a peer that
     failed its own check has no timing rows), one timer only (``best_timer`` by default), with
-    ``state_layout`` filled as ``"kv"`` for rows written before the layout axis."""
+    ``state_layout`` filled as ``"kv"`` for rows written before the layout axis, from one kind
+    of device (``pmll_lab.sweep.one_device``)."""
     if df.empty or "metric" not in df:
         return df.iloc[0:0]
     timer = best_timer(df) if timer is None else timer
@@ -169,7 +170,7 @@ def timed(df: pd.DataFrame, metric: str = "time_us", timer: str | None = None) -
     if "timer" in sel:
         sel = sel[sel["timer"] == timer]
     sel["state_layout"] = sel["state_layout"].fillna("kv") if "state_layout" in sel else "kv"
-    return sel
+    return one_device(sel)      # a sweep over mixed GPUs never mixes device kinds in a plot
 
 
 def on_gpu(df: pd.DataFrame) -> bool:

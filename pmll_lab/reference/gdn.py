@@ -2,7 +2,8 @@
 
 Written for clarity, not speed (SPEC §2, §3a): every kernel in ``pmll_lab.ops.gdn`` answers to
 these. One token of one value head ``h`` (key head ``h // (HV // HK)``, as ``repeat_interleave``
-does in Qwen3-Next), state ``H [kd, vd]`` (FLA's layout)::
+does in Qwen3-Next), state ``H [kd, vd]`` (FLA's layout; ``state_layout="vk"`` reads and
+returns the same ``H`` stored ``[vd, kd]``)::
 
     q, k <- l2norm(q), l2norm(k)        if use_qk_l2norm   (x * rsqrt(sum(x*x) + 1e-6))
     q    <- q * scale                                          (scale = kd**-0.5 unless given)

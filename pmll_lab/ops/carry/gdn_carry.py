@@ -2,8 +2,9 @@
 
 Buffers (all fp32 unless said):
 
-- ``state [S, HV, kd, vd]``: the stored recurrent states (FLA layout), inner three dims
-  contiguous, any slot stride.
+- ``state [S, HV, kd, vd]``: the stored recurrent states (FLA layout, ``state_layout="kv"``),
+  inner three dims contiguous, any slot stride; ``[S, HV, vd, kd]`` with ``state_layout="vk"``,
+  whose kernels live in ``pmll_lab.ops.carry.gdn_carry_vk`` (this module's launchers pick them).
 - ``GdnCarry.buf [S, W]`` with ``W = CAP*(HV*vd + HV + HV*kd)`` floats per slot (the seed's
   ``gdn_carry_seq_floats``), laid out as the seed's ``vn[CAP][HV][vd] | g[CAP][HV] |
   sk[CAP][HV][kd]``: row ``r`` of the stash holds ``u_r`` (the delta-rule correction, ``vn``),
@@ -758,7 +759,8 @@ def check_carry(name: str, carry, state: torch.Tensor | None = None,
         if (carry.slots, carry.num_v_heads, carry.k_dim, carry.v_dim) != (S, HV, kd, vd):
             raise ValueError(
                 f"{name}: stash for (slots, HV, kd, vd) = {(carry.slots, carry.num_v_heads, carry.k_dim, carry.v_dim)}"
-                f" does not match state {tuple(state.shape)}")
+                f" does not match state {tuple(state.shape)} read as state_layout={layout!r} "
+                f"(slots, HV, kd, vd) = {(S, HV, kd, vd)}: is state_layout right?")
         _checks.same_device("state", state, **{f"{name}.buf": carry.buf, f"{name}.pend": carry.pend})
 
 
@@ -1014,7 +1016,8 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     """Fold every listed slot's pending rows into its state, over ``L`` layers in one launch
     (SPEC §3b "Flush"; the seed's ``gdn_carry_flush``).
 
-    ``states``: list of ``L`` fp32 ``[S, HV, kd, vd]`` (separately allocated is fine; same
+    ``states``: list of ``L`` fp32 states in ``state_layout`` (``[S, HV, kd, vd]`` for ``"kv"``,
+    ``[S, HV, vd, kd]`` for ``"vk"``; separately allocated is fine; same
     shape and strides); ``carries``: list of ``L`` ``GdnCarry`` (same layout and slot stride);
     ``slot_tab [B]`` int32/int64, contiguous. A slot with ``pend = 0`` is left alone; ``pend`` is not changed
     (the caller clears it). Folding uses ``fold_row`` on ``block_config`` blocks, so the state is

@@ -166,7 +166,7 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
     HK = q.shape[-2]
     if q.shape[-1] != kd:
         raise ValueError(f"q: key head size {q.shape[-1]} differs from state's kd = {kd} "
-                         f"(state shape {tuple(state.shape)})")
+                         f"(state shape {tuple(state.shape)} read as state_layout={layout!r})")
     if rows and not 1 <= lead[1] <= MAX_ROWS:
         raise ValueError(f"q: rows per sequence K (dim 1) must lie in [1, {MAX_ROWS}], "
                          f"got {lead[1]}")
