@@ -36,6 +36,8 @@ or cannot import on this machine, so notebooks and sweeps run without it.
 
 from __future__ import annotations
 
+import logging
+
 from collections.abc import Callable
 from functools import lru_cache
 
@@ -121,6 +123,8 @@ def flashinfer_gdn() -> tuple[Callable, Callable] | None:
         from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose, gated_delta_rule_mtp
     except Exception:  # noqa: BLE001 - not installed, or cannot import on this machine
         return None
+    # its JIT logs one INFO line per compiled kernel; keep the reports to the measurements
+    logging.getLogger("flashinfer").setLevel(logging.WARNING)
     return gated_delta_rule_decode_pretranspose, gated_delta_rule_mtp
 
 

@@ -153,13 +153,17 @@ COMPILE_ALL = textwrap.dedent("""
         "state_ptr": "*fp32", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
         "engaged_ptr": "*i32", "arrive_ptr": "*i32", "scale": "fp32", "state_off_ptr": "*i64",
         "stash_off_ptr": "*i64", "pend_off_ptr": "*i64", "acc_ptr": "*i32"}
+    from pmll_lab.ops.carry import gdn_carry_vk as VK
     meta = dict(K=4, CAP=8, HV=32, GROUP=2, KD=128, VD=128, BK=128, BV=32, NV=4, LAZY=True,
                 USE_QK_L2NORM=True, KP=16, BLOCK=128, PREFETCH=True)
+    vk = dict(BV=16, NV=8, NC=4, CW=32)
     for kern, extra, warps in (
             (C._gdn_carry_wy_kernel, dict(DOT_PRECISION="ieee"), 4),
             (C._gdn_carry_wy_split_kernel, dict(DOT_PRECISION="tf32x3"), 2),
             (C._gdn_carry_flush_kernel, {}, 1),
-            (C._carry_accept_kernel, {}, 4)):
+            (C._carry_accept_kernel, {}, 4),
+            (VK.gdn_carry_wy_vk_kernel, dict(DOT_PRECISION="tf32x3", **vk), 1),
+            (VK.gdn_carry_flush_vk_kernel, vk, 1)):
         t = {p.name: types.get(p.name, "i32") for p in kern.params if not p.is_constexpr}
         m = {p.name: (extra | meta)[p.name] for p in kern.params if p.is_constexpr}
         if "_wy_" in kern.__name__:   # its unspecialised row arguments name real arguments
@@ -178,7 +182,8 @@ def test_other_carry_kernels_compile_for_sm90():
     run = _lowered(COMPILE_ALL)
     assert run.returncode == 0, run.stderr[-4000:]
     assert run.stdout.split() == ["_gdn_carry_wy_kernel", "ok", "_gdn_carry_wy_split_kernel", "ok",
-                                  "_gdn_carry_flush_kernel", "ok", "_carry_accept_kernel", "ok"]
+                                  "_gdn_carry_flush_kernel", "ok", "_carry_accept_kernel", "ok",
+                                  "gdn_carry_wy_vk_kernel", "ok", "gdn_carry_flush_vk_kernel", "ok"]
 
 
 def test_reduction_layouts_reads_inline_and_aliased_layouts():

@@ -541,7 +541,11 @@ def _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
     ec = tl.exp(c)
     lower = rt[:, None] >= rt[None, :]
     strict = rt[:, None] > rt[None, :]
-    decay = tl.where(lower, tl.exp(tl.where(lower, c[:, None] - c[None, :], 0.0)), 0.0)
+    # decay[t, s] = exp(sum of g over rows s+1..t): summed over the rows between, not formed as
+    # c_t - c_s, which is -inf - (-inf) = NaN after a fully forgetting gate (g = -inf) and
+    # loses precision for large finite decays.
+    between = (rt[None, None, :] > rt[None, :, None]) & (rt[None, None, :] <= rt[:, None, None])
+    decay = tl.where(lower, tl.exp(tl.sum(tl.where(between, g[None, None, :], 0.0), 2)), 0.0)
     KK = tl.dot(Kr, tl.trans(Kr), input_precision="ieee")
     QK = tl.dot(Q, tl.trans(Kr), input_precision="ieee")
     A = tl.where(strict, beta[:, None] * decay * KK, 0.0)
