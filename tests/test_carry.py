@@ -129,6 +129,9 @@ def test_gdn_carry_layout_and_sizes():
     c.pend.copy_(torch.tensor([3, 4, 5], dtype=torch.int32))
     c.reset([0, 2])
     assert c.pend.tolist() == [0, 4, 0]
+    # reset slots hold a zero stash (as ConvCarry.reset leaves them); the others are untouched
+    assert int(c.buf[[0, 2]].abs().sum()) == 0
+    assert bitwise_equal(c.buf[1], torch.arange(W, 2 * W, dtype=torch.float32, device=DEVICE))
     c.reset(1)
     assert c.pend.tolist() == [0, 0, 0]
     with pytest.raises(ValueError, match="buf"):

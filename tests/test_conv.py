@@ -555,6 +555,10 @@ def test_carry_bad_input():
     carry.pend[2] = -1
     with pytest.raises(ValueError, match="^conv_carry.pend"):
         verify(validate=True)
+    carry.pend.zero_()
+    carry.pend[3] = 9          # slot 3 is not in the batch: not read, not checked (as in GDN)
+    verify(validate=True)
+    assert int(carry.pend[3]) == 9
     with pytest.raises(ValueError, match="^stash"):
         ConvCarry(torch.zeros(4, 4, 64, dtype=torch.float16), torch.zeros(4, dtype=torch.int32))
     with pytest.raises(ValueError, match="^pend"):

@@ -248,15 +248,16 @@ class GdnCarry:
         return self.buf[:, a:].unflatten(1, (self.cap, self.num_v_heads, self.k_dim))
 
     def reset(self, slots) -> None:
-        """Forget the pending rows of ``slots``: ``pend = 0``.
+        """Forget the carry of ``slots``: ``pend = 0`` and their stash rows zeroed (as
+        ``ConvCarry.reset`` does, so a reset slot holds the same thing in both carries).
 
         ``slots``: one int, a sequence of ints or an integer index tensor, each in ``[0, S)``
         (repeats allowed). Raises ``ValueError`` naming ``slots`` otherwise (checking a device
-        tensor's values syncs; reset is not on the decode path). The stash rows themselves are
-        left as they are: a row at or beyond ``pend`` is never read. Use when a slot is freed or
+        tensor's values syncs; reset is not on the decode path). Use when a slot is freed or
         handed to a new sequence (its state is the caller's)."""
         idx = _checks.index_tensor("slots", slots, self.slots, device=self.pend.device)
         self.pend.index_fill_(0, idx, 0)
+        self.buf.index_fill_(0, idx, 0.0)
 
 
 def stash_bytes_per_slot(num_v_heads: int, k_dim: int, v_dim: int, cap: int = GDN_CARRY_CAP) -> int:

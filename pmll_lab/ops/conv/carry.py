@@ -205,7 +205,9 @@ def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *
     check_indices("slot_tab", slot_tab, B, S, conv_state.device)
     if validate:
         _checks.indices_values("slot_tab", slot_tab, S)
-        _checks.range_values("conv_carry.pend", conv_carry.pend, 0, conv_carry.cap)
+        # the batch's slots only, as the GDN verify checks: other slots are not read
+        _checks.range_values("conv_carry.pend", conv_carry.pend[slot_tab.long()], 0,
+                             conv_carry.cap)
     y = torch.empty(B, K, dim, dtype=out_dtype, device=x.device)
     engaged = torch.empty(B, dtype=torch.int32, device=x.device)
     if B == 0:
@@ -345,7 +347,8 @@ def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False) -> 
     if validate:
         _checks.indices_values("slot_tab", slot_tab, S)
         for i, carry in enumerate(conv_carries):
-            _checks.range_values(f"conv_carries[{i}].pend", carry.pend, 0, carry.cap)
+            _checks.range_values(f"conv_carries[{i}].pend", carry.pend[slot_tab.long()], 0,
+                                 carry.cap)
     if B == 0:
         return
     L = len(conv_states)
