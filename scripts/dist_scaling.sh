@@ -19,7 +19,7 @@ for gpus in 2 1; do
   extra=(); [ "$gpus" -gt 1 ] && extra=(--workers "$gpus")
   t0=$(date +%s.%N)
   timeout "$limit" python3 -m pmll_lab report --preset full --device cuda --only "$nb" \
-    --run "$run/${gpus}gpu" "${extra[@]}"
+    --reports-dir "reports/$run" --run "${gpus}gpu" "${extra[@]}"
   rc=$?
   t1=$(date +%s.%N)
   echo "$nb gpus=$gpus rc=$rc wall_s=$(python3 -c "print(round($t1-$t0,1))")" | tee -a "reports/$run/scaling.txt"
