@@ -189,6 +189,20 @@ def _point_rows(point_fn: Callable[[dict], list[dict]], point: Mapping, pid: str
     return _rows_json(point, pid, rows, status, err, stamp, {**_ENV, **_placement()})
 
 
+def _worker_point_rows(point_fn: Callable[[dict], list[dict]], point: Mapping,
+                       pid: str) -> list[dict]:
+    """``_point_rows`` on a Dask worker, with torch's intra-op threads set to the worker's
+    ``OMP_NUM_THREADS`` first: torch may have been imported (and sized its pool) before the
+    nanny's environment reached the process, and then ignores the variable."""
+    n = os.environ.get("OMP_NUM_THREADS", "")
+    if n.isdigit() and int(n) > 0:
+        import torch
+
+        if torch.get_num_threads() != int(n):
+            torch.set_num_threads(int(n))
+    return _point_rows(point_fn, point, pid)
+
+
 def _write(path: Path, rows: list[dict]) -> None:
     _append(path, ("\n".join(json.dumps(r, default=str) for r in rows) + "\n").encode())
 
@@ -284,7 +298,7 @@ def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn, p
                           if avoid not in (a, str(w.get("name")))]
                 if others:
                     kw = {"workers": others, "allow_other_workers": True}
-            fut = client.submit(_point_rows, point_fn, point, pid, pure=False,
+            fut = client.submit(_worker_point_rows, point_fn, point, pid, pure=False,
                                 resources=resources, key=f"{name}-{token}-{submitted}", **kw)
             submitted += 1
             inflight[fut.key], futures[fut.key] = (point, pid, attempt), fut
@@ -479,13 +493,28 @@ def cluster_spec(workers: int, gpu_ids: Sequence[str] = ()) -> dict[str, dict]:
         raise ValueError(f"workers: {workers} asked for, but only {len(gpu_ids)} GPU(s) are "
                          f"visible ({', '.join(gpu_ids)}): one worker runs per GPU")
     base = {"nthreads": 1, "silence_logs": logging.WARNING}
+    threads = worker_threads(workers)
     if gpu_ids:
         return {f"gpu{g}": {"cls": Nanny, "options": dict(
-                    base, name=f"gpu{g}", env={"CUDA_VISIBLE_DEVICES": g},
+                    base, name=f"gpu{g}", env={"CUDA_VISIBLE_DEVICES": g, **threads},
                     resources={"GPU": 1})}
                 for g in gpu_ids[:workers]}
-    return {f"cpu{i}": {"cls": Nanny, "options": dict(base, name=f"cpu{i}")}
+    return {f"cpu{i}": {"cls": Nanny, "options": dict(base, name=f"cpu{i}", env=dict(threads))}
             for i in range(workers)}
+
+
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+"""Variables that size the math libraries' thread pools (torch's intra-op pool reads the first)."""
+
+
+def worker_threads(workers: int) -> dict[str, str]:
+    """``THREAD_VARS`` for one of ``workers`` worker processes sharing this machine: its CPU
+    cores split evenly (at least 1 each). Dask's nanny sets them to 1 by default, which makes
+    a point's host-side work (seeded inputs drawn on the CPU, dtype casts) run on one core in a
+    worker against all cores in-process: on a 2-GPU H200 host that made each worker's points
+    1.6x slower than in-process (reports/perf-notes.md, "Sweeps on several GPUs")."""
+    n = str(max(1, (os.cpu_count() or 1) // workers))
+    return {v: n for v in THREAD_VARS}
 
 
 def local_cluster(workers: int, gpu_ids: Sequence[str] = (), *,
@@ -499,16 +528,20 @@ def local_cluster(workers: int, gpu_ids: Sequence[str] = (), *,
     from distributed import LocalCluster
 
     specs = cluster_spec(workers, gpu_ids)
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+    # the nannies read pre-spawn-environ when they are made (in scale): our thread counts
+    # replace Dask's default of 1 there too
+    spawn_env = {f"distributed.nanny.pre-spawn-environ.{k}": v
+                 for k, v in worker_threads(len(specs)).items()}
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0, **spawn_env}):
         cluster = LocalCluster(n_workers=0, threads_per_worker=1, processes=True,
                                dashboard_address=dashboard_address)
-    try:
-        cluster.worker_spec.update(specs)
-        cluster.scale(len(specs))
-        cluster.wait_for_workers(len(specs), timeout=timeout)
-    except BaseException:
-        cluster.close()
-        raise
+        try:
+            cluster.worker_spec.update(specs)
+            cluster.scale(len(specs))
+            cluster.wait_for_workers(len(specs), timeout=timeout)
+        except BaseException:
+            cluster.close()
+            raise
     return cluster
 
 

@@ -28,7 +28,7 @@ from pmll_lab.pmll import RingMemory, pmll_write
 from pmll_lab.reference import pmll as ref
 from pmll_lab.sweep import (
     IN_PROCESS, PLACEMENT_COLUMNS, cluster_spec, describe_placement, grid, load, local_cluster,
-    point_id, run_sweep, slots,
+    THREAD_VARS, point_id, run_sweep, slots, worker_threads,
 )
 
 # The workers cannot import this file: its point functions travel by value.
@@ -243,11 +243,12 @@ def test_cluster_spec_pins_one_gpu_per_worker():
     spec = cluster_spec(2, ["3", "5", "6"])
     assert list(spec) == ["gpu3", "gpu5"]
     opts = spec["gpu5"]["options"]
-    assert opts["env"] == {"CUDA_VISIBLE_DEVICES": "5"} and opts["nthreads"] == 1
+    threads = worker_threads(2)
+    assert opts["env"] == {"CUDA_VISIBLE_DEVICES": "5", **threads} and opts["nthreads"] == 1
     assert opts["resources"] == {"GPU": 1} and opts["name"] == "gpu5"
     cpu = cluster_spec(3)
     assert list(cpu) == ["cpu0", "cpu1", "cpu2"]
-    assert all("resources" not in s["options"] and "env" not in s["options"]
+    assert all("resources" not in s["options"] and s["options"]["env"] == worker_threads(3)
                for s in cpu.values())
     info = {"a": {"nthreads": 1, "resources": {"GPU": 1}}, "b": {"nthreads": 4, "resources": {}}}
     assert slots(info, gpu=True) == 1 and slots(info, gpu=False) == 5
@@ -293,3 +294,26 @@ def test_interrupted_client_cancels_its_tasks_and_resumes(cluster, tmp_path, mon
     assert sorted(second) == sorted(set(range(10)) - set(stored["n"]))  # each missing one once
     assert df.set_index("n")["value"].to_dict() == {n: n + 0.5 for n in range(10)}
     assert len(load(tmp_path / "s.jsonl")) == 10
+
+
+def _torch_threads(point):
+    import torch
+
+    return [{"metric": "threads", "value": torch.get_num_threads()}]
+
+
+def test_workers_share_the_cores_instead_of_one_thread_each(monkeypatch, tmp_path):
+    """Dask's nanny gives each worker 1 math thread; ours split the machine's cores between
+    the workers (a 12-core machine, as the parent sees it, for 2 workers: 6 each)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 12)
+    assert worker_threads(2) == {v: "6" for v in THREAD_VARS}
+    assert worker_threads(5) == {v: "2" for v in THREAD_VARS}
+    assert worker_threads(40) == {v: "1" for v in THREAD_VARS}
+    c = local_cluster(2, dashboard_address=None)
+    try:
+        with Client(c, set_as_default=False) as client:
+            df = run_sweep("threads", grid(n=[1, 2, 3, 4]), _torch_threads,
+                           results_dir=tmp_path, progress=False, client=client)
+    finally:
+        c.close()
+    assert len(df) == 4 and set(df["value"]) == {6}
