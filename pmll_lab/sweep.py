@@ -34,7 +34,6 @@ import socket
 import time
 import traceback
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -263,12 +262,49 @@ def slots(workers: Mapping[str, Mapping], gpu: bool) -> int:
     return int(sum(w.get("nthreads", 1) for w in workers.values()))
 
 
+def affinity_group(point: Mapping, affinity) -> str:
+    """The compile group of ``point``: ``affinity(point)`` when callable, the values of the
+    keys ``affinity`` names, or the point itself (no affinity: every point its own group)."""
+    if affinity is None:
+        return point_id(point)
+    if callable(affinity):
+        return json.dumps(affinity(dict(point)), sort_keys=True, default=str)
+    return json.dumps([point.get(k) for k in affinity], default=str)
+
+
+def next_point(pending: Sequence[tuple], group: Mapping[str, str], owner: Mapping[str, str],
+               addr: str, name: str, live: set[str]) -> int | None:
+    """Index in ``pending`` (``(point, pid, attempt, avoid)`` tuples) of the point the free
+    worker ``addr`` (named ``name``) runs next, None when there is none for it: the first of a
+    group it owns (``owner``: group -> address), else the first of a group no live worker owns,
+    else the first of all. A retried point never goes back to the worker it died on
+    (``avoid``, an address or a name)."""
+    fresh = anyone = None
+    for i, (_, pid, _, avoid) in enumerate(pending):
+        if avoid and avoid in (addr, name):
+            continue
+        own = owner.get(group[pid])
+        if own == addr:
+            return i
+        if fresh is None and own not in live:
+            fresh = i
+        if anyone is None:
+            anyone = i
+    return fresh if fresh is not None else anyone
+
+
 def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn, path: Path,
-                    bar, gpu: bool, wait_s: float) -> int:
+                    bar, gpu: bool, wait_s: float, affinity=None) -> int:
     """Run ``todo`` on the cluster, writing each point's rows as it finishes; returns the
     number of failed points. At most one point per slot is in flight, so a worker that dies
     holds one point only; that point is submitted once more (``RETRIES``) away from the dead
-    worker, then stored as failed with the error. An interrupt cancels what is in flight."""
+    worker, then stored as failed with the error. An interrupt cancels what is in flight.
+
+    A free worker takes the next point of a group (``affinity_group``) it already ran, else of
+    a group no live worker has run yet, else any point: each worker compiles the kernels of
+    its own groups, instead of every worker compiling every kernel. Points go to their worker
+    as a soft restriction (``allow_other_workers``), so a worker that dies only hands its
+    groups on."""
     from distributed import as_completed
 
     try:
@@ -281,7 +317,9 @@ def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn, p
                          "--workers N`); this cluster's workers have none")
     resources = {"GPU": 1} if gpu else None
     token = uuid.uuid4().hex[:8]
-    pending = deque((point, pid, 0, None) for point, pid in todo)
+    pending = [(point, pid, 0, None) for point, pid in todo]
+    group = {pid: affinity_group(point, affinity) for point, pid in todo}
+    owner: dict[str, str] = {}           # group -> address of the worker that runs it
     inflight: dict[str, tuple] = {}
     futures: dict[str, object] = {}
     done = as_completed([], loop=client.loop, with_results=True, raise_errors=False)
@@ -289,26 +327,33 @@ def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn, p
 
     def fill():
         nonlocal submitted
-        room = max(1, slots(_workers(client), gpu)) - len(inflight)
-        while pending and room > 0:
-            point, pid, attempt, avoid = pending.popleft()
-            kw = {}
-            if avoid:  # the retry of a point whose worker died: on another worker if any
-                others = [a for a, w in _workers(client).items()
-                          if avoid not in (a, str(w.get("name")))]
-                if others:
-                    kw = {"workers": others, "allow_other_workers": True}
-            fut = client.submit(_worker_point_rows, point_fn, point, pid, pure=False,
-                                resources=resources, key=f"{name}-{token}-{submitted}", **kw)
-            submitted += 1
-            inflight[fut.key], futures[fut.key] = (point, pid, attempt), fut
-            done.add(fut)
-            room -= 1
+        workers = _workers(client)
+        live = set(workers)
+        busy: dict[str, int] = {}
+        for _, _, _, addr in inflight.values():
+            busy[addr] = busy.get(addr, 0) + 1
+        for addr, w in workers.items():
+            cap = w.get("resources", {}).get("GPU", 0) if gpu else w.get("nthreads", 1)
+            while pending and busy.get(addr, 0) < max(1, int(cap)):
+                i = next_point(pending, group, owner, addr, str(w.get("name")), live)
+                if i is None:
+                    break
+                point, pid, attempt, _ = pending.pop(i)
+                owner.setdefault(group[pid], addr)
+                if owner[group[pid]] not in live:
+                    owner[group[pid]] = addr
+                fut = client.submit(_worker_point_rows, point_fn, point, pid, pure=False,
+                                    resources=resources, key=f"{name}-{token}-{submitted}",
+                                    workers=[addr], allow_other_workers=True)
+                submitted += 1
+                inflight[fut.key], futures[fut.key] = (point, pid, attempt, addr), fut
+                done.add(fut)
+                busy[addr] = busy.get(addr, 0) + 1
 
     try:
         fill()
         for fut, result in done:
-            point, pid, attempt = inflight.pop(fut.key)
+            point, pid, attempt, _ = inflight.pop(fut.key)
             futures.pop(fut.key)
             rows = None
             if fut.status == "finished":
@@ -324,7 +369,7 @@ def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn, p
                 dead = getattr(result, "last_worker", None)
                 where = str(getattr(dead, "name", None) or getattr(dead, "address", "") or "")
                 if attempt < RETRIES:
-                    pending.appendleft((point, pid, attempt + 1, where))
+                    pending.insert(0, (point, pid, attempt + 1, where))
                 else:
                     err = (f"{type(result).__name__}: {result} (worker died; {attempt + 1} "
                            f"attempts)")
@@ -368,6 +413,7 @@ def run_sweep(
     client=None,
     gpu: bool | None = None,
     wait_s: float = 120.0,
+    affinity=None,
 ) -> pd.DataFrame:
     """Run ``point_fn`` on every point not already in ``<results_dir>/<name>.jsonl``.
 
@@ -383,7 +429,10 @@ def run_sweep(
     them as tasks on that cluster's workers (``point_fn`` and the points must pickle), with a
     ``GPU`` resource of 1 each when ``gpu`` (default: this process runs kernels on a GPU); the
     rows are written here as points finish. ``wait_s``: seconds to wait for a first worker
-    (and, at most 30 of them, for the scheduler to answer).
+    (and, at most 30 of them, for the scheduler to answer). ``affinity``: the point keys (or a
+    function of the point) that decide which kernels a point compiles; on a cluster, points
+    that share them run on one worker where possible (``affinity_group``), so each kernel is
+    compiled once rather than on every worker. Ignored in-process.
     Raises ``ValueError`` naming ``client`` for an unusable client (not a client or address, no
     scheduler there, no worker, no GPU resource on a GPU run).
 
@@ -396,6 +445,10 @@ def run_sweep(
     if client is not None:
         client = _as_client(client, wait_s)
     gpu = DEVICE.type == "cuda" if gpu is None else bool(gpu)
+    if not (affinity is None or callable(affinity) or (
+            isinstance(affinity, (list, tuple)) and all(isinstance(k, str) for k in affinity))):
+        raise ValueError(f"affinity: must be None, a function of the point or a list of point "
+                         f"keys, not {affinity!r}")
     done = _done_points(path)
     points = list(points)
     wanted = {point_id(p) for p in points}
@@ -417,7 +470,7 @@ def run_sweep(
                     bar.update(1)
         else:
             failed = _run_on_cluster(client, name, [(p, pid) for pid, p in todo.items()],
-                                     point_fn, path, bar, gpu, wait_s)
+                                     point_fn, path, bar, gpu, wait_s, affinity)
     finally:
         if bar is not None:
             bar.close()

@@ -28,7 +28,7 @@ from pmll_lab.pmll import RingMemory, pmll_write
 from pmll_lab.reference import pmll as ref
 from pmll_lab.sweep import (
     IN_PROCESS, PLACEMENT_COLUMNS, cluster_spec, describe_placement, grid, load, local_cluster,
-    THREAD_VARS, point_id, run_sweep, slots, worker_threads,
+    THREAD_VARS, affinity_group, next_point, point_id, run_sweep, slots, worker_threads,
 )
 
 # The workers cannot import this file: its point functions travel by value.
@@ -317,3 +317,42 @@ def test_workers_share_the_cores_instead_of_one_thread_each(monkeypatch, tmp_pat
     finally:
         c.close()
     assert len(df) == 4 and set(df["value"]) == {6}
+
+
+def test_affinity_keeps_a_compile_group_on_its_worker():
+    """A free worker takes its own group's next point, then a group nobody live runs, then any
+    point; a retry never returns to the worker it died on."""
+    pts = [dict(hd=hd, n=n) for hd in (64, 128, 256) for n in range(2)]
+    group = {point_id(p): affinity_group(p, ["hd"]) for p in pts}
+    pending = [(p, point_id(p), 0, None) for p in pts]
+    live = {"A", "B"}
+    g64, g128 = affinity_group(pts[0], ["hd"]), affinity_group(pts[2], ["hd"])
+    assert g64 != g128 and affinity_group(pts[1], ["hd"]) == g64
+    # A owns 128: its next point is 128's although 64's come first
+    assert next_point(pending, group, {g128: "A"}, "A", "a", live) == 2
+    # B owns nothing and 64 is owned by A: B claims the first unowned group (128 -> 256 here)
+    assert next_point(pending, group, {g64: "A", g128: "A"}, "B", "b", live) == 4
+    # everything owned by live A: B takes any point (the tail of a sweep)
+    owned = {g: "A" for g in group.values()}
+    assert next_point(pending, group, owned, "B", "b", live) == 0
+    # a group whose owner died counts as unowned
+    assert next_point(pending, group, {g64: "C", g128: "A"}, "B", "b", live) == 0
+    # a retry skips the worker it died on, by address or by name
+    retry = [(pts[0], point_id(pts[0]), 1, "b")]
+    assert next_point(retry, group, {}, "B", "b", live) is None
+    assert next_point(retry, group, {}, "A", "a", live) == 0
+    # no affinity: every point is its own group
+    assert len({affinity_group(p, None) for p in pts}) == len(pts)
+    assert affinity_group(pts[3], lambda p: p["hd"] // 128) == affinity_group(pts[4], lambda p: 1)
+
+
+def test_affinity_sweep_gives_the_same_rows(cluster, tmp_path):
+    _, client = cluster
+    points = [dict(kind="cheap", n=n, T=0, seed=n % 3) for n in range(1, 9)]
+    local = run_sweep("s", points, mixed_point, results_dir=tmp_path / "a", progress=False)
+    dist = run_sweep("s", points, mixed_point, results_dir=tmp_path / "b", progress=False,
+                     client=client, affinity=["seed"])
+    assert _canonical(local) == _canonical(dist) and len(dist) == 16
+    with pytest.raises(ValueError, match="affinity: must be"):
+        run_sweep("s", points, mixed_point, results_dir=tmp_path / "c", progress=False,
+                  affinity="seed")

@@ -91,6 +91,9 @@ MODEL_CONFIGS = [
 ]
 """Real configurations for the byte budget (Qwen3-Next-80B-A3B config.json: 16 key heads,
 32 value heads, head dims 128, conv kernel 4; 48 layers of which 36 are Gated DeltaNet)."""
+COMPILE_KEYS = ("K", "head_dim", "dtype", "state_layout")
+"""Point keys that decide which kernels a point compiles: ``run_sweep(affinity=...)`` keeps
+points that share them on one Dask worker, so each kernel compiles once per sweep."""
 
 
 # ---- 1. acceptance model and protocol simulation ----------------------------------------------

@@ -86,6 +86,9 @@ LABELS = {"chain": "chain + snapshots (ours)", "chain_nosnap": "chain, no snapsh
           "decodes": "K successive decodes (ours)",
           "fla_fused_recurrent": "FLA fused_recurrent (no snapshots)",
           "flashinfer_mtp_snapshots": "FlashInfer mtp + snapshots"}
+COMPILE_KEYS = ("K", "head_dim", "dtype", "state_layout")
+"""Point keys that decide which kernels a point compiles: ``run_sweep(affinity=...)`` keeps
+points that share them on one Dask worker, so each kernel compiles once per sweep."""
 
 
 def points(grids: list[dict]) -> list[dict]:

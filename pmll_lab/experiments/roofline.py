@@ -165,6 +165,9 @@ STYLE = {"decodes": ("C4", "-", "v"), "chain_snapshots": ("C2", "-", "s"),
 MAIN_SHAPE = dict(HK=16, HV=32, head_dim=128, dtype="bfloat16")
 """Issue 5's target shape (Qwen3-Next's GDN heads)."""
 SHAPE_KEYS = ("HK", "HV", "head_dim", "dtype")
+COMPILE_KEYS = ("provider", "K", "head_dim", "dtype", "state_layout")
+"""Point keys that decide which kernels a point compiles: ``run_sweep(affinity=...)`` keeps
+points that share them on one Dask worker, so each kernel compiles once per sweep."""
 
 
 # ---- acceptance process ------------------------------------------------------------------------
