@@ -327,7 +327,10 @@ def _cluster(workers: int | None, scheduler: str | None, device: str,
                 "dashboard": cluster.dashboard_link if dashboard else None}
         log(f"LocalCluster {cluster.scheduler_address}: {n} worker(s), "
             + (f"one per GPU ({', '.join(gpu_ids[:n])})" if gpu_ids else "CPU"))
-        yield cluster.scheduler_address, desc
+        # the workers import and make their CUDA context while the first notebook starts
+        with distributed.Client(cluster, set_as_default=False) as client:
+            sweep.warm_up(client, gpu=bool(gpu_ids))
+            yield cluster.scheduler_address, desc
     finally:
         cluster.close()
 

@@ -392,6 +392,53 @@ def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn, p
     return failed
 
 
+WARM_MODULES = ("pmll_lab.gdn", "pmll_lab.carry", "pmll_lab.conv", "pmll_lab.pmll",
+                "pmll_lab.experiments.gdn", "pmll_lab.experiments.carry",
+                "pmll_lab.experiments.conv", "pmll_lab.experiments.pmll",
+                "pmll_lab.experiments.roofline")
+"""What a worker imports before its first point (``warm_up``): the launchers and the notebooks'
+experiment modules with their peers' imports."""
+
+
+def _warm(modules: Sequence[str]) -> list[str]:
+    """Import ``modules`` (those that fail are skipped) and, with CUDA, make the device's
+    context with a small op. Returns the modules imported."""
+    import importlib
+
+    done = []
+    for m in modules:
+        try:
+            importlib.import_module(m)
+            done.append(m)
+        except ImportError:
+            pass
+    import torch
+
+    if torch.cuda.is_available():
+        torch.ones(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+    return done
+
+
+def warm_up(client, modules: Sequence[str] = WARM_MODULES, gpu: bool | None = None) -> list:
+    """Start, without waiting, one task per worker of ``client`` (a ``distributed.Client``) that
+    imports ``modules`` and makes the CUDA context: the workers' own start-up (~10 s on an H200
+    host: torch, Triton, the peers, the context) then overlaps the notebook's instead of
+    delaying each worker's first point. Returns the futures (keep them to wait; they are also
+    fire-and-forget). ``gpu``: whether the tasks take a ``GPU`` resource (default: this process
+    runs kernels on a GPU)."""
+    from distributed import fire_and_forget
+
+    gpu = DEVICE.type == "cuda" if gpu is None else bool(gpu)
+    futures = []
+    for addr in _workers(client):
+        fut = client.submit(_warm, tuple(modules), pure=False, workers=[addr],
+                            allow_other_workers=False, resources={"GPU": 1} if gpu else None)
+        fire_and_forget(fut)
+        futures.append(fut)
+    return futures
+
+
 def on_workers(fn: Callable[[], object], client=None) -> None:
     """Call ``fn()`` in this process and, with a Dask ``client`` (or scheduler address), on
     every worker of that cluster: e.g. an experiment's ``release()`` that frees the device

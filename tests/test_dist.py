@@ -28,7 +28,7 @@ from pmll_lab.pmll import RingMemory, pmll_write
 from pmll_lab.reference import pmll as ref
 from pmll_lab.sweep import (
     IN_PROCESS, PLACEMENT_COLUMNS, cluster_spec, describe_placement, grid, load, local_cluster,
-    THREAD_VARS, affinity_group, next_point, point_id, run_sweep, slots, worker_threads,
+    THREAD_VARS, WARM_MODULES, affinity_group, next_point, point_id, run_sweep, slots, warm_up, worker_threads,
 )
 
 # The workers cannot import this file: its point functions travel by value.
@@ -356,3 +356,17 @@ def test_affinity_sweep_gives_the_same_rows(cluster, tmp_path):
     with pytest.raises(ValueError, match="affinity: must be"):
         run_sweep("s", points, mixed_point, results_dir=tmp_path / "c", progress=False,
                   affinity="seed")
+
+
+def _imported(names):
+    return sorted(n for n in names if n in sys.modules)
+
+
+def test_warm_up_imports_the_experiments_on_every_worker(cluster):
+    _, client = cluster
+    futures = warm_up(client, gpu=False)
+    assert len(futures) == 2
+    done = client.gather(futures)
+    assert all("pmll_lab.experiments.roofline" in d for d in done)
+    seen = client.run(_imported, list(WARM_MODULES))
+    assert all(v == sorted(WARM_MODULES) for v in seen.values())
