@@ -7,8 +7,12 @@ contiguously with a lower-right causal bias (the bound the kernel is held to). E
 checked against the reference path on the cell's inputs. Prints one table per shape (us per
 cell, the geometric mean of time / SDPA) and the ``TILES`` rows of the best tiles.
 
-Run on a GPU, from the project root: ``python scripts/tune_ring_attention.py`` (~3-5 minutes on an
-H200: most of it compiling); ``--quick`` tries 8 tiles; ``--dtype float16|float32``.
+Run on a GPU, from the project root: ``python scripts/tune_ring_attention.py``: 24 tiles
+(``BLOCK_M`` 64/128, ``BLOCK_N`` 32/64/128, 4/8 warps, ``--stages`` 2,3) x 2 shapes x 5 cells;
+compiling dominates (two variants per tile and shape, with and without a ring), so a run may take
+several minutes; ``--quick`` tries 8 chosen tiles, ``--shapes 8,12,64`` one shape, ``--dtype
+float16|float32`` another dtype. Without a GPU it runs in the interpreter as a smoke test
+(wall times, no meaning).
 """
 
 from __future__ import annotations
@@ -33,12 +37,12 @@ SHAPES = [(8, 12, 64), (8, 16, 128)]            # (B, H, D): GPT-2 small's heads
 CELLS = [(0, 1024), (1024, 256), (1024, 1024), (1024, 2048), (512, 512)]   # (M, T)
 
 
-def tiles(quick: bool):
+def tiles(quick: bool, stages: list[int]):
     if quick:
         grid = [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 3),
                 (128, 128, 8, 3), (64, 32, 4, 2), (128, 64, 8, 4), (128, 64, 4, 2)]
     else:
-        grid = list(itertools.product([64, 128], [32, 64, 128], [4, 8], [2, 3, 4]))
+        grid = list(itertools.product([64, 128], [32, 64, 128], [4, 8], stages))
     return [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s) for m, n, w, s in grid]
 
 
@@ -59,7 +63,8 @@ def _pairs(text: str, n: int) -> list[tuple[int, ...]]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="8 tiles instead of 36")
+    ap.add_argument("--quick", action="store_true", help="8 chosen tiles instead of the grid")
+    ap.add_argument("--stages", default="2,3", help="pipeline stages of the grid (default %(default)s)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--shapes", default=";".join(",".join(map(str, s)) for s in SHAPES),
                     help="B,H,D;B,H,D... (default %(default)s)")
@@ -81,7 +86,7 @@ def main():
             peer[(M, T)] = gpu_us(lambda x=x: sdpa_contiguous(x["q"], x["k_cat"], x["v_cat"]))
             want[(M, T)] = memory_attention(x["q"], x["k"], x["v"], x["mem"], impl="reference")
         rows = []
-        for tile in tiles(args.quick):
+        for tile in tiles(args.quick, [int(v) for v in args.stages.split(",")]):
             cfg = dict(tile, BLOCK_C=min(tile["BLOCK_N"], tile["BLOCK_M"]), BLOCK_D=block_d)
             row = {"BLOCK_M": tile["BLOCK_M"], "BLOCK_N": tile["BLOCK_N"],
                    "warps": tile["num_warps"], "stages": tile["num_stages"]}

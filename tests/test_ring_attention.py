@@ -235,7 +235,6 @@ def test_tiles_and_flops():
 
 @pytest.fixture(scope="module")
 def gpt2():
-    pytest.importorskip("transformers")
     from pmll_lab.models import gpt2_pmll as G
 
     model = G.tiny_gpt2(0, layers=2, heads=2, head_dim=64, vocab=128, positions=64)
