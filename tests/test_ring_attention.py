@@ -317,3 +317,55 @@ def test_fused_kernel_compiles_for_sm90():
     for dim, st in got.items():
         assert st["stack"] == 0, f"D={dim}: {st['stack']} bytes spilled"
         assert st["wgmma"] > 0 and st["cp_async"] > 0, f"D={dim}: {st}"
+
+
+# ---- the notebook's headline ------------------------------------------------------------------
+
+def _gpu_rows(times_us: dict) -> "pd.DataFrame":
+    """Sweep rows as a GPU run stores them: per (M, T) point and provider a cuda_graph and a
+    do_bench time (the latter 5 us slower) and a TFLOP/s row."""
+    import pandas as pd
+
+    rows = []
+    for (M, T), per in times_us.items():
+        pid = f"M{M}T{T}"
+        for kernel, us in per.items():
+            for timer, t in (("cuda_graph", us), ("do_bench", us + 5)):
+                base = dict(point_id=pid, status="ok", B=8, H=12, D=64, dtype="bfloat16", M=M,
+                            T=T, kernel=kernel, timer=timer, device="NVIDIA H200")
+                rows.append(dict(base, metric="time_us", value=t, p20=t, p80=t))
+                rows.append(dict(base, metric="tflops", value=1.0))
+        rows.append(dict(point_id=pid, status="ok", B=8, H=12, D=64, dtype="bfloat16", M=M, T=T,
+                         kernel="fused", metric="rel_l2", value=1e-3, tolerance=1.6e-2,
+                         passed=True, device="NVIDIA H200"))
+    return pd.DataFrame(rows)
+
+
+def test_headline_from_gpu_rows():
+    """Ratios, met/missed and the worst cell, computed from graph-replay times; T > 1024 is left
+    out of the contiguous-keys target, M = 0 out of the gather and pmll_step targets."""
+    from pmll_lab.experiments import pmll_attention_report as rp
+
+    df = _gpu_rows({
+        (0, 1024): {"fused": 50.0, "sdpa_contiguous": 48.0, "sdpa_causal": 48.0},
+        (1024, 1024): {"fused": 100.0, "gather_sdpa_mask": 210.0, "sdpa_contiguous": 95.0,
+                       "sdpa_causal": 48.0, "pmll_step": 115.0},
+        (1024, 2048): {"fused": 300.0, "gather_sdpa_mask": 550.0, "sdpa_contiguous": 200.0,
+                       "sdpa_causal": 150.0, "pmll_step": 310.0},
+    })
+    head = rp.headline_table(df).set_index("ours")
+    assert (head["timer"] == "cuda_graph").all()
+    gather = head.loc["fused"].set_index("peer").loc["gather_sdpa_mask"]
+    assert (gather["cells"], gather["met_cells"], gather["status"]) == (2, 1, "missed")
+    assert (gather["worst_T"], gather["ratio"]) == (2048, round(300 / 550, 3))
+    assert gather["median_ratio"] == round((100 / 210 + 300 / 550) / 2, 3)
+    contig = head.loc["fused"].set_index("peer").loc["sdpa_contiguous"]
+    assert (contig["cells"], contig["met_cells"], contig["status"]) == (2, 2, "met")
+    assert contig["ratio"] == round(100 / 95, 3)                  # T = 2048 not counted
+    step = head.loc["pmll_step"]
+    assert (step["cells"], step["met_cells"], step["status"]) == (2, 1, "missed")
+    assert step["ratio"] == round(115 / 100, 3) and step["worst_T"] == 1024
+    wide = rp.times(df)
+    assert set(wide["do_bench_us"] - wide["time_us"]) == {5.0}
+    r = rp.ratio_table(df, "fused", "sdpa_causal")
+    assert list(r.columns) == ["H", "D", "M", 1024, 2048]
