@@ -25,8 +25,9 @@ softmax uses ``exp2``; running max, sum and the ``[BLOCK_M, D]`` accumulator in 
 probabilities are rounded to the value dtype for the ``p @ v`` product (as FlashAttention does);
 the output is divided by the sum once and rounded once to the dtype. Under the Triton
 interpreter (CPU) the 16-bit operands of each ``tl.dot`` are widened to fp32 first (the same
-values; the interpreter's ``tl.dot`` gives garbage for bf16 and accumulates fp16 in fp16), so the
-CPU computes what the GPU's fp32-accumulating tensor-core products compute, up to summation order.
+values): Triton 3.6's interpreter multiplies bf16 operands as their raw 16-bit patterns (NumPy
+has no bf16), and fp16 is widened too so both dtypes take one path; the CPU then computes what
+the GPU's fp32-accumulating tensor-core products compute, up to summation order.
 
 Grid: ``(ceil(T / BLOCK_M), B * H)``; axis 0 runs the query blocks of one ``(b, h)`` next to
 each other (they share its keys in L2), the last (most work under the causal mask) first.
