@@ -3,7 +3,8 @@
 Families (each: float64 reference in ``pmll_lab.reference``, Triton kernels in ``pmll_lab.ops``,
 public launchers in the top-level module, tests in ``tests/``, a notebook in ``notebooks/``):
 
-- ``pmll_lab.pmll``: the PMLL persistent key/value memory ring (SPEC §1).
+- ``pmll_lab.pmll``: the PMLL persistent key/value memory ring and the attention that reads it
+  in place, ``pmll_step`` (SPEC §1); ``pmll_lab.models.gpt2_pmll`` runs GPT-2 through it.
 - ``pmll_lab.gdn``: Gated DeltaNet decode and the K-row chain with snapshots (SPEC §2, §3a).
 - ``pmll_lab.conv``: the causal depthwise conv that feeds GDN (SPEC §3c).
 - ``pmll_lab.carry``: carried-state verify, accept and flush (SPEC §3b, §3c).

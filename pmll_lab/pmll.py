@@ -10,7 +10,12 @@ Public API:
   ``RingMemory.empty(...)``, ``.lengths``, ``.next_slot``, ``.reset(seqs)``.
 - ``pmll_write(mem, k_new, v_new, gate=None, *, validate=False)``: Triton kernel, in place.
 - ``pmll_read(mem, t_ctx) -> (k_out, v_out)``: Triton kernel, chronological, right-aligned.
-- ``memory_attention(q, k_ctx, v_ctx, mem=None)``: reference path (gather + PyTorch attention).
+- ``memory_attention(q, k_ctx, v_ctx, mem=None, *, impl=None)``: a segment's attention over the
+  ring and itself: ``impl="fused"`` (Triton, the ring read in place:
+  ``pmll_lab.ops.pmll.ring_attention``) or ``"reference"`` (gather + PyTorch attention, the
+  oracle); ``MEMORY_ATTENTION_IMPL`` is the default.
+- ``pmll_step(mem, q, k, v, gate=None, *, impl=None)``: one layer's segment step, attention
+  then the gated write of the segment into the ring (what a model loop calls).
 - ``read_bytes``, ``write_bytes``: the fewest bytes each kernel must move (for GB/s).
 
 The float64 references are in ``pmll_lab.reference.pmll``; the kernels in
@@ -25,10 +30,20 @@ import torch
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
-from pmll_lab.ops.pmll.ring import check_memory, pmll_read, pmll_write
+from pmll_lab.ops.pmll.ring import check_memory, check_write, launch_write, pmll_read, pmll_write
+from pmll_lab.ops.pmll.ring_attention import check_attention, ring_attention
 
-__all__ = ["RingMemory", "pmll_write", "pmll_read", "memory_attention", "read_bytes",
-           "write_bytes"]
+__all__ = ["RingMemory", "pmll_write", "pmll_read", "memory_attention", "pmll_step",
+           "MEMORY_ATTENTION_IMPL", "IMPLS", "read_bytes", "write_bytes"]
+
+IMPLS = ("fused", "reference")
+"""The ways ``memory_attention`` computes: the Triton kernel reading the ring in place, or the
+gather + PyTorch reference path (the oracle the kernel is tested against)."""
+MEMORY_ATTENTION_IMPL = "reference"
+"""Default ``impl`` of ``memory_attention`` and ``pmll_step``. "reference" until the fused
+kernel's H200 timings (notebook ``pmll_attention``, full preset) show it is the faster; the
+report's headline table says whether it is. The fused path is checked against the reference in
+``tests/test_ring_attention.py`` either way."""
 
 
 @dataclass
@@ -141,27 +156,43 @@ class RingMemory:
         return self
 
 
+def _impl(impl) -> str:
+    impl = MEMORY_ATTENTION_IMPL if impl is None else impl
+    if impl not in IMPLS:
+        raise ValueError(f"impl: must be one of {', '.join(IMPLS)} or None, got {impl!r}")
+    return impl
+
+
 def memory_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
-                     mem: RingMemory | None = None) -> torch.Tensor:
+                     mem: RingMemory | None = None, *, impl: str | None = None) -> torch.Tensor:
     """Attention of one segment over the ring memory and, causally, over itself (SPEC §1).
 
-    ``q, k_ctx, v_ctx [B, H, T, D]`` (same dtype; the memory's dtype, heads and head size when
-    ``mem`` is given). Query ``i`` of sequence ``b`` sees the ``length[b]`` live memory rows
-    and context rows ``0..i``; scale ``D**-0.5``. ``mem=None`` is vanilla causal attention.
-    Returns ``o [B, H, T, D]`` in ``q``'s dtype. This does not write the segment into the
-    memory: call ``pmll_write(mem, k_ctx, v_ctx)`` afterwards for the next segment.
+    ``q, k_ctx, v_ctx [B, H, T, D]`` (same dtype, fp32/bf16/fp16; the memory's dtype, heads and
+    head size when ``mem`` is given). Query ``i`` of sequence ``b`` sees the ``length[b]`` live
+    memory rows and context rows ``0..i``; scale ``D**-0.5``. ``mem=None`` is vanilla causal
+    attention. Returns ``o [B, H, T, D]`` in ``q``'s dtype. This does not write the segment
+    into the memory: ``pmll_step`` does both, or call ``pmll_write(mem, k_ctx, v_ctx)``.
 
-    Reference path, not a fused kernel (a fused memory-attention kernel comes later): the
-    memory is gathered by the ``pmll_read`` kernel into ``[B, H, M + T, D]`` (context rows
-    copied behind it), then PyTorch computes the masked attention in fp32, materialising the
-    ``[B, H, T, M + T]`` scores; a memory whose every sequence is empty takes the ``mem=None``
-    path (a host sync). Raises ``ValueError`` naming the argument.
+    ``impl`` (default ``MEMORY_ATTENTION_IMPL``):
+
+    - ``"fused"``: one Triton flash-attention launch (``pmll_lab.ops.pmll.ring_attention``)
+      that reads the live ring rows in place, in chronological order, then the segment's keys
+      causally; fp32 softmax and accumulation, probabilities rounded to the dtype for ``p @ v``
+      (as FlashAttention does). No gather, no mask, no scores in memory, no host sync. The
+      tensors must be on the kernels' device.
+    - ``"reference"``: the memory gathered by the ``pmll_read`` kernel into ``[B, H, M + T, D]``
+      (context rows copied behind it), then PyTorch computes the masked attention in fp32,
+      materialising the ``[B, H, T, M + T]`` scores; a memory whose every sequence is empty
+      takes the ``mem=None`` path (a host sync).
+
+    Raises ``ValueError`` naming the argument (``q``, ``k_ctx``, ``v_ctx``, ``mem``, ``mem.*``,
+    ``impl``) before any kernel runs, the same checks for both paths. Source: SPEC §1 (seed
+    ``000_…txt``); the fused kernel is a flash-attention forward (Dao et al. 2022, Dao 2023).
     """
-    _checks.tensor("q", q, ndim=4, dtype=_checks.FLOAT_DTYPES, last_contiguous=False)
-    batch, heads, tokens, head_dim = q.shape
-    _checks.tensor("k_ctx", k_ctx, shape=tuple(q.shape), dtype=q.dtype)
-    _checks.tensor("v_ctx", v_ctx, shape=tuple(q.shape), dtype=q.dtype)
-    _checks.same_device("q", q, k_ctx=k_ctx, v_ctx=v_ctx)
+    impl = _impl(impl)
+    batch, heads, tokens, head_dim = check_attention(q, k_ctx, v_ctx, mem)
+    if impl == "fused":
+        return ring_attention(q, k_ctx, v_ctx, mem)
     scale = head_dim ** -0.5
     qf = q.float()
     if mem is None:
@@ -169,18 +200,12 @@ def memory_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
         future = torch.ones(tokens, tokens, dtype=torch.bool, device=q.device).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
         return (torch.softmax(scores, dim=-1) @ v_ctx.float()).to(q.dtype)
-    b_, h_, m_, d_ = check_memory(mem)
-    if (b_, h_, d_) != (batch, heads, head_dim):
-        raise ValueError(f"mem: batch/heads/head size {(b_, h_, d_)} differ from q's "
-                         f"{(batch, heads, head_dim)}")
-    if mem.k.dtype != q.dtype:
-        raise ValueError(f"q: dtype {q.dtype} differs from the memory's {mem.k.dtype}")
-    _checks.same_device("mem.k", mem.k, q=q)
+    m_ = mem.k.shape[2]
     if not bool((mem.lengths > 0).any()):
         # No sequence has memory yet: exactly vanilla attention. Computed as such, since the
         # padded [T, M + T] products and softmax round differently from the [T, T] ones
         # (seen on this project's CPUs: the bits differed).
-        return memory_attention(q, k_ctx, v_ctx, None)
+        return memory_attention(q, k_ctx, v_ctx, None, impl="reference")
     k_all, v_all = pmll_read(mem, tokens)                            # [B, H, M + T, D]
     k_all, v_all = k_all.float(), v_all.float()
     k_all[:, :, m_:] = k_ctx.float()
@@ -193,6 +218,45 @@ def memory_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
                          ctx_visible[None].expand(batch, tokens, tokens)], dim=-1)
     scores = scores.masked_fill(~visible[:, None], float("-inf"))
     return (torch.softmax(scores, dim=-1) @ v_all).to(q.dtype)
+
+
+def pmll_step(mem: RingMemory | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              gate: torch.Tensor | None = None, *, impl: str | None = None) -> torch.Tensor:
+    """One PMLL layer's segment step: attention over the ring and the segment, then the
+    segment written into the ring (SPEC §1), the call a model's attention layer makes per
+    segment.
+
+    ``q, k, v [B, H, T, D]``: the segment's queries, keys and values, fp32/bf16/fp16 (the ring's
+    dtype), on the ring's device; ``k`` and ``v`` with the last dim contiguous (the write
+    kernel's rule; other strides free, e.g. heads split out of a fused projection). ``gate``:
+    None (``g = 1``), ``[B, T]`` or ``[B, H, T]`` in ``[0, 1]``: how much of each token is
+    blended into its slot (``pmll_write``). ``mem``: the layer's ``RingMemory``, updated in
+    place (``count += T``); None: memory off, plain causal attention and nothing written
+    (``gate`` must then be None).
+
+    Returns ``o [B, H, T, D]`` in ``q``'s dtype: ``memory_attention(q, k, v, mem, impl=impl)``
+    over the ring as it was *before* this segment (the segment's own keys are attended
+    causally), after which the segment is in the ring for the next step. With ``gate=None``,
+    ``M`` at least the tokens seen and segments fed in order with continuing positions, the
+    steps' outputs equal causal attention over the whole sequence (SPEC §1; tested on GPT-2 in
+    ``tests/test_ring_attention.py``).
+
+    Raises ``ValueError`` naming the argument before any kernel runs: the attention checks
+    (``q``, ``k_ctx`` for ``k``, ``v_ctx`` for ``v``, ``mem``, ``impl``) and the write checks
+    (``k_new``/``v_new`` strides, ``gate`` shape and dtype; ``gate`` given without a ring).
+    Two launches on the fused path (attention, write), no host sync: capturable in a CUDA
+    graph. Source: the seed's memory layer (``000_…txt``), its read-attend-write order.
+    """
+    impl = _impl(impl)
+    check_attention(q, k, v, mem)
+    if mem is None:
+        if gate is not None:
+            raise ValueError("gate: given, but mem is None (no ring to write into)")
+        return memory_attention(q, k, v, None, impl=impl)
+    check_write(mem, k, v, gate)
+    o = memory_attention(q, k, v, mem, impl=impl)
+    launch_write(mem, k, v, gate)
+    return o
 
 
 def write_bytes(batch: int, heads: int, capacity: int, head_dim: int, tokens: int, *,

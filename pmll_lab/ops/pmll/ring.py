@@ -167,23 +167,10 @@ def check_memory(mem) -> tuple[int, int, int, int]:
     return batch, heads, capacity, head_dim
 
 
-def pmll_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tensor | None = None,
-               *, validate: bool = False):
-    """Write a segment into the ring, in place (SPEC §1 "write"); returns ``mem``.
-
-    ``k_new, v_new [B, H, T, D]`` in the memory's dtype, on its device, last dim contiguous
-    (other strides free). ``gate``: None (``g = 1``: plain write), ``[B, T]`` (one gate per
-    token, all heads) or ``[B, H, T]``; fp32/bf16/fp16 values in ``[0, 1]``. Result: exactly the
-    rows applied one at a time, ``slot = (count + t) % M; mem[slot] = g*new[t] + (1-g)*mem[slot]``
-    (fp32 blend, stored in the memory dtype), ``T > M`` included; then ``count += T``.
-
-    Reads ``min(T, M)`` rows of ``k_new, v_new`` without a gate; with one, all ``T`` rows, the
-    gate, and the ``min(T, M)`` slots written (``pmll_lab.pmll.write_bytes``).
-
-    Raises ``ValueError`` naming the argument before launching: wrong rank, batch/heads/head
-    size unlike the memory's, dtype, device, strides, gate shape. ``validate=True`` also checks
-    (with a device sync) that gate values lie in ``[0, 1]`` and that ``count >= 0``.
-    """
+def check_write(mem, k_new, v_new, gate=None, *, validate: bool = False) -> tuple[int, int, int, int, int]:
+    """The argument checks of ``pmll_write`` (and of ``pmll_lab.pmll.pmll_step``'s write);
+    returns ``(B, H, M, D, T)``. Raises ``ValueError`` naming the argument (see ``pmll_write``);
+    ``validate=True`` adds the value checks that sync with the device."""
     batch, heads, capacity, head_dim = check_memory(mem)
     dev = mem.k.device
     _checks.tensor("k_new", k_new, ndim=4, shape=(batch, heads, None, head_dim),
@@ -203,6 +190,34 @@ def pmll_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tensor
             _checks.range_values("gate", gate, 0.0, 1.0)
         if bool((mem.count < 0).any()):
             raise ValueError(f"mem.count: must be >= 0, got {mem.count.tolist()}")
+    return batch, heads, capacity, head_dim, tokens
+
+
+def pmll_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tensor | None = None,
+               *, validate: bool = False):
+    """Write a segment into the ring, in place (SPEC §1 "write"); returns ``mem``.
+
+    ``k_new, v_new [B, H, T, D]`` in the memory's dtype, on its device, last dim contiguous
+    (other strides free). ``gate``: None (``g = 1``: plain write), ``[B, T]`` (one gate per
+    token, all heads) or ``[B, H, T]``; fp32/bf16/fp16 values in ``[0, 1]``. Result: exactly the
+    rows applied one at a time, ``slot = (count + t) % M; mem[slot] = g*new[t] + (1-g)*mem[slot]``
+    (fp32 blend, stored in the memory dtype), ``T > M`` included; then ``count += T``.
+
+    Reads ``min(T, M)`` rows of ``k_new, v_new`` without a gate; with one, all ``T`` rows, the
+    gate, and the ``min(T, M)`` slots written (``pmll_lab.pmll.write_bytes``).
+
+    Raises ``ValueError`` naming the argument before launching: wrong rank, batch/heads/head
+    size unlike the memory's, dtype, device, strides, gate shape. ``validate=True`` also checks
+    (with a device sync) that gate values lie in ``[0, 1]`` and that ``count >= 0``.
+    """
+    check_write(mem, k_new, v_new, gate, validate=validate)
+    return launch_write(mem, k_new, v_new, gate)
+
+
+def launch_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tensor | None):
+    """``pmll_write`` without its checks (the caller ran ``check_write``); returns ``mem``."""
+    batch, heads, capacity, head_dim = mem.k.shape
+    tokens = k_new.shape[2]
     if tokens == 0:
         return mem
     block_s, block_d = _tile(head_dim, min(tokens, capacity))

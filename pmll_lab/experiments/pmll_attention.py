@@ -1,0 +1,327 @@
+"""The pmll_attention notebook's sweep points: attention straight from the PMLL ring (SPEC §1).
+
+Three sweeps, each a point function returning tidy rows (``pmll_lab.sweep.run_sweep``):
+
+- ``state_point``: correctness over ring states. One batch holds every state side by side
+  (``STATE_COUNTS``: empty, partly filled, exactly full, wrapped by one row, wrapped twice,
+  oldest row late in the ring), with seeded random rows; ``memory_attention`` with
+  ``impl="fused"`` and ``impl="reference"`` against the float64 reference, one error row per
+  sequence (``state``), so ragged lengths meet in one launch.
+- ``speed_point``: one shape ``(B, H, D)``, ring capacity ``M`` (0: no ring) and segment
+  length ``T``; every provider in ``PROVIDERS`` is checked against the float64 reference on
+  probe sequences and heads (the first and last of each), and only then timed: do_bench and a
+  CUDA graph replay on a GPU (``time_cuda_graph``), the interpreter's wall time on the CPU.
+  The ring is full and wrapped in every sequence (``length = M``, the oldest row at a
+  different slot per sequence), so the chronological order crosses the end of the ring.
+- ``eviction_point``: GPT-2 (``pmll_lab.models.gpt2_pmll``, random seeded weights) run segment
+  by segment through ``pmll_step`` with a ring of ``capacity`` rows and a constant ``gate``,
+  against the whole-sequence forward: relative L2 of the logits and top-1 agreement. With
+  ``gate="none"`` and ``capacity >= tokens - segment`` nothing is evicted and the logits must
+  agree within ``EQUIV_TOL`` (a check); below that it is a measurement of what eviction costs.
+
+Tables, headline and plots: ``pmll_lab.experiments.pmll_attention_report``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from pmll_lab.backend import DEVICE, INTERPRET
+from pmll_lab.bench import error_rows, errors, time_cuda_graph, time_launch
+from pmll_lab.inputs import pmll_inputs
+from pmll_lab.ops.pmll.ring_attention import attention_flops
+from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_step
+from pmll_lab.reference import pmll as ref
+from pmll_lab.sweep import CheckFailed, grid
+
+PROVIDERS = ("fused", "gather_sdpa_mask", "sdpa_contiguous", "sdpa_causal", "reference",
+             "pmll_step")
+"""What ``speed_point`` times for one segment's attention:
+
+- ``fused``: ``memory_attention(impl="fused")``, the ring read in place (ours);
+- ``gather_sdpa_mask``: ``pmll_read`` gathers the ring into ``[B, H, M + T, D]``, the segment's
+  keys are copied behind it, and PyTorch SDPA runs with a boolean ``[B, 1, T, M + T]`` mask
+  built from the ring lengths (the gather + mask path a PyTorch user would write);
+- ``sdpa_contiguous``: SDPA over keys already contiguous, ``[B, H, M + T, D]`` (the ring's rows
+  in order, then the segment), with ``torch.nn.attention.bias.causal_lower_right``: the same
+  attention with no gather and no mask, PyTorch's fused kernels at their best (a KV cache);
+- ``sdpa_causal``: plain causal SDPA over the segment alone (what memory adds to);
+- ``reference``: ``memory_attention(impl="reference")``, the fp32 oracle (do_bench only: it
+  syncs with the host, so it cannot be captured in a graph);
+- ``pmll_step``: the whole layer step, fused attention then the segment written into the ring
+  (``gate=None``), to compare with ``fused`` alone."""
+LABELS = {"fused": "fused ring attention (ours)", "gather_sdpa_mask": "gather + SDPA with mask",
+          "sdpa_contiguous": "SDPA, contiguous keys, lower-right causal",
+          "sdpa_causal": "SDPA causal, segment alone", "reference": "reference path (fp32)",
+          "pmll_step": "pmll_step (fused attention + write)"}
+STATE_COUNTS = {"empty (0)": lambda m: 0, "partial (3)": lambda m: 3, "full (M)": lambda m: m,
+                "M+1": lambda m: m + 1, "2M+3": lambda m: 2 * m + 3, "3M-7": lambda m: 3 * m - 7}
+"""Ring states of ``state_point``, one sequence each: label -> ``count`` at capacity ``M``
+(empty, partly filled, exactly full, wrapped by one row, wrapped twice, and the oldest row late
+in the ring so that the chronological order wraps inside a block of keys)."""
+TOL = {"float32": 1e-5, "bfloat16": 1.6e-2, "float16": 2e-3}
+"""rel_l2 tolerance of an attention output against float64: 8 unit roundoffs of a 16-bit dtype
+(the probabilities and the output are each rounded to the dtype once; FlashAttention and SDPA
+round the same way); fp32 1e-5 (tests/test_ring_attention.py)."""
+EQUIV_TOL = 1e-4
+"""rel_l2 of GPT-2 logits, segmented with nothing evicted vs the whole-sequence forward (fp32;
+the tiny CPU model agrees within 1e-5, tests/test_ring_attention.py; a 12-layer model sums more
+roundings)."""
+WARMUP_MS, REP_MS, CPU_REPS, GRAPH_REPLAYS = 25, 100, 2, 200
+"""do_bench warm-up and measuring windows (ms), interpreter calls timed, graph replays."""
+
+
+def points(grids: list[dict]) -> list[dict]:
+    """Expand grids (axes may include ``shape``: ``(H, D)`` pairs, split into ``H`` and ``D``)
+    into points, duplicates dropped, order kept."""
+    out, seen = [], set()
+    for g in grids:
+        axes = {"seed": [0], **g}
+        shapes = axes.pop("shape", None)
+        if shapes is not None:
+            axes["shape"] = [tuple(s) for s in shapes]
+        for p in grid(**axes):
+            if "shape" in p:
+                p["H"], p["D"] = (int(x) for x in p.pop("shape"))
+            key = tuple(sorted(p.items()))
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+    return out
+
+
+# ---- ring states ------------------------------------------------------------------------------
+
+def _ring(seed: int, batch: int, heads: int, capacity: int, head_dim: int, dtype, counts):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (batch, heads, capacity, head_dim)
+    k = torch.randn(shape, generator=gen).to(dtype)
+    v = torch.randn(shape, generator=gen).to(dtype)
+    return RingMemory(k.to(DEVICE), v.to(DEVICE),
+                      torch.as_tensor(counts, dtype=torch.int64).to(DEVICE))
+
+
+def state_point(point: dict) -> list[dict]:
+    """Fused and reference ``memory_attention`` against float64, one sequence per ring state
+    (``STATE_COUNTS``) in one batch; ``H`` heads, capacity ``M``, ``T`` queries, head size
+    ``D``, ``dtype``. Rows: ``kernel`` fused / reference, ``what`` = the state, ``rel_l2`` and
+    ``max_abs`` with ``passed``; raises ``CheckFailed`` if one fails."""
+    H, M, T, D, seed = (int(point[n]) for n in ("H", "M", "T", "D", "seed"))
+    dname = point["dtype"]
+    dtype = getattr(torch, dname)
+    counts = [fn(M) for fn in STATE_COUNTS.values()]
+    mem = _ring(seed, len(counts), H, M, D, dtype, counts)
+    x = pmll_inputs(seed + 1, len(counts), H, T, D, dtype=dtype)
+    want = ref.memory_attention(x["q"], x["k_new"], x["v_new"], mem.k, mem.v, mem.count)
+    rows = []
+    for impl in ("fused", "reference"):
+        o = memory_attention(x["q"], x["k_new"], x["v_new"], mem, impl=impl)
+        for b, label in enumerate(STATE_COUNTS):
+            for r in error_rows(impl, o[b], want[b], tol=TOL[dname], what=label):
+                rows.append(dict(r, count=counts[b], length=min(counts[b], M)))
+    bad = [r for r in rows if r["passed"] is False]
+    if bad:
+        raise CheckFailed("failed: " + ", ".join(sorted({f"{r['kernel']}:{r['what']}"
+                                                         for r in bad})), rows)
+    return rows
+
+
+# ---- speed ------------------------------------------------------------------------------------
+
+def _on_cuda() -> bool:
+    return DEVICE.type == "cuda" and not INTERPRET
+
+
+def _time(fn, *, graph: bool = True) -> list[dict]:
+    """do_bench (GPU) or interpreter wall time, and on a GPU with ``graph`` a CUDA graph replay
+    time; a capture that fails loses only the graph figure (``graph_error`` on the other)."""
+    t = dict(time_launch(fn, warmup_ms=WARMUP_MS, rep_ms=REP_MS, cpu_reps=CPU_REPS))
+    out = [t]
+    if graph and _on_cuda():
+        try:
+            g = time_cuda_graph(fn, replays=GRAPH_REPLAYS)
+        except Exception as exc:  # noqa: BLE001 - the do_bench figure stands on its own
+            torch.cuda.synchronize()
+            t["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        else:
+            if g is not None:
+                out.append(g)
+    return out
+
+
+def _speed_rows(kernel: str, timings: list[dict], flops: float) -> list[dict]:
+    rows = []
+    for t in timings:
+        med = float(t["median_us"])
+        extra = {k: t[k] for k in ("replays", "graph_error") if k in t}
+        rows.append({"kernel": kernel, "metric": "time_us", "value": med, "p20": t["p20_us"],
+                     "p80": t["p80_us"], "unit": "us", "timer": t["timer"], **extra})
+        rows.append({"kernel": kernel, "metric": "tflops", "value": flops / (med * 1e-6) / 1e12,
+                     "unit": "TFLOP/s", "timer": t["timer"], "flops": flops})
+    return rows
+
+
+def speed_inputs(point: dict) -> dict:
+    """The ring (``None`` when ``M = 0``), its contiguous chronological copy followed by the
+    segment (``k_cat, v_cat [B, H, M + T, D]``), and ``q, k, v [B, H, T, D]`` of one point.
+    Every sequence's ring is full and wrapped (``count = 2M + 97 b mod M``)."""
+    B, H, M, T, D, seed = (int(point[n]) for n in ("B", "H", "M", "T", "D", "seed"))
+    dtype = getattr(torch, point["dtype"])
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, device=DEVICE, dtype=torch.float32).to(dtype)
+
+    q, k, v = randn(B, H, T, D), randn(B, H, T, D), randn(B, H, T, D)
+    if M == 0:
+        return dict(mem=None, q=q, k=k, v=v, k_cat=k, v_cat=v)
+    counts = torch.tensor([2 * M + (97 * b) % M for b in range(B)], dtype=torch.int64)
+    mem = RingMemory(randn(B, H, M, D), randn(B, H, M, D), counts.to(DEVICE))
+    k_cat, v_cat = pmll_read(mem, T)
+    k_cat[:, :, M:] = k
+    v_cat[:, :, M:] = v
+    return dict(mem=mem, q=q, k=k, v=v, k_cat=k_cat, v_cat=v_cat)
+
+
+def gather_sdpa_mask(q, k, v, mem):
+    """The gather + mask path: ``pmll_read`` the ring with room for the segment, copy the
+    segment's keys behind it, build the ``[B, 1, T, M + T]`` visibility mask from the ring
+    lengths on the device, and run PyTorch SDPA with it (no host sync)."""
+    batch, _, tokens, _ = q.shape
+    capacity = mem.k.shape[2]
+    k_all, v_all = pmll_read(mem, tokens)
+    k_all[:, :, capacity:] = k
+    v_all[:, :, capacity:] = v
+    slot = torch.arange(capacity, device=q.device)
+    mem_vis = (slot[None, :] >= (capacity - mem.lengths)[:, None])[:, None, :].expand(
+        batch, tokens, capacity)
+    ctx_vis = torch.ones(tokens, tokens, dtype=torch.bool, device=q.device).tril()
+    mask = torch.cat([mem_vis, ctx_vis[None].expand(batch, tokens, tokens)], dim=-1)
+    return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask[:, None])
+
+
+def sdpa_contiguous(q, k_cat, v_cat):
+    """SDPA over contiguous keys ``[B, H, M + T, D]`` with a lower-right causal bias: query ``i``
+    sees keys ``0 .. M + i``."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    bias = causal_lower_right(q.shape[2], k_cat.shape[2])
+    return F.scaled_dot_product_attention(q, k_cat, v_cat, attn_mask=bias)
+
+
+def _probes(n: int) -> list[int]:
+    return sorted({0, n - 1})
+
+
+def speed_point(point: dict) -> list[dict]:
+    """Check every provider of ``point["providers"]`` (default ``PROVIDERS``) on probe
+    sequences and heads against float64, then time them (see the module docstring)."""
+    B, H, M, T, D = (int(point[n]) for n in ("B", "H", "M", "T", "D"))
+    dname = point["dtype"]
+    providers = [p for p in point.get("providers", PROVIDERS)
+                 if M > 0 or p not in ("gather_sdpa_mask", "reference", "pmll_step")]
+    x = speed_inputs(point)
+    mem, q, k, v = x["mem"], x["q"], x["k"], x["v"]
+    step_mem = mem.clone() if mem is not None else None
+    calls = {
+        "fused": lambda: memory_attention(q, k, v, mem, impl="fused"),
+        "gather_sdpa_mask": lambda: gather_sdpa_mask(q, k, v, mem),
+        "sdpa_contiguous": lambda: sdpa_contiguous(q, x["k_cat"], x["v_cat"]),
+        "sdpa_causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "reference": lambda: memory_attention(q, k, v, mem, impl="reference"),
+        "pmll_step": lambda: pmll_step(step_mem, q, k, v, impl="fused"),
+    }
+    bi, hi = _probes(B), _probes(H)
+
+    def probe(t):
+        return t[bi][:, hi]
+
+    if mem is None:
+        want = ref.causal_attention(probe(q), probe(k), probe(v))
+    else:
+        want = ref.memory_attention(probe(q), probe(k), probe(v), probe(mem.k), probe(mem.v),
+                                    mem.count[bi])
+    alone = ref.causal_attention(probe(q), probe(k), probe(v))
+    rows: list[dict] = []
+    for name in providers:
+        out = calls[name]()
+        target = alone if name == "sdpa_causal" else want
+        rows += error_rows(name, probe(out), target, tol=TOL[dname], what="o")
+        del out
+    if step_mem is not None and "pmll_step" in providers:       # the write landed: count += T
+        ok = bool(torch.equal(step_mem.count, mem.count + T))
+        rows.append({"kernel": "pmll_step", "metric": "count_equal", "value": float(ok),
+                     "passed": ok, "what": "count"})
+    bad = [r for r in rows if r.get("passed") is False]
+    if bad:
+        raise CheckFailed("failed checks: " + ", ".join(sorted({r["kernel"] for r in bad})), rows)
+
+    lengths = [M] * B
+    for name in providers:
+        flops = attention_flops(B, H, T, D, [0] * B if name == "sdpa_causal" else lengths)
+        rows += _speed_rows(name, _time(calls[name], graph=name != "reference"), flops)
+    return rows
+
+
+# ---- GPT-2 eviction ---------------------------------------------------------------------------
+
+def gpt2_status() -> str | None:
+    """None when ``transformers`` (GPT-2) imports here, else a line saying why the GPT-2 sweep
+    is skipped (the offline H200 image lacks it unless ``scripts/wheels-gpt2.txt``'s wheels
+    travel with the tree)."""
+    try:
+        from transformers import AttentionInterface, GPT2LMHeadModel  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means: no GPT-2 here
+        return (f"transformers not importable ({type(exc).__name__}: {exc}): GPT-2 part skipped; "
+                "fetch its wheels with ../shared/device/fetch-wheels.sh $(cat scripts/wheels-gpt2.txt)")
+    return None
+
+
+@lru_cache(maxsize=2)
+def _model_and_full(seed: int, layers: int, heads: int, head_dim: int, vocab: int, tokens: int,
+                    batch: int):
+    from pmll_lab.models import gpt2_pmll as G
+
+    model = G.tiny_gpt2(seed, layers=layers, heads=heads, head_dim=head_dim, vocab=vocab,
+                        positions=tokens)
+    ids = G.token_ids(seed + 1, batch, tokens, vocab)
+    return model, ids, G.full_logits(model, ids)
+
+
+def eviction_point(point: dict) -> list[dict]:
+    """GPT-2 segmented through ``pmll_step`` vs its whole-sequence forward. Point axes:
+    ``layers, heads, head_dim, vocab, tokens, batch, segment, capacity, gate`` ("none" or a
+    float), ``impl``, ``seed``. Rows (kernel ``gpt2_pmll``): ``rel_l2`` and ``max_abs`` of the
+    logits (with ``EQUIV_TOL`` and ``passed`` where nothing is evicted and ``gate`` is "none",
+    else a measurement), ``top1_agree`` (fraction of positions whose argmax agrees) and
+    ``rel_l2_last`` (the last segment's logits)."""
+    from pmll_lab.models import gpt2_pmll as G
+
+    model, ids, full = _model_and_full(*(int(point[n]) for n in (
+        "seed", "layers", "heads", "head_dim", "vocab", "tokens", "batch")))
+    tokens, segment, capacity = (int(point[n]) for n in ("tokens", "segment", "capacity"))
+    gate = None if point["gate"] == "none" else float(point["gate"])
+    seg = G.segmented_logits(model, ids, segment=segment, capacity=capacity, gate=gate,
+                             impl=point.get("impl", "fused"))
+    last = (tokens - 1) // segment * segment
+    whole = gate is None and capacity >= last
+    rows = error_rows("gpt2_pmll", seg, full, tol=EQUIV_TOL if whole else float("inf"),
+                      what="logits")
+    for r in rows:
+        if not whole:
+            r["tolerance"], r["passed"] = None, None
+    rows.append({"kernel": "gpt2_pmll", "metric": "top1_agree", "what": "logits",
+                 "value": float((seg.argmax(-1) == full.argmax(-1)).float().mean())})
+    rows.append({"kernel": "gpt2_pmll", "metric": "rel_l2_last", "what": "logits",
+                 "value": errors(seg[:, last:], full[:, last:])["rel_l2"]})
+    for r in rows:
+        r["needed"] = last
+        r["evicts"] = capacity < last
+    bad = [r for r in rows if r.get("passed") is False and r["metric"] == "rel_l2"]
+    if bad:
+        raise CheckFailed(f"segmented GPT-2 differs from the whole sequence with nothing "
+                          f"evicted: rel_l2 {bad[0]['value']:.3g} > {EQUIV_TOL}", rows)
+    return rows

@@ -1,0 +1,1 @@
+"""Model architectures run through pmll_lab's kernels (one module per model family)."""
