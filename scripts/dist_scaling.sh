@@ -2,7 +2,7 @@
 # One notebook's full preset on 2 GPUs (Dask LocalCluster, --workers 2) and then on 1 GPU
 # (in-process), each with its own empty Triton cache so both pay the same compilation, as a
 # fresh run does. Writes both runs under reports/RUN/{2gpu,1gpu}, the wall times to
-# reports/RUN/scaling.txt, and packs reports/RUN into $OUT/report.tgz.
+# reports/RUN/scaling.txt, and packs reports/RUN into $OUT/RUN.tgz.
 # Usage (device machine with >= 2 GPUs, repo root, .whl with scripts/wheels-dist.txt carried):
 #   PMLL_LAB_COMMIT=<sha> bash scripts/dist_scaling.sh RUN NOTEBOOK [SECONDS]
 set -u
@@ -24,4 +24,4 @@ for gpus in 2 1; do
   t1=$(date +%s.%N)
   echo "$nb gpus=$gpus rc=$rc wall_s=$(python3 -c "print(round($t1-$t0,1))")" | tee -a "reports/$run/scaling.txt"
 done
-tar czf "$OUT/report.tgz" -C reports "$run"
+tar czf "$OUT/$run.tgz" -C reports "$run"

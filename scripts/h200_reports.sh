@@ -22,5 +22,5 @@ for arg in "$@"; do
   timeout "$lim" python3 -m pmll_lab report --preset full --device cuda --run "$run" --only "$nb" --resume
   echo "== $nb rc=$? $(date -u +%H:%M:%S)"
 done
-tar czf "$OUT/report.tgz" -C reports "$run"
+tar czf "$OUT/$run.tgz" -C reports "$run"
 ls -la "reports/$run"
