@@ -53,20 +53,21 @@ LOG2E = 1.4426950408889634
 
 TILES: dict[tuple[int, int], tuple[int, int, int, int]] = {
     # (padded head size, bytes per element): (BLOCK_M, BLOCK_N, num_warps, num_stages)
-    (64, 2): (128, 64, 4, 3),
-    (128, 2): (128, 64, 8, 3),
+    (64, 2): (64, 64, 4, 3),
+    (128, 2): (64, 64, 4, 3),
     (64, 4): (32, 16, 4, 2),
     (128, 4): (32, 16, 4, 2),
 }
-"""Launch tiles per (head size padded to a power of two, element size in bytes). The 16-bit rows
-are starting points NOT yet timed on an H200: the usual Hopper flash-attention forward tiles
-(128 queries x 64 keys per step, 4 warps at D = 64, 8 at D = 128, 3 pipeline stages).
-Compiled for sm_90 on the CPU (``pmll_lab.lowering``, Triton 3.6, 2026-12): both use wgmma
-with cp.async pipelining and do not spill (255 and 241 registers). fp32 (IEEE products on FMA
-units: for checks and small models, not speed) spilled 1.3-4.4 KB per thread at 64 x 32; at
-32 x 16 nothing at D = 64, 640 B at D = 128. Other head sizes use ``DEFAULT_TILE`` (at most
-64 x 32 above D = 128). ``scripts/tune_ring_attention.py`` sweeps the alternatives on the GPU
-and prints the rows to put here."""
+"""Launch tiles per (head size padded to a power of two, element size in bytes). 16-bit rows:
+measured on an NVIDIA H200 (2026-11-30, ``scripts/tune_ring_attention.py --quick``, B=8, bf16,
+CUDA-graph replay; reports/h200-2026-11-30b/logs/tune-ring-attention.log): among 8 tiles,
+64 queries x 64 keys, 4 warps, 3 stages was fastest at both head sizes (geomean over five
+(M, T) cells 0.79x SDPA over contiguous keys at H=12/D=64, 0.86x at H=16/D=128; the Hopper
+textbook 128 x 64 tiles were 0.87x / 0.93x). Compiled for sm_90 on the CPU
+(``pmll_lab.lowering``, Triton 3.6) the 16-bit tiles use wgmma with cp.async pipelining. fp32
+(IEEE products on FMA units: for checks and small models, not speed) spilled 1.3-4.4 KB per
+thread at 64 x 32; at 32 x 16 nothing at D = 64, 640 B at D = 128. Other head sizes use
+``DEFAULT_TILE`` (at most 64 x 32 above D = 128)."""
 DEFAULT_TILE = (64, 32, 4, 2)
 """Tile of head sizes and element sizes missing from ``TILES``."""
 
