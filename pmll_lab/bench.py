@@ -146,6 +146,29 @@ def time_cuda_graph(fn: Callable[[], object], *, replays: int = 200, warmup: int
             "timer": "cuda_graph"}
 
 
+def timings(fn: Callable[[], object], *, graph: bool, warmup_ms: float = 25,
+            rep_ms: float = 100, cpu_reps: int = 3, replays: int = 200,
+            launch_timer: Callable = time_launch,
+            graph_timer: Callable = time_cuda_graph) -> list[dict]:
+    """The timings every sweep point records: ``launch_timer``'s (``time_launch``: do_bench on
+    a GPU, interpreter wall time on the CPU) and, when ``graph`` (a GPU run), ``graph_timer``'s
+    (``time_cuda_graph``, ``replays`` replays). A capture that fails loses only the graph
+    figure: its error text goes on the first timing as ``graph_error``. The timers are
+    arguments so that an experiment module passes its own names (which tests may replace)."""
+    t = dict(launch_timer(fn, warmup_ms=warmup_ms, rep_ms=rep_ms, cpu_reps=cpu_reps))
+    out = [t]
+    if graph:
+        try:
+            g = graph_timer(fn, replays=replays)
+        except Exception as exc:  # noqa: BLE001 - the do_bench figure stands on its own
+            torch.cuda.synchronize()
+            t["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        else:
+            if g is not None:
+                out.append(g)
+    return out
+
+
 def time_graph(fn: Callable[[], object], *, replays: int = 200) -> float | None:
     """Mean microseconds per replay of ``fn`` captured in a CUDA graph (None on the CPU).
 

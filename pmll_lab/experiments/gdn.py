@@ -43,6 +43,7 @@ import pandas as pd
 import torch
 
 from pmll_lab.backend import DEVICE, INTERPRET
+from pmll_lab import bench
 from pmll_lab.bench import (
     bitwise_equal, copy_bandwidth, error_rows, throughput_rows, time_cuda_graph, time_launch,
 )
@@ -123,18 +124,9 @@ def timings(fn, *, graph: bool = True) -> list[dict]:
     ``graph``, ``time_cuda_graph``'s (``GRAPH_REPLAYS`` replays). Each: ``median_us, p20_us,
     p80_us, timer``. A capture that fails loses only the graph figure: its error text goes on
     the do_bench timing (``graph_error``)."""
-    t = dict(time_launch(fn, warmup_ms=WARMUP_MS, rep_ms=REP_MS, cpu_reps=1))
-    out = [t]
-    if graph and on_cuda():
-        try:
-            g = time_cuda_graph(fn, replays=GRAPH_REPLAYS)
-        except Exception as exc:  # noqa: BLE001 - the do_bench figure stands on its own
-            torch.cuda.synchronize()
-            t["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
-        else:
-            if g is not None:
-                out.append(g)
-    return out
+    return bench.timings(fn, graph=graph and on_cuda(), warmup_ms=WARMUP_MS, rep_ms=REP_MS,
+                         cpu_reps=1, replays=GRAPH_REPLAYS, launch_timer=time_launch,
+                         graph_timer=time_cuda_graph)
 
 
 def speed_rows(kernel: str, times: list[dict], nbytes: int, **extra) -> list[dict]:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from pmll_lab.backend import DEVICE, INTERPRET
-from pmll_lab.bench import error_rows, errors, time_cuda_graph, time_launch
+from pmll_lab.bench import error_rows, errors, time_cuda_graph, time_launch, timings
 from pmll_lab.inputs import pmll_inputs
 from pmll_lab.ops.pmll.ring_attention import attention_flops
 from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_step
@@ -138,18 +138,9 @@ def _on_cuda() -> bool:
 def _time(fn, *, graph: bool = True) -> list[dict]:
     """do_bench (GPU) or interpreter wall time, and on a GPU with ``graph`` a CUDA graph replay
     time; a capture that fails loses only the graph figure (``graph_error`` on the other)."""
-    t = dict(time_launch(fn, warmup_ms=WARMUP_MS, rep_ms=REP_MS, cpu_reps=CPU_REPS))
-    out = [t]
-    if graph and _on_cuda():
-        try:
-            g = time_cuda_graph(fn, replays=GRAPH_REPLAYS)
-        except Exception as exc:  # noqa: BLE001 - the do_bench figure stands on its own
-            torch.cuda.synchronize()
-            t["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
-        else:
-            if g is not None:
-                out.append(g)
-    return out
+    return timings(fn, graph=graph and _on_cuda(), warmup_ms=WARMUP_MS, rep_ms=REP_MS,
+                   cpu_reps=CPU_REPS, replays=GRAPH_REPLAYS, launch_timer=time_launch,
+                   graph_timer=time_cuda_graph)
 
 
 def _speed_rows(kernel: str, timings: list[dict], flops: float) -> list[dict]:

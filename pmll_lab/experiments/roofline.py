@@ -96,6 +96,7 @@ from pmll_lab.backend import DEVICE, INTERPRET
 from pmll_lab.bench import (
     H200_L2_BYTES,
     bitwise_equal, copy_bandwidth, error_rows, throughput_rows, time_cuda_graph, time_launch,
+    timings,
 )
 from pmll_lab.carry import (
     GDN_CARRY_CAP, GdnCarry, gdn_carry_flush, gdn_carry_verify, gdn_carry_verify_plan,
@@ -582,18 +583,9 @@ def _time(fn, *, graph: bool = True) -> list[dict]:
     """Timings of ``fn``: ``time_launch``'s (do_bench on a GPU, interpreter wall time on the
     CPU) and, on a GPU with ``graph``, ``time_cuda_graph``'s. A capture that fails loses only
     the graph figure: its error text goes to the do_bench timing (``graph_error``)."""
-    t = dict(time_launch(fn, warmup_ms=WARMUP_MS, rep_ms=REP_MS, cpu_reps=CPU_REPS))
-    out = [t]
-    if graph and _on_cuda():
-        try:
-            g = time_cuda_graph(fn, replays=GRAPH_REPLAYS)
-        except Exception as exc:  # noqa: BLE001 - the do_bench figure stands on its own
-            torch.cuda.synchronize()
-            t["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
-        else:
-            if g is not None:
-                out.append(g)
-    return out
+    return timings(fn, graph=graph and _on_cuda(), warmup_ms=WARMUP_MS, rep_ms=REP_MS,
+                   cpu_reps=CPU_REPS, replays=GRAPH_REPLAYS, launch_timer=time_launch,
+                   graph_timer=time_cuda_graph)
 
 
 def _mix(t0: list[dict], t1: list[dict], f: float) -> list[dict]:
