@@ -422,9 +422,9 @@ def _warm(modules: Sequence[str]) -> list[str]:
 
 def warm_up(client, modules: Sequence[str] = WARM_MODULES, gpu: bool | None = None) -> list:
     """Start, without waiting, one task per worker of ``client`` (a ``distributed.Client``) that
-    imports ``modules`` and makes the CUDA context: the workers' own start-up (~10 s on an H200
-    host: torch, Triton, the peers, the context) then overlaps the notebook's instead of
-    delaying each worker's first point. Returns the futures (keep them to wait; they are also
+    imports ``modules`` and makes the CUDA context: the workers' own start-up (torch, Triton,
+    the peers' imports, the context) then overlaps the notebook's instead of delaying each
+    worker's first point. Returns the futures (keep them to wait; they are also
     fire-and-forget). ``gpu``: whether the tasks take a ``GPU`` resource (default: this process
     runs kernels on a GPU)."""
     from distributed import fire_and_forget
