@@ -11,4 +11,6 @@ One module per architecture family, plus the pieces they share; import what you 
   window, recurrent state and carry stashes, the attention layers' KV, and the slots.
 - ``pmll_lab.models.generate``: ``greedy_generate``, ``speculative_generate``, their statistics.
 - ``pmll_lab.models.drafts``: draft sources that need no second checkpoint.
+- ``pmll_lab.models.oracle``: transformers' own greedy generation and the margin-aware comparison
+  of our tokens with it.
 """

@@ -139,6 +139,9 @@ class ServingCache:
         lazy_min_seqs: carried forms run lazy from this many sequences in a step (``None``:
             always eager); eager_max_pending: as in ``SpecDecodeStep``. cap: stash rows (CAP).
         timer: a ``StepTimer`` (default: a disabled one).
+        record: keep every GDN layer's kernel input and output of every accepted row in
+            ``self.gdn_io``: ``{(tag, layer, position): (x [conv_dim], o [HV, vd])}`` (CPU
+            copies; ``tag`` as given to ``prefill``). For exactness checks; costs a copy per row.
 
     Raises ``ValueError``/``TypeError`` naming the argument.
     """
@@ -147,7 +150,8 @@ class ServingCache:
                  form: str = "exact", rows: int = 1,
                  lazy_min_seqs: int | None = GDN_CARRY_LAZY_MIN_SEQS,
                  eager_max_pending: int | None = GDN_CARRY_EAGER_MAX_PENDING,
-                 cap: int = GDN_CARRY_CAP, timer: StepTimer | None = None):
+                 cap: int = GDN_CARRY_CAP, timer: StepTimer | None = None,
+                 record: bool = False):
         _checks.positive_int("slots", slots)
         _checks.positive_int("max_len", max_len)
         _checks.choice("state_layout", state_layout, STATE_LAYOUTS)
@@ -177,6 +181,9 @@ class ServingCache:
         self._mode = None
         self._rows = 0
         self._counts = defaultdict(int)      # write_backs, restored
+        self.gdn_io: dict | None = {} if record else None
+        self._tags: dict[int, object] = {}
+        self._io_step: list = []
         if form == "chain" and rows > 1:
             for lay in self.gdn:
                 lay.inter = torch.zeros(slots, rows - 1, *lay.state.shape[1:],
@@ -233,7 +240,20 @@ class ServingCache:
                 core = self._chain_layer(lay, x, g, beta)
             else:
                 core = self._spec.verify_layer(i, x=x, g=g, beta=beta)
+            if self.gdn_io is not None:
+                self._io_step.append((i, x.detach().cpu().clone(), core.detach().cpu().clone()))
         return finish(module, core, z, hidden_states.dtype)
+
+    def _commit_io(self, accepted: list[int]) -> None:
+        """Keep the recorded rows ``t < accepted[b]`` of the step (``record=True``)."""
+        if self.gdn_io is None:
+            return
+        pos = self._pos.cpu()
+        for i, x, o in self._io_step:
+            for b, s in enumerate(self._slots_host):
+                for t in range(accepted[b]):
+                    self.gdn_io[(self._tags.get(s), i, int(pos[b, t]))] = (x[b, t], o[b, t])
+        self._io_step = []
 
     # -- per-layer kernels ----------------------------------------------------------------------
     def _prefill_layer(self, lay, module, mixed, g, beta):
@@ -311,13 +331,15 @@ class ServingCache:
         return out.logits
 
     @torch.no_grad()
-    def prefill(self, slot: int, ids: torch.Tensor) -> torch.Tensor:
+    def prefill(self, slot: int, ids: torch.Tensor, tag=None) -> torch.Tensor:
         """Start sequence ``ids [T]`` (LongTensor, ``T >= 1``) in ``slot``: the prompt through
-        the model; returns the last position's logits ``[V]``."""
+        the model; returns the last position's logits ``[V]``. ``tag`` names the sequence in
+        ``gdn_io``."""
         if ids.dim() != 1 or ids.numel() < 1:
             raise ValueError(f"ids: expected a non-empty 1-D LongTensor, got shape "
                              f"{tuple(ids.shape)}")
         self._reset_slot(slot)
+        self._tags[slot] = tag
         self._bind([slot], ids.numel())
         self._slot0 = slot
         self._mode = "prefill"
@@ -340,6 +362,7 @@ class ServingCache:
             logits = self._forward(tokens.reshape(-1, 1).to(self.device))
         finally:
             self._mode = None
+        self._commit_io([1] * len(slots))
         for s in slots:
             self.lengths[s] += 1
         return logits[:, 0]
@@ -393,6 +416,7 @@ class ServingCache:
             wb = int((self._spec.engaged[0] == 2).sum())
             self._spec.accept(acc)
             out = {"write_backs": wb}
+        self._commit_io(acc)
         for s, a in zip(slots, acc):
             self.lengths[s] += a
         for k, v in out.items():
@@ -433,6 +457,35 @@ class ServingCache:
             for k in ("flushes", "flushed_slots", "host_syncs"):
                 out[k] = self._spec.stats[k]
         return out
+
+    @torch.no_grad()
+    def load_state(self, layer: int, slots: list[int], conv_window: torch.Tensor,
+                   state: torch.Tensor) -> None:
+        """Set GDN layer ``layer``'s conv windows ``[B, conv_dim, d_conv]`` and K-major states
+        ``[B, HV, kd, vd]`` of ``slots`` (e.g. from transformers' cache, to test a layer from
+        the same starting point); carried rows of those slots are forgotten."""
+        lay = self.gdn[layer]
+        idx = torch.tensor(slots, device=self.device)
+        lay.conv_state[idx] = conv_window.to(lay.conv_state.dtype)
+        st = state.to(torch.float32)
+        lay.state[idx] = st if self.layout == "kv" else st.transpose(-1, -2)
+        for s in slots:
+            self._reset_slot(s)
+
+    @torch.no_grad()
+    def layer_decode(self, module: nn.Module, hidden_states: torch.Tensor,
+                     slots: list[int]) -> torch.Tensor:
+        """One GDN layer alone, one decode token: ``hidden_states [B, 1, hidden]`` of the
+        sequences in ``slots`` through ``module``'s projections, our ``conv_update`` +
+        ``gdn_decode`` and its output path; returns ``[B, 1, hidden]`` (positions are not
+        advanced: the attention layers are not involved)."""
+        self._bind(slots, 1)
+        self._mode = "decode"
+        try:
+            return self.gdn_forward(module, hidden_states)
+        finally:
+            self._mode = None
+            self._io_step = []
 
     def states(self, slot: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(conv_window [conv_dim, d_conv], state [HV, kd, vd])`` of ``slot`` in GDN layer

@@ -55,12 +55,16 @@ class GenerationStats:
     (wall), ``draft_ms``, and ``<section>_ms`` per kernel section with ``timing=True``).
     ``prefills``: one dict per prompt (``index``, ``slot``, ``tokens``, ``ms``).
     ``accept_lengths``: every sequence's ``a`` of every verify step. ``logits``: per prompt a
-    ``[n_i, V]`` tensor (``output_logits=True``), else None. ``device``: where it ran."""
+    ``[n_i, V]`` tensor (``output_logits=True``), else None. ``gdn_io``: with
+    ``record_gdn_io=True`` every GDN layer's kernel input and output per accepted token,
+    ``{(prompt index, layer, position): (x, o)}`` (``ServingCache``'s ``record``), else None.
+    ``device``: where it ran."""
 
     steps: list = field(default_factory=list)
     prefills: list = field(default_factory=list)
     accept_lengths: list = field(default_factory=list)
     logits: list | None = None
+    gdn_io: dict | None = None
     device: str = ""
 
     def frame(self):
@@ -171,7 +175,7 @@ class _Run:
         while self.free and self.queue:
             i, slot = self.queue.popleft(), self.free.pop()
             t0 = time.perf_counter()
-            lg = self.cache.prefill(slot, self.prompts[i])
+            lg = self.cache.prefill(slot, self.prompts[i], tag=i)
             tok = int(lg.argmax())
             self.stats.prefills.append(dict(index=i, slot=slot, tokens=len(self.prompts[i]),
                                             ms=(time.perf_counter() - t0) * 1e3))
@@ -206,6 +210,7 @@ class _Run:
             toks[i, :len(o)] = torch.tensor(o, dtype=torch.long)
         if self.rows is not None:
             self.stats.logits = [torch.stack(r) for r in self.rows]
+        self.stats.gdn_io = self.cache.gdn_io
         return (toks, self.stats) if return_stats else toks
 
     # -- one decode step over the active sequences ------------------------------------------------
@@ -223,13 +228,13 @@ class _Run:
 
 
 def _make_cache(model, prompts, budgets, rows, batch_size, state_layout, form, lazy_min_seqs,
-                eager_max_pending, timing):
+                eager_max_pending, timing, record=False):
     param = next(model.parameters())
     timer = StepTimer(param.device, enabled=timing)
     max_len = max(len(p) for p in prompts) + max(budgets) + rows + 1
     cache = ServingCache(model, slots=batch_size, max_len=max_len, state_layout=state_layout,
                          form=form, rows=rows, lazy_min_seqs=lazy_min_seqs,
-                         eager_max_pending=eager_max_pending, timer=timer)
+                         eager_max_pending=eager_max_pending, timer=timer, record=record)
     return cache, timer
 
 
@@ -243,7 +248,7 @@ def _batch(batch_size, n):
 def greedy_generate(model: nn.Module, input_ids, *, max_new_tokens, state_layout: str = "kv",
                     attention_mask=None, batch_size: int | None = None, eos_token_id=None,
                     pad_token_id: int = -1, timing: bool = False, output_logits: bool = False,
-                    return_stats: bool = False):
+                    record_gdn_io: bool = False, return_stats: bool = False):
     """Greedy decoding, one token per sequence per step through ``conv_update`` +
     ``gdn_decode`` (SPEC §2) in every GDN layer; the model's attention, MLP and norms as they are.
 
@@ -252,7 +257,8 @@ def greedy_generate(model: nn.Module, input_ids, *, max_new_tokens, state_layout
     ``attention_mask``, ``max_new_tokens``, ``batch_size``, ``eos_token_id`` (default: the
     model's ``generation_config``), ``pad_token_id``; ``state_layout`` ``"kv"`` or ``"vk"``;
     ``timing`` times each kernel section; ``output_logits`` keeps the logits rows;
-    ``return_stats`` returns ``(tokens, GenerationStats)``.
+    ``record_gdn_io`` keeps every GDN kernel input/output row; ``return_stats`` returns
+    ``(tokens, GenerationStats)``.
 
     Returns LongTensor ``[N, max(max_new_tokens)]``. Raises ``ValueError``/``TypeError`` naming
     the argument. Prompts are prefilled with transformers' own torch path.
@@ -261,7 +267,7 @@ def greedy_generate(model: nn.Module, input_ids, *, max_new_tokens, state_layout
     budgets = _budgets(max_new_tokens, len(prompts))
     bs = _batch(batch_size, len(prompts))
     cache, timer = _make_cache(model, prompts, budgets, 1, bs, state_layout, "exact", None, None,
-                               timing)
+                               timing, record_gdn_io)
     run = _Run(model, prompts, budgets, batch_size=bs, eos=_eos(model, eos_token_id),
                cache=cache, timer=timer, output_logits=output_logits)
     run.admit()
@@ -280,7 +286,8 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
                          eager_max_pending: int | None = GDN_CARRY_EAGER_MAX_PENDING,
                          attention_mask=None, batch_size: int | None = None, eos_token_id=None,
                          pad_token_id: int = -1, timing: bool = False,
-                         output_logits: bool = False, return_stats: bool = False):
+                         output_logits: bool = False, record_gdn_io: bool = False,
+                         return_stats: bool = False):
     """Speculative decoding with a greedy target: per step ``K`` rows per sequence verified in
     every GDN layer, the longest agreeing draft prefix accepted (module docstring).
 
@@ -316,7 +323,8 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
     drafter = make_draft(draft, draft_accept=draft_accept, reference=reference,
                          vocab_size=vocab, seed=draft_seed)
     cache, timer = _make_cache(model, prompts, budgets, K, bs, state_layout, form,
-                               lazy_min_seqs if lazy else None, eager_max_pending, timing)
+                               lazy_min_seqs if lazy else None, eager_max_pending, timing,
+                               record_gdn_io)
     run = _Run(model, prompts, budgets, batch_size=bs, eos=_eos(model, eos_token_id),
                cache=cache, timer=timer, output_logits=output_logits)
     run.admit()

@@ -210,14 +210,16 @@ def _layer_types(gdn_per_attention: int, groups: int) -> list[str]:
 def tiny_config(kind: str = "qwen3_next", **overrides):
     """A small config of a real architecture: ``kind`` ``"qwen3_next"`` (MoE MLP, 4 experts top
     2, shared expert) or ``"qwen3_5"`` (dense MLP). Hidden size 64, layers ``linear, linear,
-    full`` (two GDN layers, one gated attention), GDN HK=1, HV=2, kd=vd=16, attention 2 heads
+    full`` (two GDN layers, one gated attention), GDN HK=1, HV=2, kd=16, vd=8 (``kd != vd``, so
+    a transposed state cannot pass unnoticed; one program per head in both layouts, cheap on
+    the interpreter), attention 2 heads
     (1 KV head) of 16, vocab 256, eager attention and experts (float64 capable).
     ``overrides`` replace any field. Raises ``ValueError`` for another ``kind``."""
     base = dict(vocab_size=256, hidden_size=64, intermediate_size=128,
                 layer_types=["linear_attention", "linear_attention", "full_attention"],
                 num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                 linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=16,
-                linear_value_head_dim=16, linear_conv_kernel_dim=4, max_position_embeddings=512,
+                linear_value_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=512,
                 attn_implementation="eager")
     if kind == "qwen3_next":
         from transformers import Qwen3NextConfig as Config
