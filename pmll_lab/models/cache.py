@@ -496,33 +496,39 @@ class ServingCache:
         return lay.conv_state[slot], st if self.layout == "kv" else st.transpose(-1, -2)
 
 
-def state_bytes_per_sequence(model: nn.Module, *, rows: int, cap: int = GDN_CARRY_CAP) -> dict:
-    """Bytes one sequence holds in a ``ServingCache`` of ``model``, summed over its GDN layers:
-    ``gdn_state`` (fp32), ``conv_window`` (``conv_dim * d_conv`` in the conv dtype), the carried
-    form's ``carry_stash`` (GDN ``CAP*(HV*vd + HV + HV*kd)`` fp32 + conv ``CAP*conv_dim``) and
-    the chain's ``snapshots`` for ``rows`` (K): ``(K-1)`` states and windows; plus
-    ``kv_per_token`` over the attention layers (model dtype). ``ValueError`` if ``model`` has
-    no GDN layers."""
-    from pmll_lab.carry import stash_bytes_per_slot, snapshot_bytes_per_slot
-    from pmll_lab.models.qwen3_next import gdn_layers
+def state_bytes_per_sequence(model_or_config, *, rows: int, cap: int = GDN_CARRY_CAP,
+                             dtype: torch.dtype | None = None) -> dict:
+    """Bytes one sequence holds in a ``ServingCache``, summed over the GDN layers:
+    ``gdn_state`` (fp32), ``conv_window`` (``conv_dim * d_conv`` in the conv dtype: bf16 for a
+    bf16 model, else fp32), the carried forms' ``carry_stash`` (GDN ``CAP*(HV*vd + HV + HV*kd)``
+    fp32 + conv ``CAP*conv_dim``), the chain's ``snapshots`` for ``rows`` (K): ``(K-1)`` states
+    and windows; and ``kv_per_token`` over the attention layers (model dtype).
 
-    dtype = next(model.parameters()).dtype
+    ``model_or_config``: a model (its config and parameter dtype) or a transformers Qwen3-Next /
+    Qwen3.5 config (then ``dtype``, default bf16, is the model dtype): no weights needed, so real
+    model sizes can be tabulated. ``ValueError`` if it has no GDN layers."""
+    from pmll_lab.carry import snapshot_bytes_per_slot, stash_bytes_per_slot
+
+    if isinstance(model_or_config, nn.Module):
+        cfg = model_or_config.config.get_text_config()
+        dtype = dtype or next(model_or_config.parameters()).dtype
+    else:
+        cfg = model_or_config.get_text_config()
+        dtype = dtype or torch.bfloat16
+    n_gdn = sum(t == "linear_attention" for t in cfg.layer_types)
+    if not n_gdn:
+        raise ValueError("model_or_config: no linear_attention (Gated DeltaNet) layers")
+    HK, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    kd, vd, dc = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
+    dim = 2 * HK * kd + HV * vd
     ce = 2 if dtype == torch.bfloat16 else 4
-    out = dict(gdn_state=0, conv_window=0, carry_stash=0, snapshots=0)
-    layers = gdn_layers(model)
-    for m in layers:
-        d = GdnDims.of(m)
-        hb = 4 * d.num_v_heads * d.k_dim * d.v_dim
-        win = d.conv_dim * d.d_conv * ce
-        out["gdn_state"] += hb
-        out["conv_window"] += win
-        out["carry_stash"] += stash_bytes_per_slot(d.num_v_heads, d.k_dim, d.v_dim, cap) \
-            + cap * d.conv_dim * ce
-        out["snapshots"] += snapshot_bytes_per_slot(d.num_v_heads, d.k_dim, d.v_dim, rows) \
-            + (rows - 1) * win
-    cfg = model.config.get_text_config()
+    hb = 4 * HV * kd * vd
+    win = dim * dc * ce
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    n_attn = cfg.num_hidden_layers - len(layers)
-    out["kv_per_token"] = n_attn * 2 * cfg.num_key_value_heads * head_dim \
-        * torch.empty((), dtype=dtype).element_size()
-    return out
+    n_attn = cfg.num_hidden_layers - n_gdn
+    return dict(
+        gdn_state=n_gdn * hb, conv_window=n_gdn * win,
+        carry_stash=n_gdn * (stash_bytes_per_slot(HV, kd, vd, cap) + cap * dim * ce),
+        snapshots=n_gdn * (snapshot_bytes_per_slot(HV, kd, vd, rows) + (rows - 1) * win),
+        kv_per_token=n_attn * 2 * cfg.num_key_value_heads * head_dim
+        * torch.empty((), dtype=dtype).element_size())

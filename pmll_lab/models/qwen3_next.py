@@ -271,9 +271,10 @@ def build_model(config, *, seed: int = 0, dtype: torch.dtype = torch.float32, de
     from transformers import Qwen3_5ForCausalLM, Qwen3NextForCausalLM
 
     cls = Qwen3NextForCausalLM if config.model_type == "qwen3_next" else Qwen3_5ForCausalLM
-    with torch.random.fork_rng(devices=[]):
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), dev:
         torch.manual_seed(seed)
-        model = cls(config)
-    model = model.to(dtype=dtype, device=device).eval()
+        model = cls(config)          # initialised where it will run (fast on a GPU)
+    model = model.to(dtype=dtype).eval()
     patch_model(model)
     return model
