@@ -80,7 +80,7 @@ def _greedy(seed: int, layout: str, kind: str = "qwen3_next"):
     prompts, budgets = _workload(seed)
     return greedy_generate(_model(kind, torch.float64, seed), prompts, max_new_tokens=budgets,
                            batch_size=SLOTS, state_layout=layout, output_logits=True,
-                           record_gdn_io=True, return_stats=True)
+                           record_gdn_io=True, timing=True, return_stats=True)
 
 
 class GappyNoisy:
@@ -105,7 +105,8 @@ def _spec(seed: int, K: int, layout: str, form: str):
     return speculative_generate(_model("qwen3_next", torch.float64, seed), prompts,
                                 max_new_tokens=budgets, draft=GappyNoisy(ref), K=K, form=form,
                                 state_layout=layout, batch_size=SLOTS, lazy_min_seqs=LAZY_MIN,
-                                output_logits=True, record_gdn_io=True, return_stats=True)
+                                output_logits=True, record_gdn_io=True, timing=True,
+                                return_stats=True)
 
 
 # ---- one layer against transformers' --------------------------------------------------------
@@ -168,7 +169,7 @@ def _assert_gdn_io_bitwise(spec_io, greedy_io, what):
                       f"(e.g. {bad_o[:3]})"
 
 
-def _assert_protocol_exercised(stats, what):
+def _assert_protocol_exercised(stats, tokens, what):
     st = stats.frame()
     ver = st[st.kind == "verify"]
     assert ver.lazy.eq(True).any() and ver.lazy.eq(False).any(), \
@@ -176,6 +177,15 @@ def _assert_protocol_exercised(stats, what):
     assert (st.kind == "decode").any(), f"{what}: no plain decode step (form switch)"
     assert st.flushes.sum() > 0, f"{what}: no flush"
     assert len(stats.prefills) == N_PROMPTS
+    # every generated token is the prefill's first one or was emitted by a step
+    assert stats.summary()["tokens"] + N_PROMPTS == int((tokens >= 0).sum())
+    # the kernel sections were timed where they ran
+    assert (ver.conv_verify_ms > 0).all() and (ver.gdn_verify_ms > 0).all() \
+        and (ver.accept_ms > 0).all(), f"{what}: verify sections missing"
+    fl = st[st.flushes > 0]
+    assert (fl.gdn_flush_ms > 0).all() and (fl.conv_flush_ms > 0).all()
+    dec = st[st.kind == "decode"]
+    assert (dec.gdn_decode_ms > 0).all() and (dec.conv_update_ms > 0).all()
 
 
 @pytest.mark.parametrize("seed,K,layout", [(0, 2, "kv"), (1, 3, "vk"), (2, 4, "kv")])
@@ -184,7 +194,7 @@ def test_speculative_exact_equals_greedy(seed, K, layout):
     out, st = _spec(seed, K, layout, "exact")
     assert torch.equal(out, ref), f"tokens differ:\n{out}\n{ref}"
     _assert_gdn_io_bitwise(st.gdn_io, gst.gdn_io, f"seed {seed}, K={K}, {layout}")
-    _assert_protocol_exercised(st, f"seed {seed}, K={K}, {layout}")
+    _assert_protocol_exercised(st, out, f"seed {seed}, K={K}, {layout}")
     assert max(st.accept_lengths) <= K and min(st.accept_lengths) >= 1
 
 
@@ -247,6 +257,14 @@ def test_qwen3_5_greedy_matches_transformers_generate():
     cmp = compare_to_hf(toks, st.logits, hf_t, hf_l)
     assert cmp["unexplained"] == 0, cmp
     assert cmp["compared"] == sum(budgets) or cmp["divergences"], cmp
+    # an end-of-sequence token ends a sequence there; the rest is padding
+    eos = int(toks[0, 1])
+    cut = greedy_generate(model, prompts, max_new_tokens=budgets, state_layout="kv",
+                          eos_token_id=eos, pad_token_id=-7)
+    for row, full in zip(cut.tolist(), toks.tolist()):
+        full = [t for t in full if t >= 0]
+        n = full.index(eos) + 1 if eos in full else len(full)
+        assert row[:n] == full[:n] and all(t == -7 for t in row[n:]), (row, full)
 
 
 # ---- conventions, drafts, sizes, bad input ----------------------------------------------------
