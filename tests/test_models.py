@@ -291,6 +291,19 @@ def test_drafts():
     assert len(wrong) == 3 and all(w != r for w, r in zip(wrong, [11, 12, 13]))
 
 
+def test_perfect_draft_is_always_accepted():
+    """A draft that proposes exactly the target's greedy tokens is accepted in full: every
+    verify accepts K rows (the acceptance rule and the draft's alignment)."""
+    model = _model("qwen3_next", torch.float64, 0)
+    prompts, budgets = _workload(0)
+    ref, _ = _greedy(0, "kv")
+    assert budgets[0] == 12                      # prompt 0 has the long budget
+    out, st = speculative_generate(model, prompts[:1], max_new_tokens=10, draft="noisy",
+                                   draft_accept=1.0, reference=ref[:1], K=3, return_stats=True)
+    assert st.accept_lengths and all(a == 3 for a in st.accept_lengths), st.accept_lengths
+    assert torch.equal(out, ref[:1, :10])
+
+
 def test_state_bytes_per_sequence():
     model = _model("qwen3_next", torch.float32, 3)
     got = state_bytes_per_sequence(model, rows=4, cap=8)
@@ -300,6 +313,11 @@ def test_state_bytes_per_sequence():
     assert got["carry_stash"] == L * (8 * (HV * vd + HV + HV * kd) * 4 + 8 * dim * 4)
     assert got["snapshots"] == L * 3 * (HV * kd * vd * 4 + dim * 4 * 4)
     assert got["kv_per_token"] == 1 * 2 * 1 * 16 * 4
+    # from a config alone (no weights): the same, and Qwen3-Next-80B's 36 GDN layers in bf16
+    assert state_bytes_per_sequence(model.config, rows=4, dtype=torch.float32) == got
+    big = state_bytes_per_sequence(transformers.Qwen3NextConfig(), rows=4)
+    assert big["gdn_state"] == 36 * 32 * 128 * 128 * 4
+    assert big["carry_stash"] == 36 * (8 * (32 * 128 + 32 + 32 * 128) * 4 + 8 * 8192 * 2)
 
 
 @pytest.mark.parametrize("kwargs,name", [
