@@ -373,8 +373,8 @@ def forms_table(w: pd.DataFrame, K: int, p: float) -> pd.DataFrame:
     m = m[m["mode"] == "spec"]
     rows = []
     for _, r in m.iterrows():
-        ver = sum(r.get(f"{s}_ms", 0) or 0 for s in SECTIONS
-                  if not s.startswith(("conv_update", "gdn_decode")) and not pd.isna(r.get(f"{s}_ms")))
+        vals = [r.get(f"{s}_ms") for s in SECTIONS if s not in ("conv_update", "gdn_decode")]
+        ver = sum(v for v in vals if v is not None and not pd.isna(v))
         n = max(r.verify_steps, 1)
         rows.append(dict(B=int(r.B), layout=r.layout, kernel=r.kernel,
                          verify_kernels_ms=ver, step_ms=r.step_ms,

@@ -9,6 +9,7 @@ One module per architecture family, plus the pieces they share; import what you 
   transformers' own torch path (the oracle), small seeded configs.
 - ``pmll_lab.models.cache``: ``ServingCache``, the one place holding every GDN layer's conv
   window, recurrent state and carry stashes, the attention layers' KV, and the slots.
+- ``pmll_lab.models.timing``: ``StepTimer``, a step's kernel sections (CUDA events on a GPU).
 - ``pmll_lab.models.generate``: ``greedy_generate``, ``speculative_generate``, their statistics.
 - ``pmll_lab.models.drafts``: draft sources that need no second checkpoint.
 - ``pmll_lab.models.oracle``: transformers' own greedy generation and the margin-aware comparison

@@ -35,8 +35,6 @@ except where stated (``accept`` reads the verify's ``engaged`` flags to count wr
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections import defaultdict
 
 import torch
@@ -47,52 +45,11 @@ from pmll_lab import _checks
 from pmll_lab.carry import GDN_CARRY_CAP, GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS
 from pmll_lab.models.qwen3_next import GdnDims, finish, gating, patch_model, project, \
     torch_functions
+from pmll_lab.models.timing import StepTimer
 from pmll_lab.ops.gdn.recurrence import STATE_LAYOUTS
 
 FORMS = ("exact", "wy", "chain")
 """Verify forms: the carried state's exact and WY forms (SPEC §3b), the snapshot chain (§3a)."""
-
-
-class StepTimer:
-    """Time named sections of a step: ``with timer("gdn_verify"): ...``.
-
-    On a GPU each section records two CUDA events on the current stream (no sync); ``collect()``
-    synchronises once and returns the summed milliseconds per name. On the CPU (the Triton
-    interpreter) it sums wall-clock time. ``enabled=False`` makes every section free."""
-
-    def __init__(self, device: torch.device, enabled: bool = True):
-        self.cuda = torch.device(device).type == "cuda"
-        self.enabled = enabled
-        self._events: list = []
-        self._acc: dict[str, float] = defaultdict(float)
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        if not self.enabled:
-            yield
-            return
-        if self.cuda:
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._events.append((name, start, end))
-        else:
-            t0 = time.perf_counter()
-            yield
-            self._acc[name] += (time.perf_counter() - t0) * 1e3
-
-    def collect(self) -> dict[str, float]:
-        """Milliseconds per section since the last call (GPU: one sync), then reset."""
-        if self._events:
-            torch.cuda.synchronize()
-            for name, s, e in self._events:
-                self._acc[name] += s.elapsed_time(e)
-            self._events.clear()
-        out = dict(self._acc)
-        self._acc.clear()
-        return out
 
 
 class _GdnLayer:

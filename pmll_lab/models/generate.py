@@ -42,7 +42,8 @@ from torch import nn
 
 from pmll_lab import _checks
 from pmll_lab.carry import GDN_CARRY_CAP, GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS
-from pmll_lab.models.cache import FORMS, ServingCache, StepTimer
+from pmll_lab.models.cache import FORMS, ServingCache
+from pmll_lab.models.timing import StepTimer
 from pmll_lab.models.drafts import DraftContext, make_draft
 
 
