@@ -7,7 +7,8 @@ snapshot chain), with a draft whose quality is a parameter (``noisy``: the targe
 tokens, each wrong with probability ``1 - p``) or prompt lookup (``ngram``).
 
 - ``generation_point``: one generation (plain or speculative) of ``B`` prompts; rows per point:
-  tokens/s over the decode steps, mean acceptance length, per-step time and its split into
+  tokens/s over the decode steps, mean acceptance length, per-step time (mean; and the median)
+  and its split into
   kernel sections (per verify step, summed over the GDN layers), write-backs, flushes, restored
   snapshots, and how many tokens agree with greedy decoding. On a GPU each generation runs twice
   and the second is measured (the first compiles the kernels); sections are timed with CUDA
@@ -44,8 +45,10 @@ SECTIONS = ("conv_verify", "gdn_verify", "accept", "gdn_flush", "conv_flush", "c
 LABELS = {"plain": "plain decoding", "exact_lazy": "carry exact, lazy",
           "exact_eager": "carry exact, eager", "wy_lazy": "carry WY, lazy",
           "wy_eager": "carry WY, eager", "chain": "snapshot chain"}
-STYLE = {"plain": ("k", "-"), "exact_lazy": ("C0", "-"), "exact_eager": ("C0", "--"),
-         "wy_lazy": ("C1", "-"), "wy_eager": ("C1", "--"), "chain": ("C2", "-")}
+STYLE = {"plain": ("k", "-", "D"), "exact_lazy": ("C0", "-", "o"),
+         "exact_eager": ("C0", "--", "s"), "wy_lazy": ("C1", "-", "o"),
+         "wy_eager": ("C1", "--", "s"), "chain": ("C2", "-", "^")}
+"""Colour, line style and marker per kernel (form: colour; lazy/eager: line and marker)."""
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
@@ -136,7 +139,8 @@ def _rows(p: dict, stats, extra: dict) -> list[dict]:
     s = stats.summary()
     timer = "cuda_events" if DEVICE.type == "cuda" else "interpreter-wall"
     rows = dict(tokens_per_s=s["tokens_per_s"], decode_ms=s["decode_ms"], tokens=s["tokens"],
-                steps=s["steps"], step_ms=float(steps.step_ms.median()) if len(steps) else math.nan,
+                steps=s["steps"], step_ms=float(steps.step_ms.mean()) if len(steps) else math.nan,
+                step_ms_median=float(steps.step_ms.median()) if len(steps) else math.nan,
                 decode_steps=int((st.kind == "decode").sum()),
                 verify_steps=int((st.kind == "verify").sum()),
                 mean_accept=s["mean_accept"], write_backs=s["write_backs"],
@@ -151,7 +155,7 @@ def _rows(p: dict, stats, extra: dict) -> list[dict]:
             known += v
     if len(steps):
         rows["draft_ms"] = float(steps.draft_ms.mean())
-        rows["rest_of_model_ms"] = float(steps.step_ms.mean()) - known - rows["draft_ms"]
+        rows["rest_of_model_ms"] = rows["step_ms"] - known - rows["draft_ms"]
     k = kernel_name(p)
     return [dict(kernel=k, metric=m, value=float(v), timer=timer) for m, v in rows.items()]
 
@@ -275,13 +279,13 @@ def plot_acceptance(t: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(6, 4))
     for j, (p, g) in enumerate(t[t.draft == "noisy"].groupby("p")):
         ax.plot(g.K, g.mean_accept, "o-", color=f"C{j}", label=f"noisy, p = {p:g}")
-        ax.plot(g.K, g["expected (noisy)"], ":", color=f"C{j}")
+        ax.plot(g.K, g["expected (noisy)"], "x:", color=f"C{j}")
     ng = t[t.draft == "ngram"]
     if len(ng):
         ax.plot(ng.K, ng.mean_accept, "ks--", label="ngram (prompt lookup)")
     ax.set_xlabel("K (rows verified per step)")
     ax.set_ylabel("mean acceptance length (tokens per step)")
-    ax.set_title("Acceptance length (dotted: 1 + p + ... + p^(K-1))", fontsize=9)
+    ax.set_title("Acceptance length (x, dotted: 1 + p + ... + p^(K-1))", fontsize=9)
     ax.legend(fontsize=8)
     return fig
 
@@ -315,9 +319,10 @@ def plot_split(t: pd.DataFrame, label: str):
         g = t[t.B == B]
         names = [f"{LABELS.get(k, k)}\n({lay})" for k, lay in zip(g.kernel, g.layout)]
         bottom = [0.0] * len(g)
+        cmap = plt.get_cmap("tab20")
         for j, c in enumerate(secs):
             vals = g[c].fillna(0).tolist()
-            ax.bar(range(len(g)), vals, bottom=bottom, color=f"C{j % 10}",
+            ax.bar(range(len(g)), vals, bottom=bottom, color=cmap(j % 20),
                    label=c[:-3].replace("_", " "))
             bottom = [b + v for b, v in zip(bottom, vals)]
         ax.set_xticks(range(len(g)), names, rotation=60, fontsize=7, ha="right")
@@ -346,13 +351,13 @@ def throughput_table(w: pd.DataFrame, K: int, p: float) -> pd.DataFrame:
 def plot_throughput(t: pd.DataFrame, label: str):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for (k, lay), g in t.groupby(["kernel", "layout"]):
-        c, ls = STYLE.get(k, ("C7", "-"))
+        c, ls, mk = STYLE.get(k, ("C7", "-", "o"))
         lab = f"{LABELS.get(k, k)} ({lay})"
-        axes[0].plot(g.B, g.tokens_per_s, marker="o", color=c, ls=ls if lay == "kv" else ":",
-                     label=lab)
+        fill = "full" if lay == "kv" else "none"
+        axes[0].plot(g.B, g.tokens_per_s, marker=mk, fillstyle=fill, color=c, ls=ls, label=lab)
         if k != "plain":
-            axes[1].plot(g.B, g.speedup_vs_plain, marker="o", color=c,
-                         ls=ls if lay == "kv" else ":", label=lab)
+            axes[1].plot(g.B, g.speedup_vs_plain, marker=mk, fillstyle=fill, color=c, ls=ls,
+                         label=lab)
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("B (sequences decoded together)")
@@ -360,7 +365,9 @@ def plot_throughput(t: pd.DataFrame, label: str):
     axes[0].set_ylabel(f"tokens/s (all sequences)\n{label}", fontsize=8)
     axes[1].axhline(1.0, color="k", lw=0.8)
     axes[1].set_ylabel("speculative / plain tokens/s")
-    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    axes[0].set_title("filled: K-major state, open: V-major", fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[1].legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
     fig.tight_layout()
     return fig
 
