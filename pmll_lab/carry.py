@@ -22,7 +22,8 @@ The float64 reference of the protocol is ``pmll_lab.reference.carry``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -161,6 +162,11 @@ class SpecDecodeStep:
     All layers receive the same accepts, so their ``pend`` (and ``engaged``) agree; ``accept``
     uses layer 0's ``engaged`` for all carries (``validate=True`` checks the agreement).
 
+    ``timer``: ``None`` or a callable ``timer(name)`` returning a context manager; each launch
+    runs inside ``timer("conv_verify")``, ``timer("gdn_verify")``, ``timer("gdn_flush")``,
+    ``timer("conv_flush")`` or ``timer("accept")``, so a caller can time the kernels of a step
+    one by one (``pmll_lab.models.cache.StepTimer`` does, with CUDA events on a GPU).
+
     Arguments are checked on the host before any launch, ``ValueError`` naming the argument:
     ``slots`` (of ``begin``, ``flush``, ``reset``, ``verify``) are ints or a 1-D contiguous
     int32/int64 tensor of distinct slots in ``[0, S)``; ``accepted`` host ints (floats refused)
@@ -171,7 +177,8 @@ class SpecDecodeStep:
     def __init__(self, layers: Sequence[CarryLayer], *, form: str = "exact",
                  lazy_min_seqs: int | None = GDN_CARRY_LAZY_MIN_SEQS,
                  eager_max_pending: int | None = GDN_CARRY_EAGER_MAX_PENDING,
-                 scale: float | None = None, validate: bool = False):
+                 scale: float | None = None, validate: bool = False,
+                 timer: Callable[[str], contextlib.AbstractContextManager] | None = None):
         layers = list(layers)
         if not layers:
             raise ValueError("layers: need at least one CarryLayer")
@@ -196,6 +203,9 @@ class SpecDecodeStep:
         self.eager_max_pending = eager_max_pending
         self.scale = scale
         self.validate = validate
+        if timer is not None and not callable(timer):
+            raise ValueError(f"timer: expected None or a callable, got {type(timer).__name__}")
+        self.timer = timer
         self.cap = layers[0].carry.cap
         self.device = layers[0].state.device
         self._bound = torch.zeros(layers[0].state.shape[0], dtype=torch.int64)  # host, per slot
@@ -205,6 +215,10 @@ class SpecDecodeStep:
         self._rows: int | None = None
         self.stats = dict(steps=0, lazy_steps=0, eager_steps=0, flushes=0, flushed_slots=0,
                           host_syncs=0)
+
+    def _section(self, name: str):
+        """``self.timer(name)``, or a no-op context without a timer."""
+        return contextlib.nullcontext() if self.timer is None else self.timer(name)
 
     # -- slots --------------------------------------------------------------------------------
     def _slots(self, slots):
@@ -250,15 +264,17 @@ class SpecDecodeStep:
         host, dev_tab = self._slots(slots)
         if host.numel() == 0:
             return
-        gdn_carry_flush([lay.state for lay in self.layers], [lay.carry for lay in self.layers],
-                        dev_tab, validate=self.validate,
-                        state_layout=self.layers[0].state_layout)
+        with self._section("gdn_flush"):
+            gdn_carry_flush([lay.state for lay in self.layers],
+                            [lay.carry for lay in self.layers], dev_tab, validate=self.validate,
+                            state_layout=self.layers[0].state_layout)
         if self.layers[0].has_conv:
             from pmll_lab.conv import conv_carry_flush
 
-            conv_carry_flush([lay.conv_state for lay in self.layers],
-                             [lay.conv_carry for lay in self.layers], dev_tab,
-                             validate=self.validate)
+            with self._section("conv_flush"):
+                conv_carry_flush([lay.conv_state for lay in self.layers],
+                                 [lay.conv_carry for lay in self.layers], dev_tab,
+                                 validate=self.validate)
         self._clear_pend(host, dev_tab)
         self.stats["flushes"] += 1
         self.stats["flushed_slots"] += int(host.numel())
@@ -313,10 +329,11 @@ class SpecDecodeStep:
             HK, kd, vd = lay.num_k_heads, lay.carry.k_dim, lay.carry.v_dim
             HV = lay.carry.num_v_heads
             qk = 2 * HK * kd
-            y, eng_c = conv_carry_verify(
-                lay.conv_state, lay.conv_carry, x, lay.conv_weight, lay.conv_bias,
-                slot_tab=dev_tab, lazy=lazy, qk_channels=qk if lay.qk_l2norm_in_conv else 0,
-                head_dim=kd, validate=self.validate)
+            with self._section("conv_verify"):
+                y, eng_c = conv_carry_verify(
+                    lay.conv_state, lay.conv_carry, x, lay.conv_weight, lay.conv_bias,
+                    slot_tab=dev_tab, lazy=lazy, qk_channels=qk if lay.qk_l2norm_in_conv else 0,
+                    head_dim=kd, validate=self.validate)
             q = y[..., :HK * kd].unflatten(-1, (HK, kd))
             k = y[..., HK * kd:qk].unflatten(-1, (HK, kd))
             v = y[..., qk:].unflatten(-1, (HV, vd))
@@ -325,11 +342,12 @@ class SpecDecodeStep:
             raise ValueError("q: a layer without conv takes q, k, v")
         if q.shape[1] != self._rows:
             raise ValueError(f"q: {q.shape[1]} rows, but begin() was told {self._rows}")
-        o, eng = gdn_carry_verify(lay.state, lay.carry, q, k, v, g, beta, slot_tab=dev_tab,
-                                  form=self.form, lazy=lazy, scale=self.scale,
-                                  use_qk_l2norm=use_l2, validate=self.validate,
-                                  eager_max_pending=self.eager_max_pending,
-                                  state_layout=lay.state_layout)
+        with self._section("gdn_verify"):
+            o, eng = gdn_carry_verify(lay.state, lay.carry, q, k, v, g, beta, slot_tab=dev_tab,
+                                      form=self.form, lazy=lazy, scale=self.scale,
+                                      use_qk_l2norm=use_l2, validate=self.validate,
+                                      eager_max_pending=self.eager_max_pending,
+                                      state_layout=lay.state_layout)
         if self.validate and lay.has_conv and not torch.equal(eng, eng_c):
             raise ValueError(f"layers[{i}]: conv and GDN engaged flags differ (pend out of step)")
         self._engaged[i] = eng
@@ -385,7 +403,9 @@ class SpecDecodeStep:
                                  f"{tuple(acc_host.shape)}")
             accepted = acc_host.to(torch.int32).to(self.device)
         carries = [c for lay in self.layers for c in lay.carries()]
-        carry_accept(carries, dev_tab, eng, accepted, rows=self._rows, validate=self.validate)
+        with self._section("accept"):
+            carry_accept(carries, dev_tab, eng, accepted, rows=self._rows,
+                         validate=self.validate)
         a = acc_host if on_host else torch.full_like(host, self._rows)
         if lazy:
             self._bound[host] = torch.clamp(self._bound[host] + a, max=self.cap)

@@ -261,13 +261,13 @@ def speed_point(point: dict) -> list[dict]:
 
 def gpt2_status() -> str | None:
     """None when ``transformers`` (GPT-2) imports here, else a line saying why the GPT-2 sweep
-    is skipped (the offline H200 image lacks it unless ``scripts/wheels-gpt2.txt``'s wheels
+    is skipped (the offline H200 image lacks it unless ``scripts/wheels-models.txt``'s wheels
     travel with the tree)."""
     try:
         from transformers import AttentionInterface, GPT2LMHeadModel  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means: no GPT-2 here
         return (f"transformers not importable ({type(exc).__name__}: {exc}): GPT-2 part skipped; "
-                "fetch its wheels with ../shared/device/fetch-wheels.sh $(cat scripts/wheels-gpt2.txt)")
+                "fetch its wheels with ../shared/device/fetch-wheels.sh $(cat scripts/wheels-models.txt)")
     return None
 
 

@@ -1,0 +1,491 @@
+"""``ServingCache``: every recurrent and attention state of a hybrid GDN model, held in slots.
+
+One object holds, for ``S`` slots (sequences decoded together), what a serving engine keeps per
+sequence: per GDN layer the conv window ``[S, conv_dim, d_conv]`` (the conv's input columns,
+oldest first, as transformers' cache holds them), the recurrent state (fp32, ``[S, HV, kd, vd]``
+with ``state_layout="kv"`` or ``[S, HV, vd, kd]`` with ``"vk"``), the carried-state stashes
+(``GdnCarry``, ``ConvCarry``) or the snapshot buffers of the chain; per attention layer the keys
+and values ``[S, H_kv, max_len, head_dim]``. It is passed to the transformers model as its
+``cache``: the attention layers store keys/values through ``update`` (their code unchanged), the
+GDN layers (redirected by ``pmll_lab.models.qwen3_next.patch_model``) call ``gdn_forward``.
+
+A step is one of:
+
+- ``prefill(slot, ids)``: one new sequence, its prompt through the model; GDN layers run
+  transformers' own torch path (chunked delta rule, torch conv) and leave their final state and
+  conv window in the slot.
+- ``decode(slots, tokens)``: one token per sequence: ``conv_update`` + ``gdn_decode`` (SPEC §2).
+  A slot that holds carried (pending) rows is flushed first: a sequence switching form.
+- ``verify(slots, rows)`` then ``accept(accepted)``: ``K`` rows per sequence; the form is
+  ``"exact"`` / ``"wy"`` (carried state, ``pmll_lab.carry.SpecDecodeStep``: lazy from
+  ``lazy_min_seqs`` sequences, eager below, a slot over ``eager_max_pending`` flushed before an
+  eager verify) or ``"chain"`` (``conv_chain`` + ``gdn_chain`` with snapshots, the snapshot of
+  row ``a-1`` copied back for a sequence that accepts ``a < K`` rows).
+- ``release(slot)``: the sequence ended; its carries are reset and the slot is free for the next
+  prompt (its states are overwritten by that prompt's prefill).
+
+Attention: keys of slot ``s`` sit at positions ``0 .. length[s]-1``; a step's queries see
+positions up to their own through an additive mask over all ``max_len`` positions, so rejected
+draft rows need no rollback (they are masked, then overwritten), and every step reduces over the
+same key length.
+
+Positions and lengths are host-side ints (the loop knows them); no step syncs with the device
+except where stated (``accept`` reads the verify's ``engaged`` flags to count write-backs).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pmll_lab import _checks
+from pmll_lab.carry import GDN_CARRY_CAP, GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS
+from pmll_lab.models.qwen3_next import GdnDims, finish, gating, patch_model, project, \
+    torch_functions
+from pmll_lab.models.timing import StepTimer
+from pmll_lab.ops.gdn.recurrence import STATE_LAYOUTS
+
+FORMS = ("exact", "wy", "chain")
+"""Verify forms: the carried state's exact and WY forms (SPEC §3b), the snapshot chain (§3a)."""
+
+
+class _GdnLayer:
+    """One GDN layer's buffers in the cache."""
+
+    def __init__(self, module, dims: GdnDims, slots, layout, conv_dtype, device):
+        self.module, self.dims = module, dims
+        HV, kd, vd = dims.num_v_heads, dims.k_dim, dims.v_dim
+        shape = (slots, HV, kd, vd) if layout == "kv" else (slots, HV, vd, kd)
+        self.state = torch.zeros(shape, dtype=torch.float32, device=device)
+        self.conv_state = torch.zeros(slots, dims.conv_dim, dims.d_conv, dtype=conv_dtype,
+                                      device=device)
+        w = module.conv1d.weight.detach()
+        self.conv_weight = w.reshape(w.shape[0], w.shape[-1]).to(conv_dtype).contiguous()
+        bias = module.conv1d.bias
+        self.conv_bias = None if bias is None else bias.detach().to(conv_dtype).contiguous()
+        self.torch_fns = torch_functions(module)
+        self.carry = self.conv_carry = None
+        self.inter = self.conv_inter = None
+
+    def qkv(self, y):
+        """Views ``q [.., HK, kd]``, ``k``, ``v [.., HV, vd]`` of the conv output's channels."""
+        d = self.dims
+        nk = d.num_k_heads * d.k_dim
+        q = y[..., :nk].unflatten(-1, (d.num_k_heads, d.k_dim))
+        k = y[..., nk:2 * nk].unflatten(-1, (d.num_k_heads, d.k_dim))
+        v = y[..., 2 * nk:].unflatten(-1, (d.num_v_heads, d.v_dim))
+        return q, k, v
+
+
+class ServingCache:
+    """Conv windows, GDN states, carry stashes / snapshots and attention KV of ``slots``
+    sequences of one model (module docstring: the steps).
+
+    Args:
+        model: a transformers causal LM with Qwen3-Next / Qwen3.5 GDN layers (patched here with
+            ``patch_model``); its parameters' dtype and device are used (bf16 models get a bf16
+            conv window and stash, others fp32; GDN states are fp32 always).
+        slots: sequences held at once (``S``). max_len: positions per slot (prompt + generated +
+            draft rows); a step past it raises ``ValueError``.
+        state_layout: ``"kv"`` or ``"vk"`` for every GDN state, snapshot and kernel.
+        form: verify form, ``"exact"``, ``"wy"`` or ``"chain"``. rows: the largest ``K`` verify
+            will be given (sizes the chain's snapshot buffers).
+        lazy_min_seqs: carried forms run lazy from this many sequences in a step (``None``:
+            always eager); eager_max_pending: as in ``SpecDecodeStep``. cap: stash rows (CAP).
+        timer: a ``StepTimer`` (default: a disabled one).
+        record: keep every GDN layer's kernel input and output of every accepted row in
+            ``self.gdn_io``: ``{(tag, layer, position): (x [conv_dim], o [HV, vd])}`` (CPU
+            copies; ``tag`` as given to ``prefill``). For exactness checks; costs a copy per row.
+
+    Raises ``ValueError``/``TypeError`` naming the argument.
+    """
+
+    def __init__(self, model: nn.Module, *, slots: int, max_len: int, state_layout: str = "kv",
+                 form: str = "exact", rows: int = 1,
+                 lazy_min_seqs: int | None = GDN_CARRY_LAZY_MIN_SEQS,
+                 eager_max_pending: int | None = GDN_CARRY_EAGER_MAX_PENDING,
+                 cap: int = GDN_CARRY_CAP, timer: StepTimer | None = None,
+                 record: bool = False):
+        _checks.positive_int("slots", slots)
+        _checks.positive_int("max_len", max_len)
+        _checks.choice("state_layout", state_layout, STATE_LAYOUTS)
+        _checks.choice("form", form, FORMS)
+        _checks.positive_int("rows", rows, maximum=cap)
+        self.model = model
+        modules = patch_model(model)
+        param = next(model.parameters())
+        self.dtype, self.device = param.dtype, param.device
+        self.conv_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
+        self.slots, self.max_len, self.layout, self.form, self.cap = slots, max_len, \
+            state_layout, form, cap
+        self.lazy_min_seqs, self.eager_max_pending = lazy_min_seqs, eager_max_pending
+        self.gdn = [_GdnLayer(m, GdnDims.of(m), slots, state_layout, self.conv_dtype, self.device)
+                    for m in modules]
+        self._index = {id(m): i for i, m in enumerate(modules)}
+        cfg = model.config.get_text_config()
+        gdn_idx = {lay.dims.layer_idx for lay in self.gdn}
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.kv = {i: tuple(torch.zeros(slots, cfg.num_key_value_heads, max_len, head_dim,
+                                        dtype=self.dtype, device=self.device) for _ in range(2))
+                   for i in range(cfg.num_hidden_layers) if i not in gdn_idx}
+        self.lengths = [0] * slots
+        self.timer = timer or StepTimer(self.device, enabled=False)
+        self._spec = None
+        self._dirty: set[int] = set()        # slots that may hold carried (pending) rows
+        self._mode = None
+        self._rows = 0
+        self._counts = defaultdict(int)      # write_backs, restored
+        self.gdn_io: dict | None = {} if record else None
+        self._tags: dict[int, object] = {}
+        self._io_step: list = []
+        if form == "chain" and rows > 1:
+            for lay in self.gdn:
+                lay.inter = torch.zeros(slots, rows - 1, *lay.state.shape[1:],
+                                        dtype=torch.float32, device=self.device)
+                lay.conv_inter = torch.zeros(slots, rows - 1, *lay.conv_state.shape[1:],
+                                             dtype=self.conv_dtype, device=self.device)
+        elif form != "chain":
+            self._make_carries()
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def _make_carries(self):
+        from pmll_lab.carry import CarryLayer, GdnCarry, SpecDecodeStep
+        from pmll_lab.conv import ConvCarry
+
+        layers = []
+        for lay in self.gdn:
+            d = lay.dims
+            lay.carry = GdnCarry.empty(self.slots, d.num_v_heads, d.k_dim, d.v_dim, cap=self.cap,
+                                       device=self.device)
+            lay.conv_carry = ConvCarry.empty(self.slots, d.conv_dim, cap=self.cap,
+                                             dtype=self.conv_dtype, device=self.device)
+            layers.append(CarryLayer(lay.state, lay.carry, lay.conv_state, lay.conv_carry,
+                                     lay.conv_weight, lay.conv_bias, num_k_heads=d.num_k_heads,
+                                     qk_l2norm_in_conv=False, use_qk_l2norm=True,
+                                     state_layout=self.layout))
+        self._spec = SpecDecodeStep(layers, form=self.form, lazy_min_seqs=self.lazy_min_seqs,
+                                    eager_max_pending=self.eager_max_pending, timer=self.timer)
+
+    # -- what transformers calls ----------------------------------------------------------------
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        """Attention layers: store the step's keys/values ``[B, H_kv, T, D]`` at the step's
+        positions of its slots; return every slot's full ``[B, H_kv, max_len, D]``."""
+        kc, vc = self.kv[layer_idx]
+        sl = self._slot_long[:, None]
+        kc[sl, :, self._pos] = key_states.transpose(1, 2).to(kc.dtype)
+        vc[sl, :, self._pos] = value_states.transpose(1, 2).to(vc.dtype)
+        return kc[self._slot_long], vc[self._slot_long]
+
+    def gdn_forward(self, module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+        """A GDN layer's forward on this cache (called by the patched layer): its own
+        projections, gating, norm and output projection around our conv and delta-rule kernels
+        (transformers' torch path in a prefill step)."""
+        i = self._index[id(module)]
+        lay = self.gdn[i]
+        mixed, z, b, a = project(module, hidden_states)
+        g, beta = gating(module, a, b)
+        if self._mode == "prefill":
+            core = self._prefill_layer(lay, module, mixed, g, beta)
+        else:
+            x = mixed.to(self.conv_dtype)
+            if self._mode == "decode":
+                core = self._decode_layer(lay, x[:, 0], g[:, 0], beta[:, 0])[:, None]
+            elif self.form == "chain":
+                core = self._chain_layer(lay, x, g, beta)
+            else:
+                core = self._spec.verify_layer(i, x=x, g=g, beta=beta)
+            if self.gdn_io is not None:
+                self._io_step.append((i, x.detach().cpu().clone(), core.detach().cpu().clone()))
+        return finish(module, core, z, hidden_states.dtype)
+
+    def _commit_io(self, accepted: list[int]) -> None:
+        """Keep the recorded rows ``t < accepted[b]`` of the step (``record=True``)."""
+        if self.gdn_io is None:
+            return
+        pos = self._pos.cpu()
+        for i, x, o in self._io_step:
+            for b, s in enumerate(self._slots_host):
+                for t in range(accepted[b]):
+                    self.gdn_io[(self._tags.get(s), i, int(pos[b, t]))] = (x[b, t], o[b, t])
+        self._io_step = []
+
+    # -- per-layer kernels ----------------------------------------------------------------------
+    def _prefill_layer(self, lay, module, mixed, g, beta):
+        """transformers' own prefill (no previous state): conv window from the raw inputs,
+        ``causal_conv1d_fn``, ``torch_chunk_gated_delta_rule``; final state into the slot."""
+        fns = lay.torch_fns
+        x = mixed.transpose(1, 2)                                   # [1, dim, T]
+        T, dc = x.shape[-1], lay.dims.d_conv
+        full = F.pad(x, (dc - T, 0)) if T < dc else x
+        lay.conv_state[self._slot0] = full[0, :, -dc:].to(self.conv_dtype)
+        w = module.conv1d.weight
+        y = fns["causal_conv1d_fn"](full, w.reshape(w.shape[0], w.shape[-1]), module.conv1d.bias,
+                                    activation=module.activation)[:, :, -T:]
+        q, k, v = lay.qkv(y.transpose(1, 2))
+        core, final = fns["torch_chunk_gated_delta_rule"](
+            q, k, v, g=g, beta=beta, initial_state=None, output_final_state=True,
+            use_qk_l2norm_in_kernel=True)
+        final = final[0].to(torch.float32)
+        lay.state[self._slot0] = final if self.layout == "kv" else final.transpose(-1, -2)
+        return core
+
+    def _decode_layer(self, lay, x, g, beta):
+        from pmll_lab.conv import conv_update
+        from pmll_lab.gdn import gdn_decode
+
+        with self.timer("conv_update"):
+            y = conv_update(lay.conv_state, x, lay.conv_weight, lay.conv_bias,
+                            state_indices=self._slot_tab)
+        q, k, v = lay.qkv(y)
+        with self.timer("gdn_decode"):
+            return gdn_decode(lay.state, q, k, v, g, beta, state_indices=self._slot_tab,
+                              use_qk_l2norm=True, state_layout=self.layout)
+
+    def _chain_layer(self, lay, x, g, beta):
+        from pmll_lab.conv import conv_chain
+        from pmll_lab.gdn import gdn_chain
+
+        B, K = x.shape[:2]
+        with self.timer("conv_chain"):
+            y = conv_chain(lay.conv_state, x, lay.conv_weight, lay.conv_bias,
+                           state_indices=self._slot_tab,
+                           intermediate=lay.conv_inter[:B, :K - 1] if K > 1 else None)
+        q, k, v = lay.qkv(y)
+        with self.timer("gdn_chain"):
+            return gdn_chain(lay.state, q, k, v, g, beta, state_indices=self._slot_tab,
+                             intermediate=lay.inter[:B, :K - 1] if K > 1 else None,
+                             use_qk_l2norm=True, state_layout=self.layout)
+
+    # -- steps ----------------------------------------------------------------------------------
+    def _bind(self, slots, T):
+        """Host slots and positions of a step of ``T`` rows; device slot tables and positions."""
+        if len(set(slots)) != len(slots) or not all(0 <= s < self.slots for s in slots):
+            raise ValueError(f"slots: expected distinct slots in [0, {self.slots}), got {slots}")
+        end = max(self.lengths[s] for s in slots) + T
+        if end > self.max_len:
+            raise ValueError(f"max_len: a step needs {end} positions, the cache holds "
+                             f"{self.max_len}")
+        self._slots_host = list(slots)
+        st = torch.tensor(slots, dtype=torch.int32)
+        self._slot_tab = st.to(self.device)
+        self._slot_long = self._slot_tab.long()
+        pos = torch.tensor([self.lengths[s] for s in slots])[:, None] + torch.arange(T)
+        self._pos = pos.to(self.device)
+        return self._pos
+
+    def _forward(self, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        pos = self._pos
+        j = torch.arange(self.max_len, device=self.device)
+        allowed = j[None, None, None, :] <= pos[:, None, :, None]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        out = self.model(input_ids=ids, attention_mask={"full_attention": mask,
+                                                        "linear_attention": None},
+                         position_ids=pos, cache=self, use_cache=True, logits_to_keep=keep)
+        return out.logits
+
+    @torch.no_grad()
+    def prefill(self, slot: int, ids: torch.Tensor, tag=None) -> torch.Tensor:
+        """Start sequence ``ids [T]`` (LongTensor, ``T >= 1``) in ``slot``: the prompt through
+        the model; returns the last position's logits ``[V]``. ``tag`` names the sequence in
+        ``gdn_io``."""
+        if ids.dim() != 1 or ids.numel() < 1:
+            raise ValueError(f"ids: expected a non-empty 1-D LongTensor, got shape "
+                             f"{tuple(ids.shape)}")
+        self._reset_slot(slot)
+        self._tags[slot] = tag
+        self._bind([slot], ids.numel())
+        self._slot0 = slot
+        self._mode = "prefill"
+        try:
+            logits = self._forward(ids[None].to(self.device), keep=1)
+        finally:
+            self._mode = None
+        self.lengths[slot] = ids.numel()
+        return logits[0, -1]
+
+    @torch.no_grad()
+    def decode(self, slots: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """One token per sequence: ``tokens [B]`` at the next position of each slot; returns
+        logits ``[B, V]``. Slots holding carried rows are flushed first (all layers, one launch
+        per kernel)."""
+        self.flush([s for s in slots if s in self._dirty])
+        self._bind(slots, 1)
+        self._mode = "decode"
+        try:
+            logits = self._forward(tokens.reshape(-1, 1).to(self.device))
+        finally:
+            self._mode = None
+        self._commit_io([1] * len(slots))
+        for s in slots:
+            self.lengths[s] += 1
+        return logits[:, 0]
+
+    @torch.no_grad()
+    def verify(self, slots: list[int], rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """Verify ``rows [B, K]`` (the last accepted token, then ``K-1`` drafts) of each
+        sequence; returns ``(logits [B, K, V], info)``, ``info`` with ``lazy`` (carried forms)
+        and ``flushed`` (slots flushed before an eager verify). Call ``accept`` next."""
+        B, K = rows.shape
+        if self.form == "chain" and K > 1 and (self.gdn[0].inter is None
+                                               or K - 1 > self.gdn[0].inter.shape[1]):
+            raise ValueError(f"rows: K = {K} exceeds the rows this cache was built for")
+        info = {"lazy": None, "flushed": 0}
+        if self.form == "chain":
+            self.flush([s for s in slots if s in self._dirty])
+        self._bind(slots, K)
+        if self.form != "chain":
+            info.update(self._spec.begin(slots, K))
+            self._dirty.update(slots)
+        self._mode, self._rows = "verify", K
+        try:
+            logits = self._forward(rows.to(self.device))
+        finally:
+            self._mode = None
+        return logits, info
+
+    @torch.no_grad()
+    def accept(self, accepted: list[int]) -> dict:
+        """Accept ``a`` rows (``1 <= a <= K``) per sequence of the last verify: the carry's
+        pending counts (one launch), or the chain's snapshot of row ``a-1`` copied back where
+        ``a < K``; positions advance by ``a``. Returns ``{"write_backs"}`` (carried forms: the
+        sequences whose verify wrote the state back, read from ``engaged``: one sync) or
+        ``{"restored"}`` (chain)."""
+        slots, K = self._slots_host, self._rows
+        acc = _checks.int_list("accepted", accepted)
+        if len(acc) != len(slots) or not all(1 <= a <= K for a in acc):
+            raise ValueError(f"accepted: expected {len(slots)} ints in [1, {K}], got {acc}")
+        if self.form == "chain":
+            sel = [b for b, a in enumerate(acc) if a < K]
+            if sel:
+                bs = torch.tensor(sel, device=self.device)
+                rows = torch.tensor([acc[b] - 1 for b in sel], device=self.device)
+                dst = self._slot_long[bs]
+                with self.timer("snapshot_restore"):
+                    for lay in self.gdn:
+                        lay.state[dst] = lay.inter[bs, rows]
+                        lay.conv_state[dst] = lay.conv_inter[bs, rows]
+            out = {"restored": len(sel)}
+        else:
+            wb = int((self._spec.engaged[0] == 2).sum())
+            self._spec.accept(acc)
+            out = {"write_backs": wb}
+        self._commit_io(acc)
+        for s, a in zip(slots, acc):
+            self.lengths[s] += a
+        for k, v in out.items():
+            self._counts[k] += v
+        return out
+
+    def flush(self, slots: list[int]) -> None:
+        """Fold the carried rows of ``slots`` into their states (every GDN layer and conv, one
+        launch each); a no-op for an empty list."""
+        if not slots or self._spec is None:
+            return
+        self._spec.flush(slots)
+        self._dirty.difference_update(slots)
+
+    def _reset_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot: expected an int in [0, {self.slots}), got {slot}")
+        self.lengths[slot] = 0
+        if self._spec is not None:
+            self._spec.reset([slot])
+        self._dirty.discard(slot)
+
+    def release(self, slot: int) -> None:
+        """The sequence in ``slot`` ended: forget its carried rows and length; the slot is free
+        for the next prefill."""
+        self._reset_slot(slot)
+
+    # -- inspection -----------------------------------------------------------------------------
+    @property
+    def counts(self) -> dict:
+        """Totals so far: ``write_backs`` (carried verifies that wrote the state back),
+        ``restored`` (chain: snapshots copied back), ``flushes`` / ``flushed_slots`` (flush
+        launches and the slots they folded: form switches and eager verifies after lazy ones),
+        ``host_syncs`` (``SpecDecodeStep``'s pending-count reads)."""
+        out = dict(write_backs=self._counts["write_backs"], restored=self._counts["restored"],
+                   flushes=0, flushed_slots=0, host_syncs=0)
+        if self._spec is not None:
+            for k in ("flushes", "flushed_slots", "host_syncs"):
+                out[k] = self._spec.stats[k]
+        return out
+
+    @torch.no_grad()
+    def load_state(self, layer: int, slots: list[int], conv_window: torch.Tensor,
+                   state: torch.Tensor) -> None:
+        """Set GDN layer ``layer``'s conv windows ``[B, conv_dim, d_conv]`` and K-major states
+        ``[B, HV, kd, vd]`` of ``slots`` (e.g. from transformers' cache, to test a layer from
+        the same starting point); carried rows of those slots are forgotten."""
+        lay = self.gdn[layer]
+        idx = torch.tensor(slots, device=self.device)
+        lay.conv_state[idx] = conv_window.to(lay.conv_state.dtype)
+        st = state.to(torch.float32)
+        lay.state[idx] = st if self.layout == "kv" else st.transpose(-1, -2)
+        for s in slots:
+            self._reset_slot(s)
+
+    @torch.no_grad()
+    def layer_decode(self, module: nn.Module, hidden_states: torch.Tensor,
+                     slots: list[int]) -> torch.Tensor:
+        """One GDN layer alone, one decode token: ``hidden_states [B, 1, hidden]`` of the
+        sequences in ``slots`` through ``module``'s projections, our ``conv_update`` +
+        ``gdn_decode`` and its output path; returns ``[B, 1, hidden]`` (positions are not
+        advanced: the attention layers are not involved)."""
+        self._bind(slots, 1)
+        self._mode = "decode"
+        try:
+            return self.gdn_forward(module, hidden_states)
+        finally:
+            self._mode = None
+            self._io_step = []
+
+    def states(self, slot: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(conv_window [conv_dim, d_conv], state [HV, kd, vd])`` of ``slot`` in GDN layer
+        ``layer`` (K-major whatever the layout; pending carried rows are not folded: flush
+        first)."""
+        lay = self.gdn[layer]
+        st = lay.state[slot]
+        return lay.conv_state[slot], st if self.layout == "kv" else st.transpose(-1, -2)
+
+
+def state_bytes_per_sequence(model_or_config, *, rows: int, cap: int = GDN_CARRY_CAP,
+                             dtype: torch.dtype | None = None) -> dict:
+    """Bytes one sequence holds in a ``ServingCache``, summed over the GDN layers:
+    ``gdn_state`` (fp32), ``conv_window`` (``conv_dim * d_conv`` in the conv dtype: bf16 for a
+    bf16 model, else fp32), the carried forms' ``carry_stash`` (GDN ``CAP*(HV*vd + HV + HV*kd)``
+    fp32 + conv ``CAP*conv_dim``), the chain's ``snapshots`` for ``rows`` (K): ``(K-1)`` states
+    and windows; and ``kv_per_token`` over the attention layers (model dtype).
+
+    ``model_or_config``: a model (its config and parameter dtype) or a transformers Qwen3-Next /
+    Qwen3.5 config (then ``dtype``, default bf16, is the model dtype): no weights needed, so real
+    model sizes can be tabulated. ``ValueError`` if it has no GDN layers."""
+    from pmll_lab.carry import snapshot_bytes_per_slot, stash_bytes_per_slot
+
+    if isinstance(model_or_config, nn.Module):
+        cfg = model_or_config.config.get_text_config()
+        dtype = dtype or next(model_or_config.parameters()).dtype
+    else:
+        cfg = model_or_config.get_text_config()
+        dtype = dtype or torch.bfloat16
+    n_gdn = sum(t == "linear_attention" for t in cfg.layer_types)
+    if not n_gdn:
+        raise ValueError("model_or_config: no linear_attention (Gated DeltaNet) layers")
+    HK, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    kd, vd, dc = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
+    dim = 2 * HK * kd + HV * vd
+    ce = 2 if dtype == torch.bfloat16 else 4
+    hb = 4 * HV * kd * vd
+    win = dim * dc * ce
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    n_attn = cfg.num_hidden_layers - n_gdn
+    return dict(
+        gdn_state=n_gdn * hb, conv_window=n_gdn * win,
+        carry_stash=n_gdn * (stash_bytes_per_slot(HV, kd, vd, cap) + cap * dim * ce),
+        snapshots=n_gdn * (snapshot_bytes_per_slot(HV, kd, vd, rows) + (rows - 1) * win),
+        kv_per_token=n_attn * 2 * cfg.num_key_value_heads * head_dim
+        * torch.empty((), dtype=dtype).element_size())
