@@ -395,14 +395,17 @@ def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn, p
 WARM_MODULES = ("pmll_lab.gdn", "pmll_lab.carry", "pmll_lab.conv", "pmll_lab.pmll",
                 "pmll_lab.experiments.gdn", "pmll_lab.experiments.carry",
                 "pmll_lab.experiments.conv", "pmll_lab.experiments.pmll",
-                "pmll_lab.experiments.roofline")
-"""What a worker imports before its first point (``warm_up``): the launchers and the notebooks'
-experiment modules with their peers' imports."""
+                "pmll_lab.experiments.roofline", "fla.ops.gated_delta_rule",
+                "flashinfer.gdn_decode")
+"""What a worker imports before its first point (``warm_up``): the launchers, the notebooks'
+experiment modules and the peers' kernels (FLA's import alone takes seconds, which a notebook
+pays in its set-up cell and each worker in its first point otherwise)."""
 
 
 def _warm(modules: Sequence[str]) -> list[str]:
-    """Import ``modules`` (those that fail are skipped) and, with CUDA, make the device's
-    context with a small op. Returns the modules imported."""
+    """Import ``modules`` (those that fail to import are skipped) and, with CUDA, make the
+    device's context and measure its copy bandwidth (``bench.copy_bandwidth``, cached per
+    process, which the speed rows use). Returns the modules imported."""
     import importlib
 
     done = []
@@ -410,12 +413,14 @@ def _warm(modules: Sequence[str]) -> list[str]:
         try:
             importlib.import_module(m)
             done.append(m)
-        except ImportError:
+        except Exception:  # noqa: BLE001 - not installed, or does not import on this machine
             pass
     import torch
 
     if torch.cuda.is_available():
-        torch.ones(1, device="cuda").add_(1)
+        from pmll_lab.bench import copy_bandwidth
+
+        copy_bandwidth()
         torch.cuda.synchronize()
     return done
 
