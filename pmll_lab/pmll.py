@@ -65,6 +65,11 @@ class RingMemory:
 
     def __post_init__(self):
         check_memory(self)
+        # counts are set once here and then only grown by the kernels; a negative count would
+        # put the next write before the ring (one host sync, at construction only)
+        if self.count.numel() and int(self.count.min()) < 0:
+            raise ValueError(f"mem.count: must be >= 0 (rows ever written), got "
+                             f"{self.count.tolist()}")
 
     @classmethod
     def empty(cls, batch: int, heads: int, capacity: int, head_dim: int, *,
@@ -180,7 +185,9 @@ def memory_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
       that reads the live ring rows in place, in chronological order, then the segment's keys
       causally; fp32 softmax and accumulation, probabilities rounded to the dtype for ``p @ v``
       (as FlashAttention does). No gather, no mask, no scores in memory, no host sync. The
-      tensors must be on the kernels' device.
+      tensors must be on the kernels' device. Forward only: inputs that require grad (with
+      grad mode on) raise ``ValueError``. Rows are addressed with int32 offsets within one
+      ``(b, h)``: ``T * stride`` and ``M * D`` must stay below 2**31 elements.
     - ``"reference"``: the memory gathered by the ``pmll_read`` kernel into ``[B, H, M + T, D]``
       (context rows copied behind it), then PyTorch computes the masked attention in fp32,
       materialising the ``[B, H, T, M + T]`` scores; a memory whose every sequence is empty
@@ -193,6 +200,10 @@ def memory_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
     impl = _impl(impl)
     batch, heads, tokens, head_dim = check_attention(q, k_ctx, v_ctx, mem)
     if impl == "fused":
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_ctx, v_ctx)):
+            raise ValueError("impl: the fused kernel is forward-only (no backward pass); with "
+                             "inputs that require grad use impl='reference', or run under "
+                             "torch.no_grad() / torch.inference_mode()")
         return ring_attention(q, k_ctx, v_ctx, mem)
     scale = head_dim ** -0.5
     qf = q.float()

@@ -179,6 +179,10 @@ def _point_rows(point_fn: Callable[[dict], list[dict]], point: Mapping, pid: str
     try:
         rows = point_fn(dict(point))
         status, err = "ok", ""
+        if not isinstance(rows, list) or not all(isinstance(r, Mapping) for r in rows):
+            err = (f"point_fn: must return a list of row dicts, returned "
+                   f"{type(rows).__name__}")
+            rows, status = [], "failed"
     except CheckFailed as exc:
         rows, status, err = exc.rows, "failed", f"check failed: {exc}"
     except Exception as exc:  # noqa: BLE001 - one bad point must not lose the others
@@ -486,11 +490,21 @@ def run_sweep(
     that share them run on one worker where possible (``affinity_group``), so each kernel is
     compiled once rather than on every worker. Ignored in-process.
     Raises ``ValueError`` naming ``client`` for an unusable client (not a client or address, no
-    scheduler there, no worker, no GPU resource on a GPU run).
+    scheduler there, no worker, no GPU resource on a GPU run), ``name`` for a name that is not
+    a plain file name, ``wait_s`` unless positive, ``affinity`` for a bad affinity. A
+    ``point_fn`` that returns something other than a list of row dicts gets a failed row
+    saying so. On a cluster, ``point_fn`` and the points must pickle (cloudpickle; a function
+    defined in a script needs the script's ``if __name__ == "__main__":`` guard around the
+    cluster's start, as every multiprocessing program does).
 
     Returns the rows of the requested ``points`` (run now or found from an earlier run) as a
     DataFrame, and writes the same as ``<name>.csv`` beside the JSONL.
     """
+    if not isinstance(name, str) or not name or Path(name).name != name or name.startswith("."):
+        raise ValueError(f"name: must be a plain file name (the results go to "
+                         f"<results_dir>/<name>.jsonl), not {name!r}")
+    if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not wait_s > 0:
+        raise ValueError(f"wait_s: must be a positive number of seconds, not {wait_s!r}")
     results_dir = Path(results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.jsonl"

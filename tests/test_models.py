@@ -332,3 +332,16 @@ def test_bad_input(kwargs, name):
     args.update(kwargs)
     with pytest.raises(ValueError, match=name):
         speculative_generate(model, [[1, 2, 3]], **args)
+
+
+def test_prompts_outside_the_vocabulary_and_short_references_are_refused():
+    model = _model("qwen3_next", torch.float32, 3)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    for bad in ([[1, vocab]], [[-1, 2]]):
+        with pytest.raises(ValueError, match=r"^input_ids: prompt 0 has token ids"):
+            greedy_generate(model, bad, max_new_tokens=1)
+        with pytest.raises(ValueError, match=r"^input_ids: prompt 0 has token ids"):
+            speculative_generate(model, bad, max_new_tokens=1, draft="ngram", K=2)
+    with pytest.raises(ValueError, match=r"^reference: 1 continuation\(s\) for 2 prompts"):
+        speculative_generate(model, [[1, 2], [3, 4]], max_new_tokens=2, draft="noisy",
+                             draft_accept=1.0, reference=[[5, 6]], K=2)

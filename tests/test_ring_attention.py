@@ -369,3 +369,42 @@ def test_headline_from_gpu_rows():
     assert set(wide["do_bench_us"] - wide["time_us"]) == {5.0}
     r = rp.ratio_table(df, "fused", "sdpa_causal")
     assert list(r.columns) == ["H", "D", "M", 1024, 2048]
+
+
+def test_fused_is_forward_only_and_says_so():
+    """Inputs that require grad: the reference path differentiates, the fused kernel refuses
+    (naming impl) rather than return a result cut off from autograd; under no_grad it runs."""
+    mem, q, k, v, _, _ = _bad_cases()
+    qg = q.clone().requires_grad_(True)
+    out = memory_attention(qg, k, v, mem, impl="reference")
+    assert out.requires_grad
+    out.float().sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all() and qg.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match=r"^impl: the fused kernel is forward-only"):
+        memory_attention(qg, k, v, mem, impl="fused")
+    with pytest.raises(ValueError, match=r"^impl: the fused kernel is forward-only"):
+        pmll_step(None, qg, k, v, impl="fused")
+    with torch.no_grad():
+        fused = memory_attention(qg, k, v, mem, impl="fused")
+    assert errors(fused, out.detach())["rel_l2"] < 1e-5          # fp32 inputs
+
+
+def test_negative_count_and_empty_head_refused():
+    with pytest.raises(ValueError, match=r"^mem.count: must be >= 0"):
+        RingMemory(torch.zeros(2, 1, 4, 8), torch.zeros(2, 1, 4, 8), torch.tensor([-3, 0]))
+    q = torch.zeros(1, 1, 2, 0)
+    for impl in ("fused", "reference"):
+        with pytest.raises(ValueError, match=r"^q: head size must be >= 1"):
+            memory_attention(q, q, q, None, impl=impl)
+
+
+def test_gpt2_bad_input_names_the_argument(gpt2):
+    G, model, ids, _ = gpt2
+    cases = [("ids", dict(ids=ids[:, :0])), ("ids", dict(ids=ids + 1000)),
+             ("ids", dict(ids=ids - 1000)), ("mem_dtype", dict(mem_dtype=torch.bfloat16)),
+             ("gate", dict(capacity=0, gate=0.5))]
+    for name, kw in cases:
+        args = dict(ids=ids, segment=16, capacity=16)
+        args.update(kw)
+        with pytest.raises(ValueError, match=rf"^{name}:"):
+            G.segmented_logits(model, args.pop("ids"), **args)

@@ -285,3 +285,25 @@ def test_speed_rows_never_mix_device_kinds():
     tie = df[df.n.isin([1, 2])]
     assert set(one_device(tie)["device"]) == {"NVIDIA H100 80GB HBM3"}
     assert set(one_device(tie.iloc[::-1])["device"]) == {"NVIDIA H100 80GB HBM3"}
+
+
+def test_point_fn_returning_no_list_is_a_failed_row_and_the_sweep_goes_on(tmp_path):
+    def fn(p):
+        return "x" if p["n"] == 2 else _rows(p)
+
+    df = run_sweep("s", grid(n=[1, 2, 3]), fn, results_dir=tmp_path, progress=False)
+    bad = df[df.n == 2]
+    assert len(bad) == 1 and bad.iloc[0]["status"] == "failed"
+    assert "point_fn: must return a list of row dicts, returned str" in bad.iloc[0]["error"]
+    assert (df[df.n != 2]["status"] == "ok").all() and len(df[df.n != 2]) > 0
+
+
+def test_name_and_wait_s_are_checked(tmp_path):
+    for name in ("../escape", "a/b", "", ".hidden"):
+        with pytest.raises(ValueError, match=r"^name: must be a plain file name"):
+            run_sweep(name, grid(n=[1]), _rows, results_dir=tmp_path / "r", progress=False)
+    assert not (tmp_path / "escape.jsonl").exists()
+    for bad in (-1, 0, "5", True):
+        with pytest.raises(ValueError, match=r"^wait_s: must be a positive number"):
+            run_sweep("s", grid(n=[1]), _rows, results_dir=tmp_path, progress=False,
+                      wait_s=bad)

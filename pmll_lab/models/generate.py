@@ -92,8 +92,24 @@ class GenerationStats:
                                                   "flushed_slots")})
 
 
-def _prompts(input_ids, attention_mask) -> list[torch.Tensor]:
-    """1-D int64 CPU tensors, one per prompt (module docstring: the convention)."""
+def _vocab(model) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def _prompts(input_ids, attention_mask, vocab: int | None = None) -> list[torch.Tensor]:
+    """1-D int64 CPU tensors, one per prompt (module docstring: the convention); with
+    ``vocab``, every token id must lie in ``[0, vocab)``."""
+    out = _prompt_rows(input_ids, attention_mask)
+    if vocab is not None:
+        for i, p in enumerate(out):
+            lo, hi = int(p.min()), int(p.max())
+            if lo < 0 or hi >= vocab:
+                raise ValueError(f"input_ids: prompt {i} has token ids {lo}..{hi}, outside the "
+                                 f"model's vocabulary [0, {vocab})")
+    return out
+
+
+def _prompt_rows(input_ids, attention_mask) -> list[torch.Tensor]:
     if isinstance(input_ids, torch.Tensor):
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"input_ids: expected a LongTensor [N, T] or a list of prompts, "
@@ -264,7 +280,7 @@ def greedy_generate(model: nn.Module, input_ids, *, max_new_tokens, state_layout
     Returns LongTensor ``[N, max(max_new_tokens)]``. Raises ``ValueError``/``TypeError`` naming
     the argument. Prompts are prefilled with transformers' own torch path.
     """
-    prompts = _prompts(input_ids, attention_mask)
+    prompts = _prompts(input_ids, attention_mask, _vocab(model))
     budgets = _budgets(max_new_tokens, len(prompts))
     bs = _batch(batch_size, len(prompts))
     cache, timer = _make_cache(model, prompts, budgets, 1, bs, state_layout, "exact", None, None,
@@ -309,14 +325,17 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
     Returns LongTensor ``[N, max(max_new_tokens)]`` (or ``(tokens, GenerationStats)``). Raises
     ``ValueError``/``TypeError`` naming the argument.
     """
-    prompts = _prompts(input_ids, attention_mask)
+    prompts = _prompts(input_ids, attention_mask, _vocab(model))
     budgets = _budgets(max_new_tokens, len(prompts))
     bs = _batch(batch_size, len(prompts))
     _checks.positive_int("K", K, minimum=2, maximum=GDN_CARRY_CAP)
     _checks.choice("form", form, FORMS)
     if not isinstance(lazy, bool):
         raise ValueError(f"lazy: expected a bool, got {type(lazy).__name__}")
-    vocab = model.get_output_embeddings().weight.shape[0]
+    vocab = _vocab(model)
+    if reference is not None and len(reference) < len(prompts):
+        raise ValueError(f"reference: {len(reference)} continuation(s) for {len(prompts)} "
+                         f"prompts; give one per prompt")
     if draft == "noisy" and reference is None and draft_accept is not None:
         reference = greedy_generate(model, prompts, max_new_tokens=budgets,
                                     state_layout=state_layout, batch_size=bs,

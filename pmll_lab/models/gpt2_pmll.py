@@ -139,20 +139,34 @@ def segmented_logits(model, ids: torch.Tensor, *, segment: int, capacity: int,
 
     ``gate``: None (each token replaces its slot) or a float in ``(0, 1]`` applied to every
     token (``pmll_write``'s blend). ``impl``: ``memory_attention``'s (default
-    ``MEMORY_ATTENTION_IMPL``). ``mem_dtype``: the rings' dtype (default the model's). Raises
-    ``ValueError`` naming ``segment``, ``capacity``, ``gate`` or ``ids``."""
+    ``MEMORY_ATTENTION_IMPL``). ``mem_dtype``: the rings' dtype, which must be the model's
+    (attention takes one dtype; default the model's). Raises ``ValueError`` naming ``segment``,
+    ``capacity``, ``gate`` (also a gate with ``capacity=0``: no ring to blend into),
+    ``mem_dtype`` or ``ids`` (empty, token ids outside the vocabulary, longer than the
+    positions)."""
     _checks.tensor("ids", ids, ndim=2, dtype=(torch.int64, torch.int32))
+    if ids.shape[1] < 1:
+        raise ValueError(f"ids: need at least one token, got shape {tuple(ids.shape)}")
     _checks.positive_int("segment", segment)
     _checks.positive_int("capacity", capacity, minimum=0)
     if gate is not None and (isinstance(gate, bool) or not isinstance(gate, (int, float))
                              or not 0.0 < float(gate) <= 1.0):
         raise ValueError(f"gate: must be None or a float in (0, 1], got {gate!r}")
+    if gate is not None and capacity == 0:
+        raise ValueError("gate: capacity=0 keeps no ring for the gate to blend into; pass "
+                         "gate=None")
     cfg = model.config
     batch, total = ids.shape
     if total > cfg.n_positions:
         raise ValueError(f"ids: {total} tokens, but the model has {cfg.n_positions} positions")
+    if int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size:
+        raise ValueError(f"ids: token ids must lie in [0, {cfg.vocab_size}), got "
+                         f"{int(ids.min())}..{int(ids.max())}")
     heads, head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
-    dtype = mem_dtype or next(model.parameters()).dtype
+    dtype = next(model.parameters()).dtype
+    if mem_dtype is not None and mem_dtype != dtype:
+        raise ValueError(f"mem_dtype: must be the model's dtype {dtype} (attention takes one "
+                         f"dtype), got {mem_dtype}")
     mems = [None if capacity == 0 else
             RingMemory.empty(batch, heads, capacity, head_dim, dtype=dtype, device=ids.device)
             for _ in range(cfg.n_layer)]

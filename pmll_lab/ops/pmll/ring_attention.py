@@ -191,6 +191,8 @@ def check_attention(q, k_ctx, v_ctx, mem) -> tuple[int, int, int, int]:
     _checks.tensor("v_ctx", v_ctx, shape=tuple(q.shape), dtype=q.dtype)
     _checks.same_device("q", q, k_ctx=k_ctx, v_ctx=v_ctx)
     batch, heads, tokens, head_dim = q.shape
+    if head_dim < 1:
+        raise ValueError(f"q: head size must be >= 1, got shape {tuple(q.shape)}")
     if mem is not None:
         b_, h_, _, d_ = check_memory(mem)
         if (b_, h_, d_) != (batch, heads, head_dim):
