@@ -4,6 +4,8 @@
 - ``gdn_chain(state, q, k, v, g, beta, ..., intermediate=None) -> o``: ``K <= 8`` draft rows per
   sequence, the state after each row ``t < K-1`` written to ``intermediate`` (the snapshot
   baseline that vLLM and SGLang verify with). Bitwise equal to ``K`` successive decodes.
+- Both take ``out_state_indices=`` (default: the read slots): the new state is written there and
+  the read slot keeps its state (FlashInfer's ``output_state_indices``; prefix-cache forks).
 - ``gdn_decode_plan`` / ``gdn_chain_plan``: the same launches bound to fixed buffers, a lean
   call for host-bound small batches (``pmll_lab.ops.launch.LaunchPlan``).
 - ``gdn_decode_ref`` / ``gdn_chain_ref``: the float64 references both answer to.

@@ -232,14 +232,15 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         rows_kernel = D.gdn_rows_kernel
         carry_kernels = (C._gdn_carry_exact_kernel, C._gdn_carry_exact_split_kernel)
     rows_t = {n: f"*{input_type}" for n in ("q", "k", "v", "o")} | {"g": "*fp32", "beta": "*fp32"}
-    dec_types = {"state": "*fp32", "inter": "*fp32", "slot_idx": "*i32", "scale": "fp32", **rows_t}
+    dec_types = {"state": "*fp32", "inter": "*fp32", "slot_idx": "*i32", "out_idx": "*i32",
+                 "scale": "fp32", **rows_t}
     dec_types = {p.name: dec_types.get(p.name, "i32") for p in rows_kernel.params
                  if not p.is_constexpr}
     stride3 = "s_key" if layout == "kv" else "s_row"
     dec = lower(rows_kernel, dec_types,
                 dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,
                      STORE_INTER=False, USE_QK_L2NORM=True,
-                     UNROLL=rows <= D.CHAIN_UNROLL_MAX_ROWS, **chunks),
+                     UNROLL=rows <= D.CHAIN_UNROLL_MAX_ROWS, HAS_OUT_IDX=False, **chunks),
                 num_warps=warps, arch=arch,
                 values=dict(HV=HV, GROUP=HV // HK, s_slot=HV * head_dim * head_dim,
                             s_head=head_dim * head_dim, **{stride3: head_dim}))

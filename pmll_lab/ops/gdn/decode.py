@@ -87,7 +87,7 @@ def _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
 
 @triton.jit(do_not_specialize=_ROW_STRIDES, do_not_specialize_on_alignment=_ROW_PTRS)
 def gdn_rows_kernel(
-    state, q, k, v, g, beta, o, inter, slot_idx,
+    state, q, k, v, g, beta, o, inter, slot_idx, out_idx,
     scale,
     s_slot, s_head, s_key,                 # state strides (value column stride 1)
     q_b, q_t, q_h,                         # q strides (batch, row, head)
@@ -101,7 +101,7 @@ def gdn_rows_kernel(
     KD: tl.constexpr, VD: tl.constexpr,
     K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_IDX: tl.constexpr, STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-    UNROLL: tl.constexpr,
+    UNROLL: tl.constexpr, HAS_OUT_IDX: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_v = tl.program_id(1)
@@ -114,6 +114,11 @@ def gdn_rows_kernel(
     else:
         slot = b64
     live = slot >= 0                     # slot -1: a padding lane (zero outputs, no state access)
+    oslot = slot
+    if HAS_OUT_IDX:                      # the final state goes to out_idx[b] (-1: padding too)
+        oslot = tl.load(out_idx + b).to(tl.int64)
+        live = live & (oslot >= 0)
+        oslot = tl.maximum(oslot, 0)
     slot = tl.maximum(slot, 0)
 
     rk = tl.arange(0, BK)
@@ -141,13 +146,16 @@ def gdn_rows_kernel(
                            q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
                            rk, mk, rv, mv, mh, live, scale, K, STORE_INTER, USE_QK_L2NORM)
 
-    tl.store(p_h, h, mask=mh)
+    if HAS_OUT_IDX:
+        tl.store(p_h + (oslot - slot) * s_slot, h, mask=mh)
+    else:
+        tl.store(p_h, h, mask=mh)
 
 
 # ---- argument checks ---------------------------------------------------------------------------
 
 def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtype, validate,
-           *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT):
+           *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT, out_state_indices=None):
     """Validate a decode (``rows=False``) or chain (``rows=True``) call; return its sizes."""
     C = _checks
     check_layout("state_layout", layout)
@@ -178,7 +186,7 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
     C.tensor("g", g, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)
     C.tensor("beta", beta, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)
     C.same_device("state", state, q=q, k=k, v=v, g=g, beta=beta, state_indices=state_indices,
-                  intermediate=intermediate)
+                  intermediate=intermediate, out_state_indices=out_state_indices)
     B = lead[0]
     if state_indices is not None:
         # the kernel reads entry b at offset b: a strided view would address other slots
@@ -189,6 +197,9 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
     elif B > S:
         raise ValueError(f"state_indices: None means slots arange(B), but B = {B} > S = {S} "
                          "state slots")
+    if out_state_indices is not None:
+        C.tensor("out_state_indices", out_state_indices, shape=(B,),
+                 dtype=(torch.int32, torch.int64), contiguous=True)
     if intermediate is not None:
         C.tensor("intermediate", intermediate, shape=(B, lead[1] - 1, *state.shape[1:]),
                  dtype=torch.float32, last_contiguous=True)
@@ -199,13 +210,43 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
     if validate:
         if state_indices is not None:
             C.indices_values("state_indices", state_indices, S, padding=True)
+        if out_state_indices is not None:
+            _check_write_slots(state_indices, out_state_indices, B, S)
         C.range_values("g", g, -float("inf"), 0.0)
         C.range_values("beta", beta, 0.0, 1.0)
     return B, (lead[1] if rows else 1), HK, HV, kd, vd
 
 
+def _check_write_slots(state_indices, out_state_indices, B: int, S: int) -> None:
+    """``validate`` of ``out_state_indices``: entries in ``[0, S)`` and distinct, or -1 exactly
+    where the read slot is -1 (a padding lane), and no lane writes a slot another lane reads
+    (a lane may write its own read slot: in place). One device sync."""
+    read = (torch.arange(B, device=out_state_indices.device) if state_indices is None
+            else state_indices.long())
+    write = out_state_indices.long()
+    _checks.indices_values("out_state_indices", write, S, padding=True)
+    pad_r, pad_w = read < 0, write < 0
+    if bool((pad_r != pad_w).any()):
+        b = int((pad_r != pad_w).nonzero()[0])
+        raise ValueError(f"out_state_indices: lane {b} is a padding lane (-1) in only one of "
+                         f"state_indices ({int(read[b])}) and out_state_indices ({int(write[b])})")
+    lanes = torch.arange(B, device=read.device)
+    reader = torch.full((S,), -1, dtype=torch.int64, device=read.device)
+    live = ~pad_r
+    reader[read[live]] = lanes[live]
+    who = reader[write[live]]
+    clash = (who >= 0) & (who != lanes[live])
+    if bool(clash.any()):
+        i = int(clash.nonzero()[0])
+        b, other = int(lanes[live][i]), int(who[i])
+        raise ValueError(f"out_state_indices: lane {b} writes slot {int(write[live][i])}, which "
+                         f"lane {other} reads (read and write slots may overlap only "
+                         "lane-to-itself)")
+
+
 def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
-                 B, K, HK, HV, kd, vd, *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT):
+                 B, K, HK, HV, kd, vd, *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT,
+                 out_state_indices=None):
     """``(kernel, grid, args, kwargs)`` of the launch (``B >= 1``): ``gdn_rows_kernel`` on a
     K-major state, ``gdn_rows_vk_kernel`` on a V-major one (same arguments; ``BV`` is then the
     tile's value rows)."""
@@ -232,24 +273,28 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
         ist, inter = (0, 0, 0, 0), state        # never written (STORE_INTER=False)
     has_idx = state_indices is not None
     grid = (B * HV, cdiv(vd, BV))
+    has_out = out_state_indices is not None
     args = (state, q, k, v, g, beta, o, inter, state_indices if has_idx else state,
+            out_state_indices if has_out else state,
             float(kd ** -0.5 if scale is None else scale),
             state.stride(0), state.stride(1), state.stride(2),
             *qs, *ks, *vs, *gs, *bs, *os_, *ist,
             HV, HV // HK)
     kwargs = dict(KD=kd, VD=vd, K=K, BK=BK, BV=BV,
                   HAS_IDX=has_idx, STORE_INTER=store_inter, USE_QK_L2NORM=bool(use_qk_l2norm),
-                  UNROLL=K <= CHAIN_UNROLL_MAX_ROWS, num_warps=num_warps, **extra)
+                  UNROLL=K <= CHAIN_UNROLL_MAX_ROWS, HAS_OUT_IDX=has_out, num_warps=num_warps,
+                  **extra)
     return kernel, grid, args, kwargs
 
 
 def _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
-            B, K, HK, HV, kd, vd, *, rows: bool, layout: str):
+            B, K, HK, HV, kd, vd, *, rows: bool, layout: str, out_state_indices=None):
     if B == 0:
         return
     kernel, grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, intermediate,
                                               state_indices, scale, use_qk_l2norm, B, K, HK, HV,
-                                              kd, vd, rows=rows, layout=layout)
+                                              kd, vd, rows=rows, layout=layout,
+                                              out_state_indices=out_state_indices)
     kernel[grid](*args, **kwargs)
 
 
@@ -261,7 +306,8 @@ def _device_guard(t: torch.Tensor):
 
 
 def gdn_decode(state, q, k, v, g, beta, *, state_indices=None, scale=None, use_qk_l2norm=True,
-               out_dtype=None, validate=False, state_layout=DEFAULT_STATE_LAYOUT):
+               out_dtype=None, validate=False, state_layout=DEFAULT_STATE_LAYOUT,
+               out_state_indices=None):
     """One Gated DeltaNet decode token per sequence (SPEC §2); updates ``state`` in place.
 
     Args:
@@ -285,22 +331,31 @@ def gdn_decode(state, q, k, v, g, beta, *, state_indices=None, scale=None, use_q
         state_layout: ``"kv"`` or ``"vk"`` (``pmll_lab.ops.gdn.recurrence.STATE_LAYOUTS``).
             ``"vk"`` runs ``gdn_rows_vk_kernel`` (a few value rows per program, tile from
             ``vk_config``), ``"kv"`` the K-major kernel (``block_config``).
+        out_state_indices: ``None`` (the new state overwrites the read slot) or ``[B]``
+            int32/int64, contiguous: the slot each sequence's new state is written to, its read
+            slot left as it was (FlashInfer's ``output_state_indices``: prefix-cache forks,
+            state copies). A lane may write its own read slot, never one another lane reads
+            (that would race); -1 in either index marks a padding lane. ``validate`` also
+            checks: entries in ``[0, S)`` and distinct, or -1 exactly where ``state_indices``
+            is -1, and no write slot read by another lane.
 
     Returns ``o [B, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
     launching. Source: SPEC §2; arithmetic order from ``pmll_lab.ops.gdn.recurrence``.
     """
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, None, scale,
-                                  out_dtype, validate, rows=False, layout=state_layout)
+                                  out_dtype, validate, rows=False, layout=state_layout,
+                                  out_state_indices=out_state_indices)
     o = torch.empty(B, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
     with _device_guard(state):
         _launch(state, q, k, v, g, beta, o, None, state_indices, scale, use_qk_l2norm,
-                B, K, HK, HV, kd, vd, rows=False, layout=state_layout)
+                B, K, HK, HV, kd, vd, rows=False, layout=state_layout,
+                out_state_indices=out_state_indices)
     return o
 
 
 def gdn_chain(state, q, k, v, g, beta, *, state_indices=None, intermediate=None, scale=None,
               use_qk_l2norm=True, out_dtype=None, validate=False,
-              state_layout=DEFAULT_STATE_LAYOUT):
+              state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None):
     """Verify ``K`` draft rows per sequence with the chain-with-snapshots (SPEC §3a).
 
     Runs ``K`` tokens of the decode recurrence per sequence in one launch (the state block stays
@@ -313,23 +368,26 @@ def gdn_chain(state, q, k, v, g, beta, *, state_indices=None, intermediate=None,
     Args: as ``gdn_decode`` with a rows axis after ``B``: ``q, k [B, K, HK, kd]``,
     ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]``, ``1 <= K <= 8``;
     ``intermediate``: ``None`` or ``[B, K-1, *state.shape[1:]]`` fp32 (last dim contiguous;
-    snapshots in the state's layout); ``state_layout`` as in ``gdn_decode``.
+    snapshots in the state's layout); ``state_layout`` and ``out_state_indices`` (the state
+    after the last row goes there, the read slots keep theirs) as in ``gdn_decode``.
 
     Returns ``o [B, K, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
     launching. Source: SPEC §3a, the seed's ``gdn_exact_chain`` batched over sequences.
     """
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
-                                  out_dtype, validate, rows=True, layout=state_layout)
+                                  out_dtype, validate, rows=True, layout=state_layout,
+                                  out_state_indices=out_state_indices)
     o = torch.empty(B, K, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
     with _device_guard(state):
         _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
-                B, K, HK, HV, kd, vd, rows=True, layout=state_layout)
+                B, K, HK, HV, kd, vd, rows=True, layout=state_layout,
+                out_state_indices=out_state_indices)
     return o
 
 
 def gdn_decode_plan(state, q, k, v, g, beta, *, state_indices=None, scale=None,
                     use_qk_l2norm=True, out_dtype=None, out=None, validate=False,
-                    state_layout=DEFAULT_STATE_LAYOUT) -> LaunchPlan:
+                    state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None) -> LaunchPlan:
     """``gdn_decode`` bound to these buffers, for host-bound small batches (issue 5, B=1).
 
     Checks the arguments once, as ``gdn_decode`` does (``validate`` checks the values now, at
@@ -345,24 +403,28 @@ def gdn_decode_plan(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     ``gdn_decode`` on the same values. Raises ``ValueError`` naming the argument.
     """
     return _plan(state, q, k, v, g, beta, state_indices, None, scale, use_qk_l2norm, out_dtype,
-                 out, validate, rows=False, layout=state_layout)
+                 out, validate, rows=False, layout=state_layout,
+                 out_state_indices=out_state_indices)
 
 
 def gdn_chain_plan(state, q, k, v, g, beta, *, state_indices=None, intermediate=None,
                    scale=None, use_qk_l2norm=True, out_dtype=None, out=None,
-                   validate=False, state_layout=DEFAULT_STATE_LAYOUT) -> LaunchPlan:
+                   validate=False, state_layout=DEFAULT_STATE_LAYOUT,
+                   out_state_indices=None) -> LaunchPlan:
     """``gdn_chain`` bound to these buffers (as ``gdn_decode_plan``; ``intermediate`` is bound
     too); ``plan()`` returns ``o [B, K, HV, vd]``, the same tensor every call (``out``: ``None``
     or that tensor). Raises ``ValueError`` naming the argument."""
     return _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2norm,
-                 out_dtype, out, validate, rows=True, layout=state_layout)
+                 out_dtype, out, validate, rows=True, layout=state_layout,
+                 out_state_indices=out_state_indices)
 
 
 def _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2norm, out_dtype,
-          out, validate, *, rows: bool, layout: str) -> LaunchPlan:
+          out, validate, *, rows: bool, layout: str, out_state_indices=None) -> LaunchPlan:
     """Check once, take or allocate ``o`` (``out``, checked), bind the launch."""
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
-                                  out_dtype, validate, rows=rows, layout=layout)
+                                  out_dtype, validate, rows=rows, layout=layout,
+                                  out_state_indices=out_state_indices)
     shape = (B, K, HV, vd) if rows else (B, HV, vd)
     dtype = out_dtype or v.dtype
     if out is None:
@@ -375,5 +437,6 @@ def _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2
         return LaunchPlan(None, (1,), (), {}, outputs=o)
     kernel, grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, intermediate,
                                               state_indices, scale, use_qk_l2norm, B, K, HK, HV,
-                                              kd, vd, rows=rows, layout=layout)
+                                              kd, vd, rows=rows, layout=layout,
+                                              out_state_indices=out_state_indices)
     return LaunchPlan(kernel, grid, args, kwargs, outputs=o, device=state.device)

@@ -88,7 +88,7 @@ def _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
 
 @triton.jit(do_not_specialize=_ROW_STRIDES, do_not_specialize_on_alignment=_ROW_PTRS)
 def gdn_rows_vk_kernel(
-    state, q, k, v, g, beta, o, inter, slot_idx,
+    state, q, k, v, g, beta, o, inter, slot_idx, out_idx,
     scale,
     s_slot, s_head, s_row,                 # state strides (key stride 1)
     q_b, q_t, q_h,
@@ -102,7 +102,7 @@ def gdn_rows_vk_kernel(
     KD: tl.constexpr, VD: tl.constexpr,
     K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_IDX: tl.constexpr, STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-    UNROLL: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr,
+    UNROLL: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr, HAS_OUT_IDX: tl.constexpr,
 ):
     """``K`` rows on one tile of ``BV`` value rows x ``BK = NC * CW`` keys (``BV`` is the
     tile's row count, named as in the K-major kernel so one launcher builds both)."""
@@ -117,6 +117,11 @@ def gdn_rows_vk_kernel(
     else:
         slot = b64
     live = slot >= 0                     # slot -1: a padding lane (zero outputs, no state access)
+    oslot = slot
+    if HAS_OUT_IDX:                      # the final state goes to out_idx[b] (-1: padding too)
+        oslot = tl.load(out_idx + b).to(tl.int64)
+        live = live & (oslot >= 0)
+        oslot = tl.maximum(oslot, 0)
     slot = tl.maximum(slot, 0)
 
     rk, mk, rr, mr, mh = vk_tile_index(pid_r, KD, VD, BV, NC, CW)
@@ -142,4 +147,7 @@ def gdn_rows_vk_kernel(
                               rk, mk, rr, mr, mh, live, scale, K, STORE_INTER,
                               USE_QK_L2NORM)
 
-    tl.store(p_h, h, mask=mh)
+    if HAS_OUT_IDX:
+        tl.store(p_h + (oslot - slot) * s_slot, h, mask=mh)
+    else:
+        tl.store(p_h, h, mask=mh)
