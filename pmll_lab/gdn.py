@@ -4,6 +4,9 @@
 - ``gdn_chain(state, q, k, v, g, beta, ..., intermediate=None) -> o``: ``K <= 8`` draft rows per
   sequence, the state after each row ``t < K-1`` written to ``intermediate`` (the snapshot
   baseline that vLLM and SGLang verify with). Bitwise equal to ``K`` successive decodes.
+- ``gdn_gating(A_log, a, dt_bias, b) -> (g, beta)``: Qwen3-Next's gates; every GDN launcher
+  also takes ``A_log=, a=, dt_bias=, b=`` instead of ``g, beta`` and computes them in its kernel,
+  bitwise as ``gdn_gating`` would (``pmll_lab.ops.gdn.gating``); ``gdn_gating_ref`` in float64.
 - Both take ``out_state_indices=`` (default: the read slots): the new state is written there and
   the read slot keeps its state (FlashInfer's ``output_state_indices``; prefix-cache forks).
 - ``gdn_decode_plan`` / ``gdn_chain_plan``: the same launches bound to fixed buffers, a lean
@@ -21,10 +24,12 @@ from __future__ import annotations
 import torch
 
 from pmll_lab.ops.gdn.decode import MAX_ROWS, gdn_chain, gdn_chain_plan, gdn_decode, gdn_decode_plan
-from pmll_lab.reference.gdn import gdn_chain_ref, gdn_decode_ref
+from pmll_lab.ops.gdn.gating import gdn_gating
+from pmll_lab.reference.gdn import gdn_chain_ref, gdn_decode_ref, gdn_gating_ref
 
 __all__ = [
-    "MAX_ROWS", "gdn_decode", "gdn_chain", "gdn_decode_plan", "gdn_chain_plan", "gdn_decode_ref", "gdn_chain_ref",
+    "MAX_ROWS", "gdn_decode", "gdn_chain", "gdn_decode_plan", "gdn_chain_plan", "gdn_decode_ref",
+    "gdn_chain_ref", "gdn_gating", "gdn_gating_ref",
     "state_bytes", "row_io_bytes", "decode_bytes", "chain_bytes", "decodes_bytes",
     "snapshot_bytes", "carry_stash_bytes",
 ]

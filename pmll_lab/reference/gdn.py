@@ -114,3 +114,15 @@ def gdn_chain_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     inter = (torch.stack(snaps, dim=1) if snaps
              else torch.empty(B, 0, HV, kd, vd, dtype=torch.float64, device=state.device))
     return torch.stack(outs, dim=1), cur.to(torch.float64), inter
+
+
+def gdn_gating_ref(A_log, a, dt_bias, b):
+    """Qwen3-Next's gates in float64: ``g = -exp(A_log) * softplus(a + dt_bias)`` (PyTorch's
+    softplus, threshold 20), ``beta = sigmoid(b)``. ``A_log, dt_bias [HV]``, ``a, b [..., HV]``
+    (any float dtypes, read exactly). Returns ``(g, beta)`` float64 of ``a``'s shape; the
+    reference of ``pmll_lab.gdn.gdn_gating`` and of every launcher's fused gating."""
+    import torch.nn.functional as F
+
+    f64 = torch.float64
+    g = -torch.exp(A_log.to(f64)) * F.softplus(a.to(f64) + dt_bias.to(f64), threshold=20.0)
+    return g, torch.sigmoid(b.to(f64))

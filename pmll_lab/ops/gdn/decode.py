@@ -32,9 +32,10 @@ import triton.language as tl
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
+from pmll_lab.ops.gdn.gating import Gating, check_gating, split_gating
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
-                                         gdn_row, head_dims, load_row_inputs, qk_prepare,
-                                         vk_chunks, vk_config)
+                                         gdn_row, head_dims, load_gate_params, load_row_inputs,
+                                         qk_prepare, vk_chunks, vk_config)
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
 
@@ -68,12 +69,13 @@ _ROW_STRIDES = ["q_b", "q_t", "q_h", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h", "
 @triton.jit
 def _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
-               rk, mk, rv, mv, mh, live, scale, K: tl.constexpr, STORE_INTER: tl.constexpr,
-               USE_QK_L2NORM: tl.constexpr):
+               rk, mk, rv, mv, mh, live, scale, ga, gd, K: tl.constexpr,
+               STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr):
     """Row ``t`` of ``gdn_rows_kernel``: load, ``qk_prepare``, ``gdn_row``, store ``o`` (and
     the snapshot after the row when ``STORE_INTER`` and ``t < K-1``). Returns the new block."""
     qt, kt, vt, gt, bt = load_row_inputs(q_row + t * q_t, k_row + t * k_t, v_row + t * v_t,
-                                         g_row + t * g_t, beta_row + t * beta_t, rk, mk, rv, mv)
+                                         g_row + t * g_t, beta_row + t * beta_t, rk, mk, rv, mv,
+                                         ga, gd, GATE)
     qt, kt = qk_prepare(qt, kt, scale, USE_QK_L2NORM)
     h, ot, ut = gdn_row(h, qt, kt, vt, gt, bt)
     tl.store(o + b64 * o_b + t * o_t + hv * o_h + rv,
@@ -87,7 +89,7 @@ def _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
 
 @triton.jit(do_not_specialize=_ROW_STRIDES, do_not_specialize_on_alignment=_ROW_PTRS)
 def gdn_rows_kernel(
-    state, q, k, v, g, beta, o, inter, slot_idx, out_idx,
+    state, q, k, v, g, beta, o, inter, slot_idx, out_idx, A_log, dt_bias,
     scale,
     s_slot, s_head, s_key,                 # state strides (value column stride 1)
     q_b, q_t, q_h,                         # q strides (batch, row, head)
@@ -101,7 +103,7 @@ def gdn_rows_kernel(
     KD: tl.constexpr, VD: tl.constexpr,
     K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_IDX: tl.constexpr, STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-    UNROLL: tl.constexpr, HAS_OUT_IDX: tl.constexpr,
+    UNROLL: tl.constexpr, HAS_OUT_IDX: tl.constexpr, GATE: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_v = tl.program_id(1)
@@ -133,18 +135,21 @@ def gdn_rows_kernel(
     q_row = q + b64 * q_b + hk * q_h
     k_row = k + b64 * k_b + hk * k_h
     v_row = v + b64 * v_b + hv * v_h
-    g_row = g + b64 * g_b + hv
+    g_row = g + b64 * g_b + hv             # with GATE: a and b (gating computed per row)
     beta_row = beta + b64 * beta_b + hv
+    ga, gd = load_gate_params(A_log, dt_bias, hv, GATE)
     if UNROLL:
         for t in tl.static_range(K):
             h = _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                            q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
-                           rk, mk, rv, mv, mh, live, scale, K, STORE_INTER, USE_QK_L2NORM)
+                           rk, mk, rv, mv, mh, live, scale, ga, gd, K, STORE_INTER,
+                           USE_QK_L2NORM, GATE)
     else:
         for t in range(K):
             h = _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                            q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
-                           rk, mk, rv, mv, mh, live, scale, K, STORE_INTER, USE_QK_L2NORM)
+                           rk, mk, rv, mv, mh, live, scale, ga, gd, K, STORE_INTER,
+                           USE_QK_L2NORM, GATE)
 
     if HAS_OUT_IDX:
         tl.store(p_h + (oslot - slot) * s_slot, h, mask=mh)
@@ -155,7 +160,8 @@ def gdn_rows_kernel(
 # ---- argument checks ---------------------------------------------------------------------------
 
 def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtype, validate,
-           *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT, out_state_indices=None):
+           *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT, out_state_indices=None,
+           gating: Gating | None = None):
     """Validate a decode (``rows=False``) or chain (``rows=True``) call; return its sizes."""
     C = _checks
     check_layout("state_layout", layout)
@@ -183,8 +189,11 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
                          f"heads HK = {HK} (q dim {nd - 2})")
     C.tensor("k", k, shape=q.shape, dtype=q.dtype, last_contiguous=True)
     C.tensor("v", v, shape=(*lead, HV, vd), dtype=q.dtype, last_contiguous=True)
-    C.tensor("g", g, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)
-    C.tensor("beta", beta, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)
+    if gating is None:
+        C.tensor("g", g, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)
+        C.tensor("beta", beta, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)
+    else:
+        check_gating(gating, lead, HV, q.dtype, state.device)
     C.same_device("state", state, q=q, k=k, v=v, g=g, beta=beta, state_indices=state_indices,
                   intermediate=intermediate, out_state_indices=out_state_indices)
     B = lead[0]
@@ -212,8 +221,9 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
             C.indices_values("state_indices", state_indices, S, padding=True)
         if out_state_indices is not None:
             _check_write_slots(state_indices, out_state_indices, B, S)
-        C.range_values("g", g, -float("inf"), 0.0)
-        C.range_values("beta", beta, 0.0, 1.0)
+        if gating is None:
+            C.range_values("g", g, -float("inf"), 0.0)
+            C.range_values("beta", beta, 0.0, 1.0)
     return B, (lead[1] if rows else 1), HK, HV, kd, vd
 
 
@@ -246,7 +256,7 @@ def _check_write_slots(state_indices, out_state_indices, B: int, S: int) -> None
 
 def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
                  B, K, HK, HV, kd, vd, *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT,
-                 out_state_indices=None):
+                 out_state_indices=None, gating: Gating | None = None):
     """``(kernel, grid, args, kwargs)`` of the launch (``B >= 1``): ``gdn_rows_kernel`` on a
     K-major state, ``gdn_rows_vk_kernel`` on a V-major one (same arguments; ``BV`` is then the
     tile's value rows)."""
@@ -276,25 +286,29 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
     has_out = out_state_indices is not None
     args = (state, q, k, v, g, beta, o, inter, state_indices if has_idx else state,
             out_state_indices if has_out else state,
+            gating.A_log if gating is not None else state,
+            gating.dt_bias if gating is not None else state,
             float(kd ** -0.5 if scale is None else scale),
             state.stride(0), state.stride(1), state.stride(2),
             *qs, *ks, *vs, *gs, *bs, *os_, *ist,
             HV, HV // HK)
     kwargs = dict(KD=kd, VD=vd, K=K, BK=BK, BV=BV,
                   HAS_IDX=has_idx, STORE_INTER=store_inter, USE_QK_L2NORM=bool(use_qk_l2norm),
-                  UNROLL=K <= CHAIN_UNROLL_MAX_ROWS, HAS_OUT_IDX=has_out, num_warps=num_warps,
+                  UNROLL=K <= CHAIN_UNROLL_MAX_ROWS, HAS_OUT_IDX=has_out,
+                  GATE=gating is not None, num_warps=num_warps,
                   **extra)
     return kernel, grid, args, kwargs
 
 
 def _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
-            B, K, HK, HV, kd, vd, *, rows: bool, layout: str, out_state_indices=None):
+            B, K, HK, HV, kd, vd, *, rows: bool, layout: str, out_state_indices=None,
+            gating=None):
     if B == 0:
         return
     kernel, grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, intermediate,
                                               state_indices, scale, use_qk_l2norm, B, K, HK, HV,
                                               kd, vd, rows=rows, layout=layout,
-                                              out_state_indices=out_state_indices)
+                                              out_state_indices=out_state_indices, gating=gating)
     kernel[grid](*args, **kwargs)
 
 
@@ -305,9 +319,10 @@ def _device_guard(t: torch.Tensor):
     return contextlib.nullcontext()
 
 
-def gdn_decode(state, q, k, v, g, beta, *, state_indices=None, scale=None, use_qk_l2norm=True,
-               out_dtype=None, validate=False, state_layout=DEFAULT_STATE_LAYOUT,
-               out_state_indices=None):
+def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=None,
+               use_qk_l2norm=True, out_dtype=None, validate=False,
+               state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None, A_log=None, a=None,
+               dt_bias=None, b=None):
     """One Gated DeltaNet decode token per sequence (SPEC §2); updates ``state`` in place.
 
     Args:
@@ -318,7 +333,11 @@ def gdn_decode(state, q, k, v, g, beta, *, state_indices=None, scale=None, use_q
         q, k: ``[B, HK, kd]``, fp32/bf16/fp16 (same dtype), last dim contiguous, any other
             strides (views of a fused projection buffer are read in place, never copied).
         v: ``[B, HV, vd]``, q's dtype; value head ``h`` reads key head ``h // (HV // HK)``.
-        g: ``[B, HV]`` fp32 log decay (<= 0). beta: ``[B, HV]`` fp32 in [0, 1].
+        g: ``[B, HV]`` fp32 log decay (<= 0). beta: ``[B, HV]`` fp32 in [0, 1]. Or, with
+            ``g=None, beta=None``, the gating computed in the kernel from ``A_log, dt_bias
+            [HV]`` (fp32/bf16/fp16) and ``a, b [B, HV]`` (q's dtype or fp32):
+            ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``, bitwise what
+            ``gdn_gating`` gives (``pmll_lab.ops.gdn.gating``).
         state_indices: ``[B]`` int32 or int64 slot of each sequence (default ``arange(B)``),
             contiguous.
         scale: query scale (default ``kd ** -0.5``). use_qk_l2norm: l2-normalise q and k
@@ -342,20 +361,22 @@ def gdn_decode(state, q, k, v, g, beta, *, state_indices=None, scale=None, use_q
     Returns ``o [B, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
     launching. Source: SPEC §2; arithmetic order from ``pmll_lab.ops.gdn.recurrence``.
     """
+    g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, None, scale,
                                   out_dtype, validate, rows=False, layout=state_layout,
-                                  out_state_indices=out_state_indices)
+                                  out_state_indices=out_state_indices, gating=gating)
     o = torch.empty(B, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
     with _device_guard(state):
         _launch(state, q, k, v, g, beta, o, None, state_indices, scale, use_qk_l2norm,
                 B, K, HK, HV, kd, vd, rows=False, layout=state_layout,
-                out_state_indices=out_state_indices)
+                out_state_indices=out_state_indices, gating=gating)
     return o
 
 
-def gdn_chain(state, q, k, v, g, beta, *, state_indices=None, intermediate=None, scale=None,
-              use_qk_l2norm=True, out_dtype=None, validate=False,
-              state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None):
+def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermediate=None,
+              scale=None, use_qk_l2norm=True, out_dtype=None, validate=False,
+              state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None, A_log=None, a=None,
+              dt_bias=None, b=None):
     """Verify ``K`` draft rows per sequence with the chain-with-snapshots (SPEC §3a).
 
     Runs ``K`` tokens of the decode recurrence per sequence in one launch (the state block stays
@@ -366,7 +387,8 @@ def gdn_chain(state, q, k, v, g, beta, *, state_indices=None, intermediate=None,
     on the same device: outputs, final state and every snapshot.
 
     Args: as ``gdn_decode`` with a rows axis after ``B``: ``q, k [B, K, HK, kd]``,
-    ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]``, ``1 <= K <= 8``;
+    ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]`` (or ``A_log, dt_bias [HV]`` and
+    ``a, b [B, K, HV]``: the gating in the kernel), ``1 <= K <= 8``;
     ``intermediate``: ``None`` or ``[B, K-1, *state.shape[1:]]`` fp32 (last dim contiguous;
     snapshots in the state's layout); ``state_layout`` and ``out_state_indices`` (the state
     after the last row goes there, the read slots keep theirs) as in ``gdn_decode``.
@@ -374,20 +396,22 @@ def gdn_chain(state, q, k, v, g, beta, *, state_indices=None, intermediate=None,
     Returns ``o [B, K, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
     launching. Source: SPEC §3a, the seed's ``gdn_exact_chain`` batched over sequences.
     """
+    g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
                                   out_dtype, validate, rows=True, layout=state_layout,
-                                  out_state_indices=out_state_indices)
+                                  out_state_indices=out_state_indices, gating=gating)
     o = torch.empty(B, K, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
     with _device_guard(state):
         _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
                 B, K, HK, HV, kd, vd, rows=True, layout=state_layout,
-                out_state_indices=out_state_indices)
+                out_state_indices=out_state_indices, gating=gating)
     return o
 
 
-def gdn_decode_plan(state, q, k, v, g, beta, *, state_indices=None, scale=None,
+def gdn_decode_plan(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=None,
                     use_qk_l2norm=True, out_dtype=None, out=None, validate=False,
-                    state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None) -> LaunchPlan:
+                    state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None, A_log=None,
+                    a=None, dt_bias=None, b=None) -> LaunchPlan:
     """``gdn_decode`` bound to these buffers, for host-bound small batches (issue 5, B=1).
 
     Checks the arguments once, as ``gdn_decode`` does (``validate`` checks the values now, at
@@ -404,27 +428,30 @@ def gdn_decode_plan(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     """
     return _plan(state, q, k, v, g, beta, state_indices, None, scale, use_qk_l2norm, out_dtype,
                  out, validate, rows=False, layout=state_layout,
-                 out_state_indices=out_state_indices)
+                 out_state_indices=out_state_indices, gating=(A_log, a, dt_bias, b))
 
 
-def gdn_chain_plan(state, q, k, v, g, beta, *, state_indices=None, intermediate=None,
-                   scale=None, use_qk_l2norm=True, out_dtype=None, out=None,
+def gdn_chain_plan(state, q, k, v, g=None, beta=None, *, state_indices=None,
+                   intermediate=None, scale=None, use_qk_l2norm=True, out_dtype=None, out=None,
                    validate=False, state_layout=DEFAULT_STATE_LAYOUT,
-                   out_state_indices=None) -> LaunchPlan:
+                   out_state_indices=None, A_log=None, a=None, dt_bias=None,
+                   b=None) -> LaunchPlan:
     """``gdn_chain`` bound to these buffers (as ``gdn_decode_plan``; ``intermediate`` is bound
     too); ``plan()`` returns ``o [B, K, HV, vd]``, the same tensor every call (``out``: ``None``
     or that tensor). Raises ``ValueError`` naming the argument."""
     return _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2norm,
                  out_dtype, out, validate, rows=True, layout=state_layout,
-                 out_state_indices=out_state_indices)
+                 out_state_indices=out_state_indices, gating=(A_log, a, dt_bias, b))
 
 
 def _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2norm, out_dtype,
-          out, validate, *, rows: bool, layout: str, out_state_indices=None) -> LaunchPlan:
+          out, validate, *, rows: bool, layout: str, out_state_indices=None,
+          gating=(None, None, None, None)) -> LaunchPlan:
     """Check once, take or allocate ``o`` (``out``, checked), bind the launch."""
+    g, beta, gating = split_gating(g, beta, *gating)
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
                                   out_dtype, validate, rows=rows, layout=layout,
-                                  out_state_indices=out_state_indices)
+                                  out_state_indices=out_state_indices, gating=gating)
     shape = (B, K, HV, vd) if rows else (B, HV, vd)
     dtype = out_dtype or v.dtype
     if out is None:
@@ -438,5 +465,6 @@ def _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2
     kernel, grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, intermediate,
                                               state_indices, scale, use_qk_l2norm, B, K, HK, HV,
                                               kd, vd, rows=rows, layout=layout,
-                                              out_state_indices=out_state_indices)
+                                              out_state_indices=out_state_indices,
+                                              gating=gating)
     return LaunchPlan(kernel, grid, args, kwargs, outputs=o, device=state.device)
