@@ -77,7 +77,7 @@ def __getattr__(name):
 class CarryLayer:
     """One GDN layer of a stack driven by ``SpecDecodeStep``.
 
-    ``state`` fp32 in ``state_layout`` (``[S, HV, kd, vd]`` for ``"kv"``, ``[S, HV, vd, kd]`` for
+    ``state`` (fp32, bf16 or fp16) in ``state_layout`` (``[S, HV, kd, vd]`` for ``"kv"``, ``[S, HV, vd, kd]`` for
     ``"vk"``) and its ``carry`` (``GdnCarry``, the same for both layouts). Optionally the causal conv
     that feeds it (SPEC §3c): ``conv_state [S, dim, state_len]``, ``conv_carry`` (``ConvCarry``),
     ``conv_weight [dim, d_conv]``, ``conv_bias [dim]`` or None, with
@@ -195,6 +195,9 @@ class SpecDecodeStep:
                 raise ValueError(f"layers[{i}]: state_layout differs from layers[0]")
             if lay.has_conv != layers[0].has_conv:
                 raise ValueError(f"layers[{i}]: every layer has a conv or none does")
+            if form == "wy" and lay.state.dtype != torch.float32:
+                raise ValueError(f"form: the WY form needs fp32 states, layers[{i}].state is "
+                                 f"{lay.state.dtype}; use form='exact'")
         if lazy_min_seqs is not None:
             _checks.positive_int("lazy_min_seqs", lazy_min_seqs)
         if eager_max_pending is not None:

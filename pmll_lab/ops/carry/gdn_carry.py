@@ -72,7 +72,7 @@ from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
                                          fold_row, gdn_gate_beta, gdn_gate_g, gdn_row, head_dims,
                                          load_gate_params, load_row_inputs, qk_prepare,
-                                         vk_chunks, vk_config)
+                                         round_like, vk_chunks, vk_config)
 from pmll_lab.ops.gdn.gating import check_gating, split_gating
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
@@ -294,9 +294,10 @@ _ROW_UNSPECIALIZED = dict(do_not_specialize=_ROW_STRIDES,
 
 
 @triton.jit
-def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv,
+def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, h_ptr,
                   HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr):
-    """Fold stash rows ``0..p-1`` into the state block ``h [BK, BV]`` (columns ``rv``); with
+    """Fold stash rows ``0..p-1`` into the state block ``h [BK, BV]`` (columns ``rv``), rounded
+    to the state's dtype (``h_ptr``'s) after every row as decoding stores it; with
     ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded (``recurrence.CARRY_PREFETCH_ROWS``)."""
     if PREFETCH:
         gn = tl.load(gs_ptr, mask=p > 0, other=0.0)
@@ -308,13 +309,13 @@ def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv,
             gn = tl.load(gs_ptr + (i + 1) * HV, mask=more, other=0.0)
             kn = tl.load(ks_ptr + (i + 1) * (HV * KD) + rk, mask=mk & more, other=0.0)
             un = tl.load(u_ptr + (i + 1) * (HV * VD) + rv, mask=mv & more, other=0.0)
-            h = fold_row(h, tl.exp(gi), ki, ui)
+            h = round_like(fold_row(h, tl.exp(gi), ki, ui), h_ptr)
     else:
         for i in range(p):
             gi = tl.load(gs_ptr + i * HV)
             ki = tl.load(ks_ptr + i * (HV * KD) + rk, mask=mk, other=0.0)
             ui = tl.load(u_ptr + i * (HV * VD) + rv, mask=mv, other=0.0)
-            h = fold_row(h, tl.exp(gi), ki, ui)
+            h = round_like(fold_row(h, tl.exp(gi), ki, ui), h_ptr)
     return h
 
 
@@ -353,8 +354,8 @@ def _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv,
     forms."""
     m2 = mk[:, None] & mv[None, :]
     hp = h_ptr + rk[:, None] * VD + rv[None, :]
-    h = tl.load(hp, mask=m2, other=0.0)
-    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD, PREFETCH)
+    h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
+    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, h_ptr, HV, KD, VD, PREFETCH)
     tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
     if wb:
         tl.store(hp, h, mask=m2)
@@ -398,24 +399,26 @@ def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                                                    brow + t * sb_t, rk, mk, rv, mv, ga, gd,
                                                    GATE)
             h = _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
-                           live, HV, VD, USE_QK_L2NORM)
+                           live, h_ptr, HV, VD, USE_QK_L2NORM)
     else:
         for t in range(K):
             q, k, v, g, beta = load_row_inputs(qrow + t * sq_t, krow + t * sk_t, vrow + t * sv_t,
                                                grow + t * sg_t, brow + t * sb_t, rk, mk, rv, mv,
                                                ga, gd, GATE)
             h = _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
-                           live, HV, VD, USE_QK_L2NORM)
+                           live, h_ptr, HV, VD, USE_QK_L2NORM)
 
 
 @triton.jit
-def _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv, live,
+def _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv, live, h_ptr,
                HV: tl.constexpr, VD: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
-    """Row ``t`` of the exact form on its loaded inputs: decode's ``qk_prepare`` + ``gdn_row``,
-    store the output columns (zeros for a padding lane) and stash ``u`` at row ``first + t``
-    (live lanes only). Returns the new block."""
+    """Row ``t`` of the exact form on its loaded inputs: decode's ``qk_prepare`` + ``gdn_row``
+    (the new block rounded to the state's dtype, ``h_ptr``'s, as decoding stores it), store the
+    output columns (zeros for a padding lane) and stash ``u`` at row ``first + t`` (live lanes
+    only). Returns the new block."""
     q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
     h, o, u = gdn_row(h, q, k, v, g, beta)
+    h = round_like(h, h_ptr)
     tl.store(orow + t * so_t + rv, tl.where(live, o, 0.0).to(orow.dtype.element_ty), mask=mv)
     tl.store(u_ptr + (first + t) * (HV * VD) + rv, u, mask=mv & live)
     return h
@@ -718,10 +721,10 @@ def _gdn_carry_flush_kernel(
         h_ptr = state_ptr + tl.load(state_off_ptr + layer) + slot * stride_state + hv * (KD * VD)
         s_ptr = stash_ptr + tl.load(stash_off_ptr + layer) + slot * stride_stash
         hp = h_ptr + rk[:, None] * VD + rv[None, :]
-        h = tl.load(hp, mask=m2, other=0.0)
+        h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
         h = _fold_pending(h, s_ptr + hv * VD, s_ptr + CAP * HV * VD + hv,
-                          s_ptr + CAP * HV * VD + CAP * HV + hv * KD, p, rk, mk, rv, mv, HV, KD, VD,
-                          PREFETCH)
+                          s_ptr + CAP * HV * VD + CAP * HV + hv * KD, p, rk, mk, rv, mv, h_ptr, HV,
+                          KD, VD, PREFETCH)
         tl.store(hp, h, mask=m2)
 
 
@@ -787,9 +790,9 @@ def check_carry(name: str, carry, state: torch.Tensor | None = None,
 
 
 def check_state(name: str, state) -> torch.Tensor:
-    """fp32 ``[S, HV, kd, vd]`` (or ``[S, HV, vd, kd]``) on the kernels' device type, inner
-    three dims contiguous (any slot stride)."""
-    _checks.tensor(name, state, ndim=4, dtype=torch.float32)
+    """fp32, bf16 or fp16 ``[S, HV, kd, vd]`` (or ``[S, HV, vd, kd]``) on the kernels' device
+    type, inner three dims contiguous (any slot stride)."""
+    _checks.tensor(name, state, ndim=4, dtype=_checks.FLOAT_DTYPES)
     if state.device.type != DEVICE.type:
         raise ValueError(f"{name}: on {state.device}, but kernels run on {DEVICE} (pmll_lab.backend.DEVICE)")
     _, HV, d2, d3 = state.shape
@@ -831,6 +834,10 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
         raise ValueError(f"q: HV ({HV}) must be a multiple of HK ({HK})")
     if K < 1 or K > carry.cap:
         raise ValueError(f"q: K = {K} draft rows must lie in [1, CAP = {carry.cap}]")
+    if form == "wy" and state.dtype != torch.float32:
+        raise ValueError(f"form: the WY form needs an fp32 state, got {state.dtype}: it computes "
+                         "the K rows at once, so it cannot round the state to the state's dtype "
+                         "after every row as decoding does; use form='exact'")
     if form == "wy" and K > WY_ROWS_PAD:
         raise ValueError(f"K: the WY form verifies at most {WY_ROWS_PAD} rows (its row tiles), "
                          f"got K = {K}; use form='exact'")
@@ -875,8 +882,11 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
 
     Args:
         state: ``[S, HV, kd, vd]`` (``state_layout="kv"``) or ``[S, HV, vd, kd]`` (``"vk"``),
-            fp32, inner dims contiguous. Read; written only on a write-back
-            (``engaged == 2``), with the slot's pending rows folded in.
+            fp32, bf16 or fp16, inner dims contiguous. Read; written only on a write-back
+            (``engaged == 2``), with the slot's pending rows folded in. A bf16/fp16 state is
+            computed on in fp32 and rounded to its dtype after every folded and verified row,
+            where decoding stores it (the exact form stays bitwise equal to decoding; the WY
+            form refuses it); the stash stays fp32.
         carry: the layer's ``GdnCarry`` (``S`` slots, ``HV``, ``kd``, ``vd``, ``CAP``). Its stash
             rows ``first..first+K-1`` of each slot are written (``first = 0`` after a
             write-back, else ``pend``); ``pend`` is read, never written (``carry_accept`` does).
@@ -1062,9 +1072,9 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     """Fold every listed slot's pending rows into its state, over ``L`` layers in one launch
     (SPEC §3b "Flush"; the seed's ``gdn_carry_flush``).
 
-    ``states``: list of ``L`` fp32 states in ``state_layout`` (``[S, HV, kd, vd]`` for ``"kv"``,
+    ``states``: list of ``L`` states in ``state_layout`` (``[S, HV, kd, vd]`` for ``"kv"``,
     ``[S, HV, vd, kd]`` for ``"vk"``; separately allocated is fine; same
-    shape and strides); ``carries``: list of ``L`` ``GdnCarry`` (same layout and slot stride);
+    shape, strides and dtype: fp32, or bf16/fp16 rounded after every folded row); ``carries``: list of ``L`` ``GdnCarry`` (same layout and slot stride);
     ``slot_tab [B]`` int32/int64, contiguous. A slot with ``pend = 0`` is left alone; ``pend`` is not changed
     (the caller clears it). Folding uses ``fold_row`` on ``block_config`` blocks, so the state is
     bitwise the one plain decoding would hold. ``validate=True``: slots distinct and in range,
@@ -1081,8 +1091,9 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     for i, (st, ca) in enumerate(zip(states, carries)):
         check_state(f"states[{i}]", st)
         check_carry(f"carries[{i}]", ca, st, state_layout)
-        if st.shape != states[0].shape or st.stride() != states[0].stride():
-            raise ValueError(f"states[{i}]: shape/strides differ from states[0]")
+        if (st.shape != states[0].shape or st.stride() != states[0].stride()
+                or st.dtype != states[0].dtype):
+            raise ValueError(f"states[{i}]: shape/strides/dtype differ from states[0]")
         if ca.cap != carries[0].cap or ca.buf.stride() != carries[0].buf.stride():
             raise ValueError(f"carries[{i}]: CAP or stash strides differ from carries[0]")
         _checks.same_device("states[0]", states[0], **{f"states[{i}]": st})

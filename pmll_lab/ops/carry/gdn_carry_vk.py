@@ -38,7 +38,7 @@ from pmll_lab.ops.carry.gdn_carry import (_ROW_UNSPECIALIZED, _verify_prologue,
                                           _wy_restash_shared_rows, _wy_rows)
 from pmll_lab.ops.gdn.decode_vk import load_row_inputs_vk, vk_tile_index, vk_tile_offsets
 from pmll_lab.ops.gdn.recurrence import (fold_row_vk, gdn_gate_g, gdn_row_vk, load_gate_params,
-                                         qk_prepare_vk)
+                                         qk_prepare_vk, round_like)
 
 WY_VK_DOT_PRECISION = "tf32x3"
 """``input_precision`` of the V-major WY form's products with the state (``h Kr^T``,
@@ -49,11 +49,12 @@ time; measured in ``reports/perf-notes.md`` (v11)."""
 
 
 @triton.jit
-def _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr,
+def _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr,
                      HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
                      PREFETCH: tl.constexpr):
     """Fold stash rows ``0..p-1`` into the tile ``h [BR, NC, CW]`` (value rows ``rr``, keys
-    ``rk [NC, CW]``); with ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded."""
+    ``rk [NC, CW]``), rounded to the state's dtype (``h_ptr``'s) after every row; with
+    ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded."""
     if PREFETCH:
         gn = tl.load(gs_ptr, mask=p > 0, other=0.0)
         kn = tl.load(ks_ptr + rk, mask=mk & (p > 0), other=0.0)
@@ -64,13 +65,13 @@ def _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr,
             gn = tl.load(gs_ptr + (i + 1) * HV, mask=more, other=0.0)
             kn = tl.load(ks_ptr + (i + 1) * (HV * KD) + rk, mask=mk & more, other=0.0)
             un = tl.load(u_ptr + (i + 1) * (HV * VD) + rr, mask=mr & more, other=0.0)
-            h = fold_row_vk(h, tl.exp(gi), ki, ui)
+            h = round_like(fold_row_vk(h, tl.exp(gi), ki, ui), h_ptr)
     else:
         for i in range(p):
             gi = tl.load(gs_ptr + i * HV)
             ki = tl.load(ks_ptr + i * (HV * KD) + rk, mask=mk, other=0.0)
             ui = tl.load(u_ptr + i * (HV * VD) + rr, mask=mr, other=0.0)
-            h = fold_row_vk(h, tl.exp(gi), ki, ui)
+            h = round_like(fold_row_vk(h, tl.exp(gi), ki, ui), h_ptr)
     return h
 
 
@@ -81,8 +82,9 @@ def _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr,
     rows folded in, written back when ``wb``; shared by the exact and WY forms."""
     m2 = mr[:, None, None] & mk[None, :, :]
     hp = h_ptr + vk_tile_offsets(rk, rr, KD)
-    h = tl.load(hp, mask=m2, other=0.0)
-    h = _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, HV, KD, VD, PREFETCH)
+    h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
+    h = _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr, HV, KD, VD,
+                         PREFETCH)
     tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
     if wb:
         tl.store(hp, h, mask=m2)
@@ -90,13 +92,14 @@ def _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr,
 
 
 @triton.jit
-def _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr, live,
+def _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr, live, h_ptr,
                   HV: tl.constexpr, VD: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
     """Row ``t`` on its loaded inputs: decode's ``qk_prepare`` + ``gdn_row_vk``, store the
     output rows (zeros for a padding lane) and stash ``u`` at row ``first + t`` (live lanes
     only). Returns the new tile."""
     q, k = qk_prepare_vk(q, k, scale, USE_QK_L2NORM)
     h, o, u = gdn_row_vk(h, q, k, v, g, beta)
+    h = round_like(h, h_ptr)               # a bf16/fp16 state as decoding stores it
     tl.store(orow + t * so_t + rr, tl.where(live, o, 0.0).to(orow.dtype.element_ty), mask=mr)
     tl.store(u_ptr + (first + t) * (HV * VD) + rr, u, mask=mr & live)
     return h
@@ -170,7 +173,7 @@ def gdn_carry_exact_vk_kernel(
                                                       brow + t * sb_t, rk, mk, rr, mr, ga, gd,
                                                       GATE)
             h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
-                              live, HV, VD, USE_QK_L2NORM)
+                              live, h_ptr, HV, VD, USE_QK_L2NORM)
     else:
         for t in range(K):
             q, k, v, g, beta = load_row_inputs_vk(qrow + t * sq_t, krow + t * sk_t,
@@ -178,7 +181,7 @@ def gdn_carry_exact_vk_kernel(
                                                   brow + t * sb_t, rk, mk, rr, mr, ga, gd,
                                                   GATE)
             h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
-                              live, HV, VD, USE_QK_L2NORM)
+                              live, h_ptr, HV, VD, USE_QK_L2NORM)
     tl.debug_barrier()
     arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)
     if live & (arrived == NV - 1):
@@ -266,8 +269,8 @@ def gdn_carry_flush_vk_kernel(
         h_ptr = state_ptr + tl.load(state_off_ptr + layer) + slot * stride_state + hv * (KD * VD)
         s_ptr = stash_ptr + tl.load(stash_off_ptr + layer) + slot * stride_stash
         hp = h_ptr + vk_tile_offsets(rk, rr, KD)
-        h = tl.load(hp, mask=m2, other=0.0)
+        h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
         h = _fold_pending_vk(h, s_ptr + hv * VD, s_ptr + CAP * HV * VD + hv,
                              s_ptr + CAP * HV * VD + CAP * HV + hv * KD, p, rk, mk, rr, mr,
-                             HV, KD, VD, PREFETCH)
+                             h_ptr, HV, KD, VD, PREFETCH)
         tl.store(hp, h, mask=m2)

@@ -35,7 +35,7 @@ from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
 from pmll_lab.ops.gdn.gating import Gating, check_gating, split_gating
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
                                          gdn_row, head_dims, load_gate_params, load_row_inputs,
-                                         qk_prepare, vk_chunks, vk_config)
+                                         qk_prepare, round_like, vk_chunks, vk_config)
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
 
@@ -78,6 +78,7 @@ def _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                                          ga, gd, GATE)
     qt, kt = qk_prepare(qt, kt, scale, USE_QK_L2NORM)
     h, ot, ut = gdn_row(h, qt, kt, vt, gt, bt)
+    h = round_like(h, inter)               # a bf16/fp16 state as a decode would store it
     tl.store(o + b64 * o_b + t * o_t + hv * o_h + rv,
              tl.where(live, ot, 0.0).to(o.dtype.element_ty), mask=mv)
     if STORE_INTER:
@@ -130,7 +131,7 @@ def gdn_rows_kernel(
     mh = mk[:, None] & mv[None, :] & live
 
     p_h = state + slot * s_slot + hv * s_head + rk[:, None] * s_key + rv[None, :]
-    h = tl.load(p_h, mask=mh, other=0.0)
+    h = tl.load(p_h, mask=mh, other=0.0).to(tl.float32)
 
     q_row = q + b64 * q_b + hk * q_h
     k_row = k + b64 * k_b + hk * k_h
@@ -165,7 +166,7 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
     """Validate a decode (``rows=False``) or chain (``rows=True``) call; return its sizes."""
     C = _checks
     check_layout("state_layout", layout)
-    C.tensor("state", state, ndim=4, dtype=torch.float32, last_contiguous=True)
+    C.tensor("state", state, ndim=4, dtype=C.FLOAT_DTYPES, last_contiguous=True)
     if state.device.type != DEVICE.type:
         raise ValueError(f"state: on {state.device}, but kernels run on {DEVICE} "
                          "(pmll_lab.backend.DEVICE)")
@@ -211,7 +212,7 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
                  dtype=(torch.int32, torch.int64), contiguous=True)
     if intermediate is not None:
         C.tensor("intermediate", intermediate, shape=(B, lead[1] - 1, *state.shape[1:]),
-                 dtype=torch.float32, last_contiguous=True)
+                 dtype=state.dtype, last_contiguous=True)
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise ValueError(f"scale: expected a float or None, got {type(scale).__name__}")
     if out_dtype is not None:
@@ -326,10 +327,13 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
     """One Gated DeltaNet decode token per sequence (SPEC §2); updates ``state`` in place.
 
     Args:
-        state: fp32, last dim contiguous: ``[S, HV, kd, vd]`` with ``state_layout="kv"``
-            (key-major, FLA's) or ``[S, HV, vd, kd]`` with ``"vk"`` (value-major, FlashInfer's
-            "pretranspose"); the slots ``state_indices`` are advanced one token, every other
-            slot is left untouched.
+        state: fp32, bf16 or fp16, last dim contiguous: ``[S, HV, kd, vd]`` with
+            ``state_layout="kv"`` (key-major, FLA's) or ``[S, HV, vd, kd]`` with ``"vk"``
+            (value-major, FlashInfer's "pretranspose"); the slots ``state_indices`` are advanced
+            one token, every other slot is left untouched. A bf16/fp16 state (SGLang's
+            ``--mamba-ssm-dtype bfloat16``, FlashInfer's bf16-state kernels; half the state
+            bytes) is read into fp32, the token computed in fp32, and the new state rounded to
+            the state's dtype (nearest even) once, when stored.
         q, k: ``[B, HK, kd]``, fp32/bf16/fp16 (same dtype), last dim contiguous, any other
             strides (views of a fused projection buffer are read in place, never copied).
         v: ``[B, HV, vd]``, q's dtype; value head ``h`` reads key head ``h // (HV // HK)``.
@@ -389,8 +393,10 @@ def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermed
     Args: as ``gdn_decode`` with a rows axis after ``B``: ``q, k [B, K, HK, kd]``,
     ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]`` (or ``A_log, dt_bias [HV]`` and
     ``a, b [B, K, HV]``: the gating in the kernel), ``1 <= K <= 8``;
-    ``intermediate``: ``None`` or ``[B, K-1, *state.shape[1:]]`` fp32 (last dim contiguous;
-    snapshots in the state's layout); ``state_layout`` and ``out_state_indices`` (the state
+    ``intermediate``: ``None`` or ``[B, K-1, *state.shape[1:]]`` in the state's dtype (last dim
+    contiguous; snapshots in the state's layout). With a bf16/fp16 state the chain rounds the
+    state it keeps in registers to the state's dtype after every row, where ``K`` decodes
+    store it, so it stays bitwise equal to them; ``state_layout`` and ``out_state_indices`` (the state
     after the last row goes there, the read slots keep theirs) as in ``gdn_decode``.
 
     Returns ``o [B, K, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before

@@ -23,7 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.gdn.recurrence import gdn_row_vk, load_gate_params, load_gates, qk_prepare_vk
+from pmll_lab.ops.gdn.recurrence import (gdn_row_vk, load_gate_params, load_gates, qk_prepare_vk,
+                                         round_like)
 
 # Row vectors and their strides are not specialised (as in decode.py): the register layout of a
 # loaded vector, and so the order of the l2norm and k.q sums, must not depend on where a view
@@ -78,6 +79,7 @@ def _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                                             rk, mk, rr, mr, ga, gd, GATE)
     qt, kt = qk_prepare_vk(qt, kt, scale, USE_QK_L2NORM)
     h, ot, ut = gdn_row_vk(h, qt, kt, vt, gt, bt)
+    h = round_like(h, inter)               # a bf16/fp16 state as a decode would store it
     tl.store(o + b64 * o_b + t * o_t + hv * o_h + rr,
              tl.where(live, ot, 0.0).to(o.dtype.element_ty), mask=mr)
     if STORE_INTER:
@@ -129,7 +131,7 @@ def gdn_rows_vk_kernel(
     rk, mk, rr, mr, mh = vk_tile_index(pid_r, KD, VD, BV, NC, CW)
     mh = mh & live
     p_h = state + slot * s_slot + hv * s_head + vk_tile_offsets(rk, rr, s_row)
-    h = tl.load(p_h, mask=mh, other=0.0)
+    h = tl.load(p_h, mask=mh, other=0.0).to(tl.float32)
 
     q_row = q + b64 * q_b + hk * q_h
     k_row = k + b64 * k_b + hk * k_h

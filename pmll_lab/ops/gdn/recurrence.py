@@ -164,6 +164,17 @@ def fold_row(h, e, k, u):
 
 
 @triton.jit
+def round_like(h, state_ptr):
+    """``h`` (fp32) rounded to the element type of ``state_ptr`` and back: the value a bf16 or
+    fp16 state pool stores after a token (round to nearest even), so a kernel that keeps the
+    state in registers across rows (chain, carry verify, folds) rounds where successive
+    decodes store it. A no-op (resolved at compile time) for an fp32 state."""
+    if state_ptr.dtype.element_ty != tl.float32:
+        h = h.to(state_ptr.dtype.element_ty).to(tl.float32)
+    return h
+
+
+@triton.jit
 def load_gates(g_row, beta_row, ga, gd, GATE: tl.constexpr):
     """A row's ``g, beta`` as fp32 scalars: loaded, or with ``GATE`` computed by ``gdn_gate``
     from ``a, b`` (which ``g_row``, ``beta_row`` then point at) and ``A_log``, ``dt_bias``
