@@ -16,7 +16,8 @@
   ``state_bytes``, ``row_io_bytes``, ``decode_bytes``, ``chain_bytes``, ``decodes_bytes``,
   ``snapshot_bytes``, ``carry_stash_bytes``.
 
-All sizes in bytes; ``Hb = HV * kd * vd * 4`` is one sequence's fp32 state for one layer.
+All sizes in bytes; ``Hb = HV * kd * vd * 4`` is one sequence's fp32 state for one layer
+(``* 2`` for a bf16/fp16 state pool: ``state_dtype``).
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def state_bytes(num_v_heads: int, k_dim: int, v_dim: int) -> int:
-    """``Hb``: bytes of one sequence's fp32 state ``[HV, kd, vd]`` for one layer."""
-    return num_v_heads * k_dim * v_dim * 4
+def state_bytes(num_v_heads: int, k_dim: int, v_dim: int,
+                state_dtype: torch.dtype = torch.float32) -> int:
+    """``Hb``: bytes of one sequence's state ``[HV, kd, vd]`` for one layer (fp32 unless
+    ``state_dtype`` says otherwise)."""
+    return num_v_heads * k_dim * v_dim * _itemsize(state_dtype)
 
 
 def row_io_bytes(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int,
@@ -60,35 +63,40 @@ def row_io_bytes(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int,
 
 
 def decode_bytes(batch: int, num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int,
-                 dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype | None = None) -> int:
+                 dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype | None = None,
+                 state_dtype: torch.dtype = torch.float32) -> int:
     """One ``gdn_decode`` launch: per sequence ``2*Hb`` (state read and written) plus one row of
     inputs/outputs and its int32 slot index (SPEC §4)."""
-    hb = state_bytes(num_v_heads, k_dim, v_dim)
+    hb = state_bytes(num_v_heads, k_dim, v_dim, state_dtype)
     return batch * (2 * hb + row_io_bytes(num_k_heads, num_v_heads, k_dim, v_dim, dtype,
                                           out_dtype) + 4)
 
 
 def chain_bytes(batch: int, rows: int, num_k_heads: int, num_v_heads: int, k_dim: int,
                 v_dim: int, dtype: torch.dtype = torch.bfloat16,
-                out_dtype: torch.dtype | None = None) -> int:
+                out_dtype: torch.dtype | None = None,
+                state_dtype: torch.dtype = torch.float32) -> int:
     """One ``gdn_chain`` launch with snapshots: per sequence ``(K+1)*Hb`` (state read, ``K-1``
     snapshots and the final state written) plus ``K`` rows of inputs/outputs and the slot index
     (SPEC §4)."""
-    hb = state_bytes(num_v_heads, k_dim, v_dim)
+    hb = state_bytes(num_v_heads, k_dim, v_dim, state_dtype)
     io = row_io_bytes(num_k_heads, num_v_heads, k_dim, v_dim, dtype, out_dtype)
     return batch * ((rows + 1) * hb + rows * io + 4)
 
 
 def decodes_bytes(batch: int, rows: int, num_k_heads: int, num_v_heads: int, k_dim: int,
                   v_dim: int, dtype: torch.dtype = torch.bfloat16,
-                  out_dtype: torch.dtype | None = None) -> int:
+                  out_dtype: torch.dtype | None = None,
+                  state_dtype: torch.dtype = torch.float32) -> int:
     """``K`` successive ``gdn_decode`` launches: ``K`` times ``decode_bytes``."""
-    return rows * decode_bytes(batch, num_k_heads, num_v_heads, k_dim, v_dim, dtype, out_dtype)
+    return rows * decode_bytes(batch, num_k_heads, num_v_heads, k_dim, v_dim, dtype, out_dtype,
+                               state_dtype)
 
 
-def snapshot_bytes(rows: int, num_v_heads: int, k_dim: int, v_dim: int) -> int:
+def snapshot_bytes(rows: int, num_v_heads: int, k_dim: int, v_dim: int,
+                   state_dtype: torch.dtype = torch.float32) -> int:
     """Snapshot buffer per sequence and layer for a ``K``-row chain: ``(K-1) * Hb``."""
-    return max(rows - 1, 0) * state_bytes(num_v_heads, k_dim, v_dim)
+    return max(rows - 1, 0) * state_bytes(num_v_heads, k_dim, v_dim, state_dtype)
 
 
 def carry_stash_bytes(num_v_heads: int, k_dim: int, v_dim: int, cap: int = CARRY_CAP) -> int:
