@@ -9,6 +9,10 @@ decorated), which is why ``pmll_lab/__init__.py`` imports this module first.
 Every test, notebook and sweep asks this module for the device (``DEVICE``) instead of deciding
 for itself. ``PMLL_LAB_DEVICE=cuda`` on a machine without CUDA raises ``RuntimeError``.
 
+Under the interpreter, stores of fp32 values into bf16 buffers round to nearest even as they do
+on a GPU (Triton 3.6's interpreter truncates; ``pmll_lab._interpreter`` patches its cast when
+the interpreter is chosen), so CPU tests of bf16 storage check the GPU's rounding.
+
 ``PMLL_LAB_DEVICE=lower`` is for ``pmll_lab.lowering`` only: kernels are compiled for a GPU target
 (Triton IR, PTX) but never launched, on any machine, GPU or not; ``DEVICE`` is the CPU and
 ``INTERPRET`` is False. ``TRITON_INTERPRET=1`` in the environment then raises ``RuntimeError``.
@@ -23,6 +27,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
+
+from pmll_lab import _interpreter
 
 
 def _decide() -> tuple[torch.device, bool]:
@@ -40,9 +46,11 @@ def _decide() -> tuple[torch.device, bool]:
     if wanted == "cpu" or not has_cuda:
         os.environ["TRITON_INTERPRET"] = "1"
         _require_fresh_triton_language()
+        _interpreter.install()
         return torch.device("cpu"), True
     if os.environ.get("TRITON_INTERPRET") == "1":
         # A GPU machine asked for the interpreter explicitly: honour it, on CPU tensors.
+        _interpreter.install()
         return torch.device("cpu"), True
     return torch.device("cuda", torch.cuda.current_device()), False
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from pmll_lab import _checks
+from pmll_lab.ops.gdn.gating import split_gating
 from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, STATE_LAYOUTS, check_layout
 from pmll_lab.ops.carry.gdn_carry import (
     FORMS,
@@ -77,7 +78,7 @@ def __getattr__(name):
 class CarryLayer:
     """One GDN layer of a stack driven by ``SpecDecodeStep``.
 
-    ``state`` fp32 in ``state_layout`` (``[S, HV, kd, vd]`` for ``"kv"``, ``[S, HV, vd, kd]`` for
+    ``state`` (fp32, bf16 or fp16) in ``state_layout`` (``[S, HV, kd, vd]`` for ``"kv"``, ``[S, HV, vd, kd]`` for
     ``"vk"``) and its ``carry`` (``GdnCarry``, the same for both layouts). Optionally the causal conv
     that feeds it (SPEC §3c): ``conv_state [S, dim, state_len]``, ``conv_carry`` (``ConvCarry``),
     ``conv_weight [dim, d_conv]``, ``conv_bias [dim]`` or None, with
@@ -87,6 +88,8 @@ class CarryLayer:
     (the seed's fused conv) and the GDN kernel does not; else the GDN kernel does.
     Without a conv, ``use_qk_l2norm`` is passed to the GDN kernel. ``state_layout``: ``"kv"``
     (``state [S, HV, kd, vd]``) or ``"vk"`` (``[S, HV, vd, kd]``), passed to every launch.
+    ``A_log``, ``dt_bias``: optional ``[HV]`` gating parameters of the layer, used when a step
+    passes ``a, b`` instead of ``g, beta`` (the gating computed in the verify kernel).
 
     Construction checks the fields (``ValueError`` naming the field): ``state`` and ``carry``
     as ``gdn_carry_verify`` needs them, and with ``conv_state`` given a ``ConvCarry``, a
@@ -103,6 +106,8 @@ class CarryLayer:
     qk_l2norm_in_conv: bool = True
     use_qk_l2norm: bool = True
     state_layout: str = DEFAULT_STATE_LAYOUT
+    A_log: torch.Tensor | None = None
+    dt_bias: torch.Tensor | None = None
 
     @property
     def has_conv(self) -> bool:
@@ -120,6 +125,10 @@ def _check_layer(prefix: str, lay: CarryLayer) -> None:
     check_layout(f"{prefix}state_layout", lay.state_layout)
     check_state(f"{prefix}state", lay.state)
     check_carry(f"{prefix}carry", lay.carry, lay.state, lay.state_layout)
+    for name in ("A_log", "dt_bias"):
+        if getattr(lay, name) is not None:
+            _checks.tensor(f"{prefix}{name}", getattr(lay, name), shape=(lay.state.shape[1],),
+                           dtype=_checks.FLOAT_DTYPES, device=lay.state.device, contiguous=True)
     if lay.conv_state is not None:
         from pmll_lab.conv import ConvCarry
 
@@ -193,6 +202,9 @@ class SpecDecodeStep:
                 raise ValueError(f"layers[{i}]: state_layout differs from layers[0]")
             if lay.has_conv != layers[0].has_conv:
                 raise ValueError(f"layers[{i}]: every layer has a conv or none does")
+            if form == "wy" and lay.state.dtype != torch.float32:
+                raise ValueError(f"form: the WY form needs fp32 states, layers[{i}].state is "
+                                 f"{lay.state.dtype}; use form='exact'")
         if lazy_min_seqs is not None:
             _checks.positive_int("lazy_min_seqs", lazy_min_seqs)
         if eager_max_pending is not None:
@@ -308,18 +320,24 @@ class SpecDecodeStep:
         self.stats["lazy_steps" if lazy else "eager_steps"] += 1
         return {"lazy": lazy, "flushed": flushed, "synced": synced}
 
-    def verify_layer(self, i: int, *, g=None, beta=None, q=None, k=None, v=None, x=None):
+    def verify_layer(self, i: int, *, g=None, beta=None, q=None, k=None, v=None, x=None,
+                     A_log=None, a=None, dt_bias=None, b=None):
         """Verify the current step's rows on layer ``i``. Without a conv: ``q, k [B, K, HK, kd]``,
         ``v [B, K, HV, vd]``; with one: ``x [B, K, dim]`` (the conv runs first, q, k, v are views
-        of its output). ``g, beta [B, K, HV]`` fp32. Returns ``o [B, K, HV, vd]``."""
+        of its output). ``g, beta [B, K, HV]`` fp32, or ``a, b [B, K, HV]`` with the gating
+        computed in the kernel (``A_log``, ``dt_bias [HV]`` default to the layer's fields).
+        Returns ``o [B, K, HV, vd]``."""
         if self._cur is None:
             raise ValueError("verify_layer: call begin() first")
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.layers):
             raise ValueError(f"i: layer index must be an int in [0, {len(self.layers)}), got {i!r}")
-        if g is None or beta is None:
-            raise ValueError(f"{'g' if g is None else 'beta'}: required [B, K, HV] fp32")
         _, dev_tab, lazy = self._cur
         lay = self.layers[i]
+        if g is None and beta is None and (a is not None or b is not None):
+            A_log = lay.A_log if A_log is None else A_log
+            dt_bias = lay.dt_bias if dt_bias is None else dt_bias
+        gates = dict(g=g, beta=beta, A_log=A_log, a=a, dt_bias=dt_bias, b=b)
+        split_gating(**gates)                  # the form's errors before the conv runs
         use_l2 = lay.use_qk_l2norm
         if lay.has_conv:
             from pmll_lab.conv import conv_carry_verify
@@ -343,7 +361,7 @@ class SpecDecodeStep:
         if q.shape[1] != self._rows:
             raise ValueError(f"q: {q.shape[1]} rows, but begin() was told {self._rows}")
         with self._section("gdn_verify"):
-            o, eng = gdn_carry_verify(lay.state, lay.carry, q, k, v, g, beta, slot_tab=dev_tab,
+            o, eng = gdn_carry_verify(lay.state, lay.carry, q, k, v, **gates, slot_tab=dev_tab,
                                       form=self.form, lazy=lazy, scale=self.scale,
                                       use_qk_l2norm=use_l2, validate=self.validate,
                                       eager_max_pending=self.eager_max_pending,
@@ -368,9 +386,12 @@ class SpecDecodeStep:
         for i, (inp, lay) in enumerate(zip(inputs, self.layers)):
             if not isinstance(inp, dict):
                 raise ValueError(f"inputs[{i}]: expected a dict, got {type(inp).__name__}")
-            need = {"x", "g", "beta"} if lay.has_conv else {"q", "k", "v", "g", "beta"}
-            if set(inp) != need:
-                raise ValueError(f"inputs[{i}]: expected keys {sorted(need)}, got {sorted(inp)}")
+            base = {"x"} if lay.has_conv else {"q", "k", "v"}
+            extra = set(inp) - base
+            if not base <= set(inp) or not (extra == {"g", "beta"} or
+                                             {"a", "b"} <= extra <= {"a", "b", "A_log", "dt_bias"}):
+                raise ValueError(f"inputs[{i}]: expected keys {sorted(base)} and g, beta (or a, b "
+                                 f"and optionally A_log, dt_bias), got {sorted(inp)}")
         first = inputs[0]
         lead = first["x"] if "x" in first else first["q"]
         if not isinstance(lead, torch.Tensor) or lead.dim() < 2:

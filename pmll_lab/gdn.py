@@ -4,6 +4,11 @@
 - ``gdn_chain(state, q, k, v, g, beta, ..., intermediate=None) -> o``: ``K <= 8`` draft rows per
   sequence, the state after each row ``t < K-1`` written to ``intermediate`` (the snapshot
   baseline that vLLM and SGLang verify with). Bitwise equal to ``K`` successive decodes.
+- ``gdn_gating(A_log, a, dt_bias, b) -> (g, beta)``: Qwen3-Next's gates; every GDN launcher
+  also takes ``A_log=, a=, dt_bias=, b=`` instead of ``g, beta`` and computes them in its kernel,
+  bitwise as ``gdn_gating`` would (``pmll_lab.ops.gdn.gating``); ``gdn_gating_ref`` in float64.
+- Both take ``out_state_indices=`` (default: the read slots): the new state is written there and
+  the read slot keeps its state (FlashInfer's ``output_state_indices``; prefix-cache forks).
 - ``gdn_decode_plan`` / ``gdn_chain_plan``: the same launches bound to fixed buffers, a lean
   call for host-bound small batches (``pmll_lab.ops.launch.LaunchPlan``).
 - ``gdn_decode_ref`` / ``gdn_chain_ref``: the float64 references both answer to.
@@ -11,7 +16,8 @@
   ``state_bytes``, ``row_io_bytes``, ``decode_bytes``, ``chain_bytes``, ``decodes_bytes``,
   ``snapshot_bytes``, ``carry_stash_bytes``.
 
-All sizes in bytes; ``Hb = HV * kd * vd * 4`` is one sequence's fp32 state for one layer.
+All sizes in bytes; ``Hb = HV * kd * vd * 4`` is one sequence's fp32 state for one layer
+(``* 2`` for a bf16/fp16 state pool: ``state_dtype``).
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ from __future__ import annotations
 import torch
 
 from pmll_lab.ops.gdn.decode import MAX_ROWS, gdn_chain, gdn_chain_plan, gdn_decode, gdn_decode_plan
-from pmll_lab.reference.gdn import gdn_chain_ref, gdn_decode_ref
+from pmll_lab.ops.gdn.gating import gdn_gating
+from pmll_lab.reference.gdn import gdn_chain_ref, gdn_decode_ref, gdn_gating_ref
 
 __all__ = [
-    "MAX_ROWS", "gdn_decode", "gdn_chain", "gdn_decode_plan", "gdn_chain_plan", "gdn_decode_ref", "gdn_chain_ref",
+    "MAX_ROWS", "gdn_decode", "gdn_chain", "gdn_decode_plan", "gdn_chain_plan", "gdn_decode_ref",
+    "gdn_chain_ref", "gdn_gating", "gdn_gating_ref",
     "state_bytes", "row_io_bytes", "decode_bytes", "chain_bytes", "decodes_bytes",
     "snapshot_bytes", "carry_stash_bytes",
 ]
@@ -36,9 +44,11 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def state_bytes(num_v_heads: int, k_dim: int, v_dim: int) -> int:
-    """``Hb``: bytes of one sequence's fp32 state ``[HV, kd, vd]`` for one layer."""
-    return num_v_heads * k_dim * v_dim * 4
+def state_bytes(num_v_heads: int, k_dim: int, v_dim: int,
+                state_dtype: torch.dtype = torch.float32) -> int:
+    """``Hb``: bytes of one sequence's state ``[HV, kd, vd]`` for one layer (fp32 unless
+    ``state_dtype`` says otherwise)."""
+    return num_v_heads * k_dim * v_dim * _itemsize(state_dtype)
 
 
 def row_io_bytes(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int,
@@ -53,35 +63,40 @@ def row_io_bytes(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int,
 
 
 def decode_bytes(batch: int, num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int,
-                 dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype | None = None) -> int:
+                 dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype | None = None,
+                 state_dtype: torch.dtype = torch.float32) -> int:
     """One ``gdn_decode`` launch: per sequence ``2*Hb`` (state read and written) plus one row of
     inputs/outputs and its int32 slot index (SPEC §4)."""
-    hb = state_bytes(num_v_heads, k_dim, v_dim)
+    hb = state_bytes(num_v_heads, k_dim, v_dim, state_dtype)
     return batch * (2 * hb + row_io_bytes(num_k_heads, num_v_heads, k_dim, v_dim, dtype,
                                           out_dtype) + 4)
 
 
 def chain_bytes(batch: int, rows: int, num_k_heads: int, num_v_heads: int, k_dim: int,
                 v_dim: int, dtype: torch.dtype = torch.bfloat16,
-                out_dtype: torch.dtype | None = None) -> int:
+                out_dtype: torch.dtype | None = None,
+                state_dtype: torch.dtype = torch.float32) -> int:
     """One ``gdn_chain`` launch with snapshots: per sequence ``(K+1)*Hb`` (state read, ``K-1``
     snapshots and the final state written) plus ``K`` rows of inputs/outputs and the slot index
     (SPEC §4)."""
-    hb = state_bytes(num_v_heads, k_dim, v_dim)
+    hb = state_bytes(num_v_heads, k_dim, v_dim, state_dtype)
     io = row_io_bytes(num_k_heads, num_v_heads, k_dim, v_dim, dtype, out_dtype)
     return batch * ((rows + 1) * hb + rows * io + 4)
 
 
 def decodes_bytes(batch: int, rows: int, num_k_heads: int, num_v_heads: int, k_dim: int,
                   v_dim: int, dtype: torch.dtype = torch.bfloat16,
-                  out_dtype: torch.dtype | None = None) -> int:
+                  out_dtype: torch.dtype | None = None,
+                  state_dtype: torch.dtype = torch.float32) -> int:
     """``K`` successive ``gdn_decode`` launches: ``K`` times ``decode_bytes``."""
-    return rows * decode_bytes(batch, num_k_heads, num_v_heads, k_dim, v_dim, dtype, out_dtype)
+    return rows * decode_bytes(batch, num_k_heads, num_v_heads, k_dim, v_dim, dtype, out_dtype,
+                               state_dtype)
 
 
-def snapshot_bytes(rows: int, num_v_heads: int, k_dim: int, v_dim: int) -> int:
+def snapshot_bytes(rows: int, num_v_heads: int, k_dim: int, v_dim: int,
+                   state_dtype: torch.dtype = torch.float32) -> int:
     """Snapshot buffer per sequence and layer for a ``K``-row chain: ``(K-1) * Hb``."""
-    return max(rows - 1, 0) * state_bytes(num_v_heads, k_dim, v_dim)
+    return max(rows - 1, 0) * state_bytes(num_v_heads, k_dim, v_dim, state_dtype)
 
 
 def carry_stash_bytes(num_v_heads: int, k_dim: int, v_dim: int, cap: int = CARRY_CAP) -> int:

@@ -191,7 +191,8 @@ def sass_stats(compiled) -> dict:
 def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, int] = (16, 32),
                      input_type: str = "bf16", arch: int = 90,
                      resources: dict | None = None, layout: str = "kv",
-                     batch: int = 64) -> dict[str, set[str]]:
+                     batch: int = 64, gate: bool = False,
+                     state_type: str = "fp32") -> dict[str, set[str]]:
     """Reduction layouts of the kernels that must agree bitwise with GDN decode (SPEC §2):
     ``gdn_rows_kernel`` (decode and the chain), the exact carried-state verify per head and with
     split columns. Each kernel as the launchers launch it (``block_config`` shapes and warps,
@@ -200,7 +201,9 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     family agrees when every set equals decode's. A dict passed as ``resources`` is filled with
     each kernel's :func:`sass_stats`. ``layout="vk"`` lowers the V-major family instead
     (``gdn_rows_vk_kernel``, ``gdn_carry_exact_vk_kernel``; tile from ``vk_config`` for
-    ``batch * HV`` work units). Raises ``ValueError`` for ``rows`` outside
+    ``batch * HV`` work units). ``gate=True`` lowers every kernel with the gating computed in
+    it (``GATE``, ``a, b`` in the input type); ``state_type`` ("fp32", "bf16", "fp16") is the
+    state pool's element type (snapshots too). Raises ``ValueError`` for ``rows`` outside
     ``1..8``, ``head_dim < 1`` or value heads not a multiple of key heads, and ``RuntimeError``
     as :func:`lower` does."""
     from pmll_lab.ops.carry import gdn_carry as C
@@ -231,24 +234,30 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         chunks = {}
         rows_kernel = D.gdn_rows_kernel
         carry_kernels = (C._gdn_carry_exact_kernel, C._gdn_carry_exact_split_kernel)
-    rows_t = {n: f"*{input_type}" for n in ("q", "k", "v", "o")} | {"g": "*fp32", "beta": "*fp32"}
-    dec_types = {"state": "*fp32", "inter": "*fp32", "slot_idx": "*i32", "scale": "fp32", **rows_t}
+    gate_t = f"*{input_type}" if gate else "*fp32"
+    rows_t = {n: f"*{input_type}" for n in ("q", "k", "v", "o")} | {"g": gate_t, "beta": gate_t}
+    dec_types = {"state": f"*{state_type}", "inter": f"*{state_type}", "slot_idx": "*i32",
+                 "out_idx": "*i32",
+                 "A_log": "*fp32", "dt_bias": "*fp32", "scale": "fp32", **rows_t}
     dec_types = {p.name: dec_types.get(p.name, "i32") for p in rows_kernel.params
                  if not p.is_constexpr}
     stride3 = "s_key" if layout == "kv" else "s_row"
     dec = lower(rows_kernel, dec_types,
                 dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,
                      STORE_INTER=False, USE_QK_L2NORM=True,
-                     UNROLL=rows <= D.CHAIN_UNROLL_MAX_ROWS, **chunks),
+                     UNROLL=rows <= D.CHAIN_UNROLL_MAX_ROWS, HAS_OUT_IDX=False, GATE=gate,
+                     **chunks),
                 num_warps=warps, arch=arch,
                 values=dict(HV=HV, GROUP=HV // HK, s_slot=HV * head_dim * head_dim,
                             s_head=head_dim * head_dim, **{stride3: head_dim}))
     carry_types = {f"{n}_ptr": t for n, t in rows_t.items()} | {
-        "state_ptr": "*fp32", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
-        "engaged_ptr": "*i32", "arrive_ptr": "*i32", "scale": "fp32"}
+        "state_ptr": f"*{state_type}", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
+        "engaged_ptr": "*i32", "arrive_ptr": "*i32", "alog_ptr": "*fp32", "dtb_ptr": "*fp32",
+        "scale": "fp32"}
     meta = dict(K=rows, CAP=C.GDN_CARRY_CAP, HV=HV, GROUP=HV // HK, KD=head_dim, VD=head_dim,
                 BK=BK, BV=BV_carry, NV=-(-head_dim // BV_carry), LAZY=True, USE_QK_L2NORM=True,
-                PREFETCH=CARRY_PREFETCH_ROWS, UNROLL=rows <= C.EXACT_UNROLL_MAX_ROWS, **chunks)
+                PREFETCH=CARRY_PREFETCH_ROWS, UNROLL=rows <= C.EXACT_UNROLL_MAX_ROWS, GATE=gate,
+                **chunks)
     def layouts_of(low) -> set[str]:
         # V-major tiles may differ in their row count (VK_TILES: decode and the carry), never in
         # how a row is spread over threads: compare with the leading dim written as BR.
@@ -286,12 +295,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-type", default="bf16", help="q/k/v/o type: bf16, fp16, fp32")
     ap.add_argument("--layout", default="kv", help="state layout: kv (K-major) or vk (V-major)")
     ap.add_argument("--batch", type=int, default=64, help="B for the V-major tile (default 64)")
+    ap.add_argument("--state-type", default="fp32", help="state pool type: fp32, bf16, fp16")
+    ap.add_argument("--gate", action="store_true",
+                    help="lower the kernels with the gating computed in them (a, b inputs)")
     ap.add_argument("--resources", action="store_true",
                     help="also print registers, stack (spills) and SASS instruction counts")
     args = ap.parse_args(argv)
     res = {} if args.resources else None
     fam = gdn_exact_family(head_dim=args.head_dim, rows=args.rows, input_type=args.input_type,
-                           resources=res, layout=args.layout, batch=args.batch)
+                           resources=res, layout=args.layout, batch=args.batch,
+                           gate=args.gate, state_type=args.state_type)
     ref = next(iter(fam.values()))
     bad = 0
     for name, layouts in fam.items():

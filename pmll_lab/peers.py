@@ -113,6 +113,10 @@ FLASHINFER_MIN_HEAD_DIM = 128
 """FlashInfer 0.7.2's fp32-state GDN paths assert ``kd >= 128`` and ``vd >= 128``."""
 FLASHINFER_INPUT_DTYPES = ("bfloat16", "float16")
 """Input dtypes its GDN decode and MTP entry points accept for q, k, v (asserted)."""
+FLASHINFER_BF16_STATE_HEAD_DIM = 128
+"""Its bf16-state kernels (``gated_delta_rule_decode_pretranspose`` with a bf16 pool: T = 1, or
+its bf16 MTP kernel for T > 1 with ``intermediate_states_buffer`` and ``disable_state_update``)
+need ``kd = vd = 128`` (0.7.2.post1's dispatch; otherwise it takes its fp32 path and asserts)."""
 
 
 @lru_cache(maxsize=1)
@@ -143,9 +147,14 @@ def flashinfer_version() -> str:
         return ""
 
 
-def flashinfer_supports(head_dim: int, dtype: str) -> bool:
-    """Whether FlashInfer's GDN kernels take this head size (``kd = vd``) and input dtype."""
-    return int(head_dim) >= FLASHINFER_MIN_HEAD_DIM and str(dtype) in FLASHINFER_INPUT_DTYPES
+def flashinfer_supports(head_dim: int, dtype: str, state_dtype: str = "float32") -> bool:
+    """Whether FlashInfer's GDN kernels take this head size (``kd = vd``), input dtype and state
+    dtype (fp32 from ``kd >= 128``; bf16 at ``kd = 128`` only; no fp16 state)."""
+    if str(dtype) not in FLASHINFER_INPUT_DTYPES:
+        return False
+    if str(state_dtype) == "bfloat16":
+        return int(head_dim) == FLASHINFER_BF16_STATE_HEAD_DIM
+    return str(state_dtype) == "float32" and int(head_dim) >= FLASHINFER_MIN_HEAD_DIM
 
 
 def flashinfer_status() -> str:
@@ -183,8 +192,11 @@ def _check_pool(state: torch.Tensor, v: torch.Tensor, q: torch.Tensor, slots: to
     """The shapes FlashInfer asserts, raised as ``ValueError`` naming the argument."""
     B, K, HV, vd = v.shape
     kd = q.shape[-1]
-    if state.dim() != 4 or tuple(state.shape[1:]) != (HV, vd, kd) or state.dtype != torch.float32:
-        raise ValueError(f"state: must be an fp32 V-major pool [S, {HV}, {vd}, {kd}], got "
+    # bf16 pools run FlashInfer's bf16-state kernels, which take kd = vd = 128 only
+    # (flashinfer_supports; FlashInfer itself asserts otherwise)
+    if (state.dim() != 4 or tuple(state.shape[1:]) != (HV, vd, kd)
+            or state.dtype not in (torch.float32, torch.bfloat16)):
+        raise ValueError(f"state: must be an fp32 or bf16 V-major pool [S, {HV}, {vd}, {kd}], got "
                          f"{tuple(state.shape)} {state.dtype}")
     if slots.shape != (B,) or slots.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"state_indices: must be int32/int64 [{B}], got {tuple(slots.shape)} "
@@ -201,6 +213,7 @@ def flashinfer_decode_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     ``q, k [B, 1, HK, kd]``, ``v [B, 1, HV, vd]`` bf16/fp16; ``A_log, dt_bias [HV]`` fp32;
     ``a, b [B, 1, HV]``; ``state [S, HV, vd, kd]`` fp32, ``state_indices [B]`` int32 (slots).
+    A bf16 ``state`` pool (``kd = vd = 128``) runs FlashInfer's bf16-state kernel.
     Inputs are copied to contiguous tensors once (not timed); the output buffer
     ``o [B, 1, HV, vd]`` bf16 is passed in, so a call allocates nothing and can be captured in
     a CUDA graph. Returns ``(run, {"o": o})``. Raises ``RuntimeError`` when flashinfer does not
@@ -234,10 +247,13 @@ def flashinfer_mtp_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     after each of the K rows, row ``K-1``'s being the final state); ``frozen``:
     ``disable_state_update=True`` (the pool is left as it was; with ``snapshots`` this is the
     snapshot verify SGLang runs, without it a verify that cannot roll back nor advance).
+    A bf16 ``state`` pool (``kd = vd = 128``) goes through the pretranspose entry point with
+    ``T = K`` (its bf16 MTP kernel: ``gated_delta_rule_mtp`` takes fp32 pools only), the buffer
+    then in bf16 too.
     Returns ``(run, {"o": o [B, K, HV, vd] bf16, "intermediate": buffer or None})``; inputs are
     copied to contiguous tensors once (not timed). Raises ``RuntimeError`` when flashinfer does
     not import, ``ValueError`` for shapes it would reject."""
-    _, mtp = _flashinfer_fns()
+    decode, mtp = _flashinfer_fns()
     if q.dim() != 4 or q.shape[1] < 2:
         raise ValueError(f"q: must be [B, K, HK, kd] with K >= 2, got {tuple(q.shape)}")
     _check_pool(state, v, q, state_indices)
@@ -245,12 +261,19 @@ def flashinfer_mtp_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     A_log, dt_bias = A_log.float().contiguous(), dt_bias.float().contiguous()
     B, K, HV, vd = v.shape
     o = torch.zeros(v.shape, dtype=torch.bfloat16, device=v.device)
-    inter = (torch.zeros(B, K, HV, vd, q.shape[-1], dtype=torch.float32, device=v.device)
+    inter = (torch.zeros(B, K, HV, vd, q.shape[-1], dtype=state.dtype, device=v.device)
              if snapshots else None)
 
-    def run():
-        return mtp(q, k, v, state, state_indices, A_log, a, dt_bias, b, scale=scale, output=o,
-                   intermediate_states_buffer=inter, disable_state_update=bool(frozen),
-                   use_qk_l2norm=True)
+    if state.dtype == torch.bfloat16:
+        def run():
+            return decode(q, k, v, None, A_log, a, dt_bias, b, scale=scale, output=o,
+                          use_qk_l2norm=True, initial_state=state,
+                          initial_state_indices=state_indices,
+                          intermediate_states_buffer=inter, disable_state_update=bool(frozen))
+    else:
+        def run():
+            return mtp(q, k, v, state, state_indices, A_log, a, dt_bias, b, scale=scale,
+                       output=o, intermediate_states_buffer=inter,
+                       disable_state_update=bool(frozen), use_qk_l2norm=True)
 
     return run, {"o": o, "intermediate": inter}

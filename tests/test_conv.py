@@ -465,7 +465,7 @@ def _update_cases():
                                validate=True)),
         ("state_indices", dict(state_indices=torch.tensor([0, 4], dtype=torch.int32).to(DEVICE),
                                validate=True)),
-        ("state_indices", dict(state_indices=torch.tensor([-1, 2], dtype=torch.int32).to(DEVICE),
+        ("state_indices", dict(state_indices=torch.tensor([-2, 2], dtype=torch.int32).to(DEVICE),
                                validate=True)),
         ("state_indices", dict(conv_state=st[:1])),                   # S < B, no indices
         ("state_indices", dict(conv_state=st[:1], state_indices=idx)),   # S < B with indices

@@ -498,7 +498,7 @@ def _bad_cases():
         ("v dtype", 2, setx("v", lambda x: x["v"].half()), "v"),
         ("q int dtype", None, lambda x: [x.__setitem__(n, x[n].to(torch.int32))
                                          for n in ("q", "k", "v")], "q"),
-        ("state dtype", None, setx("state", lambda x: x["state"].bfloat16()), "state"),
+        ("state dtype", None, setx("state", lambda x: x["state"].double()), "state"),
         ("state ndim", None, setx("state", lambda x: x["state"][0]), "state"),
         ("indices dtype", None, setx("state_indices", lambda x: x["state_indices"].float()),
          "state_indices"),

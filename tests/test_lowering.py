@@ -152,10 +152,13 @@ COMPILE_ALL = textwrap.dedent("""
     types = {f"{n}_ptr": t for n, t in rows.items()} | {
         "state_ptr": "*fp32", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
         "engaged_ptr": "*i32", "arrive_ptr": "*i32", "scale": "fp32", "state_off_ptr": "*i64",
-        "stash_off_ptr": "*i64", "pend_off_ptr": "*i64", "acc_ptr": "*i32"}
+        "stash_off_ptr": "*i64", "pend_off_ptr": "*i64", "acc_ptr": "*i32", "alog_ptr": "*fp32",
+        "dtb_ptr": "*fp32", "A_log": "*fp32", "dt_bias": "*fp32", "a": "*bf16", "b": "*bf16",
+        "g": "*fp32", "beta": "*fp32"}
     from pmll_lab.ops.carry import gdn_carry_vk as VK
+    from pmll_lab.ops.gdn import gating as G
     meta = dict(K=4, CAP=8, HV=32, GROUP=2, KD=128, VD=128, BK=128, BV=32, NV=4, LAZY=True,
-                USE_QK_L2NORM=True, KP=16, BLOCK=128, PREFETCH=True)
+                USE_QK_L2NORM=True, KP=16, BLOCK=128, PREFETCH=True, GATE=False, BH=32)
     vk = dict(BV=16, NV=8, NC=4, CW=32)
     for kern, extra, warps in (
             (C._gdn_carry_wy_kernel, dict(DOT_PRECISION="ieee"), 4),
@@ -163,7 +166,12 @@ COMPILE_ALL = textwrap.dedent("""
             (C._gdn_carry_flush_kernel, {}, 1),
             (C._carry_accept_kernel, {}, 4),
             (VK.gdn_carry_wy_vk_kernel, dict(DOT_PRECISION="tf32x3", **vk), 1),
-            (VK.gdn_carry_flush_vk_kernel, vk, 1)):
+            (VK.gdn_carry_flush_vk_kernel, vk, 1),
+            (C._gdn_carry_wy_split_kernel, dict(DOT_PRECISION="tf32x3", GATE=True), 2),
+            (VK.gdn_carry_wy_vk_kernel, dict(DOT_PRECISION="tf32x3", GATE=True, **vk), 1),
+            (G._gdn_gating_kernel, {}, 1)):
+        if extra.get("GATE"):         # a, b in the inputs' dtype where g, beta would be
+            types = types | {"g_ptr": "*bf16", "beta_ptr": "*bf16"}
         t = {p.name: types.get(p.name, "i32") for p in kern.params if not p.is_constexpr}
         m = {p.name: (extra | meta)[p.name] for p in kern.params if p.is_constexpr}
         if "_wy_" in kern.__name__:   # its unspecialised row arguments name real arguments
@@ -183,7 +191,9 @@ def test_other_carry_kernels_compile_for_sm90():
     assert run.returncode == 0, run.stderr[-4000:]
     assert run.stdout.split() == ["_gdn_carry_wy_kernel", "ok", "_gdn_carry_wy_split_kernel", "ok",
                                   "_gdn_carry_flush_kernel", "ok", "_carry_accept_kernel", "ok",
-                                  "gdn_carry_wy_vk_kernel", "ok", "gdn_carry_flush_vk_kernel", "ok"]
+                                  "gdn_carry_wy_vk_kernel", "ok", "gdn_carry_flush_vk_kernel", "ok",
+                                  "_gdn_carry_wy_split_kernel", "ok", "gdn_carry_wy_vk_kernel", "ok",
+                                  "_gdn_gating_kernel", "ok"]
 
 
 def test_reduction_layouts_reads_inline_and_aliased_layouts():
@@ -219,12 +229,14 @@ SASS = textwrap.dedent("""
     from pmll_lab.lowering import lower, sass_stats
     from pmll_lab.ops.gdn import decode as D
     rows = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "o": "*bf16", "g": "*fp32", "beta": "*fp32"}
-    t = {"state": "*fp32", "inter": "*fp32", "slot_idx": "*i32", "scale": "fp32", **rows}
+    t = {"state": "*fp32", "inter": "*fp32", "slot_idx": "*i32", "out_idx": "*i32",
+         "A_log": "*fp32", "dt_bias": "*fp32", "scale": "fp32", **rows}
     t = {p.name: t.get(p.name, "i32") for p in D.gdn_rows_kernel.params if not p.is_constexpr}
     out = {}
     for K in (1, 4):
         k = lower(D.gdn_rows_kernel, t, dict(KD=64, VD=64, K=K, BK=64, BV=64, HAS_IDX=True,
-                  STORE_INTER=False, USE_QK_L2NORM=True, UNROLL=True),
+                  STORE_INTER=False, USE_QK_L2NORM=True, UNROLL=True, HAS_OUT_IDX=False,
+                  GATE=False),
                   values=dict(HV=32, GROUP=2))
         out[K] = sass_stats(k)
     json.dump(out, sys.stdout)

@@ -79,23 +79,32 @@ class Contract:
         slots = idx.long()
         g, beta = peers.fused_gating(A_log, a, dt_bias, b)
         h0 = pool[slots].transpose(-1, -2).double()            # V-major pool -> [B, HV, kd, vd]
-        o, h, inter = gdn_chain_ref(h0, q, k, v, g, beta, scale=scale)
+        half = pool.dtype if pool.dtype != torch.float32 else None   # a bf16 pool's rounding
+        o, h, inter = gdn_chain_ref(h0, q, k, v, g, beta, scale=scale, state_dtype=half)
         output.copy_(o.to(output.dtype))
         if buf is not None:
             K = q.shape[1]
             states = torch.cat([inter, h[:, None]], 1)         # after rows 0..K-1
             if self.misread_buffer:                            # the state before each row
                 states = torch.cat([h0[:, None], inter], 1)
-            buf[:, :K].copy_(states.transpose(-1, -2).float())
+            buf[:, :K].copy_(states.transpose(-1, -2).to(buf.dtype))
         if not frozen:
-            pool[slots] = h.transpose(-1, -2).float()
+            pool[slots] = h.transpose(-1, -2).to(pool.dtype)
 
     def decode(self, q, k, v, state, A_log, a, dt_bias, b, scale=None, output=None,
-               use_qk_l2norm=True, initial_state=None, initial_state_indices=None, **kw):
-        self.calls.append(dict(kind="decode", state=state, scale=scale, use_qk_l2norm=use_qk_l2norm, **kw))
-        assert state is None and q.shape[1] == 1 and use_qk_l2norm
+               use_qk_l2norm=True, initial_state=None, initial_state_indices=None,
+               intermediate_states_buffer=None, disable_state_update=False, **kw):
+        """T = 1 on any pool; T > 1 (with the per-row buffer and ``disable_state_update``) on a
+        bf16 pool only: 0.7.2.post1 routes that to its bf16 MTP kernel."""
+        self.calls.append(dict(kind="decode", state=state, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                               buffer=intermediate_states_buffer,
+                               disable_state_update=disable_state_update, **kw))
+        assert state is None and use_qk_l2norm
+        assert q.shape[1] == 1 or initial_state.dtype == torch.bfloat16
+        if intermediate_states_buffer is not None:
+            assert intermediate_states_buffer.dtype == initial_state.dtype
         self._core(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale,
-                   output, None, False)
+                   output, intermediate_states_buffer, disable_state_update)
         return output, initial_state
 
     def mtp(self, q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale=None,
@@ -160,9 +169,10 @@ def test_runners_follow_the_contract(monkeypatch):
                                     slots, scale=1.0, snapshots=False, frozen=True)
 
 
-def _fi_points(K, B, provider):
+def _fi_points(K, B, provider, state_dtype="float32"):
     return [p for p in E.points([dict(K=[K], B=[B], head_dim=[16], heads=[(2, 4)],
-                                      dtype=["bfloat16"], providers=[provider])],
+                                      dtype=["bfloat16"], providers=[provider],
+                                      state_dtype=[state_dtype])],
                                 fla=False, flashinfer=True) if p["provider"] == provider]
 
 
@@ -227,3 +237,35 @@ def test_flashinfer_providers_need_a_gpu_and_vk():
     bad = dict(pts[0], provider="flashinfer_decode", state_layout="kv")
     with pytest.raises(ValueError, match="state_layout"):
         E.gdn_point(bad)
+
+
+@pytest.mark.parametrize("provider,K", [("flashinfer_decode", 1), ("flashinfer_mtp_snapshots", 3),
+                                        ("flashinfer_mtp_frozen", 2)])
+def test_flashinfer_bf16_state_points(monkeypatch, provider, K):
+    """At a bf16-state point FlashInfer gets a bf16 pool through its pretranspose entry point
+    (T = K; the per-row buffer in bf16), is checked against the float64 reference with bf16
+    rounding points and our bf16-state decodes, and its rows say so."""
+    E.release()
+    contract = Contract()
+    _fake_flashinfer(monkeypatch, contract)
+    monkeypatch.setattr(E, "flashinfer_supports", lambda head_dim, dtype, state_dtype="float32": True)
+    monkeypatch.setattr(E, "_on_cuda", lambda: True)
+    (pt,) = _fi_points(K, 2, provider, "bfloat16")
+    rows = E.gdn_point(pt)
+    call = contract.calls[-1]
+    assert call["kind"] == "decode"
+    if call["buffer"] is not None:
+        assert call["buffer"].dtype == torch.bfloat16
+    checks = [r for r in rows if "passed" in r]
+    assert checks and all(r["passed"] for r in checks)
+    assert all(r["what"].endswith("[bfloat16 state]") for r in checks)
+    assert all(r.get("state_dtype") == "bfloat16" for r in rows)
+    hb = 4 * 16 * 16 * 2                                      # a bf16 state: 2 bytes
+    nbytes = [r for r in rows if r["metric"] == "gbps"][0]["bytes"]
+    per_seq_state = {"flashinfer_decode": 2 * hb, "flashinfer_mtp_snapshots": (K + 1) * hb,
+                     "flashinfer_mtp_frozen": hb}[provider]
+    assert per_seq_state * 2 < nbytes < per_seq_state * 2 + 2 * K * 2000
+    assert not peers.flashinfer_supports(64, "bfloat16", "bfloat16")
+    assert peers.flashinfer_supports(128, "bfloat16", "bfloat16")
+    assert not peers.flashinfer_supports(128, "bfloat16", "float16")
+    E.release()

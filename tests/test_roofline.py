@@ -463,3 +463,42 @@ def test_headline_on_interpreter_rows_reads_gpu_only():
     assert "B=4 stands in for the target's B=64" in r["note"]
     assert r["ratio"] == pytest.approx(1.25)
     assert set(h["status"]) <= {"GPU only", "not measured"}
+
+
+def test_half_state_points_tables_and_drift(tmp_path):
+    """bf16-state points of our exact providers run beside the fp32 ones (the WY form and FLA are
+    left out), pass their checks with tagged rows, stay out of the fp32 tables, and meet the
+    fp32 rows in ``state_dtype_table``; the drift point compares the two pools over tokens."""
+    from pmll_lab.experiments import state_drift as D
+
+    grid = dict(K=[2], B=[2], providers=["decodes", "carry_exact_lazy", "carry_wy_lazy"],
+                state_dtype=["float32", "bfloat16"], **SHAPE)
+    pts = E.points([grid], fla=True)
+    half = [p for p in pts if p.get("state_dtype") == "bfloat16"]
+    assert {p["provider"] for p in half} == {"decodes", "carry_exact_lazy"}
+    assert not any("state_dtype" in p for p in pts if p not in half)   # fp32 ids unchanged
+    with pytest.raises(ValueError, match="state_dtype"):
+        E.gdn_point(dict(half[0], provider="carry_wy_lazy"))
+    df = run_sweep("rl16", pts, E.gdn_point, results_dir=tmp_path, progress=False)
+    assert (df["status"] == "ok").all()
+    chk = df[df["passed"].notna() & (df["state_dtype"] == "bfloat16")]
+    assert len(chk) and chk["passed"].astype(bool).all()
+    assert chk["what"].str.endswith("[bfloat16 state]").all()
+    assert (E.wide_table(df)["state_dtype"] == "float32").all()
+    t = E.state_dtype_table(df, Bs=(2,))
+    assert set(t["kernel"]) == {"decodes", "carry_exact_lazy"}
+    assert (t["ratio"] > 0).all() and (t["bfloat16 state us"] > 0).all()
+    err = t["o rel_l2 vs float64 (bfloat16 rounding)"]
+    assert (err > 0).all() and (err <= t["tolerance"]).all()
+    line = E.state_dtype_summary(df, B=2, K=2, decode_K=2)
+    assert "2 x decode" in line and "lazy exact carry" in line
+    drift = D.drift_point(dict(T=5, B=2, HK=2, HV=4, head_dim=16, dtype="bfloat16",
+                               state_layout="vk", state_dtype="bfloat16", seed=3))
+    assert [r["t"] for r in drift if r["metric"] == "drift_o"] == [1, 2, 4, 5]
+    first = [r for r in drift if r["t"] == 1 and r["metric"] == "drift_o"][0]
+    assert first["value"] == 0.0, "token 1 reads the same start state in both pools"
+    assert all(0 < r["value"] < 0.05 for r in drift if r is not first)
+    assert D.checkpoints(4096)[-3:] == [1024, 2048, 4096]
+    with pytest.raises(ValueError, match="state_dtype"):
+        D.drift_point(dict(T=2, B=1, HK=2, HV=4, head_dim=16, dtype="bfloat16",
+                           state_dtype="float32", seed=0))

@@ -73,6 +73,17 @@ captured once, the median of >= 100 individually timed replays: GPU time). Launc
 path. On the CPU the one timer is the interpreter's wall time. Tables, plots and targets use
 cuda_graph where present (``pmll_lab.experiments.roofline_report``).
 
+**State dtype.** A grid may list ``state_dtype`` (default ``["float32"]``): with
+``"bfloat16"`` (or ``"float16"``) the state pool, snapshots and written-back states are in that
+dtype (half the state bytes; SGLang's ``--mamba-ssm-dtype bfloat16``), our exact providers round
+the state where successive decodes store it, the float64 references round at the same points
+(``state_dtype=``) and the tolerances widen to a few ulp of the state dtype (``HALF_STATE_TOL``);
+the bitwise checks against decoding stay. The WY form and FLA run fp32 states only; FlashInfer's
+bf16-state kernels (its pretranspose entry point with a bf16 pool, ``K = V = 128``) are the
+``flashinfer_*`` providers at such points. Their rows carry ``state_dtype`` and their checks'
+``what`` ends in ``[bfloat16 state]``; the fp32-state tables and plots leave them out and
+``roofline_report.state_dtype_table`` sets them against the fp32 state.
+
 **Gating.** The gates come from raw inputs ``A_log, a, dt_bias = 0, b`` (``a, b`` bf16;
 ``pmll_lab.experiments.common.gating_inputs``): our kernels get ``g, beta`` computed from them in
 fp32, FlashInfer the raw inputs; FlashInfer's float64 reference recomputes them in float64.
@@ -121,6 +132,15 @@ O_TOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
 rounded once to that dtype; tests/test_gdn.py, tests/test_carry.py)."""
 STATE_TOL = 1e-5
 """rel_l2 tolerance of fp32 states, snapshots and stash rows against the float64 reference."""
+STATE_DTYPES = ("float32", "bfloat16", "float16")
+HALF_STATE_TOL = {"bfloat16": 8e-3, "float16": 1e-3}
+"""rel_l2 tolerance of a bf16/fp16 state's states, snapshots and outputs against the float64
+reference with the same rounding points: an fp32 value and its float64 twin can round to
+neighbouring values of the state dtype (one ulp: 2**-8 for bf16), and the flip is carried on by
+the later rows (tests/test_state_dtype.py sees ~1e-3 for bf16 after a few verifies)."""
+HALF_STATE_PROVIDERS = ("decodes", "chain_snapshots", "carry_exact_eager", "carry_exact_lazy",
+                        "flashinfer_decode", "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen")
+"""Providers that run a bf16/fp16 state (the WY form refuses one; FLA is run on fp32 only)."""
 WY_TOL = 1e-4
 """rel_l2 tolerance of the WY form against the exact form (fp32 rounding; tests/test_carry.py)."""
 N_REF = 2
@@ -166,7 +186,7 @@ STYLE = {"decodes": ("C4", "-", "v"), "chain_snapshots": ("C2", "-", "s"),
 MAIN_SHAPE = dict(HK=16, HV=32, head_dim=128, dtype="bfloat16")
 """Issue 5's target shape (Qwen3-Next's GDN heads)."""
 SHAPE_KEYS = ("HK", "HV", "head_dim", "dtype")
-COMPILE_KEYS = ("provider", "K", "head_dim", "dtype", "state_layout")
+COMPILE_KEYS = ("provider", "K", "head_dim", "dtype", "state_layout", "state_dtype")
 """Point keys that decide which kernels a point compiles: ``run_sweep(affinity=...)`` keeps
 points that share them on one Dask worker, so each kernel compiles once per sweep."""
 
@@ -240,13 +260,14 @@ def stash_row_bytes(HV: int, kd: int, vd: int) -> int:
     return carry_stash_bytes(HV, kd, vd, cap=1)
 
 
-def carry_bytes(pend, write_back, K: int, HK: int, HV: int, D: int, dtype) -> int:
+def carry_bytes(pend, write_back, K: int, HK: int, HV: int, D: int, dtype,
+                state_dtype=torch.float32) -> int:
     """SPEC §4 bytes of one carry verify launch (module docstring): per sequence ``Hb`` read,
     ``Hb`` written if it writes back, ``p`` stash rows read, ``K`` written, ``K`` rows of
-    inputs/outputs and three int32 (slot, pend, engaged)."""
+    inputs/outputs and three int32 (slot, pend, engaged). ``Hb`` in ``state_dtype``."""
     pend, wb = np.asarray(pend), np.asarray(write_back)
     B = len(pend)
-    hb, row = state_bytes(HV, D, D), stash_row_bytes(HV, D, D)
+    hb, row = state_bytes(HV, D, D, state_dtype), stash_row_bytes(HV, D, D)
     return int(B * hb + int(wb.sum()) * hb + (int(pend.sum()) + B * K) * row
                + B * K * row_io_bytes(HK, HV, D, D, dtype) + 12 * B)
 
@@ -268,10 +289,11 @@ def nosnap_bytes(B: int, K: int, HK: int, HV: int, D: int, dtype) -> int:
     return fla_bytes(B, K, HK, HV, D, dtype)
 
 
-def frozen_bytes(B: int, K: int, HK: int, HV: int, D: int, dtype) -> int:
+def frozen_bytes(B: int, K: int, HK: int, HV: int, D: int, dtype,
+                 state_dtype=torch.float32) -> int:
     """A verify that reads the state and writes nothing back (FlashInfer's frozen ``mtp``):
-    per sequence ``Hb`` + ``K`` rows of inputs/outputs + the slot index."""
-    return B * (state_bytes(HV, D, D) + K * row_io_bytes(HK, HV, D, D, dtype) + 4)
+    per sequence ``Hb`` (in ``state_dtype``) + ``K`` rows of inputs/outputs + the slot index."""
+    return B * (state_bytes(HV, D, D, state_dtype) + K * row_io_bytes(HK, HV, D, D, dtype) + 4)
 
 
 # ---- layouts -----------------------------------------------------------------------------------
@@ -306,9 +328,16 @@ def layout_support(provider: str, layout: str) -> bool:
 
 # ---- points ------------------------------------------------------------------------------------
 
-def _wanted(prov: str, base: dict, fla: bool, flashinfer: bool) -> bool:
-    """Whether ``prov`` runs at this ``(K, shape)`` (``points``)."""
+def _wanted(prov: str, base: dict, fla: bool, flashinfer: bool,
+            state_dtype: str = "float32") -> bool:
+    """Whether ``prov`` runs at this ``(K, shape)`` and state dtype (``points``)."""
     K = base["K"]
+    if state_dtype != "float32":
+        if prov not in HALF_STATE_PROVIDERS:
+            return False
+        if prov in FLASHINFER and not (flashinfer and flashinfer_supports(
+                base["head_dim"], base["dtype"], state_dtype)):
+            return False
     if prov == "chain_snapshots" or prov.startswith("flashinfer_mtp"):
         if K == 1:
             return False           # the chain at K = 1 is one decode; FlashInfer's mtp takes T > 1
@@ -347,6 +376,10 @@ def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept
         heads = axes.pop("heads")
         provs = list(axes.pop("providers", PROVIDERS))
         layouts = [str(x) for x in axes.pop("state_layout", ["kv"])]
+        sdts = [str(x) for x in axes.pop("state_dtype", ["float32"])]
+        bad = [x for x in sdts if x not in STATE_DTYPES]
+        if bad:
+            raise ValueError(f"state_dtype: unknown {bad}; known {list(STATE_DTYPES)}")
         bad = [p for p in provs if p not in PROVIDERS]
         if bad:
             raise ValueError(f"providers: unknown {bad}; known {list(PROVIDERS)}")
@@ -357,13 +390,15 @@ def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept
             hk, hv = p.pop("heads")
             base = dict(K=int(p["K"]), B=int(p["B"]), HK=int(hk), HV=int(hv),
                         head_dim=int(p["head_dim"]), dtype=str(p["dtype"]))
-            for prov in provs:
-                if not _wanted(prov, base, fla, flashinfer):
+            for prov, sdt in ((p_, d_) for d_ in sdts for p_ in provs):
+                if not _wanted(prov, base, fla, flashinfer, sdt):
                     continue
                 lays = [NATIVE_LAYOUT[prov]] if prov in NATIVE_LAYOUT else \
                     [x for x in layouts if layout_support(prov, x)]
                 for lay in lays:
                     q = dict(base, state_layout=lay, provider=prov)
+                    if sdt != "float32":      # fp32 points keep their ids (resumable runs)
+                        q["state_dtype"] = sdt
                     key = tuple(sorted(q.items()))
                     if key not in seen:
                         seen.add(key)
@@ -376,6 +411,7 @@ def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept
         rows[s] = max(rows.get(s, 0), p["K"])
     order = {s: i for i, s in enumerate(dict.fromkeys(shape_of(p) for p in pts))}
     pts.sort(key=lambda p: (order[shape_of(p)], p["K"], p["B"], LAYOUTS.index(p["state_layout"]),
+                            STATE_DTYPES.index(p.get("state_dtype", "float32")),
                             PROVIDERS.index(p["provider"])))
     for p in pts:
         p.update(slots=slots[shape_of(p)], rows_max=rows[shape_of(p)], seed=int(seed),
@@ -430,13 +466,15 @@ def _shape(point: dict) -> dict:
     return _SHAPE[key]
 
 
-def _state_in(shape: dict, layout: str) -> torch.Tensor:
-    """The shape's state pool in ``layout`` (the V-major copy made once; never written)."""
-    if layout == "kv":
-        return shape["x"]["state"]
-    if "state_vk" not in shape:
-        shape["state_vk"] = shape["x"]["state"].transpose(-1, -2).contiguous()
-    return shape["state_vk"]
+def _state_in(shape: dict, layout: str, state_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The shape's state pool in ``layout`` and ``state_dtype`` (each copy made once; never
+    written). A bf16 pool holds the fp32 draw rounded to nearest."""
+    key = f"state_{layout}_{state_dtype}"
+    if key not in shape:
+        st = shape["x"]["state"]
+        st = st if layout == "kv" else st.transpose(-1, -2).contiguous()
+        shape[key] = st if state_dtype == torch.float32 else st.to(state_dtype)
+    return shape[key]
 
 
 class _Case:
@@ -451,6 +489,12 @@ class _Case:
         self.dtype = getattr(torch, self.dname)
         self.seed = int(point["seed"])
         self.layout = point.get("state_layout", "kv")
+        self.sdname = point.get("state_dtype", "float32")
+        self.sdt = getattr(torch, self.sdname)
+        half = self.sdname != "float32"
+        # the reference's rounding points (None: float64 throughout, the fp32 state's reference)
+        self.ref_sdt = self.sdt if half else None
+        self.stol = HALF_STATE_TOL[self.sdname] if half else STATE_TOL
         # the keyword goes to our launchers only for "vk", so that launchers without it run "kv"
         self.lay = {} if self.layout == "kv" else {"state_layout": self.layout}
         self.acc = acceptance(self.K, float(point["mean_accept"]), int(point["accept_K"]),
@@ -458,8 +502,8 @@ class _Case:
         x = shape["x"]
         K, B = self.K, self.B
         self.shape = shape
-        self.state_kv = x["state"]                             # [S, HV, kd, vd], never written
-        self.state0 = _state_in(shape, self.layout)            # the same in this case's layout
+        self.state_kv = _state_in(shape, "kv", self.sdt)       # [S, HV, kd, vd], never written
+        self.state0 = _state_in(shape, self.layout, self.sdt)  # the same in this case's layout
         self.sel = x["state_indices"][:B].contiguous()         # B distinct slots of S
         self.lsel = self.sel.long()
         self.args = tuple(x[n][:B, :K] for n in ("q", "k", "v", "g", "beta"))
@@ -467,10 +511,11 @@ class _Case:
         self.row_args = [tuple(t[:, r] for t in self.args) for r in range(K)]
         self.stash = shape["stash"]
         self.n = min(B, N_REF)
-        self.otol = O_TOL[self.dname]
+        self.otol = max(O_TOL[self.dname], self.stol if half else 0.0)
         sub = self.state_kv[self.lsel[:self.n]].to("cpu", torch.float64)
         self.cpu_args = tuple(t[:self.n].cpu() for t in self.args)
-        self.o_ref, s_ref, self.i_ref = gdn_chain_ref(sub, *self.cpu_args)
+        self.o_ref, s_ref, self.i_ref = gdn_chain_ref(sub, *self.cpu_args,
+                                                      state_dtype=self.ref_sdt)
         self.s_ref = s_ref
         self._dec: dict = {}
         self._carry: dict = {}
@@ -482,7 +527,7 @@ class _Case:
 
     def io(self) -> dict:
         return dict(num_k_heads=self.HK, num_v_heads=self.HV, k_dim=self.D, v_dim=self.D,
-                    dtype=self.dtype)
+                    dtype=self.dtype, state_dtype=self.sdt)
 
     def decoded(self, layout: str | None = None):
         """``K`` ``gdn_decode`` launches (validated) from the state in ``layout`` (default this
@@ -491,7 +536,7 @@ class _Case:
         layout = self.layout if layout is None else layout
         if layout not in self._dec:
             lay = {} if layout == "kv" else {"state_layout": layout}
-            st = _state_in(self.shape, layout).clone()
+            st = _state_in(self.shape, layout, self.sdt).clone()
             outs, snaps = [], []
             for r in range(self.K):
                 outs.append(gdn_decode(st, *self.row_args[r], state_indices=self.sel,
@@ -512,7 +557,8 @@ class _Case:
             g, beta = fused_gating(A_log, a[:self.n, :self.K], dt_bias, b[:self.n, :self.K],
                                    dtype=torch.float64)
             sub = self.state_kv[self.lsel[:self.n]].to("cpu", torch.float64)
-            self._fi_ref = gdn_chain_ref(sub, *self.cpu_args[:3], g, beta)
+            self._fi_ref = gdn_chain_ref(sub, *self.cpu_args[:3], g, beta,
+                                         state_dtype=self.ref_sdt)
         return self._fi_ref
 
     def carry_case(self, variant: str) -> dict:
@@ -543,7 +589,8 @@ class _Case:
                                  g=carry.g[s].to("cpu", torch.float64),
                                  k=carry.k[s].to("cpu", torch.float64),
                                  pend=carry.pend[s].to("cpu", torch.int64))
-        o_ref, _ = ref_carry.verify(sub_state, sub, *self.cpu_args, torch.arange(self.n), lazy=lazy)
+        o_ref, _ = ref_carry.verify(sub_state, sub, *self.cpu_args, torch.arange(self.n),
+                                    lazy=lazy, state_dtype=self.ref_sdt)
         self._carry[variant] = dict(pend=pend, wb=wb, lazy=lazy, carry=carry,
                                     o_dec=torch.stack(outs, 1), folded=folded, o_ref=o_ref,
                                     state_ref=sub_state, u_ref=sub.u)
@@ -554,7 +601,7 @@ def _case(point: dict) -> _Case:
     shape = _shape(point)
     key = tuple(point.get(n, "kv") for n in ("seed", "slots", "rows_max", "HK", "HV", "head_dim",
                                               "dtype", "K", "B", "mean_accept", "accept_K",
-                                              "state_layout"))
+                                              "state_layout")) + (point.get("state_dtype"),)
     if key not in _CASE:
         _CASE.clear()
         _CASE[key] = _Case(point, shape)
@@ -623,7 +670,7 @@ def _point_decodes(c: _Case) -> list[dict]:
     o_dec, st_sel, _ = c.decoded()
     name = "decodes"
     rows = (error_rows(name, o_dec[:c.n], c.o_ref, tol=c.otol, what="o")
-            + error_rows(name, st_sel[:c.n], c.to_layout(c.s_ref[:c.n]), tol=STATE_TOL,
+            + error_rows(name, st_sel[:c.n], c.to_layout(c.s_ref[:c.n]), tol=c.stol,
                          what="state"))
     plans = None
     if c.B <= PLAN_MAX_B:
@@ -660,12 +707,12 @@ def _point_decodes(c: _Case) -> list[dict]:
 def _point_chain(c: _Case) -> list[dict]:
     name = "chain_snapshots"
     st = c.state0.clone()
-    inter = torch.empty(c.B, c.K - 1, c.HV, c.D, c.D, device=DEVICE)
+    inter = torch.empty(c.B, c.K - 1, c.HV, c.D, c.D, dtype=c.sdt, device=DEVICE)
     o = gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, validate=True, **c.lay)
     rows = (error_rows(name, o[:c.n], c.o_ref, tol=c.otol, what="o")
-            + error_rows(name, st[c.lsel[:c.n]], c.to_layout(c.s_ref), tol=STATE_TOL,
+            + error_rows(name, st[c.lsel[:c.n]], c.to_layout(c.s_ref), tol=c.stol,
                          what="state")
-            + error_rows(name, inter[:c.n], c.to_layout(c.i_ref), tol=STATE_TOL,
+            + error_rows(name, inter[:c.n], c.to_layout(c.i_ref), tol=c.stol,
                          what="snapshots"))
     o_dec, st_dec, snaps = c.decoded()
     rows += [_flag(name, "bitwise_vs_decode", bitwise_equal(o, o_dec), "o"),
@@ -699,10 +746,10 @@ def _point_carry(c: _Case, form: str, lazy: bool) -> list[dict]:
         otol = c.otol if form == "exact" else max(c.otol, WY_TOL)
         s = c.lsel[:c.n]
         rows += error_rows(name, o[:c.n], cc["o_ref"], tol=otol, what="o" + tag)
-        rows += error_rows(name, st[s], c.to_layout(cc["state_ref"]), tol=STATE_TOL,
+        rows += error_rows(name, st[s], c.to_layout(cc["state_ref"]), tol=c.stol,
                            what="state" + tag)
         rows += error_rows(name, carry.u[s], cc["u_ref"],
-                           tol=STATE_TOL if form == "exact" else WY_TOL, what="stash u" + tag)
+                           tol=c.stol if form == "exact" else WY_TOL, what="stash u" + tag)
         # Over all B sequences: sequences that do not write back leave the state as it was;
         # those that do store the state with their pending rows folded (flagged only where
         # such sequences exist, so that no flag passes vacuously).
@@ -721,7 +768,7 @@ def _point_carry(c: _Case, form: str, lazy: bool) -> list[dict]:
         else:
             rows += error_rows(name, o, cc["o_dec"], tol=otol, what="o vs decode" + tag)
             if wb.any():
-                rows += error_rows(name, st_b[wbm], cc["folded"][wbm], tol=STATE_TOL,
+                rows += error_rows(name, st_b[wbm], cc["folded"][wbm], tol=c.stol,
                                         what="written-back state" + tag)
         del st_b
         plan = None
@@ -739,7 +786,7 @@ def _point_carry(c: _Case, form: str, lazy: bool) -> list[dict]:
                               bitwise_equal(o_p, o) and bitwise_equal(e_p, eng)
                               and bitwise_equal(st_p, st) and bitwise_equal(carry_p.buf, carry.buf),
                               "o, engaged, state, stash" + tag))
-        nbytes = carry_bytes(cc["pend"], wb, c.K, c.HK, c.HV, c.D, c.dtype)
+        nbytes = carry_bytes(cc["pend"], wb, c.K, c.HK, c.HV, c.D, c.dtype, c.sdt)
         ready.append((var, st, carry, nbytes, float(np.mean(cc["pend"])), float(np.mean(wb)),
                       plan))
     _require(rows)
@@ -786,21 +833,41 @@ def gdn_point(point: dict) -> list[dict]:
     layout = point.get("state_layout", "kv")
     if not layout_support(prov, layout):
         raise ValueError(f"state_layout: {prov} does not run with {layout!r} states")
+    sdt = point.get("state_dtype", "float32")
+    if sdt != "float32" and prov not in HALF_STATE_PROVIDERS:
+        raise ValueError(f"state_dtype: {prov} runs fp32 states only, got {sdt!r}")
     try:
         c = _case(point)
-        if prov == "decodes":
-            return _point_decodes(c)
-        if prov == "chain_snapshots":
-            return _point_chain(c)
-        if prov == "fla_fused_recurrent":
-            return roofline_peers.point_fla(c)
-        if prov in FLASHINFER:
-            return roofline_peers.point_flashinfer(c, prov)
-        form, mode = prov.split("_")[1:]
-        return _point_carry(c, form, mode == "lazy")
+        try:
+            if prov == "decodes":
+                rows = _point_decodes(c)
+            elif prov == "chain_snapshots":
+                rows = _point_chain(c)
+            elif prov == "fla_fused_recurrent":
+                rows = roofline_peers.point_fla(c)
+            elif prov in FLASHINFER:
+                rows = roofline_peers.point_flashinfer(c, prov)
+            else:
+                form, mode = prov.split("_")[1:]
+                rows = _point_carry(c, form, mode == "lazy")
+        except CheckFailed as exc:
+            _tag_state(exc.rows, sdt)
+            raise
+        return _tag_state(rows, sdt)
     except torch.OutOfMemoryError:
         release()
         raise
+
+
+def _tag_state(rows: list[dict], state_dtype: str) -> list[dict]:
+    """Rows of a bf16/fp16-state point: ``state_dtype`` on every row and ``[<dtype> state]``
+    after each check's ``what`` (so correctness tables and error plots keep them apart)."""
+    if state_dtype != "float32":
+        for r in rows:
+            r["state_dtype"] = state_dtype
+            if "what" in r:
+                r["what"] = f"{r['what']} [{state_dtype} state]".strip()
+    return rows
 
 
 # ---- tables, headline and plots (roofline_report, roofline_plots) ------------------------------

@@ -10,6 +10,9 @@ state_layout)``) and returns the provider's tidy rows, as ``roofline.gdn_point``
   ``disable_state_update=True``; ``flashinfer_mtp_frozen``: no buffer, pool frozen), fed the
   raw gating inputs ``A_log, a, dt_bias, b`` whose fp32 ``g, beta`` our kernels get.
 
+At a bf16-state point (``c.sdt``) the pool, the per-row buffer and the references are bf16 /
+rounded to bf16 (``roofline`` module docstring, "State dtype"): FlashInfer's bf16-state kernels.
+
 Checks before timing: against the float64 chain reference on ``N_REF`` sequences (FlashInfer's
 with its own gating recomputed in float64, ``_Case.fi_ref``) and against our ``K`` decode
 launches over all ``B`` sequences (K-major baseline, transposed for FlashInfer), within the
@@ -40,9 +43,9 @@ def point_fla(c) -> list[dict]:
     o_f, h_f = run()
     o_dec, st_dec, _ = c.decoded()
     rows = (error_rows(name, o_f[:c.n], c.o_ref, tol=c.otol, what="o")
-            + error_rows(name, h_f[:c.n], c.s_ref, tol=E.STATE_TOL, what="state")
+            + error_rows(name, h_f[:c.n], c.s_ref, tol=c.stol, what="state")
             + error_rows(name, o_f, o_dec, tol=c.otol, what="o vs decode")
-            + error_rows(name, h_f, st_dec, tol=E.STATE_TOL, what="state vs decode"))
+            + error_rows(name, h_f, st_dec, tol=c.stol, what="state vs decode"))
     E._require(rows)
     del o_f, h_f
     return rows + E._speed_rows(name, E._time(run), E.fla_bytes(c.B, c.K, c.HK, c.HV, c.D, c.dtype),
@@ -82,25 +85,25 @@ def point_flashinfer(c, provider: str) -> list[dict]:
             + error_rows(name, o, o_dec, tol=c.otol, what="o vs decode"))
     if provider == "flashinfer_decode":
         st = pool[c.lsel]
-        rows += (error_rows(name, st[:n], _vk(s_ref), tol=E.STATE_TOL, what="state")
-                 + error_rows(name, st, _vk(st_dec), tol=E.STATE_TOL, what="state vs decode"))
+        rows += (error_rows(name, st[:n], _vk(s_ref), tol=c.stol, what="state")
+                 + error_rows(name, st, _vk(st_dec), tol=c.stol, what="state vs decode"))
         nbytes = decode_bytes(c.B, **c.io())
     else:
         rows.append(E._flag(name, "state_untouched", bitwise_equal(pool, c.state0),
                             "pool unchanged (disable_state_update=True)"))
         inter = bufs["intermediate"]
         if inter is not None:                                   # [B, K, HV, vd, kd]
-            rows += (error_rows(name, inter[:n, :K - 1], _vk(i_ref), tol=E.STATE_TOL,
+            rows += (error_rows(name, inter[:n, :K - 1], _vk(i_ref), tol=c.stol,
                                 what="snapshots")
-                     + error_rows(name, inter[:n, K - 1], _vk(s_ref), tol=E.STATE_TOL,
+                     + error_rows(name, inter[:n, K - 1], _vk(s_ref), tol=c.stol,
                                   what="state")
                      + error_rows(name, inter[:, :K - 1], _vk(torch.stack(snaps, 1)),
-                                  tol=E.STATE_TOL, what="snapshots vs decode")
-                     + error_rows(name, inter[:, K - 1], _vk(st_dec), tol=E.STATE_TOL,
+                                  tol=c.stol, what="snapshots vs decode")
+                     + error_rows(name, inter[:, K - 1], _vk(st_dec), tol=c.stol,
                                   what="state vs decode"))
             nbytes = chain_bytes(c.B, K, **c.io())
         else:
-            nbytes = E.frozen_bytes(c.B, K, c.HK, c.HV, c.D, c.dtype)
+            nbytes = E.frozen_bytes(c.B, K, c.HK, c.HV, c.D, c.dtype, c.sdt)
     E._require(rows)
     return rows + E._speed_rows(name, E._time(run), nbytes, variant="",
                                 flashinfer_version=peers.flashinfer_version())

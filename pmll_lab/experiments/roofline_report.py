@@ -6,6 +6,8 @@ plans: do_bench only), a CPU run ``interpreter-wall`` rows. ``wide_table`` shows
 (``best_timer``: cuda_graph where present, else do_bench, else the interpreter's wall time) and,
 beside a cuda_graph time, the do_bench time of the same launch (``do_bench_us``, host launch
 included). Where a kernel ran in both state layouts, a target takes the faster one and names it.
+Every table, target and plot reads the fp32-state rows (``wide_table``'s default); the
+bf16-state rows (``state_dtype``) are set against them in ``state_dtype_table``.
 """
 
 from __future__ import annotations
@@ -85,15 +87,19 @@ def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def failed_points(df: pd.DataFrame) -> pd.DataFrame:
     """One line per failed point: its parameters and error text."""
-    return _failed_points(df, ("provider", "K", "B", "HK", "HV", "head_dim", "dtype", "gate", "M", "T"))
+    return _failed_points(df, ("provider", "K", "B", "HK", "HV", "head_dim", "dtype",
+                               "state_layout", "state_dtype", "gate", "M", "T"))
 
 
-def wide_table(df: pd.DataFrame, timer: str | None = None) -> pd.DataFrame:
+def wide_table(df: pd.DataFrame, timer: str | None = None,
+               state_dtype: str | None = "float32") -> pd.DataFrame:
     """One row per timed (point, kernel) that passed its checks, for one ``timer`` (default
     ``best_timer(df)``): the point's parameters, ``state_layout`` (``"kv"`` for rows written
-    before the layout axis), ``timer``, ``time_us`` (+ ``p20``, ``p80``, ``floor_us``), ``gbps``,
-    ``bytes``, on a GPU ``roofline_frac``, and beside cuda_graph times the launch's do_bench
-    time ``do_bench_us``. Timers are never mixed in one column."""
+    before the layout axis), ``state_dtype`` (``"float32"`` for rows without it), ``timer``,
+    ``time_us`` (+ ``p20``, ``p80``, ``floor_us``), ``gbps``, ``bytes``, on a GPU
+    ``roofline_frac``, and beside cuda_graph times the launch's do_bench time ``do_bench_us``.
+    Timers are never mixed in one column. ``state_dtype``: keep the rows of that state dtype
+    (default fp32, the dtype every table and target is about); ``None`` keeps all."""
     timer = best_timer(df) if timer is None else timer
     if timer is None:
         return pd.DataFrame()
@@ -115,7 +121,77 @@ def wide_table(df: pd.DataFrame, timer: str | None = None) -> pd.DataFrame:
             out = out.merge(db[key + ["value"]].rename(columns={"value": "do_bench_us"}),
                             on=key, how="left")
     out["state_layout"] = out["state_layout"].fillna("kv") if "state_layout" in out else "kv"
+    out["state_dtype"] = (out["state_dtype"].fillna("float32") if "state_dtype" in out
+                          else "float32")
+    if state_dtype is not None:
+        out = out[out["state_dtype"] == state_dtype]
     return out.reset_index(drop=True)
+
+
+STATE_TABLE_KERNELS = ("decodes", "chain_snapshots", "carry_exact_eager", "carry_exact_lazy",
+                       "flashinfer_decode", "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen")
+
+
+def state_dtype_table(df: pd.DataFrame, shape: dict | None = None, Bs=(1, 64, 256),
+                      state_dtype: str = "bfloat16") -> pd.DataFrame:
+    """A bf16 (``state_dtype``) state pool against the fp32 one, per kernel, layout, ``K`` and
+    ``B`` at ``shape`` (default the main shape): the time of each (``best_timer``), their
+    ratio, and the bf16-state launch's worst rel_l2 of its outputs against the float64
+    reference with the same rounding points (``o [bfloat16 state]``, the lazy carry's over its
+    two timed variants) with its tolerance.
+    FlashInfer's rows are its bf16-state kernels against its fp32-state ones. Empty without
+    such rows."""
+    w = wide_table(df, state_dtype=None)
+    if w.empty or not (w["state_dtype"] == state_dtype).any():
+        return pd.DataFrame()
+    shape = main_shape(df) if shape is None else shape
+    w = _sel_shape(w, shape)
+    w = w[w["kernel"].isin(STATE_TABLE_KERNELS) & w["B"].isin(list(Bs))]
+    keys = ["kernel", "state_layout", "K", "B"]
+    half = w[w["state_dtype"] == state_dtype].set_index(keys)["time_us"]
+    full = w[w["state_dtype"] == "float32"].set_index(keys)["time_us"]
+    out = pd.DataFrame({f"{state_dtype} state us": half, "fp32 state us": full}).dropna(
+        subset=[f"{state_dtype} state us"])
+    out["ratio"] = out[f"{state_dtype} state us"] / out["fp32 state us"]
+    # the outputs against the reference: "o", "o (no write-back)", "o (write-back)" (not the
+    # comparisons with decode), each tagged with the state dtype
+    tag = rf"^o( \([^)]*\))? \[{state_dtype} state\]$"
+    if "what" in df:
+        err = df[(df["metric"] == "rel_l2") & df["what"].fillna("").str.match(tag)]
+        if "state_dtype" in err:
+            err = err[err["state_dtype"] == state_dtype]
+        if not err.empty:
+            e = err.groupby(["kernel", "state_layout", "K", "B"])[["value", "tolerance"]].max()
+            e.columns = [f"o rel_l2 vs float64 ({state_dtype} rounding)", "tolerance"]
+            out = out.join(e, how="left")
+    out = out.reset_index()
+    out["timer"] = str(w["timer"].iloc[0]) if len(w) else ""
+    out["_order"] = out["kernel"].map({k: i for i, k in enumerate(STATE_TABLE_KERNELS)})
+    out = out.sort_values(["K", "B", "_order", "state_layout"]).drop(columns="_order")
+    return out.reset_index(drop=True).round(4)
+
+
+def state_dtype_summary(df: pd.DataFrame, state_dtype: str = "bfloat16", B: int = 64,
+                        K: int = 4, decode_K: int = 1) -> str:
+    """One sentence for the conclusion: our bf16-state decode (``decode_K`` tokens) and ``K``-row
+    lazy exact carry and chain times at ``B`` against the fp32 state of the same run, each in
+    its faster layout; empty without such rows."""
+    t = state_dtype_table(df, Bs=(B,), state_dtype=state_dtype)
+    if t.empty:
+        return ""
+    parts = []
+    for kern, K, label in (("decodes", decode_K, f"{decode_K} x decode"),
+                           ("carry_exact_lazy", K, f"K={K} lazy exact carry (amortised)"),
+                           ("chain_snapshots", K, f"K={K} chain with snapshots")):
+        r = t[(t["kernel"] == kern) & (t["K"] == K)].dropna(subset=["fp32 state us"])
+        if r.empty:
+            continue
+        r = r.loc[r[f"{state_dtype} state us"].idxmin()]
+        parts.append(f"{label} [{r['state_layout']}] {r[f'{state_dtype} state us']:.1f} us against "
+                     f"{r['fp32 state us']:.1f} us ({r['ratio']:.2f}x)")
+    if not parts:
+        return ""
+    return f"{state_dtype} state pool at B={B}: " + "; ".join(parts) + "."
 
 
 def main_shape(df: pd.DataFrame) -> dict:
@@ -503,6 +579,9 @@ def conclusion(df: pd.DataFrame, pdf: pd.DataFrame | None, targets: pd.DataFrame
                              f"({_pct(fr)})")
         if parts:
             lines.append(f"- K=4, B={B} (HV=32, kd=vd=128): " + "; ".join(parts) + ".")
+    sd = state_dtype_summary(df)
+    if sd:
+        lines.append("- " + sd)
     head = headline_table(df, mean_accept=mean_accept, accept_K=accept_K, seed=seed)
     if not head.empty:
         lines.append("- Issue 10's headline: " + headline_summary(head))

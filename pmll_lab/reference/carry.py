@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pmll_lab.reference.gdn import round_state
+
 F64 = torch.float64
 L2NORM_EPS = 1e-6
 
@@ -92,16 +94,21 @@ class RefCarry:
                    pend=torch.zeros(slots, dtype=torch.int64))
 
 
-def fold_pending(H, carry: RefCarry, slot: int):
-    """``H [HV, kd, vd]`` with the slot's ``pend[slot]`` stash rows folded in, oldest first."""
+def fold_pending(H, carry: RefCarry, slot: int, state_dtype=None):
+    """``H [HV, kd, vd]`` with the slot's ``pend[slot]`` stash rows folded in, oldest first
+    (rounded to ``state_dtype`` after each, as decoding a bf16/fp16 state stores it)."""
     for i in range(int(carry.pend[slot])):
-        H = fold_row(H, carry.g[slot, i], carry.k[slot, i], carry.u[slot, i])
+        H = round_state(fold_row(H, carry.g[slot, i], carry.k[slot, i], carry.u[slot, i]),
+                        state_dtype)
     return H
 
 
 def verify(state, carry: RefCarry, q, k, v, g, beta, slot_tab, *, lazy=False, scale=None,
-           use_qk_l2norm=True):
+           use_qk_l2norm=True, state_dtype=None):
     """One carried-state verify of ``K`` rows per sequence (SPEC §3b).
+
+    ``state_dtype``: the dtype of a bf16/fp16 state pool: the state is rounded to it after every
+    folded and verified row (``pmll_lab.reference.gdn.round_state``), as the kernels do.
 
     ``state [S, HV, kd, vd]`` float64 and ``carry`` are updated in place (write-back, stash rows);
     ``q, k [B, K, HK, kd]``, ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]``, ``slot_tab [B]``.
@@ -115,7 +122,7 @@ def verify(state, carry: RefCarry, q, k, v, g, beta, slot_tab, *, lazy=False, sc
         slot = int(slot_tab[b])
         p = int(carry.pend[slot])
         # 1. load the state and fold the pending rows
-        H = fold_pending(state[slot].clone(), carry, slot)
+        H = fold_pending(state[slot].clone(), carry, slot, state_dtype)
         # 2. write back (eager: whenever rows were folded; lazy: only when K rows do not fit)
         write_back = (p + K > carry.cap) if lazy else (p > 0)
         if write_back:
@@ -125,6 +132,7 @@ def verify(state, carry: RefCarry, q, k, v, g, beta, slot_tab, *, lazy=False, sc
         for t in range(K):
             qn, kn = prepare_qk(q[b, t], k[b, t], HV, scale=scale, use_qk_l2norm=use_qk_l2norm)
             H, o[b, t], u = decode_row(H, qn, kn, v[b, t], g[b, t], beta[b, t])
+            H = round_state(H, state_dtype)
             carry.u[slot, first + t] = u
             carry.g[slot, first + t] = g[b, t].to(F64)
             carry.k[slot, first + t] = kn
@@ -142,13 +150,13 @@ def accept(carry, slot_tab, engaged, accepted) -> None:
         carry.pend[slot] = a if int(engaged[b]) == 2 else int(carry.pend[slot]) + a
 
 
-def flush(states, carries, slot_tab) -> None:
+def flush(states, carries, slot_tab, state_dtype=None) -> None:
     """Fold the pending rows of every slot in ``slot_tab`` into its state, for each layer
-    (``states``: list of ``[S, HV, kd, vd]`` float64, ``carries``: list of ``RefCarry``).
-    ``pend`` is left for the caller to clear."""
+    (``states``: list of ``[S, HV, kd, vd]`` float64, ``carries``: list of ``RefCarry``;
+    ``state_dtype`` as in ``verify``). ``pend`` is left for the caller to clear."""
     for state, carry in zip(states, carries):
         for slot in (int(s) for s in slot_tab):
-            state[slot] = fold_pending(state[slot].clone(), carry, slot)
+            state[slot] = fold_pending(state[slot].clone(), carry, slot, state_dtype)
 
 
 def wy_rows(H, q, k, v, g, beta):
@@ -174,11 +182,12 @@ def wy_rows(H, q, k, v, g, beta):
     return o, U
 
 
-def decode_tokens(state, q, k, v, g, beta, slot_tab, *, scale=None, use_qk_l2norm=True):
+def decode_tokens(state, q, k, v, g, beta, slot_tab, *, scale=None, use_qk_l2norm=True,
+                  state_dtype=None):
     """Plain decoding of ``T`` tokens per sequence, one after another (the end-to-end target).
 
     ``state [S, HV, kd, vd]`` float64 updated in place; ``q, k [B, T, HK, kd]``, ... Returns
-    ``o [B, T, HV, vd]`` float64."""
+    ``o [B, T, HV, vd]`` float64. ``state_dtype`` as in ``verify``."""
     B, T = q.shape[:2]
     HV = v.shape[2]
     o = torch.zeros(B, T, HV, v.shape[3], dtype=F64)
@@ -188,5 +197,6 @@ def decode_tokens(state, q, k, v, g, beta, slot_tab, *, scale=None, use_qk_l2nor
         for t in range(T):
             qn, kn = prepare_qk(q[b, t], k[b, t], HV, scale=scale, use_qk_l2norm=use_qk_l2norm)
             H, o[b, t], _ = decode_row(H, qn, kn, v[b, t], g[b, t], beta[b, t])
+            H = round_state(H, state_dtype)
         state[slot] = H
     return o

@@ -34,6 +34,15 @@ def _slots(state_indices, batch: int, device) -> torch.Tensor:
     return state_indices.to(device=device, dtype=torch.long)
 
 
+def round_state(H: torch.Tensor, state_dtype) -> torch.Tensor:
+    """``H`` (float64) rounded to ``state_dtype`` and back to float64: the rounding point of a
+    bf16/fp16 state pool, applied where a decode stores the state (``None`` or float32:
+    unchanged, the fp32 kernels' rounding being below the references' tolerances)."""
+    if state_dtype is None or state_dtype in (torch.float32, torch.float64):
+        return H
+    return H.to(state_dtype).to(torch.float64)
+
+
 def _to_kv(state, state_layout: str):
     """The state as ``[S, HV, kd, vd]`` (a transposed view of a V-major state)."""
     if state_layout not in ("kv", "vk"):
@@ -42,7 +51,7 @@ def _to_kv(state, state_layout: str):
 
 
 def gdn_decode_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
-                   use_qk_l2norm=True, state_layout="kv"):
+                   use_qk_l2norm=True, state_layout="kv", state_dtype=None):
     """One decode token per sequence, in float64.
 
     Args: ``state [S, HV, kd, vd]``; ``q, k [B, HK, kd]``; ``v [B, HV, vd]``; ``g, beta [B, HV]``
@@ -52,12 +61,14 @@ def gdn_decode_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     Returns ``(o [B, HV, vd], new_state [S, HV, kd, vd])``, both float64: ``new_state`` is a copy
     of ``state`` with the addressed slots advanced by one token and every other slot unchanged.
     ``state_layout="vk"``: ``state`` and ``new_state`` are ``[S, HV, vd, kd]`` (the same ``H``
-    transposed; a layout is only a pair of strides here).
+    transposed; a layout is only a pair of strides here). ``state_dtype``: a bf16/fp16 state
+    pool's dtype: the new state is rounded to it (and held in float64), where the kernels store
+    it (``round_state``); ``None`` keeps float64.
     """
     if state_layout != "kv":
         o, new = gdn_decode_ref(_to_kv(state, state_layout), q, k, v, g, beta,
                                 state_indices=state_indices, scale=scale,
-                                use_qk_l2norm=use_qk_l2norm)
+                                use_qk_l2norm=use_qk_l2norm, state_dtype=state_dtype)
         return o, new.transpose(-1, -2).contiguous()
     B, HK, kd = q.shape
     HV = v.shape[1]
@@ -79,12 +90,12 @@ def gdn_decode_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     u = beta[..., None] * (v - torch.einsum("bhkv,bhk->bhv", H, k))
     H = H + k[..., :, None] * u[..., None, :]
     o = torch.einsum("bhkv,bhk->bhv", H, q)
-    new_state[slots] = H
+    new_state[slots] = round_state(H, state_dtype)
     return o, new_state
 
 
 def gdn_chain_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
-                  use_qk_l2norm=True, state_layout="kv"):
+                  use_qk_l2norm=True, state_layout="kv", state_dtype=None):
     """K rows per sequence: the decode reference applied row by row, in float64.
 
     Args: as ``gdn_decode_ref`` with a rows axis after ``B``: ``q, k [B, K, HK, kd]``,
@@ -93,12 +104,13 @@ def gdn_chain_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     Returns ``(o [B, K, HV, vd], new_state [S, HV, kd, vd], intermediate [B, K-1, HV, kd, vd])``
     (float64): ``new_state`` holds the state after the last row in the addressed slots;
     ``intermediate[b, t]`` is sequence ``b``'s state after row ``t`` (``t < K-1``).
-    ``state_layout="vk"``: states and snapshots are ``[..., vd, kd]``.
+    ``state_layout="vk"``: states and snapshots are ``[..., vd, kd]``. ``state_dtype``: the state
+    rounded to it after every row (``gdn_decode_ref``), snapshots included.
     """
     if state_layout != "kv":
         o, new, inter = gdn_chain_ref(_to_kv(state, state_layout), q, k, v, g, beta,
                                       state_indices=state_indices, scale=scale,
-                                      use_qk_l2norm=use_qk_l2norm)
+                                      use_qk_l2norm=use_qk_l2norm, state_dtype=state_dtype)
         return o, new.transpose(-1, -2).contiguous(), inter.transpose(-1, -2).contiguous()
     B, K = q.shape[:2]
     slots = _slots(state_indices, B, state.device)
@@ -106,7 +118,8 @@ def gdn_chain_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     outs, snaps = [], []
     for t in range(K):
         o_t, cur = gdn_decode_ref(cur, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t],
-                                  state_indices=slots, scale=scale, use_qk_l2norm=use_qk_l2norm)
+                                  state_indices=slots, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                                  state_dtype=state_dtype)
         outs.append(o_t)
         if t < K - 1:
             snaps.append(cur[slots])
@@ -114,3 +127,15 @@ def gdn_chain_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     inter = (torch.stack(snaps, dim=1) if snaps
              else torch.empty(B, 0, HV, kd, vd, dtype=torch.float64, device=state.device))
     return torch.stack(outs, dim=1), cur.to(torch.float64), inter
+
+
+def gdn_gating_ref(A_log, a, dt_bias, b):
+    """Qwen3-Next's gates in float64: ``g = -exp(A_log) * softplus(a + dt_bias)`` (PyTorch's
+    softplus, threshold 20), ``beta = sigmoid(b)``. ``A_log, dt_bias [HV]``, ``a, b [..., HV]``
+    (any float dtypes, read exactly). Returns ``(g, beta)`` float64 of ``a``'s shape; the
+    reference of ``pmll_lab.gdn.gdn_gating`` and of every launcher's fused gating."""
+    import torch.nn.functional as F
+
+    f64 = torch.float64
+    g = -torch.exp(A_log.to(f64)) * F.softplus(a.to(f64) + dt_bias.to(f64), threshold=20.0)
+    return g, torch.sigmoid(b.to(f64))

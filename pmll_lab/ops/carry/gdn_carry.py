@@ -70,8 +70,10 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
-                                         fold_row, gdn_row, head_dims, load_row_inputs,
-                                         qk_prepare, vk_chunks, vk_config)
+                                         fold_row, gdn_gate_beta, gdn_gate_g, gdn_row, head_dims,
+                                         load_gate_params, load_row_inputs, qk_prepare,
+                                         round_like, vk_chunks, vk_config)
+from pmll_lab.ops.gdn.gating import check_gating, split_gating
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
 
@@ -292,9 +294,10 @@ _ROW_UNSPECIALIZED = dict(do_not_specialize=_ROW_STRIDES,
 
 
 @triton.jit
-def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv,
+def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, h_ptr,
                   HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr):
-    """Fold stash rows ``0..p-1`` into the state block ``h [BK, BV]`` (columns ``rv``); with
+    """Fold stash rows ``0..p-1`` into the state block ``h [BK, BV]`` (columns ``rv``), rounded
+    to the state's dtype (``h_ptr``'s) after every row as decoding stores it; with
     ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded (``recurrence.CARRY_PREFETCH_ROWS``)."""
     if PREFETCH:
         gn = tl.load(gs_ptr, mask=p > 0, other=0.0)
@@ -306,13 +309,13 @@ def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv,
             gn = tl.load(gs_ptr + (i + 1) * HV, mask=more, other=0.0)
             kn = tl.load(ks_ptr + (i + 1) * (HV * KD) + rk, mask=mk & more, other=0.0)
             un = tl.load(u_ptr + (i + 1) * (HV * VD) + rv, mask=mv & more, other=0.0)
-            h = fold_row(h, tl.exp(gi), ki, ui)
+            h = round_like(fold_row(h, tl.exp(gi), ki, ui), h_ptr)
     else:
         for i in range(p):
             gi = tl.load(gs_ptr + i * HV)
             ki = tl.load(ks_ptr + i * (HV * KD) + rk, mask=mk, other=0.0)
             ui = tl.load(u_ptr + i * (HV * VD) + rv, mask=mv, other=0.0)
-            h = fold_row(h, tl.exp(gi), ki, ui)
+            h = round_like(fold_row(h, tl.exp(gi), ki, ui), h_ptr)
     return h
 
 
@@ -351,8 +354,8 @@ def _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv,
     forms."""
     m2 = mk[:, None] & mv[None, :]
     hp = h_ptr + rk[:, None] * VD + rv[None, :]
-    h = tl.load(hp, mask=m2, other=0.0)
-    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, HV, KD, VD, PREFETCH)
+    h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
+    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, h_ptr, HV, KD, VD, PREFETCH)
     tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
     if wb:
         tl.store(hp, h, mask=m2)
@@ -362,10 +365,10 @@ def _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv,
 @triton.jit
 def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                         g_ptr, beta_ptr, o_ptr, b, hv, live, p, wb, first, scale, j,
-                        sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
+                        sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t, ga, gd,
                         K: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-                        PREFETCH: tl.constexpr, UNROLL: tl.constexpr):
+                        PREFETCH: tl.constexpr, UNROLL: tl.constexpr, GATE: tl.constexpr):
     """Columns ``j*BV ..`` of one head: load the state block, fold the ``p`` pending rows, write
     it back if ``wb``, run the ``K`` rows (decode's ``gdn_row``), store outputs and stash ``u``.
     ``PREFETCH``: row ``t+1``'s inputs are loaded before row ``t`` runs; ``UNROLL``: the rows are
@@ -381,36 +384,41 @@ def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
     brow = beta_ptr + b * sb_b + hv
     if UNROLL:
         if PREFETCH:
-            nxt = load_row_inputs(qrow, krow, vrow, grow, brow, rk, mk, rv, mv)
+            nxt = load_row_inputs(qrow, krow, vrow, grow, brow, rk, mk, rv, mv, ga, gd, GATE)
         for t in tl.static_range(K):
             if PREFETCH:
                 q, k, v, g, beta = nxt
                 if t + 1 < K:
                     nxt = load_row_inputs(qrow + (t + 1) * sq_t, krow + (t + 1) * sk_t,
                                           vrow + (t + 1) * sv_t, grow + (t + 1) * sg_t,
-                                          brow + (t + 1) * sb_t, rk, mk, rv, mv)
+                                          brow + (t + 1) * sb_t, rk, mk, rv, mv, ga, gd,
+                                          GATE)
             else:
                 q, k, v, g, beta = load_row_inputs(qrow + t * sq_t, krow + t * sk_t,
                                                    vrow + t * sv_t, grow + t * sg_t,
-                                                   brow + t * sb_t, rk, mk, rv, mv)
+                                                   brow + t * sb_t, rk, mk, rv, mv, ga, gd,
+                                                   GATE)
             h = _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
-                           live, HV, VD, USE_QK_L2NORM)
+                           live, h_ptr, HV, VD, USE_QK_L2NORM)
     else:
         for t in range(K):
             q, k, v, g, beta = load_row_inputs(qrow + t * sq_t, krow + t * sk_t, vrow + t * sv_t,
-                                               grow + t * sg_t, brow + t * sb_t, rk, mk, rv, mv)
+                                               grow + t * sg_t, brow + t * sb_t, rk, mk, rv, mv,
+                                               ga, gd, GATE)
             h = _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
-                           live, HV, VD, USE_QK_L2NORM)
+                           live, h_ptr, HV, VD, USE_QK_L2NORM)
 
 
 @triton.jit
-def _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv, live,
+def _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv, live, h_ptr,
                HV: tl.constexpr, VD: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
-    """Row ``t`` of the exact form on its loaded inputs: decode's ``qk_prepare`` + ``gdn_row``,
-    store the output columns (zeros for a padding lane) and stash ``u`` at row ``first + t``
-    (live lanes only). Returns the new block."""
+    """Row ``t`` of the exact form on its loaded inputs: decode's ``qk_prepare`` + ``gdn_row``
+    (the new block rounded to the state's dtype, ``h_ptr``'s, as decoding stores it), store the
+    output columns (zeros for a padding lane) and stash ``u`` at row ``first + t`` (live lanes
+    only). Returns the new block."""
     q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
     h, o, u = gdn_row(h, q, k, v, g, beta)
+    h = round_like(h, h_ptr)
     tl.store(orow + t * so_t + rv, tl.where(live, o, 0.0).to(orow.dtype.element_ty), mask=mv)
     tl.store(u_ptr + (first + t) * (HV * VD) + rv, u, mask=mv & live)
     return h
@@ -418,11 +426,12 @@ def _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv, 
 
 @triton.jit
 def _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
-                         sq_t, sk_t, sg_b, sg_t,
+                         sq_t, sk_t, sg_b, sg_t, ga, gd,
                          K: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr,
-                         BK: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+                         BK: tl.constexpr, USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr):
     """Stash the ``K`` rows' log decays and normalised keys (shared by a head's column blocks)
-    at rows ``first ..``: call only once every block has folded the old rows."""
+    at rows ``first ..``: call only once every block has folded the old rows. With ``GATE``,
+    ``g_ptr`` holds ``a`` and the stashed decay is the one the rows computed (``gdn_gate_g``)."""
     rk = tl.arange(0, BK)
     mk = rk < KD
     for t in tl.static_range(K):
@@ -430,6 +439,8 @@ def _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
         k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
         q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
         g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
+        if GATE:
+            g = gdn_gate_g(ga, g, gd)
         tl.store(gs_ptr + (first + t) * HV, g)
         tl.store(ks_ptr + (first + t) * (HV * KD) + rk, k, mask=mk)
 
@@ -437,14 +448,14 @@ def _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
 @triton.jit(**_ROW_UNSPECIALIZED)
 def _gdn_carry_exact_kernel(
     state_ptr, stash_ptr, pend_ptr, slot_ptr,
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr, alog_ptr, dtb_ptr,
     scale, stride_state, stride_stash,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
     sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
-    UNROLL: tl.constexpr,
+    UNROLL: tl.constexpr, GATE: tl.constexpr,
 ):
     """The exact form, one program per (sequence, head) looping over the head's column
     blocks (grid ``(B, HV)``); the shared g/k rows are restashed after the last block."""
@@ -454,6 +465,7 @@ def _gdn_carry_exact_kernel(
     slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
+    ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
     qrow = q_ptr + b * sq_b + hk * sq_h
     krow = k_ptr + b * sk_b + hk * sk_h
     vrow = v_ptr + b * sv_b + hv * sv_h
@@ -462,12 +474,13 @@ def _gdn_carry_exact_kernel(
     for j in tl.static_range(0, NV):
         _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                             g_ptr, beta_ptr, o_ptr, b, hv, live, p, wb, first, scale, j,
-                            sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
-                            K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH, UNROLL)
+                            sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t, ga, gd,
+                            K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH, UNROLL, GATE)
     tl.debug_barrier()
     if live:
         _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
-                             sq_t, sk_t, sg_b, sg_t, K, HV, KD, BK, USE_QK_L2NORM)
+                             sq_t, sk_t, sg_b, sg_t, ga, gd, K, HV, KD, BK,
+                             USE_QK_L2NORM, GATE)
     if hv == 0:
         tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
 
@@ -475,14 +488,14 @@ def _gdn_carry_exact_kernel(
 @triton.jit(**_ROW_UNSPECIALIZED)
 def _gdn_carry_exact_split_kernel(
     state_ptr, stash_ptr, pend_ptr, slot_ptr, arrive_ptr,
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr, alog_ptr, dtb_ptr,
     scale, stride_state, stride_stash,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
     sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
-    UNROLL: tl.constexpr,
+    UNROLL: tl.constexpr, GATE: tl.constexpr,
 ):
     """The exact form with a head's column blocks split across programs (grid ``(B, HV, NV)``,
     decode's own split). Shared rows: each program counts itself in ``arrive[slot, hv]`` after
@@ -495,6 +508,7 @@ def _gdn_carry_exact_split_kernel(
     slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
+    ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
     qrow = q_ptr + b * sq_b + hk * sq_h
     krow = k_ptr + b * sk_b + hk * sk_h
     vrow = v_ptr + b * sv_b + hv * sv_h
@@ -502,13 +516,14 @@ def _gdn_carry_exact_split_kernel(
 
     _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                         g_ptr, beta_ptr, o_ptr, b, hv, live, p, wb, first, scale, j,
-                        sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t,
-                        K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH, UNROLL)
+                        sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t, ga, gd,
+                        K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH, UNROLL, GATE)
     tl.debug_barrier()
     arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)
     if live & (arrived == NV - 1):
         _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
-                             sq_t, sk_t, sg_b, sg_t, K, HV, KD, BK, USE_QK_L2NORM)
+                             sq_t, sk_t, sg_b, sg_t, ga, gd, K, HV, KD, BK,
+                             USE_QK_L2NORM, GATE)
         tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
     if hv == 0:
         if j == 0:
@@ -517,9 +532,9 @@ def _gdn_carry_exact_split_kernel(
 
 @triton.jit
 def _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
-             sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sb_b, sb_t,
+             sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sb_b, sb_t, ga, gd,
              K: tl.constexpr, KD: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
-             USE_QK_L2NORM: tl.constexpr):
+             USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr):
     """Per (sequence, head), independent of the state: the ``K`` rows' scaled queries ``Q`` and
     normalised keys ``Kr`` as ``[KP, BK]`` tiles, gates ``g``, ``beta``, ``ec = exp(cumsum g)``,
     ``T = (I + A)^-1`` (forward substitution) and ``P`` (SPEC §3b)."""
@@ -538,6 +553,9 @@ def _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
     Q = Q * scale
     g = tl.load(g_ptr + b * sg_b + rt * sg_t + hv, mask=mt, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + b * sb_b + rt * sb_t + hv, mask=mt, other=0.0).to(tl.float32)
+    if GATE:                         # g_ptr, beta_ptr hold a, b; padded rows stay 0
+        g = tl.where(mt, gdn_gate_g(ga, g, gd), 0.0)
+        beta = tl.where(mt, gdn_gate_beta(beta), 0.0)
     c = tl.cumsum(g, 0)
     ec = tl.exp(c)
     lower = rt[:, None] >= rt[None, :]
@@ -606,14 +624,14 @@ def _wy_restash_shared_rows(gs_ptr, ks_ptr, first, g, Kr, K: tl.constexpr, HV: t
 @triton.jit(**_ROW_UNSPECIALIZED)
 def _gdn_carry_wy_kernel(
     state_ptr, stash_ptr, pend_ptr, slot_ptr,
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr, alog_ptr, dtb_ptr,
     scale, stride_state, stride_stash,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
     sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, KP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, GATE: tl.constexpr,
 ):
     """The WY form, one program per (sequence, head) looping over the head's column blocks
     (grid ``(B, HV)``); the shared g/k rows are restashed after the last block."""
@@ -623,9 +641,10 @@ def _gdn_carry_wy_kernel(
     slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
+    ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
     Q, Kr, g, beta, ec, T, P = _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
                                         sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sb_b,
-                                        sb_t, K, KD, BK, KP, USE_QK_L2NORM)
+                                        sb_t, ga, gd, K, KD, BK, KP, USE_QK_L2NORM, GATE)
     for j in tl.static_range(0, NV):
         _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, live, p, wb, first,
                          j,
@@ -641,14 +660,14 @@ def _gdn_carry_wy_kernel(
 @triton.jit(**_ROW_UNSPECIALIZED)
 def _gdn_carry_wy_split_kernel(
     state_ptr, stash_ptr, pend_ptr, slot_ptr, arrive_ptr,
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr, alog_ptr, dtb_ptr,
     scale, stride_state, stride_stash,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
     sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, KP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, GATE: tl.constexpr,
 ):
     """The WY form with a head's column blocks split across programs (grid ``(B, HV, NV)``):
     each program computes the head's small matrices itself (a few ``[16, BK]`` products), folds
@@ -661,9 +680,10 @@ def _gdn_carry_wy_split_kernel(
     slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
+    ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
     Q, Kr, g, beta, ec, T, P = _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
                                         sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sb_b,
-                                        sb_t, K, KD, BK, KP, USE_QK_L2NORM)
+                                        sb_t, ga, gd, K, KD, BK, KP, USE_QK_L2NORM, GATE)
     _wy_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, v_ptr, o_ptr, b, hv, live, p, wb, first, j,
                      Q, Kr, beta, ec, T, P, sv_b, sv_t, sv_h, so_b, so_t, so_h,
                      K, HV, KD, VD, BK, BV, KP, DOT_PRECISION, PREFETCH)
@@ -701,10 +721,10 @@ def _gdn_carry_flush_kernel(
         h_ptr = state_ptr + tl.load(state_off_ptr + layer) + slot * stride_state + hv * (KD * VD)
         s_ptr = stash_ptr + tl.load(stash_off_ptr + layer) + slot * stride_stash
         hp = h_ptr + rk[:, None] * VD + rv[None, :]
-        h = tl.load(hp, mask=m2, other=0.0)
+        h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
         h = _fold_pending(h, s_ptr + hv * VD, s_ptr + CAP * HV * VD + hv,
-                          s_ptr + CAP * HV * VD + CAP * HV + hv * KD, p, rk, mk, rv, mv, HV, KD, VD,
-                          PREFETCH)
+                          s_ptr + CAP * HV * VD + CAP * HV + hv * KD, p, rk, mk, rv, mv, h_ptr, HV,
+                          KD, VD, PREFETCH)
         tl.store(hp, h, mask=m2)
 
 
@@ -770,9 +790,9 @@ def check_carry(name: str, carry, state: torch.Tensor | None = None,
 
 
 def check_state(name: str, state) -> torch.Tensor:
-    """fp32 ``[S, HV, kd, vd]`` (or ``[S, HV, vd, kd]``) on the kernels' device type, inner
-    three dims contiguous (any slot stride)."""
-    _checks.tensor(name, state, ndim=4, dtype=torch.float32)
+    """fp32, bf16 or fp16 ``[S, HV, kd, vd]`` (or ``[S, HV, vd, kd]``) on the kernels' device
+    type, inner three dims contiguous (any slot stride)."""
+    _checks.tensor(name, state, ndim=4, dtype=_checks.FLOAT_DTYPES)
     if state.device.type != DEVICE.type:
         raise ValueError(f"{name}: on {state.device}, but kernels run on {DEVICE} (pmll_lab.backend.DEVICE)")
     _, HV, d2, d3 = state.shape
@@ -785,7 +805,7 @@ def check_state(name: str, state) -> torch.Tensor:
 
 
 def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
-                  eager_max_pending, layout=DEFAULT_STATE_LAYOUT):
+                  eager_max_pending, layout=DEFAULT_STATE_LAYOUT, gating=None):
     """``gdn_carry_verify``'s argument checks; returns ``(B, K, HK, scale)``."""
     check_layout("state_layout", layout)
     check_state("state", state)
@@ -800,8 +820,13 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
     _checks.tensor("q", q, shape=(B, K, HK, kd))
     _checks.tensor("k", k, shape=(B, K, HK, kd), dtype=q.dtype, device=state.device, last_contiguous=True)
     _checks.tensor("v", v, shape=(B, K, HV, vd), dtype=q.dtype, device=state.device, last_contiguous=True)
-    _checks.tensor("g", g, shape=(B, K, HV), dtype=torch.float32, device=state.device, last_contiguous=True)
-    _checks.tensor("beta", beta, shape=(B, K, HV), dtype=torch.float32, device=state.device, last_contiguous=True)
+    if gating is None:
+        _checks.tensor("g", g, shape=(B, K, HV), dtype=torch.float32, device=state.device,
+                       last_contiguous=True)
+        _checks.tensor("beta", beta, shape=(B, K, HV), dtype=torch.float32, device=state.device,
+                       last_contiguous=True)
+    else:
+        check_gating(gating, (B, K), HV, q.dtype, state.device)
     # contiguous: the kernels read entry b at offset b (a strided view would address other slots)
     _checks.tensor("slot_tab", slot_tab, shape=(B,), dtype=INDEX_DTYPES, device=state.device,
                    contiguous=True)
@@ -809,6 +834,10 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
         raise ValueError(f"q: HV ({HV}) must be a multiple of HK ({HK})")
     if K < 1 or K > carry.cap:
         raise ValueError(f"q: K = {K} draft rows must lie in [1, CAP = {carry.cap}]")
+    if form == "wy" and state.dtype != torch.float32:
+        raise ValueError(f"form: the WY form needs an fp32 state, got {state.dtype}: it computes "
+                         "the K rows at once, so it cannot round the state to the state's dtype "
+                         "after every row as decoding does; use form='exact'")
     if form == "wy" and K > WY_ROWS_PAD:
         raise ValueError(f"K: the WY form verifies at most {WY_ROWS_PAD} rows (its row tiles), "
                          f"got K = {K}; use form='exact'")
@@ -826,40 +855,47 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
             raise ValueError(
                 f"carry.pend: an eager verify folds at most eager_max_pending = {eager_max_pending}"
                 f" rows, a slot holds {int(pend.max())}: flush first (gdn_carry_flush)")
-        _checks.range_values("g", g, float("-inf"), 0.0)
-        _checks.range_values("beta", beta, 0.0, 1.0)
+        if gating is None:
+            _checks.range_values("g", g, float("-inf"), 0.0)
+            _checks.range_values("beta", beta, 0.0, 1.0)
 
     return B, K, HK, scale
 
 
 def _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
-                     eager_max_pending, layout=DEFAULT_STATE_LAYOUT):
+                     eager_max_pending, layout=DEFAULT_STATE_LAYOUT, gating=None):
     """Checks (``_check_verify``), then the verify's outputs: ``(scale, o [B, K, HV, vd] in v's
     dtype, engaged [B] int32)``, uninitialised."""
     B, K, _, scale = _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
-                                   validate, eager_max_pending, layout)
+                                   validate, eager_max_pending, layout, gating)
     HV, vd = state.shape[1], head_dims(state.shape, layout)[1]
     o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
     return scale, o, torch.empty(B, dtype=torch.int32, device=v.device)
 
 
-def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", lazy=False,
-                     scale=None, use_qk_l2norm=True, validate=False, eager_max_pending=None,
-                     state_layout=DEFAULT_STATE_LAYOUT):
+def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form="exact",
+                     lazy=False, scale=None, use_qk_l2norm=True, validate=False,
+                     eager_max_pending=None, state_layout=DEFAULT_STATE_LAYOUT, A_log=None,
+                     a=None, dt_bias=None, b=None):
     """Carried-state verify of ``K`` draft rows per sequence (SPEC §3b; seed ``gdn_exact_carry``,
     ``gdn_carry_wy`` and their ``_lazy`` forms).
 
     Args:
         state: ``[S, HV, kd, vd]`` (``state_layout="kv"``) or ``[S, HV, vd, kd]`` (``"vk"``),
-            fp32, inner dims contiguous. Read; written only on a write-back
-            (``engaged == 2``), with the slot's pending rows folded in.
+            fp32, bf16 or fp16, inner dims contiguous. Read; written only on a write-back
+            (``engaged == 2``), with the slot's pending rows folded in. A bf16/fp16 state is
+            computed on in fp32 and rounded to its dtype after every folded and verified row,
+            where decoding stores it (the exact form stays bitwise equal to decoding; the WY
+            form refuses it); the stash stays fp32.
         carry: the layer's ``GdnCarry`` (``S`` slots, ``HV``, ``kd``, ``vd``, ``CAP``). Its stash
             rows ``first..first+K-1`` of each slot are written (``first = 0`` after a
             write-back, else ``pend``); ``pend`` is read, never written (``carry_accept`` does).
         q, k: ``[B, K, HK, kd]``; v: ``[B, K, HV, vd]`` — fp32, bf16 or fp16, one dtype, last dim
             contiguous, any other strides (views of a fused projection: no copies).
         g, beta: ``[B, K, HV]`` fp32 (log decay ``<= 0``; ``beta`` in ``[0, 1]``), last dim
-            contiguous.
+            contiguous. Or, with ``g=None, beta=None``, the gating computed in the kernel:
+            ``A_log, dt_bias [HV]``, ``a, b [B, K, HV]`` (q's dtype or fp32), bitwise as
+            ``pmll_lab.gdn.gdn_gating`` then this call; the stash records the computed ``g``.
         slot_tab: ``[B]`` int32/int64 slot of each sequence (distinct, in ``[0, S)``), or -1
             for a padding lane (zero outputs, ``engaged`` 1; no state, stash or ``pend``
             access), contiguous.
@@ -883,13 +919,15 @@ def gdn_carry_verify(state, carry, q, k, v, g, beta, *, slot_tab, form="exact", 
         ValueError naming the argument: shapes, dtypes, devices, strides, ``HV % HK``,
         ``1 <= K <= CAP``, unknown ``form``; value errors with ``validate=True``.
     """
+    g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     scale, o, engaged = _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy,
-                                         scale, validate, eager_max_pending, state_layout)
+                                         scale, validate, eager_max_pending, state_layout,
+                                         gating)
     if o.shape[0] == 0:
         return o, engaged
     with _device_guard(state):
         _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
-                       use_qk_l2norm, state_layout)
+                       use_qk_l2norm, state_layout, gating)
     return o, engaged
 
 
@@ -909,7 +947,7 @@ def _device_guard(t: torch.Tensor):
 
 
 def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
-                        use_qk_l2norm, layout=DEFAULT_STATE_LAYOUT):
+                        use_qk_l2norm, layout=DEFAULT_STATE_LAYOUT, gating=None):
     """``(kernel, grid, args, kwargs)`` of the verify launch for ``form``, ``layout`` and the
     launch-time settings (``EXACT_SPLIT_COLUMNS``, ``WY_*``, ``CARRY_PREFETCH_ROWS``,
     ``block_config`` / ``vk_config``)."""
@@ -918,15 +956,17 @@ def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, fo
     kd, vd = head_dims(state.shape, layout)
     if layout == "vk":
         return _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form,
-                                      lazy, scale, use_qk_l2norm, B, K, HK, HV, kd, vd)
+                                      lazy, scale, use_qk_l2norm, B, K, HK, HV, kd, vd, gating)
+    gate_ptrs = _gate_ptrs(state, gating)
     BK, BV, num_warps = block_config(kd, vd)
-    args = (state, carry.buf, carry.pend, slot_tab, q, k, v, g, beta, o, engaged,
+    args = (state, carry.buf, carry.pend, slot_tab, q, k, v, g, beta, o, engaged, *gate_ptrs,
             scale, state.stride(0), carry.buf.stride(0),
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1), o.stride(0), o.stride(1), o.stride(2))
     meta = dict(K=K, CAP=carry.cap, HV=HV, GROUP=HV // HK, KD=kd, VD=vd, LAZY=lazy,
-                USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=recurrence.CARRY_PREFETCH_ROWS)
+                USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=recurrence.CARRY_PREFETCH_ROWS,
+                GATE=gating is not None)
     unroll = K <= EXACT_UNROLL_MAX_ROWS
     if form == "exact" and EXACT_SPLIT_COLUMNS:
         NV = cdiv(vd, BV)
@@ -946,25 +986,33 @@ def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, fo
     return _gdn_carry_wy_kernel, (B, HV), args, wy
 
 
-def _row_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, scale):
+def _gate_ptrs(state, gating) -> tuple:
+    """The kernels' ``alog_ptr, dtb_ptr``: the fused gating's ``A_log, dt_bias``, else
+    ``state`` twice (never read: ``GATE`` is False)."""
+    return (gating.A_log, gating.dt_bias) if gating is not None else (state, state)
+
+
+def _row_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, scale, gating=None):
     """The verify kernels' runtime arguments after the arrival counts (every form, layout)."""
-    return (q, k, v, g, beta, o, engaged, scale, state.stride(0), carry.buf.stride(0),
+    gate_ptrs = _gate_ptrs(state, gating)
+    return (q, k, v, g, beta, o, engaged, *gate_ptrs, scale, state.stride(0), carry.buf.stride(0),
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1), o.stride(0), o.stride(1), o.stride(2))
 
 
 def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy,
-                           scale, use_qk_l2norm, B, K, HK, HV, kd, vd):
+                           scale, use_qk_l2norm, B, K, HK, HV, kd, vd, gating=None):
     """The V-major verify launch (``pmll_lab.ops.carry.gdn_carry_vk``): tiles of value rows
     from ``vk_config`` for ``B * HV`` (the WY form: at least 16 rows and keys, for
     ``tl.dot``)."""
     from pmll_lab.ops.carry import gdn_carry_vk as VK
 
     args = (state, carry.buf, carry.pend, slot_tab, _arrivals(carry, HV),
-            *_row_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, scale))
+            *_row_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, scale, gating))
     meta = dict(K=K, CAP=carry.cap, HV=HV, GROUP=HV // HK, KD=kd, VD=vd, LAZY=lazy,
-                USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=recurrence.CARRY_PREFETCH_ROWS)
+                USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=recurrence.CARRY_PREFETCH_ROWS,
+                GATE=gating is not None)
     BK, BR, num_warps = vk_config(kd, vd, B * HV, "carry")
     if form == "exact":
         NT = cdiv(vd, BR)
@@ -988,10 +1036,10 @@ def _launch_verify(*args):
     kernel[grid](*a, **kw)
 
 
-def gdn_carry_verify_plan(state, carry, q, k, v, g, beta, *, slot_tab, form="exact",
+def gdn_carry_verify_plan(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form="exact",
                           lazy=False, scale=None, use_qk_l2norm=True, validate=False,
-                          eager_max_pending=None,
-                          state_layout=DEFAULT_STATE_LAYOUT) -> LaunchPlan:
+                          eager_max_pending=None, state_layout=DEFAULT_STATE_LAYOUT,
+                          A_log=None, a=None, dt_bias=None, b=None) -> LaunchPlan:
     """``gdn_carry_verify`` bound to these buffers, for host-bound small batches (issue 5, B=1).
 
     Checks the arguments once, as ``gdn_carry_verify`` does (``validate`` checks the values at
@@ -1007,13 +1055,16 @@ def gdn_carry_verify_plan(state, carry, q, k, v, g, beta, *, slot_tab, form="exa
     read when the plan is made. Same results, bit for bit, as ``gdn_carry_verify``.
     Raises ``ValueError`` naming the argument.
     """
+    g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     scale, o, engaged = _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy,
-                                         scale, validate, eager_max_pending, state_layout)
+                                         scale, validate, eager_max_pending, state_layout,
+                                         gating)
     if o.shape[0] == 0:
         return LaunchPlan(None, (1,), (), {}, outputs=(o, engaged))
-    kernel, grid, a, kw = _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
-                                              form, lazy, scale, use_qk_l2norm, state_layout)
-    return LaunchPlan(kernel, grid, a, kw, outputs=(o, engaged), device=state.device)
+    kernel, grid, args, kw = _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged,
+                                                 slot_tab, form, lazy, scale, use_qk_l2norm,
+                                                 state_layout, gating)
+    return LaunchPlan(kernel, grid, args, kw, outputs=(o, engaged), device=state.device)
 
 
 def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
@@ -1021,9 +1072,9 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     """Fold every listed slot's pending rows into its state, over ``L`` layers in one launch
     (SPEC §3b "Flush"; the seed's ``gdn_carry_flush``).
 
-    ``states``: list of ``L`` fp32 states in ``state_layout`` (``[S, HV, kd, vd]`` for ``"kv"``,
+    ``states``: list of ``L`` states in ``state_layout`` (``[S, HV, kd, vd]`` for ``"kv"``,
     ``[S, HV, vd, kd]`` for ``"vk"``; separately allocated is fine; same
-    shape and strides); ``carries``: list of ``L`` ``GdnCarry`` (same layout and slot stride);
+    shape, strides and dtype: fp32, or bf16/fp16 rounded after every folded row); ``carries``: list of ``L`` ``GdnCarry`` (same layout and slot stride);
     ``slot_tab [B]`` int32/int64, contiguous. A slot with ``pend = 0`` is left alone; ``pend`` is not changed
     (the caller clears it). Folding uses ``fold_row`` on ``block_config`` blocks, so the state is
     bitwise the one plain decoding would hold. ``validate=True``: slots distinct and in range,
@@ -1040,8 +1091,9 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     for i, (st, ca) in enumerate(zip(states, carries)):
         check_state(f"states[{i}]", st)
         check_carry(f"carries[{i}]", ca, st, state_layout)
-        if st.shape != states[0].shape or st.stride() != states[0].stride():
-            raise ValueError(f"states[{i}]: shape/strides differ from states[0]")
+        if (st.shape != states[0].shape or st.stride() != states[0].stride()
+                or st.dtype != states[0].dtype):
+            raise ValueError(f"states[{i}]: shape/strides/dtype differ from states[0]")
         if ca.cap != carries[0].cap or ca.buf.stride() != carries[0].buf.stride():
             raise ValueError(f"carries[{i}]: CAP or stash strides differ from carries[0]")
         _checks.same_device("states[0]", states[0], **{f"states[{i}]": st})

@@ -37,7 +37,8 @@ import triton.language as tl
 from pmll_lab.ops.carry.gdn_carry import (_ROW_UNSPECIALIZED, _verify_prologue,
                                           _wy_restash_shared_rows, _wy_rows)
 from pmll_lab.ops.gdn.decode_vk import load_row_inputs_vk, vk_tile_index, vk_tile_offsets
-from pmll_lab.ops.gdn.recurrence import fold_row_vk, gdn_row_vk, qk_prepare_vk
+from pmll_lab.ops.gdn.recurrence import (fold_row_vk, gdn_gate_g, gdn_row_vk, load_gate_params,
+                                         qk_prepare_vk, round_like)
 
 WY_VK_DOT_PRECISION = "tf32x3"
 """``input_precision`` of the V-major WY form's products with the state (``h Kr^T``,
@@ -48,11 +49,12 @@ time; measured in ``reports/perf-notes.md`` (v11)."""
 
 
 @triton.jit
-def _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr,
+def _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr,
                      HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
                      PREFETCH: tl.constexpr):
     """Fold stash rows ``0..p-1`` into the tile ``h [BR, NC, CW]`` (value rows ``rr``, keys
-    ``rk [NC, CW]``); with ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded."""
+    ``rk [NC, CW]``), rounded to the state's dtype (``h_ptr``'s) after every row; with
+    ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded."""
     if PREFETCH:
         gn = tl.load(gs_ptr, mask=p > 0, other=0.0)
         kn = tl.load(ks_ptr + rk, mask=mk & (p > 0), other=0.0)
@@ -63,13 +65,13 @@ def _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr,
             gn = tl.load(gs_ptr + (i + 1) * HV, mask=more, other=0.0)
             kn = tl.load(ks_ptr + (i + 1) * (HV * KD) + rk, mask=mk & more, other=0.0)
             un = tl.load(u_ptr + (i + 1) * (HV * VD) + rr, mask=mr & more, other=0.0)
-            h = fold_row_vk(h, tl.exp(gi), ki, ui)
+            h = round_like(fold_row_vk(h, tl.exp(gi), ki, ui), h_ptr)
     else:
         for i in range(p):
             gi = tl.load(gs_ptr + i * HV)
             ki = tl.load(ks_ptr + i * (HV * KD) + rk, mask=mk, other=0.0)
             ui = tl.load(u_ptr + i * (HV * VD) + rr, mask=mr, other=0.0)
-            h = fold_row_vk(h, tl.exp(gi), ki, ui)
+            h = round_like(fold_row_vk(h, tl.exp(gi), ki, ui), h_ptr)
     return h
 
 
@@ -80,8 +82,9 @@ def _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr,
     rows folded in, written back when ``wb``; shared by the exact and WY forms."""
     m2 = mr[:, None, None] & mk[None, :, :]
     hp = h_ptr + vk_tile_offsets(rk, rr, KD)
-    h = tl.load(hp, mask=m2, other=0.0)
-    h = _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, HV, KD, VD, PREFETCH)
+    h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
+    h = _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr, HV, KD, VD,
+                         PREFETCH)
     tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
     if wb:
         tl.store(hp, h, mask=m2)
@@ -89,13 +92,14 @@ def _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr,
 
 
 @triton.jit
-def _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr, live,
+def _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr, live, h_ptr,
                   HV: tl.constexpr, VD: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
     """Row ``t`` on its loaded inputs: decode's ``qk_prepare`` + ``gdn_row_vk``, store the
     output rows (zeros for a padding lane) and stash ``u`` at row ``first + t`` (live lanes
     only). Returns the new tile."""
     q, k = qk_prepare_vk(q, k, scale, USE_QK_L2NORM)
     h, o, u = gdn_row_vk(h, q, k, v, g, beta)
+    h = round_like(h, h_ptr)               # a bf16/fp16 state as decoding stores it
     tl.store(orow + t * so_t + rr, tl.where(live, o, 0.0).to(orow.dtype.element_ty), mask=mr)
     tl.store(u_ptr + (first + t) * (HV * VD) + rr, u, mask=mr & live)
     return h
@@ -103,8 +107,9 @@ def _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, m
 
 @triton.jit
 def _restash_shared_rows_vk(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
-                            sq_t, sk_t, sg_b, sg_t, rk, mk, K: tl.constexpr, HV: tl.constexpr,
-                            KD: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+                            sq_t, sk_t, sg_b, sg_t, rk, mk, ga, gd, K: tl.constexpr,
+                            HV: tl.constexpr, KD: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+                            GATE: tl.constexpr):
     """Stash the ``K`` rows' log decays and normalised keys (shared by a head's tiles) at
     rows ``first ..``, the keys normalised on the same ``[NC, CW]`` vectors as the rows
     (``qk_prepare_vk``: the same bits). Call only once every tile has folded the old rows."""
@@ -113,6 +118,8 @@ def _restash_shared_rows_vk(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, sca
         k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
         q, k = qk_prepare_vk(q, k, scale, USE_QK_L2NORM)
         g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
+        if GATE:                     # g_ptr holds a: stash the decay the rows computed
+            g = gdn_gate_g(ga, g, gd)
         tl.store(gs_ptr + (first + t) * HV, g)
         tl.store(ks_ptr + (first + t) * (HV * KD) + rk, k, mask=mk)
 
@@ -120,14 +127,14 @@ def _restash_shared_rows_vk(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, sca
 @triton.jit(**_ROW_UNSPECIALIZED)
 def gdn_carry_exact_vk_kernel(
     state_ptr, stash_ptr, pend_ptr, slot_ptr, arrive_ptr,
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr, alog_ptr, dtb_ptr,
     scale, stride_state, stride_stash,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
     sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
-    UNROLL: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr,
+    UNROLL: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr, GATE: tl.constexpr,
 ):
     """Exact verify on V-major tiles of ``BV`` value rows (``NV`` tiles per head), keys in
     ``NC`` chunks of ``CW``."""
@@ -138,6 +145,7 @@ def gdn_carry_exact_vk_kernel(
     slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
+    ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
     qrow = q_ptr + b * sq_b + hk * sq_h
     krow = k_ptr + b * sk_b + hk * sk_h
     vrow = v_ptr + b * sv_b + hv * sv_h
@@ -150,32 +158,36 @@ def gdn_carry_exact_vk_kernel(
                      PREFETCH)
     if UNROLL:
         if PREFETCH:
-            nxt = load_row_inputs_vk(qrow, krow, vrow, grow, brow, rk, mk, rr, mr)
+            nxt = load_row_inputs_vk(qrow, krow, vrow, grow, brow, rk, mk, rr, mr, ga, gd, GATE)
         for t in tl.static_range(K):
             if PREFETCH:
                 q, k, v, g, beta = nxt
                 if t + 1 < K:
                     nxt = load_row_inputs_vk(qrow + (t + 1) * sq_t, krow + (t + 1) * sk_t,
                                              vrow + (t + 1) * sv_t, grow + (t + 1) * sg_t,
-                                             brow + (t + 1) * sb_t, rk, mk, rr, mr)
+                                             brow + (t + 1) * sb_t, rk, mk, rr, mr, ga, gd,
+                                             GATE)
             else:
                 q, k, v, g, beta = load_row_inputs_vk(qrow + t * sq_t, krow + t * sk_t,
                                                       vrow + t * sv_t, grow + t * sg_t,
-                                                      brow + t * sb_t, rk, mk, rr, mr)
+                                                      brow + t * sb_t, rk, mk, rr, mr, ga, gd,
+                                                      GATE)
             h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
-                              live, HV, VD, USE_QK_L2NORM)
+                              live, h_ptr, HV, VD, USE_QK_L2NORM)
     else:
         for t in range(K):
             q, k, v, g, beta = load_row_inputs_vk(qrow + t * sq_t, krow + t * sk_t,
                                                   vrow + t * sv_t, grow + t * sg_t,
-                                                  brow + t * sb_t, rk, mk, rr, mr)
+                                                  brow + t * sb_t, rk, mk, rr, mr, ga, gd,
+                                                  GATE)
             h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
-                              live, HV, VD, USE_QK_L2NORM)
+                              live, h_ptr, HV, VD, USE_QK_L2NORM)
     tl.debug_barrier()
     arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)
     if live & (arrived == NV - 1):
         _restash_shared_rows_vk(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
-                                sq_t, sk_t, sg_b, sg_t, rk, mk, K, HV, KD, USE_QK_L2NORM)
+                                sq_t, sk_t, sg_b, sg_t, rk, mk, ga, gd, K, HV, KD,
+                                USE_QK_L2NORM, GATE)
         tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
     if hv == 0:
         if j == 0:
@@ -185,7 +197,7 @@ def gdn_carry_exact_vk_kernel(
 @triton.jit(**_ROW_UNSPECIALIZED)
 def gdn_carry_wy_vk_kernel(
     state_ptr, stash_ptr, pend_ptr, slot_ptr, arrive_ptr,
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr, alog_ptr, dtb_ptr,
     scale, stride_state, stride_stash,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
     sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
@@ -193,6 +205,7 @@ def gdn_carry_wy_vk_kernel(
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, KP: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr,
+    GATE: tl.constexpr,
 ):
     """WY verify on V-major tiles of ``BV`` value rows (``BV >= 16`` for ``tl.dot``)."""
     b = tl.program_id(0).to(tl.int64)
@@ -202,9 +215,10 @@ def gdn_carry_wy_vk_kernel(
     slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
+    ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
     Q, Kr, g, beta, ec, T, P = _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
                                         sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sb_b,
-                                        sb_t, K, KD, BK, KP, USE_QK_L2NORM)
+                                        sb_t, ga, gd, K, KD, BK, KP, USE_QK_L2NORM, GATE)
     rt = tl.arange(0, KP)
     mt = rt < K
     rk, mk, rr, mr, _ = vk_tile_index(j, KD, VD, BV, NC, CW)
@@ -255,8 +269,8 @@ def gdn_carry_flush_vk_kernel(
         h_ptr = state_ptr + tl.load(state_off_ptr + layer) + slot * stride_state + hv * (KD * VD)
         s_ptr = stash_ptr + tl.load(stash_off_ptr + layer) + slot * stride_stash
         hp = h_ptr + vk_tile_offsets(rk, rr, KD)
-        h = tl.load(hp, mask=m2, other=0.0)
+        h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
         h = _fold_pending_vk(h, s_ptr + hv * VD, s_ptr + CAP * HV * VD + hv,
                              s_ptr + CAP * HV * VD + CAP * HV + hv * KD, p, rk, mk, rr, mr,
-                             HV, KD, VD, PREFETCH)
+                             h_ptr, HV, KD, VD, PREFETCH)
         tl.store(hp, h, mask=m2)

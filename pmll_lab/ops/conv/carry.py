@@ -133,17 +133,22 @@ def _conv_carry_verify_kernel(
     W: tl.constexpr, WP: tl.constexpr, ROWS: tl.constexpr,
     HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_QK: tl.constexpr, LAZY: tl.constexpr,
 ):
-    """Grid ``(channel blocks, B)``: ``seq = [window | stash rows 0..p-1 | x rows 0..K-1]``."""
+    """Grid ``(channel blocks, B)``: ``seq = [window | stash rows 0..p-1 | x rows 0..K-1]``.
+    A slot of -1 is a padding lane: zero outputs, ``engaged`` 1, no window, stash or ``pend``
+    access."""
     pid_c = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_ptr + b).to(tl.int64)
-    p = tl.load(pend_ptr + slot * p_s)
+    live = slot >= 0
+    slot = tl.maximum(slot, 0)
+    p = tl.load(pend_ptr + slot * p_s, mask=live, other=0)
     if LAZY:
-        write_back = p + K > cap
+        write_back = (p + K > cap) & live
     else:
-        write_back = p > 0
+        write_back = (p > 0) & live
     first = tl.where(write_back, 0, p)
-    ch, cmask, rows = tile_channels(pid_c, dim, W, WP, ROWS)
+    ch, cmask_out, rows = tile_channels(pid_c, dim, W, WP, ROWS)
+    cmask = cmask_out & live
     win = state_ptr + slot * s_s + ch * s_c
     st = stash_ptr + slot * t_s + ch
     xs = x_ptr + b * x_b + ch
@@ -156,7 +161,8 @@ def _conv_carry_verify_kernel(
         y = conv_output_row(t, ws, w_d, bs, win, s_j, st, t_r, xs, x_k, p, cmask, rows,
                             qk_channels, l2_eps, D, SL, W, WP, ROWS, HAS_BIAS, SILU, HAS_QK,
                             True)
-        tl.store(y_ptr + b * y_b + t * y_k + ch, y.to(y_ptr.dtype.element_ty), mask=cmask)
+        tl.store(y_ptr + b * y_b + t * y_k + ch, tl.where(live, y, 0.0).to(y_ptr.dtype.element_ty),
+                 mask=cmask_out)
     folded = seq_load(win[:, :, None], s_j, st[:, :, None], t_r, xs[:, :, None], x_k, p + cols,
                       p, mask3, SL, True)
     tl.debug_barrier()   # every read of the window and stash above, every write below
@@ -178,7 +184,9 @@ def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *
         conv_carry: the layer's ``ConvCarry`` (``S`` slots, stash dtype = ``x``'s dtype).
         x: ``[B, K, dim]`` input rows, ``1 <= K <= conv_carry.cap``; any strides on ``B``/``K``,
             last dim contiguous. weight ``[dim, d_conv]``, bias ``[dim]`` or None.
-        slot_tab: ``[B]`` int32/int64 slot of each sequence (distinct), contiguous, ``B <= S``.
+        slot_tab: ``[B]`` int32/int64 slot of each sequence (distinct), contiguous, ``B <= S``;
+            -1 marks a padding lane (zero outputs, ``engaged`` 1, no window, stash or ``pend``
+            access; other out-of-range slots are undefined behaviour without ``validate``).
         lazy: False (eager): write the window back whenever ``p = pend[slot] > 0``, stash the new
             rows at ``0..K-1``. True (lazy): write back only when ``p + K > cap`` (then stash at
             ``0..K-1``), else leave the stored window and stash at ``p..p+K-1``.
@@ -204,10 +212,10 @@ def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *
         raise ValueError(f"lazy: must be a bool, got {lazy!r}")
     check_indices("slot_tab", slot_tab, B, S, conv_state.device)
     if validate:
-        _checks.indices_values("slot_tab", slot_tab, S)
+        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
         # the batch's slots only, as the GDN verify checks: other slots are not read
-        _checks.range_values("conv_carry.pend", conv_carry.pend[slot_tab.long()], 0,
-                             conv_carry.cap)
+        live = slot_tab[slot_tab >= 0].long()
+        _checks.range_values("conv_carry.pend", conv_carry.pend[live], 0, conv_carry.cap)
     y = torch.empty(B, K, dim, dtype=out_dtype, device=x.device)
     engaged = torch.empty(B, dtype=torch.int32, device=x.device)
     if B == 0:
@@ -264,7 +272,9 @@ def _conv_carry_flush_kernel(
     stash_l = stash_ptr + tl.load(off_ptr + L + layer)
     pend_l = pend_ptr + tl.load(off_ptr + 2 * L + layer)
     slot = tl.load(slot_ptr + b).to(tl.int64)
-    p = tl.load(pend_l + slot * p_s)
+    live = slot >= 0                     # slot -1: a padding lane, nothing to fold
+    slot = tl.maximum(slot, 0)
+    p = tl.load(pend_l + slot * p_s, mask=live, other=0)
     ch, cmask, rows = tile_channels(pid_c, dim, W, WP, ROWS)
     win = (state_l + slot * s_s + ch * s_c)[:, :, None]
     st = (stash_l + slot * t_s + ch)[:, :, None]
@@ -311,7 +321,8 @@ def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False) -> 
             separately allocated tensors are fine).
         conv_carries: list of ``L`` ``ConvCarry`` (same stash shape, strides, dtype as one another
             and the windows' dtype).
-        slot_tab: ``[B]`` int32/int64 slots to flush (distinct), contiguous, ``B <= S``.
+        slot_tab: ``[B]`` int32/int64 slots to flush (distinct), contiguous, ``B <= S``; -1
+            marks a padding lane (nothing read or written).
         validate: also check slot values and ``0 <= pend <= cap`` in every layer (a sync).
 
     For each layer and ``slot = slot_tab[b]`` with ``p = pend[slot] > 0``: the window becomes its
@@ -345,10 +356,10 @@ def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False) -> 
     B = slot_tab.shape[0] if isinstance(slot_tab, torch.Tensor) else -1
     check_indices("slot_tab", slot_tab, B, S, first.device)
     if validate:
-        _checks.indices_values("slot_tab", slot_tab, S)
+        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
+        live = slot_tab[slot_tab >= 0].long()
         for i, carry in enumerate(conv_carries):
-            _checks.range_values(f"conv_carries[{i}].pend", carry.pend[slot_tab.long()], 0,
-                                 carry.cap)
+            _checks.range_values(f"conv_carries[{i}].pend", carry.pend[live], 0, carry.cap)
     if B == 0:
         return
     L = len(conv_states)

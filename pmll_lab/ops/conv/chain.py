@@ -40,14 +40,18 @@ def _conv_chain_kernel(
     HAS_INTER: tl.constexpr, HAS_IDX: tl.constexpr,
 ):
     """Grid ``(channel blocks, B)``. Reads the slot's window and the K input rows; writes the K
-    outputs, the window after each row ``t < K-1`` (if ``HAS_INTER``) and the final window."""
+    outputs, the window after each row ``t < K-1`` (if ``HAS_INTER``) and the final window. A
+    slot of -1 is a padding lane: zero outputs, no window or intermediate access."""
     pid_c = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     if HAS_IDX:
         slot = tl.load(idx_ptr + b).to(tl.int64)
     else:
         slot = b
-    ch, cmask, rows = tile_channels(pid_c, dim, W, WP, ROWS)
+    live = slot >= 0                     # slot -1: a padding lane (zero outputs, no window access)
+    slot = tl.maximum(slot, 0)
+    ch, cmask_out, rows = tile_channels(pid_c, dim, W, WP, ROWS)
+    cmask = cmask_out & live
     win = state_ptr + slot * s_s + ch * s_c          # column 0 of the window, [ROWS, WP]
     xs = x_ptr + b * x_b + ch                        # row 0 of the inputs
     ws = w_ptr + ch * w_c
@@ -61,7 +65,8 @@ def _conv_chain_kernel(
         y = conv_output_row(t, ws, w_d, bs, win, s_j, xs, 0, xs, x_k, p, cmask, rows,
                             qk_channels, l2_eps, D, SL, W, WP, ROWS, HAS_BIAS, SILU, HAS_QK,
                             False)
-        tl.store(y_ptr + b * y_b + t * y_k + ch, y.to(y_ptr.dtype.element_ty), mask=cmask)
+        tl.store(y_ptr + b * y_b + t * y_k + ch, tl.where(live, y, 0.0).to(y_ptr.dtype.element_ty),
+                 mask=cmask_out)
         if HAS_INTER:
             if t < K - 1:
                 after = seq_load(win3, s_j, xs3, 0, xs3, x_k, t + 1 + cols, p, mask3, SL, False)
@@ -105,12 +110,15 @@ def conv_update(conv_state, x, weight, bias=None, *, state_indices=None, activat
             view of a fused projection is read in place).
         weight: ``[dim, d_conv]``, bias: ``[dim]`` or None, in the same dtype.
         state_indices: ``[B]`` int32/int64 slots, contiguous, ``B <= S`` (default
-            ``arange(B)``).
+            ``arange(B)``). -1 marks a padding lane (vLLM's ``PAD_SLOT_ID``): its outputs are
+            zeros and no window is read or written for it; other out-of-range slots are
+            undefined behaviour without ``validate``.
         activation: ``"silu"`` or None. qk_channels: the first ``qk_channels`` channels are
             l2-normalised in groups of ``head_dim`` (``x * rsqrt(sum(x*x) + l2_eps)``);
             ``qk_channels`` must be a multiple of ``head_dim``. 0 turns it off.
         out_dtype: dtype of ``y``: ``x.dtype`` (default) or float32.
-        validate: also check ``state_indices`` values (in range, distinct): one device sync.
+        validate: also check ``state_indices`` values (in ``[0, S)`` and distinct, or -1): one
+            device sync.
 
     Returns ``y [B, dim]``. Arithmetic in fp32: ``y = silu(bias + sum_j w[:, j] * v[:, j])``
     over ``v = [last d_conv-1 window columns, x]``, then the l2norm.
@@ -142,7 +150,7 @@ def conv_chain(conv_state, x, weight, bias=None, *, state_indices=None, intermed
     when ``intermediate [B, K-1, dim, state_len]`` (``conv_state``'s dtype, any strides) is
     given, the window after row ``t < K-1`` of sequence ``b`` is written to
     ``intermediate[b, t]`` (the snapshot baseline: after acceptance of ``a`` rows the caller
-    keeps window ``a-1``). Returns ``y [B, K, dim]``.
+    keeps window ``a-1``; a padding lane's entries are not written). Returns ``y [B, K, dim]``.
 
     Bitwise equal to ``K`` successive ``conv_update`` launches (outputs, windows): the same kernel
     body computes every row. Raises ``ValueError`` as ``conv_update`` does, and for ``K`` out of
@@ -174,4 +182,4 @@ def _check_slots(conv_state, state_indices, B, validate):
         return
     check_indices("state_indices", state_indices, B, S, conv_state.device)
     if validate:
-        _checks.indices_values("state_indices", state_indices, S)
+        _checks.indices_values("state_indices", state_indices, S, padding=True)

@@ -32,9 +32,10 @@ import triton.language as tl
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
+from pmll_lab.ops.gdn.gating import Gating, check_gating, split_gating
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
-                                         gdn_row, head_dims, load_row_inputs, qk_prepare,
-                                         vk_chunks, vk_config)
+                                         gdn_row, head_dims, load_gate_params, load_row_inputs,
+                                         qk_prepare, round_like, vk_chunks, vk_config)
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
 
@@ -68,14 +69,16 @@ _ROW_STRIDES = ["q_b", "q_t", "q_h", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h", "
 @triton.jit
 def _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
-               rk, mk, rv, mv, mh, live, scale, K: tl.constexpr, STORE_INTER: tl.constexpr,
-               USE_QK_L2NORM: tl.constexpr):
+               rk, mk, rv, mv, mh, live, scale, ga, gd, K: tl.constexpr,
+               STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr):
     """Row ``t`` of ``gdn_rows_kernel``: load, ``qk_prepare``, ``gdn_row``, store ``o`` (and
     the snapshot after the row when ``STORE_INTER`` and ``t < K-1``). Returns the new block."""
     qt, kt, vt, gt, bt = load_row_inputs(q_row + t * q_t, k_row + t * k_t, v_row + t * v_t,
-                                         g_row + t * g_t, beta_row + t * beta_t, rk, mk, rv, mv)
+                                         g_row + t * g_t, beta_row + t * beta_t, rk, mk, rv, mv,
+                                         ga, gd, GATE)
     qt, kt = qk_prepare(qt, kt, scale, USE_QK_L2NORM)
     h, ot, ut = gdn_row(h, qt, kt, vt, gt, bt)
+    h = round_like(h, inter)               # a bf16/fp16 state as a decode would store it
     tl.store(o + b64 * o_b + t * o_t + hv * o_h + rv,
              tl.where(live, ot, 0.0).to(o.dtype.element_ty), mask=mv)
     if STORE_INTER:
@@ -87,7 +90,7 @@ def _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
 
 @triton.jit(do_not_specialize=_ROW_STRIDES, do_not_specialize_on_alignment=_ROW_PTRS)
 def gdn_rows_kernel(
-    state, q, k, v, g, beta, o, inter, slot_idx,
+    state, q, k, v, g, beta, o, inter, slot_idx, out_idx, A_log, dt_bias,
     scale,
     s_slot, s_head, s_key,                 # state strides (value column stride 1)
     q_b, q_t, q_h,                         # q strides (batch, row, head)
@@ -101,7 +104,7 @@ def gdn_rows_kernel(
     KD: tl.constexpr, VD: tl.constexpr,
     K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_IDX: tl.constexpr, STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-    UNROLL: tl.constexpr,
+    UNROLL: tl.constexpr, HAS_OUT_IDX: tl.constexpr, GATE: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_v = tl.program_id(1)
@@ -114,6 +117,11 @@ def gdn_rows_kernel(
     else:
         slot = b64
     live = slot >= 0                     # slot -1: a padding lane (zero outputs, no state access)
+    oslot = slot
+    if HAS_OUT_IDX:                      # the final state goes to out_idx[b] (-1: padding too)
+        oslot = tl.load(out_idx + b).to(tl.int64)
+        live = live & (oslot >= 0)
+        oslot = tl.maximum(oslot, 0)
     slot = tl.maximum(slot, 0)
 
     rk = tl.arange(0, BK)
@@ -123,35 +131,42 @@ def gdn_rows_kernel(
     mh = mk[:, None] & mv[None, :] & live
 
     p_h = state + slot * s_slot + hv * s_head + rk[:, None] * s_key + rv[None, :]
-    h = tl.load(p_h, mask=mh, other=0.0)
+    h = tl.load(p_h, mask=mh, other=0.0).to(tl.float32)
 
     q_row = q + b64 * q_b + hk * q_h
     k_row = k + b64 * k_b + hk * k_h
     v_row = v + b64 * v_b + hv * v_h
-    g_row = g + b64 * g_b + hv
+    g_row = g + b64 * g_b + hv             # with GATE: a and b (gating computed per row)
     beta_row = beta + b64 * beta_b + hv
+    ga, gd = load_gate_params(A_log, dt_bias, hv, GATE)
     if UNROLL:
         for t in tl.static_range(K):
             h = _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                            q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
-                           rk, mk, rv, mv, mh, live, scale, K, STORE_INTER, USE_QK_L2NORM)
+                           rk, mk, rv, mv, mh, live, scale, ga, gd, K, STORE_INTER,
+                           USE_QK_L2NORM, GATE)
     else:
         for t in range(K):
             h = _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                            q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
-                           rk, mk, rv, mv, mh, live, scale, K, STORE_INTER, USE_QK_L2NORM)
+                           rk, mk, rv, mv, mh, live, scale, ga, gd, K, STORE_INTER,
+                           USE_QK_L2NORM, GATE)
 
-    tl.store(p_h, h, mask=mh)
+    if HAS_OUT_IDX:
+        tl.store(p_h + (oslot - slot) * s_slot, h, mask=mh)
+    else:
+        tl.store(p_h, h, mask=mh)
 
 
 # ---- argument checks ---------------------------------------------------------------------------
 
 def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtype, validate,
-           *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT):
+           *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT, out_state_indices=None,
+           gating: Gating | None = None):
     """Validate a decode (``rows=False``) or chain (``rows=True``) call; return its sizes."""
     C = _checks
     check_layout("state_layout", layout)
-    C.tensor("state", state, ndim=4, dtype=torch.float32, last_contiguous=True)
+    C.tensor("state", state, ndim=4, dtype=C.FLOAT_DTYPES, last_contiguous=True)
     if state.device.type != DEVICE.type:
         raise ValueError(f"state: on {state.device}, but kernels run on {DEVICE} "
                          "(pmll_lab.backend.DEVICE)")
@@ -175,10 +190,13 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
                          f"heads HK = {HK} (q dim {nd - 2})")
     C.tensor("k", k, shape=q.shape, dtype=q.dtype, last_contiguous=True)
     C.tensor("v", v, shape=(*lead, HV, vd), dtype=q.dtype, last_contiguous=True)
-    C.tensor("g", g, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)
-    C.tensor("beta", beta, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)
+    if gating is None:
+        C.tensor("g", g, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)
+        C.tensor("beta", beta, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)
+    else:
+        check_gating(gating, lead, HV, q.dtype, state.device)
     C.same_device("state", state, q=q, k=k, v=v, g=g, beta=beta, state_indices=state_indices,
-                  intermediate=intermediate)
+                  intermediate=intermediate, out_state_indices=out_state_indices)
     B = lead[0]
     if state_indices is not None:
         # the kernel reads entry b at offset b: a strided view would address other slots
@@ -189,9 +207,12 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
     elif B > S:
         raise ValueError(f"state_indices: None means slots arange(B), but B = {B} > S = {S} "
                          "state slots")
+    if out_state_indices is not None:
+        C.tensor("out_state_indices", out_state_indices, shape=(B,),
+                 dtype=(torch.int32, torch.int64), contiguous=True)
     if intermediate is not None:
         C.tensor("intermediate", intermediate, shape=(B, lead[1] - 1, *state.shape[1:]),
-                 dtype=torch.float32, last_contiguous=True)
+                 dtype=state.dtype, last_contiguous=True)
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise ValueError(f"scale: expected a float or None, got {type(scale).__name__}")
     if out_dtype is not None:
@@ -199,13 +220,44 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
     if validate:
         if state_indices is not None:
             C.indices_values("state_indices", state_indices, S, padding=True)
-        C.range_values("g", g, -float("inf"), 0.0)
-        C.range_values("beta", beta, 0.0, 1.0)
+        if out_state_indices is not None:
+            _check_write_slots(state_indices, out_state_indices, B, S)
+        if gating is None:
+            C.range_values("g", g, -float("inf"), 0.0)
+            C.range_values("beta", beta, 0.0, 1.0)
     return B, (lead[1] if rows else 1), HK, HV, kd, vd
 
 
+def _check_write_slots(state_indices, out_state_indices, B: int, S: int) -> None:
+    """``validate`` of ``out_state_indices``: entries in ``[0, S)`` and distinct, or -1 exactly
+    where the read slot is -1 (a padding lane), and no lane writes a slot another lane reads
+    (a lane may write its own read slot: in place). One device sync."""
+    read = (torch.arange(B, device=out_state_indices.device) if state_indices is None
+            else state_indices.long())
+    write = out_state_indices.long()
+    _checks.indices_values("out_state_indices", write, S, padding=True)
+    pad_r, pad_w = read < 0, write < 0
+    if bool((pad_r != pad_w).any()):
+        b = int((pad_r != pad_w).nonzero()[0])
+        raise ValueError(f"out_state_indices: lane {b} is a padding lane (-1) in only one of "
+                         f"state_indices ({int(read[b])}) and out_state_indices ({int(write[b])})")
+    lanes = torch.arange(B, device=read.device)
+    reader = torch.full((S,), -1, dtype=torch.int64, device=read.device)
+    live = ~pad_r
+    reader[read[live]] = lanes[live]
+    who = reader[write[live]]
+    clash = (who >= 0) & (who != lanes[live])
+    if bool(clash.any()):
+        i = int(clash.nonzero()[0])
+        b, other = int(lanes[live][i]), int(who[i])
+        raise ValueError(f"out_state_indices: lane {b} writes slot {int(write[live][i])}, which "
+                         f"lane {other} reads (read and write slots may overlap only "
+                         "lane-to-itself)")
+
+
 def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
-                 B, K, HK, HV, kd, vd, *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT):
+                 B, K, HK, HV, kd, vd, *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT,
+                 out_state_indices=None, gating: Gating | None = None):
     """``(kernel, grid, args, kwargs)`` of the launch (``B >= 1``): ``gdn_rows_kernel`` on a
     K-major state, ``gdn_rows_vk_kernel`` on a V-major one (same arguments; ``BV`` is then the
     tile's value rows)."""
@@ -232,24 +284,32 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
         ist, inter = (0, 0, 0, 0), state        # never written (STORE_INTER=False)
     has_idx = state_indices is not None
     grid = (B * HV, cdiv(vd, BV))
+    has_out = out_state_indices is not None
     args = (state, q, k, v, g, beta, o, inter, state_indices if has_idx else state,
+            out_state_indices if has_out else state,
+            gating.A_log if gating is not None else state,
+            gating.dt_bias if gating is not None else state,
             float(kd ** -0.5 if scale is None else scale),
             state.stride(0), state.stride(1), state.stride(2),
             *qs, *ks, *vs, *gs, *bs, *os_, *ist,
             HV, HV // HK)
     kwargs = dict(KD=kd, VD=vd, K=K, BK=BK, BV=BV,
                   HAS_IDX=has_idx, STORE_INTER=store_inter, USE_QK_L2NORM=bool(use_qk_l2norm),
-                  UNROLL=K <= CHAIN_UNROLL_MAX_ROWS, num_warps=num_warps, **extra)
+                  UNROLL=K <= CHAIN_UNROLL_MAX_ROWS, HAS_OUT_IDX=has_out,
+                  GATE=gating is not None, num_warps=num_warps,
+                  **extra)
     return kernel, grid, args, kwargs
 
 
 def _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
-            B, K, HK, HV, kd, vd, *, rows: bool, layout: str):
+            B, K, HK, HV, kd, vd, *, rows: bool, layout: str, out_state_indices=None,
+            gating=None):
     if B == 0:
         return
     kernel, grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, intermediate,
                                               state_indices, scale, use_qk_l2norm, B, K, HK, HV,
-                                              kd, vd, rows=rows, layout=layout)
+                                              kd, vd, rows=rows, layout=layout,
+                                              out_state_indices=out_state_indices, gating=gating)
     kernel[grid](*args, **kwargs)
 
 
@@ -260,19 +320,28 @@ def _device_guard(t: torch.Tensor):
     return contextlib.nullcontext()
 
 
-def gdn_decode(state, q, k, v, g, beta, *, state_indices=None, scale=None, use_qk_l2norm=True,
-               out_dtype=None, validate=False, state_layout=DEFAULT_STATE_LAYOUT):
+def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=None,
+               use_qk_l2norm=True, out_dtype=None, validate=False,
+               state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None, A_log=None, a=None,
+               dt_bias=None, b=None):
     """One Gated DeltaNet decode token per sequence (SPEC §2); updates ``state`` in place.
 
     Args:
-        state: fp32, last dim contiguous: ``[S, HV, kd, vd]`` with ``state_layout="kv"``
-            (key-major, FLA's) or ``[S, HV, vd, kd]`` with ``"vk"`` (value-major, FlashInfer's
-            "pretranspose"); the slots ``state_indices`` are advanced one token, every other
-            slot is left untouched.
+        state: fp32, bf16 or fp16, last dim contiguous: ``[S, HV, kd, vd]`` with
+            ``state_layout="kv"`` (key-major, FLA's) or ``[S, HV, vd, kd]`` with ``"vk"``
+            (value-major, FlashInfer's "pretranspose"); the slots ``state_indices`` are advanced
+            one token, every other slot is left untouched. A bf16/fp16 state (SGLang's
+            ``--mamba-ssm-dtype bfloat16``, FlashInfer's bf16-state kernels; half the state
+            bytes) is read into fp32, the token computed in fp32, and the new state rounded to
+            the state's dtype (nearest even) once, when stored.
         q, k: ``[B, HK, kd]``, fp32/bf16/fp16 (same dtype), last dim contiguous, any other
             strides (views of a fused projection buffer are read in place, never copied).
         v: ``[B, HV, vd]``, q's dtype; value head ``h`` reads key head ``h // (HV // HK)``.
-        g: ``[B, HV]`` fp32 log decay (<= 0). beta: ``[B, HV]`` fp32 in [0, 1].
+        g: ``[B, HV]`` fp32 log decay (<= 0). beta: ``[B, HV]`` fp32 in [0, 1]. Or, with
+            ``g=None, beta=None``, the gating computed in the kernel from ``A_log, dt_bias
+            [HV]`` (fp32/bf16/fp16) and ``a, b [B, HV]`` (q's dtype or fp32):
+            ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``, bitwise what
+            ``gdn_gating`` gives (``pmll_lab.ops.gdn.gating``).
         state_indices: ``[B]`` int32 or int64 slot of each sequence (default ``arange(B)``),
             contiguous.
         scale: query scale (default ``kd ** -0.5``). use_qk_l2norm: l2-normalise q and k
@@ -285,22 +354,33 @@ def gdn_decode(state, q, k, v, g, beta, *, state_indices=None, scale=None, use_q
         state_layout: ``"kv"`` or ``"vk"`` (``pmll_lab.ops.gdn.recurrence.STATE_LAYOUTS``).
             ``"vk"`` runs ``gdn_rows_vk_kernel`` (a few value rows per program, tile from
             ``vk_config``), ``"kv"`` the K-major kernel (``block_config``).
+        out_state_indices: ``None`` (the new state overwrites the read slot) or ``[B]``
+            int32/int64, contiguous: the slot each sequence's new state is written to, its read
+            slot left as it was (FlashInfer's ``output_state_indices``: prefix-cache forks,
+            state copies). A lane may write its own read slot, never one another lane reads
+            (that would race); -1 in either index marks a padding lane. ``validate`` also
+            checks: entries in ``[0, S)`` and distinct, or -1 exactly where ``state_indices``
+            is -1, and no write slot read by another lane.
 
     Returns ``o [B, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
     launching. Source: SPEC §2; arithmetic order from ``pmll_lab.ops.gdn.recurrence``.
     """
+    g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, None, scale,
-                                  out_dtype, validate, rows=False, layout=state_layout)
+                                  out_dtype, validate, rows=False, layout=state_layout,
+                                  out_state_indices=out_state_indices, gating=gating)
     o = torch.empty(B, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
     with _device_guard(state):
         _launch(state, q, k, v, g, beta, o, None, state_indices, scale, use_qk_l2norm,
-                B, K, HK, HV, kd, vd, rows=False, layout=state_layout)
+                B, K, HK, HV, kd, vd, rows=False, layout=state_layout,
+                out_state_indices=out_state_indices, gating=gating)
     return o
 
 
-def gdn_chain(state, q, k, v, g, beta, *, state_indices=None, intermediate=None, scale=None,
-              use_qk_l2norm=True, out_dtype=None, validate=False,
-              state_layout=DEFAULT_STATE_LAYOUT):
+def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermediate=None,
+              scale=None, use_qk_l2norm=True, out_dtype=None, validate=False,
+              state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None, A_log=None, a=None,
+              dt_bias=None, b=None):
     """Verify ``K`` draft rows per sequence with the chain-with-snapshots (SPEC §3a).
 
     Runs ``K`` tokens of the decode recurrence per sequence in one launch (the state block stays
@@ -311,25 +391,33 @@ def gdn_chain(state, q, k, v, g, beta, *, state_indices=None, intermediate=None,
     on the same device: outputs, final state and every snapshot.
 
     Args: as ``gdn_decode`` with a rows axis after ``B``: ``q, k [B, K, HK, kd]``,
-    ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]``, ``1 <= K <= 8``;
-    ``intermediate``: ``None`` or ``[B, K-1, *state.shape[1:]]`` fp32 (last dim contiguous;
-    snapshots in the state's layout); ``state_layout`` as in ``gdn_decode``.
+    ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]`` (or ``A_log, dt_bias [HV]`` and
+    ``a, b [B, K, HV]``: the gating in the kernel), ``1 <= K <= 8``;
+    ``intermediate``: ``None`` or ``[B, K-1, *state.shape[1:]]`` in the state's dtype (last dim
+    contiguous; snapshots in the state's layout). With a bf16/fp16 state the chain rounds the
+    state it keeps in registers to the state's dtype after every row, where ``K`` decodes
+    store it, so it stays bitwise equal to them; ``state_layout`` and ``out_state_indices`` (the state
+    after the last row goes there, the read slots keep theirs) as in ``gdn_decode``.
 
     Returns ``o [B, K, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
     launching. Source: SPEC §3a, the seed's ``gdn_exact_chain`` batched over sequences.
     """
+    g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
-                                  out_dtype, validate, rows=True, layout=state_layout)
+                                  out_dtype, validate, rows=True, layout=state_layout,
+                                  out_state_indices=out_state_indices, gating=gating)
     o = torch.empty(B, K, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
     with _device_guard(state):
         _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
-                B, K, HK, HV, kd, vd, rows=True, layout=state_layout)
+                B, K, HK, HV, kd, vd, rows=True, layout=state_layout,
+                out_state_indices=out_state_indices, gating=gating)
     return o
 
 
-def gdn_decode_plan(state, q, k, v, g, beta, *, state_indices=None, scale=None,
+def gdn_decode_plan(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=None,
                     use_qk_l2norm=True, out_dtype=None, out=None, validate=False,
-                    state_layout=DEFAULT_STATE_LAYOUT) -> LaunchPlan:
+                    state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None, A_log=None,
+                    a=None, dt_bias=None, b=None) -> LaunchPlan:
     """``gdn_decode`` bound to these buffers, for host-bound small batches (issue 5, B=1).
 
     Checks the arguments once, as ``gdn_decode`` does (``validate`` checks the values now, at
@@ -345,24 +433,31 @@ def gdn_decode_plan(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     ``gdn_decode`` on the same values. Raises ``ValueError`` naming the argument.
     """
     return _plan(state, q, k, v, g, beta, state_indices, None, scale, use_qk_l2norm, out_dtype,
-                 out, validate, rows=False, layout=state_layout)
+                 out, validate, rows=False, layout=state_layout,
+                 out_state_indices=out_state_indices, gating=(A_log, a, dt_bias, b))
 
 
-def gdn_chain_plan(state, q, k, v, g, beta, *, state_indices=None, intermediate=None,
-                   scale=None, use_qk_l2norm=True, out_dtype=None, out=None,
-                   validate=False, state_layout=DEFAULT_STATE_LAYOUT) -> LaunchPlan:
+def gdn_chain_plan(state, q, k, v, g=None, beta=None, *, state_indices=None,
+                   intermediate=None, scale=None, use_qk_l2norm=True, out_dtype=None, out=None,
+                   validate=False, state_layout=DEFAULT_STATE_LAYOUT,
+                   out_state_indices=None, A_log=None, a=None, dt_bias=None,
+                   b=None) -> LaunchPlan:
     """``gdn_chain`` bound to these buffers (as ``gdn_decode_plan``; ``intermediate`` is bound
     too); ``plan()`` returns ``o [B, K, HV, vd]``, the same tensor every call (``out``: ``None``
     or that tensor). Raises ``ValueError`` naming the argument."""
     return _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2norm,
-                 out_dtype, out, validate, rows=True, layout=state_layout)
+                 out_dtype, out, validate, rows=True, layout=state_layout,
+                 out_state_indices=out_state_indices, gating=(A_log, a, dt_bias, b))
 
 
 def _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2norm, out_dtype,
-          out, validate, *, rows: bool, layout: str) -> LaunchPlan:
+          out, validate, *, rows: bool, layout: str, out_state_indices=None,
+          gating=(None, None, None, None)) -> LaunchPlan:
     """Check once, take or allocate ``o`` (``out``, checked), bind the launch."""
+    g, beta, gating = split_gating(g, beta, *gating)
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
-                                  out_dtype, validate, rows=rows, layout=layout)
+                                  out_dtype, validate, rows=rows, layout=layout,
+                                  out_state_indices=out_state_indices, gating=gating)
     shape = (B, K, HV, vd) if rows else (B, HV, vd)
     dtype = out_dtype or v.dtype
     if out is None:
@@ -375,5 +470,7 @@ def _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2
         return LaunchPlan(None, (1,), (), {}, outputs=o)
     kernel, grid, args, kwargs = _launch_args(state, q, k, v, g, beta, o, intermediate,
                                               state_indices, scale, use_qk_l2norm, B, K, HK, HV,
-                                              kd, vd, rows=rows, layout=layout)
+                                              kd, vd, rows=rows, layout=layout,
+                                              out_state_indices=out_state_indices,
+                                              gating=gating)
     return LaunchPlan(kernel, grid, args, kwargs, outputs=o, device=state.device)

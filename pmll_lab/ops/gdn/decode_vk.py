@@ -23,7 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.gdn.recurrence import gdn_row_vk, qk_prepare_vk
+from pmll_lab.ops.gdn.recurrence import (gdn_row_vk, load_gate_params, load_gates, qk_prepare_vk,
+                                         round_like)
 
 # Row vectors and their strides are not specialised (as in decode.py): the register layout of a
 # loaded vector, and so the order of the l2norm and k.q sums, must not depend on where a view
@@ -54,29 +55,31 @@ def vk_tile_offsets(rk, rr, row_stride):
 
 
 @triton.jit
-def load_row_inputs_vk(q_row, k_row, v_row, g_row, beta_row, rk, mk, rr, mr):
+def load_row_inputs_vk(q_row, k_row, v_row, g_row, beta_row, rk, mk, rr, mr, ga, gd,
+                       GATE: tl.constexpr):
     """One row's inputs as fp32 for a V-major tile: ``q, k [NC, CW]`` (padding lanes 0),
-    ``v [BR]`` (the tile's value rows), scalars ``g``, ``beta``."""
+    ``v [BR]`` (the tile's value rows), scalars ``g``, ``beta`` (``load_gates``: with
+    ``GATE``, computed from ``a, b`` and ``A_log``, ``dt_bias``)."""
     q = tl.load(q_row + rk, mask=mk, other=0.0).to(tl.float32)
     k = tl.load(k_row + rk, mask=mk, other=0.0).to(tl.float32)
     v = tl.load(v_row + rr, mask=mr, other=0.0).to(tl.float32)
-    g = tl.load(g_row).to(tl.float32)
-    beta = tl.load(beta_row).to(tl.float32)
+    g, beta = load_gates(g_row, beta_row, ga, gd, GATE)
     return q, k, v, g, beta
 
 
 @triton.jit
 def _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                   q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
-                  rk, mk, rr, mr, mh, live, scale, K: tl.constexpr,
-                  STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+                  rk, mk, rr, mr, mh, live, scale, ga, gd, K: tl.constexpr,
+                  STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr):
     """Row ``t``: load, ``qk_prepare``, ``gdn_row_vk``, store ``o`` (and the snapshot tile
     after the row when ``STORE_INTER`` and ``t < K-1``). Returns the new tile."""
     qt, kt, vt, gt, bt = load_row_inputs_vk(q_row + t * q_t, k_row + t * k_t, v_row + t * v_t,
                                             g_row + t * g_t, beta_row + t * beta_t,
-                                            rk, mk, rr, mr)
+                                            rk, mk, rr, mr, ga, gd, GATE)
     qt, kt = qk_prepare_vk(qt, kt, scale, USE_QK_L2NORM)
     h, ot, ut = gdn_row_vk(h, qt, kt, vt, gt, bt)
+    h = round_like(h, inter)               # a bf16/fp16 state as a decode would store it
     tl.store(o + b64 * o_b + t * o_t + hv * o_h + rr,
              tl.where(live, ot, 0.0).to(o.dtype.element_ty), mask=mr)
     if STORE_INTER:
@@ -88,7 +91,7 @@ def _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
 
 @triton.jit(do_not_specialize=_ROW_STRIDES, do_not_specialize_on_alignment=_ROW_PTRS)
 def gdn_rows_vk_kernel(
-    state, q, k, v, g, beta, o, inter, slot_idx,
+    state, q, k, v, g, beta, o, inter, slot_idx, out_idx, A_log, dt_bias,
     scale,
     s_slot, s_head, s_row,                 # state strides (key stride 1)
     q_b, q_t, q_h,
@@ -102,7 +105,8 @@ def gdn_rows_vk_kernel(
     KD: tl.constexpr, VD: tl.constexpr,
     K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_IDX: tl.constexpr, STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-    UNROLL: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr,
+    UNROLL: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr, HAS_OUT_IDX: tl.constexpr,
+    GATE: tl.constexpr,
 ):
     """``K`` rows on one tile of ``BV`` value rows x ``BK = NC * CW`` keys (``BV`` is the
     tile's row count, named as in the K-major kernel so one launcher builds both)."""
@@ -117,29 +121,38 @@ def gdn_rows_vk_kernel(
     else:
         slot = b64
     live = slot >= 0                     # slot -1: a padding lane (zero outputs, no state access)
+    oslot = slot
+    if HAS_OUT_IDX:                      # the final state goes to out_idx[b] (-1: padding too)
+        oslot = tl.load(out_idx + b).to(tl.int64)
+        live = live & (oslot >= 0)
+        oslot = tl.maximum(oslot, 0)
     slot = tl.maximum(slot, 0)
 
     rk, mk, rr, mr, mh = vk_tile_index(pid_r, KD, VD, BV, NC, CW)
     mh = mh & live
     p_h = state + slot * s_slot + hv * s_head + vk_tile_offsets(rk, rr, s_row)
-    h = tl.load(p_h, mask=mh, other=0.0)
+    h = tl.load(p_h, mask=mh, other=0.0).to(tl.float32)
 
     q_row = q + b64 * q_b + hk * q_h
     k_row = k + b64 * k_b + hk * k_h
     v_row = v + b64 * v_b + hv * v_h
     g_row = g + b64 * g_b + hv
     beta_row = beta + b64 * beta_b + hv
+    ga, gd = load_gate_params(A_log, dt_bias, hv, GATE)
     if UNROLL:
         for t in tl.static_range(K):
             h = _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                               q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
-                              rk, mk, rr, mr, mh, live, scale, K, STORE_INTER,
-                              USE_QK_L2NORM)
+                              rk, mk, rr, mr, mh, live, scale, ga, gd, K, STORE_INTER,
+                              USE_QK_L2NORM, GATE)
     else:
         for t in range(K):
             h = _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                               q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
-                              rk, mk, rr, mr, mh, live, scale, K, STORE_INTER,
-                              USE_QK_L2NORM)
+                              rk, mk, rr, mr, mh, live, scale, ga, gd, K, STORE_INTER,
+                              USE_QK_L2NORM, GATE)
 
-    tl.store(p_h, h, mask=mh)
+    if HAS_OUT_IDX:
+        tl.store(p_h + (oslot - slot) * s_slot, h, mask=mh)
+    else:
+        tl.store(p_h, h, mask=mh)

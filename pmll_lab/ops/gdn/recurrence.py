@@ -100,6 +100,53 @@ L2NORM_EPS = 1e-6
 """eps inside ``x * rsqrt(sum(x*x) + eps)`` for q/k l2norm (SPEC §2; FLA and Qwen3-Next use 1e-6)."""
 
 
+SOFTPLUS_THRESHOLD = 20.0
+"""``softplus(x) = x`` above this (PyTorch's ``F.softplus`` default, which Qwen3-Next, FLA and
+FlashInfer use for the gate)."""
+
+
+@triton.jit
+def gdn_gate_g(A_log, a, dt_bias):
+    """Log decay from Qwen3-Next's gating inputs (fp32): ``-exp(A_log) * softplus(a + dt_bias)``,
+    softplus with PyTorch's threshold 20. ``log1p(y)`` for ``y = exp(x)`` is written as
+    ``log(1 + y) * y / ((1 + y) - 1)`` (``y`` where ``1 + y`` rounds to 1; Goldberg's
+    compensation, ``tl`` has no ``log1p`` the interpreter runs), so a very negative ``x``
+    keeps a relative accuracy of a few ulp instead of flushing the decay to 0."""
+    x = a + dt_bias
+    y = tl.exp(x)
+    u = 1.0 + y
+    sp = tl.where(u == 1.0, y, tl.log(u) * (y / (u - 1.0)))
+    sp = tl.where(x > 20.0, x, sp)
+    return -tl.exp(A_log) * sp
+
+
+@triton.jit
+def gdn_gate_beta(b):
+    """``sigmoid(b) = 1 / (1 + exp(-b))`` (fp32)."""
+    return 1.0 / (1.0 + tl.exp(-b))
+
+
+@triton.jit
+def gdn_gate(A_log, a, dt_bias, b):
+    """``(g, beta)`` of Qwen3-Next's gating (SPEC §2 "Gating"), elementwise on fp32 values:
+    the one definition that ``pmll_lab.gdn.gdn_gating`` and every kernel with the gating fused
+    in compute, so both give the same bits. Source: Qwen3-Next (HF transformers
+    ``Qwen3NextGatedDeltaNet``), FLA and FlashInfer's fused gates."""
+    return gdn_gate_g(A_log, a, dt_bias), gdn_gate_beta(b)
+
+
+@triton.jit
+def load_gate_params(alog_ptr, dtb_ptr, hv, GATE: tl.constexpr):
+    """``(A_log[hv], dt_bias[hv])`` as fp32 when the gating is fused (``GATE``), else zeros
+    (unused)."""
+    ga = 0.0
+    gd = 0.0
+    if GATE:
+        ga = tl.load(alog_ptr + hv).to(tl.float32)
+        gd = tl.load(dtb_ptr + hv).to(tl.float32)
+    return ga, gd
+
+
 @triton.jit
 def qk_prepare(q, k, scale, USE_QK_L2NORM: tl.constexpr):
     """fp32 ``q, k [BK]`` (padding lanes zero) -> (scaled, normalised q; normalised k)."""
@@ -117,14 +164,38 @@ def fold_row(h, e, k, u):
 
 
 @triton.jit
-def load_row_inputs(q_row, k_row, v_row, g_row, beta_row, rk, mk, rv, mv):
+def round_like(h, state_ptr):
+    """``h`` (fp32) rounded to the element type of ``state_ptr`` and back: the value a bf16 or
+    fp16 state pool stores after a token (round to nearest even), so a kernel that keeps the
+    state in registers across rows (chain, carry verify, folds) rounds where successive
+    decodes store it. A no-op (resolved at compile time) for an fp32 state."""
+    if state_ptr.dtype.element_ty != tl.float32:
+        h = h.to(state_ptr.dtype.element_ty).to(tl.float32)
+    return h
+
+
+@triton.jit
+def load_gates(g_row, beta_row, ga, gd, GATE: tl.constexpr):
+    """A row's ``g, beta`` as fp32 scalars: loaded, or with ``GATE`` computed by ``gdn_gate``
+    from ``a, b`` (which ``g_row``, ``beta_row`` then point at) and ``A_log``, ``dt_bias``
+    (``ga``, ``gd`` from ``load_gate_params``)."""
+    g = tl.load(g_row).to(tl.float32)
+    beta = tl.load(beta_row).to(tl.float32)
+    if GATE:
+        g, beta = gdn_gate(ga, g, gd, beta)
+    return g, beta
+
+
+@triton.jit
+def load_row_inputs(q_row, k_row, v_row, g_row, beta_row, rk, mk, rv, mv, ga, gd,
+                    GATE: tl.constexpr):
     """One row's inputs as fp32: ``q, k [BK]`` (padding lanes 0), ``v [BV]``, scalars ``g``,
-    ``beta``, from pointers to the row's key head (q, k), value head (v) and gates."""
+    ``beta`` (``load_gates``), from pointers to the row's key head (q, k), value head (v) and
+    gates."""
     q = tl.load(q_row + rk, mask=mk, other=0.0).to(tl.float32)
     k = tl.load(k_row + rk, mask=mk, other=0.0).to(tl.float32)
     v = tl.load(v_row + rv, mask=mv, other=0.0).to(tl.float32)
-    g = tl.load(g_row).to(tl.float32)
-    beta = tl.load(beta_row).to(tl.float32)
+    g, beta = load_gates(g_row, beta_row, ga, gd, GATE)
     return q, k, v, g, beta
 
 

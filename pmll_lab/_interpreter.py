@@ -1,0 +1,51 @@
+"""Round-to-nearest-even bf16 stores in the Triton interpreter (applied by ``pmll_lab.backend``).
+
+A kernel that stores fp32 values into a bf16 buffer (``tl.store(p_bf16, x_fp32)`` or
+``x.to(tl.bfloat16)``) rounds them to nearest, ties to even, on a GPU (PTX ``cvt.rn.bf16.f32``,
+Triton's default downcast rounding). Triton 3.6's interpreter truncates instead: its
+``InterpreterBuilder.cast_impl`` converts fp32 to bf16 by dropping the low 16 bits, ignoring the
+RTNE mode Triton's front end asks for. On the CPU every bf16 output, window and ring write was
+then up to 1 ulp low in magnitude (64 of 128 ``gdn_decode`` bf16 outputs differed from the GPU's
+rounding, and 400 gated bf16 ring writes drifted -9.5 % against -5.0 %). fp32 to fp16 goes
+through numpy's ``astype``, which already rounds to nearest even.
+
+``install()`` wraps ``cast_impl`` so that fp32 to bf16 rounds to nearest even, the bits
+``torch.Tensor.to(torch.bfloat16)`` gives (NaN becomes the quiet NaN ``0x7FC0``, overflow gives
+inf); every other cast is left to Triton. It patches the interpreter only: compiled kernels
+never see it, so the GPU pays nothing, and both backends store the same bits from the same fp32
+value. Idempotent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def rne_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """uint16 bit patterns of fp32 ``x`` rounded to bf16, to nearest with ties to even."""
+    x = np.asarray(x, dtype=np.float32)
+    bits = np.ascontiguousarray(x).view(np.uint32)
+    lsb = (bits >> np.uint32(16)) & np.uint32(1)
+    rounded = ((bits + np.uint32(0x7FFF) + lsb) >> np.uint32(16)).astype(np.uint16)
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.where(nan, np.uint16(0x7FC0), rounded).astype(np.uint16).reshape(x.shape)
+
+
+def install() -> None:
+    """Patch ``triton.runtime.interpreter.InterpreterBuilder.cast_impl`` (fp32 -> bf16 rounds
+    to nearest even). Call only with ``TRITON_INTERPRET=1`` set (``pmll_lab.backend`` does)."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.cast_impl, "_pmll_lab_rne", False):
+        return
+    original = builder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return interpreter.TensorHandle(rne_bf16_bits(src.data), dst_type.scalar)
+        return original(self, src, dst_type)
+
+    cast_impl._pmll_lab_rne = True
+    builder.cast_impl = cast_impl

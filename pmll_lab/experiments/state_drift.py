@@ -1,0 +1,126 @@
+"""How far a bf16 state pool drifts from an fp32 one over a long decode (roofline notebook).
+
+A bf16 state (SGLang's ``--mamba-ssm-dtype bfloat16``, FlashInfer's bf16-state kernels) halves
+the bytes every decode moves, and rounds the state to 8 significant bits after every token.
+``drift_point`` decodes the same ``T`` tokens twice with ``gdn_decode`` from the same start, once
+on an fp32 state pool and once on a bf16 one (the start: the fp32 draw rounded to bf16, so both
+start equal and every difference is the rounding's), and records at tokens ``t = 1, 2, 4, ...,
+T``: the rel L2 distance between the two runs' outputs at token ``t`` (``drift_o``) and between
+their states after token ``t`` (``drift_state``; the output of token 1 is read from the
+shared start, so ``drift_o`` is 0 there and the first rounding shows from token 2). The gates decay the state (``g < 0``), so old
+rounding errors fade while new ones arrive: the drift settles instead of growing without bound,
+and where it settles is the figure of merit. Inputs: seeded ``gdn_inputs`` drawn in chunks of
+``CHUNK`` tokens (the same draw for both runs). ``plot_drift`` draws both curves per layout.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from pmll_lab.bench import errors
+from pmll_lab.experiments.common import head_points
+from pmll_lab.gdn import gdn_decode
+from pmll_lab.inputs import gdn_inputs
+
+CHUNK = 256
+"""Tokens of inputs drawn at once (a fresh seed per chunk)."""
+
+METRICS = {"drift_o": "outputs at token t", "drift_state": "state after token t"}
+
+
+def points(grids: list[dict], *, seed: int = 0) -> list[dict]:
+    """One point per combination of each grid's axes: ``T`` (tokens), ``B``, ``head_dim``,
+    ``heads`` (``(HK, HV)`` pairs), ``dtype`` (inputs), ``state_layout``, ``state_dtype``
+    (the pool compared with fp32: ``"bfloat16"`` or ``"float16"``); ``seed`` added."""
+    pts = head_points(grids)
+    for p in pts:
+        p["seed"] = int(seed)
+    return pts
+
+
+def checkpoints(T: int) -> list[int]:
+    """Tokens ``1, 2, 4, ... <= T`` and ``T`` itself."""
+    out, t = [], 1
+    while t < T:
+        out.append(t)
+        t *= 2
+    return out + [int(T)]
+
+
+def drift_point(point: dict) -> list[dict]:
+    """Decode ``T`` tokens on an fp32 and on a ``state_dtype`` state pool (module docstring);
+    rows ``{"kernel": "gdn_decode", "metric": "drift_o" | "drift_state", "t", "value"}``
+    (rel L2 of the half-state run against the fp32-state run). Raises ``ValueError`` for an
+    fp32 ``state_dtype`` (nothing to compare) or ``T < 1``."""
+    T, B, HK, HV, D = (int(point[n]) for n in ("T", "B", "HK", "HV", "head_dim"))
+    if T < 1:
+        raise ValueError(f"T: must be >= 1, got {T}")
+    sdt = getattr(torch, point.get("state_dtype", "bfloat16"))
+    if sdt == torch.float32:
+        raise ValueError("state_dtype: compare a bf16 or fp16 pool with fp32, got float32")
+    layout = point.get("state_layout", "kv")
+    dtype = getattr(torch, point["dtype"])
+    seed = int(point["seed"])
+    st = gdn_inputs(seed, B, HK, HV, D, D, dtype=dtype)["state"]
+    st = st if layout == "kv" else st.transpose(-1, -2).contiguous()
+    half = st.to(sdt)
+    full = half.float()                        # the same start: every difference is rounding's
+    marks = set(checkpoints(T))
+    rows = []
+    x = None
+    for t in range(1, T + 1):
+        j = (t - 1) % CHUNK
+        if j == 0:
+            x = gdn_inputs(seed + 1 + (t - 1) // CHUNK, B, HK, HV, D, D,
+                           rows=min(CHUNK, T - t + 1), dtype=dtype)
+        args = [x[n][:, j] for n in ("q", "k", "v", "g", "beta")]
+        o_full = gdn_decode(full, *args, out_dtype=torch.float32, state_layout=layout)
+        o_half = gdn_decode(half, *args, out_dtype=torch.float32, state_layout=layout)
+        if t in marks:
+            for metric, a, b in (("drift_o", o_half, o_full), ("drift_state", half, full)):
+                rows.append({"kernel": "gdn_decode", "metric": metric, "t": t,
+                             "value": errors(a.float(), b)["rel_l2"]})
+    return rows
+
+
+def drift_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The drift rows as a table: one row per (layout, state dtype, shape, ``t``), the two
+    metrics side by side."""
+    if df.empty or "metric" not in df:
+        return pd.DataFrame()
+    d = df[df["metric"].isin(list(METRICS))]
+    if d.empty:
+        return pd.DataFrame()
+    keys = [k for k in ("state_layout", "state_dtype", "HK", "HV", "head_dim", "dtype", "B", "t")
+            if k in d]
+    out = d.pivot_table(index=keys, columns="metric", values="value", aggfunc="max")
+    return out.reset_index().rename_axis(columns=None)
+
+
+def plot_drift(df: pd.DataFrame, ax=None):
+    """rel L2 of the bf16-state decode against the fp32-state one over tokens (log-log): outputs
+    solid, state dashed, one colour per (layout, shape). Returns the axes (None without rows)."""
+    import matplotlib.pyplot as plt
+
+    t = drift_table(df)
+    if t.empty:
+        return None
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 3.6))
+    groups = [k for k in ("state_layout", "state_dtype", "HV", "head_dim", "B") if k in t]
+    for i, (key, g) in enumerate(t.groupby(groups)):
+        key = key if isinstance(key, tuple) else (key,)
+        label = ", ".join(f"{k}={v}" for k, v in zip(groups, key))
+        g = g.sort_values("t")
+        for metric, ls in (("drift_o", "-"), ("drift_state", "--")):
+            if metric in g:
+                ax.plot(g["t"], g[metric].clip(lower=1e-12), ls=ls, marker=".", color=f"C{i}",
+                        label=f"{METRICS[metric]} ({label})")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens decoded t")
+    ax.set_ylabel("rel L2, half-state vs fp32-state decode")
+    ax.set_title("Drift of a bf16 state pool from an fp32 one", fontsize=10)
+    ax.legend(fontsize=6)
+    return ax
