@@ -34,8 +34,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.carry.gdn_carry import (_ROW_UNSPECIALIZED, _verify_prologue,
-                                          _wy_restash_shared_rows, _wy_rows)
+from pmll_lab.ops.carry.gdn_carry_exact import _ROW_UNSPECIALIZED, _verify_prologue
+from pmll_lab.ops.carry.gdn_carry_wy import _wy_restash_shared_rows, _wy_rows
 from pmll_lab.ops.gdn.decode_vk import load_row_inputs_vk, vk_tile_index, vk_tile_offsets
 from pmll_lab.ops.gdn.recurrence import (fold_row_vk, gdn_gate_g, gdn_row_vk, load_gate_params,
                                          qk_prepare_vk, round_like)

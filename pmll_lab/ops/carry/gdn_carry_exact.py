@@ -1,0 +1,308 @@
+"""Carried-state GDN verify, exact form, and the flush: Triton kernels on the K-major state
+(``state_layout="kv"``; SPEC §3b). Launched by ``pmll_lab.ops.carry.gdn_carry``, whose module
+docstring gives the buffers, grids and the protocol.
+
+Exact form: one program per (sequence, value head, column block of ``BV`` value columns) (or
+per (sequence, head) looping over the blocks, ``EXACT_SPLIT_COLUMNS``), decode's own
+``block_config`` split; it folds the ``pend`` pending stash rows (``fold_row``), writes the
+block back when the protocol says so, then runs the ``K`` rows through ``qk_prepare`` +
+``gdn_row`` of ``pmll_lab.ops.gdn.recurrence``, the same code as plain decode, so outputs and
+folded states are bitwise equal to decoding the rows one by one (SPEC §2). The shared ``g``/``k``
+stash rows are restashed by the last program of a head to arrive (an ``acq_rel`` counter), so a
+write-back that restarts the stash can never overwrite a row still to be folded (SPEC §3b
+"Shared rows"). Flush: the pending rows folded into the state for ``L`` layers in one launch
+(per-layer offset tables). Source: the carried-state protocol of the seeds (``SPEC §3b``);
+the row is FLA's fused recurrent Gated DeltaNet step (Yang et al. 2024, "Gated Delta Networks").
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from pmll_lab.ops.gdn.recurrence import (fold_row, gdn_gate_g, gdn_row, load_gate_params,
+                                         load_row_inputs, qk_prepare, round_like)
+
+
+# Row vectors (q, k, v, g, beta, o) and their strides are not specialised on alignment or
+# divisibility, as in decode (``pmll_lab.ops.gdn.decode``): the compiler picks the layout of a
+# loaded vector, and so the order of the l2norm and ``k.q`` sums, from what it knows of the
+# pointer. Specialised, these kernels loaded q/k 4 elements per thread where decode loads 1, and
+# on the H200 their outputs differed from decode in the last bits (2026-11-29). Checked on the CPU
+# for sm_90 by ``pmll_lab.lowering`` (tests/test_lowering.py). The stash is left unspecialised
+# too: its key rows are loaded on the same ``rk`` lanes as q/k, and the compiler propagates a
+# wide layout from those aligned loads to the q/k loads (seen in the sm_90 TTGIR). Stash rows
+# are a few hundred bytes per row; the state stays specialised (wide loads, as in decode).
+_ROW_PTRS = ["q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "o_ptr", "stash_ptr"]
+_ROW_STRIDES = ["sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b", "sv_t", "sv_h",
+                "sg_b", "sg_t", "sb_b", "sb_t", "so_b", "so_t", "so_h", "stride_stash"]
+_ROW_UNSPECIALIZED = dict(do_not_specialize=_ROW_STRIDES,
+                          do_not_specialize_on_alignment=_ROW_PTRS)
+
+
+@triton.jit
+def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, h_ptr,
+                  HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr):
+    """Fold stash rows ``0..p-1`` into the state block ``h [BK, BV]`` (columns ``rv``), rounded
+    to the state's dtype (``h_ptr``'s) after every row as decoding stores it; with
+    ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded (``recurrence.CARRY_PREFETCH_ROWS``)."""
+    if PREFETCH:
+        gn = tl.load(gs_ptr, mask=p > 0, other=0.0)
+        kn = tl.load(ks_ptr + rk, mask=mk & (p > 0), other=0.0)
+        un = tl.load(u_ptr + rv, mask=mv & (p > 0), other=0.0)
+        for i in range(p):
+            gi, ki, ui = gn, kn, un
+            more = i + 1 < p
+            gn = tl.load(gs_ptr + (i + 1) * HV, mask=more, other=0.0)
+            kn = tl.load(ks_ptr + (i + 1) * (HV * KD) + rk, mask=mk & more, other=0.0)
+            un = tl.load(u_ptr + (i + 1) * (HV * VD) + rv, mask=mv & more, other=0.0)
+            h = round_like(fold_row(h, tl.exp(gi), ki, ui), h_ptr)
+    else:
+        for i in range(p):
+            gi = tl.load(gs_ptr + i * HV)
+            ki = tl.load(ks_ptr + i * (HV * KD) + rk, mask=mk, other=0.0)
+            ui = tl.load(u_ptr + i * (HV * VD) + rv, mask=mv, other=0.0)
+            h = round_like(fold_row(h, tl.exp(gi), ki, ui), h_ptr)
+    return h
+
+
+@triton.jit
+def _verify_prologue(state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state,
+                     stride_stash, K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr,
+                     KD: tl.constexpr, VD: tl.constexpr, LAZY: tl.constexpr):
+    """Sequence ``b``, value head ``hv``: its slot, whether it is a live lane (slot -1 marks a
+    padding lane: nothing of it is read or written but its zero outputs; its slot is taken as 0
+    for address arithmetic only), pending count ``p`` (0 for padding), the write-back rule
+    (eager: ``p > 0``; lazy: ``p + K > CAP``), the first stash row of this verify (0 after a
+    write-back, else ``p``), and pointers to the head's state and to its ``u``, ``g``, ``k``
+    stash rows (row 0)."""
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    live = slot >= 0
+    slot = tl.maximum(slot, 0)
+    p = tl.load(pend_ptr + slot, mask=live, other=0)
+    if LAZY:
+        wb = (p + K > CAP) & live
+    else:
+        wb = (p > 0) & live
+    first = tl.where(wb, 0, p)
+    h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
+    s_ptr = stash_ptr + slot * stride_stash
+    u_ptr = s_ptr + hv * VD
+    gs_ptr = s_ptr + CAP * HV * VD + hv
+    ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
+    return slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr
+
+
+@triton.jit
+def _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv,
+                  HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr):
+    """The state block ``[BK, BV]`` (key rows ``rk``, value columns ``rv``) of one head with its
+    ``p`` pending stash rows folded in, written back when ``wb``; shared by the exact and WY
+    forms."""
+    m2 = mk[:, None] & mv[None, :]
+    hp = h_ptr + rk[:, None] * VD + rv[None, :]
+    h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
+    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, h_ptr, HV, KD, VD, PREFETCH)
+    tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
+    if wb:
+        tl.store(hp, h, mask=m2)
+    return h
+
+
+@triton.jit
+def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
+                        g_ptr, beta_ptr, o_ptr, b, hv, live, p, wb, first, scale, j,
+                        sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t, ga, gd,
+                        K: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
+                        BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+                        PREFETCH: tl.constexpr, UNROLL: tl.constexpr, GATE: tl.constexpr):
+    """Columns ``j*BV ..`` of one head: load the state block, fold the ``p`` pending rows, write
+    it back if ``wb``, run the ``K`` rows (decode's ``gdn_row``), store outputs and stash ``u``.
+    ``PREFETCH``: row ``t+1``'s inputs are loaded before row ``t`` runs; ``UNROLL``: the rows are
+    unrolled (else a runtime loop, one compiled body for every row, without the prefetch).
+    A padding lane (``live`` false) touches no state or stash and stores zero outputs."""
+    rk = tl.arange(0, BK)
+    mk = rk < KD
+    rv = j * BV + tl.arange(0, BV)
+    mv = rv < VD
+    ml = mv & live
+    h = _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, ml, HV, KD, VD, PREFETCH)
+    grow = g_ptr + b * sg_b + hv
+    brow = beta_ptr + b * sb_b + hv
+    if UNROLL:
+        if PREFETCH:
+            nxt = load_row_inputs(qrow, krow, vrow, grow, brow, rk, mk, rv, mv, ga, gd, GATE)
+        for t in tl.static_range(K):
+            if PREFETCH:
+                q, k, v, g, beta = nxt
+                if t + 1 < K:
+                    nxt = load_row_inputs(qrow + (t + 1) * sq_t, krow + (t + 1) * sk_t,
+                                          vrow + (t + 1) * sv_t, grow + (t + 1) * sg_t,
+                                          brow + (t + 1) * sb_t, rk, mk, rv, mv, ga, gd,
+                                          GATE)
+            else:
+                q, k, v, g, beta = load_row_inputs(qrow + t * sq_t, krow + t * sk_t,
+                                                   vrow + t * sv_t, grow + t * sg_t,
+                                                   brow + t * sb_t, rk, mk, rv, mv, ga, gd,
+                                                   GATE)
+            h = _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
+                           live, h_ptr, HV, VD, USE_QK_L2NORM)
+    else:
+        for t in range(K):
+            q, k, v, g, beta = load_row_inputs(qrow + t * sq_t, krow + t * sk_t, vrow + t * sv_t,
+                                               grow + t * sg_t, brow + t * sb_t, rk, mk, rv, mv,
+                                               ga, gd, GATE)
+            h = _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
+                           live, h_ptr, HV, VD, USE_QK_L2NORM)
+
+
+@triton.jit
+def _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv, live, h_ptr,
+               HV: tl.constexpr, VD: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """Row ``t`` of the exact form on its loaded inputs: decode's ``qk_prepare`` + ``gdn_row``
+    (the new block rounded to the state's dtype, ``h_ptr``'s, as decoding stores it), store the
+    output columns (zeros for a padding lane) and stash ``u`` at row ``first + t`` (live lanes
+    only). Returns the new block."""
+    q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
+    h, o, u = gdn_row(h, q, k, v, g, beta)
+    h = round_like(h, h_ptr)
+    tl.store(orow + t * so_t + rv, tl.where(live, o, 0.0).to(orow.dtype.element_ty), mask=mv)
+    tl.store(u_ptr + (first + t) * (HV * VD) + rv, u, mask=mv & live)
+    return h
+
+
+@triton.jit
+def _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
+                         sq_t, sk_t, sg_b, sg_t, ga, gd,
+                         K: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr,
+                         BK: tl.constexpr, USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr):
+    """Stash the ``K`` rows' log decays and normalised keys (shared by a head's column blocks)
+    at rows ``first ..``: call only once every block has folded the old rows. With ``GATE``,
+    ``g_ptr`` holds ``a`` and the stashed decay is the one the rows computed (``gdn_gate_g``)."""
+    rk = tl.arange(0, BK)
+    mk = rk < KD
+    for t in tl.static_range(K):
+        q = tl.load(qrow + t * sq_t + rk, mask=mk, other=0.0).to(tl.float32)
+        k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
+        q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
+        g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
+        if GATE:
+            g = gdn_gate_g(ga, g, gd)
+        tl.store(gs_ptr + (first + t) * HV, g)
+        tl.store(ks_ptr + (first + t) * (HV * KD) + rk, k, mask=mk)
+
+
+@triton.jit(**_ROW_UNSPECIALIZED)
+def _gdn_carry_exact_kernel(
+    state_ptr, stash_ptr, pend_ptr, slot_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr, alog_ptr, dtb_ptr,
+    scale, stride_state, stride_stash,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
+    sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
+    K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
+    KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+    LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
+    UNROLL: tl.constexpr, GATE: tl.constexpr,
+):
+    """The exact form, one program per (sequence, head) looping over the head's column
+    blocks (grid ``(B, HV)``); the shared g/k rows are restashed after the last block."""
+    b = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    hk = hv // GROUP
+    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+        state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
+        K, CAP, HV, KD, VD, LAZY)
+    ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
+    qrow = q_ptr + b * sq_b + hk * sq_h
+    krow = k_ptr + b * sk_b + hk * sk_h
+    vrow = v_ptr + b * sv_b + hv * sv_h
+    orow = o_ptr + b * so_b + hv * so_h
+
+    for j in tl.static_range(0, NV):
+        _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
+                            g_ptr, beta_ptr, o_ptr, b, hv, live, p, wb, first, scale, j,
+                            sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t, ga, gd,
+                            K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH, UNROLL, GATE)
+    tl.debug_barrier()
+    if live:
+        _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
+                             sq_t, sk_t, sg_b, sg_t, ga, gd, K, HV, KD, BK,
+                             USE_QK_L2NORM, GATE)
+    if hv == 0:
+        tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
+
+
+@triton.jit(**_ROW_UNSPECIALIZED)
+def _gdn_carry_exact_split_kernel(
+    state_ptr, stash_ptr, pend_ptr, slot_ptr, arrive_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr, alog_ptr, dtb_ptr,
+    scale, stride_state, stride_stash,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
+    sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
+    K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
+    KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+    LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
+    UNROLL: tl.constexpr, GATE: tl.constexpr,
+):
+    """The exact form with a head's column blocks split across programs (grid ``(B, HV, NV)``,
+    decode's own split). Shared rows: each program counts itself in ``arrive[slot, hv]`` after
+    its fold (an acq_rel atomic); the last one to arrive restashes the g/k rows, once every
+    other block has folded the old ones, and sets the count back to 0."""
+    b = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    j = tl.program_id(2)
+    hk = hv // GROUP
+    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+        state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
+        K, CAP, HV, KD, VD, LAZY)
+    ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
+    qrow = q_ptr + b * sq_b + hk * sq_h
+    krow = k_ptr + b * sk_b + hk * sk_h
+    vrow = v_ptr + b * sv_b + hv * sv_h
+    orow = o_ptr + b * so_b + hv * so_h
+
+    _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
+                        g_ptr, beta_ptr, o_ptr, b, hv, live, p, wb, first, scale, j,
+                        sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t, ga, gd,
+                        K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH, UNROLL, GATE)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)
+    if live & (arrived == NV - 1):
+        _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
+                             sq_t, sk_t, sg_b, sg_t, ga, gd, K, HV, KD, BK,
+                             USE_QK_L2NORM, GATE)
+        tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
+    if hv == 0:
+        if j == 0:
+            tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
+
+
+@triton.jit
+def _gdn_carry_flush_kernel(
+    state_ptr, stash_ptr, pend_ptr, slot_ptr, state_off_ptr, stash_off_ptr, pend_off_ptr,
+    stride_state, stride_stash,
+    CAP: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1) // NV
+    j = tl.program_id(1) % NV
+    layer = tl.program_id(2)
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    live = slot >= 0                     # slot -1: a padding lane, nothing to fold
+    slot = tl.maximum(slot, 0)
+    p = tl.load(pend_ptr + tl.load(pend_off_ptr + layer) + slot, mask=live, other=0)
+    if p > 0:
+        rk = tl.arange(0, BK)
+        mk = rk < KD
+        rv = j * BV + tl.arange(0, BV)
+        mv = rv < VD
+        m2 = mk[:, None] & mv[None, :]
+        h_ptr = state_ptr + tl.load(state_off_ptr + layer) + slot * stride_state + hv * (KD * VD)
+        s_ptr = stash_ptr + tl.load(stash_off_ptr + layer) + slot * stride_stash
+        hp = h_ptr + rk[:, None] * VD + rv[None, :]
+        h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
+        h = _fold_pending(h, s_ptr + hv * VD, s_ptr + CAP * HV * VD + hv,
+                          s_ptr + CAP * HV * VD + CAP * HV + hv * KD, p, rk, mk, rv, mv, h_ptr, HV,
+                          KD, VD, PREFETCH)
+        tl.store(hp, h, mask=m2)
