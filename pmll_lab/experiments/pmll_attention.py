@@ -76,7 +76,9 @@ WARMUP_MS, REP_MS, CPU_REPS, GRAPH_REPLAYS = 25, 100, 2, 200
 
 def points(grids: list[dict]) -> list[dict]:
     """Expand grids (axes may include ``shape``: ``(H, D)`` pairs, split into ``H`` and ``D``)
-    into points, duplicates dropped, order kept."""
+    into points, duplicates dropped, order kept. A GPT-2 point with ``capacity`` 0 (no ring)
+    keeps only ``gate="none"``: a gate blends tokens into a ring, and without one there is
+    nothing to blend (``segmented_logits`` refuses it)."""
     out, seen = [], set()
     for g in grids:
         axes = {"seed": [0], **g}
@@ -86,6 +88,8 @@ def points(grids: list[dict]) -> list[dict]:
         for p in grid(**axes):
             if "shape" in p:
                 p["H"], p["D"] = (int(x) for x in p.pop("shape"))
+            if p.get("capacity") == 0 and p.get("gate", "none") != "none":
+                continue
             key = tuple(sorted(p.items()))
             if key not in seen:
                 seen.add(key)
