@@ -24,6 +24,7 @@ The float64 references are in ``pmll_lab.reference.pmll``; the kernels in
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -232,6 +233,22 @@ def memory_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
     return (torch.softmax(scores, dim=-1) @ v_all).to(q.dtype)
 
 
+_STEP_NAMES = {"k_ctx": "k", "k_new": "k", "v_ctx": "v", "v_new": "v"}
+
+
+@contextlib.contextmanager
+def _step_names():
+    """Errors of the shared checks renamed to ``pmll_step``'s own arguments (``k``, ``v``)."""
+    try:
+        yield
+    except ValueError as exc:
+        msg = str(exc)
+        head, sep, rest = msg.partition(":")
+        if sep and head in _STEP_NAMES:
+            raise ValueError(f"{_STEP_NAMES[head]}:{rest}") from None
+        raise
+
+
 def pmll_step(mem: RingMemory | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               gate: torch.Tensor | None = None, *, impl: str | None = None) -> torch.Tensor:
     """One PMLL layer's segment step: attention over the ring and the segment, then the
@@ -254,18 +271,21 @@ def pmll_step(mem: RingMemory | None, q: torch.Tensor, k: torch.Tensor, v: torch
     ``tests/test_ring_attention.py``).
 
     Raises ``ValueError`` naming the argument before any kernel runs: the attention checks
-    (``q``, ``k_ctx`` for ``k``, ``v_ctx`` for ``v``, ``mem``, ``impl``) and the write checks
-    (``k_new``/``v_new`` strides, ``gate`` shape and dtype; ``gate`` given without a ring).
+    (``q``, ``k``, ``v``, ``mem``, ``impl``) and the write checks (``k``/``v`` strides,
+    ``gate`` shape and dtype; ``gate`` given without a ring).
     Two launches on the fused path (attention, write), no host sync: capturable in a CUDA
     graph. Source: the seed's memory layer (``000_…txt``), its read-attend-write order.
     """
     impl = _impl(impl)
-    check_attention(q, k, v, mem)
+    with _step_names():
+        check_attention(q, k, v, mem)
+        if mem is None:
+            if gate is not None:
+                raise ValueError("gate: given, but mem is None (no ring to write into)")
+        else:
+            check_write(mem, k, v, gate)
     if mem is None:
-        if gate is not None:
-            raise ValueError("gate: given, but mem is None (no ring to write into)")
         return memory_attention(q, k, v, None, impl=impl)
-    check_write(mem, k, v, gate)
     o = memory_attention(q, k, v, mem, impl=impl)
     launch_write(mem, k, v, gate)
     return o

@@ -192,11 +192,12 @@ def _bad_cases():
 @pytest.mark.parametrize("impl", ["fused", "reference"])
 def test_bad_input_same_errors_on_both_paths(impl):
     _, _, _, _, _, cases = _bad_cases()
+    step_name = {"k_ctx": "k", "v_ctx": "v"}      # pmll_step's own argument names
     for name, args in cases:
         with pytest.raises(ValueError, match=rf"^{name}:"):
             memory_attention(*args, impl=impl)
         q, k, v, mem = args
-        with pytest.raises(ValueError, match=rf"^{name}:"):
+        with pytest.raises(ValueError, match=rf"^{step_name.get(name, name)}:"):
             pmll_step(mem, q, k, v, impl=impl)
     mem, q, k, v, _, _ = _bad_cases()
     with pytest.raises(ValueError, match=r"^impl:"):
@@ -210,7 +211,7 @@ def test_pmll_step_checks_the_write_before_attending(impl):
     before = mem.clone()
     bad = [("gate", (q, k, v, gate[:, :2])), ("gate", (q, k, v, gate.to(torch.int32))),
            ("gate", (q, k, v, gate[0])),
-           ("k_new", (q, k.transpose(2, 3).contiguous().transpose(2, 3), v, gate))]
+           ("k", (q, k.transpose(2, 3).contiguous().transpose(2, 3), v, gate))]
     for name, (qq, kk, vv, gg) in bad:
         with pytest.raises(ValueError, match=rf"^{name}:"):
             pmll_step(mem, qq, kk, vv, gg, impl=impl)
