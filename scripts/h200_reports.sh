@@ -4,6 +4,9 @@
 # Each notebook gets a wall-clock limit (its own after a colon, else SECONDS); a notebook cut short
 # keeps the sweep rows it finished. Set PMLL_LAB_COMMIT to the commit sent (the copy has no .git).
 # FlashInfer is used when an earlier `bash .fi/fi-unpack.sh` unpacked it into /tmp/site.
+# WORKERS=N (N >= 2) spreads each notebook's sweeps over N GPUs of the host (a Dask LocalCluster,
+# `--workers N`): per-point graph-replay times agree across the GPUs of one host within ~1.5 %
+# (reports/h200x2-2026-11-30b); gdn_verify's full sweep ran 1.93x faster on 2 GPUs than on 1.
 set -u
 run=$1; limit=$2; shift 2
 # the wheels: installed when carried (a later call on the same warm machine may leave them out)
@@ -19,7 +22,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 for arg in "$@"; do
   nb=${arg%%:*}; lim=$limit; [ "$nb" != "$arg" ] && lim=${arg#*:}
   echo "== $nb $(date -u +%H:%M:%S)"
-  timeout "$lim" python3 -m pmll_lab report --preset full --device cuda --run "$run" --only "$nb" --resume
+  extra=(); [ "${WORKERS:-1}" -gt 1 ] && extra=(--workers "$WORKERS")
+  timeout "$lim" python3 -m pmll_lab report --preset full --device cuda --run "$run" --only "$nb" \
+    --resume "${extra[@]}"
   echo "== $nb rc=$? $(date -u +%H:%M:%S)"
 done
 tar czf "$OUT/$run.tgz" -C reports "$run"
