@@ -201,21 +201,10 @@ def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *
     Raises ``ValueError`` naming the argument: shapes, dtypes, devices, strides, ``K > cap``,
     and with ``validate=True`` bad slots or ``pend`` outside ``0..cap``.
     """
-    B, K, dim, d_conv, state_len, out_dtype = check_conv_args(
-        conv_state, x, weight, bias, rows=True, activation=activation,
-        qk_channels=qk_channels, head_dim=head_dim, l2_eps=l2_eps, out_dtype=out_dtype)
-    S = conv_state.shape[0]
-    _check_carry("conv_carry", conv_carry, S, dim, conv_state)
-    if not 1 <= K <= conv_carry.cap:
-        raise ValueError(f"x: rows K (shape[1]) must be in 1..conv_carry.cap = {conv_carry.cap}, got {K}")
-    if not isinstance(lazy, bool):
-        raise ValueError(f"lazy: must be a bool, got {lazy!r}")
-    check_indices("slot_tab", slot_tab, B, S, conv_state.device)
-    if validate:
-        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
-        # the batch's slots only, as the GDN verify checks: other slots are not read
-        live = slot_tab[slot_tab >= 0].long()
-        _checks.range_values("conv_carry.pend", conv_carry.pend[live], 0, conv_carry.cap)
+    B, K, dim, d_conv, state_len, out_dtype = check_verify_args(
+        conv_state, conv_carry, x, weight, bias, slot_tab=slot_tab, lazy=lazy,
+        activation=activation, qk_channels=qk_channels, head_dim=head_dim, l2_eps=l2_eps,
+        out_dtype=out_dtype, validate=validate)
     y = torch.empty(B, K, dim, dtype=out_dtype, device=x.device)
     engaged = torch.empty(B, dtype=torch.int32, device=x.device)
     if B == 0:
@@ -234,6 +223,30 @@ def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *
         HAS_QK=qk_channels > 0, LAZY=lazy, num_warps=num_warps,
     )
     return y, engaged
+
+
+def check_verify_args(conv_state, conv_carry, x, weight, bias=None, *, slot_tab, lazy=False,
+                      activation="silu", qk_channels=0, head_dim=None, l2_eps=1e-6,
+                      out_dtype=None, validate=False):
+    """``conv_carry_verify``'s argument checks, run on the host with nothing launched (a driver
+    checks a whole stack with it before the first launch). Returns ``(B, K, dim, d_conv,
+    state_len, out_dtype)``; raises ``ValueError`` naming the argument."""
+    B, K, dim, d_conv, state_len, out_dtype = check_conv_args(
+        conv_state, x, weight, bias, rows=True, activation=activation,
+        qk_channels=qk_channels, head_dim=head_dim, l2_eps=l2_eps, out_dtype=out_dtype)
+    S = conv_state.shape[0]
+    _check_carry("conv_carry", conv_carry, S, dim, conv_state)
+    if not 1 <= K <= conv_carry.cap:
+        raise ValueError(f"x: rows K (shape[1]) must be in 1..conv_carry.cap = {conv_carry.cap}, got {K}")
+    if not isinstance(lazy, bool):
+        raise ValueError(f"lazy: must be a bool, got {lazy!r}")
+    check_indices("slot_tab", slot_tab, B, S, conv_state.device)
+    if validate:
+        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
+        # the batch's slots only, as the GDN verify checks: other slots are not read
+        live = slot_tab[slot_tab >= 0].long()
+        _checks.range_values("conv_carry.pend", conv_carry.pend[live], 0, conv_carry.cap)
+    return B, K, dim, d_conv, state_len, out_dtype
 
 
 def _check_carry(name, carry, S, dim, conv_state):
