@@ -510,7 +510,9 @@ class SpecDecodeStep:
 
     def accept(self, accepted) -> None:
         """Accept ``a`` of the ``K`` rows per sequence (``0 <= a <= K``; ``accepted [B]`` device
-        int tensor or host ints) in every carry, one launch (``carry_accept``)."""
+        int tensor or host ints) in every carry, one launch (``carry_accept``). Host counts
+        outside ``[0, K]`` raise ``ValueError`` naming ``accepted`` (no sync; nothing changed);
+        a device tensor's values are checked with ``validate=True``."""
         if self._cur is None or any(e is None for e in self._engaged):
             raise ValueError("accept: every layer of the step must be verified first")
         host, dev_tab, lazy = self._cur
@@ -529,6 +531,10 @@ class SpecDecodeStep:
             if acc_host.shape != host.shape:
                 raise ValueError(f"accepted: expected shape {tuple(host.shape)}, got "
                                  f"{tuple(acc_host.shape)}")
+            bad = acc_host[(acc_host < 0) | (acc_host > self._rows)]
+            if bad.numel():               # host values: no sync (a device tensor: validate)
+                raise ValueError(f"accepted: entries must lie in [0, K = {self._rows}], got "
+                                 f"{int(bad[0])}")
             accepted = acc_host.to(torch.int32).to(self.device)
         carries = [c for lay in self.layers for c in lay.carries()]
         with self._section("accept"):

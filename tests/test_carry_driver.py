@@ -133,3 +133,40 @@ def test_abort_after_a_partly_verified_step(lazy_min_seqs, how):
     step.verify(slots, [_inputs(430 + i, 2, K, conv=True) for i in range(2)])      # usable
     step.accept([K, 0])
     assert all(c.pend.cpu()[slots].tolist() == [K, 0] for lay in layers for c in lay.carries())
+
+
+def test_accept_rejects_host_counts_above_k():
+    """The finding's case: K = 6 accepted, then K = 3 with a = 5 (rows 3, 4 would be stale rows
+    of the previous step)."""
+    lay = _stack(500, L=1)[0]
+    step = SpecDecodeStep([lay])
+    step.verify([1], [_inputs(510, 1, 6)])
+    step.accept([6])
+    step.verify([1], [_inputs(511, 1, 3)])
+    pend = lay.carry.pend.clone()
+    for acc in ([5], [4], [-1], torch.tensor([4])):
+        with pytest.raises(ValueError, match="^accepted"):
+            step.accept(acc)
+        assert bitwise_equal(lay.carry.pend, pend), "a refused accept changed pend"
+    step.accept([3])                              # the step is still open: a valid accept works
+    assert lay.carry.pend.cpu().tolist() == [0, 3, 0, 0]
+
+
+def test_carry_accept_checks_host_counts_without_validate():
+    carries = [GdnCarry.empty(S, HV, KD, VD), ConvCarry.empty(S, DIM)]
+    gen = torch.Generator().manual_seed(520)
+    pend0 = torch.randint(0, 4, (S,), generator=gen, dtype=torch.int32)
+    for c in carries:
+        c.pend.copy_(pend0)
+    slots = torch.tensor([2, 0], dtype=torch.int32, device=DEVICE)
+    eng = torch.tensor([1, 2], dtype=torch.int32, device=DEVICE)
+    cap = carries[0].cap
+    for acc, kw in (([4, 1], dict(rows=3)), ([0, -1], dict(rows=3)), ([cap + 1, 0], {})):
+        with pytest.raises(ValueError, match="^accepted"):
+            carry_accept(carries, slots, eng, acc, **kw)
+        assert all(c.pend.cpu().tolist() == pend0.tolist() for c in carries)
+    carry_accept(carries, slots, eng, [3, 2], rows=3)
+    want = pend0.clone()
+    want[2] += 3
+    want[0] = 2
+    assert all(c.pend.cpu().tolist() == want.tolist() for c in carries)
