@@ -79,6 +79,16 @@ class ConvCarry:
         return cls(torch.zeros(slots, cap, dim, dtype=dtype, device=dev),
                    torch.zeros(slots, dtype=torch.int32, device=dev))
 
+    @classmethod
+    def like(cls, conv_state: torch.Tensor, *, cap: int = DEFAULT_CAP) -> "ConvCarry":
+        """A zeroed carry for ``conv_state [S, dim, state_len]``: its ``S`` slots, ``dim``,
+        dtype (the stash holds input rows in the state's dtype, as ``conv_carry_verify``
+        requires) and device; ``cap`` stash rows. ``empty`` takes the same explicitly (its
+        ``dtype`` defaults to bf16). Raises ``ValueError`` naming ``conv_state`` or ``cap``."""
+        _checks.tensor("conv_state", conv_state, ndim=3, dtype=INPUT_DTYPES)
+        S, dim, _ = conv_state.shape
+        return cls.empty(S, dim, cap=cap, dtype=conv_state.dtype, device=conv_state.device)
+
     @property
     def cap(self) -> int:
         return self.stash.shape[1]
@@ -257,7 +267,8 @@ def _check_carry(name, carry, S, dim, conv_state):
         raise ValueError(f"{name}: stash shape {tuple(stash.shape)} does not fit S = {S} slots "
                          f"and dim = {dim} of conv_state")
     if stash.dtype != conv_state.dtype:
-        raise ValueError(f"{name}: stash dtype {stash.dtype} differs from conv_state's {conv_state.dtype}")
+        raise ValueError(f"{name}: stash dtype {stash.dtype} differs from conv_state's "
+                         f"{conv_state.dtype} (ConvCarry.like(conv_state) builds a matching carry)")
     if stash.device != conv_state.device or carry.pend.device != conv_state.device:
         raise ValueError(f"{name}: on {stash.device}, but conv_state is on {conv_state.device}")
     _checks.tensor(f"{name}.stash", stash, last_contiguous=True)
