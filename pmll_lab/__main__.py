@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--resume", action="store_true",
                      help="keep the notebooks' earlier results so sweeps skip the points done")
     rep.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
-                     help="fail a notebook whose cell runs longer than this")
+                     help="fail a notebook whose cell runs longer than this (> 0; default: no limit)")
     where = rep.add_mutually_exclusive_group()
     where.add_argument("--workers", type=int, default=None, metavar="N",
                        help="run the sweeps on a local Dask cluster: one worker per visible GPU "

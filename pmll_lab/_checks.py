@@ -45,7 +45,7 @@ def tensor(
             want = tuple("*" if s is None else s for s in shape)
             raise ValueError(f"{name}: expected shape {want}, got {tuple(ts)}")
     if dtype is not None:
-        allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
+        allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dict.fromkeys(dtype))
         if t.dtype not in allowed:
             names = ", ".join(str(d).replace("torch.", "") for d in allowed)
             raise ValueError(f"{name}: dtype must be one of {names}, got {str(t.dtype).replace('torch.', '')}")

@@ -48,9 +48,15 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same shape, dtype and bits (NaNs with equal bits count as equal)."""
+    """Same shape, dtype and bits (NaNs with equal bits count as equal; strides do not matter).
+
+    Tensors on different devices (a kernel's output on the GPU, an expected value built on the
+    CPU) are both copied to the CPU and compared there: a copy moves bits exactly, so the answer
+    is the one a same-device comparison would give (a sync, as any comparison is)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
+    if a.device != b.device:
+        a, b = a.detach().cpu(), b.detach().cpu()
     ai, bi = a.detach().contiguous(), b.detach().contiguous()
     if ai.element_size() in (2, 4, 8):
         view = {2: torch.int16, 4: torch.int32, 8: torch.int64}[ai.element_size()]

@@ -34,6 +34,7 @@ from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, STATE_LAYOUTS, che
 from pmll_lab.ops.carry.gdn_carry import (
     FORMS,
     GDN_CARRY_CAP,
+    _check_verify,
     INDEX_DTYPES,
     GdnCarry,
     carry_accept,
@@ -143,6 +144,11 @@ def _check_layer(prefix: str, lay: CarryLayer) -> None:
         if lay.conv_carry.cap != lay.carry.cap:
             raise ValueError(f"{prefix}conv_carry: cap {lay.conv_carry.cap} differs from "
                              f"carry.cap {lay.carry.cap}")
+        c = lay.carry
+        dim = 2 * lay.num_k_heads * c.k_dim + c.num_v_heads * c.v_dim
+        if lay.conv_state.shape[1] != dim:
+            raise ValueError(f"{prefix}conv_state: {lay.conv_state.shape[1]} channels, but the "
+                             f"conv feeds q, k, v: 2*HK*kd + HV*vd = {dim}")
 
 
 class SpecDecodeStep:
@@ -178,9 +184,16 @@ class SpecDecodeStep:
 
     Arguments are checked on the host before any launch, ``ValueError`` naming the argument:
     ``slots`` (of ``begin``, ``flush``, ``reset``, ``verify``) are ints or a 1-D contiguous
-    int32/int64 tensor of distinct slots in ``[0, S)``; ``accepted`` host ints (floats refused)
-    or an int tensor of ``B`` entries; ``i`` a layer index in ``[0, L)``; ``inputs[i]`` a dict
-    with exactly the keys its layer takes.
+    int32/int64 tensor of distinct slots in ``[0, S)``; ``accepted`` host ints in ``[0, K]``
+    (floats refused) or an int tensor of ``B`` entries (its values checked with
+    ``validate=True``); ``i`` a layer index in ``[0, L)``; ``inputs[i]`` a dict with exactly the
+    keys its layer takes. ``verify`` checks every layer's inputs (shapes, dtypes, devices, rows)
+    before its first launch, so a bad layer ``i`` leaves the whole stack untouched; the error
+    then reads ``inputs[i]: <argument>: ...``.
+
+    Aborting a step: when ``verify_layer`` fails part-way through a stack (or the caller gives
+    up on a step), ``abort()`` (also called by ``reset``) puts every layer back in step, so the
+    driver is usable again (see ``abort``).
     """
 
     def __init__(self, layers: Sequence[CarryLayer], *, form: str = "exact",
@@ -224,6 +237,7 @@ class SpecDecodeStep:
         self._slot_cache: dict[tuple, torch.Tensor] = {}
         self._cur = None       # (host slots [B] int64, device slot_tab, lazy)
         self._engaged: list[torch.Tensor | None] = [None] * len(layers)
+        self._conv_engaged: list[torch.Tensor | None] = [None] * len(layers)
         self._rows: int | None = None
         self.stats = dict(steps=0, lazy_steps=0, eager_steps=0, flushes=0, flushed_slots=0,
                           host_syncs=0)
@@ -266,9 +280,48 @@ class SpecDecodeStep:
     # -- the protocol -------------------------------------------------------------------------
     def reset(self, slots) -> None:
         """A slot starts a new sequence: ``pend = 0`` in every carry (its states are the
-        caller's to set)."""
+        caller's to set). A step in progress (begun, maybe partly verified, not accepted) is
+        aborted first (``abort``), so the driver is usable again after a failed step."""
         host, dev_tab = self._slots(slots)
+        self.abort()
         self._clear_pend(host, dev_tab)
+
+    def abort(self) -> None:
+        """Abandon the step in progress (no-op without one), leaving every layer consistent.
+
+        Each carry already verified in this step (GDN or conv) accepts 0 rows with its own
+        ``engaged``: after a write-back its state already holds the folded rows and ``pend``
+        becomes 0; otherwise ``pend`` and the stash rows it counts are unchanged (the verify
+        wrote only rows past them). If only part of the stack was verified, the layers now
+        disagree on ``pend``, so the step's slots are then flushed in every layer
+        (``flush``: all pending rows folded, ``pend = 0``). The verified rows' outputs are
+        discarded; the next step starts from the states as if those rows were never drafted.
+        """
+        if self._cur is None:
+            return
+        host, dev_tab, lazy = self._cur
+        verified, total = 0, 0
+        zeros = None
+        for i, lay in enumerate(self.layers):
+            pairs = [(lay.carry, self._engaged[i])]
+            if lay.has_conv:
+                pairs.append((lay.conv_carry, self._conv_engaged[i]))
+            for carry, eng in pairs:
+                total += 1
+                if eng is None:
+                    continue
+                verified += 1
+                if zeros is None:
+                    zeros = torch.zeros(eng.shape[0], dtype=torch.int32, device=eng.device)
+                with self._section("accept"):
+                    carry_accept(carry, dev_tab, eng, zeros, rows=self._rows)
+        self._cur = None
+        self._engaged = [None] * len(self.layers)
+        self._conv_engaged = [None] * len(self.layers)
+        if 0 < verified < total:
+            self.flush(host)                     # pend 0 for these slots in every carry
+        elif verified and not lazy:
+            self._bound[host] = 0                # eager: pend was 0 or written back
 
     def flush(self, slots) -> None:
         """Fold the pending rows of ``slots`` into every layer's state (GDN and conv, one launch
@@ -291,15 +344,26 @@ class SpecDecodeStep:
         self.stats["flushes"] += 1
         self.stats["flushed_slots"] += int(host.numel())
 
+    def _check_idle(self) -> None:
+        if self._cur is not None and any(
+                e is not None for e in self._engaged + self._conv_engaged):
+            raise ValueError("begin: the previous step was verified but not accepted "
+                             "(accept it, or abort() / reset() to abandon it)")
+
+    def _lazy(self, batch: int) -> bool:
+        return self.lazy_min_seqs is not None and batch >= self.lazy_min_seqs
+
     def begin(self, slots, rows: int) -> dict:
         """Start a step of ``rows`` (K) draft rows for the sequences in ``slots``: choose the form
         and flush what an eager verify may not fold. Returns ``{"lazy", "flushed", "synced"}``."""
-        if self._cur is not None and any(e is not None for e in self._engaged):
-            raise ValueError("begin: the previous step was verified but not accepted")
+        self._check_idle()
         _checks.positive_int("rows", rows, maximum=self.cap)
         host, dev_tab = self._slots(slots)
+        return self._begin(host, dev_tab, rows)
+
+    def _begin(self, host: torch.Tensor, dev_tab: torch.Tensor, rows: int) -> dict:
         B = int(host.numel())
-        lazy = self.lazy_min_seqs is not None and B >= self.lazy_min_seqs
+        lazy = self._lazy(B)
         flushed, synced = 0, False
         lim = self.eager_max_pending
         if not lazy and lim is not None and B and int(self._bound[host].max()) > lim:
@@ -316,6 +380,7 @@ class SpecDecodeStep:
         self._cur = (host, dev_tab, lazy)
         self._rows = rows
         self._engaged = [None] * len(self.layers)
+        self._conv_engaged = [None] * len(self.layers)
         self.stats["steps"] += 1
         self.stats["lazy_steps" if lazy else "eager_steps"] += 1
         return {"lazy": lazy, "flushed": flushed, "synced": synced}
@@ -352,6 +417,7 @@ class SpecDecodeStep:
                     lay.conv_state, lay.conv_carry, x, lay.conv_weight, lay.conv_bias,
                     slot_tab=dev_tab, lazy=lazy, qk_channels=qk if lay.qk_l2norm_in_conv else 0,
                     head_dim=kd, validate=self.validate)
+            self._conv_engaged[i] = eng_c            # verified: abort() must know it
             q = y[..., :HK * kd].unflatten(-1, (HK, kd))
             k = y[..., HK * kd:qk].unflatten(-1, (HK, kd))
             v = y[..., qk:].unflatten(-1, (HV, vd))
@@ -398,12 +464,55 @@ class SpecDecodeStep:
             raise ValueError(f"inputs[0]: {'x' if 'x' in first else 'q'} must be a tensor "
                              "[B, K, ...]")
         rows = lead.shape[1]
-        self.begin(slots, rows)
+        self._check_idle()
+        _checks.positive_int("rows", rows, maximum=self.cap)
+        host, dev_tab = self._slots(slots)
+        lazy = self._lazy(int(host.numel()))
+        for i, inp in enumerate(inputs):        # every layer checked before the first launch
+            try:
+                self._check_inputs(i, dev_tab, lazy, rows, **inp)
+            except ValueError as exc:
+                raise ValueError(f"inputs[{i}]: {exc}") from None
+        self._begin(host, dev_tab, rows)
         return [self.verify_layer(i, **inp) for i, inp in enumerate(inputs)]
+
+    def _check_inputs(self, i, dev_tab, lazy, rows, *, g=None, beta=None, q=None, k=None,
+                      v=None, x=None, A_log=None, a=None, dt_bias=None, b=None) -> None:
+        """``verify_layer(i, ...)``'s launches' argument checks, with nothing launched: the conv
+        verify's (``check_verify_args``), then the GDN verify's on a stand-in for the conv
+        output (an uninitialised ``[B, K, dim]`` tensor of its dtype; never read)."""
+        lay = self.layers[i]
+        if g is None and beta is None and (a is not None or b is not None):
+            A_log = lay.A_log if A_log is None else A_log
+            dt_bias = lay.dt_bias if dt_bias is None else dt_bias
+        g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
+        if lay.has_conv:
+            from pmll_lab.ops.conv.carry import check_verify_args
+
+            HK, kd, vd = lay.num_k_heads, lay.carry.k_dim, lay.carry.v_dim
+            HV = lay.carry.num_v_heads
+            qk = 2 * HK * kd
+            B, K, dim, _, _, out_dtype = check_verify_args(
+                lay.conv_state, lay.conv_carry, x, lay.conv_weight, lay.conv_bias,
+                slot_tab=dev_tab, lazy=lazy, qk_channels=qk if lay.qk_l2norm_in_conv else 0,
+                head_dim=kd, validate=self.validate)
+            y = torch.empty(B, K, dim, dtype=out_dtype, device=x.device)
+            q = y[..., :HK * kd].unflatten(-1, (HK, kd))
+            k = y[..., HK * kd:qk].unflatten(-1, (HK, kd))
+            v = y[..., qk:].unflatten(-1, (HV, vd))
+            lead = "x"
+        else:
+            lead = "q"
+        _check_verify(lay.state, lay.carry, q, k, v, g, beta, dev_tab, self.form, lazy,
+                      self.scale, self.validate, None, lay.state_layout, gating)
+        if q.shape[1] != rows:
+            raise ValueError(f"{lead}: {q.shape[1]} rows, but inputs[0] has {rows}")
 
     def accept(self, accepted) -> None:
         """Accept ``a`` of the ``K`` rows per sequence (``0 <= a <= K``; ``accepted [B]`` device
-        int tensor or host ints) in every carry, one launch (``carry_accept``)."""
+        int tensor or host ints) in every carry, one launch (``carry_accept``). Host counts
+        outside ``[0, K]`` raise ``ValueError`` naming ``accepted`` (no sync; nothing changed);
+        a device tensor's values are checked with ``validate=True``."""
         if self._cur is None or any(e is None for e in self._engaged):
             raise ValueError("accept: every layer of the step must be verified first")
         host, dev_tab, lazy = self._cur
@@ -422,6 +531,10 @@ class SpecDecodeStep:
             if acc_host.shape != host.shape:
                 raise ValueError(f"accepted: expected shape {tuple(host.shape)}, got "
                                  f"{tuple(acc_host.shape)}")
+            bad = acc_host[(acc_host < 0) | (acc_host > self._rows)]
+            if bad.numel():               # host values: no sync (a device tensor: validate)
+                raise ValueError(f"accepted: entries must lie in [0, K = {self._rows}], got "
+                                 f"{int(bad[0])}")
             accepted = acc_host.to(torch.int32).to(self.device)
         carries = [c for lay in self.layers for c in lay.carries()]
         with self._section("accept"):
@@ -434,3 +547,4 @@ class SpecDecodeStep:
             self._bound[host] = a
         self._cur = None
         self._engaged = [None] * len(self.layers)
+        self._conv_engaged = [None] * len(self.layers)

@@ -11,6 +11,7 @@ Launchers (Triton kernels in ``pmll_lab.ops.conv``; float64 references in
   snapshot baseline); bitwise equal to K successive ``conv_update``.
 - ``ConvCarry``, ``conv_carry_verify``, ``conv_carry_flush``: the carried-window verify (stash
   the K inputs, shift pending ones in first; eager or lazy write-back) and the L-layer flush.
+  ``ConvCarry.like(conv_state)`` builds a carry matching a state (slots, dim, dtype, device).
 
 Bytes helpers: the fewest bytes each launch must move (SPEC §4), for GB/s and roofline plots.
 Windows and stash rows are counted in the inputs' dtype, weights once per launch.

@@ -14,7 +14,7 @@ Public API:
   ring and itself: ``impl="fused"`` (Triton, the ring read in place:
   ``pmll_lab.ops.pmll.ring_attention``) or ``"reference"`` (gather + PyTorch attention, the
   oracle); ``MEMORY_ATTENTION_IMPL`` is the default.
-- ``pmll_step(mem, q, k, v, gate=None, *, impl=None)``: one layer's segment step, attention
+- ``pmll_step(mem, q, k, v, gate=None, *, impl=None, validate=False)``: one layer's segment step, attention
   then the gated write of the segment into the ring (what a model loop calls).
 - ``read_bytes``, ``write_bytes``: the fewest bytes each kernel must move (for GB/s).
 
@@ -250,7 +250,8 @@ def _step_names():
 
 
 def pmll_step(mem: RingMemory | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              gate: torch.Tensor | None = None, *, impl: str | None = None) -> torch.Tensor:
+              gate: torch.Tensor | None = None, *, impl: str | None = None,
+              validate: bool = False) -> torch.Tensor:
     """One PMLL layer's segment step: attention over the ring and the segment, then the
     segment written into the ring (SPEC §1), the call a model's attention layer makes per
     segment.
@@ -272,9 +273,12 @@ def pmll_step(mem: RingMemory | None, q: torch.Tensor, k: torch.Tensor, v: torch
 
     Raises ``ValueError`` naming the argument before any kernel runs: the attention checks
     (``q``, ``k``, ``v``, ``mem``, ``impl``) and the write checks (``k``/``v`` strides,
-    ``gate`` shape and dtype; ``gate`` given without a ring).
-    Two launches on the fused path (attention, write), no host sync: capturable in a CUDA
-    graph. Source: the seed's memory layer (``000_…txt``), its read-attend-write order.
+    ``gate`` shape and dtype; ``gate`` given without a ring). ``validate=True`` adds, as on
+    ``pmll_write``, the value checks that sync with the device: every gate value finite and in
+    ``[0, 1]`` (a gate of 2 would write ``2*k``, a NaN would poison the ring) and
+    ``mem.count >= 0``.
+    Two launches on the fused path (attention, write), no host sync (without ``validate``):
+    capturable in a CUDA graph. Source: the seed's memory layer (``000_…txt``), its read-attend-write order.
     """
     impl = _impl(impl)
     with _step_names():
@@ -283,7 +287,7 @@ def pmll_step(mem: RingMemory | None, q: torch.Tensor, k: torch.Tensor, v: torch
             if gate is not None:
                 raise ValueError("gate: given, but mem is None (no ring to write into)")
         else:
-            check_write(mem, k, v, gate)
+            check_write(mem, k, v, gate, validate=validate)
     if mem is None:
         return memory_attention(q, k, v, None, impl=impl)
     o = memory_attention(q, k, v, mem, impl=impl)

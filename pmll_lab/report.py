@@ -38,6 +38,7 @@ import datetime as _dt
 import html
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -354,7 +355,8 @@ def build_report(
 
     ``notebooks``: paths to run; default every notebook of ``notebooks_dir`` (``discover``).
     ``only``: names (stems) to keep from those. ``preset`` in ``PRESETS``, ``device`` in
-    ``DEVICES``. ``cell_timeout``: seconds per cell (None: no limit). ``workers``: run the
+    ``DEVICES``. ``cell_timeout``: seconds per cell, finite and > 0 (None: no limit; papermill
+    would read 0 or a negative number as no limit too, so they are refused). ``workers``: run the
     sweeps on a ``LocalCluster`` started for this report (one worker per visible GPU, up to
     ``workers``, or ``workers`` CPU workers when ``device="cpu"`` or without GPUs);
     ``scheduler``: on the Dask cluster at that address (both None: in the notebooks' own
@@ -364,9 +366,10 @@ def build_report(
     When some notebooks are chosen (``notebooks`` or ``only``), the entries of the run's earlier
     manifest for the other notebooks are kept in the index, each with its own date and preset.
     Raises ``ReportError`` for an unknown preset, device, run name or notebook name, a bad
-    ``workers`` (not a positive int, more than the GPUs visible), ``workers`` and ``scheduler``
-    both given, a scheduler that does not answer, or when the kernel environment cannot import
-    ``pmll_lab`` with that device (checked before any notebook runs).
+    ``workers`` (not a positive int, more than the GPUs visible) or ``cell_timeout``,
+    ``workers`` and ``scheduler`` both given, a scheduler that does not answer, or when the
+    kernel environment cannot import ``pmll_lab`` with that device (checked before any notebook
+    runs, and before the run folder is created: a run that cannot start leaves nothing behind).
     """
     if preset not in PRESETS:
         raise ReportError(f"preset: must be one of {PRESETS}, not {preset!r}")
@@ -380,6 +383,11 @@ def build_report(
     if workers is not None and scheduler:
         raise ReportError("workers/scheduler: give one of them (workers starts a local cluster, "
                           "scheduler uses a running one)")
+    if cell_timeout is not None and (
+            isinstance(cell_timeout, bool) or not isinstance(cell_timeout, (int, float))
+            or not (math.isfinite(cell_timeout) and cell_timeout > 0)):
+        raise ReportError(f"cell_timeout: must be > 0 seconds (None: no limit), not "
+                          f"{cell_timeout!r}")
     chosen = notebooks is not None or bool(only)
     paths = [Path(p) for p in notebooks] if notebooks is not None else discover(notebooks_dir)
     missing = [str(p) for p in paths if not p.is_file()]
@@ -389,7 +397,6 @@ def build_report(
         paths = select(paths, only)
 
     run_dir = Path(reports_dir) / run
-    run_dir.mkdir(parents=True, exist_ok=True)
     previous = []
     manifest_path = run_dir / "manifest.json"
     if chosen and manifest_path.exists():
@@ -408,6 +415,7 @@ def build_report(
             address, cluster_desc):
         manifest["cluster"] = cluster_desc
         manifest["environment"] = env_info = probe_environment(env)
+        run_dir.mkdir(parents=True, exist_ok=True)      # only once the run can start
         if not paths:
             log(f"no notebooks found in {notebooks_dir}: nothing to run "
                 f"(writing an empty index)")

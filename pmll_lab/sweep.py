@@ -67,15 +67,35 @@ def grid(**axes: Iterable) -> list[dict]:
 
 
 def point_id(point: Mapping) -> str:
-    """Stable identity of a point (its parameters as sorted JSON)."""
-    return json.dumps({k: point[k] for k in sorted(point)}, sort_keys=True, default=str)
+    """Stable identity of a point (its parameters as sorted JSON). numpy/torch scalars (and
+    those inside lists, tuples and dicts) count as the Python numbers and bools they hold, as
+    ``_clean`` stores them: ``grid(B=np.array([1, 5]))`` and ``grid(B=[1, 5])`` name the same
+    points, so a resumed sweep neither runs them again nor stores their rows twice."""
+    return json.dumps({k: _plain(point[k]) for k in sorted(point)}, sort_keys=True, default=str)
+
+
+def _scalar(value):
+    """A numpy scalar, 0-d array or 0-d tensor as the Python number/bool it holds; else
+    ``value``."""
+    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
+        return value.item()
+    return value
+
+
+def _plain(value):
+    """``_scalar`` applied through lists, tuples and dicts (a point's ids only)."""
+    value = _scalar(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
 
 
 def _clean(value):
     """A JSON-safe value: numpy/torch scalars become Python numbers, non-finite floats strings
     ("inf", "nan"; ``load`` reads them back as floats)."""
-    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
-        value = value.item()  # numpy scalar, 0-d array or 0-d tensor
+    value = _scalar(value)  # numpy scalar, 0-d array or 0-d tensor
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
@@ -234,6 +254,9 @@ def _as_client(client, wait_s: float = 30.0):
                                        timeout=f"{max(1.0, min(wait_s, 30.0))}s")
         except OSError as exc:
             raise ValueError(f"client: no Dask scheduler answers at {address!r}: {exc}") from exc
+        except (ValueError, TypeError) as exc:   # distributed could not parse the address
+            raise ValueError(f"client: not a scheduler address ({address!r}; e.g. "
+                             f"'tcp://host:8786'): {exc}") from exc
         return _CLIENTS[address]
     if callable(getattr(client, "submit", None)) and callable(getattr(client, "scheduler_info",
                                                                       None)):
@@ -489,11 +512,13 @@ def run_sweep(
     function of the point) that decide which kernels a point compiles; on a cluster, points
     that share them run on one worker where possible (``affinity_group``), so each kernel is
     compiled once rather than on every worker. Ignored in-process.
-    Raises ``ValueError`` naming ``client`` for an unusable client (not a client or address, no
-    scheduler there, no worker, no GPU resource on a GPU run), ``name`` for a name that is not
-    a plain file name, ``wait_s`` unless positive, ``affinity`` for a bad affinity. A
-    ``point_fn`` that returns something other than a list of row dicts gets a failed row
-    saying so. On a cluster, ``point_fn`` and the points must pickle (cloudpickle; a function
+    Raises ``ValueError`` naming ``client`` for an unusable client (not a client or address, an
+    address that does not parse, no scheduler there, no worker, no GPU resource on a GPU run),
+    ``name`` for a name that is not a plain file name, ``wait_s`` unless positive, ``affinity``
+    for a bad affinity, ``point_fn`` when it is not callable, ``points`` when it is not an
+    iterable of mappings (parameter dicts). These checks run before anything is created or
+    stored. A ``point_fn`` that returns something other than a list of row dicts gets a failed
+    row saying so. On a cluster, ``point_fn`` and the points must pickle (cloudpickle; a function
     defined in a script needs the script's ``if __name__ == "__main__":`` guard around the
     cluster's start, as every multiprocessing program does).
 
@@ -505,18 +530,32 @@ def run_sweep(
                          f"<results_dir>/<name>.jsonl), not {name!r}")
     if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not wait_s > 0:
         raise ValueError(f"wait_s: must be a positive number of seconds, not {wait_s!r}")
-    results_dir = Path(results_dir)
-    results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_dir / f"{name}.jsonl"
-    if client is not None:
-        client = _as_client(client, wait_s)
-    gpu = DEVICE.type == "cuda" if gpu is None else bool(gpu)
+    if not callable(point_fn):
+        raise ValueError(f"point_fn: must be a function of one point returning a list of row "
+                         f"dicts, not {type(point_fn).__name__}")
+    if isinstance(points, (Mapping, str, bytes)):
+        raise ValueError(f"points: must be an iterable of points (parameter dicts, e.g. "
+                         f"grid(...)), not one {type(points).__name__}")
+    try:
+        points = list(points)
+    except TypeError:
+        raise ValueError(f"points: must be an iterable of points (parameter dicts), not "
+                         f"{type(points).__name__}") from None
+    for i, p in enumerate(points):
+        if not isinstance(p, Mapping):
+            raise ValueError(f"points: entry {i} is {type(p).__name__} {p!r}, not a mapping of "
+                             f"parameters (build points with grid(...) or as dicts)")
     if not (affinity is None or callable(affinity) or (
             isinstance(affinity, (list, tuple)) and all(isinstance(k, str) for k in affinity))):
         raise ValueError(f"affinity: must be None, a function of the point or a list of point "
                          f"keys, not {affinity!r}")
+    if client is not None:
+        client = _as_client(client, wait_s)
+    gpu = DEVICE.type == "cuda" if gpu is None else bool(gpu)
+    results_dir = Path(results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{name}.jsonl"
     done = _done_points(path)
-    points = list(points)
     wanted = {point_id(p) for p in points}
     todo: dict[str, dict] = {}
     for p in points:

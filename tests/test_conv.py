@@ -623,3 +623,26 @@ def test_flush_offset_table_keyed_on_element_size():
     t16 = _offset_table([b16, b16, b16], DEVICE)
     assert t32.tolist() == [0, 512] * 3
     assert t16.tolist() == [0, 1024] * 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv_carry_like_follows_the_state(dtype):
+    """``ConvCarry.like(conv_state)``: slots, dim, dtype and device of the state, so an fp32
+    conv state gets an fp32 stash (``empty`` defaults to bf16 and the verify refuses the mix,
+    naming the way out). The carry then verifies as the plain chain (pend 0: bitwise)."""
+    c = conv_inputs(91, 2, 64, rows=3, slots=3, dtype=dtype)
+    carry = ConvCarry.like(c["conv_state"], cap=4)
+    assert carry.stash.shape == (3, 4, 64) and carry.stash.dtype == dtype
+    assert carry.stash.device == c["conv_state"].device and carry.pend.tolist() == [0, 0, 0]
+    slot_tab = c["state_indices"]
+    y, eng = conv_carry_verify(c["conv_state"].clone(), carry, c["x"], c["weight"], c["bias"],
+                               slot_tab=slot_tab)
+    y_plain = conv_chain(c["conv_state"].clone(), c["x"], c["weight"], c["bias"],
+                         state_indices=slot_tab)
+    assert bitwise_equal(y, y_plain) and eng.tolist() == [1, 1]
+    if dtype == torch.float32:
+        with pytest.raises(ValueError, match=r"^conv_carry: .*ConvCarry.like\(conv_state\)"):
+            conv_carry_verify(c["conv_state"], ConvCarry.empty(3, 64), c["x"], c["weight"],
+                              c["bias"], slot_tab=slot_tab)
+    with pytest.raises(ValueError, match="^conv_state"):
+        ConvCarry.like(c["conv_state"][0])

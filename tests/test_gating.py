@@ -155,6 +155,9 @@ def test_gating_errors_name_the_argument():
     for name, kw in cases:
         with pytest.raises(ValueError, match=f"^{name}:"):
             gdn_decode(st, q, k, v, **kw)
+    # fp32 inputs: a may be fp32 (their dtype or fp32), said once
+    with pytest.raises(ValueError, match="^a: dtype must be one of float32, got float64$"):
+        gdn_decode(st, q, k, v, **dict(gv, a=gv["a"].double()))
     c = GdnCarry.empty(2, HV, KD, VD)
     slots = torch.arange(2, dtype=torch.int32, device=DEVICE)
     xr = gdn_inputs(43, 2, HK, HV, KD, VD, rows=2, dtype=torch.float32)

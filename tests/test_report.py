@@ -248,3 +248,25 @@ def test_committed_notebooks_pass_their_scheduler_to_every_sweep():
             kw = {k.arg: k.value for k in call.keywords}
             assert isinstance(kw.get("client"), ast.Name) and kw["client"].id == "scheduler", \
                 f"{path.name}: a run_sweep call without client=scheduler"
+
+
+def test_cell_timeout_checked_and_a_run_that_cannot_start_leaves_no_folder(tmp_path, capsys,
+                                                                             monkeypatch):
+    """papermill reads a timeout of 0 or below as no limit: refused (exit 2) before anything
+    runs. A run that cannot start (here: no scheduler answers) creates no run folder."""
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    _notebook(nbdir / "tiny.ipynb", ['print("RAN")'])
+    args = ["report", "--device", "cpu", "--only", "tiny", "--notebooks-dir", str(nbdir),
+            "--reports-dir", str(tmp_path / "r")]
+    for bad in ("0", "-5", "nan", "inf"):
+        assert main(args + ["--cell-timeout", bad]) == 2
+        assert "cell_timeout: must be > 0" in capsys.readouterr().err
+    for bad in (0, -1.5, True, "10"):
+        with pytest.raises(ReportError, match="^cell_timeout: must be > 0"):
+            build_report(device="cpu", cell_timeout=bad, notebooks_dir=nbdir,
+                         reports_dir=tmp_path / "r")
+    monkeypatch.setattr("pmll_lab.report.SCHEDULER_TIMEOUT_S", 1.0)
+    assert main(args + ["--scheduler", "tcp://127.0.0.1:9", "--run", "x"]) == 2
+    assert "scheduler: no Dask scheduler answers" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists(), "a run that could not start left a folder behind"

@@ -210,6 +210,14 @@ def test_bitwise_equal():
     assert bench.bitwise_equal(h, h.clone())
     assert bench.bitwise_equal(torch.tensor([1, 2], dtype=torch.int8),
                                torch.tensor([1, 2], dtype=torch.int8))
+    # a kernel output on DEVICE against an expected value built on the CPU (on a GPU machine
+    # two devices; tests/test_rounding.py relies on it): the same answers as on one device
+    nan = torch.tensor([0x7FC00001, 0x7F800001], dtype=torch.int32).view(torch.float32)
+    for x, y, same in ((a, a.clone(), True), (a, b, False), (h, h.clone(), True),
+                       (torch.tensor([0.0]), torch.tensor([-0.0]), False), (nan, nan, True),
+                       (nan, nan.flip(0), False)):
+        assert bench.bitwise_equal(x.to(DEVICE), y.cpu()) is same
+        assert bench.bitwise_equal(x.cpu(), y.to(DEVICE)) is same
 
 
 def test_time_launch_and_throughput_rows():

@@ -17,6 +17,10 @@ Everything here is plain PyTorch on float64 tensors, one sequence at a time:
 - ``wy_rows``: the WY form's algebra for ``K`` rows at once (SPEC §3b), to show it equals the
   chain (``decode_row`` ``K`` times) up to float64 rounding.
 - ``decode_tokens``: plain decoding of a token sequence, the end-to-end target.
+
+Slot tables (``slot_tab``) are read as the kernels read them: a slot of -1 is a padding lane
+(zero outputs, ``engaged`` 1; no state, stash row or ``pend`` read or written), any other slot
+outside ``[0, S)`` a ``ValueError`` naming ``slot_tab``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pmll_lab.reference._slots import PAD, slot_list
 from pmll_lab.reference.gdn import round_state
 
 F64 = torch.float64
@@ -111,15 +116,19 @@ def verify(state, carry: RefCarry, q, k, v, g, beta, slot_tab, *, lazy=False, sc
     folded and verified row (``pmll_lab.reference.gdn.round_state``), as the kernels do.
 
     ``state [S, HV, kd, vd]`` float64 and ``carry`` are updated in place (write-back, stash rows);
-    ``q, k [B, K, HK, kd]``, ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]``, ``slot_tab [B]``.
+    ``q, k [B, K, HK, kd]``, ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]``, ``slot_tab [B]``
+    (a slot of -1: a padding lane, zero outputs and ``engaged`` 1, nothing read or written).
     Returns ``(o [B, K, HV, vd] float64, engaged [B] int64)``. ``pend`` is not changed.
+    ``ValueError`` naming ``slot_tab`` for a slot outside ``[0, S)`` other than -1.
     """
     B, K = q.shape[:2]
     HV = v.shape[2]
+    slots = slot_list("slot_tab", slot_tab, B, state.shape[0])
     o = torch.zeros(B, K, HV, v.shape[3], dtype=F64)
-    engaged = torch.zeros(B, dtype=torch.int64)
-    for b in range(B):
-        slot = int(slot_tab[b])
+    engaged = torch.ones(B, dtype=torch.int64)
+    for b, slot in enumerate(slots):
+        if slot == PAD:
+            continue
         p = int(carry.pend[slot])
         # 1. load the state and fold the pending rows
         H = fold_pending(state[slot].clone(), carry, slot, state_dtype)
@@ -143,9 +152,13 @@ def verify(state, carry: RefCarry, q, k, v, g, beta, slot_tab, *, lazy=False, sc
 
 def accept(carry, slot_tab, engaged, accepted) -> None:
     """The caller's pending update after a verify: ``pend = a`` if ``engaged == 2`` else
-    ``p + a``, per sequence (``accepted [B]``, ``0 <= a <= K``). Works on any ``.pend``."""
-    for b in range(len(slot_tab)):
-        slot = int(slot_tab[b])
+    ``p + a``, per sequence (``accepted [B]``, ``0 <= a <= K``). Works on any ``.pend``. A
+    padding lane (slot -1) changes nothing; ``ValueError`` naming ``slot_tab`` for any other
+    slot outside ``[0, S)``."""
+    slots = slot_list("slot_tab", slot_tab, len(slot_tab), carry.pend.shape[0])
+    for b, slot in enumerate(slots):
+        if slot == PAD:
+            continue
         a = int(accepted[b])
         carry.pend[slot] = a if int(engaged[b]) == 2 else int(carry.pend[slot]) + a
 
@@ -153,9 +166,13 @@ def accept(carry, slot_tab, engaged, accepted) -> None:
 def flush(states, carries, slot_tab, state_dtype=None) -> None:
     """Fold the pending rows of every slot in ``slot_tab`` into its state, for each layer
     (``states``: list of ``[S, HV, kd, vd]`` float64, ``carries``: list of ``RefCarry``;
-    ``state_dtype`` as in ``verify``). ``pend`` is left for the caller to clear."""
+    ``state_dtype`` as in ``verify``). ``pend`` is left for the caller to clear. Padding lanes
+    (slot -1) are skipped; ``ValueError`` naming ``slot_tab`` for any other slot outside
+    ``[0, S)``."""
     for state, carry in zip(states, carries):
-        for slot in (int(s) for s in slot_tab):
+        for slot in slot_list("slot_tab", slot_tab, len(slot_tab), state.shape[0]):
+            if slot == PAD:
+                continue
             state[slot] = fold_pending(state[slot].clone(), carry, slot, state_dtype)
 
 
@@ -187,12 +204,14 @@ def decode_tokens(state, q, k, v, g, beta, slot_tab, *, scale=None, use_qk_l2nor
     """Plain decoding of ``T`` tokens per sequence, one after another (the end-to-end target).
 
     ``state [S, HV, kd, vd]`` float64 updated in place; ``q, k [B, T, HK, kd]``, ... Returns
-    ``o [B, T, HV, vd]`` float64. ``state_dtype`` as in ``verify``."""
+    ``o [B, T, HV, vd]`` float64 (zeros for a padding lane, slot -1, which touches no state).
+    ``state_dtype`` as in ``verify``."""
     B, T = q.shape[:2]
     HV = v.shape[2]
     o = torch.zeros(B, T, HV, v.shape[3], dtype=F64)
-    for b in range(B):
-        slot = int(slot_tab[b])
+    for b, slot in enumerate(slot_list("slot_tab", slot_tab, B, state.shape[0])):
+        if slot == PAD:
+            continue
         H = state[slot].clone()
         for t in range(T):
             qn, kn = prepare_qk(q[b, t], k[b, t], HV, scale=scale, use_qk_l2norm=use_qk_l2norm)

@@ -16,11 +16,17 @@ sequence keeps a window of its last ``state_len`` inputs, oldest first. A token 
 
 The carry protocol (SPEC §3b/§3c): per slot a stash of ``cap`` input rows and ``pend``, the
 number of accepted inputs in the stash not yet shifted into the stored window.
+
+Slot tables are read as the kernels read them: a slot of -1 is a padding lane (zero outputs and
+intermediate windows, ``engaged`` 1; no window, stash row or ``pend`` read or written), any other
+slot outside ``[0, S)`` a ``ValueError`` naming ``state_indices`` / ``slot_tab``.
 """
 
 from __future__ import annotations
 
 import torch
+
+from pmll_lab.reference._slots import PAD, slot_list
 
 F64 = torch.float64
 
@@ -53,8 +59,10 @@ def conv_row(window: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias, 
 def conv_update(conv_state, x, weight, bias=None, *, state_indices=None, activation="silu",
                 qk_channels=0, head_dim=None, l2_eps=1e-6):
     """One token per sequence. ``conv_state [S, dim, state_len]``, ``x [B, dim]``,
-    ``state_indices [B]`` (default ``arange(B)``). Returns ``(y [B, dim], conv_state [S, dim,
-    state_len])``, float64; slots not in ``state_indices`` are copied unchanged."""
+    ``state_indices [B]`` (default ``arange(B)``; -1: a padding lane, zero outputs, no window
+    read or written; any other slot outside ``[0, S)``: ``ValueError`` naming
+    ``state_indices``). Returns ``(y [B, dim], conv_state [S, dim, state_len])``, float64; slots
+    not in ``state_indices`` are copied unchanged."""
     y, states, _ = conv_chain(conv_state, x[:, None, :], weight, bias, state_indices=state_indices,
                               activation=activation, qk_channels=qk_channels, head_dim=head_dim,
                               l2_eps=l2_eps)
@@ -65,13 +73,16 @@ def conv_chain(conv_state, x, weight, bias=None, *, state_indices=None, activati
                qk_channels=0, head_dim=None, l2_eps=1e-6):
     """K tokens per sequence, in order. ``x [B, K, dim]``. Returns ``(y [B, K, dim], conv_state
     [S, dim, state_len], intermediate [B, K-1, dim, state_len])`` (float64): the final windows
-    at their slots and the window after each row ``t < K-1``."""
+    at their slots and the window after each row ``t < K-1`` (zeros for a padding lane, slot
+    -1, as are its outputs; ``state_indices`` as in ``conv_update``)."""
     states, x, weight, bias = _f64(conv_state), _f64(x), _f64(weight), _f64(bias)
     B, K, dim = x.shape
-    idx = range(B) if state_indices is None else [int(i) for i in state_indices]
-    y = torch.empty(B, K, dim, dtype=F64)
-    inter = torch.empty(B, max(K - 1, 0), dim, states.shape[2], dtype=F64)
+    idx = slot_list("state_indices", state_indices, B, states.shape[0])
+    y = torch.zeros(B, K, dim, dtype=F64)
+    inter = torch.zeros(B, max(K - 1, 0), dim, states.shape[2], dtype=F64)
     for b, slot in enumerate(idx):
+        if slot == PAD:
+            continue
         window = states[slot]
         for t in range(K):
             y[b, t], window = conv_row(window, x[b, t], weight, bias, activation=activation,
@@ -89,7 +100,9 @@ def conv_carry_verify(conv_state, stash, pend, x, weight, bias=None, *, slot_tab
     """One verify of ``K`` draft rows per sequence with the carried conv window.
 
     ``conv_state [S, dim, state_len]``, ``stash [S, cap, dim]``, ``pend [S]``, ``x [B, K, dim]``,
-    ``slot_tab [B]``. For sequence ``b`` (``slot = slot_tab[b]``, ``p = pend[slot]``):
+    ``slot_tab [B]`` (-1: a padding lane, zero outputs, ``engaged`` 1, nothing read or written;
+    any other slot outside ``[0, S)``: ``ValueError`` naming ``slot_tab``). For sequence ``b``
+    (``slot = slot_tab[b]``, ``p = pend[slot]``):
 
     1. shift the ``p`` pending stashed inputs ``stash[slot, :p]`` into the window;
     2. eager (``lazy=False``): write the window back when ``p > 0``; lazy: only when
@@ -105,10 +118,12 @@ def conv_carry_verify(conv_state, stash, pend, x, weight, bias=None, *, slot_tab
     pend = [int(p) for p in pend]
     cap = stash.shape[1]
     B, K, dim = x.shape
-    y = torch.empty(B, K, dim, dtype=F64)
-    engaged = torch.empty(B, dtype=torch.int64)
-    for b in range(B):
-        slot, p = int(slot_tab[b]), pend[int(slot_tab[b])]
+    y = torch.zeros(B, K, dim, dtype=F64)
+    engaged = torch.ones(B, dtype=torch.int64)
+    for b, slot in enumerate(slot_list("slot_tab", slot_tab, B, states.shape[0])):
+        if slot == PAD:
+            continue
+        p = pend[slot]
         window = states[slot]
         for r in range(p):
             window = torch.cat([window[:, 1:], stash[slot, r][:, None]], dim=1)
@@ -126,10 +141,13 @@ def conv_carry_verify(conv_state, stash, pend, x, weight, bias=None, *, slot_tab
 
 def carry_accept(pend, slot_tab, engaged, accepted):
     """Pending counts after acceptance: ``pend[slot] = a`` after a write-back (``engaged == 2``),
-    else ``pend[slot] + a``. Returns a new int64 tensor."""
+    else ``pend[slot] + a``. Returns a new int64 tensor. A padding lane (slot -1) changes
+    nothing; any other slot outside ``[0, S)``: ``ValueError`` naming ``slot_tab``."""
     pend = pend.detach().to("cpu", torch.int64).clone()
-    for b in range(len(slot_tab)):
-        slot, a = int(slot_tab[b]), int(accepted[b])
+    for b, slot in enumerate(slot_list("slot_tab", slot_tab, len(slot_tab), pend.shape[0])):
+        if slot == PAD:
+            continue
+        a = int(accepted[b])
         pend[slot] = a if int(engaged[b]) == 2 else pend[slot] + a
     return pend
 
@@ -137,12 +155,15 @@ def carry_accept(pend, slot_tab, engaged, accepted):
 def conv_carry_flush(conv_states, stashes, pends, slot_tab):
     """Fold every slot's pending inputs into its window, for each layer; ``pend`` untouched.
 
-    ``conv_states``, ``stashes``, ``pends``: lists over layers. Returns the list of new windows."""
+    ``conv_states``, ``stashes``, ``pends``: lists over layers. Returns the list of new windows.
+    Padding lanes (slot -1) are skipped; any other slot outside ``[0, S)``: ``ValueError``
+    naming ``slot_tab``."""
     out = []
     for conv_state, stash, pend in zip(conv_states, stashes, pends):
         states, stash = _f64(conv_state), _f64(stash)
-        for b in range(len(slot_tab)):
-            slot = int(slot_tab[b])
+        for slot in slot_list("slot_tab", slot_tab, len(slot_tab), states.shape[0]):
+            if slot == PAD:
+                continue
             for r in range(int(pend[slot])):
                 states[slot] = torch.cat([states[slot][:, 1:], stash[slot, r][:, None]], dim=1)
         out.append(states)

@@ -15,11 +15,17 @@ returns the same ``H`` stored ``[vd, kd]``)::
 The chain reference is literally the decode reference applied K times, in order, with the
 state after each row ``t < K-1`` kept as a snapshot (the intermediate buffer of §3a). Inputs are
 never mutated; everything is computed in float64 on the inputs' device.
+
+Slot tables are read as the kernels read them: a slot of -1 is a padding lane (zero outputs and
+snapshots; no slot read or written), any other slot outside ``[0, S)`` a ``ValueError`` naming
+``state_indices``.
 """
 
 from __future__ import annotations
 
 import torch
+
+from pmll_lab.reference._slots import PAD, slot_list
 
 L2NORM_EPS = 1e-6
 
@@ -28,10 +34,13 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
 
 
-def _slots(state_indices, batch: int, device) -> torch.Tensor:
-    if state_indices is None:
-        return torch.arange(batch, device=device)
-    return state_indices.to(device=device, dtype=torch.long)
+def _slots(state_indices, batch: int, size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(live [B] bool, slots [n_live] int64)``: which lanes are live (slot != -1) and their
+    slots, checked by ``slot_list`` (``ValueError`` naming ``state_indices``)."""
+    idx = slot_list("state_indices", state_indices, batch, size)
+    live = torch.tensor([s != PAD for s in idx], dtype=torch.bool, device=device)
+    slots = torch.tensor([s for s in idx if s != PAD], dtype=torch.long, device=device)
+    return live, slots
 
 
 def round_state(H: torch.Tensor, state_dtype) -> torch.Tensor:
@@ -56,7 +65,9 @@ def gdn_decode_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
 
     Args: ``state [S, HV, kd, vd]``; ``q, k [B, HK, kd]``; ``v [B, HV, vd]``; ``g, beta [B, HV]``
     (any float dtypes: values are read exactly, then computed in float64); ``state_indices [B]``
-    (default ``arange(B)``) selects each sequence's slot.
+    (default ``arange(B)``; ints or an int tensor) selects each sequence's slot, -1 marking a
+    padding lane as in the kernels: its output row is zeros and no slot is read or written for
+    it. Any other slot outside ``[0, S)``: ``ValueError`` naming ``state_indices``.
 
     Returns ``(o [B, HV, vd], new_state [S, HV, kd, vd])``, both float64: ``new_state`` is a copy
     of ``state`` with the addressed slots advanced by one token and every other slot unchanged.
@@ -84,12 +95,14 @@ def gdn_decode_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     k = k.repeat_interleave(group, dim=1)
 
     new_state = state.to(f64).clone()
-    slots = _slots(state_indices, B, state.device)
-    H = new_state[slots]                                # [B, HV, kd, vd] (a copy)
+    live, slots = _slots(state_indices, B, state.shape[0], state.device)
+    q, k, v, g, beta = (t[live] for t in (q, k, v, g, beta))   # padding lanes dropped
+    H = new_state[slots]                                # [n_live, HV, kd, vd] (a copy)
     H = torch.exp(g)[..., None, None] * H
     u = beta[..., None] * (v - torch.einsum("bhkv,bhk->bhv", H, k))
     H = H + k[..., :, None] * u[..., None, :]
-    o = torch.einsum("bhkv,bhk->bhv", H, q)
+    o = torch.zeros(B, HV, v.shape[-1], dtype=f64, device=state.device)
+    o[live] = torch.einsum("bhkv,bhk->bhv", H, q)
     new_state[slots] = round_state(H, state_dtype)
     return o, new_state
 
@@ -103,7 +116,8 @@ def gdn_chain_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
 
     Returns ``(o [B, K, HV, vd], new_state [S, HV, kd, vd], intermediate [B, K-1, HV, kd, vd])``
     (float64): ``new_state`` holds the state after the last row in the addressed slots;
-    ``intermediate[b, t]`` is sequence ``b``'s state after row ``t`` (``t < K-1``).
+    ``intermediate[b, t]`` is sequence ``b``'s state after row ``t`` (``t < K-1``). A padding
+    lane (slot -1) has zero outputs and zero snapshots, and touches no slot.
     ``state_layout="vk"``: states and snapshots are ``[..., vd, kd]``. ``state_dtype``: the state
     rounded to it after every row (``gdn_decode_ref``), snapshots included.
     """
@@ -113,17 +127,20 @@ def gdn_chain_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
                                       use_qk_l2norm=use_qk_l2norm, state_dtype=state_dtype)
         return o, new.transpose(-1, -2).contiguous(), inter.transpose(-1, -2).contiguous()
     B, K = q.shape[:2]
-    slots = _slots(state_indices, B, state.device)
+    HV, kd, vd = state.shape[1:]
+    idx = slot_list("state_indices", state_indices, B, state.shape[0])
+    live, slots = _slots(idx, B, state.shape[0], state.device)
     cur = state
     outs, snaps = [], []
     for t in range(K):
         o_t, cur = gdn_decode_ref(cur, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t],
-                                  state_indices=slots, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                                  state_indices=idx, scale=scale, use_qk_l2norm=use_qk_l2norm,
                                   state_dtype=state_dtype)
         outs.append(o_t)
         if t < K - 1:
-            snaps.append(cur[slots])
-    HV, kd, vd = state.shape[1:]
+            snap = torch.zeros(B, HV, kd, vd, dtype=torch.float64, device=state.device)
+            snap[live] = cur[slots]
+            snaps.append(snap)
     inter = (torch.stack(snaps, dim=1) if snaps
              else torch.empty(B, 0, HV, kd, vd, dtype=torch.float64, device=state.device))
     return torch.stack(outs, dim=1), cur.to(torch.float64), inter

@@ -699,7 +699,9 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
     int32/int64; ``engaged [B]`` int32 as the verify returned it; ``accepted [B]`` int32/int64
     on the same device, or a list of ints (copied to the device; floats are rejected). The three
     index tensors must be contiguous (read at offset ``b``). Raises ``ValueError`` naming the
-    argument. ``rows``: the verify's ``K``, for ``validate``.
+    argument. ``rows``: the verify's ``K``. Host ints are always checked to lie in ``[0, K]``
+    (``[0, CAP]`` without ``rows``): no sync needed, and an ``a > K`` would count stale stash
+    rows of an earlier step as pending.
     ``validate=True`` checks slots distinct and in range, ``engaged`` in {1, 2}, ``0 <= a <= K``
     (``rows``) and ``<= CAP``, and that no ``pend`` exceeds ``CAP`` afterwards (a sync).
     """
@@ -716,8 +718,16 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
     # every index tensor is read at offset b for sequence b: contiguous
     _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=dev, contiguous=True)
     B = slot_tab.shape[0]
+    if rows is not None:
+        _checks.positive_int("rows", rows)
     if not isinstance(accepted, torch.Tensor):
-        accepted = torch.tensor(_checks.int_list("accepted", accepted), dtype=torch.int32).to(dev)
+        # host ints: their range costs no sync, so it is checked whatever ``validate`` says
+        acc = _checks.int_list("accepted", accepted)
+        hi, what = (rows, "rows = K") if rows is not None else (min(c.cap for c in carries), "CAP")
+        bad = [a for a in acc if not 0 <= a <= hi]
+        if bad:
+            raise ValueError(f"accepted: entries must lie in [0, {hi}] ({what}), got {bad[0]}")
+        accepted = torch.tensor(acc, dtype=torch.int32).to(dev)
     _checks.tensor("engaged", engaged, shape=(B,), dtype=torch.int32, device=dev, contiguous=True)
     _checks.tensor("accepted", accepted, shape=(B,), dtype=INDEX_DTYPES, device=dev,
                    contiguous=True)

@@ -79,6 +79,16 @@ class ConvCarry:
         return cls(torch.zeros(slots, cap, dim, dtype=dtype, device=dev),
                    torch.zeros(slots, dtype=torch.int32, device=dev))
 
+    @classmethod
+    def like(cls, conv_state: torch.Tensor, *, cap: int = DEFAULT_CAP) -> "ConvCarry":
+        """A zeroed carry for ``conv_state [S, dim, state_len]``: its ``S`` slots, ``dim``,
+        dtype (the stash holds input rows in the state's dtype, as ``conv_carry_verify``
+        requires) and device; ``cap`` stash rows. ``empty`` takes the same explicitly (its
+        ``dtype`` defaults to bf16). Raises ``ValueError`` naming ``conv_state`` or ``cap``."""
+        _checks.tensor("conv_state", conv_state, ndim=3, dtype=INPUT_DTYPES)
+        S, dim, _ = conv_state.shape
+        return cls.empty(S, dim, cap=cap, dtype=conv_state.dtype, device=conv_state.device)
+
     @property
     def cap(self) -> int:
         return self.stash.shape[1]
@@ -201,21 +211,10 @@ def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *
     Raises ``ValueError`` naming the argument: shapes, dtypes, devices, strides, ``K > cap``,
     and with ``validate=True`` bad slots or ``pend`` outside ``0..cap``.
     """
-    B, K, dim, d_conv, state_len, out_dtype = check_conv_args(
-        conv_state, x, weight, bias, rows=True, activation=activation,
-        qk_channels=qk_channels, head_dim=head_dim, l2_eps=l2_eps, out_dtype=out_dtype)
-    S = conv_state.shape[0]
-    _check_carry("conv_carry", conv_carry, S, dim, conv_state)
-    if not 1 <= K <= conv_carry.cap:
-        raise ValueError(f"x: rows K (shape[1]) must be in 1..conv_carry.cap = {conv_carry.cap}, got {K}")
-    if not isinstance(lazy, bool):
-        raise ValueError(f"lazy: must be a bool, got {lazy!r}")
-    check_indices("slot_tab", slot_tab, B, S, conv_state.device)
-    if validate:
-        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
-        # the batch's slots only, as the GDN verify checks: other slots are not read
-        live = slot_tab[slot_tab >= 0].long()
-        _checks.range_values("conv_carry.pend", conv_carry.pend[live], 0, conv_carry.cap)
+    B, K, dim, d_conv, state_len, out_dtype = check_verify_args(
+        conv_state, conv_carry, x, weight, bias, slot_tab=slot_tab, lazy=lazy,
+        activation=activation, qk_channels=qk_channels, head_dim=head_dim, l2_eps=l2_eps,
+        out_dtype=out_dtype, validate=validate)
     y = torch.empty(B, K, dim, dtype=out_dtype, device=x.device)
     engaged = torch.empty(B, dtype=torch.int32, device=x.device)
     if B == 0:
@@ -236,6 +235,30 @@ def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *
     return y, engaged
 
 
+def check_verify_args(conv_state, conv_carry, x, weight, bias=None, *, slot_tab, lazy=False,
+                      activation="silu", qk_channels=0, head_dim=None, l2_eps=1e-6,
+                      out_dtype=None, validate=False):
+    """``conv_carry_verify``'s argument checks, run on the host with nothing launched (a driver
+    checks a whole stack with it before the first launch). Returns ``(B, K, dim, d_conv,
+    state_len, out_dtype)``; raises ``ValueError`` naming the argument."""
+    B, K, dim, d_conv, state_len, out_dtype = check_conv_args(
+        conv_state, x, weight, bias, rows=True, activation=activation,
+        qk_channels=qk_channels, head_dim=head_dim, l2_eps=l2_eps, out_dtype=out_dtype)
+    S = conv_state.shape[0]
+    _check_carry("conv_carry", conv_carry, S, dim, conv_state)
+    if not 1 <= K <= conv_carry.cap:
+        raise ValueError(f"x: rows K (shape[1]) must be in 1..conv_carry.cap = {conv_carry.cap}, got {K}")
+    if not isinstance(lazy, bool):
+        raise ValueError(f"lazy: must be a bool, got {lazy!r}")
+    check_indices("slot_tab", slot_tab, B, S, conv_state.device)
+    if validate:
+        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
+        # the batch's slots only, as the GDN verify checks: other slots are not read
+        live = slot_tab[slot_tab >= 0].long()
+        _checks.range_values("conv_carry.pend", conv_carry.pend[live], 0, conv_carry.cap)
+    return B, K, dim, d_conv, state_len, out_dtype
+
+
 def _check_carry(name, carry, S, dim, conv_state):
     if not isinstance(carry, ConvCarry):
         raise ValueError(f"{name}: expected a ConvCarry, got {type(carry).__name__}")
@@ -244,7 +267,8 @@ def _check_carry(name, carry, S, dim, conv_state):
         raise ValueError(f"{name}: stash shape {tuple(stash.shape)} does not fit S = {S} slots "
                          f"and dim = {dim} of conv_state")
     if stash.dtype != conv_state.dtype:
-        raise ValueError(f"{name}: stash dtype {stash.dtype} differs from conv_state's {conv_state.dtype}")
+        raise ValueError(f"{name}: stash dtype {stash.dtype} differs from conv_state's "
+                         f"{conv_state.dtype} (ConvCarry.like(conv_state) builds a matching carry)")
     if stash.device != conv_state.device or carry.pend.device != conv_state.device:
         raise ValueError(f"{name}: on {stash.device}, but conv_state is on {conv_state.device}")
     _checks.tensor(f"{name}.stash", stash, last_contiguous=True)

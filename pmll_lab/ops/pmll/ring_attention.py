@@ -185,22 +185,30 @@ def check_attention(q, k_ctx, v_ctx, mem) -> tuple[int, int, int, int]:
 
     ``q, k_ctx, v_ctx [B, H, T, D]``, one float dtype (fp32/bf16/fp16), one device; ``mem``
     None or a ring (``check_memory``) of the same batch, heads, head size and dtype, on ``q``'s
-    device. Raises ``ValueError`` naming ``q``, ``k_ctx``, ``v_ctx``, ``mem`` or ``mem.*``."""
+    device. Raises ``ValueError`` naming ``q``, ``k_ctx``, ``v_ctx``, ``mem`` or ``mem.*``: ``q``
+    is checked against the memory first, then ``k_ctx`` and ``v_ctx`` against ``q``, so the
+    error names the odd one out (``q`` when only its batch/heads/head size differs from the
+    memory's and ``k_ctx``'s; ``mem`` when ``q`` and ``k_ctx`` agree and the memory differs)."""
     _checks.tensor("q", q, ndim=4, dtype=_checks.FLOAT_DTYPES, last_contiguous=False)
-    _checks.tensor("k_ctx", k_ctx, shape=tuple(q.shape), dtype=q.dtype)
-    _checks.tensor("v_ctx", v_ctx, shape=tuple(q.shape), dtype=q.dtype)
-    _checks.same_device("q", q, k_ctx=k_ctx, v_ctx=v_ctx)
     batch, heads, tokens, head_dim = q.shape
     if head_dim < 1:
         raise ValueError(f"q: head size must be >= 1, got shape {tuple(q.shape)}")
     if mem is not None:
         b_, h_, _, d_ = check_memory(mem)
         if (b_, h_, d_) != (batch, heads, head_dim):
+            k_fits = (isinstance(k_ctx, torch.Tensor) and k_ctx.dim() == 4
+                      and (k_ctx.shape[0], k_ctx.shape[1], k_ctx.shape[3]) == (b_, h_, d_))
+            if k_fits:
+                raise ValueError(f"q: batch/heads/head size {(batch, heads, head_dim)} differ "
+                                 f"from the memory's and k_ctx's {(b_, h_, d_)}")
             raise ValueError(f"mem: batch/heads/head size {(b_, h_, d_)} differ from q's "
                              f"{(batch, heads, head_dim)}")
         if mem.k.dtype != q.dtype:
             raise ValueError(f"q: dtype {q.dtype} differs from the memory's {mem.k.dtype}")
         _checks.same_device("mem.k", mem.k, q=q)
+    _checks.tensor("k_ctx", k_ctx, shape=tuple(q.shape), dtype=q.dtype)
+    _checks.tensor("v_ctx", v_ctx, shape=tuple(q.shape), dtype=q.dtype)
+    _checks.same_device("q", q, k_ctx=k_ctx, v_ctx=v_ctx)
     return batch, heads, tokens, head_dim
 
 

@@ -1,0 +1,75 @@
+"""README's "Dependencies" table says what ``pyproject.toml`` declares (SPEC: new dependencies are
+declared there and explained in README).
+
+For every package: the same version bounds wherever ``pyproject.toml`` lists it (a bound in
+``models`` but none in ``dev`` would let ``make test`` install an untested major version), the
+README row states those bounds, and the row's extras are the ones that carry the package (a row
+with no extra: the core dependencies).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _declared():
+    """``{package: {"specs": {str(SpecifierSet)}, "groups": {None (core) or extra}}}``."""
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    groups = [(None, proj["dependencies"])] + list(proj["optional-dependencies"].items())
+    out: dict = {}
+    for group, reqs in groups:
+        for line in reqs:
+            r = Requirement(line)
+            d = out.setdefault(canonicalize_name(r.name), {"specs": set(), "groups": set()})
+            d["specs"].add(str(r.specifier))
+            d["groups"].add(group)
+    return out, set(proj["optional-dependencies"])
+
+
+def _readme_rows(extras):
+    """``[(package, spec or None, {extras named in the row})]`` from the README table."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Dependencies", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        if not line.startswith("| ") or line.startswith(("| package", "| ---")):
+            continue
+        cell = line.split(" | ", 1)[0][2:].replace("\\[", "[").replace("\\]", "]")
+        names, _, notes = cell.partition("(")
+        named = {w for w in re.findall(r"`([^`]+)`", notes) if w in extras}
+        item = re.compile(r"([A-Za-z0-9_.\-\[\]]+)(?:\s*`([^`]+)`)?")
+        assert not item.sub("", names).strip(" ,"), f"README Dependencies: cannot read {cell!r}"
+        for m in item.finditer(names):
+            pkg = canonicalize_name(Requirement(m.group(1)).name)
+            rows.append((pkg, m.group(2), named))
+    return rows
+
+
+def test_readme_dependencies_match_pyproject():
+    declared, extras = _declared()
+    rows = _readme_rows(extras)
+    for pkg, d in declared.items():
+        assert len(d["specs"]) == 1, f"{pkg}: different bounds in pyproject.toml: {d['specs']}"
+        spec = next(iter(d["specs"]))
+        mine = [r for r in rows if r[0] == pkg]
+        assert mine, f"{pkg}: declared in pyproject.toml, missing from README's Dependencies"
+        stated = {s for _, s, _ in mine if s is not None}
+        if spec:
+            assert stated, f"{pkg}: pyproject.toml pins {spec!r}, README states no bounds"
+        for s in stated:
+            assert str(Requirement(f"x{s}").specifier) == spec, \
+                f"{pkg}: README says {s!r}, pyproject.toml {spec!r}"
+        named = set().union(*(n for _, _, n in mine))
+        want = {g for g in d["groups"] if g is not None}
+        assert named == want, f"{pkg}: README names extras {sorted(named)}, pyproject {sorted(want)}"
+        assert (None in d["groups"]) == any(not n for _, _, n in mine), \
+            f"{pkg}: core dependency in one file but not the other"
+    for pkg, _, _ in rows:
+        assert pkg in declared, f"{pkg}: in README's Dependencies, not in pyproject.toml"
