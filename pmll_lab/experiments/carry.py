@@ -49,7 +49,9 @@ from pmll_lab.experiments.acceptance import (  # noqa: F401  (part 1, for the no
     MODES, accept_counts, alpha_for_mean, mean_accept_len, protocol_step, simulate,
     simulation_table, steady_pending,
 )
-from pmll_lab.experiments.common import gating_inputs
+from pmll_lab.experiments.common import (  # noqa: F401  (COMPILE_KEYS: for the notebook)
+    COMPILE_KEYS, gating_inputs,
+)
 from pmll_lab.experiments.gdn import (  # noqa: F401  (points, with_layout: for the notebook)
     LAYOUTS, flashinfer_snapshot_check, points, speed_rows, timings, with_layout,
 )
@@ -80,9 +82,6 @@ STYLE = {"carry_exact_eager": ("C0", "--"), "carry_exact_lazy": ("C0", "-"),
          "carry_wy_eager": ("C1", "--"), "carry_wy_lazy": ("C1", "-"),
          "chain_snapshots": ("C2", "-"), "fla_fused_recurrent": ("C3", ":"),
          "flashinfer_mtp_snapshots": ("C6", "-.")}
-COMPILE_KEYS = ("K", "head_dim", "dtype", "state_layout")
-"""Point keys that decide which kernels a point compiles: ``run_sweep(affinity=...)`` keeps
-points that share them on one Dask worker, so each kernel compiles once per sweep."""
 
 
 # ---- shared helpers -----------------------------------------------------------------------

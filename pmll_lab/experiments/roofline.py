@@ -118,6 +118,7 @@ from pmll_lab.peers import (  # noqa: F401  (used by the notebook and roofline_p
     flashinfer_available, flashinfer_status, flashinfer_supports, flashinfer_version, fused_gating,
 )
 from pmll_lab.sweep import CheckFailed, grid
+from pmll_lab.experiments import common
 from pmll_lab.experiments.acceptance import (  # noqa: F401  (for the notebook and roofline_report)
     accept_counts, acceptance, acceptance_table, alpha_for_mean, draw_pending, mean_accept_len,
 )
@@ -182,9 +183,10 @@ STYLE = {"decodes": ("C4", "-", "v"), "chain_snapshots": ("C2", "-", "s"),
 MAIN_SHAPE = dict(HK=16, HV=32, head_dim=128, dtype="bfloat16")
 """Issue 5's target shape (Qwen3-Next's GDN heads)."""
 SHAPE_KEYS = ("HK", "HV", "head_dim", "dtype")
-COMPILE_KEYS = ("provider", "K", "head_dim", "dtype", "state_layout", "state_dtype")
-"""Point keys that decide which kernels a point compiles: ``run_sweep(affinity=...)`` keeps
-points that share them on one Dask worker, so each kernel compiles once per sweep."""
+COMPILE_KEYS = ("provider",) + common.COMPILE_KEYS + ("state_dtype",)
+"""Point keys that decide which kernels a point compiles (``common.COMPILE_KEYS`` plus the
+provider and the state dtype): ``run_sweep(affinity=...)`` keeps points that share them on one
+Dask worker, so each kernel compiles once per sweep."""
 
 
 # ---- bytes -------------------------------------------------------------------------------------
