@@ -90,8 +90,9 @@ fp32, FlashInfer the raw inputs; FlashInfer's float64 reference recomputes them 
 
 The acceptance process is in ``pmll_lab.experiments.acceptance``; the shared inputs and
 references of one case in ``roofline_case``, our providers' point functions in ``roofline_ours``,
-the tables, targets, headline and plots in ``roofline_report`` and ``roofline_plots`` (all also
-reachable as attributes of this module); the peers' point functions in ``roofline_peers``.
+the tables in ``roofline_report``, the targets, headline and conclusion in ``roofline_targets``,
+the plots in ``roofline_plots`` (all also reachable as attributes of this module); the peers'
+point functions in ``roofline_peers``.
 """
 
 from __future__ import annotations
@@ -485,14 +486,15 @@ def _tag_state(rows: list[dict], state_dtype: str) -> list[dict]:
 
 # ---- the shared case, our providers, tables, headline and plots (their own modules) ------------
 
-_PARTS = ("roofline_case", "roofline_ours", "roofline_report", "roofline_plots")
+_PARTS = ("roofline_case", "roofline_ours", "roofline_report", "roofline_targets",
+          "roofline_plots")
 
 
 def __getattr__(name: str):
     """The shared inputs and references live in ``roofline_case``, our providers' point
-    functions in ``roofline_ours``, the tables, targets, headline and plots in
-    ``roofline_report`` and ``roofline_plots`` (all import this module); they are reachable here
-    too (``roofline.headline_table``), imported on first use."""
+    functions in ``roofline_ours``, the tables in ``roofline_report``, the targets, headline and
+    conclusion in ``roofline_targets``, the plots in ``roofline_plots`` (all import this module);
+    they are reachable here too (``roofline.headline_table``), imported on first use."""
     import importlib
 
     if name.startswith("__"):
