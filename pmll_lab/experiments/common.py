@@ -9,6 +9,11 @@ import torch
 
 from pmll_lab.sweep import grid
 
+COMPILE_KEYS = ("K", "head_dim", "dtype", "state_layout")
+"""Point keys that decide which kernels a GDN or carry point compiles: ``run_sweep(affinity=...)``
+keeps points that share them on one Dask worker, so each kernel compiles once per sweep (the
+gdn_verify and carry_protocol notebooks; ``roofline.COMPILE_KEYS`` adds its own keys)."""
+
 
 def head_points(grids: list[dict]) -> list[dict]:
     """Expand notebook grids whose ``heads`` axis lists ``(HK, HV)`` pairs: one point per

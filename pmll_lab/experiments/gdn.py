@@ -52,7 +52,9 @@ from pmll_lab.gdn import (
     row_io_bytes, snapshot_bytes, state_bytes,
 )
 from pmll_lab.inputs import gdn_inputs
-from pmll_lab.experiments.common import error_strip, gating_inputs
+from pmll_lab.experiments.common import (  # noqa: F401  (COMPILE_KEYS: for the notebook)
+    COMPILE_KEYS, error_strip, gating_inputs,
+)
 from pmll_lab.experiments.common import failed_points as _failed_points
 from pmll_lab.experiments.common import head_points
 from pmll_lab.peers import (  # noqa: F401  (flashinfer_status: for the notebook)
@@ -87,9 +89,6 @@ LABELS = {"chain": "chain + snapshots (ours)", "chain_nosnap": "chain, no snapsh
           "decodes": "K successive decodes (ours)",
           "fla_fused_recurrent": "FLA fused_recurrent (no snapshots)",
           "flashinfer_mtp_snapshots": "FlashInfer mtp + snapshots"}
-COMPILE_KEYS = ("K", "head_dim", "dtype", "state_layout")
-"""Point keys that decide which kernels a point compiles: ``run_sweep(affinity=...)`` keeps
-points that share them on one Dask worker, so each kernel compiles once per sweep."""
 
 
 def points(grids: list[dict]) -> list[dict]:

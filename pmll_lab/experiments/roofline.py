@@ -88,43 +88,41 @@ bf16-state kernels (its pretranspose entry point with a bf16 pool, ``K = V = 128
 ``pmll_lab.experiments.common.gating_inputs``): our kernels get ``g, beta`` computed from them in
 fp32, FlashInfer the raw inputs; FlashInfer's float64 reference recomputes them in float64.
 
-The tables, targets, headline and plots are in ``roofline_report`` and ``roofline_plots``
-(also reachable as attributes of this module); the peers' point functions in ``roofline_peers``.
+The acceptance process is in ``pmll_lab.experiments.acceptance``; the shared inputs and
+references of one case in ``roofline_case``, our providers' point functions in ``roofline_ours``,
+the tables in ``roofline_report``, the targets, headline and conclusion in ``roofline_targets``,
+the plots in ``roofline_plots`` (all also reachable as attributes of this module); the peers'
+point functions in ``roofline_peers``.
 """
 
 from __future__ import annotations
 
 import inspect
-import math
-from functools import lru_cache
 
 import numpy as np
-import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from pmll_lab.backend import DEVICE, INTERPRET
 from pmll_lab.bench import (
-    H200_L2_BYTES,
-    bitwise_equal, copy_bandwidth, error_rows, throughput_rows, time_cuda_graph, time_launch,
-    timings,
+    H200_L2_BYTES, copy_bandwidth, throughput_rows, time_cuda_graph, time_launch, timings,
 )
-from pmll_lab.carry import (
-    GDN_CARRY_CAP, GdnCarry, gdn_carry_flush, gdn_carry_verify, gdn_carry_verify_plan,
+# our launchers: layout_support reads their signatures; roofline_case and roofline_ours call
+# them through this module (so that a test replacing one here replaces it everywhere)
+from pmll_lab.carry import (  # noqa: F401
+    GDN_CARRY_CAP, gdn_carry_flush, gdn_carry_verify, gdn_carry_verify_plan,
 )
-from pmll_lab.gdn import (
-    carry_stash_bytes, chain_bytes, decodes_bytes, gdn_chain, gdn_chain_ref, gdn_decode,
-    gdn_decode_plan, row_io_bytes, state_bytes,
+from pmll_lab.gdn import (  # noqa: F401
+    carry_stash_bytes, gdn_chain, gdn_decode, gdn_decode_plan, row_io_bytes, state_bytes,
 )
-from pmll_lab.inputs import gdn_inputs
 from pmll_lab.peers import (  # noqa: F401  (used by the notebook and roofline_peers)
     fla_available, fla_fused_recurrent, fla_runner, fla_supports_gva, fla_version,
     flashinfer_available, flashinfer_status, flashinfer_supports, flashinfer_version, fused_gating,
 )
-from pmll_lab.reference import carry as ref_carry
-from pmll_lab.sweep import CheckFailed, grid, speed_rows
-from pmll_lab.experiments.carry import accept_counts, alpha_for_mean, mean_accept_len
-from pmll_lab.experiments.common import gating_inputs
+from pmll_lab.sweep import CheckFailed, grid
+from pmll_lab.experiments import common
+from pmll_lab.experiments.acceptance import (  # noqa: F401  (for the notebook and roofline_report)
+    accept_counts, acceptance, acceptance_table, alpha_for_mean, draw_pending, mean_accept_len,
+)
 
 CAP = GDN_CARRY_CAP
 O_TOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
@@ -186,71 +184,10 @@ STYLE = {"decodes": ("C4", "-", "v"), "chain_snapshots": ("C2", "-", "s"),
 MAIN_SHAPE = dict(HK=16, HV=32, head_dim=128, dtype="bfloat16")
 """Issue 5's target shape (Qwen3-Next's GDN heads)."""
 SHAPE_KEYS = ("HK", "HV", "head_dim", "dtype")
-COMPILE_KEYS = ("provider", "K", "head_dim", "dtype", "state_layout", "state_dtype")
-"""Point keys that decide which kernels a point compiles: ``run_sweep(affinity=...)`` keeps
-points that share them on one Dask worker, so each kernel compiles once per sweep."""
-
-
-# ---- acceptance process ------------------------------------------------------------------------
-
-@lru_cache(maxsize=64)
-def acceptance(K: int, mean_accept: float = 3.3, accept_K: int = 4, cap: int = CAP,
-               seed: int = 0, seqs: int = 512, steps: int = 400, burn_in: int = 20) -> dict:
-    """Host simulation of the pending counts under the acceptance process (module docstring).
-
-    ``seqs`` slots start at ``p = 0`` and run ``burn_in + steps`` verify + accept steps of each
-    form. Returns ``alpha``, ``mean_accept`` (at this ``K``) and, per form ``eager`` / ``lazy``:
-    ``{form}_wb`` (write-backs per verify), ``{form}_mean_pend`` and ``{form}_hist`` (tuple: the
-    stationary distribution of ``p`` before a verify, ``p = 0..cap``)."""
-    if not 1 <= K <= cap:
-        raise ValueError(f"K: must lie in [1, CAP={cap}], got {K}")
-    alpha = alpha_for_mean(mean_accept, accept_K)
-    out = {"alpha": alpha, "mean_accept": mean_accept_len(alpha, K), "K": K}
-    for form in ("eager", "lazy"):
-        rng = np.random.default_rng([seed, K, form == "lazy"])
-        p = np.zeros(seqs, dtype=np.int64)
-        hist = np.zeros(cap + 1)
-        wbs = 0
-        for step in range(burn_in + steps):
-            wb = (p + K > cap) if form == "lazy" else (p > 0)
-            if step >= burn_in:
-                hist += np.bincount(p, minlength=cap + 1)[:cap + 1]
-                wbs += int(wb.sum())
-            a = accept_counts(rng, seqs, K, alpha)
-            p = np.where(wb, a, p + a)
-        n = steps * seqs
-        out[f"{form}_wb"] = wbs / n
-        out[f"{form}_hist"] = tuple(hist / hist.sum())
-        out[f"{form}_mean_pend"] = float((np.arange(cap + 1) * hist).sum() / hist.sum())
-    return out
-
-
-def acceptance_table(Ks, mean_accept: float = 3.3, accept_K: int = 4, seed: int = 0) -> pd.DataFrame:
-    """One row per ``K``: ``alpha``, mean accepted length, write-back frequency and mean pending
-    rows of the eager and lazy forms: the frequencies the amortised lazy figures use."""
-    rows = []
-    for K in sorted(set(int(k) for k in Ks)):
-        a = acceptance(K, mean_accept, accept_K, seed=seed)
-        rows.append({"K": K, "alpha": a["alpha"], "mean accepted rows": a["mean_accept"],
-                     "eager write-back freq": a["eager_wb"], "eager mean pending": a["eager_mean_pend"],
-                     "lazy write-back freq": a["lazy_wb"], "lazy mean pending": a["lazy_mean_pend"]})
-    return pd.DataFrame(rows).round(3)
-
-
-def draw_pending(hist, B: int, K: int, rng: np.random.Generator, *, write_back: bool | None,
-                 lazy: bool = True, cap: int = CAP) -> np.ndarray:
-    """``B`` pending counts drawn from ``hist`` (over ``0..cap``); with ``write_back`` True/False
-    conditioned on the lazy verify writing back / not (``p + K > cap``). When the condition has
-    no mass (e.g. no pending count avoids a write-back at ``K = CAP``) the nearest legal count is
-    used: ``p = 0`` without a write-back, ``p = cap - K + 1`` with one."""
-    h = np.asarray(hist, dtype=float).copy()
-    p = np.arange(cap + 1)
-    if write_back is not None:
-        wb = (p + K > cap) if lazy else (p > 0)
-        h[wb != write_back] = 0.0
-    if h.sum() <= 0:
-        return np.full(B, 0 if not write_back else cap - K + 1, dtype=np.int64)
-    return rng.choice(cap + 1, size=B, p=h / h.sum()).astype(np.int64)
+COMPILE_KEYS = ("provider",) + common.COMPILE_KEYS + ("state_dtype",)
+"""Point keys that decide which kernels a point compiles (``common.COMPILE_KEYS`` plus the
+provider and the state dtype): ``run_sweep(affinity=...)`` keeps points that share them on one
+Dask worker, so each kernel compiles once per sweep."""
 
 
 # ---- bytes -------------------------------------------------------------------------------------
@@ -419,7 +356,7 @@ def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept
     return pts
 
 
-# ---- shared inputs and references --------------------------------------------------------------
+# ---- cached inputs and references (filled by roofline_case) ------------------------------------
 
 _SHAPE: dict = {}
 _CASE: dict = {}
@@ -431,181 +368,6 @@ def release() -> None:
     _CASE.clear()
     if DEVICE.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def fill_stash(carry: GdnCarry, seed: int) -> None:
-    """Realistic stash rows (so that pending counts can be set by hand): corrections ``u`` of a
-    verify's scale, log decays ``g <= 0``, unit keys ``k``; seeded, drawn on the CPU."""
-    gen = torch.Generator().manual_seed(int(seed))
-    carry.u.copy_((torch.randn(carry.u.shape, generator=gen) * 0.3).to(carry.device))
-    carry.g.copy_((-F.softplus(torch.randn(carry.g.shape, generator=gen))).to(carry.device))
-    carry.k.copy_(ref_carry.l2norm(torch.randn(carry.k.shape, generator=gen)).to(carry.device))
-
-
-def clone_carry(c: GdnCarry) -> GdnCarry:
-    return GdnCarry(c.buf.clone(), c.pend.clone(), c.num_v_heads, c.k_dim, c.v_dim, c.cap)
-
-
-def _shape(point: dict) -> dict:
-    """Inputs of one shape (all ``(K, B, layout)`` of it take views): ``gdn_inputs`` with its
-    ``g, beta`` replaced by those of ``gating_inputs`` (whose raw inputs FlashInfer takes), the
-    stash, and (on first use) the V-major copy of the state."""
-    key = (point["seed"], point["slots"], point["rows_max"], point["HK"], point["HV"],
-           point["head_dim"], point["dtype"])
-    if key not in _SHAPE:
-        _SHAPE.clear()      # one shape at a time: the previous shape's tensors are dropped
-        _CASE.clear()
-        S, Kmax, HK, HV, D = (int(point[n]) for n in ("slots", "rows_max", "HK", "HV", "head_dim"))
-        seed = int(point["seed"])
-        x = gdn_inputs(seed, S, HK, HV, D, D, rows=Kmax, dtype=getattr(torch, point["dtype"]))
-        gate = gating_inputs(seed + 11, (S, Kmax), HV)
-        x["g"], x["beta"] = gate["g"], gate["beta"]
-        stash = GdnCarry.empty(S, HV, D, D, cap=CAP)
-        fill_stash(stash, seed + 7)
-        _SHAPE[key] = dict(x=x, gate=gate, stash=stash)
-    return _SHAPE[key]
-
-
-def _state_in(shape: dict, layout: str, state_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The shape's state pool in ``layout`` and ``state_dtype`` (each copy made once; never
-    written). A bf16 pool holds the fp32 draw rounded to nearest."""
-    key = f"state_{layout}_{state_dtype}"
-    if key not in shape:
-        st = shape["x"]["state"]
-        st = st if layout == "kv" else st.transpose(-1, -2).contiguous()
-        shape[key] = st if state_dtype == torch.float32 else st.to(state_dtype)
-    return shape[key]
-
-
-class _Case:
-    """One ``(shape, K, B, state_layout)``: input views, float64 references on ``N_REF``
-    sequences (K-major; ``to_layout`` transposes them for V-major comparisons), and (on first
-    use) the decode baseline and the carry references per pending-count variant."""
-
-    def __init__(self, point: dict, shape: dict):
-        self.K, self.B, self.HK, self.HV, self.D = (
-            int(point[n]) for n in ("K", "B", "HK", "HV", "head_dim"))
-        self.dname = point["dtype"]
-        self.dtype = getattr(torch, self.dname)
-        self.seed = int(point["seed"])
-        self.layout = point.get("state_layout", "kv")
-        self.sdname = point.get("state_dtype", "float32")
-        self.sdt = getattr(torch, self.sdname)
-        half = self.sdname != "float32"
-        # the reference's rounding points (None: float64 throughout, the fp32 state's reference)
-        self.ref_sdt = self.sdt if half else None
-        self.stol = HALF_STATE_TOL[self.sdname] if half else STATE_TOL
-        # the keyword goes to our launchers only for "vk", so that launchers without it run "kv"
-        self.lay = {} if self.layout == "kv" else {"state_layout": self.layout}
-        self.acc = acceptance(self.K, float(point["mean_accept"]), int(point["accept_K"]),
-                              seed=self.seed)
-        x = shape["x"]
-        K, B = self.K, self.B
-        self.shape = shape
-        self.state_kv = _state_in(shape, "kv", self.sdt)       # [S, HV, kd, vd], never written
-        self.state0 = _state_in(shape, self.layout, self.sdt)  # the same in this case's layout
-        self.sel = x["state_indices"][:B].contiguous()         # B distinct slots of S
-        self.lsel = self.sel.long()
-        self.args = tuple(x[n][:B, :K] for n in ("q", "k", "v", "g", "beta"))
-        self.gate = tuple(shape["gate"][n] for n in ("A_log", "a", "dt_bias", "b"))
-        self.row_args = [tuple(t[:, r] for t in self.args) for r in range(K)]
-        self.stash = shape["stash"]
-        self.n = min(B, N_REF)
-        self.otol = max(O_TOL[self.dname], self.stol if half else 0.0)
-        sub = self.state_kv[self.lsel[:self.n]].to("cpu", torch.float64)
-        self.cpu_args = tuple(t[:self.n].cpu() for t in self.args)
-        self.o_ref, s_ref, self.i_ref = gdn_chain_ref(sub, *self.cpu_args,
-                                                      state_dtype=self.ref_sdt)
-        self.s_ref = s_ref
-        self._dec: dict = {}
-        self._carry: dict = {}
-        self._fi_ref = None
-
-    def to_layout(self, t: torch.Tensor) -> torch.Tensor:
-        """A K-major state tensor ``[..., kd, vd]`` seen in this case's layout (a view)."""
-        return t if self.layout == "kv" else t.transpose(-1, -2)
-
-    def io(self) -> dict:
-        return dict(num_k_heads=self.HK, num_v_heads=self.HV, k_dim=self.D, v_dim=self.D,
-                    dtype=self.dtype, state_dtype=self.sdt)
-
-    def decoded(self, layout: str | None = None):
-        """``K`` ``gdn_decode`` launches (validated) from the state in ``layout`` (default this
-        case's): ``(o [B, K, HV, vd], final states [B, ...], snapshots: list of K-1 states
-        [B, ...])``, states in that layout."""
-        layout = self.layout if layout is None else layout
-        if layout not in self._dec:
-            lay = {} if layout == "kv" else {"state_layout": layout}
-            st = _state_in(self.shape, layout, self.sdt).clone()
-            outs, snaps = [], []
-            for r in range(self.K):
-                outs.append(gdn_decode(st, *self.row_args[r], state_indices=self.sel,
-                                       validate=True, **lay))
-                if r < self.K - 1:
-                    snaps.append(st[self.lsel])
-            self._dec[layout] = (torch.stack(outs, 1), st[self.lsel], snaps)
-            del st
-        return self._dec[layout]
-
-    def fi_ref(self):
-        """The float64 chain reference with FlashInfer's own gating: ``g, beta`` recomputed in
-        float64 from the raw ``A_log, a, dt_bias, b`` (``pmll_lab.peers.fused_gating``).
-        ``(o [n, K, HV, vd], state [n, HV, kd, vd], snapshots [n, K-1, HV, kd, vd])``."""
-        if self._fi_ref is None:
-            A_log, a, dt_bias, b = (t.cpu() for t in self.gate)
-            # the gating rows follow the batch rows (as q, k, v do), not the slots
-            g, beta = fused_gating(A_log, a[:self.n, :self.K], dt_bias, b[:self.n, :self.K],
-                                   dtype=torch.float64)
-            sub = self.state_kv[self.lsel[:self.n]].to("cpu", torch.float64)
-            self._fi_ref = gdn_chain_ref(sub, *self.cpu_args[:3], g, beta,
-                                         state_dtype=self.ref_sdt)
-        return self._fi_ref
-
-    def carry_case(self, variant: str) -> dict:
-        """Pending counts for ``variant`` (``eager``, ``nowb``, ``wb``) drawn from the
-        acceptance process, the carry holding them, and its references: plain decoding after
-        folding (``o_dec``, ``folded`` states of the B slots, this case's layout) and the
-        float64 protocol reference on ``N_REF`` sequences (``o``, state after the verify
-        (K-major), stash ``u``)."""
-        if variant in self._carry:
-            return self._carry[variant]
-        lazy = variant != "eager"
-        rng = np.random.default_rng([self.seed, self.K, self.B, ("eager", "nowb", "wb").index(variant)])
-        hist = self.acc["lazy_hist" if lazy else "eager_hist"]
-        pend = draw_pending(hist, self.B, self.K, rng,
-                            write_back=None if not lazy else variant == "wb", lazy=lazy)
-        wb = (pend + self.K > CAP) if lazy else (pend > 0)
-        carry = clone_carry(self.stash)
-        carry.pend[self.lsel] = torch.as_tensor(pend, dtype=torch.int32).to(DEVICE)
-        st = self.state0.clone()
-        gdn_carry_flush([st], [carry], self.sel, validate=True, **self.lay)
-        folded = st[self.lsel]
-        outs = [gdn_decode(st, *self.row_args[r], state_indices=self.sel, **self.lay)
-                for r in range(self.K)]
-        del st
-        s = self.lsel[:self.n]
-        sub_state = self.state_kv[s].to("cpu", torch.float64)
-        sub = ref_carry.RefCarry(u=carry.u[s].to("cpu", torch.float64),
-                                 g=carry.g[s].to("cpu", torch.float64),
-                                 k=carry.k[s].to("cpu", torch.float64),
-                                 pend=carry.pend[s].to("cpu", torch.int64))
-        o_ref, _ = ref_carry.verify(sub_state, sub, *self.cpu_args, torch.arange(self.n),
-                                    lazy=lazy, state_dtype=self.ref_sdt)
-        self._carry[variant] = dict(pend=pend, wb=wb, lazy=lazy, carry=carry,
-                                    o_dec=torch.stack(outs, 1), folded=folded, o_ref=o_ref,
-                                    state_ref=sub_state, u_ref=sub.u)
-        return self._carry[variant]
-
-
-def _case(point: dict) -> _Case:
-    shape = _shape(point)
-    key = tuple(point.get(n, "kv") for n in ("seed", "slots", "rows_max", "HK", "HV", "head_dim",
-                                              "dtype", "K", "B", "mean_accept", "accept_K",
-                                              "state_layout")) + (point.get("state_dtype"),)
-    if key not in _CASE:
-        _CASE.clear()
-        _CASE[key] = _Case(point, shape)
-    return _CASE[key]
 
 
 # ---- checking and timing -----------------------------------------------------------------------
@@ -666,154 +428,6 @@ def _speed_rows(kernel: str, timings: list[dict], nbytes: int, **extra) -> list[
     return rows
 
 
-def _point_decodes(c: _Case) -> list[dict]:
-    o_dec, st_sel, _ = c.decoded()
-    name = "decodes"
-    rows = (error_rows(name, o_dec[:c.n], c.o_ref, tol=c.otol, what="o")
-            + error_rows(name, st_sel[:c.n], c.to_layout(c.s_ref[:c.n]), tol=c.stol,
-                         what="state"))
-    plans = None
-    if c.B <= PLAN_MAX_B:
-        # the same K decodes through launch plans (lean host path): checked bitwise on their
-        # second call, the first that skips Triton's launcher on a GPU
-        st_p = c.state0.clone()
-        plans = [gdn_decode_plan(st_p, *c.row_args[r], state_indices=c.sel, **c.lay)
-                 for r in range(c.K)]
-        for _ in range(2):
-            st_p.copy_(c.state0)
-            o_p = torch.stack([p().clone() for p in plans], 1)
-        rows.append(_flag(f"{name}{PLAN_SUFFIX}", "bitwise_vs_decode",
-                          bitwise_equal(o_p, o_dec) and bitwise_equal(st_p[c.lsel], st_sel),
-                          "o and state"))
-    _require(rows)
-    st = c.state0.clone()
-
-    def run():
-        for r in range(c.K):
-            gdn_decode(st, *c.row_args[r], state_indices=c.sel, **c.lay)
-
-    nbytes = decodes_bytes(c.B, c.K, **c.io())
-    rows += _speed_rows(name, _time(run), nbytes, variant="")
-    if plans is not None:
-        def run_plans():
-            for p in plans:
-                p()
-
-        rows += _speed_rows(f"{name}{PLAN_SUFFIX}", _time(run_plans, graph=False), nbytes,
-                            variant="launch plan")
-    return rows
-
-
-def _point_chain(c: _Case) -> list[dict]:
-    name = "chain_snapshots"
-    st = c.state0.clone()
-    inter = torch.empty(c.B, c.K - 1, c.HV, c.D, c.D, dtype=c.sdt, device=DEVICE)
-    o = gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, validate=True, **c.lay)
-    rows = (error_rows(name, o[:c.n], c.o_ref, tol=c.otol, what="o")
-            + error_rows(name, st[c.lsel[:c.n]], c.to_layout(c.s_ref), tol=c.stol,
-                         what="state")
-            + error_rows(name, inter[:c.n], c.to_layout(c.i_ref), tol=c.stol,
-                         what="snapshots"))
-    o_dec, st_dec, snaps = c.decoded()
-    rows += [_flag(name, "bitwise_vs_decode", bitwise_equal(o, o_dec), "o"),
-             _flag(name, "bitwise_vs_decode", bitwise_equal(st[c.lsel], st_dec), "state"),
-             _flag(name, "bitwise_vs_decode",
-                   all(bitwise_equal(inter[:, t], snaps[t]) for t in range(c.K - 1)), "snapshots")]
-    _require(rows)
-
-    def run():
-        gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, **c.lay)
-
-    return rows + _speed_rows(name, _time(run), chain_bytes(c.B, c.K, **c.io()), variant="")
-VARIANT_NAMES = {"eager": "eager", "nowb": "no write-back", "wb": "write-back"}
-
-
-def _point_carry(c: _Case, form: str, lazy: bool) -> list[dict]:
-    name = f"carry_{form}_{'lazy' if lazy else 'eager'}"
-    variants = ("nowb", "wb") if lazy else ("eager",)
-    rows: list[dict] = []
-    ready = []
-    for var in variants:
-        cc = c.carry_case(var)
-        tag = "" if var == "eager" else f" ({VARIANT_NAMES[var]})"
-        st, carry = c.state0.clone(), clone_carry(cc["carry"])
-        o, eng = gdn_carry_verify(st, carry, *c.args, slot_tab=c.sel, form=form, lazy=lazy,
-                                  validate=True, eager_max_pending=None, **c.lay)
-        wb = cc["wb"]
-        want_eng = torch.as_tensor(np.where(wb, 2, 1), dtype=torch.int32)
-        rows.append(_flag(name, "engaged_as_protocol", torch.equal(eng.cpu(), want_eng),
-                          "engaged" + tag))
-        otol = c.otol if form == "exact" else max(c.otol, WY_TOL)
-        s = c.lsel[:c.n]
-        rows += error_rows(name, o[:c.n], cc["o_ref"], tol=otol, what="o" + tag)
-        rows += error_rows(name, st[s], c.to_layout(cc["state_ref"]), tol=c.stol,
-                           what="state" + tag)
-        rows += error_rows(name, carry.u[s], cc["u_ref"],
-                           tol=c.stol if form == "exact" else WY_TOL, what="stash u" + tag)
-        # Over all B sequences: sequences that do not write back leave the state as it was;
-        # those that do store the state with their pending rows folded (flagged only where
-        # such sequences exist, so that no flag passes vacuously).
-        wbm = torch.as_tensor(wb, device=DEVICE)
-        st_b = st[c.lsel]
-        if not wb.all():
-            rows.append(_flag(name, "bitwise_vs_decode",
-                              bitwise_equal(st_b[~wbm], c.state0[c.lsel][~wbm]),
-                              "state untouched without write-back" + tag))
-        if form == "exact":
-            rows.append(_flag(name, "bitwise_vs_decode", bitwise_equal(o, cc["o_dec"]), "o" + tag))
-            if wb.any():
-                rows.append(_flag(name, "bitwise_vs_decode",
-                                  bitwise_equal(st_b[wbm], cc["folded"][wbm]),
-                                  "written-back state" + tag))
-        else:
-            rows += error_rows(name, o, cc["o_dec"], tol=otol, what="o vs decode" + tag)
-            if wb.any():
-                rows += error_rows(name, st_b[wbm], cc["folded"][wbm], tol=c.stol,
-                                        what="written-back state" + tag)
-        del st_b
-        plan = None
-        if c.B <= PLAN_MAX_B:
-            # the same verify through a launch plan (lean host path), checked bitwise against
-            # the launch above on its second call (the first that skips Triton's launcher)
-            st_p, carry_p = c.state0.clone(), clone_carry(cc["carry"])
-            plan = gdn_carry_verify_plan(st_p, carry_p, *c.args, slot_tab=c.sel, form=form,
-                                         lazy=lazy, **c.lay)
-            for _ in range(2):
-                st_p.copy_(c.state0)
-                carry_p.buf.copy_(cc["carry"].buf)
-                o_p, e_p = plan()
-            rows.append(_flag(f"{name}{PLAN_SUFFIX}", "bitwise_vs_launcher",
-                              bitwise_equal(o_p, o) and bitwise_equal(e_p, eng)
-                              and bitwise_equal(st_p, st) and bitwise_equal(carry_p.buf, carry.buf),
-                              "o, engaged, state, stash" + tag))
-        nbytes = carry_bytes(cc["pend"], wb, c.K, c.HK, c.HV, c.D, c.dtype, c.sdt)
-        ready.append((var, st, carry, nbytes, float(np.mean(cc["pend"])), float(np.mean(wb)),
-                      plan))
-    _require(rows)
-
-    timed = {}
-    for var, st, carry, nbytes, mean_pend, wb_frac, plan in ready:
-        def run(st=st, carry=carry):
-            gdn_carry_verify(st, carry, *c.args, slot_tab=c.sel, form=form, lazy=lazy, **c.lay)
-
-        t = _time(run)
-        timed[var] = (t, nbytes)
-        kname = name if var == "eager" else f"{name}:{var}"
-        rows += _speed_rows(kname, t, nbytes, variant=VARIANT_NAMES[var],
-                            mean_pend=mean_pend, wb_frac=wb_frac)
-        if plan is not None:
-            rows += _speed_rows(f"{kname}{PLAN_SUFFIX}", _time(plan, graph=False), nbytes,
-                                variant=f"{VARIANT_NAMES[var]}, launch plan",
-                                mean_pend=mean_pend, wb_frac=wb_frac)
-    if lazy:
-        f = float(c.acc["lazy_wb"])
-        (t0, b0), (t1, b1) = timed["nowb"], timed["wb"]
-        rows += _speed_rows(name, _mix(t0, t1, f), round((1 - f) * b0 + f * b1),
-                            variant="amortised", wb_frac=f,
-                            mean_pend=float(c.acc["lazy_mean_pend"]))
-    return rows
-
-
 def gdn_point(point: dict) -> list[dict]:
     """Check, then time, one provider at one ``(shape, K, B, state_layout)`` (module docstring).
 
@@ -825,7 +439,7 @@ def gdn_point(point: dict) -> list[dict]:
     check fails (nothing is timed then); any other exception (a peer's error, OOM) propagates
     to ``run_sweep``, which stores the point as failed and goes on (an OOM first drops the
     cached inputs)."""
-    from pmll_lab.experiments import roofline_peers
+    from pmll_lab.experiments import roofline_case, roofline_ours, roofline_peers
 
     prov = point["provider"]
     if prov not in PROVIDERS:
@@ -837,19 +451,19 @@ def gdn_point(point: dict) -> list[dict]:
     if sdt != "float32" and prov not in HALF_STATE_PROVIDERS:
         raise ValueError(f"state_dtype: {prov} runs fp32 states only, got {sdt!r}")
     try:
-        c = _case(point)
+        c = roofline_case._case(point)
         try:
             if prov == "decodes":
-                rows = _point_decodes(c)
+                rows = roofline_ours.point_decodes(c)
             elif prov == "chain_snapshots":
-                rows = _point_chain(c)
+                rows = roofline_ours.point_chain(c)
             elif prov == "fla_fused_recurrent":
                 rows = roofline_peers.point_fla(c)
             elif prov in FLASHINFER:
                 rows = roofline_peers.point_flashinfer(c, prov)
             else:
                 form, mode = prov.split("_")[1:]
-                rows = _point_carry(c, form, mode == "lazy")
+                rows = roofline_ours.point_carry(c, form, mode == "lazy")
         except CheckFailed as exc:
             _tag_state(exc.rows, sdt)
             raise
@@ -870,20 +484,22 @@ def _tag_state(rows: list[dict], state_dtype: str) -> list[dict]:
     return rows
 
 
-# ---- tables, headline and plots (roofline_report, roofline_plots) ------------------------------
+# ---- the shared case, our providers, tables, headline and plots (their own modules) ------------
 
-_REPORT_MODULES = ("roofline_report", "roofline_plots")
+_PARTS = ("roofline_case", "roofline_ours", "roofline_report", "roofline_targets",
+          "roofline_plots")
 
 
 def __getattr__(name: str):
-    """The tables, targets, headline and plots live in ``roofline_report`` and
-    ``roofline_plots`` (which import this module); they are reachable here too
-    (``roofline.headline_table``), imported on first use."""
+    """The shared inputs and references live in ``roofline_case``, our providers' point
+    functions in ``roofline_ours``, the tables in ``roofline_report``, the targets, headline and
+    conclusion in ``roofline_targets``, the plots in ``roofline_plots`` (all import this module);
+    they are reachable here too (``roofline.headline_table``), imported on first use."""
     import importlib
 
     if name.startswith("__"):
         raise AttributeError(name)
-    for mod in _REPORT_MODULES:
+    for mod in _PARTS:
         m = importlib.import_module(f"pmll_lab.experiments.{mod}")
         if hasattr(m, name):
             return getattr(m, name)

@@ -1,6 +1,6 @@
 """The roofline's peer providers: FLA (K-major) and FlashInfer (V-major), checked, then timed.
 
-Each takes a ``roofline._Case`` (the shared inputs and references of one ``(shape, K, B,
+Each takes a ``roofline_case._Case`` (the shared inputs and references of one ``(shape, K, B,
 state_layout)``) and returns the provider's tidy rows, as ``roofline.gdn_point`` documents:
 
 - ``point_fla``: FLA's ``fused_recurrent_gated_delta_rule`` over the case's ``K`` rows from a

@@ -1,0 +1,173 @@
+"""The acceptance process of speculative decoding and the carry protocol's pending counts
+(host arithmetic, no kernels; SPEC §3b, §3c).
+
+A verify of ``K`` rows checks the last accepted token plus ``K-1`` drafts; ``a = 1 +`` the number
+of leading drafts accepted, each with probability ``alpha`` (so ``E[a] = 1 + alpha + ... +
+alpha^(K-1)``; Qwen3-Next's MTP mean acceptance length ~3.3 at ``K = 4`` gives ``alpha ~
+0.875``), and with probability ``p_zero`` a sequence accepts nothing (``a = 0``). ``simulate``
+runs the pending count ``p`` of one slot through many steps of the protocol (eager: write back
+whenever ``p > 0``; lazy: when ``p + K > CAP``): write-back frequency, rows folded per verify,
+and the stationary distribution of ``p`` that the carry_protocol notebook's timings draw their
+pending counts from (``steady_pending``).
+
+The roofline notebook's acceptance process (``acceptance``, seeded and cached): ``alpha`` chosen
+so that the mean accepted length is ``mean_accept`` (default 3.3, Qwen3-Next's MTP figure) at
+``accept_K`` (default 4) rows, the same ``alpha`` for every ``K``, no ``a = 0``; running the
+pending count of many slots through both forms gives the write-back frequency ``f`` and the
+stationary distribution of ``p`` before a verify, from which each timed launch draws its slots'
+pending counts (``draw_pending``; conditioned on no write-back / write-back for the two lazy
+timings).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from pmll_lab.carry import GDN_CARRY_CAP
+
+CAP = GDN_CARRY_CAP
+MODES = ("eager", "lazy")
+
+
+def mean_accept_len(alpha: float, K: int) -> float:
+    """``E[a] = 1 + alpha + ... + alpha^(K-1)`` (no ``a = 0``)."""
+    return float(sum(alpha ** i for i in range(K)))
+
+
+def alpha_for_mean(mean_len: float, K: int) -> float:
+    """The per-draft acceptance probability whose mean acceptance length at ``K`` rows is
+    ``mean_len`` (``1 <= mean_len <= K``), by bisection."""
+    if not 1.0 <= mean_len <= K:
+        raise ValueError(f"mean_len: must lie in [1, K={K}], got {mean_len}")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mean_accept_len(mid, K) < mean_len else (lo, mid)
+    return (lo + hi) / 2
+
+
+def accept_counts(rng: np.random.Generator, n: int, K: int, alpha: float,
+                  p_zero: float = 0.0) -> np.ndarray:
+    """``n`` accepted counts in ``0..K``: ``1 +`` leading accepted drafts (each ``alpha``), or 0
+    with probability ``p_zero``."""
+    drafts = (rng.random((n, K - 1)) < alpha).cumprod(axis=1).sum(axis=1) if K > 1 else np.zeros(n, int)
+    a = 1 + drafts.astype(np.int64)
+    a[rng.random(n) < p_zero] = 0
+    return a
+
+
+def protocol_step(p: np.ndarray, a: np.ndarray, K: int, lazy: bool, cap: int = CAP):
+    """One verify + accept on host pending counts: returns ``(write_back, p_new)``."""
+    wb = (p + K > cap) if lazy else (p > 0)
+    return wb, np.where(wb, a, p + a)
+
+
+def simulate(K: int, alpha: float, lazy: bool, *, steps: int = 4000, seqs: int = 64,
+             p_zero: float = 0.0, cap: int = CAP, seed: int = 0, burn_in: int = 50) -> dict:
+    """Run ``seqs`` independent slots through ``steps`` verifies; statistics after ``burn_in``:
+    ``wb_freq`` (write-backs per verify), ``mean_folded`` (pending rows folded per verify),
+    ``mean_accept``, ``p_hist`` (stationary distribution of ``p`` before a verify, ``[cap+1]``)."""
+    rng = np.random.default_rng(seed)
+    p = np.zeros(seqs, dtype=np.int64)
+    wbs, folded, acc = [], [], []
+    hist = np.zeros(cap + 1)
+    for step in range(steps + burn_in):
+        a = accept_counts(rng, seqs, K, alpha, p_zero)
+        wb, p_new = protocol_step(p, a, K, lazy, cap)
+        if step >= burn_in:
+            wbs.append(wb.mean())
+            folded.append(p.mean())
+            acc.append(a.mean())
+            hist += np.bincount(p, minlength=cap + 1)[:cap + 1]
+        p = p_new
+    return dict(wb_freq=float(np.mean(wbs)), mean_folded=float(np.mean(folded)),
+                mean_accept=float(np.mean(acc)), p_hist=hist / hist.sum())
+
+
+def steady_pending(rng: np.random.Generator, B: int, K: int, alpha: float, lazy: bool,
+                   p_zero: float = 0.0, cap: int = CAP, burn_in: int = 64) -> np.ndarray:
+    """``B`` pending counts drawn from the protocol's stationary distribution (each slot run
+    through ``burn_in`` steps)."""
+    p = np.zeros(B, dtype=np.int64)
+    for _ in range(burn_in):
+        _, p = protocol_step(p, accept_counts(rng, B, K, alpha, p_zero), K, lazy, cap)
+    return p
+
+
+def simulation_table(Ks, alphas, *, p_zero: float = 0.0, steps: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """One row per ``(K, alpha, mode)``: mean acceptance length, write-back frequency, rows
+    folded per verify."""
+    rows = []
+    for K in Ks:
+        for alpha in alphas:
+            for mode in MODES:
+                s = simulate(K, alpha, mode == "lazy", steps=steps, p_zero=p_zero, seed=seed)
+                rows.append(dict(K=K, alpha=alpha, mode=mode, mean_accept=s["mean_accept"],
+                                 wb_freq=s["wb_freq"], mean_folded=s["mean_folded"]))
+    return pd.DataFrame(rows)
+
+
+# ---- the roofline notebook's acceptance process ------------------------------------------------
+
+
+@lru_cache(maxsize=64)
+def acceptance(K: int, mean_accept: float = 3.3, accept_K: int = 4, cap: int = CAP,
+               seed: int = 0, seqs: int = 512, steps: int = 400, burn_in: int = 20) -> dict:
+    """Host simulation of the pending counts under the acceptance process (module docstring).
+
+    ``seqs`` slots start at ``p = 0`` and run ``burn_in + steps`` verify + accept steps of each
+    form. Returns ``alpha``, ``mean_accept`` (at this ``K``) and, per form ``eager`` / ``lazy``:
+    ``{form}_wb`` (write-backs per verify), ``{form}_mean_pend`` and ``{form}_hist`` (tuple: the
+    stationary distribution of ``p`` before a verify, ``p = 0..cap``)."""
+    if not 1 <= K <= cap:
+        raise ValueError(f"K: must lie in [1, CAP={cap}], got {K}")
+    alpha = alpha_for_mean(mean_accept, accept_K)
+    out = {"alpha": alpha, "mean_accept": mean_accept_len(alpha, K), "K": K}
+    for form in ("eager", "lazy"):
+        rng = np.random.default_rng([seed, K, form == "lazy"])
+        p = np.zeros(seqs, dtype=np.int64)
+        hist = np.zeros(cap + 1)
+        wbs = 0
+        for step in range(burn_in + steps):
+            wb = (p + K > cap) if form == "lazy" else (p > 0)
+            if step >= burn_in:
+                hist += np.bincount(p, minlength=cap + 1)[:cap + 1]
+                wbs += int(wb.sum())
+            a = accept_counts(rng, seqs, K, alpha)
+            p = np.where(wb, a, p + a)
+        n = steps * seqs
+        out[f"{form}_wb"] = wbs / n
+        out[f"{form}_hist"] = tuple(hist / hist.sum())
+        out[f"{form}_mean_pend"] = float((np.arange(cap + 1) * hist).sum() / hist.sum())
+    return out
+
+
+def acceptance_table(Ks, mean_accept: float = 3.3, accept_K: int = 4, seed: int = 0) -> pd.DataFrame:
+    """One row per ``K``: ``alpha``, mean accepted length, write-back frequency and mean pending
+    rows of the eager and lazy forms: the frequencies the amortised lazy figures use."""
+    rows = []
+    for K in sorted(set(int(k) for k in Ks)):
+        a = acceptance(K, mean_accept, accept_K, seed=seed)
+        rows.append({"K": K, "alpha": a["alpha"], "mean accepted rows": a["mean_accept"],
+                     "eager write-back freq": a["eager_wb"], "eager mean pending": a["eager_mean_pend"],
+                     "lazy write-back freq": a["lazy_wb"], "lazy mean pending": a["lazy_mean_pend"]})
+    return pd.DataFrame(rows).round(3)
+
+
+def draw_pending(hist, B: int, K: int, rng: np.random.Generator, *, write_back: bool | None,
+                 lazy: bool = True, cap: int = CAP) -> np.ndarray:
+    """``B`` pending counts drawn from ``hist`` (over ``0..cap``); with ``write_back`` True/False
+    conditioned on the lazy verify writing back / not (``p + K > cap``). When the condition has
+    no mass (e.g. no pending count avoids a write-back at ``K = CAP``) the nearest legal count is
+    used: ``p = 0`` without a write-back, ``p = cap - K + 1`` with one."""
+    h = np.asarray(hist, dtype=float).copy()
+    p = np.arange(cap + 1)
+    if write_back is not None:
+        wb = (p + K > cap) if lazy else (p > 0)
+        h[wb != write_back] = 0.0
+    if h.sum() <= 0:
+        return np.full(B, 0 if not write_back else cap - K + 1, dtype=np.int64)
+    return rng.choice(cap + 1, size=B, p=h / h.sum()).astype(np.int64)
