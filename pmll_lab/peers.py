@@ -127,8 +127,15 @@ def flashinfer_gdn() -> tuple[Callable, Callable] | None:
         from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose, gated_delta_rule_mtp
     except Exception:  # noqa: BLE001 - not installed, or cannot import on this machine
         return None
-    # its JIT logs one INFO line per compiled kernel; keep the reports to the measurements
+    # its JIT logs two INFO lines per compiled kernel; keep the reports to the measurements.
+    # FlashInfer builds that logger as a Logger subclass outside logging's registry (seen in
+    # 0.7.2's flashinfer/jit/core.py), so getLogger("flashinfer.jit") does not reach it.
     logging.getLogger("flashinfer").setLevel(logging.WARNING)
+    try:
+        from flashinfer.jit import core as fi_jit
+        fi_jit.logger.setLevel(logging.WARNING)
+    except Exception:  # noqa: BLE001 - another layout of FlashInfer's package: logs stay on
+        pass
     return gated_delta_rule_decode_pretranspose, gated_delta_rule_mtp
 
 
