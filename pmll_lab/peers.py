@@ -128,8 +128,8 @@ def flashinfer_gdn() -> tuple[Callable, Callable] | None:
     except Exception:  # noqa: BLE001 - not installed, or cannot import on this machine
         return None
     # its JIT logs two INFO lines per compiled kernel; keep the reports to the measurements.
-    # FlashInfer builds that logger as a Logger subclass outside logging's registry (seen in
-    # 0.7.2's flashinfer/jit/core.py), so getLogger("flashinfer.jit") does not reach it.
+    # FlashInfer builds that logger as a Logger subclass outside logging's registry (in
+    # flashinfer/jit/core.py), so getLogger("flashinfer.jit") does not reach it.
     logging.getLogger("flashinfer").setLevel(logging.WARNING)
     try:
         from flashinfer.jit import core as fi_jit
