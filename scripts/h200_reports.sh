@@ -7,8 +7,12 @@
 # WORKERS=N (N >= 2) spreads each notebook's sweeps over N GPUs of the host (a Dask LocalCluster,
 # `--workers N`): per-point graph-replay times agree across the GPUs of one host within ~1.5 %
 # (reports/h200x2-2026-11-30b); gdn_verify's full sweep ran 1.93x faster on 2 GPUs than on 1.
+# FlashInfer compiles a CuTe-DSL kernel per shape (2-6 s each) into ~/.cache/flashinfer; the
+# script packs that cache into $OUT/fi-jit-cache.tgz, and a later session that carries it as
+# .fi/jit-cache.tgz starts with it unpacked (FlashInfer reloads a kernel whose meta matches).
 set -u
 run=$1; limit=$2; shift 2
+[ -f .fi/jit-cache.tgz ] && tar xzf .fi/jit-cache.tgz -C "$HOME"
 # the wheels: installed when carried (a later call on the same warm machine may leave them out)
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -28,4 +32,5 @@ for arg in "$@"; do
   echo "== $nb rc=$? $(date -u +%H:%M:%S)"
 done
 tar czf "$OUT/$run.tgz" -C reports "$run"
+[ -d "$HOME/.cache/flashinfer" ] && tar czf "$OUT/fi-jit-cache.tgz" -C "$HOME" .cache/flashinfer
 ls -la "reports/$run"
