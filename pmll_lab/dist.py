@@ -238,11 +238,15 @@ def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn, p
 WARM_MODULES = ("pmll_lab.gdn", "pmll_lab.carry", "pmll_lab.conv", "pmll_lab.pmll",
                 "pmll_lab.experiments.gdn", "pmll_lab.experiments.carry",
                 "pmll_lab.experiments.conv", "pmll_lab.experiments.pmll",
-                "pmll_lab.experiments.roofline", "fla.ops.gated_delta_rule",
+                "pmll_lab.experiments.roofline", "pmll_lab.experiments.acceptance",
+                "pmll_lab.experiments.carry_protocol", "pmll_lab.experiments.roofline_case",
+                "pmll_lab.experiments.roofline_ours", "fla.ops.gated_delta_rule",
                 "flashinfer.gdn_decode")
 """What a worker imports before its first point (``warm_up``): the launchers, the notebooks'
-experiment modules and the peers' kernels (FLA's import alone takes seconds, which a notebook
-pays in its set-up cell and each worker in its first point otherwise)."""
+experiment modules with the parts their points run (``carry_protocol``, ``roofline_case``,
+``roofline_ours``: split off ``carry`` and ``roofline``, which import them on first use only;
+their tables and plots run in the notebook) and the peers' kernels (FLA's import alone takes
+seconds, which a notebook pays in its set-up cell and each worker in its first point otherwise)."""
 
 
 def _warm(modules: Sequence[str]) -> list[str]:
