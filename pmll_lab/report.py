@@ -16,7 +16,7 @@ keeping, such as ``h200-2026-11-29``, are committed under their own names)::
 Each notebook runs in a fresh ``python3`` kernel with three injected parameters (papermill):
 ``preset``, ``device`` and ``results_dir`` (and ``scheduler``, a Dask scheduler address, when the
 sweeps run on a cluster: ``workers=N`` starts a ``LocalCluster`` for the whole report, one worker
-per visible GPU (up to N) or N CPU workers, ``pmll_lab.sweep.local_cluster``; ``scheduler=ADDRESS``
+per visible GPU (up to N) or N CPU workers, ``pmll_lab.dist.local_cluster``; ``scheduler=ADDRESS``
 uses a running one). The index says which, and for each notebook how many workers and GPUs ran
 its sweeps. The kernel is this Python (``sys.executable``), whatever
 kernelspec named ``python3`` a user may have registered elsewhere, and it imports the ``pmll_lab``
@@ -295,24 +295,24 @@ def _cluster(workers: int | None, scheduler: str | None, device: str,
     except ImportError as exc:
         raise ReportError("workers/scheduler: Dask distributed is not installed "
                           "(pip install -e '.[dist]')") from exc
-    from pmll_lab import sweep
+    from pmll_lab import dist
 
     if scheduler:
         try:
             with distributed.Client(scheduler, timeout=f"{SCHEDULER_TIMEOUT_S}s",
                                     set_as_default=False) as client:
-                info = sweep._workers(client)
+                info = dist._workers(client)
         except (OSError, TimeoutError) as exc:
             raise ReportError(f"scheduler: no Dask scheduler answers at {scheduler!r}: "
                               f"{exc}") from exc
-        gpus = sweep.slots(info, gpu=True)
+        gpus = dist.slots(info, gpu=True)
         log(f"Dask scheduler {scheduler}: {len(info)} worker(s) now, {gpus} with a GPU resource")
         yield scheduler, {"kind": "scheduler", "address": scheduler, "workers": len(info),
                           "gpus": gpus}
         return
-    gpu_ids = [] if device == "cpu" else sweep.visible_gpus()
+    gpu_ids = [] if device == "cpu" else dist.visible_gpus()
     try:
-        sweep.cluster_spec(workers, gpu_ids)  # checks workers before anything starts
+        dist.cluster_spec(workers, gpu_ids)  # checks workers before anything starts
     except ValueError as exc:
         raise ReportError(str(exc)) from exc
     try:
@@ -320,7 +320,7 @@ def _cluster(workers: int | None, scheduler: str | None, device: str,
         dashboard = ":8787"
     except ImportError:
         dashboard = None
-    cluster = sweep.local_cluster(workers, gpu_ids, dashboard_address=dashboard)
+    cluster = dist.local_cluster(workers, gpu_ids, dashboard_address=dashboard)
     try:
         n = len(cluster.worker_spec)  # all started: local_cluster waits for them
         desc = {"kind": "LocalCluster", "address": cluster.scheduler_address, "workers": n,
@@ -330,7 +330,7 @@ def _cluster(workers: int | None, scheduler: str | None, device: str,
             + (f"one per GPU ({', '.join(gpu_ids[:n])})" if gpu_ids else "CPU"))
         # the workers import and make their CUDA context while the first notebook starts
         with distributed.Client(cluster, set_as_default=False) as client:
-            sweep.warm_up(client, gpu=bool(gpu_ids))
+            dist.warm_up(client, gpu=bool(gpu_ids))
             yield cluster.scheduler_address, desc
     finally:
         cluster.close()

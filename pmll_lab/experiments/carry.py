@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal, error_rows
@@ -50,7 +49,7 @@ from pmll_lab.experiments.acceptance import (  # noqa: F401  (part 1, for the no
     simulation_table, steady_pending,
 )
 from pmll_lab.experiments.common import (  # noqa: F401  (COMPILE_KEYS: for the notebook)
-    COMPILE_KEYS, gating_inputs,
+    COMPILE_KEYS, clone_carry, fill_stash, gating_inputs,
 )
 from pmll_lab.experiments.gdn import (  # noqa: F401  (points, with_layout: for the notebook)
     LAYOUTS, flashinfer_snapshot_check, points, speed_rows, timings, with_layout,
@@ -85,19 +84,6 @@ STYLE = {"carry_exact_eager": ("C0", "--"), "carry_exact_lazy": ("C0", "-"),
 
 
 # ---- shared helpers -----------------------------------------------------------------------
-
-def fill_stash(carry: GdnCarry, seed: int) -> None:
-    """Realistic stash rows for pending counts set by hand: unit keys, log decays <= 0,
-    corrections ``u`` of the scale a verify produces."""
-    gen = torch.Generator().manual_seed(seed)
-    carry.u.copy_((torch.randn(carry.u.shape, generator=gen) * 0.3).to(carry.device))
-    carry.g.copy_((-F.softplus(torch.randn(carry.g.shape, generator=gen))).to(carry.device))
-    carry.k.copy_(ref.l2norm(torch.randn(carry.k.shape, generator=gen)).float().to(carry.device))
-
-
-def clone_carry(c: GdnCarry) -> GdnCarry:
-    return GdnCarry(c.buf.clone(), c.pend.clone(), c.num_v_heads, c.k_dim, c.v_dim, c.cap)
-
 
 def _itemsize(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
+from pmll_lab.reference import carry as ref_carry
 from pmll_lab.sweep import grid
+
+if TYPE_CHECKING:
+    from pmll_lab.carry import GdnCarry
 
 COMPILE_KEYS = ("K", "head_dim", "dtype", "state_layout")
 """Point keys that decide which kernels a GDN or carry point compiles: ``run_sweep(affinity=...)``
@@ -92,3 +98,24 @@ def gating_inputs(seed: int, lead: Sequence[int], num_v_heads: int, *,
     g, beta = fused_gating(A_log, a, dt_bias, b, dtype=torch.float32)
     out = dict(A_log=A_log, a=a, dt_bias=dt_bias, b=b, g=g, beta=beta)
     return {name: t.to(dev) for name, t in out.items()}
+
+
+def fill_stash(carry: GdnCarry, seed: int) -> None:
+    """Fill every stash row of ``carry`` with realistic values, so that pending counts can be set
+    by hand: corrections ``u`` of a verify's scale (N(0, 0.3^2)), log decays ``g =
+    -softplus(N(0, 1)) <= 0``, unit keys ``k`` (``reference.carry.l2norm`` of N(0, 1)); fp32,
+    drawn on the CPU from ``seed`` (the same rows on every device), then copied to the carry's
+    device. Used by the carry verify sweep and the roofline's carry providers."""
+    gen = torch.Generator().manual_seed(int(seed))
+    carry.u.copy_((torch.randn(carry.u.shape, generator=gen) * 0.3).to(carry.device))
+    carry.g.copy_((-F.softplus(torch.randn(carry.g.shape, generator=gen))).to(carry.device))
+    carry.k.copy_(ref_carry.l2norm(torch.randn(carry.k.shape, generator=gen)).float()
+                  .to(carry.device))
+
+
+def clone_carry(c: GdnCarry) -> GdnCarry:
+    """A copy of ``c`` (stash rows and pending counts cloned, same heads, sizes and ``cap``) that
+    a launch may write without touching ``c``."""
+    from pmll_lab.carry import GdnCarry
+
+    return GdnCarry(c.buf.clone(), c.pend.clone(), c.num_v_heads, c.k_dim, c.v_dim, c.cap)

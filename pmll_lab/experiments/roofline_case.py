@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pmll_lab.backend import DEVICE
 from pmll_lab.carry import GdnCarry
@@ -22,23 +21,10 @@ from pmll_lab.peers import fused_gating
 from pmll_lab.reference import carry as ref_carry
 from pmll_lab.experiments import roofline as E
 from pmll_lab.experiments.acceptance import acceptance, draw_pending
-from pmll_lab.experiments.common import gating_inputs
+from pmll_lab.experiments.common import clone_carry, fill_stash, gating_inputs
 from pmll_lab.experiments.roofline import (
     CAP, HALF_STATE_TOL, N_REF, O_TOL, STATE_TOL, _CASE, _SHAPE,
 )
-
-
-def fill_stash(carry: GdnCarry, seed: int) -> None:
-    """Realistic stash rows (so that pending counts can be set by hand): corrections ``u`` of a
-    verify's scale, log decays ``g <= 0``, unit keys ``k``; seeded, drawn on the CPU."""
-    gen = torch.Generator().manual_seed(int(seed))
-    carry.u.copy_((torch.randn(carry.u.shape, generator=gen) * 0.3).to(carry.device))
-    carry.g.copy_((-F.softplus(torch.randn(carry.g.shape, generator=gen))).to(carry.device))
-    carry.k.copy_(ref_carry.l2norm(torch.randn(carry.k.shape, generator=gen)).to(carry.device))
-
-
-def clone_carry(c: GdnCarry) -> GdnCarry:
-    return GdnCarry(c.buf.clone(), c.pend.clone(), c.num_v_heads, c.k_dim, c.v_dim, c.cap)
 
 
 def _shape(point: dict) -> dict:
