@@ -30,6 +30,9 @@ _LAYOUT_DEF = re.compile(r"^(#[\w.]+) = (#ttg\.[^\n]*?)(?:\s+loc\(.*\))?$", re.M
 _TRITON_TYPES = {"i1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "fp8e4nv", "fp8e5",
                  "fp16", "bf16", "fp32", "fp64"}
 _ALIAS = re.compile(r"#[A-Za-z_][\w.]*")
+_NEEDS_LOWER = ("pmll_lab.lowering needs compiled kernels, but kernels are interpreted here: set "
+                "PMLL_LAB_DEVICE=lower (and leave TRITON_INTERPRET unset) before pmll_lab is first "
+                "imported, e.g. `PMLL_LAB_DEVICE=lower python -m pmll_lab.lowering`")
 
 
 def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
@@ -52,8 +55,7 @@ def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
     not know.
     """
     if INTERPRET:
-        raise RuntimeError("pmll_lab.lowering needs compiled kernels: set PMLL_LAB_DEVICE=lower "
-                           "before pmll_lab is first imported")
+        raise RuntimeError(_NEEDS_LOWER)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -214,6 +216,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         raise ValueError(f"head_dim: must be >= 1, got {head_dim}")
     if heads[0] < 1 or heads[1] % heads[0]:
         raise ValueError(f"heads: value heads {heads[1]} must be a multiple of key heads {heads[0]}")
+    if INTERPRET:
+        raise RuntimeError(_NEEDS_LOWER)
     from pmll_lab.ops.gdn import decode as D
     from pmll_lab.ops.gdn.recurrence import (CARRY_PREFETCH_ROWS, block_config, check_layout,
                                              vk_chunks, vk_config)
@@ -283,7 +287,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
 def main(argv: list[str] | None = None) -> int:
     """``python -m pmll_lab.lowering [--head-dim D] [--rows K] [--input-type T]``: print the GDN
     exact family's reduction layouts; exit 1 when a kernel reduces on a layout decode does not
-    use, or has no reduction at all (a lowering that lost the recurrence)."""
+    use, or has no reduction at all (a lowering that lost the recurrence); exit 2, with a
+    one-line message, when kernels are interpreted (``PMLL_LAB_DEVICE=lower`` not set)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m pmll_lab.lowering",
@@ -301,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resources", action="store_true",
                     help="also print registers, stack (spills) and SASS instruction counts")
     args = ap.parse_args(argv)
+    if INTERPRET:       # a one-line error, not a traceback from deep in the lowering
+        print(f"error: {_NEEDS_LOWER}", file=sys.stderr)
+        return 2
     res = {} if args.resources else None
     fam = gdn_exact_family(head_dim=args.head_dim, rows=args.rows, input_type=args.input_type,
                            resources=res, layout=args.layout, batch=args.batch,

@@ -207,6 +207,37 @@ def _layer_types(gdn_per_attention: int, groups: int) -> list[str]:
     return (["linear_attention"] * gdn_per_attention + ["full_attention"]) * groups
 
 
+# Set through a config's keyword arguments but stored under another name (``_attn_implementation``...).
+_LOADING_KWARGS = ("attn_implementation", "experts_implementation")
+
+
+def _with_overrides(config_cls, base: dict, overrides: dict) -> dict:
+    """``base`` updated with ``overrides``, ``num_hidden_layers`` set to ``len(layer_types)``.
+
+    Why: transformers keeps an unknown keyword as an extra attribute that nothing reads (a typo
+    would pass unnoticed), and the layer count is the length of ``layer_types``. Raises
+    ``ValueError`` naming an override ``config_cls`` has no field for, or a
+    ``num_hidden_layers`` that disagrees with ``layer_types``."""
+    import inspect
+
+    known = set(inspect.signature(config_cls.__init__).parameters) | set(_LOADING_KWARGS)
+    default = None
+    for name in overrides:
+        if name in known:
+            continue
+        default = config_cls() if default is None else default
+        if not hasattr(default, name):
+            raise ValueError(f"{name}: not a field of {config_cls.__name__} (a typo?)")
+    out = {**base, **overrides}
+    n = len(out["layer_types"])
+    if out.get("num_hidden_layers", n) != n:
+        raise ValueError(f"num_hidden_layers: {out['num_hidden_layers']} disagrees with "
+                         f"layer_types ({n} layers); the layer count is len(layer_types), give "
+                         "layer_types instead")
+    out["num_hidden_layers"] = n
+    return out
+
+
 def tiny_config(kind: str = "qwen3_next", **overrides):
     """A small config of a real architecture: ``kind`` ``"qwen3_next"`` (MoE MLP, 4 experts top
     2, shared expert) or ``"qwen3_5"`` (dense MLP). Hidden size 64, layers ``linear, linear,
@@ -214,7 +245,9 @@ def tiny_config(kind: str = "qwen3_next", **overrides):
     a transposed state cannot pass unnoticed; one program per head in both layouts, cheap on
     the interpreter), attention 2 heads
     (1 KV head) of 16, vocab 256, eager attention and experts (float64 capable).
-    ``overrides`` replace any field. Raises ``ValueError`` for another ``kind``."""
+    ``overrides`` replace any field of the config class; the layer count is
+    ``len(layer_types)``. Raises ``ValueError`` for another ``kind``, an override that is not a
+    field of the config class, or a ``num_hidden_layers`` that disagrees with ``layer_types``."""
     base = dict(vocab_size=256, hidden_size=64, intermediate_size=128,
                 layer_types=["linear_attention", "linear_attention", "full_attention"],
                 num_attention_heads=2, num_key_value_heads=1, head_dim=16,
@@ -230,9 +263,7 @@ def tiny_config(kind: str = "qwen3_next", **overrides):
         from transformers import Qwen3_5TextConfig as Config
     else:
         raise ValueError(f"kind: expected 'qwen3_next' or 'qwen3_5', got {kind!r}")
-    base.update(overrides)
-    base["num_hidden_layers"] = len(base["layer_types"])
-    return Config(**base)
+    return Config(**_with_overrides(Config, base, overrides))
 
 
 def qwen3_next_sized_config(*, gdn_layers: int = 9, gdn_per_attention: int = 3,
@@ -243,7 +274,10 @@ def qwen3_next_sized_config(*, gdn_layers: int = 9, gdn_per_attention: int = 3,
     groups of ``gdn_per_attention`` GDN layers and one attention layer (Qwen3-Next's 3:1),
     ``gdn_layers`` GDN layers in all, a dense MLP of ``intermediate_size`` in place of the
     512-expert MoE, a ``vocab_size`` vocabulary. For timing the GDN path at its real size
-    with random weights; ``overrides`` replace any field."""
+    with random weights; ``overrides`` replace any field of ``Qwen3NextConfig`` (the layer count
+    is ``len(layer_types)``). Raises ``ValueError`` for ``gdn_layers`` not a multiple of
+    ``gdn_per_attention``, an override that is not a field, or a ``num_hidden_layers`` that
+    disagrees with ``layer_types``."""
     from transformers import Qwen3NextConfig
 
     if gdn_layers % gdn_per_attention:
@@ -256,9 +290,7 @@ def qwen3_next_sized_config(*, gdn_layers: int = 9, gdn_per_attention: int = 3,
                 linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
                 linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=0,
                 max_position_embeddings=4096)
-    base.update(overrides)
-    base["num_hidden_layers"] = len(base["layer_types"])
-    return Qwen3NextConfig(**base)
+    return Qwen3NextConfig(**_with_overrides(Qwen3NextConfig, base, overrides))
 
 
 def build_model(config, *, seed: int = 0, dtype: torch.dtype = torch.float32, device=None):
