@@ -365,7 +365,8 @@ def build_report(
     Returns the manifest (``manifest["ok"]`` is False when a notebook of this call failed).
     When some notebooks are chosen (``notebooks`` or ``only``), the entries of the run's earlier
     manifest for the other notebooks are kept in the index, each with its own date and preset.
-    Raises ``ReportError`` for an unknown preset, device, run name or notebook name, a bad
+    Raises ``ReportError`` for an unknown preset, device, run name or notebook name, a
+    ``notebooks_dir`` that is not a folder (when ``notebooks`` is not given), a bad
     ``workers`` (not a positive int, more than the GPUs visible) or ``cell_timeout``,
     ``workers`` and ``scheduler`` both given, a scheduler that does not answer, or when the
     kernel environment cannot import ``pmll_lab`` with that device (checked before any notebook
@@ -389,6 +390,8 @@ def build_report(
         raise ReportError(f"cell_timeout: must be > 0 seconds (None: no limit), not "
                           f"{cell_timeout!r}")
     chosen = notebooks is not None or bool(only)
+    if notebooks is None and not Path(notebooks_dir).is_dir():
+        raise ReportError(f"notebooks_dir: no such folder: {notebooks_dir}")
     paths = [Path(p) for p in notebooks] if notebooks is not None else discover(notebooks_dir)
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:

@@ -102,11 +102,29 @@ class NoisyDraft:
         return out
 
 
+def _is_noisy(draft) -> bool:
+    return isinstance(draft, str) and draft == "noisy"
+
+
+def check_draft_args(draft, draft_accept=None, reference=None) -> None:
+    """``draft_accept`` and ``reference`` belong to the noisy draft: given with any other
+    ``draft`` they would be ignored without a word, so ``ValueError`` naming the argument."""
+    if _is_noisy(draft):
+        return
+    for name, value in (("draft_accept", draft_accept), ("reference", reference)):
+        if value is not None:
+            shown = draft if isinstance(draft, str) else f"a {type(draft).__name__}"
+            raise ValueError(f"{name}: only with draft='noisy' (draft is {shown!s}); leave it "
+                             "None")
+
+
 def make_draft(draft, *, draft_accept: float | None = None, reference=None,
                vocab_size: int | None = None, seed: int = 0) -> Callable:
     """The draft callable for ``speculative_generate``'s ``draft``: ``"ngram"``, ``"noisy"``
     (needs ``draft_accept``, ``reference`` and ``vocab_size``) or a callable (returned as is).
-    Raises ``ValueError`` naming ``draft`` / ``draft_accept`` otherwise."""
+    Raises ``ValueError`` naming ``draft`` / ``draft_accept`` otherwise, and naming
+    ``draft_accept`` / ``reference`` given with another ``draft`` (``check_draft_args``)."""
+    check_draft_args(draft, draft_accept, reference)
     if callable(draft):
         return draft
     if draft == "ngram":

@@ -14,10 +14,10 @@ Conventions (both functions):
   or right; a row's tokens must be contiguous). No padding ever reaches the model: each prompt is
   prefilled alone, in its own slot.
 - ``batch_size``: sequences decoded together (slots; default ``N``). When a sequence ends (its
-  ``max_new_tokens``, an int or one per prompt, or an ``eos_token_id``) its slot is released and
+  ``max_new_tokens``: an int >= 1, or one int >= 1 per prompt; or an ``eos_token_id``) its slot is released and
   the next waiting prompt is prefilled into it.
 - Output: LongTensor ``[N, max(max_new_tokens)]`` of generated tokens (the prompt excluded),
-  ``pad_token_id`` (default -1) after a sequence's end.
+  ``pad_token_id`` (an int, default -1) after a sequence's end.
 - ``K``: rows verified per step, ``2 <= K <= 8`` (the carry's CAP); ``K - 1`` draft tokens.
   A step emits ``a`` tokens, ``1 <= a <= K`` (the acceptance length). When no sequence of a
   step has a draft token the step is a plain decode (a form switch: slots holding carried rows
@@ -32,9 +32,10 @@ Conventions (both functions):
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -44,7 +45,7 @@ from pmll_lab import _checks
 from pmll_lab.carry import GDN_CARRY_CAP, GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS
 from pmll_lab.models.cache import FORMS, ServingCache
 from pmll_lab.models.timing import StepTimer
-from pmll_lab.models.drafts import DraftContext, make_draft
+from pmll_lab.models.drafts import DraftContext, check_draft_args, make_draft
 
 
 @dataclass
@@ -93,7 +94,25 @@ class GenerationStats:
 
 
 def _vocab(model) -> int:
-    return model.get_output_embeddings().weight.shape[0]
+    """The LM head's vocabulary size. Raises ``TypeError`` naming ``model`` when it is not a
+    transformers causal LM (a torch module with an output embedding), before any step runs."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a transformers Qwen3-Next / Qwen3.5 causal LM, got "
+                        f"{type(model).__name__}")
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    weight = getattr(head, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise TypeError(f"model: {type(model).__name__} is not a transformers causal LM (no "
+                        "output embedding / LM head); expected a Qwen3-Next / Qwen3.5 model")
+    return weight.shape[0]
+
+
+def _pad(pad_token_id) -> int:
+    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, numbers.Integral):
+        raise TypeError(f"pad_token_id: expected an int (the id written after a sequence's "
+                        f"end; default -1), got {pad_token_id!r}")
+    return int(pad_token_id)
 
 
 def _prompts(input_ids, attention_mask, vocab: int | None = None) -> list[torch.Tensor]:
@@ -147,8 +166,8 @@ def _budgets(max_new_tokens, n: int) -> list[int]:
     if len(vals) == 1:
         vals = vals * n
     if len(vals) != n or min(vals) < 1:
-        raise ValueError(f"max_new_tokens: expected an int >= 1 or {n} of them, got "
-                         f"{max_new_tokens!r}")
+        raise ValueError(f"max_new_tokens: expected an int >= 1, or one int >= 1 per prompt "
+                         f"({n}), got {max_new_tokens!r}")
     return vals
 
 
@@ -278,11 +297,14 @@ def greedy_generate(model: nn.Module, input_ids, *, max_new_tokens, state_layout
     ``(tokens, GenerationStats)``.
 
     Returns LongTensor ``[N, max(max_new_tokens)]``. Raises ``ValueError``/``TypeError`` naming
-    the argument. Prompts are prefilled with transformers' own torch path.
+    the argument, before any step: ``model`` not a causal LM (``TypeError``) or without GDN
+    layers, ``max_new_tokens`` not an int >= 1 (or one per prompt), ``pad_token_id`` not an int
+    (``TypeError``), bad prompts, mask, layout or batch. Prompts are prefilled with transformers' own torch path.
     """
     prompts = _prompts(input_ids, attention_mask, _vocab(model))
     budgets = _budgets(max_new_tokens, len(prompts))
     bs = _batch(batch_size, len(prompts))
+    pad = _pad(pad_token_id)
     cache, timer = _make_cache(model, prompts, budgets, 1, bs, state_layout, "exact", None, None,
                                timing, record_gdn_io)
     run = _Run(model, prompts, budgets, batch_size=bs, eos=_eos(model, eos_token_id),
@@ -292,7 +314,7 @@ def greedy_generate(model: nn.Module, input_ids, *, max_new_tokens, state_layout
         run.decode_step(sorted(run.active), time.perf_counter())
         run.retire()
         run.admit()
-    return run.result(pad_token_id, return_stats)
+    return run.result(pad, return_stats)
 
 
 @torch.no_grad()
@@ -320,7 +342,8 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
             below (``False``: always eager); ``eager_max_pending`` as in ``SpecDecodeStep``.
         draft_accept, reference, draft_seed: the noisy draft's ``p``, the greedy tokens it
             perturbs (``[N, T]`` or lists; default: computed here by ``greedy_generate`` with
-            the same model, layout and batch, which costs a full greedy run) and its seed.
+            the same model, layout and batch, which costs a full greedy run) and its seed;
+            ``draft_accept`` and ``reference`` only with ``draft="noisy"`` (``ValueError``).
 
     Returns LongTensor ``[N, max(max_new_tokens)]`` (or ``(tokens, GenerationStats)``). Raises
     ``ValueError``/``TypeError`` naming the argument.
@@ -328,6 +351,8 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
     prompts = _prompts(input_ids, attention_mask, _vocab(model))
     budgets = _budgets(max_new_tokens, len(prompts))
     bs = _batch(batch_size, len(prompts))
+    pad = _pad(pad_token_id)
+    check_draft_args(draft, draft_accept, reference)
     _checks.positive_int("K", K, minimum=2, maximum=GDN_CARRY_CAP)
     _checks.choice("form", form, FORMS)
     if not isinstance(lazy, bool):
@@ -361,7 +386,7 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
             _verify_step(run, slots, idx, props, K, form, t0, draft_ms)
         run.retire()
         run.admit()
-    return run.result(pad_token_id, return_stats)
+    return run.result(pad, return_stats)
 
 
 def _proposals(props, B: int, n: int, vocab: int) -> list[list[int]]:
@@ -369,7 +394,10 @@ def _proposals(props, B: int, n: int, vocab: int) -> list[list[int]]:
         raise ValueError(f"draft: must return one list of proposed tokens per sequence ({B}), "
                          f"got {type(props).__name__}")
     out = []
-    for p in props:
+    for b, p in enumerate(props):
+        if isinstance(p, (str, bytes, torch.Tensor)) or not isinstance(p, Iterable):
+            raise ValueError(f"draft: sequence {b}'s proposals must be a list of token ids "
+                             f"(possibly empty), got {type(p).__name__}")
         p = _checks.int_list("draft", list(p))[:n]
         if any(not 0 <= t < vocab for t in p):
             raise ValueError(f"draft: proposed token ids must lie in [0, {vocab}), got {p}")
