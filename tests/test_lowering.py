@@ -256,3 +256,18 @@ def test_sass_stats_counts_the_unrolled_rows():
     assert one["mix"]["FFMA"] > 100
     assert abs(four["mix"]["FFMA"] / one["mix"]["FFMA"] - 4) < 0.08, (one["mix"], four["mix"])
     assert four["instructions"] > 3 * one["instructions"]
+
+
+def test_cli_without_lower_device_says_how_to_run_it():
+    """``python -m pmll_lab.lowering`` with interpreted kernels (``PMLL_LAB_DEVICE=cpu``): exit 2
+    and one line saying to set ``PMLL_LAB_DEVICE=lower`` without ``TRITON_INTERPRET``, no
+    traceback."""
+    env = dict(os.environ, PMLL_LAB_DEVICE="cpu",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-m", "pmll_lab.lowering", "--rows", "2"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if "PMLL_LAB_DEVICE" in ln]
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "PMLL_LAB_DEVICE=lower" in lines[0] and "TRITON_INTERPRET" in lines[0]
+    assert res.stdout == ""

@@ -270,3 +270,21 @@ def test_cell_timeout_checked_and_a_run_that_cannot_start_leaves_no_folder(tmp_p
     assert main(args + ["--scheduler", "tcp://127.0.0.1:9", "--run", "x"]) == 2
     assert "scheduler: no Dask scheduler answers" in capsys.readouterr().err
     assert not (tmp_path / "r").exists(), "a run that could not start left a folder behind"
+
+
+def test_missing_notebooks_dir_cannot_start(tmp_path, capsys):
+    """A ``notebooks_dir`` that is not a folder is an error naming it (exit 2, with or without
+    ``--only``), not an empty report; nothing is written."""
+    missing = tmp_path / "no_such_dir"
+    with pytest.raises(ReportError, match="^notebooks_dir: no such folder"):
+        build_report(device="cpu", notebooks_dir=missing, reports_dir=tmp_path / "r")
+    with pytest.raises(ReportError, match="^notebooks_dir: no such folder"):
+        build_report(device="cpu", only=["gdn_conv"], notebooks_dir=missing,
+                     reports_dir=tmp_path / "r")
+    args = ["report", "--device", "cpu", "--notebooks-dir", str(missing),
+            "--reports-dir", str(tmp_path / "r"), "--run", "t"]
+    for extra in ([], ["--only", "gdn_conv"]):
+        assert main(args + extra) == 2
+        err = capsys.readouterr().err
+        assert "notebooks_dir: no such folder" in err and str(missing) in err, err
+    assert not (tmp_path / "r").exists()
