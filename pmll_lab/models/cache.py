@@ -290,10 +290,15 @@ class ServingCache:
             raise ValueError(f"{step}: the previous verify of slots {self._waiting} was not "
                              f"accepted; call accept(...) first")
 
-    def _check_ids(self, name: str, t, shape: tuple) -> None:
-        """``t``: an int32/int64 tensor of ``shape`` whose ids lie in the vocabulary (as
-        ``greedy_generate`` checks its prompts; one host read if ``t`` is on the device)."""
-        _checks.tensor(name, t, shape=shape, dtype=(torch.int64, torch.int32))
+    def _check_ids(self, name: str, t, shape: tuple, want: str) -> None:
+        """``t``: an int32/int64 tensor of ``shape`` (``None``: any size; ``want`` says it in
+        words) whose ids lie in the vocabulary (as ``greedy_generate`` checks its prompts; one
+        host read if ``t`` is on the device)."""
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a LongTensor {want}, got {type(t).__name__}")
+        if t.dim() != len(shape) or any(w is not None and w != n for w, n in zip(shape, t.shape)):
+            raise ValueError(f"{name}: expected shape {want}, got {tuple(t.shape)}")
+        _checks.tensor(name, t, dtype=(torch.int64, torch.int32))
         if t.numel():
             lo, hi = int(t.min()), int(t.max())
             if lo < 0 or hi >= self.vocab:
@@ -336,7 +341,7 @@ class ServingCache:
         if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.numel() < 1:
             raise ValueError(f"ids: expected a non-empty 1-D LongTensor, got "
                              f"{tuple(ids.shape) if isinstance(ids, torch.Tensor) else ids!r}")
-        self._check_ids("ids", ids, (None,))
+        self._check_ids("ids", ids, (None,), "[T]")
         self._reset_slot(slot)
         self._tags[slot] = tag
         self._bind([slot], ids.numel())
@@ -360,7 +365,7 @@ class ServingCache:
         self._check_idle("decode")
         slots = self._check_slots(slots)
         self._check_live(slots)
-        self._check_ids("tokens", tokens, (len(slots),))
+        self._check_ids("tokens", tokens, (len(slots),), f"[len(slots)] = ({len(slots)},)")
         self.flush([s for s in slots if s in self._dirty])
         self._bind(slots, 1)
         self._mode = "decode"
@@ -384,10 +389,11 @@ class ServingCache:
         self._check_idle("verify")
         slots = self._check_slots(slots)
         self._check_live(slots)
-        self._check_ids("rows", rows, (len(slots), None))
+        self._check_ids("rows", rows, (len(slots), None), f"[len(slots), K] = ({len(slots)}, K)")
         B, K = rows.shape
         if K < 1:
-            raise ValueError(f"rows: expected K >= 1 rows per sequence, got shape {tuple(rows.shape)}")
+            raise ValueError(f"rows: expected K >= 1 rows per sequence, got shape "
+                             f"{tuple(rows.shape)}")
         if self.form == "chain" and K > 1 and (self.gdn[0].inter is None
                                                or K - 1 > self.gdn[0].inter.shape[1]):
             raise ValueError(f"rows: K = {K} exceeds the rows this cache was built for")
