@@ -24,6 +24,12 @@ A step is one of:
 - ``release(slot)``: the sequence ended; its carries are reset and the slot is free for the next
   prompt (its states are overwritten by that prompt's prefill).
 
+Misuse is refused with ``ValueError`` before any kernel runs (nothing changes): ``decode`` /
+``verify`` of a slot that holds no sequence (never prefilled, or released); token ids outside the
+model's vocabulary; ``tokens`` / ``rows`` not one entry / row per slot; ``accept`` with no verify
+waiting; and any step but ``accept`` while a verify waits (a rejected ``accept`` leaves the verify
+waiting: accept it with valid counts).
+
 Attention: keys of slot ``s`` sit at positions ``0 .. length[s]-1``; a step's queries see
 positions up to their own through an additive mask over all ``max_len`` positions, so rejected
 draft rows need no rollback (they are masked, then overwritten), and every step reduces over the
@@ -100,7 +106,8 @@ class ServingCache:
             ``self.gdn_io``: ``{(tag, layer, position): (x [conv_dim], o [HV, vd])}`` (CPU
             copies; ``tag`` as given to ``prefill``). For exactness checks; costs a copy per row.
 
-    Raises ``ValueError``/``TypeError`` naming the argument.
+    Raises ``ValueError``/``TypeError`` naming the argument (module docstring: what each step
+    refuses).
     """
 
     def __init__(self, model: nn.Module, *, slots: int, max_len: int, state_layout: str = "kv",
@@ -132,6 +139,10 @@ class ServingCache:
                                         dtype=self.dtype, device=self.device) for _ in range(2))
                    for i in range(cfg.num_hidden_layers) if i not in gdn_idx}
         self.lengths = [0] * slots
+        self._live: set[int] = set()         # slots holding a sequence (prefilled, not released)
+        self._waiting: list[int] | None = None   # slots of a verify not yet accepted
+        from pmll_lab.models.generate import _vocab     # generate imports this module
+        self.vocab = _vocab(model)
         self.timer = timer or StepTimer(self.device, enabled=False)
         self._spec = None
         self._dirty: set[int] = set()        # slots that may hold carried (pending) rows
@@ -260,10 +271,43 @@ class ServingCache:
                              use_qk_l2norm=True, state_layout=self.layout)
 
     # -- steps ----------------------------------------------------------------------------------
-    def _bind(self, slots, T):
-        """Host slots and positions of a step of ``T`` rows; device slot tables and positions."""
+    def _check_slots(self, slots) -> list[int]:
+        """``slots`` as host ints: distinct, in ``[0, S)``."""
+        slots = _checks.int_list("slots", slots)
         if len(set(slots)) != len(slots) or not all(0 <= s < self.slots for s in slots):
             raise ValueError(f"slots: expected distinct slots in [0, {self.slots}), got {slots}")
+        return slots
+
+    def _check_live(self, slots: list[int]) -> None:
+        dead = [s for s in slots if s not in self._live]
+        if dead:
+            raise ValueError(f"slots: slot(s) {dead} hold no sequence (never prefilled, or "
+                             f"released); prefill(slot, ids) first")
+
+    def _check_idle(self, step: str) -> None:
+        """No verify waits for its ``accept`` (every step but ``accept`` needs this)."""
+        if self._waiting is not None:
+            raise ValueError(f"{step}: the previous verify of slots {self._waiting} was not "
+                             f"accepted; call accept(...) first")
+
+    def _check_ids(self, name: str, t, shape: tuple, want: str) -> None:
+        """``t``: an int32/int64 tensor of ``shape`` (``None``: any size; ``want`` says it in
+        words) whose ids lie in the vocabulary (as ``greedy_generate`` checks its prompts; one
+        host read if ``t`` is on the device)."""
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a LongTensor {want}, got {type(t).__name__}")
+        if t.dim() != len(shape) or any(w is not None and w != n for w, n in zip(shape, t.shape)):
+            raise ValueError(f"{name}: expected shape {want}, got {tuple(t.shape)}")
+        _checks.tensor(name, t, dtype=(torch.int64, torch.int32))
+        if t.numel():
+            lo, hi = int(t.min()), int(t.max())
+            if lo < 0 or hi >= self.vocab:
+                raise ValueError(f"{name}: token ids {lo}..{hi} lie outside the model's "
+                                 f"vocabulary [0, {self.vocab})")
+
+    def _bind(self, slots, T):
+        """Host slots and positions of a step of ``T`` rows; device slot tables and positions."""
+        slots = self._check_slots(slots)
         end = max(self.lengths[s] for s in slots) + T
         if end > self.max_len:
             raise ValueError(f"max_len: a step needs {end} positions, the cache holds "
@@ -291,10 +335,13 @@ class ServingCache:
     def prefill(self, slot: int, ids: torch.Tensor, tag=None) -> torch.Tensor:
         """Start sequence ``ids [T]`` (LongTensor, ``T >= 1``) in ``slot``: the prompt through
         the model; returns the last position's logits ``[V]``. ``tag`` names the sequence in
-        ``gdn_io``."""
-        if ids.dim() != 1 or ids.numel() < 1:
-            raise ValueError(f"ids: expected a non-empty 1-D LongTensor, got shape "
-                             f"{tuple(ids.shape)}")
+        ``gdn_io``. ``ValueError`` naming ``ids`` for ids outside the vocabulary, ``slot`` out of
+        range, and while a verify waits for its ``accept``."""
+        self._check_idle("prefill")
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.numel() < 1:
+            raise ValueError(f"ids: expected a non-empty 1-D LongTensor, got "
+                             f"{tuple(ids.shape) if isinstance(ids, torch.Tensor) else ids!r}")
+        self._check_ids("ids", ids, (None,), "[T]")
         self._reset_slot(slot)
         self._tags[slot] = tag
         self._bind([slot], ids.numel())
@@ -305,13 +352,20 @@ class ServingCache:
         finally:
             self._mode = None
         self.lengths[slot] = ids.numel()
+        self._live.add(slot)
         return logits[0, -1]
 
     @torch.no_grad()
     def decode(self, slots: list[int], tokens: torch.Tensor) -> torch.Tensor:
         """One token per sequence: ``tokens [B]`` at the next position of each slot; returns
         logits ``[B, V]``. Slots holding carried rows are flushed first (all layers, one launch
-        per kernel)."""
+        per kernel). ``ValueError`` (nothing run): ``slots`` not distinct, out of range or
+        holding no sequence; ``tokens`` not ``[len(slots)]`` or outside the vocabulary; a verify
+        waiting for its ``accept``."""
+        self._check_idle("decode")
+        slots = self._check_slots(slots)
+        self._check_live(slots)
+        self._check_ids("tokens", tokens, (len(slots),), f"[len(slots)] = ({len(slots)},)")
         self.flush([s for s in slots if s in self._dirty])
         self._bind(slots, 1)
         self._mode = "decode"
@@ -328,8 +382,18 @@ class ServingCache:
     def verify(self, slots: list[int], rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """Verify ``rows [B, K]`` (the last accepted token, then ``K-1`` drafts) of each
         sequence; returns ``(logits [B, K, V], info)``, ``info`` with ``lazy`` (carried forms)
-        and ``flushed`` (slots flushed before an eager verify). Call ``accept`` next."""
+        and ``flushed`` (slots flushed before an eager verify). Call ``accept`` next; until then
+        every other step raises ``ValueError``. ``ValueError`` (nothing run): ``slots`` not
+        distinct, out of range or holding no sequence; ``rows`` not ``[len(slots), K]`` or
+        outside the vocabulary; a previous verify not accepted."""
+        self._check_idle("verify")
+        slots = self._check_slots(slots)
+        self._check_live(slots)
+        self._check_ids("rows", rows, (len(slots), None), f"[len(slots), K] = ({len(slots)}, K)")
         B, K = rows.shape
+        if K < 1:
+            raise ValueError(f"rows: expected K >= 1 rows per sequence, got shape "
+                             f"{tuple(rows.shape)}")
         if self.form == "chain" and K > 1 and (self.gdn[0].inter is None
                                                or K - 1 > self.gdn[0].inter.shape[1]):
             raise ValueError(f"rows: K = {K} exceeds the rows this cache was built for")
@@ -343,8 +407,13 @@ class ServingCache:
         self._mode, self._rows = "verify", K
         try:
             logits = self._forward(rows.to(self.device))
+        except BaseException:
+            if self._spec is not None:
+                self._spec.abort()          # the carried step is abandoned, not left half-open
+            raise
         finally:
             self._mode = None
+        self._waiting = list(slots)
         return logits, info
 
     @torch.no_grad()
@@ -353,11 +422,17 @@ class ServingCache:
         pending counts (one launch), or the chain's snapshot of row ``a-1`` copied back where
         ``a < K``; positions advance by ``a``. Returns ``{"write_backs"}`` (carried forms: the
         sequences whose verify wrote the state back, read from ``engaged``: one sync) or
-        ``{"restored"}`` (chain)."""
+        ``{"restored"}`` (chain). ``ValueError`` (nothing changed): no verify waiting (each
+        verify is accepted once), or ``accepted`` not ``len(slots)`` ints in ``[1, K]`` (the
+        verify then still waits)."""
+        if self._waiting is None:
+            raise ValueError("accept: no verify is waiting to be accepted (call verify(slots, "
+                             "rows) first; each verify is accepted once)")
         slots, K = self._slots_host, self._rows
         acc = _checks.int_list("accepted", accepted)
         if len(acc) != len(slots) or not all(1 <= a <= K for a in acc):
             raise ValueError(f"accepted: expected {len(slots)} ints in [1, {K}], got {acc}")
+        self._waiting = None
         if self.form == "chain":
             sel = [b for b, a in enumerate(acc) if a < K]
             if sel:
@@ -392,13 +467,16 @@ class ServingCache:
         if not 0 <= slot < self.slots:
             raise ValueError(f"slot: expected an int in [0, {self.slots}), got {slot}")
         self.lengths[slot] = 0
+        self._live.discard(slot)
         if self._spec is not None:
             self._spec.reset([slot])
         self._dirty.discard(slot)
 
     def release(self, slot: int) -> None:
         """The sequence in ``slot`` ended: forget its carried rows and length; the slot is free
-        for the next prefill."""
+        for the next prefill (``decode`` / ``verify`` refuse it until then). ``ValueError`` while a
+        verify waits for its ``accept``."""
+        self._check_idle("release")
         self._reset_slot(slot)
 
     # -- inspection -----------------------------------------------------------------------------
@@ -420,7 +498,9 @@ class ServingCache:
                    state: torch.Tensor) -> None:
         """Set GDN layer ``layer``'s conv windows ``[B, conv_dim, d_conv]`` and K-major states
         ``[B, HV, kd, vd]`` of ``slots`` (e.g. from transformers' cache, to test a layer from
-        the same starting point); carried rows of those slots are forgotten."""
+        the same starting point); carried rows of those slots are forgotten, and they hold no
+        sequence for ``decode`` / ``verify`` (for ``layer_decode``)."""
+        self._check_idle("load_state")
         lay = self.gdn[layer]
         idx = torch.tensor(slots, device=self.device)
         lay.conv_state[idx] = conv_window.to(lay.conv_state.dtype)
@@ -436,6 +516,7 @@ class ServingCache:
         sequences in ``slots`` through ``module``'s projections, our ``conv_update`` +
         ``gdn_decode`` and its output path; returns ``[B, 1, hidden]`` (positions are not
         advanced: the attention layers are not involved)."""
+        self._check_idle("layer_decode")
         self._bind(slots, 1)
         self._mode = "decode"
         try:

@@ -1,0 +1,172 @@
+"""``ServingCache`` refuses misuse before any kernel runs and leaves its state unchanged:
+``accept`` with no verify waiting, steps while a verify waits, slots holding no sequence,
+out-of-vocabulary token ids, and token / row counts that do not match ``slots``.
+
+Tiny float64 Qwen3-Next model (seeded); the states compared bitwise before and after a refused
+call, and the logits of the step after it compared bitwise with a run that never made the call.
+"""
+
+import functools
+
+import pytest
+import torch
+
+import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
+
+pytest.importorskip("transformers", reason="the models extra needs transformers")
+
+from pmll_lab.models.cache import ServingCache  # noqa: E402
+from pmll_lab.models.qwen3_next import build_model, tiny_config  # noqa: E402
+
+
+@functools.lru_cache(maxsize=None)
+def _model():
+    return build_model(tiny_config("qwen3_next"), seed=0, dtype=torch.float64)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One intra-op thread: tiny matrices on a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _ids(seed: int, *shape: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, _model().config.vocab_size, shape, generator=g)
+
+
+def _snapshot(c: ServingCache) -> list:
+    out = [list(c.lengths)]
+    for lay in c.gdn:
+        out += [lay.state.clone(), lay.conv_state.clone()]
+        for carry in (lay.carry, lay.conv_carry):
+            if carry is not None:
+                out.append(carry.pend.clone())
+    for k, v in c.kv.values():
+        out += [k.clone(), v.clone()]
+    return out
+
+
+def _same(a: list, b: list) -> bool:
+    if a[0] != b[0]:
+        return False
+    return all(torch.equal(x, y) for x, y in zip(a[1:], b[1:]))
+
+
+def _cache(form: str, slots: int = 1, **kw) -> ServingCache:
+    return ServingCache(_model(), slots=slots, max_len=16, form=form, rows=3, **kw)
+
+
+@pytest.mark.parametrize("form", ["chain", "exact", "wy"])
+def test_accept_without_waiting_verify_raises(form):
+    prompt, rows, nxt = _ids(1, 3), _ids(2, 1, 3), _ids(3, 1)
+
+    def run(extra: bool):
+        c = _cache(form)
+        with pytest.raises(ValueError, match=r"^accept: no verify is waiting"):
+            c.accept([1])                                   # nothing verified yet
+        c.prefill(0, prompt)
+        c.verify([0], rows)
+        c.accept([2])
+        if extra:
+            before = _snapshot(c)
+            with pytest.raises(ValueError, match=r"^accept: no verify is waiting"):
+                c.accept([1])                               # the same verify a second time
+            assert _same(before, _snapshot(c))
+        return c.decode([0], nxt), c.counts
+
+    ref, ref_counts = run(False)
+    got, got_counts = run(True)
+    assert torch.equal(got, ref)                  # the refused accept changed nothing
+    assert got_counts == ref_counts
+
+
+@pytest.mark.parametrize("form", ["exact", "chain"])
+def test_rejected_accept_leaves_verify_waiting(form):
+    p0, p1, rows, nxt = _ids(11, 3), _ids(12, 2), _ids(13, 2, 3), _ids(14, 2)
+
+    def run(reject: bool):
+        c = _cache(form, slots=2, lazy_min_seqs=1)
+        c.prefill(0, p0)
+        c.prefill(1, p1)
+        c.verify([0, 1], rows)
+        if reject:
+            before = _snapshot(c)
+            with pytest.raises(ValueError, match=r"^accepted:"):
+                c.accept([0, 1])
+            msg = r"^{}: the previous verify of slots \[0, 1\] was not accepted; call accept"
+            with pytest.raises(ValueError, match=msg.format("verify")):
+                c.verify([0, 1], rows)
+            with pytest.raises(ValueError, match=msg.format("decode")):
+                c.decode([0, 1], nxt)
+            with pytest.raises(ValueError, match=msg.format("prefill")):
+                c.prefill(0, p0)
+            with pytest.raises(ValueError, match=msg.format("release")):
+                c.release(1)
+            assert _same(before, _snapshot(c))
+        c.accept([2, 3])                                    # the waiting verify, accepted
+        return c.decode([0, 1], nxt)
+
+    assert torch.equal(run(True), run(False))
+
+
+def test_slot_without_sequence_raises():
+    c = _cache("exact", slots=2)
+    c.prefill(0, _ids(21, 3))
+    before = _snapshot(c)
+    with pytest.raises(ValueError, match=r"^slots: slot\(s\) \[1\] hold no sequence"):
+        c.decode([1], _ids(22, 1))                          # never prefilled
+    with pytest.raises(ValueError, match=r"^slots: slot\(s\) \[1\] hold no sequence"):
+        c.verify([0, 1], _ids(23, 2, 2))
+    assert _same(before, _snapshot(c))
+    c.release(0)
+    before = _snapshot(c)
+    with pytest.raises(ValueError, match=r"^slots: slot\(s\) \[0\] hold no sequence"):
+        c.decode([0], _ids(24, 1))                          # released
+    with pytest.raises(ValueError, match=r"^slots: slot\(s\) \[0\] hold no sequence"):
+        c.verify([0], _ids(25, 1, 2))
+    with pytest.raises(ValueError, match=r"^slots: expected distinct slots"):
+        c.decode([2], _ids(26, 1))
+    assert _same(before, _snapshot(c))
+
+
+def test_out_of_vocabulary_ids_raise():
+    V = _model().config.vocab_size
+    c = _cache("chain", slots=2)
+    with pytest.raises(ValueError, match=r"^ids: token ids .* outside the model's vocabulary"):
+        c.prefill(0, torch.tensor([1, V + 743]))
+    with pytest.raises(ValueError, match=r"^ids: token ids"):
+        c.prefill(0, torch.tensor([-1, 5]))
+    assert c.lengths == [0, 0]
+    with pytest.raises(ValueError, match=r"^slots: slot\(s\) \[0\] hold no sequence"):
+        c.decode([0], _ids(31, 1))                          # the refused prefill left no sequence
+    c.prefill(0, _ids(32, 3))
+    c.prefill(1, _ids(33, 2))
+    before = _snapshot(c)
+    with pytest.raises(ValueError, match=r"^tokens: token ids .* vocabulary"):
+        c.decode([0, 1], torch.tensor([3, V]))
+    with pytest.raises(ValueError, match=r"^rows: token ids .* vocabulary"):
+        c.verify([0, 1], torch.tensor([[3, 4], [5, V + 1]]))
+    with pytest.raises(ValueError, match=r"^tokens: dtype"):
+        c.decode([0, 1], torch.tensor([3.0, 4.0]))
+    assert _same(before, _snapshot(c))
+
+
+def test_token_count_must_match_slots():
+    c = _cache("exact", slots=2)
+    c.prefill(0, _ids(41, 3))
+    c.prefill(1, _ids(42, 2))
+    before = _snapshot(c)
+    shape = r"expected shape \[len\(slots\)(, K)?\] = "
+    with pytest.raises(ValueError, match=r"^tokens: " + shape + r"\(1,\), got \(2,\)"):
+        c.decode([0], _ids(43, 2))
+    with pytest.raises(ValueError, match=r"^tokens: " + shape + r"\(2,\), got \(2, 1\)"):
+        c.decode([0, 1], _ids(44, 2, 1))
+    with pytest.raises(ValueError, match=r"^rows: " + shape + r"\(2, K\), got \(1, 3\)"):
+        c.verify([0, 1], _ids(45, 1, 3))
+    with pytest.raises(ValueError, match=r"^rows: expected shape"):
+        c.verify([0], _ids(46, 3))
+    assert _same(before, _snapshot(c))
