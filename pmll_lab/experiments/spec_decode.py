@@ -259,16 +259,20 @@ def timer_label(df: pd.DataFrame) -> str:
 
 def acceptance_table(w: pd.DataFrame) -> pd.DataFrame:
     """Mean acceptance length per (draft, p, K) of the speculative runs at the largest B, with
-    the noisy draft's expectation ``1 + p + ... + p**(K-1)``, and the verify and plain decode
-    steps (a step where no sequence has a proposal is a plain decode)."""
+    the noisy draft's expectation ``1 + p + ... + p**(K-1)``, the verify and plain decode
+    steps (a step where no sequence has a proposal is a plain decode), and the agreement with
+    greedy's tokens: the noisy draft is greedy's continuation, so a sequence that leaves
+    greedy's path (rounding that differs between a batch of ``B*K`` rows and of ``B``) stops
+    matching its draft, and the expectation holds only where the agreement is 1."""
     if w.empty or "mean_accept" not in w:
         return pd.DataFrame()
     s = w[(w.get("mode") == "spec")]
     if s.empty:
         return s
     s = s[s.B == s.B.max()]
-    t = s.groupby(["draft", "p", "K"], dropna=False)[["mean_accept", "verify_steps",
-                                                      "decode_steps"]].mean().reset_index()
+    cols = ["mean_accept", "verify_steps", "decode_steps"] + \
+        [c for c in ("agreement_with_greedy",) if c in s]
+    t = s.groupby(["draft", "p", "K"], dropna=False)[cols].mean().reset_index()
     t["expected (noisy)"] = [(1 - p ** K) / (1 - p) if d == "noisy" and p < 1 else
                              (K if d == "noisy" else math.nan)
                              for d, p, K in zip(t.draft, t.p, t.K)]
