@@ -49,7 +49,7 @@ from pmll_lab.experiments.acceptance import (  # noqa: F401  (part 1, for the no
     simulation_table, steady_pending,
 )
 from pmll_lab.experiments.common import (  # noqa: F401  (COMPILE_KEYS: for the notebook)
-    COMPILE_KEYS, clone_carry, fill_stash, gating_inputs,
+    COMPILE_KEYS, clone_carry, fill_stash, gating_inputs, parts_getattr,
 )
 from pmll_lab.experiments.gdn import (  # noqa: F401  (points, with_layout: for the notebook)
     LAYOUTS, flashinfer_snapshot_check, points, speed_rows, timings, with_layout,
@@ -294,16 +294,7 @@ def o_ref_plain(state0, x, sel, n):
 _PARTS = ("carry_protocol", "carry_report", "carry_plots")
 
 
-def __getattr__(name: str):
-    """``protocol_point`` lives in ``carry_protocol``, the byte budgets, tables, headline and
-    conclusion in ``carry_report``, the plots in ``carry_plots`` (each imports this module);
-    they are reachable here too (``carry.headline``), imported on first use."""
-    import importlib
-
-    if name.startswith("__"):
-        raise AttributeError(name)
-    for mod in _PARTS:
-        m = importlib.import_module(f"pmll_lab.experiments.{mod}")
-        if hasattr(m, name):
-            return getattr(m, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ``protocol_point`` lives in ``carry_protocol``, the byte budgets, tables, headline and
+# conclusion in ``carry_report``, the plots in ``carry_plots`` (each imports this module);
+# they are reachable here too (``carry.headline``), imported on first use.
+__getattr__ = parts_getattr(__name__, _PARTS)

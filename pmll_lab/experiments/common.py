@@ -21,6 +21,25 @@ keeps points that share them on one Dask worker, so each kernel compiles once pe
 gdn_verify and carry_protocol notebooks; ``roofline.COMPILE_KEYS`` adds its own keys)."""
 
 
+def parts_getattr(module: str, parts: Sequence[str]):
+    """A module-level ``__getattr__`` for an experiment split by topic (as FLA splits its ops):
+    a name not defined in ``module`` is looked up, in order, in the sibling modules ``parts`` of
+    ``pmll_lab.experiments``, imported on first use (they import ``module``, so it cannot import
+    them at its top). Raises ``AttributeError`` naming ``module`` when none has the name."""
+    import importlib
+
+    def __getattr__(name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        for mod in parts:
+            m = importlib.import_module(f"pmll_lab.experiments.{mod}")
+            if hasattr(m, name):
+                return getattr(m, name)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
 def head_points(grids: list[dict]) -> list[dict]:
     """Expand notebook grids whose ``heads`` axis lists ``(HK, HV)`` pairs: one point per
     combination with ``HK, HV`` split out; duplicates across grids dropped, order kept."""

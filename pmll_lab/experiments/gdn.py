@@ -55,7 +55,7 @@ from pmll_lab.inputs import gdn_inputs
 from pmll_lab.experiments.common import (  # noqa: F401  (COMPILE_KEYS: for the notebook)
     COMPILE_KEYS, gating_inputs,
 )
-from pmll_lab.experiments.common import head_points
+from pmll_lab.experiments.common import head_points, parts_getattr
 from pmll_lab.peers import (  # noqa: F401  (flashinfer_status: for the notebook)
     fla_available, fla_runner, flashinfer_available, flashinfer_mtp_runner, flashinfer_status,
     flashinfer_supports, flashinfer_version, fused_gating,
@@ -347,15 +347,6 @@ def verify_point(point: dict) -> list[dict]:
 _PARTS = ("gdn_report",)
 
 
-def __getattr__(name: str):
-    """The tables, plots, headline and conclusion live in ``gdn_report`` (which imports this
-    module); they are reachable here too (``gdn.headline``), imported on first use."""
-    import importlib
-
-    if name.startswith("__"):
-        raise AttributeError(name)
-    for mod in _PARTS:
-        m = importlib.import_module(f"pmll_lab.experiments.{mod}")
-        if hasattr(m, name):
-            return getattr(m, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The tables, plots, headline and conclusion live in ``gdn_report`` (which imports this
+# module); they are reachable here too (``gdn.headline``), imported on first use.
+__getattr__ = parts_getattr(__name__, _PARTS)

@@ -490,17 +490,8 @@ _PARTS = ("roofline_case", "roofline_ours", "roofline_report", "roofline_targets
           "roofline_plots")
 
 
-def __getattr__(name: str):
-    """The shared inputs and references live in ``roofline_case``, our providers' point
-    functions in ``roofline_ours``, the tables in ``roofline_report``, the targets, headline and
-    conclusion in ``roofline_targets``, the plots in ``roofline_plots`` (all import this module);
-    they are reachable here too (``roofline.headline_table``), imported on first use."""
-    import importlib
-
-    if name.startswith("__"):
-        raise AttributeError(name)
-    for mod in _PARTS:
-        m = importlib.import_module(f"pmll_lab.experiments.{mod}")
-        if hasattr(m, name):
-            return getattr(m, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The shared inputs and references live in ``roofline_case``, our providers' point
+# functions in ``roofline_ours``, the tables in ``roofline_report``, the targets, headline and
+# conclusion in ``roofline_targets``, the plots in ``roofline_plots`` (all import this module);
+# they are reachable here too (``roofline.headline_table``), imported on first use.
+__getattr__ = common.parts_getattr(__name__, _PARTS)
