@@ -353,6 +353,24 @@ class SpecDecodeStep:
     def _lazy(self, batch: int) -> bool:
         return self.lazy_min_seqs is not None and batch >= self.lazy_min_seqs
 
+    @staticmethod
+    def _layer_gates(lay: CarryLayer, g, beta, A_log, a, dt_bias, b) -> dict:
+        """The gating keywords of layer ``lay``'s verify: with ``a, b`` given, ``A_log`` and
+        ``dt_bias`` default to the layer's fields."""
+        if g is None and beta is None and (a is not None or b is not None):
+            A_log = lay.A_log if A_log is None else A_log
+            dt_bias = lay.dt_bias if dt_bias is None else dt_bias
+        return dict(g=g, beta=beta, A_log=A_log, a=a, dt_bias=dt_bias, b=b)
+
+    @staticmethod
+    def _conv_qkv(lay: CarryLayer, y: torch.Tensor) -> tuple:
+        """``q, k [B, K, HK, kd]`` and ``v [B, K, HV, vd]``: views of the conv output ``y``."""
+        HK, kd, vd, HV = lay.num_k_heads, lay.carry.k_dim, lay.carry.v_dim, lay.carry.num_v_heads
+        qk = 2 * HK * kd
+        return (y[..., :HK * kd].unflatten(-1, (HK, kd)),
+                y[..., HK * kd:qk].unflatten(-1, (HK, kd)),
+                y[..., qk:].unflatten(-1, (HV, vd)))
+
     def begin(self, slots, rows: int) -> dict:
         """Start a step of ``rows`` (K) draft rows for the sequences in ``slots``: choose the form
         and flush what an eager verify may not fold. Returns ``{"lazy", "flushed", "synced"}``."""
@@ -398,10 +416,7 @@ class SpecDecodeStep:
             raise ValueError(f"i: layer index must be an int in [0, {len(self.layers)}), got {i!r}")
         _, dev_tab, lazy = self._cur
         lay = self.layers[i]
-        if g is None and beta is None and (a is not None or b is not None):
-            A_log = lay.A_log if A_log is None else A_log
-            dt_bias = lay.dt_bias if dt_bias is None else dt_bias
-        gates = dict(g=g, beta=beta, A_log=A_log, a=a, dt_bias=dt_bias, b=b)
+        gates = self._layer_gates(lay, g, beta, A_log, a, dt_bias, b)
         split_gating(**gates)                  # the form's errors before the conv runs
         use_l2 = lay.use_qk_l2norm
         if lay.has_conv:
@@ -409,18 +424,15 @@ class SpecDecodeStep:
 
             if x is None or q is not None:
                 raise ValueError("x: a conv layer takes x [B, K, dim], not q/k/v")
-            HK, kd, vd = lay.num_k_heads, lay.carry.k_dim, lay.carry.v_dim
-            HV = lay.carry.num_v_heads
-            qk = 2 * HK * kd
+            kd = lay.carry.k_dim
+            qk = 2 * lay.num_k_heads * kd
             with self._section("conv_verify"):
                 y, eng_c = conv_carry_verify(
                     lay.conv_state, lay.conv_carry, x, lay.conv_weight, lay.conv_bias,
                     slot_tab=dev_tab, lazy=lazy, qk_channels=qk if lay.qk_l2norm_in_conv else 0,
                     head_dim=kd, validate=self.validate)
             self._conv_engaged[i] = eng_c            # verified: abort() must know it
-            q = y[..., :HK * kd].unflatten(-1, (HK, kd))
-            k = y[..., HK * kd:qk].unflatten(-1, (HK, kd))
-            v = y[..., qk:].unflatten(-1, (HV, vd))
+            q, k, v = self._conv_qkv(lay, y)
             use_l2 = not lay.qk_l2norm_in_conv
         elif q is None or k is None or v is None:
             raise ValueError("q: a layer without conv takes q, k, v")
@@ -482,24 +494,18 @@ class SpecDecodeStep:
         verify's (``check_verify_args``), then the GDN verify's on a stand-in for the conv
         output (an uninitialised ``[B, K, dim]`` tensor of its dtype; never read)."""
         lay = self.layers[i]
-        if g is None and beta is None and (a is not None or b is not None):
-            A_log = lay.A_log if A_log is None else A_log
-            dt_bias = lay.dt_bias if dt_bias is None else dt_bias
-        g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
+        g, beta, gating = split_gating(**self._layer_gates(lay, g, beta, A_log, a, dt_bias, b))
         if lay.has_conv:
             from pmll_lab.ops.conv.carry import check_verify_args
 
-            HK, kd, vd = lay.num_k_heads, lay.carry.k_dim, lay.carry.v_dim
-            HV = lay.carry.num_v_heads
-            qk = 2 * HK * kd
+            kd = lay.carry.k_dim
+            qk = 2 * lay.num_k_heads * kd
             B, K, dim, _, _, out_dtype = check_verify_args(
                 lay.conv_state, lay.conv_carry, x, lay.conv_weight, lay.conv_bias,
                 slot_tab=dev_tab, lazy=lazy, qk_channels=qk if lay.qk_l2norm_in_conv else 0,
                 head_dim=kd, validate=self.validate)
-            y = torch.empty(B, K, dim, dtype=out_dtype, device=x.device)
-            q = y[..., :HK * kd].unflatten(-1, (HK, kd))
-            k = y[..., HK * kd:qk].unflatten(-1, (HK, kd))
-            v = y[..., qk:].unflatten(-1, (HV, vd))
+            q, k, v = self._conv_qkv(lay, torch.empty(B, K, dim, dtype=out_dtype,
+                                                      device=x.device))
             lead = "x"
         else:
             lead = "q"

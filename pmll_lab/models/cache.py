@@ -300,7 +300,7 @@ class ServingCache:
             raise ValueError(f"{name}: expected shape {want}, got {tuple(t.shape)}")
         _checks.tensor(name, t, dtype=(torch.int64, torch.int32))
         if t.numel():
-            lo, hi = int(t.min()), int(t.max())
+            lo, hi = torch.stack(torch.aminmax(t)).tolist()     # one read back, not two
             if lo < 0 or hi >= self.vocab:
                 raise ValueError(f"{name}: token ids {lo}..{hi} lie outside the model's "
                                  f"vocabulary [0, {self.vocab})")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from pmll_lab import _checks
+
 PAD = -1
 """The slot index of a padding lane."""
 
@@ -25,11 +27,7 @@ def slot_list(name: str, slots, batch: int, size: int) -> list[int]:
             raise ValueError(f"{name}: expected integer slots, got {slots.dtype}")
         out = [int(s) for s in slots.reshape(-1).tolist()]
     else:
-        out = []
-        for s in slots:
-            if isinstance(s, bool) or not isinstance(s, int) and not hasattr(s, "__index__"):
-                raise ValueError(f"{name}: entries must be ints, got {s!r}")
-            out.append(int(s))
+        out = _checks.int_list(name, slots)
     if len(out) != batch:
         raise ValueError(f"{name}: expected {batch} entries (one per sequence), got {len(out)}")
     bad = [s for s in out if s != PAD and not 0 <= s < size]
