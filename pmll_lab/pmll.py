@@ -32,7 +32,7 @@ import torch
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.pmll.ring import check_memory, check_write, launch_write, pmll_read, pmll_write
-from pmll_lab.ops.pmll.ring_attention import check_attention, ring_attention
+from pmll_lab.ops.pmll.ring_attention import check_attention, launch_ring_attention
 
 __all__ = ["RingMemory", "pmll_write", "pmll_read", "memory_attention", "pmll_step",
            "MEMORY_ATTENTION_IMPL", "IMPLS", "read_bytes", "write_bytes"]
@@ -199,13 +199,18 @@ def memory_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
     ``000_…txt``); the fused kernel is a flash-attention forward (Dao et al. 2022, Dao 2023).
     """
     impl = _impl(impl)
-    batch, heads, tokens, head_dim = check_attention(q, k_ctx, v_ctx, mem)
+    return _attend(q, k_ctx, v_ctx, mem, impl, check_attention(q, k_ctx, v_ctx, mem))
+
+
+def _attend(q, k_ctx, v_ctx, mem, impl: str, dims: tuple[int, int, int, int]) -> torch.Tensor:
+    """``memory_attention`` after its ``check_attention`` (``dims``: what it returned)."""
+    batch, heads, tokens, head_dim = dims
     if impl == "fused":
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_ctx, v_ctx)):
             raise ValueError("impl: the fused kernel is forward-only (no backward pass); with "
                              "inputs that require grad use impl='reference', or run under "
                              "torch.no_grad() / torch.inference_mode()")
-        return ring_attention(q, k_ctx, v_ctx, mem)
+        return launch_ring_attention(q, k_ctx, v_ctx, mem, dims)
     scale = head_dim ** -0.5
     qf = q.float()
     if mem is None:
@@ -218,7 +223,7 @@ def memory_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
         # No sequence has memory yet: exactly vanilla attention. Computed as such, since the
         # padded [T, M + T] products and softmax round differently from the [T, T] ones
         # (seen on this project's CPUs: the bits differed).
-        return memory_attention(q, k_ctx, v_ctx, None, impl="reference")
+        return _attend(q, k_ctx, v_ctx, None, "reference", dims)
     k_all, v_all = pmll_read(mem, tokens)                            # [B, H, M + T, D]
     k_all, v_all = k_all.float(), v_all.float()
     k_all[:, :, m_:] = k_ctx.float()
@@ -282,16 +287,15 @@ def pmll_step(mem: RingMemory | None, q: torch.Tensor, k: torch.Tensor, v: torch
     """
     impl = _impl(impl)
     with _step_names():
-        check_attention(q, k, v, mem)
+        dims = check_attention(q, k, v, mem)
         if mem is None:
             if gate is not None:
                 raise ValueError("gate: given, but mem is None (no ring to write into)")
         else:
             check_write(mem, k, v, gate, validate=validate)
-    if mem is None:
-        return memory_attention(q, k, v, None, impl=impl)
-    o = memory_attention(q, k, v, mem, impl=impl)
-    launch_write(mem, k, v, gate)
+    o = _attend(q, k, v, mem, impl, dims)                 # checked once, above
+    if mem is not None:
+        launch_write(mem, k, v, gate)
     return o
 
 

@@ -243,7 +243,15 @@ def ring_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, me
     ``q`` when the tensors are not on the kernels' device). Source: flash-attention forward
     (Dao et al. 2022; Dao 2023) over SPEC §1's chronological ring order.
     """
-    batch, heads, tokens, head_dim = check_attention(q, k_ctx, v_ctx, mem)
+    dims = check_attention(q, k_ctx, v_ctx, mem)
+    return launch_ring_attention(q, k_ctx, v_ctx, mem, dims, tile)
+
+
+def launch_ring_attention(q, k_ctx, v_ctx, mem, dims: tuple[int, int, int, int], tile=None):
+    """``ring_attention`` after its ``check_attention`` (the caller ran it; ``dims`` is what it
+    returned): a model loop checks a layer's inputs once per segment, not once per call level.
+    Still raises ``ValueError`` naming ``q`` off the kernels' device, and ``tile``."""
+    batch, heads, tokens, head_dim = dims
     if q.device.type != DEVICE.type:
         raise ValueError(f"q: on {q.device}, but the kernels run on {DEVICE}")
     out = torch.empty(batch, heads, tokens, head_dim, dtype=q.dtype, device=q.device)
@@ -285,4 +293,4 @@ def attention_flops(batch: int, heads: int, tokens: int, head_dim: int, lengths)
 
 
 __all__ = ["TILES", "DEFAULT_TILE", "check_attention", "tile_for", "ring_attention",
-           "attention_flops"]
+           "launch_ring_attention", "attention_flops"]
