@@ -10,8 +10,12 @@
 # FlashInfer compiles a CuTe-DSL kernel per shape (2-6 s each) into ~/.cache/flashinfer; the
 # script packs that cache into $OUT/fi-jit-cache.tgz, and a later session that carries it as
 # .fi/jit-cache.tgz starts with it unpacked (FlashInfer reloads a kernel whose meta matches).
+# REPORTS_DIR (default reports) is where the run folder is written: a folder outside the copied
+# tree (e.g. /tmp/pmll-reports) keeps a run's finished notebooks and points across the calls of
+# one warm machine, so a later call can add notebooks or --resume a cut one.
 set -u
 run=$1; limit=$2; shift 2
+rdir=${REPORTS_DIR:-reports}
 [ -f .fi/jit-cache.tgz ] && tar xzf .fi/jit-cache.tgz -C "$HOME"
 # the wheels: installed when carried (a later call on the same warm machine may leave them out)
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -28,9 +32,9 @@ for arg in "$@"; do
   echo "== $nb $(date -u +%H:%M:%S)"
   extra=(); [ "${WORKERS:-1}" -gt 1 ] && extra=(--workers "$WORKERS")
   timeout "$lim" python3 -m pmll_lab report --preset full --device cuda --run "$run" --only "$nb" \
-    --resume "${extra[@]}"
+    --reports-dir "$rdir" --resume "${extra[@]}"
   echo "== $nb rc=$? $(date -u +%H:%M:%S)"
 done
-tar czf "$OUT/$run.tgz" -C reports "$run"
+tar czf "$OUT/$run.tgz" -C "$rdir" "$run"
 [ -d "$HOME/.cache/flashinfer" ] && tar czf "$OUT/fi-jit-cache.tgz" -C "$HOME" .cache/flashinfer
-ls -la "reports/$run"
+ls -la "$rdir/$run"
