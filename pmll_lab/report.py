@@ -28,41 +28,32 @@ index, and the other notebooks still run.
 A notebook's results folder is emptied before it runs, so a report never mixes results from two
 code versions; ``resume=True`` keeps it, and the sweeps then skip the points already stored
 (``pmll_lab.sweep``), which is how a killed long run on a GPU is finished.
+
+Here: the checks, the order of the run and the Dask cluster of its sweeps (``build_report``);
+one notebook's run in ``pmll_lab.report_notebooks``, the index page in ``pmll_lab.report_index``
+(every name of theirs is reachable from this module too).
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
-import datetime as _dt
-import html
 import json
 import logging
 import math
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from pmll_lab.report_index import (  # noqa: F401  (re-exported: pmll_lab.report keeps its names)
+    _CSS, _STATUS_CLASS, HEADLINE_FILE, _link, cluster_text, headline_html, index_html,
+    ran_on_text)
+from pmll_lab.report_notebooks import (  # noqa: F401  (re-exported, as above)
+    KERNEL_NAME, REPO_ROOT, ReportError, _ensure_nbconvert_templates, _kernel_environment,
+    _run_one, _short_error, _utc_now, probe_environment, render_html, results_placement)
+
 PRESETS = ("quick", "full")
 DEVICES = ("auto", "cpu", "cuda")
-KERNEL_NAME = "python3"
 SCHEDULER_TIMEOUT_S = 10.0
 """Seconds ``--scheduler ADDRESS`` may take to answer before the report gives up."""
-REPO_ROOT = Path(__file__).resolve().parent.parent
-"""The folder holding the ``pmll_lab`` package: put on the kernels' ``PYTHONPATH``."""
-
-
-class ReportError(RuntimeError):
-    """A report could not be started (bad notebook name, device not available...)."""
-
-
-def _utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def discover(notebooks_dir: str | Path = "notebooks") -> list[Path]:
@@ -85,198 +76,6 @@ def select(notebooks: Sequence[Path], only: Sequence[str]) -> list[Path]:
         raise ReportError(f"only: no notebook named {', '.join(unknown)} "
                           f"(available: {', '.join(by_name) or 'none'})")
     return [by_name[n] for n in dict.fromkeys(wanted)]
-
-
-@contextlib.contextmanager
-def _kernel_environment(device: str) -> Iterator[dict[str, str]]:
-    """Environment the notebook kernels inherit while the report runs (restored afterwards).
-
-    - ``PMLL_LAB_DEVICE=device`` for ``pmll_lab.backend``; ``TRITON_INTERPRET`` dropped when the
-      GPU is asked for (the builder's own import may have set it).
-    - ``PMLL_LAB_REPORT=1``: sweeps draw no progress bar (``pmll_lab.sweep``).
-    - ``MPLBACKEND`` unset, so that figures are inline outputs of the notebook.
-    - ``PYTHONPATH`` starts with this checkout, so the notebooks import this ``pmll_lab``.
-    - ``JUPYTER_PATH`` starts with a throwaway folder holding a ``python3`` kernelspec that runs
-      ``sys.executable``: a ``python3`` kernelspec registered for another environment (user-level
-      specs win over the virtualenv's own) must not run the notebooks.
-    """
-    saved = dict(os.environ)
-    with tempfile.TemporaryDirectory(prefix="pmll_lab-kernels-") as tmp:
-        spec_dir = Path(tmp, "kernels", KERNEL_NAME)
-        spec_dir.mkdir(parents=True)
-        spec = {
-            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
-                     "--IPKernelApp.log_level=ERROR"],
-            "display_name": "Python 3 (pmll_lab)",
-            "language": "python",
-            "metadata": {"debugger": False},
-        }
-        (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
-        os.environ["PMLL_LAB_DEVICE"] = device
-        os.environ["PMLL_LAB_REPORT"] = "1"  # sweeps print a summary line instead of a bar
-        # ipykernel makes figures inline outputs only when MPLBACKEND is unset (CI often sets
-        # Agg): with it set, plt.show() would leave every plot out of the report.
-        os.environ.pop("MPLBACKEND", None)
-        if device == "cuda":
-            os.environ.pop("TRITON_INTERPRET", None)
-        for var, first in (("PYTHONPATH", str(REPO_ROOT)), ("JUPYTER_PATH", tmp)):
-            rest = os.environ.get(var)
-            os.environ[var] = first + (os.pathsep + rest if rest else "")
-        # The debugger's warning about frozen modules would land in every kernel's log.
-        os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
-        try:
-            yield dict(os.environ)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-
-
-def probe_environment(env: dict[str, str]) -> dict[str, str]:
-    """Device name, backend, versions and commit as a notebook kernel started with ``env`` sees
-    them (``pmll_lab.backend.environment()`` run in a child Python). Raises ``ReportError`` if
-    that fails, e.g. ``device="cuda"`` on a machine without CUDA."""
-    code = "import json, pmll_lab.backend as b; print(json.dumps(b.environment()))"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=300)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ReportError(f"device {env.get('PMLL_LAB_DEVICE')!r}: the kernel environment "
-                          f"cannot start pmll_lab: {last}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _short_error(exc: BaseException) -> str:
-    """One readable line for a failed notebook (papermill errors carry ename/evalue)."""
-    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
-    text = f"{ename}: {evalue}" if ename else f"{type(exc).__name__}: {exc}"
-    text = " ".join(text.split())
-    return text if len(text) <= 500 else text[:497] + "..."
-
-
-def _ensure_nbconvert_templates() -> None:
-    """Make nbconvert find its own templates wherever the package was installed.
-
-    nbconvert looks for them under ``<prefix>/share/jupyter`` and ``JUPYTER_PATH``; when it was
-    installed with ``pip --target DIR`` (the H200 wheel flow) they sit in ``DIR/share/jupyter``,
-    which it misses unless ``JUPYTER_PATH`` names it (seen on the H200, 2026-11-29: "No template
-    sub-directory with name 'lab' found"). Walk up from the package, and add the folder found to
-    ``JUPYTER_PATH`` for this process when it is not already searched.
-    """
-    import nbconvert
-    from jupyter_core.paths import jupyter_path
-
-    for parent in Path(nbconvert.__file__).resolve().parents:
-        share = parent / "share" / "jupyter"
-        if (share / "nbconvert" / "templates").is_dir():
-            searched = {str(Path(p).resolve()) for p in jupyter_path()}
-            if str(share.resolve()) not in searched:
-                rest = os.environ.get("JUPYTER_PATH")
-                os.environ["JUPYTER_PATH"] = str(share) + (os.pathsep + rest if rest else "")
-            return
-
-
-def render_html(executed: Path, target: Path, *, failure: str | None = None) -> None:
-    """Render an executed notebook to HTML without input cells (nbconvert ``HTMLExporter``,
-    ``exclude_input=True``). A failed notebook gets a banner cell on top naming the error."""
-    import nbformat
-    from nbconvert import HTMLExporter
-
-    _ensure_nbconvert_templates()
-    nb = nbformat.read(executed, as_version=4)
-    if failure is not None:
-        banner = nbformat.v4.new_markdown_cell(
-            "<div style='border:2px solid #c00;padding:0.6em;color:#c00'>"
-            f"<b>FAILED</b> while running this notebook: {html.escape(failure)}. "
-            "The outputs below stop where it failed.</div>")
-        nb.cells.insert(0, banner)
-    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
-                            exclude_output_prompt=True)
-    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": executed.stem}})
-    target.write_text(body, encoding="utf-8")
-
-
-def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool,
-             cell_timeout: float | None, env_info: dict, log: Callable[[str], None],
-             scheduler: str | None = None) -> dict:
-    import papermill
-
-    name = src.stem
-    out_nb, out_html = run_dir / f"{name}.ipynb", run_dir / f"{name}.html"
-    results = run_dir / "results" / name
-    for stale in (out_nb, out_html):
-        stale.unlink(missing_ok=True)
-    if results.exists() and not resume:
-        shutil.rmtree(results)
-    results.mkdir(parents=True, exist_ok=True)
-    entry = {"name": name, "source": str(src), "status": "ok", "error": "",
-             "started_utc": _utc_now(), "preset": preset, "device_requested": device,
-             "device": env_info.get("device", ""), "commit": env_info.get("commit", "")}
-    t0 = time.perf_counter()
-    parameters = {"preset": preset, "device": device, "results_dir": str(results.resolve())}
-    if scheduler:
-        parameters["scheduler"] = scheduler
-    try:
-        papermill.execute_notebook(
-            str(src), str(out_nb),
-            parameters=parameters,
-            kernel_name=KERNEL_NAME, language="python", cwd=str(src.parent.resolve()),
-            progress_bar=False, log_output=False, execution_timeout=cell_timeout,
-        )
-    except Exception as exc:  # noqa: BLE001 - a failed notebook must not stop the others
-        entry["status"], entry["error"] = "failed", _short_error(exc)
-    entry["seconds"] = round(time.perf_counter() - t0, 1)
-    if out_nb.exists():
-        try:
-            render_html(out_nb, out_html,
-                        failure=entry["error"] if entry["status"] == "failed" else None)
-        except Exception as exc:  # noqa: BLE001
-            entry["status"] = "failed"
-            entry["error"] = (entry["error"] + "; " if entry["error"] else "") + \
-                f"rendering HTML: {_short_error(exc)}"
-    entry["ipynb"] = out_nb.name if out_nb.exists() else None
-    entry["html"] = out_html.name if out_html.exists() else None
-    entry["results"] = sorted(p.relative_to(run_dir).as_posix()
-                              for p in results.rglob("*") if p.is_file())
-    entry["ran_on"] = results_placement(results)
-    log(f"  {name}: {'ok' if entry['status'] == 'ok' else 'FAILED'} in {entry['seconds']:.0f} s"
-        + (f" -- {entry['error']}" if entry["error"] else ""))
-    return entry
-
-
-def results_placement(results: Path) -> dict:
-    """Who ran the sweeps whose rows lie in ``results`` (``*.jsonl``): ``workers`` and
-    ``gpus`` (distinct, over all its sweeps), ``devices`` (points per device kind) and
-    ``in_process`` (True when no row came from a Dask worker); ``pmll_lab.sweep.placement``."""
-    import pandas as pd
-
-    from pmll_lab.sweep import IN_PROCESS, load, placement
-
-    frames = []
-    for path in sorted(Path(results).glob("*.jsonl")):
-        try:
-            df = load(path)
-        except (OSError, ValueError):
-            continue
-        if not df.empty and "point_id" in df:
-            frames.append(df.assign(point_id=path.stem + ":" + df["point_id"].astype(str)))
-    if not frames:
-        return {"workers": 0, "gpus": 0, "devices": {}, "in_process": True}
-    df = pd.concat(frames, ignore_index=True)
-    out = placement(df)
-    out["in_process"] = "worker" not in df or set(df["worker"].fillna(IN_PROCESS)) == {IN_PROCESS}
-    return out
-
-
-def ran_on_text(p: dict | None) -> str:
-    """A notebook's ``ran_on`` in words for the index."""
-    if not p or not p.get("workers"):
-        return "no sweep rows"
-    kinds = ", ".join(f"{n} × {k}" if len(p["devices"]) > 1 else k
-                      for k, n in p.get("devices", {}).items())
-    if p.get("in_process"):
-        return f"in the notebook's process ({kinds})"
-    gpus = f", {p['gpus']} GPU{'s' if p['gpus'] != 1 else ''}" if p.get("gpus") else ""
-    return f"{p['workers']} Dask worker{'s' if p['workers'] != 1 else ''}{gpus} ({kinds})"
 
 
 @contextlib.contextmanager
@@ -450,144 +249,3 @@ def _write_index(run_dir: Path, manifest: dict, ran: list[dict], previous: list[
     manifest["ok"] = all(e["status"] == "ok" for e in ran)
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     (run_dir / "index.html").write_text(index_html(manifest, run_dir=run_dir), encoding="utf-8")
-
-
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
-max-width:70em;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.35em .7em;
-text-align:left;vertical-align:top}th{background:#f3f3f3}.ok{color:#070;font-weight:bold}
-.failed{color:#c00;font-weight:bold}.err{color:#c00;font-size:.9em;max-width:40em}
-.note{color:#555;font-size:.9em}code{font-size:.95em}
-"""
-
-
-def _link(path: str | None, label: str) -> str:
-    return f"<a href='{html.escape(path)}'>{html.escape(label)}</a>" if path else "none"
-
-
-HEADLINE_FILE = "headline.csv"
-"""A notebook that writes ``<results_dir>/headline.csv`` gets that table on the run's index."""
-_STATUS_CLASS = {"met": "ok", "missed": "failed"}
-
-
-def headline_html(path: Path, title: str) -> str:
-    """A headline CSV (header row, then one row per target) as an HTML table under ``title``:
-    every row and column as written (no truncation); a ``status`` column of met / missed is
-    coloured. A file that cannot be read gives a one-line note instead."""
-    e = html.escape
-    try:
-        with path.open(newline="", encoding="utf-8") as fh:
-            rows = list(csv.reader(fh))
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        return f"<p class='err'>{e(title)}: cannot read {e(path.name)}: {e(str(exc))}</p>"
-    if not rows:
-        return f"<p class='note'>{e(title)}: empty headline table.</p>"
-    head, body = rows[0], rows[1:]
-    col = head.index("status") if "status" in head else -1
-    out = [f"<h2>{e(title)}</h2>", "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head)
-           + "</tr>"]
-    for r in body:
-        cells = []
-        for i, v in enumerate(r):
-            cls = _STATUS_CLASS.get(v) if i == col else None
-            cells.append(f"<td class='{cls}'>{e(v)}</td>" if cls else f"<td>{e(v)}</td>")
-        out.append("<tr>" + "".join(cells) + "</tr>")
-    out.append("</table>")
-    return "\n".join(out)
-
-
-def cluster_text(cluster: dict | None) -> str:
-    """The manifest's ``cluster`` in words for the index."""
-    if not cluster:
-        return "?"  # a run written before this was recorded
-    kind = cluster.get("kind")
-    if kind == "LocalCluster":
-        n, gpus = cluster.get("workers", 0), cluster.get("gpus", 0)
-        what = (f"one per GPU, {gpus} GPU{'s' if gpus != 1 else ''} "
-                f"(CUDA devices {', '.join(cluster.get('gpu_ids', []))})" if gpus else "CPU")
-        return f"on a Dask LocalCluster of {n} worker{'s' if n != 1 else ''}: {what}"
-    if kind == "scheduler":
-        return (f"on the Dask cluster at {cluster.get('address')} ({cluster.get('workers', 0)} "
-                f"worker(s) at the start, {cluster.get('gpus', 0)} with a GPU resource)")
-    return "in each notebook's own process (no Dask cluster)"
-
-
-def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
-    """The run's ``index.html``: provenance on top, one row per notebook with its links, then
-    (with ``run_dir``) the headline table of each notebook whose results hold
-    ``headline.csv`` (``headline_html``)."""
-    e = html.escape
-    env = manifest.get("environment", {})
-    started = manifest.get("started_utc", "")
-    head_rows = [
-        ("Device", env.get("device", "?")),
-        ("Backend", env.get("backend", "?")),
-        ("Date (UTC)", started.replace("T", " ").replace("+00:00", "")),
-        ("Git commit", env.get("commit", "?")),
-        ("torch / triton / python",
-         f"{env.get('torch', '?')} / {env.get('triton', '?')} / {env.get('python', '?')}"),
-        ("Preset", manifest.get("preset", "?")),
-        ("Device asked for", manifest.get("device_requested", "?")),
-        ("Sweeps ran", cluster_text(manifest.get("cluster"))),
-    ]
-    out = ["<!DOCTYPE html><html><head><meta charset='utf-8'>",
-           f"<title>pmll_lab report: {e(manifest.get('run', ''))}</title>",
-           f"<style>{_CSS}</style></head><body>",
-           f"<h1>pmll_lab report: <code>{e(manifest.get('run', ''))}</code></h1>",
-           "<table>"]
-    out += [f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in head_rows]
-    out.append("</table>")
-    for note in manifest.get("notes", []):  # provenance notes a person added to a kept run
-        out.append(f"<p class='note'>{e(note)}</p>")
-    if env.get("backend") == "triton-interpreter":
-        out.append("<p class='note'>Kernels ran in the Triton interpreter on the CPU: every time "
-                   "in these reports is interpreter wall time, not GPU speed.</p>")
-    books = manifest.get("notebooks", [])
-    if not manifest.get("complete", True):
-        out.append("<p class='failed'>This run is not complete: the notebooks below are those "
-                   "finished so far.</p>")
-    if not books:
-        out.append(f"<p><b>No notebooks found</b> in <code>"
-                   f"{e(str(manifest.get('notebooks_dir', 'notebooks')))}</code>: nothing ran.</p>")
-    else:
-        failed = sum(b["status"] not in ("ok", "results-only") for b in books)
-        only = sum(b["status"] == "results-only" for b in books)
-        out.append(f"<p>{len(books)} notebook(s), "
-                   + (f"<span class='failed'>{failed} FAILED</span>" if failed
-                      else "<span class='ok'>none failed</span>" if only
-                      else "<span class='ok'>all ok</span>")
-                   + (f", {only} with results only (no rendered notebook)" if only else "")
-                   + ".</p>")
-        out.append("<table><tr><th>Notebook</th><th>Status</th><th>Time (s)</th>"
-                   "<th>Sweeps ran on</th><th>Report</th><th>Executed notebook</th>"
-                   "<th>Results</th></tr>")
-        for b in books:
-            status = {"ok": "<span class='ok'>ok</span>",
-                      # a kept run whose sweep ran without the notebook: data, no rendering
-                      "results-only": "<span>results only</span>"}.get(
-                          b["status"], "<span class='failed'>FAILED</span>")
-            if b.get("error"):
-                status += f"<div class='err'>{e(b['error'])}</div>"
-            if b.get("kept_from_earlier"):
-                when = (b.get("started_utc") or "?").replace("T", " ").replace("+00:00", " UTC")
-                status += (f"<div class='note'>from an earlier call: {e(when)}"
-                           f", preset {e(b.get('preset', '?'))}, commit {e(b.get('commit', '?'))}"
-                           "</div>")
-            results = "<br>".join(_link(r, r.split("/")[-1]) for r in b.get("results", [])) or "none"
-            out.append(f"<tr><td><b>{e(b['name'])}</b></td><td>{status}</td>"
-                       f"<td>{b.get('seconds', 0):.0f}</td>"
-                       f"<td>{e(ran_on_text(b.get('ran_on')) if 'ran_on' in b else '?')}</td>"
-                       f"<td>{_link(b.get('html'), 'HTML report')}</td>"
-                       f"<td>{_link(b.get('ipynb'), b.get('ipynb') or '')}</td>"
-                       f"<td>{results}</td></tr>")
-        out.append("</table>")
-        if run_dir is not None:
-            for b in books:
-                for r in b.get("results", []):
-                    if r.split("/")[-1] == HEADLINE_FILE and (Path(run_dir) / r).is_file():
-                        out.append(headline_html(Path(run_dir) / r, f"Headline: {b['name']}"))
-    out.append(f"<p class='note'>Written by <code>python -m pmll_lab report</code>; "
-               f"finished {e(manifest.get('finished_utc') or 'not yet')}. Machine-readable: "
-               "<a href='manifest.json'>manifest.json</a>.</p></body></html>")
-    return "\n".join(out) + "\n"

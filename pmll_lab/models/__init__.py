@@ -8,7 +8,8 @@ One module per architecture family, plus the pieces they share; import what you 
   their projections and gating, the forward redirect to our kernels, the explicit selection of
   transformers' own torch path (the oracle), small seeded configs.
 - ``pmll_lab.models.cache``: ``ServingCache``, the one place holding every GDN layer's conv
-  window, recurrent state and carry stashes, the attention layers' KV, and the slots.
+  window, recurrent state and carry stashes, the attention layers' KV, and the slots (one GDN
+  layer's buffers and kernels in ``cache_layer``, the steps' input checks in ``cache_checks``).
 - ``pmll_lab.models.timing``: ``StepTimer``, a step's kernel sections (CUDA events on a GPU).
 - ``pmll_lab.models.generate``: ``greedy_generate``, ``speculative_generate``, their statistics.
 - ``pmll_lab.models.drafts``: draft sources that need no second checkpoint.

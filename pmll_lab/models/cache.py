@@ -37,6 +37,11 @@ same key length.
 
 Positions and lengths are host-side ints (the loop knows them); no step syncs with the device
 except where stated (``accept`` reads the verify's ``engaged`` flags to count write-backs).
+
+Here: the cache and its steps (``ServingCache``, the verify forms ``FORMS``). One GDN layer's
+buffers and the kernels a step runs on them, and ``state_bytes_per_sequence``, live in
+``pmll_lab.models.cache_layer``; the checks of a step's inputs in ``pmll_lab.models.cache_checks``
+(both reachable from here).
 """
 
 from __future__ import annotations
@@ -44,13 +49,14 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pmll_lab import _checks
 from pmll_lab.carry import GDN_CARRY_CAP, GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS
-from pmll_lab.models.qwen3_next import GdnDims, finish, gating, patch_model, project, \
-    torch_functions
+from pmll_lab.models.cache_checks import _StepChecks
+from pmll_lab.models.cache_layer import (  # noqa: F401  (state_bytes_per_sequence: re-exported)
+    _GdnLayer, state_bytes_per_sequence)
+from pmll_lab.models.qwen3_next import GdnDims, finish, gating, patch_model, project
 from pmll_lab.models.timing import StepTimer
 from pmll_lab.ops.gdn.recurrence import STATE_LAYOUTS
 
@@ -58,35 +64,7 @@ FORMS = ("exact", "wy", "chain")
 """Verify forms: the carried state's exact and WY forms (SPEC §3b), the snapshot chain (§3a)."""
 
 
-class _GdnLayer:
-    """One GDN layer's buffers in the cache."""
-
-    def __init__(self, module, dims: GdnDims, slots, layout, conv_dtype, device):
-        self.module, self.dims = module, dims
-        HV, kd, vd = dims.num_v_heads, dims.k_dim, dims.v_dim
-        shape = (slots, HV, kd, vd) if layout == "kv" else (slots, HV, vd, kd)
-        self.state = torch.zeros(shape, dtype=torch.float32, device=device)
-        self.conv_state = torch.zeros(slots, dims.conv_dim, dims.d_conv, dtype=conv_dtype,
-                                      device=device)
-        w = module.conv1d.weight.detach()
-        self.conv_weight = w.reshape(w.shape[0], w.shape[-1]).to(conv_dtype).contiguous()
-        bias = module.conv1d.bias
-        self.conv_bias = None if bias is None else bias.detach().to(conv_dtype).contiguous()
-        self.torch_fns = torch_functions(module)
-        self.carry = self.conv_carry = None
-        self.inter = self.conv_inter = None
-
-    def qkv(self, y):
-        """Views ``q [.., HK, kd]``, ``k``, ``v [.., HV, vd]`` of the conv output's channels."""
-        d = self.dims
-        nk = d.num_k_heads * d.k_dim
-        q = y[..., :nk].unflatten(-1, (d.num_k_heads, d.k_dim))
-        k = y[..., nk:2 * nk].unflatten(-1, (d.num_k_heads, d.k_dim))
-        v = y[..., 2 * nk:].unflatten(-1, (d.num_v_heads, d.v_dim))
-        return q, k, v
-
-
-class ServingCache:
+class ServingCache(_StepChecks):
     """Conv windows, GDN states, carry stashes / snapshots and attention KV of ``slots``
     sequences of one model (module docstring: the steps).
 
@@ -199,13 +177,14 @@ class ServingCache:
         mixed, z, b, a = project(module, hidden_states)
         g, beta = gating(module, a, b)
         if self._mode == "prefill":
-            core = self._prefill_layer(lay, module, mixed, g, beta)
+            core = lay.prefill(mixed, g, beta, self._slot0)
         else:
             x = mixed.to(self.conv_dtype)
             if self._mode == "decode":
-                core = self._decode_layer(lay, x[:, 0], g[:, 0], beta[:, 0])[:, None]
+                core = lay.decode(x[:, 0], g[:, 0], beta[:, 0], self._slot_tab,
+                                  self.timer)[:, None]
             elif self.form == "chain":
-                core = self._chain_layer(lay, x, g, beta)
+                core = lay.chain(x, g, beta, self._slot_tab, self.timer)
             else:
                 core = self._spec.verify_layer(i, x=x, g=g, beta=beta)
             if self.gdn_io is not None:
@@ -223,88 +202,7 @@ class ServingCache:
                     self.gdn_io[(self._tags.get(s), i, int(pos[b, t]))] = (x[b, t], o[b, t])
         self._io_step = []
 
-    # -- per-layer kernels ----------------------------------------------------------------------
-    def _prefill_layer(self, lay, module, mixed, g, beta):
-        """transformers' own prefill (no previous state): conv window from the raw inputs,
-        ``causal_conv1d_fn``, ``torch_chunk_gated_delta_rule``; final state into the slot."""
-        fns = lay.torch_fns
-        x = mixed.transpose(1, 2)                                   # [1, dim, T]
-        T, dc = x.shape[-1], lay.dims.d_conv
-        full = F.pad(x, (dc - T, 0)) if T < dc else x
-        lay.conv_state[self._slot0] = full[0, :, -dc:].to(self.conv_dtype)
-        w = module.conv1d.weight
-        y = fns["causal_conv1d_fn"](full, w.reshape(w.shape[0], w.shape[-1]), module.conv1d.bias,
-                                    activation=module.activation)[:, :, -T:]
-        q, k, v = lay.qkv(y.transpose(1, 2))
-        core, final = fns["torch_chunk_gated_delta_rule"](
-            q, k, v, g=g, beta=beta, initial_state=None, output_final_state=True,
-            use_qk_l2norm_in_kernel=True)
-        final = final[0].to(torch.float32)
-        lay.state[self._slot0] = final if self.layout == "kv" else final.transpose(-1, -2)
-        return core
-
-    def _decode_layer(self, lay, x, g, beta):
-        from pmll_lab.conv import conv_update
-        from pmll_lab.gdn import gdn_decode
-
-        with self.timer("conv_update"):
-            y = conv_update(lay.conv_state, x, lay.conv_weight, lay.conv_bias,
-                            state_indices=self._slot_tab)
-        q, k, v = lay.qkv(y)
-        with self.timer("gdn_decode"):
-            return gdn_decode(lay.state, q, k, v, g, beta, state_indices=self._slot_tab,
-                              use_qk_l2norm=True, state_layout=self.layout)
-
-    def _chain_layer(self, lay, x, g, beta):
-        from pmll_lab.conv import conv_chain
-        from pmll_lab.gdn import gdn_chain
-
-        B, K = x.shape[:2]
-        with self.timer("conv_chain"):
-            y = conv_chain(lay.conv_state, x, lay.conv_weight, lay.conv_bias,
-                           state_indices=self._slot_tab,
-                           intermediate=lay.conv_inter[:B, :K - 1] if K > 1 else None)
-        q, k, v = lay.qkv(y)
-        with self.timer("gdn_chain"):
-            return gdn_chain(lay.state, q, k, v, g, beta, state_indices=self._slot_tab,
-                             intermediate=lay.inter[:B, :K - 1] if K > 1 else None,
-                             use_qk_l2norm=True, state_layout=self.layout)
-
     # -- steps ----------------------------------------------------------------------------------
-    def _check_slots(self, slots) -> list[int]:
-        """``slots`` as host ints: distinct, in ``[0, S)``."""
-        slots = _checks.int_list("slots", slots)
-        if len(set(slots)) != len(slots) or not all(0 <= s < self.slots for s in slots):
-            raise ValueError(f"slots: expected distinct slots in [0, {self.slots}), got {slots}")
-        return slots
-
-    def _check_live(self, slots: list[int]) -> None:
-        dead = [s for s in slots if s not in self._live]
-        if dead:
-            raise ValueError(f"slots: slot(s) {dead} hold no sequence (never prefilled, or "
-                             f"released); prefill(slot, ids) first")
-
-    def _check_idle(self, step: str) -> None:
-        """No verify waits for its ``accept`` (every step but ``accept`` needs this)."""
-        if self._waiting is not None:
-            raise ValueError(f"{step}: the previous verify of slots {self._waiting} was not "
-                             f"accepted; call accept(...) first")
-
-    def _check_ids(self, name: str, t, shape: tuple, want: str) -> None:
-        """``t``: an int32/int64 tensor of ``shape`` (``None``: any size; ``want`` says it in
-        words) whose ids lie in the vocabulary (as ``greedy_generate`` checks its prompts; one
-        host read if ``t`` is on the device)."""
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name}: expected a LongTensor {want}, got {type(t).__name__}")
-        if t.dim() != len(shape) or any(w is not None and w != n for w, n in zip(shape, t.shape)):
-            raise ValueError(f"{name}: expected shape {want}, got {tuple(t.shape)}")
-        _checks.tensor(name, t, dtype=(torch.int64, torch.int32))
-        if t.numel():
-            lo, hi = torch.stack(torch.aminmax(t)).tolist()     # one read back, not two
-            if lo < 0 or hi >= self.vocab:
-                raise ValueError(f"{name}: token ids {lo}..{hi} lie outside the model's "
-                                 f"vocabulary [0, {self.vocab})")
-
     def _bind(self, slots, T):
         """Host slots and positions of a step of ``T`` rows; device slot tables and positions."""
         slots = self._check_slots(slots)
@@ -532,41 +430,3 @@ class ServingCache:
         lay = self.gdn[layer]
         st = lay.state[slot]
         return lay.conv_state[slot], st if self.layout == "kv" else st.transpose(-1, -2)
-
-
-def state_bytes_per_sequence(model_or_config, *, rows: int, cap: int = GDN_CARRY_CAP,
-                             dtype: torch.dtype | None = None) -> dict:
-    """Bytes one sequence holds in a ``ServingCache``, summed over the GDN layers:
-    ``gdn_state`` (fp32), ``conv_window`` (``conv_dim * d_conv`` in the conv dtype: bf16 for a
-    bf16 model, else fp32), the carried forms' ``carry_stash`` (GDN ``CAP*(HV*vd + HV + HV*kd)``
-    fp32 + conv ``CAP*conv_dim``), the chain's ``snapshots`` for ``rows`` (K): ``(K-1)`` states
-    and windows; and ``kv_per_token`` over the attention layers (model dtype).
-
-    ``model_or_config``: a model (its config and parameter dtype) or a transformers Qwen3-Next /
-    Qwen3.5 config (then ``dtype``, default bf16, is the model dtype): no weights needed, so real
-    model sizes can be tabulated. ``ValueError`` if it has no GDN layers."""
-    from pmll_lab.carry import snapshot_bytes_per_slot, stash_bytes_per_slot
-
-    if isinstance(model_or_config, nn.Module):
-        cfg = model_or_config.config.get_text_config()
-        dtype = dtype or next(model_or_config.parameters()).dtype
-    else:
-        cfg = model_or_config.get_text_config()
-        dtype = dtype or torch.bfloat16
-    n_gdn = sum(t == "linear_attention" for t in cfg.layer_types)
-    if not n_gdn:
-        raise ValueError("model_or_config: no linear_attention (Gated DeltaNet) layers")
-    HK, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
-    kd, vd, dc = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
-    dim = 2 * HK * kd + HV * vd
-    ce = 2 if dtype == torch.bfloat16 else 4
-    hb = 4 * HV * kd * vd
-    win = dim * dc * ce
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    n_attn = cfg.num_hidden_layers - n_gdn
-    return dict(
-        gdn_state=n_gdn * hb, conv_window=n_gdn * win,
-        carry_stash=n_gdn * (stash_bytes_per_slot(HV, kd, vd, cap) + cap * dim * ce),
-        snapshots=n_gdn * (snapshot_bytes_per_slot(HV, kd, vd, rows) + (rows - 1) * win),
-        kv_per_token=n_attn * 2 * cfg.num_key_value_heads * head_dim
-        * torch.empty((), dtype=dtype).element_size())

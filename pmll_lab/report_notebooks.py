@@ -1,0 +1,217 @@
+"""Running one notebook of a report: the kernels' environment, papermill, nbconvert.
+
+What ``pmll_lab.report.build_report`` does for each notebook: the environment the notebook
+kernels inherit (``_kernel_environment``: device, ``PYTHONPATH``, a ``python3`` kernelspec for
+this Python), the check that it can start ``pmll_lab`` (``probe_environment``), the run itself
+(``_run_one``: papermill, then ``render_html`` with nbconvert, then ``results_placement``) and
+the manifest entry it returns. ``ReportError``, the error of every part of the builder, is
+defined here (the lowest layer); ``pmll_lab.report`` re-exports every name. The run folder's
+layout and the parameters a notebook gets: ``pmll_lab.report``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import html
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+KERNEL_NAME = "python3"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+"""The folder holding the ``pmll_lab`` package: put on the kernels' ``PYTHONPATH``."""
+
+
+class ReportError(RuntimeError):
+    """A report could not be started (bad notebook name, device not available...)."""
+
+
+def _utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@contextlib.contextmanager
+def _kernel_environment(device: str) -> Iterator[dict[str, str]]:
+    """Environment the notebook kernels inherit while the report runs (restored afterwards).
+
+    - ``PMLL_LAB_DEVICE=device`` for ``pmll_lab.backend``; ``TRITON_INTERPRET`` dropped when the
+      GPU is asked for (the builder's own import may have set it).
+    - ``PMLL_LAB_REPORT=1``: sweeps draw no progress bar (``pmll_lab.sweep``).
+    - ``MPLBACKEND`` unset, so that figures are inline outputs of the notebook.
+    - ``PYTHONPATH`` starts with this checkout, so the notebooks import this ``pmll_lab``.
+    - ``JUPYTER_PATH`` starts with a throwaway folder holding a ``python3`` kernelspec that runs
+      ``sys.executable``: a ``python3`` kernelspec registered for another environment (user-level
+      specs win over the virtualenv's own) must not run the notebooks.
+    """
+    saved = dict(os.environ)
+    with tempfile.TemporaryDirectory(prefix="pmll_lab-kernels-") as tmp:
+        spec_dir = Path(tmp, "kernels", KERNEL_NAME)
+        spec_dir.mkdir(parents=True)
+        spec = {
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                     "--IPKernelApp.log_level=ERROR"],
+            "display_name": "Python 3 (pmll_lab)",
+            "language": "python",
+            "metadata": {"debugger": False},
+        }
+        (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
+        os.environ["PMLL_LAB_DEVICE"] = device
+        os.environ["PMLL_LAB_REPORT"] = "1"  # sweeps print a summary line instead of a bar
+        # ipykernel makes figures inline outputs only when MPLBACKEND is unset (CI often sets
+        # Agg): with it set, plt.show() would leave every plot out of the report.
+        os.environ.pop("MPLBACKEND", None)
+        if device == "cuda":
+            os.environ.pop("TRITON_INTERPRET", None)
+        for var, first in (("PYTHONPATH", str(REPO_ROOT)), ("JUPYTER_PATH", tmp)):
+            rest = os.environ.get(var)
+            os.environ[var] = first + (os.pathsep + rest if rest else "")
+        # The debugger's warning about frozen modules would land in every kernel's log.
+        os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+        try:
+            yield dict(os.environ)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+def probe_environment(env: dict[str, str]) -> dict[str, str]:
+    """Device name, backend, versions and commit as a notebook kernel started with ``env`` sees
+    them (``pmll_lab.backend.environment()`` run in a child Python). Raises ``ReportError`` if
+    that fails, e.g. ``device="cuda"`` on a machine without CUDA."""
+    code = "import json, pmll_lab.backend as b; print(json.dumps(b.environment()))"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ReportError(f"device {env.get('PMLL_LAB_DEVICE')!r}: the kernel environment "
+                          f"cannot start pmll_lab: {last}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _short_error(exc: BaseException) -> str:
+    """One readable line for a failed notebook (papermill errors carry ename/evalue)."""
+    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
+    text = f"{ename}: {evalue}" if ename else f"{type(exc).__name__}: {exc}"
+    text = " ".join(text.split())
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _ensure_nbconvert_templates() -> None:
+    """Make nbconvert find its own templates wherever the package was installed.
+
+    nbconvert looks for them under ``<prefix>/share/jupyter`` and ``JUPYTER_PATH``; when it was
+    installed with ``pip --target DIR`` (the H200 wheel flow) they sit in ``DIR/share/jupyter``,
+    which it misses unless ``JUPYTER_PATH`` names it (seen on the H200, 2026-11-29: "No template
+    sub-directory with name 'lab' found"). Walk up from the package, and add the folder found to
+    ``JUPYTER_PATH`` for this process when it is not already searched.
+    """
+    import nbconvert
+    from jupyter_core.paths import jupyter_path
+
+    for parent in Path(nbconvert.__file__).resolve().parents:
+        share = parent / "share" / "jupyter"
+        if (share / "nbconvert" / "templates").is_dir():
+            searched = {str(Path(p).resolve()) for p in jupyter_path()}
+            if str(share.resolve()) not in searched:
+                rest = os.environ.get("JUPYTER_PATH")
+                os.environ["JUPYTER_PATH"] = str(share) + (os.pathsep + rest if rest else "")
+            return
+
+
+def render_html(executed: Path, target: Path, *, failure: str | None = None) -> None:
+    """Render an executed notebook to HTML without input cells (nbconvert ``HTMLExporter``,
+    ``exclude_input=True``). A failed notebook gets a banner cell on top naming the error."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    _ensure_nbconvert_templates()
+    nb = nbformat.read(executed, as_version=4)
+    if failure is not None:
+        banner = nbformat.v4.new_markdown_cell(
+            "<div style='border:2px solid #c00;padding:0.6em;color:#c00'>"
+            f"<b>FAILED</b> while running this notebook: {html.escape(failure)}. "
+            "The outputs below stop where it failed.</div>")
+        nb.cells.insert(0, banner)
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
+                            exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": executed.stem}})
+    target.write_text(body, encoding="utf-8")
+
+
+def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool,
+             cell_timeout: float | None, env_info: dict, log: Callable[[str], None],
+             scheduler: str | None = None) -> dict:
+    import papermill
+
+    name = src.stem
+    out_nb, out_html = run_dir / f"{name}.ipynb", run_dir / f"{name}.html"
+    results = run_dir / "results" / name
+    for stale in (out_nb, out_html):
+        stale.unlink(missing_ok=True)
+    if results.exists() and not resume:
+        shutil.rmtree(results)
+    results.mkdir(parents=True, exist_ok=True)
+    entry = {"name": name, "source": str(src), "status": "ok", "error": "",
+             "started_utc": _utc_now(), "preset": preset, "device_requested": device,
+             "device": env_info.get("device", ""), "commit": env_info.get("commit", "")}
+    t0 = time.perf_counter()
+    parameters = {"preset": preset, "device": device, "results_dir": str(results.resolve())}
+    if scheduler:
+        parameters["scheduler"] = scheduler
+    try:
+        papermill.execute_notebook(
+            str(src), str(out_nb),
+            parameters=parameters,
+            kernel_name=KERNEL_NAME, language="python", cwd=str(src.parent.resolve()),
+            progress_bar=False, log_output=False, execution_timeout=cell_timeout,
+        )
+    except Exception as exc:  # noqa: BLE001 - a failed notebook must not stop the others
+        entry["status"], entry["error"] = "failed", _short_error(exc)
+    entry["seconds"] = round(time.perf_counter() - t0, 1)
+    if out_nb.exists():
+        try:
+            render_html(out_nb, out_html,
+                        failure=entry["error"] if entry["status"] == "failed" else None)
+        except Exception as exc:  # noqa: BLE001
+            entry["status"] = "failed"
+            entry["error"] = (entry["error"] + "; " if entry["error"] else "") + \
+                f"rendering HTML: {_short_error(exc)}"
+    entry["ipynb"] = out_nb.name if out_nb.exists() else None
+    entry["html"] = out_html.name if out_html.exists() else None
+    entry["results"] = sorted(p.relative_to(run_dir).as_posix()
+                              for p in results.rglob("*") if p.is_file())
+    entry["ran_on"] = results_placement(results)
+    log(f"  {name}: {'ok' if entry['status'] == 'ok' else 'FAILED'} in {entry['seconds']:.0f} s"
+        + (f" -- {entry['error']}" if entry["error"] else ""))
+    return entry
+
+
+def results_placement(results: Path) -> dict:
+    """Who ran the sweeps whose rows lie in ``results`` (``*.jsonl``): ``workers`` and
+    ``gpus`` (distinct, over all its sweeps), ``devices`` (points per device kind) and
+    ``in_process`` (True when no row came from a Dask worker); ``pmll_lab.sweep.placement``."""
+    import pandas as pd
+
+    from pmll_lab.sweep import IN_PROCESS, load, placement
+
+    frames = []
+    for path in sorted(Path(results).glob("*.jsonl")):
+        try:
+            df = load(path)
+        except (OSError, ValueError):
+            continue
+        if not df.empty and "point_id" in df:
+            frames.append(df.assign(point_id=path.stem + ":" + df["point_id"].astype(str)))
+    if not frames:
+        return {"workers": 0, "gpus": 0, "devices": {}, "in_process": True}
+    df = pd.concat(frames, ignore_index=True)
+    out = placement(df)
+    out["in_process"] = "worker" not in df or set(df["worker"].fillna(IN_PROCESS)) == {IN_PROCESS}
+    return out
