@@ -1,7 +1,18 @@
-"""Carried-state GDN verify, flush and accept: the launchers and the stash (SPEC §3b). The
-kernels are split by algorithm: the exact form and the flush in
-``pmll_lab.ops.carry.gdn_carry_exact``, the WY form in ``pmll_lab.ops.carry.gdn_carry_wy``, the
-V-major state's in ``pmll_lab.ops.carry.gdn_carry_vk``; the accept kernel is here.
+"""Carried-state GDN verify: the launchers and their launch-time settings (SPEC §3b), and the
+overview of the carried-state family, split by topic:
+
+- the stash ``GdnCarry`` and the sizes per slot: ``pmll_lab.ops.carry.gdn_carry_stash``;
+- flush and accept (the pending rows folded and counted):
+  ``pmll_lab.ops.carry.gdn_carry_pending``;
+- the argument checks and the helpers every launcher shares:
+  ``pmll_lab.ops.carry.gdn_carry_common``;
+- the kernels, by algorithm: the exact form and the flush in
+  ``pmll_lab.ops.carry.gdn_carry_exact``, the WY form in ``pmll_lab.ops.carry.gdn_carry_wy``,
+  the V-major state's in ``pmll_lab.ops.carry.gdn_carry_vk``.
+
+Every name of the family is importable from this module. The launch-time settings
+(``EXACT_SPLIT_COLUMNS``, ``EXACT_UNROLL_MAX_ROWS``, ``WY_*``, ``VK_WY_*``) are read from this
+module when a verify launches: set them here (``scripts/tune_carry.py`` and the tests do).
 
 Buffers (all fp32 unless said):
 
@@ -46,50 +57,32 @@ after a write-back, else 1.
   tf32), ``U = T (beta * (V - exp(c) KH))``, ``O = exp(c) QH + P U``; ``U``'s rows are the
   stashed ``u`` rows. Equal to the exact form up to fp32 rounding (tests: rel L2 <= 1e-4).
 
-Flush (``gdn_carry_flush``), grid ``(B, HV * NV, L)``: folds each slot's pending rows into its
-state for ``L`` separately allocated layers in one launch. The launcher passes layer 0's state,
-stash and ``pend`` tensors as base pointers and three int64 tables holding each layer's element
-offset from those bases (``(ptr_l - ptr_0) / itemsize``); the kernel adds ``table[l]``. That
-works in the interpreter (which hands kernels the tensors' real CPU addresses) and on the GPU
-(one flat address space). Flush reads the stash only, so it may split a head's columns across
-programs. ``pend`` is not changed.
-
-Accept (``carry_accept``), grid ``(cdiv(B, 128), L)``: ``pend[slot] = a if engaged == 2 else
-pend[slot] + a`` for one or several carries (any object with ``.pend`` int32 ``[S]``), on the
-device, with no host sync.
+Flush (``gdn_carry_flush``) and accept (``carry_accept``): ``pmll_lab.ops.carry.gdn_carry_pending``.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Sequence
-from dataclasses import dataclass
-
 import torch
-import triton
-import triton.language as tl
 
-from pmll_lab import _checks
-from pmll_lab.backend import DEVICE
 from pmll_lab.ops.gdn import recurrence
-from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
-                                         head_dims, vk_chunks, vk_config)
-# the kernels, re-exported here where the launchers and tools find them
+from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, head_dims,
+                                         vk_config)
+from pmll_lab.ops.gdn.gating import split_gating
+from pmll_lab.ops.host import cdiv
+from pmll_lab.ops.launch import LaunchPlan
+# the family's names, re-exported here where the launchers, tests and tools find them
+from pmll_lab.ops.carry.gdn_carry_common import (  # noqa: F401
+    _TABLES, FORMS, INDEX_DTYPES, _check_verify, _checked_outputs, _chunks, _device_guard,
+    check_carry, check_state, offsets_table)
 from pmll_lab.ops.carry.gdn_carry_exact import (  # noqa: F401
     _ROW_PTRS, _ROW_STRIDES, _ROW_UNSPECIALIZED, _gdn_carry_exact_kernel,
     _gdn_carry_exact_split_kernel, _gdn_carry_flush_kernel, _verify_prologue)
+from pmll_lab.ops.carry.gdn_carry_pending import (  # noqa: F401
+    ACCEPT_BLOCK, _carry_accept_kernel, carry_accept, gdn_carry_flush)
+from pmll_lab.ops.carry.gdn_carry_stash import (  # noqa: F401
+    GDN_CARRY_CAP, GdnCarry, snapshot_bytes_per_slot, stash_bytes_per_slot)
 from pmll_lab.ops.carry.gdn_carry_wy import (  # noqa: F401
-    _gdn_carry_wy_kernel, _gdn_carry_wy_split_kernel, _wy_rows)
-from pmll_lab.ops.gdn.gating import check_gating, split_gating
-from pmll_lab.ops.host import cdiv
-from pmll_lab.ops.launch import LaunchPlan
-
-GDN_CARRY_CAP = 8
-"""Stash rows per (layer, slot): the seed's ``GDN_CARRY_CAP`` (``CARRY_CAP`` in its CUDA file).
-``K <= CAP`` is required; a verify whose rows do not fit behind the pending ones writes back."""
-
-WY_ROWS_PAD = 16
-"""The WY form pads the K axis to 16 rows: ``tl.dot`` needs every side >= 16."""
+    WY_ROWS_PAD, _gdn_carry_wy_kernel, _gdn_carry_wy_split_kernel, _wy_rows)
 
 EXACT_SPLIT_COLUMNS = True
 """Exact form: split a head's column blocks across programs (grid ``(B, HV, NV)``, as decode
@@ -161,275 +154,6 @@ def wy_config(k_dim: int) -> tuple[bool, int]:
     return False, WY_PER_HEAD_WARPS
 
 
-ACCEPT_BLOCK = 128
-"""Sequences per program of the accept kernel (a handful of int32 loads/stores each)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# The stash
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(eq=False)
-class GdnCarry:
-    """One layer's carried-state stash and pending counts for ``S`` slots (SPEC §3b).
-
-    ``buf [S, CAP*(HV*vd + HV + HV*kd)]`` fp32, per slot the seed's layout
-    ``vn[CAP][HV][vd] | g[CAP][HV] | sk[CAP][HV][kd]`` (last dim contiguous; any slot stride,
-    so a view into a larger buffer works); ``pend [S]`` int32 on the same device, contiguous.
-    Build with ``GdnCarry.empty(...)`` or pass existing tensors (validated here).
-    Views for tests and references: ``.u [S, CAP, HV, vd]``, ``.g [S, CAP, HV]``,
-    ``.k [S, CAP, HV, kd]``.
-    """
-
-    buf: torch.Tensor
-    pend: torch.Tensor
-    num_v_heads: int
-    k_dim: int
-    v_dim: int
-    cap: int = GDN_CARRY_CAP
-
-    def __post_init__(self):
-        for name in ("num_v_heads", "k_dim", "v_dim", "cap"):
-            _checks.positive_int(name, getattr(self, name))
-        width = self.floats_per_slot
-        _checks.tensor("buf", self.buf, ndim=2, shape=(None, width), dtype=torch.float32,
-                       last_contiguous=True)
-        _checks.tensor("pend", self.pend, shape=(self.buf.shape[0],), dtype=torch.int32,
-                       device=self.buf.device, contiguous=True)
-
-    @classmethod
-    def empty(cls, slots: int, num_v_heads: int, k_dim: int, v_dim: int, *,
-              cap: int = GDN_CARRY_CAP, device=None) -> "GdnCarry":
-        """A zeroed stash with ``pend = 0`` for ``slots`` slots on ``device`` (default
-        ``pmll_lab.DEVICE``). Raises ``ValueError`` naming a bad size or ``device``."""
-        _checks.positive_int("slots", slots)
-        for name, val in (("num_v_heads", num_v_heads), ("k_dim", k_dim), ("v_dim", v_dim),
-                          ("cap", cap)):
-            _checks.positive_int(name, val)
-        dev = _checks.device("device", device, DEVICE)
-        width = cap * (num_v_heads * v_dim + num_v_heads + num_v_heads * k_dim)
-        return cls(buf=torch.zeros(slots, width, dtype=torch.float32, device=dev),
-                   pend=torch.zeros(slots, dtype=torch.int32, device=dev),
-                   num_v_heads=num_v_heads, k_dim=k_dim, v_dim=v_dim, cap=cap)
-
-    # -- sizes ------------------------------------------------------------------------------
-    @property
-    def slots(self) -> int:
-        return self.buf.shape[0]
-
-    @property
-    def device(self) -> torch.device:
-        return self.buf.device
-
-    @property
-    def floats_per_slot(self) -> int:
-        """``CAP*(HV*vd + HV + HV*kd)``: the seed's ``gdn_carry_seq_floats``."""
-        return self.cap * (self.num_v_heads * self.v_dim + self.num_v_heads
-                           + self.num_v_heads * self.k_dim)
-
-    @property
-    def stash_bytes_per_slot(self) -> int:
-        """Bytes of stash per slot (fp32)."""
-        return 4 * self.floats_per_slot
-
-    @property
-    def bytes(self) -> int:
-        """Bytes held by this layer's stash and ``pend``."""
-        return self.slots * (self.stash_bytes_per_slot + 4)
-
-    # -- views ------------------------------------------------------------------------------
-    @property
-    def u(self) -> torch.Tensor:
-        """``[S, CAP, HV, vd]`` view of the stashed ``u`` rows (the seed's ``vn``)."""
-        n = self.cap * self.num_v_heads * self.v_dim
-        return self.buf[:, :n].unflatten(1, (self.cap, self.num_v_heads, self.v_dim))
-
-    @property
-    def g(self) -> torch.Tensor:
-        """``[S, CAP, HV]`` view of the stashed log decays."""
-        a = self.cap * self.num_v_heads * self.v_dim
-        return self.buf[:, a:a + self.cap * self.num_v_heads].unflatten(1, (self.cap, self.num_v_heads))
-
-    @property
-    def k(self) -> torch.Tensor:
-        """``[S, CAP, HV, kd]`` view of the stashed normalised keys (the seed's ``sk``)."""
-        a = self.cap * self.num_v_heads * (self.v_dim + 1)
-        return self.buf[:, a:].unflatten(1, (self.cap, self.num_v_heads, self.k_dim))
-
-    def reset(self, slots) -> None:
-        """Forget the carry of ``slots``: ``pend = 0`` and their stash rows zeroed (as
-        ``ConvCarry.reset`` does, so a reset slot holds the same thing in both carries).
-
-        ``slots``: one int, a sequence of ints or an integer index tensor, each in ``[0, S)``
-        (repeats allowed). Raises ``ValueError`` naming ``slots`` otherwise (checking a device
-        tensor's values syncs; reset is not on the decode path). Use when a slot is freed or
-        handed to a new sequence (its state is the caller's)."""
-        idx = _checks.index_tensor("slots", slots, self.slots, device=self.pend.device)
-        self.pend.index_fill_(0, idx, 0)
-        self.buf.index_fill_(0, idx, 0.0)
-
-
-def stash_bytes_per_slot(num_v_heads: int, k_dim: int, v_dim: int, cap: int = GDN_CARRY_CAP) -> int:
-    """Stash bytes per (layer, slot) without allocating: ``4*CAP*(HV*vd + HV + HV*kd)``."""
-    return 4 * cap * (num_v_heads * v_dim + num_v_heads + num_v_heads * k_dim)
-
-
-def snapshot_bytes_per_slot(num_v_heads: int, k_dim: int, v_dim: int, rows: int) -> int:
-    """Bytes of the snapshot chain's intermediate states per (layer, sequence): ``(K-1)`` fp32
-    states of ``HV*kd*vd`` (SPEC §3a)."""
-    return 4 * (rows - 1) * num_v_heads * k_dim * v_dim
-
-
-# ---------------------------------------------------------------------------------------------
-# Kernels: the exact form and the flush in gdn_carry_exact, the WY form in gdn_carry_wy,
-# the V-major ones in gdn_carry_vk; the accept kernel here
-# ---------------------------------------------------------------------------------------------
-
-@triton.jit
-def _carry_accept_kernel(pend_ptr, pend_off_ptr, slot_ptr, engaged_ptr, acc_ptr, B,
-                         BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < B
-    pend = pend_ptr + tl.load(pend_off_ptr + tl.program_id(1))
-    slot = tl.load(slot_ptr + offs, mask=m, other=-1).to(tl.int64)
-    m = m & (slot >= 0)                  # slot -1: a padding lane, its pend is not touched
-    e = tl.load(engaged_ptr + offs, mask=m, other=1)
-    a = tl.load(acc_ptr + offs, mask=m, other=0).to(tl.int32)
-    p = tl.load(pend + slot, mask=m, other=0)
-    tl.store(pend + slot, tl.where(e == 2, a, p + a), mask=m)
-
-
-# ---------------------------------------------------------------------------------------------
-# Launchers
-# ---------------------------------------------------------------------------------------------
-
-FORMS = ("exact", "wy")
-INDEX_DTYPES = (torch.int32, torch.int64)
-
-_TABLES: dict[tuple, torch.Tensor] = {}
-
-
-def offsets_table(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """int64 ``[L]`` tensor of each tensor's element offset from ``tensors[0]``'s data pointer,
-    on their device. Cached by the pointers (the table depends on nothing else), so a launcher
-    called again on the same buffers does no host-to-device copy."""
-    t0 = tensors[0]
-    item = t0.element_size()
-    key = (t0.device, item) + tuple(t.data_ptr() for t in tensors)
-    table = _TABLES.get(key)
-    if table is None:
-        offs = []
-        for t in tensors:
-            delta = t.data_ptr() - t0.data_ptr()
-            if delta % item:
-                raise ValueError("tensors: data pointers are not a whole number of elements apart")
-            offs.append(delta // item)
-        if len(_TABLES) > 256:
-            _TABLES.clear()
-        table = _TABLES[key] = torch.tensor(offs, dtype=torch.int64, device=t0.device)
-    return table
-
-
-def check_carry(name: str, carry, state: torch.Tensor | None = None,
-                layout: str = DEFAULT_STATE_LAYOUT) -> None:
-    """``carry`` is a ``GdnCarry`` matching ``state`` (slots, heads, dims) in ``layout``."""
-    if not isinstance(carry, GdnCarry):
-        raise ValueError(f"{name}: expected a GdnCarry, got {type(carry).__name__}")
-    if state is not None:
-        S, HV = state.shape[:2]
-        kd, vd = head_dims(state.shape, layout)
-        if (carry.slots, carry.num_v_heads, carry.k_dim, carry.v_dim) != (S, HV, kd, vd):
-            raise ValueError(
-                f"{name}: stash for (slots, HV, kd, vd) = {(carry.slots, carry.num_v_heads, carry.k_dim, carry.v_dim)}"
-                f" does not match state {tuple(state.shape)} read as state_layout={layout!r} "
-                f"(slots, HV, kd, vd) = {(S, HV, kd, vd)}: is state_layout right?")
-        _checks.same_device("state", state, **{f"{name}.buf": carry.buf, f"{name}.pend": carry.pend})
-
-
-def check_state(name: str, state) -> torch.Tensor:
-    """fp32, bf16 or fp16 ``[S, HV, kd, vd]`` (or ``[S, HV, vd, kd]``) on the kernels' device
-    type, inner three dims contiguous (any slot stride)."""
-    _checks.tensor(name, state, ndim=4, dtype=_checks.FLOAT_DTYPES)
-    if state.device.type != DEVICE.type:
-        raise ValueError(f"{name}: on {state.device}, but kernels run on {DEVICE} (pmll_lab.backend.DEVICE)")
-    _, HV, d2, d3 = state.shape
-    if min(HV, d2, d3) < 1:
-        raise ValueError(f"{name}: heads HV and head sizes (dims 1-3) must be >= 1, got "
-                         f"shape {tuple(state.shape)}")
-    if state.stride()[1:] != (d2 * d3, d3, 1) and state.numel() > 0:
-        raise ValueError(f"{name}: inner three dims must be contiguous, got strides {state.stride()}")
-    return state
-
-
-def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
-                  eager_max_pending, layout=DEFAULT_STATE_LAYOUT, gating=None):
-    """``gdn_carry_verify``'s argument checks; returns ``(B, K, HK, scale)``."""
-    check_layout("state_layout", layout)
-    check_state("state", state)
-    check_carry("carry", carry, state, layout)
-    _checks.choice("form", form, FORMS)
-    if not isinstance(lazy, bool):
-        raise ValueError(f"lazy: expected a bool, got {type(lazy).__name__}")
-    S, HV = state.shape[:2]
-    kd, vd = head_dims(state.shape, layout)
-    _checks.tensor("q", q, ndim=4, dtype=_checks.FLOAT_DTYPES, device=state.device, last_contiguous=True)
-    B, K, HK = q.shape[:3]
-    _checks.tensor("q", q, shape=(B, K, HK, kd))
-    _checks.tensor("k", k, shape=(B, K, HK, kd), dtype=q.dtype, device=state.device, last_contiguous=True)
-    _checks.tensor("v", v, shape=(B, K, HV, vd), dtype=q.dtype, device=state.device, last_contiguous=True)
-    if gating is None:
-        _checks.tensor("g", g, shape=(B, K, HV), dtype=torch.float32, device=state.device,
-                       last_contiguous=True)
-        _checks.tensor("beta", beta, shape=(B, K, HV), dtype=torch.float32, device=state.device,
-                       last_contiguous=True)
-    else:
-        check_gating(gating, (B, K), HV, q.dtype, state.device)
-    # contiguous: the kernels read entry b at offset b (a strided view would address other slots)
-    _checks.tensor("slot_tab", slot_tab, shape=(B,), dtype=INDEX_DTYPES, device=state.device,
-                   contiguous=True)
-    if HK < 1 or HV % HK:
-        raise ValueError(f"q: HV ({HV}) must be a multiple of HK ({HK})")
-    if K < 1 or K > carry.cap:
-        raise ValueError(f"q: K = {K} draft rows must lie in [1, CAP = {carry.cap}]")
-    if form == "wy" and state.dtype != torch.float32:
-        raise ValueError(f"form: the WY form needs an fp32 state, got {state.dtype}: it computes "
-                         "the K rows at once, so it cannot round the state to the state's dtype "
-                         "after every row as decoding does; use form='exact'")
-    if form == "wy" and K > WY_ROWS_PAD:
-        raise ValueError(f"K: the WY form verifies at most {WY_ROWS_PAD} rows (its row tiles), "
-                         f"got K = {K}; use form='exact'")
-    if B > S:
-        raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise ValueError(f"scale: expected a float or None, got {type(scale).__name__}")
-    scale = kd ** -0.5 if scale is None else float(scale)
-    if validate:
-        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
-        pend = carry.pend[slot_tab[slot_tab >= 0].long()]
-        _checks.range_values("carry.pend", pend, 0, carry.cap)
-        if not lazy and eager_max_pending is not None and pend.numel() \
-                and int(pend.max()) > eager_max_pending:
-            raise ValueError(
-                f"carry.pend: an eager verify folds at most eager_max_pending = {eager_max_pending}"
-                f" rows, a slot holds {int(pend.max())}: flush first (gdn_carry_flush)")
-        if gating is None:
-            _checks.range_values("g", g, float("-inf"), 0.0)
-            _checks.range_values("beta", beta, 0.0, 1.0)
-
-    return B, K, HK, scale
-
-
-def _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
-                     eager_max_pending, layout=DEFAULT_STATE_LAYOUT, gating=None):
-    """Checks (``_check_verify``), then the verify's outputs: ``(scale, o [B, K, HV, vd] in v's
-    dtype, engaged [B] int32)``, uninitialised."""
-    B, K, _, scale = _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
-                                   validate, eager_max_pending, layout, gating)
-    HV, vd = state.shape[1], head_dims(state.shape, layout)[1]
-    o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
-    return scale, o, torch.empty(B, dtype=torch.int32, device=v.device)
-
-
 def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form="exact",
                      lazy=False, scale=None, use_qk_l2norm=True, validate=False,
                      eager_max_pending=None, state_layout=DEFAULT_STATE_LAYOUT, A_log=None,
@@ -496,11 +220,6 @@ def _arrivals(carry, num_v_heads: int) -> torch.Tensor:
         arrive = torch.zeros(carry.slots, num_v_heads, dtype=torch.int32, device=carry.device)
         carry._arrivals = arrive
     return arrive
-
-
-def _device_guard(t: torch.Tensor):
-    """Launch on ``t``'s GPU (Triton launches on the current device)."""
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
 def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
@@ -583,11 +302,6 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
                  num_warps=VK_WY_WARPS, **_chunks(bk), **meta))
 
 
-def _chunks(block_k: int) -> dict:
-    """The V-major kernels' ``NC``, ``CW`` constexprs for a key block of ``block_k``."""
-    return dict(zip(("NC", "CW"), vk_chunks(block_k)))
-
-
 def _launch_verify(*args):
     kernel, grid, a, kw = _verify_launch_args(*args)
     kernel[grid](*a, **kw)
@@ -622,130 +336,3 @@ def gdn_carry_verify_plan(state, carry, q, k, v, g=None, beta=None, *, slot_tab,
                                                  slot_tab, form, lazy, scale, use_qk_l2norm,
                                                  state_layout, gating)
     return LaunchPlan(kernel, grid, args, kw, outputs=(o, engaged), device=state.device)
-
-
-def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
-                    state_layout=DEFAULT_STATE_LAYOUT) -> None:
-    """Fold every listed slot's pending rows into its state, over ``L`` layers in one launch
-    (SPEC §3b "Flush"; the seed's ``gdn_carry_flush``).
-
-    ``states``: list of ``L`` states in ``state_layout`` (``[S, HV, kd, vd]`` for ``"kv"``,
-    ``[S, HV, vd, kd]`` for ``"vk"``; separately allocated is fine; same
-    shape, strides and dtype: fp32, or bf16/fp16 rounded after every folded row); ``carries``: list of ``L`` ``GdnCarry`` (same layout and slot stride);
-    ``slot_tab [B]`` int32/int64, contiguous. A slot with ``pend = 0`` is left alone; ``pend`` is not changed
-    (the caller clears it). Folding uses ``fold_row`` on ``block_config`` blocks, so the state is
-    bitwise the one plain decoding would hold. ``validate=True``: slots distinct and in range,
-    ``0 <= pend <= CAP`` in every layer. ``state_layout``: ``"kv"`` (states
-    ``[S, HV, kd, vd]``) or ``"vk"`` (``[S, HV, vd, kd]``, V-major tiles; the same bits as
-    V-major decoding). Raises ``ValueError`` naming the argument.
-    """
-    check_layout("state_layout", state_layout)
-    if isinstance(states, torch.Tensor) or isinstance(carries, GdnCarry):
-        raise ValueError("states, carries: pass lists (one entry per layer)")
-    states, carries = list(states), list(carries)
-    if not states or len(states) != len(carries):
-        raise ValueError(f"carries: need one per state, got {len(carries)} carries for {len(states)} states")
-    for i, (st, ca) in enumerate(zip(states, carries)):
-        check_state(f"states[{i}]", st)
-        check_carry(f"carries[{i}]", ca, st, state_layout)
-        if (st.shape != states[0].shape or st.stride() != states[0].stride()
-                or st.dtype != states[0].dtype):
-            raise ValueError(f"states[{i}]: shape/strides/dtype differ from states[0]")
-        if ca.cap != carries[0].cap or ca.buf.stride() != carries[0].buf.stride():
-            raise ValueError(f"carries[{i}]: CAP or stash strides differ from carries[0]")
-        _checks.same_device("states[0]", states[0], **{f"states[{i}]": st})
-    S, HV = states[0].shape[:2]
-    kd, vd = head_dims(states[0].shape, state_layout)
-    _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=states[0].device,
-                   contiguous=True)
-    B = slot_tab.shape[0]
-    if B > S:
-        raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
-    if validate:
-        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
-        live = slot_tab[slot_tab >= 0].long()
-        for i, ca in enumerate(carries):
-            _checks.range_values(f"carries[{i}].pend", ca.pend[live], 0, ca.cap)
-    if B == 0:
-        return
-    L = len(states)
-    if state_layout == "vk":
-        from pmll_lab.ops.carry.gdn_carry_vk import gdn_carry_flush_vk_kernel as kernel
-
-        BK, BV, num_warps = vk_config(kd, vd, B * HV, "carry")
-        extra = _chunks(BK)
-    else:
-        extra = {}
-        kernel = _gdn_carry_flush_kernel
-        BK, BV, num_warps = block_config(kd, vd)
-    NV = cdiv(vd, BV)
-    pends = [c.pend for c in carries]
-    with _device_guard(states[0]):
-        kernel[(B, HV * NV, L)](
-            states[0], carries[0].buf, pends[0], slot_tab,
-            offsets_table(states), offsets_table([c.buf for c in carries]), offsets_table(pends),
-            states[0].stride(0), carries[0].buf.stride(0),
-            CAP=carries[0].cap, HV=HV, KD=kd, VD=vd, BK=BK, BV=BV, NV=NV,
-            PREFETCH=recurrence.CARRY_PREFETCH_ROWS, num_warps=num_warps, **extra)
-
-
-def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=False) -> None:
-    """The pending update after a verify, on the device with no host sync (SPEC §3b):
-    ``pend[slot] = a if engaged == 2 else pend[slot] + a`` for each sequence.
-
-    ``carry``: one carry or a list of carries (one launch for all; e.g. every layer's GDN and conv
-    carry of a step, which share ``slot_tab`` and ``engaged``), each with ``.pend`` int32 ``[S]``
-    and ``.cap`` (``GdnCarry``, ``ConvCarry``; ``pend`` contiguous); ``slot_tab [B]``
-    int32/int64; ``engaged [B]`` int32 as the verify returned it; ``accepted [B]`` int32/int64
-    on the same device, or a list of ints (copied to the device; floats are rejected). The three
-    index tensors must be contiguous (read at offset ``b``). Raises ``ValueError`` naming the
-    argument. ``rows``: the verify's ``K``. Host ints are always checked to lie in ``[0, K]``
-    (``[0, CAP]`` without ``rows``): no sync needed, and an ``a > K`` would count stale stash
-    rows of an earlier step as pending.
-    ``validate=True`` checks slots distinct and in range, ``engaged`` in {1, 2}, ``0 <= a <= K``
-    (``rows``) and ``<= CAP``, and that no ``pend`` exceeds ``CAP`` afterwards (a sync).
-    """
-    carries = list(carry) if isinstance(carry, (list, tuple)) else [carry]
-    if not carries:
-        raise ValueError("carry: empty list")
-    for i, c in enumerate(carries):
-        pend = getattr(c, "pend", None)
-        if not hasattr(c, "cap") or pend is None:
-            raise ValueError(f"carry: entry {i} has no .pend/.cap ({type(c).__name__})")
-        _checks.tensor(f"carry.pend[{i}]", pend, ndim=1, dtype=torch.int32, contiguous=True)
-        _checks.same_device("carry.pend[0]", carries[0].pend, **{f"carry.pend[{i}]": pend})
-    dev = carries[0].pend.device
-    # every index tensor is read at offset b for sequence b: contiguous
-    _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=dev, contiguous=True)
-    B = slot_tab.shape[0]
-    if rows is not None:
-        _checks.positive_int("rows", rows)
-    if not isinstance(accepted, torch.Tensor):
-        # host ints: their range costs no sync, so it is checked whatever ``validate`` says
-        acc = _checks.int_list("accepted", accepted)
-        hi, what = (rows, "rows = K") if rows is not None else (min(c.cap for c in carries), "CAP")
-        bad = [a for a in acc if not 0 <= a <= hi]
-        if bad:
-            raise ValueError(f"accepted: entries must lie in [0, {hi}] ({what}), got {bad[0]}")
-        accepted = torch.tensor(acc, dtype=torch.int32).to(dev)
-    _checks.tensor("engaged", engaged, shape=(B,), dtype=torch.int32, device=dev, contiguous=True)
-    _checks.tensor("accepted", accepted, shape=(B,), dtype=INDEX_DTYPES, device=dev,
-                   contiguous=True)
-    if validate:
-        S = min(c.pend.shape[0] for c in carries)
-        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
-        _checks.range_values("engaged", engaged, 1, 2)
-        hi = min(c.cap for c in carries) if rows is None else rows
-        _checks.range_values("accepted", accepted, 0, hi)
-        live = slot_tab >= 0
-        for i, c in enumerate(carries):
-            p = c.pend[slot_tab[live].long()]
-            acc = accepted[live].to(torch.int32)
-            after = torch.where(engaged[live] == 2, acc, p + acc)
-            _checks.range_values(f"carry.pend[{i}] after accept", after, 0, c.cap)
-    if B == 0:
-        return
-    pends = [c.pend for c in carries]
-    with _device_guard(pends[0]):
-        _carry_accept_kernel[(cdiv(B, ACCEPT_BLOCK), len(pends))](
-            pends[0], offsets_table(pends), slot_tab, engaged, accepted, B, BLOCK=ACCEPT_BLOCK)

@@ -1,6 +1,7 @@
 """Carried-state GDN verify, exact form, and the flush: Triton kernels on the K-major state
-(``state_layout="kv"``; SPEC §3b). Launched by ``pmll_lab.ops.carry.gdn_carry``, whose module
-docstring gives the buffers, grids and the protocol.
+(``state_layout="kv"``; SPEC §3b). Launched by ``pmll_lab.ops.carry.gdn_carry`` (verify; its
+module docstring gives the buffers, grids and the protocol) and
+``pmll_lab.ops.carry.gdn_carry_pending`` (flush).
 
 Exact form: one program per (sequence, value head, column block of ``BV`` value columns) (or
 per (sequence, head) looping over the blocks, ``EXACT_SPLIT_COLUMNS``), decode's own

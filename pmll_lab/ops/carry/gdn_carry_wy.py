@@ -23,6 +23,9 @@ from pmll_lab.ops.gdn.recurrence import gdn_gate_beta, gdn_gate_g, load_gate_par
 from pmll_lab.ops.carry.gdn_carry_exact import (_ROW_UNSPECIALIZED, _folded_block,
                                               _verify_prologue)
 
+WY_ROWS_PAD = 16
+"""The WY form pads the K axis to 16 rows: ``tl.dot`` needs every side >= 16."""
+
 
 @triton.jit
 def _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,

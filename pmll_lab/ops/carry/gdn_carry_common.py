@@ -1,0 +1,157 @@
+"""Pieces shared by the carried-state GDN launchers (verify, flush, accept; SPEC §3b): the
+argument checks, the per-layer offset tables of the multi-layer launches, the device guard and
+the V-major kernels' key chunks.
+
+Every check raises ``ValueError`` naming the argument, before any kernel runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+
+from pmll_lab import _checks
+from pmll_lab.backend import DEVICE
+from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
+from pmll_lab.ops.carry.gdn_carry_wy import WY_ROWS_PAD
+from pmll_lab.ops.gdn.gating import check_gating
+from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout, head_dims, vk_chunks
+
+FORMS = ("exact", "wy")
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def offsets_table(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """int64 ``[L]`` tensor of each tensor's element offset from ``tensors[0]``'s data pointer,
+    on their device. Cached by the pointers (the table depends on nothing else), so a launcher
+    called again on the same buffers does no host-to-device copy."""
+    t0 = tensors[0]
+    item = t0.element_size()
+    key = (t0.device, item) + tuple(t.data_ptr() for t in tensors)
+    table = _TABLES.get(key)
+    if table is None:
+        offs = []
+        for t in tensors:
+            delta = t.data_ptr() - t0.data_ptr()
+            if delta % item:
+                raise ValueError("tensors: data pointers are not a whole number of elements apart")
+            offs.append(delta // item)
+        if len(_TABLES) > 256:
+            _TABLES.clear()
+        table = _TABLES[key] = torch.tensor(offs, dtype=torch.int64, device=t0.device)
+    return table
+
+
+def _device_guard(t: torch.Tensor):
+    """Launch on ``t``'s GPU (Triton launches on the current device)."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+def _chunks(block_k: int) -> dict:
+    """The V-major kernels' ``NC``, ``CW`` constexprs for a key block of ``block_k``."""
+    return dict(zip(("NC", "CW"), vk_chunks(block_k)))
+
+
+def check_carry(name: str, carry, state: torch.Tensor | None = None,
+                layout: str = DEFAULT_STATE_LAYOUT) -> None:
+    """``carry`` is a ``GdnCarry`` matching ``state`` (slots, heads, dims) in ``layout``."""
+    if not isinstance(carry, GdnCarry):
+        raise ValueError(f"{name}: expected a GdnCarry, got {type(carry).__name__}")
+    if state is not None:
+        S, HV = state.shape[:2]
+        kd, vd = head_dims(state.shape, layout)
+        if (carry.slots, carry.num_v_heads, carry.k_dim, carry.v_dim) != (S, HV, kd, vd):
+            raise ValueError(
+                f"{name}: stash for (slots, HV, kd, vd) = {(carry.slots, carry.num_v_heads, carry.k_dim, carry.v_dim)}"
+                f" does not match state {tuple(state.shape)} read as state_layout={layout!r} "
+                f"(slots, HV, kd, vd) = {(S, HV, kd, vd)}: is state_layout right?")
+        _checks.same_device("state", state, **{f"{name}.buf": carry.buf, f"{name}.pend": carry.pend})
+
+
+def check_state(name: str, state) -> torch.Tensor:
+    """fp32, bf16 or fp16 ``[S, HV, kd, vd]`` (or ``[S, HV, vd, kd]``) on the kernels' device
+    type, inner three dims contiguous (any slot stride)."""
+    _checks.tensor(name, state, ndim=4, dtype=_checks.FLOAT_DTYPES)
+    if state.device.type != DEVICE.type:
+        raise ValueError(f"{name}: on {state.device}, but kernels run on {DEVICE} (pmll_lab.backend.DEVICE)")
+    _, HV, d2, d3 = state.shape
+    if min(HV, d2, d3) < 1:
+        raise ValueError(f"{name}: heads HV and head sizes (dims 1-3) must be >= 1, got "
+                         f"shape {tuple(state.shape)}")
+    if state.stride()[1:] != (d2 * d3, d3, 1) and state.numel() > 0:
+        raise ValueError(f"{name}: inner three dims must be contiguous, got strides {state.stride()}")
+    return state
+
+
+def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
+                  eager_max_pending, layout=DEFAULT_STATE_LAYOUT, gating=None):
+    """``gdn_carry_verify``'s argument checks; returns ``(B, K, HK, scale)``."""
+    check_layout("state_layout", layout)
+    check_state("state", state)
+    check_carry("carry", carry, state, layout)
+    _checks.choice("form", form, FORMS)
+    if not isinstance(lazy, bool):
+        raise ValueError(f"lazy: expected a bool, got {type(lazy).__name__}")
+    S, HV = state.shape[:2]
+    kd, vd = head_dims(state.shape, layout)
+    _checks.tensor("q", q, ndim=4, dtype=_checks.FLOAT_DTYPES, device=state.device, last_contiguous=True)
+    B, K, HK = q.shape[:3]
+    _checks.tensor("q", q, shape=(B, K, HK, kd))
+    _checks.tensor("k", k, shape=(B, K, HK, kd), dtype=q.dtype, device=state.device, last_contiguous=True)
+    _checks.tensor("v", v, shape=(B, K, HV, vd), dtype=q.dtype, device=state.device, last_contiguous=True)
+    if gating is None:
+        _checks.tensor("g", g, shape=(B, K, HV), dtype=torch.float32, device=state.device,
+                       last_contiguous=True)
+        _checks.tensor("beta", beta, shape=(B, K, HV), dtype=torch.float32, device=state.device,
+                       last_contiguous=True)
+    else:
+        check_gating(gating, (B, K), HV, q.dtype, state.device)
+    # contiguous: the kernels read entry b at offset b (a strided view would address other slots)
+    _checks.tensor("slot_tab", slot_tab, shape=(B,), dtype=INDEX_DTYPES, device=state.device,
+                   contiguous=True)
+    if HK < 1 or HV % HK:
+        raise ValueError(f"q: HV ({HV}) must be a multiple of HK ({HK})")
+    if K < 1 or K > carry.cap:
+        raise ValueError(f"q: K = {K} draft rows must lie in [1, CAP = {carry.cap}]")
+    if form == "wy" and state.dtype != torch.float32:
+        raise ValueError(f"form: the WY form needs an fp32 state, got {state.dtype}: it computes "
+                         "the K rows at once, so it cannot round the state to the state's dtype "
+                         "after every row as decoding does; use form='exact'")
+    if form == "wy" and K > WY_ROWS_PAD:
+        raise ValueError(f"K: the WY form verifies at most {WY_ROWS_PAD} rows (its row tiles), "
+                         f"got K = {K}; use form='exact'")
+    if B > S:
+        raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise ValueError(f"scale: expected a float or None, got {type(scale).__name__}")
+    scale = kd ** -0.5 if scale is None else float(scale)
+    if validate:
+        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
+        pend = carry.pend[slot_tab[slot_tab >= 0].long()]
+        _checks.range_values("carry.pend", pend, 0, carry.cap)
+        if not lazy and eager_max_pending is not None and pend.numel() \
+                and int(pend.max()) > eager_max_pending:
+            raise ValueError(
+                f"carry.pend: an eager verify folds at most eager_max_pending = {eager_max_pending}"
+                f" rows, a slot holds {int(pend.max())}: flush first (gdn_carry_flush)")
+        if gating is None:
+            _checks.range_values("g", g, float("-inf"), 0.0)
+            _checks.range_values("beta", beta, 0.0, 1.0)
+
+    return B, K, HK, scale
+
+
+def _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
+                     eager_max_pending, layout=DEFAULT_STATE_LAYOUT, gating=None):
+    """Checks (``_check_verify``), then the verify's outputs: ``(scale, o [B, K, HV, vd] in v's
+    dtype, engaged [B] int32)``, uninitialised."""
+    B, K, _, scale = _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
+                                   validate, eager_max_pending, layout, gating)
+    HV, vd = state.shape[1], head_dims(state.shape, layout)[1]
+    o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
+    return scale, o, torch.empty(B, dtype=torch.int32, device=v.device)
+

@@ -1,0 +1,176 @@
+"""Carried-state GDN flush and accept: the pending rows folded into the states, and counted
+after a verify (SPEC §3b). The flush kernels are in ``pmll_lab.ops.carry.gdn_carry_exact``
+(K-major) and ``pmll_lab.ops.carry.gdn_carry_vk`` (V-major); the accept kernel is here.
+
+Flush (``gdn_carry_flush``), grid ``(B, HV * NV, L)``: folds each slot's pending rows into its
+state for ``L`` separately allocated layers in one launch. The launcher passes layer 0's state,
+stash and ``pend`` tensors as base pointers and three int64 tables holding each layer's element
+offset from those bases (``(ptr_l - ptr_0) / itemsize``); the kernel adds ``table[l]``. That
+works in the interpreter (which hands kernels the tensors' real CPU addresses) and on the GPU
+(one flat address space). Flush reads the stash only, so it may split a head's columns across
+programs. ``pend`` is not changed.
+
+Accept (``carry_accept``), grid ``(cdiv(B, 128), L)``: ``pend[slot] = a if engaged == 2 else
+pend[slot] + a`` for one or several carries (any object with ``.pend`` int32 ``[S]``), on the
+device, with no host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pmll_lab import _checks
+from pmll_lab.ops.carry.gdn_carry_common import (INDEX_DTYPES, _chunks, _device_guard,
+                                                 check_carry, check_state, offsets_table)
+from pmll_lab.ops.carry.gdn_carry_exact import _gdn_carry_flush_kernel
+from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
+from pmll_lab.ops.gdn import recurrence
+from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
+                                         head_dims, vk_config)
+from pmll_lab.ops.host import cdiv
+
+ACCEPT_BLOCK = 128
+"""Sequences per program of the accept kernel (a handful of int32 loads/stores each)."""
+
+
+@triton.jit
+def _carry_accept_kernel(pend_ptr, pend_off_ptr, slot_ptr, engaged_ptr, acc_ptr, B,
+                         BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < B
+    pend = pend_ptr + tl.load(pend_off_ptr + tl.program_id(1))
+    slot = tl.load(slot_ptr + offs, mask=m, other=-1).to(tl.int64)
+    m = m & (slot >= 0)                  # slot -1: a padding lane, its pend is not touched
+    e = tl.load(engaged_ptr + offs, mask=m, other=1)
+    a = tl.load(acc_ptr + offs, mask=m, other=0).to(tl.int32)
+    p = tl.load(pend + slot, mask=m, other=0)
+    tl.store(pend + slot, tl.where(e == 2, a, p + a), mask=m)
+
+
+def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
+                    state_layout=DEFAULT_STATE_LAYOUT) -> None:
+    """Fold every listed slot's pending rows into its state, over ``L`` layers in one launch
+    (SPEC §3b "Flush"; the seed's ``gdn_carry_flush``).
+
+    ``states``: list of ``L`` states in ``state_layout`` (``[S, HV, kd, vd]`` for ``"kv"``,
+    ``[S, HV, vd, kd]`` for ``"vk"``; separately allocated is fine; same
+    shape, strides and dtype: fp32, or bf16/fp16 rounded after every folded row); ``carries``: list of ``L`` ``GdnCarry`` (same layout and slot stride);
+    ``slot_tab [B]`` int32/int64, contiguous. A slot with ``pend = 0`` is left alone; ``pend`` is not changed
+    (the caller clears it). Folding uses ``fold_row`` on ``block_config`` blocks, so the state is
+    bitwise the one plain decoding would hold. ``validate=True``: slots distinct and in range,
+    ``0 <= pend <= CAP`` in every layer. ``state_layout``: ``"kv"`` (states
+    ``[S, HV, kd, vd]``) or ``"vk"`` (``[S, HV, vd, kd]``, V-major tiles; the same bits as
+    V-major decoding). Raises ``ValueError`` naming the argument.
+    """
+    check_layout("state_layout", state_layout)
+    if isinstance(states, torch.Tensor) or isinstance(carries, GdnCarry):
+        raise ValueError("states, carries: pass lists (one entry per layer)")
+    states, carries = list(states), list(carries)
+    if not states or len(states) != len(carries):
+        raise ValueError(f"carries: need one per state, got {len(carries)} carries for {len(states)} states")
+    for i, (st, ca) in enumerate(zip(states, carries)):
+        check_state(f"states[{i}]", st)
+        check_carry(f"carries[{i}]", ca, st, state_layout)
+        if (st.shape != states[0].shape or st.stride() != states[0].stride()
+                or st.dtype != states[0].dtype):
+            raise ValueError(f"states[{i}]: shape/strides/dtype differ from states[0]")
+        if ca.cap != carries[0].cap or ca.buf.stride() != carries[0].buf.stride():
+            raise ValueError(f"carries[{i}]: CAP or stash strides differ from carries[0]")
+        _checks.same_device("states[0]", states[0], **{f"states[{i}]": st})
+    S, HV = states[0].shape[:2]
+    kd, vd = head_dims(states[0].shape, state_layout)
+    _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=states[0].device,
+                   contiguous=True)
+    B = slot_tab.shape[0]
+    if B > S:
+        raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
+    if validate:
+        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
+        live = slot_tab[slot_tab >= 0].long()
+        for i, ca in enumerate(carries):
+            _checks.range_values(f"carries[{i}].pend", ca.pend[live], 0, ca.cap)
+    if B == 0:
+        return
+    L = len(states)
+    if state_layout == "vk":
+        from pmll_lab.ops.carry.gdn_carry_vk import gdn_carry_flush_vk_kernel as kernel
+
+        BK, BV, num_warps = vk_config(kd, vd, B * HV, "carry")
+        extra = _chunks(BK)
+    else:
+        extra = {}
+        kernel = _gdn_carry_flush_kernel
+        BK, BV, num_warps = block_config(kd, vd)
+    NV = cdiv(vd, BV)
+    pends = [c.pend for c in carries]
+    with _device_guard(states[0]):
+        kernel[(B, HV * NV, L)](
+            states[0], carries[0].buf, pends[0], slot_tab,
+            offsets_table(states), offsets_table([c.buf for c in carries]), offsets_table(pends),
+            states[0].stride(0), carries[0].buf.stride(0),
+            CAP=carries[0].cap, HV=HV, KD=kd, VD=vd, BK=BK, BV=BV, NV=NV,
+            PREFETCH=recurrence.CARRY_PREFETCH_ROWS, num_warps=num_warps, **extra)
+
+
+def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=False) -> None:
+    """The pending update after a verify, on the device with no host sync (SPEC §3b):
+    ``pend[slot] = a if engaged == 2 else pend[slot] + a`` for each sequence.
+
+    ``carry``: one carry or a list of carries (one launch for all; e.g. every layer's GDN and conv
+    carry of a step, which share ``slot_tab`` and ``engaged``), each with ``.pend`` int32 ``[S]``
+    and ``.cap`` (``GdnCarry``, ``ConvCarry``; ``pend`` contiguous); ``slot_tab [B]``
+    int32/int64; ``engaged [B]`` int32 as the verify returned it; ``accepted [B]`` int32/int64
+    on the same device, or a list of ints (copied to the device; floats are rejected). The three
+    index tensors must be contiguous (read at offset ``b``). Raises ``ValueError`` naming the
+    argument. ``rows``: the verify's ``K``. Host ints are always checked to lie in ``[0, K]``
+    (``[0, CAP]`` without ``rows``): no sync needed, and an ``a > K`` would count stale stash
+    rows of an earlier step as pending.
+    ``validate=True`` checks slots distinct and in range, ``engaged`` in {1, 2}, ``0 <= a <= K``
+    (``rows``) and ``<= CAP``, and that no ``pend`` exceeds ``CAP`` afterwards (a sync).
+    """
+    carries = list(carry) if isinstance(carry, (list, tuple)) else [carry]
+    if not carries:
+        raise ValueError("carry: empty list")
+    for i, c in enumerate(carries):
+        pend = getattr(c, "pend", None)
+        if not hasattr(c, "cap") or pend is None:
+            raise ValueError(f"carry: entry {i} has no .pend/.cap ({type(c).__name__})")
+        _checks.tensor(f"carry.pend[{i}]", pend, ndim=1, dtype=torch.int32, contiguous=True)
+        _checks.same_device("carry.pend[0]", carries[0].pend, **{f"carry.pend[{i}]": pend})
+    dev = carries[0].pend.device
+    # every index tensor is read at offset b for sequence b: contiguous
+    _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=dev, contiguous=True)
+    B = slot_tab.shape[0]
+    if rows is not None:
+        _checks.positive_int("rows", rows)
+    if not isinstance(accepted, torch.Tensor):
+        # host ints: their range costs no sync, so it is checked whatever ``validate`` says
+        acc = _checks.int_list("accepted", accepted)
+        hi, what = (rows, "rows = K") if rows is not None else (min(c.cap for c in carries), "CAP")
+        bad = [a for a in acc if not 0 <= a <= hi]
+        if bad:
+            raise ValueError(f"accepted: entries must lie in [0, {hi}] ({what}), got {bad[0]}")
+        accepted = torch.tensor(acc, dtype=torch.int32).to(dev)
+    _checks.tensor("engaged", engaged, shape=(B,), dtype=torch.int32, device=dev, contiguous=True)
+    _checks.tensor("accepted", accepted, shape=(B,), dtype=INDEX_DTYPES, device=dev,
+                   contiguous=True)
+    if validate:
+        S = min(c.pend.shape[0] for c in carries)
+        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
+        _checks.range_values("engaged", engaged, 1, 2)
+        hi = min(c.cap for c in carries) if rows is None else rows
+        _checks.range_values("accepted", accepted, 0, hi)
+        live = slot_tab >= 0
+        for i, c in enumerate(carries):
+            p = c.pend[slot_tab[live].long()]
+            acc = accepted[live].to(torch.int32)
+            after = torch.where(engaged[live] == 2, acc, p + acc)
+            _checks.range_values(f"carry.pend[{i}] after accept", after, 0, c.cap)
+    if B == 0:
+        return
+    pends = [c.pend for c in carries]
+    with _device_guard(pends[0]):
+        _carry_accept_kernel[(cdiv(B, ACCEPT_BLOCK), len(pends))](
+            pends[0], offsets_table(pends), slot_tab, engaged, accepted, B, BLOCK=ACCEPT_BLOCK)

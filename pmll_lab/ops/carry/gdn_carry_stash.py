@@ -1,0 +1,132 @@
+"""One layer's carried-state GDN stash and pending counts (``GdnCarry``), and the bytes per slot
+of the stash and of the snapshot chain it replaces (SPEC §3b, §3a).
+
+The stash layout (the seed's ``vn | g | sk`` rows, ``CAP`` of them per slot) is given on
+``GdnCarry``; how the verify, flush and accept kernels read and write it is in the module
+docstrings of ``pmll_lab.ops.carry.gdn_carry`` (verify) and
+``pmll_lab.ops.carry.gdn_carry_pending`` (flush, accept).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pmll_lab import _checks
+from pmll_lab.backend import DEVICE
+
+GDN_CARRY_CAP = 8
+"""Stash rows per (layer, slot): the seed's ``GDN_CARRY_CAP`` (``CARRY_CAP`` in its CUDA file).
+``K <= CAP`` is required; a verify whose rows do not fit behind the pending ones writes back."""
+
+
+@dataclass(eq=False)
+class GdnCarry:
+    """One layer's carried-state stash and pending counts for ``S`` slots (SPEC §3b).
+
+    ``buf [S, CAP*(HV*vd + HV + HV*kd)]`` fp32, per slot the seed's layout
+    ``vn[CAP][HV][vd] | g[CAP][HV] | sk[CAP][HV][kd]`` (last dim contiguous; any slot stride,
+    so a view into a larger buffer works); ``pend [S]`` int32 on the same device, contiguous.
+    Build with ``GdnCarry.empty(...)`` or pass existing tensors (validated here).
+    Views for tests and references: ``.u [S, CAP, HV, vd]``, ``.g [S, CAP, HV]``,
+    ``.k [S, CAP, HV, kd]``.
+    """
+
+    buf: torch.Tensor
+    pend: torch.Tensor
+    num_v_heads: int
+    k_dim: int
+    v_dim: int
+    cap: int = GDN_CARRY_CAP
+
+    def __post_init__(self):
+        for name in ("num_v_heads", "k_dim", "v_dim", "cap"):
+            _checks.positive_int(name, getattr(self, name))
+        width = self.floats_per_slot
+        _checks.tensor("buf", self.buf, ndim=2, shape=(None, width), dtype=torch.float32,
+                       last_contiguous=True)
+        _checks.tensor("pend", self.pend, shape=(self.buf.shape[0],), dtype=torch.int32,
+                       device=self.buf.device, contiguous=True)
+
+    @classmethod
+    def empty(cls, slots: int, num_v_heads: int, k_dim: int, v_dim: int, *,
+              cap: int = GDN_CARRY_CAP, device=None) -> "GdnCarry":
+        """A zeroed stash with ``pend = 0`` for ``slots`` slots on ``device`` (default
+        ``pmll_lab.DEVICE``). Raises ``ValueError`` naming a bad size or ``device``."""
+        _checks.positive_int("slots", slots)
+        for name, val in (("num_v_heads", num_v_heads), ("k_dim", k_dim), ("v_dim", v_dim),
+                          ("cap", cap)):
+            _checks.positive_int(name, val)
+        dev = _checks.device("device", device, DEVICE)
+        width = cap * (num_v_heads * v_dim + num_v_heads + num_v_heads * k_dim)
+        return cls(buf=torch.zeros(slots, width, dtype=torch.float32, device=dev),
+                   pend=torch.zeros(slots, dtype=torch.int32, device=dev),
+                   num_v_heads=num_v_heads, k_dim=k_dim, v_dim=v_dim, cap=cap)
+
+    # -- sizes ------------------------------------------------------------------------------
+    @property
+    def slots(self) -> int:
+        return self.buf.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.buf.device
+
+    @property
+    def floats_per_slot(self) -> int:
+        """``CAP*(HV*vd + HV + HV*kd)``: the seed's ``gdn_carry_seq_floats``."""
+        return self.cap * (self.num_v_heads * self.v_dim + self.num_v_heads
+                           + self.num_v_heads * self.k_dim)
+
+    @property
+    def stash_bytes_per_slot(self) -> int:
+        """Bytes of stash per slot (fp32)."""
+        return 4 * self.floats_per_slot
+
+    @property
+    def bytes(self) -> int:
+        """Bytes held by this layer's stash and ``pend``."""
+        return self.slots * (self.stash_bytes_per_slot + 4)
+
+    # -- views ------------------------------------------------------------------------------
+    @property
+    def u(self) -> torch.Tensor:
+        """``[S, CAP, HV, vd]`` view of the stashed ``u`` rows (the seed's ``vn``)."""
+        n = self.cap * self.num_v_heads * self.v_dim
+        return self.buf[:, :n].unflatten(1, (self.cap, self.num_v_heads, self.v_dim))
+
+    @property
+    def g(self) -> torch.Tensor:
+        """``[S, CAP, HV]`` view of the stashed log decays."""
+        a = self.cap * self.num_v_heads * self.v_dim
+        return self.buf[:, a:a + self.cap * self.num_v_heads].unflatten(1, (self.cap, self.num_v_heads))
+
+    @property
+    def k(self) -> torch.Tensor:
+        """``[S, CAP, HV, kd]`` view of the stashed normalised keys (the seed's ``sk``)."""
+        a = self.cap * self.num_v_heads * (self.v_dim + 1)
+        return self.buf[:, a:].unflatten(1, (self.cap, self.num_v_heads, self.k_dim))
+
+    def reset(self, slots) -> None:
+        """Forget the carry of ``slots``: ``pend = 0`` and their stash rows zeroed (as
+        ``ConvCarry.reset`` does, so a reset slot holds the same thing in both carries).
+
+        ``slots``: one int, a sequence of ints or an integer index tensor, each in ``[0, S)``
+        (repeats allowed). Raises ``ValueError`` naming ``slots`` otherwise (checking a device
+        tensor's values syncs; reset is not on the decode path). Use when a slot is freed or
+        handed to a new sequence (its state is the caller's)."""
+        idx = _checks.index_tensor("slots", slots, self.slots, device=self.pend.device)
+        self.pend.index_fill_(0, idx, 0)
+        self.buf.index_fill_(0, idx, 0.0)
+
+
+def stash_bytes_per_slot(num_v_heads: int, k_dim: int, v_dim: int, cap: int = GDN_CARRY_CAP) -> int:
+    """Stash bytes per (layer, slot) without allocating: ``4*CAP*(HV*vd + HV + HV*kd)``."""
+    return 4 * cap * (num_v_heads * v_dim + num_v_heads + num_v_heads * k_dim)
+
+
+def snapshot_bytes_per_slot(num_v_heads: int, k_dim: int, v_dim: int, rows: int) -> int:
+    """Bytes of the snapshot chain's intermediate states per (layer, sequence): ``(K-1)`` fp32
+    states of ``HV*kd*vd`` (SPEC §3a)."""
+    return 4 * (rows - 1) * num_v_heads * k_dim * v_dim
