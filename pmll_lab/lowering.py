@@ -37,7 +37,8 @@ _NEEDS_LOWER = ("pmll_lab.lowering needs compiled kernels, but kernels are inter
 
 def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
           num_warps: int = 1, arch: int = 90, unaligned: tuple[str, ...] = (),
-          values: Mapping[str, int] | None = None, maxnreg: int | None = None):
+          values: Mapping[str, int] | None = None, maxnreg: int | None = None,
+          enable_fp_fusion: bool = True):
     """Compile ``kernel`` (a ``@triton.jit`` function) for CUDA ``sm_<arch>`` without launching it.
 
     ``types``: Triton type of every non-constexpr argument by name (``"*bf16"``, ``"i32"``,
@@ -48,7 +49,8 @@ def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
     of 16 unless named in ``unaligned``. Arguments the kernel lists in ``do_not_specialize`` get
     nothing; in ``do_not_specialize_on_alignment``, no alignment or divisibility hint.
     ``maxnreg``: a register cap per thread (Triton's launch option), as the V-major kernels may
-    launch with. Returns Triton's compiled kernel; ``.asm`` holds ``"ttir"``, ``"ttgir"``, ``"ptx"``...
+    launch with. ``enable_fp_fusion``: Triton's launch option (the exact family launches with
+    it off, ``recurrence.EXACT_LAUNCH``). Returns Triton's compiled kernel; ``.asm`` holds ``"ttir"``, ``"ttgir"``, ``"ptx"``...
     Raises ``RuntimeError`` when kernels are interpreted (set ``PMLL_LAB_DEVICE=lower``) and
     ``ValueError`` naming an argument missing from ``types``/``constexprs``, a name in ``types``
     or ``unaligned`` that is not a non-constexpr argument of ``kernel``, or a type Triton does
@@ -98,7 +100,7 @@ def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
         if aligned:
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
-    options = {"num_warps": num_warps}
+    options = {"num_warps": num_warps, "enable_fp_fusion": bool(enable_fp_fusion)}
     if maxnreg is not None:
         options["maxnreg"] = maxnreg
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
@@ -219,8 +221,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     if INTERPRET:
         raise RuntimeError(_NEEDS_LOWER)
     from pmll_lab.ops.gdn import decode as D
-    from pmll_lab.ops.gdn.recurrence import (CARRY_PREFETCH_ROWS, block_config, check_layout,
-                                             vk_chunks, vk_config)
+    from pmll_lab.ops.gdn.recurrence import (CARRY_PREFETCH_ROWS, EXACT_LAUNCH, block_config,
+                                             check_layout, vk_chunks, vk_config)
 
     check_layout("layout", layout)
     HK, HV = heads
@@ -251,7 +253,7 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
                      STORE_INTER=False, USE_QK_L2NORM=True,
                      UNROLL=rows <= D.CHAIN_UNROLL_MAX_ROWS, HAS_OUT_IDX=False, GATE=gate,
                      **chunks),
-                num_warps=warps, arch=arch,
+                num_warps=warps, arch=arch, **EXACT_LAUNCH,
                 values=dict(HV=HV, GROUP=HV // HK, s_slot=HV * head_dim * head_dim,
                             s_head=head_dim * head_dim, **{stride3: head_dim}))
     carry_types = {f"{n}_ptr": t for n, t in rows_t.items()} | {
@@ -275,7 +277,7 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         for p in kern.params:
             types.setdefault(p.name, "i32")
         types = {p.name: types[p.name] for p in kern.params if not p.is_constexpr}
-        low = lower(kern, types, meta, num_warps=warps, arch=arch,
+        low = lower(kern, types, meta, num_warps=warps, arch=arch, **EXACT_LAUNCH,
                     values=dict(stride_state=HV * head_dim * head_dim))
         out[kern.__name__] = layouts_of(low)
         compiled[kern.__name__] = low

@@ -43,6 +43,19 @@ SCRIPT = textwrap.dedent("""
     C._gdn_carry_exact_kernel = triton.JITFunction(C._gdn_carry_exact_kernel.fn)
     fam = gdn_exact_family(head_dim=128, input_type="bf16", rows=4)
     out["mutant"] = {k: sorted(v) for k, v in fam.items()}
+    # the exact family's launch option: no multiply-add contracted by the compiler
+    from pmll_lab.lowering import lower
+    rows_t = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "o": "*bf16", "g": "*fp32",
+              "beta": "*fp32"}
+    t = {"state": "*fp32", "inter": "*fp32", "slot_idx": "*i32", "out_idx": "*i32",
+         "A_log": "*fp32", "dt_bias": "*fp32", "scale": "fp32", **rows_t}
+    t = {p.name: t.get(p.name, "i32") for p in D.gdn_rows_kernel.params if not p.is_constexpr}
+    out["fma"] = {}
+    for fuse in (True, False):
+        k = lower(D.gdn_rows_kernel, t, dict(KD=64, VD=64, K=2, BK=64, BV=64, HAS_IDX=True,
+                  STORE_INTER=False, USE_QK_L2NORM=True, UNROLL=True, HAS_OUT_IDX=False,
+                  GATE=False), values=dict(HV=32, GROUP=2), enable_fp_fusion=fuse)
+        out["fma"][str(fuse)] = k.asm["ptx"].count("fma.rn.f32")
     json.dump(out, sys.stdout)
 """)
 
@@ -84,6 +97,13 @@ def test_vk_family_reduces_on_decode_layouts(lowered, case):
     decode = fam["gdn_rows_vk_kernel"]
     assert decode, "decode lost its reductions"
     assert fam["gdn_carry_exact_vk_kernel"] == decode, (fam["gdn_carry_exact_vk_kernel"], decode)
+
+
+def test_exact_launch_leaves_only_the_written_fmas(lowered):
+    """Compiled with ``EXACT_LAUNCH`` (no contraction), decode keeps the FMAs written out
+    (``u``) and loses the ones the compiler would add (the sums' and ``o``'s multiply-adds)."""
+    fma = lowered["fma"]
+    assert 0 < fma["False"] < fma["True"], fma
 
 
 def test_check_sees_a_specialised_vk_kernel(lowered):
@@ -271,3 +291,45 @@ def test_cli_without_lower_device_says_how_to_run_it():
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
     assert "PMLL_LAB_DEVICE=lower" in lines[0] and "TRITON_INTERPRET" in lines[0]
     assert res.stdout == ""
+
+
+def test_exact_family_launches_without_contraction(monkeypatch):
+    """Every kernel of the exact family (decode, the chain, the exact verify in both layouts,
+    the flush, the gating) is launched with ``EXACT_LAUNCH``; the WY form, which answers to a
+    tolerance, keeps the compiler's contraction. Recorded at the launch (the interpreter
+    ignores the option; on a GPU it selects the compiled variant)."""
+    import torch
+
+    from pmll_lab.carry import GdnCarry, gdn_carry_flush, gdn_carry_verify
+    from pmll_lab.gdn import gdn_chain, gdn_decode, gdn_gating
+    from pmll_lab.inputs import gdn_inputs
+    from pmll_lab.ops.gdn.decode import gdn_rows_kernel
+
+    seen = {}
+    kind = type(gdn_rows_kernel)          # the interpreter's function, or Triton's JITFunction
+    run = kind.run
+
+    def record(self, *args, grid, warmup, **kwargs):
+        seen.setdefault(self.fn.__name__, set()).add(kwargs.get("enable_fp_fusion", True))
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    monkeypatch.setattr(kind, "run", record)
+    x = gdn_inputs(3, 2, 1, 2, 16, 16, slots=3, dtype=torch.float32)
+    r = gdn_inputs(4, 2, 1, 2, 16, 16, rows=2, slots=3, dtype=torch.float32)
+    sl = x["state_indices"]
+    gdn_decode(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=sl)
+    gdn_chain(x["state"], r["q"], r["k"], r["v"], r["g"], r["beta"], state_indices=sl)
+    gdn_gating(torch.zeros(2), r["g"], torch.zeros(2), r["beta"])
+    for layout in ("kv", "vk"):
+        st = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
+        for form in ("exact", "wy"):
+            c = GdnCarry.empty(3, 2, 16, 16)
+            gdn_carry_verify(st, c, r["q"], r["k"], r["v"], r["g"], r["beta"], slot_tab=sl,
+                             form=form, state_layout=layout)
+        gdn_carry_flush([st], [c], sl, state_layout=layout)
+    fused = {name for name, opts in seen.items() if True in opts}
+    exact = {name for name, opts in seen.items() if opts == {False}}
+    assert {"gdn_rows_kernel", "_gdn_gating_kernel", "gdn_carry_exact_vk_kernel",
+            "gdn_carry_flush_vk_kernel", "_gdn_carry_flush_kernel"} <= exact, seen
+    assert exact & {"_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"}, seen
+    assert fused and all("wy" in name for name in fused), seen

@@ -248,10 +248,12 @@ def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, fo
         NV = cdiv(vd, BV)
         return (_gdn_carry_exact_split_kernel, (B, HV, NV),
                 (*args[:4], _arrivals(carry, HV), *args[4:]),
-                dict(BK=BK, BV=BV, NV=NV, num_warps=num_warps, UNROLL=unroll, **meta))
+                dict(BK=BK, BV=BV, NV=NV, num_warps=num_warps, UNROLL=unroll, **meta,
+                     **recurrence.EXACT_LAUNCH))
     if form == "exact":
         return (_gdn_carry_exact_kernel, (B, HV), args,
-                dict(BK=BK, BV=BV, NV=cdiv(vd, BV), num_warps=num_warps, UNROLL=unroll, **meta))
+                dict(BK=BK, BV=BV, NV=cdiv(vd, BV), num_warps=num_warps, UNROLL=unroll, **meta,
+                     **recurrence.EXACT_LAUNCH))
     bk, bv = max(BK, 16), max(BV, 16)
     split, warps = wy_config(kd)
     wy = dict(BK=bk, BV=bv, NV=cdiv(vd, bv), KP=WY_ROWS_PAD, DOT_PRECISION=WY_DOT_PRECISION,
@@ -294,7 +296,8 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
         NT = cdiv(vd, BR)
         return (VK.gdn_carry_exact_vk_kernel, (B, HV, NT), args,
                 dict(BK=BK, BV=BR, NV=NT, num_warps=num_warps,
-                     UNROLL=K <= EXACT_UNROLL_MAX_ROWS, **_chunks(BK), **meta))
+                     UNROLL=K <= EXACT_UNROLL_MAX_ROWS, **_chunks(BK), **meta,
+                     **recurrence.EXACT_LAUNCH))
     bk, br = max(BK, 16), max(BR, VK_WY_ROWS)
     NT = cdiv(vd, br)
     return (VK.gdn_carry_wy_vk_kernel, (B, HV, NT), args,

@@ -111,7 +111,8 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
             offsets_table(states), offsets_table([c.buf for c in carries]), offsets_table(pends),
             states[0].stride(0), carries[0].buf.stride(0),
             CAP=carries[0].cap, HV=HV, KD=kd, VD=vd, BK=BK, BV=BV, NV=NV,
-            PREFETCH=recurrence.CARRY_PREFETCH_ROWS, num_warps=num_warps, **extra)
+            PREFETCH=recurrence.CARRY_PREFETCH_ROWS, num_warps=num_warps, **extra,
+            **recurrence.EXACT_LAUNCH)
 
 
 def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=False) -> None:

@@ -33,9 +33,10 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
 from pmll_lab.ops.gdn.gating import Gating, check_gating, split_gating
-from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
-                                         gdn_row, head_dims, load_gate_params, load_row_inputs,
-                                         qk_prepare, round_like, vk_chunks, vk_config)
+from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, EXACT_LAUNCH, block_config,
+                                         check_layout, gdn_row, head_dims, load_gate_params,
+                                         load_row_inputs, qk_prepare, round_like, vk_chunks,
+                                         vk_config)
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
 
@@ -297,7 +298,7 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
                   HAS_IDX=has_idx, STORE_INTER=store_inter, USE_QK_L2NORM=bool(use_qk_l2norm),
                   UNROLL=K <= CHAIN_UNROLL_MAX_ROWS, HAS_OUT_IDX=has_out,
                   GATE=gating is not None, num_warps=num_warps,
-                  **extra)
+                  **extra, **EXACT_LAUNCH)
     return kernel, grid, args, kwargs
 
 

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
-from pmll_lab.ops.gdn.recurrence import gdn_gate
+from pmll_lab.ops.gdn.recurrence import EXACT_LAUNCH, gdn_gate
 from pmll_lab.ops.host import next_power_of_2
 
 GATING_NAMES = ("A_log", "a", "dt_bias", "b")
@@ -131,7 +131,8 @@ def gdn_gating(A_log, a, dt_bias, b) -> tuple[torch.Tensor, torch.Tensor]:
     with _device_guard(a):
         _gdn_gating_kernel[(B, K)](A_log, a3, dt_bias, b3, g3, beta3, HV,
                                    a3.stride(0), a3.stride(1), b3.stride(0), b3.stride(1),
-                                   g3.stride(0), g3.stride(1), BH=next_power_of_2(HV))
+                                   g3.stride(0), g3.stride(1), BH=next_power_of_2(HV),
+                                   **EXACT_LAUNCH)
     return g, beta
 
 

@@ -19,16 +19,17 @@ and ``beta``::
 ``fold_row`` is exactly the state update, so replaying stashed ``(g_t, k_t, u_t)`` rows
 reproduces the chain's states bit for bit (SPEC §3b).
 
-``u`` is computed as ``beta * fma(-e, hk, v)``, the fused multiply-add written out rather than
-left to the compiler: LLVM contracts ``v - e * hk`` into an FMA or not per copy of the expression,
-and Triton may compute a value twice, in two register layouts. Seen in the sm_90 PTX (2026-11-29):
-decode computed ``u`` fused for its fold and unfused in the layout it stores, while the carry
-verify stashed the unfused one, so folding the stash gave states one ulp off decode's (H200 run
-h200-2026-11-29c). Writing the other two multiply-adds (``o``, ``fold_row``) as ``tl.fma`` too
-made the chain differ from K decodes at kd = vd = 64 on the H200 (run h200-2026-11-29d; 128 and
-256 unaffected), so they stay as written: the compiler contracts them the same way in every
-kernel, which the H200 runs check (chain vs decodes, carry vs decode, protocol vs plain
-decoding). The interpreter computes ``tl.fma`` unfused, consistently in every kernel.
+Multiply-adds: every kernel of the family launches with ``EXACT_LAUNCH`` (no contraction by
+the compiler), so each ``a * b + c`` above is a multiply and an add, rounded twice, in every
+kernel alike, and the only fused multiply-adds are the ones written out: ``u = beta *
+fma(-e, hk, v)`` and the V-major fold (``fold_row_vk``). Left to the compiler, LLVM contracts
+an expression into an FMA or not per copy of it, and which product it fuses depends on the code
+around it: seen on an H200 as decode's ``u`` fused in one register layout and unfused in
+another (2026-11-29), the V-major flush contracting ``h*e + u*k`` the other way from decode
+(2026-11-30), and, with contraction on, tiny heads (kd = 16) where the carry's outputs or its
+flushed states differ from decode's in the last bit (fp32 inputs, V-major; bf16 inputs,
+K-major), while the sweep shapes agreed (reports/perf-notes.md). The interpreter computes
+``tl.fma`` unfused and contracts nothing, consistently in every kernel.
 
 Same block shapes are necessary, not sufficient: on a GPU the compiler picks the register
 layout of a loaded block (and so the order of the sums above) from what it knows of the
@@ -67,6 +68,16 @@ HK=16, kd=vd=128, K=4, bf16 inputs, lazy, 3 / 5 pending rows): 104.3 / 145.0 us 
 114.3 / 153.7 us without at B=64, 192.9 / 273.4 against 210.8 / 290.9 us at B=128. Decode and
 the chain (``gdn_rows_kernel``) do not prefetch: there it made the 4-row chain with snapshots
 spill more (216 B of stack against 72 B on sm_90) and measured 349.1 against 304.6 us."""
+
+EXACT_LAUNCH = {"enable_fp_fusion": False}
+"""Launch options of every kernel of the exact family (decode, the chain, the exact carry verify,
+its fold and flush; not the WY form, which answers to a tolerance): the compiler contracts no
+multiply-add on its own, so a result's rounding depends on the expression alone, not on the
+kernel around it (see the module docstring). Checked on an NVIDIA H200, 2026-11-30
+(reports/perf-notes.md): with it the exact family's GPU tests pass bitwise at every shape they
+try, the tiny-head ones included, which with contraction on fail; it costs decode 0.8 % and the
+4-row chain 0.9 % at B = 64 (HK=16, HV=32, kd=vd=128), the V-major lazy exact verify 6 %. The
+interpreter ignores it."""
 
 STATE_LAYOUTS = ("kv", "vk")
 """State layouts of the GDN family (SPEC §2 "Serving conventions"): ``"kv"`` stores a head's
