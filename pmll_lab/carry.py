@@ -9,7 +9,8 @@ flush) folds them. Launchers:
 - ``GdnCarry`` (one layer's stash + ``pend``), ``gdn_carry_verify`` (exact or WY form, eager or
   lazy), ``gdn_carry_verify_plan`` (the same bound to fixed buffers, a lean call for small
   batches: ``pmll_lab.ops.launch.LaunchPlan``), ``gdn_carry_flush`` (``L`` layers, one
-  launch): ``pmll_lab.ops.carry.gdn_carry``.
+  launch): ``pmll_lab.ops.carry.gdn_carry`` (the stash in ``gdn_carry_stash``, the flush and
+  accept in ``gdn_carry_pending``).
 - ``ConvCarry``, ``conv_carry_verify``, ``conv_carry_flush``: the conv twin, re-exported from
   ``pmll_lab.conv`` (imported on first use).
 - ``carry_accept``: ``pend = a`` after a write-back (``engaged == 2``), else ``pend + a``, on the

@@ -4,9 +4,12 @@ the library's ``gdn_chain`` / ``gdn_decode`` (``state_layout="vk"``) on the same
 the features the library's kernel adds switched on one at a time (l2norm of q/k in the kernel,
 the slot table, the padding-lane masks), per tile (rows x warps).
 
-Not a library kernel: no bitwise contract with decode, no padding lanes, no gating; outputs are
-compared with the library's within a float tolerance only, so that a fast variant is known to
-compute the same recurrence. CUDA-graph replay (``bench.time_cuda_graph``, L2 flushed), median
+Not a library kernel: no bitwise contract with decode, no padding lanes, no gating. Each variant
+is checked before it is timed: its outputs and final state against the library's on the same
+inputs (with or without the l2norm, as the variant), max abs error at most ``--max-err``; a
+variant that fails is reported and not timed. Both launch as the library's exact family does
+(``recurrence.EXACT_LAUNCH``: no FMA contraction by the compiler; the log of 2026-11-30 in
+``reports/h200x2-2026-11-30d/logs/`` predates that and had contraction on for both). CUDA-graph replay (``bench.time_cuda_graph``, L2 flushed), median
 of 200 replays; HK=16, HV=32, kd=vd=128, bf16 inputs, fp32 state.
 Usage on a GPU:  python3 scripts/probe_vk_minimal.py [--B 64,128,256] [--json PATH]
 (CPU: ``--smoke`` runs one tiny case under the interpreter, checking outputs only).
@@ -27,6 +30,7 @@ from pmll_lab.backend import DEVICE, device_name  # noqa: E402
 from pmll_lab.bench import copy_bandwidth, time_cuda_graph  # noqa: E402
 from pmll_lab.gdn import gdn_chain, gdn_decode  # noqa: E402
 from pmll_lab.inputs import gdn_inputs  # noqa: E402
+from pmll_lab.ops.gdn.recurrence import EXACT_LAUNCH  # noqa: E402
 
 
 @triton.jit
@@ -105,17 +109,18 @@ def run_mini(x, st, o, inter, BR, warps, L2, IDX, MASK):
     grid = (B * HV, triton.cdiv(kd, BR))
     mini_chain_vk[grid](st, x["q"], x["k"], x["v"], x["g"], x["beta"], o, inter,
                         x["state_indices"], kd ** -0.5, HV, HK, HV // HK, K=K, KD=kd, VD=kd,
-                        BR=BR, L2=L2, IDX=IDX, MASK=MASK, STORE_INTER=K > 1, num_warps=warps)
+                        BR=BR, L2=L2, IDX=IDX, MASK=MASK, STORE_INTER=K > 1, num_warps=warps,
+                        **EXACT_LAUNCH)
 
 
-def run_lib(x, st, inter):
+def run_lib(x, st, inter, l2=True):
     if x["q"].shape[1] == 1:
         return gdn_decode(st, *(x[n][:, 0] for n in ("q", "k", "v", "g", "beta")),
                           state_indices=x["state_indices"], state_layout="vk",
-                          use_qk_l2norm=True)
+                          use_qk_l2norm=l2)
     return gdn_chain(st, x["q"], x["k"], x["v"], x["g"], x["beta"],
                      state_indices=x["state_indices"], intermediate=inter, state_layout="vk",
-                     use_qk_l2norm=True)
+                     use_qk_l2norm=l2)
 
 
 def main():
@@ -123,6 +128,8 @@ def main():
     ap.add_argument("--B", default="64,128,256")
     ap.add_argument("--K", default="1,4")
     ap.add_argument("--tiles", default="4x1,8x1,16x1,16x2,32x2,32x4")
+    ap.add_argument("--max-err", type=float, default=1e-3,
+                    help="largest max-abs difference from the library a variant may show")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
@@ -144,9 +151,11 @@ def main():
             floor = nbytes / (bw * 1e3) if bw else None
             inter = (torch.empty(B, K - 1, *x["state"].shape[1:], device=DEVICE)
                      if K > 1 else torch.empty(1, device=DEVICE))
-            st_l = x["state"].clone()
-            o_l = run_lib(x, st_l, inter if K > 1 else None)
-            o_l = o_l if K > 1 else o_l.unsqueeze(1)
+            ref = {}
+            for l2 in (True, False):             # the library's outputs and state, per l2norm
+                st_l = x["state"].clone()
+                o_l = run_lib(x, st_l, inter if K > 1 else None, l2)
+                ref[l2] = (o_l if K > 1 else o_l.unsqueeze(1), st_l)
             variants = [("lib", None)]
             for BR, W in tiles:
                 variants += [(f"mini {BR}x{W}", (BR, W, True, False, False)),
@@ -162,16 +171,21 @@ def main():
                 else:
                     def fn(st=st, o=o, cfg=cfg):
                         run_mini(x, st, o, inter, *cfg)
-                    fn()
                     st2 = x["state"].clone()
                     run_mini(x, st2, o, inter, *cfg)
-                    err = (o.float() - o_l.float()).abs().max().item() if cfg[2] else float("nan")
-                    err = max(err, (st2 - st_l).abs().max().item()) if cfg[2] else err
+                    o_r, st_r = ref[cfg[2]]
+                    err = max((o.float() - o_r.float()).abs().max().item(),
+                              (st2 - st_r).abs().max().item())
+                row = dict(K=K, B=B, variant=name, max_err=err, us=None, roofline_frac=None)
+                out.append(row)
+                if err > a.max_err:
+                    print(f"K={K} B={B:4d} {name:24s} FAILED its check (max err {err:.2e} > "
+                          f"{a.max_err:.0e}): not timed", flush=True)
+                    continue
                 t = time_cuda_graph(fn)
                 us = t["median_us"] if t else None
                 frac = floor / us if (us and floor) else None
-                row = dict(K=K, B=B, variant=name, us=us, roofline_frac=frac, max_err=err)
-                out.append(row)
+                row.update(us=us, roofline_frac=frac)
                 print(f"K={K} B={B:4d} {name:24s} "
                       + (f"{us:8.1f} us  {frac:5.3f}" if us else "   (cpu)   ")
                       + f"  err {err:.2e}", flush=True)

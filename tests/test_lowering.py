@@ -293,13 +293,13 @@ def test_cli_without_lower_device_says_how_to_run_it():
     assert res.stdout == ""
 
 
-def test_exact_family_launches_without_contraction(monkeypatch):
-    """Every kernel of the exact family (decode, the chain, the exact verify in both layouts,
-    the flush, the gating) is launched with ``EXACT_LAUNCH``; the WY form, which answers to a
-    tolerance, keeps the compiler's contraction. Recorded at the launch (the interpreter
-    ignores the option; on a GPU it selects the compiled variant)."""
+def test_gdn_kernels_launch_without_contraction(monkeypatch):
+    """Every GDN kernel (decode and the chain in both layouts, the exact and WY verify in both,
+    the flush, the gating) is launched with ``EXACT_LAUNCH``. Recorded at the launch (the
+    interpreter ignores the option; on a GPU it selects the compiled variant)."""
     import torch
 
+    from pmll_lab.backend import DEVICE
     from pmll_lab.carry import GdnCarry, gdn_carry_flush, gdn_carry_verify
     from pmll_lab.gdn import gdn_chain, gdn_decode, gdn_gating
     from pmll_lab.inputs import gdn_inputs
@@ -319,7 +319,10 @@ def test_exact_family_launches_without_contraction(monkeypatch):
     sl = x["state_indices"]
     gdn_decode(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=sl)
     gdn_chain(x["state"], r["q"], r["k"], r["v"], r["g"], r["beta"], state_indices=sl)
-    gdn_gating(torch.zeros(2), r["g"], torch.zeros(2), r["beta"])
+    gdn_gating(torch.zeros(2, device=DEVICE), r["g"], torch.zeros(2, device=DEVICE), r["beta"])
+    vk_state = x["state"].transpose(-1, -2).contiguous()
+    gdn_decode(vk_state, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=sl,
+               state_layout="vk")
     for layout in ("kv", "vk"):
         st = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
         for form in ("exact", "wy"):
@@ -328,8 +331,9 @@ def test_exact_family_launches_without_contraction(monkeypatch):
                              form=form, state_layout=layout)
         gdn_carry_flush([st], [c], sl, state_layout=layout)
     fused = {name for name, opts in seen.items() if True in opts}
-    exact = {name for name, opts in seen.items() if opts == {False}}
-    assert {"gdn_rows_kernel", "_gdn_gating_kernel", "gdn_carry_exact_vk_kernel",
-            "gdn_carry_flush_vk_kernel", "_gdn_carry_flush_kernel"} <= exact, seen
-    assert exact & {"_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"}, seen
-    assert fused and all("wy" in name for name in fused), seen
+    assert not fused, f"launched with contraction: {sorted(fused)}"
+    assert {"gdn_rows_kernel", "gdn_rows_vk_kernel", "_gdn_gating_kernel",
+            "gdn_carry_exact_vk_kernel", "gdn_carry_wy_vk_kernel", "gdn_carry_flush_vk_kernel",
+            "_gdn_carry_flush_kernel"} <= set(seen), sorted(seen)
+    assert set(seen) & {"_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"}, seen
+    assert set(seen) & {"_gdn_carry_wy_kernel", "_gdn_carry_wy_split_kernel"}, seen

@@ -345,3 +345,31 @@ def test_prompts_outside_the_vocabulary_and_short_references_are_refused():
     with pytest.raises(ValueError, match=r"^reference: 1 continuation\(s\) for 2 prompts"):
         speculative_generate(model, [[1, 2], [3, 4]], max_new_tokens=2, draft="noisy",
                              draft_accept=1.0, reference=[[5, 6]], K=2)
+
+
+def test_throughput_table_pairs_each_run_with_its_own_plain_run():
+    """``spec_decode.throughput_table`` divides a speculative run by the plain run of its own
+    process when the row carries one (``plain_tokens_per_s``), else by the plain row of the same
+    (B, layout); rows of other K, p or drafts are left out."""
+    import pandas as pd
+
+    from pmll_lab.experiments import spec_decode as E
+
+    nan = float("nan")
+    base = dict(B=8, layout="kv", mean_accept=2.9, step_ms=20.0, agreement_with_greedy=1.0)
+    w = pd.DataFrame([
+        dict(base, mode="plain", kernel="plain", draft=None, K=nan, p=nan, tokens_per_s=100.0,
+             plain_tokens_per_s=nan),
+        dict(base, mode="spec", kernel="exact_lazy", draft="noisy", K=4, p=0.8,
+             tokens_per_s=250.0, plain_tokens_per_s=125.0),
+        dict(base, mode="spec", kernel="chain", draft="noisy", K=4, p=0.8, tokens_per_s=240.0,
+             plain_tokens_per_s=nan),
+        dict(base, mode="spec", kernel="exact_lazy", draft="noisy", K=2, p=0.8,
+             tokens_per_s=999.0, plain_tokens_per_s=1.0),
+    ])
+    t = E.throughput_table(w, 4, 0.8).set_index("kernel")
+    assert sorted(t.index) == ["chain", "exact_lazy", "plain"]
+    assert t.loc["exact_lazy", "speedup_vs_plain"] == pytest.approx(2.0)
+    assert t.loc["exact_lazy", "plain_tokens_per_s"] == pytest.approx(125.0)
+    assert t.loc["chain", "speedup_vs_plain"] == pytest.approx(2.4)
+    assert t.loc["plain", "speedup_vs_plain"] == pytest.approx(1.0)

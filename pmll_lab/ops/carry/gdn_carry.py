@@ -10,9 +10,15 @@ overview of the carried-state family, split by topic:
   ``pmll_lab.ops.carry.gdn_carry_exact``, the WY form in ``pmll_lab.ops.carry.gdn_carry_wy``,
   the V-major state's in ``pmll_lab.ops.carry.gdn_carry_vk``.
 
-Every name of the family is importable from this module. The launch-time settings
-(``EXACT_SPLIT_COLUMNS``, ``EXACT_UNROLL_MAX_ROWS``, ``WY_*``, ``VK_WY_*``) are read from this
-module when a verify launches: set them here (``scripts/tune_carry.py`` and the tests do).
+Every name this module exported before the split stays importable from it (the stash, flush,
+accept, checks and the K-major kernels; the V-major kernels are in ``gdn_carry_vk``). The
+launch-time settings ``EXACT_SPLIT_COLUMNS``, ``EXACT_UNROLL_MAX_ROWS``, ``WY_SPLIT_COLUMNS``,
+``WY_NUM_WARPS``, ``WY_PER_HEAD_WARPS``, ``WY_DOT_PRECISION``, ``VK_WY_ROWS`` and
+``VK_WY_WARPS`` are read from this module when a verify launches: set them here
+(``scripts/tune_carry.py`` and the tests do). Every kernel of the family launches with
+``recurrence.EXACT_LAUNCH`` (no multiply-add contracted by the compiler): the exact form and
+the flush so that they round as decode does, the WY form so that its fold of the pending rows
+rounds as the flush does.
 
 Buffers (all fp32 unless said):
 
@@ -124,8 +130,8 @@ Still 3-4x slower than the split exact form (perf-notes v4, v8). Read at launch 
 ``scripts/tune_carry.py`` times both, and the tests run both."""
 
 WY_NUM_WARPS = 2
-"""Warps per program of the split WY form. The WY form is not bound to decode's reductions (only
-its fold is, and that is elementwise). Measured (H200, same log as ``WY_SPLIT_COLUMNS``): 2 warps
+"""Warps per program of the split WY form. The WY form is not bound to decode's reductions (its
+fold of the pending rows is elementwise and launches without contraction, as the flush does). Measured (H200, same log as ``WY_SPLIT_COLUMNS``): 2 warps
 394 us, 4 warps 434 us, 1 warp 901 us at B=64, no write-back."""
 
 WY_PER_HEAD_WARPS = 4
@@ -257,7 +263,7 @@ def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, fo
     bk, bv = max(BK, 16), max(BV, 16)
     split, warps = wy_config(kd)
     wy = dict(BK=bk, BV=bv, NV=cdiv(vd, bv), KP=WY_ROWS_PAD, DOT_PRECISION=WY_DOT_PRECISION,
-              num_warps=warps, **meta)
+              num_warps=warps, **meta, **recurrence.EXACT_LAUNCH)
     if split:
         return (_gdn_carry_wy_split_kernel, (B, HV, wy["NV"]),
                 (*args[:4], _arrivals(carry, HV), *args[4:]), wy)
@@ -302,7 +308,7 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
     NT = cdiv(vd, br)
     return (VK.gdn_carry_wy_vk_kernel, (B, HV, NT), args,
             dict(BK=bk, BV=br, NV=NT, KP=WY_ROWS_PAD, DOT_PRECISION=VK.WY_VK_DOT_PRECISION,
-                 num_warps=VK_WY_WARPS, **_chunks(bk), **meta))
+                 num_warps=VK_WY_WARPS, **_chunks(bk), **meta, **recurrence.EXACT_LAUNCH))
 
 
 def _launch_verify(*args):

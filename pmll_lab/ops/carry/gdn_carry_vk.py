@@ -20,13 +20,13 @@ the compiler drops that row's state update.
 WY verify, grid ``(B, HV, NT)``, a **reference form** (measured 4.8x slower than the exact
 form on the H200, reports/perf-notes.md v11; kept for the tolerance-checked algebra): the ``K``
 rows at once on the tensor cores. Per program the
-head's small matrices (``pmll_lab.ops.carry.gdn_carry._wy_rows``: scaled queries ``Q`` and keys
+head's small matrices (``pmll_lab.ops.carry.gdn_carry_wy._wy_rows``: scaled queries ``Q`` and keys
 ``Kr`` ``[KP, BK]``, ``ec = exp(cumsum g)``, ``T = (I + A)^-1``, ``P``), then on the tile
 ``h [BR, BK]`` (the chunked tile reshaped): ``KH = h Kr^T``, ``QH = h Q^T`` (``[BR, KP]``, ``tl.dot`` with
 ``WY_VK_DOT_PRECISION``), ``U = (beta (V - ec KH)) T^T``, ``O = ec QH + U P^T``.
 
-Flush, grid ``(B, HV * NT, L)``: as the K-major flush (per-layer offset tables), on V-major
-tiles.
+Flush, grid ``(B, HV * NT, L)``: as the K-major flush (``pmll_lab.ops.carry.gdn_carry_pending``,
+per-layer offset tables), on V-major tiles.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ and ``beta``::
 ``fold_row`` is exactly the state update, so replaying stashed ``(g_t, k_t, u_t)`` rows
 reproduces the chain's states bit for bit (SPEC §3b).
 
-Multiply-adds: every kernel of the family launches with ``EXACT_LAUNCH`` (no contraction by
+Multiply-adds: every GDN kernel launches with ``EXACT_LAUNCH`` (no contraction by
 the compiler), so each ``a * b + c`` above is a multiply and an add, rounded twice, in every
 kernel alike, and the only fused multiply-adds are the ones written out: ``u = beta *
 fma(-e, hk, v)`` and the V-major fold (``fold_row_vk``). Left to the compiler, LLVM contracts
@@ -54,9 +54,9 @@ import triton.language as tl
 from pmll_lab.ops.host import next_power_of_2
 
 CARRY_PREFETCH_ROWS = True
-"""Exact carry verify and fold (``pmll_lab.ops.carry.gdn_carry``): issue row ``t+1``'s loads
-(q, k, v, g, beta; a stash row's g, k, u when folding) before row ``t``'s arithmetic and stores.
-Without it each row's loads wait behind the previous row's stores (the compiler cannot move a
+"""Exact carry verify and flush (``pmll_lab.ops.carry.gdn_carry``, ``gdn_carry_pending``):
+issue row ``t+1``'s loads (q, k, v, g, beta; a stash row's g, k, u when folding) before row
+``t``'s arithmetic and stores. Without it each row's loads wait behind the previous row's stores (the compiler cannot move a
 load above a store that may alias it), so a verify pays one global-memory latency per row in
 series. The arithmetic, and so every result bit, is the same either way: the family check of
 ``scripts/tune_gdn_config.py`` found carry and decode bitwise equal with it on and off (there
@@ -70,9 +70,9 @@ the chain (``gdn_rows_kernel``) do not prefetch: there it made the 4-row chain w
 spill more (216 B of stack against 72 B on sm_90) and measured 349.1 against 304.6 us."""
 
 EXACT_LAUNCH = {"enable_fp_fusion": False}
-"""Launch options of every kernel of the exact family (decode, the chain, the exact carry verify,
-its fold and flush; not the WY form, which answers to a tolerance): the compiler contracts no
-multiply-add on its own, so a result's rounding depends on the expression alone, not on the
+"""Launch options of every GDN kernel: decode, the chain, the carried-state verify (exact and WY
+forms, whose folds of the pending rows must round as the flush does), the flush and the gating
+kernel. The compiler contracts no multiply-add on its own, so a result's rounding depends on the expression alone, not on the
 kernel around it (see the module docstring). Checked on an NVIDIA H200, 2026-11-30
 (reports/perf-notes.md): with it the exact family's GPU tests pass bitwise at every shape they
 try, the tiny-head ones included, which with contraction on fail; it costs decode 0.8 % and the
