@@ -1,4 +1,4 @@
-"""Shared by the carried-state tests (test_carry.py, test_carry_protocol.py, test_carry_inputs.py).
+"""Shared by the carried-state tests: test_carry.py, test_carry_protocol.py, test_carry_inputs.py.
 
 ``_close`` asserts a relative L2 error (``pmll_lab.bench.errors``) against a float64 reference;
 ``O_TOL`` is the output tolerance per input dtype (fp32 arithmetic over kd-long reductions: 1e-5;
