@@ -1,23 +1,22 @@
-"""Carried-state verify, accept and flush (SPEC §3b, §3c; issue 4).
+"""Carried-state verify, accept and flush, kernel by kernel (SPEC §3b, §3c; issue 4).
 
-Every launcher is checked against the float64 protocol reference (``pmll_lab.reference.carry``),
-fed exactly the values the kernel reads (bf16 inputs already rounded, the fp32 stash as stored).
-The end-to-end property runs a stack of two layers (conv twin + GDN) through ``SpecDecodeStep``
-over random batches that cross the lazy threshold, random acceptance counts (0 and K included),
-slot resets and flushes, and compares with plain decoding (``conv_update`` + ``gdn_decode`` one
-token at a time): bitwise for the exact form, within tolerance for WY.
+Every launcher (``gdn_carry_verify`` in both forms, eager and lazy, and its launch variants;
+``carry_accept``; ``gdn_carry_flush``) and the ``GdnCarry`` container are checked against the
+float64 protocol reference (``pmll_lab.reference.carry``), fed exactly the values the kernel
+reads (bf16 inputs already rounded, the fp32 stash as stored): written stash rows within
+tolerance, every other row, ``pend`` and the memory around each view bitwise unchanged. The
+driver end to end is in test_carry_protocol.py, bad input in test_carry_inputs.py.
 
 Tolerances (relative L2 against the float64 reference):
 - fp32 state, stash rows, fp32 outputs: ``1e-5`` for both forms (fp32 arithmetic over kd-long
   reductions and <= 8 folded rows; measured <= 3e-7 exact, <= 5e-7 WY on the interpreter).
 - bf16 outputs: ``8e-3`` (rounded once to bf16, one ulp is 2**-8 relative; measured ~3e-3).
-- WY end to end against plain decoding (fp32 inputs, states drift through folded rows over
-  several steps): ``1e-4`` (measured ~1e-6).
+- WY against the exact form, and split against per-head launches of WY: ``1e-5``; launch
+  options that only move loads or unroll loops: bitwise.
 """
 
 from __future__ import annotations
 
-import random
 from types import SimpleNamespace
 
 import pytest
@@ -26,32 +25,22 @@ import torch.nn.functional as F
 
 import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
 from pmll_lab.backend import DEVICE
-from pmll_lab.bench import bitwise_equal, errors
+from pmll_lab.bench import bitwise_equal
 from pmll_lab.carry import (
-    GDN_CARRY_CAP,
-    CarryLayer,
     GdnCarry,
-    SpecDecodeStep,
     carry_accept,
     gdn_carry_flush,
     gdn_carry_verify,
 )
-from pmll_lab.gdn import gdn_chain_ref
-from pmll_lab.inputs import conv_inputs, gdn_inputs
+from pmll_lab.inputs import gdn_inputs
 from pmll_lab.ops.carry.gdn_carry import FORMS, stash_bytes_per_slot
 from pmll_lab.ops.gdn.recurrence import block_config
 from pmll_lab.reference import carry as ref
 
+from _carry_helpers import CAP, O_TOL, _close
+
 TOL = 1e-5
-O_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
-WY_E2E_TOL = 1e-4
-CAP = GDN_CARRY_CAP
 SENTINEL = 12345.0
-
-
-def _close(name, out, want, tol):
-    e = errors(out, want)
-    assert e["rel_l2"] <= tol, f"{name}: rel_l2 {e['rel_l2']:.3e} > {tol:.0e} (max_abs {e['max_abs']:.3e})"
 
 
 def _fill_stash(carry: GdnCarry, seed: int) -> None:
@@ -430,343 +419,3 @@ def test_accept_matches_reference():
     ref.accept(SimpleNamespace(pend=w), [1], [2], [3])
     carry_accept(c, torch.tensor([1], device=DEVICE), torch.tensor([2], dtype=torch.int32, device=DEVICE), [3])
     assert c.pend.cpu().tolist() == w.tolist()
-
-
-# ---- the end-to-end property -----------------------------------------------------------------
-
-def _split(y, HK, HV, kd, vd):
-    qk = 2 * HK * kd
-    return (y[..., :HK * kd].unflatten(-1, (HK, kd)), y[..., HK * kd:qk].unflatten(-1, (HK, kd)),
-            y[..., qk:].unflatten(-1, (HV, vd)))
-
-
-@pytest.mark.parametrize("form,dtype", [("exact", torch.bfloat16), ("wy", torch.float32)],
-                         ids=["exact-bf16", "wy-fp32"])
-def test_end_to_end_equals_plain_decoding(form, dtype):
-    """Two layers (conv twin + GDN), 10 steps: batch widths 1..5 across lazy_min_seqs = 3,
-    K in 1..4, accepted counts in 0..K (0 and K forced), eager_max_pending = 2 (the policy
-    flushes), a slot reset and reused for a new sequence, an explicit flush in between.
-    Accepted rows' outputs and the states after folding equal plain decoding
-    (``conv_update`` + ``gdn_decode`` per token): bitwise for exact, 1e-4 for WY."""
-    from pmll_lab.conv import ConvCarry, conv_update
-    from pmll_lab.gdn import gdn_decode
-
-    S, HK, HV, kd, vd, L = 6, 1, 2, 16, 16, 2
-    dim, qk = 2 * HK * kd + HV * vd, 2 * HK * kd
-    rng = random.Random(7)
-    layers, plain = [], []
-    for layer in range(L):
-        st = gdn_inputs(70 + layer, 1, HK, HV, kd, vd, slots=S, dtype=dtype)["state"]
-        ci = conv_inputs(80 + layer, 1, dim, slots=S, dtype=dtype)
-        layers.append(CarryLayer(st.clone(), GdnCarry.empty(S, HV, kd, vd),
-                                 conv_state=ci["conv_state"].clone(),
-                                 conv_carry=ConvCarry.empty(S, dim, dtype=dtype),
-                                 conv_weight=ci["weight"], conv_bias=ci["bias"], num_k_heads=HK))
-        plain.append((st.clone(), ci["conv_state"].clone()))
-    step = SpecDecodeStep(layers, form=form, lazy_min_seqs=3, eager_max_pending=2, validate=True)
-
-    def compare_states(what):
-        for layer, (lay, (pst, pcs)) in enumerate(zip(layers, plain)):
-            assert bitwise_equal(lay.conv_state, pcs), f"{what}: conv window layer {layer}"
-            if form == "exact":
-                assert bitwise_equal(lay.state, pst), f"{what}: state layer {layer} not bitwise"
-            else:
-                _close(f"{what}: state layer {layer}", lay.state, pst, WY_E2E_TOL)
-
-    widths = [1, 4, 5, 5, 2, 3, 1, 5, 2, 4]
-    rows = [2, 4, 4, 4, 3, 1, 4, 2, 3, 4]
-    seen = dict(engaged=set(), a0=False, aK=False, flushed=0)
-    for n, (B, K) in enumerate(zip(widths, rows)):
-        if n == 5:                       # sequence in slot 2 ends; a new one takes the slot
-            step.reset([2])
-            fresh = gdn_inputs(90, 1, HK, HV, kd, vd, slots=1, dtype=dtype)["state"][0]
-            fresh_conv = conv_inputs(91, 1, dim, slots=1, dtype=dtype)["conv_state"][0]
-            for lay, (pst, pcs) in zip(layers, plain):
-                lay.state[2], pst[2] = fresh, fresh
-                lay.conv_state[2], pcs[2] = fresh_conv, fresh_conv
-        if n == 7:
-            step.flush(list(range(S)))
-            compare_states("after flush")
-        slots = rng.sample(range(S), B)
-        g_in = gdn_inputs(100 + n, B, HK, HV, kd, vd, rows=K, dtype=dtype)
-        xs = [conv_inputs(200 + 10 * n + layer, B, dim, rows=K, dtype=dtype)["x"] for layer in range(L)]
-        inputs = [dict(x=xs[layer], g=g_in["g"], beta=g_in["beta"]) for layer in range(L)]
-        plan_before = dict(step.stats)
-        outs = step.verify(slots, inputs)
-        seen["flushed"] += step.stats["flushes"] - plan_before["flushes"]
-        seen["engaged"] |= {(B >= 3, e) for e in step.engaged[0].cpu().tolist()}
-        acc = [rng.randint(0, K) for _ in range(B)]
-        acc[0] = K if n % 2 else 0
-        if B > 1:
-            acc[1] = 0 if n % 2 else K
-        seen["a0"] |= 0 in acc
-        seen["aK"] |= K in acc
-        step.accept(acc if n % 3 else torch.tensor(acc, device=DEVICE))
-
-        slot_t = torch.tensor(slots, dtype=torch.int32, device=DEVICE)
-        for t in range(K):
-            sel = [b for b in range(B) if acc[b] > t]
-            if not sel:
-                break
-            sel_t = torch.tensor(sel, device=DEVICE)
-            for layer, (pst, pcs) in enumerate(plain):
-                y = conv_update(pcs, xs[layer][sel_t, t], layers[layer].conv_weight,
-                                layers[layer].conv_bias, state_indices=slot_t[sel_t],
-                                qk_channels=qk, head_dim=kd)
-                q, k, v = _split(y, HK, HV, kd, vd)
-                o = gdn_decode(pst, q, k, v, g_in["g"][sel_t, t], g_in["beta"][sel_t, t],
-                               state_indices=slot_t[sel_t], use_qk_l2norm=False)
-                got = outs[layer][sel_t, t]
-                if form == "exact":
-                    assert bitwise_equal(got, o), f"step {n} row {t} layer {layer}: output not bitwise"
-                else:
-                    _close(f"step {n} row {t} layer {layer}", got, o, WY_E2E_TOL)
-    step.flush(list(range(S)))
-    compare_states("final")
-    assert {(False, 1), (False, 2), (True, 1), (True, 2)} <= seen["engaged"], seen["engaged"]
-    assert seen["a0"] and seen["aK"] and seen["flushed"] >= 1
-    assert step.stats["lazy_steps"] and step.stats["eager_steps"]
-    assert all(int(c.pend.abs().sum()) == 0 for lay in layers for c in lay.carries())
-
-
-def test_policy_syncs_only_when_needed():
-    """Lazy steps and eager steps under the bound never sync; the first eager step after lazy
-    ones with device-side counts syncs once and flushes the slots holding too many rows."""
-    S, HV, kd, vd, K = 4, 2, 16, 16, 2
-    st = gdn_inputs(5, 1, 1, HV, kd, vd, slots=S, dtype=torch.float32)["state"]
-    lay = CarryLayer(st, GdnCarry.empty(S, HV, kd, vd))
-    step = SpecDecodeStep([lay], lazy_min_seqs=2, eager_max_pending=1)
-
-    def run(slots, acc):
-        x = gdn_inputs(len(slots) * 7 + step.stats["steps"], len(slots), 1, HV, kd, vd, rows=K,
-                       dtype=torch.float32)
-        plan = step.begin(slots, K)
-        step.verify_layer(0, q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"])
-        step.accept(acc)
-        return plan
-
-    # counts on the GPU are device-side: the host bounds both slots by K = 2 until it reads
-    # them; on the CPU the same tensor is host memory and the counts are known exactly
-    on_device = DEVICE.type != "cpu"
-    assert run([0, 1], torch.tensor([2, 1], device=DEVICE)) == dict(lazy=True, flushed=0, synced=False)
-    assert lay.carry.pend.tolist()[:2] == [2, 1]
-    assert run([0], [1]) == dict(lazy=False, flushed=1, synced=True)     # bound 2 > 1: sync, flush
-    assert lay.carry.pend.tolist()[0] == 1
-    # slot 1: pend 1 <= 1, known on the CPU; bounded by 2 on a GPU, so read (no flush)
-    assert run([1], [0]) == dict(lazy=False, flushed=0, synced=on_device)
-    assert run([0], [1]) == dict(lazy=False, flushed=0, synced=False)    # eager accepts: known
-    assert step.stats["host_syncs"] == 1 + on_device and step.stats["flushes"] == 1
-
-
-# ---- bad input -------------------------------------------------------------------------------
-
-def _verify_args(K=2, dtype=torch.float32):
-    x = gdn_inputs(1, 2, 1, 2, 16, 16, rows=K, slots=3, dtype=dtype)
-    carry = GdnCarry.empty(3, 2, 16, 16)
-    kw = dict(state=x["state"], carry=carry, q=x["q"], k=x["k"], v=x["v"], g=x["g"],
-              beta=x["beta"], slot_tab=x["state_indices"])
-    return kw
-
-
-def _call(kw, **opts):
-    kw = dict(kw)
-    return gdn_carry_verify(kw.pop("state"), kw.pop("carry"), kw.pop("q"), kw.pop("k"),
-                            kw.pop("v"), kw.pop("g"), kw.pop("beta"), **kw, **opts)
-
-
-def _randn(*shape):
-    return torch.randn(*shape, device=DEVICE)
-
-
-BAD = {
-    "K > CAP": (lambda kw: kw.update(q=_randn(2, 9, 1, 16), k=_randn(2, 9, 1, 16),
-                                     v=_randn(2, 9, 2, 16), g=-_randn(2, 9, 2).abs(),
-                                     beta=_randn(2, 9, 2).sigmoid()), "q"),
-    "v shape": (lambda kw: kw.update(v=_randn(2, 2, 2, 8)), "v"),
-    "k dtype": (lambda kw: kw.update(k=kw["k"].to(torch.bfloat16)), "k"),
-    "g dtype": (lambda kw: kw.update(g=kw["g"].double()), "g"),
-    "state dtype": (lambda kw: kw.update(state=kw["state"].double()), "state"),
-    "state device": (lambda kw: kw.update(state=kw["state"].to("meta")), "state"),
-    "q device": (lambda kw: kw.update(q=kw["q"].to("meta")), "q"),
-    "q strides": (lambda kw: kw.update(q=_randn(2, 2, 1, 32)[..., ::2]), "q"),
-    "HV % HK": (lambda kw: kw.update(q=_randn(2, 2, 3, 16), k=_randn(2, 2, 3, 16)), "q"),
-    "slot dtype": (lambda kw: kw.update(slot_tab=kw["slot_tab"].float()), "slot_tab"),
-    "carry dims": (lambda kw: kw.update(carry=GdnCarry.empty(3, 2, 16, 8)), "carry"),
-    "carry type": (lambda kw: kw.update(carry=object()), "carry"),
-    # read at offset b: a strided view [2, 0] of [2, 1, 0, 1] would address slots [2, 1]
-    "slot strided": (lambda kw: kw.update(slot_tab=torch.tensor([2, 1, 0, 1], dtype=torch.int32,
-                                                                device=DEVICE)[::2]), "slot_tab"),
-    "slot list": (lambda kw: kw.update(slot_tab=[0, 1]), "slot_tab"),
-    "scale str": (lambda kw: kw.update(scale="a"), "scale"),
-    "scale list": (lambda kw: kw.update(scale=[1.0]), "scale"),
-    "kd zero": (lambda kw: kw.update(state=kw["state"][:, :, :0], q=kw["q"][..., :0],
-                                     k=kw["k"][..., :0]), "state"),
-}
-
-
-@pytest.mark.parametrize("name", list(BAD))
-def test_verify_rejects_bad_input(name):
-    kw = _verify_args()
-    mutate, arg = BAD[name]
-    mutate(kw)
-    with pytest.raises(ValueError, match=f"^{arg}"):
-        _call(kw)
-
-
-def test_verify_rejects_unknown_form_and_lazy():
-    kw = _verify_args()
-    with pytest.raises(ValueError, match="form"):
-        _call(kw, form="chunk")
-    with pytest.raises(ValueError, match="lazy"):
-        _call(kw, lazy=1)
-
-
-def test_wy_refuses_more_rows_than_its_tiles_before_launch():
-    """The WY kernels tile the rows by 16: K = 17 (allowed by a CAP of 24) must be refused,
-    naming K, before any kernel runs, in both layouts; the exact form serves it."""
-    S, HV, kd, vd, K = 2, 1, 16, 16, 17
-    x = gdn_inputs(5, S, 1, HV, kd, vd, rows=K, dtype=torch.float32)
-    for layout in ("kv", "vk"):
-        carry = GdnCarry.empty(S, HV, kd, vd, cap=24)
-        st = x["state"].clone() if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
-        before = (st.clone(), carry.buf.clone())
-        with pytest.raises(ValueError, match="K"):
-            gdn_carry_verify(st, carry, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                             slot_tab=x["state_indices"], form="wy", state_layout=layout)
-        assert bitwise_equal(st, before[0]) and bitwise_equal(carry.buf, before[1])
-    carry = GdnCarry.empty(S, HV, kd, vd, cap=24)
-    st = x["state"].clone()
-    o, _ = gdn_carry_verify(st, carry, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                            slot_tab=x["state_indices"], form="exact", validate=True)
-    o_ref, _, _ = gdn_chain_ref(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                state_indices=x["state_indices"])
-    _close("o (exact, K=17)", o, o_ref, O_TOL[torch.float32])
-
-
-BAD_VALUES = {
-    "pend > CAP": (lambda kw: kw["carry"].pend.fill_(CAP + 1), "pend", {}),
-    "duplicate slots": (lambda kw: kw.update(slot_tab=torch.tensor([1, 1], dtype=torch.int32)), "slot_tab", {}),
-    "slot out of range": (lambda kw: kw.update(slot_tab=torch.tensor([0, 3], dtype=torch.int32)), "slot_tab", {}),
-    "eager over max pending": (lambda kw: kw["carry"].pend.fill_(5), "eager_max_pending",
-                               dict(eager_max_pending=4)),
-    "g > 0": (lambda kw: kw.update(g=-kw["g"]), "g", {}),
-    "beta > 1": (lambda kw: kw.update(beta=kw["beta"] + 1), "beta", {}),
-}
-
-
-@pytest.mark.parametrize("name", list(BAD_VALUES))
-def test_validate_rejects_bad_values(name):
-    kw = _verify_args()
-    mutate, arg, opts = BAD_VALUES[name]
-    mutate(kw)
-    kw = {n: (t.to(DEVICE) if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
-    with pytest.raises(ValueError, match=arg):
-        _call(kw, validate=True, **opts)
-
-
-def test_eager_limit_is_policy_not_kernel():
-    """Without validate the kernel folds any pend <= CAP in an eager verify (the limit is the
-    policy's); with a lazy verify the eager limit does not apply."""
-    kw = _verify_args()
-    kw["carry"].pend.fill_(CAP)
-    _call(kw, validate=True, lazy=True, eager_max_pending=4)
-    o, eng = _call(kw, eager_max_pending=4)
-    assert eng.tolist() == [2, 2] and torch.isfinite(o).all()
-
-
-def test_accept_and_flush_reject_bad_input():
-    c = GdnCarry.empty(3, 2, 16, 16)
-    slots = torch.tensor([0, 2], dtype=torch.int32, device=DEVICE)
-    eng = torch.tensor([1, 2], dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="accepted"):
-        carry_accept(c, slots, eng, [1, 3], rows=2, validate=True)
-    with pytest.raises(ValueError, match="accepted"):
-        carry_accept(c, slots, eng, [-1, 0], rows=2, validate=True)
-    with pytest.raises(ValueError, match="slot_tab"):
-        carry_accept(c, torch.tensor([0, 0], dtype=torch.int32, device=DEVICE), eng, [1, 1], validate=True)
-    c.pend.fill_(CAP)
-    with pytest.raises(ValueError, match="after accept"):
-        carry_accept(c, slots, eng, [1, 1], rows=2, validate=True)
-    with pytest.raises(ValueError, match="accepted"):
-        carry_accept(c, slots, eng, [1, 1, 1])
-    with pytest.raises(ValueError, match="engaged"):
-        carry_accept(c, slots, eng.long(), [1, 1])
-    with pytest.raises(ValueError, match="carry"):
-        carry_accept(object(), slots, eng, [1, 1])
-    for acc in (None, "ab", [1.5, 1.0], [1.0, 1.0], [True, 1], 2.0):
-        with pytest.raises(ValueError, match="^accepted"):
-            carry_accept(c, slots, eng, acc)
-    # every index tensor is read at offset b: strided views (of [0, 1, 2, 1] etc.) are refused
-    strided = lambda vals: torch.tensor(vals, dtype=torch.int32, device=DEVICE)[::2]  # noqa: E731
-    pend_before = c.pend.clone()
-    for name, args in (("slot_tab", (strided([0, 1, 2, 1]), eng, [1, 1])),
-                       ("engaged", (slots, strided([1, 2, 2, 1]), [1, 1])),
-                       ("accepted", (slots, eng, strided([1, 0, 1, 0])))):
-        with pytest.raises(ValueError, match=f"^{name}"):
-            carry_accept(c, *args)
-    with pytest.raises(ValueError, match=r"^carry.pend\[0\]"):
-        carry_accept(SimpleNamespace(pend=torch.zeros(6, dtype=torch.int32, device=DEVICE)[::2],
-                                     cap=CAP), slots, eng, [1, 1])
-    assert torch.equal(c.pend, pend_before)
-    st = gdn_inputs(1, 1, 1, 2, 16, 16, slots=3)["state"]
-    with pytest.raises(ValueError, match="carries"):
-        gdn_carry_flush([st, st.clone()], [c], slots)
-    with pytest.raises(ValueError, match="states"):
-        gdn_carry_flush(st, c, slots)
-    with pytest.raises(ValueError, match="carries"):
-        gdn_carry_flush([st], [GdnCarry.empty(3, 2, 16, 8)], slots)
-    c.pend.fill_(CAP + 1)
-    with pytest.raises(ValueError, match="pend"):
-        gdn_carry_flush([st], [c], slots, validate=True)
-    c.pend.zero_()
-    with pytest.raises(ValueError, match="slot_tab"):
-        gdn_carry_flush([st], [c], torch.tensor([1, 1], dtype=torch.int32, device=DEVICE), validate=True)
-    with pytest.raises(ValueError, match="^slot_tab"):
-        gdn_carry_flush([st], [c], strided([2, 0, 1, 0]))
-    for slots_bad in ([3], [-1], 5, [0.5], None, torch.tensor([1.0])):
-        with pytest.raises(ValueError, match="^slots"):
-            c.reset(slots_bad)
-    with pytest.raises(ValueError, match="^device"):
-        GdnCarry.empty(3, 2, 16, 16, device="bogus")
-
-
-def test_spec_decode_step_rejects_bad_input():
-    """Bad layers, slots, inputs, layer index and accepts raise ValueError naming the argument
-    before any launch; the step stays usable afterwards."""
-    S, HV, kd, vd, K = 4, 2, 16, 16, 2
-    st = gdn_inputs(7, 1, 1, HV, kd, vd, slots=S, dtype=torch.float32)["state"]
-    with pytest.raises(ValueError, match="^state"):
-        CarryLayer(None, GdnCarry.empty(S, HV, kd, vd))
-    with pytest.raises(ValueError, match="^carry"):
-        CarryLayer(st, None)
-    with pytest.raises(ValueError, match="^conv_carry"):
-        CarryLayer(st, GdnCarry.empty(S, HV, kd, vd), conv_state=torch.zeros(S, 96, 3))
-    lay = CarryLayer(st, GdnCarry.empty(S, HV, kd, vd))
-    lay.carry = None                                  # changed after construction
-    with pytest.raises(ValueError, match=r"^layers\[0\].carry"):
-        SpecDecodeStep([lay])
-    lay.carry = GdnCarry.empty(S, HV, kd, vd)
-    step = SpecDecodeStep([lay], validate=True)
-    for slots in ([0, 4], [-1, 0], [0.7, 1.2], [1, 1], "ab",
-                  torch.tensor([0, 1, 2, 1], dtype=torch.int32, device=DEVICE)[::2]):
-        with pytest.raises(ValueError, match="^slots"):
-            step.begin(slots, K)
-    x = gdn_inputs(8, 2, 1, HV, kd, vd, rows=K, dtype=torch.float32)
-    inp = dict(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"])
-    with pytest.raises(ValueError, match=r"^inputs\[0\]"):
-        step.verify([0, 1], [dict(q=x["q"])])
-    with pytest.raises(ValueError, match="^inputs"):
-        step.verify([0, 1], inp)
-    step.begin([2, 0], K)
-    for i in (5, -1, 0.0):
-        with pytest.raises(ValueError, match="^i:"):
-            step.verify_layer(i, **inp)
-    with pytest.raises(ValueError, match="^beta"):
-        step.verify_layer(0, q=x["q"], k=x["k"], v=x["v"], g=x["g"])
-    step.verify_layer(0, **inp)
-    for acc in ([1.5, 1], [1], "ab", torch.tensor([1.0, 1.0])):
-        with pytest.raises(ValueError, match="^accepted"):
-            step.accept(acc)
-    assert lay.carry.pend.tolist() == [0, 0, 0, 0]
-    step.accept([1, 2])
-    assert lay.carry.pend.tolist() == [2, 0, 1, 0]

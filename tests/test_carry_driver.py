@@ -5,8 +5,8 @@
 - ``abort()`` (and ``reset``, which calls it) after a step verified part-way through the stack
   puts the layers back in step: the states then equal the states of a stack that never ran the
   step and flushed the same slots (bitwise: the exact form's folds are the flush's arithmetic,
-  as tests/test_carry.py's end-to-end test shows), every ``pend`` of those slots is 0, and the
-  next step runs.
+  as tests/test_carry_protocol.py's end-to-end test shows), every ``pend`` of those slots is 0,
+  and the next step runs.
 - ``accepted`` given as host ints is checked against ``K`` with no device sync:
   ``SpecDecodeStep.accept`` (which knows ``K``) and ``carry_accept`` (``rows=K``, else ``CAP``)
   raise ``ValueError`` naming ``accepted`` and change no ``pend``.

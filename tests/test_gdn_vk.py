@@ -5,8 +5,8 @@ transposed strides); the family **bitwise** within the layout: the chain (output
 state, every snapshot) against ``K`` V-major decodes, the launch plans against the launchers,
 and the carried-state protocol (exact form, eager and lazy, write-backs with several tiles per
 head, flushes) against plain V-major decoding. The WY form within tolerance. Tolerances as in
-``tests/test_gdn.py`` and ``tests/test_carry.py`` (fp32 arithmetic: rel L2 <= 1e-5; bf16
-outputs: 8e-3; WY end to end: 1e-4).
+``tests/test_gdn.py``, ``tests/test_carry.py`` and ``tests/test_carry_protocol.py`` (fp32
+arithmetic: rel L2 <= 1e-5; bf16 outputs: 8e-3; WY end to end: 1e-4).
 """
 
 from __future__ import annotations

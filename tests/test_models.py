@@ -22,7 +22,7 @@ in fp32 and float64), so bitwise exactness of decode vs verify can only be asked
 run in float64, whose row-count differences (~1e-16) stay below an fp32 input's last bit.
 
 Tolerances: layer outputs and states rel L2 <= 1e-5 (fp32 kernel vs fp32 torch loop; measured
-~1e-7); WY outputs rel L2 <= 1e-4 (SPEC §3b; as tests/test_carry.py).
+~1e-7); WY outputs rel L2 <= 1e-4 (SPEC §3b; as tests/test_carry_protocol.py).
 """
 
 from __future__ import annotations

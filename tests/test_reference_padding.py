@@ -9,7 +9,8 @@ the one a negative index would hit) through the kernel and the reference and che
 - the reference's padding-lane outputs (and snapshots / intermediate windows) are exact zeros;
 - the slots no live lane addresses (1 and 3) are bitwise equal to the input in the reference;
 - kernel and reference agree on everything (relative L2 ``1e-5`` for fp32 GDN outputs and
-  states, as tests/test_carry.py; windows and stash rows bitwise, as tests/test_conv.py);
+  states, as tests/test_carry.py; windows and stash rows bitwise, as tests/test_conv.py and
+  tests/test_conv_carry.py);
 - any other negative slot is a ``ValueError`` naming the slot argument.
 """
 

@@ -1,0 +1,145 @@
+"""Bad input to ``gdn_decode`` and ``gdn_chain`` is refused naming the argument (SPEC §2).
+
+Shapes, dtypes, devices, strides, head ratios, K outside 1..8, and with ``validate=True`` the
+values (duplicate, negative or out-of-range slots, positive log decays, beta outside [0, 1] or
+NaN) raise ``ValueError`` whose message starts with ``<argument>:`` before any kernel runs; the
+state is left bitwise as it was. K = 8 itself runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
+from pmll_lab.backend import DEVICE
+from pmll_lab.bench import bitwise_equal
+from pmll_lab.gdn import gdn_chain, gdn_decode
+from pmll_lab.inputs import gdn_inputs
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+def _good(rows=None, dtype=torch.bfloat16):
+    B, HK, HV, kd, vd = 2, 1, 2, 16, 16
+    x = gdn_inputs(71, B, HK, HV, kd, vd, rows=rows, slots=4, dtype=dtype)
+    if rows is not None:
+        x["intermediate"] = torch.empty(B, rows - 1, HV, kd, vd, device=DEVICE)
+    return x
+
+
+def _call(x, rows, **kw):
+    args = dict(state_indices=x["state_indices"], validate=True)
+    if rows is not None:
+        args["intermediate"] = x.get("intermediate")
+    args.update(kw)
+    fn = gdn_decode if rows is None else gdn_chain
+    return fn(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"], **args)
+
+
+def _bad_cases():
+    # (name, rows, mutate(x) -> kwargs override or None, argument named)
+    def setx(key, fn):
+        def m(x):
+            x[key] = fn(x)
+        return m
+
+    cases = [
+        ("q ndim", None, setx("q", lambda x: x["q"][None]), "q"),
+        ("k shape", None, setx("k", lambda x: x["k"][:, :, :8]), "k"),
+        ("kd vs state", None, lambda x: (x.__setitem__("q", x["q"][..., :8]),
+                                         x.__setitem__("k", x["k"][..., :8])), "q"),
+        ("v head size", None, setx("v", lambda x: x["v"][..., :8]), "v"),
+        ("v heads", None, setx("v", lambda x: x["v"][:, :1]), "v"),
+        ("g shape", None, setx("g", lambda x: x["g"][:, :1]), "g"),
+        ("beta dtype", None, setx("beta", lambda x: x["beta"].bfloat16()), "beta"),
+        ("g dtype", 2, setx("g", lambda x: x["g"].double()), "g"),
+        ("HV % HK", None, lambda x: x.update(gdn_inputs(72, 2, 2, 3, 16, 16, slots=4)), "q"),
+        ("K > 8", 9, None, "q"),
+        ("k dtype", None, setx("k", lambda x: x["k"].float()), "k"),
+        ("v dtype", 2, setx("v", lambda x: x["v"].half()), "v"),
+        ("q int dtype", None, lambda x: [x.__setitem__(n, x[n].to(torch.int32))
+                                         for n in ("q", "k", "v")], "q"),
+        ("state dtype", None, setx("state", lambda x: x["state"].double()), "state"),
+        ("state ndim", None, setx("state", lambda x: x["state"][0]), "state"),
+        ("indices dtype", None, setx("state_indices", lambda x: x["state_indices"].float()),
+         "state_indices"),
+        ("indices shape", 2, setx("state_indices", lambda x: x["state_indices"][:1]),
+         "state_indices"),
+        ("q device", None, setx("q", lambda x: torch.empty(x["q"].shape, dtype=x["q"].dtype,
+                                                           device="meta")), "q"),
+        ("indices device", 2, setx("state_indices",
+                                   lambda x: torch.empty(2, dtype=torch.int32, device="meta")),
+         "state_indices"),
+        ("q last dim strided", None,
+         setx("q", lambda x: torch.repeat_interleave(x["q"], 2, -1)[..., ::2]), "q"),
+        ("v last dim strided", 3,
+         setx("v", lambda x: torch.repeat_interleave(x["v"], 2, -1)[..., ::2]), "v"),
+        ("state last dim strided", None,
+         setx("state", lambda x: x["state"].transpose(2, 3)), "state"),
+        ("intermediate shape", 3, setx("intermediate", lambda x: x["intermediate"][:, :1]),
+         "intermediate"),
+        ("intermediate dtype", 3, setx("intermediate", lambda x: x["intermediate"].bfloat16()),
+         "intermediate"),
+        ("intermediate strided", 3,
+         setx("intermediate", lambda x: x["intermediate"].transpose(3, 4)), "intermediate"),
+        ("duplicate indices", 2,
+         setx("state_indices", lambda x: x["state_indices"][:1].repeat(2)), "state_indices"),
+        ("index out of range", None,
+         setx("state_indices", lambda x: torch.tensor([0, 4], dtype=torch.int32, device=DEVICE)),
+         "state_indices"),
+        ("negative index", 2,
+         setx("state_indices", lambda x: torch.tensor([-2, 1], dtype=torch.int32, device=DEVICE)),
+         "state_indices"),
+        ("g positive", 2, setx("g", lambda x: x["g"].abs() + 0.1), "g"),
+        ("beta > 1", None, setx("beta", lambda x: x["beta"] + 1.0), "beta"),
+        ("beta NaN", 2, setx("beta", lambda x: x["beta"] * float("nan")), "beta"),
+        # the kernel reads entry b at offset b: a strided view [3, 1] of [3, 0, 1, 0] would
+        # address slots [3, 0] (passes validate); rejected for its strides
+        ("indices strided", None, setx("state_indices", lambda x: torch.tensor(
+            [3, 0, 1, 0], dtype=torch.int32, device=DEVICE)[::2]), "state_indices"),
+        ("indices strided chain", 3, setx("state_indices", lambda x: torch.tensor(
+            [1, 0, 3, 0], dtype=torch.int32, device=DEVICE)[::2]), "state_indices"),
+        ("indices list", None, setx("state_indices", lambda x: [0, 1]), "state_indices"),
+        ("more sequences than slots", 2, setx("state", lambda x: x["state"][:1]),
+         "state_indices"),
+        ("kd zero", None, lambda x: x.update(state=x["state"][:, :, :0], q=x["q"][..., :0],
+                                             k=x["k"][..., :0]), "state"),
+        ("vd zero", 2, lambda x: x.update(state=x["state"][..., :0], v=x["v"][..., :0],
+                                          intermediate=x["intermediate"][..., :0]), "state"),
+    ]
+    return cases
+
+
+@pytest.mark.parametrize("name,rows,mutate,arg", _bad_cases(), ids=[c[0] for c in _bad_cases()])
+def test_bad_input_raises_naming_the_argument(name, rows, mutate, arg):
+    x = _good(rows)
+    if mutate is not None:
+        mutate(x)
+    state_before = x["state"].clone()
+    with pytest.raises(ValueError, match=rf"^{arg}:"):
+        _call(x, rows)
+    assert bitwise_equal(x["state"], state_before), "a rejected call touched the state"
+
+
+def test_bad_scalar_arguments():
+    x = _good(2)
+    with pytest.raises(ValueError, match=r"^out_dtype:"):
+        _call(x, 2, out_dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^scale:"):
+        _call(x, 2, scale="0.1")
+    # state_indices=None needs B <= S
+    y = _good(None)
+    y["state"] = y["state"][:1]
+    with pytest.raises(ValueError, match=r"^state_indices:"):
+        _call(y, None, state_indices=None)
+
+
+def test_chain_k_zero_and_k_max_boundaries():
+    x = _good(1)
+    x["q"] = x["q"][:, :0]
+    with pytest.raises(ValueError, match=r"^q:"):
+        _call(x, 1)
+    x = _good(8)
+    o = _call(x, 8)          # K = 8 is legal
+    assert o.shape == (2, 8, 2, 16)
