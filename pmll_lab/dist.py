@@ -242,13 +242,14 @@ WARM_MODULES = ("pmll_lab.gdn", "pmll_lab.carry", "pmll_lab.conv", "pmll_lab.pml
                 "pmll_lab.experiments.carry_protocol", "pmll_lab.experiments.roofline_case",
                 "pmll_lab.experiments.roofline_ours", "pmll_lab.experiments.roofline_peers",
                 "pmll_lab.experiments.state_drift", "pmll_lab.experiments.pmll_attention",
-                "pmll_lab.experiments.spec_decode", "fla.ops.gated_delta_rule",
+                "pmll_lab.experiments.spec_decode", "pmll_lab.models.generate",
+                "pmll_lab.models.oracle", "pmll_lab.models.gpt2_pmll", "fla.ops.gated_delta_rule",
                 "flashinfer.gdn_decode")
 """What a worker imports before its first point (``warm_up``): the launchers, the notebooks'
 experiment modules with the parts their points run (``carry_protocol``, ``roofline_case``,
 ``roofline_ours``, ``roofline_peers``: split off ``carry`` and ``roofline``, which import them
 on first use only; their tables and plots run in the notebook; ``state_drift``,
-``pmll_attention``, ``spec_decode``) and the peers' kernels (FLA's import alone takes
+``pmll_attention``, ``spec_decode`` and the model modules their points import) and the peers' kernels (FLA's import alone takes
 seconds, which a notebook pays in its set-up cell and each worker in its first point otherwise)."""
 
 
