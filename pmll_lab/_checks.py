@@ -12,6 +12,7 @@ import math
 import numbers
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -81,6 +82,14 @@ def positive_int(name: str, value, *, minimum: int = 1, maximum: int | None = No
         hi = "" if maximum is None else f" and <= {maximum}"
         raise ValueError(f"{name}: must be >= {minimum}{hi}, got {value}")
     return value
+
+
+def flag(name: str, value) -> bool:
+    """A bool (Python's or numpy's; not an int or a string, whose truth would be taken silently).
+    Returns it as a bool."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name}: expected a bool, got {type(value).__name__}")
+    return bool(value)
 
 
 def positive_float(name: str, value) -> float:

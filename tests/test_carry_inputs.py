@@ -92,6 +92,11 @@ def test_verify_rejects_unknown_form_and_lazy():
         _call(kw, form="chunk")
     with pytest.raises(ValueError, match="lazy"):
         _call(kw, lazy=1)
+    # flags are bools: a string's truth would be taken silently
+    for name in ("use_qk_l2norm", "validate"):
+        with pytest.raises(ValueError, match=f"^{name}: expected a bool"):
+            _call(kw, **{name: "no"})
+    assert kw["carry"].pend.tolist() == [0, 0, 0]
 
 
 def test_wy_refuses_more_rows_than_its_tiles_before_launch():
@@ -219,6 +224,10 @@ def test_spec_decode_step_rejects_bad_input():
     with pytest.raises(ValueError, match=r"^layers\[0\].carry"):
         SpecDecodeStep([lay])
     lay.carry = GdnCarry.empty(S, HV, kd, vd)
+    with pytest.raises(ValueError, match="^scale"):
+        SpecDecodeStep([lay], scale="x")
+    with pytest.raises(ValueError, match="^validate: expected a bool"):
+        SpecDecodeStep([lay], validate="no")
     step = SpecDecodeStep([lay], validate=True)
     for slots in ([0, 4], [-1, 0], [0.7, 1.2], [1, 1], "ab",
                   torch.tensor([0, 1, 2, 1], dtype=torch.int32, device=DEVICE)[::2]):

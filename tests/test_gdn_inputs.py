@@ -128,6 +128,10 @@ def test_bad_scalar_arguments():
         _call(x, 2, out_dtype=torch.int32)
     with pytest.raises(ValueError, match=r"^scale:"):
         _call(x, 2, scale="0.1")
+    for name in ("use_qk_l2norm", "validate"):     # bools: a string's truth is not taken
+        for rows in (None, 2):
+            with pytest.raises(ValueError, match=f"^{name}: expected a bool"):
+                _call(_good(rows), rows, **{name: "no"})
     # state_indices=None needs B <= S
     y = _good(None)
     y["state"] = y["state"][:1]

@@ -16,9 +16,10 @@ The chain reference is literally the decode reference applied K times, in order,
 state after each row ``t < K-1`` kept as a snapshot (the intermediate buffer of §3a). Inputs are
 never mutated; everything is computed in float64 on the inputs' device.
 
-Slot tables are read as the kernels read them: a slot of -1 is a padding lane (zero outputs and
-snapshots; no slot read or written), any other slot outside ``[0, S)`` a ``ValueError`` naming
-``state_indices``.
+Slot tables are read as the kernels read them: a slot of -1 is a padding lane (zero outputs; no
+slot read or written; in the snapshots the chain reference returns, a fresh tensor, its rows are
+zeros, where the kernels leave the caller's buffer as it was), any other slot outside ``[0, S)``
+a ``ValueError`` naming ``state_indices``.
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def gdn_chain_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     Returns ``(o [B, K, HV, vd], new_state [S, HV, kd, vd], intermediate [B, K-1, HV, kd, vd])``
     (float64): ``new_state`` holds the state after the last row in the addressed slots;
     ``intermediate[b, t]`` is sequence ``b``'s state after row ``t`` (``t < K-1``). A padding
-    lane (slot -1) has zero outputs and zero snapshots, and touches no slot.
+    lane (slot -1) has zero outputs and zero snapshots (the kernels write none: compare live
+    lanes' snapshots only), and touches no slot.
     ``state_layout="vk"``: states and snapshots are ``[..., vd, kd]``. ``state_dtype``: the state
     rounded to it after every row (``gdn_decode_ref``), snapshots included.
     """

@@ -209,7 +209,7 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     scale, o, engaged = _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy,
                                          scale, validate, eager_max_pending, state_layout,
-                                         gating)
+                                         gating, use_qk_l2norm)
     if o.shape[0] == 0:
         return o, engaged
     with _device_guard(state):
@@ -338,7 +338,7 @@ def gdn_carry_verify_plan(state, carry, q, k, v, g=None, beta=None, *, slot_tab,
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     scale, o, engaged = _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy,
                                          scale, validate, eager_max_pending, state_layout,
-                                         gating)
+                                         gating, use_qk_l2norm)
     if o.shape[0] == 0:
         return LaunchPlan(None, (1,), (), {}, outputs=(o, engaged))
     kernel, grid, args, kw = _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged,

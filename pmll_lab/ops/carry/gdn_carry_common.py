@@ -88,14 +88,16 @@ def check_state(name: str, state) -> torch.Tensor:
 
 
 def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
-                  eager_max_pending, layout=DEFAULT_STATE_LAYOUT, gating=None):
+                  eager_max_pending, layout=DEFAULT_STATE_LAYOUT, gating=None,
+                  use_qk_l2norm=True):
     """``gdn_carry_verify``'s argument checks; returns ``(B, K, HK, scale)``."""
     check_layout("state_layout", layout)
     check_state("state", state)
     check_carry("carry", carry, state, layout)
     _checks.choice("form", form, FORMS)
-    if not isinstance(lazy, bool):
-        raise ValueError(f"lazy: expected a bool, got {type(lazy).__name__}")
+    _checks.flag("lazy", lazy)
+    _checks.flag("validate", validate)
+    _checks.flag("use_qk_l2norm", use_qk_l2norm)
     S, HV = state.shape[:2]
     kd, vd = head_dims(state.shape, layout)
     _checks.tensor("q", q, ndim=4, dtype=_checks.FLOAT_DTYPES, device=state.device, last_contiguous=True)
@@ -146,11 +148,12 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
 
 
 def _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
-                     eager_max_pending, layout=DEFAULT_STATE_LAYOUT, gating=None):
+                     eager_max_pending, layout=DEFAULT_STATE_LAYOUT, gating=None,
+                     use_qk_l2norm=True):
     """Checks (``_check_verify``), then the verify's outputs: ``(scale, o [B, K, HV, vd] in v's
     dtype, engaged [B] int32)``, uninitialised."""
     B, K, _, scale = _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
-                                   validate, eager_max_pending, layout, gating)
+                                   validate, eager_max_pending, layout, gating, use_qk_l2norm)
     HV, vd = state.shape[1], head_dims(state.shape, layout)[1]
     o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
     return scale, o, torch.empty(B, dtype=torch.int32, device=v.device)

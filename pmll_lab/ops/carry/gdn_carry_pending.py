@@ -127,7 +127,10 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
     index tensors must be contiguous (read at offset ``b``). Raises ``ValueError`` naming the
     argument. ``rows``: the verify's ``K``. Host ints are always checked to lie in ``[0, K]``
     (``[0, CAP]`` without ``rows``): no sync needed, and an ``a > K`` would count stale stash
-    rows of an earlier step as pending.
+    rows of an earlier step as pending. That check does not bound the sum: ``pend + a`` past
+    ``CAP`` (a lazy verify accepted on a carry that was not flushed when it should have been)
+    goes unseen without ``validate``, and the next verify would fold more rows than the stash
+    holds; ``SpecDecodeStep`` keeps every slot within ``CAP`` by its flushes.
     ``validate=True`` checks slots distinct and in range, ``engaged`` in {1, 2}, ``0 <= a <= K``
     (``rows``) and ``<= CAP``, and that no ``pend`` exceeds ``CAP`` afterwards (a sync).
     """

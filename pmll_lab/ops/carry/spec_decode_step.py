@@ -88,8 +88,10 @@ class SpecDecodeStep:
         self.form = form
         self.lazy_min_seqs = lazy_min_seqs
         self.eager_max_pending = eager_max_pending
+        if scale is not None:
+            scale = _checks.positive_float("scale", scale)
         self.scale = scale
-        self.validate = validate
+        self.validate = _checks.flag("validate", validate)
         if timer is not None and not callable(timer):
             raise ValueError(f"timer: expected None or a callable, got {type(timer).__name__}")
         self.timer = timer

@@ -163,9 +163,11 @@ def gdn_rows_kernel(
 
 def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtype, validate,
            *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT, out_state_indices=None,
-           gating: Gating | None = None):
+           gating: Gating | None = None, use_qk_l2norm=True):
     """Validate a decode (``rows=False``) or chain (``rows=True``) call; return its sizes."""
     C = _checks
+    C.flag("use_qk_l2norm", use_qk_l2norm)
+    C.flag("validate", validate)
     check_layout("state_layout", layout)
     C.tensor("state", state, ndim=4, dtype=C.FLOAT_DTYPES, last_contiguous=True)
     if state.device.type != DEVICE.type:
@@ -369,7 +371,8 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, None, scale,
                                   out_dtype, validate, rows=False, layout=state_layout,
-                                  out_state_indices=out_state_indices, gating=gating)
+                                  out_state_indices=out_state_indices, gating=gating,
+                                  use_qk_l2norm=use_qk_l2norm)
     o = torch.empty(B, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
     with _device_guard(state):
         _launch(state, q, k, v, g, beta, o, None, state_indices, scale, use_qk_l2norm,
@@ -389,7 +392,8 @@ def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermed
     last row and, when ``intermediate`` is given, writes the state after each row ``t < K-1``
     to ``intermediate[:, t]`` (after accepting ``a`` rows the caller keeps snapshot ``a-1``, or
     ``state`` itself when ``a == K``). Bitwise equal to ``K`` successive ``gdn_decode`` launches
-    on the same device: outputs, final state and every snapshot.
+    on the same device: outputs, final state and every snapshot. A padding lane (slot -1) has
+    zero outputs and writes nothing: its rows of ``intermediate`` keep what they held.
 
     Args: as ``gdn_decode`` with a rows axis after ``B``: ``q, k [B, K, HK, kd]``,
     ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]`` (or ``A_log, dt_bias [HV]`` and
@@ -406,7 +410,8 @@ def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermed
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
                                   out_dtype, validate, rows=True, layout=state_layout,
-                                  out_state_indices=out_state_indices, gating=gating)
+                                  out_state_indices=out_state_indices, gating=gating,
+                                  use_qk_l2norm=use_qk_l2norm)
     o = torch.empty(B, K, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
     with _device_guard(state):
         _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
@@ -458,7 +463,8 @@ def _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2
     g, beta, gating = split_gating(g, beta, *gating)
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
                                   out_dtype, validate, rows=rows, layout=layout,
-                                  out_state_indices=out_state_indices, gating=gating)
+                                  out_state_indices=out_state_indices, gating=gating,
+                                  use_qk_l2norm=use_qk_l2norm)
     shape = (B, K, HV, vd) if rows else (B, HV, vd)
     dtype = out_dtype or v.dtype
     if out is None:
