@@ -12,7 +12,6 @@ import math
 import numbers
 from collections.abc import Iterable, Sequence
 
-import numpy as np
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -85,11 +84,20 @@ def positive_int(name: str, value, *, minimum: int = 1, maximum: int | None = No
 
 
 def flag(name: str, value) -> bool:
-    """A bool (Python's or numpy's; not an int or a string, whose truth would be taken silently).
-    Returns it as a bool."""
-    if not isinstance(value, (bool, np.bool_)):
+    """A Python bool (not an int, a numpy bool or a string, whose truth would be taken silently
+    or reach a kernel's constexpr as another type). Returns it."""
+    if not isinstance(value, bool):
         raise ValueError(f"{name}: expected a bool, got {type(value).__name__}")
-    return bool(value)
+    return value
+
+
+def optional_float(name: str, value) -> float | None:
+    """``None``, or a real number (int or float, not bool) returned as a float."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}: expected a float or None, got {type(value).__name__}")
+    return float(value)
 
 
 def positive_float(name: str, value) -> float:

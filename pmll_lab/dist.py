@@ -249,8 +249,9 @@ WARM_MODULES = ("pmll_lab.gdn", "pmll_lab.carry", "pmll_lab.conv", "pmll_lab.pml
 experiment modules with the parts their points run (``carry_protocol``, ``roofline_case``,
 ``roofline_ours``, ``roofline_peers``: split off ``carry`` and ``roofline``, which import them
 on first use only; their tables and plots run in the notebook; ``state_drift``,
-``pmll_attention``, ``spec_decode`` and the model modules their points import) and the peers' kernels (FLA's import alone takes
-seconds, which a notebook pays in its set-up cell and each worker in its first point otherwise)."""
+``pmll_attention``, ``spec_decode`` and the model modules their points import; transformers
+itself is imported on first use) and the peers' kernels (FLA's import alone takes seconds,
+which a notebook pays in its set-up cell and each worker in its first point otherwise)."""
 
 
 def _warm(modules: Sequence[str]) -> list[str]:

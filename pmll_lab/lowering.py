@@ -50,7 +50,8 @@ def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
     nothing; in ``do_not_specialize_on_alignment``, no alignment or divisibility hint.
     ``maxnreg``: a register cap per thread (Triton's launch option), as the V-major kernels may
     launch with. ``enable_fp_fusion``: Triton's launch option (the exact family launches with
-    it off, ``recurrence.EXACT_LAUNCH``). Returns Triton's compiled kernel; ``.asm`` holds ``"ttir"``, ``"ttgir"``, ``"ptx"``...
+    it off, ``recurrence.EXACT_LAUNCH``). Returns Triton's compiled kernel; ``.asm`` holds
+    ``"ttir"``, ``"ttgir"``, ``"ptx"``...
     Raises ``RuntimeError`` when kernels are interpreted (set ``PMLL_LAB_DEVICE=lower``) and
     ``ValueError`` naming an argument missing from ``types``/``constexprs``, a name in ``types``
     or ``unaligned`` that is not a non-constexpr argument of ``kernel``, or a type Triton does

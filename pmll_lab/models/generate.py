@@ -355,8 +355,7 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
     check_draft_args(draft, draft_accept, reference)
     _checks.positive_int("K", K, minimum=2, maximum=GDN_CARRY_CAP)
     _checks.choice("form", form, FORMS)
-    if not isinstance(lazy, bool):
-        raise ValueError(f"lazy: expected a bool, got {type(lazy).__name__}")
+    _checks.flag("lazy", lazy)
     vocab = _vocab(model)
     if reference is not None and len(reference) < len(prompts):
         raise ValueError(f"reference: {len(reference)} continuation(s) for {len(prompts)} "

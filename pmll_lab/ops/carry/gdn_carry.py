@@ -131,8 +131,9 @@ Still 3-4x slower than the split exact form (perf-notes v4, v8). Read at launch 
 
 WY_NUM_WARPS = 2
 """Warps per program of the split WY form. The WY form is not bound to decode's reductions (its
-fold of the pending rows is elementwise and launches without contraction, as the flush does). Measured (H200, same log as ``WY_SPLIT_COLUMNS``): 2 warps
-394 us, 4 warps 434 us, 1 warp 901 us at B=64, no write-back."""
+fold of the pending rows is elementwise and launches without contraction, as the flush does).
+Measured (H200, same log as ``WY_SPLIT_COLUMNS``): 2 warps 394 us, 4 warps 434 us, 1 warp
+901 us at B=64, no write-back."""
 
 WY_PER_HEAD_WARPS = 4
 """Warps per program of the per-head WY form (``WY_SPLIT_COLUMNS = False``, and key heads

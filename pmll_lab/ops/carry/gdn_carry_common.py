@@ -128,9 +128,8 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
                          f"got K = {K}; use form='exact'")
     if B > S:
         raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise ValueError(f"scale: expected a float or None, got {type(scale).__name__}")
-    scale = kd ** -0.5 if scale is None else float(scale)
+    scale = _checks.optional_float("scale", scale)
+    scale = kd ** -0.5 if scale is None else scale
     if validate:
         _checks.indices_values("slot_tab", slot_tab, S, padding=True)
         pend = carry.pend[slot_tab[slot_tab >= 0].long()]

@@ -88,9 +88,7 @@ class SpecDecodeStep:
         self.form = form
         self.lazy_min_seqs = lazy_min_seqs
         self.eager_max_pending = eager_max_pending
-        if scale is not None:
-            scale = _checks.positive_float("scale", scale)
-        self.scale = scale
+        self.scale = _checks.optional_float("scale", scale)   # as gdn_carry_verify takes it
         self.validate = _checks.flag("validate", validate)
         if timer is not None and not callable(timer):
             raise ValueError(f"timer: expected None or a callable, got {type(timer).__name__}")

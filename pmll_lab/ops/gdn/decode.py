@@ -216,8 +216,7 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
     if intermediate is not None:
         C.tensor("intermediate", intermediate, shape=(B, lead[1] - 1, *state.shape[1:]),
                  dtype=state.dtype, last_contiguous=True)
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise ValueError(f"scale: expected a float or None, got {type(scale).__name__}")
+    C.optional_float("scale", scale)
     if out_dtype is not None:
         C.choice("out_dtype", out_dtype, [None, *C.FLOAT_DTYPES])
     if validate:
