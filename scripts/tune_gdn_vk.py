@@ -165,35 +165,53 @@ def timings(B, layout, HK=16, HV=32, D=128, K=4, seed=3):
 
 
 DEFAULT_TILES = recurrence.VK_TILES
+DEFAULT_CHUNK = recurrence.VK_CHUNK
+
+
+def parse_tile(spec):
+    """``"default"``, ``"default:c128"`` or ``"R[:RC]xW[:cCW]"`` (rows for decode and the chain,
+    rows for the carry when different, warps, keys per chunk) -> ``(rows, carry rows, warps,
+    chunk)``, ``None`` for the library's table."""
+    parts = spec.split(":c")
+    chunk = int(parts[1]) if len(parts) > 1 else DEFAULT_CHUNK
+    if parts[0] == "default":
+        return (None, None, None, chunk)
+    rows, w = parts[0].split("x")
+    br, _, brc = rows.partition(":")
+    return (int(br), int(brc or br), int(w), chunk)
 
 
 def set_tile(tile):
-    """``VK_TILES`` set to one tile ``(rows, warps)`` for every kernel and batch, or to the
-    library's table (``None``: decode and carry tiles may differ, as shipped). Returns a tag."""
-    if tile is None:
+    """``VK_TILES`` set to one tile for every batch (``tile`` from ``parse_tile``; rows ``None``:
+    the library's table, decode and carry tiles may differ, as shipped) and ``VK_CHUNK`` to its
+    chunk width (``>= kd``: the flat ``[BR, 1, kd]`` tile). Returns a tag."""
+    br, brc, w, chunk = tile
+    recurrence.VK_CHUNK = chunk
+    if br is None:
         recurrence.VK_TILES = DEFAULT_TILES
-        return "default"
-    br, w = tile
-    recurrence.VK_TILES = ((1 << 62, br, br, w),)
-    return f"{br}x{w}"
+        tag = "default"
+    else:
+        recurrence.VK_TILES = ((1 << 62, br, brc, w),)
+        tag = f"{br}:{brc}x{w}" if brc != br else f"{br}x{w}"
+    return tag if chunk == DEFAULT_CHUNK else f"{tag}c{chunk}"
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiles", default="default,4x1,8x1,16x1,8x2,16x2",
-                    help="BRxW tiles, or 'default' for the library's VK_TILES")
+                    help="tiles R[:RC]xW[:cCW] (rows, carry rows, warps, keys per chunk), or "
+                         "'default[:cCW]' for the library's VK_TILES")
     ap.add_argument("--B", default="1,64,128,256")
     ap.add_argument("--family", default="128:4:bf16,64:8:fp32,256:4:bf16")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--no-kv", action="store_true", help="skip the K-major and FLA baselines")
     a = ap.parse_args()
-    tiles = [None if t == "default" else tuple(int(v) for v in t.split("x"))
-             for t in a.tiles.split(",")]
+    tiles = [parse_tile(t) for t in a.tiles.split(",")]
     if a.smoke:
         for tile in tiles[:2]:
-            set_tile(tile)
-            print(tile, check_family(1, 2, 16, 3, torch.float32, B=5) or "bitwise")
+            tag = set_tile(tile)
+            print(tag, check_family(1, 2, 16, 3, torch.float32, B=5) or "bitwise")
         return
     roof = copy_bandwidth()
     print(f"device {device_name()}, copy roofline {roof:.0f} GB/s")
@@ -223,6 +241,7 @@ def main():
         for B in Bs:
             record(tag, B, timings(B, "vk"))
         recurrence.VK_TILES = default
+        recurrence.VK_CHUNK = DEFAULT_CHUNK
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
