@@ -248,15 +248,20 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
                  "A_log": "*fp32", "dt_bias": "*fp32", "scale": "fp32", **rows_t}
     dec_types = {p.name: dec_types.get(p.name, "i32") for p in rows_kernel.params
                  if not p.is_constexpr}
-    stride3 = "s_key" if layout == "kv" else "s_row"
+    # V-major: the value-row strides are constexprs and q/k rows carry the alignment hint
+    # (``recurrence.vk_qk_aligned``), as the launchers pass them.
+    itemsize = {"bf16": 2, "fp16": 2, "fp32": 4}.get(input_type, 4)
+    vk_meta = (dict(s_row=head_dim, i_r=head_dim, QK_ALIGNED=head_dim * itemsize % 16 == 0)
+               if layout == "vk" else {})
     dec = lower(rows_kernel, dec_types,
                 dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,
                      STORE_INTER=False, USE_QK_L2NORM=True,
                      UNROLL=rows <= D.CHAIN_UNROLL_MAX_ROWS, HAS_OUT_IDX=False, GATE=gate,
-                     **chunks),
+                     **chunks, **vk_meta),
                 num_warps=warps, arch=arch, **EXACT_LAUNCH,
                 values=dict(HV=HV, GROUP=HV // HK, s_slot=HV * head_dim * head_dim,
-                            s_head=head_dim * head_dim, **{stride3: head_dim}))
+                            s_head=head_dim * head_dim,
+                            **({"s_key": head_dim} if layout == "kv" else {})))
     carry_types = {f"{n}_ptr": t for n, t in rows_t.items()} | {
         "state_ptr": f"*{state_type}", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
         "engaged_ptr": "*i32", "arrive_ptr": "*i32", "alog_ptr": "*fp32", "dtb_ptr": "*fp32",
@@ -264,7 +269,7 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     meta = dict(K=rows, CAP=C.GDN_CARRY_CAP, HV=HV, GROUP=HV // HK, KD=head_dim, VD=head_dim,
                 BK=BK, BV=BV_carry, NV=-(-head_dim // BV_carry), LAZY=True, USE_QK_L2NORM=True,
                 PREFETCH=CARRY_PREFETCH_ROWS, UNROLL=rows <= C.EXACT_UNROLL_MAX_ROWS, GATE=gate,
-                **chunks)
+                **chunks, **({"QK_ALIGNED": vk_meta["QK_ALIGNED"]} if layout == "vk" else {}))
     def layouts_of(low) -> set[str]:
         # V-major tiles may differ in their row count (VK_TILES: decode and the carry), never in
         # how a row is spread over threads: compare with the leading dim written as BR.

@@ -22,7 +22,8 @@ from pmll_lab.gdn import (gdn_chain, gdn_chain_plan, gdn_chain_ref, gdn_decode,
                           gdn_decode_plan, gdn_decode_ref)
 from pmll_lab.inputs import gdn_inputs
 from pmll_lab.ops.carry import gdn_carry as C
-from pmll_lab.ops.gdn.recurrence import vk_config
+from pmll_lab.ops.gdn import decode as D
+from pmll_lab.ops.gdn.recurrence import vk_config, vk_qk_aligned
 from pmll_lab.reference import carry as ref
 
 STATE_TOL = 1e-5
@@ -120,6 +121,57 @@ def test_plans_vk_bitwise_equal_launchers():
     assert bitwise_equal(dplan(), gdn_decode(b, q1, k1, v1, g1, b1, state_indices=idx,
                                              state_layout="vk"))
     assert bitwise_equal(a, b)
+
+
+def test_qk_alignment_flag():
+    """``QK_ALIGNED`` (the kernels' vector-load hint for q/k rows) is on exactly when every row
+    starts on 16 bytes: contiguous rows of 16 bf16 or 4 fp32 keys; off for a view at an odd
+    offset, a row stride of 20 bf16 keys (40 bytes), or rows of 12 bf16 keys (24 bytes)."""
+    q = torch.randn(2, 3, 2, 16, device=DEVICE).to(torch.bfloat16)
+    assert vk_qk_aligned(16, q, q)
+    assert vk_qk_aligned(4, *(torch.randn(2, 3, 4, device=DEVICE),) * 2)
+    odd = torch.randn(q.numel() + 1, device=DEVICE).to(torch.bfloat16)[1:].view(q.shape)
+    assert not vk_qk_aligned(16, odd, q) and not vk_qk_aligned(16, q, odd)
+    wide = torch.randn(2, 3, 2, 20, device=DEVICE).to(torch.bfloat16)[..., :16]
+    assert not vk_qk_aligned(16, wide, wide)
+    q12 = torch.randn(2, 3, 2, 12, device=DEVICE).to(torch.bfloat16)
+    assert not vk_qk_aligned(12, q12, q12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_vk_views_read_in_place(dtype):
+    """q and k as views of one fused buffer starting one element in (no row on 16 bytes, so
+    the launch drops the alignment hint and reads them in place, SPEC §2): the chain matches
+    the reference, and equals V-major decodes of the same views bit for bit; contiguous
+    copies launch with the hint."""
+    B, S, K, HK, HV, kd, vd = 2, 3, 3, 1, 2, 16, 24
+    x = gdn_inputs(83, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
+    idx = x["state_indices"]
+    nq = HK * kd
+    buf = torch.randn(B, K, 2 * nq + 1, device=DEVICE).to(dtype)
+    buf[..., 1:1 + nq] = x["q"].flatten(-2)
+    buf[..., 1 + nq:] = x["k"].flatten(-2)
+    q, k = buf[..., 1:1 + nq].unflatten(-1, (HK, kd)), buf[..., 1 + nq:].unflatten(-1, (HK, kd))
+    assert torch.equal(q, x["q"]) and torch.equal(k, x["k"])
+    assert not vk_qk_aligned(kd, q, k) and vk_qk_aligned(kd, x["q"], x["k"])
+    st0 = _vk(x["state"])
+    o_ref, s_ref, _ = gdn_chain_ref(st0, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                    state_indices=idx, state_layout="vk")
+    state = st0.clone()
+    o = gdn_chain(state, q, k, x["v"], x["g"], x["beta"], state_indices=idx,
+                  state_layout="vk", validate=True)
+    _close("o", o, o_ref, O_TOL[dtype])
+    _close("state", state, s_ref, STATE_TOL)
+    dec = st0.clone()
+    for t in range(K):
+        o_t = gdn_decode(dec, q[:, t], k[:, t], x["v"][:, t], x["g"][:, t], x["beta"][:, t],
+                         state_indices=idx, state_layout="vk")
+        assert bitwise_equal(o[:, t], o_t), f"row {t}: chain output != decode on the views"
+    assert bitwise_equal(state, dec)
+    for qq, kk, want in ((q, k, False), (x["q"], x["k"], True)):
+        _, _, _, kw = D._launch_args(state, qq, kk, x["v"], x["g"], x["beta"], o, None, idx,
+                                     None, True, B, K, HK, HV, kd, vd, rows=True, layout="vk")
+        assert kw["QK_ALIGNED"] is want
 
 
 def test_layout_errors_name_the_argument():

@@ -304,6 +304,7 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
         return (VK.gdn_carry_exact_vk_kernel, (B, HV, NT), args,
                 dict(BK=BK, BV=BR, NV=NT, num_warps=num_warps,
                      UNROLL=K <= EXACT_UNROLL_MAX_ROWS, **_chunks(BK), **meta,
+                     QK_ALIGNED=recurrence.vk_qk_aligned(kd, q, k),
                      **recurrence.EXACT_LAUNCH))
     bk, br = max(BK, 16), max(BR, VK_WY_ROWS)
     NT = cdiv(vd, br)

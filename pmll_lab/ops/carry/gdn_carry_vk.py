@@ -36,7 +36,8 @@ import triton.language as tl
 
 from pmll_lab.ops.carry.gdn_carry_exact import _ROW_UNSPECIALIZED, _verify_prologue
 from pmll_lab.ops.carry.gdn_carry_wy import _wy_restash_shared_rows, _wy_rows
-from pmll_lab.ops.gdn.decode_vk import load_row_inputs_vk, vk_tile_index, vk_tile_offsets
+from pmll_lab.ops.gdn.decode_vk import (load_key_row_vk, load_row_inputs_vk, vk_tile_index,
+                                        vk_tile_offsets)
 from pmll_lab.ops.gdn.recurrence import (fold_row_vk, gdn_gate_g, gdn_row_vk, load_gate_params,
                                          qk_prepare_vk, round_like)
 
@@ -109,13 +110,13 @@ def _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, m
 def _restash_shared_rows_vk(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
                             sq_t, sk_t, sg_b, sg_t, rk, mk, ga, gd, K: tl.constexpr,
                             HV: tl.constexpr, KD: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-                            GATE: tl.constexpr):
+                            GATE: tl.constexpr, QK_ALIGNED: tl.constexpr):
     """Stash the ``K`` rows' log decays and normalised keys (shared by a head's tiles) at
     rows ``first ..``, the keys normalised on the same ``[NC, CW]`` vectors as the rows
     (``qk_prepare_vk``: the same bits). Call only once every tile has folded the old rows."""
     for t in tl.static_range(K):
-        q = tl.load(qrow + t * sq_t + rk, mask=mk, other=0.0).to(tl.float32)
-        k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
+        q = load_key_row_vk(qrow + t * sq_t, rk, mk, QK_ALIGNED)
+        k = load_key_row_vk(krow + t * sk_t, rk, mk, QK_ALIGNED)
         q, k = qk_prepare_vk(q, k, scale, USE_QK_L2NORM)
         g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
         if GATE:                     # g_ptr holds a: stash the decay the rows computed
@@ -135,6 +136,7 @@ def gdn_carry_exact_vk_kernel(
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
     UNROLL: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr, GATE: tl.constexpr,
+    QK_ALIGNED: tl.constexpr,
 ):
     """Exact verify on V-major tiles of ``BV`` value rows (``NV`` tiles per head), keys in
     ``NC`` chunks of ``CW``."""
@@ -158,7 +160,8 @@ def gdn_carry_exact_vk_kernel(
                      PREFETCH)
     if UNROLL:
         if PREFETCH:
-            nxt = load_row_inputs_vk(qrow, krow, vrow, grow, brow, rk, mk, rr, mr, ga, gd, GATE)
+            nxt = load_row_inputs_vk(qrow, krow, vrow, grow, brow, rk, mk, rr, mr, ga, gd, GATE,
+                                     QK_ALIGNED)
         for t in tl.static_range(K):
             if PREFETCH:
                 q, k, v, g, beta = nxt
@@ -166,12 +169,12 @@ def gdn_carry_exact_vk_kernel(
                     nxt = load_row_inputs_vk(qrow + (t + 1) * sq_t, krow + (t + 1) * sk_t,
                                              vrow + (t + 1) * sv_t, grow + (t + 1) * sg_t,
                                              brow + (t + 1) * sb_t, rk, mk, rr, mr, ga, gd,
-                                             GATE)
+                                             GATE, QK_ALIGNED)
             else:
                 q, k, v, g, beta = load_row_inputs_vk(qrow + t * sq_t, krow + t * sk_t,
                                                       vrow + t * sv_t, grow + t * sg_t,
                                                       brow + t * sb_t, rk, mk, rr, mr, ga, gd,
-                                                      GATE)
+                                                      GATE, QK_ALIGNED)
             h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
                               live, h_ptr, HV, VD, USE_QK_L2NORM)
     else:
@@ -179,7 +182,7 @@ def gdn_carry_exact_vk_kernel(
             q, k, v, g, beta = load_row_inputs_vk(qrow + t * sq_t, krow + t * sk_t,
                                                   vrow + t * sv_t, grow + t * sg_t,
                                                   brow + t * sb_t, rk, mk, rr, mr, ga, gd,
-                                                  GATE)
+                                                  GATE, QK_ALIGNED)
             h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
                               live, h_ptr, HV, VD, USE_QK_L2NORM)
     tl.debug_barrier()
@@ -187,7 +190,7 @@ def gdn_carry_exact_vk_kernel(
     if live & (arrived == NV - 1):
         _restash_shared_rows_vk(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
                                 sq_t, sk_t, sg_b, sg_t, rk, mk, ga, gd, K, HV, KD,
-                                USE_QK_L2NORM, GATE)
+                                USE_QK_L2NORM, GATE, QK_ALIGNED)
         tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
     if hv == 0:
         if j == 0:

@@ -55,13 +55,28 @@ def vk_tile_offsets(rk, rr, row_stride):
 
 
 @triton.jit
+def load_key_row_vk(row, rk, mk, QK_ALIGNED: tl.constexpr):
+    """A ``q`` or ``k`` row's keys ``rk [NC, CW]`` as fp32 (padding lanes 0). With
+    ``QK_ALIGNED`` (``recurrence.vk_qk_aligned``: the launcher found every row on 16 bytes) the
+    row is declared 16-byte aligned, so each thread loads its keys as one vector and the l2norm
+    and ``k.q`` sums run on the tile's own layout; without it the compiler loads one key per
+    thread and shuffles (sm_90: 2432 against 2016 instructions per 8-row decode program, the
+    carry 3960 against 3496; reports/perf-notes.md). Every V-major kernel loads q/k rows
+    through here, so with equal ``QK_ALIGNED`` their sums run in the same order."""
+    p = row + rk
+    if QK_ALIGNED:
+        p = tl.multiple_of(p, [16, 16])
+    return tl.load(p, mask=mk, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def load_row_inputs_vk(q_row, k_row, v_row, g_row, beta_row, rk, mk, rr, mr, ga, gd,
-                       GATE: tl.constexpr):
-    """One row's inputs as fp32 for a V-major tile: ``q, k [NC, CW]`` (padding lanes 0),
-    ``v [BR]`` (the tile's value rows), scalars ``g``, ``beta`` (``load_gates``: with
-    ``GATE``, computed from ``a, b`` and ``A_log``, ``dt_bias``)."""
-    q = tl.load(q_row + rk, mask=mk, other=0.0).to(tl.float32)
-    k = tl.load(k_row + rk, mask=mk, other=0.0).to(tl.float32)
+                       GATE: tl.constexpr, QK_ALIGNED: tl.constexpr):
+    """One row's inputs as fp32 for a V-major tile: ``q, k [NC, CW]`` (padding lanes 0;
+    ``load_key_row_vk``), ``v [BR]`` (the tile's value rows), scalars ``g``, ``beta``
+    (``load_gates``: with ``GATE``, computed from ``a, b`` and ``A_log``, ``dt_bias``)."""
+    q = load_key_row_vk(q_row, rk, mk, QK_ALIGNED)
+    k = load_key_row_vk(k_row, rk, mk, QK_ALIGNED)
     v = tl.load(v_row + rr, mask=mr, other=0.0).to(tl.float32)
     g, beta = load_gates(g_row, beta_row, ga, gd, GATE)
     return q, k, v, g, beta
@@ -71,12 +86,13 @@ def load_row_inputs_vk(q_row, k_row, v_row, g_row, beta_row, rk, mk, rr, mr, ga,
 def _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                   q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
                   rk, mk, rr, mr, mh, live, scale, ga, gd, K: tl.constexpr,
-                  STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr):
+                  STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr,
+                  QK_ALIGNED: tl.constexpr):
     """Row ``t``: load, ``qk_prepare``, ``gdn_row_vk``, store ``o`` (and the snapshot tile
     after the row when ``STORE_INTER`` and ``t < K-1``). Returns the new tile."""
     qt, kt, vt, gt, bt = load_row_inputs_vk(q_row + t * q_t, k_row + t * k_t, v_row + t * v_t,
                                             g_row + t * g_t, beta_row + t * beta_t,
-                                            rk, mk, rr, mr, ga, gd, GATE)
+                                            rk, mk, rr, mr, ga, gd, GATE, QK_ALIGNED)
     qt, kt = qk_prepare_vk(qt, kt, scale, USE_QK_L2NORM)
     h, ot, ut = gdn_row_vk(h, qt, kt, vt, gt, bt)
     h = round_like(h, inter)               # a bf16/fp16 state as a decode would store it
@@ -93,20 +109,20 @@ def _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
 def gdn_rows_vk_kernel(
     state, q, k, v, g, beta, o, inter, slot_idx, out_idx, A_log, dt_bias,
     scale,
-    s_slot, s_head, s_row,                 # state strides (key stride 1)
+    s_slot, s_head, s_row: tl.constexpr,   # state strides (key stride 1)
     q_b, q_t, q_h,
     k_b, k_t, k_h,
     v_b, v_t, v_h,
     g_b, g_t,
     beta_b, beta_t,
     o_b, o_t, o_h,
-    i_b, i_t, i_h, i_r,                    # snapshot strides (batch, row, head, value row)
+    i_b, i_t, i_h, i_r: tl.constexpr,      # snapshot strides (batch, row, head, value row)
     HV, GROUP,
     KD: tl.constexpr, VD: tl.constexpr,
     K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_IDX: tl.constexpr, STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     UNROLL: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr, HAS_OUT_IDX: tl.constexpr,
-    GATE: tl.constexpr,
+    GATE: tl.constexpr, QK_ALIGNED: tl.constexpr,
 ):
     """``K`` rows on one tile of ``BV`` value rows x ``BK = NC * CW`` keys (``BV`` is the
     tile's row count, named as in the K-major kernel so one launcher builds both)."""
@@ -144,13 +160,13 @@ def gdn_rows_vk_kernel(
             h = _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                               q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
                               rk, mk, rr, mr, mh, live, scale, ga, gd, K, STORE_INTER,
-                              USE_QK_L2NORM, GATE)
+                              USE_QK_L2NORM, GATE, QK_ALIGNED)
     else:
         for t in range(K):
             h = _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                               q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
                               rk, mk, rr, mr, mh, live, scale, ga, gd, K, STORE_INTER,
-                              USE_QK_L2NORM, GATE)
+                              USE_QK_L2NORM, GATE, QK_ALIGNED)
 
     if HAS_OUT_IDX:
         tl.store(p_h + (oslot - slot) * s_slot, h, mask=mh)

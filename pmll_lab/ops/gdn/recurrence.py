@@ -319,6 +319,24 @@ def vk_config(k_dim: int, v_dim: int, work: int, kind: str = "rows") -> tuple[in
     return bk, br, warps
 
 
+def vk_qk_aligned(k_dim: int, q, k) -> bool:
+    """``QK_ALIGNED`` of a V-major launch (``decode_vk.load_key_row_vk``): whether every q and k
+    row (``[..., k_dim]``, unit key stride) starts on 16 bytes, i.e. ``k_dim`` keys span a
+    multiple of 16 bytes and each tensor's ``data_ptr`` and leading strides (in bytes) are
+    multiples of 16. Contiguous tensors, and views of a fused projection whose q/k columns start
+    at 16-byte offsets, are aligned; then each thread loads its keys as one vector. Otherwise
+    (SPEC §2: views are read in place, never copied) the kernel loads one key per thread, on
+    another register layout, so its l2norm and ``k.q`` sums may round differently on a GPU:
+    decode, the chain and the carry agree bitwise between launches whose q/k are alike in this
+    respect (the interpreter has no layouts and agrees always)."""
+    def rows_aligned(t) -> bool:
+        size = t.element_size()
+        return ((k_dim * size) % 16 == 0 and t.data_ptr() % 16 == 0
+                and all(st * size % 16 == 0 for st, n in zip(t.stride()[:-1], t.shape[:-1])
+                        if n > 1))
+    return rows_aligned(q) and rows_aligned(k)
+
+
 def vk_chunks(block_k: int) -> tuple[int, int]:
     """``(NC, CW)``: a key block of ``block_k`` (a power of two) as ``NC`` chunks of ``CW``."""
     cw = min(block_k, VK_CHUNK)
