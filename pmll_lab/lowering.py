@@ -197,7 +197,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
                      input_type: str = "bf16", arch: int = 90,
                      resources: dict | None = None, layout: str = "kv",
                      batch: int = 64, gate: bool = False,
-                     state_type: str = "fp32") -> dict[str, set[str]]:
+                     state_type: str = "fp32",
+                     carry_constexprs: Mapping[str, object] | None = None) -> dict[str, set[str]]:
     """Reduction layouts of the kernels that must agree bitwise with GDN decode (SPEC §2):
     ``gdn_rows_kernel`` (decode and the chain), the exact carried-state verify per head and with
     split columns. Each kernel as the launchers launch it (``block_config`` shapes and warps,
@@ -208,7 +209,9 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     (``gdn_rows_vk_kernel``, ``gdn_carry_exact_vk_kernel``; tile from ``vk_config`` for
     ``batch * HV`` work units). ``gate=True`` lowers every kernel with the gating computed in
     it (``GATE``, ``a, b`` in the input type); ``state_type`` ("fp32", "bf16", "fp16") is the
-    state pool's element type (snapshots too). Raises ``ValueError`` for ``rows`` outside
+    state pool's element type (snapshots too). ``carry_constexprs`` overrides constexprs of the
+    verify kernels only (a test of the check itself: a V-major verify lowered with
+    ``QK_ALIGNED=False`` under a hinted decode must show another layout). Raises ``ValueError`` for ``rows`` outside
     ``1..8``, ``head_dim < 1`` or value heads not a multiple of key heads, and ``RuntimeError``
     as :func:`lower` does."""
     from pmll_lab.ops.carry import gdn_carry as C
@@ -270,6 +273,7 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
                 BK=BK, BV=BV_carry, NV=-(-head_dim // BV_carry), LAZY=True, USE_QK_L2NORM=True,
                 PREFETCH=CARRY_PREFETCH_ROWS, UNROLL=rows <= C.EXACT_UNROLL_MAX_ROWS, GATE=gate,
                 **chunks, **({"QK_ALIGNED": vk_meta["QK_ALIGNED"]} if layout == "vk" else {}))
+    meta.update(carry_constexprs or {})
     def layouts_of(low) -> set[str]:
         # V-major tiles may differ in their row count (VK_TILES: decode and the carry), never in
         # how a row is spread over threads: compare with the leading dim written as BR.
