@@ -86,10 +86,13 @@ state key-major, ``[S, HV, kd, vd]`` (FLA, vLLM); ``"vk"`` value-major, ``[S, HV
 
 DEFAULT_STATE_LAYOUT = "kv"
 """The layout every launcher takes when ``state_layout`` is not given: K-major, the layout of
-FLA, vLLM and the Hugging Face Qwen3-Next cache. Neither layout is faster for every kernel
-(H200, reports/perf-notes.md v11): V-major decode 75.9 against 83.6 us and the K=4 chain with
-snapshots 214 against 305 us at B=64, but the lazy exact verify without write-back 115 against
-105 us. A serving loop that verifies with the chain should pass ``state_layout="vk"``."""
+FLA, vLLM and the Hugging Face Qwen3-Next cache, so that a state from those works as it is (a
+V-major default would silently read a ``[S, HV, kd, vd]`` state transposed whenever kd = vd).
+The V-major layout measures faster for every GDN kernel (H200, run h200-2026-12-01, HK=16,
+HV=32, kd=vd=128, bf16 inputs, B=64, graph replay): decode 78.4 against 84.9 us, the K=4 chain
+with snapshots 210.8 against 303.2, the lazy exact verify amortised 140.0 against 149.0 and
+eager 137.4 against 156.0 (reports/perf-notes.md v12). A serving loop that owns its state pool
+should pass ``state_layout="vk"``."""
 
 
 def check_layout(name: str, layout) -> str:

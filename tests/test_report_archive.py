@@ -1,0 +1,70 @@
+"""Pruning a finished run for committing (``pmll_lab.report_archive``): what stays, what goes,
+and that the rewritten index links only to files that exist."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from pmll_lab.report_archive import archive_run, main
+
+
+def _fake_run(tmp_path):
+    run = tmp_path / "h200-2099-01-01"
+    for nb in ("roofline", "gdn_verify"):
+        res = run / "results" / nb
+        res.mkdir(parents=True)
+        rows = [{"kernel": "decodes", "B": b, "value": 1.5 * b} for b in (1, 64)]
+        (res / f"{nb}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        pd.DataFrame(rows).to_csv(res / f"{nb}.csv", index=False)
+        (run / f"{nb}.html").write_text("<html>report</html>")
+        (run / f"{nb}.ipynb").write_text("{}")
+    pd.DataFrame([{"target": "decode", "B": 64, "ours_us": 75.0, "status": "missed"}]).to_csv(
+        run / "results" / "roofline" / "headline.csv", index=False)
+    books = [{"name": nb, "status": "ok", "seconds": 1.0, "html": f"{nb}.html",
+              "ipynb": f"{nb}.ipynb",
+              "results": [f"results/{nb}/{nb}.csv", f"results/{nb}/{nb}.jsonl"]
+              + (["results/roofline/headline.csv"] if nb == "roofline" else [])}
+             for nb in ("roofline", "gdn_verify")]
+    (run / "manifest.json").write_text(json.dumps({"run": run.name, "notebooks": books,
+                                                   "environment": {"device": "NVIDIA H200"}}))
+    return run
+
+
+def test_archive_keeps_results_gzipped_and_the_index_links_only_what_exists(tmp_path):
+    run = _fake_run(tmp_path)
+    man = archive_run(run, drop_html=("gdn_verify",), note="kept for the record")
+    files = sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file())
+    assert files == ["index.html", "manifest.json", "results/gdn_verify/gdn_verify.jsonl.gz",
+                     "results/roofline/headline.csv", "results/roofline/roofline.jsonl.gz",
+                     "roofline.html"]
+    back = pd.read_json(run / "results" / "roofline" / "roofline.jsonl.gz", lines=True)
+    assert back["value"].tolist() == [1.5, 96.0]
+    by = {b["name"]: b for b in man["notebooks"]}
+    assert by["roofline"]["html"] == "roofline.html" and by["gdn_verify"]["html"] is None
+    assert by["roofline"]["results"] == ["results/roofline/roofline.jsonl.gz",
+                                         "results/roofline/headline.csv"]
+    index = (run / "index.html").read_text()
+    links = re.findall(r"href='([^']+)'", index)
+    assert links and all((run / ln).is_file() for ln in links), links
+    assert "kept for the record" in index and "Headline: roofline" in index
+    assert json.loads((run / "manifest.json").read_text()) == man
+    # idempotent: a second pass changes nothing
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert main([str(run), "--note", "kept for the record"]) == 0
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    with gzip.open(run / "results" / "gdn_verify" / "gdn_verify.jsonl.gz", "rt") as f:
+        assert len(f.readlines()) == 2
+
+
+def test_archive_errors_name_the_argument(tmp_path):
+    with pytest.raises(FileNotFoundError, match="run_dir"):
+        archive_run(tmp_path)
+    run = _fake_run(tmp_path)
+    with pytest.raises(ValueError, match="drop_html"):
+        archive_run(run, drop_html=("pmll_ring",))
+    assert (run / "roofline.ipynb").is_file()          # nothing pruned before the error
