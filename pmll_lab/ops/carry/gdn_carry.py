@@ -197,7 +197,8 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
             any ``pend <= CAP``).
         state_layout: ``"kv"`` (K-major kernels, this module) or ``"vk"`` (V-major kernels,
             ``pmll_lab.ops.carry.gdn_carry_vk``: a tile of value rows per program, bitwise
-            equal to V-major ``gdn_decode``). The stash is the same for both.
+            equal to V-major ``gdn_decode`` on q/k rows aligned alike,
+            ``recurrence.vk_qk_aligned``). The stash is the same for both.
 
     Returns:
         ``(o, engaged)``: ``o [B, K, HV, vd]`` in ``v``'s dtype; ``engaged [B]`` int32, 2 if the

@@ -400,7 +400,8 @@ def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermed
     ``intermediate``: ``None`` or ``[B, K-1, *state.shape[1:]]`` in the state's dtype (last dim
     contiguous; snapshots in the state's layout). With a bf16/fp16 state the chain rounds the
     state it keeps in registers to the state's dtype after every row, where ``K`` decodes
-    store it, so it stays bitwise equal to them; ``state_layout`` and ``out_state_indices`` (the state
+    store it, so it stays bitwise equal to them (V-major: when the decodes' q/k rows are
+    aligned alike, ``recurrence.vk_qk_aligned``); ``state_layout`` and ``out_state_indices`` (the state
     after the last row goes there, the read slots keep theirs) as in ``gdn_decode``.
 
     Returns ``o [B, K, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before

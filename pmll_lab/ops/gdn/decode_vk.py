@@ -30,8 +30,9 @@ from pmll_lab.ops.gdn.recurrence import (gdn_row_vk, load_gate_params, load_gate
                                          round_like)
 
 # Row vectors and their strides are not specialised (as in decode.py): the register layout of a
-# loaded vector, and so the order of the l2norm and k.q sums, must not depend on where a view
-# starts in a fused projection buffer.
+# loaded vector, and so the order of the l2norm and k.q sums, must not depend on what Triton
+# infers from where a view starts; q/k rows get their alignment from ``QK_ALIGNED`` instead,
+# which the launcher decides from the whole tensor (``recurrence.vk_qk_aligned``).
 _ROW_PTRS = ["q", "k", "v", "g", "beta", "o"]
 _ROW_STRIDES = ["q_b", "q_t", "q_h", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h", "g_b", "g_t",
                 "beta_b", "beta_t", "o_b", "o_t", "o_h"]
@@ -64,8 +65,11 @@ def load_key_row_vk(row, rk, mk, QK_ALIGNED: tl.constexpr):
     row is declared 16-byte aligned, so each thread loads its keys as one vector and the l2norm
     and ``k.q`` sums run on the tile's own layout; without it the compiler loads one key per
     thread and shuffles (sm_90: 2432 against 2016 instructions per 8-row decode program, the
-    carry 3960 against 3496; reports/perf-notes.md). Every V-major kernel loads q/k rows
-    through here, so with equal ``QK_ALIGNED`` their sums run in the same order."""
+    carry 3960 against 3496; reports/perf-notes.md v12). Every exact V-major kernel (decode,
+    the chain, the exact verify and its restash) loads q/k rows through here, so with equal
+    ``QK_ALIGNED`` their sums run in the same order. The hint holds for every key chunk's
+    start too: chunks are ``VK_CHUNK`` keys (32: 64 bytes of bf16), and a row of one chunk
+    starts the row."""
     p = row + rk
     if QK_ALIGNED:
         p = tl.multiple_of(p, [16, 16])

@@ -214,6 +214,29 @@ def load_row_inputs(q_row, k_row, v_row, g_row, beta_row, rk, mk, rv, mv, ga, gd
 
 
 @triton.jit
+def _fma_pair(a, b, c, d):
+    """Combine of ``dot_fma``: each of ``(a, b)``, ``(c, d)`` is a product's two factors or a
+    partial sum and 1.0; returns ``(fma(c, d, a * b), 1.0)`` (``x * 1.0`` is exact)."""
+    return tl.fma(c, d, a * b), 1.0
+
+
+@triton.jit
+def dot_fma(x, y, axis: tl.constexpr):
+    """``sum(x * y, axis)`` with every product that meets a partial sum added to it by a fused
+    multiply-add, in the order ``tl.sum`` would add (fp32; ``y`` broadcast to ``x``'s shape).
+
+    Why: the exact family launches without compiler contraction (``EXACT_LAUNCH``), which
+    made each product of a key sum a multiply plus an add; written out, the FMAs come back
+    while every kernel still rounds alike (the same ``tl.reduce`` order on the same layout).
+    Across threads the partial sums meet as plain adds. sm_90 instruction counts and H200
+    times: reports/perf-notes.md v13."""
+    if x.shape[axis] == 1:          # one element: nothing to add it to (and no combine runs)
+        return tl.sum(x * y, axis)
+    s, _ = tl.reduce((x, tl.broadcast_to(y, x.shape)), axis, _fma_pair)
+    return s
+
+
+@triton.jit
 def gdn_row(h, q, k, v, g, beta):
     """One token of the recurrence on a state block. Returns ``(h_new, o [BV], u [BV])``.
 
@@ -221,8 +244,8 @@ def gdn_row(h, q, k, v, g, beta):
     ``g`` (log decay), ``beta`` fp32 scalars.
     """
     e = tl.exp(g)
-    hk = tl.sum(h * k[:, None], 0)
-    hq = tl.sum(h * q[:, None], 0)
+    hk = dot_fma(h, k[:, None], 0)
+    hq = dot_fma(h, q[:, None], 0)
     u = beta * tl.fma(-e, hk, v)
     o = e * hq + tl.sum(k * q, 0) * u
     h = fold_row(h, e, k, u)
@@ -243,9 +266,11 @@ def gdn_row(h, q, k, v, g, beta):
 
 
 @triton.jit
-def vk_sum_keys(x):
-    """Sum of ``x [BR, NC, CW]`` over keys (chunks, then chunk width): ``[BR]``."""
-    return tl.sum(tl.sum(x, 1), 1)
+def vk_dot_keys(h, k):
+    """``sum_keys(h * k)`` for a tile ``h [BR, NC, CW]`` and keys ``k [NC, CW]``: over the
+    chunks with FMAs (``dot_fma``; a thread holds every chunk of its keys), then over the chunk
+    width: ``[BR]``."""
+    return tl.sum(dot_fma(h, k[None, :, :], 1), 1)
 
 
 @triton.jit
@@ -277,8 +302,8 @@ def gdn_row_vk(h, q, k, v, g, beta):
     scalars. Same arithmetic as ``gdn_row`` with the state transposed.
     """
     e = tl.exp(g)
-    hk = vk_sum_keys(h * k[None, :, :])
-    hq = vk_sum_keys(h * q[None, :, :])
+    hk = vk_dot_keys(h, k)
+    hq = vk_dot_keys(h, q)
     u = beta * tl.fma(-e, hk, v)
     o = e * hq + tl.sum(tl.sum(k * q, 1), 0) * u
     h = fold_row_vk(h, e, k, u)
@@ -323,15 +348,18 @@ def vk_config(k_dim: int, v_dim: int, work: int, kind: str = "rows") -> tuple[in
 
 
 def vk_qk_aligned(k_dim: int, q, k) -> bool:
-    """``QK_ALIGNED`` of a V-major launch (``decode_vk.load_key_row_vk``): whether every q and k
-    row (``[..., k_dim]``, unit key stride) starts on 16 bytes, i.e. ``k_dim`` keys span a
-    multiple of 16 bytes and each tensor's ``data_ptr`` and leading strides (in bytes) are
-    multiples of 16. Contiguous tensors, and views of a fused projection whose q/k columns start
-    at 16-byte offsets, are aligned; then each thread loads its keys as one vector. Otherwise
-    (SPEC §2: views are read in place, never copied) the kernel loads one key per thread, on
-    another register layout, so its l2norm and ``k.q`` sums may round differently on a GPU:
-    decode, the chain and the carry agree bitwise between launches whose q/k are alike in this
-    respect (the interpreter has no layouts and agrees always)."""
+    """``QK_ALIGNED`` of a V-major launch (``decode_vk.load_key_row_vk``): True when ``k_dim``
+    keys span a multiple of 16 bytes and every q and k row (``[..., k_dim]``, unit key stride)
+    starts on 16 bytes, i.e. each tensor's ``data_ptr`` and the strides (in bytes) of its
+    leading dims longer than 1 are multiples of 16. Fresh contiguous tensors with such a
+    ``k_dim``, and views of a fused projection whose q/k columns and row strides fall on 16
+    bytes, qualify; then each thread loads its keys as one vector. Otherwise (SPEC §2: views
+    are read in place, never copied) the kernel loads one key per thread, on another register
+    layout, so its l2norm and ``k.q`` sums may round differently on a GPU. So decode, the chain
+    and the carry agree bitwise between launches with equal ``QK_ALIGNED``: always for
+    contiguous inputs and for the usual fused buffers; a view whose row stride is off 16
+    bytes can give a chain ``False`` and some of its row slices ``True`` (the interpreter has no
+    layouts and agrees always)."""
     def rows_aligned(t) -> bool:
         size = t.element_size()
         return ((k_dim * size) % 16 == 0 and t.data_ptr() % 16 == 0
