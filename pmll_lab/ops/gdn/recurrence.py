@@ -47,6 +47,7 @@ projection buffer cannot change the bits.
 from __future__ import annotations
 
 import contextlib
+import os
 from functools import lru_cache
 
 import triton
@@ -213,6 +214,13 @@ def load_row_inputs(q_row, k_row, v_row, g_row, beta_row, rk, mk, rv, mv, ga, gd
     return q, k, v, g, beta
 
 
+FMA_SUMS = tl.constexpr(os.environ.get("PMLL_LAB_FMA_SUMS", "1") != "0")
+"""``dot_fma`` fuses its products (default); ``PMLL_LAB_FMA_SUMS=0`` in the environment before
+``pmll_lab`` is imported makes it a plain ``tl.sum(x * y)`` (a multiply and an add per
+product under ``EXACT_LAUNCH``): the A/B switch for measuring what the fused sums buy
+(reports/perf-notes.md v13). Either way every kernel of a process rounds alike."""
+
+
 @triton.jit
 def _fma_pair(a, b, c, d):
     """Combine of ``dot_fma``: each of ``(a, b)``, ``(c, d)`` is a product's two factors or a
@@ -230,7 +238,7 @@ def dot_fma(x, y, axis: tl.constexpr):
     while every kernel still rounds alike (the same ``tl.reduce`` order on the same layout).
     Across threads the partial sums meet as plain adds. sm_90 instruction counts and H200
     times: reports/perf-notes.md v13."""
-    if x.shape[axis] == 1:          # one element: nothing to add it to (and no combine runs)
+    if x.shape[axis] == 1 or not FMA_SUMS:   # one element: no combine runs; or switched off
         return tl.sum(x * y, axis)
     s, _ = tl.reduce((x, tl.broadcast_to(y, x.shape)), axis, _fma_pair)
     return s
