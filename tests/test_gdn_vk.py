@@ -47,6 +47,7 @@ CASES = [
     (torch.float32, 3, 5, 2, 4, 32, 24),
     (torch.bfloat16, 2, 4, 1, 2, 24, 40),
     (torch.float16, 2, 3, 1, 1, 16, 16),
+    (torch.bfloat16, 2, 3, 1, 2, 64, 16),     # two key chunks: the fused key sums combine
 ]
 
 
@@ -136,6 +137,30 @@ def test_qk_alignment_flag():
     assert not vk_qk_aligned(16, wide, wide)
     q12 = torch.randn(2, 3, 2, 12, device=DEVICE).to(torch.bfloat16)
     assert not vk_qk_aligned(12, q12, q12)
+
+
+def test_qk_hint_switch(monkeypatch):
+    """``VK_QK_HINT = False`` turns the hint off for every launch (read at launch time): the
+    launch gets ``QK_ALIGNED=False`` for contiguous rows and still matches the reference."""
+    from pmll_lab.ops.gdn import recurrence
+    B, S, K, HK, HV, kd, vd = 2, 3, 2, 1, 2, 16, 8
+    x = gdn_inputs(89, B, HK, HV, kd, vd, rows=K, slots=S, dtype=torch.bfloat16)
+    assert vk_qk_aligned(kd, x["q"], x["k"])
+    monkeypatch.setattr(recurrence, "VK_QK_HINT", False)
+    assert not vk_qk_aligned(kd, x["q"], x["k"])
+    st0 = _vk(x["state"])
+    o = torch.empty(B, K, HV, vd, dtype=torch.bfloat16, device=DEVICE)
+    _, _, _, kw = D._launch_args(st0, x["q"], x["k"], x["v"], x["g"], x["beta"], o, None,
+                                 x["state_indices"], None, True, B, K, HK, HV, kd, vd,
+                                 rows=True, layout="vk")
+    assert kw["QK_ALIGNED"] is False
+    o_ref, s_ref, _ = gdn_chain_ref(st0, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                    state_indices=x["state_indices"], state_layout="vk")
+    state = st0.clone()
+    o = gdn_chain(state, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                  state_indices=x["state_indices"], state_layout="vk")
+    _close("o", o, o_ref, O_TOL[torch.bfloat16])
+    _close("state", state, s_ref, STATE_TOL)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -355,6 +355,14 @@ def vk_config(k_dim: int, v_dim: int, work: int, kind: str = "rows") -> tuple[in
     return bk, br, warps
 
 
+VK_QK_HINT = True
+"""Whether V-major launches may load q/k rows as aligned vectors (``vk_qk_aligned``). Read at
+launch time. False: every launch takes the one-key-per-thread load, so q/k views of any
+alignment give the same bits (a chain on views whose row stride is off 16 bytes against
+decodes of its rows: on the H200 they differ with the hint, reports/perf-notes.md v13), at
+the cost measured in v12 (the V-major verify ~8 % slower)."""
+
+
 def vk_qk_aligned(k_dim: int, q, k) -> bool:
     """``QK_ALIGNED`` of a V-major launch (``decode_vk.load_key_row_vk``): True when ``k_dim``
     keys span a multiple of 16 bytes and every q and k row (``[..., k_dim]``, unit key stride)
@@ -367,7 +375,10 @@ def vk_qk_aligned(k_dim: int, q, k) -> bool:
     and the carry agree bitwise between launches with equal ``QK_ALIGNED``: always for
     contiguous inputs and for the usual fused buffers; a view whose row stride is off 16
     bytes can give a chain ``False`` and some of its row slices ``True`` (the interpreter has no
-    layouts and agrees always)."""
+    layouts and agrees always). False whenever ``VK_QK_HINT`` is off."""
+    if not VK_QK_HINT:
+        return False
+
     def rows_aligned(t) -> bool:
         size = t.element_size()
         return ((k_dim * size) % 16 == 0 and t.data_ptr() % 16 == 0
