@@ -60,6 +60,22 @@ def tensor(
     return t
 
 
+def no_overlap(name: str, t: torch.Tensor) -> torch.Tensor:
+    """``ValueError`` naming ``name`` when elements of ``t`` may share memory: a buffer a kernel
+    writes must give each element its own (a stride-0 dim from ``expand``, or strides that
+    interleave, would make a kernel write over itself). Sufficient test: sorted by stride, each
+    dim longer than 1 must step past the span of the smaller ones; layouts that fail it and yet
+    do not overlap are rare and rejected too. Host only. Returns ``t``."""
+    span = 1
+    for st, n in sorted((abs(st), n) for st, n in zip(t.stride(), t.shape) if n > 1):
+        if st < span:
+            raise ValueError(f"{name}: its elements may share memory (shape {tuple(t.shape)}, "
+                             f"strides {t.stride()}): a buffer that is written needs each "
+                             "element in its own memory (no expand or overlapping as_strided)")
+        span += st * (n - 1)
+    return t
+
+
 def same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
     """Every tensor in ``others`` (``None`` entries skipped) lives on ``ref``'s device. A
     non-tensor ``ref`` or entry raises ``ValueError`` naming it."""

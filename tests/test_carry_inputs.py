@@ -60,6 +60,8 @@ BAD = {
     "g dtype": (lambda kw: kw.update(g=kw["g"].double()), "g"),
     "state dtype": (lambda kw: kw.update(state=kw["state"].double()), "state"),
     "state device": (lambda kw: kw.update(state=kw["state"].to("meta")), "state"),
+    "state slots share memory": (lambda kw: kw.update(state=kw["state"][:1].expand(
+        kw["state"].shape)), "state"),
     "q device": (lambda kw: kw.update(q=kw["q"].to("meta")), "q"),
     "q strides": (lambda kw: kw.update(q=_randn(2, 2, 1, 32)[..., ::2]), "q"),
     "HV % HK": (lambda kw: kw.update(q=_randn(2, 2, 3, 16), k=_randn(2, 2, 3, 16)), "q"),

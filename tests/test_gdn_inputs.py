@@ -83,6 +83,15 @@ def _bad_cases():
          "intermediate"),
         ("intermediate strided", 3,
          setx("intermediate", lambda x: x["intermediate"].transpose(3, 4)), "intermediate"),
+        # a written buffer whose elements share memory: the kernel would write over itself
+        ("state expanded over slots", None,
+         setx("state", lambda x: x["state"][:1].expand(x["state"].shape)), "state"),
+        ("state rows overlapping", 2, setx("state", lambda x: x["state"].as_strided(
+            x["state"].shape, (x["state"].stride(0), x["state"].stride(1),
+                               x["state"].shape[3] // 2, 1))), "state"),
+        ("intermediate batch stride 0", 3, setx("intermediate", lambda x: x["intermediate"][:1]
+                                               .expand(x["intermediate"].shape)),
+         "intermediate"),
         ("duplicate indices", 2,
          setx("state_indices", lambda x: x["state_indices"][:1].repeat(2)), "state_indices"),
         ("index out of range", None,

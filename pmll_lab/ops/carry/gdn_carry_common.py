@@ -74,7 +74,7 @@ def check_carry(name: str, carry, state: torch.Tensor | None = None,
 
 def check_state(name: str, state) -> torch.Tensor:
     """fp32, bf16 or fp16 ``[S, HV, kd, vd]`` (or ``[S, HV, vd, kd]``) on the kernels' device
-    type, inner three dims contiguous (any slot stride)."""
+    type, inner three dims contiguous (any slot stride that keeps slots apart)."""
     _checks.tensor(name, state, ndim=4, dtype=_checks.FLOAT_DTYPES)
     if state.device.type != DEVICE.type:
         raise ValueError(f"{name}: on {state.device}, but kernels run on {DEVICE} (pmll_lab.backend.DEVICE)")
@@ -84,6 +84,7 @@ def check_state(name: str, state) -> torch.Tensor:
                          f"shape {tuple(state.shape)}")
     if state.stride()[1:] != (d2 * d3, d3, 1) and state.numel() > 0:
         raise ValueError(f"{name}: inner three dims must be contiguous, got strides {state.stride()}")
+    _checks.no_overlap(name, state)
     return state
 
 

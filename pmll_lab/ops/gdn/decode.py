@@ -170,6 +170,7 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
     C.flag("validate", validate)
     check_layout("state_layout", layout)
     C.tensor("state", state, ndim=4, dtype=C.FLOAT_DTYPES, last_contiguous=True)
+    C.no_overlap("state", state)
     if state.device.type != DEVICE.type:
         raise ValueError(f"state: on {state.device}, but kernels run on {DEVICE} "
                          "(pmll_lab.backend.DEVICE)")
@@ -216,6 +217,7 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
     if intermediate is not None:
         C.tensor("intermediate", intermediate, shape=(B, lead[1] - 1, *state.shape[1:]),
                  dtype=state.dtype, last_contiguous=True)
+        C.no_overlap("intermediate", intermediate)
     C.optional_float("scale", scale)
     if out_dtype is not None:
         C.choice("out_dtype", out_dtype, [None, *C.FLOAT_DTYPES])
