@@ -11,6 +11,11 @@ arithmetic: rel L2 <= 1e-5; bf16 outputs: 8e-3; WY end to end: 1e-4).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -322,3 +327,44 @@ def test_wy_fully_forgetting_gate(layout, g_bad):
     assert bool(torch.isfinite(carry.u).all()) and bool(torch.isfinite(carry.k).all())
     _close("o", o, ro, WY_TOL)
     _close("stash u", carry.u, rc.u, WY_TOL)
+
+
+FUSED_SUMS = textwrap.dedent("""
+    import torch
+    import pmll_lab
+    from pmll_lab.backend import DEVICE
+    from pmll_lab.bench import bitwise_equal, errors
+    from pmll_lab.gdn import gdn_chain, gdn_chain_ref, gdn_decode
+    from pmll_lab.inputs import gdn_inputs
+    from pmll_lab.ops.gdn import recurrence
+    assert recurrence.FMA_SUMS, "PMLL_LAB_FMA_SUMS=1 did not switch the fused key sums on"
+    for layout, kd in (("vk", 64), ("vk", 16), ("kv", 32)):
+        B, K, HK, HV, vd = 2, 3, 1, 2, 16
+        x = gdn_inputs(97 + kd, B, HK, HV, kd, vd, rows=K, slots=3, dtype=torch.bfloat16)
+        st0 = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
+        idx = x["state_indices"]
+        o_ref, s_ref, _ = gdn_chain_ref(st0, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                        state_indices=idx, state_layout=layout)
+        st = st0.clone()
+        o = gdn_chain(st, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
+                      state_layout=layout)
+        assert errors(o, o_ref)["rel_l2"] <= 8e-3, (layout, kd, errors(o, o_ref))
+        assert errors(st, s_ref)["rel_l2"] <= 1e-5, (layout, kd, errors(st, s_ref))
+        dec = st0.clone()
+        for t in range(K):
+            o_t = gdn_decode(dec, *(x[n][:, t] for n in ("q", "k", "v", "g", "beta")),
+                             state_indices=idx, state_layout=layout)
+            assert bitwise_equal(o[:, t], o_t), (layout, kd, t)
+        assert bitwise_equal(st, dec), (layout, kd)
+    print("fused key sums ok")
+""")
+
+
+def test_fused_key_sums_run_where_the_default_turns_them_off():
+    """The fused key sums (``recurrence.dot_fma`` with ``FMA_SUMS``; off by default in the
+    interpreter for speed) forced on in a fresh process: the chain matches the reference and
+    equals decodes bit for bit, V-major with two key chunks and with one, and K-major."""
+    env = dict(os.environ, PMLL_LAB_FMA_SUMS="1")
+    run = subprocess.run([sys.executable, "-c", FUSED_SUMS], env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0 and "fused key sums ok" in run.stdout, run.stderr[-3000:]

@@ -52,6 +52,7 @@ from functools import lru_cache
 
 import triton
 import triton.language as tl
+from pmll_lab.backend import INTERPRET
 from pmll_lab.ops.host import next_power_of_2
 
 CARRY_PREFETCH_ROWS = True
@@ -214,11 +215,14 @@ def load_row_inputs(q_row, k_row, v_row, g_row, beta_row, rk, mk, rv, mv, ga, gd
     return q, k, v, g, beta
 
 
-FMA_SUMS = tl.constexpr(os.environ.get("PMLL_LAB_FMA_SUMS", "1") != "0")
-"""``dot_fma`` fuses its products (default); ``PMLL_LAB_FMA_SUMS=0`` in the environment before
-``pmll_lab`` is imported makes it a plain ``tl.sum(x * y)`` (a multiply and an add per
+FMA_SUMS = tl.constexpr(os.environ.get("PMLL_LAB_FMA_SUMS", "0" if INTERPRET else "1") != "0")
+"""``dot_fma`` fuses its products (default on a GPU); ``PMLL_LAB_FMA_SUMS=0`` in the environment
+before ``pmll_lab`` is imported makes it a plain ``tl.sum(x * y)`` (a multiply and an add per
 product under ``EXACT_LAUNCH``): the A/B switch for measuring what the fused sums buy
-(reports/perf-notes.md v13). Either way every kernel of a process rounds alike."""
+(reports/perf-notes.md v13). Off by default in the Triton interpreter, which computes
+``tl.fma`` unfused anyway and runs a custom ``tl.reduce`` combine by combine (it doubled the
+test suite's time); ``tests/test_gdn_vk.py`` runs the fused path there in a subprocess with
+``PMLL_LAB_FMA_SUMS=1``. Either way every kernel of a process rounds alike."""
 
 
 @triton.jit
