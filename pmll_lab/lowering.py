@@ -211,9 +211,9 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     it (``GATE``, ``a, b`` in the input type); ``state_type`` ("fp32", "bf16", "fp16") is the
     state pool's element type (snapshots too). ``carry_constexprs`` overrides constexprs of the
     verify kernels only (a test of the check itself: a V-major verify lowered with
-    ``QK_ALIGNED=False`` under a hinted decode must show another layout). Raises ``ValueError`` for ``rows`` outside
-    ``1..8``, ``head_dim < 1`` or value heads not a multiple of key heads, and ``RuntimeError``
-    as :func:`lower` does."""
+    ``QK_ALIGNED=False`` under a hinted decode must show another layout). Raises
+    ``ValueError`` for ``rows`` outside ``1..8``, ``head_dim < 1`` or value heads not a
+    multiple of key heads, and ``RuntimeError`` as :func:`lower` does."""
     from pmll_lab.ops.carry import gdn_carry as C
 
     if not 1 <= rows <= C.GDN_CARRY_CAP:
@@ -226,7 +226,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         raise RuntimeError(_NEEDS_LOWER)
     from pmll_lab.ops.gdn import decode as D
     from pmll_lab.ops.gdn.recurrence import (CARRY_PREFETCH_ROWS, EXACT_LAUNCH, block_config,
-                                             check_layout, vk_chunks, vk_config)
+                                             check_layout, vk_chunks, vk_config,
+                                             vk_qk_rows_fit)
 
     check_layout("layout", layout)
     HK, HV = heads
@@ -254,8 +255,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     # V-major: the value-row strides are constexprs and q/k rows carry the alignment hint
     # (``recurrence.vk_qk_aligned``), as the launchers pass them.
     itemsize = {"bf16": 2, "fp16": 2, "fp32": 4}.get(input_type, 4)
-    vk_meta = (dict(s_row=head_dim, i_r=head_dim, QK_ALIGNED=head_dim * itemsize % 16 == 0)
-               if layout == "vk" else {})
+    vk_meta = (dict(s_row=head_dim, i_r=head_dim,
+                    QK_ALIGNED=vk_qk_rows_fit(head_dim, itemsize)) if layout == "vk" else {})
     dec = lower(rows_kernel, dec_types,
                 dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,
                      STORE_INTER=False, USE_QK_L2NORM=True,

@@ -35,8 +35,8 @@ import triton.language as tl  # noqa: E402
 from pmll_lab.backend import DEVICE, device_name  # noqa: E402
 from pmll_lab.bench import bitwise_equal, copy_bandwidth, time_cuda_graph  # noqa: E402
 from pmll_lab.gdn import gdn_chain, gdn_decode  # noqa: E402
-from pmll_lab.inputs import gdn_inputs  # noqa: E402
 from pmll_lab.ops.gdn.recurrence import EXACT_LAUNCH, gdn_row_vk, qk_prepare_vk  # noqa: E402
+from probe_vk_minimal import case  # noqa: E402  (the same inputs as the minimal-kernel probe)
 
 
 @triton.jit
@@ -145,17 +145,6 @@ def run_stream(x, st, o, inter, cfg):
                     num_warps=cfg["warps"], **EXACT_LAUNCH)
 
 
-def case(B, K, kd, HK, HV, seed=0):
-    x = gdn_inputs(seed, B, HK, HV, kd, kd, rows=K if K > 1 else None, slots=B,
-                   dtype=torch.bfloat16)
-    if K == 1:
-        for n in ("q", "k", "v", "g", "beta"):
-            x[n] = x[n].unsqueeze(1)
-    x["state"] = x["state"].transpose(-1, -2).contiguous()
-    x["state_indices"] = torch.arange(B, dtype=torch.int32, device=DEVICE)
-    return x
-
-
 def run_lib(x, st, inter):
     if x["q"].shape[1] == 1:
         return gdn_decode(st, *(x[n][:, 0] for n in ("q", "k", "v", "g", "beta")),
@@ -192,7 +181,7 @@ def main():
     out = []
     for K in Ks:
         for B in Bs:
-            x = case(B, K, kd, HK, HV)
+            x = case(B, K, kd=kd, HK=HK, HV=HV)
             nbytes = x["state"].numel() * 4 * (2 + (K - 1))
             floor = nbytes / (bw * 1e3) if bw else None
             inter = (torch.empty(B, K - 1, *x["state"].shape[1:], device=DEVICE)

@@ -22,7 +22,8 @@ reproduces the chain's states bit for bit (SPEC §3b).
 Multiply-adds: every GDN kernel launches with ``EXACT_LAUNCH`` (no contraction by
 the compiler), so each ``a * b + c`` above is a multiply and an add, rounded twice, in every
 kernel alike, and the only fused multiply-adds are the ones written out: ``u = beta *
-fma(-e, hk, v)`` and the V-major fold (``fold_row_vk``). Left to the compiler, LLVM contracts
+fma(-e, hk, v)``, the V-major fold (``fold_row_vk``) and, on a GPU, the products of the
+key sums ``hk``, ``hq`` (``dot_fma``, ``FMA_SUMS``). Left to the compiler, LLVM contracts
 an expression into an FMA or not per copy of it, and which product it fuses depends on the code
 around it: seen on an H200 as decode's ``u`` fused in one register layout and unfused in
 another (2026-11-29), the V-major flush contracting ``h*e + u*k`` the other way from decode
@@ -377,7 +378,7 @@ def vk_qk_aligned(k_dim: int, q, k) -> bool:
     are read in place, never copied) the kernel loads one key per thread, on another register
     layout, so its l2norm and ``k.q`` sums may round differently on a GPU. So decode, the chain
     and the carry agree bitwise between launches with equal ``QK_ALIGNED``: always for
-    contiguous inputs and for the usual fused buffers; a view whose row stride is off 16
+    fresh contiguous inputs and for the usual fused buffers; a view whose row stride is off 16
     bytes can give a chain ``False`` and some of its row slices ``True`` (the interpreter has no
     layouts and agrees always). False whenever ``VK_QK_HINT`` is off."""
     if not VK_QK_HINT:
@@ -385,10 +386,16 @@ def vk_qk_aligned(k_dim: int, q, k) -> bool:
 
     def rows_aligned(t) -> bool:
         size = t.element_size()
-        return ((k_dim * size) % 16 == 0 and t.data_ptr() % 16 == 0
+        return (vk_qk_rows_fit(k_dim, size) and t.data_ptr() % 16 == 0
                 and all(st * size % 16 == 0 for st, n in zip(t.stride()[:-1], t.shape[:-1])
                         if n > 1))
     return rows_aligned(q) and rows_aligned(k)
+
+
+def vk_qk_rows_fit(k_dim: int, itemsize: int) -> bool:
+    """The head-size half of ``vk_qk_aligned``: ``k_dim`` keys of ``itemsize`` bytes span a
+    multiple of 16 bytes (what ``pmll_lab.lowering`` assumes of contiguous q/k rows)."""
+    return (k_dim * itemsize) % 16 == 0
 
 
 def vk_chunks(block_k: int) -> tuple[int, int]:
