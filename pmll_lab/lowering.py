@@ -226,7 +226,7 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         raise RuntimeError(_NEEDS_LOWER)
     from pmll_lab.ops.gdn import decode as D
     from pmll_lab.ops.gdn.recurrence import (CARRY_PREFETCH_ROWS, EXACT_LAUNCH, block_config,
-                                             check_layout, vk_chunks, vk_config,
+                                             check_layout, vk_ahead, vk_chunks, vk_config,
                                              vk_qk_rows_fit)
 
     check_layout("layout", layout)
@@ -255,8 +255,10 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     # V-major: the value-row strides are constexprs and q/k rows carry the alignment hint
     # (``recurrence.vk_qk_aligned``), as the launchers pass them.
     itemsize = {"bf16": 2, "fp16": 2, "fp32": 4}.get(input_type, 4)
-    vk_meta = (dict(s_row=head_dim, i_r=head_dim,
+    vk_meta = (dict(s_row=head_dim, i_r=head_dim, AHEAD=vk_ahead(batch * HV)[0],
                     QK_ALIGNED=vk_qk_rows_fit(head_dim, itemsize)) if layout == "vk" else {})
+    vk_carry = (dict(zip(("AHEAD", "STASH_AHEAD"), vk_ahead(batch * HV, "carry")),
+                     QK_ALIGNED=vk_meta["QK_ALIGNED"]) if layout == "vk" else {})
     dec = lower(rows_kernel, dec_types,
                 dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,
                      STORE_INTER=False, USE_QK_L2NORM=True,
@@ -273,7 +275,7 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     meta = dict(K=rows, CAP=C.GDN_CARRY_CAP, HV=HV, GROUP=HV // HK, KD=head_dim, VD=head_dim,
                 BK=BK, BV=BV_carry, NV=-(-head_dim // BV_carry), LAZY=True, USE_QK_L2NORM=True,
                 PREFETCH=CARRY_PREFETCH_ROWS, UNROLL=rows <= C.EXACT_UNROLL_MAX_ROWS, GATE=gate,
-                **chunks, **({"QK_ALIGNED": vk_meta["QK_ALIGNED"]} if layout == "vk" else {}))
+                **chunks, **vk_carry)
     meta.update(carry_constexprs or {})
     def layouts_of(low) -> set[str]:
         # V-major tiles may differ in their row count (VK_TILES: decode and the carry), never in

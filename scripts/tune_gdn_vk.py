@@ -206,8 +206,14 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--no-kv", action="store_true", help="skip the K-major and FLA baselines")
+    ap.add_argument("--ahead", default="default",
+                    help="loads ahead R-C-S (input rows ahead for decode and the chain, for the "
+                         "verify, stash rows ahead; recurrence.VK_AHEAD for every batch), "
+                         "or 'default' for the library's table; comma-separated")
     a = ap.parse_args()
     tiles = [parse_tile(t) for t in a.tiles.split(",")]
+    aheads = [None if s == "default" else tuple(int(n) for n in s.split("-"))
+              for s in a.ahead.split(",")]
     if a.smoke:
         for tile in tiles[:2]:
             tag = set_tile(tile)
@@ -223,25 +229,31 @@ def main():
             frac = nb / (gu * 1e-6) / 1e9 / roof
             res.append(dict(tile=tag, B=B, kernel=name, graph_us=gu, bench_us=bu, bytes=nb,
                             roof_frac=frac))
-            print(f"{tag:>6} B={B:<4} {name:<24} graph {gu:9.1f} us  do_bench {bu:9.1f} us"
+            print(f"{tag:>12} B={B:<4} {name:<24} graph {gu:9.1f} us  do_bench {bu:9.1f} us"
                   f"  {100 * frac:5.1f} %")
 
     default = recurrence.VK_TILES
     for B in ([] if a.no_kv else Bs):
         record("kv", B, timings(B, "kv"))
+    default_ahead = recurrence.VK_AHEAD
     for tile in tiles:
-        tag = set_tile(tile)
-        fam = []
-        for spec in a.family.split(","):
-            kd, K, dt = spec.split(":")
-            bad = check_family(16, 32, int(kd), int(K), DT[dt])
-            fam.append(f"{spec}: {'bitwise' if not bad else 'DIFFERS ' + ', '.join(bad[:4])}")
-        print(f"tile {tag} family: " + "; ".join(fam))
-        res.append(dict(tile=tag, family=fam))
-        for B in Bs:
-            record(tag, B, timings(B, "vk"))
-        recurrence.VK_TILES = default
-        recurrence.VK_CHUNK = DEFAULT_CHUNK
+        for ahead in aheads:
+            tag = set_tile(tile)
+            if ahead is not None:
+                recurrence.VK_AHEAD = ((1 << 62, *ahead),)
+                tag += "/a" + "-".join(map(str, ahead))
+            fam = []
+            for spec in a.family.split(","):
+                kd, K, dt = spec.split(":")
+                bad = check_family(16, 32, int(kd), int(K), DT[dt])
+                fam.append(f"{spec}: {'bitwise' if not bad else 'DIFFERS ' + ', '.join(bad[:4])}")
+            print(f"tile {tag} family: " + "; ".join(fam))
+            res.append(dict(tile=tag, family=fam))
+            for B in Bs:
+                record(tag, B, timings(B, "vk"))
+            recurrence.VK_TILES = default
+            recurrence.VK_CHUNK = DEFAULT_CHUNK
+            recurrence.VK_AHEAD = default_ahead
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

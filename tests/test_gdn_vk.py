@@ -28,6 +28,7 @@ from pmll_lab.gdn import (gdn_chain, gdn_chain_plan, gdn_chain_ref, gdn_decode,
 from pmll_lab.inputs import gdn_inputs
 from pmll_lab.ops.carry import gdn_carry as C
 from pmll_lab.ops.gdn import decode as D
+from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import vk_config, vk_qk_aligned
 from pmll_lab.reference import carry as ref
 
@@ -86,12 +87,27 @@ def test_decode_vk_matches_reference(dtype, B, S, HK, HV, kd, vd):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chain_vk_bitwise_equals_decodes(K, dtype):
     """Outputs, final state and every snapshot; K = 6 runs the runtime row loop."""
+    _check_chain_vs_decodes(K, dtype, seed=40 + K)
+
+
+def _check_chain_vs_decodes(K, dtype, seed, ahead=None, monkeypatch=None):
+    """The chain against the reference and, bitwise, against ``K`` V-major decodes; with
+    ``ahead``, the chain launches under ``VK_AHEAD = ((inf, *ahead),)`` and the decodes under
+    the shipped table."""
     B, S, HK, HV, kd, vd = 3, 4, 1, 2, 32, 24
-    x = gdn_inputs(40 + K, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
+    x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
     idx = x["state_indices"]
     st0 = _vk(x["state"])
     o_ref, s_ref, i_ref = gdn_chain_ref(st0, x["q"], x["k"], x["v"], x["g"], x["beta"],
                                         state_indices=idx, state_layout="vk")
+    dec = st0.clone()
+    o_dec, s_dec = [], []
+    for t in range(K):
+        o_dec.append(gdn_decode(dec, x["q"][:, t], x["k"][:, t], x["v"][:, t], x["g"][:, t],
+                                x["beta"][:, t], state_indices=idx, state_layout="vk"))
+        s_dec.append(dec[idx.long()].clone())
+    if ahead is not None:
+        monkeypatch.setattr(recurrence, "VK_AHEAD", ((1 << 62, *ahead),))
     state = st0.clone()
     inter = torch.full((B, K - 1, HV, vd, kd), 7.0, device=DEVICE)
     o = gdn_chain(state, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
@@ -99,14 +115,31 @@ def test_chain_vk_bitwise_equals_decodes(K, dtype):
     _close("o", o, o_ref, O_TOL[dtype])
     _close("state", state, s_ref, STATE_TOL)
     _close("snapshots", inter, i_ref, STATE_TOL)
-    dec = st0.clone()
     for t in range(K):
-        o_t = gdn_decode(dec, x["q"][:, t], x["k"][:, t], x["v"][:, t], x["g"][:, t],
-                         x["beta"][:, t], state_indices=idx, state_layout="vk")
-        assert bitwise_equal(o[:, t], o_t), f"row {t}: chain output != decode"
+        assert bitwise_equal(o[:, t], o_dec[t]), f"row {t}: chain output != decode"
         if t < K - 1:
-            assert bitwise_equal(inter[:, t], dec[idx.long()]), f"snapshot {t} != decode state"
+            assert bitwise_equal(inter[:, t], s_dec[t]), f"snapshot {t} != decode state"
     assert bitwise_equal(state, dec), "final state != K decodes"
+
+
+# (rows ahead for decode and the chain, for the verify, stash rows ahead): the shipped
+# large-batch row, a mix whose folds take 3 pending rows with the state and the rest in the
+# loop, and every row ahead (the shipped small-batch row is what the other tests run).
+AHEADS = [(0, 1, 0), (1, 2, 3), (8, 8, 8)]
+
+
+@pytest.mark.parametrize("ahead", AHEADS, ids=lambda a: "ahead%d-%d-%d" % a)
+def test_vk_loads_ahead_change_no_bit(ahead, monkeypatch):
+    """``recurrence.VK_AHEAD`` moves loads, never arithmetic: under each setting the chain
+    equals decodes run under the shipped table, and the exact carry protocol (lazy, pending
+    counts up to the stash's 8 rows) equals plain decoding, bitwise."""
+    assert recurrence.vk_ahead(1 << 40, "carry") == (1, 0)
+    _check_chain_vs_decodes(3, torch.bfloat16, seed=61, ahead=ahead, monkeypatch=monkeypatch)
+    assert recurrence.vk_ahead(6, "carry") == ahead[1:]
+    assert recurrence.vk_ahead(6) == (ahead[0], 0)
+    _run_protocol("exact", True, torch.float32, seed=62, steps=6)
+    with pytest.raises(ValueError, match="kind"):
+        recurrence.vk_ahead(6, "decode")
 
 
 def test_plans_vk_bitwise_equal_launchers():
@@ -147,7 +180,6 @@ def test_qk_alignment_flag():
 def test_qk_hint_switch(monkeypatch):
     """``VK_QK_HINT = False`` turns the hint off for every launch (read at launch time): the
     launch gets ``QK_ALIGNED=False`` for contiguous rows and still matches the reference."""
-    from pmll_lab.ops.gdn import recurrence
     B, S, K, HK, HV, kd, vd = 2, 3, 2, 1, 2, 16, 8
     x = gdn_inputs(89, B, HK, HV, kd, vd, rows=K, slots=S, dtype=torch.bfloat16)
     assert vk_qk_aligned(kd, x["q"], x["k"])
@@ -295,7 +327,6 @@ def _run_protocol(form, lazy, dtype, seed, *, B=3, S=5, HK=1, HV=2, kd=16, vd=40
 def test_carry_vk_tile_larger_than_decode_tile(monkeypatch):
     """``VK_TILES`` may give the verify and flush more value rows per program than decode (as
     shipped above B*HV = 128); the protocol stays bitwise equal to plain decoding."""
-    from pmll_lab.ops.gdn import recurrence
 
     monkeypatch.setattr(recurrence, "VK_TILES", ((1 << 62, 8, 16, 1),))
     assert vk_config(16, 40, 6, "carry")[1] == 16 and vk_config(16, 40, 6)[1] == 8
@@ -335,8 +366,8 @@ FUSED_SUMS = textwrap.dedent("""
     from pmll_lab.backend import DEVICE
     from pmll_lab.bench import bitwise_equal, errors
     from pmll_lab.gdn import gdn_chain, gdn_chain_ref, gdn_decode
-    from pmll_lab.inputs import gdn_inputs
     from pmll_lab.ops.gdn import recurrence
+    from pmll_lab.inputs import gdn_inputs
     assert recurrence.FMA_SUMS, "PMLL_LAB_FMA_SUMS=1 did not switch the fused key sums on"
     for layout, kd in (("vk", 64), ("vk", 16), ("kv", 32)):
         B, K, HK, HV, vd = 2, 3, 1, 2, 16

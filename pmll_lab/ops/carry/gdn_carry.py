@@ -72,7 +72,7 @@ import torch
 
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, head_dims,
-                                         vk_config)
+                                         vk_ahead, vk_config)
 from pmll_lab.ops.gdn.gating import split_gating
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
@@ -306,6 +306,7 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
                 dict(BK=BK, BV=BR, NV=NT, num_warps=num_warps,
                      UNROLL=K <= EXACT_UNROLL_MAX_ROWS, **_chunks(BK), **meta,
                      QK_ALIGNED=recurrence.vk_qk_aligned(kd, q, k),
+                     **dict(zip(("AHEAD", "STASH_AHEAD"), vk_ahead(B * HV, "carry"))),
                      **recurrence.EXACT_LAUNCH))
     bk, br = max(BK, 16), max(BR, VK_WY_ROWS)
     NT = cdiv(vd, br)

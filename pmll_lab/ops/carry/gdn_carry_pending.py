@@ -98,7 +98,7 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
         from pmll_lab.ops.carry.gdn_carry_vk import gdn_carry_flush_vk_kernel as kernel
 
         BK, BV, num_warps = vk_config(kd, vd, B * HV, "carry")
-        extra = _chunks(BK)
+        extra = dict(_chunks(BK), STASH_AHEAD=recurrence.vk_ahead(B * HV, "carry")[1])
     else:
         extra = {}
         kernel = _gdn_carry_flush_kernel

@@ -36,8 +36,8 @@ import triton.language as tl
 
 from pmll_lab.ops.carry.gdn_carry_exact import _ROW_UNSPECIALIZED, _verify_prologue
 from pmll_lab.ops.carry.gdn_carry_wy import _wy_restash_shared_rows, _wy_rows
-from pmll_lab.ops.gdn.decode_vk import (load_key_row_vk, load_row_inputs_vk, vk_tile_index,
-                                        vk_tile_offsets)
+from pmll_lab.ops.gdn.decode_vk import (load_key_row_vk, load_row_inputs_vk, row_inputs_vk,
+                                        rows_ahead_vk, vk_tile_index, vk_tile_offsets)
 from pmll_lab.ops.gdn.recurrence import (fold_row_vk, gdn_gate_g, gdn_row_vk, load_gate_params,
                                          qk_prepare_vk, round_like)
 
@@ -50,17 +50,39 @@ time; measured in ``reports/perf-notes.md`` (v11)."""
 
 
 @triton.jit
-def _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr,
+def _stash_rows_ahead_vk(u_ptr, gs_ptr, ks_ptr, rk, mk, rr, mr, HV: tl.constexpr,
+                         KD: tl.constexpr, VD: tl.constexpr, CAP: tl.constexpr,
+                         AHEAD: tl.constexpr):
+    """Stash rows ``0 .. min(AHEAD, CAP)-1`` as ``(g, k [NC, CW], u [BR])`` tuples, loaded
+    whatever the pending count (they lie inside the slot's stash; rows past it are not
+    folded), so they travel with the state load (``recurrence.VK_AHEAD``)."""
+    rows = ()
+    for i in tl.static_range(AHEAD):
+        if i < CAP:
+            rows = rows + ((tl.load(gs_ptr + i * HV),
+                            tl.load(ks_ptr + i * (HV * KD) + rk, mask=mk, other=0.0),
+                            tl.load(u_ptr + i * (HV * VD) + rr, mask=mr, other=0.0)),)
+    return rows
+
+
+@triton.jit
+def _fold_pending_vk(h, ahead, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr,
                      HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
                      PREFETCH: tl.constexpr):
     """Fold stash rows ``0..p-1`` into the tile ``h [BR, NC, CW]`` (value rows ``rr``, keys
-    ``rk [NC, CW]``), rounded to the state's dtype (``h_ptr``'s) after every row; with
-    ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded."""
+    ``rk [NC, CW]``), rounded to the state's dtype (``h_ptr``'s) after every row, in order:
+    the rows already loaded in ``ahead`` (``_stash_rows_ahead_vk``), then the rest from memory,
+    with ``PREFETCH`` row ``i+1`` loaded before row ``i`` is folded."""
+    for i in tl.static_range(len(ahead)):
+        if i < p:
+            gi, ki, ui = ahead[i]
+            h = round_like(fold_row_vk(h, tl.exp(gi), ki, ui), h_ptr)
+    i0 = len(ahead)
     if PREFETCH:
-        gn = tl.load(gs_ptr, mask=p > 0, other=0.0)
-        kn = tl.load(ks_ptr + rk, mask=mk & (p > 0), other=0.0)
-        un = tl.load(u_ptr + rr, mask=mr & (p > 0), other=0.0)
-        for i in range(p):
+        gn = tl.load(gs_ptr + i0 * HV, mask=p > i0, other=0.0)
+        kn = tl.load(ks_ptr + i0 * (HV * KD) + rk, mask=mk & (p > i0), other=0.0)
+        un = tl.load(u_ptr + i0 * (HV * VD) + rr, mask=mr & (p > i0), other=0.0)
+        for i in range(i0, p):
             gi, ki, ui = gn, kn, un
             more = i + 1 < p
             gn = tl.load(gs_ptr + (i + 1) * HV, mask=more, other=0.0)
@@ -68,7 +90,7 @@ def _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr,
             un = tl.load(u_ptr + (i + 1) * (HV * VD) + rr, mask=mr & more, other=0.0)
             h = round_like(fold_row_vk(h, tl.exp(gi), ki, ui), h_ptr)
     else:
-        for i in range(p):
+        for i in range(i0, p):
             gi = tl.load(gs_ptr + i * HV)
             ki = tl.load(ks_ptr + i * (HV * KD) + rk, mask=mk, other=0.0)
             ui = tl.load(u_ptr + i * (HV * VD) + rr, mask=mr, other=0.0)
@@ -78,13 +100,17 @@ def _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr,
 
 @triton.jit
 def _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr,
-                 HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr):
+                 HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr,
+                 CAP: tl.constexpr, STASH_AHEAD: tl.constexpr):
     """The tile ``[BR, NC, CW]`` (value rows ``rr``) of one head with its ``p`` pending stash
-    rows folded in, written back when ``wb``; shared by the exact and WY forms."""
+    rows folded in (``STASH_AHEAD`` of them loaded with the tile), written back when ``wb``;
+    shared by the exact and WY forms."""
+    ahead = _stash_rows_ahead_vk(u_ptr, gs_ptr, ks_ptr, rk, mk, rr, mr, HV, KD, VD, CAP,
+                                 STASH_AHEAD)
     m2 = mr[:, None, None] & mk[None, :, :]
     hp = h_ptr + vk_tile_offsets(rk, rr, KD)
     h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
-    h = _fold_pending_vk(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr, HV, KD, VD,
+    h = _fold_pending_vk(h, ahead, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr, HV, KD, VD,
                          PREFETCH)
     tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
     if wb:
@@ -107,18 +133,25 @@ def _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, m
 
 
 @triton.jit
-def _restash_shared_rows_vk(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
+def _restash_shared_rows_vk(gs_ptr, ks_ptr, rows, qrow, krow, g_ptr, b, hv, first, scale,
                             sq_t, sk_t, sg_b, sg_t, rk, mk, ga, gd, K: tl.constexpr,
                             HV: tl.constexpr, KD: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
                             GATE: tl.constexpr, QK_ALIGNED: tl.constexpr):
     """Stash the ``K`` rows' log decays and normalised keys (shared by a head's tiles) at
     rows ``first ..``, the keys normalised on the same ``[NC, CW]`` vectors as the rows
-    (``qk_prepare_vk``: the same bits). Call only once every tile has folded the old rows."""
+    (``qk_prepare_vk``: the same bits): from ``rows`` (``load_row_vk`` tuples) where it holds
+    them all, else loaded again. Call only once every tile has folded the old rows."""
     for t in tl.static_range(K):
-        q = load_key_row_vk(qrow + t * sq_t, rk, mk, QK_ALIGNED)
-        k = load_key_row_vk(krow + t * sk_t, rk, mk, QK_ALIGNED)
+        if len(rows) == K:
+            q, k, _, g, _ = rows[t]
+            q = q.to(tl.float32)
+            k = k.to(tl.float32)
+        else:
+            q = load_key_row_vk(qrow + t * sq_t, rk, mk, QK_ALIGNED).to(tl.float32)
+            k = load_key_row_vk(krow + t * sk_t, rk, mk, QK_ALIGNED).to(tl.float32)
+            g = tl.load(g_ptr + b * sg_b + t * sg_t + hv)
         q, k = qk_prepare_vk(q, k, scale, USE_QK_L2NORM)
-        g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
+        g = g.to(tl.float32)
         if GATE:                     # g_ptr holds a: stash the decay the rows computed
             g = gdn_gate_g(ga, g, gd)
         tl.store(gs_ptr + (first + t) * HV, g)
@@ -136,7 +169,7 @@ def gdn_carry_exact_vk_kernel(
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
     UNROLL: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr, GATE: tl.constexpr,
-    QK_ALIGNED: tl.constexpr,
+    QK_ALIGNED: tl.constexpr, AHEAD: tl.constexpr, STASH_AHEAD: tl.constexpr,
 ):
     """Exact verify on V-major tiles of ``BV`` value rows (``NV`` tiles per head), keys in
     ``NC`` chunks of ``CW``."""
@@ -144,39 +177,32 @@ def gdn_carry_exact_vk_kernel(
     hv = tl.program_id(1)
     j = tl.program_id(2)
     hk = hv // GROUP
-    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
-        state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
-        K, CAP, HV, KD, VD, LAZY)
-    ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
     qrow = q_ptr + b * sq_b + hk * sq_h
     krow = k_ptr + b * sk_b + hk * sk_h
     vrow = v_ptr + b * sv_b + hv * sv_h
     orow = o_ptr + b * so_b + hv * so_h
     grow = g_ptr + b * sg_b + hv
     brow = beta_ptr + b * sb_b + hv
-
     rk, mk, rr, mr, _ = vk_tile_index(j, KD, VD, BV, NC, CW)
+    kept = ()                            # rows the restash takes from registers
+    if UNROLL:                           # rows ahead first: they need no slot
+        rows = rows_ahead_vk((), -1, qrow, krow, vrow, grow, brow, sq_t, sk_t, sv_t, sg_t, sb_t,
+                             rk, mk, rr, mr, K, AHEAD, QK_ALIGNED)
+    ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
+    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+        state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
+        K, CAP, HV, KD, VD, LAZY)
     h = _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr & live, HV, KD, VD,
-                     PREFETCH)
+                     PREFETCH, CAP, STASH_AHEAD)
     if UNROLL:
-        if PREFETCH:
-            nxt = load_row_inputs_vk(qrow, krow, vrow, grow, brow, rk, mk, rr, mr, ga, gd, GATE,
-                                     QK_ALIGNED)
         for t in tl.static_range(K):
-            if PREFETCH:
-                q, k, v, g, beta = nxt
-                if t + 1 < K:
-                    nxt = load_row_inputs_vk(qrow + (t + 1) * sq_t, krow + (t + 1) * sk_t,
-                                             vrow + (t + 1) * sv_t, grow + (t + 1) * sg_t,
-                                             brow + (t + 1) * sb_t, rk, mk, rr, mr, ga, gd,
-                                             GATE, QK_ALIGNED)
-            else:
-                q, k, v, g, beta = load_row_inputs_vk(qrow + t * sq_t, krow + t * sk_t,
-                                                      vrow + t * sv_t, grow + t * sg_t,
-                                                      brow + t * sb_t, rk, mk, rr, mr, ga, gd,
-                                                      GATE, QK_ALIGNED)
+            rows = rows_ahead_vk(rows, t, qrow, krow, vrow, grow, brow, sq_t, sk_t, sv_t, sg_t,
+                                 sb_t, rk, mk, rr, mr, K, AHEAD, QK_ALIGNED)
+            q, k, v, g, beta = row_inputs_vk(rows[t], ga, gd, GATE)
             h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
                               live, h_ptr, HV, VD, USE_QK_L2NORM)
+        if AHEAD >= K:                   # loaded before the first row: keep them
+            kept = rows
     else:
         for t in range(K):
             q, k, v, g, beta = load_row_inputs_vk(qrow + t * sq_t, krow + t * sk_t,
@@ -188,7 +214,7 @@ def gdn_carry_exact_vk_kernel(
     tl.debug_barrier()
     arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)
     if live & (arrived == NV - 1):
-        _restash_shared_rows_vk(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
+        _restash_shared_rows_vk(gs_ptr, ks_ptr, kept, qrow, krow, g_ptr, b, hv, first, scale,
                                 sq_t, sk_t, sg_b, sg_t, rk, mk, ga, gd, K, HV, KD,
                                 USE_QK_L2NORM, GATE, QK_ALIGNED)
         tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
@@ -226,7 +252,7 @@ def gdn_carry_wy_vk_kernel(
     mt = rt < K
     rk, mk, rr, mr, _ = vk_tile_index(j, KD, VD, BV, NC, CW)
     h = _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr & live, HV, KD, VD,
-                     PREFETCH)
+                     PREFETCH, CAP, 0)
     h = tl.reshape(h, (BV, BK))                                             # [BR, BK]
     mrt = mr[:, None] & mt[None, :]
     Vt = tl.load(v_ptr + b * sv_b + hv * sv_h + rt[None, :] * sv_t + rr[:, None],
@@ -255,7 +281,7 @@ def gdn_carry_flush_vk_kernel(
     stride_state, stride_stash,
     CAP: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, PREFETCH: tl.constexpr,
-    NC: tl.constexpr, CW: tl.constexpr,
+    NC: tl.constexpr, CW: tl.constexpr, STASH_AHEAD: tl.constexpr,
 ):
     """Flush on V-major tiles (the K-major flush's arguments; ``BV`` value rows, keys in
     ``NC`` chunks of ``CW``)."""
@@ -271,9 +297,13 @@ def gdn_carry_flush_vk_kernel(
         rk, mk, rr, mr, m2 = vk_tile_index(j, KD, VD, BV, NC, CW)
         h_ptr = state_ptr + tl.load(state_off_ptr + layer) + slot * stride_state + hv * (KD * VD)
         s_ptr = stash_ptr + tl.load(stash_off_ptr + layer) + slot * stride_stash
+        u_ptr = s_ptr + hv * VD
+        gs_ptr = s_ptr + CAP * HV * VD + hv
+        ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
+        ahead = _stash_rows_ahead_vk(u_ptr, gs_ptr, ks_ptr, rk, mk, rr, mr, HV, KD, VD, CAP,
+                                     STASH_AHEAD)
         hp = h_ptr + vk_tile_offsets(rk, rr, KD)
         h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
-        h = _fold_pending_vk(h, s_ptr + hv * VD, s_ptr + CAP * HV * VD + hv,
-                             s_ptr + CAP * HV * VD + CAP * HV + hv * KD, p, rk, mk, rr, mr,
-                             h_ptr, HV, KD, VD, PREFETCH)
+        h = _fold_pending_vk(h, ahead, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr,
+                             HV, KD, VD, PREFETCH)
         tl.store(hp, h, mask=m2)

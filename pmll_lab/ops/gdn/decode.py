@@ -36,7 +36,7 @@ from pmll_lab.ops.gdn.gating import Gating, check_gating, split_gating
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, EXACT_LAUNCH, block_config,
                                          check_layout, gdn_row, head_dims, load_gate_params,
                                          load_row_inputs, qk_prepare, round_like, vk_chunks,
-                                         vk_config, vk_qk_aligned)
+                                         vk_ahead, vk_config, vk_qk_aligned)
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
 
@@ -269,7 +269,8 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
     if layout == "vk":
         BK, BV, num_warps = vk_config(kd, vd, B * HV)
         kernel = gdn_rows_vk_kernel
-        extra = dict(zip(("NC", "CW"), vk_chunks(BK)), QK_ALIGNED=vk_qk_aligned(kd, q, k))
+        extra = dict(zip(("NC", "CW"), vk_chunks(BK)), QK_ALIGNED=vk_qk_aligned(kd, q, k),
+                     AHEAD=vk_ahead(B * HV)[0])
     else:
         BK, BV, num_warps = block_config(kd, vd)
         kernel = gdn_rows_kernel

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.gdn.recurrence import (gdn_row_vk, load_gate_params, load_gates, qk_prepare_vk,
+from pmll_lab.ops.gdn.recurrence import (gdn_gate, gdn_row_vk, load_gate_params, qk_prepare_vk,
                                          round_like)
 
 # Row vectors and their strides are not specialised (as in decode.py): the register layout of a
@@ -60,7 +60,7 @@ def vk_tile_offsets(rk, rr, row_stride):
 
 @triton.jit
 def load_key_row_vk(row, rk, mk, QK_ALIGNED: tl.constexpr):
-    """A ``q`` or ``k`` row's keys ``rk [NC, CW]`` as fp32 (padding lanes 0). With
+    """A ``q`` or ``k`` row's keys ``rk [NC, CW]`` as stored (padding lanes 0). With
     ``QK_ALIGNED`` (``recurrence.vk_qk_aligned``: the launcher found every row on 16 bytes) the
     row is declared 16-byte aligned, so each thread loads its keys as one vector and the l2norm
     and ``k.q`` sums run on the tile's own layout; without it the compiler loads one key per
@@ -73,7 +73,31 @@ def load_key_row_vk(row, rk, mk, QK_ALIGNED: tl.constexpr):
     p = row + rk
     if QK_ALIGNED:
         p = tl.multiple_of(p, [16, 16])
-    return tl.load(p, mask=mk, other=0.0).to(tl.float32)
+    return tl.load(p, mask=mk, other=0.0)
+
+
+@triton.jit
+def load_row_vk(q_row, k_row, v_row, g_row, beta_row, rk, mk, rr, mr, QK_ALIGNED: tl.constexpr):
+    """One row's inputs as stored, ``(q, k [NC, CW], v [BR], g, beta)`` (padding lanes 0), so
+    that rows loaded ahead of their use hold their input type's registers (bf16: half of
+    fp32's) until ``row_inputs_vk`` converts them."""
+    q = load_key_row_vk(q_row, rk, mk, QK_ALIGNED)
+    k = load_key_row_vk(k_row, rk, mk, QK_ALIGNED)
+    v = tl.load(v_row + rr, mask=mr, other=0.0)
+    return q, k, v, tl.load(g_row), tl.load(beta_row)
+
+
+@triton.jit
+def row_inputs_vk(row, ga, gd, GATE: tl.constexpr):
+    """A row from ``load_row_vk`` as fp32 ``(q, k, v, g, beta)``; with ``GATE``, ``g, beta``
+    computed by ``gdn_gate`` from the loaded ``a, b`` and ``A_log``, ``dt_bias`` (``ga``,
+    ``gd``), as ``recurrence.load_gates`` does."""
+    q, k, v, g, beta = row
+    g = g.to(tl.float32)
+    beta = beta.to(tl.float32)
+    if GATE:
+        g, beta = gdn_gate(ga, g, gd, beta)
+    return q.to(tl.float32), k.to(tl.float32), v.to(tl.float32), g, beta
 
 
 @triton.jit
@@ -81,25 +105,39 @@ def load_row_inputs_vk(q_row, k_row, v_row, g_row, beta_row, rk, mk, rr, mr, ga,
                        GATE: tl.constexpr, QK_ALIGNED: tl.constexpr):
     """One row's inputs as fp32 for a V-major tile: ``q, k [NC, CW]`` (padding lanes 0;
     ``load_key_row_vk``), ``v [BR]`` (the tile's value rows), scalars ``g``, ``beta``
-    (``load_gates``: with ``GATE``, computed from ``a, b`` and ``A_log``, ``dt_bias``)."""
-    q = load_key_row_vk(q_row, rk, mk, QK_ALIGNED)
-    k = load_key_row_vk(k_row, rk, mk, QK_ALIGNED)
-    v = tl.load(v_row + rr, mask=mr, other=0.0).to(tl.float32)
-    g, beta = load_gates(g_row, beta_row, ga, gd, GATE)
-    return q, k, v, g, beta
+    (with ``GATE``, computed from ``a, b`` and ``A_log``, ``dt_bias``)."""
+    return row_inputs_vk(load_row_vk(q_row, k_row, v_row, g_row, beta_row, rk, mk, rr, mr,
+                                     QK_ALIGNED), ga, gd, GATE)
 
 
 @triton.jit
-def _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
-                  q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
-                  rk, mk, rr, mr, mh, live, scale, ga, gd, K: tl.constexpr,
-                  STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr,
+def rows_ahead_vk(rows, t, q_row, k_row, v_row, g_row, beta_row, q_t, k_t, v_t, g_t, beta_t,
+                  rk, mk, rr, mr, K: tl.constexpr, AHEAD: tl.constexpr,
                   QK_ALIGNED: tl.constexpr):
-    """Row ``t``: load, ``qk_prepare``, ``gdn_row_vk``, store ``o`` (and the snapshot tile
-    after the row when ``STORE_INTER`` and ``t < K-1``). Returns the new tile."""
-    qt, kt, vt, gt, bt = load_row_inputs_vk(q_row + t * q_t, k_row + t * k_t, v_row + t * v_t,
-                                            g_row + t * g_t, beta_row + t * beta_t,
-                                            rk, mk, rr, mr, ga, gd, GATE, QK_ALIGNED)
+    """Rows loaded ahead of their use (``recurrence.vk_ahead``): ``rows`` is the tuple of
+    ``load_row_vk`` rows ``0 ..`` loaded so far; returns it with every row up to ``t + AHEAD``
+    (and below ``K``) loaded, so row ``t`` is ``rows[t]``. Call with ``t = -1`` before the
+    row loop (rows ``0 .. AHEAD-1``), then with each ``t`` before row ``t`` runs. ``AHEAD = 0``
+    loads each row just before it runs; ``AHEAD >= K`` loads every row before the first.
+    Why: a row's loads cannot move above the previous row's stores (they may alias), so
+    without loading ahead each row waits one memory latency (reports/perf-notes.md v14)."""
+    for i in tl.static_range(K):
+        if i >= len(rows):
+            if i <= t + AHEAD:
+                rows = rows + (load_row_vk(q_row + i * q_t, k_row + i * k_t, v_row + i * v_t,
+                                           g_row + i * g_t, beta_row + i * beta_t,
+                                           rk, mk, rr, mr, QK_ALIGNED),)
+    return rows
+
+
+@triton.jit
+def _chain_row_vk(h, t, row, o, inter, b64, hv, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
+                  rk, rr, mr, mh, live, scale, ga, gd, K: tl.constexpr,
+                  STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr):
+    """Row ``t`` on its loaded inputs ``row`` (``load_row_vk``): ``qk_prepare``,
+    ``gdn_row_vk``, store ``o`` (and the snapshot tile after the row when ``STORE_INTER`` and
+    ``t < K-1``). Returns the new tile."""
+    qt, kt, vt, gt, bt = row_inputs_vk(row, ga, gd, GATE)
     qt, kt = qk_prepare_vk(qt, kt, scale, USE_QK_L2NORM)
     h, ot, ut = gdn_row_vk(h, qt, kt, vt, gt, bt)
     h = round_like(h, inter)               # a bf16/fp16 state as a decode would store it
@@ -129,7 +167,7 @@ def gdn_rows_vk_kernel(
     K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_IDX: tl.constexpr, STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     UNROLL: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr, HAS_OUT_IDX: tl.constexpr,
-    GATE: tl.constexpr, QK_ALIGNED: tl.constexpr,
+    GATE: tl.constexpr, QK_ALIGNED: tl.constexpr, AHEAD: tl.constexpr,
 ):
     """``K`` rows on one tile of ``BV`` value rows x ``BK = NC * CW`` keys (``BV`` is the
     tile's row count, named as in the K-major kernel so one launcher builds both)."""
@@ -139,6 +177,16 @@ def gdn_rows_vk_kernel(
     hv = pid_bh % HV
     hk = hv // GROUP
     b64 = b.to(tl.int64)
+    rk, mk, rr, mr, mh = vk_tile_index(pid_r, KD, VD, BV, NC, CW)
+    q_row = q + b64 * q_b + hk * q_h
+    k_row = k + b64 * k_b + hk * k_h
+    v_row = v + b64 * v_b + hv * v_h
+    g_row = g + b64 * g_b + hv
+    beta_row = beta + b64 * beta_b + hv
+    if UNROLL:                           # rows ahead first: they need no slot
+        rows = rows_ahead_vk((), -1, q_row, k_row, v_row, g_row, beta_row,
+                             q_t, k_t, v_t, g_t, beta_t, rk, mk, rr, mr, K, AHEAD, QK_ALIGNED)
+    ga, gd = load_gate_params(A_log, dt_bias, hv, GATE)
     if HAS_IDX:
         slot = tl.load(slot_idx + b).to(tl.int64)
     else:
@@ -150,30 +198,25 @@ def gdn_rows_vk_kernel(
         live = live & (oslot >= 0)
         oslot = tl.maximum(oslot, 0)
     slot = tl.maximum(slot, 0)
-
-    rk, mk, rr, mr, mh = vk_tile_index(pid_r, KD, VD, BV, NC, CW)
     mh = mh & live
     p_h = state + slot * s_slot + hv * s_head + vk_tile_offsets(rk, rr, s_row)
     h = tl.load(p_h, mask=mh, other=0.0).to(tl.float32)
-
-    q_row = q + b64 * q_b + hk * q_h
-    k_row = k + b64 * k_b + hk * k_h
-    v_row = v + b64 * v_b + hv * v_h
-    g_row = g + b64 * g_b + hv
-    beta_row = beta + b64 * beta_b + hv
-    ga, gd = load_gate_params(A_log, dt_bias, hv, GATE)
     if UNROLL:
         for t in tl.static_range(K):
-            h = _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
-                              q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
-                              rk, mk, rr, mr, mh, live, scale, ga, gd, K, STORE_INTER,
-                              USE_QK_L2NORM, GATE, QK_ALIGNED)
+            rows = rows_ahead_vk(rows, t, q_row, k_row, v_row, g_row, beta_row,
+                                 q_t, k_t, v_t, g_t, beta_t, rk, mk, rr, mr, K, AHEAD,
+                                 QK_ALIGNED)
+            h = _chain_row_vk(h, t, rows[t], o, inter, b64, hv, o_b, o_t, o_h,
+                              i_b, i_t, i_h, i_r, rk, rr, mr, mh, live, scale, ga, gd, K,
+                              STORE_INTER, USE_QK_L2NORM, GATE)
     else:
         for t in range(K):
-            h = _chain_row_vk(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
-                              q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_r,
-                              rk, mk, rr, mr, mh, live, scale, ga, gd, K, STORE_INTER,
-                              USE_QK_L2NORM, GATE, QK_ALIGNED)
+            row = load_row_vk(q_row + t * q_t, k_row + t * k_t, v_row + t * v_t,
+                              g_row + t * g_t, beta_row + t * beta_t, rk, mk, rr, mr,
+                              QK_ALIGNED)
+            h = _chain_row_vk(h, t, row, o, inter, b64, hv, o_b, o_t, o_h,
+                              i_b, i_t, i_h, i_r, rk, rr, mr, mh, live, scale, ga, gd, K,
+                              STORE_INTER, USE_QK_L2NORM, GATE)
 
     if HAS_OUT_IDX:
         tl.store(p_h + (oslot - slot) * s_slot, h, mask=mh)

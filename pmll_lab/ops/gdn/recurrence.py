@@ -338,6 +338,31 @@ with 16 rows against 126.8 / 262.0 / 566.5 with 8 (more independent rows per war
 but 16.1 against 13.2 us at B = 1, so 8 rows up to B*HV = 128. Two warps and 4 rows per program
 were slower everywhere (same log)."""
 
+VK_AHEAD: tuple[tuple[int, int, int, int], ...] = ((128, 8, 8, 8), (1 << 62, 0, 1, 0))
+"""How far ahead the V-major kernels load, one row per range of work units ``B*HV`` (as
+``VK_TILES``): ``(max B*HV, input rows ahead for decode and the chain, for the exact verify,
+stash rows ahead)``. Input rows ahead (``decode_vk.rows_ahead_vk``, when the rows are
+unrolled): row ``t + AHEAD``'s q, k, v, g, beta are loaded before row ``t`` runs, so with
+``AHEAD >= K`` every row is loaded before the first, alongside the state. Stash rows ahead (the
+exact verify's and the flush's folds): that many pending rows are loaded with the state,
+before the pending count is known, and the rest one ahead. Loads move, arithmetic does not:
+every result bit is the same for every setting. Why: at small batches a program is one chain
+of dependent memory round trips (the L2 is cold in serving and in our timings), and each row
+loaded in the loop adds one (reports/perf-notes.md v14). Read at launch time."""
+
+
+def vk_ahead(work: int, kind: str = "rows") -> tuple[int, int]:
+    """``(input rows ahead, stash rows ahead)`` from ``VK_AHEAD`` for ``work = B * HV`` and
+    ``kind`` ``"rows"`` (decode, the chain: no stash) or ``"carry"``. Raises ``ValueError``
+    for an unknown ``kind``."""
+    if kind not in ("rows", "carry"):
+        raise ValueError(f"kind: expected 'rows' or 'carry', got {kind!r}")
+    for bound, rows, carry_rows, stash in VK_AHEAD:
+        if work <= bound:
+            break
+    return (rows, 0) if kind == "rows" else (carry_rows, stash)
+
+
 VK_CHUNK = 32
 """Keys per chunk of a V-major tile (``CW``; heads narrower than this use one chunk)."""
 
