@@ -31,7 +31,7 @@ import pmll_lab  # noqa: E402,F401  (first: GPU or the Triton interpreter)
 import torch  # noqa: E402
 
 from pmll_lab.backend import DEVICE, device_name  # noqa: E402
-from pmll_lab.bench import bitwise_equal, copy_bandwidth  # noqa: E402
+from pmll_lab.bench import bitwise_equal, copy_bandwidth, time_cuda_graph  # noqa: E402
 from pmll_lab.carry import (GdnCarry, carry_accept, gdn_carry_flush,  # noqa: E402
                             gdn_carry_verify)
 from pmll_lab.gdn import gdn_chain, gdn_decode, state_bytes, row_io_bytes  # noqa: E402
@@ -90,27 +90,10 @@ def check_family(HK, HV, kd, K, dtype, B=8, seed=7):
 
 
 def graph_us(fn, replays=200):
-    """Median us of ``replays`` CUDA-graph replays of ``fn``, each timed with events."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-          for _ in range(replays)]
-    for _ in range(5):
-        g.replay()
-    for a, b in ev:
-        a.record()
-        g.replay()
-        b.record()
-    torch.cuda.synchronize()
-    t = sorted(a.elapsed_time(b) * 1e3 for a, b in ev)
-    return t[len(t) // 2]
+    """Median us of ``replays`` CUDA-graph replays of ``fn`` (``bench.time_cuda_graph``: each
+    replay timed with its own events after an L2 flush, as the reports time; without the
+    flush the GPU idles between replays and the host's submission enters small B's times)."""
+    return time_cuda_graph(fn, replays=replays)["median_us"]
 
 
 def bench_us(fn):
@@ -157,6 +140,8 @@ def timings(B, layout, HK=16, HV=32, D=128, K=4, seed=3):
         r, _ = fla_runner(q, k, v, g, beta, st[slots.long()].contiguous(), scale=D ** -0.5)
         fns["fla_fused_recurrent"] = (r, B * (2 * hb + K * io))
     for name, (fn, nbytes) in fns.items():
+        if KERNELS and name not in KERNELS:
+            continue
         try:
             out[name] = (graph_us(fn), bench_us(fn), nbytes)
         except Exception as e:  # noqa: BLE001 - one failed kernel must not lose the sweep
@@ -164,6 +149,8 @@ def timings(B, layout, HK=16, HV=32, D=128, K=4, seed=3):
     return out
 
 
+KERNELS: set[str] = set()
+"""Kernels to time (``--kernels``); empty: all."""
 DEFAULT_TILES = recurrence.VK_TILES
 DEFAULT_CHUNK = recurrence.VK_CHUNK
 
@@ -210,7 +197,10 @@ def main():
                     help="loads ahead R-C-S (input rows ahead for decode and the chain, for the "
                          "verify, stash rows ahead; recurrence.VK_AHEAD for every batch), "
                          "or 'default' for the library's table; comma-separated")
+    ap.add_argument("--kernels", default="",
+                    help="comma-separated kernel names to time (default: all)")
     a = ap.parse_args()
+    KERNELS.update(n for n in a.kernels.split(",") if n)
     tiles = [parse_tile(t) for t in a.tiles.split(",")]
     aheads = [None if s == "default" else tuple(int(n) for n in s.split("-"))
               for s in a.ahead.split(",")]
@@ -243,7 +233,7 @@ def main():
                 recurrence.VK_AHEAD = ((1 << 62, *ahead),)
                 tag += "/a" + "-".join(map(str, ahead))
             fam = []
-            for spec in a.family.split(","):
+            for spec in filter(None, a.family.split(",")):
                 kd, K, dt = spec.split(":")
                 bad = check_family(16, 32, int(kd), int(K), DT[dt])
                 fam.append(f"{spec}: {'bitwise' if not bad else 'DIFFERS ' + ', '.join(bad[:4])}")

@@ -12,9 +12,13 @@ Exact verify, grid ``(B, HV, NT)`` (``NT = cdiv(vd, BR)`` tiles per head): load 
 the ``p`` pending rows, write the tile back when the protocol says so (eager: ``p > 0``; lazy:
 ``p + K > CAP``), run the ``K`` rows, store the outputs and stash each row's ``u`` for the
 tile's value rows at stash row ``first + t``. The ``g``/``k`` stash rows are shared by the
-head's tiles: each program counts itself in an arrival counter (``acq_rel`` atomic) after its
-fold, and the last to arrive restashes them (SPEC §3b "Shared rows"), as the K-major split
-form does. After the last row the tile is dead (a verify never stores the post-row state), so
+head's tiles (SPEC §3b "Shared rows"). After a write-back the new rows start at row 0, over
+rows other tiles may still be folding: each program counts itself in an arrival counter
+(``acq_rel`` atomic) after its fold, and the last to arrive restashes them, as the K-major
+split form does. Without a write-back they go to rows ``p ..``, which no tile of the launch
+reads, so tile 0 restashes them with no counter (off the critical path at small batches:
+reports/perf-notes.md v14). Rows, stash rows and the state load ahead as ``recurrence.VK_AHEAD``
+says. After the last row the tile is dead (a verify never stores the post-row state), so
 the compiler drops that row's state update.
 
 WY verify, grid ``(B, HV, NT)``, a **reference form** (measured 4.8x slower than the exact
@@ -211,13 +215,18 @@ def gdn_carry_exact_vk_kernel(
                                                   GATE, QK_ALIGNED)
             h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
                               live, h_ptr, HV, VD, USE_QK_L2NORM)
-    tl.debug_barrier()
-    arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)
-    if live & (arrived == NV - 1):
+    if wb:                               # rows 0.. restashed: after every tile has folded
+        tl.debug_barrier()
+        arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)
+        if live & (arrived == NV - 1):
+            _restash_shared_rows_vk(gs_ptr, ks_ptr, kept, qrow, krow, g_ptr, b, hv, first,
+                                    scale, sq_t, sk_t, sg_b, sg_t, rk, mk, ga, gd, K, HV, KD,
+                                    USE_QK_L2NORM, GATE, QK_ALIGNED)
+            tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
+    elif live & (j == 0):                # rows p.. that no tile of this launch reads
         _restash_shared_rows_vk(gs_ptr, ks_ptr, kept, qrow, krow, g_ptr, b, hv, first, scale,
                                 sq_t, sk_t, sg_b, sg_t, rk, mk, ga, gd, K, HV, KD,
                                 USE_QK_L2NORM, GATE, QK_ALIGNED)
-        tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
     if hv == 0:
         if j == 0:
             tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))

@@ -338,7 +338,7 @@ with 16 rows against 126.8 / 262.0 / 566.5 with 8 (more independent rows per war
 but 16.1 against 13.2 us at B = 1, so 8 rows up to B*HV = 128. Two warps and 4 rows per program
 were slower everywhere (same log)."""
 
-VK_AHEAD: tuple[tuple[int, int, int, int], ...] = ((128, 8, 8, 8), (1 << 62, 0, 1, 0))
+VK_AHEAD: tuple[tuple[int, int, int, int], ...] = ((512, 4, 4, 4), (1 << 62, 0, 2, 4))
 """How far ahead the V-major kernels load, one row per range of work units ``B*HV`` (as
 ``VK_TILES``): ``(max B*HV, input rows ahead for decode and the chain, for the exact verify,
 stash rows ahead)``. Input rows ahead (``decode_vk.rows_ahead_vk``, when the rows are
