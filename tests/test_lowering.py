@@ -179,7 +179,7 @@ COMPILE_ALL = textwrap.dedent("""
     from pmll_lab.ops.gdn import gating as G
     meta = dict(K=4, CAP=8, HV=32, GROUP=2, KD=128, VD=128, BK=128, BV=32, NV=4, LAZY=True,
                 USE_QK_L2NORM=True, KP=16, BLOCK=128, PREFETCH=True, GATE=False, BH=32)
-    vk = dict(BV=16, NV=8, NC=4, CW=32)
+    vk = dict(BV=16, NV=8, NC=4, CW=32, STASH_AHEAD=4)
     for kern, extra, warps in (
             (C._gdn_carry_wy_kernel, dict(DOT_PRECISION="ieee"), 4),
             (C._gdn_carry_wy_split_kernel, dict(DOT_PRECISION="tf32x3"), 2),

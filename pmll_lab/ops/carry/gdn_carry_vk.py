@@ -14,8 +14,9 @@ the ``p`` pending rows, write the tile back when the protocol says so (eager: ``
 tile's value rows at stash row ``first + t``. The ``g``/``k`` stash rows are shared by the
 head's tiles (SPEC §3b "Shared rows"). After a write-back the new rows start at row 0, over
 rows other tiles may still be folding: each program counts itself in an arrival counter
-(``acq_rel`` atomic) after its fold, and the last to arrive restashes them, as the K-major
-split form does. Without a write-back they go to rows ``p ..``, which no tile of the launch
+(``acq_rel`` atomic) right after its fold, before its first store (so the release waits on
+no store and the count's round trip overlaps the rows), and the last to arrive restashes them
+after its rows, as the K-major split form does. Without a write-back they go to rows ``p ..``, which no tile of the launch
 reads, so tile 0 restashes them with no counter (off the critical path at small batches:
 reports/perf-notes.md v14). Rows, stash rows and the state load ahead as ``recurrence.VK_AHEAD``
 says. After the last row the tile is dead (a verify never stores the post-row state), so
@@ -103,12 +104,12 @@ def _fold_pending_vk(h, ahead, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr,
 
 
 @triton.jit
-def _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr,
-                 HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr,
-                 CAP: tl.constexpr, STASH_AHEAD: tl.constexpr):
-    """The tile ``[BR, NC, CW]`` (value rows ``rr``) of one head with its ``p`` pending stash
-    rows folded in (``STASH_AHEAD`` of them loaded with the tile), written back when ``wb``;
-    shared by the exact and WY forms."""
+def _fold_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr,
+               HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr,
+               CAP: tl.constexpr, STASH_AHEAD: tl.constexpr):
+    """``(h, pointers, mask)``: the tile ``[BR, NC, CW]`` (value rows ``rr``) of one head with
+    its ``p`` pending stash rows folded in (``STASH_AHEAD`` of them loaded with the tile), after
+    a barrier (every thread's fold loads done before a restash may overwrite those rows)."""
     ahead = _stash_rows_ahead_vk(u_ptr, gs_ptr, ks_ptr, rk, mk, rr, mr, HV, KD, VD, CAP,
                                  STASH_AHEAD)
     m2 = mr[:, None, None] & mk[None, :, :]
@@ -116,7 +117,17 @@ def _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr,
     h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
     h = _fold_pending_vk(h, ahead, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr, HV, KD, VD,
                          PREFETCH)
-    tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
+    tl.debug_barrier()
+    return h, hp, m2
+
+
+@triton.jit
+def _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr,
+                 HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr,
+                 CAP: tl.constexpr, STASH_AHEAD: tl.constexpr):
+    """``_fold_tile``'s tile, written back when ``wb`` (the WY form)."""
+    h, hp, m2 = _fold_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, HV, KD, VD,
+                           PREFETCH, CAP, STASH_AHEAD)
     if wb:
         tl.store(hp, h, mask=m2)
     return h
@@ -196,8 +207,12 @@ def gdn_carry_exact_vk_kernel(
     slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
-    h = _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr & live, HV, KD, VD,
-                     PREFETCH, CAP, STASH_AHEAD)
+    h, hp, m2 = _fold_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr & live, HV, KD, VD,
+                           PREFETCH, CAP, STASH_AHEAD)
+    arrived = tl.full([], -1, tl.int32)
+    if wb:                               # counted once folded, before any store: the release
+        arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)
+        tl.store(hp, h, mask=m2)         # waits on no store, and the count overlaps the rows
     if UNROLL:
         for t in tl.static_range(K):
             rows = rows_ahead_vk(rows, t, qrow, krow, vrow, grow, brow, sq_t, sk_t, sv_t, sg_t,
@@ -216,8 +231,6 @@ def gdn_carry_exact_vk_kernel(
             h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
                               live, h_ptr, HV, VD, USE_QK_L2NORM)
     if wb:                               # rows 0.. restashed: after every tile has folded
-        tl.debug_barrier()
-        arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)
         if live & (arrived == NV - 1):
             _restash_shared_rows_vk(gs_ptr, ks_ptr, kept, qrow, krow, g_ptr, b, hv, first,
                                     scale, sq_t, sk_t, sg_b, sg_t, rk, mk, ga, gd, K, HV, KD,
