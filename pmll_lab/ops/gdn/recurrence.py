@@ -57,20 +57,17 @@ from pmll_lab.backend import INTERPRET
 from pmll_lab.ops.host import next_power_of_2
 
 CARRY_PREFETCH_ROWS = True
-"""Exact carry verify and flush (``pmll_lab.ops.carry.gdn_carry``, ``gdn_carry_pending``):
-issue row ``t+1``'s loads (q, k, v, g, beta; a stash row's g, k, u when folding) before row
-``t``'s arithmetic and stores. Without it each row's loads wait behind the previous row's stores (the compiler cannot move a
-load above a store that may alias it), so a verify pays one global-memory latency per row in
-series. The arithmetic, and so every result bit, is the same either way: the family check of
-``scripts/tune_gdn_config.py`` found carry and decode bitwise equal with it on and off (there
-with decode prefetching too), the H200 run h200-2026-11-29s3 with the shipped mix (carry on,
-decode off: 92/92 and 230/230 bitwise flags), and ``pmll_lab.lowering`` compares the sm_90
-reduction layouts in CI.
-Measured on an NVIDIA H200, 2026-11-29 (reports/h200-2026-11-29s3/logs/tune-gdn-config.log; HV=32,
-HK=16, kd=vd=128, K=4, bf16 inputs, lazy, 3 / 5 pending rows): 104.3 / 145.0 us with it against
-114.3 / 153.7 us without at B=64, 192.9 / 273.4 against 210.8 / 290.9 us at B=128. Decode and
-the chain (``gdn_rows_kernel``) do not prefetch: there it made the 4-row chain with snapshots
-spill more (216 B of stack against 72 B on sm_90) and measured 349.1 against 304.6 us."""
+"""K-major exact carry verify and flush (``pmll_lab.ops.carry.gdn_carry``, ``gdn_carry_pending``),
+and the V-major folds' pending rows past ``VK_AHEAD``'s: issue row ``t+1``'s loads (q, k, v,
+g, beta; a stash row's g, k, u when folding) before row ``t``'s arithmetic and stores. Without
+it each row's loads wait behind the previous row's stores (the compiler cannot move a load
+above a store that may alias it), so a verify pays one global-memory latency per row in
+series. The V-major kernels load further ahead, as ``VK_AHEAD`` says. The arithmetic, and so
+every result bit, is the same either way: the family check of ``scripts/tune_gdn_config.py``
+found carry and decode bitwise equal with it on and off, the H200 run h200-2026-11-29s3 with
+the shipped mix (92/92 and 230/230 bitwise flags), and ``pmll_lab.lowering`` compares the sm_90
+reduction layouts in CI. Measured (H200: -9 % at B=64 for the K-major verify; the K-major
+decode and chain do not prefetch, where it spilled): reports/perf-notes.md v7, v14."""
 
 EXACT_LAUNCH = {"enable_fp_fusion": False}
 """Launch options of every GDN kernel: decode, the chain, the carried-state verify (exact and WY
@@ -91,10 +88,8 @@ DEFAULT_STATE_LAYOUT = "kv"
 """The layout every launcher takes when ``state_layout`` is not given: K-major, the layout of
 FLA, vLLM and the Hugging Face Qwen3-Next cache, so that a state from those works as it is (a
 V-major default would silently read a ``[S, HV, kd, vd]`` state transposed whenever kd = vd).
-The V-major layout measures faster for every GDN kernel (H200, run h200-2026-12-01, HK=16,
-HV=32, kd=vd=128, bf16 inputs, B=64, graph replay): decode 78.4 against 84.9 us, the K=4 chain
-with snapshots 210.8 against 303.2, the lazy exact verify amortised 140.0 against 149.0 and
-eager 137.4 against 156.0 (reports/perf-notes.md v12). A serving loop that owns its state pool
+The V-major layout measures faster for every GDN kernel on an H200 (reports/perf-notes.md v14:
+decode, the chain, the exact verify); a serving loop that owns its state pool
 should pass ``state_layout="vk"``."""
 
 
@@ -329,14 +324,9 @@ VK_TILES: tuple[tuple[int, int, int, int], ...] = ((128, 8, 8, 1), (1 << 62, 8, 
 warps)``; the first row whose bound is >= ``B*HV`` applies. Every tile has one warp with its
 threads over 4 value rows x 8 key lanes, so the per-row sums run in the same order whatever the
 tile's row count, and decode, the chain, the exact carry and the flush agree to the bit (SPEC §2;
-checked on the H200 and by the tests). Measured on an NVIDIA H200, 2026-11-30
-(reports/h200-2026-11-30/logs/tune-gdn-vk-chunked.log; HK=16, HV=32, kd=vd=128, bf16 inputs,
-CUDA-graph replay): decode 8 rows 75.9 / 146.5 / 301.2 us at B = 64 / 128 / 256 against 78.2 /
-151.7 / 303.2 with 16 rows; the K=4 chain with snapshots 214.2 / 438.2 / 869.5 (8) against
-224.8 / 443.3 / 880.3 (16); the lazy exact verify with 4 pending rows 115.3 / 233.2 / 448.5 us
-with 16 rows against 126.8 / 262.0 / 566.5 with 8 (more independent rows per warp for the folds),
-but 16.1 against 13.2 us at B = 1, so 8 rows up to B*HV = 128. Two warps and 4 rows per program
-were slower everywhere (same log)."""
+checked on the H200 and by the tests). Why these rows: 8 rows per program stream decode and the
+chain best; the verify's folds gain from 16 independent rows per warp, except at small batches
+(the tile sweeps: reports/perf-notes.md v11; two warps or 4 rows were slower everywhere)."""
 
 VK_AHEAD: tuple[tuple[int, int, int, int], ...] = ((512, 4, 4, 4), (1 << 62, 0, 2, 4))
 """How far ahead the V-major kernels load, one row per range of work units ``B*HV`` (as
