@@ -257,7 +257,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     itemsize = {"bf16": 2, "fp16": 2, "fp32": 4}.get(input_type, 4)
     vk_meta = (dict(s_row=head_dim, i_r=head_dim, AHEAD=vk_ahead(batch * HV)[0],
                     QK_ALIGNED=vk_qk_rows_fit(head_dim, itemsize)) if layout == "vk" else {})
-    vk_carry = (dict(zip(("AHEAD", "STASH_AHEAD"), vk_ahead(batch * HV, "carry")),
+    state_size = {"bf16": 2, "fp16": 2}.get(state_type, 4)
+    vk_carry = (dict(zip(("AHEAD", "STASH_AHEAD"), vk_ahead(batch * HV, "carry", state_size)),
                      QK_ALIGNED=vk_meta["QK_ALIGNED"]) if layout == "vk" else {})
     dec = lower(rows_kernel, dec_types,
                 dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,

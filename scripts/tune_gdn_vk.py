@@ -195,7 +195,8 @@ def main():
     ap.add_argument("--no-kv", action="store_true", help="skip the K-major and FLA baselines")
     ap.add_argument("--ahead", default="default",
                     help="loads ahead R-C-S (input rows ahead for decode and the chain, for the "
-                         "verify, stash rows ahead; recurrence.VK_AHEAD for every batch), "
+                         "verify on either state type, stash rows ahead; recurrence.VK_AHEAD for "
+                         "every batch), "
                          "or 'default' for the library's table; comma-separated")
     ap.add_argument("--kernels", default="",
                     help="comma-separated kernel names to time (default: all)")
@@ -230,7 +231,7 @@ def main():
         for ahead in aheads:
             tag = set_tile(tile)
             if ahead is not None:
-                recurrence.VK_AHEAD = ((1 << 62, *ahead),)
+                recurrence.VK_AHEAD = ((1 << 62, ahead[0], ahead[1], ahead[1], ahead[2]),)
                 tag += "/a" + "-".join(map(str, ahead))
             fam = []
             for spec in filter(None, a.family.split(",")):

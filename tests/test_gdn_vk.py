@@ -92,8 +92,8 @@ def test_chain_vk_bitwise_equals_decodes(K, dtype):
 
 def _check_chain_vs_decodes(K, dtype, seed, ahead=None, monkeypatch=None):
     """The chain against the reference and, bitwise, against ``K`` V-major decodes; with
-    ``ahead``, the chain launches under ``VK_AHEAD = ((inf, *ahead),)`` and the decodes under
-    the shipped table."""
+    ``ahead = (rows, verify rows, stash rows)``, the chain launches under that ``VK_AHEAD`` and
+    the decodes under the shipped table."""
     B, S, HK, HV, kd, vd = 3, 4, 1, 2, 32, 24
     x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
     idx = x["state_indices"]
@@ -107,7 +107,8 @@ def _check_chain_vs_decodes(K, dtype, seed, ahead=None, monkeypatch=None):
                                 x["beta"][:, t], state_indices=idx, state_layout="vk"))
         s_dec.append(dec[idx.long()].clone())
     if ahead is not None:
-        monkeypatch.setattr(recurrence, "VK_AHEAD", ((1 << 62, *ahead),))
+        monkeypatch.setattr(recurrence, "VK_AHEAD", ((1 << 62, ahead[0], ahead[1], ahead[1],
+                                                      ahead[2]),))
     state = st0.clone()
     inter = torch.full((B, K - 1, HV, vd, kd), 7.0, device=DEVICE)
     o = gdn_chain(state, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
@@ -135,6 +136,7 @@ def test_vk_loads_ahead_change_no_bit(ahead, monkeypatch):
     equals decodes run under the shipped table, and the exact carry protocol (lazy, pending
     counts up to the stash's 8 rows) equals plain decoding, bitwise."""
     assert recurrence.vk_ahead(1 << 40, "carry") == (2, 4)
+    assert recurrence.vk_ahead(1 << 40, "carry", state_itemsize=2) == (1, 4)
     _check_chain_vs_decodes(3, torch.bfloat16, seed=61, ahead=ahead, monkeypatch=monkeypatch)
     assert recurrence.vk_ahead(6, "carry") == ahead[1:]
     assert recurrence.vk_ahead(6) == (ahead[0], 0)

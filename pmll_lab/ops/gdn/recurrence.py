@@ -328,29 +328,36 @@ checked on the H200 and by the tests). Why these rows: 8 rows per program stream
 chain best; the verify's folds gain from 16 independent rows per warp, except at small batches
 (the tile sweeps: reports/perf-notes.md v11; two warps or 4 rows were slower everywhere)."""
 
-VK_AHEAD: tuple[tuple[int, int, int, int], ...] = ((512, 4, 4, 4), (1 << 62, 0, 2, 4))
+VK_AHEAD: tuple[tuple[int, int, int, int, int], ...] = (
+    (32, 4, 4, 4, 8), (512, 4, 4, 4, 4), (1 << 62, 0, 2, 1, 4))
 """How far ahead the V-major kernels load, one row per range of work units ``B*HV`` (as
-``VK_TILES``): ``(max B*HV, input rows ahead for decode and the chain, for the exact verify,
-stash rows ahead)``. Input rows ahead (``decode_vk.rows_ahead_vk``, when the rows are
-unrolled): row ``t + AHEAD``'s q, k, v, g, beta are loaded before row ``t`` runs, so with
-``AHEAD >= K`` every row is loaded before the first, alongside the state. Stash rows ahead (the
-exact verify's and the flush's folds): that many pending rows are loaded with the state,
-before the pending count is known, and the rest one ahead. Loads move, arithmetic does not:
-every result bit is the same for every setting. Why: at small batches a program is one chain
-of dependent memory round trips (the L2 is cold in serving and in our timings), and each row
-loaded in the loop adds one (reports/perf-notes.md v14). Read at launch time."""
+``VK_TILES``): ``(max B*HV, input rows ahead for decode and the chain, for the exact verify on
+an fp32 state, on a bf16/fp16 state, stash rows ahead)``. Input rows ahead
+(``decode_vk.rows_ahead_vk``, when the rows are unrolled): row ``t + AHEAD``'s q, k, v, g,
+beta are loaded before row ``t`` runs, so with ``AHEAD >= K`` every row is loaded before the
+first, alongside the state. Stash rows ahead (the exact verify's and the flush's folds): that
+many pending rows are loaded with the state, before the pending count is known, and the rest
+one ahead. Loads move, arithmetic does not: every result bit is the same for every setting.
+Why: at small batches a program is one chain of dependent memory round trips (the L2 is cold
+in serving and in our timings), and each row loaded in the loop adds one; rows loaded ahead
+cost registers, which at larger batches cost resident programs (a verify on a 2-byte state
+already holds more: sm_90 registers and the H200 sweeps behind each row,
+reports/perf-notes.md v14). Read at launch time."""
 
 
-def vk_ahead(work: int, kind: str = "rows") -> tuple[int, int]:
-    """``(input rows ahead, stash rows ahead)`` from ``VK_AHEAD`` for ``work = B * HV`` and
-    ``kind`` ``"rows"`` (decode, the chain: no stash) or ``"carry"``. Raises ``ValueError``
-    for an unknown ``kind``."""
+def vk_ahead(work: int, kind: str = "rows", state_itemsize: int = 4) -> tuple[int, int]:
+    """``(input rows ahead, stash rows ahead)`` from ``VK_AHEAD`` for ``work = B * HV``,
+    ``kind`` ``"rows"`` (decode, the chain: no stash) or ``"carry"``, and the state pool's
+    element size in bytes (4: fp32; 2: bf16/fp16). Raises ``ValueError`` for an unknown
+    ``kind``."""
     if kind not in ("rows", "carry"):
         raise ValueError(f"kind: expected 'rows' or 'carry', got {kind!r}")
-    for bound, rows, carry_rows, stash in VK_AHEAD:
+    for bound, rows, carry_rows, carry_rows_narrow, stash in VK_AHEAD:
         if work <= bound:
             break
-    return (rows, 0) if kind == "rows" else (carry_rows, stash)
+    if kind == "rows":
+        return rows, 0
+    return (carry_rows if state_itemsize >= 4 else carry_rows_narrow), stash
 
 
 VK_CHUNK = 32
