@@ -107,8 +107,7 @@ def _check_chain_vs_decodes(K, dtype, seed, ahead=None, monkeypatch=None):
                                 x["beta"][:, t], state_indices=idx, state_layout="vk"))
         s_dec.append(dec[idx.long()].clone())
     if ahead is not None:
-        monkeypatch.setattr(recurrence, "VK_AHEAD", ((1 << 62, ahead[0], ahead[1], ahead[1],
-                                                      ahead[2]),))
+        monkeypatch.setattr(recurrence, "VK_AHEAD", _ahead_table(ahead))
     state = st0.clone()
     inter = torch.full((B, K - 1, HV, vd, kd), 7.0, device=DEVICE)
     o = gdn_chain(state, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
@@ -121,6 +120,12 @@ def _check_chain_vs_decodes(K, dtype, seed, ahead=None, monkeypatch=None):
         if t < K - 1:
             assert bitwise_equal(inter[:, t], s_dec[t]), f"snapshot {t} != decode state"
     assert bitwise_equal(state, dec), "final state != K decodes"
+
+
+def _ahead_table(ahead):
+    """``VK_AHEAD`` giving every batch ``ahead = (rows, verify rows, stash rows)`` (the verify
+    rows for either state type)."""
+    return ((1 << 62, ahead[0], ahead[1], ahead[1], ahead[2]),)
 
 
 # (rows ahead for decode and the chain, for the verify, stash rows ahead): the shipped
@@ -143,6 +148,57 @@ def test_vk_loads_ahead_change_no_bit(ahead, monkeypatch):
     _run_protocol("exact", True, torch.float32, seed=62, steps=6)
     with pytest.raises(ValueError, match="kind"):
         recurrence.vk_ahead(6, "decode")
+
+
+def test_vk_stash_ahead_past_small_stash_with_padding(monkeypatch):
+    """Stash rows ahead past the stash (``cap = 3`` < ``STASH_AHEAD``; lazy, ``K = 2``: one
+    pending row restashes at row 1 with no arrival counter, two write back), with a padding
+    lane, gating computed in the kernel, a bf16 state and a flush of two layers in one launch,
+    under two forced ``VK_AHEAD`` settings (verify input rows 1 < K, then every row ahead): every
+    accepted output and the flushed states equal plain V-major decoding (shipped table),
+    bitwise; the padding lane's outputs are zeros."""
+    B, S, HK, HV, kd, vd, K, cap, layers = 3, 5, 1, 2, 16, 40, 2, 3, 2
+    slots = torch.tensor([3, -1, 0], dtype=torch.int32, device=DEVICE)
+    live = [0, 2]
+    shipped = recurrence.VK_AHEAD
+    for ahead in ((3, 1, 7), (8, 8, 8)):
+        gen = torch.Generator().manual_seed(63)
+        st = [_vk(gdn_inputs(64 + n, 1, HK, HV, kd, vd, slots=S)["state"]).to(torch.bfloat16)
+              for n in range(layers)]
+        plain = [s.clone() for s in st]
+        carries = [GdnCarry.empty(S, HV, kd, vd, cap=cap) for _ in range(layers)]
+        cases = set()                                   # (pending, engaged) of live lanes
+        for step in range(4):
+            acc = torch.randint(1, K + 1, (B,), generator=gen, dtype=torch.int32)
+            for n in range(layers):
+                x = gdn_inputs(70 + 10 * step + n, B, HK, HV, kd, vd, rows=K, slots=S)
+                gv = dict(A_log=torch.rand(HV, generator=gen).to(DEVICE) * 2 - 1,
+                          dt_bias=torch.randn(HV, generator=gen).to(DEVICE),
+                          a=(torch.randn(B, K, HV, generator=gen) * 3).to(x["q"]),
+                          b=(torch.randn(B, K, HV, generator=gen) * 3).to(x["q"]))
+                pend = carries[n].pend.clone()
+                monkeypatch.setattr(recurrence, "VK_AHEAD", _ahead_table(ahead))
+                o, eng = gdn_carry_verify(st[n], carries[n], x["q"], x["k"], x["v"], **gv,
+                                          slot_tab=slots, lazy=True, validate=True,
+                                          state_layout="vk")
+                monkeypatch.setattr(recurrence, "VK_AHEAD", shipped)
+                assert bool((o[1] == 0).all()) and int(eng[1]) == 1, "padding lane"
+                cases |= {(int(pend[int(slots[i])]), int(eng[i])) for i in live}
+                for t in range(K):
+                    sel = torch.tensor([i for i in live if acc[i] > t], device=DEVICE)
+                    o_t = gdn_decode(plain[n], x["q"][sel, t], x["k"][sel, t], x["v"][sel, t],
+                                     A_log=gv["A_log"], dt_bias=gv["dt_bias"],
+                                     a=gv["a"][sel, t], b=gv["b"][sel, t],
+                                     state_indices=slots[sel].contiguous(), state_layout="vk")
+                    assert bitwise_equal(o[sel, t], o_t), f"{ahead} step {step} row {t}"
+                carry_accept(carries[n], slots, eng, acc.to(DEVICE), rows=K, validate=True)
+        assert {(1, 1), (2, 2)} <= cases, f"the case must restash at row 1 and write back: {cases}"
+        monkeypatch.setattr(recurrence, "VK_AHEAD", _ahead_table(ahead))
+        gdn_carry_flush(st, carries, slots, validate=True, state_layout="vk")
+        monkeypatch.setattr(recurrence, "VK_AHEAD", shipped)
+        assert any(bool((c.pend > 0).any()) for c in carries), "the flush must fold rows"
+        for n in range(layers):
+            assert bitwise_equal(st[n], plain[n]), f"{ahead}: layer {n} flushed state"
 
 
 def test_plans_vk_bitwise_equal_launchers():

@@ -336,8 +336,9 @@ def gdn_carry_verify_plan(state, carry, q, k, v, g=None, beta=None, *, slot_tab,
     argument binding. Write each step's rows into the same tensors: a plan keeps reading the
     tensors it was made with, so rebinding a name (``q = new``) is silently ignored; make a new
     plan instead. ``pend`` is read on every call: apply ``carry_accept`` between calls, as with
-    ``gdn_carry_verify``. The launch-time settings (``EXACT_SPLIT_COLUMNS``, ``WY_*``, ``block_config``) are
-    read when the plan is made. Same results, bit for bit, as ``gdn_carry_verify``.
+    ``gdn_carry_verify``. The launch-time settings (``EXACT_SPLIT_COLUMNS``, ``WY_*``,
+    ``block_config``; V-major: ``VK_TILES``, ``VK_AHEAD``, ``VK_QK_HINT``) are read when the plan
+    is made. Same results, bit for bit, as ``gdn_carry_verify``.
     Raises ``ValueError`` naming the argument.
     """
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)

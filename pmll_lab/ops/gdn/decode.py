@@ -438,7 +438,8 @@ def gdn_decode_plan(state, q, k, v, g=None, beta=None, *, state_indices=None, sc
     allocations or argument binding). Write each step's inputs into the same tensors
     (``q.copy_(...)``, or project into them): a plan keeps reading the tensors it was made with,
     so rebinding a name (``q = new``) is silently ignored; make a new plan instead.
-    ``block_config`` is read when the plan is made. Same results, bit for bit, as
+    ``block_config`` (V-major: ``VK_TILES``, ``VK_AHEAD``, ``VK_QK_HINT``) is read when the plan
+    is made. Same results, bit for bit, as
     ``gdn_decode`` on the same values. Raises ``ValueError`` naming the argument.
     """
     return _plan(state, q, k, v, g, beta, state_indices, None, scale, use_qk_l2norm, out_dtype,

@@ -342,7 +342,7 @@ Why: at small batches a program is one chain of dependent memory round trips (th
 in serving and in our timings), and each row loaded in the loop adds one; rows loaded ahead
 cost registers, which at larger batches cost resident programs (a verify on a 2-byte state
 already holds more: sm_90 registers and the H200 sweeps behind each row,
-reports/perf-notes.md v14). Read at launch time."""
+reports/perf-notes.md v14). Read at each launch (a launch plan reads it when made)."""
 
 
 def vk_ahead(work: int, kind: str = "rows", state_itemsize: int = 4) -> tuple[int, int]:
