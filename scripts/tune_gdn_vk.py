@@ -207,8 +207,12 @@ def main():
               for s in a.ahead.split(",")]
     if a.smoke:
         for tile in tiles[:2]:
-            tag = set_tile(tile)
-            print(tag, check_family(1, 2, 16, 3, torch.float32, B=5) or "bitwise")
+            for ahead in aheads:
+                tag = set_tile(tile)
+                if ahead is not None:
+                    recurrence.VK_AHEAD = ((1 << 62, ahead[0], ahead[1], ahead[1], ahead[2]),)
+                    tag += "/a" + "-".join(map(str, ahead))
+                print(tag, check_family(1, 2, 16, 3, torch.float32, B=5) or "bitwise")
         return
     roof = copy_bandwidth()
     print(f"device {device_name()}, copy roofline {roof:.0f} GB/s")
