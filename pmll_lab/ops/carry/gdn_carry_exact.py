@@ -87,11 +87,18 @@ def _verify_prologue(state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_sta
         wb = (p > 0) & live
     first = tl.where(wb, 0, p)
     h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
-    s_ptr = stash_ptr + slot * stride_stash
-    u_ptr = s_ptr + hv * VD
-    gs_ptr = s_ptr + CAP * HV * VD + hv
-    ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
+    u_ptr, gs_ptr, ks_ptr = stash_row_ptrs(stash_ptr + slot * stride_stash, hv, CAP, HV, KD, VD)
     return slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr
+
+
+@triton.jit
+def stash_row_ptrs(s_ptr, hv, CAP: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr,
+                   VD: tl.constexpr):
+    """Pointers to row 0 of value head ``hv``'s ``u``, ``g`` and ``k`` stash rows in one slot's
+    stash ``s_ptr`` (``GdnCarry``'s layout: ``u [CAP, HV, vd]``, ``g [CAP, HV]``,
+    ``k [CAP, HV, kd]``, back to back; row ``i`` is ``i * HV * vd``, ``i * HV``, ``i * HV * kd``
+    further)."""
+    return s_ptr + hv * VD, s_ptr + CAP * HV * VD + hv, s_ptr + CAP * HV * VD + CAP * HV + hv * KD
 
 
 @triton.jit
@@ -303,7 +310,7 @@ def _gdn_carry_flush_kernel(
         s_ptr = stash_ptr + tl.load(stash_off_ptr + layer) + slot * stride_stash
         hp = h_ptr + rk[:, None] * VD + rv[None, :]
         h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
-        h = _fold_pending(h, s_ptr + hv * VD, s_ptr + CAP * HV * VD + hv,
-                          s_ptr + CAP * HV * VD + CAP * HV + hv * KD, p, rk, mk, rv, mv, h_ptr, HV,
-                          KD, VD, PREFETCH)
+        u_ptr, gs_ptr, ks_ptr = stash_row_ptrs(s_ptr, hv, CAP, HV, KD, VD)
+        h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, h_ptr, HV, KD, VD,
+                          PREFETCH)
         tl.store(hp, h, mask=m2)

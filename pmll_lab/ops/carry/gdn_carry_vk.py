@@ -39,7 +39,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.carry.gdn_carry_exact import _ROW_UNSPECIALIZED, _verify_prologue
+from pmll_lab.ops.carry.gdn_carry_exact import (_ROW_UNSPECIALIZED, _verify_prologue,
+                                                stash_row_ptrs)
 from pmll_lab.ops.carry.gdn_carry_wy import _wy_restash_shared_rows, _wy_rows
 from pmll_lab.ops.gdn.decode_vk import (load_key_row_vk, load_row_inputs_vk, row_inputs_vk,
                                         rows_ahead_vk, vk_tile_index, vk_tile_offsets)
@@ -230,16 +231,14 @@ def gdn_carry_exact_vk_kernel(
                                                   GATE, QK_ALIGNED)
             h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
                               live, h_ptr, HV, VD, USE_QK_L2NORM)
-    if wb:                               # rows 0.. restashed: after every tile has folded
-        if live & (arrived == NV - 1):
-            _restash_shared_rows_vk(gs_ptr, ks_ptr, kept, qrow, krow, g_ptr, b, hv, first,
-                                    scale, sq_t, sk_t, sg_b, sg_t, rk, mk, ga, gd, K, HV, KD,
-                                    USE_QK_L2NORM, GATE, QK_ALIGNED)
-            tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
-    elif live & (j == 0):                # rows p.. that no tile of this launch reads
+    # After a write-back the new rows overwrite rows 0..: the last tile to count itself
+    # restashes, once every tile has folded; else rows p.., which no tile reads: tile 0.
+    if live & tl.where(wb, arrived == NV - 1, j == 0):
         _restash_shared_rows_vk(gs_ptr, ks_ptr, kept, qrow, krow, g_ptr, b, hv, first, scale,
                                 sq_t, sk_t, sg_b, sg_t, rk, mk, ga, gd, K, HV, KD,
                                 USE_QK_L2NORM, GATE, QK_ALIGNED)
+        if wb:
+            tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
     if hv == 0:
         if j == 0:
             tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
@@ -319,9 +318,7 @@ def gdn_carry_flush_vk_kernel(
         rk, mk, rr, mr, m2 = vk_tile_index(j, KD, VD, BV, NC, CW)
         h_ptr = state_ptr + tl.load(state_off_ptr + layer) + slot * stride_state + hv * (KD * VD)
         s_ptr = stash_ptr + tl.load(stash_off_ptr + layer) + slot * stride_stash
-        u_ptr = s_ptr + hv * VD
-        gs_ptr = s_ptr + CAP * HV * VD + hv
-        ks_ptr = s_ptr + CAP * HV * VD + CAP * HV + hv * KD
+        u_ptr, gs_ptr, ks_ptr = stash_row_ptrs(s_ptr, hv, CAP, HV, KD, VD)
         ahead = _stash_rows_ahead_vk(u_ptr, gs_ptr, ks_ptr, rk, mk, rr, mr, HV, KD, VD, CAP,
                                      STASH_AHEAD)
         hp = h_ptr + vk_tile_offsets(rk, rr, KD)

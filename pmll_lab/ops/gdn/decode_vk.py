@@ -26,8 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.gdn.recurrence import (gdn_gate, gdn_row_vk, load_gate_params, qk_prepare_vk,
-                                         round_like)
+from pmll_lab.ops.gdn.recurrence import (gdn_row_vk, load_gate_params, qk_prepare_vk, round_like,
+                                         row_gates)
 
 # Row vectors and their strides are not specialised (as in decode.py): the register layout of a
 # loaded vector, and so the order of the l2norm and k.q sums, must not depend on what Triton
@@ -90,13 +90,10 @@ def load_row_vk(q_row, k_row, v_row, g_row, beta_row, rk, mk, rr, mr, QK_ALIGNED
 @triton.jit
 def row_inputs_vk(row, ga, gd, GATE: tl.constexpr):
     """A row from ``load_row_vk`` as fp32 ``(q, k, v, g, beta)``; with ``GATE``, ``g, beta``
-    computed by ``gdn_gate`` from the loaded ``a, b`` and ``A_log``, ``dt_bias`` (``ga``,
-    ``gd``), as ``recurrence.load_gates`` does."""
+    computed from the loaded ``a, b`` and ``A_log``, ``dt_bias`` (``ga``, ``gd``;
+    ``recurrence.row_gates``)."""
     q, k, v, g, beta = row
-    g = g.to(tl.float32)
-    beta = beta.to(tl.float32)
-    if GATE:
-        g, beta = gdn_gate(ga, g, gd, beta)
+    g, beta = row_gates(g, beta, ga, gd, GATE)
     return q.to(tl.float32), k.to(tl.float32), v.to(tl.float32), g, beta
 
 

@@ -191,8 +191,15 @@ def load_gates(g_row, beta_row, ga, gd, GATE: tl.constexpr):
     """A row's ``g, beta`` as fp32 scalars: loaded, or with ``GATE`` computed by ``gdn_gate``
     from ``a, b`` (which ``g_row``, ``beta_row`` then point at) and ``A_log``, ``dt_bias``
     (``ga``, ``gd`` from ``load_gate_params``)."""
-    g = tl.load(g_row).to(tl.float32)
-    beta = tl.load(beta_row).to(tl.float32)
+    return row_gates(tl.load(g_row), tl.load(beta_row), ga, gd, GATE)
+
+
+@triton.jit
+def row_gates(g, beta, ga, gd, GATE: tl.constexpr):
+    """A row's loaded ``g, beta`` (or, with ``GATE``, ``a, b``) as the fp32 ``g, beta`` the
+    recurrence takes (``load_gates``; the V-major kernels call it on rows loaded ahead)."""
+    g = g.to(tl.float32)
+    beta = beta.to(tl.float32)
     if GATE:
         g, beta = gdn_gate(ga, g, gd, beta)
     return g, beta
