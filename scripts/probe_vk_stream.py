@@ -10,7 +10,10 @@ the order of the sums over keys. Knobs, one at a time:
   tile's state is loaded before this tile's rows run (a register double buffer, so the load of
   tile i+1 is in flight during tile i's arithmetic and stores); ``sS``: ``tl.range`` with
   ``num_stages=S`` instead;
-- ``cs``: state loads ``evict_first``, state and snapshot stores ``.cs`` (streaming).
+- ``cs``: state loads ``evict_first``, state and snapshot stores ``.cs`` (streaming);
+- ``tma``: the state tile loaded through a tensor descriptor (TMA on sm_90), ``tmas`` stored
+  through it too (and the snapshots); ``swap``: grid axes swapped, so consecutive programs walk
+  one head's value rows; ``rN``: the compiler held to ``N`` registers per thread (``maxnreg``).
 
 Each variant is checked before it is timed (outputs and final state against the library's,
 max abs error at most ``--max-err``; "bitwise" printed when they are equal), then timed by
@@ -31,6 +34,7 @@ import pmll_lab  # noqa: E402,F401  (first: GPU or the Triton interpreter)
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from pmll_lab.backend import DEVICE, device_name  # noqa: E402
 from pmll_lab.bench import bitwise_equal, copy_bandwidth, time_cuda_graph  # noqa: E402
@@ -58,7 +62,9 @@ def _store(p, x, CS: tl.constexpr):
 @triton.jit
 def _tile_rows(h, rr, rk, b64, hv, hk, q, k, v, g, beta, o, inter, scale, HV, HK,
                K: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, CS: tl.constexpr,
-               STORE_INTER: tl.constexpr):
+               STORE_INTER: tl.constexpr, idd=None, r0=0, TMA: tl.constexpr = 0,
+               BR: tl.constexpr = 8):
+    b = b64.to(tl.int32)
     for t in tl.static_range(K):
         row = b64 * K + t
         qt = tl.load(q + (row * HK + hk) * KD + rk).to(tl.float32)
@@ -70,7 +76,10 @@ def _tile_rows(h, rr, rk, b64, hv, hk, q, k, v, g, beta, o, inter, scale, HV, HK
         h, ot, ut = gdn_row_vk(h, qt, kt, vt, gt, bt)
         tl.store(o + (row * HV + hv) * VD + rr, ot.to(o.dtype.element_ty))
         if STORE_INTER:
-            if t < K - 1:
+            if t < K - 1 and TMA >= 2:
+                idd.store([(((b * (K - 1) + t) * HV + hv) * VD + r0).to(tl.int32), 0],
+                          tl.reshape(h, [BR, KD]))
+            elif t < K - 1:
                 p_i = (inter + ((b64 * (K - 1) + t) * HV + hv) * (VD * KD)
                        + rr[:, None, None] * KD + rk[None, :, :])
                 _store(p_i, h, CS)
@@ -81,9 +90,14 @@ def _tile_rows(h, rr, rk, b64, hv, hk, q, k, v, g, beta, o, inter, scale, HV, HK
 def stream_vk(state, q, k, v, g, beta, o, inter, idx, scale, HV, HK, GROUP,
               K: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, BR: tl.constexpr,
               NC: tl.constexpr, CW: tl.constexpr, TPP: tl.constexpr, PREFETCH: tl.constexpr,
-              STAGES: tl.constexpr, CS: tl.constexpr, STORE_INTER: tl.constexpr):
-    pid_bh = tl.program_id(0)
-    pid_r = tl.program_id(1)
+              STAGES: tl.constexpr, CS: tl.constexpr, STORE_INTER: tl.constexpr,
+              sd=None, idd=None, TMA: tl.constexpr = 0, SWAP: tl.constexpr = False):
+    if SWAP:                         # consecutive programs walk one head's value rows
+        pid_bh = tl.program_id(1)
+        pid_r = tl.program_id(0)
+    else:                            # consecutive programs take one tile of successive heads
+        pid_bh = tl.program_id(0)
+        pid_r = tl.program_id(1)
     b = pid_bh // HV
     hv = pid_bh % HV
     hk = hv // GROUP
@@ -103,6 +117,17 @@ def stream_vk(state, q, k, v, g, beta, o, inter, idx, scale, HV, HK, GROUP,
                            K, KD, VD, CS, STORE_INTER)
             _store(base + offs, h, CS)
             h = hn
+    elif TMA:                         # the state through tensor descriptors (TMA on sm_90)
+        for i in tl.range(TPP, num_stages=STAGES):
+            rr = r0 + i * BR + rl
+            row0 = ((slot * HV + hv) * VD + r0 + i * BR).to(tl.int32)
+            h = tl.reshape(sd.load([row0, 0]), [BR, NC, CW])
+            h = _tile_rows(h, rr, rk, b64, hv, hk, q, k, v, g, beta, o, inter, scale, HV, HK,
+                           K, KD, VD, CS, STORE_INTER, idd, r0 + i * BR, TMA, BR)
+            if TMA >= 2:
+                sd.store([row0, 0], tl.reshape(h, [BR, KD]))
+            else:
+                _store(base + rr[:, None, None] * KD + rk[None, :, :], h, CS)
     else:
         for i in tl.range(TPP, num_stages=STAGES):
             rr = r0 + i * BR + rl
@@ -118,14 +143,23 @@ def parse_variant(name):
     parts = name.split("-")
     tile = parts[0]
     br, warps = (int(s) for s in tile[1:].split("x"))
-    cfg = dict(layout=tile[0], BR=br, warps=warps, TPP=1, PREFETCH=False, STAGES=1, CS=False)
+    cfg = dict(layout=tile[0], BR=br, warps=warps, TPP=1, PREFETCH=False, STAGES=1, CS=False,
+               TMA=0, SWAP=False, maxnreg=None)
     for p in parts[1:]:
         if p.startswith("loop"):
             cfg["TPP"] = int(p[4:])
         elif p == "pf":
             cfg["PREFETCH"] = True
+        elif p.startswith("r"):
+            cfg["maxnreg"] = int(p[1:])
+        elif p == "swap":
+            cfg["SWAP"] = True
         elif p.startswith("s"):
             cfg["STAGES"] = int(p[1:])
+        elif p == "tma":
+            cfg["TMA"] = 1
+        elif p == "tmas":
+            cfg["TMA"] = 2
         elif p == "cs":
             cfg["CS"] = True
         else:
@@ -138,11 +172,19 @@ def run_stream(x, st, o, inter, cfg):
     HV = x["v"].shape[2]
     nc, cw = (1, kd) if cfg["layout"] == "f" else (max(1, kd // 32), min(kd, 32))
     grid = (B * HV, triton.cdiv(kd, cfg["BR"] * cfg["TPP"]))
+    tma = dict(SWAP=True) if cfg["SWAP"] else {}
+    if cfg["SWAP"]:
+        grid = grid[::-1]
+    if cfg["TMA"]:
+        tma.update(sd=TensorDescriptor.from_tensor(st.view(-1, kd), [cfg["BR"], kd]),
+                   idd=TensorDescriptor.from_tensor(inter.view(-1, kd), [cfg["BR"], kd])
+                   if K > 1 else None, TMA=cfg["TMA"])
     stream_vk[grid](st, x["q"], x["k"], x["v"], x["g"], x["beta"], o, inter,
                     x["state_indices"], kd ** -0.5, HV, HK, HV // HK, K=K, KD=kd, VD=kd,
                     BR=cfg["BR"], NC=nc, CW=cw, TPP=cfg["TPP"], PREFETCH=cfg["PREFETCH"],
                     STAGES=cfg["STAGES"], CS=cfg["CS"], STORE_INTER=K > 1,
-                    num_warps=cfg["warps"], **EXACT_LAUNCH)
+                    num_warps=cfg["warps"], **tma, **EXACT_LAUNCH,
+                    **({"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] else {}))
 
 
 def run_lib(x, st, inter):
@@ -165,6 +207,9 @@ def main():
     ap.add_argument("--variants", default=DEFAULT)
     ap.add_argument("--max-err", type=float, default=1e-3)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--slots", type=int, default=0,
+                    help="a pool of this many slots, the batch on a seeded permutation of them "
+                         "(the notebooks' inputs); 0: B slots in order")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     kd, HK, HV = (32, 2, 4) if a.smoke else (128, 16, 32)
@@ -182,7 +227,13 @@ def main():
     for K in Ks:
         for B in Bs:
             x = case(B, K, kd=kd, HK=HK, HV=HV)
-            nbytes = x["state"].numel() * 4 * (2 + (K - 1))
+            if a.slots:
+                pool = case(max(a.slots, B), K, kd=kd, HK=HK, HV=HV)
+                x["state"] = pool["state"]
+                x["state_indices"] = torch.randperm(
+                    pool["state"].shape[0], generator=torch.Generator().manual_seed(B)
+                )[:B].to(torch.int32).to(DEVICE)
+            nbytes = B * x["state"][0].numel() * 4 * (2 + (K - 1))
             floor = nbytes / (bw * 1e3) if bw else None
             inter = (torch.empty(B, K - 1, *x["state"].shape[1:], device=DEVICE)
                      if K > 1 else torch.empty(1, device=DEVICE))

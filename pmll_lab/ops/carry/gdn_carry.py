@@ -302,7 +302,7 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
     BK, BR, num_warps = vk_config(kd, vd, B * HV, "carry")
     if form == "exact":
         NT = cdiv(vd, BR)
-        return (VK.gdn_carry_exact_vk_kernel, (B, HV, NT), args,
+        return (VK.gdn_carry_exact_vk_kernel, (B * HV * NT,), args,
                 dict(BK=BK, BV=BR, NV=NT, num_warps=num_warps,
                      UNROLL=K <= EXACT_UNROLL_MAX_ROWS, **_chunks(BK), **meta,
                      QK_ALIGNED=recurrence.vk_qk_aligned(kd, q, k),
@@ -311,7 +311,7 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
                      **recurrence.EXACT_LAUNCH))
     bk, br = max(BK, 16), max(BR, VK_WY_ROWS)
     NT = cdiv(vd, br)
-    return (VK.gdn_carry_wy_vk_kernel, (B, HV, NT), args,
+    return (VK.gdn_carry_wy_vk_kernel, (B * HV * NT,), args,
             dict(BK=bk, BV=br, NV=NT, KP=WY_ROWS_PAD, DOT_PRECISION=VK.WY_VK_DOT_PRECISION,
                  num_warps=VK_WY_WARPS, **_chunks(bk), **meta, **recurrence.EXACT_LAUNCH))
 

@@ -106,7 +106,9 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     NV = cdiv(vd, BV)
     pends = [c.pend for c in carries]
     with _device_guard(states[0]):
-        kernel[(B, HV * NV, L)](
+        # V-major: a head's tiles on consecutive programs (decode_vk.vk_program)
+        grid = (B * HV * NV, L) if state_layout == "vk" else (B, HV * NV, L)
+        kernel[grid](
             states[0], carries[0].buf, pends[0], slot_tab,
             offsets_table(states), offsets_table([c.buf for c in carries]), offsets_table(pends),
             states[0].stride(0), carries[0].buf.stride(0),

@@ -8,7 +8,10 @@ same as for the K-major kernels (``pmll_lab.ops.carry.gdn_carry``): ``u`` rows p
 batch, and runs each row through ``gdn_row_vk`` and each fold through ``fold_row_vk``, so the
 exact verify is bitwise equal to V-major decoding.
 
-Exact verify, grid ``(B, HV, NT)`` (``NT = cdiv(vd, BR)`` tiles per head): load the tile, fold
+Every kernel here runs ``B * HV * NT`` programs (``NT = cdiv(vd, BR)`` tiles per head), a
+head's tiles on consecutive programs (``decode_vk.vk_program``).
+
+Exact verify: load the tile, fold
 the ``p`` pending rows, write the tile back when the protocol says so (eager: ``p > 0``; lazy:
 ``p + K > CAP``), run the ``K`` rows, store the outputs and stash each row's ``u`` for the
 tile's value rows at stash row ``first + t``. The ``g``/``k`` stash rows are shared by the
@@ -22,7 +25,7 @@ reports/perf-notes.md v14). Rows, stash rows and the state load ahead as ``recur
 says. After the last row the tile is dead (a verify never stores the post-row state), so
 the compiler drops that row's state update.
 
-WY verify, grid ``(B, HV, NT)``, a **reference form** (measured 4.8x slower than the exact
+WY verify, a **reference form** (measured 4.8x slower than the exact
 form on the H200, reports/perf-notes.md v11; kept for the tolerance-checked algebra): the ``K``
 rows at once on the tensor cores. Per program the
 head's small matrices (``pmll_lab.ops.carry.gdn_carry_wy._wy_rows``: scaled queries ``Q`` and keys
@@ -30,7 +33,7 @@ head's small matrices (``pmll_lab.ops.carry.gdn_carry_wy._wy_rows``: scaled quer
 ``h [BR, BK]`` (the chunked tile reshaped): ``KH = h Kr^T``, ``QH = h Q^T`` (``[BR, KP]``, ``tl.dot`` with
 ``WY_VK_DOT_PRECISION``), ``U = (beta (V - ec KH)) T^T``, ``O = ec QH + U P^T``.
 
-Flush, grid ``(B, HV * NT, L)``: as the K-major flush (``pmll_lab.ops.carry.gdn_carry_pending``,
+Flush, grid ``(B * HV * NT, L)``: as the K-major flush (``pmll_lab.ops.carry.gdn_carry_pending``,
 per-layer offset tables), on V-major tiles.
 """
 
@@ -43,7 +46,8 @@ from pmll_lab.ops.carry.gdn_carry_exact import (_ROW_UNSPECIALIZED, _verify_prol
                                                 stash_row_ptrs)
 from pmll_lab.ops.carry.gdn_carry_wy import _wy_restash_shared_rows, _wy_rows
 from pmll_lab.ops.gdn.decode_vk import (load_key_row_vk, load_row_inputs_vk, row_inputs_vk,
-                                        rows_ahead_vk, vk_tile_index, vk_tile_offsets)
+                                        rows_ahead_vk, vk_program, vk_tile_index,
+                                        vk_tile_offsets)
 from pmll_lab.ops.gdn.recurrence import (fold_row_vk, gdn_gate_g, gdn_row_vk, load_gate_params,
                                          qk_prepare_vk, round_like)
 
@@ -189,9 +193,8 @@ def gdn_carry_exact_vk_kernel(
 ):
     """Exact verify on V-major tiles of ``BV`` value rows (``NV`` tiles per head), keys in
     ``NC`` chunks of ``CW``."""
-    b = tl.program_id(0).to(tl.int64)
-    hv = tl.program_id(1)
-    j = tl.program_id(2)
+    b, hv, j = vk_program(HV, NV)
+    b = b.to(tl.int64)
     hk = hv // GROUP
     qrow = q_ptr + b * sq_b + hk * sq_h
     krow = k_ptr + b * sk_b + hk * sk_h
@@ -258,9 +261,8 @@ def gdn_carry_wy_vk_kernel(
     GATE: tl.constexpr,
 ):
     """WY verify on V-major tiles of ``BV`` value rows (``BV >= 16`` for ``tl.dot``)."""
-    b = tl.program_id(0).to(tl.int64)
-    hv = tl.program_id(1)
-    j = tl.program_id(2)
+    b, hv, j = vk_program(HV, NV)
+    b = b.to(tl.int64)
     hk = hv // GROUP
     slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
@@ -306,10 +308,9 @@ def gdn_carry_flush_vk_kernel(
 ):
     """Flush on V-major tiles (the K-major flush's arguments; ``BV`` value rows, keys in
     ``NC`` chunks of ``CW``)."""
-    b = tl.program_id(0).to(tl.int64)
-    hv = tl.program_id(1) // NV
-    j = tl.program_id(1) % NV
-    layer = tl.program_id(2)
+    b, hv, j = vk_program(HV, NV)
+    b = b.to(tl.int64)
+    layer = tl.program_id(1)
     slot = tl.load(slot_ptr + b).to(tl.int64)
     live = slot >= 0                     # slot -1: a padding lane, nothing to fold
     slot = tl.maximum(slot, 0)

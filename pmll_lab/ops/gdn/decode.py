@@ -288,7 +288,8 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
     else:
         ist, inter = (0, 0, 0, 0), state        # never written (STORE_INTER=False)
     has_idx = state_indices is not None
-    grid = (B * HV, cdiv(vd, BV))
+    # V-major: one axis, a head's tiles on consecutive programs (decode_vk.vk_program)
+    grid = (B * HV * cdiv(vd, BV),) if layout == "vk" else (B * HV, cdiv(vd, BV))
     has_out = out_state_indices is not None
     args = (state, q, k, v, g, beta, o, inter, state_indices if has_idx else state,
             out_state_indices if has_out else state,
