@@ -1,0 +1,53 @@
+"""Ours against FlashInfer on the issue-10 target rows, in one process (a quick check between
+report runs): the roofline notebook's own point function (``roofline.gdn_point``: checked, then
+timed by do_bench and CUDA-graph replay) for decode (K=1), the K=4 chain with snapshots, the
+lazy exact carry (amortised and its no-write-back row) on V-major states, and FlashInfer's
+decode, ``mtp`` with its snapshot buffer and ``mtp`` frozen, at HK=16, HV=32, kd=vd=128, bf16
+inputs, fp32 state. Prints graph-replay medians (µs) and ours/FlashInfer ratios.
+Usage on a GPU with FlashInfer importable:  python3 scripts/vs_flashinfer.py [--B 64,128,256]
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import pmll_lab  # noqa: E402,F401  (first: GPU or the Triton interpreter)
+
+from pmll_lab.experiments import roofline as R  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--B", default="64,128,256")
+    a = ap.parse_args()
+    Bs = [int(s) for s in a.B.split(",")]
+    provs = ["decodes", "chain_snapshots", "carry_exact_lazy", "flashinfer_decode",
+             "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen"]
+    pts = R.points([dict(K=[1, 4], B=Bs, head_dim=[128], heads=[(16, 32)], dtype=["bfloat16"],
+                         state_layout=["vk"], providers=provs)], fla=False)
+    t = {}
+    for p in pts:
+        try:
+            rows = R.gdn_point(p)
+        except Exception as exc:                      # one point's failure loses no other
+            print(f"{p['provider']} K={p['K']} B={p['B']}: FAILED {type(exc).__name__}: {exc}",
+                  flush=True)
+            continue
+        for r in rows:
+            if r.get("metric") == "time_us" and r.get("timer") == "cuda_graph":
+                t[(r["kernel"], p["K"], p["B"])] = r["value"]
+                print(f"{r['kernel']:28s} K={p['K']} B={p['B']:4d} {r['value']:8.1f} us",
+                      flush=True)
+    pairs = [("decodes", "flashinfer_decode", 1), ("chain_snapshots", "flashinfer_mtp_snapshots", 4),
+             ("carry_exact_lazy", "flashinfer_mtp_snapshots", 4),
+             ("carry_exact_lazy:nowb", "flashinfer_mtp_frozen", 4)]
+    for ours, fi, K in pairs:
+        for B in Bs:
+            x, y = t.get((ours, K, B)), t.get((fi, K, B))
+            if x and y:
+                print(f"ratio {ours} / {fi} K={K} B={B}: {x:.1f} / {y:.1f} = {x / y:.3f}")
+
+
+if __name__ == "__main__":
+    main()
