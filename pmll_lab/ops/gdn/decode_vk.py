@@ -13,8 +13,9 @@ exact carry run the same per-row instructions on the same tiles (bitwise agreeme
 Grid: ``(B * HV * NT,)`` with ``NT = cdiv(vd, BR)`` tiles per head; program
 ``(b * HV + hv) * NT + j`` owns value rows ``j*BR .. j*BR+BR-1`` of head ``hv`` of sequence ``b``
 and reads key head ``hv // (HV // HK)`` (``vk_program``: a head's tiles run on consecutive
-programs, so the programs resident at a time stream a few whole heads; 6-14 % faster than one
-tile of successive heads on the H200, reports/perf-notes.md v15).
+programs, so the programs resident at a time stream a few whole heads: on the H200, decode
+2-9 % and the chain 13-16 % faster than one tile of successive heads; reports/perf-notes.md
+v15).
 Arguments are those of ``pmll_lab.ops.gdn.decode.gdn_rows_kernel`` (the launcher there builds
 both), with the state's third stride being the value-row stride and the snapshots
 ``[B, K-1, HV, vd, kd]``; here those two value-row strides (``s_row``, ``i_r``) are constexprs,
