@@ -32,7 +32,7 @@ Buffers (all fp32 unless said):
 - ``GdnCarry.pend [S]`` int32: accepted stash rows not yet folded into ``state``.
 
 Verify (``gdn_carry_verify``), exact form, one program per (sequence, value head, column block
-of ``BV`` value columns), grid ``(B, HV, NV)`` with ``block_config(kd, vd)``, decode's own split:
+of ``BV`` value columns), grid ``(B * HV * NV,)`` with ``block_config(kd, vd)``, decode's own split:
 the program loads the slot's ``pend`` ``p`` and its state block, folds the ``p`` pending rows
 (``fold_row``), writes the block back when the protocol says so (eager: ``p > 0``; lazy:
 ``p + K > CAP``), runs the ``K`` rows and stashes each row's ``u`` columns at stash row
@@ -91,7 +91,7 @@ from pmll_lab.ops.carry.gdn_carry_wy import (  # noqa: F401
     WY_ROWS_PAD, _gdn_carry_wy_kernel, _gdn_carry_wy_split_kernel, _wy_rows)
 
 EXACT_SPLIT_COLUMNS = True
-"""Exact form: split a head's column blocks across programs (grid ``(B, HV, NV)``, as decode
+"""Exact form: split a head's column blocks across programs (grid ``(B * HV * NV,)``, as decode
 does, with an arrival count so that the last block restashes the shared g/k rows) instead of
 looping over them inside one program per head (grid ``(B, HV)``). Measured on an NVIDIA H200,
 2026-11-29 (reports/h200-2026-11-29b/logs/tune-carry.log; HK=16, HV=32, kd=vd=128, K=4, bf16 inputs):
@@ -120,7 +120,7 @@ otherwise (reports/perf-notes.md). The interpreter computes every ``tl.dot`` in 
 this says."""
 
 WY_SPLIT_COLUMNS = True
-"""WY form, key heads up to 128 (``wy_config``): split a head's column blocks across programs (grid ``(B, HV, NV)``, arrival count as
+"""WY form, key heads up to 128 (``wy_config``): split a head's column blocks across programs (grid ``(B * HV * NV,)``, arrival count as
 in the split exact form), each program recomputing the head's small ``[16, 16]`` matrices,
 instead of one program per head looping over them. Measured on an NVIDIA H200, 2026-11-29
 (reports/h200-2026-11-29s3/logs/tune-carry.log; HK=16, HV=32, kd=vd=128, K=4, bf16 inputs, lazy):
@@ -138,6 +138,29 @@ Measured (H200, same log as ``WY_SPLIT_COLUMNS``): 2 warps 394 us, 4 warps 434 u
 WY_PER_HEAD_WARPS = 4
 """Warps per program of the per-head WY form (``WY_SPLIT_COLUMNS = False``, and key heads
 wider than 128): fastest with 4 (1373 us against 2663 with 2 and 1673 with 1; same log)."""
+
+VK_VERIFY_REGS: tuple[tuple[int, int], ...] = ((1 << 62, 0),)
+"""Registers per thread the V-major exact verify on an **fp32** state with ``K <= 4`` is
+compiled to (``maxnreg``; 0: the compiler's choice), one row per range of work units
+``B * HV`` as ``recurrence.VK_TILES``: ``(max B*HV, registers)``. Why: that kernel is bound by
+per-row latency, and on sm_90 it takes 168 registers, 12 one-warp programs per multiprocessor;
+144 / 128 allow 14 / 16 resident, the compiler spilling a few values to local memory
+(``python -m pmll_lab.lowering --layout vk --resources``). Registers change no arithmetic, so
+the verify stays bitwise equal to decoding (``scripts/probe_vk_maxnreg.py`` family-checks
+each setting before timing it). Other state types and ``K`` keep the compiler's choice (not
+measured). Read at launch time; measurements in reports/perf-notes.md v16."""
+
+
+def vk_verify_regs(work: int, K: int, state_itemsize: int) -> dict:
+    """``{"maxnreg": n}`` for the V-major exact verify from ``VK_VERIFY_REGS`` (``work = B *
+    HV``), or ``{}`` where it leaves the count to the compiler."""
+    if state_itemsize != 4 or K > 4:
+        return {}
+    for bound, regs in VK_VERIFY_REGS:
+        if work <= bound:
+            return {"maxnreg": regs} if regs else {}
+    return {}
+
 
 VK_WY_ROWS = 16
 """Value rows per program of the V-major WY form (``tl.dot`` needs every side >= 16)."""
@@ -254,7 +277,7 @@ def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, fo
     unroll = K <= EXACT_UNROLL_MAX_ROWS
     if form == "exact" and EXACT_SPLIT_COLUMNS:
         NV = cdiv(vd, BV)
-        return (_gdn_carry_exact_split_kernel, (B, HV, NV),
+        return (_gdn_carry_exact_split_kernel, (B * HV * NV,),
                 (*args[:4], _arrivals(carry, HV), *args[4:]),
                 dict(BK=BK, BV=BV, NV=NV, num_warps=num_warps, UNROLL=unroll, **meta,
                      **recurrence.EXACT_LAUNCH))
@@ -267,7 +290,7 @@ def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, fo
     wy = dict(BK=bk, BV=bv, NV=cdiv(vd, bv), KP=WY_ROWS_PAD, DOT_PRECISION=WY_DOT_PRECISION,
               num_warps=warps, **meta, **recurrence.EXACT_LAUNCH)
     if split:
-        return (_gdn_carry_wy_split_kernel, (B, HV, wy["NV"]),
+        return (_gdn_carry_wy_split_kernel, (B * HV * wy["NV"],),
                 (*args[:4], _arrivals(carry, HV), *args[4:]), wy)
     return _gdn_carry_wy_kernel, (B, HV), args, wy
 
@@ -308,6 +331,7 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
                      QK_ALIGNED=recurrence.vk_qk_aligned(kd, q, k),
                      **dict(zip(("AHEAD", "STASH_AHEAD"),
                               vk_ahead(B * HV, "carry", state.element_size()))),
+                     **vk_verify_regs(B * HV, K, state.element_size()),
                      **recurrence.EXACT_LAUNCH))
     bk, br = max(BK, 16), max(BR, VK_WY_ROWS)
     NT = cdiv(vd, br)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.gdn.recurrence import (fold_row, gdn_gate_g, gdn_row, load_gate_params,
+from pmll_lab.ops.gdn.recurrence import (fold_row, gdn_gate_g, gdn_row, head_tile_program,
+                                         load_gate_params,
                                          load_row_inputs, qk_prepare, round_like)
 
 
@@ -252,13 +253,12 @@ def _gdn_carry_exact_split_kernel(
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
     UNROLL: tl.constexpr, GATE: tl.constexpr,
 ):
-    """The exact form with a head's column blocks split across programs (grid ``(B, HV, NV)``,
-    decode's own split). Shared rows: each program counts itself in ``arrive[slot, hv]`` after
-    its fold (an acq_rel atomic); the last one to arrive restashes the g/k rows, once every
-    other block has folded the old ones, and sets the count back to 0."""
-    b = tl.program_id(0).to(tl.int64)
-    hv = tl.program_id(1)
-    j = tl.program_id(2)
+    """The exact form with a head's column blocks split across programs (grid
+    ``(B * HV * NV,)``, decode's own split and program order, ``head_tile_program``). Shared
+    rows: each program counts itself in ``arrive[slot, hv]`` after its fold (an acq_rel
+    atomic); the last one to arrive restashes the g/k rows, once every other block has folded
+    the old ones, and sets the count back to 0."""
+    b, hv, j = head_tile_program(HV, NV)
     hk = hv // GROUP
     slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
@@ -292,10 +292,8 @@ def _gdn_carry_flush_kernel(
     CAP: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
-    hv = tl.program_id(1) // NV
-    j = tl.program_id(1) % NV
-    layer = tl.program_id(2)
+    b, hv, j = head_tile_program(HV, NV)
+    layer = tl.program_id(1)
     slot = tl.load(slot_ptr + b).to(tl.int64)
     live = slot >= 0                     # slot -1: a padding lane, nothing to fold
     slot = tl.maximum(slot, 0)

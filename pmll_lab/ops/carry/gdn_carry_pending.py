@@ -2,7 +2,8 @@
 after a verify (SPEC §3b). The flush kernels are in ``pmll_lab.ops.carry.gdn_carry_exact``
 (K-major) and ``pmll_lab.ops.carry.gdn_carry_vk`` (V-major); the accept kernel is here.
 
-Flush (``gdn_carry_flush``), grid ``(B, HV * NV, L)``: folds each slot's pending rows into its
+Flush (``gdn_carry_flush``), grid ``(B * HV * NV, L)`` (a head's blocks on consecutive
+programs, ``recurrence.head_tile_program``): folds each slot's pending rows into its
 state for ``L`` separately allocated layers in one launch. The launcher passes layer 0's state,
 stash and ``pend`` tensors as base pointers and three int64 tables holding each layer's element
 offset from those bases (``(ptr_l - ptr_0) / itemsize``); the kernel adds ``table[l]``. That
@@ -106,8 +107,8 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     NV = cdiv(vd, BV)
     pends = [c.pend for c in carries]
     with _device_guard(states[0]):
-        # V-major: a head's tiles on consecutive programs (decode_vk.vk_program)
-        grid = (B * HV * NV, L) if state_layout == "vk" else (B, HV * NV, L)
+        # a head's tiles on consecutive programs (recurrence.head_tile_program)
+        grid = (B * HV * NV, L)
         kernel[grid](
             states[0], carries[0].buf, pends[0], slot_tab,
             offsets_table(states), offsets_table([c.buf for c in carries]), offsets_table(pends),

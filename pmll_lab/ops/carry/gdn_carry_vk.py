@@ -9,7 +9,7 @@ batch, and runs each row through ``gdn_row_vk`` and each fold through ``fold_row
 exact verify is bitwise equal to V-major decoding.
 
 Every kernel here runs ``B * HV * NT`` programs (``NT = cdiv(vd, BR)`` tiles per head), a
-head's tiles on consecutive programs (``decode_vk.vk_program``).
+head's tiles on consecutive programs (``recurrence.head_tile_program``).
 
 Exact verify: load the tile, fold
 the ``p`` pending rows, write the tile back when the protocol says so (eager: ``p > 0``; lazy:
@@ -46,10 +46,9 @@ from pmll_lab.ops.carry.gdn_carry_exact import (_ROW_UNSPECIALIZED, _verify_prol
                                                 stash_row_ptrs)
 from pmll_lab.ops.carry.gdn_carry_wy import _wy_restash_shared_rows, _wy_rows
 from pmll_lab.ops.gdn.decode_vk import (load_key_row_vk, load_row_inputs_vk, row_inputs_vk,
-                                        rows_ahead_vk, vk_program, vk_tile_index,
-                                        vk_tile_offsets)
-from pmll_lab.ops.gdn.recurrence import (fold_row_vk, gdn_gate_g, gdn_row_vk, load_gate_params,
-                                         qk_prepare_vk, round_like)
+                                        rows_ahead_vk, vk_tile_index, vk_tile_offsets)
+from pmll_lab.ops.gdn.recurrence import (fold_row_vk, gdn_gate_g, gdn_row_vk, head_tile_program,
+                                         load_gate_params, qk_prepare_vk, round_like)
 
 WY_VK_DOT_PRECISION = "tf32x3"
 """``input_precision`` of the V-major WY form's products with the state (``h Kr^T``,
@@ -193,8 +192,7 @@ def gdn_carry_exact_vk_kernel(
 ):
     """Exact verify on V-major tiles of ``BV`` value rows (``NV`` tiles per head), keys in
     ``NC`` chunks of ``CW``."""
-    b, hv, j = vk_program(HV, NV)
-    b = b.to(tl.int64)
+    b, hv, j = head_tile_program(HV, NV)
     hk = hv // GROUP
     qrow = q_ptr + b * sq_b + hk * sq_h
     krow = k_ptr + b * sk_b + hk * sk_h
@@ -261,8 +259,7 @@ def gdn_carry_wy_vk_kernel(
     GATE: tl.constexpr,
 ):
     """WY verify on V-major tiles of ``BV`` value rows (``BV >= 16`` for ``tl.dot``)."""
-    b, hv, j = vk_program(HV, NV)
-    b = b.to(tl.int64)
+    b, hv, j = head_tile_program(HV, NV)
     hk = hv // GROUP
     slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
@@ -308,8 +305,7 @@ def gdn_carry_flush_vk_kernel(
 ):
     """Flush on V-major tiles (the K-major flush's arguments; ``BV`` value rows, keys in
     ``NC`` chunks of ``CW``)."""
-    b, hv, j = vk_program(HV, NV)
-    b = b.to(tl.int64)
+    b, hv, j = head_tile_program(HV, NV)
     layer = tl.program_id(1)
     slot = tl.load(slot_ptr + b).to(tl.int64)
     live = slot >= 0                     # slot -1: a padding lane, nothing to fold

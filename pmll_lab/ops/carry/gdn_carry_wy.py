@@ -18,7 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.gdn.recurrence import gdn_gate_beta, gdn_gate_g, load_gate_params
+from pmll_lab.ops.gdn.recurrence import (gdn_gate_beta, gdn_gate_g, head_tile_program,
+                                         load_gate_params)
 
 from pmll_lab.ops.carry.gdn_carry_exact import (_ROW_UNSPECIALIZED, _folded_block,
                                               _verify_prologue)
@@ -166,13 +167,12 @@ def _gdn_carry_wy_split_kernel(
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, KP: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, GATE: tl.constexpr,
 ):
-    """The WY form with a head's column blocks split across programs (grid ``(B, HV, NV)``):
-    each program computes the head's small matrices itself (a few ``[16, BK]`` products), folds
-    and runs its block, counts itself in ``arrive[slot, hv]`` (acq_rel atomic); the last to
-    arrive restashes the g/k rows and resets the count, as the split exact form does."""
-    b = tl.program_id(0).to(tl.int64)
-    hv = tl.program_id(1)
-    j = tl.program_id(2)
+    """The WY form with a head's column blocks split across programs (grid ``(B * HV * NV,)``,
+    ``head_tile_program``): each program computes the head's small matrices itself (a few
+    ``[16, BK]`` products), folds and runs its block, counts itself in ``arrive[slot, hv]``
+    (acq_rel atomic); the last to arrive restashes the g/k rows and resets the count, as the
+    split exact form does."""
+    b, hv, j = head_tile_program(HV, NV)
     hk = hv // GROUP
     slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,

@@ -13,8 +13,9 @@ one compiled body for every row (an unrolled 8-row chain was seen 1 ulp off deco
 row at kd = 64 on an H200). ``gdn_decode_plan`` / ``gdn_chain_plan`` bind a launch once for
 host-bound small batches (``pmll_lab.ops.launch``).
 
-Grid: ``(B * HV, cdiv(vd, BV))``; program ``(b * HV + hv, j)`` owns value columns
-``j*BV .. j*BV+BV-1`` of head ``hv`` of sequence ``b``, and reads key head
+Grid: ``(B * HV * NV,)`` with ``NV = cdiv(vd, BV)``; program ``(b * HV + hv) * NV + j`` owns
+value columns ``j*BV .. j*BV+BV-1`` of head ``hv`` of sequence ``b`` (a head's blocks on
+consecutive programs, ``recurrence.head_tile_program``), and reads key head
 ``hv // (HV // HK)`` (GVA). Columns of one head are independent in the recurrence (each program
 recomputes the row's normalised q, k), so programs never share writes.
 
@@ -34,7 +35,8 @@ from pmll_lab.backend import DEVICE
 from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
 from pmll_lab.ops.gdn.gating import Gating, check_gating, split_gating
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, EXACT_LAUNCH, block_config,
-                                         check_layout, gdn_row, head_dims, load_gate_params,
+                                         check_layout, gdn_row, head_dims, head_tile_program,
+                                         load_gate_params,
                                          load_row_inputs, qk_prepare, round_like, vk_chunks,
                                          vk_ahead, vk_config, vk_qk_aligned)
 from pmll_lab.ops.host import cdiv
@@ -107,20 +109,16 @@ def gdn_rows_kernel(
     HAS_IDX: tl.constexpr, STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     UNROLL: tl.constexpr, HAS_OUT_IDX: tl.constexpr, GATE: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)
-    pid_v = tl.program_id(1)
-    b = pid_bh // HV
-    hv = pid_bh % HV
+    b64, hv, pid_v = head_tile_program(HV, tl.cdiv(VD, BV))
     hk = hv // GROUP
-    b64 = b.to(tl.int64)
     if HAS_IDX:
-        slot = tl.load(slot_idx + b).to(tl.int64)
+        slot = tl.load(slot_idx + b64).to(tl.int64)
     else:
         slot = b64
     live = slot >= 0                     # slot -1: a padding lane (zero outputs, no state access)
     oslot = slot
     if HAS_OUT_IDX:                      # the final state goes to out_idx[b] (-1: padding too)
-        oslot = tl.load(out_idx + b).to(tl.int64)
+        oslot = tl.load(out_idx + b64).to(tl.int64)
         live = live & (oslot >= 0)
         oslot = tl.maximum(oslot, 0)
     slot = tl.maximum(slot, 0)
@@ -288,8 +286,8 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
     else:
         ist, inter = (0, 0, 0, 0), state        # never written (STORE_INTER=False)
     has_idx = state_indices is not None
-    # V-major: one axis, a head's tiles on consecutive programs (decode_vk.vk_program)
-    grid = (B * HV * cdiv(vd, BV),) if layout == "vk" else (B * HV, cdiv(vd, BV))
+    # one axis, a head's tiles on consecutive programs (recurrence.head_tile_program)
+    grid = (B * HV * cdiv(vd, BV),)
     has_out = out_state_indices is not None
     args = (state, q, k, v, g, beta, o, inter, state_indices if has_idx else state,
             out_state_indices if has_out else state,

@@ -12,10 +12,8 @@ exact carry run the same per-row instructions on the same tiles (bitwise agreeme
 
 Grid: ``(B * HV * NT,)`` with ``NT = cdiv(vd, BR)`` tiles per head; program
 ``(b * HV + hv) * NT + j`` owns value rows ``j*BR .. j*BR+BR-1`` of head ``hv`` of sequence ``b``
-and reads key head ``hv // (HV // HK)`` (``vk_program``: a head's tiles run on consecutive
-programs, so the programs resident at a time stream a few whole heads: on the H200, decode
-2-9 % and the chain 13-16 % faster than one tile of successive heads; reports/perf-notes.md
-v15).
+and reads key head ``hv // (HV // HK)`` (``recurrence.head_tile_program``: a head's tiles run
+on consecutive programs, so the programs resident at a time stream a few whole heads).
 Arguments are those of ``pmll_lab.ops.gdn.decode.gdn_rows_kernel`` (the launcher there builds
 both), with the state's third stride being the value-row stride and the snapshots
 ``[B, K-1, HV, vd, kd]``; here those two value-row strides (``s_row``, ``i_r``) are constexprs,
@@ -30,8 +28,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.gdn.recurrence import (gdn_row_vk, load_gate_params, qk_prepare_vk, round_like,
-                                         row_gates)
+from pmll_lab.ops.gdn.recurrence import (gdn_row_vk, head_tile_program, load_gate_params,
+                                         qk_prepare_vk, round_like, row_gates)
 
 # Row vectors and their strides are not specialised (as in decode.py): the register layout of a
 # loaded vector, and so the order of the l2norm and k.q sums, must not depend on what Triton
@@ -40,17 +38,6 @@ from pmll_lab.ops.gdn.recurrence import (gdn_row_vk, load_gate_params, qk_prepar
 _ROW_PTRS = ["q", "k", "v", "g", "beta", "o"]
 _ROW_STRIDES = ["q_b", "q_t", "q_h", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h", "g_b", "g_t",
                 "beta_b", "beta_t", "o_b", "o_t", "o_h"]
-
-
-@triton.jit
-def vk_program(HV, NT: tl.constexpr):
-    """``(b, hv, j)`` of this program on a grid of ``B * HV * NT`` programs, the tile ``j``
-    fastest: consecutive programs walk one head's value rows (contiguous in the V-major
-    state), not one tile of successive heads (``HV * vd * kd`` elements apart). Every V-major
-    kernel (decode, the chain, the exact and WY verify, the flush) orders its programs so."""
-    pid = tl.program_id(0)
-    bh = pid // NT
-    return bh // HV, bh % HV, pid % NT
 
 
 @triton.jit
@@ -183,9 +170,8 @@ def gdn_rows_vk_kernel(
 ):
     """``K`` rows on one tile of ``BV`` value rows x ``BK = NC * CW`` keys (``BV`` is the
     tile's row count, named as in the K-major kernel so one launcher builds both)."""
-    b, hv, pid_r = vk_program(HV, tl.cdiv(VD, BV))
+    b64, hv, pid_r = head_tile_program(HV, tl.cdiv(VD, BV))
     hk = hv // GROUP
-    b64 = b.to(tl.int64)
     rk, mk, rr, mr, mh = vk_tile_index(pid_r, KD, VD, BV, NC, CW)
     q_row = q + b64 * q_b + hk * q_h
     k_row = k + b64 * k_b + hk * k_h
@@ -197,13 +183,13 @@ def gdn_rows_vk_kernel(
                              q_t, k_t, v_t, g_t, beta_t, rk, mk, rr, mr, K, AHEAD, QK_ALIGNED)
     ga, gd = load_gate_params(A_log, dt_bias, hv, GATE)
     if HAS_IDX:
-        slot = tl.load(slot_idx + b).to(tl.int64)
+        slot = tl.load(slot_idx + b64).to(tl.int64)
     else:
         slot = b64
     live = slot >= 0                     # slot -1: a padding lane (zero outputs, no state access)
     oslot = slot
     if HAS_OUT_IDX:                      # the final state goes to out_idx[b] (-1: padding too)
-        oslot = tl.load(out_idx + b).to(tl.int64)
+        oslot = tl.load(out_idx + b64).to(tl.int64)
         live = live & (oslot >= 0)
         oslot = tl.maximum(oslot, 0)
     slot = tl.maximum(slot, 0)

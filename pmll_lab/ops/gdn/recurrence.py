@@ -148,6 +148,19 @@ def gdn_gate(A_log, a, dt_bias, b):
 
 
 @triton.jit
+def head_tile_program(HV, NT: tl.constexpr):
+    """``(b, hv, j)`` of this program on a grid of ``B * HV * NT`` programs, ``b`` as int64,
+    the tile ``j`` fastest: consecutive programs walk one head's state, not one tile of
+    successive heads (a whole head apart). Every GDN kernel that splits a head's state across
+    programs (decode, the chain, the exact and WY verify, the flush; both layouts) orders them
+    so. Why: the programs resident at a time then stream a few whole heads (H200, V-major:
+    decode 2-9 % and the chain 13-16 % faster; reports/perf-notes.md v15, v16)."""
+    pid = tl.program_id(0)
+    bh = pid // NT
+    return (bh // HV).to(tl.int64), bh % HV, pid % NT
+
+
+@triton.jit
 def load_gate_params(alog_ptr, dtb_ptr, hv, GATE: tl.constexpr):
     """``(A_log[hv], dt_bias[hv])`` as fp32 when the gating is fused (``GATE``), else zeros
     (unused)."""
