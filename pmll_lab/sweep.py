@@ -170,13 +170,15 @@ def _placement() -> dict[str, str]:
 
 def _rows_json(point: Mapping, pid: str, rows: list[dict], status: str, err: str,
                stamp: str, env: Mapping) -> list[dict]:
-    """A point's rows as stored: its parameters, the row, status, error, provenance."""
+    """A point's rows as stored: its parameters, the row, status, error, provenance. A row
+    may carry its own ``status`` and ``error`` (a peer that failed inside a point that ran,
+    ``experiments.gdn.peer_failure_row``); a failed point marks every row failed."""
     if not rows:
         rows = [{"kernel": "*", "metric": "error", "value": None}]
     out = []
     for row in rows:
         full = {**point, **row, "point_id": pid, "status": row.get("status", status),
-                "error": err, "timestamp": stamp, **env}
+                "error": row.get("error") or err, "timestamp": stamp, **env}
         if status == "failed":
             full["status"] = "failed"
         out.append({k: _clean(v) for k, v in full.items()})

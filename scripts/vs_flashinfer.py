@@ -22,10 +22,11 @@ def main():
     ap.add_argument("--B", default="64,128,256")
     a = ap.parse_args()
     Bs = [int(s) for s in a.B.split(",")]
-    provs = ["decodes", "chain_snapshots", "carry_exact_lazy", "flashinfer_decode",
-             "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen"]
-    pts = R.points([dict(K=[1, 4], B=Bs, head_dim=[128], heads=[(16, 32)], dtype=["bfloat16"],
-                         state_layout=["vk"], providers=provs)], fla=False)
+    shape = dict(B=Bs, head_dim=[128], heads=[(16, 32)], dtype=["bfloat16"], state_layout=["vk"])
+    pts = R.points([dict(K=[1], providers=["decodes", "flashinfer_decode"], **shape),
+                    dict(K=[4], providers=["chain_snapshots", "carry_exact_lazy",
+                                           "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen"],
+                         **shape)], fla=False)
     t = {}
     for p in pts:
         try:

@@ -102,3 +102,33 @@ def test_protocol_point_v_major_is_bitwise_plain_decoding():
     df = pd.DataFrame(rows).set_index("metric")
     assert df.loc["bitwise_vs_plain", "passed"] and df.loc["engaged_as_simulated", "passed"]
     assert df.loc["rel_l2_vs_plain", "value"] == 0.0
+
+
+@pytest.mark.parametrize("module", ["gdn_verify", "carry_protocol"])
+def test_a_peer_that_raises_loses_none_of_our_rows(module, monkeypatch, tmp_path):
+    """FlashInfer raising inside a point (as its K-row kernel does at head size 256 on the
+    H200) is stored as one failed row of that peer; our kernels' checks and times stay, ok."""
+    from pmll_lab.sweep import run_sweep
+
+    def boom(*args):
+        raise ZeroDivisionError("integer division or modulo by zero")
+
+    mod = G if module == "gdn_verify" else C
+    monkeypatch.setattr(mod, "flashinfer_available", lambda: True)
+    monkeypatch.setattr(mod, "flashinfer_supports", lambda *a: True)
+    monkeypatch.setattr(G, "flashinfer_snapshot_check", boom)
+    seed = int(np.random.default_rng().integers(1 << 20))
+    point = dict(K=2, B=2, HK=1, HV=2, head_dim=16, dtype="float32", state_layout="vk",
+                 seed=seed)
+    if module == "carry_protocol":
+        point["baselines"] = True
+    df = run_sweep("peer", [point], mod.verify_point, results_dir=tmp_path, progress=False)
+    fi = df[df["kernel"] == "flashinfer_mtp_snapshots"]
+    assert len(fi) == 1 and fi["status"].iloc[0] == "failed"
+    assert fi["error"].iloc[0].startswith("ZeroDivisionError")
+    ours = df[df["kernel"] != "flashinfer_mtp_snapshots"]
+    assert (ours["status"] == "ok").all() and (ours["error"].fillna("") == "").all()
+    times = set(ours.loc[ours["metric"] == "time_us", "kernel"])
+    assert times >= ({"chain", "decodes"} if module == "gdn_verify" else set(C.CARRY_KERNELS))
+    checks = ours[ours["passed"].notna()]
+    assert len(checks) >= 6 and checks["passed"].astype(bool).all()

@@ -52,7 +52,7 @@ from pmll_lab.experiments.common import (  # noqa: F401  (COMPILE_KEYS: for the 
     COMPILE_KEYS, clone_carry, fill_stash, gating_inputs, parts_getattr,
 )
 from pmll_lab.experiments.gdn import (  # noqa: F401  (points, with_layout: for the notebook)
-    LAYOUTS, flashinfer_snapshot_check, points, speed_rows, timings, with_layout,
+    LAYOUTS, peer_snapshot_check, points, speed_rows, timings, with_layout,
 )
 from pmll_lab.peers import (  # noqa: F401  (flashinfer_status: for the notebook)
     fla_available, fla_runner, flashinfer_available, flashinfer_status, flashinfer_supports,
@@ -261,8 +261,8 @@ def verify_point(point: dict) -> list[dict]:
                                   fla_bytes(B, K, HK, HV, D, D, dtype), {}))
         if (layout == "vk" and K >= 2 and flashinfer_available()
                 and flashinfer_supports(D, dname)):
-            firows, run_fi = flashinfer_snapshot_check(x, gate, state0, o_c, st_c[slots.long()],
-                                                       inter, otol)
+            firows, run_fi = peer_snapshot_check(x, gate, state0, o_c, st_c[slots.long()],
+                                                 inter, otol)
             rows += firows
             if run_fi is not None:
                 timed_fns.append(("flashinfer_mtp_snapshots", run_fi,

@@ -229,6 +229,24 @@ def flashinfer_snapshot_check(x: dict, gate: dict, state0: torch.Tensor, o_c: to
     return rows, (run if ok else None)
 
 
+def peer_failure_row(kernel: str, exc: BaseException) -> dict:
+    """A peer's exception inside a point as one row of that peer (``metric="error"``,
+    ``status="failed"``, the exception as ``error``), so that the point keeps our kernels'
+    checked and timed rows: a peer's crash (FlashInfer 0.7.2's K-row kernel raises
+    ``ZeroDivisionError`` at head size 256 on the H200) drops that peer only."""
+    return {"kernel": kernel, "metric": "error", "value": None, "status": "failed",
+            "error": f"{type(exc).__name__}: {exc}"}
+
+
+def peer_snapshot_check(*args) -> tuple[list[dict], object]:
+    """``flashinfer_snapshot_check(*args)``, or ``([peer_failure_row(...)], None)`` when
+    FlashInfer raises."""
+    try:
+        return flashinfer_snapshot_check(*args)
+    except Exception as exc:  # noqa: BLE001 - a peer's failure loses none of our rows
+        return [peer_failure_row("flashinfer_mtp_snapshots", exc)], None
+
+
 def verify_point(point: dict) -> list[dict]:
     """Check then time one point; returns tidy rows (see the module docstring).
 
@@ -306,7 +324,7 @@ def verify_point(point: dict) -> list[dict]:
         del o_f, h_f
     if (layout == "vk" and K >= 2 and flashinfer_available()
             and flashinfer_supports(D, dname)):
-        firows, run_fi = flashinfer_snapshot_check(x, gate, state0, o_c, st_c[sel], inter, otol)
+        firows, run_fi = peer_snapshot_check(x, gate, state0, o_c, st_c[sel], inter, otol)
         rows += firows
     del o_ref, s_ref
 

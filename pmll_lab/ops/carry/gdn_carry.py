@@ -139,29 +139,6 @@ WY_PER_HEAD_WARPS = 4
 """Warps per program of the per-head WY form (``WY_SPLIT_COLUMNS = False``, and key heads
 wider than 128): fastest with 4 (1373 us against 2663 with 2 and 1673 with 1; same log)."""
 
-VK_VERIFY_REGS: tuple[tuple[int, int], ...] = ((1 << 62, 0),)
-"""Registers per thread the V-major exact verify on an **fp32** state with ``K <= 4`` is
-compiled to (``maxnreg``; 0: the compiler's choice), one row per range of work units
-``B * HV`` as ``recurrence.VK_TILES``: ``(max B*HV, registers)``. Why: that kernel is bound by
-per-row latency, and on sm_90 it takes 168 registers, 12 one-warp programs per multiprocessor;
-144 / 128 allow 14 / 16 resident, the compiler spilling a few values to local memory
-(``python -m pmll_lab.lowering --layout vk --resources``). Registers change no arithmetic, so
-the verify stays bitwise equal to decoding (``scripts/probe_vk_maxnreg.py`` family-checks
-each setting before timing it). Other state types and ``K`` keep the compiler's choice (not
-measured). Read at launch time; measurements in reports/perf-notes.md v16."""
-
-
-def vk_verify_regs(work: int, K: int, state_itemsize: int) -> dict:
-    """``{"maxnreg": n}`` for the V-major exact verify from ``VK_VERIFY_REGS`` (``work = B *
-    HV``), or ``{}`` where it leaves the count to the compiler."""
-    if state_itemsize != 4 or K > 4:
-        return {}
-    for bound, regs in VK_VERIFY_REGS:
-        if work <= bound:
-            return {"maxnreg": regs} if regs else {}
-    return {}
-
-
 VK_WY_ROWS = 16
 """Value rows per program of the V-major WY form (``tl.dot`` needs every side >= 16)."""
 
@@ -331,7 +308,6 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
                      QK_ALIGNED=recurrence.vk_qk_aligned(kd, q, k),
                      **dict(zip(("AHEAD", "STASH_AHEAD"),
                               vk_ahead(B * HV, "carry", state.element_size()))),
-                     **vk_verify_regs(B * HV, K, state.element_size()),
                      **recurrence.EXACT_LAUNCH))
     bk, br = max(BK, 16), max(BR, VK_WY_ROWS)
     NT = cdiv(vd, br)
