@@ -440,7 +440,9 @@ def test_headline_on_constructed_gpu_rows():
     assert r["status"] == "met" and r["bound"] == 0.4 and r["ratio"] == pytest.approx(70 / 190, abs=1e-3)
     r = row("carry lazy exact K=4 without", 64)
     assert r["status"] == "met" and "mean pend 2.50" in r["note"]
-    assert row("WY lazy K=4", 64)["status"] == "missed"
+    r = row("WY lazy K=4", 64)
+    assert r["status"] == "missed" and E.WY_NOTE in r["note"]
+    assert E.WY_NOTE not in row("decode K=1", 64)["note"]
     plan = h.iloc[-1]
     assert plan["ours_us"] == pytest.approx((1 - f) * 9 + f * 12, abs=0.01)
     assert plan["status"] == ("met" if (1 - f) * 9 + f * 12 <= 10 else "missed")

@@ -73,7 +73,8 @@ CARRY_KERNELS = tuple(f"carry_{f}_{m}" for f in FORMS for m in MODES)
 KERNELS = CARRY_KERNELS + ("chain_snapshots", "fla_fused_recurrent", "flashinfer_mtp_snapshots")
 LABELS = {
     "carry_exact_eager": "carry exact, eager", "carry_exact_lazy": "carry exact, lazy",
-    "carry_wy_eager": "carry WY, eager", "carry_wy_lazy": "carry WY, lazy",
+    "carry_wy_eager": "carry WY (reference form), eager",
+    "carry_wy_lazy": "carry WY (reference form), lazy",
     "chain_snapshots": "chain + K-1 snapshots", "fla_fused_recurrent": "FLA fused_recurrent (no rollback)",
     "flashinfer_mtp_snapshots": "FlashInfer mtp + K snapshots",
 }

@@ -170,7 +170,8 @@ NATIVE_LAYOUT = {"fla_fused_recurrent": "kv", **{p: "vk" for p in FLASHINFER}}
 LABELS = {
     "decodes": "K x decode (ours)", "chain_snapshots": "chain + snapshots (ours)",
     "carry_exact_eager": "carry exact, eager", "carry_exact_lazy": "carry exact, lazy (amortised)",
-    "carry_wy_eager": "carry WY, eager", "carry_wy_lazy": "carry WY, lazy (amortised)",
+    "carry_wy_eager": "carry WY (reference form), eager",
+    "carry_wy_lazy": "carry WY (reference form), lazy (amortised)",
     "fla_fused_recurrent": "FLA fused_recurrent",
     "flashinfer_decode": "FlashInfer decode",
     "flashinfer_mtp_snapshots": "FlashInfer mtp + snapshots",

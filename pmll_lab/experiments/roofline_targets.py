@@ -123,6 +123,9 @@ HEADLINE_TARGETS = (
 )
 """Issue 10's targets as (text, our kernel, the kernel it is held against, K, B values, bound
 on the time ratio ours / theirs). Plus ``PLAN_TARGET_US``: the launch-plan call at B=1."""
+WY_NOTE = "WY is a reference form (tolerance-checked algebra, slower than the exact form)"
+"""The headline's note on the WY row (reports/perf-notes.md v16: 3-6x the exact form's time
+at K=4 on the H200)."""
 PLAN_TARGET_US = 10.0
 """Issue 10: at B=1, K=4 a launch-plan call of the lazy exact verify takes <= 10 us wall."""
 HEADLINE_COLUMNS = ["target", "B", "K", "ours", "layout", "ours_us", "peer", "peer_us", "ratio",
@@ -189,6 +192,8 @@ def headline_table(df: pd.DataFrame, *, mean_accept: float = 3.3, accept_K: int 
                 note = (note + "; " if note else "") + f"B={Bu} stands in for the target's B={B}"
             if o is not None and ours.endswith(":nowb") and pd.notna(o.get("mean_pend")):
                 note = (note + "; " if note else "") + f"mean pend {float(o['mean_pend']):.2f}"
+            if ours.startswith("carry_wy"):
+                note = (note + "; " if note else "") + WY_NOTE
             rows.append({"target": text, "B": Bu, "K": K, "ours": ours,
                          "layout": o["state_layout"] if o is not None else "",
                          "ours_us": t_o, "peer": peer, "peer_us": t_p, "ratio": ratio,

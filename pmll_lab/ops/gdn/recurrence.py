@@ -88,7 +88,7 @@ DEFAULT_STATE_LAYOUT = "kv"
 """The layout every launcher takes when ``state_layout`` is not given: K-major, the layout of
 FLA, vLLM and the Hugging Face Qwen3-Next cache, so that a state from those works as it is (a
 V-major default would silently read a ``[S, HV, kd, vd]`` state transposed whenever kd = vd).
-The V-major layout measures faster for every GDN kernel on an H200 (reports/perf-notes.md v14:
+The V-major layout measures faster for every GDN kernel on an H200 (reports/perf-notes.md v16:
 decode, the chain, the exact verify); a serving loop that owns its state pool
 should pass ``state_layout="vk"``."""
 
@@ -153,8 +153,8 @@ def head_tile_program(HV, NT: tl.constexpr):
     the tile ``j`` fastest: consecutive programs walk one head's state, not one tile of
     successive heads (a whole head apart). Every GDN kernel that splits a head's state across
     programs (decode, the chain, the exact and WY verify, the flush; both layouts) orders them
-    so. Why: the programs resident at a time then stream a few whole heads (H200, V-major:
-    decode 2-9 % and the chain 13-16 % faster; reports/perf-notes.md v15, v16)."""
+    so. Why: the programs resident at a time then stream a few whole heads, which the H200
+    measured faster in both layouts (reports/perf-notes.md v15, v16)."""
     pid = tl.program_id(0)
     bh = pid // NT
     return (bh // HV).to(tl.int64), bh % HV, pid % NT
