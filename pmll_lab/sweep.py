@@ -304,7 +304,7 @@ def run_sweep(
             for pid, point in todo.items():
                 rows = _point_rows(point_fn, point, pid)
                 _write(path, rows)
-                failed += any(r.get("status") == "failed" for r in rows)
+                failed += all(r.get("status") == "failed" for r in rows)  # the point itself
                 if bar is not None:
                     bar.update(1)
         else:

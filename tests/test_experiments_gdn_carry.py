@@ -105,18 +105,26 @@ def test_protocol_point_v_major_is_bitwise_plain_decoding():
 
 
 @pytest.mark.parametrize("module", ["gdn_verify", "carry_protocol"])
-def test_a_peer_that_raises_loses_none_of_our_rows(module, monkeypatch, tmp_path):
+@pytest.mark.parametrize("where", ["check", "timing"])
+def test_a_peer_that_raises_loses_none_of_our_rows(module, where, monkeypatch, tmp_path):
     """FlashInfer raising inside a point (as its K-row kernel does at head size 256 on the
-    H200) is stored as one failed row of that peer; our kernels' checks and times stay, ok."""
+    H200), in its check or while timed, is stored as one failed row of that peer; our kernels'
+    checks and times stay, ok, and the conclusion counts no failed point but names the peer."""
+    from pmll_lab.experiments import carry_report, gdn_report
+    from pmll_lab.experiments.common import point_failures
     from pmll_lab.sweep import run_sweep
 
     def boom(*args):
         raise ZeroDivisionError("integer division or modulo by zero")
 
+    def check_then_boom(*args):              # passes its check, raises when timed
+        return [], boom
+
     mod = G if module == "gdn_verify" else C
     monkeypatch.setattr(mod, "flashinfer_available", lambda: True)
     monkeypatch.setattr(mod, "flashinfer_supports", lambda *a: True)
-    monkeypatch.setattr(G, "flashinfer_snapshot_check", boom)
+    monkeypatch.setattr(G, "flashinfer_snapshot_check",
+                        boom if where == "check" else check_then_boom)
     seed = int(np.random.default_rng().integers(1 << 20))
     point = dict(K=2, B=2, HK=1, HV=2, head_dim=16, dtype="float32", state_layout="vk",
                  seed=seed)
@@ -132,3 +140,32 @@ def test_a_peer_that_raises_loses_none_of_our_rows(module, monkeypatch, tmp_path
     assert times >= ({"chain", "decodes"} if module == "gdn_verify" else set(C.CARRY_KERNELS))
     checks = ours[ours["passed"].notna()]
     assert len(checks) >= 6 and checks["passed"].astype(bool).all()
+    n_fail, peers = point_failures(df)
+    assert n_fail == 0 and list(peers["kernel"]) == ["flashinfer_mtp_snapshots"]
+    if module == "gdn_verify":
+        text = gdn_report.conclusion(df)
+        bad = gdn_report.failed_points(df)
+    else:
+        sim = C.simulation_table([2], [0.8], steps=50)
+        text = carry_report.conclusion(df, sim, carry_report.crossover_table(df),
+                                       carry_report.budget_table())
+        bad = carry_report.failed_points(df)
+    assert "1 points run, 0 failed their checks" in text
+    assert "A peer raised inside 1 (flashinfer_mtp_snapshots) points" in text
+    assert list(bad["kernel"]) == ["flashinfer_mtp_snapshots"]
+
+
+def test_our_kernels_failing_still_fail_the_whole_point(monkeypatch, tmp_path):
+    """Only peers are caught: an exception of ours fails the point, every row of it."""
+    from pmll_lab.experiments.common import point_failures
+    from pmll_lab.sweep import run_sweep
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("ours broke")
+
+    monkeypatch.setattr(G, "timings", boom)
+    point = dict(K=2, B=2, HK=1, HV=2, head_dim=16, dtype="float32", state_layout="kv",
+                 seed=int(np.random.default_rng().integers(1 << 20)))
+    df = run_sweep("ours", [point], G.verify_point, results_dir=tmp_path, progress=False)
+    assert (df["status"] == "failed").all() and "ours broke" in df["error"].iloc[0]
+    assert point_failures(df)[0] == 1

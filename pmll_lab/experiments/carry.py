@@ -52,10 +52,10 @@ from pmll_lab.experiments.common import (  # noqa: F401  (COMPILE_KEYS: for the 
     COMPILE_KEYS, clone_carry, fill_stash, gating_inputs, parts_getattr,
 )
 from pmll_lab.experiments.gdn import (  # noqa: F401  (points, with_layout: for the notebook)
-    LAYOUTS, peer_snapshot_check, points, speed_rows, timings, with_layout,
+    LAYOUTS, fla_run_once, peer_rows, peer_snapshot_check, points, timed_rows, with_layout,
 )
 from pmll_lab.peers import (  # noqa: F401  (flashinfer_status: for the notebook)
-    fla_available, fla_runner, flashinfer_available, flashinfer_status, flashinfer_supports,
+    fla_available, flashinfer_available, flashinfer_status, flashinfer_supports,
     flashinfer_version,
 )
 from pmll_lab.sweep import CheckFailed
@@ -253,13 +253,18 @@ def verify_point(point: dict) -> list[dict]:
                           chain_bytes(B, K, HK, HV, D, D, dtype), {}))
 
         if layout == "kv" and fla_available():
-            run_fla, _ = fla_runner(*args, state0[slots.long()].contiguous(), scale=D ** -0.5)
-            o_f, _ = run_fla()
-            frows = error_rows("fla_fused_recurrent", o_f[:n_ref], o_plain, tol=otol, what="o")
-            rows += frows
-            if all(r["passed"] for r in frows):
-                timed_fns.append(("fla_fused_recurrent", run_fla,
-                                  fla_bytes(B, K, HK, HV, D, D, dtype), {}))
+            fla, failed = peer_rows("fla_fused_recurrent", fla_run_once, args,
+                                    state0[slots.long()].contiguous(), D)
+            if failed:
+                rows += failed
+            else:
+                run_fla, (o_f, _) = fla
+                frows = error_rows("fla_fused_recurrent", o_f[:n_ref], o_plain, tol=otol,
+                                   what="o")
+                rows += frows
+                if all(r["passed"] for r in frows):
+                    timed_fns.append(("fla_fused_recurrent", run_fla,
+                                      fla_bytes(B, K, HK, HV, D, D, dtype), {}))
         if (layout == "vk" and K >= 2 and flashinfer_available()
                 and flashinfer_supports(D, dname)):
             firows, run_fi = peer_snapshot_check(x, gate, state0, o_c, st_c[slots.long()],
@@ -271,8 +276,7 @@ def verify_point(point: dict) -> list[dict]:
                                   {"flashinfer_version": flashinfer_version()}))
 
     # timing, after every check passed (the verify does not change pend: each call is the same)
-    for name, fn, nbytes, extra in timed_fns:
-        rows += speed_rows(name, timings(fn), nbytes, **extra)
+    rows += timed_rows(timed_fns)
     return rows
 
 

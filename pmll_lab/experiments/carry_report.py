@@ -15,7 +15,7 @@ from pmll_lab.experiments.acceptance import mean_accept_len
 from pmll_lab.experiments.carry import (
     CAP, FORMS, LABELS, _itemsize, stash_row_bytes,
 )
-from pmll_lab.experiments.common import failed_points as _failed_points
+from pmll_lab.experiments.common import failed_points as _failed_points, failure_line
 from pmll_lab.experiments.gdn import LAYOUT_NAMES, TIMER_LABELS, best_timer, timed, with_layout
 
 
@@ -248,9 +248,7 @@ def conclusion(df: pd.DataFrame, sim: pd.DataFrame, cross: pd.DataFrame,
     FlashInfer's snapshot verify (``compare``: ``carry_vs_snapshots``), and the byte budget."""
     lines = []
     df = with_layout(df)
-    n_pts = df["point_id"].nunique()
-    n_fail = df[df["status"] == "failed"]["point_id"].nunique()
-    lines.append(f"- {n_pts} points run, {n_fail} failed their checks.")
+    lines.append(failure_line(df))
     ok = df[df["status"] == "ok"]
     for lay, g in ok.groupby("state_layout"):
         bit = g[g["metric"].isin(["bitwise_vs_decode", "bitwise_vs_plain"])]

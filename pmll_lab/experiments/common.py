@@ -58,11 +58,37 @@ def head_points(grids: list[dict]) -> list[dict]:
 
 
 def failed_points(df: pd.DataFrame, params: Sequence[str]) -> pd.DataFrame:
-    """One line per failed point: the ``params`` columns present, and the error text."""
+    """One line per failed point or failed peer: the ``params`` columns present, the kernel
+    (``*`` for a whole point) and the error text."""
     if df.empty or "status" not in df:
         return pd.DataFrame()
-    cols = [c for c in (*params, "error") if c in df]
+    cols = [c for c in (*params, "kernel", "error") if c in df]
     return df[df["status"] == "failed"][cols].drop_duplicates().reset_index(drop=True)
+
+
+def point_failures(df: pd.DataFrame) -> tuple[int, pd.DataFrame]:
+    """``(failed points, failed peers)``: how many points failed as a whole (every row
+    ``status == "failed"``: an exception or a failed check of ours), and the failed rows of
+    points that ran otherwise (a peer that raised inside the point,
+    ``experiments.gdn.peer_failure_row``: our rows of it are kept)."""
+    if df.empty or "status" not in df:
+        return 0, pd.DataFrame()
+    bad = df["status"] == "failed"
+    whole = bad.groupby(df["point_id"]).all()
+    peers = df[bad & ~df["point_id"].map(whole)]
+    return int(whole.sum()), peers
+
+
+def failure_line(df: pd.DataFrame) -> str:
+    """The conclusions' first line: points run, points failed, and peers that raised inside a
+    point (named, with their point count)."""
+    n_fail, peers = point_failures(df)
+    line = f"- {df['point_id'].nunique()} points run, {n_fail} failed their checks."
+    if not peers.empty:
+        per = peers.groupby("kernel")["point_id"].nunique()
+        line += (" A peer raised inside " + ", ".join(f"{n} ({k})" for k, n in per.items())
+                 + " points; our rows of those points are kept.")
+    return line
 
 
 def error_strip(ax, err: pd.DataFrame, cats: Sequence[str], *,

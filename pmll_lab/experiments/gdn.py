@@ -238,13 +238,37 @@ def peer_failure_row(kernel: str, exc: BaseException) -> dict:
             "error": f"{type(exc).__name__}: {exc}"}
 
 
+PEER_KERNELS = ("fla_fused_recurrent", "flashinfer_mtp_snapshots")
+"""The peers run inside a gdn_verify or carry_protocol point: their exceptions become
+``peer_failure_row`` rows (checks and timing alike)."""
+
+
+def peer_rows(name: str, fn, *args, **kwargs):
+    """``(fn(*args, **kwargs), None)``, or ``(None, [peer_failure_row(name, exc)])`` when the
+    call raises and ``name`` is a peer (``PEER_KERNELS``); our kernels' exceptions pass."""
+    try:
+        return fn(*args, **kwargs), None
+    except Exception as exc:  # noqa: BLE001 - a peer's failure loses none of our rows
+        if name not in PEER_KERNELS:
+            raise
+        return None, [peer_failure_row(name, exc)]
+
+
+def timed_rows(timed_fns) -> list[dict]:
+    """``speed_rows`` of each ``(name, fn, bytes, extra)`` (``extra``: columns of its rows); a
+    peer that raises while timed gives its ``peer_failure_row`` instead."""
+    rows = []
+    for name, fn, nbytes, extra in timed_fns:
+        t, failed = peer_rows(name, timings, fn)
+        rows += failed or speed_rows(name, t, nbytes, **extra)
+    return rows
+
+
 def peer_snapshot_check(*args) -> tuple[list[dict], object]:
     """``flashinfer_snapshot_check(*args)``, or ``([peer_failure_row(...)], None)`` when
     FlashInfer raises."""
-    try:
-        return flashinfer_snapshot_check(*args)
-    except Exception as exc:  # noqa: BLE001 - a peer's failure loses none of our rows
-        return [peer_failure_row("flashinfer_mtp_snapshots", exc)], None
+    out, failed = peer_rows("flashinfer_mtp_snapshots", flashinfer_snapshot_check, *args)
+    return out if failed is None else (failed, None)
 
 
 def verify_point(point: dict) -> list[dict]:
@@ -314,14 +338,19 @@ def verify_point(point: dict) -> list[dict]:
     # peers (checked; a disagreement is recorded and drops only that peer's timing)
     run_fla = run_fi = None
     if layout == "kv" and fla_available():
-        run_fla, _ = fla_runner(*args, state0[sel].contiguous(), scale=D ** -0.5)
-        o_f, h_f = run_fla()
-        frows = (error_rows("fla_fused_recurrent", o_f, o_ref, tol=otol, what="o")
-                 + error_rows("fla_fused_recurrent", h_f, s_ref, tol=STATE_TOL, what="state"))
-        rows += frows
-        if not all(r["passed"] for r in frows):
-            run_fla = None
-        del o_f, h_f
+        fla, failed = peer_rows("fla_fused_recurrent", fla_run_once, args,
+                                state0[sel].contiguous(), D)
+        if failed:
+            rows += failed
+        else:
+            run_fla, (o_f, h_f) = fla
+            frows = (error_rows("fla_fused_recurrent", o_f, o_ref, tol=otol, what="o")
+                     + error_rows("fla_fused_recurrent", h_f, s_ref, tol=STATE_TOL,
+                                  what="state"))
+            rows += frows
+            if not all(r["passed"] for r in frows):
+                run_fla = None
+            del o_f, h_f
     if (layout == "vk" and K >= 2 and flashinfer_available()
             and flashinfer_supports(D, dname)):
         firows, run_fi = peer_snapshot_check(x, gate, state0, o_c, st_c[sel], inter, otol)
@@ -352,12 +381,17 @@ def verify_point(point: dict) -> list[dict]:
         # K states written to the buffer, the pool read once: (K+1)*Hb, as the chain
         timed_fns.append(("flashinfer_mtp_snapshots", run_fi, chain_bytes(B, K, **io),
                           {"flashinfer_version": flashinfer_version()}))
-    for name, fn, nbytes, extra in timed_fns:
-        for r in speed_rows(name, timings(fn), nbytes, **extra):
-            if r["metric"] == "time_us":
-                r["time_per_row_us"] = r["value"] / K
-            rows.append(r)
+    for r in timed_rows(timed_fns):
+        if r["metric"] == "time_us":
+            r["time_per_row_us"] = r["value"] / K
+        rows.append(r)
     return rows
+
+
+def fla_run_once(args, h0: torch.Tensor, D: int):
+    """FLA's fused_recurrent on the rows ``args`` from ``h0``: ``(run, run())``."""
+    run, _ = fla_runner(*args, h0, scale=D ** -0.5)
+    return run, run()
 
 
 # ---- tables, plots, headline and conclusion (their own module) --------------------------------

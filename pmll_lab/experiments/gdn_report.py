@@ -15,7 +15,7 @@ import pandas as pd
 
 from pmll_lab.bench import copy_bandwidth
 from pmll_lab.gdn import carry_stash_bytes, snapshot_bytes, state_bytes
-from pmll_lab.experiments.common import error_strip
+from pmll_lab.experiments.common import error_strip, failure_line
 from pmll_lab.experiments.common import failed_points as _failed_points
 from pmll_lab.experiments.gdn import (
     KERNELS, LABELS, LAYOUT_NAMES, LAYOUTS, O_TOL, STATE_TOL, TIMER_LABELS, best_timer, on_gpu,
@@ -224,9 +224,7 @@ def conclusion(df: pd.DataFrame) -> str:
     lines = []
     df = with_layout(df)
     ok = df[df["status"] == "ok"]
-    n_pts = df["point_id"].nunique()
-    n_fail = df[df["status"] == "failed"]["point_id"].nunique()
-    lines.append(f"- {n_pts} points run, {n_fail} failed their checks.")
+    lines.append(failure_line(df))
     for lay, g in ok.groupby("state_layout"):
         bit = g[g["metric"] == "bitwise_vs_decodes"]
         if bit.empty:
@@ -243,11 +241,11 @@ def conclusion(df: pd.DataFrame) -> str:
         lines.append(f"- {dt} inputs: worst rel. L2 error of outputs {o:.1e}, of states and "
                      f"snapshots {s:.1e} (tolerances {O_TOL.get(dt, float('nan')):.0e} and "
                      f"{STATE_TOL:.0e}).")
-    fi = df[df["kernel"] == "flashinfer_mtp_snapshots"]
-    if not fi.empty:
-        fe = fi[fi["metric"] == "rel_l2"]
+    fi = ok[ok["kernel"] == "flashinfer_mtp_snapshots"]
+    fe = fi[fi["metric"] == "rel_l2"]
+    if not fe.empty:
         nfail = fe[fe["passed"] == False]["point_id"].nunique()  # noqa: E712
-        lines.append(f"- FlashInfer's snapshot verify checked at {fi['point_id'].nunique()} points "
+        lines.append(f"- FlashInfer's snapshot verify checked at {fe['point_id'].nunique()} points "
                      f"against the float64 reference with its own gating: worst rel. L2 error "
                      f"{fe['value'].astype(float).max():.1e}"
                      + (f"; it disagreed at {nfail} points (not timed there)." if nfail else "."))

@@ -43,8 +43,8 @@ SECTIONS = ("conv_verify", "gdn_verify", "accept", "gdn_flush", "conv_flush", "c
 """Kernel sections a step is split into (``StepTimer`` names; summed over the GDN layers)."""
 
 LABELS = {"plain": "plain decoding", "exact_lazy": "carry exact, lazy",
-          "exact_eager": "carry exact, eager", "wy_lazy": "carry WY, lazy",
-          "wy_eager": "carry WY, eager", "chain": "snapshot chain"}
+          "exact_eager": "carry exact, eager", "wy_lazy": "carry WY (reference form), lazy",
+          "wy_eager": "carry WY (reference form), eager", "chain": "snapshot chain"}
 STYLE = {"plain": ("k", "-", "D"), "exact_lazy": ("C0", "-", "o"),
          "exact_eager": ("C0", "--", "s"), "wy_lazy": ("C1", "-", "o"),
          "wy_eager": ("C1", "--", "s"), "chain": ("C2", "-", "^")}

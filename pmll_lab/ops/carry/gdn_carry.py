@@ -188,8 +188,8 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
             for a padding lane (zero outputs, ``engaged`` 1; no state, stash or ``pend``
             access), contiguous.
         form: ``"exact"`` (bitwise equal to decoding the rows one at a time) or ``"wy"``
-            (the rows at once, equal up to rounding; a reference form, 3-6x slower than the
-            exact one on the H200 at K=4: reports/perf-notes.md v16).
+            (the rows at once, equal up to rounding; a reference form, 3-6x the exact one's
+            time on the H200 at K=4 from B=64: reports/perf-notes.md v16).
         lazy: ``False`` = eager (write back whenever ``pend > 0``); ``True`` = write back only
             when ``pend + K > CAP``.
         scale: query scale, default ``kd ** -0.5``. use_qk_l2norm: l2-normalise q and k.

@@ -25,8 +25,8 @@ reports/perf-notes.md v14). Rows, stash rows and the state load ahead as ``recur
 says. After the last row the tile is dead (a verify never stores the post-row state), so
 the compiler drops that row's state update.
 
-WY verify, a **reference form** (measured 4.8x slower than the exact
-form on the H200, reports/perf-notes.md v11; kept for the tolerance-checked algebra): the ``K``
+WY verify, a **reference form** (slower than the exact form on the H200,
+reports/perf-notes.md v11, v16; kept for the tolerance-checked algebra): the ``K``
 rows at once on the tensor cores. Per program the
 head's small matrices (``pmll_lab.ops.carry.gdn_carry_wy._wy_rows``: scaled queries ``Q`` and keys
 ``Kr`` ``[KP, BK]``, ``ec = exp(cumsum g)``, ``T = (I + A)^-1``, ``P``), then on the tile
