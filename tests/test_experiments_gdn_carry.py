@@ -169,3 +169,26 @@ def test_our_kernels_failing_still_fail_the_whole_point(monkeypatch, tmp_path):
     df = run_sweep("ours", [point], G.verify_point, results_dir=tmp_path, progress=False)
     assert (df["status"] == "failed").all() and "ours broke" in df["error"].iloc[0]
     assert point_failures(df)[0] == 1
+
+
+@pytest.mark.parametrize("module", ["gdn_verify", "carry_protocol"])
+def test_fla_raising_loses_none_of_our_rows(module, monkeypatch, tmp_path):
+    """FLA raising (as the K-major peer) is one failed row of it; our rows stay ok."""
+    from pmll_lab.sweep import run_sweep
+
+    def boom(*args):
+        raise RuntimeError("fla broke")
+
+    mod = G if module == "gdn_verify" else C
+    monkeypatch.setattr(mod, "fla_available", lambda: True)
+    monkeypatch.setattr(mod, "fla_run_once", boom)
+    point = dict(K=2, B=2, HK=1, HV=2, head_dim=16, dtype="float32", state_layout="kv",
+                 seed=int(np.random.default_rng().integers(1 << 20)))
+    if module == "carry_protocol":
+        point["baselines"] = True
+    df = run_sweep("fla", [point], mod.verify_point, results_dir=tmp_path, progress=False)
+    fla = df[df["kernel"] == "fla_fused_recurrent"]
+    assert len(fla) == 1 and fla["status"].iloc[0] == "failed"
+    assert "fla broke" in fla["error"].iloc[0]
+    ours = df[df["kernel"] != "fla_fused_recurrent"]
+    assert (ours["status"] == "ok").all() and (ours["metric"] == "time_us").any()
