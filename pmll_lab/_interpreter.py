@@ -14,6 +14,11 @@ through numpy's ``astype``, which already rounds to nearest even.
 inf); every other cast is left to Triton. It patches the interpreter only: compiled kernels
 never see it, so the GPU pays nothing, and both backends store the same bits from the same fp32
 value. Idempotent.
+
+It also wraps ``create_dot``: the interpreter keeps bf16 tensors as their uint16 bit patterns and
+multiplied those patterns as integers in ``tl.dot`` (the ring form's bf16 products came out as
+inf/NaN). bf16 operands are widened to the fp32 values they hold first, the products a GPU's
+bf16 MMA forms exactly before its fp32 accumulation.
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ def rne_bf16_bits(x: np.ndarray) -> np.ndarray:
     rounded = ((bits + np.uint32(0x7FFF) + lsb) >> np.uint32(16)).astype(np.uint16)
     nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     return np.where(nan, np.uint16(0x7FC0), rounded).astype(np.uint16).reshape(x.shape)
+
+
+def bf16_values(bits: np.ndarray) -> np.ndarray:
+    """fp32 values of bf16 bit patterns (uint16, as the interpreter holds bf16 tensors)."""
+    return (np.asarray(bits).astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def install() -> None:
@@ -49,3 +59,12 @@ def install() -> None:
 
     cast_impl._pmll_lab_rne = True
     builder.cast_impl = cast_impl
+
+    original_dot = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        a, b = (interpreter.TensorHandle(bf16_values(x.data), tl.float32)
+                if x.dtype.scalar == tl.bfloat16 else x for x in (a, b))
+        return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    builder.create_dot = create_dot

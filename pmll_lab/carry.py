@@ -41,6 +41,9 @@ from pmll_lab.ops.carry.gdn_carry import (  # noqa: F401
     snapshot_bytes_per_slot,
     stash_bytes_per_slot,
 )
+from pmll_lab.ops.carry.gdn_ring import (  # noqa: F401
+    RING_DEFAULT_LENGTH, RING_LENGTHS, RING_TOLERANCE, GdnRing, gdn_ring_flush, gdn_ring_verify,
+    ring_accept)
 from pmll_lab.ops.carry.spec_decode_step import (  # noqa: F401
     GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS, SpecDecodeStep)
 from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, STATE_LAYOUTS  # noqa: F401
@@ -49,6 +52,7 @@ __all__ = [
     "GDN_CARRY_CAP", "GDN_CARRY_LAZY_MIN_SEQS", "STATE_LAYOUTS", "GDN_CARRY_EAGER_MAX_PENDING",
     "GdnCarry", "gdn_carry_verify", "gdn_carry_verify_plan", "gdn_carry_flush", "carry_accept",
     "ConvCarry", "conv_carry_verify", "conv_carry_flush",
+    "GdnRing", "gdn_ring_verify", "ring_accept", "gdn_ring_flush", "RING_TOLERANCE",
     "CarryLayer", "SpecDecodeStep", "stash_bytes_per_slot", "snapshot_bytes_per_slot",
 ]
 

@@ -1,0 +1,378 @@
+"""The ring form of the carried-state GDN verify (SPEC §3d): ``GdnRing``, verify, commit, flush.
+
+The stored state is read-only during a verify; the accepted rows live in a ring per
+(layer, slot) until a fold, and enter each verify as a low-rank correction. Design: the
+ReplaySSM verify (FlashInfer 0.7.2's ``gated_delta_rule_mtp_ucache_flush``, SGLang, TensorRT-LLM),
+written here from SPEC §3d. A tolerance form: outputs and folded states answer to the float64
+exact protocol (``pmll_lab.reference.carry``) within ``RING_TOLERANCE``, not bitwise; the float64
+restatement of its algebra is ``pmll_lab.reference.ring``. Kernels:
+``pmll_lab.ops.carry.gdn_ring_kernels``.
+
+Buffers (``GdnRing``), per layer, ``NS = 2 R`` physical rows per head (``R`` = ``length``):
+
+  ==========  ======================  ===========  ================================================
+  name        shape                   dtype        meaning
+  ==========  ======================  ===========  ================================================
+  ``k``       ``[S, HK, NS, kd]``     state's      normalised keys (one per key head, as GVA shares)
+  ``u``       ``[S, HV, NS, vd]``     state's      corrections ``u_j``
+  ``G``       ``[S, HV, NS]``         fp32         cumulative log decay from the stored state
+  ``len``     ``[S]``                 int32        rows in the window (``P``), set by the caller
+  ``base``    ``[S]``                 int32        first row of the window, set by the caller
+  ==========  ======================  ===========  ================================================
+
+The window is rows ``base .. base + len - 1`` (mod ``NS``); a verify appends at ``base + len ..``,
+past it, so no program of the launch overwrites a row another still reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pmll_lab import _checks
+from pmll_lab.backend import DEVICE
+from pmll_lab.ops.carry.gdn_carry_common import INDEX_DTYPES, _device_guard, check_state, offsets_table
+from pmll_lab.ops.carry.gdn_ring_kernels import (gdn_ring_flush_kernel, gdn_ring_verify_kernel,
+                                                 ring_accept_kernel)
+from pmll_lab.ops.gdn.gating import check_gating, split_gating
+from pmll_lab.ops.host import cdiv, next_power_of_2
+
+RING_LENGTHS = (8, 16, 32)
+"""Ring lengths ``R`` (rows a slot holds before a fold) the kernels take."""
+RING_DEFAULT_LENGTH = 16
+"""FlashInfer's window (``W_RING``): with ``K = 4`` a fold about every fourth step."""
+RING_HEAD_DIMS = (16, 256)
+"""``kd``/``vd`` range of the kernels (multiples of 16: ``tl.dot`` tiles)."""
+RING_MAX_ROWS = 16
+"""Most draft rows per verify (the new rows' ``[16, 16]`` tiles)."""
+RING_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
+"""rel L2 of the ring form's outputs and states against the float64 exact protocol, per state
+dtype (tests/test_ring.py). fp32: ``tf32x3`` products; bf16/fp16: the state's own rounding."""
+
+RING_PRECISION = "tf32x3"
+"""``input_precision`` of an fp32 state's ``tl.dot`` products: three tf32 passes on the tensor
+cores, close to fp32 (``"ieee"``: fp32 FMAs, slower). 2-byte states multiply in their dtype."""
+
+RING_TILES = ((16, 2), (32, 4), (64, 4), (128, 4))
+"""``(value rows per program, warps)`` by ``vd``: the first row with ``BV >= vd`` or the last.
+Initial choice (one 64-row tile per half head at ``vd = 128``); to be tuned on the GPU
+(reports/perf-notes.md, ring form)."""
+
+
+def ring_config(v_dim: int) -> tuple[int, int]:
+    """``(BV, num_warps)`` of the ring kernels for value head size ``v_dim`` (``RING_TILES``)."""
+    for bv, warps in RING_TILES:
+        if bv >= min(v_dim, 64):
+            return bv, warps
+    return RING_TILES[-1]
+
+
+@dataclass(eq=False)
+class GdnRing:
+    """One layer's ring for ``S`` slots (SPEC §3d); the table in this module's docstring.
+
+    Build with ``GdnRing.empty(...)`` (zeroed; ``len = base = 0``). ``length`` is ``R``.
+    ``ValueError`` naming the field for a shape, dtype or device that does not fit."""
+
+    k: torch.Tensor
+    u: torch.Tensor
+    G: torch.Tensor
+    len: torch.Tensor
+    base: torch.Tensor
+    length: int = RING_DEFAULT_LENGTH
+
+    def __post_init__(self):
+        _checks.choice("length", self.length, RING_LENGTHS)
+        ns = 2 * self.length
+        _checks.tensor("u", self.u, ndim=4, dtype=_checks.FLOAT_DTYPES, contiguous=True)
+        S, HV, _, vd = self.u.shape
+        _checks.tensor("u", self.u, shape=(S, HV, ns, vd))
+        _checks.tensor("k", self.k, ndim=4, dtype=self.u.dtype, device=self.u.device,
+                       contiguous=True)
+        if self.k.shape[0] != S or self.k.shape[2] != ns or HV % max(self.k.shape[1], 1):
+            raise ValueError(f"k: expected [{S}, HK, {ns}, kd] with HV = {HV} a multiple of HK, "
+                             f"got {tuple(self.k.shape)}")
+        _checks.tensor("G", self.G, shape=(S, HV, ns), dtype=torch.float32,
+                       device=self.u.device, contiguous=True)
+        for name in ("len", "base"):
+            _checks.tensor(name, getattr(self, name), shape=(S,), dtype=torch.int32,
+                           device=self.u.device, contiguous=True)
+
+    @classmethod
+    def empty(cls, slots: int, num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, *,
+              length: int = RING_DEFAULT_LENGTH, dtype=torch.float32, device=None) -> "GdnRing":
+        """A zeroed ring (``len = base = 0``) whose ``k``/``u`` rows are in ``dtype`` (the state
+        pool's dtype), on ``device`` (default ``pmll_lab.DEVICE``)."""
+        for name, val in (("slots", slots), ("num_k_heads", num_k_heads),
+                          ("num_v_heads", num_v_heads), ("k_dim", k_dim), ("v_dim", v_dim)):
+            _checks.positive_int(name, val)
+        _checks.choice("length", length, RING_LENGTHS)
+        _checks.choice("dtype", dtype, _checks.FLOAT_DTYPES)
+        if num_v_heads % num_k_heads:
+            raise ValueError(f"num_v_heads: {num_v_heads} is not a multiple of num_k_heads "
+                             f"({num_k_heads})")
+        dev = _checks.device("device", device, DEVICE)
+        ns = 2 * length
+        z = lambda *s, dt=dtype: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
+        return cls(k=z(slots, num_k_heads, ns, k_dim), u=z(slots, num_v_heads, ns, v_dim),
+                   G=z(slots, num_v_heads, ns, dt=torch.float32),
+                   len=z(slots, dt=torch.int32), base=z(slots, dt=torch.int32), length=length)
+
+    @property
+    def slots(self) -> int:
+        return self.u.shape[0]
+
+    @property
+    def num_k_heads(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def num_v_heads(self) -> int:
+        return self.u.shape[1]
+
+    @property
+    def k_dim(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def v_dim(self) -> int:
+        return self.u.shape[3]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.u.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.u.device
+
+    @property
+    def bytes_per_slot(self) -> int:
+        """Bytes the ring holds per slot (rows, ``G``, ``len``, ``base``)."""
+        rows = self.k[0].numel() * self.k.element_size() + self.u[0].numel() * self.u.element_size()
+        return rows + self.G[0].numel() * 4 + 8
+
+    def reset(self, slots) -> None:
+        """Forget the ring of ``slots`` (an int, ints or an index tensor in ``[0, S)``):
+        ``len = base = 0`` and its rows zeroed. ``ValueError`` naming ``slots`` otherwise."""
+        idx = _checks.index_tensor("slots", slots, self.slots, device=self.device)
+        for t in (self.len, self.base, self.k, self.u, self.G):
+            t.index_fill_(0, idx, 0)
+
+
+def check_ring(name: str, ring, state: torch.Tensor) -> None:
+    """``ring`` is a ``GdnRing`` for the V-major ``state [S, HV, vd, kd]`` (slots, heads, dims,
+    dtype, device)."""
+    if not isinstance(ring, GdnRing):
+        raise ValueError(f"{name}: expected a GdnRing, got {type(ring).__name__}")
+    S, HV, vd, kd = state.shape
+    got = (ring.slots, ring.num_v_heads, ring.v_dim, ring.k_dim)
+    if got != (S, HV, vd, kd):
+        raise ValueError(f"{name}: ring for (slots, HV, vd, kd) = {got} does not match the "
+                         f"V-major state {tuple(state.shape)}")
+    if ring.dtype != state.dtype:
+        raise ValueError(f"{name}: ring rows are {ring.dtype}, the state is {state.dtype}: "
+                         "build the ring with the state pool's dtype")
+    _checks.same_device("state", state, **{f"{name}.u": ring.u})
+
+
+def _check_dims(state: torch.Tensor, state_layout: str) -> tuple[int, int]:
+    if state_layout != "vk":
+        raise ValueError(f"state_layout: the ring form runs on a V-major state ('vk', "
+                         f"[S, HV, vd, kd]), got {state_layout!r}")
+    vd, kd = state.shape[2:]
+    lo, hi = RING_HEAD_DIMS
+    for what, d in (("kd", kd), ("vd", vd)):
+        if d % 16 or not lo <= d <= hi:
+            raise ValueError(f"state: head size {what} = {d} is not supported by the ring form "
+                             f"(multiples of 16 in [{lo}, {hi}]: tl.dot tiles)")
+    return kd, vd
+
+
+def _check_verify(state, ring, q, k, v, g, beta, slot_tab, scale, validate, state_layout,
+                  gating, use_qk_l2norm):
+    check_state("state", state)
+    kd, vd = _check_dims(state, state_layout)
+    check_ring("ring", ring, state)
+    _checks.flag("validate", validate)
+    _checks.flag("use_qk_l2norm", use_qk_l2norm)
+    S, HV = state.shape[:2]
+    dev = state.device
+    _checks.tensor("q", q, ndim=4, dtype=_checks.FLOAT_DTYPES, device=dev, last_contiguous=True)
+    B, K, HK = q.shape[:3]
+    _checks.tensor("q", q, shape=(B, K, ring.num_k_heads, kd))
+    _checks.tensor("k", k, shape=(B, K, HK, kd), dtype=q.dtype, device=dev, last_contiguous=True)
+    _checks.tensor("v", v, shape=(B, K, HV, vd), dtype=q.dtype, device=dev, last_contiguous=True)
+    if gating is None:
+        for name, t in (("g", g), ("beta", beta)):
+            _checks.tensor(name, t, shape=(B, K, HV), dtype=torch.float32, device=dev,
+                           last_contiguous=True)
+    else:
+        check_gating(gating, (B, K), HV, q.dtype, dev)
+    _checks.tensor("slot_tab", slot_tab, shape=(B,), dtype=INDEX_DTYPES, device=dev,
+                   contiguous=True)
+    if not 1 <= K <= min(ring.length, RING_MAX_ROWS):
+        raise ValueError(f"q: K = {K} draft rows must lie in [1, min(R = {ring.length}, "
+                         f"{RING_MAX_ROWS})]")
+    if B > S:
+        raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
+    scale = _checks.optional_float("scale", scale)
+    if validate:
+        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
+        live = slot_tab[slot_tab >= 0].long()
+        _checks.range_values("ring.len", ring.len[live], 0, ring.length)
+        _checks.range_values("ring.base", ring.base[live], 0, 2 * ring.length - 1)
+        if gating is None:
+            _checks.range_values("g", g, float("-inf"), 0.0)
+            _checks.range_values("beta", beta, 0.0, 1.0)
+    return B, K, kd ** -0.5 if scale is None else scale
+
+
+def _dot_meta(state: torch.Tensor, kd: int, vd: int) -> dict:
+    BV, warps = ring_config(vd)
+    return dict(BK=next_power_of_2(kd), BV=BV, NT=cdiv(vd, BV), num_warps=warps,
+                DOT_F32=state.dtype == torch.float32, PRECISION=RING_PRECISION)
+
+
+def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=None,
+                    use_qk_l2norm=True, validate=False, state_layout="vk", A_log=None, a=None,
+                    dt_bias=None, b=None):
+    """Ring-form verify of ``K`` draft rows per sequence (SPEC §3d; the ReplaySSM design).
+
+    Args:
+        state: V-major ``[S, HV, vd, kd]`` fp32, bf16 or fp16, inner dims contiguous; written
+            only where the verify folds (``engaged == 2``), rounded once to its dtype.
+        ring: the layer's ``GdnRing`` (same slots, heads, dims and dtype); rows
+            ``base + len .. + K - 1`` (mod ``2R``) of each live slot are written; ``len`` and
+            ``base`` are read, never written (``ring_accept`` commits).
+        q, k: ``[B, K, HK, kd]``; v: ``[B, K, HV, vd]`` (one float dtype, last dim contiguous).
+        g, beta: ``[B, K, HV]`` fp32, or ``g=beta=None`` with ``A_log, dt_bias [HV]``,
+            ``a, b [B, K, HV]``: the gating computed in the kernel (SPEC §2 "Gating").
+        slot_tab: ``[B]`` int32/int64 slots, distinct; -1 marks a padding lane (zero outputs,
+            ``engaged`` 1, nothing read or written).
+        scale: query scale (default ``kd ** -0.5``); use_qk_l2norm: l2-normalise q and k.
+        validate: also check (with a device sync) slots, ``0 <= len <= R``, ``base < 2R`` and
+            the gates' ranges.
+        state_layout: ``"vk"`` only.
+
+    Returns ``(o [B, K, HV, vd] in v's dtype, engaged [B] int32)``: 2 where the verify folded.
+    Raises ``ValueError`` naming the argument (shapes, dtypes, devices, ``K > R``, head sizes
+    that are not multiples of 16 in ``[16, 256]``, a K-major state).
+    """
+    g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
+    B, K, scale = _check_verify(state, ring, q, k, v, g, beta, slot_tab, scale, validate,
+                                state_layout, gating, use_qk_l2norm)
+    S, HV, vd, kd = state.shape
+    o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
+    engaged = torch.empty(B, dtype=torch.int32, device=v.device)
+    if B == 0:
+        return o, engaged
+    meta = _dot_meta(state, kd, vd)
+    gate = (gating.A_log, gating.dt_bias) if gating is not None else (state, state)
+    with _device_guard(state):
+        gdn_ring_verify_kernel[(B * HV * meta["NT"],)](
+            state, ring.k, ring.u, ring.G, ring.len, ring.base, slot_tab,
+            q, k, v, g, beta, o, engaged, *gate,
+            scale, state.stride(0), ring.k.stride(0), ring.u.stride(0), ring.G.stride(0),
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
+            beta.stride(0), beta.stride(1), o.stride(0), o.stride(1), o.stride(2),
+            K=K, R=ring.length, NS=2 * ring.length, RP=max(16, ring.length),
+            XP=max(16, next_power_of_2(K)), HV=HV, HK=ring.num_k_heads, KD=kd, VD=vd,
+            USE_QK_L2NORM=bool(use_qk_l2norm), GATE=gating is not None, **meta)
+    return o, engaged
+
+
+def _ring_list(rings) -> list[GdnRing]:
+    rings = list(rings) if isinstance(rings, (list, tuple)) else [rings]
+    if not rings:
+        raise ValueError("rings: empty list")
+    for i, r in enumerate(rings):
+        if not isinstance(r, GdnRing):
+            raise ValueError(f"rings[{i}]: expected a GdnRing, got {type(r).__name__}")
+        if (r.slots, r.length) != (rings[0].slots, rings[0].length):
+            raise ValueError(f"rings[{i}]: slots/length differ from rings[0]")
+        _checks.same_device("rings[0].len", rings[0].len, **{f"rings[{i}].len": r.len})
+    return rings
+
+
+def ring_accept(rings, slot_tab, engaged, accepted, *, validate=False) -> None:
+    """The cursor commit after a ring verify, on the device with no host sync (SPEC §3d):
+    ``base = (base + len) % 2R, len = a`` where the verify folded (``engaged == 2``), else
+    ``len += a``, for one ring or a list (one launch; e.g. every layer of a step).
+
+    ``slot_tab [B]``, ``engaged [B]`` int32 as the verify returned it, ``accepted [B]``
+    int32/int64 (``0 <= a <= K``), all contiguous on the rings' device. ``validate=True``
+    checks slots, ``engaged`` in {1, 2} and that no ``len`` exceeds ``R`` afterwards (a sync).
+    Raises ``ValueError`` naming the argument."""
+    rings = _ring_list(rings)
+    dev = rings[0].device
+    _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=dev, contiguous=True)
+    B = slot_tab.shape[0]
+    _checks.tensor("engaged", engaged, shape=(B,), dtype=torch.int32, device=dev, contiguous=True)
+    _checks.tensor("accepted", accepted, shape=(B,), dtype=INDEX_DTYPES, device=dev,
+                   contiguous=True)
+    _checks.flag("validate", validate)
+    if validate:
+        _checks.indices_values("slot_tab", slot_tab, rings[0].slots, padding=True)
+        _checks.range_values("engaged", engaged, 1, 2)
+        live = slot_tab >= 0
+        for i, r in enumerate(rings):
+            n = r.len[slot_tab[live].long()]
+            acc = accepted[live].to(torch.int32)
+            _checks.range_values("accepted", acc, 0, r.length)
+            after = torch.where(engaged[live] == 2, acc, n + acc)
+            _checks.range_values(f"rings[{i}].len after accept", after, 0, r.length)
+    if B == 0:
+        return
+    lens, bases = [r.len for r in rings], [r.base for r in rings]
+    with _device_guard(lens[0]):
+        ring_accept_kernel[(cdiv(B, 128), len(rings))](
+            lens[0], bases[0], offsets_table(lens), offsets_table(bases), slot_tab, engaged,
+            accepted, B, NS=2 * rings[0].length, BLOCK=128)
+
+
+def gdn_ring_flush(states, rings, slot_tab, *, validate=False, state_layout="vk") -> None:
+    """Fold every listed slot's ring into its state (``H0 <- H_P``, rounded once), over ``L``
+    layers in one launch (SPEC §3d "Flush"). ``states``: ``L`` V-major states (same shape,
+    strides and dtype), ``rings``: ``L`` ``GdnRing`` (same length), ``slot_tab [B]``. ``len`` is
+    left for the caller to clear (``ring.len[slots] = 0``). Raises ``ValueError`` naming the
+    argument."""
+    if isinstance(states, torch.Tensor) or isinstance(rings, GdnRing):
+        raise ValueError("states, rings: pass lists (one entry per layer)")
+    states, rings = list(states), _ring_list(rings)
+    if len(states) != len(rings):
+        raise ValueError(f"rings: need one per state, got {len(rings)} rings for {len(states)} states")
+    for i, (st, r) in enumerate(zip(states, rings)):
+        check_state(f"states[{i}]", st)
+        _check_dims(st, state_layout)
+        check_ring(f"rings[{i}]", r, st)
+        if st.shape != states[0].shape or st.stride() != states[0].stride() \
+                or st.dtype != states[0].dtype:
+            raise ValueError(f"states[{i}]: shape/strides/dtype differ from states[0]")
+    S, HV, vd, kd = states[0].shape
+    _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=states[0].device,
+                   contiguous=True)
+    B = slot_tab.shape[0]
+    if B > S:
+        raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
+    _checks.flag("validate", validate)
+    if validate:
+        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
+        for i, r in enumerate(rings):
+            _checks.range_values(f"rings[{i}].len", r.len[slot_tab[slot_tab >= 0].long()], 0,
+                                 r.length)
+    if B == 0:
+        return
+    meta = _dot_meta(states[0], kd, vd)
+    r0 = rings[0]
+    with _device_guard(states[0]):
+        gdn_ring_flush_kernel[(B * HV * meta["NT"], len(states))](
+            states[0], r0.k, r0.u, r0.G, r0.len, r0.base, slot_tab,
+            offsets_table(states), offsets_table([r.k for r in rings]),
+            offsets_table([r.u for r in rings]), offsets_table([r.G for r in rings]),
+            offsets_table([r.len for r in rings]), offsets_table([r.base for r in rings]),
+            states[0].stride(0), r0.k.stride(0), r0.u.stride(0), r0.G.stride(0),
+            NS=2 * r0.length, RP=max(16, r0.length), HV=HV, HK=r0.num_k_heads, KD=kd, VD=vd,
+            **meta)

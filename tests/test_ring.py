@@ -1,0 +1,185 @@
+"""The ring form of the carried state (SPEC §3d): kernels against the float64 references.
+
+Two references: ``pmll_lab.reference.ring`` (the ring's own algebra, fed the kernel's rounding
+points: its ring rows in the state's dtype, a fold rounded once) and ``pmll_lab.reference.carry``
+(the exact protocol: plain decoding of the accepted rows). Each test runs the protocol over
+several steps of random acceptance (0..K rows, folds included) from fresh seeded inputs.
+
+Tolerances (relative L2):
+- against the ring reference: fp32 state ``1e-5`` (tf32x3 products; measured ~2e-7 on the
+  interpreter), bf16 state ``8e-3`` (bf16 operands, as FlashInfer's ReplaySSM; measured ~3e-3);
+- against the exact protocol: ``RING_TOLERANCE`` per state dtype (``pmll_lab.carry``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
+from pmll_lab.backend import DEVICE
+from pmll_lab.bench import bitwise_equal
+from pmll_lab.carry import (RING_TOLERANCE, GdnRing, gdn_ring_flush, gdn_ring_verify,
+                            ring_accept)
+from pmll_lab.gdn import gdn_gating
+from pmll_lab.inputs import gdn_inputs
+from pmll_lab.reference import carry as ref_carry
+from pmll_lab.reference import ring as ref_ring
+
+from _carry_helpers import _close
+
+REF_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
+
+
+def _run(seed, *, B=3, S=5, HK=2, HV=4, kd=16, vd=32, K=4, length=8, steps=6,
+         state_dtype=torch.float32, in_dtype=torch.float32, padding=True, gating=False):
+    """Drive kernel, ring reference and plain decoding through ``steps`` verify/accept steps;
+    assert each step's outputs and the ring's state against both references."""
+    gen = torch.Generator().manual_seed(seed + 1000)
+    base = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=in_dtype)
+    state = base["state"].transpose(-1, -2).contiguous().to(state_dtype)     # V-major pool
+    slots = base["state_indices"].clone()
+    if padding:
+        slots[1] = -1
+    ring = GdnRing.empty(S, HK, HV, kd, vd, length=length, dtype=state_dtype)
+    kv = state.double().transpose(-1, -2).contiguous()                       # reference, K-major
+    rref = ref_ring.RefRing.zeros(S, HK, HV, kd, vd, length)
+    plain = kv.clone()
+    folds = 0
+    for step in range(steps):
+        x = gdn_inputs(seed * 31 + step, B, HK, HV, kd, vd, rows=K, slots=S, dtype=in_dtype)
+        if gating:
+            A_log = torch.rand(HV, generator=gen).to(DEVICE) * 2 - 1
+            dt_bias = torch.randn(HV, generator=gen).to(DEVICE) * 0.1
+            a = torch.randn(B, K, HV, generator=gen).to(DEVICE, in_dtype)
+            bb = torch.randn(B, K, HV, generator=gen).to(DEVICE, in_dtype)
+            g, beta = gdn_gating(A_log, a, dt_bias, bb)
+            o, eng = gdn_ring_verify(state, ring, x["q"], x["k"], x["v"], slot_tab=slots,
+                                     A_log=A_log, a=a, dt_bias=dt_bias, b=bb, validate=True)
+        else:
+            g, beta = x["g"], x["beta"]
+            o, eng = gdn_ring_verify(state, ring, x["q"], x["k"], x["v"], g, beta,
+                                     slot_tab=slots, validate=True)
+        args = (x["q"].cpu(), x["k"].cpu(), x["v"].cpu(), g.cpu(), beta.cpu(), slots.cpu())
+        o_ring, e_ring = ref_ring.verify(kv, rref, *args, state_dtype=state_dtype,
+                                         ring_dtype=state_dtype)
+        o_plain = ref_carry.decode_tokens(plain.clone(), *args)
+        assert eng.cpu().tolist() == e_ring.tolist(), f"step {step}: engaged"
+        folds += int((e_ring == 2).sum())
+        live, lc = slots >= 0, slots.cpu() >= 0
+        assert bool((o[~live] == 0).all()), "padding lane outputs must be zero"
+        _close(f"step {step} o vs ring reference", o[live], o_ring[lc], REF_TOL[state_dtype])
+        _close(f"step {step} o vs exact protocol", o[live], o_plain[lc],
+               RING_TOLERANCE[str(state_dtype).split(".")[1]])
+        acc = torch.randint(0, K + 1, (B,), generator=gen).to(torch.int32)
+        ring_accept(ring, slots, eng, acc.to(DEVICE), validate=True)
+        ref_ring.accept(rref, slots.cpu(), e_ring, acc)
+        for b in range(B):
+            if int(slots[b]) >= 0 and int(acc[b]):
+                sl = slots[b:b + 1].cpu()
+                ref_carry.decode_tokens(plain, *(t[b:b + 1, :int(acc[b])] for t in args[:5]), sl)
+        assert ring.len.cpu().tolist() == rref.len.tolist()
+        assert ring.base.cpu().tolist() == rref.base.tolist()
+    # the state each live slot's ring means, against plain decoding
+    kv_now = state.double().transpose(-1, -2).cpu()
+    rnow = ref_ring.RefRing.from_ring(ring)
+    for s in slots.tolist():
+        if s >= 0:
+            _close(f"slot {s} H_P vs plain decoding", ref_ring.ring_state(kv_now[s], rnow, s),
+                   plain[s], RING_TOLERANCE[str(state_dtype).split(".")[1]])
+    return state, ring, slots, plain, folds
+
+
+@pytest.mark.parametrize("K,length", [(4, 8), (2, 16), (3, 8)])
+def test_ring_protocol_fp32(K, length):
+    *_, folds = _run(11 + K, K=K, length=length, steps=7)
+    assert folds > 0 or length > 8, "the run must cross a fold"
+
+
+def test_ring_protocol_bf16_state_and_inputs():
+    *_, folds = _run(5, state_dtype=torch.bfloat16, in_dtype=torch.bfloat16, steps=6)
+    assert folds > 0
+
+
+def test_ring_gva_gating_and_k8():
+    """GVA (HV = 4 HK), the gating computed in the kernel, K = 8 on a 32-row ring, kd = 32."""
+    _run(7, HK=1, HV=4, kd=32, vd=16, K=8, length=32, steps=5, gating=True)
+
+
+def test_ring_fused_gating_is_bitwise_gdn_gating():
+    x = gdn_inputs(3, 2, 2, 4, 16, 16, rows=4, slots=2, dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(4)
+    A_log = (torch.rand(4, generator=gen) * 2 - 1).to(DEVICE)
+    dt_bias = torch.randn(4, generator=gen).to(DEVICE)
+    a = torch.randn(2, 4, 4, generator=gen).to(DEVICE, torch.bfloat16)
+    b = torch.randn(2, 4, 4, generator=gen).to(DEVICE, torch.bfloat16)
+    outs = []
+    for fused in (False, True):
+        state = x["state"].transpose(-1, -2).contiguous()
+        ring = GdnRing.empty(2, 2, 4, 16, 16, length=8)
+        for step in range(3):
+            if fused:
+                o, e = gdn_ring_verify(state, ring, x["q"], x["k"], x["v"], A_log=A_log, a=a,
+                                       dt_bias=dt_bias, b=b, slot_tab=x["state_indices"])
+            else:
+                g, beta = gdn_gating(A_log, a, dt_bias, b)
+                o, e = gdn_ring_verify(state, ring, x["q"], x["k"], x["v"], g, beta,
+                                       slot_tab=x["state_indices"])
+            ring_accept(ring, x["state_indices"], e, torch.full((2,), 3, dtype=torch.int32,
+                                                                 device=DEVICE))
+        outs.append((o, state, ring.u, ring.G, ring.k))
+    for a_, b_ in zip(*outs):
+        assert bitwise_equal(a_, b_)
+
+
+def test_ring_padding_lane_and_other_slots_untouched():
+    """A padding lane reads and writes nothing; slots not in the launch keep every bit."""
+    state, ring, slots, *_ = _run(21, steps=3)
+    before = state.clone(), ring.u.clone(), ring.k.clone(), ring.G.clone()
+    x = gdn_inputs(99, 3, 2, 4, 16, 32, rows=4, slots=5, dtype=torch.float32)
+    pad = torch.full((3,), -1, dtype=torch.int32, device=DEVICE)
+    o, e = gdn_ring_verify(state, ring, x["q"], x["k"], x["v"], x["g"], x["beta"], slot_tab=pad)
+    assert bool((o == 0).all()) and e.tolist() == [1, 1, 1]
+    for a_, b_ in zip(before, (state, ring.u, ring.k, ring.G)):
+        assert bitwise_equal(a_, b_)
+
+
+def test_ring_flush_two_layers():
+    """Two layers in one flush launch: each state becomes the state its ring means."""
+    states, rings, plains = [], [], []
+    for layer in range(2):
+        state, ring, slots, plain, _ = _run(40 + layer, steps=3, padding=False)
+        states.append(state)
+        rings.append(ring)
+        plains.append(plain)
+    gdn_ring_flush(states, rings, slots)
+    for state, plain in zip(states, plains):
+        kv = state.double().transpose(-1, -2).cpu()
+        for s in slots.tolist():
+            _close(f"flushed slot {s}", kv[s], plain[s], RING_TOLERANCE["float32"])
+
+
+def test_ring_reference_equals_plain_decoding():
+    """The ring algebra in float64 equals plain decoding over random acceptance (1e-12)."""
+    gen = torch.Generator().manual_seed(2)
+    S, B, HK, HV, kd, vd, K = 4, 3, 1, 2, 8, 8, 4
+    kv = torch.randn(S, HV, kd, vd, dtype=torch.float64, generator=gen) * 0.1
+    plain, rref = kv.clone(), ref_ring.RefRing.zeros(S, HK, HV, kd, vd, 8)
+    slots = torch.tensor([2, -1, 0])
+    for _ in range(10):
+        q, k = (torch.randn(B, K, HK, kd, dtype=torch.float64, generator=gen) for _ in "qk")
+        v = torch.randn(B, K, HV, vd, dtype=torch.float64, generator=gen)
+        g = -torch.rand(B, K, HV, dtype=torch.float64, generator=gen)
+        beta = torch.rand(B, K, HV, dtype=torch.float64, generator=gen)
+        o, e = ref_ring.verify(kv, rref, q, k, v, g, beta, slots)
+        o_plain = ref_carry.decode_tokens(plain.clone(), q, k, v, g, beta, slots)
+        assert float((o - o_plain).abs().max()) < 1e-12
+        acc = torch.randint(0, K + 1, (B,), generator=gen)
+        ref_ring.accept(rref, slots, e, acc)
+        for b in range(B):
+            if int(slots[b]) >= 0:
+                a = int(acc[b])
+                ref_carry.decode_tokens(plain, q[b:b + 1, :a], k[b:b + 1, :a], v[b:b + 1, :a],
+                                        g[b:b + 1, :a], beta[b:b + 1, :a], slots[b:b + 1])
+        for s in (0, 2):
+            assert float((ref_ring.ring_state(kv[s], rref, s) - plain[s]).abs().max()) < 1e-12
