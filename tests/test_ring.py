@@ -42,7 +42,7 @@ def _run(seed, *, B=3, S=5, HK=2, HV=4, kd=16, vd=32, K=4, length=8, steps=6,
     if padding:
         slots[1] = -1
     ring = GdnRing.empty(S, HK, HV, kd, vd, length=length, dtype=state_dtype)
-    kv = state.double().transpose(-1, -2).contiguous()                       # reference, K-major
+    kv = state.double().transpose(-1, -2).contiguous().cpu()                 # reference, K-major
     rref = ref_ring.RefRing.zeros(S, HK, HV, kd, vd, length)
     plain = kv.clone()
     folds = 0

@@ -33,8 +33,8 @@ import torch
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.carry.gdn_carry_common import INDEX_DTYPES, _device_guard, check_state, offsets_table
-from pmll_lab.ops.carry.gdn_ring_kernels import (gdn_ring_flush_kernel, gdn_ring_verify_kernel,
-                                                 ring_accept_kernel)
+from pmll_lab.ops.carry.gdn_ring_kernels import (gdn_ring_flush_kernel, gdn_ring_prep_kernel,
+                                                 gdn_ring_verify_kernel, ring_accept_kernel)
 from pmll_lab.ops.gdn.gating import check_gating, split_gating
 from pmll_lab.ops.host import cdiv, next_power_of_2
 
@@ -44,27 +44,33 @@ RING_DEFAULT_LENGTH = 16
 """FlashInfer's window (``W_RING``): with ``K = 4`` a fold about every fourth step."""
 RING_HEAD_DIMS = (16, 256)
 """``kd``/``vd`` range of the kernels (multiples of 16: ``tl.dot`` tiles)."""
-RING_MAX_ROWS = 16
-"""Most draft rows per verify (the new rows' ``[16, 16]`` tiles)."""
+RING_MAX_ROWS = 8
+"""Most draft rows per verify: the new rows' keys and queries share one 16-column tile."""
 RING_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
 """rel L2 of the ring form's outputs and states against the float64 exact protocol, per state
 dtype (tests/test_ring.py). fp32: ``tf32x3`` products; bf16/fp16: the state's own rounding."""
+
+RING_PREP_KEYS = 64
+"""Keys per chunk of the per-head kernel's pass over the new rows and the ring keys."""
+RING_PREP_WARPS = 2
+"""Warps of the per-head kernel (``gdn_ring_prep_kernel``: ``[16, kd]`` and ``[16, 16]`` tiles)."""
 
 RING_PRECISION = "tf32x3"
 """``input_precision`` of an fp32 state's ``tl.dot`` products: three tf32 passes on the tensor
 cores, close to fp32 (``"ieee"``: fp32 FMAs, slower). 2-byte states multiply in their dtype."""
 
-RING_TILES = ((16, 2), (32, 4), (64, 4), (128, 4))
-"""``(value rows per program, warps)`` by ``vd``: the first row with ``BV >= vd`` or the last.
-Initial choice (one 64-row tile per half head at ``vd = 128``); to be tuned on the GPU
-(reports/perf-notes.md, ring form)."""
+RING_TILES = ((16, 32, 2, 2), (32, 32, 2, 2), (64, 32, 4, 3))
+"""``(value rows per program BV, keys per chunk BK, warps, pipeline stages)`` of the state
+kernel by ``vd``: the first row with ``BV >= min(vd, 64)``, else the last. Why 64x32, 4 warps,
+3 stages: fastest of 8 tiles at kd = vd = 128, B = 64 and 128, bf16 state (fp32 within 7 %);
+H200 sweep ``scripts/tune_ring.py``, reports/perf-notes.md (ring form)."""
 
 
-def ring_config(v_dim: int) -> tuple[int, int]:
-    """``(BV, num_warps)`` of the ring kernels for value head size ``v_dim`` (``RING_TILES``)."""
-    for bv, warps in RING_TILES:
-        if bv >= min(v_dim, 64):
-            return bv, warps
+def ring_config(v_dim: int) -> tuple[int, int, int, int]:
+    """``(BV, BK, num_warps, stages)`` of the ring kernels for value head size ``v_dim``."""
+    for row in RING_TILES:
+        if row[0] >= min(v_dim, 64):
+            return row
     return RING_TILES[-1]
 
 
@@ -230,9 +236,9 @@ def _check_verify(state, ring, q, k, v, g, beta, slot_tab, scale, validate, stat
 
 
 def _dot_meta(state: torch.Tensor, kd: int, vd: int) -> dict:
-    BV, warps = ring_config(vd)
-    return dict(BK=next_power_of_2(kd), BV=BV, NT=cdiv(vd, BV), num_warps=warps,
-                DOT_F32=state.dtype == torch.float32, PRECISION=RING_PRECISION)
+    BV, BK, warps, stages = ring_config(vd)
+    return dict(BK=min(BK, next_power_of_2(kd)), BV=BV, NT=cdiv(vd, BV), STAGES=stages,
+                num_warps=warps, PRECISION=RING_PRECISION)
 
 
 def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=None,
@@ -270,17 +276,26 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
         return o, engaged
     meta = _dot_meta(state, kd, vd)
     gate = (gating.A_log, gating.dt_bias) if gating is not None else (state, state)
+    rp = max(16, ring.length)
+    ws_width = 16 + 16 * rp + 512
+    ws = torch.empty(B * HV * ws_width, dtype=torch.float32, device=state.device)
+    common = dict(K=K, R=ring.length, NS=2 * ring.length, RP=rp, HV=HV, HK=ring.num_k_heads,
+                  KD=kd, WS=ws_width, PRECISION=RING_PRECISION)
     with _device_guard(state):
-        gdn_ring_verify_kernel[(B * HV * meta["NT"],)](
-            state, ring.k, ring.u, ring.G, ring.len, ring.base, slot_tab,
-            q, k, v, g, beta, o, engaged, *gate,
-            scale, state.stride(0), ring.k.stride(0), ring.u.stride(0), ring.G.stride(0),
+        gdn_ring_prep_kernel[(B * HV,)](
+            ring.k, ring.G, ring.len, ring.base, slot_tab, q, k, g, beta, engaged, *gate, ws,
+            scale, ring.k.stride(0), ring.G.stride(0),
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
-            beta.stride(0), beta.stride(1), o.stride(0), o.stride(1), o.stride(2),
-            K=K, R=ring.length, NS=2 * ring.length, RP=max(16, ring.length),
-            XP=max(16, next_power_of_2(K)), HV=HV, HK=ring.num_k_heads, KD=kd, VD=vd,
-            USE_QK_L2NORM=bool(use_qk_l2norm), GATE=gating is not None, **meta)
+            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+            BK=min(RING_PREP_KEYS, next_power_of_2(kd)), USE_QK_L2NORM=bool(use_qk_l2norm), GATE=gating is not None,
+            num_warps=RING_PREP_WARPS, **common)
+        gdn_ring_verify_kernel[(B * HV * meta["NT"],)](
+            state, ring.k, ring.u, ring.G, ring.len, ring.base, slot_tab, q, k, v, o, ws,
+            state.stride(0), ring.k.stride(0), ring.u.stride(0), ring.G.stride(0),
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+            VD=vd, BK=meta["BK"], BV=meta["BV"], NT=meta["NT"], STAGES=meta["STAGES"],
+            num_warps=meta["num_warps"], **common)
     return o, engaged
 
 

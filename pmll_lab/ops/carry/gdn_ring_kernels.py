@@ -2,10 +2,13 @@
 
 One program per (sequence, value head, tile of ``BV`` value rows) of a V-major state
 ``[S, HV, vd, kd]``; a head's tiles on consecutive programs (``recurrence.head_tile_program``).
-Per program, every product is a ``tl.dot`` (tensor cores on a GPU):
+Per program, every product is a ``tl.dot`` (tensor cores on a GPU), in one pass over the keys
+in chunks of ``BK`` (a GEMM's K loop, its loads pipelined over ``STAGES``): the state tile's
+chunk against the new rows' raw keys and queries, the ring keys against them, and the rows'
+Gram matrices; the l2 norms are applied after the loop (the products are linear in each row).
 
-- ``X`` = the ``K`` new rows' normalised keys ``Kx`` and scaled queries ``Qx`` (``[XP, BK]``,
-  ``XP = 16`` rows padded), ``c = G_{P-1} + cumsum(g)``;
+- ``X`` = the ``K`` new rows' normalised keys ``Kx`` and scaled queries ``Qx`` (``XP = 16``
+  rows padded), ``c = G_{P-1} + cumsum(g)``;
 - ``Wk = e^c (S0 Kx^T) + U_ring^T D_k`` and likewise ``Wq`` (``[BV, XP]``), where
   ``D[j, t] = e^{c_t - G_j} (k_j . x_t)`` over the ``P`` ring rows (``[RP, XP]``): the stored
   state's and the history's parts of ``H_{P+t}^T x`` without forming ``H_P``;
@@ -13,13 +16,14 @@ Per program, every product is a ``tl.dot`` (tensor cores on a GPU):
   k_t.k_s``; ``U^T = beta (V - Wk)^T T^T``; ``O^T = Wq + U^T P^T``, ``P[t,s] = e^{c_t-c_s}
   q_t.k_s`` (``s <= t``).
 
-A fold (``P + K > R``) first forms ``H_P = e^{G_{P-1}} S0 + U_ring^T (w K_ring)`` (one more
-``tl.dot``), stores it rounded to the state's dtype and continues from it with an empty ring.
+A fold (``P + K > R``) first forms ``H_P = e^{G_{P-1}} S0 + U_ring^T (w K_ring)`` chunk by
+chunk (one more ``tl.dot``), stores it rounded to the state's dtype and continues from it with
+an empty ring.
 The new rows go to ring rows ``base + P ..`` (mod ``NS = 2R``): past the window every program of
 the launch still reads, so no arrival count or barrier is needed (SPEC §3d). The ``k`` rows are
 kept per key head and written by the first value head of each group (tile 0), ``G`` by tile 0.
 
-Operand dtypes (``DOT_F32``): a bf16/fp16 state multiplies in its own dtype with fp32
+Operand dtypes (``_mm``): a bf16/fp16 state multiplies in its own dtype with fp32
 accumulation (as FlashInfer's ReplaySSM kernels); an fp32 state in fp32 with
 ``input_precision=PRECISION`` (``"tf32x3"``: three tf32 passes, close to fp32). The small
 ``[BV, XP] x [XP, XP]`` products are fp32 ``"ieee"``.
@@ -34,11 +38,19 @@ from pmll_lab.ops.gdn.recurrence import gdn_gate, head_tile_program, load_gate_p
 
 
 @triton.jit
-def _mm(a, b, DOT_F32: tl.constexpr, PRECISION: tl.constexpr):
-    """``a @ b`` accumulated in fp32: fp32 operands at ``PRECISION``, else as given."""
-    if DOT_F32:
+def _mm(a, b, PRECISION: tl.constexpr):
+    """``a @ b`` accumulated in fp32: fp32 operands at ``PRECISION``, 2-byte ones as they are."""
+    if a.dtype == tl.float32:
         return tl.dot(a, b, input_precision=PRECISION)
     return tl.dot(a, b)
+
+
+@triton.jit
+def _mma(a, b, acc, PRECISION: tl.constexpr):
+    """``acc + a @ b`` (``_mm``'s precisions)."""
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, acc, input_precision=PRECISION)
+    return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -47,29 +59,18 @@ def _mm_ieee(a, b):
 
 
 @triton.jit
-def _ring_window(kr_ptr, ur_ptr, gr_ptr, p, base, live, rk, mk, rr, mr,
-                 NS: tl.constexpr, RP: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr):
-    """The slot's live ring rows, oldest first: ``(valid [RP], k [RP, BK], u^T [BV, RP],
+def _ring_window(ur_ptr, gr_ptr, p, base, live, rr, mr,
+                 NS: tl.constexpr, RP: tl.constexpr, VD: tl.constexpr):
+    """The slot's live window, oldest first: ``(valid [RP], physical rows [RP], u^T [BV, RP],
     G [RP], G_{P-1})``; rows past ``P`` (and a padding lane's) read as zeros."""
     i = tl.arange(0, RP)
     valid = (i < p) & live
     phys = (base + i) % NS
-    kring = tl.load(kr_ptr + phys[:, None] * KD + rk[None, :],
-                    mask=valid[:, None] & mk[None, :], other=0.0)
     uring_t = tl.load(ur_ptr + phys[None, :] * VD + rr[:, None],
                       mask=valid[None, :] & mr[:, None], other=0.0)
     gring = tl.load(gr_ptr + phys, mask=valid, other=0.0)
     g_last = tl.sum(tl.where(i == p - 1, gring, 0.0), 0)
-    return valid, kring, uring_t, gring, g_last
-
-
-@triton.jit
-def _fold_window(h0, kring, uring_t, gring, valid, g_last,
-                 DOT_F32: tl.constexpr, PRECISION: tl.constexpr):
-    """``H_P`` tile ``[BV, BK]`` fp32: ``e^{G_{P-1}} S0 + sum_j e^{G_{P-1}-G_j} u_j k_j^T``."""
-    w = tl.where(valid, tl.exp(g_last - gring), 0.0)
-    kw = (kring.to(tl.float32) * w[:, None]).to(uring_t.dtype)
-    return tl.exp(g_last) * h0.to(tl.float32) + _mm(uring_t, kw, DOT_F32, PRECISION)
+    return valid, phys, uring_t, gring, g_last
 
 
 @triton.jit
@@ -87,116 +88,193 @@ def _unit_lower_inverse(A, K: tl.constexpr, XP: tl.constexpr):
 
 
 @triton.jit
-def _load_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, hv, hk, live, tr, mt, rk, mk, rr, mr,
-               scale, ga, gd, q_b, q_t, q_h, k_b, k_t, k_h, v_b, v_t, v_h, g_b, g_t,
-               beta_b, beta_t, USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr):
-    """The ``K`` new rows as fp32: normalised keys and scaled queries ``[XP, BK]``, values
-    ``v^T [BV, XP]``, gates ``g, beta [XP]`` (rows from ``K`` on, and a padding lane's, zero)."""
-    mq = mt[:, None] & mk[None, :] & live
-    kx = tl.load(k_ptr + b * k_b + tr[:, None] * k_t + hk * k_h + rk[None, :], mask=mq,
-                 other=0.0).to(tl.float32)
-    qx = tl.load(q_ptr + b * q_b + tr[:, None] * q_t + hk * q_h + rk[None, :], mask=mq,
-                 other=0.0).to(tl.float32)
-    if USE_QK_L2NORM:
-        kx = kx * tl.math.rsqrt(tl.sum(kx * kx, 1) + 1e-6)[:, None]
-        qx = qx * tl.math.rsqrt(tl.sum(qx * qx, 1) + 1e-6)[:, None]
-    qx = qx * scale
-    vt = tl.load(v_ptr + b * v_b + tr[None, :] * v_t + hv * v_h + rr[:, None],
-                 mask=mt[None, :] & mr[:, None] & live, other=0.0).to(tl.float32)
-    m1 = mt & live
+def _row_gates(g_ptr, beta_ptr, b, hv, m1, ga, gd, g_b, g_t, beta_b, beta_t, tr,
+               GATE: tl.constexpr):
+    """The new rows' ``g, beta [XP]`` fp32 (rows from ``K`` on, and a padding lane's, zero)."""
     g = tl.load(g_ptr + b * g_b + tr * g_t + hv, mask=m1, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + b * beta_b + tr * beta_t + hv, mask=m1, other=0.0).to(tl.float32)
     if GATE:
         g, beta = gdn_gate(ga, g, gd, beta)
         g = tl.where(m1, g, 0.0)
         beta = tl.where(m1, beta, 0.0)
-    return kx, qx, vt, g, beta
+    return g, beta
 
 
 @triton.jit
-def gdn_ring_verify_kernel(
-    state_ptr, kr_ptr, ur_ptr, gr_ptr, len_ptr, base_ptr, slot_ptr,
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr, alog_ptr, dtb_ptr,
-    scale, s_slot, kr_slot, ur_slot, gr_slot,
-    q_b, q_t, q_h, k_b, k_t, k_h, v_b, v_t, v_h, g_b, g_t, beta_b, beta_t, o_b, o_t, o_h,
-    K: tl.constexpr, R: tl.constexpr, NS: tl.constexpr, RP: tl.constexpr, XP: tl.constexpr,
-    HV: tl.constexpr, HK: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, NT: tl.constexpr, USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr,
-    DOT_F32: tl.constexpr, PRECISION: tl.constexpr,
-):
-    b, hv, j = head_tile_program(HV, NT)
-    hk = hv // (HV // HK)
+def _slot_cursor(slot_ptr, len_ptr, base_ptr, b):
+    """``(slot, live, P, base)`` of sequence ``b`` (slot -1: a padding lane, read as slot 0
+    for address arithmetic, ``P = 0``)."""
     slot = tl.load(slot_ptr + b).to(tl.int64)
     live = slot >= 0
     slot = tl.maximum(slot, 0)
     p = tl.load(len_ptr + slot, mask=live, other=0)
     base = tl.load(base_ptr + slot, mask=live, other=0)
-    rk = tl.arange(0, BK)
-    mk = rk < KD
+    return slot, live, p, base
+
+
+@triton.jit
+def gdn_ring_prep_kernel(
+    kr_ptr, gr_ptr, len_ptr, base_ptr, slot_ptr, q_ptr, k_ptr, g_ptr, beta_ptr, engaged_ptr,
+    alog_ptr, dtb_ptr, ws_ptr, scale, kr_slot, gr_slot,
+    q_b, q_t, q_h, k_b, k_t, k_h, g_b, g_t, beta_b, beta_t,
+    K: tl.constexpr, R: tl.constexpr, NS: tl.constexpr, RP: tl.constexpr, HV: tl.constexpr,
+    HK: tl.constexpr, KD: tl.constexpr, BK: tl.constexpr, WS: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Per (sequence, value head): everything of the verify that does not touch the state.
+    Writes the head's coefficients to ``ws`` (``colscale [16] | Dm [RP, 16] | Bt [16, 16] |
+    P2 [16, 16]``, fp32), appends the new rows' ``G`` (and, for a group's first value head,
+    their normalised keys) to the ring and sets ``engaged``. Columns ``x``: key of row ``t = x``
+    for ``x < 8``, query of row ``t = x - 8`` from 8."""
+    pid = tl.program_id(0)
+    b = (pid // HV).to(tl.int64)
+    hv = pid % HV
+    hk = hv // (HV // HK)
+    slot, live, p, base = _slot_cursor(slot_ptr, len_ptr, base_ptr, b)
+    x = tl.arange(0, 16)
+    t = x % 8
+    is_k = x < 8
+    mx = (t < K) & live
+    mt = (x < K) & live
+    ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
+    xrow = tl.where(is_k[:, None], k_ptr + b * k_b + t[:, None] * k_t + hk * k_h,
+                    q_ptr + b * q_b + t[:, None] * q_t + hk * q_h)
+    kr_ptr = kr_ptr + slot * kr_slot + hk * (NS * KD)
+    gr_ptr = gr_ptr + slot * gr_slot + hv * NS
+    i = tl.arange(0, RP)
+    fold = (p + K > R) & live
+    valid = (i < p) & live
+    hist = valid & (fold == 0)
+    phys = (base + i) % NS
+    gring = tl.load(gr_ptr + phys, mask=valid, other=0.0)
+    g_last = tl.sum(tl.where(i == p - 1, gring, 0.0), 0)
+    g, beta = _row_gates(g_ptr, beta_ptr, b, hv, mt, ga, gd, g_b, g_t, beta_b, beta_t, x, GATE)
+    acc_r = tl.zeros((RP, 16), tl.float32)                 # K_ring X^T
+    acc_x = tl.zeros((16, 16), tl.float32)                 # X X^T
+    ss = tl.zeros((16,), tl.float32)
+    for c in tl.range(0, KD, BK):
+        rk = c + tl.arange(0, BK)
+        mk = rk < KD
+        xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
+        kc = tl.load(kr_ptr + phys[:, None] * KD + rk[None, :],
+                     mask=hist[:, None] & mk[None, :], other=0.0)
+        xf = xc.to(tl.float32)
+        ss += tl.sum(xf * xf, 1)
+        acc_r = _mma(kc, tl.trans(xc.to(kc.dtype)), acc_r, PRECISION)
+        acc_x = _mma(xc, tl.trans(xc), acc_x, PRECISION)
+    if USE_QK_L2NORM:
+        nx = tl.math.rsqrt(ss + 1e-6)
+    else:
+        nx = tl.where(mx, 1.0, 0.0)
+    nx = tl.where(is_k, nx, nx * scale)
+    cum = tl.where(fold, 0.0, g_last) + tl.cumsum(g, 0)                    # c_t, by row x = t
+    cx = tl.sum(tl.where(t[:, None] == x[None, :], cum[None, :], 0.0), 1)  # c_{t(x)}
+    colscale = tl.where(mx, tl.exp(cx), 0.0) * nx
+    dm = tl.where(hist[:, None] & mx[None, :], tl.exp(cx[None, :] - gring[:, None]), 0.0)
+    dm = dm * acc_r * nx[None, :]
+    # the new rows by WY: (I + A) U = beta (V - Wk); Bt = diag(beta) (I + A)^-T
+    gx = acc_x * nx[:, None] * nx[None, :]
+    low = (x[:, None] >= x[None, :]) & mt[:, None] & mt[None, :]
+    decay = tl.where(low, tl.exp(cum[:, None] - cum[None, :]), 0.0)
+    A = tl.where(x[:, None] > x[None, :], beta[:, None] * decay * gx, 0.0)
+    bt = beta[:, None] * tl.trans(_unit_lower_inverse(A, K, 16))
+    # P2[s, 8 + t] = e^{c_t - c_s} q_t . k_s; sh[a, r] = [r == a + 8] (exact products by 0, 1)
+    sh = tl.where(x[None, :] == x[:, None] + 8, 1.0, 0.0)
+    p2 = _mm_ieee(tl.trans(decay * _mm_ieee(sh, gx)), sh)
+
+    ws = ws_ptr + (b * HV + hv) * WS
+    tl.store(ws + x, colscale)
+    tl.store(ws + 16 + i[:, None] * 16 + x[None, :], dm)
+    tl.store(ws + 16 + RP * 16 + x[:, None] * 16 + x[None, :], bt)
+    tl.store(ws + 16 + RP * 16 + 256 + x[:, None] * 16 + x[None, :], p2)
+    pos = (base + p + x) % NS
+    tl.store(gr_ptr + pos, cum, mask=mt)
+    if hv % (HV // HK) == 0:
+        for c in tl.range(0, KD, BK):
+            rk = c + tl.arange(0, BK)
+            mk = rk < KD
+            xk = tl.load(xrow + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
+            tl.store(kr_ptr + pos[:, None] * KD + rk[None, :],
+                     (xk.to(tl.float32) * nx[:, None]).to(kr_ptr.dtype.element_ty),
+                     mask=mt[:, None] & mk[None, :])
+    if hv == 0:
+        tl.store(engaged_ptr + b, tl.where(fold, 2, 1).to(tl.int32))
+
+
+@triton.jit
+def gdn_ring_verify_kernel(
+    state_ptr, kr_ptr, ur_ptr, gr_ptr, len_ptr, base_ptr, slot_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, ws_ptr, s_slot, kr_slot, ur_slot, gr_slot,
+    q_b, q_t, q_h, k_b, k_t, k_h, v_b, v_t, v_h, o_b, o_t, o_h,
+    K: tl.constexpr, R: tl.constexpr, NS: tl.constexpr, RP: tl.constexpr,
+    HV: tl.constexpr, HK: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr, WS: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Per (sequence, value head, tile of value rows): the state's part. One pass over the keys
+    (folding first where the ring is full), ``S0 X^T`` against the raw rows, then with the
+    head's coefficients from ``gdn_ring_prep_kernel``: ``W = S0 X^T colscale + U_ring^T Dm``,
+    ``U^T = (V - W) Bt``, ``O^T = W + U^T P2``; stores the outputs and the ``u`` rows."""
+    b, hv, j = head_tile_program(HV, NT)
+    hk = hv // (HV // HK)
+    slot, live, p, base = _slot_cursor(slot_ptr, len_ptr, base_ptr, b)
     rr = j * BV + tl.arange(0, BV)
     mr = rr < VD
-    tr = tl.arange(0, XP)
-    mt = tr < K
-    ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
-
-    # the stored state's tile and the ring's window, loaded first (the bytes of the launch)
-    hp = state_ptr + slot * s_slot + hv * (VD * KD) + rr[:, None] * KD + rk[None, :]
-    m2 = mr[:, None] & mk[None, :] & live
-    h0 = tl.load(hp, mask=m2, other=0.0)
-    kr_ptr = kr_ptr + slot * kr_slot + hk * (NS * KD)
+    x = tl.arange(0, 16)
+    t = x % 8
+    mx = (t < K) & live
+    mt = (x < K) & live
     ur_ptr = ur_ptr + slot * ur_slot + hv * (NS * VD)
-    gr_ptr = gr_ptr + slot * gr_slot + hv * NS
-    valid, kring, uring_t, gring, g_last = _ring_window(kr_ptr, ur_ptr, gr_ptr, p, base, live,
-                                                        rk, mk, rr, mr, NS, RP, KD, VD)
-    kx, qx, vt, g, beta = _load_rows(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, hv, hk, live, tr,
-                                     mt, rk, mk, rr, mr, scale, ga, gd, q_b, q_t, q_h, k_b,
-                                     k_t, k_h, v_b, v_t, v_h, g_b, g_t, beta_b, beta_t,
-                                     USE_QK_L2NORM, GATE)
-
+    valid, phys, uring_t, gring, g_last = _ring_window(
+        ur_ptr, gr_ptr + slot * gr_slot + hv * NS, p, base, live, rr, mr, NS, RP, VD)
     fold = (p + K > R) & live
+    i = tl.arange(0, RP)
+    ws = ws_ptr + (b * HV + hv) * WS
+    colscale = tl.load(ws + x)
+    dm = tl.load(ws + 16 + i[:, None] * 16 + x[None, :])
+    bt = tl.load(ws + 16 + RP * 16 + x[:, None] * 16 + x[None, :])
+    p2 = tl.load(ws + 16 + RP * 16 + 256 + x[:, None] * 16 + x[None, :])
+    vt = tl.load(v_ptr + b * v_b + x[None, :] * v_t + hv * v_h + rr[:, None],
+                 mask=mt[None, :] & mr[:, None], other=0.0).to(tl.float32)
+
+    dt = state_ptr.dtype.element_ty
+    xrow = tl.where((x < 8)[:, None], k_ptr + b * k_b + t[:, None] * k_t + hk * k_h,
+                    q_ptr + b * q_b + t[:, None] * q_t + hk * q_h)
+    hrow = state_ptr + slot * s_slot + hv * (VD * KD) + rr[:, None] * KD
+    acc = tl.zeros((BV, 16), tl.float32)
     if fold:
-        h0 = _fold_window(h0, kring, uring_t, gring, valid, g_last, DOT_F32,
-                          PRECISION).to(state_ptr.dtype.element_ty)
-        tl.store(hp, h0, mask=m2)
-    c0 = tl.where(fold, 0.0, g_last)
-    hist = valid & (fold == 0)
+        # H_P = e^{G_{P-1}} S0 + U_ring^T (w K_ring), rounded once and stored; then from it
+        krow = kr_ptr + slot * kr_slot + hk * (NS * KD) + phys[:, None] * KD
+        w = tl.where(valid, tl.exp(g_last - gring), 0.0)
+        efold = tl.exp(g_last)
+        for c in tl.range(0, KD, BK, num_stages=STAGES):
+            rk = c + tl.arange(0, BK)
+            mk = rk < KD
+            m2 = mr[:, None] & mk[None, :]
+            h = tl.load(hrow + rk[None, :], mask=m2, other=0.0)
+            kc = tl.load(krow + rk[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
+            xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
+            kw = (kc.to(tl.float32) * w[:, None]).to(dt)
+            hf = (efold * h.to(tl.float32) + _mm(uring_t, kw, PRECISION)).to(dt)
+            tl.store(hrow + rk[None, :], hf, mask=m2)
+            acc = _mma(hf, tl.trans(xc.to(dt)), acc, PRECISION)
+    else:
+        for c in tl.range(0, KD, BK, num_stages=STAGES):
+            rk = c + tl.arange(0, BK)
+            mk = rk < KD
+            h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :] & live, other=0.0)
+            xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
+            acc = _mma(h, tl.trans(xc.to(dt)), acc, PRECISION)
 
-    c = c0 + tl.cumsum(g, 0)
-    ec = tl.where(mt, tl.exp(c), 0.0)
-    dt = h0.dtype
-    kd_ = kx.to(dt)
-    qd_ = qx.to(dt)
-    wk = _mm(h0, tl.trans(kd_), DOT_F32, PRECISION) * ec[None, :]
-    wq = _mm(h0, tl.trans(qd_), DOT_F32, PRECISION) * ec[None, :]
-    d = tl.where(hist[:, None] & mt[None, :], tl.exp(c[None, :] - gring[:, None]), 0.0)
-    dk = d * _mm(kring, tl.trans(kd_), DOT_F32, PRECISION)
-    dq = d * _mm(kring, tl.trans(qd_), DOT_F32, PRECISION)
-    wk += _mm(uring_t, dk.to(dt), DOT_F32, PRECISION)
-    wq += _mm(uring_t, dq.to(dt), DOT_F32, PRECISION)
-
-    # the new rows by WY: (I + A) U = beta (V - Wk)
-    low = (tr[:, None] >= tr[None, :]) & mt[:, None] & mt[None, :]
-    decay = tl.where(low, tl.exp(c[:, None] - c[None, :]), 0.0)
-    kk = _mm(kd_, tl.trans(kd_), DOT_F32, PRECISION)
-    qk = _mm(qd_, tl.trans(kd_), DOT_F32, PRECISION)
-    A = tl.where(tr[:, None] > tr[None, :], beta[:, None] * decay * kk, 0.0)
-    tinv = _unit_lower_inverse(A, K, XP)
-    ut = _mm_ieee(beta[None, :] * (vt - wk), tl.trans(tinv))
-    ot = wq + _mm_ieee(ut, tl.trans(decay * qk))
-
-    mo = mt[None, :] & mr[:, None]
-    tl.store(o_ptr + b * o_b + tr[None, :] * o_t + hv * o_h + rr[:, None],
+    w_all = acc * colscale[None, :] + _mm_ieee(uring_t.to(tl.float32), dm)
+    ut = _mm_ieee(vt - w_all, bt)
+    ot = w_all + _mm_ieee(ut, p2)
+    mo = ((x >= 8) & (t < K))[None, :] & mr[:, None]
+    tl.store(o_ptr + b * o_b + t[None, :] * o_t + hv * o_h + rr[:, None],
              ot.to(o_ptr.dtype.element_ty), mask=mo)
-    pos = (base + p + tr) % NS
+    pos = (base + p + x) % NS
     tl.store(ur_ptr + pos[None, :] * VD + rr[:, None], ut.to(ur_ptr.dtype.element_ty),
-             mask=mo & live)
-    if j == 0:
-        tl.store(gr_ptr + pos, c, mask=mt & live)
-        if hv % (HV // HK) == 0:
-            tl.store(kr_ptr + pos[:, None] * KD + rk[None, :], kx.to(kr_ptr.dtype.element_ty),
-                     mask=mt[:, None] & mk[None, :] & live)
-        if hv == 0:
-            tl.store(engaged_ptr + b, tl.where(fold, 2, 1).to(tl.int32))
+             mask=mt[None, :] & mr[:, None])
 
 
 @triton.jit
@@ -206,7 +284,7 @@ def gdn_ring_flush_kernel(
     s_slot, kr_slot, ur_slot, gr_slot,
     NS: tl.constexpr, RP: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, KD: tl.constexpr,
     VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NT: tl.constexpr,
-    DOT_F32: tl.constexpr, PRECISION: tl.constexpr,
+    STAGES: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """Fold each listed slot's ring into its state, layer ``program_id(1)`` (per-layer element
     offsets from layer 0's tensors in the ``*_off`` tables). A slot with ``len = 0`` is left
@@ -217,26 +295,31 @@ def gdn_ring_flush_kernel(
     slot = tl.load(slot_ptr + b).to(tl.int64)
     live = slot >= 0
     slot = tl.maximum(slot, 0)
-    len_ptr += tl.load(len_off + layer)
-    base_ptr += tl.load(base_off + layer)
-    p = tl.load(len_ptr + slot, mask=live, other=0)
+    p = tl.load(len_ptr + tl.load(len_off + layer) + slot, mask=live, other=0)
     if p > 0:
-        base = tl.load(base_ptr + slot)
-        rk = tl.arange(0, BK)
-        mk = rk < KD
+        base = tl.load(base_ptr + tl.load(base_off + layer) + slot)
         rr = j * BV + tl.arange(0, BV)
         mr = rr < VD
-        hp = (state_ptr + tl.load(s_off + layer) + slot * s_slot + hv * (VD * KD)
-              + rr[:, None] * KD + rk[None, :])
-        m2 = mr[:, None] & mk[None, :]
-        h0 = tl.load(hp, mask=m2, other=0.0)
-        valid, kring, uring_t, gring, g_last = _ring_window(
-            kr_ptr + tl.load(kr_off + layer) + slot * kr_slot + hk * (NS * KD),
+        valid, phys, uring_t, gring, g_last = _ring_window(
             ur_ptr + tl.load(ur_off + layer) + slot * ur_slot + hv * (NS * VD),
             gr_ptr + tl.load(gr_off + layer) + slot * gr_slot + hv * NS,
-            p, base, live, rk, mk, rr, mr, NS, RP, KD, VD)
-        h = _fold_window(h0, kring, uring_t, gring, valid, g_last, DOT_F32, PRECISION)
-        tl.store(hp, h.to(state_ptr.dtype.element_ty), mask=m2)
+            p, base, live, rr, mr, NS, RP, VD)
+        w = tl.where(valid, tl.exp(g_last - gring), 0.0)
+        efold = tl.exp(g_last)
+        kr = kr_ptr + tl.load(kr_off + layer) + slot * kr_slot + hk * (NS * KD)
+        hrow = (state_ptr + tl.load(s_off + layer) + slot * s_slot + hv * (VD * KD)
+                + rr[:, None] * KD)
+        dt = state_ptr.dtype.element_ty
+        for c in tl.range(0, KD, BK, num_stages=STAGES):
+            rk = c + tl.arange(0, BK)
+            mk = rk < KD
+            m2 = mr[:, None] & mk[None, :]
+            h = tl.load(hrow + rk[None, :], mask=m2, other=0.0)
+            kc = tl.load(kr + phys[:, None] * KD + rk[None, :], mask=valid[:, None] & mk[None, :],
+                         other=0.0)
+            kw = (kc.to(tl.float32) * w[:, None]).to(dt)
+            hf = efold * h.to(tl.float32) + _mm(uring_t, kw, PRECISION)
+            tl.store(hrow + rk[None, :], hf.to(dt), mask=m2)
 
 
 @triton.jit

@@ -1,0 +1,125 @@
+"""Tune and check the ring form's kernels on a GPU (SPEC §3d; pmll_lab.ops.carry.gdn_ring).
+
+Qwen3-Next's GDN shape (HK=16, HV=32, kd=vd=128), bf16 inputs, K draft rows, ring length R.
+For each state dtype, batch and ring fill ``P`` (``P + K > R`` folds): first a check of the
+outputs against the float64 ring reference on the first sequences, then graph-replay times
+(L2 flushed, ``pmll_lab.bench.time_cuda_graph``) of the verify for every tile in ``--tiles``.
+Prints one table; ``--json PATH`` writes the rows.
+
+    python3 scripts/tune_ring.py --batch 64 128 --tiles 64x4 128x4 --json $OUT/ring.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+
+import pmll_lab  # noqa: F401  (first)
+from pmll_lab.bench import errors, time_cuda_graph
+from pmll_lab.carry import GdnRing, gdn_ring_verify, ring_accept
+from pmll_lab.experiments.common import gating_inputs
+from pmll_lab.inputs import gdn_inputs
+from pmll_lab.ops.carry import gdn_ring
+from pmll_lab.reference import ring as ref_ring
+
+HK, HV, KD, VD = 16, 32, 128, 128
+
+
+def fill_ring(ring: GdnRing, fill: int, seed: int) -> None:
+    """``fill`` realistic rows in every slot's window at a random ``base``: unit keys,
+    corrections N(0, 0.3^2), cumulative log decays of ``-softplus(N(0, 1))`` steps."""
+    gen = torch.Generator().manual_seed(seed)
+    S, ns = ring.slots, 2 * ring.length
+    base = torch.randint(0, ns, (S,), generator=gen, dtype=torch.int32)
+    k = F.normalize(torch.randn(ring.k.shape, generator=gen), dim=-1)
+    u = torch.randn(ring.u.shape, generator=gen) * 0.3
+    steps = -F.softplus(torch.randn(S, ring.num_v_heads, ns, generator=gen))
+    G = torch.zeros(S, ring.num_v_heads, ns)
+    for s in range(S):
+        order = [(int(base[s]) + i) % ns for i in range(ns)]
+        G[s, :, order] = torch.cumsum(steps[s], -1)
+    ring.k.copy_(k.to(ring.k))
+    ring.u.copy_(u.to(ring.u))
+    ring.G.copy_(G.to(ring.G))
+    ring.base.copy_(base.to(ring.base))
+    ring.len.fill_(fill)
+
+
+def point(B, K, R, fill, state_dtype, tiles, precisions, ref_seqs=4):
+    x = gdn_inputs(B, B, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16)
+    gate = gating_inputs(B + 1, (B, K), HV)
+    state = x["state"].transpose(-1, -2).contiguous().to(state_dtype)
+    ring = GdnRing.empty(B, HK, HV, KD, VD, length=R, dtype=state_dtype)
+    fill_ring(ring, fill, seed=B)
+    slots = x["state_indices"]
+    kw = dict(slot_tab=slots, A_log=gate["A_log"], a=gate["a"], dt_bias=gate["dt_bias"],
+              b=gate["b"])
+    rows = []
+    for prec in precisions if state_dtype == torch.float32 else ["-"]:
+        for tile in tiles:
+            gdn_ring.RING_TILES = (tile,)
+            if prec != "-":
+                gdn_ring.RING_PRECISION = prec
+            st, rg = state.clone(), GdnRing(ring.k.clone(), ring.u.clone(), ring.G.clone(),
+                                             ring.len.clone(), ring.base.clone(), R)
+            o, e = gdn_ring_verify(st, rg, x["q"], x["k"], x["v"], **kw)
+            # check: the first ref_seqs sequences against the float64 ring reference
+            sl = slots[:ref_seqs].cpu().long()
+            kv = state.double().transpose(-1, -2).cpu()
+            rr = ref_ring.RefRing.from_ring(ring)
+            g, beta = gate["g"][:ref_seqs].cpu(), gate["beta"][:ref_seqs].cpu()
+            o_ref, e_ref = ref_ring.verify(kv, rr, x["q"][:ref_seqs].cpu(), x["k"][:ref_seqs].cpu(),
+                                           x["v"][:ref_seqs].cpu(), g, beta, sl,
+                                           state_dtype=state_dtype, ring_dtype=state_dtype)
+            err = errors(o[:ref_seqs].float(), o_ref)["rel_l2"]
+            ok = e[:ref_seqs].cpu().tolist() == e_ref.tolist()
+            st2, rg2 = state.clone(), GdnRing(ring.k.clone(), ring.u.clone(), ring.G.clone(),
+                                               ring.len.clone(), ring.base.clone(), R)
+            verify = lambda: gdn_ring_verify(st2, rg2, x["q"], x["k"], x["v"], **kw)  # noqa: E731
+            t = time_cuda_graph(verify) or dict(median_us=float("nan"), p20_us=0, p80_us=0)
+            acc = torch.full((B,), K - 1, dtype=torch.int32, device=slots.device)
+            eng = torch.ones(B, dtype=torch.int32, device=slots.device)
+            ta = time_cuda_graph(lambda: ring_accept(rg2, slots, eng, acc)) or t
+            rows.append(dict(B=B, K=K, R=R, fill=fill, state=str(state_dtype).split(".")[1],
+                             tile="x".join(map(str, tile)), precision=prec, rel_l2=err, engaged_ok=ok,
+                             verify_us=t["median_us"], p20=t["p20_us"], p80=t["p80_us"],
+                             accept_us=ta["median_us"]))
+            print(rows[-1], flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 128])
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--length", type=int, default=16)
+    ap.add_argument("--fill", type=int, nargs="+", default=[4, 13])
+    ap.add_argument("--state", nargs="+", default=["bfloat16", "float32"])
+    ap.add_argument("--tiles", nargs="+", default=["64x32x4x2", "128x32x4x2", "128x64x4x2"],
+                    help="BVxBKxWARPSxSTAGES")
+    ap.add_argument("--precision", nargs="+", default=["tf32x3"])
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
+    rows = []
+    for sd in args.state:
+        for B in args.batch:
+            for fill in args.fill:
+                rows += point(B, args.rows, args.length, fill, getattr(torch, sd), tiles,
+                              args.precision)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print(f"\n{'state':9} {'B':>4} {'fill':>4} {'tile':>12} {'prec':>7} {'verify us':>10} "
+          f"{'accept us':>9} {'rel_l2':>9}")
+    for r in rows:
+        print(f"{r['state']:9} {r['B']:4d} {r['fill']:4d} {r['tile']:>12} {r['precision']:>7} "
+              f"{r['verify_us']:10.1f} {r['accept_us']:9.1f} {r['rel_l2']:9.1e}"
+              f"{'' if r['engaged_ok'] else '  ENGAGED MISMATCH'}")
+
+
+if __name__ == "__main__":
+    main()
