@@ -243,7 +243,9 @@ def flashinfer_decode_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def flashinfer_mtp_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor,
                           b: torch.Tensor, state: torch.Tensor, state_indices: torch.Tensor,
-                          *, scale: float, snapshots: bool, frozen: bool
+                          *, scale: float, snapshots: bool, frozen: bool,
+                          out: torch.Tensor | None = None,
+                          intermediate: torch.Tensor | None = None,
                           ) -> tuple[Callable[[], object], dict[str, torch.Tensor | None]]:
     """A zero-argument call of FlashInfer's K-row verify (``gated_delta_rule_mtp``) and its
     output buffers.
@@ -257,6 +259,8 @@ def flashinfer_mtp_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     A bf16 ``state`` pool (``kd = vd = 128``) goes through the pretranspose entry point with
     ``T = K`` (its bf16 MTP kernel: ``gated_delta_rule_mtp`` takes fp32 pools only), the buffer
     then in bf16 too.
+    ``out`` / ``intermediate``: buffers to write instead of fresh ones (a step loop shares them
+    across steps).
     Returns ``(run, {"o": o [B, K, HV, vd] bf16, "intermediate": buffer or None})``; inputs are
     copied to contiguous tensors once (not timed). Raises ``RuntimeError`` when flashinfer does
     not import, ``ValueError`` for shapes it would reject."""
@@ -267,9 +271,10 @@ def flashinfer_mtp_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q, k, v, a, b = (t.contiguous() for t in (q, k, v, a, b))
     A_log, dt_bias = A_log.float().contiguous(), dt_bias.float().contiguous()
     B, K, HV, vd = v.shape
-    o = torch.zeros(v.shape, dtype=torch.bfloat16, device=v.device)
-    inter = (torch.zeros(B, K, HV, vd, q.shape[-1], dtype=state.dtype, device=v.device)
-             if snapshots else None)
+    o = torch.zeros(v.shape, dtype=torch.bfloat16, device=v.device) if out is None else out
+    inter = intermediate
+    if snapshots and inter is None:
+        inter = torch.zeros(B, K, HV, vd, q.shape[-1], dtype=state.dtype, device=v.device)
 
     if state.dtype == torch.bfloat16:
         def run():

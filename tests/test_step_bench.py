@@ -1,0 +1,84 @@
+"""The speculative-step harness (pmll_lab.step_bench) and the snapshot restore, on the CPU.
+
+The harness's step loop runs without a graph here: each form's accepted outputs and final
+states are checked against float64 decoding of the accepted rows (``check_form``), so a wrong
+restore, commit or accept shows as an error far above the tolerance. Tolerances: the harness's
+own ``OUTPUT_TOL`` (bf16 outputs rounded once: 8e-3; a bf16 state: 2e-2).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
+from pmll_lab.backend import DEVICE
+from pmll_lab.bench import bitwise_equal
+from pmll_lab.ops.gdn.restore import gdn_snapshot_restore
+from pmll_lab.step_bench import (STEP_FORMS, StepCase, acceptance_counts, build_form,
+                                 check_form, step_bytes, supports)
+
+
+def _case(state_dtype=torch.float32, **kw):
+    return StepCase(batch=3, rows=3, num_k_heads=1, num_v_heads=2, head_dim=16, steps=6,
+                    state_dtype=state_dtype, ring_length=8, seed=kw.pop("seed", 5), **kw)
+
+
+@pytest.mark.parametrize("form", ["exact_lazy", "exact_eager", "ring", "chain_restore"])
+def test_step_forms_match_plain_decoding(form):
+    case = _case()
+    r = check_form(build_form(form, case), ref_seqs=3)
+    assert r["passed"], r
+    assert r["state_rel_l2"] < 1e-5, r      # fp32 state: the accepted rows stick exactly
+    if form in ("exact_lazy", "ring"):
+        assert 0 < r["fold_frac"] < 1 and r["mean_fill"] > 0
+
+
+def test_step_ring_bf16_state():
+    r = check_form(build_form("ring", _case(torch.bfloat16, seed=9)), ref_seqs=3)
+    assert r["passed"], r
+
+
+def test_acceptance_counts_process():
+    a = acceptance_counts(400, 64, 4, 0.8, seed=3, device="cpu")
+    assert a.dtype == torch.int32 and a.shape == (400, 64)
+    assert int(a.min()) >= 1 and int(a.max()) <= 4
+    mean = float(a.float().mean())
+    assert abs(mean - (1 + 0.8 + 0.64 + 0.512)) < 0.03, mean
+    assert bitwise_equal(a, acceptance_counts(400, 64, 4, 0.8, seed=3, device="cpu"))
+    with pytest.raises(ValueError, match="alpha"):
+        acceptance_counts(4, 2, 4, 1.5, seed=0)
+
+
+def test_snapshot_restore_copies_the_accepted_snapshot():
+    gen = torch.Generator().manual_seed(0)
+    state = torch.randn(5, 2, 4, 8, generator=gen).to(DEVICE)
+    snaps = torch.randn(3, 3, 2, 4, 8, generator=gen).to(DEVICE)
+    slots = torch.tensor([4, -1, 1], dtype=torch.int32, device=DEVICE)
+    acc = torch.tensor([2, 3, 4], dtype=torch.int32, device=DEVICE)
+    want = state.clone()
+    want[4] = snaps[0, 1]
+    got = state.clone()
+    gdn_snapshot_restore(got, snaps, slots, acc, last_in_place=True)   # K = 4: a = 4 in place
+    assert bitwise_equal(got, want)
+    got2 = state.clone()
+    acc2 = torch.tensor([1, 2, 3], dtype=torch.int32, device=DEVICE)
+    gdn_snapshot_restore(got2, snaps, slots, acc2, last_in_place=False)   # K = 3 snapshots
+    want2 = state.clone()
+    want2[4], want2[1] = snaps[0, 0], snaps[2, 2]
+    assert bitwise_equal(got2, want2)
+    with pytest.raises(ValueError, match="snapshots"):
+        gdn_snapshot_restore(got, snaps[:, :, :1], slots, acc, last_in_place=True)
+    with pytest.raises(ValueError, match="accepted"):
+        gdn_snapshot_restore(got, snaps, slots, acc.float(), last_in_place=True)
+
+
+def test_step_bytes_and_support_table():
+    case = _case()
+    hb = 2 * 16 * 16 * 4
+    assert step_bytes("chain_restore", case, 0.0, 0.0) > 4 * hb
+    assert step_bytes("ring", case, 0.0, 0.0) < step_bytes("ring", case, 1.0, 0.0)
+    assert not supports("flashinfer_replayssm", case)       # head size 16: FlashInfer takes 128
+    with pytest.raises(ValueError, match="form"):
+        build_form("wy", case)
+    assert set(STEP_FORMS) >= {"ring", "flashinfer_replayssm"}
