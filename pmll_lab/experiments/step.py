@@ -1,0 +1,116 @@
+"""The carry_step notebook: the whole speculative step per form, and the drift study.
+
+A point is one configuration (``B, K, HK, HV, head_dim, state_dtype``, ``steps`` speculative
+steps, acceptance ``alpha``). Every form of ``pmll_lab.step_bench.STEP_FORMS`` that runs it is
+checked first (accepted outputs and final states against float64 decoding) and only then timed
+(the ``steps`` steps captured in one CUDA graph, ``step_us`` per step). A form that fails its
+check or raises is one failed row of that form; a form FlashInfer does not take is one
+``unsupported`` row. Rows (``results/<notebook>/carry_step.jsonl``): ``kernel = form = ...``,
+``metric`` in ``step_us`` (timer ``cuda_graph``), ``o_rel_l2``, ``state_rel_l2``,
+``bytes_moved_step``, ``bytes_held_seq``, ``fold_frac``, ``mean_fill``, plus ``mean_accept``.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from pmll_lab.backend import DEVICE, INTERPRET
+from pmll_lab.step_bench import (STEP_FORMS, StepCase, build_form, check_form, step_bytes,
+                                 step_timing, supports)
+
+LABELS = {
+    "exact_lazy": "carry exact, lazy", "exact_eager": "carry exact, eager",
+    "ring": "carry ring (tolerance form)", "chain_restore": "chain + snapshots + restore",
+    "flashinfer_snapshot_restore": "FlashInfer mtp + snapshots + restore",
+    "flashinfer_replayssm": "FlashInfer ReplaySSM (ucache_flush + commit)",
+}
+PEER = "flashinfer_replayssm"
+TARGETS = (
+    # (what, form, state dtype, B values, ratio bound against the peer's step, peer form)
+    ("ring step, bf16 state <= 0.9x FlashInfer ReplaySSM", "ring", "bfloat16", (64, 128), 0.9,
+     PEER, "bfloat16"),
+    ("ring step, fp32 state <= 1.5x its bf16-state step", "ring", "float32", (64, 128), 1.5,
+     "ring", "bfloat16"),
+    ("ring step at B = 1 <= FlashInfer ReplaySSM", "ring", "bfloat16", (1,), 1.0, PEER,
+     "bfloat16"),
+)
+
+
+def case_of(p: dict) -> StepCase:
+    return StepCase(batch=int(p["B"]), rows=int(p["K"]), num_k_heads=int(p["HK"]),
+                    num_v_heads=int(p["HV"]), head_dim=int(p["head_dim"]),
+                    steps=int(p["steps"]), alpha=float(p["alpha"]),
+                    state_dtype=getattr(torch, p["state_dtype"]), seed=int(p.get("seed", 0)),
+                    ring_length=int(p.get("ring_length", 16)))
+
+
+def step_point(p: dict) -> list[dict]:
+    """Every form of ``p["forms"]`` (default all) on one configuration: check, then time."""
+    case = case_of(p)
+    mean_accept = float(case.tensors["accepted"].float().mean())
+    rows = []
+    for form in p.get("forms", STEP_FORMS):
+        base = dict(kernel=form, form=form, mean_accept=mean_accept)
+        if not supports(form, case) or (form.startswith("flashinfer") and
+                                        (DEVICE.type != "cuda" or INTERPRET)):
+            rows.append(dict(base, metric="unsupported", value=1.0, status="unsupported"))
+            continue
+        try:
+            chk = check_form(build_form(form, case), ref_seqs=int(p.get("ref_seqs", 2)))
+        except Exception as exc:  # noqa: BLE001 - a form that raises is one failed row of it
+            rows.append(dict(base, metric="o_rel_l2", value=float("nan"), status="failed",
+                             error=f"{type(exc).__name__}: {exc}"[:300]))
+            continue
+        status = "ok" if chk["passed"] else "failed"
+        for m in ("o_rel_l2", "state_rel_l2"):
+            rows.append(dict(base, metric=m, value=chk[m], tolerance=chk["tolerance"],
+                             passed=chk["passed"], status=status))
+        for m in ("fold_frac", "mean_fill"):
+            rows.append(dict(base, metric=m, value=chk[m], status=status))
+        sf = build_form(form, case)
+        rows.append(dict(base, metric="bytes_moved_step", unit="B", status=status,
+                         value=step_bytes(form, case, chk["fold_frac"], chk["mean_fill"])))
+        rows.append(dict(base, metric="bytes_held_seq", unit="B", value=sf.bytes_held,
+                         status=status))
+        if not chk["passed"]:
+            continue
+        try:
+            t = step_timing(sf)
+        except Exception as exc:  # noqa: BLE001 - capture failed: its figures stand without
+            rows.append(dict(base, metric="step_us", value=float("nan"), status="failed",
+                             error=f"{type(exc).__name__}: {exc}"[:300]))
+            continue
+        if t is not None:
+            rows.append(dict(base, metric="step_us", value=t["step_us"], p20=t["p20_us"],
+                             p80=t["p80_us"], unit="us", timer="cuda_graph", status="ok"))
+    return rows
+
+
+def step_table(df: pd.DataFrame) -> pd.DataFrame:
+    """µs per step, bytes per step and held per sequence, by configuration and form."""
+    ok = df[df["status"] == "ok"]
+    keys = ["state_dtype", "B", "K", "form"]
+    t = ok.pivot_table(index=keys, columns="metric", values="value", aggfunc="first")
+    cols = [c for c in ("step_us", "bytes_moved_step", "bytes_held_seq", "fold_frac",
+                        "mean_fill", "o_rel_l2", "state_rel_l2") if c in t]
+    return t[cols].reset_index()
+
+
+def target_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The per-step targets: met/missed first, then ours, the peer, the ratio and the bound."""
+    tab = step_table(df)
+    out = []
+    for what, form, sd, Bs, bound, peer, peer_sd in TARGETS:
+        for B in Bs:
+            ours = tab[(tab.form == form) & (tab.state_dtype == sd) & (tab.B == B) & (tab.K == 4)]
+            theirs = tab[(tab.form == peer) & (tab.state_dtype == peer_sd) & (tab.B == B)
+                         & (tab.K == 4)]
+            if ours.empty or theirs.empty or "step_us" not in tab:
+                out.append(dict(verdict="not measured", target=what, B=B))
+                continue
+            o, t = float(ours.step_us.iloc[0]), float(theirs.step_us.iloc[0])
+            out.append(dict(verdict="met" if o <= bound * t else "missed", target=what, B=B,
+                            ours_us=round(o, 1), reference_us=round(t, 1),
+                            ratio=round(o / t, 3), bound=bound))
+    return pd.DataFrame(out)
