@@ -52,6 +52,26 @@ OUTPUT_TOL = {"float32": 8e-3, "bfloat16": 2e-2, "float16": 1e-2}
 bf16 rounding of the outputs (8e-3, as the carry tests), or the 2-byte state's rounding."""
 
 
+def fill_ring(ring: GdnRing, fill: int, seed: int) -> None:
+    """``fill`` realistic rows in every slot's window at a seeded random ``base``: unit keys,
+    corrections N(0, 0.3^2), cumulative log decays of ``-softplus(N(0, 1))`` steps; drawn on
+    the CPU (the same rows on every device). For timing a verify at a given ring fill."""
+    _checks.positive_int("fill", fill, minimum=0, maximum=ring.length)
+    gen = torch.Generator().manual_seed(int(seed))
+    S, ns = ring.slots, 2 * ring.length
+    base = torch.randint(0, ns, (S,), generator=gen, dtype=torch.int32)
+    k = torch.nn.functional.normalize(torch.randn(ring.k.shape, generator=gen), dim=-1)
+    u = torch.randn(ring.u.shape, generator=gen) * 0.3
+    steps = -torch.nn.functional.softplus(torch.randn(S, ring.num_v_heads, ns, generator=gen))
+    G = torch.zeros(S, ring.num_v_heads, ns)
+    for s in range(S):
+        order = [(int(base[s]) + i) % ns for i in range(ns)]
+        G[s, :, order] = torch.cumsum(steps[s], -1)
+    for dst, src in ((ring.k, k), (ring.u, u), (ring.G, G), (ring.base, base)):
+        dst.copy_(src.to(dst))
+    ring.len.fill_(fill)
+
+
 def acceptance_counts(steps: int, batch: int, rows: int, alpha: float, seed: int,
                       device=None) -> torch.Tensor:
     """``[steps, batch]`` int32 on ``device``: ``1 +`` leading accepted drafts of ``rows - 1``,

@@ -15,7 +15,6 @@ import argparse
 import json
 
 import torch
-import torch.nn.functional as F
 
 import pmll_lab  # noqa: F401  (first)
 from pmll_lab.bench import errors, time_cuda_graph
@@ -24,28 +23,9 @@ from pmll_lab.experiments.common import gating_inputs
 from pmll_lab.inputs import gdn_inputs
 from pmll_lab.ops.carry import gdn_ring
 from pmll_lab.reference import ring as ref_ring
+from pmll_lab.step_bench import fill_ring
 
 HK, HV, KD, VD = 16, 32, 128, 128
-
-
-def fill_ring(ring: GdnRing, fill: int, seed: int) -> None:
-    """``fill`` realistic rows in every slot's window at a random ``base``: unit keys,
-    corrections N(0, 0.3^2), cumulative log decays of ``-softplus(N(0, 1))`` steps."""
-    gen = torch.Generator().manual_seed(seed)
-    S, ns = ring.slots, 2 * ring.length
-    base = torch.randint(0, ns, (S,), generator=gen, dtype=torch.int32)
-    k = F.normalize(torch.randn(ring.k.shape, generator=gen), dim=-1)
-    u = torch.randn(ring.u.shape, generator=gen) * 0.3
-    steps = -F.softplus(torch.randn(S, ring.num_v_heads, ns, generator=gen))
-    G = torch.zeros(S, ring.num_v_heads, ns)
-    for s in range(S):
-        order = [(int(base[s]) + i) % ns for i in range(ns)]
-        G[s, :, order] = torch.cumsum(steps[s], -1)
-    ring.k.copy_(k.to(ring.k))
-    ring.u.copy_(u.to(ring.u))
-    ring.G.copy_(G.to(ring.G))
-    ring.base.copy_(base.to(ring.base))
-    ring.len.fill_(fill)
 
 
 def point(B, K, R, fill, state_dtype, tiles, precisions, ref_seqs=4):

@@ -82,3 +82,23 @@ def test_step_bytes_and_support_table():
     with pytest.raises(ValueError, match="form"):
         build_form("wy", case)
     assert set(STEP_FORMS) >= {"ring", "flashinfer_replayssm"}
+
+
+def test_step_point_rows_and_targets_on_the_cpu():
+    """A sweep point's rows: checks for our forms, FlashInfer as unsupported rows (no GPU); the
+    target table says "not measured" rather than a ratio of interpreter times."""
+    import pandas as pd
+
+    from pmll_lab.experiments import step as S
+
+    p = dict(B=2, K=2, HK=1, HV=2, head_dim=16, state_dtype="float32", steps=2, alpha=0.8,
+             ring_length=8)
+    rows = S.step_point(p)
+    by = {(r["form"], r["metric"]): r for r in rows}
+    assert by[("flashinfer_replayssm", "unsupported")]["status"] == "unsupported"
+    for form in ("exact_lazy", "ring", "chain_restore"):
+        assert by[(form, "o_rel_l2")]["passed"] and by[(form, "o_rel_l2")]["value"] < 8e-3
+        assert by[(form, "bytes_held_seq")]["value"] > 0
+    assert not any(r["metric"] == "step_us" for r in rows)          # no timing on the CPU
+    df = pd.DataFrame([dict(p, **r) for r in rows])
+    assert set(S.target_table(df)["verdict"]) == {"not measured"}

@@ -114,3 +114,67 @@ def target_table(df: pd.DataFrame) -> pd.DataFrame:
                             ours_us=round(o, 1), reference_us=round(t, 1),
                             ratio=round(o / t, 3), bound=bound))
     return pd.DataFrame(out)
+
+
+def kernel_point(p: dict) -> list[dict]:
+    """Detail rows: one verify at a given ring fill (``p["fill"]``; ``P + K > 16`` folds), ours
+    (``ring_verify``) and FlashInfer's ``ucache_flush`` (``flashinfer_ucache_flush``) on the
+    same rows: both rings hold identical values (FlashInfer's 32-row ring has our ring's layout
+    at ``R = 16``). Each is checked against the float64 ring reference on the first
+    ``ref_seqs`` sequences, then timed alone (graph replay, L2 flushed, ``time_us``)."""
+    from pmll_lab.bench import errors, time_cuda_graph
+    from pmll_lab.carry import GdnRing, gdn_ring_verify
+    from pmll_lab.peers_replayssm import ReplaySSMRing, replayssm_available, replayssm_runner
+    from pmll_lab.reference import ring as ref_ring
+    from pmll_lab.step_bench import fill_ring
+
+    case = case_of(dict(p, steps=1))
+    t, r = case.tensors, case.rows_of(0)
+    B, n = case.batch, min(int(p.get("ref_seqs", 2)), case.batch)
+    ring = GdnRing.empty(B, case.num_k_heads, case.num_v_heads, case.head_dim, case.head_dim,
+                         length=16, dtype=case.state_dtype)
+    fill_ring(ring, int(p["fill"]), seed=case.seed + 7)
+    slots = t["slots"]
+    g, beta = __import__("pmll_lab.peers", fromlist=["fused_gating"]).fused_gating(
+        r["A_log"].cpu(), r["a"][:n].cpu(), r["dt_bias"].cpu(), r["b"][:n].cpu())
+    kv = t["state"].double().transpose(-1, -2).cpu()
+    o_ref, _ = ref_ring.verify(kv, ref_ring.RefRing.from_ring(ring), r["q"][:n].cpu(),
+                               r["k"][:n].cpu(), r["v"][:n].cpu(), g, beta, slots[:n].cpu(),
+                               scale=case.scale, state_dtype=case.state_dtype,
+                               ring_dtype=case.state_dtype)
+    runs = {}
+    st = t["state"].clone()
+    rg = GdnRing(ring.k.clone(), ring.u.clone(), ring.G.clone(), ring.len.clone(),
+                 ring.base.clone(), 16)
+    runs["ring_verify"] = lambda: gdn_ring_verify(st, rg, **r, slot_tab=slots, scale=case.scale)[0]
+    if replayssm_available() and supports(PEER, case):
+        st2 = t["state"].clone()
+        fr = ReplaySSMRing(ring.k.clone(), ring.u.clone(), ring.G.clone(),
+                           ring.len[slots.long()].clone(), ring.base[slots.long()].clone())
+        run, o2 = replayssm_runner(r["q"], r["k"], r["v"], r["A_log"], r["a"], r["dt_bias"],
+                                   r["b"], st2, slots, fr, scale=case.scale)
+        runs["flashinfer_ucache_flush"] = lambda: (run(), o2)[1]
+    rows = []
+    for name, fn in runs.items():
+        base = dict(kernel=name, fill=int(p["fill"]))
+        try:
+            o = fn()
+            err = errors(o[:n].float(), o_ref)["rel_l2"]
+        except Exception as exc:  # noqa: BLE001 - a kernel that raises is one failed row
+            rows.append(dict(base, metric="o_rel_l2", value=float("nan"), status="failed",
+                             error=f"{type(exc).__name__}: {exc}"[:300]))
+            continue
+        tol = OUTPUT_TOL_KERNEL
+        rows.append(dict(base, metric="o_rel_l2", value=err, tolerance=tol, passed=err <= tol,
+                         status="ok" if err <= tol else "failed"))
+        if err <= tol:
+            tm = time_cuda_graph(fn)
+            if tm is not None:
+                rows.append(dict(base, metric="time_us", value=tm["median_us"], p20=tm["p20_us"],
+                                 p80=tm["p80_us"], unit="us", timer="cuda_graph", status="ok"))
+    return rows
+
+
+OUTPUT_TOL_KERNEL = 2e-2
+"""rel L2 of one verify's bf16 outputs against the float64 ring reference (bf16 state and
+ring rows: the 2-byte state's rounding, as ``RING_TOLERANCE``)."""
