@@ -28,7 +28,7 @@ from pmll_lab.step_bench import fill_ring
 HK, HV, KD, VD = 16, 32, 128, 128
 
 
-def point(B, K, R, fill, state_dtype, tiles, precisions, ref_seqs=4):
+def point(B, K, R, fill, state_dtype, tiles, precisions, preps=((None, None),), ref_seqs=4):
     x = gdn_inputs(B, B, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16)
     gate = gating_inputs(B + 1, (B, K), HV)
     state = x["state"].transpose(-1, -2).contiguous().to(state_dtype)
@@ -38,9 +38,13 @@ def point(B, K, R, fill, state_dtype, tiles, precisions, ref_seqs=4):
     kw = dict(slot_tab=slots, A_log=gate["A_log"], a=gate["a"], dt_bias=gate["dt_bias"],
               b=gate["b"])
     rows = []
-    for prec in precisions if state_dtype == torch.float32 else ["-"]:
-        for tile in tiles:
+    combos = [(prec, tile, prep) for prec in (precisions if state_dtype == torch.float32 else ["-"])
+              for tile in tiles for prep in preps]
+    for prec, tile, (pw, pk) in combos:
+        if True:
             gdn_ring.RING_TILES = (tile,)
+            if pw is not None:
+                gdn_ring.RING_PREP_WARPS, gdn_ring.RING_PREP_KEYS = pw, pk
             if prec != "-":
                 gdn_ring.RING_PRECISION = prec
             st, rg = state.clone(), GdnRing(ring.k.clone(), ring.u.clone(), ring.G.clone(),
@@ -64,7 +68,7 @@ def point(B, K, R, fill, state_dtype, tiles, precisions, ref_seqs=4):
             eng = torch.ones(B, dtype=torch.int32, device=slots.device)
             ta = time_cuda_graph(lambda: ring_accept(rg2, slots, eng, acc)) or t
             rows.append(dict(B=B, K=K, R=R, fill=fill, state=str(state_dtype).split(".")[1],
-                             tile="x".join(map(str, tile)), precision=prec, rel_l2=err, engaged_ok=ok,
+                             tile="x".join(map(str, tile)) + ("" if pw is None else f"/p{pw}x{pk}"), precision=prec, rel_l2=err, engaged_ok=ok,
                              verify_us=t["median_us"], p20=t["p20_us"], p80=t["p80_us"],
                              accept_us=ta["median_us"]))
             print(rows[-1], flush=True)
@@ -81,6 +85,7 @@ def main():
     ap.add_argument("--tiles", nargs="+", default=["64x32x4x2", "128x32x4x2", "128x64x4x2"],
                     help="BVxBKxWARPSxSTAGES")
     ap.add_argument("--precision", nargs="+", default=["tf32x3"])
+    ap.add_argument("--prep", nargs="+", default=[], help="per-head kernel WARPSxKEYS")
     ap.add_argument("--json")
     args = ap.parse_args()
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
@@ -89,14 +94,15 @@ def main():
         for B in args.batch:
             for fill in args.fill:
                 rows += point(B, args.rows, args.length, fill, getattr(torch, sd), tiles,
-                              args.precision)
+                              args.precision, [tuple(int(v) for v in x.split("x")) for x in args.prep]
+                              or ((None, None),))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    print(f"\n{'state':9} {'B':>4} {'fill':>4} {'tile':>12} {'prec':>7} {'verify us':>10} "
+    print(f"\n{'state':9} {'B':>4} {'fill':>4} {'tile':>20} {'prec':>7} {'verify us':>10} "
           f"{'accept us':>9} {'rel_l2':>9}")
     for r in rows:
-        print(f"{r['state']:9} {r['B']:4d} {r['fill']:4d} {r['tile']:>12} {r['precision']:>7} "
+        print(f"{r['state']:9} {r['B']:4d} {r['fill']:4d} {r['tile']:>20} {r['precision']:>7} "
               f"{r['verify_us']:10.1f} {r['accept_us']:9.1f} {r['rel_l2']:9.1e}"
               f"{'' if r['engaged_ok'] else '  ENGAGED MISMATCH'}")
 
