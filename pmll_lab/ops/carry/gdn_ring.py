@@ -50,9 +50,9 @@ RING_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
 """rel L2 of the ring form's outputs and states against the float64 exact protocol, per state
 dtype (tests/test_ring.py). fp32: ``tf32x3`` products; bf16/fp16: the state's own rounding."""
 
-RING_PREP_KEYS = 64
+RING_PREP_KEYS = 32
 """Keys per chunk of the per-head kernel's pass over the new rows and the ring keys."""
-RING_PREP_WARPS = 2
+RING_PREP_WARPS = 1
 """Warps of the per-head kernel (``gdn_ring_prep_kernel``: ``[16, kd]`` and ``[16, 16]`` tiles)."""
 
 RING_PRECISION = "tf32x3"
