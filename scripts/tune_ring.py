@@ -86,16 +86,21 @@ def main():
                     help="BVxBKxWARPSxSTAGES")
     ap.add_argument("--precision", nargs="+", default=["tf32x3"])
     ap.add_argument("--prep", nargs="+", default=[], help="per-head kernel WARPSxKEYS")
+    ap.add_argument("--pdl", type=int, nargs="+", default=[1],
+                    help="programmatic dependent launch of the state kernel: 1 on, 0 off")
     ap.add_argument("--json")
     args = ap.parse_args()
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
     rows = []
-    for sd in args.state:
+    for pdl in args.pdl:
+      gdn_ring.RING_PDL = bool(pdl)
+      for sd in args.state:
         for B in args.batch:
             for fill in args.fill:
-                rows += point(B, args.rows, args.length, fill, getattr(torch, sd), tiles,
-                              args.precision, [tuple(int(v) for v in x.split("x")) for x in args.prep]
-                              or ((None, None),))
+                new = point(B, args.rows, args.length, fill, getattr(torch, sd), tiles,
+                            args.precision, [tuple(int(v) for v in x.split("x")) for x in args.prep]
+                            or ((None, None),))
+                rows += [dict(r, tile=r["tile"] + f"/pdl{pdl}") for r in new]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from pmll_lab import _checks
-from pmll_lab.backend import DEVICE
+from pmll_lab.backend import DEVICE, INTERPRET
 from pmll_lab.ops.carry.gdn_carry_common import INDEX_DTYPES, _device_guard, check_state, offsets_table
 from pmll_lab.ops.carry.gdn_ring_kernels import (gdn_ring_flush_kernel, gdn_ring_prep_kernel,
                                                  gdn_ring_verify_kernel, ring_accept_kernel)
@@ -54,6 +54,11 @@ RING_PREP_KEYS = 32
 """Keys per chunk of the per-head kernel's pass over the new rows and the ring keys."""
 RING_PREP_WARPS = 1
 """Warps of the per-head kernel (``gdn_ring_prep_kernel``: ``[16, kd]`` and ``[16, 16]`` tiles)."""
+
+RING_PDL = not INTERPRET
+"""Launch the state kernel with programmatic dependent launch (Hopper), overlapping it with the
+per-head kernel (``gdn_ring_kernels``); off in the Triton interpreter, which has no such launch.
+Measured in reports/perf-notes.md (ring form)."""
 
 RING_PRECISION = "tf32x3"
 """``input_precision`` of an fp32 state's ``tl.dot`` products: three tf32 passes on the tensor
@@ -288,14 +293,14 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
             BK=min(RING_PREP_KEYS, next_power_of_2(kd)), USE_QK_L2NORM=bool(use_qk_l2norm), GATE=gating is not None,
-            num_warps=RING_PREP_WARPS, **common)
+            num_warps=RING_PREP_WARPS, PDL=RING_PDL, **common)
         gdn_ring_verify_kernel[(B * HV * meta["NT"],)](
             state, ring.k, ring.u, ring.G, ring.len, ring.base, slot_tab, q, k, v, o, ws,
             state.stride(0), ring.k.stride(0), ring.u.stride(0), ring.G.stride(0),
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             VD=vd, BK=meta["BK"], BV=meta["BV"], NT=meta["NT"], STAGES=meta["STAGES"],
-            num_warps=meta["num_warps"], **common)
+            num_warps=meta["num_warps"], PDL=RING_PDL, launch_pdl=RING_PDL, **common)
     return o, engaged
 
 

@@ -19,7 +19,10 @@ Gram matrices; the l2 norms are applied after the loop (the products are linear 
 A fold (``P + K > R``) first forms ``H_P = e^{G_{P-1}} S0 + U_ring^T (w K_ring)`` chunk by
 chunk (one more ``tl.dot``), stores it rounded to the state's dtype and continues from it with
 an empty ring.
-The new rows go to ring rows ``base + P ..`` (mod ``NS = 2R``): past the window every program of
+With ``PDL`` (a GPU launch with programmatic dependent launch) the state kernel starts while the
+per-head kernel runs and waits for it (``griddepcontrol.wait``) only before it reads the head's
+coefficients: the state streams while the small matrices are formed. The new rows go to ring
+rows ``base + P ..`` (mod ``NS = 2R``): past the window every program of
 the launch still reads, so no arrival count or barrier is needed (SPEC §3d). The ``k`` rows are
 kept per key head and written by the first value head of each group (tile 0), ``G`` by tile 0.
 
@@ -33,6 +36,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from pmll_lab.ops.gdn.recurrence import gdn_gate, head_tile_program, load_gate_params
 
@@ -120,12 +125,15 @@ def gdn_ring_prep_kernel(
     K: tl.constexpr, R: tl.constexpr, NS: tl.constexpr, RP: tl.constexpr, HV: tl.constexpr,
     HK: tl.constexpr, KD: tl.constexpr, BK: tl.constexpr, WS: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Per (sequence, value head): everything of the verify that does not touch the state.
     Writes the head's coefficients to ``ws`` (``colscale [16] | Dm [RP, 16] | Bt [16, 16] |
     P2 [16, 16]``, fp32), appends the new rows' ``G`` (and, for a group's first value head,
     their normalised keys) to the ring and sets ``engaged``. Columns ``x``: key of row ``t = x``
     for ``x < 8``, query of row ``t = x - 8`` from 8."""
+    if PDL:
+        gdc_launch_dependents()            # the state kernel may start streaming the state now
     pid = tl.program_id(0)
     b = (pid // HV).to(tl.int64)
     hv = pid % HV
@@ -209,7 +217,7 @@ def gdn_ring_verify_kernel(
     K: tl.constexpr, R: tl.constexpr, NS: tl.constexpr, RP: tl.constexpr,
     HV: tl.constexpr, HK: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr, WS: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Per (sequence, value head, tile of value rows): the state's part. One pass over the keys
     (folding first where the ring is full), ``S0 X^T`` against the raw rows, then with the
@@ -228,12 +236,6 @@ def gdn_ring_verify_kernel(
     valid, phys, uring_t, gring, g_last = _ring_window(
         ur_ptr, gr_ptr + slot * gr_slot + hv * NS, p, base, live, rr, mr, NS, RP, VD)
     fold = (p + K > R) & live
-    i = tl.arange(0, RP)
-    ws = ws_ptr + (b * HV + hv) * WS
-    colscale = tl.load(ws + x)
-    dm = tl.load(ws + 16 + i[:, None] * 16 + x[None, :])
-    bt = tl.load(ws + 16 + RP * 16 + x[:, None] * 16 + x[None, :])
-    p2 = tl.load(ws + 16 + RP * 16 + 256 + x[:, None] * 16 + x[None, :])
     vt = tl.load(v_ptr + b * v_b + x[None, :] * v_t + hv * v_h + rr[:, None],
                  mask=mt[None, :] & mr[:, None], other=0.0).to(tl.float32)
 
@@ -266,6 +268,15 @@ def gdn_ring_verify_kernel(
             xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
             acc = _mma(h, tl.trans(xc.to(dt)), acc, PRECISION)
 
+    # the head's coefficients from the per-head kernel (with PDL: it may still be running)
+    if PDL:
+        gdc_wait()
+    i = tl.arange(0, RP)
+    ws = ws_ptr + (b * HV + hv) * WS
+    colscale = tl.load(ws + x)
+    dm = tl.load(ws + 16 + i[:, None] * 16 + x[None, :])
+    bt = tl.load(ws + 16 + RP * 16 + x[:, None] * 16 + x[None, :])
+    p2 = tl.load(ws + 16 + RP * 16 + 256 + x[:, None] * 16 + x[None, :])
     w_all = acc * colscale[None, :] + _mm_ieee(uring_t.to(tl.float32), dm)
     ut = _mm_ieee(vt - w_all, bt)
     ot = w_all + _mm_ieee(ut, p2)
