@@ -246,13 +246,13 @@ def repair(path: Path) -> set[str]:
 
 
 def replace_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temporary file in the same folder, flushed
+    """Write ``text`` (UTF-8) to ``path`` atomically: a temporary file in the same folder, flushed
     (``fsync``), then ``os.replace`` over ``path``. A reader, or the next run after a kill,
     sees the old content or the new one whole."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w") as fh:
+        with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())

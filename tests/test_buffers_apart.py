@@ -251,3 +251,22 @@ def test_may_share_memory_tells_apart_disjoint_views_of_one_pool():
     assert not may_share_memory(pool[:0], pool)                  # empty
     ints = pool.view(torch.int32)
     assert may_share_memory(ints[0, :5], pool[0]) and not may_share_memory(ints[1], pool[0])
+
+
+def test_a_stack_whose_layers_share_a_buffer_is_refused():
+    """``SpecDecodeStep`` writes every layer's state, stash and pend in a step: two layers on
+    one state (or one carry) would fold each other's rows."""
+    from pmll_lab.carry import CarryLayer, SpecDecodeStep
+
+    x = _rows(10)
+    st = x["state"]
+    a = CarryLayer(state=st, carry=GdnCarry.empty(5, 4, 16, 16))
+    b = CarryLayer(state=st, carry=GdnCarry.empty(5, 4, 16, 16))
+    with pytest.raises(ValueError, match=r"^layers\[0\]\.state: shares memory with "
+                                         r"layers\[1\]\.state"):
+        SpecDecodeStep([a, b])
+    c = CarryLayer(state=st.clone(), carry=a.carry)
+    with pytest.raises(ValueError, match=r"^layers\[0\]\.carry\.buf: shares memory with "
+                                         r"layers\[1\]\.carry\.buf"):
+        SpecDecodeStep([a, c])
+    SpecDecodeStep([a, CarryLayer(state=st.clone(), carry=GdnCarry.empty(5, 4, 16, 16))])

@@ -104,3 +104,20 @@ def test_torn_middle_line_of_an_old_file_is_dropped(tmp_path):
     df = run_sweep("s", points, three_rows, results_dir=tmp_path, progress=False)
     assert df.groupby("i").size().tolist() == [3, 3]
     _assert_clean(path, points)
+
+
+def test_replace_text_keeps_the_old_file_when_the_write_fails(tmp_path):
+    """The repaired results file, the CSV beside it and a report's manifest are written to a
+    temporary file and moved over the old one: a write that fails midway leaves the old file
+    whole and no temporary file behind."""
+    from pmll_lab.results import replace_text
+
+    path = tmp_path / "manifest.json"
+    path.write_text('{"notebooks": ["a"]}\n')
+
+    with pytest.raises(TypeError):
+        replace_text(path, None)                  # fails inside the write
+    assert path.read_text() == '{"notebooks": ["a"]}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+    replace_text(path, "new é\n")
+    assert path.read_text(encoding="utf-8") == "new é\n"
