@@ -3,7 +3,10 @@
 Every check raises ``ValueError`` whose message starts with the argument's name, before any
 kernel is launched (SPEC §3 "Bad input"). Checks that would need a device sync (values in range,
 distinct indices) live in the ``*_values`` helpers and run only when a launcher is called with
-``validate=True``.
+``validate=True``; on the host (every CPU run) the range of slot tables costs nothing and is
+checked always (``host_indices``), so a bad slot is an error, never a memory fault. Buffers a
+launch writes must not share memory with each other or with what it reads (``apart``, from
+data pointers, shapes and strides only: no sync).
 """
 
 from __future__ import annotations
