@@ -4,7 +4,9 @@
 #                 (WORKERS=N: the sweeps on a local Dask cluster, one worker per GPU or N CPU
 #                 workers; SCHEDULER=tcp://host:8786: on a running Dask cluster)
 #   make test     bootstrap, then pytest
-#   make lab      bootstrap + the lab extra, then JupyterLab on notebooks/
+#   make lab      bootstrap + the lab extra, then JupyterLab at the project root (notebooks/ and
+#                 reports/ both reachable; --allow-root when run as root; LAB_ARGS="--no-browser
+#                 --port 8888 ..." adds JupyterLab options); it prints the URL with its token
 #   make clean    remove reports/latest and caches (make distclean also removes .venv)
 #
 # Bootstrap (once; the stamp file .venv/.pmll_lab-installed makes later calls instant until
@@ -18,7 +20,7 @@
 #
 # Variables: PRESET=quick|full  DEVICE=auto|cpu|cuda  RUN=latest  ONLY="name ..."
 #            WORKERS=N  SCHEDULER=ADDRESS  REPORT_ARGS="--resume ..."  PYTEST_ARGS="-x -q ..."
-#            PYTHON=python3
+#            LAB_ARGS="--no-browser ..."  PYTHON=python3
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -37,6 +39,9 @@ WORKERS ?=
 SCHEDULER ?=
 REPORT_ARGS ?=
 PYTEST_ARGS ?=
+LAB_ARGS ?=
+# JupyterLab refuses to start as root unless told: root (a container, CI) gets --allow-root
+LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 
 # "-c .venv/.gpu-constraints.txt" on a GPU venv: keep the system's torch and triton.
 PINS = $$([ -f $(GPU_PINS) ] && echo "-c $(GPU_PINS)" || true)
@@ -82,7 +87,9 @@ $(LAB_STAMP): $(STAMP)
 	touch $@
 
 lab: $(LAB_STAMP)
-	$(PY) -m jupyter lab notebooks
+	@echo "lab: JupyterLab on $(CURDIR) (notebooks/, reports/); open the URL with its token" \
+		"printed below (again later: $(VENV)/bin/jupyter server list)"
+	$(PY) -m jupyter lab --ServerApp.root_dir="$(CURDIR)" $(LAB_ROOT_FLAG) $(LAB_ARGS)
 
 clean:
 	rm -rf reports/latest .pytest_cache .hypothesis build *.egg-info

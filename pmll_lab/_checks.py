@@ -3,7 +3,10 @@
 Every check raises ``ValueError`` whose message starts with the argument's name, before any
 kernel is launched (SPEC §3 "Bad input"). Checks that would need a device sync (values in range,
 distinct indices) live in the ``*_values`` helpers and run only when a launcher is called with
-``validate=True``.
+``validate=True``; on the host (every CPU run) the range of slot tables costs nothing and is
+checked always (``host_indices``), so a bad slot is an error, never a memory fault. Buffers a
+launch writes must not share memory with each other or with what it reads (``apart``, from
+data pointers, shapes and strides only: no sync).
 """
 
 from __future__ import annotations
@@ -76,6 +79,91 @@ def no_overlap(name: str, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _layout(t: torch.Tensor) -> tuple[int, list[tuple[int, int]], int]:
+    """``(first byte, [(stride, size)] in bytes outermost first, element bytes)`` of ``t``'s
+    elements: dims of one element and stride-0 dims (``expand``) dropped, adjacent dims that
+    step as one merged."""
+    e = t.element_size()
+    dims = sorted(((st * e, n) for st, n in zip(t.stride(), t.shape) if n > 1 and st != 0),
+                  reverse=True)
+    merged: list[tuple[int, int]] = []
+    for st, n in reversed(dims):                      # innermost first
+        if merged and merged[-1][0] * merged[-1][1] == st:
+            merged[-1] = (merged[-1][0], merged[-1][1] * n)
+        else:
+            merged.append((st, n))
+    return t.data_ptr(), merged[::-1], e
+
+
+def _span(dims, e) -> int:
+    return sum(st * (n - 1) for st, n in dims) + e
+
+
+def _overlap(a0: int, da, ea: int, b0: int, db, eb: int) -> bool:
+    """Whether byte sets of two strided layouts (``_layout``) may intersect: False when proved
+    disjoint, by their extents or by an outer stride they share (each one's inner elements then
+    lie in a window shorter than that stride, and the question repeats on the inner dims for
+    the few outer offsets that could meet); True when they meet or that proof does not apply."""
+    wa, wb = _span(da, ea), _span(db, eb)
+    if a0 + wa <= b0 or b0 + wb <= a0:
+        return False
+    if not da and not db:
+        return True
+    s = max(d[0][0] for d in (da, db) if d)
+
+    def outer(d, w, e):
+        if d and d[0][0] == s:
+            n, inner = d[0][1], d[1:]
+        elif w <= s:
+            n, inner = 1, d                            # one outer step
+        else:
+            return None
+        iw = _span(inner, e)
+        return None if iw > s else (n, inner, iw)
+
+    oa, ob = outer(da, wa, ea), outer(db, wb, eb)
+    if oa is None or ob is None:
+        return True                                    # interleaved otherwise: assume they meet
+    (na, ia, iwa), (nb, ib, iwb) = oa, ob
+    d = b0 - a0                                        # B's step j at d + j*s from A's step 0
+    lo = max(-(nb - 1), (d - iwa) // s + 1)            # m = i - j with -iwb < d - m*s < iwa
+    hi = min(na - 1, -(-(d + iwb) // s) - 1)
+    return any(_overlap(0, ia, ea, d - m * s, ib, eb) for m in range(lo, hi + 1))
+
+
+def may_share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors may have an element in the same memory: False for different devices,
+    an empty tensor, disjoint address ranges, or views of one buffer that a shared outer stride
+    keeps apart (two layers' or heads' slices of one pool, the stash and state of one slot
+    row); True otherwise, layouts too interleaved to tell apart cheaply included. Host only:
+    data pointers, shapes and strides, no device sync."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, da, ea = _layout(a)
+    b0, db, eb = _layout(b)
+    return _overlap(a0, da, ea, b0, db, eb)
+
+
+def apart(writes: dict, reads: dict | None = None) -> None:
+    """``ValueError`` naming both arguments when a buffer a launch writes (``writes``: name ->
+    tensor, ``None`` entries skipped) may share memory (``may_share_memory``) with another it
+    writes or with one it reads (``reads``; inputs may share memory with each other, as views
+    of one fused projection do). A kernel writing into a buffer it also reads elsewhere, or two
+    outputs on one memory, would corrupt another lane's state or race. Run before any kernel;
+    host only (no device sync)."""
+    ws = [(n, t) for n, t in writes.items() if isinstance(t, torch.Tensor)]
+    rs = [(n, t) for n, t in (reads or {}).items() if isinstance(t, torch.Tensor)]
+    for i, (name, t) in enumerate(ws):
+        for other, u, what in [(o, x, "writes") for o, x in ws[i + 1:]] + \
+                [(o, x, "reads") for o, x in rs]:
+            if may_share_memory(t, u):
+                raise ValueError(
+                    f"{name}: shares memory with {other}, which this launch also {what} "
+                    f"({name} {tuple(t.shape)} at {t.data_ptr():#x}, {other} "
+                    f"{tuple(u.shape)} at {u.data_ptr():#x}): outputs must not overlap "
+                    "each other or an input the kernels read")
+
+
 def same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
     """Every tensor in ``others`` (``None`` entries skipped) lives on ``ref``'s device. A
     non-tensor ``ref`` or entry raises ``ValueError`` naming it."""
@@ -108,11 +196,14 @@ def flag(name: str, value) -> bool:
 
 
 def optional_float(name: str, value) -> float | None:
-    """``None``, or a real number (int or float, not bool) returned as a float."""
+    """``None``, or a finite real number (int or float, not bool) returned as a float: a NaN
+    or infinite scale would reach every output of a kernel silently."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name}: expected a float or None, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: must be finite, got {value!r}")
     return float(value)
 
 
@@ -206,6 +297,42 @@ def indices_values(name: str, idx: torch.Tensor, size: int, *, distinct: bool = 
         raise ValueError(f"{name}: entries must lie in [0, {size}){extra}, got range [{lo}, {hi}]")
     if distinct and torch.unique(idx).numel() != idx.numel():
         raise ValueError(f"{name}: entries must be distinct within one launch")
+
+
+def on_host(t) -> bool:
+    """``t`` is a tensor in host memory (every CPU run's slot tables): its values can be read
+    with no device sync, so the checks that ``validate=True`` runs on a GPU cost nothing here."""
+    return isinstance(t, torch.Tensor) and t.device.type == "cpu"
+
+
+def host_indices(name: str, idx, size: int, *, padding: bool = True) -> None:
+    """When ``idx`` is on the host (``on_host``), its entries lie in ``[0, size)`` (or are -1,
+    a padding lane, with ``padding``): ``ValueError`` naming ``name`` otherwise. A kernel given
+    an out-of-range slot reads or writes outside its buffers (on the CPU a segmentation fault);
+    on the host the check is free, so it runs whatever ``validate`` says. On a GPU the check
+    stays with ``validate=True`` (it would sync). Distinctness is left to ``validate``."""
+    if on_host(idx):
+        indices_values(name, idx, size, distinct=False, padding=padding)
+
+
+def nothing_pending(name: str, pend: torch.Tensor, state_indices, batch: int) -> None:
+    """No lane of a plain launch (decode, chain, conv update) reads a slot whose carried-state
+    stash still holds accepted rows not folded into the stored state (``pend [S] > 0``;
+    ``state_indices``: the lanes' slots, -1 padding, ``None`` for ``arange(batch)``). Such a
+    slot's stored state lags its sequence by those rows, so a plain launch on it starts from
+    a stale state and silently gives wrong outputs and a wrong state. ``ValueError`` naming
+    ``name``; one device sync (``validate=True`` only)."""
+    read = (torch.arange(batch, device=pend.device) if state_indices is None
+            else state_indices.long().to(pend.device))
+    slots = read[read >= 0]
+    held = pend[slots]
+    if bool((held > 0).any()):
+        i = int((held > 0).nonzero()[0])
+        raise ValueError(
+            f"{name}: slot {int(slots[i])} holds {int(held[i])} accepted carry rows not yet "
+            "folded into its state: a plain launch there would start from a stale state; fold "
+            "them first (pmll_lab.carry.gdn_carry_flush / conv_carry_flush, then clear pend) "
+            "or verify with the carry")
 
 
 def range_values(name: str, t: torch.Tensor, lo: float, hi: float) -> None:

@@ -20,6 +20,14 @@ flush) folds them. Launchers:
   rows, so a slot holding more is flushed first): ``pmll_lab.ops.carry.spec_decode_step``;
   ``CarryLayer``, one layer of the stack: ``pmll_lab.ops.carry.carry_layer``.
 
+**Never run a plain decode or chain on a slot with pending rows.** While ``pend[slot] > 0`` the
+stored state (and conv window) of that slot lags its sequence by the accepted rows in the stash;
+``pmll_lab.gdn.gdn_decode`` / ``gdn_chain`` and ``pmll_lab.conv.conv_update`` / ``conv_chain``
+read the stored state only, so they would silently give wrong outputs and a wrong state. Fold
+first (``gdn_carry_flush`` / ``conv_carry_flush``, then clear ``pend``; ``SpecDecodeStep.flush``
+does both) or keep verifying with the carry. Passed as ``carry=`` with ``validate=True``, those
+launchers refuse such a slot.
+
 The float64 reference of the protocol is ``pmll_lab.reference.carry``.
 """
 

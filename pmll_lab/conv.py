@@ -14,16 +14,20 @@ Launchers (Triton kernels in ``pmll_lab.ops.conv``; float64 references in
   ``ConvCarry.like(conv_state)`` builds a carry matching a state (slots, dim, dtype, device).
 
 Bytes helpers: the fewest bytes each launch must move (SPEC §4), for GB/s and roofline plots.
-Windows and stash rows are counted in the inputs' dtype, weights once per launch.
+Windows and stash rows are counted in the inputs' dtype, weights once per launch. Sizes and
+dtypes are checked as in ``pmll_lab.sizes`` (``ValueError`` naming the argument).
 """
 
 from __future__ import annotations
+
+import numbers
 
 import torch
 
 from pmll_lab.ops.conv.carry import ConvCarry, conv_carry_flush, conv_carry_verify
 from pmll_lab.ops.conv.chain import conv_chain, conv_update
 from pmll_lab.ops.conv.common import conv_block_config
+from pmll_lab.sizes import count, itemsize
 
 __all__ = [
     "conv_update", "conv_chain", "ConvCarry", "conv_carry_verify", "conv_carry_flush",
@@ -39,8 +43,27 @@ def qwen3_next_conv_dim(num_k_heads: int = 16, num_v_heads: int = 32, k_dim: int
     return 2 * num_k_heads * k_dim + num_v_heads * v_dim, 2 * num_k_heads * k_dim, k_dim
 
 
-def _size(dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+def _size(dtype, name: str = "dtype") -> int:
+    return itemsize(name, dtype)
+
+
+def _shape(batch, rows, dim, d_conv, state_len) -> int:
+    """Checks the sizes (``ValueError`` naming one: ``pmll_lab.sizes.count``); returns the
+    window's columns (``d_conv - 1`` when ``state_len`` is None)."""
+    count("batch", batch, minimum=0)
+    count("rows", rows)
+    count("dim", dim)
+    count("d_conv", d_conv)
+    return max(1, d_conv - 1) if state_len is None else count("state_len", state_len)
+
+
+def _fraction(name: str, value, hi: float | None = None) -> float:
+    """A real ``>= 0`` (``<= hi`` when given): an average count or a probability."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0 \
+            or (hi is not None and value > hi):
+        bound = f"in [0, {hi}]" if hi is not None else ">= 0"
+        raise ValueError(f"{name}: must be a number {bound}, got {value!r}")
+    return float(value)
 
 
 def _weights(dim, d_conv, esize, bias):
@@ -62,8 +85,8 @@ def conv_chain_bytes(batch: int, rows: int, dim: int, *, d_conv: int = 4,
     the final window written, ``K-1`` intermediate windows written (if kept), K inputs read,
     K outputs written; the weights once. ``K`` successive updates move ``K`` times the
     ``conv_update`` bytes instead."""
-    sl = d_conv - 1 if state_len is None else state_len
-    e, eo = _size(dtype), _size(out_dtype or dtype)
+    sl = _shape(batch, rows, dim, d_conv, state_len)
+    e, eo = _size(dtype), _size(out_dtype or dtype, "out_dtype")
     win = dim * sl * e
     per_seq = 2 * win + (rows - 1) * win * bool(intermediate) + rows * dim * (e + eo)
     return batch * per_seq + _weights(dim, d_conv, e, bias)
@@ -77,8 +100,9 @@ def conv_carry_verify_bytes(batch: int, rows: int, dim: int, *, pending: float =
     ``pending`` stash rows read, the window written back with probability ``write_back``,
     K inputs read, K outputs written, K inputs stashed; ``slot_tab``/``pend``/``engaged`` (4 B
     each); the weights once. ``pending`` and ``write_back`` may be averages."""
-    sl = d_conv - 1 if state_len is None else state_len
-    e, eo = _size(dtype), _size(out_dtype or dtype)
+    sl = _shape(batch, rows, dim, d_conv, state_len)
+    pending, write_back = _fraction("pending", pending), _fraction("write_back", write_back, 1)
+    e, eo = _size(dtype), _size(out_dtype or dtype, "out_dtype")
     win = dim * sl * e
     per_seq = win * (1 + write_back) + pending * dim * e + rows * dim * (2 * e + eo) + 12
     return int(round(batch * per_seq)) + _weights(dim, d_conv, e, bias)
@@ -89,7 +113,9 @@ def conv_carry_flush_bytes(layers: int, batch: int, dim: int, *, pending: float 
                            dtype=torch.bfloat16) -> int:
     """Bytes one ``conv_carry_flush`` over ``layers`` must move, every slot holding ``pending``
     rows (> 0): window read and written, ``pending`` stash rows read, ``slot_tab``/``pend``."""
-    sl = d_conv - 1 if state_len is None else state_len
+    count("layers", layers)
+    sl = _shape(batch, 1, dim, d_conv, state_len)
+    pending = _fraction("pending", pending)
     e = _size(dtype)
     per = 2 * dim * sl * e + pending * dim * e + 8
     return int(round(layers * batch * per))

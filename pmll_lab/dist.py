@@ -10,23 +10,22 @@ once more on another worker, then stored as failed with the error. ``local_clust
 cluster of the report command: one worker per GPU, each pinned with ``CUDA_VISIBLE_DEVICES``, or
 N CPU workers. Why Dask and not our own process pool: README, "Dependencies".
 
-This module imports ``pmll_lab.sweep`` (the rows, their file, the point identities); every name
-here is reachable as an attribute of ``pmll_lab.sweep`` too (``sweep.local_cluster``), imported
-on first use. ``distributed`` itself is imported only when a cluster is used.
+The rows, the point identities and the results file come from ``pmll_lab.results``, which
+``pmll_lab.sweep`` imports too; this module does not import ``pmll_lab.sweep`` (the sweep hands
+``_run_on_cluster`` the function that stores a point's rows). Every name here is reachable as an
+attribute of ``pmll_lab.sweep`` too (``sweep.local_cluster``), imported on first use.
+``distributed`` itself is imported only when a cluster is used.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
-from pmll_lab import sweep as _sweep
 from pmll_lab.backend import DEVICE, environment
-from pmll_lab.sweep import point_id
+from pmll_lab.results import now_stamp, point_id, point_rows, stored_rows
 
 RETRIES = 1
 """Times a point whose worker died is submitted again before it is stored as failed."""
@@ -34,7 +33,7 @@ RETRIES = 1
 
 def _worker_point_rows(point_fn: Callable[[dict], list[dict]], point: Mapping,
                        pid: str) -> list[dict]:
-    """``_point_rows`` on a Dask worker, with torch's intra-op threads set to the worker's
+    """``results.point_rows`` on a Dask worker, with torch's intra-op threads set to the worker's
     ``OMP_NUM_THREADS`` first: torch may have been imported (and sized its pool) before the
     nanny's environment reached the process, and then ignores the variable."""
     n = os.environ.get("OMP_NUM_THREADS", "")
@@ -43,7 +42,7 @@ def _worker_point_rows(point_fn: Callable[[dict], list[dict]], point: Mapping,
 
         if torch.get_num_threads() != int(n):
             torch.set_num_threads(int(n))
-    return _sweep._point_rows(point_fn, point, pid)
+    return point_rows(point_fn, point, pid)
 
 
 _CLIENTS: dict[str, object] = {}
@@ -136,10 +135,12 @@ def next_point(pending: Sequence[tuple], group: Mapping[str, str], owner: Mappin
     return fresh if fresh is not None else anyone
 
 
-def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn, path: Path,
-                    bar, gpu: bool, wait_s: float, affinity=None) -> int:
-    """Run ``todo`` on the cluster, writing each point's rows as it finishes; returns the
-    number of failed points. At most one point per slot is in flight, so a worker that dies
+def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn,
+                    store: Callable[[list[dict]], None], bar, gpu: bool, wait_s: float,
+                    affinity=None) -> int:
+    """Run ``todo`` on the cluster, storing each point's rows as it finishes (``store(rows)``,
+    in this process: the sweep's append of one point's rows in one write, so a point counts
+    as done only when all its rows are stored); returns the number of failed points. At most one point per slot is in flight, so a worker that dies
     holds one point only; that point is submitted once more (``RETRIES``) away from the dead
     worker, then stored as failed with the error. An interrupt cancels what is in flight.
 
@@ -216,12 +217,11 @@ def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn, p
                 else:
                     err = (f"{type(result).__name__}: {result} (worker died; {attempt + 1} "
                            f"attempts)")
-                    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
                     env = {**environment(), "worker": where or "?", "gpu": "", "gpu_id": ""}
-                    rows = _sweep._rows_json(point, pid, [], "failed", err, stamp, env)
+                    rows = stored_rows(point, pid, [], "failed", err, now_stamp(), env)
             fut.release()
             if rows is not None:
-                _sweep._write(path, rows)  # looked up now: tests replace it
+                store(rows)
                 failed += all(r.get("status") == "failed" for r in rows)  # the point itself
                 if bar is not None:
                     bar.update(1)

@@ -35,10 +35,14 @@ _NEEDS_LOWER = ("pmll_lab.lowering needs compiled kernels, but kernels are inter
                 "imported, e.g. `PMLL_LAB_DEVICE=lower python -m pmll_lab.lowering`")
 
 
+STAGES = ("ttir", "ttgir", "llir", "ptx", "cubin")
+"""Triton's lowering stages for CUDA, in order (``lower(stage=...)`` stops after one)."""
+
+
 def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
           num_warps: int = 1, arch: int = 90, unaligned: tuple[str, ...] = (),
           values: Mapping[str, int] | None = None, maxnreg: int | None = None,
-          enable_fp_fusion: bool = True):
+          enable_fp_fusion: bool = True, stage: str = "cubin"):
     """Compile ``kernel`` (a ``@triton.jit`` function) for CUDA ``sm_<arch>`` without launching it.
 
     ``types``: Triton type of every non-constexpr argument by name (``"*bf16"``, ``"i32"``,
@@ -51,14 +55,19 @@ def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
     ``maxnreg``: a register cap per thread (Triton's launch option), as the V-major kernels may
     launch with. ``enable_fp_fusion``: Triton's launch option (the exact family launches with
     it off, ``recurrence.EXACT_LAUNCH``). Returns Triton's compiled kernel; ``.asm`` holds
-    ``"ttir"``, ``"ttgir"``, ``"ptx"``...
+    ``"ttir"``, ``"ttgir"``, ``"ptx"``... ``stage``: the last stage run (``STAGES``); before
+    ``"cubin"`` the result is an object whose ``.asm`` holds the stages run, nothing cached
+    (the register layouts are fixed in ``"ttgir"``: a reduction-layout check needs no more,
+    and the later stages are most of the time of a large kernel).
     Raises ``RuntimeError`` when kernels are interpreted (set ``PMLL_LAB_DEVICE=lower``) and
     ``ValueError`` naming an argument missing from ``types``/``constexprs``, a name in ``types``
-    or ``unaligned`` that is not a non-constexpr argument of ``kernel``, or a type Triton does
-    not know.
+    or ``unaligned`` that is not a non-constexpr argument of ``kernel``, a type Triton does
+    not know, or a ``stage`` not in ``STAGES``.
     """
     if INTERPRET:
         raise RuntimeError(_NEEDS_LOWER)
+    if stage not in STAGES:
+        raise ValueError(f"stage: expected one of {STAGES}, got {stage!r}")
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -104,7 +113,37 @@ def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
     options = {"num_warps": num_warps, "enable_fp_fusion": bool(enable_fp_fusion)}
     if maxnreg is not None:
         options["maxnreg"] = maxnreg
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    target = GPUTarget("cuda", arch, 32)
+    if stage == "cubin":
+        return triton.compile(src, target=target, options=options)
+    return _lower_until(src, target, options, stage)
+
+
+def _lower_until(src, target, options: dict, stage: str):
+    """Triton's pipeline (``triton.compile`` without its cache) up to ``stage``; returns an
+    object with ``.asm`` ``{stage name: IR text}`` of the stages run."""
+    import types as _types
+
+    from triton._C.libtriton import ir
+    from triton.compiler.compiler import make_backend
+
+    backend = make_backend(target)
+    opts = backend.parse_options(dict(options))
+    stages: dict = {}
+    backend.add_stages(stages, opts, src.language)
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = src.make_ir(target, opts, backend.get_codegen_implementation(opts),
+                         backend.get_module_map(), context)
+    metadata = {"target": target, **opts.__dict__}
+    asm = {}
+    for ext, run in stages.items():
+        module = run(module, metadata)
+        asm[ext] = str(module)
+        if ext == stage:
+            break
+    return _types.SimpleNamespace(asm=asm, metadata=metadata)
 
 
 def _operand_type(line: str) -> str:
@@ -198,7 +237,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
                      resources: dict | None = None, layout: str = "kv",
                      batch: int = 64, gate: bool = False,
                      state_type: str = "fp32",
-                     carry_constexprs: Mapping[str, object] | None = None) -> dict[str, set[str]]:
+                     carry_constexprs: Mapping[str, object] | None = None,
+                     stage: str = "cubin") -> dict[str, set[str]]:
     """Reduction layouts of the kernels that must agree bitwise with GDN decode (SPEC §2):
     ``gdn_rows_kernel`` (decode and the chain), the exact carried-state verify per head and with
     split columns. Each kernel as the launchers launch it (``block_config`` shapes and warps,
@@ -211,9 +251,12 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     it (``GATE``, ``a, b`` in the input type); ``state_type`` ("fp32", "bf16", "fp16") is the
     state pool's element type (snapshots too). ``carry_constexprs`` overrides constexprs of the
     verify kernels only (a test of the check itself: a V-major verify lowered with
-    ``QK_ALIGNED=False`` under a hinted decode must show another layout). Raises
-    ``ValueError`` for ``rows`` outside ``1..8``, ``head_dim < 1`` or value heads not a
-    multiple of key heads, and ``RuntimeError`` as :func:`lower` does."""
+    ``QK_ALIGNED=False`` under a hinted decode must show another layout). ``stage``: the last
+    lowering stage run (:func:`lower`; ``"ttgir"`` holds the layouts and is all the check
+    needs; ``"cubin"``, the default, also has ptxas accept every kernel). Raises
+    ``ValueError`` for ``rows`` outside ``1..8``, ``head_dim < 1``, value heads not a
+    multiple of key heads, or ``resources`` with a ``stage`` before ``"cubin"``, and
+    ``RuntimeError`` as :func:`lower` does."""
     from pmll_lab.ops.carry import gdn_carry as C
 
     if not 1 <= rows <= C.GDN_CARRY_CAP:
@@ -222,12 +265,14 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         raise ValueError(f"head_dim: must be >= 1, got {head_dim}")
     if heads[0] < 1 or heads[1] % heads[0]:
         raise ValueError(f"heads: value heads {heads[1]} must be a multiple of key heads {heads[0]}")
+    if resources is not None and stage != "cubin":
+        raise ValueError(f"resources: SASS statistics need stage='cubin', got stage={stage!r}")
     if INTERPRET:
         raise RuntimeError(_NEEDS_LOWER)
     from pmll_lab.ops.gdn import decode as D
     from pmll_lab.ops.gdn.recurrence import (CARRY_PREFETCH_ROWS, EXACT_LAUNCH, block_config,
                                              check_layout, vk_ahead, vk_chunks, vk_config,
-                                             vk_qk_rows_fit)
+                                             vk_qk_rows_fit, vk_state_vector)
 
     check_layout("layout", layout)
     HK, HV = heads
@@ -259,13 +304,15 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
                     QK_ALIGNED=vk_qk_rows_fit(head_dim, itemsize)) if layout == "vk" else {})
     state_size = {"bf16": 2, "fp16": 2}.get(state_type, 4)
     vk_carry = (dict(zip(("AHEAD", "STASH_AHEAD"), vk_ahead(batch * HV, "carry", state_size)),
-                     QK_ALIGNED=vk_meta["QK_ALIGNED"]) if layout == "vk" else {})
+                     QK_ALIGNED=vk_meta["QK_ALIGNED"],
+                     STATE_VEC=vk_state_vector(head_dim, head_dim, batch * HV, state_size))
+                if layout == "vk" else {})
     dec = lower(rows_kernel, dec_types,
                 dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,
                      STORE_INTER=False, USE_QK_L2NORM=True,
                      UNROLL=rows <= D.CHAIN_UNROLL_MAX_ROWS, HAS_OUT_IDX=False, GATE=gate,
                      **chunks, **vk_meta),
-                num_warps=warps, arch=arch, **EXACT_LAUNCH,
+                num_warps=warps, arch=arch, stage=stage, **EXACT_LAUNCH,
                 values=dict(HV=HV, GROUP=HV // HK, s_slot=HV * head_dim * head_dim,
                             s_head=head_dim * head_dim,
                             **({"s_key": head_dim} if layout == "kv" else {})))
@@ -291,7 +338,7 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         for p in kern.params:
             types.setdefault(p.name, "i32")
         types = {p.name: types[p.name] for p in kern.params if not p.is_constexpr}
-        low = lower(kern, types, meta, num_warps=warps, arch=arch, **EXACT_LAUNCH,
+        low = lower(kern, types, meta, num_warps=warps, arch=arch, stage=stage, **EXACT_LAUNCH,
                     values=dict(stride_state=HV * head_dim * head_dim))
         out[kern.__name__] = layouts_of(low)
         compiled[kern.__name__] = low
@@ -300,9 +347,85 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     return out
 
 
+HEAD_DIMS = (16, 32, 64, 128, 256)
+"""Head sizes (``kd = vd``) the launch-table check (``launch_cases``) lowers: every size
+Qwen3-Next-style models and the notebooks' grids use."""
+STATE_TYPES = ("fp32", "bf16", "fp16")
+
+
+def table_batches(num_v_heads: int = 32) -> tuple[int, ...]:
+    """One batch ``B`` per range of work units ``B * num_v_heads`` in which the V-major launch
+    tables (``recurrence.VK_TILES``, ``recurrence.VK_AHEAD``) pick a different row: the largest
+    ``B`` inside each closed range and the smallest beyond the last bound (a range holding no
+    multiple of ``num_v_heads`` is left out). K-major launches depend on the head size only
+    (``block_config``). Read from the tables now, so a new row is checked without an edit."""
+    from pmll_lab.ops.gdn import recurrence as R
+
+    bounds = sorted({row[0] for row in R.VK_TILES} | {row[0] for row in R.VK_AHEAD})
+    out, lo = [], 0
+    for hi in bounds:
+        if hi == bounds[-1]:                  # the open last row: past every closed bound
+            out.append(lo // num_v_heads + 1)
+            break
+        if hi // num_v_heads * num_v_heads > lo:
+            out.append(hi // num_v_heads)
+        lo = hi
+    return tuple(dict.fromkeys(out))
+
+
+def launch_cases(head_dims=HEAD_DIMS, state_types=STATE_TYPES, heads: tuple[int, int] = (16, 32)
+                 ) -> list[dict]:
+    """Every (layout, head size, state type, tile) the launch tables can pick, as keyword
+    arguments of :func:`gdn_exact_family`: K-major once per head size and state type, V-major
+    at each of ``table_batches`` too. The largest lowerings first (kd = 256 K-major's per-head
+    verify unrolls its 16 column blocks: the longest by far)."""
+    cases = [dict(layout="kv", head_dim=d, state_type=t, heads=heads)
+             for d in head_dims for t in state_types]
+    cases += [dict(layout="vk", head_dim=d, state_type=t, batch=b, heads=heads)
+              for d in head_dims for t in state_types for b in table_batches(heads[1])]
+    return sorted(cases, key=lambda c: (-c["head_dim"] * (4 if c["layout"] == "kv" else 1)))
+
+
+def family_mismatches(case: Mapping) -> dict[str, list[str]]:
+    """``gdn_exact_family(**case, stage="ttgir")``'s kernels that reduce on a layout decode does
+    not use (or on none): ``{kernel: layouts not in decode}``, empty when the family agrees."""
+    fam = gdn_exact_family(**case, stage="ttgir")
+    ref = next(iter(fam.values()))
+    return {name: sorted(lay - ref) or ["no reduction"] for name, lay in fam.items()
+            if lay - ref or not lay}
+
+
+def check_launch_cases(cases: list[dict], jobs: int = 1) -> list[tuple[dict, dict]]:
+    """``(case, family_mismatches(case))`` for every case, lowered in ``jobs`` processes (each
+    lowering is one CPU core's work; ``jobs > 1`` spawns fresh interpreters, which inherit
+    ``PMLL_LAB_DEVICE``). Raises ``ValueError`` naming ``jobs`` unless it is a positive int."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs: must be a positive int, got {jobs!r}")
+    if jobs == 1:
+        return [(c, family_mismatches(c)) for c in cases]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(zip(cases, pool.map(family_mismatches, cases)))
+
+
+def _main_all(jobs: int) -> int:
+    """``--all``: every launch case (``launch_cases``), one line each; exit 1 on a mismatch."""
+    bad = 0
+    for case, miss in check_launch_cases(launch_cases(), jobs):
+        what = " ".join(f"{k}={v}" for k, v in case.items() if k != "heads")
+        bad += bool(miss)
+        print(f"{what}: " + (f"NOT as decode: {miss}" if miss else "all as in decode"),
+              flush=True)
+    print(f"{len(launch_cases()) - bad} of {len(launch_cases())} launch cases reduce on "
+          "decode's layouts")
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pmll_lab.lowering [--head-dim D] [--rows K] [--input-type T]``: print the GDN
-    exact family's reduction layouts; exit 1 when a kernel reduces on a layout decode does not
+    """``python -m pmll_lab.lowering [--head-dim D] [--rows K] [--input-type T] ...``: print the
+    GDN exact family's reduction layouts (``--all [--jobs N]``: of every launch case); exit 1 when a kernel reduces on a layout decode does not
     use, or has no reduction at all (a lowering that lost the recurrence); exit 2, with a
     one-line message, when kernels are interpreted (``PMLL_LAB_DEVICE=lower`` not set)."""
     import argparse
@@ -321,10 +444,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="lower the kernels with the gating computed in them (a, b inputs)")
     ap.add_argument("--resources", action="store_true",
                     help="also print registers, stack (spills) and SASS instruction counts")
+    ap.add_argument("--all", action="store_true",
+                    help="check every head size, layout, state type and tile the launch tables "
+                         "can pick (launch_cases; the other options are ignored)")
+    ap.add_argument("--jobs", type=int, default=1, help="processes for --all (default 1)")
     args = ap.parse_args(argv)
     if INTERPRET:       # a one-line error, not a traceback from deep in the lowering
         print(f"error: {_NEEDS_LOWER}", file=sys.stderr)
         return 2
+    if args.all:
+        return _main_all(args.jobs)
     res = {} if args.resources else None
     fam = gdn_exact_family(head_dim=args.head_dim, rows=args.rows, input_type=args.input_type,
                            resources=res, layout=args.layout, batch=args.batch,

@@ -33,6 +33,7 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.pmll.ring import check_memory, check_write, launch_write, pmll_read, pmll_write
 from pmll_lab.ops.pmll.ring_attention import check_attention, launch_ring_attention
+from pmll_lab.sizes import count as _size_arg, itemsize
 
 __all__ = ["RingMemory", "pmll_write", "pmll_read", "memory_attention", "pmll_step",
            "MEMORY_ATTENTION_IMPL", "IMPLS", "read_bytes", "write_bytes"]
@@ -308,14 +309,21 @@ def write_bytes(batch: int, heads: int, capacity: int, head_dim: int, tokens: in
     the ``min(T, M)`` slots matters: read ``min(T, M)`` rows of ``k_new`` and ``v_new``, write
     as many slots. With a gate: read all ``T`` rows of each, the gate, and the old ``min(T, M)``
     slots (the blend needs them), write those slots. Plus ``count`` read and written (int64).
+    Raises ``ValueError`` naming a size below 1 (``batch``, ``tokens`` below 0), a dtype other
+    than fp32/bf16/fp16 or an unknown ``gate``.
     """
-    el = torch.empty((), dtype=dtype).element_size()
+    for name, value in (("heads", heads), ("capacity", capacity), ("head_dim", head_dim)):
+        _size_arg(name, value)
+    _size_arg("batch", batch, minimum=0)
+    _size_arg("tokens", tokens, minimum=0)
+    _checks.choice("gate", gate, (None, "bt", "bht"))
+    el = itemsize("dtype", dtype)
     row = head_dim * el * batch * heads * 2                           # one row of k and of v
     hit = min(tokens, capacity)
     count = 2 * 8 * batch
     if gate is None:
         return hit * row * 2 + count
-    gel = torch.empty((), dtype=gate_dtype).element_size()
+    gel = itemsize("gate_dtype", gate_dtype)
     gate_bytes = batch * tokens * gel * (heads if gate == "bht" else 1)
     return tokens * row + hit * row * 2 + gate_bytes + count
 
@@ -324,9 +332,18 @@ def read_bytes(lengths, heads: int, capacity: int, head_dim: int, t_ctx: int, *,
                dtype: torch.dtype) -> int:
     """Fewest bytes ``pmll_read`` must move: the live rows of ``k`` and ``v`` read once
     (``sum(lengths)`` rows per head), and the whole ``[B, H, M + t_ctx, D]`` outputs written,
-    plus ``count`` read. ``lengths``: ``mem.lengths`` (tensor; syncs) or a list of ints."""
-    el = torch.empty((), dtype=dtype).element_size()
-    lengths = [int(x) for x in (lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths)]
+    plus ``count`` read. ``lengths``: ``mem.lengths`` (tensor; syncs) or a list of ints in
+    ``[0, capacity]``. Raises ``ValueError`` naming a bad size, length or dtype."""
+    for name, value in (("heads", heads), ("capacity", capacity), ("head_dim", head_dim)):
+        _size_arg(name, value)
+    _size_arg("t_ctx", t_ctx, minimum=0)
+    el = itemsize("dtype", dtype)
+    raw = lengths.tolist() if isinstance(lengths, torch.Tensor) else _checks.int_list(
+        "lengths", lengths)
+    lengths = [_size_arg("lengths", x, minimum=0) for x in raw]
+    if any(x > capacity for x in lengths):
+        raise ValueError(f"lengths: entries must lie in [0, capacity = {capacity}], got "
+                         f"{max(lengths)}")
     batch = len(lengths)
     row = head_dim * el * heads * 2
     return sum(lengths) * row + batch * (capacity + t_ctx) * row + 8 * batch

@@ -43,6 +43,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from pmll_lab.results import replace_text
 from pmll_lab.report_index import (  # noqa: F401  (re-exported: pmll_lab.report keeps its names)
     _CSS, _STATUS_CLASS, HEADLINE_FILE, _link, cluster_text, headline_html, index_html,
     ran_on_text)
@@ -247,5 +248,7 @@ def _write_index(run_dir: Path, manifest: dict, ran: list[dict], previous: list[
     manifest["finished_utc"] = _utc_now() if complete else None
     manifest["complete"] = complete
     manifest["ok"] = all(e["status"] == "ok" for e in ran)
-    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    (run_dir / "index.html").write_text(index_html(manifest, run_dir=run_dir), encoding="utf-8")
+    # atomic (temp file + os.replace): a run killed mid-write keeps the index it had, so
+    # --resume still finds the earlier notebooks' entries
+    replace_text(run_dir / "manifest.json", json.dumps(manifest, indent=1) + "\n")
+    replace_text(run_dir / "index.html", index_html(manifest, run_dir=run_dir))

@@ -7,51 +7,38 @@ timing it (STYLE.md, llm.c habit) and raise ``CheckFailed`` (carrying the error 
 check fails, so that the point is stored as failed and never plotted as a speed.
 
 ``run_sweep`` stores every row with the point's parameters, ``point_id``, ``status``
-(``ok``/``failed``), ``error`` text, device, torch/triton versions, commit and timestamp
-(Liger-Kernel's tidy format). Rows are appended to ``<results_dir>/<name>.jsonl`` as each point
-finishes, so a sweep killed half-way and run again skips the points already done; any exception
-in a point (OOM, compile error, failed check) becomes a failed row and the sweep goes on.
+(``ok``/``failed``), ``error`` text, device, torch/triton versions, commit, timestamp and
+``point_rows`` (Liger-Kernel's tidy format). A point's rows are appended to
+``<results_dir>/<name>.jsonl`` in one write as it finishes, so a sweep killed half-way and run
+again skips the points stored whole and runs the rest again (a point cut off mid-write
+included; the file is repaired first: ``pmll_lab.results``); any exception in a point (OOM,
+compile error, failed check) becomes a failed row and the sweep goes on.
 
 With a Dask ``client`` (a ``distributed.Client`` or a scheduler address), the points run as tasks
 on the cluster's workers and their rows stream back into the same file as they finish; only the
 calling process writes it. That side (the client, the points' placement on the workers, a dead
 worker's retry, ``warm_up``, ``local_cluster``) lives in ``pmll_lab.dist``; its names are
-reachable here too (``sweep.local_cluster``), imported on first use. Every row names the
+reachable here too (``sweep.local_cluster``), imported on first use. The file, the rows and the
+point identities both sides use live in ``pmll_lab.results`` (neither module imports the other
+at import time). Every row names the
 ``worker`` it ran on (``in-process`` without a client) and its ``gpu`` (device name) and
 ``gpu_id`` (host and CUDA device; both empty on the CPU).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import itertools
-import json
-import math
 import os
-import socket
 import time
-import traceback
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import pandas as pd
 
-from pmll_lab.backend import DEVICE, environment
-
-IN_PROCESS = "in-process"
-"""``worker`` of the rows of a sweep run without a Dask client."""
-PLACEMENT_COLUMNS = ("worker", "gpu", "gpu_id")
-"""Columns naming where a point ran (they differ between runs of the same sweep)."""
-
-
-class CheckFailed(Exception):
-    """Raised by a point function whose kernel disagrees with its reference.
-
-    ``rows``: the error rows measured (kept in the results, marked failed)."""
-
-    def __init__(self, message: str, rows: list[dict] | None = None):
-        super().__init__(message)
-        self.rows = rows or []
+from pmll_lab.backend import DEVICE
+from pmll_lab.results import (  # noqa: F401  (the runner's names, importable from here)
+    IN_PROCESS, PLACEMENT_COLUMNS, ROW_COUNT, CheckFailed, frame_to_csv, load, point_id,
+    point_rows, repair, write_rows)
 
 
 def grid(**axes: Iterable) -> list[dict]:
@@ -59,41 +46,6 @@ def grid(**axes: Iterable) -> list[dict]:
     names = list(axes)
     values = itertools.product(*(list(axes[n]) for n in names))
     return [dict(zip(names, combo)) for combo in values]
-
-
-def point_id(point: Mapping) -> str:
-    """Stable identity of a point (its parameters as sorted JSON). numpy/torch scalars (and
-    those inside lists, tuples and dicts) count as the Python numbers and bools they hold, as
-    ``_clean`` stores them: ``grid(B=np.array([1, 5]))`` and ``grid(B=[1, 5])`` name the same
-    points, so a resumed sweep neither runs them again nor stores their rows twice."""
-    return json.dumps({k: _plain(point[k]) for k in sorted(point)}, sort_keys=True, default=str)
-
-
-def _scalar(value):
-    """A numpy scalar, 0-d array or 0-d tensor as the Python number/bool it holds; else
-    ``value``."""
-    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
-        return value.item()
-    return value
-
-
-def _plain(value):
-    """``_scalar`` applied through lists, tuples and dicts (a point's ids only)."""
-    value = _scalar(value)
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return value
-
-
-def _clean(value):
-    """A JSON-safe value: numpy/torch scalars become Python numbers, non-finite floats strings
-    ("inf", "nan"; ``load`` reads them back as floats)."""
-    value = _scalar(value)  # numpy scalar, 0-d array or 0-d tensor
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
 
 
 def _bar(total: int, desc: str, enabled: bool):
@@ -110,107 +62,10 @@ def _bar(total: int, desc: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit="point")
 
 
-def _done_points(path: Path) -> set[str]:
-    """``point_id`` of every point stored in ``path``; a line cut off when a run was killed is
-    ignored (that point runs again) and the file is made to end with a newline again."""
-    done: set[str] = set()
-    if not path.exists():
-        return done
-    text = path.read_text()
-    for line in text.splitlines():
-        if line.strip():
-            try:
-                done.add(json.loads(line)["point_id"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                continue
-    if text and not text.endswith("\n"):
-        with path.open("a") as fh:
-            fh.write("\n")
-    return done
-
-
-def _append(path: Path, data: bytes) -> None:
-    """Append ``data`` with one ``write`` call (a point's rows land whole or, if the process is
-    killed mid-write, as a cut-off last line that ``_done_points`` ignores)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-
-
-_ENV: dict[str, str] | None = None
-
-
-def _placement() -> dict[str, str]:
-    """Where this process runs points: the Dask worker's name (its address when unnamed) or
-    ``in-process``; the GPU's device name and ``host:CUDA id`` (the id as in
-    ``CUDA_VISIBLE_DEVICES`` when that is set), both empty without a GPU."""
-    worker = IN_PROCESS
-    try:
-        from distributed import get_worker
-
-        w = get_worker()
-        worker = w.name if isinstance(w.name, str) and w.name else w.address
-    except (ImportError, ValueError):
-        pass
-    gpu = gpu_id = ""
-    if DEVICE.type == "cuda":
-        import torch
-
-        gpu = torch.cuda.get_device_name(DEVICE)
-        index = DEVICE.index or 0
-        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-                   if v.strip()]
-        gpu_id = f"{socket.gethostname()}:{visible[index] if index < len(visible) else index}"
-    return {"worker": worker, "gpu": gpu, "gpu_id": gpu_id}
-
-
-def _rows_json(point: Mapping, pid: str, rows: list[dict], status: str, err: str,
-               stamp: str, env: Mapping) -> list[dict]:
-    """A point's rows as stored: its parameters, the row, status, error, provenance. A row
-    may carry its own ``status`` and ``error`` (a peer that failed inside a point that ran,
-    ``experiments.gdn.peer_failure_row``); a failed point marks every row failed."""
-    if not rows:
-        rows = [{"kernel": "*", "metric": "error", "value": None}]
-    out = []
-    for row in rows:
-        full = {**point, **row, "point_id": pid, "status": row.get("status", status),
-                "error": row.get("error") or err, "timestamp": stamp, **env}
-        if status == "failed":
-            full["status"] = "failed"
-        out.append({k: _clean(v) for k, v in full.items()})
-    return out
-
-
-def _point_rows(point_fn: Callable[[dict], list[dict]], point: Mapping, pid: str) -> list[dict]:
-    """Run one point where this is called (this process or a Dask worker) and return its rows,
-    JSON-safe, with the provenance and placement of this process. Every exception of
-    ``point_fn`` becomes a failed row (``KeyboardInterrupt`` and ``SystemExit`` pass)."""
-    global _ENV
-    if _ENV is None:
-        _ENV = environment()
-    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    try:
-        rows = point_fn(dict(point))
-        status, err = "ok", ""
-        if not isinstance(rows, list) or not all(isinstance(r, Mapping) for r in rows):
-            err = (f"point_fn: must return a list of row dicts, returned "
-                   f"{type(rows).__name__}")
-            rows, status = [], "failed"
-    except CheckFailed as exc:
-        rows, status, err = exc.rows, "failed", f"check failed: {exc}"
-    except Exception as exc:  # noqa: BLE001 - one bad point must not lose the others
-        rows, status, err = [], "failed", f"{type(exc).__name__}: {exc}"
-        tb = traceback.format_exc(limit=3)
-        err = err + "\n" + tb[-1500:]
-    return _rows_json(point, pid, rows, status, err, stamp, {**_ENV, **_placement()})
-
-
 def _write(path: Path, rows: list[dict]) -> None:
-    _append(path, ("\n".join(json.dumps(r, default=str) for r in rows) + "\n").encode())
+    """Store one point's rows (``results.write_rows``); looked up at each point, so a test can
+    replace it."""
+    write_rows(path, rows)
 
 
 def run_sweep(
@@ -230,7 +85,9 @@ def run_sweep(
 
     Each point's rows are appended to the JSONL file in one write as soon as the point finishes,
     so a sweep killed half-way and run again skips the points already done (a point listed twice
-    runs once). A point whose function raises is stored as one failed row (``status="failed"``,
+    runs once). A point is done only when all its rows are stored (``point_rows`` of them): one
+    cut off by a kill mid-write runs again, its partial rows and a torn last line removed from
+    the file first (``pmll_lab.results.repair``), on a cluster as in-process. A point whose function raises is stored as one failed row (``status="failed"``,
     ``error`` = the exception and the end of its traceback); ``CheckFailed`` keeps the error rows
     it carries, all marked failed. ``KeyboardInterrupt`` stops the sweep (the points done so far
     stay stored).
@@ -289,7 +146,7 @@ def run_sweep(
     results_dir = Path(results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.jsonl"
-    done = _done_points(path)
+    done = repair(path)
     wanted = {point_id(p) for p in points}
     todo: dict[str, dict] = {}
     for p in points:
@@ -302,21 +159,22 @@ def run_sweep(
     try:
         if client is None:
             for pid, point in todo.items():
-                rows = _point_rows(point_fn, point, pid)
+                rows = point_rows(point_fn, point, pid)
                 _write(path, rows)
                 failed += all(r.get("status") == "failed" for r in rows)  # the point itself
                 if bar is not None:
                     bar.update(1)
         else:
             failed = dist._run_on_cluster(client, name, [(p, pid) for pid, p in todo.items()],
-                                          point_fn, path, bar, gpu, wait_s, affinity)
+                                          point_fn, lambda rows: _write(path, rows), bar, gpu,
+                                          wait_s, affinity)
     finally:
         if bar is not None:
             bar.close()
     df = load(path) if path.exists() else pd.DataFrame()
     if "point_id" in df:
         df = df[df["point_id"].isin(wanted)].reset_index(drop=True)
-    df.to_csv(results_dir / f"{name}.csv", index=False)
+    frame_to_csv(df, results_dir / f"{name}.csv")
     if progress:
         ran = df[df["point_id"].isin(todo)] if "point_id" in df else df
         print(f"sweep {name}: {len(points)} points, {len(todo)} run now "
@@ -353,26 +211,6 @@ def describe_placement(df: pd.DataFrame) -> str:
         return f"in one process ({kinds})"
     gpus = f"{p['gpus']} GPU{'s' if p['gpus'] != 1 else ''}: " if p["gpus"] else ""
     return f"on {p['workers']} worker{'s' if p['workers'] != 1 else ''} ({gpus}{kinds})"
-
-
-def load(path: str | Path) -> pd.DataFrame:
-    """Read a results JSONL file (skipping a cut-off line) into a DataFrame; ``value`` stored
-    as "inf"/"nan" comes back as a float."""
-    rows = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    df = pd.DataFrame(rows)
-    if "value" in df:
-        nonfinite = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
-        df["value"] = df["value"].map(lambda v: nonfinite.get(v, v) if isinstance(v, str) else v)
-        try:
-            df["value"] = pd.to_numeric(df["value"])
-        except (ValueError, TypeError):
-            pass  # a sweep that stores text values keeps them as they are
-    return df
 
 
 def one_device(df: pd.DataFrame, device: str | None = None) -> pd.DataFrame:
@@ -420,11 +258,12 @@ _DIST = ("RETRIES", "THREAD_VARS", "WARM_MODULES", "affinity_group", "cluster_sp
          "local_cluster", "next_point", "on_workers", "slots", "visible_gpus", "warm_up",
          "worker_threads", "_CLIENTS", "_as_client", "_run_on_cluster", "_takes_n_workers",
          "_warm", "_worker_point_rows", "_workers")
+"""``pmll_lab.dist``'s names, reachable as attributes of this module (imported on first use)."""
 
 
 def __getattr__(name: str):
-    """The Dask side (``_DIST``) lives in ``pmll_lab.dist``, which imports this module; its names
-    are reachable here too (``sweep.warm_up``), imported on first use."""
+    """The Dask side (``_DIST``) lives in ``pmll_lab.dist``; its names are reachable here too
+    (``sweep.warm_up``), imported on first use."""
     if name in _DIST:
         import importlib
 

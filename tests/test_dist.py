@@ -226,6 +226,56 @@ def test_killed_client_rerun_completes_only_missing_points(cluster, tmp_path):
     assert df.set_index("n")["value"].to_dict() == {n: n * 2.5 for n in range(14)}
 
 
+def three_rows(p):
+    """Three seeded rows per point (a check, a flag, a timing), as real points write."""
+    return [{"kernel": "k", "metric": m, "value": 10.0 * p["n"] + j}
+            for j, m in enumerate(("rel_l2", "bitwise", "time_us"))]
+
+
+@pytest.mark.parametrize("cut", ["torn-line", "whole-rows"])
+def test_cluster_resume_reruns_a_point_cut_off_mid_write(cluster, tmp_path, cut):
+    """The Dask path keeps the promise of the in-process one: a point whose rows were cut off
+    (a kill mid-write: a torn last line, or only some of its lines) runs again on the cluster,
+    the file is repaired and every point's rows come back once."""
+    _, client = cluster
+    points = grid(n=range(4))
+    run_sweep("s", points, three_rows, results_dir=tmp_path, progress=False, client=client)
+    path = tmp_path / "s.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    last = json.loads(lines[-1])["n"]                    # the point written last
+    text = "".join(lines)
+    path.write_text(text[:-40] if cut == "torn-line" else "".join(lines[:-2]))
+    calls = tmp_path / "calls"
+
+    def logged(p):
+        _log(calls, p["n"])
+        return three_rows(p)
+
+    df = run_sweep("s", points, logged, results_dir=tmp_path, progress=False, client=client)
+    assert [int(n) for (n,) in _calls(calls)] == [last]
+    assert df.groupby("n").size().tolist() == [3, 3, 3, 3]
+    stored = [json.loads(x) for x in path.read_text().splitlines()]   # every line parses
+    assert len(stored) == 12 and len({(r["n"], r["metric"]) for r in stored}) == 12
+
+
+def test_sweep_and_dist_import_without_each_other():
+    """No import circle: ``pmll_lab.dist`` imports ``pmll_lab.results``, not the sweep, and the
+    sweep imports ``dist`` only when a cluster is used."""
+    code = ("import sys, pmll_lab.dist; a = 'pmll_lab.sweep' in sys.modules; "
+            "import pmll_lab.sweep; print(a, 'pmll_lab.dist' in sys.modules)")
+    env = {k: v for k, v in os.environ.items()}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                         env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"]
+    code = "import sys, pmll_lab.sweep; print('pmll_lab.dist' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.stdout.split() == ["False"], out.stderr[-2000:]
+
+
 def test_gpu_runs_need_gpu_workers_and_bad_clients_are_named(cluster, tmp_path):
     _, client = cluster
     with pytest.raises(ValueError, match="client: a GPU run needs workers with a GPU resource"):

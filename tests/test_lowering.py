@@ -337,3 +337,80 @@ def test_gdn_kernels_launch_without_contraction(monkeypatch):
             "_gdn_carry_flush_kernel"} <= set(seen), sorted(seen)
     assert set(seen) & {"_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"}, seen
     assert set(seen) & {"_gdn_carry_wy_kernel", "_gdn_carry_wy_split_kernel"}, seen
+
+
+def test_every_launch_case_reduces_on_decode_layouts():
+    """Every head size (16 .. 256), layout, state dtype and tile the launch tables can pick
+    (``lowering.launch_cases``: K-major per head size, V-major at one batch per row of
+    ``VK_TILES`` x ``VK_AHEAD``), lowered to TTGIR in two processes: the exact family reduces
+    on decode's layouts everywhere. Before the carry's state tile took decode's vector width
+    (``STATE_VEC``), V-major kd = 16 with a bf16/fp16 state failed here past 128 work units."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PMLL_LAB_DEVICE"] = "lower"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, "-m", "pmll_lab.lowering", "--all", "--jobs", "2"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
+    assert res.returncode == 0, (res.stdout[-4000:], res.stderr[-4000:])
+    lines = res.stdout.splitlines()
+    cases = [ln for ln in lines if ln.startswith("layout=")]
+    assert all(ln.endswith("all as in decode") for ln in cases), cases
+    for want in ("layout=kv", "layout=vk"):
+        for d in (16, 32, 64, 128, 256):
+            for t in ("fp32", "bf16", "fp16"):
+                assert any(ln.startswith(f"{want} head_dim={d} state_type={t}") for ln in cases)
+    assert lines[-1] == f"{len(cases)} of {len(cases)} launch cases reduce on decode's layouts"
+
+
+CASES = textwrap.dedent("""
+    import json, sys
+    from pmll_lab import lowering as L
+    from pmll_lab.ops.gdn import recurrence as R
+    out = {"batches": L.table_batches(32), "batches64": L.table_batches(64),
+           "cases": L.launch_cases()}
+    R.VK_TILES = R.VK_TILES + ((2048, 8, 8, 1),)
+    out["batches_new_row"] = L.table_batches(32)
+    R.VK_TILES = R.VK_TILES[:-1]
+    case = dict(layout="vk", head_dim=16, state_type="bf16", batch=64)
+    out["fixed"] = L.family_mismatches(case)
+    fam = L.gdn_exact_family(**case, stage="ttgir", carry_constexprs={"STATE_VEC": 0})
+    ref = fam["gdn_rows_vk_kernel"]
+    out["unhinted"] = sorted(fam["gdn_carry_exact_vk_kernel"] - ref)
+    json.dump(out, sys.stdout)
+""")
+
+
+def test_launch_cases_follow_the_tables_and_the_check_sees_the_small_head_carry():
+    """The cases are read from the launch tables (a new table row adds a batch), and the check
+    catches the carry that loads its kd = 16 bf16 tile at its own vector width
+    (``STATE_VEC=0``: the kernel as it was), which the fixed launch does not."""
+    run = _lowered(CASES)
+    assert run.returncode == 0, run.stderr[-4000:]
+    import json
+    got = json.loads(run.stdout)
+    assert got["batches"] == [1, 4, 16, 17]          # 32, 128, 512 work units, then beyond
+    assert got["batches64"] == [2, 8, 9]             # no batch of 64 heads fits 32 units
+    assert got["batches_new_row"] == [1, 4, 16, 64, 65]
+    cases = got["cases"]
+    assert len(cases) == 5 * 3 + 5 * 3 * 4
+    assert {(c["layout"], c["head_dim"], c["state_type"]) for c in cases} == {
+        (lay, d, t) for lay in ("kv", "vk") for d in (16, 32, 64, 128, 256)
+        for t in ("fp32", "bf16", "fp16")}
+    assert got["fixed"] == {}
+    assert got["unhinted"], "the carry at its own vector width must reduce on another layout"
+
+
+def test_vk_state_vector_is_decodes_per_thread_width():
+    """``vk_state_vector``: 16 bytes of state per thread, at most a key chunk, at most the
+    decode tile's share of 32 threads; only 2- and 4-byte states."""
+    from pmll_lab.ops.gdn.recurrence import vk_config, vk_state_vector
+
+    assert vk_config(16, 16, 2048) == (16, 8, 1)
+    assert vk_state_vector(16, 16, 2048, 2) == 4         # 8 x 16 keys / 32 threads
+    assert vk_state_vector(16, 16, 2048, 4) == 4
+    assert vk_state_vector(128, 128, 2048, 2) == 8       # a 16-byte vector of bf16
+    assert vk_state_vector(128, 128, 2048, 4) == 4
+    assert vk_state_vector(32, 32, 64, 2) == 8
+    assert vk_state_vector(16, 4, 64, 4) == 2            # 4 value rows x 16 keys / 32
+    for bad in (1, 8, 3):
+        with pytest.raises(ValueError, match="state_itemsize"):
+            vk_state_vector(16, 16, 64, bad)

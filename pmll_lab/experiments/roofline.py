@@ -114,6 +114,7 @@ from pmll_lab.carry import (  # noqa: F401
 from pmll_lab.gdn import (  # noqa: F401
     carry_stash_bytes, gdn_chain, gdn_decode, gdn_decode_plan, row_io_bytes, state_bytes,
 )
+from pmll_lab.sizes import carry_bytes, stash_row_bytes  # noqa: F401  (the library's, here too)
 from pmll_lab.peers import (  # noqa: F401  (used by the notebook and roofline_peers)
     fla_available, fla_fused_recurrent, fla_runner, fla_supports_gva, fla_version,
     flashinfer_available, flashinfer_status, flashinfer_supports, flashinfer_version, fused_gating,
@@ -192,23 +193,6 @@ Dask worker, so each kernel compiles once per sweep."""
 
 
 # ---- bytes -------------------------------------------------------------------------------------
-
-def stash_row_bytes(HV: int, kd: int, vd: int) -> int:
-    """One stash row of all value heads: ``u [HV, vd]``, ``g [HV]``, ``k [HV, kd]`` fp32."""
-    return carry_stash_bytes(HV, kd, vd, cap=1)
-
-
-def carry_bytes(pend, write_back, K: int, HK: int, HV: int, D: int, dtype,
-                state_dtype=torch.float32) -> int:
-    """SPEC §4 bytes of one carry verify launch (module docstring): per sequence ``Hb`` read,
-    ``Hb`` written if it writes back, ``p`` stash rows read, ``K`` written, ``K`` rows of
-    inputs/outputs and three int32 (slot, pend, engaged). ``Hb`` in ``state_dtype``."""
-    pend, wb = np.asarray(pend), np.asarray(write_back)
-    B = len(pend)
-    hb, row = state_bytes(HV, D, D, state_dtype), stash_row_bytes(HV, D, D)
-    return int(B * hb + int(wb.sum()) * hb + (int(pend.sum()) + B * K) * row
-               + B * K * row_io_bytes(HK, HV, D, D, dtype) + 12 * B)
-
 
 def fla_bytes(B: int, K: int, HK: int, HV: int, D: int, dtype) -> int:
     """FLA over ``K`` rows: the state read and the final state written (``2*Hb``) + rows."""

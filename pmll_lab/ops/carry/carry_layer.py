@@ -99,7 +99,8 @@ def _check_layer(prefix: str, lay: CarryLayer) -> None:
 def check_stack(layers: Sequence[CarryLayer], form: str) -> list[CarryLayer]:
     """``SpecDecodeStep``'s checks of a stack: at least one ``CarryLayer``, ``form`` in ``FORMS``,
     every layer's fields (they may have changed since construction), one state shape, ``CAP`` and
-    ``state_layout`` for all, a conv in every layer or in none, fp32 states for the WY form.
+    ``state_layout`` for all, a conv in every layer or in none, fp32 states for the WY form, and
+    no two buffers a step writes (states, stashes, ``pend``, conv windows) sharing memory.
     Returns ``layers`` as a list."""
     layers = list(layers)
     if not layers:
@@ -118,6 +119,17 @@ def check_stack(layers: Sequence[CarryLayer], form: str) -> list[CarryLayer]:
         if form == "wy" and lay.state.dtype != torch.float32:
             raise ValueError(f"form: the WY form needs fp32 states, layers[{i}].state is "
                              f"{lay.state.dtype}; use form='exact'")
+    # a step writes every layer's state, stash, pend (and conv window, stash, pend): no two
+    # of them may share memory (two layers on one state would fold each other's rows)
+    written = {}
+    for i, lay in enumerate(layers):
+        written.update({f"layers[{i}].state": lay.state, f"layers[{i}].carry.buf": lay.carry.buf,
+                        f"layers[{i}].carry.pend": lay.carry.pend})
+        if lay.has_conv:
+            written.update({f"layers[{i}].conv_state": lay.conv_state,
+                            f"layers[{i}].conv_carry.stash": lay.conv_carry.stash,
+                            f"layers[{i}].conv_carry.pend": lay.conv_carry.pend})
+    _checks.apart(written)
     return layers
 
 

@@ -308,6 +308,7 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
                 dict(BK=BK, BV=BR, NV=NT, num_warps=num_warps,
                      UNROLL=K <= EXACT_UNROLL_MAX_ROWS, **_chunks(BK), **meta,
                      QK_ALIGNED=recurrence.vk_qk_aligned(kd, q, k),
+                     STATE_VEC=recurrence.vk_state_vector(kd, vd, B * HV, state.element_size()),
                      **dict(zip(("AHEAD", "STASH_AHEAD"),
                               vk_ahead(B * HV, "carry", state.element_size()))),
                      **recurrence.EXACT_LAUNCH))

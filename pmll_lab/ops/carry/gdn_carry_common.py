@@ -16,7 +16,7 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
 from pmll_lab.ops.carry.gdn_carry_wy import WY_ROWS_PAD
-from pmll_lab.ops.gdn.gating import check_gating
+from pmll_lab.ops.gdn.gating import check_gating, gate_inputs
 from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout, head_dims, vk_chunks
 
 FORMS = ("exact", "wy")
@@ -70,6 +70,7 @@ def check_carry(name: str, carry, state: torch.Tensor | None = None,
                 f" does not match state {tuple(state.shape)} read as state_layout={layout!r} "
                 f"(slots, HV, kd, vd) = {(S, HV, kd, vd)}: is state_layout right?")
         _checks.same_device("state", state, **{f"{name}.buf": carry.buf, f"{name}.pend": carry.pend})
+    _checks.no_overlap(f"{name}.buf", carry.buf)
 
 
 def check_state(name: str, state) -> torch.Tensor:
@@ -131,20 +132,43 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
         raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
     scale = _checks.optional_float("scale", scale)
     scale = kd ** -0.5 if scale is None else scale
+    # the state (on a write-back) and the stash are written while the rows, the pending
+    # counts and the slot table are still read
+    _checks.apart({"state": state, "carry.buf": carry.buf},
+                  {"carry.pend": carry.pend, "slot_tab": slot_tab, "q": q, "k": k, "v": v,
+                   **gate_inputs(g, beta, gating)})
+    check_host_slots("slot_tab", slot_tab, [("carry.pend", carry)])
     if validate:
         _checks.indices_values("slot_tab", slot_tab, S, padding=True)
-        pend = carry.pend[slot_tab[slot_tab >= 0].long()]
+        live = slot_tab >= 0
+        pend = carry.pend[slot_tab[live].long()]
         _checks.range_values("carry.pend", pend, 0, carry.cap)
         if not lazy and eager_max_pending is not None and pend.numel() \
                 and int(pend.max()) > eager_max_pending:
             raise ValueError(
                 f"carry.pend: an eager verify folds at most eager_max_pending = {eager_max_pending}"
                 f" rows, a slot holds {int(pend.max())}: flush first (gdn_carry_flush)")
-        if gating is None:
-            _checks.range_values("g", g, float("-inf"), 0.0)
-            _checks.range_values("beta", beta, 0.0, 1.0)
+        if gating is None:        # padding lanes' gates are never used: not checked
+            _checks.range_values("g", g[live], float("-inf"), 0.0)
+            _checks.range_values("beta", beta[live], 0.0, 1.0)
 
     return B, K, HK, scale
+
+
+def check_host_slots(name: str, slot_tab, carries) -> None:
+    """On the host (every CPU run; free there, a sync on a GPU, where ``validate=True`` runs
+    the same checks): ``slot_tab`` entries in ``[0, S)`` or -1, and the pending count of each
+    of those slots in ``[0, CAP]`` for every ``(label, carry)`` of ``carries`` (``.pend [S]``,
+    ``.cap``). A kernel given a slot out of range, or told to fold more rows than the stash
+    holds, addresses memory outside its buffers. ``ValueError`` naming the argument."""
+    if not _checks.on_host(slot_tab) or not carries:
+        return
+    S = min(c.pend.shape[0] for _, c in carries)
+    _checks.host_indices(name, slot_tab, S)
+    live = slot_tab[slot_tab >= 0].long()
+    for label, c in carries:
+        if _checks.on_host(c.pend):
+            _checks.range_values(label, c.pend[live], 0, c.cap)
 
 
 def _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from pmll_lab import _checks
 from pmll_lab.ops.carry.gdn_carry_common import (INDEX_DTYPES, _chunks, _device_guard,
+                                                 check_host_slots,
                                                  check_carry, check_state, offsets_table)
 from pmll_lab.ops.carry.gdn_carry_exact import _gdn_carry_flush_kernel
 from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
@@ -87,6 +88,13 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     B = slot_tab.shape[0]
     if B > S:
         raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
+    # every layer's state is written while every stash, pend and the slot table are read
+    _checks.apart({f"states[{i}]": st for i, st in enumerate(states)},
+                  {"slot_tab": slot_tab,
+                   **{f"carries[{i}].buf": ca.buf for i, ca in enumerate(carries)},
+                   **{f"carries[{i}].pend": ca.pend for i, ca in enumerate(carries)}})
+    check_host_slots("slot_tab", slot_tab,
+                     [(f"carries[{i}].pend", ca) for i, ca in enumerate(carries)])
     if validate:
         _checks.indices_values("slot_tab", slot_tab, S, padding=True)
         live = slot_tab[slot_tab >= 0].long()
@@ -163,6 +171,11 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
     _checks.tensor("engaged", engaged, shape=(B,), dtype=torch.int32, device=dev, contiguous=True)
     _checks.tensor("accepted", accepted, shape=(B,), dtype=INDEX_DTYPES, device=dev,
                    contiguous=True)
+    # every carry's pend is written while the slot table, engaged and accepted are read
+    _checks.apart({f"carry.pend[{i}]": c.pend for i, c in enumerate(carries)},
+                  {"slot_tab": slot_tab, "engaged": engaged, "accepted": accepted})
+    if _checks.on_host(slot_tab):    # free on the host: a slot out of range is never written
+        _checks.host_indices("slot_tab", slot_tab, min(c.pend.shape[0] for c in carries))
     if validate:
         S = min(c.pend.shape[0] for c in carries)
         _checks.indices_values("slot_tab", slot_tab, S, padding=True)

@@ -1,5 +1,6 @@
-"""One layer's carried-state GDN stash and pending counts (``GdnCarry``), and the bytes per slot
-of the stash and of the snapshot chain it replaces (SPEC §3b, §3a).
+"""One layer's carried-state GDN stash and pending counts (``GdnCarry``; SPEC §3b). The bytes
+per slot of the stash and of the snapshot chain it replaces (SPEC §3a) are
+``pmll_lab.sizes``'s, re-exported here.
 
 The stash layout (the seed's ``vn | g | sk`` rows, ``CAP`` of them per slot) is given on
 ``GdnCarry``; how the verify, flush and accept kernels read and write it is in the module
@@ -15,8 +16,9 @@ import torch
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
+from pmll_lab.sizes import CARRY_CAP, snapshot_bytes_per_slot, stash_bytes_per_slot  # noqa: F401
 
-GDN_CARRY_CAP = 8
+GDN_CARRY_CAP = CARRY_CAP
 """Stash rows per (layer, slot): the seed's ``GDN_CARRY_CAP`` (``CARRY_CAP`` in its CUDA file).
 ``K <= CAP`` is required; a verify whose rows do not fit behind the pending ones writes back."""
 
@@ -30,7 +32,10 @@ class GdnCarry:
     so a view into a larger buffer works); ``pend [S]`` int32 on the same device, contiguous.
     Build with ``GdnCarry.empty(...)`` or pass existing tensors (validated here).
     Views for tests and references: ``.u [S, CAP, HV, vd]``, ``.g [S, CAP, HV]``,
-    ``.k [S, CAP, HV, kd]``.
+    ``.k [S, CAP, HV, kd]``. A slot with ``pend > 0`` holds accepted rows not in its stored
+    state: a plain ``gdn_decode`` there gives a wrong state (flush first; ``gdn_decode(...,
+    carry=this, validate=True)`` refuses it). ``buf`` and ``pend`` must share no memory with
+    each other or with the state (the launchers refuse it, naming them).
     """
 
     buf: torch.Tensor
@@ -81,8 +86,8 @@ class GdnCarry:
 
     @property
     def stash_bytes_per_slot(self) -> int:
-        """Bytes of stash per slot (fp32)."""
-        return 4 * self.floats_per_slot
+        """Bytes of stash per slot (fp32; ``pmll_lab.sizes.stash_bytes_per_slot``)."""
+        return stash_bytes_per_slot(self.num_v_heads, self.k_dim, self.v_dim, self.cap)
 
     @property
     def bytes(self) -> int:
@@ -119,14 +124,3 @@ class GdnCarry:
         idx = _checks.index_tensor("slots", slots, self.slots, device=self.pend.device)
         self.pend.index_fill_(0, idx, 0)
         self.buf.index_fill_(0, idx, 0.0)
-
-
-def stash_bytes_per_slot(num_v_heads: int, k_dim: int, v_dim: int, cap: int = GDN_CARRY_CAP) -> int:
-    """Stash bytes per (layer, slot) without allocating: ``4*CAP*(HV*vd + HV + HV*kd)``."""
-    return 4 * cap * (num_v_heads * v_dim + num_v_heads + num_v_heads * k_dim)
-
-
-def snapshot_bytes_per_slot(num_v_heads: int, k_dim: int, v_dim: int, rows: int) -> int:
-    """Bytes of the snapshot chain's intermediate states per (layer, sequence): ``(K-1)`` fp32
-    states of ``HV*kd*vd`` (SPEC §3a)."""
-    return 4 * (rows - 1) * num_v_heads * k_dim * v_dim

@@ -110,14 +110,18 @@ def _fold_pending_vk(h, ahead, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr,
 @triton.jit
 def _fold_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr,
                HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr,
-               CAP: tl.constexpr, STASH_AHEAD: tl.constexpr):
+               CAP: tl.constexpr, STASH_AHEAD: tl.constexpr, STATE_VEC: tl.constexpr = 0):
     """``(h, pointers, mask)``: the tile ``[BR, NC, CW]`` (value rows ``rr``) of one head with
     its ``p`` pending stash rows folded in (``STASH_AHEAD`` of them loaded with the tile), after
-    a barrier (every thread's fold loads done before a restash may overwrite those rows)."""
+    a barrier (every thread's fold loads done before a restash may overwrite those rows).
+    ``STATE_VEC > 0``: the tile is loaded at most that many contiguous keys per thread
+    (``recurrence.vk_state_vector``), so it lies in registers as decode's tile does."""
     ahead = _stash_rows_ahead_vk(u_ptr, gs_ptr, ks_ptr, rk, mk, rr, mr, HV, KD, VD, CAP,
                                  STASH_AHEAD)
     m2 = mr[:, None, None] & mk[None, :, :]
     hp = h_ptr + vk_tile_offsets(rk, rr, KD)
+    if STATE_VEC > 0:
+        hp = tl.max_contiguous(hp, [1, 1, STATE_VEC])
     h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
     h = _fold_pending_vk(h, ahead, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr, HV, KD, VD,
                          PREFETCH)
@@ -189,9 +193,11 @@ def gdn_carry_exact_vk_kernel(
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
     UNROLL: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr, GATE: tl.constexpr,
     QK_ALIGNED: tl.constexpr, AHEAD: tl.constexpr, STASH_AHEAD: tl.constexpr,
+    STATE_VEC: tl.constexpr,
 ):
     """Exact verify on V-major tiles of ``BV`` value rows (``NV`` tiles per head), keys in
-    ``NC`` chunks of ``CW``."""
+    ``NC`` chunks of ``CW``; the state tile loaded ``STATE_VEC`` keys per thread, as decode's
+    (``recurrence.vk_state_vector``)."""
     b, hv, j = head_tile_program(HV, NV)
     hk = hv // GROUP
     qrow = q_ptr + b * sq_b + hk * sq_h
@@ -210,7 +216,7 @@ def gdn_carry_exact_vk_kernel(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
     h, hp, m2 = _fold_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr & live, HV, KD, VD,
-                           PREFETCH, CAP, STASH_AHEAD)
+                           PREFETCH, CAP, STASH_AHEAD, STATE_VEC)
     arrived = tl.full([], -1, tl.int32)
     if wb:                               # counted once folded, before any store: the release
         arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)

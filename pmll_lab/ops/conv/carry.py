@@ -251,12 +251,32 @@ def check_verify_args(conv_state, conv_carry, x, weight, bias=None, *, slot_tab,
     if not isinstance(lazy, bool):
         raise ValueError(f"lazy: must be a bool, got {lazy!r}")
     check_indices("slot_tab", slot_tab, B, S, conv_state.device)
+    _checks.no_overlap("conv_state", conv_state)
+    # the window (on a write-back) and the stash are written while the rows, the weights,
+    # the pending counts and the slot table are still read
+    _checks.apart({"conv_state": conv_state, "conv_carry.stash": conv_carry.stash},
+                  {"x": x, "weight": weight, "bias": bias, "slot_tab": slot_tab,
+                   "conv_carry.pend": conv_carry.pend})
+    _host_slots(slot_tab, S, [("conv_carry.pend", conv_carry)])
     if validate:
         _checks.indices_values("slot_tab", slot_tab, S, padding=True)
         # the batch's slots only, as the GDN verify checks: other slots are not read
         live = slot_tab[slot_tab >= 0].long()
         _checks.range_values("conv_carry.pend", conv_carry.pend[live], 0, conv_carry.cap)
     return B, K, dim, d_conv, state_len, out_dtype
+
+
+def _host_slots(slot_tab, S: int, carries) -> None:
+    """On the host (every CPU run; free there): ``slot_tab`` in ``[0, S)`` or -1 and each
+    listed carry's ``pend`` of those slots in ``[0, cap]`` (a kernel would otherwise address
+    memory outside the window or stash). ``validate=True`` runs the same on a GPU."""
+    if not _checks.on_host(slot_tab):
+        return
+    _checks.host_indices("slot_tab", slot_tab, S)
+    live = slot_tab[slot_tab >= 0].long()
+    for label, c in carries:
+        if _checks.on_host(c.pend):
+            _checks.range_values(label, c.pend[live], 0, c.cap)
 
 
 def _check_carry(name, carry, S, dim, conv_state):
@@ -272,6 +292,7 @@ def _check_carry(name, carry, S, dim, conv_state):
     if stash.device != conv_state.device or carry.pend.device != conv_state.device:
         raise ValueError(f"{name}: on {stash.device}, but conv_state is on {conv_state.device}")
     _checks.tensor(f"{name}.stash", stash, last_contiguous=True)
+    _checks.no_overlap(f"{name}.stash", stash)
     _checks.tensor(f"{name}.pend", carry.pend, shape=(S,), dtype=torch.int32, contiguous=True)
 
 
@@ -379,6 +400,14 @@ def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False) -> 
             raise ValueError(f"conv_carries[{i}]: pend strides differ from layer 0's")
     B = slot_tab.shape[0] if isinstance(slot_tab, torch.Tensor) else -1
     check_indices("slot_tab", slot_tab, B, S, first.device)
+    for i, cs in enumerate(conv_states):
+        _checks.no_overlap(f"conv_states[{i}]", cs)
+    # every layer's window is written while every stash, pend and the slot table are read
+    _checks.apart({f"conv_states[{i}]": cs for i, cs in enumerate(conv_states)},
+                  {"slot_tab": slot_tab,
+                   **{f"conv_carries[{i}].stash": c.stash for i, c in enumerate(conv_carries)},
+                   **{f"conv_carries[{i}].pend": c.pend for i, c in enumerate(conv_carries)}})
+    _host_slots(slot_tab, S, [(f"conv_carries[{i}].pend", c) for i, c in enumerate(conv_carries)])
     if validate:
         _checks.indices_values("slot_tab", slot_tab, S, padding=True)
         live = slot_tab[slot_tab >= 0].long()

@@ -98,7 +98,8 @@ def _launch_chain(conv_state, x3, weight, bias, state_indices, intermediate, y3,
 
 
 def conv_update(conv_state, x, weight, bias=None, *, state_indices=None, activation="silu",
-                qk_channels=0, head_dim=None, l2_eps=1e-6, out_dtype=None, validate=False):
+                qk_channels=0, head_dim=None, l2_eps=1e-6, out_dtype=None, validate=False,
+                carry=None):
     """One token of the causal depthwise conv per sequence, window updated in place (SPEC §3c).
 
     Args:
@@ -117,8 +118,17 @@ def conv_update(conv_state, x, weight, bias=None, *, state_indices=None, activat
             l2-normalised in groups of ``head_dim`` (``x * rsqrt(sum(x*x) + l2_eps)``);
             ``qk_channels`` must be a multiple of ``head_dim``. 0 turns it off.
         out_dtype: dtype of ``y``: ``x.dtype`` (default) or float32.
-        validate: also check ``state_indices`` values (in ``[0, S)`` and distinct, or -1): one
-            device sync.
+        validate: also check ``state_indices`` values (in ``[0, S)`` and distinct, or -1) and,
+            with ``carry``, that no slot updated holds pending carry inputs: one device sync.
+            Slot tables on the host (a CPU run) are range-checked always (free there).
+        carry: ``None`` or the layer's ``ConvCarry`` (anything with ``pend [S]`` int32), for
+            ``validate``'s pending check. A slot whose carry holds accepted inputs not yet
+            shifted into its window (``pend > 0``) must not run a plain update: it would start
+            from a stale window and give wrong outputs and a wrong window, silently. Flush
+            first (``conv_carry_flush``).
+
+    ``conv_state`` must share no memory with ``x``, the weights or ``state_indices`` (nor, in
+    ``conv_chain``, with ``intermediate``): ``ValueError`` naming both.
 
     Returns ``y [B, dim]``. Arithmetic in fp32: ``y = silu(bias + sum_j w[:, j] * v[:, j])``
     over ``v = [last d_conv-1 window columns, x]``, then the l2norm.
@@ -130,7 +140,8 @@ def conv_update(conv_state, x, weight, bias=None, *, state_indices=None, activat
     B, _, dim, d_conv, state_len, out_dtype = check_conv_args(
         conv_state, x, weight, bias, rows=False, activation=activation,
         qk_channels=qk_channels, head_dim=head_dim, l2_eps=l2_eps, out_dtype=out_dtype)
-    _check_slots(conv_state, state_indices, B, validate)
+    _check_slots(conv_state, state_indices, B, validate, carry)
+    _check_apart(conv_state, None, x, weight, bias, state_indices)
     y = torch.empty(B, dim, dtype=out_dtype, device=x.device)
     if B == 0:
         return y
@@ -142,7 +153,7 @@ def conv_update(conv_state, x, weight, bias=None, *, state_indices=None, activat
 
 def conv_chain(conv_state, x, weight, bias=None, *, state_indices=None, intermediate=None,
                activation="silu", qk_channels=0, head_dim=None, l2_eps=1e-6, out_dtype=None,
-               validate=False):
+               validate=False, carry=None):
     """K tokens per sequence in one launch, with the window after each row kept (SPEC §3a/§3c).
 
     ``x [B, K, dim]`` (``1 <= K <= 16``; any strides on ``B`` and ``K``, last dim contiguous);
@@ -153,8 +164,8 @@ def conv_chain(conv_state, x, weight, bias=None, *, state_indices=None, intermed
     keeps window ``a-1``; a padding lane's entries are not written). Returns ``y [B, K, dim]``.
 
     Bitwise equal to ``K`` successive ``conv_update`` launches (outputs, windows): the same kernel
-    body computes every row. Raises ``ValueError`` as ``conv_update`` does, and for ``K`` out of
-    range or a mis-shaped ``intermediate``.
+    body computes every row. ``carry``: as in ``conv_update``. Raises ``ValueError`` as
+    ``conv_update`` does, and for ``K`` out of range or a mis-shaped ``intermediate``.
     """
     B, K, dim, d_conv, state_len, out_dtype = check_conv_args(
         conv_state, x, weight, bias, rows=True, activation=activation,
@@ -164,7 +175,9 @@ def conv_chain(conv_state, x, weight, bias=None, *, state_indices=None, intermed
     if intermediate is not None:
         _checks.tensor("intermediate", intermediate, shape=(B, K - 1, dim, state_len),
                        dtype=conv_state.dtype, device=conv_state.device)
-    _check_slots(conv_state, state_indices, B, validate)
+        _checks.no_overlap("intermediate", intermediate)
+    _check_slots(conv_state, state_indices, B, validate, carry)
+    _check_apart(conv_state, intermediate, x, weight, bias, state_indices)
     y = torch.empty(B, K, dim, dtype=out_dtype, device=x.device)
     if B == 0:
         return y
@@ -174,12 +187,28 @@ def conv_chain(conv_state, x, weight, bias=None, *, state_indices=None, intermed
     return y
 
 
-def _check_slots(conv_state, state_indices, B, validate):
+def _check_slots(conv_state, state_indices, B, validate, carry=None):
+    """The slot table (host: range always; ``validate``: range, distinct) and, with ``carry``
+    and ``validate``, no slot holding pending carry inputs."""
     S = conv_state.shape[0]
+    if carry is not None:
+        _checks.tensor("carry.pend", getattr(carry, "pend", None), shape=(S,), dtype=torch.int32,
+                       device=conv_state.device)
     if state_indices is None:
         if S < B:
             raise ValueError(f"state_indices: required when conv_state has fewer slots ({S}) than B ({B})")
-        return
-    check_indices("state_indices", state_indices, B, S, conv_state.device)
-    if validate:
-        _checks.indices_values("state_indices", state_indices, S, padding=True)
+    else:
+        check_indices("state_indices", state_indices, B, S, conv_state.device)
+        _checks.host_indices("state_indices", state_indices, S)
+        if validate:
+            _checks.indices_values("state_indices", state_indices, S, padding=True)
+    if validate and carry is not None:
+        _checks.nothing_pending("carry.pend", carry.pend, state_indices, B)
+
+
+def _check_apart(conv_state, intermediate, x, weight, bias, state_indices):
+    """The windows written (the state, the snapshots) share no memory with each other or with
+    what the launch reads (``_checks.apart``)."""
+    _checks.no_overlap("conv_state", conv_state)
+    _checks.apart({"conv_state": conv_state, "intermediate": intermediate},
+                  {"x": x, "weight": weight, "bias": bias, "state_indices": state_indices})

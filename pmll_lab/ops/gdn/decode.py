@@ -31,19 +31,15 @@ import triton
 import triton.language as tl
 
 from pmll_lab import _checks
-from pmll_lab.backend import DEVICE
+from pmll_lab.ops.gdn.checks import MAX_ROWS, _check, _check_write_slots  # noqa: F401
 from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
-from pmll_lab.ops.gdn.gating import Gating, check_gating, split_gating
+from pmll_lab.ops.gdn.gating import Gating, gate_inputs, split_gating
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, EXACT_LAUNCH, block_config,
-                                         check_layout, gdn_row, head_dims, head_tile_program,
-                                         load_gate_params,
+                                         gdn_row, head_tile_program, load_gate_params,
                                          load_row_inputs, qk_prepare, round_like, vk_chunks,
                                          vk_ahead, vk_config, vk_qk_aligned)
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
-
-MAX_ROWS = 8
-"""Most rows one chain launch verifies (SPEC §3: ``K <= CAP``, ``CAP = 8``)."""
 
 CHAIN_UNROLL_MAX_ROWS = 4
 """Chains of up to this many rows unroll their row loop (``tl.static_range``); longer ones run
@@ -157,106 +153,6 @@ def gdn_rows_kernel(
         tl.store(p_h, h, mask=mh)
 
 
-# ---- argument checks ---------------------------------------------------------------------------
-
-def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtype, validate,
-           *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT, out_state_indices=None,
-           gating: Gating | None = None, use_qk_l2norm=True):
-    """Validate a decode (``rows=False``) or chain (``rows=True``) call; return its sizes."""
-    C = _checks
-    C.flag("use_qk_l2norm", use_qk_l2norm)
-    C.flag("validate", validate)
-    check_layout("state_layout", layout)
-    C.tensor("state", state, ndim=4, dtype=C.FLOAT_DTYPES, last_contiguous=True)
-    C.no_overlap("state", state)
-    if state.device.type != DEVICE.type:
-        raise ValueError(f"state: on {state.device}, but kernels run on {DEVICE} "
-                         "(pmll_lab.backend.DEVICE)")
-    S, HV = state.shape[:2]
-    kd, vd = head_dims(state.shape, layout)
-    if min(HV, kd, vd) < 1:
-        raise ValueError(f"state: heads HV and head sizes kd, vd (dims 1-3) must be >= 1, got "
-                         f"shape {tuple(state.shape)}")
-    nd = 4 if rows else 3
-    C.tensor("q", q, ndim=nd, dtype=C.FLOAT_DTYPES, last_contiguous=True)
-    lead = tuple(q.shape[:nd - 2])                      # (B,) or (B, K)
-    HK = q.shape[-2]
-    if q.shape[-1] != kd:
-        raise ValueError(f"q: key head size {q.shape[-1]} differs from state's kd = {kd} "
-                         f"(state shape {tuple(state.shape)} read as state_layout={layout!r})")
-    if rows and not 1 <= lead[1] <= MAX_ROWS:
-        raise ValueError(f"q: rows per sequence K (dim 1) must lie in [1, {MAX_ROWS}], "
-                         f"got {lead[1]}")
-    if HK < 1 or HV % HK != 0:
-        raise ValueError(f"q: value heads HV = {HV} (state dim 1) must be a multiple of key "
-                         f"heads HK = {HK} (q dim {nd - 2})")
-    C.tensor("k", k, shape=q.shape, dtype=q.dtype, last_contiguous=True)
-    C.tensor("v", v, shape=(*lead, HV, vd), dtype=q.dtype, last_contiguous=True)
-    if gating is None:
-        C.tensor("g", g, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)
-        C.tensor("beta", beta, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)
-    else:
-        check_gating(gating, lead, HV, q.dtype, state.device)
-    C.same_device("state", state, q=q, k=k, v=v, g=g, beta=beta, state_indices=state_indices,
-                  intermediate=intermediate, out_state_indices=out_state_indices)
-    B = lead[0]
-    if state_indices is not None:
-        # the kernel reads entry b at offset b: a strided view would address other slots
-        C.tensor("state_indices", state_indices, shape=(B,), dtype=(torch.int32, torch.int64),
-                 contiguous=True)
-        if B > S:
-            raise ValueError(f"state_indices: {B} sequences but only {S} state slots")
-    elif B > S:
-        raise ValueError(f"state_indices: None means slots arange(B), but B = {B} > S = {S} "
-                         "state slots")
-    if out_state_indices is not None:
-        C.tensor("out_state_indices", out_state_indices, shape=(B,),
-                 dtype=(torch.int32, torch.int64), contiguous=True)
-    if intermediate is not None:
-        C.tensor("intermediate", intermediate, shape=(B, lead[1] - 1, *state.shape[1:]),
-                 dtype=state.dtype, last_contiguous=True)
-        C.no_overlap("intermediate", intermediate)
-    C.optional_float("scale", scale)
-    if out_dtype is not None:
-        C.choice("out_dtype", out_dtype, [None, *C.FLOAT_DTYPES])
-    if validate:
-        if state_indices is not None:
-            C.indices_values("state_indices", state_indices, S, padding=True)
-        if out_state_indices is not None:
-            _check_write_slots(state_indices, out_state_indices, B, S)
-        if gating is None:
-            C.range_values("g", g, -float("inf"), 0.0)
-            C.range_values("beta", beta, 0.0, 1.0)
-    return B, (lead[1] if rows else 1), HK, HV, kd, vd
-
-
-def _check_write_slots(state_indices, out_state_indices, B: int, S: int) -> None:
-    """``validate`` of ``out_state_indices``: entries in ``[0, S)`` and distinct, or -1 exactly
-    where the read slot is -1 (a padding lane), and no lane writes a slot another lane reads
-    (a lane may write its own read slot: in place). One device sync."""
-    read = (torch.arange(B, device=out_state_indices.device) if state_indices is None
-            else state_indices.long())
-    write = out_state_indices.long()
-    _checks.indices_values("out_state_indices", write, S, padding=True)
-    pad_r, pad_w = read < 0, write < 0
-    if bool((pad_r != pad_w).any()):
-        b = int((pad_r != pad_w).nonzero()[0])
-        raise ValueError(f"out_state_indices: lane {b} is a padding lane (-1) in only one of "
-                         f"state_indices ({int(read[b])}) and out_state_indices ({int(write[b])})")
-    lanes = torch.arange(B, device=read.device)
-    reader = torch.full((S,), -1, dtype=torch.int64, device=read.device)
-    live = ~pad_r
-    reader[read[live]] = lanes[live]
-    who = reader[write[live]]
-    clash = (who >= 0) & (who != lanes[live])
-    if bool(clash.any()):
-        i = int(clash.nonzero()[0])
-        b, other = int(lanes[live][i]), int(who[i])
-        raise ValueError(f"out_state_indices: lane {b} writes slot {int(write[live][i])}, which "
-                         f"lane {other} reads (read and write slots may overlap only "
-                         "lane-to-itself)")
-
-
 def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
                  B, K, HK, HV, kd, vd, *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT,
                  out_state_indices=None, gating: Gating | None = None):
@@ -327,7 +223,7 @@ def _device_guard(t: torch.Tensor):
 def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=None,
                use_qk_l2norm=True, out_dtype=None, validate=False,
                state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None, A_log=None, a=None,
-               dt_bias=None, b=None):
+               dt_bias=None, b=None, carry=None):
     """One Gated DeltaNet decode token per sequence (SPEC §2); updates ``state`` in place.
 
     Args:
@@ -352,9 +248,12 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
             (eps 1e-6) first.
         out_dtype: ``None`` (v's dtype) or a float dtype (``torch.float32`` for fp32 outputs).
         validate: also check values (device sync): ``state_indices`` in ``[0, S)`` and distinct,
-            or -1, ``g <= 0``, ``beta`` in ``[0, 1]``. A slot of -1 marks a padding lane (vLLM's
+            or -1, ``g <= 0`` and ``beta`` in ``[0, 1]`` on the lanes that are not padding
+            (a padding lane's gates are never used), and with ``carry`` that no slot decoded
+            holds pending carry rows. A slot of -1 marks a padding lane (vLLM's
             ``PAD_SLOT_ID``): its outputs are zeros and no state is read or written for it.
-            Other out-of-range slots are undefined behaviour without ``validate``.
+            Slot tables on the host (a CPU run) are range-checked always (free there); on a GPU
+            other out-of-range slots are undefined behaviour without ``validate``.
         state_layout: ``"kv"`` or ``"vk"`` (``pmll_lab.ops.gdn.recurrence.STATE_LAYOUTS``).
             ``"vk"`` runs ``gdn_rows_vk_kernel`` (a few value rows per program, tile from
             ``vk_config``), ``"kv"`` the K-major kernel (``block_config``).
@@ -365,6 +264,19 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
             (that would race); -1 in either index marks a padding lane. ``validate`` also
             checks: entries in ``[0, S)`` and distinct, or -1 exactly where ``state_indices``
             is -1, and no write slot read by another lane.
+        carry: ``None`` or the layer's carried-state stash (``pmll_lab.carry.GdnCarry``, or
+            anything with ``pend [S]`` int32), for ``validate``'s pending check.
+
+    **A slot with pending carry rows must not be decoded.** After a carried-state verify
+    (``pmll_lab.carry``) the accepted rows of a slot may sit in its stash, counted by
+    ``pend[slot] > 0``, not yet folded into the stored state. Decoding such a slot here starts
+    from that stored state, which lags the sequence by those rows: the outputs and the new
+    state are silently wrong. Fold first (``gdn_carry_flush``, then clear ``pend``), or keep
+    verifying with the carry. ``validate=True`` with ``carry`` passed refuses it.
+
+    ``state`` must share no memory with ``q``, ``k``, ``v``, the gates or the slot tables
+    (``ValueError`` naming both otherwise: the kernel writes the state while other lanes
+    still read those).
 
     Returns ``o [B, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
     launching. Source: SPEC §2; arithmetic order from ``pmll_lab.ops.gdn.recurrence``.
@@ -373,7 +285,7 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, None, scale,
                                   out_dtype, validate, rows=False, layout=state_layout,
                                   out_state_indices=out_state_indices, gating=gating,
-                                  use_qk_l2norm=use_qk_l2norm)
+                                  use_qk_l2norm=use_qk_l2norm, carry=carry)
     o = torch.empty(B, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
     with _device_guard(state):
         _launch(state, q, k, v, g, beta, o, None, state_indices, scale, use_qk_l2norm,
@@ -385,7 +297,7 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
 def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermediate=None,
               scale=None, use_qk_l2norm=True, out_dtype=None, validate=False,
               state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None, A_log=None, a=None,
-              dt_bias=None, b=None):
+              dt_bias=None, b=None, carry=None):
     """Verify ``K`` draft rows per sequence with the chain-with-snapshots (SPEC §3a).
 
     Runs ``K`` tokens of the decode recurrence per sequence in one launch (the state block stays
@@ -404,7 +316,10 @@ def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermed
     state it keeps in registers to the state's dtype after every row, where ``K`` decodes
     store it, so it stays bitwise equal to them (V-major: when the decodes' q/k rows are
     aligned alike, ``recurrence.vk_qk_aligned``); ``state_layout`` and ``out_state_indices`` (the state
-    after the last row goes there, the read slots keep theirs) as in ``gdn_decode``.
+    after the last row goes there, the read slots keep theirs) as in ``gdn_decode``;
+    ``carry`` as in ``gdn_decode`` (a slot with pending carry rows must not run a chain
+    either). ``intermediate`` and ``state`` must share no memory with each other nor with
+    the row inputs and slot tables (``ValueError`` naming both).
 
     Returns ``o [B, K, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
     launching. Source: SPEC §3a, the seed's ``gdn_exact_chain`` batched over sequences.
@@ -413,7 +328,7 @@ def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermed
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
                                   out_dtype, validate, rows=True, layout=state_layout,
                                   out_state_indices=out_state_indices, gating=gating,
-                                  use_qk_l2norm=use_qk_l2norm)
+                                  use_qk_l2norm=use_qk_l2norm, carry=carry)
     o = torch.empty(B, K, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
     with _device_guard(state):
         _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
@@ -425,14 +340,15 @@ def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermed
 def gdn_decode_plan(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=None,
                     use_qk_l2norm=True, out_dtype=None, out=None, validate=False,
                     state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None, A_log=None,
-                    a=None, dt_bias=None, b=None) -> LaunchPlan:
+                    a=None, dt_bias=None, b=None, carry=None) -> LaunchPlan:
     """``gdn_decode`` bound to these buffers, for host-bound small batches (issue 5, B=1).
 
     Checks the arguments once, as ``gdn_decode`` does (``validate`` checks the values now, at
     plan time only), and returns a ``pmll_lab.ops.launch.LaunchPlan``: ``plan()`` runs one decode
     token on whatever the tensors hold at that moment and returns ``o [B, HV, vd]`` (dtype
     ``out_dtype`` or v's). ``o`` is the same tensor on every call, overwritten by the next one:
-    read or copy it first. ``out``: ``None`` (allocated once here) or that tensor, contiguous.
+    read or copy it first. ``out``: ``None`` (allocated once here) or that tensor, contiguous,
+    sharing no memory with the state or an input.
     After the first call on a GPU, calls go straight to the compiled kernel (no checks,
     allocations or argument binding). Write each step's inputs into the same tensors
     (``q.copy_(...)``, or project into them): a plan keeps reading the tensors it was made with,
@@ -443,31 +359,33 @@ def gdn_decode_plan(state, q, k, v, g=None, beta=None, *, state_indices=None, sc
     """
     return _plan(state, q, k, v, g, beta, state_indices, None, scale, use_qk_l2norm, out_dtype,
                  out, validate, rows=False, layout=state_layout,
-                 out_state_indices=out_state_indices, gating=(A_log, a, dt_bias, b))
+                 out_state_indices=out_state_indices, gating=(A_log, a, dt_bias, b),
+                 carry=carry)
 
 
 def gdn_chain_plan(state, q, k, v, g=None, beta=None, *, state_indices=None,
                    intermediate=None, scale=None, use_qk_l2norm=True, out_dtype=None, out=None,
                    validate=False, state_layout=DEFAULT_STATE_LAYOUT,
                    out_state_indices=None, A_log=None, a=None, dt_bias=None,
-                   b=None) -> LaunchPlan:
+                   b=None, carry=None) -> LaunchPlan:
     """``gdn_chain`` bound to these buffers (as ``gdn_decode_plan``; ``intermediate`` is bound
     too); ``plan()`` returns ``o [B, K, HV, vd]``, the same tensor every call (``out``: ``None``
     or that tensor). Raises ``ValueError`` naming the argument."""
     return _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2norm,
                  out_dtype, out, validate, rows=True, layout=state_layout,
-                 out_state_indices=out_state_indices, gating=(A_log, a, dt_bias, b))
+                 out_state_indices=out_state_indices, gating=(A_log, a, dt_bias, b),
+                 carry=carry)
 
 
 def _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2norm, out_dtype,
           out, validate, *, rows: bool, layout: str, out_state_indices=None,
-          gating=(None, None, None, None)) -> LaunchPlan:
+          gating=(None, None, None, None), carry=None) -> LaunchPlan:
     """Check once, take or allocate ``o`` (``out``, checked), bind the launch."""
     g, beta, gating = split_gating(g, beta, *gating)
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
                                   out_dtype, validate, rows=rows, layout=layout,
                                   out_state_indices=out_state_indices, gating=gating,
-                                  use_qk_l2norm=use_qk_l2norm)
+                                  use_qk_l2norm=use_qk_l2norm, carry=carry)
     shape = (B, K, HV, vd) if rows else (B, HV, vd)
     dtype = out_dtype or v.dtype
     if out is None:
@@ -475,6 +393,9 @@ def _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2
     else:
         _checks.tensor("out", out, shape=shape, dtype=dtype, contiguous=True)
         _checks.same_device("state", state, out=out)
+        _checks.apart({"out": out, "state": state, "intermediate": intermediate},
+                      {"q": q, "k": k, "v": v, **gate_inputs(g, beta, gating),
+                       "state_indices": state_indices, "out_state_indices": out_state_indices})
         o = out
     if B == 0:
         return LaunchPlan(None, (1,), (), {}, outputs=o)

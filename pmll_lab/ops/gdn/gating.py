@@ -67,6 +67,16 @@ def split_gating(g, beta, A_log=None, a=None, dt_bias=None, b=None):
     return g, beta, None
 
 
+def gate_inputs(g, beta, gating: Gating | None) -> dict:
+    """The gate tensors a launch reads, by the names its caller passed: ``{"g", "beta"}``, or
+    ``{"A_log", "a", "dt_bias", "b"}`` with the gating computed in the kernel (``split_gating``
+    returned ``a, b`` as ``g, beta`` then). For the launchers' aliasing checks
+    (``pmll_lab._checks.apart``)."""
+    if gating is None:
+        return {"g": g, "beta": beta}
+    return dict(gating._asdict())
+
+
 def check_gating(gating: Gating, lead: tuple, num_v_heads: int, input_dtype: torch.dtype,
                  device: torch.device) -> None:
     """``A_log, dt_bias [HV]`` (fp32, bf16 or fp16, contiguous) and ``a, b [*lead, HV]`` (the

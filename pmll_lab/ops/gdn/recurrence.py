@@ -446,6 +446,23 @@ def vk_chunks(block_k: int) -> tuple[int, int]:
     return block_k // cw, cw
 
 
+def vk_state_vector(k_dim: int, v_dim: int, work: int, state_itemsize: int) -> int:
+    """Contiguous keys per thread in which decode's V-major tile (``vk_config`` for ``work =
+    B * HV``) lies in registers: a 16-byte vector of the state's elements, at most a key chunk,
+    and at most the tile's share per thread (Triton's coalescing rule for a load of
+    ``BR x BK`` elements on ``32 * warps`` threads). The exact carry verify loads its tile
+    (which may hold more value rows, ``VK_TILES``) with at most this many (``STATE_VEC``), so
+    its sums over keys run on decode's thread layout. Why: a 2-byte state at ``kd = 16`` gave
+    decode's 8-row tile 4 keys per thread and the carry's 16-row tile 8, another reduction
+    order (``pmll_lab.lowering``). Raises ``ValueError`` for a state element size other than
+    2 or 4 bytes."""
+    if state_itemsize not in (2, 4):
+        raise ValueError(f"state_itemsize: expected 2 (bf16/fp16) or 4 (fp32), got "
+                         f"{state_itemsize!r}")
+    bk, br, warps = vk_config(k_dim, v_dim, work)
+    return max(1, min(16 // state_itemsize, vk_chunks(bk)[1], br * bk // (32 * warps)))
+
+
 @lru_cache(maxsize=None)
 def block_config(k_dim: int, v_dim: int) -> tuple[int, int, int]:
     """``(BK, BV, num_warps)`` for a head of ``k_dim x v_dim``.

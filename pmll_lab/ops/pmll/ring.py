@@ -149,7 +149,9 @@ def check_memory(mem) -> tuple[int, int, int, int]:
 
     Raises ``ValueError`` naming ``mem``/``mem.k``/``mem.v``/``mem.count``: missing tensors,
     ``k`` not 4-D, not fp32/bf16/fp16, not contiguous or not on the kernels' device
-    (``pmll_lab.backend.DEVICE``); ``v`` unlike ``k``; ``count`` not int64 ``[B]`` beside them.
+    (``pmll_lab.backend.DEVICE``); ``v`` unlike ``k``; ``count`` not int64 ``[B]`` beside them;
+    two of them sharing memory; a negative count on the host (free there; on a GPU
+    ``pmll_write(validate=True)`` checks it).
     """
     for attr in ("k", "v", "count"):
         if not hasattr(mem, attr):
@@ -164,6 +166,11 @@ def check_memory(mem) -> tuple[int, int, int, int]:
     _checks.tensor("mem.v", mem.v, shape=tuple(k.shape), dtype=k.dtype, contiguous=True)
     _checks.tensor("mem.count", mem.count, shape=(batch,), dtype=torch.int64)
     _checks.same_device("mem.k", k, **{"mem.v": mem.v, "mem.count": mem.count})
+    # one ring's keys, values and counts are three buffers (a write updates all three)
+    _checks.apart({"mem.k": k, "mem.v": mem.v, "mem.count": mem.count})
+    if _checks.on_host(mem.count) and bool((mem.count < 0).any()):
+        # free on the host: the counts decide the slots read and written
+        raise ValueError(f"mem.count: must be >= 0, got {mem.count.tolist()}")
     return batch, heads, capacity, head_dim
 
 
@@ -185,6 +192,9 @@ def check_write(mem, k_new, v_new, gate=None, *, validate: bool = False) -> tupl
             raise ValueError(f"gate: expected None, [B, T] or [B, H, T], got {got}")
         want = (batch, tokens) if gate.dim() == 2 else (batch, heads, tokens)
         _checks.tensor("gate", gate, shape=want, dtype=_checks.FLOAT_DTYPES, device=dev)
+    # the ring's keys, values and counts are written while the new rows and gate are read
+    _checks.apart({"mem.k": mem.k, "mem.v": mem.v, "mem.count": mem.count},
+                  {"k_new": k_new, "v_new": v_new, "gate": gate})
     if validate:
         if gate is not None:
             _checks.range_values("gate", gate, 0.0, 1.0)
@@ -207,8 +217,10 @@ def pmll_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tensor
     gate, and the ``min(T, M)`` slots written (``pmll_lab.pmll.write_bytes``).
 
     Raises ``ValueError`` naming the argument before launching: wrong rank, batch/heads/head
-    size unlike the memory's, dtype, device, strides, gate shape. ``validate=True`` also checks
-    (with a device sync) that gate values lie in ``[0, 1]`` and that ``count >= 0``.
+    size unlike the memory's, dtype, device, strides, gate shape, ``mem.k``, ``mem.v`` and
+    ``mem.count`` sharing memory with each other or with ``k_new``, ``v_new``, ``gate``.
+    ``validate=True`` also checks (with a device sync) that gate values lie in ``[0, 1]`` and
+    that ``count >= 0`` (counts on the host, a CPU run: always, ``check_memory``).
     """
     check_write(mem, k_new, v_new, gate, validate=validate)
     return launch_write(mem, k_new, v_new, gate)

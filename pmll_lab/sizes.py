@@ -1,0 +1,186 @@
+"""Byte sizes of the GDN buffers and the bytes each launch must move (SPEC §4): one set.
+
+What a buffer holds (per sequence or slot, one layer): ``state_bytes`` (``Hb``, the recurrent
+state ``[HV, kd, vd]`` in the state pool's dtype), ``snapshot_bytes`` (the chain's ``K-1``
+snapshots, the state's dtype), ``stash_bytes_per_slot`` / ``carry_stash_bytes`` (the carried
+state's stash, ``CAP`` rows of ``u, g, k``, fp32 whatever the state's dtype), ``stash_row_bytes``
+(one of those rows). What a launch moves, the fewest bytes it must read and write (for GB/s and
+the roofline): ``decode_bytes``, ``decodes_bytes``, ``chain_bytes`` and the carried-state verify,
+``carry_verify_bytes`` (``carry_bytes`` at ``kd = vd``).
+
+Every helper checks its arguments and raises ``ValueError`` naming the one at fault: sizes are
+ints (numpy ints too) ``>= 1`` (a batch ``>= 0``), dtypes one of fp32, bf16, fp16. Tested against
+the bytes real tensors hold (``tests/test_sizes.py``). Re-exported where they were first defined
+(``pmll_lab.gdn``, ``pmll_lab.carry``, ``pmll_lab.experiments.roofline``).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+
+from pmll_lab._checks import FLOAT_DTYPES
+
+CARRY_CAP = 8
+"""Stash rows per (layer, slot) of the carried state (SPEC §3b, the seed's ``GDN_CARRY_CAP``;
+``pmll_lab.carry.GDN_CARRY_CAP`` is this value)."""
+
+INDEX_BYTES = 4
+"""An int32 slot index, pending count or ``engaged`` flag."""
+
+
+def count(name: str, value, minimum: int = 1) -> int:
+    """An int (Python or numpy, not bool) ``>= minimum``, returned as a Python int;
+    ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name}: must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def itemsize(name: str, dtype) -> int:
+    """Bytes per element of ``dtype`` (fp32 4, bf16 and fp16 2); ``ValueError`` naming ``name``
+    for anything else (another dtype, a string, None)."""
+    if dtype not in FLOAT_DTYPES:
+        names = ", ".join(str(d).replace("torch.", "") for d in FLOAT_DTYPES)
+        raise ValueError(f"{name}: must be one of {names} (a torch.dtype), got {dtype!r}")
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _heads(num_v_heads, k_dim, v_dim) -> tuple[int, int, int]:
+    return (count("num_v_heads", num_v_heads), count("k_dim", k_dim), count("v_dim", v_dim))
+
+
+def state_bytes(num_v_heads: int, k_dim: int, v_dim: int,
+                state_dtype: torch.dtype = torch.float32) -> int:
+    """``Hb``: bytes of one sequence's state ``[HV, kd, vd]`` for one layer in ``state_dtype``
+    (either layout holds the same bytes)."""
+    hv, kd, vd = _heads(num_v_heads, k_dim, v_dim)
+    return hv * kd * vd * itemsize("state_dtype", state_dtype)
+
+
+def snapshot_bytes(rows: int, num_v_heads: int, k_dim: int, v_dim: int,
+                   state_dtype: torch.dtype = torch.float32) -> int:
+    """Snapshot buffer per sequence and layer of a ``rows``-row chain (``rows >= 1``):
+    ``(K-1) * Hb``, the snapshots in the state's dtype (``gdn_chain``'s ``intermediate``)."""
+    rows = count("rows", rows)
+    return (rows - 1) * state_bytes(num_v_heads, k_dim, v_dim, state_dtype)
+
+
+def snapshot_bytes_per_slot(num_v_heads: int, k_dim: int, v_dim: int, rows: int,
+                            state_dtype: torch.dtype = torch.float32) -> int:
+    """``snapshot_bytes`` with the carried-state API's argument order (``pmll_lab.carry``):
+    what the chain keeps per sequence where the carried state keeps its stash."""
+    return snapshot_bytes(rows, num_v_heads, k_dim, v_dim, state_dtype)
+
+
+def stash_row_bytes(num_v_heads: int, k_dim: int, v_dim: int) -> int:
+    """One stash row of every value head: ``u [HV, vd]``, ``g [HV]``, ``k [HV, kd]``, fp32."""
+    hv, kd, vd = _heads(num_v_heads, k_dim, v_dim)
+    return 4 * (hv * vd + hv + hv * kd)
+
+
+def stash_bytes_per_slot(num_v_heads: int, k_dim: int, v_dim: int,
+                         cap: int = CARRY_CAP) -> int:
+    """Carried-state stash per (layer, slot), SPEC §3b: ``CAP`` stash rows,
+    ``4*CAP*(HV*vd + HV + HV*kd)`` (``GdnCarry.buf``'s row; ``pend`` adds 4 bytes)."""
+    return count("cap", cap) * stash_row_bytes(num_v_heads, k_dim, v_dim)
+
+
+carry_stash_bytes = stash_bytes_per_slot
+"""``stash_bytes_per_slot`` by its name in ``pmll_lab.gdn``."""
+
+
+def row_io_bytes(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int,
+                 dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype | None = None) -> int:
+    """Input and output bytes of one row (token) of one sequence: ``q, k [HK, kd]`` and
+    ``v [HV, vd]`` in ``dtype``, ``g, beta [HV]`` fp32, and ``o [HV, vd]`` in ``out_dtype``
+    (default ``dtype``)."""
+    hk = count("num_k_heads", num_k_heads)
+    hv, kd, vd = _heads(num_v_heads, k_dim, v_dim)
+    es = itemsize("dtype", dtype)
+    eo = itemsize("out_dtype", dtype if out_dtype is None else out_dtype)
+    return (2 * hk * kd + hv * vd) * es + 2 * hv * 4 + hv * vd * eo
+
+
+def decode_bytes(batch: int, num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int,
+                 dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype | None = None,
+                 state_dtype: torch.dtype = torch.float32) -> int:
+    """One ``gdn_decode`` launch: per sequence ``2*Hb`` (state read and written) plus one row of
+    inputs/outputs and its int32 slot index (SPEC §4)."""
+    batch = count("batch", batch, minimum=0)
+    hb = state_bytes(num_v_heads, k_dim, v_dim, state_dtype)
+    return batch * (2 * hb + row_io_bytes(num_k_heads, num_v_heads, k_dim, v_dim, dtype,
+                                          out_dtype) + INDEX_BYTES)
+
+
+def chain_bytes(batch: int, rows: int, num_k_heads: int, num_v_heads: int, k_dim: int,
+                v_dim: int, dtype: torch.dtype = torch.bfloat16,
+                out_dtype: torch.dtype | None = None,
+                state_dtype: torch.dtype = torch.float32) -> int:
+    """One ``gdn_chain`` launch with snapshots: per sequence ``(K+1)*Hb`` (state read, ``K-1``
+    snapshots and the final state written) plus ``K`` rows of inputs/outputs and the slot index
+    (SPEC §4)."""
+    batch, rows = count("batch", batch, minimum=0), count("rows", rows)
+    hb = state_bytes(num_v_heads, k_dim, v_dim, state_dtype)
+    io = row_io_bytes(num_k_heads, num_v_heads, k_dim, v_dim, dtype, out_dtype)
+    return batch * ((rows + 1) * hb + rows * io + INDEX_BYTES)
+
+
+def decodes_bytes(batch: int, rows: int, num_k_heads: int, num_v_heads: int, k_dim: int,
+                  v_dim: int, dtype: torch.dtype = torch.bfloat16,
+                  out_dtype: torch.dtype | None = None,
+                  state_dtype: torch.dtype = torch.float32) -> int:
+    """``K`` successive ``gdn_decode`` launches: ``K`` times ``decode_bytes``."""
+    return count("rows", rows) * decode_bytes(batch, num_k_heads, num_v_heads, k_dim, v_dim,
+                                              dtype, out_dtype, state_dtype)
+
+
+def carry_verify_bytes(pend, write_back, rows: int, num_k_heads: int, num_v_heads: int,
+                       k_dim: int, v_dim: int, dtype: torch.dtype = torch.bfloat16,
+                       state_dtype: torch.dtype = torch.float32,
+                       out_dtype: torch.dtype | None = None, cap: int = CARRY_CAP) -> int:
+    """One carried-state verify launch (``gdn_carry_verify``, SPEC §4): per sequence ``Hb``
+    read, ``Hb`` written if it writes back, its ``p`` pending stash rows read (folded) and
+    ``K`` written, ``K`` rows of inputs/outputs, and three int32 (slot, pend, engaged).
+
+    ``pend``: the sequences' pending counts (ints in ``[0, cap]``, one per sequence: a list or
+    an array); ``write_back``: whether each wrote the state back (bools, as many). ``Hb`` in
+    ``state_dtype``; the stash rows fp32. ``ValueError`` naming ``pend`` / ``write_back`` for
+    entries out of range or a length that differs, as for the sizes."""
+    rows = count("rows", rows)
+    cap = count("cap", cap)
+    pend = np.asarray(pend)
+    wb = np.asarray(write_back)
+    if pend.ndim != 1 or (pend.size and not np.issubdtype(pend.dtype, np.integer)):
+        raise ValueError(f"pend: expected one int per sequence, got {pend.dtype} of shape "
+                         f"{pend.shape}")
+    if pend.size and (pend.min() < 0 or pend.max() > cap):
+        raise ValueError(f"pend: entries must lie in [0, {cap}] (CAP), got range "
+                         f"[{pend.min()}, {pend.max()}]")
+    flags = wb.dtype == np.bool_ or (np.issubdtype(wb.dtype, np.integer)
+                                     and bool(np.isin(wb, (0, 1)).all()))
+    if wb.shape != pend.shape or (wb.size and not flags):
+        raise ValueError(f"write_back: expected {pend.size} bools (one per sequence, as pend), "
+                         f"got {wb.dtype} of shape {wb.shape}")
+    B = pend.size
+    hb = state_bytes(num_v_heads, k_dim, v_dim, state_dtype)
+    row = stash_row_bytes(num_v_heads, k_dim, v_dim)
+    io = row_io_bytes(num_k_heads, num_v_heads, k_dim, v_dim, dtype, out_dtype)
+    return int(B * hb + int(wb.sum()) * hb + (int(pend.sum()) + B * rows) * row
+               + B * rows * io + 3 * INDEX_BYTES * B)
+
+
+def carry_bytes(pend, write_back, K: int, HK: int, HV: int, D: int, dtype,
+                state_dtype=torch.float32) -> int:
+    """``carry_verify_bytes`` for heads of ``kd = vd = D`` (the roofline notebook's shapes; its
+    argument names)."""
+    return carry_verify_bytes(pend, write_back, K, HK, HV, D, D, dtype, state_dtype)
+
+
+__all__ = ["CARRY_CAP", "state_bytes", "snapshot_bytes", "snapshot_bytes_per_slot",
+           "stash_row_bytes", "stash_bytes_per_slot", "carry_stash_bytes", "row_io_bytes",
+           "decode_bytes", "chain_bytes", "decodes_bytes", "carry_verify_bytes", "carry_bytes"]
