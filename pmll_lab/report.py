@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -207,9 +206,6 @@ def build_report(
         except (json.JSONDecodeError, AttributeError):
             previous = []
 
-    # papermill logs a warning for each line of a multi-line parameters cell it cannot parse
-    # for its type hints (the grids); the parameters are injected all the same.
-    logging.getLogger("papermill.translators").setLevel(logging.ERROR)
     manifest = {"run": run, "preset": preset, "device_requested": device,
                 "started_utc": _utc_now(), "notebooks_dir": str(notebooks_dir),
                 "environment": {}, "notebooks": []}

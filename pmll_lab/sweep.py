@@ -172,7 +172,7 @@ def _rows_json(point: Mapping, pid: str, rows: list[dict], status: str, err: str
                stamp: str, env: Mapping) -> list[dict]:
     """A point's rows as stored: its parameters, the row, status, error, provenance. A row
     may carry its own ``status`` and ``error`` (a peer that failed inside a point that ran,
-    ``experiments.gdn.peer_failure_row``); a failed point marks every row failed."""
+    ``experiments.protocol.peer_failure_row``); a failed point marks every row failed."""
     if not rows:
         rows = [{"kernel": "*", "metric": "error", "value": None}]
     out = []

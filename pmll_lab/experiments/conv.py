@@ -21,7 +21,6 @@ For one point (``K`` rows, conv ``shape`` from ``SHAPES``, ``B`` sequences, inpu
 
 from __future__ import annotations
 
-
 import pandas as pd
 import torch
 

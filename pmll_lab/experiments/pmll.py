@@ -270,7 +270,9 @@ def failed_points(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_errors(df: pd.DataFrame):
-    return plots.plot_errors(df, LABELS, "Ring against the float64 reference")
+    return plots.plot_errors(df, {"pmll_read": LABELS["pmll_read"], "pmll_write": "write",
+                                  "memory_attention": "memory_attention (reference path)"},
+                             "Ring against the float64 reference")
 
 
 def _series(w: pd.DataFrame) -> pd.DataFrame:

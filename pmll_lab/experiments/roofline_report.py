@@ -122,7 +122,7 @@ def lazy_table(df: pd.DataFrame, shape: dict | None = None, Bs=(1, 64, 128)) -> 
 
 
 def b1_table(df: pd.DataFrame, shape: dict | None = None) -> pd.DataFrame:
-    """``B = 1``: per kernel, layout and ``K``, the call as Python issues it (``do_bench_us``,
+    """``B = 1``: per kernel, layout and ``K``, the call as Python makes it (``do_bench_us``,
     host launch included: the launch plans' timer) and on a GPU the graph replay."""
     shape = main_shape(df) if shape is None else shape
     w = P.at(wide_table(df), dict(shape, B=1))
@@ -155,8 +155,9 @@ def shapes_table(df: pd.DataFrame, B: int = 64, K: int = 4) -> pd.DataFrame:
         return pd.DataFrame()
     keys = list(SHAPE_KEYS) + ["K", "state_layout"]
     w = w[w["B"] == w.groupby(keys)["B"].transform("max")]
+    gpu = ("gbps", "roofline_frac") if P.on_gpu(w) else ()     # GB/s of interpreter time: none
     cols = [c for c in ("HK", "HV", "head_dim", "dtype", "K", "B", "kernel", "state_layout",
-                        "time_us", "gbps", "roofline_frac", "timer") if c in w]
+                        "time_us", *gpu, "timer") if c in w]
     out = w[cols].sort_values(["HV", "head_dim", "K", "kernel", "state_layout"])
     return out.reset_index(drop=True).round({"time_us": 2, "roofline_frac": 3})
 
@@ -168,10 +169,11 @@ def pmll_table(pdf: pd.DataFrame, min_bytes: float = 4 * L2_BYTES) -> pd.DataFra
     if w.empty:
         return pd.DataFrame()
     w = w.assign(MB=w["bytes"].astype(float) / 1e6)
-    if P.on_gpu(w):
+    gpu = ("gbps", "roofline_frac") if P.on_gpu(w) else ()
+    if gpu:
         w = w[w["MB"] * 1e6 >= min_bytes]
     cols = [c for c in ("kernel", "gate", "dtype", "B", "H", "M", "T", "D", "MB", "time_us",
-                        "gbps", "roofline_frac", "timer") if c in w]
+                        *gpu, "timer") if c in w]
     return w[cols].reset_index(drop=True).round({"MB": 1, "time_us": 2, "roofline_frac": 3})
 
 
