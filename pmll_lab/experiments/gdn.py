@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from pmll_lab.carry import GdnCarry
 
 LAYOUTS = ("kv", "vk")
+QWEN3_NEXT = dict(HK=16, HV=32, head_dim=128, dtype="bfloat16")
+"""Qwen3-Next's GDN heads: the shape every GDN target is held at."""
 COMPILE_KEYS = ("K", "head_dim", "dtype", "state_layout")
 """Point keys that decide which kernels a point compiles (``run_sweep(affinity=...)``)."""
 N_REF = 4

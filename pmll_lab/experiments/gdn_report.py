@@ -10,12 +10,10 @@ import pandas as pd
 
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
-from pmll_lab.experiments.gdn import LABELS, LAYOUTS
+from pmll_lab.experiments.gdn import LABELS, LAYOUTS, QWEN3_NEXT
 from pmll_lab.experiments.targets import Target, fact
 from pmll_lab.gdn import carry_stash_bytes, snapshot_bytes, state_bytes
 
-QWEN3_NEXT = dict(HK=16, HV=32, head_dim=128, dtype="bfloat16")
-"""Qwen3-Next's GDN heads: the shape every GDN target is held at."""
 SHAPE_KEYS = ("HK", "HV", "head_dim", "dtype")
 PARAMS = ("K", "B", "HK", "HV", "head_dim", "dtype", "state_layout")
 TARGET_SET = "Snapshot verify at Qwen3-Next's shape (HK=16, HV=32, kd=vd=128, bf16 inputs)"

@@ -103,8 +103,9 @@ def plot_errors(df: pd.DataFrame, labels: Mapping[str, str] | None = None,
     err["q"] = err["what"].map(quantity) if "what" in err else "-"
     fams = [f for f in (*FAMILIES, "other") if (err["family"] == f).any()]
     width = [max(err.loc[err["family"] == f, "q"].nunique(), 1) for f in fams]
-    fig, axes = plt.subplots(1, len(fams), figsize=(2.0 + 1.3 * sum(width), 3.4), sharey=True,
-                             squeeze=False, layout="constrained", width_ratios=width)
+    fig, axes = plt.subplots(1, len(fams), figsize=(min(2.0 + 1.1 * sum(width), 15), 3.4),
+                             sharey=True, squeeze=False, layout="constrained",
+                             width_ratios=width)
     for ax, fam in zip(axes[0], fams):
         e = err[err["family"] == fam]
         qs = list(dict.fromkeys(e["q"]))

@@ -276,7 +276,7 @@ def failed_points(df: pd.DataFrame, params: Sequence[str]) -> pd.DataFrame:
     if "point_id" in bad:       # a failed check fails the point: one line for it
         whole = bad.groupby("point_id")["kernel"].transform("nunique") > 1
         out.loc[whole.to_numpy(), "kernel"] = "*"
-    return out.drop_duplicates().reset_index(drop=True)
+    return out.dropna(axis=1, how="all").drop_duplicates().reset_index(drop=True)
 
 
 def point_failures(df: pd.DataFrame) -> tuple[int, pd.DataFrame]:

@@ -21,8 +21,7 @@ from pmll_lab.carry import (  # noqa: F401  (called as C.<launcher>)
     GDN_CARRY_CAP, GdnCarry, gdn_carry_flush, gdn_carry_verify, gdn_carry_verify_plan,
 )
 from pmll_lab.experiments.acceptance import acceptance, draw_pending
-from pmll_lab.experiments.gdn import clone_carry, fill_stash, gating_inputs
-from pmll_lab.experiments.gdn_report import QWEN3_NEXT
+from pmll_lab.experiments.gdn import QWEN3_NEXT, clone_carry, fill_stash, gating_inputs
 from pmll_lab.experiments.protocol import PLAN_SUFFIX  # noqa: F401
 from pmll_lab.gdn import gdn_chain, gdn_chain_ref, gdn_decode, gdn_decode_plan  # noqa: F401
 from pmll_lab.inputs import gdn_inputs

@@ -262,8 +262,10 @@ def plot_roofline(df: pd.DataFrame, shape: dict | None = None):
     dt = getattr(torch, shape["dtype"])
     for j, K in enumerate(Ks):
         s = w[w["K"] == K]
-        for (kern, lay), g in s.groupby(["kernel", "state_layout"], sort=False):
-            g = g.sort_values("B")
+        for kern, lay in ((k, x) for k in PROVIDERS for x in ("kv", "vk")):
+            g = s[(s["kernel"] == kern) & (s["state_layout"] == lay)].sort_values("B")
+            if g.empty:
+                continue
             kw = plots.style(kern, lay)
             label = f"{LABELS.get(kern, kern)}, {P.LAYOUT_NAMES[lay]}"
             axes[0][j].plot(g["B"], g["time_us"], label=label, **kw)

@@ -218,7 +218,8 @@ def oracle_point(point: dict) -> list[dict]:
     prompts = prompts_for(p["seed"] + 1, p["B"], p["prompt_len"], model.config.vocab_size)
     hf_t, hf_l = hf_greedy(model, prompts, p["new_tokens"])
     ref, gst = greedy_generate(model, prompts, max_new_tokens=p["new_tokens"],
-                               state_layout=p["state_layout"], output_logits=True, return_stats=True)
+                               state_layout=p["state_layout"], output_logits=True,
+                               return_stats=True)
     runs = {"plain": (ref, gst)}
     for form in p["forms"]:
         runs[form] = speculative_generate(
@@ -250,7 +251,8 @@ def wide(df: pd.DataFrame) -> pd.DataFrame:
         return df
     ok = df[df["status"] == "ok"]
     params = [c for c in ("B", "K", "p", "draft", "form", "lazy", "state_layout", "mode",
-                          "kernel", "new_tokens", "prompt_len", "arch", "dtype", "timer") if c in ok]
+                          "kernel", "new_tokens", "prompt_len", "arch", "dtype", "timer")
+              if c in ok]
     vals = ok.pivot_table(index="point_id", columns="metric", values="value", aggfunc="first")
     return ok.drop_duplicates("point_id").set_index("point_id")[params].join(vals) \
         .reset_index(drop=True)
@@ -290,7 +292,8 @@ def acceptance_table(w: pd.DataFrame) -> pd.DataFrame:
         [c for c in ("agreement_with_greedy",) if c in s]
     t = s.groupby(["draft", "p", "K"], dropna=False)[cols].mean().reset_index()
     t["expected (noisy)"] = [(1 - p ** K) / (1 - p) if d == "noisy" and p < 1 else
-                             (K if d == "noisy" else math.nan) for d, p, K in zip(t.draft, t.p, t.K)]
+                             (K if d == "noisy" else math.nan)
+                             for d, p, K in zip(t.draft, t.p, t.K)]
     return t
 
 

@@ -29,8 +29,8 @@ class Target:
     reported, not judged (status ``reported``, outside the verdict's count). ``where``: filters
     both sides (``protocol.at``); ``per``: one headline row per value of these columns (a listed
     ``where`` value gives the rows even where nothing ran); ``over``: cells that must all meet
-    the bound (the worst is shown). On each side the fastest row of a cell counts (over state layouts).
-    ``show``: columns of our row whose values the note gives (``mean_pend``)."""
+    the bound (the worst is shown). On each side the fastest row of a cell counts (over
+    state layouts). ``show``: columns of our row whose values the note gives (``mean_pend``)."""
 
     text: str
     ours: str | Mapping
