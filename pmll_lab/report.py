@@ -5,7 +5,8 @@ keeping, such as ``h200-2026-11-29``, are committed under their own names)::
 
     reports/<run>/
         index.html            device, date (UTC), commit, versions and preset on top; one row per
-                              notebook: status (ok / FAILED), its HTML report, the executed
+                              notebook: status (ok / FAILED) with its verdict (targets met of
+                              total; on the CPU the checks), its HTML report, the executed
                               notebook and its results files; then each notebook's headline
                               table (``results/<name>/headline.csv``, written by the notebook)
         manifest.json         the same, machine-readable

@@ -113,9 +113,9 @@ def cluster_text(cluster: dict | None) -> str:
 
 
 def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
-    """The run's ``index.html``: provenance on top, one row per notebook with its links, then
-    (with ``run_dir``) the headline table of each notebook whose results hold
-    ``headline.csv`` (``headline_html``)."""
+    """The run's ``index.html``: provenance on top, one row per notebook with its links and
+    (with ``run_dir``) its verdict beside its status (``verdict_counts``), then the headline
+    table of each notebook whose results hold ``headline.csv`` (``headline_html``)."""
     e = html.escape
     env = manifest.get("environment", {})
     started = manifest.get("started_utc", "")
