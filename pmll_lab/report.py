@@ -5,7 +5,8 @@ keeping, such as ``h200-2026-11-29``, are committed under their own names)::
 
     reports/<run>/
         index.html            device, date (UTC), commit, versions and preset on top; one row per
-                              notebook: status (ok / FAILED), its HTML report, the executed
+                              notebook: status (ok / FAILED) with its verdict (targets met of
+                              total; on the CPU the checks), its HTML report, the executed
                               notebook and its results files; then each notebook's headline
                               table (``results/<name>/headline.csv``, written by the notebook)
         manifest.json         the same, machine-readable
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -208,9 +208,6 @@ def build_report(
         except (json.JSONDecodeError, AttributeError):
             previous = []
 
-    # papermill logs a warning for each line of a multi-line parameters cell it cannot parse
-    # for its type hints (the grids); the parameters are injected all the same.
-    logging.getLogger("papermill.translators").setLevel(logging.ERROR)
     manifest = {"run": run, "preset": preset, "device_requested": device,
                 "started_utc": _utc_now(), "notebooks_dir": str(notebooks_dir),
                 "environment": {}, "notebooks": []}

@@ -28,13 +28,40 @@ def _link(path: str | None, label: str) -> str:
 
 HEADLINE_FILE = "headline.csv"
 """A notebook that writes ``<results_dir>/headline.csv`` gets that table on the run's index."""
-_STATUS_CLASS = {"met": "ok", "missed": "failed"}
+_STATUS_CLASS = {"met": "ok", "passed": "ok", "missed": "failed", "failed": "failed"}
+
+
+def verdict_counts(path: Path) -> dict | None:
+    """What a headline CSV says in numbers: ``{"met": n, "targets": n}`` for a GPU run's
+    headline (the rows with a bound), ``{"passed": n, "kernels": n}`` for the checks headline of
+    a CPU run; None when the file is missing or unreadable."""
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    status = [r.get("status", "") for r in rows]
+    if {"met", "missed", "not measured"} & set(status):
+        judged = [r for r in rows if r.get("bound", "x") not in ("", "nan")
+                  and r["status"] in ("met", "missed", "not measured")]
+        return {"met": sum(r["status"] == "met" for r in judged), "targets": len(judged)}
+    return {"passed": status.count("passed"), "kernels": len(rows)}
+
+
+def verdict_text(counts: dict | None) -> str:
+    """``verdict_counts`` in words for the index."""
+    if counts is None:
+        return ""
+    if "targets" in counts:
+        return f"{counts['met']} of {counts['targets']} targets met"
+    return (f"checks: {counts['passed']} of {counts['kernels']} kernels passed every check; "
+            "no speed verdict on the CPU")
 
 
 def headline_html(path: Path, title: str) -> str:
     """A headline CSV (header row, then one row per target) as an HTML table under ``title``:
-    every row and column as written (no truncation); a ``status`` column of met / missed is
-    coloured. A file that cannot be read gives a one-line note instead."""
+    every row and column as written (no truncation); a ``status`` column (met / missed,
+    passed / failed) is coloured. A file that cannot be read gives a one-line note instead."""
     e = html.escape
     try:
         with path.open(newline="", encoding="utf-8") as fh:
@@ -86,9 +113,9 @@ def cluster_text(cluster: dict | None) -> str:
 
 
 def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
-    """The run's ``index.html``: provenance on top, one row per notebook with its links, then
-    (with ``run_dir``) the headline table of each notebook whose results hold
-    ``headline.csv`` (``headline_html``)."""
+    """The run's ``index.html``: provenance on top, one row per notebook with its links and
+    (with ``run_dir``) its verdict beside its status (``verdict_counts``), then the headline
+    table of each notebook whose results hold ``headline.csv`` (``headline_html``)."""
     e = html.escape
     env = manifest.get("environment", {})
     started = manifest.get("started_utc", "")
@@ -125,12 +152,18 @@ def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
     else:
         failed = sum(b["status"] not in ("ok", "results-only") for b in books)
         only = sum(b["status"] == "results-only" for b in books)
+        verdicts = {b["name"]: verdict_counts(Path(run_dir) / r) for b in books
+                    for r in b.get("results", []) if run_dir is not None
+                    and r.split("/")[-1] == HEADLINE_FILE}
+        met = [v for v in verdicts.values() if v and "targets" in v]
+        total = (f"; targets met: {sum(v['met'] for v in met)} of "
+                 f"{sum(v['targets'] for v in met)}" if met else "")
         out.append(f"<p>{len(books)} notebook(s), "
                    + (f"<span class='failed'>{failed} FAILED</span>" if failed
                       else "<span class='ok'>none failed</span>" if only
                       else "<span class='ok'>all ok</span>")
                    + (f", {only} with results only (no rendered notebook)" if only else "")
-                   + ".</p>")
+                   + f"{e(total)}.</p>")
         out.append("<table><tr><th>Notebook</th><th>Status</th><th>Time (s)</th>"
                    "<th>Sweeps ran on</th><th>Report</th><th>Executed notebook</th>"
                    "<th>Results</th></tr>")
@@ -139,6 +172,8 @@ def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
                       # a kept run whose sweep ran without the notebook: data, no rendering
                       "results-only": "<span>results only</span>"}.get(
                           b["status"], "<span class='failed'>FAILED</span>")
+            if verdicts.get(b["name"]):
+                status += f"<div><b>{e(verdict_text(verdicts[b['name']]))}</b></div>"
             if b.get("error"):
                 status += f"<div class='err'>{e(b['error'])}</div>"
             if b.get("kept_from_earlier"):

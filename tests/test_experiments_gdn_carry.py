@@ -8,7 +8,9 @@ import pytest
 
 import pmll_lab  # noqa: F401  (backend first)
 from pmll_lab.experiments import carry as C
+from pmll_lab.experiments import carry_report as CR
 from pmll_lab.experiments import gdn as G
+from pmll_lab.experiments import protocol as P
 
 
 @pytest.mark.parametrize("layout", ["kv", "vk"])
@@ -54,12 +56,12 @@ def test_timed_prefers_cuda_graph_and_crossover_reads_it():
                  ("vk", B, 4, "carry_exact_eager", "do_bench", lz, 1000 * B),
                  ("vk", B, 4, "carry_exact_lazy", "do_bench", e, 900 * B)]
     df = _times(rows)
-    assert G.best_timer(df) == "cuda_graph"
-    cross = C.crossover_table(df)
+    assert P.best_timer(df) == "cuda_graph"
+    cross = CR.crossover_table(df)
     assert list(cross["B"]) == [1, 64, 256]
     assert np.allclose(cross["lazy_over_eager"], [1.2, 0.9, 0.75])
     assert set(cross["crossover_B"]) == {64}
-    summ = C.crossover_summary(cross)
+    summ = CR.crossover_summary(cross)
     assert summ.loc[0, "lazy faster from B"] == 64 and summ.loc[0, "B=1"] == 1.2
 
 
@@ -67,13 +69,13 @@ def test_carry_vs_snapshots_time_and_bytes():
     df = _times([("kv", 64, 4, "carry_exact_lazy", "cuda_graph", 150.0, 64 * 3 * 2**20),
                  ("vk", 64, 4, "carry_exact_lazy", "cuda_graph", 140.0, 64 * 3 * 2**20),
                  ("vk", 64, 4, "flashinfer_mtp_snapshots", "cuda_graph", 200.0, 64 * 5 * 2**20)])
-    t = C.carry_vs_snapshots(df)
+    t = CR.carry_vs_snapshots(df)
     assert list(t["state_layout"]) == ["kv", "vk"]
     assert np.allclose(t["lazy / FlashInfer"], [0.75, 0.7])
     assert np.allclose(t["carry lazy moved KiB/seq"], 3 * 1024)
     assert np.allclose(t["FlashInfer moved KiB/seq"], 5 * 1024)
     hb = 4 * 32 * 128 * 128
-    held = C.rollback_bytes(4, 32, 128, 128)
+    held = CR.rollback_bytes(4, 32, 128, 128)
     assert held["FlashInfer K snapshots"] == 4 * hb
     assert held["carry stash + pend"] == 8 * 4 * (32 * 128 + 32 + 32 * 128) + 4
     assert np.allclose(t["FlashInfer holds KiB/seq"], 4 * hb / 1024)
@@ -95,7 +97,9 @@ def test_carry_verify_point_in_each_layout(layout):
 
 def test_protocol_point_v_major_is_bitwise_plain_decoding():
     seed = int(np.random.default_rng().integers(1 << 20))
-    rows = C.protocol_point(dict(form="exact", L=1, S=4, HK=1, HV=2, head_dim=16,
+    from pmll_lab.experiments.carry_protocol import protocol_point
+
+    rows = protocol_point(dict(form="exact", L=1, S=4, HK=1, HV=2, head_dim=16,
                                  dtype="bfloat16", K=3, steps=3, widths=[1, 3], lazy_min_seqs=2,
                                  eager_max_pending=2, p_zero=0.1, alpha=0.8, seed=seed,
                                  state_layout="vk"))
@@ -109,9 +113,9 @@ def test_protocol_point_v_major_is_bitwise_plain_decoding():
 def test_a_peer_that_raises_loses_none_of_our_rows(module, where, monkeypatch, tmp_path):
     """FlashInfer raising inside a point (as its K-row kernel does at head size 256 on the
     H200), in its check or while timed, is stored as one failed row of that peer; our kernels'
-    checks and times stay, ok, and the conclusion counts no failed point but names the peer."""
+    checks and times stay, ok, and the verdict counts no failed point but names the peer."""
     from pmll_lab.experiments import carry_report, gdn_report
-    from pmll_lab.experiments.common import point_failures
+    from pmll_lab.experiments import targets as T
     from pmll_lab.sweep import run_sweep
 
     def boom(*args):
@@ -140,35 +144,35 @@ def test_a_peer_that_raises_loses_none_of_our_rows(module, where, monkeypatch, t
     assert times >= ({"chain", "decodes"} if module == "gdn_verify" else set(C.CARRY_KERNELS))
     checks = ours[ours["passed"].notna()]
     assert len(checks) >= 6 and checks["passed"].astype(bool).all()
-    n_fail, peers = point_failures(df)
+    n_fail, peers = P.point_failures(df)
     assert n_fail == 0 and list(peers["kernel"]) == ["flashinfer_mtp_snapshots"]
-    if module == "gdn_verify":
-        text = gdn_report.conclusion(df)
-        bad = gdn_report.failed_points(df)
-    else:
-        sim = C.simulation_table([2], [0.8], steps=50)
-        text = carry_report.conclusion(df, sim, carry_report.crossover_table(df),
-                                       carry_report.budget_table())
-        bad = carry_report.failed_points(df)
-    assert "1 points run, 0 failed their checks" in text
-    assert "A peer raised inside 1 (flashinfer_mtp_snapshots) points" in text
+    report = gdn_report if module == "gdn_verify" else carry_report
+    text = T.verdict(df, T.checks_headline(df), report.TARGET_SET)
+    bad = report.failed_points(df)
+    assert "point(s) failed" not in text
+    assert "a peer raised in 1 point(s)" in text
     assert list(bad["kernel"]) == ["flashinfer_mtp_snapshots"]
+    assert bad["error"].iloc[0] == "ZeroDivisionError: integer division or modulo by zero"
 
 
 def test_our_kernels_failing_still_fail_the_whole_point(monkeypatch, tmp_path):
-    """Only peers are caught: an exception of ours fails the point, every row of it."""
-    from pmll_lab.experiments.common import point_failures
+    """Only peers are caught: an exception of ours fails the point, every row of it; the
+    failed-points table gives the error's message without its traceback."""
+    from pmll_lab.experiments import gdn_report
     from pmll_lab.sweep import run_sweep
 
     def boom(*args, **kwargs):
         raise RuntimeError("ours broke")
 
-    monkeypatch.setattr(G, "timings", boom)
+    monkeypatch.setattr(P, "timings", boom)
     point = dict(K=2, B=2, HK=1, HV=2, head_dim=16, dtype="float32", state_layout="kv",
                  seed=int(np.random.default_rng().integers(1 << 20)))
     df = run_sweep("ours", [point], G.verify_point, results_dir=tmp_path, progress=False)
     assert (df["status"] == "failed").all() and "ours broke" in df["error"].iloc[0]
-    assert point_failures(df)[0] == 1
+    assert "Traceback" in df["error"].iloc[0]           # the stored row keeps it ...
+    assert P.point_failures(df)[0] == 1
+    bad = gdn_report.failed_points(df)
+    assert list(bad["error"]) == ["RuntimeError: ours broke"]     # ... the table does not
 
 
 @pytest.mark.parametrize("module", ["gdn_verify", "carry_protocol"])

@@ -28,10 +28,9 @@ from pmll_lab.gdn import (
 )
 from pmll_lab.inputs import gdn_inputs
 
-from _gdn_helpers import _check_close
+from pmll_lab.tolerances import O_TOL, STATE_TOL
 
-STATE_TOL = 1e-5
-O_TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+from _gdn_helpers import _check_close
 
 
 def _untouched(before, after, idx):

@@ -32,8 +32,8 @@ from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import vk_config, vk_qk_aligned
 from pmll_lab.reference import carry as ref
 
-STATE_TOL = 1e-5
-O_TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+from pmll_lab.tolerances import O_TOL, STATE_TOL
+
 WY_TOL = 1e-4
 
 

@@ -382,13 +382,14 @@ def test_prompts_outside_the_vocabulary_and_short_references_are_refused():
 def test_throughput_table_pairs_each_run_with_its_own_plain_run():
     """``spec_decode.throughput_table`` divides a speculative run by the plain run of its own
     process when the row carries one (``plain_tokens_per_s``), else by the plain row of the same
-    (B, layout); rows of other K, p or drafts are left out."""
+    (B, layout); rows of other K, p or drafts are left out; CPU runs get no ratio."""
     import pandas as pd
 
     from pmll_lab.experiments import spec_decode as E
 
     nan = float("nan")
-    base = dict(B=8, layout="kv", mean_accept=2.9, step_ms=20.0, agreement_with_greedy=1.0)
+    base = dict(B=8, state_layout="kv", mean_accept=2.9, step_ms=20.0, agreement_with_greedy=1.0,
+                timer="cuda_events")
     w = pd.DataFrame([
         dict(base, mode="plain", kernel="plain", draft=None, K=nan, p=nan, tokens_per_s=100.0,
              plain_tokens_per_s=nan),
@@ -405,3 +406,5 @@ def test_throughput_table_pairs_each_run_with_its_own_plain_run():
     assert t.loc["exact_lazy", "plain_tokens_per_s"] == pytest.approx(125.0)
     assert t.loc["chain", "speedup_vs_plain"] == pytest.approx(2.4)
     assert t.loc["plain", "speedup_vs_plain"] == pytest.approx(1.0)
+    cpu = E.throughput_table(w.assign(timer="interpreter-wall"), 4, 0.8)   # no ratios there
+    assert "speedup_vs_plain" not in cpu and (cpu["tokens_per_s"] > 0).all()

@@ -64,3 +64,43 @@ def test_device_is_set_before_pmll_lab_is_imported(nb):
     setting = source.find("PMLL_LAB_DEVICE")
     assert 0 <= setting < first_import.start(), \
         "os.environ['PMLL_LAB_DEVICE'] must be set from `device` before pmll_lab is imported"
+
+
+VOCABULARY = ("preset", "device", "results_dir", "scheduler", "seed", "grids")
+"""The parameters every notebook has, named the same everywhere (README, "Notebook parameters")."""
+
+
+def _parameters(nb):
+    first = _code(nb)[0]
+    return {t.id: node.value for node in ast.parse(first.source).body
+            if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+
+
+def test_one_parameter_vocabulary(nb):
+    """The same names for the same things: the main sweep's grids are ``grids``, a notebook's
+    other sweeps ``<part>_grids`` (or ``<part>_points`` for points listed one by one), each a
+    dict with both presets."""
+    params = _parameters(nb)
+    missing = [n for n in VOCABULARY if n not in params]
+    assert not missing, f"parameters cell lacks {missing}"
+    for name, value in params.items():
+        if "grid" in name.lower():
+            assert name == "grids" or (name.endswith("_grids") and name == name.lower()), \
+                f"{name}: call it grids or <part>_grids"
+        if name == "grids" or name.endswith(("_grids", "_points")):
+            assert isinstance(value, ast.Dict) and {ast.literal_eval(k) for k in value.keys} == \
+                {"quick", "full"}, f"{name}: a dict with the presets quick and full"
+
+
+def test_papermill_reads_the_parameters_cell_without_warnings(nb, caplog):
+    """papermill parses each line of the parameters cell for its help text; a line holding more
+    than one ``=`` (``dict(K=[4], B=[1])``, a comment with ``K = 4``) makes it warn "Unable to
+    parse line" on every run."""
+    import logging
+
+    from papermill.translators import PythonTranslator
+
+    with caplog.at_level(logging.WARNING, logger="papermill"):
+        found = {p.name for p in PythonTranslator.inspect(_code(nb)[0])}
+    assert not [r.getMessage() for r in caplog.records], "papermill warned"
+    assert set(VOCABULARY) <= found

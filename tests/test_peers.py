@@ -24,6 +24,7 @@ import torch
 
 import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
 from pmll_lab import peers
+from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments import roofline as E
 from pmll_lab.experiments import roofline_peers
 from pmll_lab.reference.gdn import gdn_chain_ref
@@ -183,7 +184,7 @@ def test_flashinfer_point_checks_then_times(monkeypatch, provider, K):
     contract = Contract()
     _fake_flashinfer(monkeypatch, contract)
     monkeypatch.setattr(E, "flashinfer_supports", lambda head_dim, dtype: True)
-    monkeypatch.setattr(E, "_on_cuda", lambda: True)
+    monkeypatch.setattr(P, "on_cuda", lambda: True)
     (pt,) = _fi_points(K, 2, provider)
     assert pt["state_layout"] == "vk"
     rows = E.gdn_point(pt)
@@ -211,9 +212,9 @@ def test_flashinfer_point_catches_a_misread_buffer(monkeypatch):
     E.release()
     _fake_flashinfer(monkeypatch, Contract(misread_buffer=True))
     monkeypatch.setattr(E, "flashinfer_supports", lambda head_dim, dtype: True)
-    monkeypatch.setattr(E, "_on_cuda", lambda: True)
+    monkeypatch.setattr(P, "on_cuda", lambda: True)
     timed = []
-    monkeypatch.setattr(E, "time_launch", lambda fn, **kw: timed.append(fn) or {})
+    monkeypatch.setattr(P, "time_launch", lambda fn, **kw: timed.append(fn) or {})
     (pt,) = _fi_points(3, 2, "flashinfer_mtp_snapshots")
     with pytest.raises(CheckFailed) as info:
         E.gdn_point(pt)
@@ -249,7 +250,7 @@ def test_flashinfer_bf16_state_points(monkeypatch, provider, K):
     contract = Contract()
     _fake_flashinfer(monkeypatch, contract)
     monkeypatch.setattr(E, "flashinfer_supports", lambda head_dim, dtype, state_dtype="float32": True)
-    monkeypatch.setattr(E, "_on_cuda", lambda: True)
+    monkeypatch.setattr(P, "on_cuda", lambda: True)
     (pt,) = _fi_points(K, 2, provider, "bfloat16")
     rows = E.gdn_point(pt)
     call = contract.calls[-1]

@@ -167,6 +167,29 @@ def test_index_shows_each_notebooks_headline(tmp_path):
     assert page.count("<td class='failed'>missed</td>") == 35
     assert "target number 69" in page and "79.5" in page and "…" not in page
     assert "Headline" not in index_html(manifest)          # without run_dir: links only
+    assert "35 of 70 targets met" in page and "targets met: 35 of 70" in page   # row, total
+
+
+def test_index_gives_each_notebooks_verdict_beside_its_status(tmp_path):
+    """A GPU headline (targets with bounds; reported rows without one do not count) reads
+    "met of total"; a CPU run's checks headline says so and gives no speed verdict."""
+    from pmll_lab.report import index_html
+
+    (tmp_path / "results" / "gpu").mkdir(parents=True)
+    (tmp_path / "results" / "gpu" / "headline.csv").write_text(
+        "status,target,bound\nmet,a,1.0\nmissed,b,0.4\nnot measured,c,1.0\nreported,d,\n")
+    (tmp_path / "results" / "cpu").mkdir(parents=True)
+    (tmp_path / "results" / "cpu" / "headline.csv").write_text(
+        "status,kernel,passed,checks\npassed,chain,3,3\nfailed,decodes,1,2\n")
+    manifest = {"run": "t", "environment": {}, "complete": True, "notebooks": [
+        {"name": n, "status": "ok", "seconds": 1.0, "results": [f"results/{n}/headline.csv"]}
+        for n in ("cpu", "gpu")]}
+    page = index_html(manifest, run_dir=tmp_path)
+    row = {n: page[page.index(f"<b>{n}</b>"):].split("</tr>")[0] for n in ("cpu", "gpu")}
+    assert "1 of 3 targets met" in row["gpu"]
+    assert "1 of 2 kernels passed every check; no speed verdict on the CPU" in row["cpu"]
+    assert "targets met: 1 of 3" in page
+    assert "<td class='failed'>failed</td>" in page and "<td class='ok'>passed</td>" in page
 
 
 DIST = '''\

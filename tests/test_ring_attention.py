@@ -346,6 +346,7 @@ def test_headline_from_gpu_rows():
     """Ratios, met/missed and the worst cell, computed from graph-replay times; T > 1024 is left
     out of the contiguous-keys target, M = 0 out of the gather and pmll_step targets."""
     from pmll_lab.experiments import pmll_attention_report as rp
+    from pmll_lab.experiments import targets as T
 
     df = _gpu_rows({
         (0, 1024): {"fused": 50.0, "sdpa_contiguous": 48.0, "sdpa_causal": 48.0},
@@ -354,18 +355,18 @@ def test_headline_from_gpu_rows():
         (1024, 2048): {"fused": 300.0, "gather_sdpa_mask": 550.0, "sdpa_contiguous": 200.0,
                        "sdpa_causal": 150.0, "pmll_step": 310.0},
     })
-    head = rp.headline_table(df).set_index("ours")
+    head = T.headline(df, rp.TARGETS).set_index("ours")
     assert (head["timer"] == "cuda_graph").all()
+    assert (head["H"] == 12).all() and (head["D"] == 64).all()
     gather = head.loc["fused"].set_index("peer").loc["gather_sdpa_mask"]
     assert (gather["cells"], gather["met_cells"], gather["status"]) == (2, 1, "missed")
-    assert (gather["worst_T"], gather["ratio"]) == (2048, round(300 / 550, 3))
-    assert gather["median_ratio"] == round((100 / 210 + 300 / 550) / 2, 3)
+    assert gather["ratio"] == round(300 / 550, 3) and "M=1024, T=2048" in gather["note"]
     contig = head.loc["fused"].set_index("peer").loc["sdpa_contiguous"]
     assert (contig["cells"], contig["met_cells"], contig["status"]) == (2, 2, "met")
     assert contig["ratio"] == round(100 / 95, 3)                  # T = 2048 not counted
     step = head.loc["pmll_step"]
     assert (step["cells"], step["met_cells"], step["status"]) == (2, 1, "missed")
-    assert step["ratio"] == round(115 / 100, 3) and step["worst_T"] == 1024
+    assert step["ratio"] == round(115 / 100, 3) and "T=1024" in step["note"]
     wide = rp.times(df)
     assert set(wide["do_bench_us"] - wide["time_us"]) == {5.0}
     r = rp.ratio_table(df, "fused", "sdpa_causal")

@@ -1,7 +1,7 @@
-"""The carry_protocol notebook's protocol run (part 2 of ``pmll_lab.experiments.carry``'s
-module docstring): a stack of layers (conv twin + GDN) driven by ``SpecDecodeStep`` on the real
-kernels, checked step by step against plain decoding and the host simulation of the protocol
-(``pmll_lab.experiments.acceptance.protocol_step``).
+"""The carry_protocol notebook's protocol runs: a stack of layers (conv twin + GDN) driven by
+``SpecDecodeStep`` on the real kernels, batch widths crossing ``lazy_min_seqs``, checked step by
+step against plain decoding (``conv_update`` + ``gdn_decode``; bitwise for the exact form, within
+``WY_TOL`` for WY) and against the host simulation of the protocol (``acceptance.protocol_step``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from pmll_lab.bench import bitwise_equal, errors
 from pmll_lab.carry import CarryLayer, GdnCarry, SpecDecodeStep
 from pmll_lab.inputs import conv_inputs, gdn_inputs
 from pmll_lab.experiments.acceptance import accept_counts, protocol_step
-from pmll_lab.experiments.carry import LAYOUTS, WY_TOL
+from pmll_lab.experiments.gdn import LAYOUTS
 from pmll_lab.sweep import CheckFailed
+from pmll_lab.tolerances import WY_TOL
 
 
 def protocol_point(point: dict) -> list[dict]:

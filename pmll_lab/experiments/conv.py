@@ -13,41 +13,30 @@ For one point (``K`` rows, conv ``shape`` from ``SHAPES``, ``B`` sequences, inpu
 3. checks bitwise, on every sequence: ``updates`` (K successive ``conv_update``) == ``chain``
    (outputs, final and intermediate windows), and each carry's outputs == the chain run over
    the pending rows followed by the K new rows (the carry must give plain decoding's outputs);
-4. only if every check passed, times each kernel (``pmll_lab.bench.time_launch``) and reports
-   GB/s over the bytes of ``pmll_lab.conv.*_bytes`` and the roofline fraction; on a GPU also the
-   time per replay of the same call captured in a CUDA graph (``graph_us``, ``gbps_graph``):
-   the kernels are small, and at small B ``do_bench`` mostly measures the Python launch.
-   Graph replays do not flush the L2 between calls: below ~60 MB per call they read warm data.
-
-A failed check raises ``CheckFailed`` before anything is timed (STYLE.md, llm.c habit).
+4. only if every check passed (else ``CheckFailed``), times each kernel by do_bench and, on a
+   GPU, by CUDA graph replay (``protocol.timings``: the kernels are small, and at small B
+   do_bench mostly measures the Python launch), with GB/s over ``pmll_lab.conv.*_bytes`` and
+   the roofline fraction.
 """
 
 from __future__ import annotations
-
-import math
 
 import pandas as pd
 import torch
 
 from pmll_lab.backend import DEVICE
-from pmll_lab.bench import (
-    bitwise_equal, copy_bandwidth, error_rows, throughput_rows, time_graph, time_launch,
-)
+from pmll_lab.bench import bitwise_equal, error_rows
 from pmll_lab.conv import (
-    ConvCarry,
-    conv_carry_verify,
-    conv_carry_verify_bytes,
-    conv_chain,
-    conv_chain_bytes,
-    conv_update,
-    conv_update_bytes,
-    qwen3_next_conv_dim,
+    ConvCarry, conv_carry_verify, conv_carry_verify_bytes, conv_chain, conv_chain_bytes,
+    conv_update, conv_update_bytes, qwen3_next_conv_dim,
 )
+from pmll_lab.experiments import plots
+from pmll_lab.experiments import protocol as P
+from pmll_lab.experiments.targets import Target
 from pmll_lab.inputs import conv_inputs, generator
 from pmll_lab.reference import conv as ref
-from pmll_lab.sweep import CheckFailed, grid
-from pmll_lab.experiments.common import error_strip
-from pmll_lab.experiments.common import failed_points as _failed_points
+from pmll_lab.sweep import grid
+from pmll_lab.tolerances import O_TOL as Y_TOL
 
 SHAPES = {
     "qwen3-next": (16, 32, 128),     # HK, HV, kd = vd: dim 8192, qk_channels 4096
@@ -56,24 +45,29 @@ SHAPES = {
 }
 """Named conv shapes ``(HK, HV, head size)``; ``dim = 2*HK*kd + HV*vd``."""
 
-Y_TOL = {"float32": 1e-5, "bfloat16": 8e-3}
-"""rel_l2 tolerance of outputs per input dtype (tests/test_conv.py: fp32 arithmetic over <= 4
-taps is a few ulp; bf16 outputs are rounded once to bf16)."""
-
 CAP = 8
 KERNELS = ("chain", "updates", "carry_eager", "carry_lazy")
 LABELS = {"chain": "chain + window snapshots", "updates": "K successive conv_update",
           "carry_eager": "carry verify, eager", "carry_lazy": "carry verify, lazy"}
-TICKS = {"chain": "chain +\nsnapshots", "updates": "K successive\nconv_update",
-         "carry_eager": "carry verify,\neager", "carry_lazy": "carry verify,\nlazy"}
+PARAMS = ("K", "B", "shape", "dtype", "pending")
+TARGET_SET = "Conv twin verify at Qwen3-Next's conv (dim 8192, bf16), K=4, B=64"
+_AT = dict(shape="qwen3-next", dtype="bfloat16", K=4, B=[64])
+TARGETS = (
+    Target("carry verify, lazy, against the chain + window snapshots", "carry_lazy", "chain",
+           None, where=_AT, per=("B",)),
+    Target("K successive conv_update against the chain", "updates", "chain", None, where=_AT,
+           per=("B",)),
+    Target("chain + window snapshots: fraction of the copy roofline", "chain", kind="frac",
+           bound=None, where=_AT, per=("B",)),
+)
 
 
-def points(grids: list[dict]) -> list[dict]:
+def points(grids: list[dict], seed: int = 0) -> list[dict]:
     """Expand the notebook's grids (dicts of axes ``K, B, shape, dtype`` and optionally
-    ``pending``, ``d_conv``); duplicates across grids dropped, order kept."""
+    ``pending``, ``d_conv``, ``seed`` (default ``seed``)); duplicates dropped, order kept."""
     out, seen = [], set()
     for g in grids:
-        for p in grid(**g):
+        for p in grid(**{"seed": [int(seed)], **g}):
             key = tuple(sorted(p.items()))
             if key not in seen:
                 seen.add(key)
@@ -81,15 +75,8 @@ def points(grids: list[dict]) -> list[dict]:
     return out
 
 
-def _fail_if_bad(rows):
-    bad = [r for r in rows if r.get("passed") is False]
-    if bad:
-        what = ", ".join(sorted({f"{r['kernel']}:{r['what']}:{r['metric']}" for r in bad}))
-        raise CheckFailed(f"failed checks: {what}", rows)
-
-
-def _flag(kernel, what, ok, metric="bitwise"):
-    return {"kernel": kernel, "metric": metric, "value": float(ok), "passed": bool(ok), "what": what}
+def _flag(kernel, what, ok):
+    return P.flag(kernel, "bitwise", ok, what)
 
 
 def conv_point(point: dict) -> list[dict]:
@@ -166,7 +153,7 @@ def conv_point(point: dict) -> list[dict]:
                  _flag(name, "engaged == protocol",
                        eng[sub].tolist() == e_kr.tolist() == [2 if wb else 1] * ref_seqs)]
         carries[name] = (carry, st_k, lazy, wb, pend0)
-    _fail_if_bad(rows)
+    P.require(rows)
 
     # timing, after every check passed
     io = dict(d_conv=d_conv, state_len=SL, dtype=dtype)
@@ -187,196 +174,72 @@ def conv_point(point: dict) -> list[dict]:
         nbytes = conv_carry_verify_bytes(B, K, dim, pending=pending, write_back=float(wb), **io)
         timed.append((name, run_carry, nbytes))
     for name, fn, nbytes in timed:
-        t = time_launch(fn)
         wb = float(carries[name][3]) if name in carries else None
-        rows += [dict(r, write_back=wb) for r in throughput_rows(name, t, nbytes)]
-        g = time_graph(fn)      # None on the CPU
-        if g is not None:
-            rows += [{"kernel": name, "metric": "graph_us", "value": g, "unit": "us",
-                      "timer": "cuda-graph", "write_back": wb},
-                     {"kernel": name, "metric": "gbps_graph", "value": nbytes / (g * 1e-6) / 1e9,
-                      "unit": "GB/s", "timer": "cuda-graph", "bytes": int(nbytes),
-                      "write_back": wb}]
+        rows += P.speed_rows(name, P.timings(fn, warmup_ms=25, rep_ms=100, cpu_reps=3), nbytes,
+                             write_back=wb)
     return rows
 
 
 # ---- tables and plots --------------------------------------------------------------------------
 
 def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Worst rel_l2 of the outputs per (kernel, dtype) with its tolerance, and every bitwise
-    flag: how many points passed each."""
-    err = df[df["metric"] == "rel_l2"]
-    t1 = (err.groupby(["kernel", "dtype", "what"])
-          .agg(points=("value", "size"), passed=("passed", "sum"),
-               worst_rel_l2=("value", "max"), tolerance=("tolerance", "max")).reset_index())
-    bit = df[df["metric"] == "bitwise"]
-    t2 = (bit.groupby(["kernel", "dtype", "what"])
-          .agg(points=("value", "size"), passed=("passed", "sum")).reset_index())
-    t2["worst_rel_l2"], t2["tolerance"] = float("nan"), float("nan")
-    t2["what"] = "bitwise: " + t2["what"]
-    out = pd.concat([t1, t2], ignore_index=True)
-    out["passed"] = out["passed"].astype(int)
-    out["kernel"] = pd.Categorical(out["kernel"], KERNELS)
-    return out.sort_values(["kernel", "dtype", "what"])[
-        ["kernel", "dtype", "what", "points", "passed", "worst_rel_l2", "tolerance"]]
+    return P.correctness_table(df, by=("dtype",))
 
 
 def failed_points(df: pd.DataFrame) -> pd.DataFrame:
-    """One line per failed point: its parameters and error text."""
-    return _failed_points(df, ("K", "B", "shape", "dtype", "pending"))
+    return P.failed_points(df, PARAMS)
 
 
-def plot_errors(df: pd.DataFrame, ax=None):
-    """rel_l2 of the outputs against the float64 reference per kernel, one colour per dtype;
-    tolerances as short dashes."""
-    import matplotlib.pyplot as plt
-
-    err = df[df["metric"] == "rel_l2"]
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 3.6))
-    err = err.assign(cat=err["kernel"])
-    error_strip(ax, err, KERNELS, ticks=[TICKS[k] for k in KERNELS], legend_title="input dtype")
-    ax.set_ylabel("rel. L2 error of y vs float64")
-    ax.set_title("Conv outputs against the float64 reference (-- tolerance)")
-    return ax
+def plot_errors(df: pd.DataFrame):
+    return plots.plot_errors(df, LABELS, "Conv outputs against the float64 reference")
 
 
 def main_shape(df: pd.DataFrame) -> dict:
-    """The (shape, dtype) with the most timed points: what the speed plots show."""
-    t = df[(df["metric"] == "time_us") & (df["status"] == "ok")]
-    if t.empty:
-        return {}
-    key = t.groupby(["shape", "dtype"]).size().idxmax()
-    return dict(zip(["shape", "dtype"], key))
+    return P.main_shape(df, ("shape", "dtype"), dict(shape="qwen3-next", dtype="bfloat16"))
 
 
 def plot_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | None = None):
-    """One panel per K: ``metric`` (``time_us`` per verify of K rows, or ``gbps``) against batch
-    width for each kernel; with ``gbps`` on a GPU, the measured copy roofline as a line."""
-    import matplotlib.pyplot as plt
-
-    from pmll_lab.sweep import speed_rows
-
+    """Time per verify of K rows (``time_us``) or GB/s (``gbps``, with the copy roofline on a
+    GPU) against batch width, one panel per K, at ``shape`` (default ``main_shape``)."""
     shape = main_shape(df) if shape is None else shape
-    sel = speed_rows(df, metric)
-    for k, v in shape.items():
-        sel = sel[sel[k] == v]
-    Ks = sorted(sel["K"].unique())
-    if not Ks:
+    w = P.at(P.wide(df), shape)
+    if w.empty:
         return None
-    fig, axes = plt.subplots(1, len(Ks), figsize=(3.2 * len(Ks), 3.4), sharey=True, squeeze=False)
-    gpu = "timer" in sel and sel["timer"].isin(["do_bench", "cuda-graph"]).any()
-    roof = copy_bandwidth() if gpu else None
-    if gpu and roof is None:
-        roof = _stored_roofline(df)
-    for ax, K in zip(axes[0], Ks):
-        for i, kern in enumerate(KERNELS):
-            s = sel[(sel["K"] == K) & (sel["kernel"] == kern)].sort_values("B")
-            if not s.empty:
-                ax.plot(s["B"], s["value"], "o-", ms=3, color=f"C{i}", label=LABELS[kern])
-        if metric in ("gbps", "gbps_graph") and roof:
-            ax.axhline(roof, color="k", ls="--", lw=1, label=f"copy roofline {roof:.0f} GB/s")
-        ax.set_xscale("log", base=2)
-        if metric in ("time_us", "graph_us"):
-            ax.set_yscale("log")
-        ax.set_title(f"K = {K}")
-        ax.set_xlabel("batch width B (sequences)")
-    unit = {"time_us": "time per verify, do_bench (us)", "gbps": "GB/s, do_bench",
-            "graph_us": "time per verify, CUDA graph (us)",
-            "gbps_graph": "GB/s, CUDA-graph replay"}[metric]
-    if not gpu:
-        unit += "\nTriton interpreter wall time, not GPU speed"
-    axes[0][0].set_ylabel(unit)
-    axes[0][-1].legend(fontsize=7, loc="best")
+    timer = str(w["timer"].iloc[0])
+    roof = P.roofline_gbps(df)
+    unit = {"time_us": "time per verify of K rows (us)", "gbps": "GB/s"}[metric]
     desc = ", ".join(f"{k}={v}" for k, v in shape.items())
-    title = "Time per verify of K rows" if metric.endswith("_us") else "Achieved bandwidth"
-    fig.suptitle(f"{title} ({desc})", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def _stored_roofline(df):
-    if "copy_gbps" not in df:
-        return None
-    vals = df["copy_gbps"].dropna()
-    return float(vals.iloc[0]) if len(vals) else None
+    return plots.plot_lines(w, y=metric, labels=LABELS, kernels=KERNELS, logy=metric == "time_us",
+                            hlines=[(roof, f"copy roofline {roof:.0f} GB/s")]
+                            if metric == "gbps" and roof else [],
+                            ylabel=f"{unit}\n{P.TIMER_LABELS.get(timer, timer)}",
+                            title=f"Conv twin ({desc})")
 
 
 def budget_table(shapes=("qwen3-next",), Ks=(1, 2, 3, 4, 8), dtype=torch.bfloat16,
                  d_conv: int = 4) -> pd.DataFrame:
-    """Conv bytes per sequence per layer that verifying K rows holds: the window snapshots of
-    the chain (``(K-1)`` windows) against the window itself and the carry stash (``CAP`` rows,
-    independent of K), in KiB."""
+    """Conv bytes per sequence per layer (KiB) that verifying K rows holds: the chain's ``K-1``
+    window snapshots against the window and the carry stash (``CAP`` rows, whatever K)."""
     e = torch.empty((), dtype=dtype).element_size()
     rows = []
     for name in shapes:
         HK, HV, hd = SHAPES[name]
         dim, _, _ = qwen3_next_conv_dim(HK, HV, hd, hd)
         win = dim * (d_conv - 1) * e
-        row = {"shape": name, "dim": dim, "window": win / 1024, "carry stash (CAP=8)":
-               CAP * dim * e / 1024}
+        row = {"shape": name, "dim": dim, "window": win / 1024,
+               "carry stash (CAP=8)": CAP * dim * e / 1024}
         row.update({f"snapshots K={K}": (K - 1) * win / 1024 for K in Ks})
         rows.append(row)
     return pd.DataFrame(rows).round(1)
 
 
-def headline(df: pd.DataFrame, K: int = 4, B: int = 64, shape: str = "qwen3-next",
-             dtype: str = "bfloat16") -> pd.DataFrame:
-    """Time, GB/s and roofline fraction of every kernel at one point."""
-    sel = df[(df["status"] == "ok") & (df["K"] == K) & (df["B"] == B) & (df["shape"] == shape)
-             & (df["dtype"] == dtype)
-             & df["metric"].isin(["time_us", "gbps", "roofline_frac", "graph_us", "gbps_graph"])]
-    if sel.empty:
-        return pd.DataFrame()
-    return sel.pivot_table(index="kernel", columns="metric", values="value").reset_index()
-
-
-def conclusion(df: pd.DataFrame) -> str:
-    """A few sentences written from the results (markdown)."""
-    lines = []
-    ok = df[df["status"] == "ok"]
-    n_pts = df["point_id"].nunique()
-    n_fail = df[df["status"] == "failed"]["point_id"].nunique()
-    lines.append(f"- {n_pts} points run, {n_fail} failed their checks.")
-    bit = df[df["metric"] == "bitwise"]
-    if not bit.empty:
-        good = bit.groupby("point_id")["passed"].all()
-        lines.append(f"- Bitwise checks (successive updates == chain; carry outputs == the plain "
-                     f"chain over pending + new rows; windows, stash and `engaged` == the "
-                     f"protocol reference) hold at {int(good.sum())} of {len(good)} points.")
-    err = ok[ok["metric"] == "rel_l2"]
-    for dt, g in err.groupby("dtype"):
-        lines.append(f"- {dt} inputs: worst rel. L2 error of the outputs "
-                     f"{g['value'].astype(float).max():.1e} (tolerance {Y_TOL.get(dt, math.nan):.0e}).")
-    t = ok[ok["metric"] == "time_us"]
-    if not t.empty and (t["timer"] == "do_bench").any():
-        h = headline(df)
-        if not h.empty:
-            for _, r in h.iterrows():
-                frac = r.get("roofline_frac", math.nan)
-                graph = r.get("graph_us", math.nan)
-                lines.append(f"- Qwen3-Next conv (dim 8192), bf16, B=64, K=4: "
-                             f"{LABELS.get(r['kernel'], r['kernel'])} {r['time_us']:.1f} us, "
-                             f"{r['gbps']:.0f} GB/s"
-                             + ("" if math.isnan(frac) else f" = {frac:.0%} of the roofline")
-                             + ("" if math.isnan(graph) else
-                                f" ({graph:.1f} us per CUDA-graph replay)") + ".")
-        tt = t.pivot_table(index=["shape", "dtype", "K", "B"], columns="kernel", values="value")
-        if {"chain", "updates"} <= set(tt.columns):
-            r = (tt["updates"] / tt["chain"]).dropna()
-            lines.append(f"- K successive updates take {r.median():.1f}x the chain's time "
-                         f"(median over points; {r.min():.1f}x to {r.max():.1f}x).")
-        if {"carry_lazy", "chain"} <= set(tt.columns):
-            r = (tt["carry_lazy"] / tt["chain"]).dropna()
-            lines.append(f"- The lazy carry verify takes {r.median():.2f}x the chain's time "
-                         f"(median; {r.min():.2f}x to {r.max():.2f}x): it writes no window "
-                         f"snapshots, but stashes the K inputs and reads the pending ones.")
-        g = ok[ok["metric"] == "roofline_frac"]
-        if not g.empty:
-            best = g.groupby("kernel")["value"].max()
-            lines.append("- Best roofline fraction per kernel: "
-                         + ", ".join(f"{LABELS.get(k, k)} {v:.0%}" for k, v in best.items()) + ".")
-    else:
-        lines.append("- Timings are Triton-interpreter wall times on the CPU: they say nothing "
-                     "about GPU speed; run the full preset on a GPU for speeds.")
-    return "\n".join(lines)
+def findings(df: pd.DataFrame) -> pd.DataFrame:
+    """Measured facts: the bitwise checks per kernel (points where every one held)."""
+    rows = []
+    bit = df[df["metric"] == "bitwise"] if len(df) else df
+    for kern, g in bit.groupby("kernel", sort=False) if len(bit) else []:
+        good = g.groupby("point_id")["passed"].all()
+        rows.append({"finding": f"{LABELS.get(kern, kern)}: bitwise checks "
+                     f"({', '.join(sorted(set(g['what'])))})",
+                     "measured": f"{int(good.sum())} of {len(good)} points", "note": ""})
+    return pd.DataFrame(rows)

@@ -14,8 +14,9 @@ memory ``dtype``, ``gate`` "none" / "bt" / "bht", ``segments`` written, ``seed``
 4. runs ``memory_attention`` over the ring for a segment of ``min(T, 128)`` queries and checks it
    against the float64 reference attention;
 5. only if every check passed (else ``CheckFailed``): times ``pmll_read`` and ``pmll_write``
-   (``pmll_lab.bench.time_launch``) and emits GB/s over the fewest bytes each must move
-   (``pmll_lab.pmll.read_bytes`` / ``write_bytes``) and, on a GPU, the roofline fraction.
+   (``protocol.timings``: do_bench, and on a GPU a CUDA graph replay) with GB/s over the fewest
+   bytes each must move (``pmll_lab.pmll.read_bytes`` / ``write_bytes``) and, on a GPU, the
+   roofline fraction.
 
 On large rings the float64 checks run on *probe* sequences and heads (the first and last of
 each, so the largest offsets are covered): the kernels still run on the whole ring. Inputs come
@@ -34,20 +35,16 @@ import pandas as pd
 import torch
 
 from pmll_lab.backend import DEVICE
-from pmll_lab.bench import H200_L2_BYTES, error_rows, throughput_rows, time_launch
+from pmll_lab.bench import H200_L2_BYTES, error_rows
+from pmll_lab.experiments import plots
+from pmll_lab.experiments import protocol as P
+from pmll_lab.experiments.targets import Target, fact
 from pmll_lab.inputs import pmll_inputs
 from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_write, read_bytes, write_bytes
 from pmll_lab.reference import pmll as ref
-from pmll_lab.sweep import CheckFailed, grid
-from pmll_lab.experiments.common import error_strip
-from pmll_lab.experiments.common import failed_points as _failed_points
-
-WRITE_TOL = {"float32": 1e-6, "bfloat16": 1.6e-2, "float16": 2e-3}
-"""rel_l2 tolerance of the ring after gated writes, per memory dtype: 8 unit roundoffs (a
-gated blend is rounded to the dtype once per token on a slot; tests/test_pmll.py). Ungated
-writes and reads are copies: tolerance 0."""
-ATTN_TOL = {"float32": 1e-5, "bfloat16": 8e-3, "float16": 1e-3}
-"""rel_l2 tolerance of ``memory_attention`` (fp32 math, output rounded once to the dtype)."""
+from pmll_lab.sweep import grid
+from pmll_lab.tolerances import O_TOL as ATTN_TOL
+from pmll_lab.tolerances import RING_WRITE_TOL as WRITE_TOL
 CPU_INPUT_ELEMS = 1 << 22
 """Largest tensor drawn on the CPU generator; larger ones are drawn on the device."""
 FULL_CHECK_ELEMS = 1 << 21
@@ -59,12 +56,12 @@ LABELS = {"pmll_read": "read (t_ctx = T)", "pmll_write:none": "write, no gate",
           "pmll_write:bt": "write, gate [B, T]", "pmll_write:bht": "write, gate [B, H, T]"}
 
 
-def points(grids: list[dict]) -> list[dict]:
+def points(grids: list[dict], seed: int = 0) -> list[dict]:
     """Expand the notebook's grids (each a dict of axes ``B, H, M, T, D, dtype, gate,
-    segments`` and optionally ``seed``) into points, duplicates dropped, order kept."""
+    segments`` and optionally ``seed``, default ``seed``) into points, duplicates dropped."""
     out, seen = [], set()
     for g in grids:
-        axes = {"seed": [0], **g}
+        axes = {"seed": [int(seed)], **g}
         for p in grid(**axes):
             key = tuple(sorted(p.items()))
             if key not in seen:
@@ -165,23 +162,17 @@ def ring_point(point: dict) -> list[dict]:
     rows += error_rows("memory_attention", o, o_ref, tol=ATTN_TOL[dname], what="o")
     del sub, o, o_ref, rk, rv
 
-    bad = [r for r in rows if r.get("passed") is False]
-    if bad:
-        what = ", ".join(sorted({f"{r['kernel']}:{r['what']}:{r['metric']}" for r in bad}))
-        raise CheckFailed(f"failed checks: {what}", rows)
+    P.require(rows)
 
-    # timing, after every check passed
-    rows += throughput_rows("pmll_read", time_launch(lambda: pmll_read(mem, T)),
-                            read_bytes(mem.lengths, H, M, D, T, dtype=dtype))
+    timing = dict(warmup_ms=25, rep_ms=100, cpu_reps=3)
+    extra = dict(ring_bytes=ring_bytes(point))
+    rows += P.speed_rows("pmll_read", P.timings(lambda: pmll_read(mem, T), **timing),
+                         read_bytes(mem.lengths, H, M, D, T, dtype=dtype), **extra)
     gdtype = torch.float32 if x["gate"] is None else x["gate"].dtype
     nbytes = write_bytes(B, H, M, D, T, dtype=dtype, gate=None if gate == "none" else gate,
                          gate_dtype=gdtype)
-    rows += throughput_rows("pmll_write",
-                            time_launch(lambda: pmll_write(mem, x["k_new"], x["v_new"], x["gate"])),
-                            nbytes)
-    for r in rows:
-        if "bytes" in r or r["metric"] in ("time_us", "roofline_frac"):
-            r["ring_bytes"] = ring_bytes(point)
+    rows += P.speed_rows("pmll_write", P.timings(
+        lambda: pmll_write(mem, x["k_new"], x["v_new"], x["gate"]), **timing), nbytes, **extra)
     return rows
 
 
@@ -252,179 +243,119 @@ def plot_wraparound(capacity: int = 8, segments=(5, 6, 3, 11)):
     return fig
 
 
-# ---- tables and plots -------------------------------------------------------------------------
+# ---- targets, tables and plots ----------------------------------------------------------------
+
+PARAMS = ("B", "H", "M", "T", "D", "dtype", "gate", "segments")
+L2 = 4 * H200_L2_BYTES
+TARGET_SET = "PMLL ring read and write against the copy roofline"
+_BIG = dict(bytes=lambda b: b.astype(float) >= L2)
+TARGETS = (
+    Target(f"read >= 80% of the copy bandwidth on launches >= {L2 / 1e6:.0f} MB (4x the L2)",
+           "pmll_read", kind="frac", bound=0.8, where=_BIG, over=PARAMS[:-1]),
+    Target(f"write, no gate, >= 80% of the copy bandwidth on launches >= {L2 / 1e6:.0f} MB",
+           "pmll_write", kind="frac", bound=0.8, where=dict(_BIG, gate="none"),
+           over=PARAMS[:-1]),
+    Target(f"gated write: fraction of the copy bandwidth on launches >= {L2 / 1e6:.0f} MB",
+           "pmll_write", kind="frac", bound=None, where=dict(_BIG, gate=["bt", "bht"]),
+           over=PARAMS[:-1]),
+)
+
 
 def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Worst rel_l2 per (kernel, gate, dtype, what) with its tolerance and how many points
-    passed."""
-    err = df[df["metric"] == "rel_l2"].copy()
-    err["gate"] = err["gate"].where(err["kernel"] == "pmll_write", "-")
-    t = (err.groupby(["kernel", "gate", "dtype", "what"])
-         .agg(points=("value", "size"), passed=("passed", "sum"),
-              worst_rel_l2=("value", "max"), tolerance=("tolerance", "max"))
-         .reset_index())
-    mx = df[df["metric"] == "max_abs"].copy()
-    mx["gate"] = mx["gate"].where(mx["kernel"] == "pmll_write", "-")
-    worst_abs = mx.groupby(["kernel", "gate", "dtype", "what"])["value"].max()
-    t["worst_max_abs"] = [worst_abs.get(tuple(r), float("nan"))
-                          for r in t[["kernel", "gate", "dtype", "what"]].itertuples(index=False)]
-    t["passed"] = t["passed"].astype(int)
-    return t[["kernel", "gate", "dtype", "what", "points", "passed", "worst_rel_l2",
-              "worst_max_abs", "tolerance"]]
+    return P.correctness_table(df, by=("gate", "dtype"))
 
 
 def failed_points(df: pd.DataFrame) -> pd.DataFrame:
-    """One line per failed point: its parameters and error text."""
-    return _failed_points(df, ("B", "H", "M", "T", "D", "dtype", "gate", "segments"))
+    return P.failed_points(df, PARAMS)
 
 
-def plot_errors(df: pd.DataFrame, ax=None):
-    """rel_l2 against the float64 reference per kernel (write split by gate), one colour per
-    dtype; tolerances as short dashes; exact results (0) drawn at 1e-12."""
-    import matplotlib.pyplot as plt
-
-    err = df[df["metric"] == "rel_l2"].copy()
-    if ax is None:
-        _, ax = plt.subplots(figsize=(9, 3.8))
-    err["cat"] = [f"{k}\n{'gate ' + g if k == 'pmll_write' else ''}".strip()
-                  for k, g in zip(err["kernel"], err["gate"])]
-    error_strip(ax, err, sorted(err["cat"].unique()), legend_title="memory dtype (-- tolerance)")
-    ax.set_ylim(5e-13, 1)
-    ax.set_ylabel("rel. L2 error vs float64 reference")
-    ax.set_title("Error against the float64 reference (exact = 0, drawn at 1e-12)", fontsize=10)
-    return ax
+def plot_errors(df: pd.DataFrame):
+    return plots.plot_errors(df, {"pmll_read": LABELS["pmll_read"], "pmll_write": "write",
+                                  "memory_attention": "memory_attention (reference path)"},
+                             "Ring against the float64 reference")
 
 
-def _timed(df: pd.DataFrame, metric: str) -> pd.DataFrame:
-    from pmll_lab.sweep import speed_rows
-
-    sel = speed_rows(df, metric).copy()
-    sel["series"] = [("pmll_write:" + g) if k == "pmll_write" else k
-                     for k, g in zip(sel["kernel"], sel["gate"])]
-    return sel
-
-
-def _on_gpu(sel: pd.DataFrame) -> bool:
-    return "timer" in sel and (sel["timer"] == "do_bench").any()
+def _series(w: pd.DataFrame) -> pd.DataFrame:
+    return w.assign(series=[f"pmll_write:{g}" if k == "pmll_write" else k
+                            for k, g in zip(w["kernel"], w["gate"])])
 
 
 def plot_throughput(df: pd.DataFrame):
-    """On a GPU: achieved GB/s of read and write against the bytes each launch moves, one
-    panel per dtype, with the measured copy roofline. On the CPU: interpreter wall time per
-    launch against bytes (labelled as such: not GPU speed)."""
+    """On a GPU achieved GB/s against the bytes each launch moves, one panel per dtype, with
+    the copy roofline; on the CPU the interpreter's wall time (labelled so)."""
     import matplotlib.pyplot as plt
 
-    gb = _timed(df, "gbps")
-    if gb.empty:
+    w = P.wide(df)
+    if w.empty:
         return None
-    gpu = _on_gpu(gb)
-    if gpu:
-        sel = gb
-    else:
-        sel = _timed(df, "time_us")
-        nbytes = gb.set_index(["point_id", "kernel"])["bytes"]
-        sel["bytes"] = [nbytes.get((p, k), float("nan"))
-                        for p, k in zip(sel["point_id"], sel["kernel"])]
-    dtypes = sorted(sel["dtype"].unique())
-    fig, axes = plt.subplots(1, len(dtypes), figsize=(4.6 * len(dtypes), 3.8), sharey=True,
-                             squeeze=False)
-    roof = None
-    if gpu and "copy_gbps" in df:
-        vals = df["copy_gbps"].dropna()
-        roof = float(vals.iloc[0]) if len(vals) else None
-    series = [s for s in LABELS if s in set(sel["series"])]
+    w = _series(w)
+    gpu = P.on_gpu(w)
+    y = "gbps" if gpu else "time_us"
+    dtypes = sorted(w["dtype"].unique())
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(2.4 + 4 * len(dtypes), 3.6), sharey=True,
+                             squeeze=False, layout="constrained")
+    roof = P.roofline_gbps(df) if gpu else None
+    markers = {"pmll_read": "o", "pmll_write:none": "s", "pmll_write:bt": "^",
+               "pmll_write:bht": "v"}
     for ax, dt in zip(axes[0], dtypes):
-        for i, s in enumerate(series):
-            d = sel[(sel["dtype"] == dt) & (sel["series"] == s)].sort_values("bytes")
-            if not d.empty:
-                ax.scatter(d["bytes"].astype(float), d["value"].astype(float), s=16,
-                           color=f"C{i}", label=LABELS[s], alpha=0.8)
+        for s_ in LABELS:
+            d = w[(w["dtype"] == dt) & (w["series"] == s_)]
+            if len(d):
+                ax.scatter(d["bytes"].astype(float), d[y].astype(float), s=16, alpha=0.8,
+                           color=plots.color(s_), marker=markers.get(s_, "o"), label=LABELS[s_])
         if roof:
             ax.axhline(roof, color="k", ls="--", lw=1, label=f"copy roofline {roof:.0f} GB/s")
-            ax.axvline(H200_L2_BYTES, color="grey", ls=":", lw=1,
-                       label=f"{H200_L2_BYTES / 1e6:.0f} MB (H200 L2)")
-        ax.set_xscale("log")
-        ax.set_yscale("log" if not gpu else "linear")
-        ax.set_xlabel("bytes moved per launch (fewest needed)")
-        ax.set_title(dt, fontsize=10)
-    axes[0][0].set_ylabel("GB/s" if gpu else
-                          "time per launch (us)\nTriton interpreter wall time, not GPU speed")
-    axes[0][-1].legend(fontsize=7, loc="best")
-    fig.suptitle("PMLL ring read and write: " + ("achieved bandwidth vs the copy roofline"
-                                                 if gpu else "interpreter wall time"), fontsize=10)
-    fig.tight_layout()
+            ax.axvline(H200_L2_BYTES, color="grey", ls=":", lw=1, label="the H200's L2")
+        ax.set(xscale="log", yscale="linear" if gpu else "log", title=dt,
+               xlabel="bytes moved per launch (fewest needed)")
+    axes[0][0].set_ylabel("GB/s" if gpu else "time per launch (us)\nTriton interpreter wall "
+                          "time, not GPU speed")
+    fig.suptitle("PMLL ring read and write", fontsize=10)
+    plots.legend_outside(fig)
     return fig
 
 
-def bandwidth_table(df: pd.DataFrame, min_bytes: float = 4 * H200_L2_BYTES) -> pd.DataFrame:
-    """GB/s and roofline fraction per series, segment regime (``T <= M`` or ``T > M``: a
-    segment longer than the ring, written in several passes per slot) and dtype, over launches
-    moving at least ``min_bytes`` (default 4x the H200's L2, ``bench.H200_L2_BYTES``): median
-    and best. Empty on the CPU."""
-    gb = _timed(df, "gbps")
-    if gb.empty or not _on_gpu(gb):
+def bandwidth_table(df: pd.DataFrame, min_bytes: float = L2) -> pd.DataFrame:
+    """GB/s and roofline fraction per series, segment regime (``T <= M``, or ``T > M``: several
+    passes per slot) and dtype over launches moving at least ``min_bytes``: median and best.
+    GPU runs only."""
+    w = P.wide(df)
+    if w.empty or not P.on_gpu(w):
         return pd.DataFrame()
-    gb = gb[gb["bytes"].astype(float) >= min_bytes]
-    fr = _timed(df, "roofline_frac").set_index(["point_id", "kernel"])["value"]
-    gb["roofline_frac"] = [fr.get((p, k), float("nan")) for p, k in zip(gb["point_id"], gb["kernel"])]
-    gb["series"] = gb["series"].map(LABELS)
-    gb["segment"] = ["-" if k == "pmll_read" else ("T > M" if t > m else "T <= M")
-                     for k, t, m in zip(gb["kernel"], gb["T"], gb["M"])]
-    return (gb.groupby(["series", "segment", "dtype"])
-            .agg(launches=("value", "size"), median_gbps=("value", "median"),
-                 best_gbps=("value", "max"), median_roofline=("roofline_frac", "median"),
-                 best_roofline=("roofline_frac", "max"))
-            .reset_index())
+    w = _series(w[w["bytes"].astype(float) >= min_bytes])
+    w = w.assign(series=w["series"].map(LABELS),
+                 segment=["-" if k == "pmll_read" else ("T > M" if t > m else "T <= M")
+                          for k, t, m in zip(w["kernel"], w["T"], w["M"])])
+    return (w.groupby(["series", "segment", "dtype"])
+            .agg(launches=("gbps", "size"), median_gbps=("gbps", "median"),
+                 best_gbps=("gbps", "max"), median_roofline=("roofline_frac", "median"),
+                 best_roofline=("roofline_frac", "max")).reset_index())
 
 
-def conclusion(df: pd.DataFrame) -> str:
-    """A few sentences written from the results (markdown)."""
-    lines = []
-    n_pts = df["point_id"].nunique()
-    n_fail = df[df["status"] == "failed"]["point_id"].nunique()
-    lines.append(f"- {n_pts} points run, {n_fail} failed their checks"
-                 + ("." if n_fail == 0 else ": see the failed points above."))
-    ok = df[df["status"] == "ok"]
-    err = ok[ok["metric"] == "rel_l2"]
-    if not err.empty:
-        exact_read = bool((err[err["kernel"] == "pmll_read"]["value"].astype(float) == 0).all())
-        ung = err[(err["kernel"] == "pmll_write") & (err["gate"] == "none")]["value"].astype(float)
-        lines.append(f"- Read is {'bit-exact' if exact_read else 'NOT exact'} at every point; "
-                     + (f"ungated writes are {'bit-exact' if (ung == 0).all() else 'NOT exact'}"
-                        if not ung.empty else "no ungated writes run")
-                     + "." + (f" {ok[ok['T'] > ok['M']]['point_id'].nunique()} of the points "
-                              "wrote segments longer than the ring (T > M)."
-                              if (ok["T"] > ok["M"]).any() else ""))
-        gated = err[(err["kernel"] == "pmll_write") & (err["gate"] != "none")]
-        for dt, g in gated.groupby("dtype"):
-            lines.append(f"- Gated writes, {dt}: worst rel. L2 {g['value'].astype(float).max():.1e}"
-                         f" (tolerance {WRITE_TOL[dt]:.1e}).")
-        att = err[err["kernel"] == "memory_attention"]
-        if not att.empty:
-            lines.append("- memory_attention (reference path) worst rel. L2: "
-                         + ", ".join(f"{dt} {g['value'].astype(float).max():.1e}"
-                                     for dt, g in att.groupby("dtype")) + ".")
-    bw = bandwidth_table(df)
-    if not bw.empty:
-        roof = df["copy_gbps"].dropna()
-        roof_txt = f"{float(roof.iloc[0]):.0f} GB/s" if len(roof) else "the copy bandwidth"
-        lines.append(f"- On launches moving >= 240 MB (4x L2), against the measured copy "
-                     f"bandwidth of {roof_txt}:")
-        for _, r in bw.iterrows():
-            seg = "" if r["segment"] == "-" else f"{r['segment']}, "
-            lines.append(f"    - {r['series']}, {seg}{r['dtype']}: median {r['median_gbps']:.0f} GB/s "
-                         f"= {r['median_roofline']:.0%} of the roofline (best "
-                         f"{r['best_roofline']:.0%}, {int(r['launches'])} launches).")
-        small = _timed(df, "gbps")
-        small = small[(small["T"] == 1) & (small["kernel"] == "pmll_write")]
-        if not small.empty:
-            t = _timed(df, "time_us")
-            t = t[(t["T"] == 1) & (t["kernel"] == "pmll_write")]["value"].astype(float)
-            lines.append(f"- A one-token write (decode) moves only KBs: it costs {t.median():.1f} us "
-                         "(median), the launcher's host overhead and launch latency, not bandwidth "
-                         "(launches under ~100 us are bound by it in this sweep).")
-    elif not ok.empty:
-        lines.append("- Timings are Triton-interpreter wall times on the CPU: they say nothing "
-                     "about GPU speed; run the full preset on a GPU for bandwidth.")
-    return "\n".join(lines)
-
+def findings(df: pd.DataFrame) -> pd.DataFrame:
+    """Measured facts: reads and ungated writes bit-exact, segments longer than the ring, the
+    worst gated write; on a GPU the one-token write's latency."""
+    ok = df[df["status"] == "ok"] if len(df) else df
+    err = ok[ok["metric"] == "rel_l2"] if len(ok) else ok
+    rows = []
+    if len(err):
+        for label, sel in (("reads bit-exact", err["kernel"] == "pmll_read"),
+                           ("ungated writes bit-exact",
+                            (err["kernel"] == "pmll_write") & (err["gate"] == "none"))):
+            v = err.loc[sel, "value"].astype(float)
+            if len(v):
+                rows.append(fact(label, f"{int((v == 0).sum())} of {len(v)} checks"))
+        if (ok["T"] > ok["M"]).any():
+            rows.append(fact("points writing segments longer than the ring (T > M)",
+                             ok.loc[ok["T"] > ok["M"], "point_id"].nunique()))
+        g = err[(err["kernel"] == "pmll_write") & (err["gate"] != "none")]
+        for dt, gd in g.groupby("dtype"):
+            rows.append(fact(f"gated writes, {dt}: worst rel. L2", gd["value"].max(),
+                             f"tolerance {WRITE_TOL[dt]:.1e}"))
+    w = P.wide(df)
+    if len(w) and P.on_gpu(w):
+        t = w[(w["T"] == 1) & (w["kernel"] == "pmll_write")]["time_us"]
+        if len(t):
+            rows.append(fact("one-token write (decode): median time", f"{t.median():.1f} us",
+                             "latency-bound, not bandwidth-bound"))
+    return pd.DataFrame(rows)

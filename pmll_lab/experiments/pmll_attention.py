@@ -29,13 +29,16 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from pmll_lab.backend import DEVICE, INTERPRET
-from pmll_lab.bench import error_rows, errors, time_cuda_graph, time_launch, timings
+from pmll_lab.backend import DEVICE
+from pmll_lab.bench import error_rows, errors
+from pmll_lab.experiments import protocol as P
 from pmll_lab.inputs import pmll_inputs
 from pmll_lab.ops.pmll.ring_attention import attention_flops
 from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_step
 from pmll_lab.reference import pmll as ref
 from pmll_lab.sweep import CheckFailed, grid
+from pmll_lab.tolerances import MODEL_TOL as EQUIV_TOL
+from pmll_lab.tolerances import RING_ATTENTION_TOL as TOL
 
 PROVIDERS = ("fused", "gather_sdpa_mask", "sdpa_contiguous", "sdpa_causal", "reference",
              "pmll_step")
@@ -62,26 +65,18 @@ STATE_COUNTS = {"empty (0)": lambda m: 0, "partial (3)": lambda m: 3, "full (M)"
 """Ring states of ``state_point``, one sequence each: label -> ``count`` at capacity ``M``
 (empty, partly filled, exactly full, wrapped by one row, wrapped twice, and the oldest row late
 in the ring so that the chronological order wraps inside a block of keys)."""
-TOL = {"float32": 1e-5, "bfloat16": 1.6e-2, "float16": 2e-3}
-"""rel_l2 tolerance of an attention output against float64: 8 unit roundoffs of a 16-bit dtype
-(the probabilities and the output are each rounded to the dtype once; FlashAttention and SDPA
-round the same way); fp32 1e-5 (tests/test_ring_attention.py)."""
-EQUIV_TOL = 1e-4
-"""rel_l2 of GPT-2 logits, segmented with nothing evicted vs the whole-sequence forward (fp32;
-the tiny CPU model agrees within 1e-5, tests/test_ring_attention.py; a 12-layer model sums more
-roundings)."""
-WARMUP_MS, REP_MS, CPU_REPS, GRAPH_REPLAYS = 25, 100, 2, 200
-"""do_bench warm-up and measuring windows (ms), interpreter calls timed, graph replays."""
+TIMING = dict(warmup_ms=25, rep_ms=100, cpu_reps=2, replays=200)
+"""do_bench windows (ms), interpreter calls timed, graph replays."""
 
 
-def points(grids: list[dict]) -> list[dict]:
-    """Expand grids (axes may include ``shape``: ``(H, D)`` pairs, split into ``H`` and ``D``)
-    into points, duplicates dropped, order kept. A GPT-2 point with ``capacity`` 0 (no ring)
+def points(grids: list[dict], seed: int = 0) -> list[dict]:
+    """Expand grids (axes may include ``shape``: ``(H, D)`` pairs, split into ``H`` and ``D``;
+    ``seed`` unless a grid has its own) into points, duplicates dropped, order kept. A GPT-2 point with ``capacity`` 0 (no ring)
     keeps only ``gate="none"``: a gate blends tokens into a ring, and without one there is
     nothing to blend (``segmented_logits`` refuses it)."""
     out, seen = [], set()
     for g in grids:
-        axes = {"seed": [0], **g}
+        axes = {"seed": [int(seed)], **g}
         shapes = axes.pop("shape", None)
         if shapes is not None:
             axes["shape"] = [tuple(s) for s in shapes]
@@ -126,38 +121,11 @@ def state_point(point: dict) -> list[dict]:
         for b, label in enumerate(STATE_COUNTS):
             for r in error_rows(impl, o[b], want[b], tol=TOL[dname], what=label):
                 rows.append(dict(r, count=counts[b], length=min(counts[b], M)))
-    bad = [r for r in rows if r["passed"] is False]
-    if bad:
-        raise CheckFailed("failed: " + ", ".join(sorted({f"{r['kernel']}:{r['what']}"
-                                                         for r in bad})), rows)
+    P.require(rows)
     return rows
 
 
 # ---- speed ------------------------------------------------------------------------------------
-
-def _on_cuda() -> bool:
-    return DEVICE.type == "cuda" and not INTERPRET
-
-
-def _time(fn, *, graph: bool = True) -> list[dict]:
-    """do_bench (GPU) or interpreter wall time, and on a GPU with ``graph`` a CUDA graph replay
-    time; a capture that fails loses only the graph figure (``graph_error`` on the other)."""
-    return timings(fn, graph=graph and _on_cuda(), warmup_ms=WARMUP_MS, rep_ms=REP_MS,
-                   cpu_reps=CPU_REPS, replays=GRAPH_REPLAYS, launch_timer=time_launch,
-                   graph_timer=time_cuda_graph)
-
-
-def _speed_rows(kernel: str, timings: list[dict], flops: float) -> list[dict]:
-    rows = []
-    for t in timings:
-        med = float(t["median_us"])
-        extra = {k: t[k] for k in ("replays", "graph_error") if k in t}
-        rows.append({"kernel": kernel, "metric": "time_us", "value": med, "p20": t["p20_us"],
-                     "p80": t["p80_us"], "unit": "us", "timer": t["timer"], **extra})
-        rows.append({"kernel": kernel, "metric": "tflops", "value": flops / (med * 1e-6) / 1e12,
-                     "unit": "TFLOP/s", "timer": t["timer"], "flops": flops})
-    return rows
-
 
 def speed_inputs(point: dict) -> dict:
     """The ring (``None`` when ``M = 0``), its contiguous chronological copy followed by the
@@ -250,14 +218,11 @@ def speed_point(point: dict) -> list[dict]:
         ok = bool(torch.equal(step_mem.count, mem.count + T))
         rows.append({"kernel": "pmll_step", "metric": "count_equal", "value": float(ok),
                      "passed": ok, "what": "count"})
-    bad = [r for r in rows if r.get("passed") is False]
-    if bad:
-        raise CheckFailed("failed checks: " + ", ".join(sorted({r["kernel"] for r in bad})), rows)
-
-    lengths = [M] * B
+    P.require(rows)
     for name in providers:
-        flops = attention_flops(B, H, T, D, [0] * B if name == "sdpa_causal" else lengths)
-        rows += _speed_rows(name, _time(calls[name], graph=name != "reference"), flops)
+        flops = attention_flops(B, H, T, D, [0] * B if name == "sdpa_causal" else [M] * B)
+        rows += P.speed_rows(name, P.timings(calls[name], graph=name != "reference", **TIMING),
+                             flops=flops)
     return rows
 
 

@@ -1,7 +1,5 @@
 """The roofline's peer providers: FLA (K-major) and FlashInfer (V-major), checked, then timed.
-
-Each takes a ``roofline_case._Case`` (the shared inputs and references of one ``(shape, K, B,
-state_layout)``) and returns the provider's tidy rows, as ``roofline.gdn_point`` documents:
+Each takes a ``roofline_case._Case`` and returns the provider's tidy rows:
 
 - ``point_fla``: FLA's ``fused_recurrent_gated_delta_rule`` over the case's ``K`` rows from a
   gathered copy of the ``B`` slots' K-major states (``pmll_lab.peers.fla_runner``);
@@ -26,14 +24,16 @@ import torch
 
 from pmll_lab import peers
 from pmll_lab.bench import bitwise_equal, error_rows
-from pmll_lab.experiments import roofline as E
+from pmll_lab.experiments import protocol as P
+from pmll_lab.experiments import roofline_case as C
+from pmll_lab.experiments.gdn import fla_bytes, frozen_bytes
 from pmll_lab.gdn import chain_bytes, decode_bytes
 
 
 def point_fla(c) -> list[dict]:
     """FLA over the case's ``K`` rows (K-major only); rows named ``fla_fused_recurrent``."""
     name = "fla_fused_recurrent"
-    if peers.fla_fused_recurrent() is None or not E._on_cuda():
+    if peers.fla_fused_recurrent() is None or not P.on_cuda():
         raise RuntimeError("fla_fused_recurrent: needs a GPU and an importable fla-core")
     if c.layout != "kv":
         raise ValueError(f"state_layout: FLA runs K-major states only, got {c.layout!r}")
@@ -46,10 +46,11 @@ def point_fla(c) -> list[dict]:
             + error_rows(name, h_f[:c.n], c.s_ref, tol=c.stol, what="state")
             + error_rows(name, o_f, o_dec, tol=c.otol, what="o vs decode")
             + error_rows(name, h_f, st_dec, tol=c.stol, what="state vs decode"))
-    E._require(rows)
+    P.require(rows)
     del o_f, h_f
-    return rows + E._speed_rows(name, E._time(run), E.fla_bytes(c.B, c.K, c.HK, c.HV, c.D, c.dtype),
-                                variant="", fla_gva=gva, fla_version=peers.fla_version())
+    return rows + P.speed_rows(name, P.timings(run, **C.TIMING),
+                               fla_bytes(c.B, c.K, c.HK, c.HV, c.D, c.dtype), variant="",
+                               fla_gva=gva, fla_version=peers.fla_version())
 
 
 def _vk(t: torch.Tensor) -> torch.Tensor:
@@ -58,11 +59,11 @@ def _vk(t: torch.Tensor) -> torch.Tensor:
 
 
 def point_flashinfer(c, provider: str) -> list[dict]:
-    """One FlashInfer provider (``roofline.FLASHINFER``) on a V-major case; rows named
-    ``provider``. The time rows carry ``flashinfer_version``."""
-    if provider not in E.FLASHINFER:
+    """One FlashInfer provider (``roofline_case.FLASHINFER``) on a V-major case; its time rows
+    carry ``flashinfer_version``."""
+    if provider not in C.FLASHINFER:
         raise ValueError(f"provider: not a FlashInfer provider: {provider!r}")
-    if peers.flashinfer_gdn() is None or not E._on_cuda():
+    if peers.flashinfer_gdn() is None or not P.on_cuda():
         raise RuntimeError(f"{provider}: needs a GPU and an importable flashinfer-python")
     if c.layout != "vk":
         raise ValueError(f"state_layout: FlashInfer runs V-major states only, got {c.layout!r}")
@@ -89,21 +90,20 @@ def point_flashinfer(c, provider: str) -> list[dict]:
                  + error_rows(name, st, _vk(st_dec), tol=c.stol, what="state vs decode"))
         nbytes = decode_bytes(c.B, **c.io())
     else:
-        rows.append(E._flag(name, "state_untouched", bitwise_equal(pool, c.state0),
-                            "pool unchanged (disable_state_update=True)"))
+        rows.append(P.flag(name, "state_untouched", bitwise_equal(pool, c.state0),
+                           "pool unchanged (disable_state_update=True)"))
         inter = bufs["intermediate"]
         if inter is not None:                                   # [B, K, HV, vd, kd]
             rows += (error_rows(name, inter[:n, :K - 1], _vk(i_ref), tol=c.stol,
                                 what="snapshots")
-                     + error_rows(name, inter[:n, K - 1], _vk(s_ref), tol=c.stol,
-                                  what="state")
+                     + error_rows(name, inter[:n, K - 1], _vk(s_ref), tol=c.stol, what="state")
                      + error_rows(name, inter[:, :K - 1], _vk(torch.stack(snaps, 1)),
                                   tol=c.stol, what="snapshots vs decode")
                      + error_rows(name, inter[:, K - 1], _vk(st_dec), tol=c.stol,
                                   what="state vs decode"))
             nbytes = chain_bytes(c.B, K, **c.io())
         else:
-            nbytes = E.frozen_bytes(c.B, K, c.HK, c.HV, c.D, c.dtype, c.sdt)
-    E._require(rows)
-    return rows + E._speed_rows(name, E._time(run), nbytes, variant="",
-                                flashinfer_version=peers.flashinfer_version())
+            nbytes = frozen_bytes(c.B, K, c.HK, c.HV, c.D, c.dtype, c.sdt)
+    P.require(rows)
+    return rows + P.speed_rows(name, P.timings(run, **C.TIMING), nbytes, variant="",
+                               flashinfer_version=peers.flashinfer_version())

@@ -1,14 +1,7 @@
-"""The roofline notebook's tables, from the rows ``roofline.gdn_point`` stores; issue 5's
-targets, issue 10's headline table and the conclusion are computed from them in
-``roofline_targets``.
-
-Timers: a GPU run holds ``cuda_graph`` and ``do_bench`` rows for every timed launch (launch
-plans: do_bench only), a CPU run ``interpreter-wall`` rows. ``wide_table`` shows one timer
-(``best_timer``: cuda_graph where present, else do_bench, else the interpreter's wall time) and,
-beside a cuda_graph time, the do_bench time of the same launch (``do_bench_us``, host launch
-included). Where a kernel ran in both state layouts, a target takes the faster one and names it.
-Every table, target and plot reads the fp32-state rows (``wide_table``'s default); the
-bf16-state rows (``state_dtype``) are set against them in ``state_dtype_table``.
+"""The roofline notebook's targets, tables and plots, from ``roofline.gdn_point``'s rows (and the
+PMLL ring points'). Times: ``protocol.wide`` (CUDA graph replays where the run has them; launch
+plans by do_bench), each kernel in its faster state layout where a target reads it, fp32-state
+rows unless a table says otherwise (``state_dtype_table`` sets the bf16 pools against them).
 """
 
 from __future__ import annotations
@@ -17,232 +10,105 @@ import math
 
 import numpy as np
 import pandas as pd
+import torch
 
-from pmll_lab.experiments.common import failed_points as _failed_points
-from pmll_lab.experiments.roofline import (
-    L2_BYTES, MAIN_SHAPE, PLAN_SUFFIX, PROVIDERS, SHAPE_KEYS,
+from pmll_lab.experiments import plots
+from pmll_lab.experiments import protocol as P
+from pmll_lab.experiments.acceptance import acceptance
+from pmll_lab.experiments.gdn import floor_bytes, fla_bytes
+from pmll_lab.experiments.roofline_case import L2_BYTES, LABELS, MAIN_SHAPE, PROVIDERS, SHAPE_KEYS
+from pmll_lab.experiments.targets import Target, fact
+
+__all__ = ["TARGET_SET", "TARGETS", "WY_NOTE", "PLAN_TARGET_US", "PARAMS", "wide_table",
+           "correctness_table", "failed_points", "main_shape", "lazy_table", "b1_table",
+           "shapes_table", "pmll_table", "state_dtype_table", "findings", "plot_roofline",
+           "plot_errors"]
+
+PARAMS = ("provider", "K", "B", "HK", "HV", "head_dim", "dtype", "state_layout", "state_dtype",
+          "gate", "M", "T")
+WY_NOTE = "WY is a reference form (tolerance-checked algebra, slower than the exact form)"
+PLAN_TARGET_US = 10.0
+TARGET_SET = "Verify kernels at Qwen3-Next's shape against FlashInfer, FLA and the copy roofline"
+_S = dict(MAIN_SHAPE, state_dtype="float32")
+_B3, _B2 = [64, 128, 256], [64, 128]
+
+
+def _t(text, ours, peer=None, bound=1.0, K=4, Bs=_B2, **kw):
+    return Target(text, ours, peer, bound, where=dict(_S, K=K, B=Bs), per=("B",), **kw)
+
+
+def _ring(kernel: str, label: str) -> Target:
+    return Target(f"{label} >= 80% of the copy bandwidth on rings >= 4x the L2 "
+                  f"({4 * L2_BYTES / 1e6:.0f} MB)", kernel, kind="frac", bound=0.8,
+                  where=dict(bytes=lambda b: b.astype(float) >= 4 * L2_BYTES),
+                  over=("dtype", "gate", "M", "T"))
+
+
+TARGETS = (
+    _t("decode K=1: ours <= FlashInfer decode", "decodes", "flashinfer_decode", K=1, Bs=_B3),
+    _t("decode K=1 >= 85% of the copy roofline", "decodes", kind="frac", bound=0.85, K=1,
+       Bs=_B3),
+    _t("decode K=1 faster than FLA", "decodes", "fla_fused_recurrent", K=1, Bs=_B3),
+    _t("snapshot verify K=4: chain + K-1 snapshots <= FlashInfer mtp with its snapshot buffer",
+       "chain_snapshots", "flashinfer_mtp_snapshots", Bs=_B3),
+    _t("snapshot chain K=4 >= 75% of the copy roofline", "chain_snapshots", kind="frac",
+       bound=0.75),
+    _t("carry lazy exact K=4, amortised: <= 0.4x FlashInfer's snapshot verify",
+       "carry_exact_lazy", "flashinfer_mtp_snapshots", 0.4),
+    _t("carry lazy exact K=4 without write-back <= FlashInfer mtp frozen, no buffer",
+       "carry_exact_lazy:nowb", "flashinfer_mtp_frozen", show=("mean_pend",)),
+    _t("carry lazy exact K=4, amortised: >= 50% of the copy roofline", "carry_exact_lazy",
+       kind="frac", bound=0.5),
+    _t("carry lazy exact K=4: >= 2.5x faster than FLA (same K rows)", "carry_exact_lazy",
+       "fla_fused_recurrent", 0.4),
+    _t("carry lazy WY K=4, amortised: >= 75% of the copy roofline", "carry_wy_lazy",
+       kind="frac", bound=0.75, note=WY_NOTE),
+    _t("carry lazy WY K=4: >= 3.5x faster than FLA (same K rows)", "carry_wy_lazy",
+       "fla_fused_recurrent", round(1 / 3.5, 4), note=WY_NOTE),
+    _t("WY lazy K=4 without write-back <= exact lazy", "carry_wy_lazy:nowb",
+       "carry_exact_lazy:nowb", Bs=[64], note=WY_NOTE),
+    _t("B=1, K=4 verify, graph replay: carry lazy exact <= FlashInfer mtp with buffer",
+       "carry_exact_lazy", "flashinfer_mtp_snapshots", Bs=[1], timer="cuda_graph"),
+    _t(f"B=1, K=4: launch-plan call of the lazy exact verify <= {PLAN_TARGET_US:.0f} us "
+       "(host included, amortised)", "carry_exact_lazy:plan", kind="time",
+       bound=PLAN_TARGET_US, Bs=[1], timer="do_bench"),
+    _t(f"B=1, K=4: lazy exact verify call <= {PLAN_TARGET_US:.0f} us (host included)",
+       "carry_exact_lazy", kind="time", bound=PLAN_TARGET_US, Bs=[1], timer="do_bench"),
+    _t(f"B=1, K=4: lazy WY verify call <= {PLAN_TARGET_US:.0f} us (host included)",
+       "carry_wy_lazy", kind="time", bound=PLAN_TARGET_US, Bs=[1], timer="do_bench",
+       note=WY_NOTE),
+    _ring("pmll_read", "PMLL read"),
+    _ring("pmll_write", "PMLL write"),
 )
-from pmll_lab.sweep import speed_rows
-
-TIMERS = ("cuda_graph", "do_bench", "interpreter-wall")
-"""Timers in order of preference for tables, plots and targets."""
-TIMER_LABELS = {"cuda_graph": "CUDA graph replay (GPU time, median)",
-                "do_bench": "do_bench (host launch included, median)",
-                "interpreter-wall": "Triton interpreter wall time, not GPU speed"}
-
-
-# ---- tables ------------------------------------------------------------------------------------
-
-def on_gpu(df: pd.DataFrame) -> bool:
-    """Whether ``df`` holds GPU timings (``do_bench`` or ``cuda_graph``)."""
-    return "timer" in df and df["timer"].isin(["do_bench", "cuda_graph"]).any()
-
-
-def best_timer(df: pd.DataFrame) -> str | None:
-    """The first of ``TIMERS`` that ``df``'s ``time_us`` rows have, None without timings."""
-    if df.empty or "timer" not in df or "metric" not in df:
-        return None
-    have = set(df.loc[df["metric"] == "time_us", "timer"].dropna())
-    return next((t for t in TIMERS if t in have), None)
-
-
-def _timed(df: pd.DataFrame, metric: str, timer: str) -> pd.DataFrame:
-    """``speed_rows`` of one timer: rows of points that passed their checks."""
-    keep = df["timer"].isna() | (df["timer"] == timer) if "timer" in df else slice(None)
-    sel = speed_rows(df[keep], metric)
-    return sel[sel["timer"] == timer] if "timer" in sel else sel
-
-
-def roofline_gbps(df: pd.DataFrame) -> float | None:
-    """The copy bandwidth the rows were divided by (GB/s), None without GPU rows."""
-    if "copy_gbps" not in df:
-        return None
-    vals = pd.to_numeric(df["copy_gbps"], errors="coerce").dropna()
-    return float(vals.iloc[0]) if len(vals) else None
-
-
-def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per kernel and compared quantity: points, passed, worst rel_l2 and its tolerance (error
-    rows), or the bitwise / protocol flags."""
-    if df.empty or "passed" not in df:
-        return pd.DataFrame()
-    chk = df[df["passed"].notna()].copy()
-    chk["what"] = chk["what"].fillna("")
-    chk["passed"] = chk["passed"].astype(bool)
-    err = chk[chk["metric"] == "rel_l2"]
-    t1 = (err.groupby(["kernel", "what"])
-          .agg(points=("value", "size"), passed=("passed", "sum"), worst_rel_l2=("value", "max"),
-               tolerance=("tolerance", "max")).reset_index())
-    vs_dec = t1["what"].str.contains("vs decode|written-back", regex=True)
-    t1["check"] = np.where(vs_dec, "rel. L2 vs decode", "rel. L2 vs float64 reference")
-    flg = chk[~chk["metric"].isin(["rel_l2", "max_abs"])]
-    t2 = (flg.groupby(["kernel", "metric", "what"])
-          .agg(points=("value", "size"), passed=("passed", "sum")).reset_index()
-          .rename(columns={"metric": "check"}))
-    out = pd.concat([t1, t2], ignore_index=True)
-    out["passed"] = out["passed"].astype(int)
-    cols = ["kernel", "check", "what", "points", "passed", "worst_rel_l2", "tolerance"]
-    out = out[[c for c in cols if c in out]]
-    return out.sort_values(["kernel", "check", "what"]).reset_index(drop=True)
-
-
-def failed_points(df: pd.DataFrame) -> pd.DataFrame:
-    """One line per failed point: its parameters and error text."""
-    return _failed_points(df, ("provider", "K", "B", "HK", "HV", "head_dim", "dtype",
-                               "state_layout", "state_dtype", "gate", "M", "T"))
+"""One target per row (``targets.Target``): a new kernel or target is one more row."""
 
 
 def wide_table(df: pd.DataFrame, timer: str | None = None,
                state_dtype: str | None = "float32") -> pd.DataFrame:
-    """One row per timed (point, kernel) that passed its checks, for one ``timer`` (default
-    ``best_timer(df)``): the point's parameters, ``state_layout`` (``"kv"`` for rows written
-    before the layout axis), ``state_dtype`` (``"float32"`` for rows without it), ``timer``,
-    ``time_us`` (+ ``p20``, ``p80``, ``floor_us``), ``gbps``, ``bytes``, on a GPU
-    ``roofline_frac``, and beside cuda_graph times the launch's do_bench time ``do_bench_us``.
-    Timers are never mixed in one column. ``state_dtype``: keep the rows of that state dtype
-    (default fp32, the dtype every table and target is about); ``None`` keeps all."""
-    timer = best_timer(df) if timer is None else timer
-    if timer is None:
-        return pd.DataFrame()
-    tm = _timed(df, "time_us", timer)
-    if tm.empty:
-        return pd.DataFrame()
-    key = ["point_id", "kernel"]
-    out = tm.rename(columns={"value": "time_us"}).drop(columns=["metric", "bytes"], errors="ignore")
-    for metric in ("gbps", "roofline_frac"):
-        m = _timed(df, metric, timer)
-        if m.empty:
-            continue
-        cols = ["value"] + (["bytes"] if metric == "gbps" else [])
-        m = m[key + cols].rename(columns={"value": metric})
-        out = out.merge(m, on=key, how="left")
-    if timer == "cuda_graph":
-        db = _timed(df, "time_us", "do_bench")
-        if not db.empty:
-            out = out.merge(db[key + ["value"]].rename(columns={"value": "do_bench_us"}),
-                            on=key, how="left")
-    out["state_layout"] = out["state_layout"].fillna("kv") if "state_layout" in out else "kv"
-    out["state_dtype"] = (out["state_dtype"].fillna("float32") if "state_dtype" in out
-                          else "float32")
-    if state_dtype is not None:
-        out = out[out["state_dtype"] == state_dtype]
-    return out.reset_index(drop=True)
+    """``protocol.wide`` of the fp32-state rows (``state_dtype``; None: all)."""
+    return P.wide(df, timer, state_dtype=state_dtype)
 
 
-STATE_TABLE_KERNELS = ("decodes", "chain_snapshots", "carry_exact_eager", "carry_exact_lazy",
-                       "flashinfer_decode", "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen")
+def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
+    return P.correctness_table(df, by=("state_dtype",))
 
 
-def state_dtype_table(df: pd.DataFrame, shape: dict | None = None, Bs=(1, 64, 256),
-                      state_dtype: str = "bfloat16") -> pd.DataFrame:
-    """A bf16 (``state_dtype``) state pool against the fp32 one, per kernel, layout, ``K`` and
-    ``B`` at ``shape`` (default the main shape): the time of each (``best_timer``), their
-    ratio, and the bf16-state launch's worst rel_l2 of its outputs against the float64
-    reference with the same rounding points (``o [bfloat16 state]``, the lazy carry's over its
-    two timed variants) with its tolerance.
-    FlashInfer's rows are its bf16-state kernels against its fp32-state ones. Empty without
-    such rows."""
-    w = wide_table(df, state_dtype=None)
-    if w.empty or not (w["state_dtype"] == state_dtype).any():
-        return pd.DataFrame()
-    shape = main_shape(df) if shape is None else shape
-    w = _sel_shape(w, shape)
-    w = w[w["kernel"].isin(STATE_TABLE_KERNELS) & w["B"].isin(list(Bs))]
-    keys = ["kernel", "state_layout", "K", "B"]
-    half = w[w["state_dtype"] == state_dtype].set_index(keys)["time_us"]
-    full = w[w["state_dtype"] == "float32"].set_index(keys)["time_us"]
-    out = pd.DataFrame({f"{state_dtype} state us": half, "fp32 state us": full}).dropna(
-        subset=[f"{state_dtype} state us"])
-    out["ratio"] = out[f"{state_dtype} state us"] / out["fp32 state us"]
-    # the outputs against the reference: "o", "o (no write-back)", "o (write-back)" (not the
-    # comparisons with decode), each tagged with the state dtype
-    tag = rf"^o( \([^)]*\))? \[{state_dtype} state\]$"
-    if "what" in df:
-        err = df[(df["metric"] == "rel_l2") & df["what"].fillna("").str.match(tag)]
-        if "state_dtype" in err:
-            err = err[err["state_dtype"] == state_dtype]
-        if not err.empty:
-            e = err.groupby(["kernel", "state_layout", "K", "B"])[["value", "tolerance"]].max()
-            e.columns = [f"o rel_l2 vs float64 ({state_dtype} rounding)", "tolerance"]
-            out = out.join(e, how="left")
-    out = out.reset_index()
-    out["timer"] = str(w["timer"].iloc[0]) if len(w) else ""
-    out["_order"] = out["kernel"].map({k: i for i, k in enumerate(STATE_TABLE_KERNELS)})
-    out = out.sort_values(["K", "B", "_order", "state_layout"]).drop(columns="_order")
-    return out.reset_index(drop=True).round(4)
-
-
-def state_dtype_summary(df: pd.DataFrame, state_dtype: str = "bfloat16", B: int = 64,
-                        K: int = 4, decode_K: int = 1) -> str:
-    """One sentence for the conclusion: our bf16-state decode (``decode_K`` tokens) and ``K``-row
-    lazy exact carry and chain times at ``B`` against the fp32 state of the same run, each in
-    its faster layout; empty without such rows."""
-    t = state_dtype_table(df, Bs=(B,), state_dtype=state_dtype)
-    if t.empty:
-        return ""
-    parts = []
-    for kern, K, label in (("decodes", decode_K, f"{decode_K} x decode"),
-                           ("carry_exact_lazy", K, f"K={K} lazy exact carry (amortised)"),
-                           ("chain_snapshots", K, f"K={K} chain with snapshots")):
-        r = t[(t["kernel"] == kern) & (t["K"] == K)].dropna(subset=["fp32 state us"])
-        if r.empty:
-            continue
-        r = r.loc[r[f"{state_dtype} state us"].idxmin()]
-        parts.append(f"{label} [{r['state_layout']}] {r[f'{state_dtype} state us']:.1f} us against "
-                     f"{r['fp32 state us']:.1f} us ({r['ratio']:.2f}x)")
-    if not parts:
-        return ""
-    return f"{state_dtype} state pool at B={B}: " + "; ".join(parts) + "."
+def failed_points(df: pd.DataFrame) -> pd.DataFrame:
+    return P.failed_points(df, PARAMS)
 
 
 def main_shape(df: pd.DataFrame) -> dict:
-    """``MAIN_SHAPE`` if the results hold it, else the shape with the most timed points."""
-    w = wide_table(df)
-    if w.empty:
-        return {}
-    sizes = w.groupby(list(SHAPE_KEYS)).size()
-    if tuple(MAIN_SHAPE[k] for k in SHAPE_KEYS) in sizes.index:
-        return dict(MAIN_SHAPE)
-    return dict(zip(SHAPE_KEYS, sizes.idxmax()))
-
-
-def _sel_shape(df: pd.DataFrame, shape: dict) -> pd.DataFrame:
-    for k, v in shape.items():
-        df = df[df[k] == v]
-    return df
-
-
-def _best_row(w: pd.DataFrame, kernel: str, **where) -> pd.Series | None:
-    """The fastest row of ``kernel`` matching ``where`` (over state layouts), None if none."""
-    if w.empty or "kernel" not in w:
-        return None
-    s = w[w["kernel"] == kernel]
-    for k, v in where.items():
-        s = s[s[k] == v]
-    if s.empty:
-        return None
-    return s.loc[s["time_us"].astype(float).idxmin()]
-
-
-def _lookup(w: pd.DataFrame, kernel: str, col: str, **where) -> float:
-    """``w[col]`` of the fastest row of ``kernel`` matching ``where`` (NaN if none)."""
-    r = _best_row(w, kernel, **where)
-    if r is None or col not in r.index or pd.isna(r[col]):
-        return math.nan
-    return float(r[col])
+    return P.main_shape(df, SHAPE_KEYS, MAIN_SHAPE)
 
 
 def lazy_table(df: pd.DataFrame, shape: dict | None = None, Bs=(1, 64, 128)) -> pd.DataFrame:
     """Time per verify (us) of the carry forms per ``K`` and ``B``: eager, the lazy timings
-    without and with a write-back, and their amortised combination with the write-back
-    frequency it used."""
-    w = wide_table(df)
+    without and with a write-back, their amortised mix and the write-back frequency it used."""
+    w = P.at(wide_table(df), main_shape(df) if shape is None else shape)
     if w.empty:
         return pd.DataFrame()
-    shape = main_shape(df) if shape is None else shape
-    w = _sel_shape(w, shape)
     w = w[w["B"].isin(Bs) & w["kernel"].str.startswith("carry_")
-          & ~w["kernel"].str.endswith(PLAN_SUFFIX)]
+          & ~w["kernel"].str.endswith(P.PLAN_SUFFIX)]
     if w.empty:
         return pd.DataFrame()
     w = w.assign(form=w["kernel"].str.split("_").str[1])
@@ -250,27 +116,23 @@ def lazy_table(df: pd.DataFrame, shape: dict | None = None, Bs=(1, 64, 128)) -> 
     out = w.pivot_table(index=idx, columns="variant", values="time_us").reset_index()
     out.columns.name = None
     amort = w[w["variant"] == "amortised"].set_index(idx)["wb_frac"]
-    out["write-back freq used"] = [amort.get(k, math.nan)
-                                   for k in zip(*(out[c] for c in idx))]
+    out["write-back freq used"] = [amort.get(k, math.nan) for k in zip(*(out[c] for c in idx))]
     out["timer"] = w["timer"].iloc[0]
     return out.round(3)
 
 
 def b1_table(df: pd.DataFrame, shape: dict | None = None) -> pd.DataFrame:
-    """``B = 1``, per kernel, layout and ``K``: the time per call as Python issues it
-    (``do_bench_us`` on a GPU, host launch included: the launch plans' column) and, on a GPU,
-    the CUDA graph replay time ``cuda_graph_us``; on the CPU the interpreter's wall time."""
-    w = wide_table(df)
+    """``B = 1``: per kernel, layout and ``K``, the call as Python makes it (``do_bench_us``,
+    host launch included: the launch plans' timer) and on a GPU the graph replay."""
+    shape = main_shape(df) if shape is None else shape
+    w = P.at(wide_table(df), dict(shape, B=1))
     if w.empty:
         return pd.DataFrame()
-    shape = main_shape(df) if shape is None else shape
-    w = _sel_shape(w, shape)
-    w = w[w["B"] == 1]
     if (w["timer"] == "cuda_graph").all():
-        w = w.rename(columns={"time_us": "cuda_graph_us"})
-        plans = _sel_shape(wide_table(df, "do_bench"), shape)
-        plans = plans[(plans["B"] == 1) & plans["kernel"].str.endswith(PLAN_SUFFIX)]
-        w = pd.concat([w, plans.rename(columns={"time_us": "do_bench_us"})], ignore_index=True)
+        plans = P.at(wide_table(df, "do_bench"), dict(shape, B=1))
+        plans = plans[plans["kernel"].str.endswith(P.PLAN_SUFFIX)]
+        w = pd.concat([w.rename(columns={"time_us": "cuda_graph_us"}),
+                       plans.rename(columns={"time_us": "do_bench_us"})], ignore_index=True)
         cols = ["kernel", "state_layout", "K", "do_bench_us", "cuda_graph_us"]
     else:
         cols = ["kernel", "state_layout", "K", "time_us", "timer"]
@@ -279,41 +141,158 @@ def b1_table(df: pd.DataFrame, shape: dict | None = None) -> pd.DataFrame:
 
 
 def shapes_table(df: pd.DataFrame, B: int = 64, K: int = 4) -> pd.DataFrame:
-    """Time, GB/s and roofline fraction of every provider: ``K`` (4) for every shape and
-    ``K = 8`` at the main shape (the head sizes, head counts and rows issue 5 asks to see), at
-    batch width ``B``, or the largest batch width below it that the shape was run at."""
+    """Every provider at ``K`` for every shape and ``K = 8`` at the main shape: time, GB/s and
+    roofline fraction at ``B`` (or the largest batch width below it the shape ran)."""
     w = wide_table(df)
     if w.empty:
         return pd.DataFrame()
     w = w[w["kernel"].isin(PROVIDERS)]
-    main = main_shape(df)
     is_main = np.ones(len(w), dtype=bool)
-    for k, v in main.items():
+    for k, v in main_shape(df).items():
         is_main &= (w[k] == v).to_numpy()
-    w = w[(w["K"] == K).to_numpy() | ((w["K"] == 8).to_numpy() & is_main)]
+    w = w[((w["K"] == K).to_numpy() | ((w["K"] == 8).to_numpy() & is_main)) & (w["B"] <= B)]
     if w.empty:
         return pd.DataFrame()
     keys = list(SHAPE_KEYS) + ["K", "state_layout"]
-    below = w[w["B"] <= B]
-    if below.empty:
-        return pd.DataFrame()
-    pick = below.groupby(keys)["B"].transform("max")
-    w = below[below["B"] == pick]
+    w = w[w["B"] == w.groupby(keys)["B"].transform("max")]
+    gpu = ("gbps", "roofline_frac") if P.on_gpu(w) else ()     # GB/s of interpreter time: none
     cols = [c for c in ("HK", "HV", "head_dim", "dtype", "K", "B", "kernel", "state_layout",
-                        "time_us", "gbps", "roofline_frac", "timer") if c in w]
-    out = w[cols].sort_values(["HV", "head_dim", "K", "kernel", "state_layout"]).reset_index(drop=True)
-    return out.round({"time_us": 2, "roofline_frac": 3})
+                        "time_us", *gpu, "timer") if c in w]
+    out = w[cols].sort_values(["HV", "head_dim", "K", "kernel", "state_layout"])
+    return out.reset_index(drop=True).round({"time_us": 2, "roofline_frac": 3})
 
 
 def pmll_table(pdf: pd.DataFrame, min_bytes: float = 4 * L2_BYTES) -> pd.DataFrame:
-    """PMLL read and write launches: MB moved, time, GB/s and (GPU) roofline fraction; on a GPU
-    only launches moving at least ``min_bytes`` (4x the L2)."""
-    w = wide_table(pdf)
+    """PMLL read and write launches: MB moved, time, GB/s, roofline fraction (GPU: launches
+    moving at least ``min_bytes``, 4x the L2)."""
+    w = P.wide(pdf)
     if w.empty:
         return pd.DataFrame()
     w = w.assign(MB=w["bytes"].astype(float) / 1e6)
-    if on_gpu(w):
+    gpu = ("gbps", "roofline_frac") if P.on_gpu(w) else ()
+    if gpu:
         w = w[w["MB"] * 1e6 >= min_bytes]
     cols = [c for c in ("kernel", "gate", "dtype", "B", "H", "M", "T", "D", "MB", "time_us",
-                        "gbps", "roofline_frac") if c in w]
+                        *gpu, "timer") if c in w]
     return w[cols].reset_index(drop=True).round({"MB": 1, "time_us": 2, "roofline_frac": 3})
+
+
+STATE_TABLE_KERNELS = ("decodes", "chain_snapshots", "carry_exact_eager", "carry_exact_lazy",
+                       "flashinfer_decode", "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen")
+
+
+def state_dtype_table(df: pd.DataFrame, shape: dict | None = None, Bs=(1, 64, 256),
+                      state_dtype: str = "bfloat16") -> pd.DataFrame:
+    """A ``state_dtype`` pool against the fp32 one per kernel, layout, ``K``, ``B``: both times,
+    on a GPU their ratio, and the half-state launch's worst output rel_l2 against the float64
+    reference with the same rounding points, with its tolerance."""
+    w = wide_table(df, state_dtype=None)
+    if w.empty or not (w["state_dtype"] == state_dtype).any():
+        return pd.DataFrame()
+    w = P.at(w, main_shape(df) if shape is None else shape)
+    w = w[w["kernel"].isin(STATE_TABLE_KERNELS) & w["B"].isin(list(Bs))]
+    keys = ["kernel", "state_layout", "K", "B"]
+    half = w[w["state_dtype"] == state_dtype].set_index(keys)["time_us"]
+    full = w[w["state_dtype"] == "float32"].set_index(keys)["time_us"]
+    out = pd.DataFrame({f"{state_dtype} state us": half, "fp32 state us": full}).dropna(
+        subset=[f"{state_dtype} state us"])
+    if P.on_gpu(w):
+        out["ratio"] = out[f"{state_dtype} state us"] / out["fp32 state us"]
+    tag = rf"^o( \([^)]*\))? \[{state_dtype} state\]$"
+    err = df[(df["metric"] == "rel_l2") & df["what"].fillna("").str.match(tag)]
+    if len(err):
+        e = err.groupby(keys)[["value", "tolerance"]].max()
+        e.columns = [f"o rel_l2 vs float64 ({state_dtype} rounding)", "tolerance"]
+        out = out.join(e, how="left")
+    out = out.reset_index()
+    out["timer"] = str(w["timer"].iloc[0]) if len(w) else ""
+    out["_o"] = out["kernel"].map({k: i for i, k in enumerate(STATE_TABLE_KERNELS)})
+    out = out.sort_values(["K", "B", "_o", "state_layout"]).drop(columns="_o")
+    return out.reset_index(drop=True).round(4)
+
+
+def findings(df: pd.DataFrame, pdf: pd.DataFrame | None = None, *, mean_accept: float = 3.3,
+             accept_K: int = 4, seed: int = 0) -> pd.DataFrame:
+    """Measured facts: the acceptance process the amortised figures use, the run's copy
+    roofline, PMLL points run, and on a GPU the bf16 state pool against the fp32 one."""
+    a4 = acceptance(4, mean_accept, accept_K, seed=seed)
+    rows = [fact("acceptance process, K=4", f"alpha {a4['alpha']:.3f}, lazy write-back on "
+                 f"{a4['lazy_wb']:.0%} of verifies, {a4['lazy_mean_pend']:.2f} rows pending",
+                 f"mean accepted length {mean_accept} at K={accept_K}")]
+    roof = P.roofline_gbps(df)
+    if roof:
+        rows.append(fact("copy roofline of this run", f"{roof:.0f} GB/s"))
+    if pdf is not None and len(pdf):
+        rows.append(fact("PMLL ring points", f"{pdf['point_id'].nunique()} run"))
+    t = state_dtype_table(df, Bs=(64,))
+    if "ratio" in t:
+        for kern, K in (("decodes", 1), ("chain_snapshots", 4), ("carry_exact_lazy", 4)):
+            r = t[(t["kernel"] == kern) & (t["K"] == K)].dropna(subset=["ratio"])
+            if len(r):
+                r = r.loc[r["bfloat16 state us"].idxmin()]
+                rows.append(fact(f"bf16 state pool, {LABELS[kern]}, K={K}, B=64",
+                                 f"{r['ratio']:.2f}x the fp32 pool's time",
+                                 f"{r['state_layout']}, the faster layout"))
+    return pd.DataFrame(rows)
+
+
+def plot_errors(df: pd.DataFrame):
+    return plots.plot_errors(df, LABELS, "Errors checked before timing")
+
+
+def plot_roofline(df: pd.DataFrame, shape: dict | None = None):
+    """Time per verify against batch width, one column per ``K``, every provider in each
+    layout; on a GPU the roofline floor (state read once) and the state read and written once
+    as reference lines, and a second row with each provider's roofline fraction. On the CPU
+    one row, labelled as the interpreter's wall time. None without timings."""
+    import matplotlib.pyplot as plt
+
+    shape = main_shape(df) if shape is None else shape
+    w = P.at(wide_table(df), shape)
+    w = w[w["kernel"].isin(PROVIDERS)] if len(w) else w
+    if w.empty:
+        return None
+    gpu = P.on_gpu(w)
+    timer = str(w["timer"].iloc[0])
+    roof = P.roofline_gbps(df) if gpu else None
+    Ks = sorted(w["K"].unique())
+    nrow = 2 if gpu and "roofline_frac" in w else 1
+    fig, axes = plt.subplots(nrow, len(Ks), figsize=(2.4 + 3.0 * len(Ks), 3.0 * nrow),
+                             squeeze=False, layout="constrained", sharey="row")
+    dt = getattr(torch, shape["dtype"])
+    for j, K in enumerate(Ks):
+        s = w[w["K"] == K]
+        for kern, lay in ((k, x) for k in PROVIDERS for x in ("kv", "vk")):
+            g = s[(s["kernel"] == kern) & (s["state_layout"] == lay)].sort_values("B")
+            if g.empty:
+                continue
+            kw = plots.style(kern, lay)
+            label = f"{LABELS.get(kern, kern)}, {P.LAYOUT_NAMES[lay]}"
+            axes[0][j].plot(g["B"], g["time_us"], label=label, **kw)
+            if nrow == 2:
+                axes[1][j].plot(g["B"], g["roofline_frac"], label=label, **kw)
+        if roof:
+            Bs = np.array(sorted(s["B"].unique()))
+            args = (int(K), shape["HK"], shape["HV"], shape["head_dim"], dt)
+            axes[0][j].plot(Bs, [floor_bytes(int(b), *args) / (roof * 1e3) for b in Bs], "k--",
+                            lw=1, label="roofline floor (state read once)")
+            axes[0][j].plot(Bs, [fla_bytes(int(b), *args) / (roof * 1e3) for b in Bs], ":",
+                            color="grey", lw=1, label="state read + written once")
+        axes[0][j].set_title(f"K = {K}", fontsize=9)
+        for row in range(nrow):
+            axes[row][j].set_xscale("log", base=2)
+            axes[-1][j].set_xlabel("batch width B")
+        axes[0][j].set_yscale("log")
+        if nrow == 2:
+            axes[1][j].axhline(1.0, color="k", lw=0.8)
+            axes[1][j].set_ylim(0, 1.1)
+    axes[0][0].set_ylabel(f"time per verify (us)\n{P.TIMER_LABELS.get(timer, timer)}", fontsize=8)
+    if nrow == 2:
+        axes[1][0].set_ylabel("fraction of copy roofline", fontsize=8)
+    desc = ", ".join(f"{k}={v}" for k, v in shape.items())
+    fig.suptitle(("Verify time and roofline fraction" if gpu else
+                  "Verify time (Triton interpreter wall time, not GPU speed)")
+                 + f" against batch width ({desc}" + (f"; roofline {roof:.0f} GB/s)" if roof
+                                                      else ")"), fontsize=10)
+    plots.legend_outside(fig, axes[0])
+    return fig

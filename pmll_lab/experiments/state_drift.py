@@ -19,7 +19,8 @@ import pandas as pd
 import torch
 
 from pmll_lab.bench import errors
-from pmll_lab.experiments.common import head_points
+from pmll_lab.experiments import plots
+from pmll_lab.experiments.gdn import head_points
 from pmll_lab.gdn import gdn_decode
 from pmll_lab.inputs import gdn_inputs
 
@@ -98,29 +99,32 @@ def drift_table(df: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index().rename_axis(columns=None)
 
 
-def plot_drift(df: pd.DataFrame, ax=None):
-    """rel L2 of the bf16-state decode against the fp32-state one over tokens (log-log): outputs
-    solid, state dashed, one colour per (layout, shape). Returns the axes (None without rows)."""
+def plot_drift(df: pd.DataFrame):
+    """rel L2 of the half-state decode against the fp32-state one over tokens (log-log): one
+    colour per compared quantity, one line style per state layout (one panel per shape).
+    Returns the figure (None without rows)."""
     import matplotlib.pyplot as plt
 
     t = drift_table(df)
     if t.empty:
         return None
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6.5, 3.6))
-    groups = [k for k in ("state_layout", "state_dtype", "HV", "head_dim", "B") if k in t]
-    for i, (key, g) in enumerate(t.groupby(groups)):
+    shapes = [k for k in ("HV", "head_dim", "B", "state_dtype") if k in t]
+    groups = list(t.groupby(shapes)) if shapes else [((), t)]
+    fig, axes = plt.subplots(1, len(groups), figsize=(2.5 + 4 * len(groups), 3.4),
+                             squeeze=False, layout="constrained", sharey=True)
+    for ax, (key, g) in zip(axes[0], groups):
         key = key if isinstance(key, tuple) else (key,)
-        label = ", ".join(f"{k}={v}" for k, v in zip(groups, key))
-        g = g.sort_values("t")
-        for metric, ls in (("drift_o", "-"), ("drift_state", "--")):
-            if metric in g:
-                ax.plot(g["t"], g[metric].clip(lower=1e-12), ls=ls, marker=".", color=f"C{i}",
-                        label=f"{METRICS[metric]} ({label})")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("tokens decoded t")
-    ax.set_ylabel("rel L2, half-state vs fp32-state decode")
-    ax.set_title("Drift of a bf16 state pool from an fp32 one", fontsize=10)
-    ax.legend(fontsize=6)
-    return ax
+        for lay, gl in g.groupby("state_layout") if "state_layout" in g else [("kv", g)]:
+            gl = gl.sort_values("t")
+            for i, metric in enumerate(METRICS):
+                if metric in gl:
+                    ax.plot(gl["t"], gl[metric].clip(lower=1e-12), ls=plots.LAYOUT_LINES[lay],
+                            marker=".", color=f"C{i}", label=f"{METRICS[metric]}, "
+                            f"{'K' if lay == 'kv' else 'V'}-major")
+        ax.set(xscale="log", yscale="log", xlabel="tokens decoded t")
+        ax.set_xscale("log", base=2)
+        ax.set_title(", ".join(f"{k}={v}" for k, v in zip(shapes, key)), fontsize=9)
+    axes[0][0].set_ylabel("rel L2, half-state vs fp32-state decode")
+    fig.suptitle("Drift of a bf16 state pool from an fp32 one", fontsize=10)
+    plots.legend_outside(fig)
+    return fig

@@ -1,0 +1,168 @@
+"""The plots every notebook draws, in one style: one colour per implementation and one line style
+per state layout, the same in every notebook (``COLORS``, ``LAYOUT_LINES``); legends outside
+the data; errors in a few panels, one per kernel family (``FAMILIES``), one x position per
+compared quantity.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+
+COLORS = {
+    # ours: Gated DeltaNet and the conv twin (a conv kernel takes its GDN twin's colour)
+    "carry_exact_lazy": "#1f77b4", "carry_exact_eager": "#aec7e8",
+    "carry_wy_lazy": "#ff7f0e", "carry_wy_eager": "#ffbb78", "ring": "#17becf",
+    "chain_snapshots": "#2ca02c", "chain_nosnap": "#98df8a", "decodes": "#9467bd",
+    "plain": "#000000",
+    # peers
+    "fla_fused_recurrent": "#d62728", "flashinfer_decode": "#8c564b",
+    "flashinfer_mtp_snapshots": "#e377c2", "flashinfer_mtp_frozen": "#f7b6d2",
+    "flashinfer_replayssm": "#c49c94",
+    # the PMLL ring and its attention
+    "pmll_read": "#bcbd22", "pmll_write": "#6b6b00", "fused": "#0b3d91",
+    "pmll_step": "#c5b0d5", "gather_sdpa_mask": "#ff9896", "sdpa_contiguous": "#9edae5",
+    "sdpa_causal": "#c7c7c7", "reference": "#7f7f7f", "memory_attention": "#7f7f7f",
+    "gpt2_pmll": "#7f7f7f",
+}
+ALIASES = {"chain": "chain_snapshots", "chain_restore": "chain_snapshots",
+           "updates": "decodes", "carry_lazy": "carry_exact_lazy",
+           "carry_eager": "carry_exact_eager", "exact_lazy": "carry_exact_lazy",
+           "exact_eager": "carry_exact_eager", "wy_lazy": "carry_wy_lazy",
+           "wy_eager": "carry_wy_eager", "flashinfer_snapshot_restore": "flashinfer_mtp_snapshots",
+           "protocol_exact": "carry_exact_lazy", "protocol_wy": "carry_wy_lazy"}
+"""The same implementation under another notebook's name."""
+LAYOUT_LINES = {"kv": "-", "vk": "--"}
+"""Line style per state layout: solid K-major, dashed V-major."""
+FAMILIES = {"decode and chain": ("decodes", "chain_snapshots", "chain_nosnap", "plain"),
+            "carried state": ("carry_exact_lazy", "carry_exact_eager", "carry_wy_lazy",
+                              "carry_wy_eager", "ring"),
+            "peers": ("fla_fused_recurrent", "flashinfer_decode", "flashinfer_mtp_snapshots",
+                      "flashinfer_mtp_frozen", "flashinfer_replayssm"),
+            "PMLL ring": ("pmll_read", "pmll_write", "memory_attention"),
+            "ring attention": ("fused", "reference", "pmll_step", "gather_sdpa_mask",
+                               "sdpa_contiguous", "sdpa_causal"),
+            "model": ("gpt2_pmll",)}
+"""The panels of the error plots, by canonical kernel name."""
+
+
+def canonical(kernel: str) -> str:
+    """A kernel's implementation: ``carry_exact_lazy:nowb:plan`` -> ``carry_exact_lazy``."""
+    base = str(kernel).split(":")[0]
+    return ALIASES.get(base, base)
+
+
+def color(kernel: str) -> str:
+    return COLORS.get(canonical(kernel), "#555555")
+
+
+def family(kernel: str) -> str:
+    k = canonical(kernel)
+    return next((f for f, ks in FAMILIES.items() if k in ks), "other")
+
+
+def style(kernel: str, layout: str = "kv") -> dict:
+    """Line keywords: the implementation's colour, the layout's line style."""
+    return dict(color=color(kernel), ls=LAYOUT_LINES.get(layout, "-"), marker="o", ms=3)
+
+
+def legend_outside(fig, axes=None) -> None:
+    """One legend for the figure, right of the panels, each label once."""
+    handles, labels = {}, []
+    for ax in (axes if axes is not None else fig.axes):
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in handles:
+                handles[lab] = h
+                labels.append(lab)
+    if labels:
+        fig.legend([handles[lb] for lb in labels], labels, loc="outside right center",
+                   fontsize=7, frameon=False)
+
+
+def quantity(what: str) -> str:
+    """A check's compared quantity without its variant: ``o (write-back) [bfloat16 state]`` ->
+    ``o``."""
+    return re.sub(r"\s*[\(\[][^\)\]]*[\)\]]", "", str(what)).strip() or "-"
+
+
+def plot_errors(df: pd.DataFrame, labels: Mapping[str, str] | None = None,
+                title: str = "Errors checked before timing"):
+    """rel_l2 of every check against its reference: one panel per kernel family, one x position
+    per compared quantity, one colour per implementation, each tolerance a short black dash;
+    exact results (0) drawn at 1e-12. Returns the figure (None without error rows)."""
+    import matplotlib.pyplot as plt
+
+    if df.empty or "metric" not in df:
+        return None
+    err = df[df["metric"] == "rel_l2"].copy()
+    if err.empty:
+        return None
+    err["family"] = err["kernel"].map(family)
+    err["q"] = err["what"].map(quantity) if "what" in err else "-"
+    fams = [f for f in (*FAMILIES, "other") if (err["family"] == f).any()]
+    width = [max(err.loc[err["family"] == f, "q"].nunique(), 1) for f in fams]
+    fig, axes = plt.subplots(1, len(fams), figsize=(min(2.0 + 1.1 * sum(width), 15), 3.4),
+                             sharey=True, squeeze=False, layout="constrained",
+                             width_ratios=width)
+    for ax, fam in zip(axes[0], fams):
+        e = err[err["family"] == fam]
+        qs = list(dict.fromkeys(e["q"]))
+        kernels = list(dict.fromkeys(e["kernel"].map(canonical)))
+        step = 0.7 / max(len(kernels), 1)
+        for j, k in enumerate(kernels):
+            s = e[e["kernel"].map(canonical) == k]
+            x = [qs.index(q) - 0.35 + step * (j + 0.5) for q in s["q"]]
+            ax.scatter(x, s["value"].astype(float).clip(lower=1e-12), s=10, alpha=0.7,
+                       color=color(k), label=(labels or {}).get(k, k))
+        for i, q in enumerate(qs):
+            for tol in e.loc[e["q"] == q, "tolerance"].dropna().unique():
+                if tol > 0:
+                    ax.hlines(float(tol), i - 0.4, i + 0.4, colors="k", linestyles="--", lw=0.8)
+        ax.set_xticks(range(len(qs)), qs, fontsize=7, rotation=30 if len(qs) > 3 else 0)
+        ax.set_title(fam, fontsize=9)
+        ax.set_yscale("log")
+    axes[0][0].set_ylabel("rel. L2 error vs reference")
+    fig.suptitle(f"{title} (-- tolerance; 0 drawn at 1e-12)", fontsize=10)
+    legend_outside(fig, axes[0])
+    return fig
+
+
+def plot_lines(t: pd.DataFrame, *, x: str = "B", y: str = "time_us", panel: str = "K",
+               labels: Mapping[str, str] | None = None, ylabel: str = "", title: str = "",
+               kernels: Sequence[str] | None = None, logy: bool = True, hlines=()):
+    """One panel per value of ``panel``, ``y`` against ``x`` (log 2), one line per (kernel,
+    state layout) of the wide table ``t`` (median over duplicates). ``hlines``: ``(value,
+    label)`` drawn in every panel. Returns the figure (None when ``t`` is empty)."""
+    import matplotlib.pyplot as plt
+
+    if t.empty or y not in t:
+        return None
+    vals = sorted(t[panel].dropna().unique()) if panel in t else [None]
+    fig, axes = plt.subplots(1, len(vals), figsize=(2.2 + 3.0 * len(vals), 3.3), sharey=True,
+                             squeeze=False, layout="constrained")
+    order = list(kernels) if kernels else list(dict.fromkeys(t["kernel"]))
+    for ax, v in zip(axes[0], vals):
+        s = t if v is None else t[t[panel] == v]
+        for k in order:
+            for lay in sorted(s["state_layout"].dropna().unique()) if "state_layout" in s \
+                    else ["kv"]:
+                d = s[(s["kernel"] == k) & (s.get("state_layout", "kv") == lay)]
+                d = d.groupby(x)[y].median()
+                if not d.empty:
+                    ax.plot(d.index, d.values, label=f"{(labels or {}).get(k, k)}, "
+                            f"{'K' if lay == 'kv' else 'V'}-major", **style(k, lay))
+        for value, lab in hlines:
+            ax.axhline(value, color="k", ls=":", lw=1, label=lab)
+        ax.set_xscale("log", base=2)
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(x)
+        if v is not None:
+            ax.set_title(f"{panel} = {v}", fontsize=9)
+    axes[0][0].set_ylabel(ylabel, fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    legend_outside(fig, axes[0])
+    return fig

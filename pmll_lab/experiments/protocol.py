@@ -1,0 +1,359 @@
+"""Check, then time: the protocol every notebook's point functions follow, and the tables read
+from their rows.
+
+A point function checks each kernel against its float64 reference (tolerances:
+``pmll_lab.tolerances``) and raises ``CheckFailed`` before anything is timed when one of ours
+fails (llm.c's habit); then it times each launch by ``do_bench`` (host launch included) and, on a
+GPU, by CUDA graph replay (GPU time), and emits tidy speed rows (``speed_rows``). A peer that
+raises inside a point becomes one failed row of that peer (``peer_call``): our rows stay.
+
+The tables side: ``timed`` / ``wide`` (rows of checked points, one timer, one device kind),
+``checks`` (passed / checks and the worst error per kernel), ``failed_points`` (the last line of
+each error), ``sweep`` (``run_sweep``, quiet inside a report) and ``pick`` (a preset's entry).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import pandas as pd
+
+from pmll_lab import bench
+from pmll_lab.backend import DEVICE, INTERPRET
+from pmll_lab.bench import copy_bandwidth, throughput_rows, time_cuda_graph, time_launch
+from pmll_lab.dist import on_workers  # noqa: F401  (for the notebooks)
+from pmll_lab.sweep import CheckFailed, one_device, run_sweep
+
+TIMERS = ("cuda_graph", "do_bench", "cuda_events", "interpreter-wall")
+"""Timers in order of preference: tables, plots and targets read the first the rows have."""
+GPU_TIMERS = ("cuda_graph", "do_bench", "cuda_events")
+TIMER_LABELS = {"cuda_graph": "CUDA graph replay, median (GPU time)",
+                "do_bench": "do_bench, median (host launch included)",
+                "cuda_events": "CUDA events (GPU time)",
+                "interpreter-wall": "Triton interpreter wall time, not GPU speed"}
+LAYOUT_NAMES = {"kv": "K-major", "vk": "V-major"}
+PLAN_SUFFIX = ":plan"
+"""Kernel-name suffix of a launch plan's rows (arguments bound once, host path lean)."""
+
+
+# ---- the point side ------------------------------------------------------------------------
+
+def on_cuda() -> bool:
+    """Whether kernels run on a GPU (not the Triton interpreter)."""
+    return DEVICE.type == "cuda" and not INTERPRET
+
+
+def timings(fn: Callable[[], object], *, graph: bool = True, warmup_ms: float = 10,
+            rep_ms: float = 50, cpu_reps: int = 1, replays: int = 100) -> list[dict]:
+    """``do_bench`` of ``fn`` (interpreter wall time on the CPU) and, on a GPU with ``graph``, its
+    CUDA graph replay (``replays`` >= 100 individually timed replays). A capture that fails loses
+    only the graph figure (``graph_error`` on the other)."""
+    return bench.timings(fn, graph=graph and on_cuda(), warmup_ms=warmup_ms, rep_ms=rep_ms,
+                         cpu_reps=cpu_reps, replays=replays, launch_timer=time_launch,
+                         graph_timer=time_cuda_graph)
+
+
+def flag(kernel: str, metric: str, ok: bool, what: str) -> dict:
+    """A check that holds or not (``value`` 1/0): bitwise equality, a protocol flag."""
+    return {"kernel": kernel, "metric": metric, "value": float(ok), "passed": bool(ok),
+            "what": what}
+
+
+def require(rows: Sequence[dict]) -> None:
+    """Raise ``CheckFailed`` (carrying ``rows``) when a row failed: before anything is timed."""
+    bad = [r for r in rows if r.get("passed") is False]
+    if bad:
+        what = ", ".join(sorted({f"{r['kernel']}:{r.get('what', '')}:{r['metric']}" for r in bad}))
+        raise CheckFailed(f"failed checks: {what}", list(rows))
+
+
+def speed_rows(kernel: str, times: Iterable[dict], nbytes: int | None = None, *,
+               flops: float | None = None, **extra) -> list[dict]:
+    """Rows of each timing (one timer each): ``time_us`` (p20, p80, replays or graph_error), then
+    ``gbps`` over ``nbytes`` (the fewest bytes the launch must move; on a GPU also
+    ``roofline_frac`` and the floor time ``floor_us``) or ``tflops`` over ``flops``; ``extra`` on
+    every row."""
+    roof = copy_bandwidth() if nbytes is not None else None
+    rows: list[dict] = []
+    for t in times:
+        if flops is not None:
+            med = float(t["median_us"])
+            out = [{"kernel": kernel, "metric": "time_us", "value": med, "p20": t["p20_us"],
+                    "p80": t["p80_us"], "unit": "us", "timer": t["timer"]},
+                   {"kernel": kernel, "metric": "tflops", "value": flops / (med * 1e-6) / 1e12,
+                    "unit": "TFLOP/s", "timer": t["timer"], "flops": flops}]
+        else:
+            out = throughput_rows(kernel, t, nbytes)
+        for r in out:
+            r.update(extra)
+            if nbytes is not None:
+                r["bytes"] = int(nbytes)
+            if r["metric"] == "time_us":
+                r.update({k: t[k] for k in ("replays", "graph_error") if k in t})
+                if roof:
+                    r["floor_us"] = nbytes / (roof * 1e3)
+        rows += out
+    return rows
+
+
+def mix(t0: list[dict], t1: list[dict], f: float) -> list[dict]:
+    """``(1-f)*t0 + f*t1`` per timer found in both (an amortised figure)."""
+    other = {t["timer"]: t for t in t1}
+    return [dict({k: (1 - f) * float(a[k]) + f * float(other[a["timer"]][k])
+                  for k in ("median_us", "p20_us", "p80_us")}, timer=a["timer"])
+            for a in t0 if a["timer"] in other]
+
+
+def is_peer(kernel: str) -> bool:
+    """FLA's and FlashInfer's kernels: their exceptions are theirs, not a failed point."""
+    return kernel.startswith(("fla_", "flashinfer_"))
+
+
+def peer_failure_row(kernel: str, exc: BaseException) -> dict:
+    """A peer's exception inside a point as one failed row of that peer (our rows kept)."""
+    return {"kernel": kernel, "metric": "error", "value": None, "status": "failed",
+            "error": f"{type(exc).__name__}: {exc}"}
+
+
+def peer_call(name: str, fn: Callable, *args, **kwargs):
+    """``(fn(*args, **kwargs), None)``, or ``(None, [peer_failure_row])`` when a peer raises; an
+    exception of ours passes."""
+    try:
+        return fn(*args, **kwargs), None
+    except Exception as exc:  # noqa: BLE001 - a peer's failure loses none of our rows
+        if not is_peer(name):
+            raise
+        return None, [peer_failure_row(name, exc)]
+
+
+def timed_rows(entries: Iterable[tuple], **timing) -> list[dict]:
+    """``speed_rows`` of each ``(name, fn, nbytes, extra)``, timed by ``timings(**timing)``; a
+    peer that raises while timed gives its failure row instead."""
+    rows: list[dict] = []
+    for name, fn, nbytes, extra in entries:
+        t, failed = peer_call(name, timings, fn, **timing)
+        rows += failed or speed_rows(name, t, nbytes, **extra)
+    return rows
+
+
+# ---- the tables side -----------------------------------------------------------------------
+
+def best_timer(df: pd.DataFrame, metric: str = "time_us") -> str | None:
+    """The first of ``TIMERS`` that ``df``'s ``metric`` rows have (None without)."""
+    if df.empty or "timer" not in df or "metric" not in df:
+        return None
+    have = set(df.loc[df["metric"] == metric, "timer"].dropna())
+    return next((t for t in TIMERS if t in have), None)
+
+
+def on_gpu(df: pd.DataFrame) -> bool:
+    """Whether ``df`` holds GPU timings."""
+    return "timer" in df and bool(df["timer"].isin(GPU_TIMERS).any())
+
+
+def roofline_gbps(df: pd.DataFrame) -> float | None:
+    """The copy bandwidth (GB/s) the rows' roofline fractions were divided by (GPU runs)."""
+    if "copy_gbps" not in df:
+        return None
+    vals = pd.to_numeric(df["copy_gbps"], errors="coerce").dropna()
+    return float(vals.iloc[0]) if len(vals) else None
+
+
+def with_layout(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with ``state_layout`` ("kv" where missing) and ``state_dtype`` ("float32")."""
+    df = df.copy()
+    for col, default in (("state_layout", "kv"), ("state_dtype", "float32")):
+        df[col] = df[col].fillna(default) if col in df else default
+    return df
+
+
+def base_kernel(kernel: pd.Series) -> pd.Series:
+    """``carry_exact_lazy:nowb:plan`` -> ``carry_exact_lazy``."""
+    return kernel.astype(str).str.split(":").str[0]
+
+
+def timed(df: pd.DataFrame, metric: str = "time_us", timer: str | None = None) -> pd.DataFrame:
+    """Rows of ``metric`` from points that ran (``status == "ok"``), leaving out each kernel of a
+    point that failed one of its checks (a peer that disagreed drops its own times only), of one
+    timer (default ``best_timer``) and one kind of device (``sweep.one_device``)."""
+    if df.empty or "metric" not in df:
+        return df.iloc[0:0]
+    timer = best_timer(df) if timer is None else timer
+    sel = df[(df["metric"] == metric) & (df["status"] == "ok")]
+    if "timer" in sel:
+        sel = sel[sel["timer"] == timer]
+    if "passed" in df:
+        bad = df[df["passed"].eq(False)]
+        bad = set(zip(bad["point_id"], base_kernel(bad["kernel"])))
+        if bad:
+            keys = list(zip(sel["point_id"], base_kernel(sel["kernel"])))
+            sel = sel[[k not in bad for k in keys]]
+    return one_device(with_layout(sel))
+
+
+def wide(df: pd.DataFrame, timer: str | None = None, *, metric: str = "time_us",
+         state_dtype: str | None = None) -> pd.DataFrame:
+    """One row per timed (point, kernel): its parameters, ``time_us`` (``metric``'s value), and
+    where the rows have them ``gbps`` + ``bytes``, ``roofline_frac``, ``tflops``, and beside a
+    CUDA-graph time the do_bench time of the same launch (``do_bench_us``). ``state_dtype``:
+    keep the rows of that state dtype only."""
+    timer = best_timer(df, metric) if timer is None else timer
+    tm = timed(df, metric, timer)
+    if tm.empty:
+        return pd.DataFrame()
+    key = ["point_id", "kernel"]
+    out = tm.rename(columns={"value": "time_us"}).drop(columns=["metric"])
+    for m in ("gbps", "roofline_frac", "tflops"):
+        s = timed(df, m, timer)
+        if not s.empty:
+            cols = key + ["value"]
+            if m == "gbps" and "bytes" in s:
+                cols.append("bytes")
+                out = out.drop(columns=["bytes"], errors="ignore")
+            out = out.merge(s[cols].rename(columns={"value": m}), on=key, how="left")
+    if timer == "cuda_graph":
+        db = timed(df, metric, "do_bench")
+        if not db.empty:
+            out = out.merge(db[key + ["value"]].rename(columns={"value": "do_bench_us"}),
+                            on=key, how="left")
+    if state_dtype is not None:
+        out = out[out["state_dtype"] == state_dtype]
+    return out.reset_index(drop=True)
+
+
+def at(df: pd.DataFrame, where: Mapping | None) -> pd.DataFrame:
+    """The rows of ``df`` matching ``where``: a value (equal), a list (one of) or a function of
+    the column (a boolean mask)."""
+    for k, v in (where or {}).items():
+        if k not in df:
+            return df.iloc[0:0]
+        if callable(v):
+            df = df[v(df[k])]
+        elif isinstance(v, (list, tuple, set)):
+            df = df[df[k].isin(list(v))]
+        else:
+            df = df[df[k] == v]
+    return df
+
+
+def main_shape(df: pd.DataFrame, keys: Sequence[str], prefer: Mapping | None = None) -> dict:
+    """``prefer`` if the timed rows hold it, else the values of ``keys`` with the most timed
+    rows: the shape the speed plots and tables show."""
+    t = timed(df)
+    if t.empty or not set(keys) <= set(t.columns):
+        return {}
+    if prefer and not at(t, prefer).empty:
+        return dict(prefer)
+    return dict(zip(keys, t.groupby(list(keys)).size().idxmax()))
+
+
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:/[^/\s'\"]+)+/([^/\s'\"]+)")
+
+
+def error_line(text: object) -> str:
+    """The message of an error, without its traceback or machine paths (a path becomes its file
+    name), at most 300 characters."""
+    if not isinstance(text, str) or not text.strip():
+        return ""
+    head = text.split("Traceback (most recent call last)")[0]
+    lines = [ln.strip() for ln in head.splitlines() if ln.strip()] or \
+        [ln.strip() for ln in text.splitlines() if ln.strip()][-1:]
+    line = _PATH.sub(r"\1", lines[0] if lines else "")
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def failed_points(df: pd.DataFrame, params: Sequence[str]) -> pd.DataFrame:
+    """One line per failed point or failed peer: the ``params`` columns present, the kernel
+    (``*``: the whole point) and the error's message (``error_line``)."""
+    if df.empty or "status" not in df:
+        return pd.DataFrame()
+    bad = df[df["status"] == "failed"]
+    cols = [c for c in (*params, "kernel") if c in bad]
+    out = bad[cols].assign(error=bad["error"].map(error_line) if "error" in bad else "")
+    if "point_id" in bad:       # a failed check fails the point: one line for it
+        whole = bad.groupby("point_id")["kernel"].transform("nunique") > 1
+        out.loc[whole.to_numpy(), "kernel"] = "*"
+    return out.dropna(axis=1, how="all").drop_duplicates().reset_index(drop=True)
+
+
+def point_failures(df: pd.DataFrame) -> tuple[int, pd.DataFrame]:
+    """``(points that failed as a whole, failed rows of peers inside points that ran)``."""
+    if df.empty or "status" not in df:
+        return 0, pd.DataFrame()
+    bad = df["status"] == "failed"
+    whole = bad.groupby(df["point_id"]).all()
+    return int(whole.sum()), df[bad & ~df["point_id"].map(whole)]
+
+
+def checks(df: pd.DataFrame, by: Sequence[str] = ("kernel",)) -> pd.DataFrame:
+    """Per kernel (``by``; launch plans and timing variants count with their kernel): checks
+    passed of run, points, the worst rel_l2 against its reference with its tolerance, and
+    ``status``: passed / failed. Empty without check rows."""
+    if df.empty or "passed" not in df:
+        return pd.DataFrame()
+    c = df[df["passed"].notna() & (df["metric"] != "max_abs")].copy()
+    if c.empty:
+        return pd.DataFrame()
+    c["kernel"] = base_kernel(c["kernel"])
+    c["passed"] = c["passed"].astype(bool)
+    by = [b for b in by if b in c]
+    out = c.groupby(by, sort=False).agg(passed=("passed", "sum"), checks=("passed", "size"),
+                                        points=("point_id", "nunique"))
+    err = c[c["metric"] == "rel_l2"].copy()
+    if not err.empty:
+        v, tol = err["value"].astype(float), err["tolerance"].astype(float)
+        err["margin"] = (v / tol.where(tol > 0)).fillna((v > 0).astype(float) * 1e300)
+        worst = err.loc[err.groupby(by, sort=False)["margin"].idxmax()].set_index(by)
+        out = out.join(worst[["value", "tolerance", "what"]].rename(
+            columns={"value": "worst_rel_l2", "what": "worst_of"}))
+    out.insert(0, "status", ["passed" if p == n else "failed"
+                             for p, n in zip(out["passed"], out["checks"])])
+    return out.reset_index()
+
+
+def correctness_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
+    """Every check: per ``by`` columns, kernel, check and compared quantity, points, passed, and
+    the worst rel_l2 with its tolerance (empty for flags)."""
+    if df.empty or "passed" not in df:
+        return pd.DataFrame()
+    c = with_layout(df[df["passed"].notna() & (df["metric"] != "max_abs")])
+    c = c.assign(what=c["what"].fillna("") if "what" in c else "",
+                 passed=c["passed"].astype(bool), check=c["metric"])
+    keys = [k for k in by if k in c] + ["kernel", "check", "what"]
+    out = c.groupby(keys).agg(points=("point_id", "nunique"), passed=("passed", "sum"),
+                              checks=("passed", "size")).reset_index()
+    err = c[c["metric"] == "rel_l2"]
+    if not err.empty:
+        worst = err.groupby(keys).agg(worst_rel_l2=("value", "max"),
+                                      tolerance=("tolerance", "max"))
+        out = out.join(worst, on=keys)
+    return out
+
+
+def details(df: pd.DataFrame, summary: str):
+    """``df`` as HTML folded under ``summary`` (opened by a click in the report)."""
+    from IPython.display import HTML
+
+    body = df.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3g}") if len(df) \
+        else "<p>(none)</p>"
+    return HTML(f"<details><summary>{html.escape(summary)}</summary>{body}</details>")
+
+
+def pick(table: Mapping, preset: str, name: str = "grids"):
+    """``table[preset]``; a preset it lacks is a ``ValueError`` naming the valid ones."""
+    if preset not in table:
+        raise ValueError(f"preset: {preset!r} is not one of {sorted(table)} (the keys of "
+                         f"{name} in the parameters cell)")
+    return table[preset]
+
+
+def sweep(name: str, points: list[dict], point_fn: Callable, *, results_dir, client=None,
+          affinity=None) -> pd.DataFrame:
+    """``run_sweep``: a progress bar in a Lab session, silent inside a report (the HTML shows
+    the answer, not the sweep's log)."""
+    quiet = bool(os.environ.get("PMLL_LAB_REPORT"))
+    return run_sweep(name, points, point_fn, results_dir=results_dir, client=client,
+                     affinity=affinity, progress=not quiet)

@@ -1,0 +1,42 @@
+"""The tolerances every check against a float64 reference uses: one table for the notebooks'
+point functions (``pmll_lab.experiments``) and the tests.
+
+Each is a bound on ``rel_l2 = ||x - ref|| / ||ref||``. Per-dtype tables take the dtype's name
+(``"bfloat16"``) or the ``torch.dtype`` itself.
+"""
+
+from __future__ import annotations
+
+
+class ByDtype(dict):
+    """A tolerance per dtype, looked up by name (``"float32"``) or by ``torch.float32``."""
+
+    def __missing__(self, key):
+        name = str(key).removeprefix("torch.")
+        if name != key and name in self:
+            return self[name]
+        raise KeyError(key)
+
+
+STATE_TOL = 1e-5
+"""fp32 states, snapshots and stash rows: fp32 arithmetic over kd-long reductions."""
+O_TOL = ByDtype(float32=1e-5, float16=1e-3, bfloat16=8e-3)
+"""Outputs, rounded once to the input dtype (fp32: as ``STATE_TOL``)."""
+HALF_STATE_TOL = ByDtype(bfloat16=8e-3, float16=1e-3)
+"""A bf16/fp16 state against the float64 reference with the same rounding points: an fp32 value
+and its float64 twin can round to neighbouring values (one ulp), carried on by later rows."""
+WY_TOL = 1e-4
+RING_WRITE_TOL = ByDtype(float32=1e-6, bfloat16=1.6e-2, float16=2e-3)
+"""A gated ring write: 8 unit roundoffs (a blend is rounded once per token on a slot). Ungated
+writes and reads are copies: 0."""
+RING_ATTENTION_TOL = ByDtype(float32=1e-5, bfloat16=1.6e-2, float16=2e-3)
+"""The fused ring attention: probabilities and output each rounded once to the dtype (as
+FlashAttention and SDPA round), 8 unit roundoffs of a 16-bit dtype."""
+MODEL_TOL = 1e-4
+"""Logits of a 12-layer fp32 model computed two ways (segmented vs whole sequence)."""
+
+TOLERANCES = {
+    "state": STATE_TOL, "output": O_TOL, "half state": HALF_STATE_TOL, "WY form": WY_TOL,
+    "ring write": RING_WRITE_TOL, "ring attention": RING_ATTENTION_TOL, "model": MODEL_TOL,
+}
+"""Every tolerance above by what it bounds."""

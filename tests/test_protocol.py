@@ -1,0 +1,105 @@
+"""The experiment protocol's tables and the targets machinery on constructed rows (no kernels):
+what the reports are built from, held to exact values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+import pmll_lab  # noqa: F401  (backend first)
+from pmll_lab import tolerances
+from pmll_lab.experiments import plots
+from pmll_lab.experiments import protocol as P
+from pmll_lab.experiments import targets as T
+
+
+def test_tolerances_by_dtype_name_or_torch_dtype():
+    assert tolerances.O_TOL["bfloat16"] == tolerances.O_TOL[torch.bfloat16] == 8e-3
+    assert tolerances.RING_WRITE_TOL[torch.float32] == 1e-6
+    with pytest.raises(KeyError):
+        tolerances.HALF_STATE_TOL[torch.float32]
+    assert set(tolerances.TOLERANCES) >= {"state", "output", "ring write"}
+
+
+def test_error_line_drops_the_traceback_and_machine_paths():
+    text = ("RuntimeError: failed in /home/someone/work/pmll_lab/ops/x.py at row 3\n"
+            "Traceback (most recent call last):\n  File \"/opt/venv/lib/a.py\", line 3, in f\n"
+            "    raise RuntimeError('x')\n          ^^^^^\nRuntimeError: x")
+    assert P.error_line(text) == "RuntimeError: failed in x.py at row 3"
+    assert P.error_line("check failed: failed checks: chain:o:rel_l2") == \
+        "check failed: failed checks: chain:o:rel_l2"
+    assert P.error_line(None) == "" and P.error_line(float("nan")) == ""
+    assert len(P.error_line("E: " + "x" * 400)) == 300
+
+
+def test_pick_names_the_valid_presets():
+    assert P.pick({"quick": 1, "full": 2}, "full") == 2
+    with pytest.raises(ValueError, match=r"preset: 'Quick' is not one of \['full', 'quick'\]"):
+        P.pick({"quick": 1, "full": 2}, "Quick")
+
+
+def _rows(**kw):
+    base = dict(status="ok", error="", state_layout="kv")
+    return dict(base, **kw)
+
+
+def test_a_peer_that_failed_its_check_drops_its_own_times_only():
+    df = pd.DataFrame([
+        _rows(point_id="p", kernel="chain", metric="rel_l2", value=1e-3, tolerance=8e-3,
+              passed=True, what="o"),
+        _rows(point_id="p", kernel="fla_fused_recurrent", metric="rel_l2", value=0.5,
+              tolerance=8e-3, passed=False, what="o"),
+        _rows(point_id="p", kernel="chain", metric="time_us", value=10.0, timer="cuda_graph"),
+        _rows(point_id="p", kernel="chain:plan", metric="time_us", value=11.0, timer="cuda_graph"),
+        _rows(point_id="p", kernel="fla_fused_recurrent", metric="time_us", value=9.0,
+              timer="cuda_graph"),
+        _rows(point_id="q", kernel="*", metric="error", value=None, status="failed",
+              error="RuntimeError: boom\nTraceback (most recent call last):\n..."),
+    ])
+    assert list(P.timed(df)["kernel"]) == ["chain", "chain:plan"]
+    c = P.checks(df).set_index("kernel")
+    assert c.loc["chain", "status"] == "passed" and c.loc["fla_fused_recurrent", "status"] == \
+        "failed"
+    assert c.loc["fla_fused_recurrent", "worst_rel_l2"] == 0.5
+    bad = P.failed_points(df, ("K",))
+    assert list(bad["kernel"]) == ["*"] and list(bad["error"]) == ["RuntimeError: boom"]
+    assert P.point_failures(df)[0] == 1
+
+
+def test_targets_over_cells_report_the_worst_and_reported_rows_are_not_counted():
+    rows = []
+    for M, T_, ours, peer in ((1, 16, 5.0, 10.0), (1, 32, 9.0, 10.0), (2, 16, 4.0, 10.0)):
+        for k, v in (("fused", ours), ("sdpa", peer)):
+            rows.append(_rows(point_id=f"{M}-{T_}", kernel=k, M=M, T=T_, metric="time_us",
+                              value=v, timer="cuda_graph"))
+    df = pd.DataFrame(rows)
+    half = T.Target("fused <= 0.5x sdpa", "fused", "sdpa", 0.5, over=("M", "T"))
+    seen = T.Target("fused against sdpa", "fused", "sdpa", None, over=("M", "T"))
+    h = T.headline(df, [half, seen])
+    r = h.iloc[0]
+    assert (r["status"], r["cells"], r["met_cells"], r["ratio"]) == ("missed", 3, 2, 0.9)
+    assert "worst at M=1, T=32" in r["note"]
+    assert h.iloc[1]["status"] == "reported" and math.isnan(h.iloc[1]["bound"])
+    assert "0 of 1 targets met" in T.verdict(df, h, "test")
+    with pytest.raises(ValueError, match="kind"):
+        T.Target("x", "fused", kind="speed")
+    with pytest.raises(ValueError, match="peer"):
+        T.Target("x", "fused")
+
+
+def test_one_style_per_implementation_and_layout():
+    """The same implementation has the same colour in every notebook (under its other names
+    too), a layout the same line style, and distinct implementations distinct colours."""
+    assert plots.color("chain") == plots.color("chain_snapshots") == plots.color("chain_restore")
+    assert plots.color("carry_exact_lazy:nowb:plan") == plots.color("exact_lazy") == \
+        plots.color("carry_lazy")
+    assert plots.style("decodes", "kv")["ls"] != plots.style("decodes", "vk")["ls"]
+    assert len(set(plots.COLORS.values()) - {"#7f7f7f"}) == \
+        len([k for k, v in plots.COLORS.items() if v != "#7f7f7f"])
+    assert plots.family("flashinfer_replayssm") == "peers"
+    assert plots.family("carry_wy_lazy:wb") == "carried state"
+    assert plots.quantity("o (write-back) [bfloat16 state]") == "o"
