@@ -178,3 +178,15 @@ def kernel_point(p: dict) -> list[dict]:
 OUTPUT_TOL_KERNEL = 2e-2
 """rel L2 of one verify's bf16 outputs against the float64 ring reference (bf16 state and
 ring rows: the 2-byte state's rounding, as ``RING_TOLERANCE``)."""
+
+
+def drift_point(p: dict) -> list[dict]:
+    """The drift study as one sweep point (``pmll_lab.step_drift.drift_study`` with the point's
+    ``batch, steps, rows, num_k_heads, num_v_heads, head_dim, checkpoints, ring_length, seed,
+    alpha``): one row per form, step and metric, ``kernel = form``."""
+    from pmll_lab.step_drift import drift_study
+
+    keys = ("batch", "steps", "rows", "num_k_heads", "num_v_heads", "head_dim", "checkpoints",
+            "ring_length", "seed", "alpha")
+    out = drift_study(**{k: p[k] for k in keys if k in p})
+    return [dict(r, kernel=r["form"]) for r in out.to_dict("records")]
