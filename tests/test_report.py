@@ -251,8 +251,9 @@ def test_cluster_arguments_are_checked_before_running(tmp_path, capsys, monkeypa
 
 
 def test_committed_notebooks_pass_their_scheduler_to_every_sweep():
-    """Each notebook's parameters cell has ``scheduler = None`` and every ``run_sweep`` call
-    passes ``client=scheduler``, so ``--workers`` / ``--scheduler`` reach all the sweeps."""
+    """Each notebook's parameters cell has ``scheduler = None`` and every sweep call
+    (``run_sweep`` or ``protocol.sweep``, its quiet form) passes ``client=scheduler``, so
+    ``--workers`` / ``--scheduler`` reach all the sweeps."""
     import ast
 
     books = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
@@ -265,7 +266,8 @@ def test_committed_notebooks_pass_their_scheduler_to_every_sweep():
                   for t in n.targets if isinstance(t, ast.Name)}
         assert "scheduler" in values and ast.literal_eval(values["scheduler"]) is None, path.name
         calls = [n for c in code[1:] for n in ast.walk(ast.parse(c.source))
-                 if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "run_sweep"]
+                 if isinstance(n, ast.Call) and (getattr(n.func, "id", None) == "run_sweep"
+                                                 or getattr(n.func, "attr", None) == "sweep")]
         assert calls, path.name
         for call in calls:
             kw = {k.arg: k.value for k in call.keywords}
