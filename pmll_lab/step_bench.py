@@ -47,6 +47,10 @@ from pmll_lab.reference import ring as ref_ring
 
 STEP_FORMS = ("exact_lazy", "exact_eager", "ring", "chain_restore",
               "flashinfer_snapshot_restore", "flashinfer_replayssm")
+CONV_FORMS = ("conv_carry_lazy", "conv_chain_restore")
+"""The conv twin's step (SPEC §3c): its carry (``conv_carry_verify`` lazy + ``carry_accept``)
+and its chain with window snapshots + the restore, beside the GDN step; both bitwise equal to
+``conv_update`` per accepted row (``check_conv``)."""
 OUTPUT_TOL = {"float32": 8e-3, "bfloat16": 2e-2, "float16": 1e-2}
 """rel L2 of a step's accepted outputs (bf16) against float64 decoding, per state dtype: one
 bf16 rounding of the outputs (8e-3, as the carry tests), or the 2-byte state's rounding."""
@@ -335,3 +339,83 @@ def step_bytes(form: str, case: StepCase, fold_frac: float, mean_fill: float) ->
     if form == "chain_restore":
         return int(hb * (K + 1) + 2 * hb * restore_frac + io)
     return int(hb * (K + 1) + 2 * hb + io)               # FlashInfer mtp: K snapshots, restore
+
+
+def _conv_inputs(case: StepCase) -> dict:
+    """The conv twin's inputs for ``case``: per step ``x [B, K, dim]`` (``dim = 2 HK kd +
+    HV vd``, Qwen3-Next's fused qkv), weight ``[dim, 4]``, a window pool ``[B, dim, 3]``, all in
+    ``case.dtype``; drawn on the CPU from ``seed + 2``."""
+    gen = torch.Generator().manual_seed(int(case.seed) + 2)
+    HK, HV, d = case.num_k_heads, case.num_v_heads, case.head_dim
+    dim = 2 * HK * d + HV * d
+    t = dict(x=torch.randn(case.steps, case.batch, case.rows, dim, generator=gen),
+             weight=torch.randn(dim, 4, generator=gen) * 0.5,
+             window=torch.randn(case.batch, dim, 3, generator=gen))
+    out = {n: v.to(case.dtype).to(DEVICE) for n, v in t.items()}
+    out.update(qk_channels=2 * HK * d, head_dim=d)
+    return out
+
+
+def build_conv_form(form: str, case: StepCase):
+    """``(step(i) -> y, window)`` of a conv twin form on a fresh copy of the window pool."""
+    from pmll_lab.conv import ConvCarry, conv_carry_verify, conv_chain
+
+    _checks.choice("form", form, CONV_FORMS)
+    c = _conv_inputs(case)
+    window, slots, acc = c["window"].clone(), case.tensors["slots"], case.tensors["accepted"]
+    kw = dict(qk_channels=c["qk_channels"], head_dim=c["head_dim"])
+    if form == "conv_carry_lazy":
+        carry = ConvCarry.empty(case.batch, window.shape[1], cap=GDN_CARRY_CAP,
+                                dtype=case.dtype)
+
+        def step(i):
+            y, e = conv_carry_verify(window, carry, c["x"][i], c["weight"], slot_tab=slots,
+                                     lazy=True, **kw)
+            carry_accept(carry, slots, e, acc[i])
+            return y
+
+        return step, window, carry
+    inter = torch.empty(case.batch, case.rows - 1, *window.shape[1:], dtype=window.dtype,
+                        device=window.device)
+
+    def step(i):
+        y = conv_chain(window, c["x"][i], c["weight"], state_indices=slots, intermediate=inter,
+                       **kw)
+        gdn_snapshot_restore(window, inter, slots, acc[i], last_in_place=True)
+        return y
+
+    return step, window, None
+
+
+def check_conv(form: str, case: StepCase) -> bool:
+    """Run a conv form's steps and compare every accepted output row and the final windows
+    (the carry's pending inputs shifted in) bitwise with ``conv_update`` per accepted row."""
+    from pmll_lab.conv import conv_carry_flush, conv_update
+    from pmll_lab.bench import bitwise_equal
+
+    c = _conv_inputs(case)
+    step, window, carry = build_conv_form(form, case)
+    plain, slots = c["window"].clone(), case.tensors["slots"]
+    ok = True
+    for i in range(case.steps):
+        y = step(i)
+        acc = case.tensors["accepted"][i]
+        for row in range(case.rows):
+            live = torch.where(acc > row, slots, -1).to(torch.int32)
+            yr = conv_update(plain, c["x"][i][:, row], c["weight"], state_indices=live,
+                             qk_channels=c["qk_channels"], head_dim=c["head_dim"])
+            m = (acc > row).cpu()
+            ok &= bitwise_equal(y[:, row][m.to(y.device)], yr[m.to(yr.device)])
+    if carry is not None:
+        conv_carry_flush([window], [carry], slots)
+    return bool(ok and bitwise_equal(window, plain))
+
+
+def conv_step_timing(form: str, case: StepCase) -> dict | None:
+    """µs per step of a conv form, the ``steps`` steps captured in one CUDA graph."""
+    step, *_ = build_conv_form(form, case)
+    t = time_cuda_graph(lambda: [step(i) for i in range(case.steps)], replays=100)
+    if t is None:
+        return None
+    return {"step_us": t["median_us"] / case.steps, "p20_us": t["p20_us"] / case.steps,
+            "p80_us": t["p80_us"] / case.steps}

@@ -102,3 +102,11 @@ def test_step_point_rows_and_targets_on_the_cpu():
     assert any(r["metric"] == "step_us" for r in rows) == (DEVICE.type == "cuda")  # GPU only
     df = pd.DataFrame([dict(p, **r) for r in rows])
     assert set(S.target_table(df)["verdict"]) == {"not measured"}
+
+
+def test_conv_twin_step_is_bitwise_conv_update():
+    from pmll_lab.step_bench import check_conv
+
+    case = _case(seed=4)
+    for form in ("conv_carry_lazy", "conv_chain_restore"):
+        assert check_conv(form, case), form

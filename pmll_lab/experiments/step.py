@@ -16,14 +16,15 @@ import pandas as pd
 import torch
 
 from pmll_lab.backend import DEVICE, INTERPRET
-from pmll_lab.step_bench import (STEP_FORMS, StepCase, build_form, check_form, step_bytes,
-                                 step_timing, supports)
+from pmll_lab.step_bench import (CONV_FORMS, STEP_FORMS, StepCase, build_form, check_conv,
+                                 check_form, conv_step_timing, step_bytes, step_timing, supports)
 
 LABELS = {
     "exact_lazy": "carry exact, lazy", "exact_eager": "carry exact, eager",
     "ring": "carry ring (tolerance form)", "chain_restore": "chain + snapshots + restore",
     "flashinfer_snapshot_restore": "FlashInfer mtp + snapshots + restore",
     "flashinfer_replayssm": "FlashInfer ReplaySSM (ucache_flush + commit)",
+    "conv_carry_lazy": "conv twin: carry, lazy", "conv_chain_restore": "conv twin: chain + restore",
 }
 PEER = "flashinfer_replayssm"
 TARGETS = (
@@ -84,6 +85,33 @@ def step_point(p: dict) -> list[dict]:
         if t is not None:
             rows.append(dict(base, metric="step_us", value=t["step_us"], p20=t["p20_us"],
                              p80=t["p80_us"], unit="us", timer="cuda_graph", status="ok"))
+    rows += conv_rows(case, mean_accept)
+    return rows
+
+
+def conv_rows(case: StepCase, mean_accept: float) -> list[dict]:
+    """The conv twin's step beside the GDN one: bitwise against ``conv_update`` per accepted
+    row (``bitwise`` 1.0), then µs per step; bytes held per sequence to roll back (the carry's
+    ``CAP`` input rows, the chain's ``K - 1`` windows)."""
+    dim = 2 * case.num_k_heads * case.head_dim + case.num_v_heads * case.head_dim
+    item = torch.finfo(case.dtype).bits // 8
+    held = {"conv_carry_lazy": 8 * dim * item + 4, "conv_chain_restore": (case.rows - 1) * dim * 3 * item}
+    rows = []
+    for form in CONV_FORMS:
+        base = dict(kernel=form, form=form, mean_accept=mean_accept)
+        try:
+            ok = check_conv(form, case)
+        except Exception as exc:  # noqa: BLE001 - one failed row of that form
+            rows.append(dict(base, metric="bitwise", value=float("nan"), status="failed",
+                             error=f"{type(exc).__name__}: {exc}"[:300]))
+            continue
+        status = "ok" if ok else "failed"
+        rows.append(dict(base, metric="bitwise", value=float(ok), passed=ok, status=status))
+        rows.append(dict(base, metric="bytes_held_seq", unit="B", value=held[form], status=status))
+        t = conv_step_timing(form, case) if ok else None
+        if t is not None:
+            rows.append(dict(base, metric="step_us", value=t["step_us"], p20=t["p20_us"],
+                             p80=t["p80_us"], unit="us", timer="cuda_graph", status="ok"))
     return rows
 
 
@@ -93,7 +121,7 @@ def step_table(df: pd.DataFrame) -> pd.DataFrame:
     keys = ["state_dtype", "B", "K", "form"]
     t = ok.pivot_table(index=keys, columns="metric", values="value", aggfunc="first")
     cols = [c for c in ("step_us", "bytes_moved_step", "bytes_held_seq", "fold_frac",
-                        "mean_fill", "o_rel_l2", "state_rel_l2") if c in t]
+                        "mean_fill", "o_rel_l2", "state_rel_l2", "bitwise") if c in t]
     return t[cols].reset_index()
 
 

@@ -45,8 +45,9 @@ def gdn_snapshot_restore(state, snapshots, slot_tab, accepted, *, last_in_place)
     """Copy each sequence's snapshot after its last accepted row into its slot.
 
     Args:
-        state: ``[S, HV, d, d']`` (either layout; fp32, bf16 or fp16), inner dims contiguous.
-        snapshots: ``[B, R, HV, d, d']`` in ``state``'s dtype and layout, inner dims
+        state: ``[S, ...]`` (a GDN state ``[S, HV, d, d']`` in either layout, or a conv window
+            ``[S, dim, state_len]``; fp32, bf16 or fp16), the dims after ``S`` contiguous.
+        snapshots: ``[B, R, ...]`` in ``state``'s dtype and inner shape, the dims after ``R``
             contiguous: the state after each verified row (``R = K - 1`` for our chain, whose
             final state is already in place: ``last_in_place=True``; ``R = K`` for FlashInfer's
             frozen ``mtp`` buffer: ``last_in_place=False``).
@@ -57,15 +58,18 @@ def gdn_snapshot_restore(state, snapshots, slot_tab, accepted, *, last_in_place)
 
     Raises ``ValueError`` naming the argument before any launch.
     """
-    _checks.tensor("state", state, ndim=4, dtype=_checks.FLOAT_DTYPES)
-    S, HV, d1, d2 = state.shape
-    if state.stride()[1:] != (d1 * d2, d2, 1):
-        raise ValueError(f"state: inner three dims must be contiguous, got strides {state.stride()}")
-    _checks.tensor("snapshots", snapshots, ndim=5, dtype=state.dtype, device=state.device)
+    _checks.tensor("state", state, dtype=_checks.FLOAT_DTYPES)
+    inner = tuple(state.shape[1:])
+    if state.dim() < 2 or not state[0].is_contiguous():
+        raise ValueError(f"state: needs [S, ...] with the dims after S contiguous, got shape "
+                         f"{tuple(state.shape)} strides {state.stride()}")
+    _checks.tensor("snapshots", snapshots, dtype=state.dtype, device=state.device)
+    if snapshots.dim() != state.dim() + 1 or tuple(snapshots.shape[2:]) != inner:
+        raise ValueError(f"snapshots: expected [B, R, {', '.join(map(str, inner))}], got "
+                         f"{tuple(snapshots.shape)}")
     B, R = snapshots.shape[:2]
-    _checks.tensor("snapshots", snapshots, shape=(B, R, HV, d1, d2))
-    if snapshots.stride()[2:] != (d1 * d2, d2, 1):
-        raise ValueError(f"snapshots: inner three dims must be contiguous, got strides "
+    if B and R and not snapshots[0, 0].is_contiguous():
+        raise ValueError(f"snapshots: the dims after R must be contiguous, got strides "
                          f"{snapshots.stride()}")
     for name, t in (("slot_tab", slot_tab), ("accepted", accepted)):
         _checks.tensor(name, t, shape=(B,), dtype=INDEX_DTYPES, device=state.device,
@@ -73,7 +77,7 @@ def gdn_snapshot_restore(state, snapshots, slot_tab, accepted, *, last_in_place)
     _checks.flag("last_in_place", last_in_place)
     if B == 0:
         return
-    head = HV * d1 * d2
+    head = state[0].numel()
     K = R + 1 if last_in_place else R
     _snapshot_restore_kernel[(B, cdiv(head, RESTORE_BLOCK))](
         state, snapshots, slot_tab, accepted, state.stride(0), snapshots.stride(0),
