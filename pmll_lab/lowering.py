@@ -224,10 +224,10 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         raise ValueError(f"heads: value heads {heads[1]} must be a multiple of key heads {heads[0]}")
     if INTERPRET:
         raise RuntimeError(_NEEDS_LOWER)
+    from pmll_lab.ops import settings
     from pmll_lab.ops.gdn import decode as D
-    from pmll_lab.ops.gdn.recurrence import (CARRY_PREFETCH_ROWS, EXACT_LAUNCH, block_config,
-                                             check_layout, vk_ahead, vk_chunks, vk_config,
-                                             vk_qk_rows_fit)
+    from pmll_lab.ops.gdn.recurrence import (EXACT_LAUNCH, block_config, check_layout,
+                                             vk_ahead, vk_chunks, vk_config, vk_qk_rows_fit)
 
     check_layout("layout", layout)
     HK, HV = heads
@@ -263,7 +263,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     dec = lower(rows_kernel, dec_types,
                 dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,
                      STORE_INTER=False, USE_QK_L2NORM=True,
-                     UNROLL=rows <= D.CHAIN_UNROLL_MAX_ROWS, HAS_OUT_IDX=False, GATE=gate,
+                     UNROLL=rows <= settings.gdn().chain_unroll_max_rows, HAS_OUT_IDX=False,
+                     GATE=gate,
                      **chunks, **vk_meta),
                 num_warps=warps, arch=arch, **EXACT_LAUNCH,
                 values=dict(HV=HV, GROUP=HV // HK, s_slot=HV * head_dim * head_dim,
@@ -275,11 +276,12 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         "scale": "fp32"}
     meta = dict(K=rows, CAP=C.GDN_CARRY_CAP, HV=HV, GROUP=HV // HK, KD=head_dim, VD=head_dim,
                 BK=BK, BV=BV_carry, NV=-(-head_dim // BV_carry), LAZY=True, USE_QK_L2NORM=True,
-                PREFETCH=CARRY_PREFETCH_ROWS, UNROLL=rows <= C.EXACT_UNROLL_MAX_ROWS, GATE=gate,
+                PREFETCH=settings.carry().carry_prefetch_rows,
+                UNROLL=rows <= settings.carry().exact_unroll_max_rows, GATE=gate,
                 **chunks, **vk_carry)
     meta.update(carry_constexprs or {})
     def layouts_of(low) -> set[str]:
-        # V-major tiles may differ in their row count (VK_TILES: decode and the carry), never in
+        # V-major tiles may differ in their row count (vk_tiles: decode and the carry), never in
         # how a row is spread over threads: compare with the leading dim written as BR.
         found = set(reduction_layouts(low.asm["ttgir"]))
         return {re.sub(r"^\d+x", "BRx", lay) for lay in found} if layout == "vk" else found

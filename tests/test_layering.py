@@ -29,12 +29,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("pmll_lab.serving", "pmll_lab.serving.*")),
     ("public facades and tools for the kernels",
      ("pmll_lab.gdn", "pmll_lab.conv", "pmll_lab.carry", "pmll_lab.pmll", "pmll_lab.bench",
-      "pmll_lab.peers", "pmll_lab.inputs")),
+      "pmll_lab.peers", "pmll_lab.peers_*", "pmll_lab.inputs")),
     ("real models driven through the facades (ServingCache, generation loops)",
      ("pmll_lab.models", "pmll_lab.models.*")),
     ("checks, experiments, sweeps, reports",
      ("pmll_lab.lowering", "pmll_lab.experiments", "pmll_lab.experiments.*", "pmll_lab.sweep",
-      "pmll_lab.dist", "pmll_lab.report", "pmll_lab.report_*", "pmll_lab.__main__")),
+      "pmll_lab.dist", "pmll_lab.report", "pmll_lab.report_*", "pmll_lab.step_*",
+      "pmll_lab.__main__")),
 )
 """Lowest first; a module may import its own layer and the ones below. A module's layer is the
 first whose patterns match it (the exact names of the base layer come before ``pmll_lab.ops.*``).

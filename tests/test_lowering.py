@@ -92,7 +92,7 @@ def test_exact_family_reduces_on_decode_layouts(lowered, case):
 @pytest.mark.parametrize("case", ["vk-128-bf16-4-64", "vk-64-fp32-8-1"])
 def test_vk_family_reduces_on_decode_layouts(lowered, case):
     """The V-major exact verify (whose tile may hold more value rows than decode's:
-    ``VK_TILES``) sums every row over keys on decode's thread layout."""
+    ``vk_tiles``) sums every row over keys on decode's thread layout."""
     fam = lowered[case]
     decode = fam["gdn_rows_vk_kernel"]
     assert decode, "decode lost its reductions"
