@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from pmll_lab import _interpreter
+from pmll_lab._interpreter import install as _install_interpreter
 
 
 def _decide() -> tuple[torch.device, bool]:
@@ -46,11 +46,11 @@ def _decide() -> tuple[torch.device, bool]:
     if wanted == "cpu" or not has_cuda:
         os.environ["TRITON_INTERPRET"] = "1"
         _require_fresh_triton_language()
-        _interpreter.install()
+        _install_interpreter()
         return torch.device("cpu"), True
     if os.environ.get("TRITON_INTERPRET") == "1":
         # A GPU machine asked for the interpreter explicitly: honour it, on CPU tensors.
-        _interpreter.install()
+        _install_interpreter()
         return torch.device("cpu"), True
     return torch.device("cuda", torch.cuda.current_device()), False
 

@@ -11,14 +11,14 @@ flush) folds them. Launchers:
   batches: ``pmll_lab.ops.launch.LaunchPlan``), ``gdn_carry_flush`` (``L`` layers, one
   launch): ``pmll_lab.ops.carry.gdn_carry`` (the stash in ``gdn_carry_stash``, the flush and
   accept in ``gdn_carry_pending``).
-- ``ConvCarry``, ``conv_carry_verify``, ``conv_carry_flush``: the conv twin, re-exported from
-  ``pmll_lab.conv`` (imported on first use).
+- ``ConvCarry``, ``conv_carry_verify``, ``conv_carry_flush``: the conv twin
+  (``pmll_lab.ops.conv.carry``, also public through ``pmll_lab.conv``).
 - ``carry_accept``: ``pend = a`` after a write-back (``engaged == 2``), else ``pend + a``, on the
   device, for one carry or a whole stack in one launch (GDN and conv carries alike).
 - ``SpecDecodeStep``: a host-side driver for a stack of layers that applies the seed's policy
   (lazy from ``lazy_min_seqs`` sequences; an eager verify folds at most ``eager_max_pending``
-  rows, so a slot holding more is flushed first): ``pmll_lab.ops.carry.spec_decode_step``;
-  ``CarryLayer``, one layer of the stack: ``pmll_lab.ops.carry.carry_layer``.
+  rows, so a slot holding more is flushed first): ``pmll_lab.serving.spec_decode_step``;
+  ``CarryLayer``, one layer of the stack: ``pmll_lab.serving.carry_layer``.
 
 **Never run a plain decode or chain on a slot with pending rows.** While ``pend[slot] > 0`` the
 stored state (and conv window) of that slot lags its sequence by the accepted rows in the stash;
@@ -33,7 +33,6 @@ The float64 reference of the protocol is ``pmll_lab.reference.carry``.
 
 from __future__ import annotations
 
-from pmll_lab.ops.carry.carry_layer import CarryLayer, _check_layer  # noqa: F401
 from pmll_lab.ops.carry.gdn_carry import (  # noqa: F401
     FORMS,
     GDN_CARRY_CAP,
@@ -52,9 +51,11 @@ from pmll_lab.ops.carry.gdn_carry import (  # noqa: F401
 from pmll_lab.ops.carry.gdn_ring import (  # noqa: F401
     RING_DEFAULT_LENGTH, RING_LENGTHS, RING_TOLERANCE, GdnRing, gdn_ring_flush, gdn_ring_verify,
     ring_accept)
-from pmll_lab.ops.carry.spec_decode_step import (  # noqa: F401
-    GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS, SpecDecodeStep)
+from pmll_lab.ops.conv.carry import ConvCarry, conv_carry_flush, conv_carry_verify
 from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, STATE_LAYOUTS  # noqa: F401
+from pmll_lab.serving.carry_layer import CarryLayer, _check_layer  # noqa: F401
+from pmll_lab.serving.spec_decode_step import (  # noqa: F401
+    GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS, SpecDecodeStep)
 
 __all__ = [
     "GDN_CARRY_CAP", "GDN_CARRY_LAZY_MIN_SEQS", "STATE_LAYOUTS", "GDN_CARRY_EAGER_MAX_PENDING",
@@ -63,14 +64,3 @@ __all__ = [
     "GdnRing", "gdn_ring_verify", "ring_accept", "gdn_ring_flush", "RING_TOLERANCE",
     "CarryLayer", "SpecDecodeStep", "stash_bytes_per_slot", "snapshot_bytes_per_slot",
 ]
-
-_CONV_NAMES = ("ConvCarry", "conv_carry_verify", "conv_carry_flush")
-
-
-def __getattr__(name):
-    """The conv twin's names, imported from ``pmll_lab.conv`` on first use."""
-    if name in _CONV_NAMES:
-        from pmll_lab import conv
-
-        return getattr(conv, name)
-    raise AttributeError(f"module 'pmll_lab.carry' has no attribute {name!r}")

@@ -269,10 +269,11 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         raise ValueError(f"resources: SASS statistics need stage='cubin', got stage={stage!r}")
     if INTERPRET:
         raise RuntimeError(_NEEDS_LOWER)
+    from pmll_lab.ops import settings
     from pmll_lab.ops.gdn import decode as D
-    from pmll_lab.ops.gdn.recurrence import (CARRY_PREFETCH_ROWS, EXACT_LAUNCH, block_config,
-                                             check_layout, vk_ahead, vk_chunks, vk_config,
-                                             vk_qk_rows_fit, vk_state_vector)
+    from pmll_lab.ops.gdn.recurrence import (EXACT_LAUNCH, block_config, check_layout,
+                                             vk_ahead, vk_chunks, vk_config, vk_qk_rows_fit,
+                                             vk_state_vector)
 
     check_layout("layout", layout)
     HK, HV = heads
@@ -310,7 +311,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     dec = lower(rows_kernel, dec_types,
                 dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,
                      STORE_INTER=False, USE_QK_L2NORM=True,
-                     UNROLL=rows <= D.CHAIN_UNROLL_MAX_ROWS, HAS_OUT_IDX=False, GATE=gate,
+                     UNROLL=rows <= settings.gdn().chain_unroll_max_rows, HAS_OUT_IDX=False,
+                     GATE=gate,
                      **chunks, **vk_meta),
                 num_warps=warps, arch=arch, stage=stage, **EXACT_LAUNCH,
                 values=dict(HV=HV, GROUP=HV // HK, s_slot=HV * head_dim * head_dim,
@@ -322,11 +324,12 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         "scale": "fp32"}
     meta = dict(K=rows, CAP=C.GDN_CARRY_CAP, HV=HV, GROUP=HV // HK, KD=head_dim, VD=head_dim,
                 BK=BK, BV=BV_carry, NV=-(-head_dim // BV_carry), LAZY=True, USE_QK_L2NORM=True,
-                PREFETCH=CARRY_PREFETCH_ROWS, UNROLL=rows <= C.EXACT_UNROLL_MAX_ROWS, GATE=gate,
+                PREFETCH=settings.carry().carry_prefetch_rows,
+                UNROLL=rows <= settings.carry().exact_unroll_max_rows, GATE=gate,
                 **chunks, **vk_carry)
     meta.update(carry_constexprs or {})
     def layouts_of(low) -> set[str]:
-        # V-major tiles may differ in their row count (VK_TILES: decode and the carry), never in
+        # V-major tiles may differ in their row count (vk_tiles: decode and the carry), never in
         # how a row is spread over threads: compare with the leading dim written as BR.
         found = set(reduction_layouts(low.asm["ttgir"]))
         return {re.sub(r"^\d+x", "BRx", lay) for lay in found} if layout == "vk" else found
@@ -355,13 +358,14 @@ STATE_TYPES = ("fp32", "bf16", "fp16")
 
 def table_batches(num_v_heads: int = 32) -> tuple[int, ...]:
     """One batch ``B`` per range of work units ``B * num_v_heads`` in which the V-major launch
-    tables (``recurrence.VK_TILES``, ``recurrence.VK_AHEAD``) pick a different row: the largest
+    tables (``settings.gdn().vk_tiles``, ``.vk_ahead``) pick a different row: the largest
     ``B`` inside each closed range and the smallest beyond the last bound (a range holding no
     multiple of ``num_v_heads`` is left out). K-major launches depend on the head size only
     (``block_config``). Read from the tables now, so a new row is checked without an edit."""
-    from pmll_lab.ops.gdn import recurrence as R
+    from pmll_lab.ops import settings
 
-    bounds = sorted({row[0] for row in R.VK_TILES} | {row[0] for row in R.VK_AHEAD})
+    gdn = settings.gdn()
+    bounds = sorted({row[0] for row in gdn.vk_tiles} | {row[0] for row in gdn.vk_ahead})
     out, lo = [], 0
     for hi in bounds:
         if hi == bounds[-1]:                  # the open last row: past every closed bound

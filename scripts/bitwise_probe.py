@@ -8,7 +8,7 @@ identical runs is a race, one that stays is an arithmetic difference), and print
 few differing fp32 values (states are compared too, snapshots are not); then the lazy exact carry verify against K decodes (bf16 and fp32 inputs). Usage on a GPU:  python3 scripts/bitwise_probe.py   (~30 s)
 
 The runtime row loop the library now uses for chains longer than 4 rows
-(``CHAIN_UNROLL_MAX_ROWS``) was tried first through this script's ``--rolled-chain`` option
+(the ``chain_unroll_max_rows`` setting) was tried first through this script's ``--rolled-chain`` option
 (commit d450be2; log reports/h200-2026-11-29s3/logs/bitwise-probe-rolled.log).
 """
 
@@ -48,28 +48,27 @@ def probe(D, K, B, out_dtype, seed=0):
 
 def carry_only():
     """``--carry-only``: the exact carry against decodes with the runtime row loop above 4 rows
-    (``EXACT_UNROLL_MAX_ROWS = 4``) and fully unrolled (8), and the verify's time under each
+    (``exact_unroll_max_rows = 4``) and fully unrolled (8), and the verify's time under each
     (kd=128, B=64, lazy, empty stash)."""
-    import pmll_lab.ops.carry.gdn_carry as C
     from pmll_lab.bench import time_launch
     from pmll_lab.carry import GdnCarry, gdn_carry_verify
-    default = C.EXACT_UNROLL_MAX_ROWS
+    from pmll_lab.ops import settings
     for unroll_max in (4, 8):
-        C.EXACT_UNROLL_MAX_ROWS = unroll_max
-        for D, K, B in [(64, 8, 64), (64, 8, 256), (128, 8, 64), (64, 5, 64), (64, 4, 64)]:
-            for dt in (torch.bfloat16, torch.float32):
-                n, tot, per_t = probe_carry(D, K, B, dt)
-                print(f"unroll<={unroll_max} carry vs decodes kd={D:3d} K={K} B={B:3d} "
-                      f"inputs={str(dt)[6:]:8s}: {n}/{tot} differ, per row {per_t}", flush=True)
-        for K in (4, 8):
-            x = gdn_inputs(0, 64, 16, 32, 128, 128, rows=K)
-            args = [x[n] for n in ("q", "k", "v", "g", "beta")]
-            carry = GdnCarry.empty(64, 32, 128, 128, device=x["state"].device)
-            t = time_launch(lambda: gdn_carry_verify(x["state"], carry, *args,
-                                                     slot_tab=x["state_indices"], lazy=True))
-            print(f"unroll<={unroll_max} carry exact lazy kd=128 K={K} B=64 pend=0: "
-                  f"{t['median_us']:.1f} us", flush=True)
-    C.EXACT_UNROLL_MAX_ROWS = default
+        with settings.override(exact_unroll_max_rows=unroll_max):
+            for D, K, B in [(64, 8, 64), (64, 8, 256), (128, 8, 64), (64, 5, 64), (64, 4, 64)]:
+                for dt in (torch.bfloat16, torch.float32):
+                    n, tot, per_t = probe_carry(D, K, B, dt)
+                    print(f"unroll<={unroll_max} carry vs decodes kd={D:3d} K={K} B={B:3d} "
+                          f"inputs={str(dt)[6:]:8s}: {n}/{tot} differ, per row {per_t}",
+                          flush=True)
+            for K in (4, 8):
+                x = gdn_inputs(0, 64, 16, 32, 128, 128, rows=K)
+                args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+                carry = GdnCarry.empty(64, 32, 128, 128, device=x["state"].device)
+                t = time_launch(lambda: gdn_carry_verify(x["state"], carry, *args,
+                                                         slot_tab=x["state_indices"], lazy=True))
+                print(f"unroll<={unroll_max} carry exact lazy kd=128 K={K} B=64 pend=0: "
+                      f"{t['median_us']:.1f} us", flush=True)
 
 
 def probe_carry(D, K, B, dtype, seed=0):

@@ -50,16 +50,17 @@ def main():
     for spec in a.tiles.split(","):
         for regs in ([int(r) for r in a.regs.split(",")] if spec == "default" else [0]):
             MAXNREG[0] = regs                               # every batch width
-            tag = T.set_tile(T.parse_tile(spec)) + (f"/r{regs}" if regs else "")
-            bad = T.check_family(16, 32, 128, 4, T.DT["bf16"])
-            print(f"{tag}: family {'bitwise' if not bad else 'DIFFERS ' + ', '.join(bad[:4])}",
-                  flush=True)
-            for B in Bs:
-                for name, (gu, bu, _) in T.timings(B, "vk").items():
-                    table[(tag, B, name)] = gu
-                    print(f"{tag:>14} B={B:<4} {name:<24} graph {gu:8.1f} us  do_bench "
-                          f"{bu:8.1f} us", flush=True)
-            T.recurrence.VK_TILES = T.DEFAULT_TILES
+            tag, over = T.tile_settings(T.parse_tile(spec))
+            tag += f"/r{regs}" if regs else ""
+            with T.settings.override(**over):
+                bad = T.check_family(16, 32, 128, 4, T.DT["bf16"])
+                print(f"{tag}: family {'bitwise' if not bad else 'DIFFERS ' + ', '.join(bad[:4])}",
+                      flush=True)
+                for B in Bs:
+                    for name, (gu, bu, _) in T.timings(B, "vk").items():
+                        table[(tag, B, name)] = gu
+                        print(f"{tag:>14} B={B:<4} {name:<24} graph {gu:8.1f} us  do_bench "
+                              f"{bu:8.1f} us", flush=True)
             MAXNREG[0] = 0
     base = "default"
     print("\nratio to the library (graph replay):")

@@ -27,6 +27,7 @@ from pmll_lab.bench import bitwise_equal, copy_bandwidth, errors, time_launch  #
 from pmll_lab.carry import GdnCarry, gdn_carry_verify  # noqa: E402
 from pmll_lab.gdn import row_io_bytes, state_bytes  # noqa: E402
 from pmll_lab.inputs import gdn_inputs, generator  # noqa: E402
+from pmll_lab.ops import settings  # noqa: E402
 from pmll_lab.ops.carry import gdn_carry as C  # noqa: E402
 from pmll_lab.peers import fla_available, fla_runner  # noqa: E402
 
@@ -51,8 +52,8 @@ def nbytes(B, K, HK, HV, D, pend, wb):
 
 def run_variant(x, carry0, form, lazy, precision=None, warps=None):
     """``form``: "exact" / "wy" (one program per head) or "exact-split" / "wy-split" (column
-    blocks across programs); WY with ``precision`` and ``warps``."""
-    C.EXACT_SPLIT_COLUMNS = form == "exact-split"
+    blocks across programs); WY with ``precision`` and ``warps``. Call it, and time what it
+    returns, inside ``settings.override(exact_split_columns=form == "exact-split")``."""
     C.WY_SPLIT_COLUMNS = form == "wy-split"
     form = form.split("-")[0]
     C.WY_DOT_PRECISION = precision or "ieee"
@@ -91,21 +92,23 @@ def main():
         for pend in (3, 5) if not a.smoke else (1,):
             wb = pend + K > 8
             x, carry0 = case(B, K, HK, HV, D, pend)
-            _, o_ref, c_ref, _ = run_variant(x, carry0, "exact", True)
+            with settings.override(exact_split_columns=False):
+                _, o_ref, c_ref, _ = run_variant(x, carry0, "exact", True)
             nb = nbytes(B, K, HK, HV, D, pend, wb)
             for form, prec, warps in variants:
-                f, o, c, engaged = run_variant(x, carry0, form, True, prec, warps)
-                eo = errors(o, o_ref)["rel_l2"]
-                eu = errors(c.buf, c_ref.buf)["rel_l2"]
-                ok = eo <= 8e-3 and eu <= 1e-4 and bool((engaged == (2 if wb else 1)).all())
-                same = bitwise_equal(o, o_ref) and bitwise_equal(c.buf, c_ref.buf)
-                line = (f"B={B:3d} K={K} pend={pend} wb={int(wb)} {form:11s} {prec or '-':6s} "
-                        f"w={warps or 1}  o_err {eo:.1e} u_err {eu:.1e} bitwise={int(same)} "
-                        f"{'ok' if ok else 'CHECK FAILED'}")
-                if ok and not a.smoke:
-                    t = time_launch(f, warmup_ms=10, rep_ms=50)["median_us"]
-                    gbps = nb / (t * 1e-6) / 1e9
-                    line += f"  {t:8.1f} us  {gbps:6.0f} GB/s  {gbps / roof:5.1%}"
+                with settings.override(exact_split_columns=form == "exact-split"):
+                    f, o, c, engaged = run_variant(x, carry0, form, True, prec, warps)
+                    eo = errors(o, o_ref)["rel_l2"]
+                    eu = errors(c.buf, c_ref.buf)["rel_l2"]
+                    ok = eo <= 8e-3 and eu <= 1e-4 and bool((engaged == (2 if wb else 1)).all())
+                    same = bitwise_equal(o, o_ref) and bitwise_equal(c.buf, c_ref.buf)
+                    line = (f"B={B:3d} K={K} pend={pend} wb={int(wb)} {form:11s} "
+                            f"{prec or '-':6s} w={warps or 1}  o_err {eo:.1e} u_err {eu:.1e} "
+                            f"bitwise={int(same)} {'ok' if ok else 'CHECK FAILED'}")
+                    if ok and not a.smoke:
+                        t = time_launch(f, warmup_ms=10, rep_ms=50)["median_us"]
+                        gbps = nb / (t * 1e-6) / 1e9
+                        line += f"  {t:8.1f} us  {gbps:6.0f} GB/s  {gbps / roof:5.1%}"
                 print(line, flush=True)
             if fla_available():
                 run, gva = fla_runner(x["q"], x["k"], x["v"], x["g"], x["beta"],

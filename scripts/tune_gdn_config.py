@@ -2,8 +2,8 @@
 
 Every GDN kernel that must agree bitwise with decode (decode, the chain, the exact carry verify
 and its fold) launches with ``block_config``; this script runs each candidate ``(BV, warps)``
-(``recurrence.block_config_override``) with the row prefetch on and off
-(``recurrence.CARRY_PREFETCH_ROWS``; decode and the chain had their own switch, measured
+(the ``kv_block`` setting of ``pmll_lab.ops.settings``) with the row prefetch on and off
+(``carry_prefetch_rows``; decode and the chain had their own switch, measured
 slower with it and removed since: perf-notes v7), and for each:
 
 1. checks the family still agrees to the bit under it: two lazy exact carry verifies (the second
@@ -32,7 +32,7 @@ from pmll_lab.carry import GdnCarry, carry_accept, gdn_carry_verify  # noqa: E40
 from pmll_lab.gdn import (chain_bytes, decode_bytes, gdn_chain, gdn_decode, row_io_bytes,  # noqa: E402
                           state_bytes)
 from pmll_lab.inputs import gdn_inputs  # noqa: E402
-from pmll_lab.ops.gdn import recurrence  # noqa: E402
+from pmll_lab.ops import settings  # noqa: E402
 from tune_carry import case as carry_case, nbytes as carry_bytes  # noqa: E402  (scripts/)
 
 CONFIGS = ["32x1", "16x1", "8x1", "16x2", "32x2", "32x4", "64x4"]
@@ -109,12 +109,10 @@ def main():
     HK, HV, D = (1, 2, 32) if a.smoke else (16, 32, 128)
     roof = None if a.smoke else copy_bandwidth()
     print(f"device {device_name()}; copy roofline {roof and round(roof)} GB/s", flush=True)
-    saved = recurrence.CARRY_PREFETCH_ROWS
     for cfg in a.configs.split(","):
         bv, w = (int(s) for s in cfg.split("x"))
         for prefetch in (True, False):
-            recurrence.CARRY_PREFETCH_ROWS = prefetch
-            with recurrence.block_config_override(bv, w):
+            with settings.override(kv_block=(bv, w), carry_prefetch_rows=prefetch):
                 head = f"== BV={bv} warps={w} prefetch={int(prefetch)}"
                 try:
                     bad = check_family(HK, HV, D)
@@ -125,7 +123,6 @@ def main():
                             print(f"   {line}", flush=True)
                 except Exception as e:  # noqa: BLE001  (a failed config must not end the sweep)
                     print(f"{head}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
-    recurrence.CARRY_PREFETCH_ROWS = saved
 
 
 if __name__ == "__main__":

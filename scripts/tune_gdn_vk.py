@@ -1,7 +1,9 @@
-"""GPU sweep of the V-major GDN family's tile (``recurrence.VK_TILES``) against the K-major
-kernels and FLA, with a bitwise family check per tile (issue 10; perf-notes v11).
+"""GPU sweep of the V-major GDN family's tile (the ``vk_tiles`` setting of
+``pmll_lab.ops.settings``) against the K-major kernels and FLA, with a bitwise family check per
+tile (issue 10; perf-notes v11).
 
-For each candidate ``BRxW`` (value rows per program x warps; ``VK_TILES`` set to that one tile):
+For each candidate ``BRxW`` (value rows per program x warps; ``vk_tiles`` overridden with that
+one tile):
 
 ``default`` runs the library's table (decode and the carry may then use different tiles).
 
@@ -36,7 +38,7 @@ from pmll_lab.carry import (GdnCarry, carry_accept, gdn_carry_flush,  # noqa: E4
                             gdn_carry_verify)
 from pmll_lab.gdn import gdn_chain, gdn_decode, state_bytes, row_io_bytes  # noqa: E402
 from pmll_lab.inputs import gdn_inputs  # noqa: E402
-from pmll_lab.ops.gdn import recurrence  # noqa: E402
+from pmll_lab.ops import settings  # noqa: E402
 from pmll_lab.peers import fla_fused_recurrent, fla_runner  # noqa: E402
 
 DT = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
@@ -151,8 +153,7 @@ def timings(B, layout, HK=16, HV=32, D=128, K=4, seed=3):
 
 KERNELS: set[str] = set()
 """Kernels to time (``--kernels``); empty: all."""
-DEFAULT_TILES = recurrence.VK_TILES
-DEFAULT_CHUNK = recurrence.VK_CHUNK
+DEFAULT_CHUNK = settings.SHIPPED["gdn"].vk_chunk
 
 
 def parse_tile(spec):
@@ -168,26 +169,31 @@ def parse_tile(spec):
     return (int(br), int(brc or br), int(w), chunk)
 
 
-def set_tile(tile):
-    """``VK_TILES`` set to one tile for every batch (``tile`` from ``parse_tile``; rows ``None``:
-    the library's table, decode and carry tiles may differ, as shipped) and ``VK_CHUNK`` to its
-    chunk width (``>= kd``: the flat ``[BR, 1, kd]`` tile). Returns a tag."""
+def tile_settings(tile, ahead=None):
+    """``(tag, overrides)``: ``vk_tiles`` set to one tile for every batch (``tile`` from
+    ``parse_tile``; rows ``None``: the library's table, decode and carry tiles may differ, as
+    shipped), ``vk_chunk`` to its chunk width (``>= kd``: the flat ``[BR, 1, kd]`` tile) and,
+    with ``ahead = (R, C, S)``, ``vk_ahead`` to that row for every batch; for
+    ``settings.override(**overrides)``."""
     br, brc, w, chunk = tile
-    recurrence.VK_CHUNK = chunk
+    over = dict(vk_chunk=chunk)
     if br is None:
-        recurrence.VK_TILES = DEFAULT_TILES
         tag = "default"
     else:
-        recurrence.VK_TILES = ((1 << 62, br, brc, w),)
+        over["vk_tiles"] = ((1 << 62, br, brc, w),)
         tag = f"{br}:{brc}x{w}" if brc != br else f"{br}x{w}"
-    return tag if chunk == DEFAULT_CHUNK else f"{tag}c{chunk}"
+    tag = tag if chunk == DEFAULT_CHUNK else f"{tag}c{chunk}"
+    if ahead is not None:
+        over["vk_ahead"] = ((1 << 62, ahead[0], ahead[1], ahead[1], ahead[2]),)
+        tag += "/a" + "-".join(map(str, ahead))
+    return tag, over
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiles", default="default,4x1,8x1,16x1,8x2,16x2",
                     help="tiles R[:RC]xW[:cCW] (rows, carry rows, warps, keys per chunk), or "
-                         "'default[:cCW]' for the library's VK_TILES")
+                         "'default[:cCW]' for the library's vk_tiles")
     ap.add_argument("--B", default="1,64,128,256")
     ap.add_argument("--family", default="128:4:bf16,64:8:fp32,256:4:bf16")
     ap.add_argument("--json", default=None)
@@ -195,7 +201,7 @@ def main():
     ap.add_argument("--no-kv", action="store_true", help="skip the K-major and FLA baselines")
     ap.add_argument("--ahead", default="default",
                     help="loads ahead R-C-S (input rows ahead for decode and the chain, for the "
-                         "verify on either state type, stash rows ahead; recurrence.VK_AHEAD for "
+                         "verify on either state type, stash rows ahead; the vk_ahead setting for "
                          "every batch), "
                          "or 'default' for the library's table; comma-separated")
     ap.add_argument("--kernels", default="",
@@ -208,11 +214,9 @@ def main():
     if a.smoke:
         for tile in tiles[:2]:
             for ahead in aheads:
-                tag = set_tile(tile)
-                if ahead is not None:
-                    recurrence.VK_AHEAD = ((1 << 62, ahead[0], ahead[1], ahead[1], ahead[2]),)
-                    tag += "/a" + "-".join(map(str, ahead))
-                print(tag, check_family(1, 2, 16, 3, torch.float32, B=5) or "bitwise")
+                tag, over = tile_settings(tile, ahead)
+                with settings.override(**over):
+                    print(tag, check_family(1, 2, 16, 3, torch.float32, B=5) or "bitwise")
         return
     roof = copy_bandwidth()
     print(f"device {device_name()}, copy roofline {roof:.0f} GB/s")
@@ -227,28 +231,22 @@ def main():
             print(f"{tag:>12} B={B:<4} {name:<24} graph {gu:9.1f} us  do_bench {bu:9.1f} us"
                   f"  {100 * frac:5.1f} %")
 
-    default = recurrence.VK_TILES
     for B in ([] if a.no_kv else Bs):
         record("kv", B, timings(B, "kv"))
-    default_ahead = recurrence.VK_AHEAD
     for tile in tiles:
         for ahead in aheads:
-            tag = set_tile(tile)
-            if ahead is not None:
-                recurrence.VK_AHEAD = ((1 << 62, ahead[0], ahead[1], ahead[1], ahead[2]),)
-                tag += "/a" + "-".join(map(str, ahead))
-            fam = []
-            for spec in filter(None, a.family.split(",")):
-                kd, K, dt = spec.split(":")
-                bad = check_family(16, 32, int(kd), int(K), DT[dt])
-                fam.append(f"{spec}: {'bitwise' if not bad else 'DIFFERS ' + ', '.join(bad[:4])}")
-            print(f"tile {tag} family: " + "; ".join(fam))
-            res.append(dict(tile=tag, family=fam))
-            for B in Bs:
-                record(tag, B, timings(B, "vk"))
-            recurrence.VK_TILES = default
-            recurrence.VK_CHUNK = DEFAULT_CHUNK
-            recurrence.VK_AHEAD = default_ahead
+            tag, over = tile_settings(tile, ahead)
+            with settings.override(**over):
+                fam = []
+                for spec in filter(None, a.family.split(",")):
+                    kd, K, dt = spec.split(":")
+                    bad = check_family(16, 32, int(kd), int(K), DT[dt])
+                    fam.append(f"{spec}: " + ("bitwise" if not bad
+                                              else "DIFFERS " + ", ".join(bad[:4])))
+                print(f"tile {tag} family: " + "; ".join(fam))
+                res.append(dict(tile=tag, family=fam))
+                for B in Bs:
+                    record(tag, B, timings(B, "vk"))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

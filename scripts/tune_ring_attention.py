@@ -5,7 +5,8 @@ For each head shape and a few (ring capacity M, segment length T) cells, times t
 GPU time, L2 flushed before each replay), beside PyTorch SDPA over the same keys laid out
 contiguously with a lower-right causal bias (the bound the kernel is held to). Each tile is first
 checked against the reference path on the cell's inputs. Prints one table per shape (us per
-cell, the geometric mean of time / SDPA) and the ``TILES`` rows of the best tiles.
+cell, the geometric mean of time / SDPA) and the ``attention_tiles`` rows
+(``pmll_lab.ops.settings``) of the best tiles.
 
 Run on a GPU, from the project root: ``python scripts/tune_ring_attention.py``: 24 tiles
 (``BLOCK_M`` 64/128, ``BLOCK_N`` 32/64/128, 4/8 warps, ``--stages`` 2,3) x 2 shapes x 5 cells;
@@ -30,6 +31,7 @@ import torch
 from pmll_lab.backend import DEVICE, INTERPRET
 from pmll_lab.bench import errors, time_cuda_graph, time_launch
 from pmll_lab.experiments.pmll_attention import TOL, sdpa_contiguous, speed_inputs
+from pmll_lab.ops import settings
 from pmll_lab.ops.pmll import ring_attention as ra
 from pmll_lab.pmll import memory_attention
 
@@ -75,7 +77,7 @@ def main():
     shapes, cell_list = _pairs(args.shapes, 3), _pairs(args.cells, 2)
     name = torch.cuda.get_device_name() if DEVICE.type == "cuda" else "CPU (interpreter)"
     print(f"device {name}  torch {torch.__version__}  dtype {args.dtype}")
-    print(f"current TILES: {ra.TILES}")
+    print(f"current attention_tiles: {settings.attention().attention_tiles}")
     t_start = time.time()
     for batch, heads, dim in shapes:
         block_d = max(16, 1 << (dim - 1).bit_length())
@@ -122,8 +124,9 @@ def main():
         if "geomean_vs_sdpa" in df and df["geomean_vs_sdpa"].notna().any():
             best = df.loc[df["geomean_vs_sdpa"].idxmin()]
             el = torch.empty((), dtype=dtype).element_size()
-            print(f"best: TILES[({block_d}, {el})] = ({int(best['BLOCK_M'])}, {int(best['BLOCK_N'])}, "
-                  f"{int(best['warps'])}, {int(best['stages'])})   # geomean {best['geomean_vs_sdpa']}x "
+            print(f"best: attention_tiles (({block_d}, {el}), ({int(best['BLOCK_M'])}, "
+                  f"{int(best['BLOCK_N'])}, "
+                  f"{int(best['warps'])}, {int(best['stages'])}))   # geomean {best['geomean_vs_sdpa']}x "
                   f"SDPA, worst {best['worst_vs_sdpa']}x\n")
         del cells, want
         if DEVICE.type == "cuda":

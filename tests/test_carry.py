@@ -17,6 +17,7 @@ Tolerances (relative L2 against the float64 reference):
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -33,6 +34,7 @@ from pmll_lab.carry import (
     gdn_carry_verify,
 )
 from pmll_lab.inputs import gdn_inputs
+from pmll_lab.ops import settings
 from pmll_lab.ops.carry.gdn_carry import FORMS, stash_bytes_per_slot
 from pmll_lab.ops.gdn.recurrence import block_config
 from pmll_lab.reference import carry as ref
@@ -204,39 +206,48 @@ def test_verify_write_back_with_several_column_blocks(form):
     _run_verify_case(form, True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7], seed=32)
 
 
-def test_per_head_loop_exact_variant(monkeypatch):
+def test_per_head_loop_exact_variant():
     """The exact form with one program per head looping over its column blocks
-    (``EXACT_SPLIT_COLUMNS = False``; the default splits them across programs and every other
+    (``exact_split_columns`` off; the default splits them across programs and every other
     test runs that): the race case (write-backs with several column blocks, where the shared g/k
     rows must be restashed only after the last block folded them), the protocol reference, and
     bitwise agreement with the split form, whose arrival counts must be left at zero."""
-    import pmll_lab.ops.carry.gdn_carry as C
+    with settings.override(exact_split_columns=False):
+        _run_verify_case("exact", False, torch.float32, 2, 3, 1, 2, 128, 64, 3, [5, 2], seed=31)
+        _run_verify_case("exact", True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7], seed=32)
+        _run_verify_case("exact", True, torch.bfloat16, 3, 5, 1, 2, 64, 48, 2, [0, 6, 7],
+                         seed=33)
 
-    monkeypatch.setattr(C, "EXACT_SPLIT_COLUMNS", False)
-    _run_verify_case("exact", False, torch.float32, 2, 3, 1, 2, 128, 64, 3, [5, 2], seed=31)
-    _run_verify_case("exact", True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7], seed=32)
-    _run_verify_case("exact", True, torch.bfloat16, 3, 5, 1, 2, 64, 48, 2, [0, 6, 7], seed=33)
-
-    results = _split_vs_per_head(monkeypatch, "exact", "EXACT_SPLIT_COLUMNS", seed=34)
+    results = _split_vs_per_head(
+        "exact", lambda split: settings.override(exact_split_columns=split), seed=34)
     for a, b_ in zip(results[True], results[False]):
         assert bitwise_equal(a, b_)
 
 
-def _split_vs_per_head(monkeypatch, form, flag, seed):
-    """One eager verify (several column blocks, write-backs) with ``flag`` on and off: returns
-    ``{split: (o, engaged, state, stash)}``; the split launch must leave its arrival counts at
-    zero."""
-    import pmll_lab.ops.carry.gdn_carry as C
+@contextlib.contextmanager
+def _global_set(monkeypatch, module, name, value):
+    """``module.name = value`` inside the block (the WY form's settings are module globals)."""
+    old = getattr(module, name)
+    monkeypatch.setattr(module, name, value)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(module, name, old)
 
+
+def _split_vs_per_head(form, split_columns, seed):
+    """One eager verify (several column blocks, write-backs) under ``split_columns(True)`` and
+    ``split_columns(False)`` (context managers): returns ``{split: (o, engaged, state,
+    stash)}``; the split launch must leave its arrival counts at zero."""
     x = gdn_inputs(seed, 3, 1, 2, 128, 64, rows=3, slots=4, dtype=torch.bfloat16)
     results = {}
     for split in (True, False):
-        monkeypatch.setattr(C, flag, split)
         st, c = x["state"].clone(), GdnCarry.empty(4, 2, 128, 64)
         _fill_stash(c, seed + 1)
         c.pend.copy_(torch.tensor([2, 6, 0, 7], dtype=torch.int32))
-        o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                slot_tab=x["state_indices"], form=form, lazy=False)
+        with split_columns(split):
+            o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                    slot_tab=x["state_indices"], form=form, lazy=False)
         results[split] = (o, e, st, c.buf)
         if split:
             assert int(c._arrivals.abs().sum()) == 0, "arrival counts must be left at zero"
@@ -255,7 +266,8 @@ def test_per_head_wy_variant(monkeypatch):
     _run_verify_case("wy", False, torch.float32, 2, 3, 1, 2, 128, 64, 3, [5, 2], seed=41)
     _run_verify_case("wy", True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7], seed=42)
     _run_verify_case("wy", True, torch.bfloat16, 3, 5, 1, 2, 64, 48, 2, [0, 6, 7], seed=43)
-    results = _split_vs_per_head(monkeypatch, "wy", "WY_SPLIT_COLUMNS", seed=44)
+    results = _split_vs_per_head(
+        "wy", lambda split: _global_set(monkeypatch, C, "WY_SPLIT_COLUMNS", split), seed=44)
     for name, a, b_ in zip(("o", "engaged", "state", "stash"), results[True], results[False]):
         if name == "engaged":
             assert torch.equal(a, b_)
@@ -264,47 +276,45 @@ def test_per_head_wy_variant(monkeypatch):
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_row_prefetch_changes_no_bit(monkeypatch, form):
-    """``CARRY_PREFETCH_ROWS`` only moves loads: with it off, the race case (write-backs over
+def test_row_prefetch_changes_no_bit(form):
+    """``carry_prefetch_rows`` only moves loads: with it off, the race case (write-backs over
     several column blocks, pending rows folded) gives the same outputs, engaged flags, states and
     stash bit for bit, and still matches the protocol reference."""
-    from pmll_lab.ops.gdn import recurrence
-
-    assert recurrence.CARRY_PREFETCH_ROWS, "the default this test compares against"
+    assert settings.carry().carry_prefetch_rows, "the default this test compares against"
     results = {}
     for prefetch in (True, False):
-        monkeypatch.setattr(recurrence, "CARRY_PREFETCH_ROWS", prefetch)
-        if not prefetch:
-            _run_verify_case(form, True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7], seed=52)
-        x = gdn_inputs(51, 3, 1, 2, 128, 64, rows=3, slots=4, dtype=torch.bfloat16)
-        st, c = x["state"].clone(), GdnCarry.empty(4, 2, 128, 64)
-        _fill_stash(c, 53)
-        c.pend.copy_(torch.tensor([2, 6, 0, 7], dtype=torch.int32))
-        o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                slot_tab=x["state_indices"], form=form, lazy=True)
+        with settings.override(carry_prefetch_rows=prefetch):
+            if not prefetch:
+                _run_verify_case(form, True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7],
+                                 seed=52)
+            x = gdn_inputs(51, 3, 1, 2, 128, 64, rows=3, slots=4, dtype=torch.bfloat16)
+            st, c = x["state"].clone(), GdnCarry.empty(4, 2, 128, 64)
+            _fill_stash(c, 53)
+            c.pend.copy_(torch.tensor([2, 6, 0, 7], dtype=torch.int32))
+            o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                    slot_tab=x["state_indices"], form=form, lazy=True)
         results[prefetch] = (o, e, st, c.buf)
     assert results[True][1].tolist() != [1, 1, 1], "the case must write back somewhere"
     for name, a, b_ in zip(("o", "engaged", "state", "stash"), results[True], results[False]):
         assert bitwise_equal(a, b_), name
 
 
-def test_exact_runtime_row_loop(monkeypatch):
-    """Verifies longer than ``EXACT_UNROLL_MAX_ROWS`` run a runtime row loop (perf-notes v10;
+def test_exact_runtime_row_loop():
+    """Verifies longer than ``exact_unroll_max_rows`` run a runtime row loop (perf-notes v10;
     prepared, off by default): K = 6 with and without write-backs matches the protocol
     reference, and gives the same bits as the unrolled loop (outputs, engaged, state, stash)."""
-    import pmll_lab.ops.carry.gdn_carry as C
-
-    monkeypatch.setattr(C, "EXACT_UNROLL_MAX_ROWS", 4)
-    _run_verify_case("exact", True, torch.bfloat16, 3, 5, 1, 2, 32, 16, 6, [0, 2, 3], seed=61)
+    with settings.override(exact_unroll_max_rows=4):
+        _run_verify_case("exact", True, torch.bfloat16, 3, 5, 1, 2, 32, 16, 6, [0, 2, 3],
+                         seed=61)
     x = gdn_inputs(62, 3, 1, 2, 32, 16, rows=6, slots=4, dtype=torch.float32)
     got = {}
     for unroll_max in (4, 8):
-        monkeypatch.setattr(C, "EXACT_UNROLL_MAX_ROWS", unroll_max)
         st, c = x["state"].clone(), GdnCarry.empty(4, 2, 32, 16)
         _fill_stash(c, 63)
         c.pend.copy_(torch.tensor([1, 3, 0, 2], dtype=torch.int32))
-        o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                slot_tab=x["state_indices"], lazy=True)
+        with settings.override(exact_unroll_max_rows=unroll_max):
+            o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                    slot_tab=x["state_indices"], lazy=True)
         got[unroll_max] = (o, e, st, c.buf)
     for a, b_ in zip(*got.values()):
         assert bitwise_equal(a, b_)

@@ -27,6 +27,7 @@ from pmll_lab.gdn import (
     gdn_decode_ref, row_io_bytes, snapshot_bytes, state_bytes, carry_stash_bytes,
 )
 from pmll_lab.inputs import gdn_inputs
+from pmll_lab.ops import settings
 
 from pmll_lab.tolerances import O_TOL, STATE_TOL
 
@@ -186,18 +187,16 @@ def _chain_and_decodes(x):
 
 
 @pytest.mark.parametrize("K", [3, 8])
-def test_chain_runtime_row_loop_equals_unrolled(monkeypatch, K):
-    """Chains longer than ``CHAIN_UNROLL_MAX_ROWS`` run a runtime row loop (one compiled body
+def test_chain_runtime_row_loop_equals_unrolled(K):
+    """Chains longer than ``chain_unroll_max_rows`` run a runtime row loop (one compiled body
     for every row; perf-notes v10): with the loop forced on and forced off, outputs, final
     states and snapshots are bit for bit those of K decodes, and within tolerance of the
     float64 reference."""
-    import pmll_lab.ops.gdn.decode as D
-
     x = gdn_inputs(230 + K, 3, 1, 2, 64, 32, rows=K, slots=5, dtype=torch.bfloat16)
     got = {}
     for unroll_max in (0, 8):
-        monkeypatch.setattr(D, "CHAIN_UNROLL_MAX_ROWS", unroll_max)
-        got[unroll_max] = _chain_and_decodes(x)
+        with settings.override(chain_unroll_max_rows=unroll_max):
+            got[unroll_max] = _chain_and_decodes(x)
         for a, b_ in zip(*got[unroll_max]):
             assert bitwise_equal(a, b_), f"unroll up to {unroll_max} rows"
     for a, b_ in zip(got[0][0], got[8][0]):
@@ -208,10 +207,14 @@ def test_chain_runtime_row_loop_equals_unrolled(monkeypatch, K):
 
 
 def test_block_config_override():
-    """``block_config_override`` (tuning sweeps): every kernel launched inside it uses the given
-    ``BV`` and warps, so the chain still equals K decodes bitwise and the reference within
-    tolerance; the default comes back on exit, also after an error; bad values are rejected."""
-    from pmll_lab.ops.gdn.recurrence import block_config, block_config_override
+    """The ``kv_block`` setting (tuning sweeps): every kernel launched inside its override uses
+    the given ``BV`` and warps, so the chain still equals K decodes bitwise and the reference
+    within tolerance; the default comes back on exit, also after an error; bad values are
+    rejected."""
+    from pmll_lab.ops.gdn.recurrence import block_config
+
+    def block_config_override(block_v, num_warps):
+        return settings.override(kv_block=(block_v, num_warps))
 
     default = block_config(128, 64)
     x = gdn_inputs(231, 2, 1, 2, 64, 64, rows=3, slots=3, dtype=torch.float32)
@@ -234,7 +237,7 @@ def test_block_config_override():
         raise RuntimeError("inside")
     assert block_config(128, 64) == default
     for bad in ((12, 1), (16, 0), (16, 3), (True, 1)):
-        with pytest.raises(ValueError, match="^(block_v|num_warps):"), block_config_override(*bad):
+        with pytest.raises(ValueError, match="^kv_block:"), block_config_override(*bad):
             pass
 
 

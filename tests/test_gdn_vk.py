@@ -26,6 +26,7 @@ from pmll_lab.carry import GdnCarry, carry_accept, gdn_carry_flush, gdn_carry_ve
 from pmll_lab.gdn import (gdn_chain, gdn_chain_plan, gdn_chain_ref, gdn_decode,
                           gdn_decode_plan, gdn_decode_ref)
 from pmll_lab.inputs import gdn_inputs
+from pmll_lab.ops import settings
 from pmll_lab.ops.carry import gdn_carry as C
 from pmll_lab.ops.gdn import decode as D
 from pmll_lab.ops.gdn import recurrence
@@ -90,9 +91,9 @@ def test_chain_vk_bitwise_equals_decodes(K, dtype):
     _check_chain_vs_decodes(K, dtype, seed=40 + K)
 
 
-def _check_chain_vs_decodes(K, dtype, seed, ahead=None, monkeypatch=None):
+def _check_chain_vs_decodes(K, dtype, seed, ahead=None):
     """The chain against the reference and, bitwise, against ``K`` V-major decodes; with
-    ``ahead = (rows, verify rows, stash rows)``, the chain launches under that ``VK_AHEAD`` and
+    ``ahead = (rows, verify rows, stash rows)``, the chain launches under that ``vk_ahead`` and
     the decodes under the shipped table."""
     B, S, HK, HV, kd, vd = 3, 4, 1, 2, 32, 24
     x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
@@ -106,12 +107,11 @@ def _check_chain_vs_decodes(K, dtype, seed, ahead=None, monkeypatch=None):
         o_dec.append(gdn_decode(dec, x["q"][:, t], x["k"][:, t], x["v"][:, t], x["g"][:, t],
                                 x["beta"][:, t], state_indices=idx, state_layout="vk"))
         s_dec.append(dec[idx.long()].clone())
-    if ahead is not None:
-        monkeypatch.setattr(recurrence, "VK_AHEAD", _ahead_table(ahead))
     state = st0.clone()
     inter = torch.full((B, K - 1, HV, vd, kd), 7.0, device=DEVICE)
-    o = gdn_chain(state, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
-                  intermediate=inter, validate=True, state_layout="vk")
+    with settings.override(**({} if ahead is None else {"vk_ahead": _ahead_table(ahead)})):
+        o = gdn_chain(state, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
+                      intermediate=inter, validate=True, state_layout="vk")
     _close("o", o, o_ref, O_TOL[dtype])
     _close("state", state, s_ref, STATE_TOL)
     _close("snapshots", inter, i_ref, STATE_TOL)
@@ -123,8 +123,8 @@ def _check_chain_vs_decodes(K, dtype, seed, ahead=None, monkeypatch=None):
 
 
 def _ahead_table(ahead):
-    """``VK_AHEAD`` giving every batch ``ahead = (rows, verify rows, stash rows)`` (the verify
-    rows for either state type)."""
+    """A ``vk_ahead`` table giving every batch ``ahead = (rows, verify rows, stash rows)`` (the
+    verify rows for either state type)."""
     return ((1 << 62, ahead[0], ahead[1], ahead[1], ahead[2]),)
 
 
@@ -136,31 +136,31 @@ AHEADS = [(0, 2, 4), (0, 0, 0), (8, 8, 8)]
 
 
 @pytest.mark.parametrize("ahead", AHEADS, ids=lambda a: "ahead%d-%d-%d" % a)
-def test_vk_loads_ahead_change_no_bit(ahead, monkeypatch):
-    """``recurrence.VK_AHEAD`` moves loads, never arithmetic: under each setting the chain
+def test_vk_loads_ahead_change_no_bit(ahead):
+    """The ``vk_ahead`` setting moves loads, never arithmetic: under each table the chain
     equals decodes run under the shipped table, and the exact carry protocol (lazy, pending
     counts up to the stash's 8 rows) equals plain decoding, bitwise."""
     assert recurrence.vk_ahead(1 << 40, "carry") == (2, 4)
     assert recurrence.vk_ahead(1 << 40, "carry", state_itemsize=2) == (1, 4)
-    _check_chain_vs_decodes(3, torch.bfloat16, seed=61, ahead=ahead, monkeypatch=monkeypatch)
-    assert recurrence.vk_ahead(6, "carry") == ahead[1:]
-    assert recurrence.vk_ahead(6) == (ahead[0], 0)
-    _run_protocol("exact", True, torch.float32, seed=62, steps=6)
+    _check_chain_vs_decodes(3, torch.bfloat16, seed=61, ahead=ahead)
+    with settings.override(vk_ahead=_ahead_table(ahead)):
+        assert recurrence.vk_ahead(6, "carry") == ahead[1:]
+        assert recurrence.vk_ahead(6) == (ahead[0], 0)
+        _run_protocol("exact", True, torch.float32, seed=62, steps=6)
     with pytest.raises(ValueError, match="kind"):
         recurrence.vk_ahead(6, "decode")
 
 
-def test_vk_stash_ahead_past_small_stash_with_padding(monkeypatch):
+def test_vk_stash_ahead_past_small_stash_with_padding():
     """Stash rows ahead past the stash (``cap = 3`` < ``STASH_AHEAD``; lazy, ``K = 2``: one
     pending row restashes at row 1 with no arrival counter, two write back), with a padding
     lane, gating computed in the kernel, a bf16 state and a flush of two layers in one launch,
-    under two forced ``VK_AHEAD`` settings (verify input rows 1 < K, then every row ahead): every
+    under two forced ``vk_ahead`` tables (verify input rows 1 < K, then every row ahead): every
     accepted output and the flushed states equal plain V-major decoding (shipped table),
     bitwise; the padding lane's outputs are zeros."""
     B, S, HK, HV, kd, vd, K, cap, layers = 3, 5, 1, 2, 16, 40, 2, 3, 2
     slots = torch.tensor([3, -1, 0], dtype=torch.int32, device=DEVICE)
     live = [0, 2]
-    shipped = recurrence.VK_AHEAD
     for ahead in ((3, 1, 7), (8, 8, 8)):
         gen = torch.Generator().manual_seed(63)
         st = [_vk(gdn_inputs(64 + n, 1, HK, HV, kd, vd, slots=S)["state"]).to(torch.bfloat16)
@@ -177,11 +177,10 @@ def test_vk_stash_ahead_past_small_stash_with_padding(monkeypatch):
                           a=(torch.randn(B, K, HV, generator=gen) * 3).to(x["q"]),
                           b=(torch.randn(B, K, HV, generator=gen) * 3).to(x["q"]))
                 pend = carries[n].pend.clone()
-                monkeypatch.setattr(recurrence, "VK_AHEAD", _ahead_table(ahead))
-                o, eng = gdn_carry_verify(st[n], carries[n], x["q"], x["k"], x["v"], **gv,
-                                          slot_tab=slots, lazy=True, validate=True,
-                                          state_layout="vk")
-                monkeypatch.setattr(recurrence, "VK_AHEAD", shipped)
+                with settings.override(vk_ahead=_ahead_table(ahead)):
+                    o, eng = gdn_carry_verify(st[n], carries[n], x["q"], x["k"], x["v"], **gv,
+                                              slot_tab=slots, lazy=True, validate=True,
+                                              state_layout="vk")
                 assert bool((o[1] == 0).all()) and int(eng[1]) == 1, "padding lane"
                 cases |= {(int(pend[int(slots[i])]), int(eng[i])) for i in live}
                 for t in range(K):
@@ -193,9 +192,8 @@ def test_vk_stash_ahead_past_small_stash_with_padding(monkeypatch):
                     assert bitwise_equal(o[sel, t], o_t), f"{ahead} step {step} row {t}"
                 carry_accept(carries[n], slots, eng, acc.to(DEVICE), rows=K, validate=True)
         assert {(1, 1), (2, 2)} <= cases, f"the case must restash at row 1 and write back: {cases}"
-        monkeypatch.setattr(recurrence, "VK_AHEAD", _ahead_table(ahead))
-        gdn_carry_flush(st, carries, slots, validate=True, state_layout="vk")
-        monkeypatch.setattr(recurrence, "VK_AHEAD", shipped)
+        with settings.override(vk_ahead=_ahead_table(ahead)):
+            gdn_carry_flush(st, carries, slots, validate=True, state_layout="vk")
         assert any(bool((c.pend > 0).any()) for c in carries), "the flush must fold rows"
         for n in range(layers):
             assert bitwise_equal(st[n], plain[n]), f"{ahead}: layer {n} flushed state"
@@ -236,25 +234,26 @@ def test_qk_alignment_flag():
     assert not vk_qk_aligned(12, q12, q12)
 
 
-def test_qk_hint_switch(monkeypatch):
-    """``VK_QK_HINT = False`` turns the hint off for every launch (read at launch time): the
+def test_qk_hint_switch():
+    """``vk_qk_hint`` off turns the hint off for every launch (read at launch time): the
     launch gets ``QK_ALIGNED=False`` for contiguous rows and still matches the reference."""
     B, S, K, HK, HV, kd, vd = 2, 3, 2, 1, 2, 16, 8
     x = gdn_inputs(89, B, HK, HV, kd, vd, rows=K, slots=S, dtype=torch.bfloat16)
     assert vk_qk_aligned(kd, x["q"], x["k"])
-    monkeypatch.setattr(recurrence, "VK_QK_HINT", False)
-    assert not vk_qk_aligned(kd, x["q"], x["k"])
     st0 = _vk(x["state"])
-    o = torch.empty(B, K, HV, vd, dtype=torch.bfloat16, device=DEVICE)
-    _, _, _, kw = D._launch_args(st0, x["q"], x["k"], x["v"], x["g"], x["beta"], o, None,
-                                 x["state_indices"], None, True, B, K, HK, HV, kd, vd,
-                                 rows=True, layout="vk")
-    assert kw["QK_ALIGNED"] is False
+    state = st0.clone()
+    with settings.override(vk_qk_hint=False):
+        assert not vk_qk_aligned(kd, x["q"], x["k"])
+        o = torch.empty(B, K, HV, vd, dtype=torch.bfloat16, device=DEVICE)
+        _, _, _, kw = D._launch_args(st0, x["q"], x["k"], x["v"], x["g"], x["beta"], o, None,
+                                     x["state_indices"], None, True, B, K, HK, HV, kd, vd,
+                                     rows=True, layout="vk")
+        assert kw["QK_ALIGNED"] is False
+        o = gdn_chain(state, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                      state_indices=x["state_indices"], state_layout="vk")
+    assert vk_qk_aligned(kd, x["q"], x["k"]), "the shipped hint must come back"
     o_ref, s_ref, _ = gdn_chain_ref(st0, x["q"], x["k"], x["v"], x["g"], x["beta"],
                                     state_indices=x["state_indices"], state_layout="vk")
-    state = st0.clone()
-    o = gdn_chain(state, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                  state_indices=x["state_indices"], state_layout="vk")
     _close("o", o, o_ref, O_TOL[torch.bfloat16])
     _close("state", state, s_ref, STATE_TOL)
 
@@ -383,15 +382,14 @@ def _run_protocol(form, lazy, dtype, seed, *, B=3, S=5, HK=1, HV=2, kd=16, vd=40
     return worst
 
 
-def test_carry_vk_tile_larger_than_decode_tile(monkeypatch):
-    """``VK_TILES`` may give the verify and flush more value rows per program than decode (as
+def test_carry_vk_tile_larger_than_decode_tile():
+    """``vk_tiles`` may give the verify and flush more value rows per program than decode (as
     shipped above B*HV = 128); the protocol stays bitwise equal to plain decoding."""
-
-    monkeypatch.setattr(recurrence, "VK_TILES", ((1 << 62, 8, 16, 1),))
-    assert vk_config(16, 40, 6, "carry")[1] == 16 and vk_config(16, 40, 6)[1] == 8
-    _run_protocol("exact", True, torch.float32, seed=12, vd=40)
-    with pytest.raises(ValueError, match="kind"):
-        vk_config(16, 40, 6, "decode")
+    with settings.override(vk_tiles=((1 << 62, 8, 16, 1),)):
+        assert vk_config(16, 40, 6, "carry")[1] == 16 and vk_config(16, 40, 6)[1] == 8
+        _run_protocol("exact", True, torch.float32, seed=12, vd=40)
+        with pytest.raises(ValueError, match="kind"):
+            vk_config(16, 40, 6, "decode")
 
 
 @pytest.mark.parametrize("layout", ["kv", "vk"])
@@ -427,7 +425,9 @@ FUSED_SUMS = textwrap.dedent("""
     from pmll_lab.gdn import gdn_chain, gdn_chain_ref, gdn_decode
     from pmll_lab.ops.gdn import recurrence
     from pmll_lab.inputs import gdn_inputs
+    from pmll_lab.ops import settings
     assert recurrence.FMA_SUMS, "PMLL_LAB_FMA_SUMS=1 did not switch the fused key sums on"
+    assert settings.gdn().fma_sums
     for layout, kd in (("vk", 64), ("vk", 16), ("kv", 32)):
         B, K, HK, HV, vd = 2, 3, 1, 2, 16
         x = gdn_inputs(97 + kd, B, HK, HV, kd, vd, rows=K, slots=3, dtype=torch.bfloat16)
@@ -451,7 +451,7 @@ FUSED_SUMS = textwrap.dedent("""
 
 
 def test_fused_key_sums_run_where_the_default_turns_them_off():
-    """The fused key sums (``recurrence.dot_fma`` with ``FMA_SUMS``; off by default in the
+    """The fused key sums (``recurrence.dot_fma`` with ``fma_sums``; off by default in the
     interpreter for speed) forced on in a fresh process: the chain matches the reference and
     equals decodes bit for bit, V-major with two key chunks and with one, and K-major."""
     env = dict(os.environ, PMLL_LAB_FMA_SUMS="1")

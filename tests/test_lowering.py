@@ -92,7 +92,7 @@ def test_exact_family_reduces_on_decode_layouts(lowered, case):
 @pytest.mark.parametrize("case", ["vk-128-bf16-4-64", "vk-64-fp32-8-1"])
 def test_vk_family_reduces_on_decode_layouts(lowered, case):
     """The V-major exact verify (whose tile may hold more value rows than decode's:
-    ``VK_TILES``) sums every row over keys on decode's thread layout."""
+    ``vk_tiles``) sums every row over keys on decode's thread layout."""
     fam = lowered[case]
     decode = fam["gdn_rows_vk_kernel"]
     assert decode, "decode lost its reductions"
@@ -364,12 +364,12 @@ def test_every_launch_case_reduces_on_decode_layouts():
 CASES = textwrap.dedent("""
     import json, sys
     from pmll_lab import lowering as L
-    from pmll_lab.ops.gdn import recurrence as R
+    from pmll_lab.ops import settings
     out = {"batches": L.table_batches(32), "batches64": L.table_batches(64),
            "cases": L.launch_cases()}
-    R.VK_TILES = R.VK_TILES + ((2048, 8, 8, 1),)
-    out["batches_new_row"] = L.table_batches(32)
-    R.VK_TILES = R.VK_TILES[:-1]
+    tiles = settings.gdn().vk_tiles
+    with settings.override(vk_tiles=tiles[:-1] + ((2048, 8, 8, 1),) + tiles[-1:]):
+        out["batches_new_row"] = L.table_batches(32)
     case = dict(layout="vk", head_dim=16, state_type="bf16", batch=64)
     out["fixed"] = L.family_mismatches(case)
     fam = L.gdn_exact_family(**case, stage="ttgir", carry_constexprs={"STATE_VEC": 0})

@@ -298,7 +298,7 @@ json.dump(out, sys.stdout)
 
 
 def test_fused_kernel_compiles_for_sm90():
-    """The bf16 tiles of ``TILES`` compile for an H100/H200 (``sm_90``, on the CPU through
+    """The bf16 tiles of ``attention_tiles`` compile for an H100/H200 (``sm_90``, on the CPU through
     ``pmll_lab.lowering``) to Hopper tensor-core products (wgmma) fed by cp.async, without
     register spills: what the interpreter cannot show."""
     import json

@@ -15,6 +15,8 @@ One module per architecture family, plus the pieces they share; import what you 
 - ``pmll_lab.models.drafts``: draft sources that need no second checkpoint.
 - ``pmll_lab.models.oracle``: transformers' own greedy generation and the margin-aware comparison
   of our tokens with it.
+- ``pmll_lab.models.common``: what those modules share (the LM head's vocabulary size, the
+  ``GdnCache`` base the patched layers recognise), importing none of them.
 - ``pmll_lab.models.gpt2_pmll``: GPT-2's attention layers run segment by segment through the
   PMLL ring (``pmll_lab.pmll.pmll_step``).
 """

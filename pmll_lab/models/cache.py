@@ -52,10 +52,12 @@ import torch
 from torch import nn
 
 from pmll_lab import _checks
-from pmll_lab.carry import GDN_CARRY_CAP, GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS
+from pmll_lab.carry import (GDN_CARRY_CAP, GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS,
+                            CarryLayer, ConvCarry, GdnCarry, SpecDecodeStep)
 from pmll_lab.models.cache_checks import _StepChecks
 from pmll_lab.models.cache_layer import (  # noqa: F401  (state_bytes_per_sequence: re-exported)
     _GdnLayer, state_bytes_per_sequence)
+from pmll_lab.models.common import GdnCache, vocab_size
 from pmll_lab.models.qwen3_next import GdnDims, finish, gating, patch_model, project
 from pmll_lab.models.timing import StepTimer
 from pmll_lab.ops.gdn.recurrence import STATE_LAYOUTS
@@ -64,7 +66,7 @@ FORMS = ("exact", "wy", "chain")
 """Verify forms: the carried state's exact and WY forms (SPEC §3b), the snapshot chain (§3a)."""
 
 
-class ServingCache(_StepChecks):
+class ServingCache(_StepChecks, GdnCache):
     """Conv windows, GDN states, carry stashes / snapshots and attention KV of ``slots``
     sequences of one model (module docstring: the steps).
 
@@ -119,8 +121,7 @@ class ServingCache(_StepChecks):
         self.lengths = [0] * slots
         self._live: set[int] = set()         # slots holding a sequence (prefilled, not released)
         self._waiting: list[int] | None = None   # slots of a verify not yet accepted
-        from pmll_lab.models.generate import _vocab     # generate imports this module
-        self.vocab = _vocab(model)
+        self.vocab = vocab_size(model)
         self.timer = timer or StepTimer(self.device, enabled=False)
         self._spec = None
         self._dirty: set[int] = set()        # slots that may hold carried (pending) rows
@@ -141,9 +142,6 @@ class ServingCache(_StepChecks):
 
     # -- set-up ---------------------------------------------------------------------------------
     def _make_carries(self):
-        from pmll_lab.carry import CarryLayer, GdnCarry, SpecDecodeStep
-        from pmll_lab.conv import ConvCarry
-
         layers = []
         for lay in self.gdn:
             d = lay.dims

@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pmll_lab.carry import GDN_CARRY_CAP
+from pmll_lab.carry import GDN_CARRY_CAP, snapshot_bytes_per_slot, stash_bytes_per_slot
+from pmll_lab.conv import conv_chain, conv_update
+from pmll_lab.gdn import gdn_chain, gdn_decode
 from pmll_lab.models.qwen3_next import GdnDims, torch_functions
 from pmll_lab.models.timing import StepTimer
 
@@ -72,9 +74,6 @@ class _GdnLayer:
 
     def decode(self, x, g, beta, slot_tab: torch.Tensor, timer: StepTimer):
         """One row per sequence: ``conv_update`` + ``gdn_decode`` (SPEC §2), states in place."""
-        from pmll_lab.conv import conv_update
-        from pmll_lab.gdn import gdn_decode
-
         with timer("conv_update"):
             y = conv_update(self.conv_state, x, self.conv_weight, self.conv_bias,
                             state_indices=slot_tab)
@@ -86,9 +85,6 @@ class _GdnLayer:
     def chain(self, x, g, beta, slot_tab: torch.Tensor, timer: StepTimer):
         """``K`` rows per sequence: ``conv_chain`` + ``gdn_chain`` (SPEC §3a); the windows and
         states after rows ``0 .. K-2`` (snapshots) into ``conv_inter`` / ``inter``."""
-        from pmll_lab.conv import conv_chain
-        from pmll_lab.gdn import gdn_chain
-
         B, K = x.shape[:2]
         with timer("conv_chain"):
             y = conv_chain(self.conv_state, x, self.conv_weight, self.conv_bias,
@@ -112,8 +108,6 @@ def state_bytes_per_sequence(model_or_config, *, rows: int, cap: int = GDN_CARRY
     ``model_or_config``: a model (its config and parameter dtype) or a transformers Qwen3-Next /
     Qwen3.5 config (then ``dtype``, default bf16, is the model dtype): no weights needed, so real
     model sizes can be tabulated. ``ValueError`` if it has no GDN layers."""
-    from pmll_lab.carry import snapshot_bytes_per_slot, stash_bytes_per_slot
-
     if isinstance(model_or_config, nn.Module):
         cfg = model_or_config.config.get_text_config()
         dtype = dtype or next(model_or_config.parameters()).dtype

@@ -44,6 +44,7 @@ from torch import nn
 from pmll_lab import _checks
 from pmll_lab.carry import GDN_CARRY_CAP, GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS
 from pmll_lab.models.cache import FORMS, ServingCache
+from pmll_lab.models.common import vocab_size
 from pmll_lab.models.timing import StepTimer
 from pmll_lab.models.drafts import DraftContext, check_draft_args, make_draft
 
@@ -91,21 +92,6 @@ class GenerationStats:
             prefill_ms=sum(p["ms"] for p in self.prefills),
             **{k: sum(r[k] for r in st) for k in ("write_backs", "restored", "flushes",
                                                   "flushed_slots")})
-
-
-def _vocab(model) -> int:
-    """The LM head's vocabulary size. Raises ``TypeError`` naming ``model`` when it is not a
-    transformers causal LM (a torch module with an output embedding), before any step runs."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model: expected a transformers Qwen3-Next / Qwen3.5 causal LM, got "
-                        f"{type(model).__name__}")
-    get = getattr(model, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    weight = getattr(head, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        raise TypeError(f"model: {type(model).__name__} is not a transformers causal LM (no "
-                        "output embedding / LM head); expected a Qwen3-Next / Qwen3.5 model")
-    return weight.shape[0]
 
 
 def _pad(pad_token_id) -> int:
@@ -301,7 +287,7 @@ def greedy_generate(model: nn.Module, input_ids, *, max_new_tokens, state_layout
     layers, ``max_new_tokens`` not an int >= 1 (or one per prompt), ``pad_token_id`` not an int
     (``TypeError``), bad prompts, mask, layout or batch. Prompts are prefilled with transformers' own torch path.
     """
-    prompts = _prompts(input_ids, attention_mask, _vocab(model))
+    prompts = _prompts(input_ids, attention_mask, vocab_size(model))
     budgets = _budgets(max_new_tokens, len(prompts))
     bs = _batch(batch_size, len(prompts))
     pad = _pad(pad_token_id)
@@ -348,7 +334,7 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
     Returns LongTensor ``[N, max(max_new_tokens)]`` (or ``(tokens, GenerationStats)``). Raises
     ``ValueError``/``TypeError`` naming the argument.
     """
-    prompts = _prompts(input_ids, attention_mask, _vocab(model))
+    prompts = _prompts(input_ids, attention_mask, vocab_size(model))
     budgets = _budgets(max_new_tokens, len(prompts))
     bs = _batch(batch_size, len(prompts))
     pad = _pad(pad_token_id)
@@ -356,7 +342,7 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
     _checks.positive_int("K", K, minimum=2, maximum=GDN_CARRY_CAP)
     _checks.choice("form", form, FORMS)
     _checks.flag("lazy", lazy)
-    vocab = _vocab(model)
+    vocab = vocab_size(model)
     if reference is not None and len(reference) < len(prompts):
         raise ValueError(f"reference: {len(reference)} continuation(s) for {len(prompts)} "
                          f"prompts; give one per prompt")

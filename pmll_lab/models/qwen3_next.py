@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pmll_lab.models.common import GdnCache
+
 TORCH_PATH_FUNCTIONS = ("torch_recurrent_gated_delta_rule", "torch_chunk_gated_delta_rule",
                         "causal_conv1d_update", "causal_conv1d_fn")
 """The names a GDN modeling module binds to FLA / causal-conv1d kernels when those are installed."""
@@ -175,13 +177,11 @@ def finish(module: nn.Module, core: torch.Tensor, z: torch.Tensor, dtype: torch.
 # ---- the redirect -----------------------------------------------------------------------------
 
 def _patched_forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
-    """Installed by ``patch_model``: our kernels when ``cache`` is a ``ServingCache``, else the
-    layer's own forward unchanged."""
-    from pmll_lab.models.cache import ServingCache
-
+    """Installed by ``patch_model``: our kernels when ``cache`` is a ``ServingCache`` (a
+    ``GdnCache``), else the layer's own forward unchanged."""
     if cache is None:
         cache = kwargs.pop("cache_params", None)
-    if isinstance(cache, ServingCache):
+    if isinstance(cache, GdnCache):
         return cache.gdn_forward(self, hidden_states)
     return self._pmll_lab_forward(hidden_states, cache=cache, attention_mask=attention_mask,
                                   **kwargs)

@@ -12,10 +12,10 @@ overview of the carried-state family, split by topic:
 
 Every name this module exported before the split stays importable from it (the stash, flush,
 accept, checks and the K-major kernels; the V-major kernels are in ``gdn_carry_vk``). The
-launch-time settings ``EXACT_SPLIT_COLUMNS``, ``EXACT_UNROLL_MAX_ROWS``, ``WY_SPLIT_COLUMNS``,
-``WY_NUM_WARPS``, ``WY_PER_HEAD_WARPS``, ``WY_DOT_PRECISION``, ``VK_WY_ROWS`` and
-``VK_WY_WARPS`` are read from this module when a verify launches: set them here
-(``scripts/tune_carry.py`` and the tests do). Every kernel of the family launches with
+exact form's launch settings are the ``carry`` table of ``pmll_lab.ops.settings``; the WY
+form's ``WY_SPLIT_COLUMNS``, ``WY_NUM_WARPS``, ``WY_PER_HEAD_WARPS``, ``WY_DOT_PRECISION``,
+``VK_WY_ROWS`` and ``VK_WY_WARPS`` are read from this module when a verify launches: set them
+here (``scripts/tune_carry.py`` and the tests do). Every kernel of the family launches with
 ``recurrence.EXACT_LAUNCH`` (no multiply-add contracted by the compiler): the exact form and
 the flush so that they round as decode does, the WY form so that its fold of the pending rows
 rounds as the flush does.
@@ -41,13 +41,13 @@ shared by all column blocks of the head, so they are written once, after every b
 the old ones: each program counts itself in an arrival counter (``acq_rel`` atomic) after its
 fold, and the last to arrive restashes them and resets the counter, so a write-back that restarts
 the stash at row 0 can never overwrite a row that is still to be folded (SPEC §3b "Shared rows").
-With ``EXACT_SPLIT_COLUMNS = False``, one program per (sequence, head) loops over the column
+With ``exact_split_columns`` off, one program per (sequence, head) loops over the column
 blocks instead (unrolled, constant block offsets) and restashes after the loop behind
 ``tl.debug_barrier()``. The WY form splits its column blocks the same way (``WY_SPLIT_COLUMNS``,
-the default for key heads up to 128), or runs one program per (sequence, head) (``wy_config``). With ``CARRY_PREFETCH_ROWS``
-(``pmll_lab.ops.gdn.recurrence``) the exact form and the folds load the next row before
-running the current one. No two heads or slots
-of a launch share state or stash bytes (slots distinct within a launch, heads disjoint).
+the default for key heads up to 128), or runs one program per (sequence, head) (``wy_config``).
+With ``carry_prefetch_rows`` (``pmll_lab.ops.settings``) the exact form and the folds load the
+next row before running the current one. No two heads or slots of a launch share state or
+stash bytes (slots distinct within a launch, heads disjoint).
 ``engaged[b]`` is written by the program of value head 0 (and column block 0 where split): 2
 after a write-back, else 1.
 
@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import torch
 
+from pmll_lab.ops import settings
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, head_dims,
                                          vk_ahead, vk_config)
@@ -84,31 +85,11 @@ from pmll_lab.ops.carry.gdn_carry_exact import (  # noqa: F401
     _ROW_PTRS, _ROW_STRIDES, _ROW_UNSPECIALIZED, _gdn_carry_exact_kernel,
     _gdn_carry_exact_split_kernel, _gdn_carry_flush_kernel, _verify_prologue)
 from pmll_lab.ops.carry.gdn_carry_pending import (  # noqa: F401
-    ACCEPT_BLOCK, _carry_accept_kernel, carry_accept, gdn_carry_flush)
+    _carry_accept_kernel, carry_accept, gdn_carry_flush)
 from pmll_lab.ops.carry.gdn_carry_stash import (  # noqa: F401
     GDN_CARRY_CAP, GdnCarry, snapshot_bytes_per_slot, stash_bytes_per_slot)
 from pmll_lab.ops.carry.gdn_carry_wy import (  # noqa: F401
     WY_ROWS_PAD, _gdn_carry_wy_kernel, _gdn_carry_wy_split_kernel, _wy_rows)
-
-EXACT_SPLIT_COLUMNS = True
-"""Exact form: split a head's column blocks across programs (grid ``(B * HV * NV,)``, as decode
-does, with an arrival count so that the last block restashes the shared g/k rows) instead of
-looping over them inside one program per head (grid ``(B, HV)``). Measured on an NVIDIA H200,
-2026-11-29 (reports/h200-2026-11-29b/logs/tune-carry.log; HK=16, HV=32, kd=vd=128, K=4, bf16 inputs):
-split 114 / 154 us against the loop's 230 / 273 us at B=64 without / with write-back, 212 / 290
-against 470 / 563 us at B=128, bitwise equal to the loop. Read at launch time;
-``scripts/tune_carry.py`` times both, and the tests run both."""
-
-EXACT_UNROLL_MAX_ROWS = GDN_CARRY_CAP
-"""Exact form: verifies of up to this many rows unroll their row loop; longer ones run a
-runtime loop (one compiled body for every row, no prefetch), as the chain does above
-``pmll_lab.ops.gdn.decode.CHAIN_UNROLL_MAX_ROWS`` (perf-notes v10). Today every K unrolls
-(``CAP``): on the H200 (2026-11-29, reports/h200-2026-11-29s3/logs/bitwise-probe-final.log) the
-unrolled K = 8 verify at kd = 64 with **fp32** inputs gave rows 2-5 of its outputs 1 ulp off
-decode's in ~2.5 % of their elements (bf16 inputs, kd = 128 / 256, and K = 4 were exact). The
-runtime loop is the candidate fix, as it was for the chain, but it has not run on a GPU yet
-(``scripts/bitwise_probe.py --carry-only`` checks and times both); set 4 to use it for K > 4.
-Read at launch time."""
 
 WY_DOT_PRECISION = "ieee"
 """``input_precision`` of the WY form's two products with the state (``K_rows H``, ``Q_rows H``;
@@ -235,8 +216,7 @@ def _arrivals(carry, num_v_heads: int) -> torch.Tensor:
 def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
                         use_qk_l2norm, layout=DEFAULT_STATE_LAYOUT, gating=None):
     """``(kernel, grid, args, kwargs)`` of the verify launch for ``form``, ``layout`` and the
-    launch-time settings (``EXACT_SPLIT_COLUMNS``, ``WY_*``, ``CARRY_PREFETCH_ROWS``,
-    ``block_config`` / ``vk_config``)."""
+    launch settings (``pmll_lab.ops.settings``; the WY form's ``WY_*`` here)."""
     B, K, HK = q.shape[:3]
     HV = state.shape[1]
     kd, vd = head_dims(state.shape, layout)
@@ -250,11 +230,12 @@ def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, fo
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1), o.stride(0), o.stride(1), o.stride(2))
+    cs = settings.carry()
     meta = dict(K=K, CAP=carry.cap, HV=HV, GROUP=HV // HK, KD=kd, VD=vd, LAZY=lazy,
-                USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=recurrence.CARRY_PREFETCH_ROWS,
+                USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=cs.carry_prefetch_rows,
                 GATE=gating is not None)
-    unroll = K <= EXACT_UNROLL_MAX_ROWS
-    if form == "exact" and EXACT_SPLIT_COLUMNS:
+    unroll = K <= cs.exact_unroll_max_rows
+    if form == "exact" and cs.exact_split_columns:
         NV = cdiv(vd, BV)
         return (_gdn_carry_exact_split_kernel, (B * HV * NV,),
                 (*args[:4], _arrivals(carry, HV), *args[4:]),
@@ -298,15 +279,16 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
 
     args = (state, carry.buf, carry.pend, slot_tab, _arrivals(carry, HV),
             *_row_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, scale, gating))
+    cs = settings.carry()
     meta = dict(K=K, CAP=carry.cap, HV=HV, GROUP=HV // HK, KD=kd, VD=vd, LAZY=lazy,
-                USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=recurrence.CARRY_PREFETCH_ROWS,
+                USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=cs.carry_prefetch_rows,
                 GATE=gating is not None)
     BK, BR, num_warps = vk_config(kd, vd, B * HV, "carry")
     if form == "exact":
         NT = cdiv(vd, BR)
         return (VK.gdn_carry_exact_vk_kernel, (B * HV * NT,), args,
                 dict(BK=BK, BV=BR, NV=NT, num_warps=num_warps,
-                     UNROLL=K <= EXACT_UNROLL_MAX_ROWS, **_chunks(BK), **meta,
+                     UNROLL=K <= cs.exact_unroll_max_rows, **_chunks(BK), **meta,
                      QK_ALIGNED=recurrence.vk_qk_aligned(kd, q, k),
                      STATE_VEC=recurrence.vk_state_vector(kd, vd, B * HV, state.element_size()),
                      **dict(zip(("AHEAD", "STASH_AHEAD"),
@@ -339,9 +321,8 @@ def gdn_carry_verify_plan(state, carry, q, k, v, g=None, beta=None, *, slot_tab,
     argument binding. Write each step's rows into the same tensors: a plan keeps reading the
     tensors it was made with, so rebinding a name (``q = new``) is silently ignored; make a new
     plan instead. ``pend`` is read on every call: apply ``carry_accept`` between calls, as with
-    ``gdn_carry_verify``. The launch-time settings (``EXACT_SPLIT_COLUMNS``, ``WY_*``,
-    ``block_config``; V-major: ``VK_TILES``, ``VK_AHEAD``, ``VK_QK_HINT``) are read when the plan
-    is made. Same results, bit for bit, as ``gdn_carry_verify``.
+    ``gdn_carry_verify``. The launch settings (``pmll_lab.ops.settings``, the WY form's
+    ``WY_*``) are read when the plan is made. Same results, bit for bit, as ``gdn_carry_verify``.
     Raises ``ValueError`` naming the argument.
     """
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)

@@ -4,7 +4,7 @@ module docstring gives the buffers, grids and the protocol) and
 ``pmll_lab.ops.carry.gdn_carry_pending`` (flush).
 
 Exact form: one program per (sequence, value head, column block of ``BV`` value columns) (or
-per (sequence, head) looping over the blocks, ``EXACT_SPLIT_COLUMNS``), decode's own
+per (sequence, head) looping over the blocks, ``exact_split_columns`` off), decode's own
 ``block_config`` split; it folds the ``pend`` pending stash rows (``fold_row``), writes the
 block back when the protocol says so, then runs the ``K`` rows through ``qk_prepare`` +
 ``gdn_row`` of ``pmll_lab.ops.gdn.recurrence``, the same code as plain decode, so outputs and
@@ -47,7 +47,7 @@ def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, h_ptr,
                   HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr):
     """Fold stash rows ``0..p-1`` into the state block ``h [BK, BV]`` (columns ``rv``), rounded
     to the state's dtype (``h_ptr``'s) after every row as decoding stores it; with
-    ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded (``recurrence.CARRY_PREFETCH_ROWS``)."""
+    ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded (``carry_prefetch_rows``)."""
     if PREFETCH:
         gn = tl.load(gs_ptr, mask=p > 0, other=0.0)
         kn = tl.load(ks_ptr + rk, mask=mk & (p > 0), other=0.0)

@@ -11,9 +11,9 @@ works in the interpreter (which hands kernels the tensors' real CPU addresses) a
 (one flat address space). Flush reads the stash only, so it may split a head's columns across
 programs. ``pend`` is not changed.
 
-Accept (``carry_accept``), grid ``(cdiv(B, 128), L)``: ``pend[slot] = a if engaged == 2 else
-pend[slot] + a`` for one or several carries (any object with ``.pend`` int32 ``[S]``), on the
-device, with no host sync.
+Accept (``carry_accept``), grid ``(cdiv(B, accept_block), L)`` (``pmll_lab.ops.settings``):
+``pend[slot] = a if engaged == 2 else pend[slot] + a`` for one or several carries (any object
+with ``.pend`` int32 ``[S]``), on the device, with no host sync.
 """
 
 from __future__ import annotations
@@ -28,14 +28,11 @@ from pmll_lab.ops.carry.gdn_carry_common import (INDEX_DTYPES, _chunks, _device_
                                                  check_carry, check_state, offsets_table)
 from pmll_lab.ops.carry.gdn_carry_exact import _gdn_carry_flush_kernel
 from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
+from pmll_lab.ops import settings
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
                                          head_dims, vk_config)
 from pmll_lab.ops.host import cdiv
-
-ACCEPT_BLOCK = 128
-"""Sequences per program of the accept kernel (a handful of int32 loads/stores each)."""
-
 
 @triton.jit
 def _carry_accept_kernel(pend_ptr, pend_off_ptr, slot_ptr, engaged_ptr, acc_ptr, B,
@@ -122,7 +119,7 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
             offsets_table(states), offsets_table([c.buf for c in carries]), offsets_table(pends),
             states[0].stride(0), carries[0].buf.stride(0),
             CAP=carries[0].cap, HV=HV, KD=kd, VD=vd, BK=BK, BV=BV, NV=NV,
-            PREFETCH=recurrence.CARRY_PREFETCH_ROWS, num_warps=num_warps, **extra,
+            PREFETCH=settings.carry().carry_prefetch_rows, num_warps=num_warps, **extra,
             **recurrence.EXACT_LAUNCH)
 
 
@@ -192,5 +189,6 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
         return
     pends = [c.pend for c in carries]
     with _device_guard(pends[0]):
-        _carry_accept_kernel[(cdiv(B, ACCEPT_BLOCK), len(pends))](
-            pends[0], offsets_table(pends), slot_tab, engaged, accepted, B, BLOCK=ACCEPT_BLOCK)
+        block = settings.carry().accept_block
+        _carry_accept_kernel[(cdiv(B, block), len(pends))](
+            pends[0], offsets_table(pends), slot_tab, engaged, accepted, B, BLOCK=block)

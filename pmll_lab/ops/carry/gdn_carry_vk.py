@@ -21,9 +21,9 @@ rows other tiles may still be folding: each program counts itself in an arrival 
 no store and the count's round trip overlaps the rows), and the last to arrive restashes them
 after its rows, as the K-major split form does. Without a write-back they go to rows ``p ..``, which no tile of the launch
 reads, so tile 0 restashes them with no counter (off the critical path at small batches:
-reports/perf-notes.md v14). Rows, stash rows and the state load ahead as ``recurrence.VK_AHEAD``
-says. After the last row the tile is dead (a verify never stores the post-row state), so
-the compiler drops that row's state update.
+reports/perf-notes.md v14). Rows, stash rows and the state load ahead as the ``vk_ahead``
+setting says (``pmll_lab.ops.settings``). After the last row the tile is dead (a verify never
+stores the post-row state), so the compiler drops that row's state update.
 
 WY verify, a **reference form** (slower than the exact form on the H200,
 reports/perf-notes.md v11, v16; kept for the tolerance-checked algebra): the ``K``
@@ -64,7 +64,7 @@ def _stash_rows_ahead_vk(u_ptr, gs_ptr, ks_ptr, rk, mk, rr, mr, HV: tl.constexpr
                          AHEAD: tl.constexpr):
     """Stash rows ``0 .. min(AHEAD, CAP)-1`` as ``(g, k [NC, CW], u [BR])`` tuples, loaded
     whatever the pending count (they lie inside the slot's stash; rows past it are not
-    folded), so they travel with the state load (``recurrence.VK_AHEAD``)."""
+    folded), so they travel with the state load (the ``vk_ahead`` setting)."""
     rows = ()
     for i in tl.static_range(AHEAD):
         if i < CAP:

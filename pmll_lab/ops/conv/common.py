@@ -37,19 +37,8 @@ import triton.language as tl
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
+from pmll_lab.ops import settings
 from pmll_lab.ops.host import cdiv, next_power_of_2
-
-BLOCK_CHANNELS = 256
-"""Channels a program covers (rounded to whole rows). Initial choice, not tuned: 256 channels x
-state_len columns keeps a window tile at <= 1024 elements; notebooks/gdn_conv.ipynb measures the
-kernels at this setting."""
-
-NUM_WARPS = 2
-"""Warps per program: 64 threads over 256 channels, 4 contiguous channels (8 bytes of bf16) each.
-Initial choice, not tuned (see BLOCK_CHANNELS)."""
-
-DEFAULT_ROW_WIDTH = 64
-"""Row width ``W`` when no l2norm group size is given (``qk_channels == 0`` and no head_dim)."""
 
 MAX_ROWS = 16
 """Most rows K a conv_chain launch unrolls (the verify uses K <= CAP = 8)."""
@@ -61,12 +50,13 @@ def conv_block_config(dim: int, head_dim: int | None) -> tuple[int, int, int, in
     """``(W, WP, ROWS, num_warps)``: row width, padded row width, rows per program, warps.
 
     Every conv kernel of one run must use the same config (bitwise agreement): it depends only
-    on ``dim`` and ``head_dim``."""
-    w = int(head_dim) if head_dim else DEFAULT_ROW_WIDTH
+    on ``dim``, ``head_dim`` and the ``conv`` launch settings (``pmll_lab.ops.settings``)."""
+    cs = settings.conv()
+    w = int(head_dim) if head_dim else cs.conv_row_width
     wp = next_power_of_2(w)
     rows_total = cdiv(dim, w)
-    rows = max(1, min(BLOCK_CHANNELS // wp, next_power_of_2(rows_total)))
-    return w, wp, rows, NUM_WARPS
+    rows = max(1, min(cs.conv_block_channels // wp, next_power_of_2(rows_total)))
+    return w, wp, rows, cs.conv_num_warps
 
 
 # ---- Triton helpers ---------------------------------------------------------------------------

@@ -8,9 +8,9 @@ after each row ``t < K-1`` to the snapshot buffer, and writes the state back onc
 row. Decode is the same kernel with ``K = 1`` and no snapshots, so a chain of ``K`` rows and ``K``
 successive decodes execute the same per-row instructions on the same block shapes
 (``block_config``): that is SPEC §2's exactness, checked bitwise by the tests and the notebook.
-Up to ``CHAIN_UNROLL_MAX_ROWS`` rows the row loop is unrolled; longer chains run a runtime loop,
-one compiled body for every row (an unrolled 8-row chain was seen 1 ulp off decode in its last
-row at kd = 64 on an H200). ``gdn_decode_plan`` / ``gdn_chain_plan`` bind a launch once for
+Up to ``chain_unroll_max_rows`` rows (``pmll_lab.ops.settings``) the row loop is unrolled; longer
+chains run a runtime loop, one compiled body for every row (an unrolled 8-row chain was seen 1
+ulp off decode in its last row at kd = 64 on an H200). ``gdn_decode_plan`` / ``gdn_chain_plan`` bind a launch once for
 host-bound small batches (``pmll_lab.ops.launch``).
 
 Grid: ``(B * HV * NV,)`` with ``NV = cdiv(vd, BV)``; program ``(b * HV + hv) * NV + j`` owns
@@ -34,6 +34,7 @@ from pmll_lab import _checks
 from pmll_lab.ops.gdn.checks import MAX_ROWS, _check, _check_write_slots  # noqa: F401
 from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
 from pmll_lab.ops.gdn.gating import Gating, gate_inputs, split_gating
+from pmll_lab.ops import settings
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, EXACT_LAUNCH, block_config,
                                          gdn_row, head_tile_program, load_gate_params,
                                          load_row_inputs, qk_prepare, round_like, vk_chunks,
@@ -41,14 +42,6 @@ from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, EXACT_LAUNCH, blo
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
 
-CHAIN_UNROLL_MAX_ROWS = 4
-"""Chains of up to this many rows unroll their row loop (``tl.static_range``); longer ones run
-a runtime loop, one compiled body for every row. Unrolled at K = 8 the chain's last row gave
-outputs 1 ulp off K decodes' at kd = vd = 64 (2.5 % of that row's fp32 outputs; states exact;
-H200, 2026-11-29, reports/perf-notes.md v10); the runtime loop was bitwise equal to decodes at
-kd = 64, 128, 256, K = 4 and 8, B = 64 and 256, and faster at K = 8 (chain with snapshots,
-kd=128, B=64: 527 against 692 us) but slower at K = 4 (336 against 307 us), so short chains
-stay unrolled (reports/h200-2026-11-29s3/logs/bitwise-probe-rolled.log). Read at launch time."""
 
 
 # The per-row vectors (q, k, v, g, beta, o) and their strides are not specialised on alignment
@@ -195,7 +188,7 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
             HV, HV // HK)
     kwargs = dict(KD=kd, VD=vd, K=K, BK=BK, BV=BV,
                   HAS_IDX=has_idx, STORE_INTER=store_inter, USE_QK_L2NORM=bool(use_qk_l2norm),
-                  UNROLL=K <= CHAIN_UNROLL_MAX_ROWS, HAS_OUT_IDX=has_out,
+                  UNROLL=K <= settings.gdn().chain_unroll_max_rows, HAS_OUT_IDX=has_out,
                   GATE=gating is not None, num_warps=num_warps,
                   **extra, **EXACT_LAUNCH)
     return kernel, grid, args, kwargs
@@ -353,9 +346,9 @@ def gdn_decode_plan(state, q, k, v, g=None, beta=None, *, state_indices=None, sc
     allocations or argument binding). Write each step's inputs into the same tensors
     (``q.copy_(...)``, or project into them): a plan keeps reading the tensors it was made with,
     so rebinding a name (``q = new``) is silently ignored; make a new plan instead.
-    ``block_config`` (V-major: ``VK_TILES``, ``VK_AHEAD``, ``VK_QK_HINT``) is read when the plan
-    is made. Same results, bit for bit, as
-    ``gdn_decode`` on the same values. Raises ``ValueError`` naming the argument.
+    The launch settings (``pmll_lab.ops.settings``) are read when the plan is made. Same
+    results, bit for bit, as ``gdn_decode`` on the same values. Raises ``ValueError`` naming
+    the argument.
     """
     return _plan(state, q, k, v, g, beta, state_indices, None, scale, use_qk_l2norm, out_dtype,
                  out, validate, rows=False, layout=state_layout,

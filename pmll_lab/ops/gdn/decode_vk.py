@@ -20,7 +20,7 @@ both), with the state's third stride being the value-row stride and the snapshot
 so a tile's element offsets are immediates rather than a 64-bit address per element (one
 compile per stride, in practice ``kd``: 126 -> 96 registers on sm_90), and ``QK_ALIGNED``
 (``recurrence.vk_qk_aligned``) lets q/k rows load as vectors. Rows stay unrolled up to
-``CHAIN_UNROLL_MAX_ROWS``, as in the K-major chain.
+``chain_unroll_max_rows`` (``pmll_lab.ops.settings``), as in the K-major chain.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def load_key_row_vk(row, rk, mk, QK_ALIGNED: tl.constexpr):
     carry 3960 against 3496; reports/perf-notes.md v12). Every exact V-major kernel (decode,
     the chain, the exact verify and its restash) loads q/k rows through here, so with equal
     ``QK_ALIGNED`` their sums run in the same order. The hint holds for every key chunk's
-    start too: chunks are ``VK_CHUNK`` keys (32: 64 bytes of bf16), and a row of one chunk
+    start too: chunks are ``vk_chunk`` keys (32: 64 bytes of bf16), and a row of one chunk
     starts the row."""
     p = row + rk
     if QK_ALIGNED:

@@ -47,27 +47,13 @@ projection buffer cannot change the bits.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from functools import lru_cache
 
 import triton
 import triton.language as tl
-from pmll_lab.backend import INTERPRET
-from pmll_lab.ops.host import next_power_of_2
 
-CARRY_PREFETCH_ROWS = True
-"""K-major exact carry verify and flush (``pmll_lab.ops.carry.gdn_carry``, ``gdn_carry_pending``),
-and the V-major folds' pending rows past ``VK_AHEAD``'s: issue row ``t+1``'s loads (q, k, v,
-g, beta; a stash row's g, k, u when folding) before row ``t``'s arithmetic and stores. Without
-it each row's loads wait behind the previous row's stores (the compiler cannot move a load
-above a store that may alias it), so a verify pays one global-memory latency per row in
-series. The V-major kernels load further ahead, as ``VK_AHEAD`` says. The arithmetic, and so
-every result bit, is the same either way: the family check of ``scripts/tune_gdn_config.py``
-found carry and decode bitwise equal with it on and off, the H200 run h200-2026-11-29s3 with
-the shipped mix (92/92 and 230/230 bitwise flags), and ``pmll_lab.lowering`` compares the sm_90
-reduction layouts in CI. Measured (H200: -9 % at B=64 for the K-major verify; the K-major
-decode and chain do not prefetch, where it spilled): reports/perf-notes.md v7, v14."""
+from pmll_lab.ops import settings
+from pmll_lab.ops.host import next_power_of_2
 
 EXACT_LAUNCH = {"enable_fp_fusion": False}
 """Launch options of every GDN kernel: decode, the chain, the carried-state verify (exact and WY
@@ -84,13 +70,9 @@ STATE_LAYOUTS = ("kv", "vk")
 state key-major, ``[S, HV, kd, vd]`` (FLA, vLLM); ``"vk"`` value-major, ``[S, HV, vd, kd]``
 (FlashInfer, SGLang "pretranspose"). Both hold the same ``H``; exactness holds within one."""
 
-DEFAULT_STATE_LAYOUT = "kv"
-"""The layout every launcher takes when ``state_layout`` is not given: K-major, the layout of
-FLA, vLLM and the Hugging Face Qwen3-Next cache, so that a state from those works as it is (a
-V-major default would silently read a ``[S, HV, kd, vd]`` state transposed whenever kd = vd).
-The V-major layout measures faster for every GDN kernel on an H200 (reports/perf-notes.md v16:
-decode, the chain, the exact verify); a serving loop that owns its state pool
-should pass ``state_layout="vk"``."""
+DEFAULT_STATE_LAYOUT = settings.gdn().default_state_layout
+"""The layout every launcher takes when ``state_layout`` is not given (``pmll_lab.ops.settings``:
+K-major, the layout of FLA, vLLM and the Hugging Face cache)."""
 
 
 def check_layout(name: str, layout) -> str:
@@ -105,8 +87,6 @@ def head_dims(shape, layout: str) -> tuple[int, int]:
     a, b = shape[-2], shape[-1]
     return (a, b) if layout == "kv" else (b, a)
 
-
-_OVERRIDE: tuple[int, int] | None = None
 
 L2NORM_EPS = 1e-6
 """eps inside ``x * rsqrt(sum(x*x) + eps)`` for q/k l2norm (SPEC §2; FLA and Qwen3-Next use 1e-6)."""
@@ -231,14 +211,10 @@ def load_row_inputs(q_row, k_row, v_row, g_row, beta_row, rk, mk, rv, mv, ga, gd
     return q, k, v, g, beta
 
 
-FMA_SUMS = tl.constexpr(os.environ.get("PMLL_LAB_FMA_SUMS", "0" if INTERPRET else "1") != "0")
-"""``dot_fma`` fuses its products (default on a GPU); ``PMLL_LAB_FMA_SUMS=0`` in the environment
-before ``pmll_lab`` is imported makes it a plain ``tl.sum(x * y)`` (a multiply and an add per
-product under ``EXACT_LAUNCH``): the A/B switch for measuring what the fused sums buy
-(reports/perf-notes.md v13). Off by default in the Triton interpreter, which computes
-``tl.fma`` unfused anyway and runs a custom ``tl.reduce`` combine by combine (it doubled the
-test suite's time); ``tests/test_gdn_vk.py`` runs the fused path there in a subprocess with
-``PMLL_LAB_FMA_SUMS=1``. Either way every kernel of a process rounds alike."""
+FMA_SUMS = tl.constexpr(settings.gdn().fma_sums)
+"""``dot_fma`` fuses its products: ``fma_sums`` of ``pmll_lab.ops.settings``, fixed at import (a
+global of a jitted function); ``PMLL_LAB_FMA_SUMS=0`` / ``1`` switches it. Either way every
+kernel of a process rounds alike."""
 
 
 @triton.jit
@@ -338,41 +314,14 @@ def gdn_row_vk(h, q, k, v, g, beta):
     return h, o, u
 
 
-VK_TILES: tuple[tuple[int, int, int, int], ...] = ((128, 8, 8, 1), (1 << 62, 8, 16, 1))
-"""V-major launch table, one row per range of work units ``B*HV`` (sequences x value heads):
-``(max B*HV, value rows per program for decode and the chain, for the carry verify and flush,
-warps)``; the first row whose bound is >= ``B*HV`` applies. Every tile has one warp with its
-threads over 4 value rows x 8 key lanes, so the per-row sums run in the same order whatever the
-tile's row count, and decode, the chain, the exact carry and the flush agree to the bit (SPEC §2;
-checked on the H200 and by the tests). Why these rows: 8 rows per program stream decode and the
-chain best; the verify's folds gain from 16 independent rows per warp, except at small batches
-(the tile sweeps: reports/perf-notes.md v11; two warps or 4 rows were slower everywhere)."""
-
-VK_AHEAD: tuple[tuple[int, int, int, int, int], ...] = (
-    (32, 4, 4, 4, 8), (512, 4, 4, 4, 4), (1 << 62, 0, 2, 1, 4))
-"""How far ahead the V-major kernels load, one row per range of work units ``B*HV`` (as
-``VK_TILES``): ``(max B*HV, input rows ahead for decode and the chain, for the exact verify on
-an fp32 state, on a bf16/fp16 state, stash rows ahead)``. Input rows ahead
-(``decode_vk.rows_ahead_vk``, when the rows are unrolled): row ``t + AHEAD``'s q, k, v, g,
-beta are loaded before row ``t`` runs, so with ``AHEAD >= K`` every row is loaded before the
-first, alongside the state. Stash rows ahead (the exact verify's and the flush's folds): that
-many pending rows are loaded with the state, before the pending count is known, and the rest
-one ahead. Loads move, arithmetic does not: every result bit is the same for every setting.
-Why: at small batches a program is one chain of dependent memory round trips (the L2 is cold
-in serving and in our timings), and each row loaded in the loop adds one; rows loaded ahead
-cost registers, which at larger batches cost resident programs (a verify on a 2-byte state
-already holds more: sm_90 registers and the H200 sweeps behind each row,
-reports/perf-notes.md v14). Read at each launch (a launch plan reads it when made)."""
-
-
 def vk_ahead(work: int, kind: str = "rows", state_itemsize: int = 4) -> tuple[int, int]:
-    """``(input rows ahead, stash rows ahead)`` from ``VK_AHEAD`` for ``work = B * HV``,
+    """``(input rows ahead, stash rows ahead)`` from the ``vk_ahead`` setting for ``work = B * HV``,
     ``kind`` ``"rows"`` (decode, the chain: no stash) or ``"carry"``, and the state pool's
     element size in bytes (4: fp32; 2: bf16/fp16). Raises ``ValueError`` for an unknown
     ``kind``."""
     if kind not in ("rows", "carry"):
         raise ValueError(f"kind: expected 'rows' or 'carry', got {kind!r}")
-    for bound, rows, carry_rows, carry_rows_narrow, stash in VK_AHEAD:
+    for bound, rows, carry_rows, carry_rows_narrow, stash in settings.gdn().vk_ahead:
         if work <= bound:
             break
     if kind == "rows":
@@ -380,34 +329,25 @@ def vk_ahead(work: int, kind: str = "rows", state_itemsize: int = 4) -> tuple[in
     return (carry_rows if state_itemsize >= 4 else carry_rows_narrow), stash
 
 
-VK_CHUNK = 32
-"""Keys per chunk of a V-major tile (``CW``; heads narrower than this use one chunk)."""
-
-
 def vk_config(k_dim: int, v_dim: int, work: int, kind: str = "rows") -> tuple[int, int, int]:
     """``(BK, BR, num_warps)`` of the V-major family for a head of ``k_dim x v_dim`` and
     ``work = B * HV`` (sequences x value heads). ``kind``: ``"rows"`` (decode, the chain) or
     ``"carry"`` (the carried-state verify and flush). ``BK`` covers the whole key dim (padded
-    to a power of two), ``BR`` value rows per program from ``VK_TILES`` (at most ``v_dim``
-    padded, and at most ``8192 // BK`` so a one-warp tile stays <= 64 fp32 per thread). The key
-    axis is held in ``vk_chunks(BK)`` chunks. Raises ``ValueError`` for an unknown ``kind``."""
+    to a power of two), ``BR`` value rows per program from the ``vk_tiles`` setting
+    (``pmll_lab.ops.settings``; at most ``v_dim`` padded, and at most ``8192 // BK`` so a
+    one-warp tile stays <= 64 fp32 per thread). The key axis is held in ``vk_chunks(BK)``
+    chunks. Every shipped tile is one warp with its threads over 4 value rows x 8 key lanes, so
+    the per-row sums run in one order whatever the tile's row count: decode, the chain, the
+    exact carry and the flush agree to the bit. Raises ``ValueError`` for an unknown ``kind``."""
     if kind not in ("rows", "carry"):
         raise ValueError(f"kind: expected 'rows' or 'carry', got {kind!r}")
     bk = next_power_of_2(k_dim)
-    for bound, br_rows, br_carry, warps in VK_TILES:
+    for bound, br_rows, br_carry, warps in settings.gdn().vk_tiles:
         if work <= bound:
             break
     br = br_rows if kind == "rows" else br_carry
     br = max(1, min(br, next_power_of_2(v_dim), max(1, 8192 // bk)))
     return bk, br, warps
-
-
-VK_QK_HINT = True
-"""Whether V-major launches may load q/k rows as aligned vectors (``vk_qk_aligned``). Read at
-launch time. False: every launch takes the one-key-per-thread load, so q/k views of any
-alignment give the same bits (a chain on views whose row stride is off 16 bytes against
-decodes of its rows: on the H200 they differ with the hint, reports/perf-notes.md v13), at
-the cost measured in v12 (the V-major verify ~8 % slower)."""
 
 
 def vk_qk_aligned(k_dim: int, q, k) -> bool:
@@ -422,8 +362,8 @@ def vk_qk_aligned(k_dim: int, q, k) -> bool:
     and the carry agree bitwise between launches with equal ``QK_ALIGNED``: always for
     fresh contiguous inputs and for the usual fused buffers; a view whose row stride is off 16
     bytes can give a chain ``False`` and some of its row slices ``True`` (the interpreter has no
-    layouts and agrees always). False whenever ``VK_QK_HINT`` is off."""
-    if not VK_QK_HINT:
+    layouts and agrees always). False whenever the ``vk_qk_hint`` setting is off."""
+    if not settings.gdn().vk_qk_hint:
         return False
 
     def rows_aligned(t) -> bool:
@@ -442,7 +382,7 @@ def vk_qk_rows_fit(k_dim: int, itemsize: int) -> bool:
 
 def vk_chunks(block_k: int) -> tuple[int, int]:
     """``(NC, CW)``: a key block of ``block_k`` (a power of two) as ``NC`` chunks of ``CW``."""
-    cw = min(block_k, VK_CHUNK)
+    cw = min(block_k, settings.gdn().vk_chunk)
     return block_k // cw, cw
 
 
@@ -463,47 +403,24 @@ def vk_state_vector(k_dim: int, v_dim: int, work: int, state_itemsize: int) -> i
     return max(1, min(16 // state_itemsize, vk_chunks(bk)[1], br * bk // (32 * warps)))
 
 
-@lru_cache(maxsize=None)
 def block_config(k_dim: int, v_dim: int) -> tuple[int, int, int]:
-    """``(BK, BV, num_warps)`` for a head of ``k_dim x v_dim``.
+    """``(BK, BV, num_warps)`` for a K-major head of ``k_dim x v_dim``.
 
     Every GDN kernel must launch with this config so that the reductions in ``gdn_row`` run in
     the same order everywhere (bitwise agreement). ``BK`` covers the whole key dim (padded to a
-    power of two); ``BV`` columns per block; one warp per block, so the reductions over the key
-    dim stay inside a warp (no shared-memory round trip).
+    power of two); ``BV`` columns per block, ``BK*BV = 4096`` fp32 (at least 16 columns, at most
+    ``v_dim`` padded), one warp, so the key sums stay inside a warp. The ``kv_block`` setting
+    (``pmll_lab.ops.settings``, for tuning sweeps) fixes ``(BV, num_warps)`` for every head
+    instead; kernels launched under one setting still agree with each other bitwise, not with
+    the default's last bits. Why this rule: perf-notes v0."""
+    return _block_config(k_dim, v_dim, settings.gdn().kv_block)
 
-    Measured on an NVIDIA H200, 2026-11-29 (scripts/tune_gdn_layout.py; HK=16, HV=32,
-    kd=vd=128, bf16 inputs, B=64; reports/perf-notes.md): among BV in {8..64} x warps {1..8},
-    BV=32 with 1 warp gave decode 81 us (78% of the 4246 GB/s copy roofline), the 4-row chain
-    with state write 123 us (best of all configs) and the 4-row read-only chain (the lazy carry's
-    shape) 92 us (second best; BV=16/1 warp was 83 us but made decode 145 us). So: keep
-    ``BK*BV`` at 4096 fp32 (128 state registers per thread), 1 warp.
-    """
+
+@lru_cache(maxsize=None)
+def _block_config(k_dim: int, v_dim: int, kv_block) -> tuple[int, int, int]:
     bk = next_power_of_2(k_dim)
-    if _OVERRIDE is not None:
-        bv, warps = _OVERRIDE
+    if kv_block is not None:
+        bv, warps = kv_block
         return bk, min(next_power_of_2(v_dim), bv), warps
     bv = min(next_power_of_2(v_dim), max(16, 4096 // bk))
     return bk, bv, 1
-
-
-@contextlib.contextmanager
-def block_config_override(block_v: int, num_warps: int):
-    """Make ``block_config`` return ``BV = min(block_v, vd padded)`` columns and ``num_warps``
-    for every head size inside the ``with`` block (for tuning sweeps: decode, the chain, the
-    exact carry and its folds launched inside it use the same config, so they still agree bitwise
-    with each other; the WY form's warps come from ``gdn_carry.wy_config``; results differ
-    in the last bits from the default config's). ``block_v`` and ``num_warps`` must be powers of
-    two (``ValueError`` naming them otherwise). Not thread-safe; restores the default on exit."""
-    global _OVERRIDE
-    for name, val in (("block_v", block_v), ("num_warps", num_warps)):
-        if isinstance(val, bool) or not isinstance(val, int) or val < 1 or val & (val - 1):
-            raise ValueError(f"{name}: expected a power of two >= 1, got {val!r}")
-    old = _OVERRIDE
-    _OVERRIDE = (block_v, num_warps)
-    block_config.cache_clear()
-    try:
-        yield
-    finally:
-        _OVERRIDE = old
-        block_config.cache_clear()

@@ -27,7 +27,8 @@ the outputs are allocated with ``torch.empty`` (no separate zero-fill pass over 
 Both kernels move whole rows: a ``[BLOCK_S, BLOCK_D]`` tile per tensor, ``BLOCK_D`` = the head
 size padded to a power of two (contiguous, so loads and stores vectorise to 16 bytes when ``D``
 is a multiple of 8 elements of 16 bits). Offsets are int64 (a 2 GB ring has more than 2**31
-bytes). ``_tile`` holds the tile size and warp count, and says where they were measured.
+bytes). The tile size and warp count are the ``ring`` launch settings
+(``pmll_lab.ops.settings``, with the measurement behind them).
 """
 
 from __future__ import annotations
@@ -38,27 +39,16 @@ import triton.language as tl
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
+from pmll_lab.ops import settings
 from pmll_lab.ops.host import cdiv, next_power_of_2
-
-TILE_ELEMS = 8192
-"""Elements per ``[BLOCK_S, BLOCK_D]`` tile and tensor (BLOCK_S = 64 slots at D = 128).
-Measured on an H200, 2026-11-29 (``scripts/tune_pmll_ring.py``, log in
-``reports/h200-2026-11-29/logs/tune-pmll-ring.log``; rings of 0.54 GB, bf16 D = 128 / 64 and fp32
-D = 128; copy roofline 4246 GB/s): read 90-91 % of the roofline, write of T = M rows 88-95 %,
-within 2 % of the best tile (2048) there, and the best or near it for a write of T = 1024 rows
-(71-80 %), where 2048-4096 dropped to 41-57 % on bf16 D = 128. 16384 lost up to 40 points
-with gated writes. Larger tiles also mean fewer programs in the Triton interpreter."""
-
-NUM_WARPS = 8
-"""Warps per program: with ``TILE_ELEMS = 8192``, 4 warps lost 6-30 points on gated writes
-(same run as ``TILE_ELEMS``); 8 warps = 32 elements per thread per tensor."""
-
 
 def _tile(head_dim: int, rows: int) -> tuple[int, int]:
     """``(BLOCK_S, BLOCK_D)``: the head size padded to a power of two, and enough slots per
-    program to make a tile of ``TILE_ELEMS`` elements (fewer when there are fewer rows)."""
+    program to make a tile of ``ring_tile_elems`` elements (``pmll_lab.ops.settings``; fewer
+    when there are fewer rows)."""
     block_d = next_power_of_2(head_dim)
-    block_s = max(1, min(next_power_of_2(max(rows, 1)), TILE_ELEMS // block_d))
+    elems = settings.ring().ring_tile_elems
+    block_s = max(1, min(next_power_of_2(max(rows, 1)), elems // block_d))
     return block_s, block_d
 
 
@@ -245,7 +235,8 @@ def launch_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tens
         heads, capacity, tokens, head_dim,
         *k_new.stride()[:3], *v_new.stride()[:3], *sg,
         cdiv(tokens, capacity),
-        HAS_GATE=gate is not None, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=NUM_WARPS,
+        HAS_GATE=gate is not None, BLOCK_S=block_s, BLOCK_D=block_d,
+        num_warps=settings.ring().ring_num_warps,
     )
     mem.count.add_(tokens)
     return mem
@@ -271,6 +262,6 @@ def pmll_read(mem, t_ctx: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     _ring_read_kernel[grid](
         mem.k, mem.v, mem.count, k_out, v_out,
         heads, capacity, rows, head_dim,
-        BLOCK_S=block_s, BLOCK_D=block_d, num_warps=NUM_WARPS,
+        BLOCK_S=block_s, BLOCK_D=block_d, num_warps=settings.ring().ring_num_warps,
     )
     return k_out, v_out

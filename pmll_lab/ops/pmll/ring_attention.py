@@ -34,8 +34,9 @@ each other (they share its keys in L2), the last (most work under the causal mas
 Offsets of a ``(b, h)`` base are int64; rows within one ``(b, h)`` use int32 offsets
 (``T * stride`` and ``M * D`` below 2**31 elements).
 
-Tiles come from ``TILES`` (head size and element size -> block sizes, warps, stages), a small
-table for ``scripts/tune_ring_attention.py`` to fill from an H200 sweep.
+Tiles come from the ``attention`` launch settings (``pmll_lab.ops.settings``: head size and
+element size -> block sizes, warps, stages), filled by ``scripts/tune_ring_attention.py`` from
+an H200 sweep.
 """
 
 from __future__ import annotations
@@ -46,30 +47,11 @@ import triton.language as tl
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE, INTERPRET
+from pmll_lab.ops import settings
 from pmll_lab.ops.host import cdiv, next_power_of_2
 from pmll_lab.ops.pmll.ring import check_memory
 
 LOG2E = 1.4426950408889634
-
-TILES: dict[tuple[int, int], tuple[int, int, int, int]] = {
-    # (padded head size, bytes per element): (BLOCK_M, BLOCK_N, num_warps, num_stages)
-    (64, 2): (64, 64, 4, 3),
-    (128, 2): (64, 64, 4, 3),
-    (64, 4): (32, 16, 4, 2),
-    (128, 4): (32, 16, 4, 2),
-}
-"""Launch tiles per (head size padded to a power of two, element size in bytes). 16-bit rows:
-measured on an NVIDIA H200 (2026-11-30, ``scripts/tune_ring_attention.py --quick``, B=8, bf16,
-CUDA-graph replay; reports/h200-2026-11-30b/logs/tune-ring-attention.log): among 8 tiles,
-64 queries x 64 keys, 4 warps, 3 stages was fastest at both head sizes (geomean over five
-(M, T) cells 0.79x SDPA over contiguous keys at H=12/D=64, 0.86x at H=16/D=128; the Hopper
-textbook 128 x 64 tiles were 0.87x / 0.93x). Compiled for sm_90 on the CPU
-(``pmll_lab.lowering``, Triton 3.6) the 16-bit tiles use wgmma with cp.async pipelining. fp32
-(IEEE products on FMA units: for checks and small models, not speed) spilled 1.3-4.4 KB per
-thread at 64 x 32; at 32 x 16 nothing at D = 64, 640 B at D = 128. Other head sizes use
-``DEFAULT_TILE`` (at most 64 x 32 above D = 128)."""
-DEFAULT_TILE = (64, 32, 4, 2)
-"""Tile of head sizes and element sizes missing from ``TILES``."""
 
 
 @triton.jit
@@ -216,11 +198,14 @@ def tile_for(head_dim: int, dtype: torch.dtype, tokens: int) -> dict:
     """Launch tile for a head size, dtype and segment length: ``BLOCK_M`` (queries per program,
     at most ``T`` rounded up to a power of two, >= 16 for ``tl.dot``), ``BLOCK_N`` (ring rows per
     step), ``BLOCK_C`` (segment keys per step, dividing ``BLOCK_M``), ``BLOCK_D``, ``num_warps``,
-    ``num_stages``; from ``TILES``."""
+    ``num_stages``; from the ``attention_tiles`` setting (``attention_default_tile`` for sizes it
+    lacks, at most 64 x 32 above ``D = 128``)."""
     block_d = max(16, next_power_of_2(head_dim))
     el = torch.empty((), dtype=dtype).element_size()
-    bm, bn, warps, stages = TILES.get((block_d, el), DEFAULT_TILE)
-    if block_d > 128 and (block_d, el) not in TILES:
+    s = settings.attention()
+    tiles = dict(s.attention_tiles)
+    bm, bn, warps, stages = tiles.get((block_d, el), s.attention_default_tile)
+    if block_d > 128 and (block_d, el) not in tiles:
         bm, bn = min(bm, 64), min(bn, 32)
     bm = min(bm, max(16, next_power_of_2(tokens)))
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=min(bn, bm), BLOCK_D=block_d,
@@ -292,5 +277,5 @@ def attention_flops(batch: int, heads: int, tokens: int, head_dim: int, lengths)
                      for n in lengths))
 
 
-__all__ = ["TILES", "DEFAULT_TILE", "check_attention", "tile_for", "ring_attention",
+__all__ = ["check_attention", "tile_for", "ring_attention",
            "launch_ring_attention", "attention_flops"]

@@ -1,7 +1,7 @@
 """The host-side driver of the carried-state protocol for a stack of layers, ``SpecDecodeStep``,
 and the seed's policy constants it defaults to (SPEC §3b, §3c). Public through
 ``pmll_lab.carry``; the layers it drives (``CarryLayer``) and their checks are in
-``pmll_lab.ops.carry.carry_layer``.
+``pmll_lab.serving.carry_layer``.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from collections.abc import Callable, Sequence
 import torch
 
 from pmll_lab import _checks
-from pmll_lab.ops.carry.carry_layer import (CarryLayer, check_input_keys, check_layer_inputs,
-                                            check_stack, conv_qkv, layer_gates)
 from pmll_lab.ops.carry.gdn_carry import gdn_carry_verify
 from pmll_lab.ops.carry.gdn_carry_common import INDEX_DTYPES
 from pmll_lab.ops.carry.gdn_carry_pending import carry_accept, gdn_carry_flush
+from pmll_lab.ops.conv.carry import conv_carry_flush, conv_carry_verify
 from pmll_lab.ops.gdn.gating import split_gating
+from pmll_lab.serving.carry_layer import (CarryLayer, check_input_keys, check_layer_inputs,
+                                          check_stack, conv_qkv, layer_gates)
 
 GDN_CARRY_LAZY_MIN_SEQS = 8
 """Batch width from which the seed takes the lazy verify. The seed measured it end to end on a
@@ -196,8 +197,6 @@ class SpecDecodeStep:
                             [lay.carry for lay in self.layers], dev_tab, validate=self.validate,
                             state_layout=self.layers[0].state_layout)
         if self.layers[0].has_conv:
-            from pmll_lab.conv import conv_carry_flush
-
             with self._section("conv_flush"):
                 conv_carry_flush([lay.conv_state for lay in self.layers],
                                  [lay.conv_carry for lay in self.layers], dev_tab,
@@ -264,8 +263,6 @@ class SpecDecodeStep:
         split_gating(**gates)                  # the form's errors before the conv runs
         use_l2 = lay.use_qk_l2norm
         if lay.has_conv:
-            from pmll_lab.conv import conv_carry_verify
-
             if x is None or q is not None:
                 raise ValueError("x: a conv layer takes x [B, K, dim], not q/k/v")
             kd = lay.carry.k_dim

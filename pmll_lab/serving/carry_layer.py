@@ -2,7 +2,7 @@
 checks of its fields and of the stack, its gating keywords, the q, k, v views of its conv output,
 and the argument checks of its verify run before anything launches (SPEC §3b, §3c).
 
-Driven by ``SpecDecodeStep`` (``pmll_lab.ops.carry.spec_decode_step``); both are public through
+Driven by ``SpecDecodeStep`` (``pmll_lab.serving.spec_decode_step``); both are public through
 ``pmll_lab.carry``. Every check raises ``ValueError`` naming the field or argument.
 """
 
@@ -16,6 +16,7 @@ import torch
 from pmll_lab import _checks
 from pmll_lab.ops.carry.gdn_carry_common import FORMS, _check_verify, check_carry, check_state
 from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
+from pmll_lab.ops.conv.carry import ConvCarry, check_verify_args
 from pmll_lab.ops.gdn.gating import split_gating
 from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout
 
@@ -76,8 +77,6 @@ def _check_layer(prefix: str, lay: CarryLayer) -> None:
             _checks.tensor(f"{prefix}{name}", getattr(lay, name), shape=(lay.state.shape[1],),
                            dtype=_checks.FLOAT_DTYPES, device=lay.state.device, contiguous=True)
     if lay.conv_state is not None:
-        from pmll_lab.conv import ConvCarry
-
         _checks.tensor(f"{prefix}conv_state", lay.conv_state, ndim=3)
         if not isinstance(lay.conv_carry, ConvCarry):
             raise ValueError(f"{prefix}conv_carry: a conv needs a ConvCarry, got "
@@ -178,8 +177,6 @@ def check_layer_inputs(lay: CarryLayer, dev_tab, lazy, rows, form, scale, valida
     read)."""
     g, beta, gating = split_gating(**layer_gates(lay, g, beta, A_log, a, dt_bias, b))
     if lay.has_conv:
-        from pmll_lab.ops.conv.carry import check_verify_args
-
         kd = lay.carry.k_dim
         qk = 2 * lay.num_k_heads * kd
         B, K, dim, _, _, out_dtype = check_verify_args(

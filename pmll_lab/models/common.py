@@ -1,0 +1,32 @@
+"""What the model modules share, below all of them: the LM head's vocabulary size (checked) and
+the base class of the cache the patched GDN layers hand their forward to. ``qwen3_next``,
+``cache`` and ``generate`` import it; it imports none of them."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def vocab_size(model) -> int:
+    """The LM head's vocabulary size. Raises ``TypeError`` naming ``model`` when it is not a
+    transformers causal LM (a torch module with an output embedding), before any step runs."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a transformers Qwen3-Next / Qwen3.5 causal LM, got "
+                        f"{type(model).__name__}")
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    weight = getattr(head, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise TypeError(f"model: {type(model).__name__} is not a transformers causal LM (no "
+                        "output embedding / LM head); expected a Qwen3-Next / Qwen3.5 model")
+    return weight.shape[0]
+
+
+class GdnCache:
+    """A cache whose ``gdn_forward(module, hidden_states)`` runs a GDN layer patched by
+    ``pmll_lab.models.qwen3_next.patch_model`` (``pmll_lab.models.cache.ServingCache``); the
+    patched layer runs transformers' forward for any other cache."""
+
+    def gdn_forward(self, module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError

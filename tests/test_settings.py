@@ -1,0 +1,201 @@
+"""Launch settings as data (``pmll_lab.ops.settings``): the tables, their pointers, the one
+override context, and the launchers reading the active values (plans when they are made)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
+from pmll_lab.backend import DEVICE
+from pmll_lab.bench import bitwise_equal
+from pmll_lab.carry import GDN_CARRY_CAP, GdnCarry, carry_accept, gdn_carry_verify
+from pmll_lab.conv import conv_block_config
+from pmll_lab.gdn import gdn_chain, gdn_chain_plan, gdn_decode
+from pmll_lab.inputs import gdn_inputs
+from pmll_lab.ops import settings
+from pmll_lab.ops.carry import gdn_carry as C
+from pmll_lab.ops.gdn import decode as D
+from pmll_lab.ops.gdn import recurrence
+from pmll_lab.ops.pmll import ring
+from pmll_lab.ops.pmll.ring_attention import tile_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_setting_has_a_reason_and_a_pointer_that_resolves():
+    """Each row names the measurement behind it (one line) and where it is recorded: a
+    perf-notes section that exists, and any file it names exists."""
+    notes = (ROOT / "reports" / "perf-notes.md").read_text()
+    headers = [line for line in notes.splitlines() if line.startswith("## ")]
+    rows = settings.describe()
+    assert len(rows) == len({r["name"] for r in rows}) >= 19
+    for r in rows:
+        assert r["why"] and "\n" not in r["why"] and r["see"], r["name"]
+        assert r["value"] == r["shipped"], f"{r['name']}: not the shipped value outside override"
+        for v in re.findall(r"perf-notes v(\d+)", r["see"]) + re.findall(r", v(\d+)", r["see"]):
+            assert any(h.startswith(f"## v{v}:") for h in headers), f"{r['name']}: no v{v}"
+        for title in re.findall(r"perf-notes '([^']+)'", r["see"]):
+            assert any(h.startswith(f"## {title}") for h in headers), f"{r['name']}: {title}"
+        for path in re.findall(r"(?:reports|notebooks)/[\w./-]+\.(?:log|ipynb)", r["see"]):
+            assert (ROOT / path).exists(), f"{r['name']}: {path} missing"
+
+
+def test_shipped_values_are_the_measured_ones():
+    """The values the launches compiled with before the tables existed (any change here changes
+    constexprs, so it needs a measurement and a bitwise run)."""
+    g, c, v, r, a = (settings.SHIPPED[f] for f in ("gdn", "carry", "conv", "ring", "attention"))
+    assert g.kv_block is None and g.vk_chunk == 32 and g.vk_qk_hint is True
+    assert g.vk_tiles == ((128, 8, 8, 1), (1 << 62, 8, 16, 1))
+    assert g.vk_ahead == ((32, 4, 4, 4, 8), (512, 4, 4, 4, 4), (1 << 62, 0, 2, 1, 4))
+    assert g.chain_unroll_max_rows == 4 and g.default_state_layout == "kv"
+    assert (c.exact_split_columns, c.exact_unroll_max_rows, c.carry_prefetch_rows,
+            c.accept_block) == (True, 8, True, 128)
+    assert c.exact_unroll_max_rows == GDN_CARRY_CAP
+    assert (v.conv_block_channels, v.conv_num_warps, v.conv_row_width) == (256, 2, 64)
+    assert (r.ring_tile_elems, r.ring_num_warps) == (8192, 8)
+    assert dict(a.attention_tiles) == {(64, 2): (64, 64, 4, 3), (128, 2): (64, 64, 4, 3),
+                                       (64, 4): (32, 16, 4, 2), (128, 4): (32, 16, 4, 2)}
+    assert a.attention_default_tile == (64, 32, 4, 2)
+
+
+def test_import_time_settings_are_what_the_modules_bound():
+    assert bool(recurrence.FMA_SUMS) == settings.gdn().fma_sums
+    assert recurrence.DEFAULT_STATE_LAYOUT == settings.gdn().default_state_layout
+    for fn in (gdn_decode, gdn_chain, gdn_carry_verify):
+        assert inspect.signature(fn).parameters["state_layout"].default == "kv"
+
+
+def test_override_nests_and_restores_also_after_an_error():
+    shipped = settings.gdn()
+    with settings.override(vk_chunk=16, carry_prefetch_rows=False):
+        assert settings.gdn().vk_chunk == 16 and settings.carry().carry_prefetch_rows is False
+        assert recurrence.vk_chunks(64) == (4, 16)
+        with settings.override(vk_chunk=64, vk_tiles=[(1 << 62, 4, 4, 1)]):
+            assert recurrence.vk_chunks(128) == (2, 64)
+            assert settings.gdn().vk_tiles == ((1 << 62, 4, 4, 1),), "lists become tuples"
+        assert settings.gdn().vk_chunk == 16 and settings.gdn().vk_tiles == shipped.vk_tiles
+        assert settings.carry().carry_prefetch_rows is False
+    assert settings.gdn() is shipped and settings.carry().carry_prefetch_rows is True
+    with pytest.raises(RuntimeError, match="inside"), settings.override(ring_num_warps=4):
+        raise RuntimeError("inside")
+    assert settings.ring().ring_num_warps == 8
+    assert all(r["value"] == r["shipped"] for r in settings.describe())
+
+
+@pytest.mark.parametrize("changes, named", [
+    (dict(vk_tiles_typo=1, vk_chunk=16), "vk_tiles_typo"),
+    (dict(fma_sums=False), "fma_sums"),
+    (dict(default_state_layout="vk"), "default_state_layout"),
+    (dict(vk_chunk=24), "vk_chunk"),
+    (dict(vk_qk_hint=1), "vk_qk_hint"),
+    (dict(chain_unroll_max_rows=-1), "chain_unroll_max_rows"),
+    (dict(kv_block=(12, 1)), "kv_block"),
+    (dict(vk_ahead=((1 << 62, 4, 4, 4),)), "vk_ahead"),
+    (dict(vk_tiles=()), "vk_tiles"),
+    (dict(attention_tiles={(64, 2): (64, 64, 4)}), "attention_tiles"),
+    (dict(attention_default_tile=(64, 32, 0, 2)), "attention_default_tile"),
+])
+def test_override_refuses_bad_names_and_values_before_changing_anything(changes, named):
+    with pytest.raises(ValueError, match=f"^{named}:"):
+        with settings.override(**changes):
+            pytest.fail("the block must not run")
+    assert all(r["value"] == r["shipped"] for r in settings.describe())
+
+
+def test_launchers_read_the_active_settings():
+    """Each family's launch arguments follow an override and come back after it."""
+    assert recurrence.block_config(64, 64) == (64, 64, 1)
+    with settings.override(kv_block=(16, 2)):
+        assert recurrence.block_config(64, 64) == (64, 16, 2)
+    assert recurrence.block_config(64, 64) == (64, 64, 1)
+    assert recurrence.vk_config(128, 128, 1 << 20, "carry") == (128, 16, 1)
+    with settings.override(vk_tiles=((1 << 62, 8, 4, 1),)):
+        assert recurrence.vk_config(128, 128, 1 << 20, "carry") == (128, 4, 1)
+    assert recurrence.vk_ahead(1, "carry") == (4, 8)
+    with settings.override(vk_ahead=((1 << 62, 1, 2, 3, 5),)):
+        assert recurrence.vk_ahead(1, "carry", 2) == (3, 5)
+    assert conv_block_config(512, None) == (64, 64, 4, 2)
+    with settings.override(conv_block_channels=128, conv_num_warps=4, conv_row_width=32):
+        assert conv_block_config(512, None) == (32, 32, 4, 4)
+    assert ring._tile(128, 1000) == (64, 128)
+    with settings.override(ring_tile_elems=2048):
+        assert ring._tile(128, 1000) == (16, 128)
+    assert tile_for(64, torch.bfloat16, 4096)["num_stages"] == 3
+    with settings.override(attention_tiles=(((64, 2), (32, 32, 2, 2)),)):
+        t = tile_for(64, torch.bfloat16, 4096)
+        assert (t["BLOCK_M"], t["BLOCK_N"], t["num_warps"], t["num_stages"]) == (32, 32, 2, 2)
+        assert tile_for(128, torch.bfloat16, 4096)["BLOCK_N"] == 32, "default tile when missing"
+
+    x = gdn_inputs(3, 2, 1, 2, 32, 16, rows=3, slots=3, dtype=torch.float32)
+    carry = GdnCarry.empty(3, 2, 32, 16)
+    o, e = torch.empty(2, 3, 2, 16, device=DEVICE), torch.empty(2, dtype=torch.int32, device=DEVICE)
+    args = (x["state"], carry, x["q"], x["k"], x["v"], x["g"], x["beta"], o, e,
+            x["state_indices"], "exact", True, 1.0, True)
+    kern, _, _, kw = C._verify_launch_args(*args)
+    assert kern is C._gdn_carry_exact_split_kernel and kw["PREFETCH"] and kw["UNROLL"]
+    with settings.override(exact_split_columns=False, carry_prefetch_rows=False,
+                           exact_unroll_max_rows=2):
+        kern, _, _, kw = C._verify_launch_args(*args)
+        assert kern is C._gdn_carry_exact_kernel and not kw["PREFETCH"] and not kw["UNROLL"]
+
+
+def test_a_plan_keeps_the_settings_it_was_made_with():
+    """``LaunchPlan`` reads the settings when it is made: a chain plan made under a runtime row
+    loop keeps it after the override ends, and gives the unrolled launch's bits."""
+    x = gdn_inputs(5, 2, 1, 2, 32, 16, rows=3, slots=3, dtype=torch.bfloat16)
+    rows = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    a, b = x["state"].clone(), x["state"].clone()
+    with settings.override(chain_unroll_max_rows=0):
+        plan = gdn_chain_plan(a, *rows, state_indices=x["state_indices"])
+    assert plan.kwargs["UNROLL"] is False
+    assert gdn_chain_plan(b.clone(), *rows, state_indices=x["state_indices"]).kwargs["UNROLL"]
+    o_plan = plan().clone()
+    o = gdn_chain(b, *rows, state_indices=x["state_indices"])
+    assert bitwise_equal(o_plan, o) and bitwise_equal(a, b)
+    assert plan.kwargs["UNROLL"] is False
+
+
+def test_accept_block_changes_the_grid_not_the_counts():
+    """``accept_block`` smaller than the batch: several programs, the same ``pend`` update."""
+    S, B = 9, 7
+    gen = torch.Generator().manual_seed(8)
+    slots = torch.randperm(S, generator=gen)[:B].to(torch.int32).to(DEVICE)
+    eng = torch.randint(1, 3, (B,), generator=gen, dtype=torch.int32).to(DEVICE)
+    acc = torch.randint(0, 4, (B,), generator=gen, dtype=torch.int32).to(DEVICE)
+    start = torch.randint(0, 4, (S,), generator=gen, dtype=torch.int32).to(DEVICE)
+    want = start.clone()
+    for s, e_, a_ in zip(slots.tolist(), eng.tolist(), acc.tolist()):
+        want[s] = a_ if e_ == 2 else want[s] + a_
+    for block in (128, 2):
+        c = GdnCarry.empty(S, 1, 16, 16)
+        c.pend.copy_(start)
+        with settings.override(accept_block=block):
+            carry_accept(c, slots, eng, acc, rows=3)
+        assert torch.equal(c.pend, want), block
+
+
+OLD_GLOBALS = ("VK_TILES", "VK_AHEAD", "VK_CHUNK", "VK_QK_HINT", "CARRY_PREFETCH_ROWS",
+               "EXACT_SPLIT_COLUMNS", "EXACT_UNROLL_MAX_ROWS", "CHAIN_UNROLL_MAX_ROWS",
+               "ACCEPT_BLOCK", "TILE_ELEMS", "BLOCK_CHANNELS", "DEFAULT_ROW_WIDTH", "TILES",
+               "DEFAULT_TILE", "block_config_override")
+
+
+def test_no_script_or_test_sets_a_launch_setting_as_a_module_global():
+    """The launchers read ``settings``, so assigning the old globals would change nothing:
+    neither they nor a monkeypatch of them may come back (the WY form's stay globals)."""
+    from pmll_lab.ops.conv import common
+    from pmll_lab.ops.pmll import ring_attention
+
+    for mod in (recurrence, D, C, common, ring, ring_attention):
+        assert not [n for n in OLD_GLOBALS if hasattr(mod, n)], mod.__name__
+    names = "|".join(OLD_GLOBALS + ("NUM_WARPS",))
+    assign = re.compile(rf"\.({names})\s*(,[^=\n]*)?=(?!=)|setattr\([^)]*[\"']({names})[\"']")
+    found = [f"{p.relative_to(ROOT)}:{n + 1}" for p in sorted((ROOT / "scripts").glob("*.py"))
+             + sorted((ROOT / "tests").glob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines()) if assign.search(line)]
+    assert not found, f"module-global launch settings set in: {found}"
