@@ -19,8 +19,9 @@ import torch
 import pmll_lab  # noqa: F401  (first)
 from pmll_lab.bench import errors, time_cuda_graph
 from pmll_lab.carry import GdnRing, gdn_ring_verify, ring_accept
-from pmll_lab.experiments.common import gating_inputs
+from pmll_lab.experiments.gdn import gating_inputs
 from pmll_lab.inputs import gdn_inputs
+from pmll_lab.ops import settings
 from pmll_lab.ops.carry import gdn_ring
 from pmll_lab.reference import ring as ref_ring
 from pmll_lab.step_bench import fill_ring
@@ -41,12 +42,12 @@ def point(B, K, R, fill, state_dtype, tiles, precisions, preps=((None, None),), 
     combos = [(prec, tile, prep) for prec in (precisions if state_dtype == torch.float32 else ["-"])
               for tile in tiles for prep in preps]
     for prec, tile, (pw, pk) in combos:
-        if True:
-            gdn_ring.RING_TILES = (tile,)
-            if pw is not None:
-                gdn_ring.RING_PREP_WARPS, gdn_ring.RING_PREP_KEYS = pw, pk
-            if prec != "-":
-                gdn_ring.RING_PRECISION = prec
+        knobs = dict(ring_form_tiles=(tile,))
+        if pw is not None:
+            knobs.update(ring_form_prep_warps=pw, ring_form_prep_keys=pk)
+        if prec != "-":
+            gdn_ring.RING_PRECISION = prec          # arithmetic, not a launch setting
+        with settings.override(**knobs):
             st, rg = state.clone(), GdnRing(ring.k.clone(), ring.u.clone(), ring.G.clone(),
                                              ring.len.clone(), ring.base.clone(), R)
             o, e = gdn_ring_verify(st, rg, x["q"], x["k"], x["v"], **kw)
@@ -93,13 +94,14 @@ def main():
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
     rows = []
     for pdl in args.pdl:
-      gdn_ring.RING_PDL = bool(pdl)
       for sd in args.state:
         for B in args.batch:
             for fill in args.fill:
-                new = point(B, args.rows, args.length, fill, getattr(torch, sd), tiles,
-                            args.precision, [tuple(int(v) for v in x.split("x")) for x in args.prep]
-                            or ((None, None),))
+                with settings.override(ring_form_pdl=bool(pdl)):
+                    new = point(B, args.rows, args.length, fill, getattr(torch, sd), tiles,
+                                args.precision,
+                                [tuple(int(v) for v in x.split("x")) for x in args.prep]
+                                or ((None, None),))
                 rows += [dict(r, tile=r["tile"] + f"/pdl{pdl}") for r in new]
     if args.json:
         with open(args.json, "w") as f:

@@ -22,7 +22,8 @@ LIB = ROOT / "pmll_lab"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base: device choice, checks, host helpers, float64 references",
      ("pmll_lab", "pmll_lab.backend", "pmll_lab._interpreter", "pmll_lab._checks",
-      "pmll_lab.ops.host", "pmll_lab.reference", "pmll_lab.reference.*")),
+      "pmll_lab.ops.host", "pmll_lab.reference", "pmll_lab.reference.*", "pmll_lab.sizes",
+      "pmll_lab.tolerances")),
     ("kernels and their launchers, launch settings",
      ("pmll_lab.ops", "pmll_lab.ops.*")),
     ("host-side serving drivers over the launchers (SpecDecodeStep, CarryLayer)",
@@ -34,20 +35,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("pmll_lab.models", "pmll_lab.models.*")),
     ("checks, experiments, sweeps, reports",
      ("pmll_lab.lowering", "pmll_lab.experiments", "pmll_lab.experiments.*", "pmll_lab.sweep",
-      "pmll_lab.dist", "pmll_lab.report", "pmll_lab.report_*", "pmll_lab.step_*",
+      "pmll_lab.dist", "pmll_lab.results", "pmll_lab.report", "pmll_lab.report_*",
+      "pmll_lab.step_*",
       "pmll_lab.__main__")),
 )
 """Lowest first; a module may import its own layer and the ones below. A module's layer is the
 first whose patterns match it (the exact names of the base layer come before ``pmll_lab.ops.*``).
 """
 
-KNOWN_CYCLES_OWNED_ELSEWHERE: set[frozenset[str]] = {
-    frozenset({"pmll_lab.experiments.roofline", "pmll_lab.experiments.roofline_case",
-               "pmll_lab.experiments.roofline_ours", "pmll_lab.experiments.roofline_peers"}),
-    frozenset({"pmll_lab.sweep", "pmll_lab.dist"}),
-}
-"""Cycles being removed on other branches (the experiment hub, the sweep/dist helpers): delete
-this set once they are merged. Only these exact cycles are tolerated."""
+KNOWN_CYCLES_OWNED_ELSEWHERE: set[frozenset[str]] = set()
+"""No cycle is tolerated (the experiment hub and the sweep/dist helpers lost theirs)."""
 
 
 def _modules() -> dict[str, Path]:

@@ -7,7 +7,7 @@ measurement is recorded (``see``: a section of ``reports/perf-notes.md`` or a co
 log); ``describe()`` lists them all. Families: ``gdn()`` (decode, the chain and the tiles the
 carry shares with them for bitwise agreement), ``carry()`` (the carried-state exact form,
 flush and accept), ``conv()``, ``ring()`` (the PMLL ring's read and write), ``attention()``
-(attention over the ring).
+(attention over the ring), ``ring_form()`` (the carried state's ring form, SPEC §3d).
 
 Scripts and tests change settings only inside ``override`` (names are the fields', unique
 across families; nested blocks restore the outer values; not thread-safe)::
@@ -201,8 +201,42 @@ class AttentionSettings:
     """Tile of a head size and element size missing from ``attention_tiles``."""
 
 
+@dataclass(frozen=True)
+class RingFormSettings:
+    """The ring form of the carried state (``pmll_lab.ops.carry.gdn_ring``, SPEC §3d)."""
+
+    ring_form_tiles: tuple = _row(
+        ((16, 32, 2, 2), (32, 32, 2, 2), (64, 32, 4, 3)), check="table",
+        why="64 value rows x 32 keys, 4 warps, 3 stages: the fastest of 8 state-kernel tiles at "
+            "kd = vd = 128, B = 64 and 128 (bf16; fp32 within 7 %)",
+        see="perf-notes v17 (reports/h200-2026-12-02/logs/tune-ring-split.log, "
+            "tune-ring-prep.log)")
+    """State-kernel tiles by ``vd``: rows ``(value rows per program BV, keys per chunk BK,
+    warps, pipeline stages)``; the first row with ``BV >= min(vd, 64)``, else the last."""
+
+    ring_form_prep_warps: int = _row(
+        1, check="pow2",
+        why="its small-matrix reductions inside one warp: B = 64 bf16 verify 77.6 -> 66.0 us "
+            "against 2 warps, 91.4 with 4",
+        see="perf-notes v17 (reports/h200-2026-12-02/logs/tune-ring-prep1.log)")
+    """Warps of the per-head kernel (norms, Grams, the WY inverse, ring coefficients)."""
+
+    ring_form_prep_keys: int = _row(
+        32, check="pow2", why="32-key chunks 2-3 % faster than 64 on 1 warp (66.0 vs 68.0 us)",
+        see="perf-notes v17 (tune-ring-prep1.log)")
+    """Keys per chunk of the per-head kernel's pass over the new rows and the ring keys."""
+
+    ring_form_pdl: bool = _row(
+        not INTERPRET, check="flag",
+        why="the state kernel starts while the per-head kernel runs: B = 1 15.5 -> 11.6 us, "
+            "B = 64 68.2 -> 65.1 (bf16); off in the interpreter, which has no such launch",
+        see="perf-notes v17 (reports/h200-2026-12-02/logs/tune-ring-pdl.log)")
+    """Launch the state kernel with programmatic dependent launch (Hopper)."""
+
+
 SHIPPED = {"gdn": GdnSettings(), "carry": CarrySettings(), "conv": ConvSettings(),
-           "ring": RingSettings(), "attention": AttentionSettings()}
+           "ring": RingSettings(), "attention": AttentionSettings(),
+           "ring_form": RingFormSettings()}
 """The tables as shipped, by family."""
 
 _active = dict(SHIPPED)
@@ -234,6 +268,11 @@ def ring() -> RingSettings:
 def attention() -> AttentionSettings:
     """The active ring-attention table."""
     return _active["attention"]
+
+
+def ring_form() -> RingFormSettings:
+    """The active table of the carried state's ring form."""
+    return _active["ring_form"]
 
 
 def describe() -> list[dict]:

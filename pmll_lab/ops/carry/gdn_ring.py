@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from pmll_lab import _checks
-from pmll_lab.backend import DEVICE, INTERPRET
+from pmll_lab.backend import DEVICE
+from pmll_lab.ops import settings
 from pmll_lab.ops.carry.gdn_carry_common import INDEX_DTYPES, _device_guard, check_state, offsets_table
 from pmll_lab.ops.carry.gdn_ring_kernels import (gdn_ring_flush_kernel, gdn_ring_prep_kernel,
                                                  gdn_ring_verify_kernel, ring_accept_kernel)
@@ -50,33 +51,20 @@ RING_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
 """rel L2 of the ring form's outputs and states against the float64 exact protocol, per state
 dtype (tests/test_ring.py). fp32: ``tf32x3`` products; bf16/fp16: the state's own rounding."""
 
-RING_PREP_KEYS = 32
-"""Keys per chunk of the per-head kernel's pass over the new rows and the ring keys."""
-RING_PREP_WARPS = 1
-"""Warps of the per-head kernel (``gdn_ring_prep_kernel``: ``[16, kd]`` and ``[16, 16]`` tiles)."""
-
-RING_PDL = not INTERPRET
-"""Launch the state kernel with programmatic dependent launch (Hopper), overlapping it with the
-per-head kernel (``gdn_ring_kernels``); off in the Triton interpreter, which has no such launch.
-Measured in reports/perf-notes.md (ring form)."""
-
 RING_PRECISION = "tf32x3"
 """``input_precision`` of an fp32 state's ``tl.dot`` products: three tf32 passes on the tensor
-cores, close to fp32 (``"ieee"``: fp32 FMAs, slower). 2-byte states multiply in their dtype."""
-
-RING_TILES = ((16, 32, 2, 2), (32, 32, 2, 2), (64, 32, 4, 3))
-"""``(value rows per program BV, keys per chunk BK, warps, pipeline stages)`` of the state
-kernel by ``vd``: the first row with ``BV >= min(vd, 64)``, else the last. Why 64x32, 4 warps,
-3 stages: fastest of 8 tiles at kd = vd = 128, B = 64 and 128, bf16 state (fp32 within 7 %);
-H200 sweep ``scripts/tune_ring.py``, reports/perf-notes.md (ring form)."""
+cores, close to fp32 (``"ieee"``: fp32 FMAs, slower). 2-byte states multiply in their dtype. Not a launch setting: it changes
+the arithmetic (measured against ``"ieee"`` in perf-notes v17)."""
 
 
 def ring_config(v_dim: int) -> tuple[int, int, int, int]:
-    """``(BV, BK, num_warps, stages)`` of the ring kernels for value head size ``v_dim``."""
-    for row in RING_TILES:
+    """``(BV, BK, num_warps, stages)`` of the state kernel for value head size ``v_dim``, from
+    ``pmll_lab.ops.settings.ring_form().ring_form_tiles`` (the measurement behind it there)."""
+    tiles = settings.ring_form().ring_form_tiles
+    for row in tiles:
         if row[0] >= min(v_dim, 64):
             return row
-    return RING_TILES[-1]
+    return tiles[-1]
 
 
 @dataclass(eq=False)
@@ -281,6 +269,7 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
         return o, engaged
     meta = _dot_meta(state, kd, vd)
     gate = (gating.A_log, gating.dt_bias) if gating is not None else (state, state)
+    rf = settings.ring_form()
     rp = max(16, ring.length)
     ws_width = 16 + 16 * rp + 512
     ws = torch.empty(B * HV * ws_width, dtype=torch.float32, device=state.device)
@@ -292,15 +281,16 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
             scale, ring.k.stride(0), ring.G.stride(0),
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-            BK=min(RING_PREP_KEYS, next_power_of_2(kd)), USE_QK_L2NORM=bool(use_qk_l2norm), GATE=gating is not None,
-            num_warps=RING_PREP_WARPS, PDL=RING_PDL, **common)
+            BK=min(rf.ring_form_prep_keys, next_power_of_2(kd)), USE_QK_L2NORM=bool(use_qk_l2norm), GATE=gating is not None,
+            num_warps=rf.ring_form_prep_warps, PDL=rf.ring_form_pdl, **common)
         gdn_ring_verify_kernel[(B * HV * meta["NT"],)](
             state, ring.k, ring.u, ring.G, ring.len, ring.base, slot_tab, q, k, v, o, ws,
             state.stride(0), ring.k.stride(0), ring.u.stride(0), ring.G.stride(0),
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             VD=vd, BK=meta["BK"], BV=meta["BV"], NT=meta["NT"], STAGES=meta["STAGES"],
-            num_warps=meta["num_warps"], PDL=RING_PDL, launch_pdl=RING_PDL, **common)
+            num_warps=meta["num_warps"], PDL=rf.ring_form_pdl, launch_pdl=rf.ring_form_pdl,
+            **common)
     return o, engaged
 
 
