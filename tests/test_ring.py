@@ -183,3 +183,35 @@ def test_ring_reference_equals_plain_decoding():
                                         g[b:b + 1, :a], beta[b:b + 1, :a], slots[b:b + 1])
         for s in (0, 2):
             assert float((ref_ring.ring_state(kv[s], rref, s) - plain[s]).abs().max()) < 1e-12
+
+
+def test_ring_bad_input_named_before_any_launch():
+    """Out-of-range slots on the host, head sizes tl.dot cannot tile, a K-major state, K > R,
+    a ring in another dtype: each a ValueError naming the argument."""
+    x = gdn_inputs(0, 2, 1, 2, 16, 32, rows=3, slots=4, dtype=torch.float32)
+    st = x["state"].transpose(-1, -2).contiguous()
+    ring = GdnRing.empty(4, 1, 2, 16, 32, length=8)
+    rows = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    for slots in ([0, 7], [4, 1], [-2, 0]):
+        with pytest.raises(ValueError, match="^slot_tab"):
+            gdn_ring_verify(st, ring, *rows, slot_tab=torch.tensor(slots, dtype=torch.int32,
+                                                                   device=DEVICE))
+    with pytest.raises(ValueError, match="^k: head size 24"):
+        GdnRing.empty(4, 1, 2, 24, 24)
+    with pytest.raises(ValueError, match="K-major"):
+        gdn_ring_verify(x["state"], GdnRing.empty(4, 1, 2, 16, 32), *rows,
+                        slot_tab=x["state_indices"])
+    with pytest.raises(ValueError, match="^state_layout"):
+        gdn_ring_verify(st, ring, *rows, slot_tab=x["state_indices"], state_layout="kv")
+    with pytest.raises(ValueError, match="^ring: ring rows are"):
+        gdn_ring_verify(st, GdnRing.empty(4, 1, 2, 16, 32, dtype=torch.bfloat16), *rows,
+                        slot_tab=x["state_indices"])
+    x9 = gdn_inputs(0, 2, 1, 2, 16, 32, rows=9, slots=4, dtype=torch.float32)
+    with pytest.raises(ValueError, match="^q: K = 9"):
+        gdn_ring_verify(st, GdnRing.empty(4, 1, 2, 16, 32, length=16), x9["q"], x9["k"],
+                        x9["v"], x9["g"], x9["beta"], slot_tab=x9["state_indices"])
+    if DEVICE.type == "cpu":
+        bad = GdnRing.empty(4, 1, 2, 16, 32, length=8)
+        bad.len.fill_(9)
+        with pytest.raises(ValueError, match="^ring.len"):
+            gdn_ring_verify(st, bad, *rows, slot_tab=x["state_indices"])

@@ -20,7 +20,8 @@ COLORS = {
     # peers
     "fla_fused_recurrent": "#d62728", "flashinfer_decode": "#8c564b",
     "flashinfer_mtp_snapshots": "#e377c2", "flashinfer_mtp_frozen": "#f7b6d2",
-    "flashinfer_replayssm": "#c49c94",
+    "flashinfer_replayssm": "#c49c94", "conv_carry_lazy": "#1f77b4",
+    "conv_chain_restore": "#2ca02c", "plain_decode": "#000000",
     # the PMLL ring and its attention
     "pmll_read": "#bcbd22", "pmll_write": "#6b6b00", "fused": "#0b3d91",
     "pmll_step": "#c5b0d5", "gather_sdpa_mask": "#ff9896", "sdpa_contiguous": "#9edae5",

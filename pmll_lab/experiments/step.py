@@ -72,13 +72,13 @@ def step_point(p: dict) -> list[dict]:
         try:
             chk = check_form(build_form(form, case), ref_seqs=int(p.get("ref_seqs", 2)))
         except Exception as exc:  # noqa: BLE001 - a form that raises is one failed row of it
-            rows.append(dict(base, metric="o_rel_l2", value=float("nan"), status="failed",
-                             error=f"{type(exc).__name__}: {exc}"[:300]))
+            rows.append(dict(base, metric="rel_l2", what="o", value=float("nan"),
+                             status="failed", error=f"{type(exc).__name__}: {exc}"[:300]))
             continue
         status = "ok" if chk["passed"] else "failed"
-        for m in ("o_rel_l2", "state_rel_l2"):
-            rows.append(dict(base, metric=m, value=chk[m], tolerance=chk["tolerance"],
-                             passed=chk["passed"], status=status))
+        for what in ("o", "state"):
+            rows.append(dict(base, metric="rel_l2", what=what, value=chk[f"{what}_rel_l2"],
+                             tolerance=chk["tolerance"], passed=chk["passed"], status=status))
         for m in ("fold_frac", "mean_fill"):
             rows.append(dict(base, metric=m, value=chk[m], status=status))
         sf = build_form(form, case)
@@ -129,7 +129,10 @@ def conv_rows(case: StepCase, mean_accept: float) -> list[dict]:
 
 def step_table(df: pd.DataFrame) -> pd.DataFrame:
     """µs per step, bytes per step and held per sequence, by configuration and form."""
-    ok = df[df["status"] == "ok"]
+    ok = df[df["status"] == "ok"].copy()
+    if "what" in ok:
+        named = ok["metric"].eq("rel_l2") & ok["what"].notna()
+        ok.loc[named, "metric"] = ok.loc[named, "what"].astype(str) + "_rel_l2"
     keys = ["state_dtype", "B", "K", "form"]
     t = ok.pivot_table(index=keys, columns="metric", values="value", aggfunc="first")
     cols = [c for c in ("step_us", "bytes_moved_step", "bytes_held_seq", "fold_frac",
@@ -220,12 +223,12 @@ def kernel_point(p: dict) -> list[dict]:
             o = fn()
             err = errors(o[:n].float(), o_ref)["rel_l2"]
         except Exception as exc:  # noqa: BLE001 - a kernel that raises is one failed row
-            rows.append(dict(base, metric="o_rel_l2", value=float("nan"), status="failed",
-                             error=f"{type(exc).__name__}: {exc}"[:300]))
+            rows.append(dict(base, metric="rel_l2", what="o", value=float("nan"),
+                             status="failed", error=f"{type(exc).__name__}: {exc}"[:300]))
             continue
         tol = OUTPUT_TOL_KERNEL
-        rows.append(dict(base, metric="o_rel_l2", value=err, tolerance=tol, passed=err <= tol,
-                         status="ok" if err <= tol else "failed"))
+        rows.append(dict(base, metric="rel_l2", what="o", value=err, tolerance=tol,
+                         passed=err <= tol, status="ok" if err <= tol else "failed"))
         if err <= tol:
             tm = time_cuda_graph(fn)
             if tm is not None:

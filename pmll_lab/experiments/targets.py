@@ -177,8 +177,8 @@ def verdict(df: pd.DataFrame, head: pd.DataFrame, name: str) -> str:
     if len(peers):
         tail += f"; a peer raised in {peers['point_id'].nunique()} point(s)"
     if not P.on_gpu(df):
-        return (f"**{name}: no speed verdict on the CPU.** Checks on {dev}: "
-                f"{n_ok} of {n_chk} passed{tail}.")
+        return (f"**{name}: judged on a GPU only; no speed verdict on the CPU.** Checks of "
+                f"this run's shapes on {dev}: {n_ok} of {n_chk} passed{tail}.")
     judged = head[head["bound"].notna()] if len(head) else head
     met = int((judged["status"] == "met").sum()) if len(judged) else 0
     return (f"**{name}: {met} of {len(judged)} targets met on {dev}.** Checks: {n_ok} of {n_chk} "

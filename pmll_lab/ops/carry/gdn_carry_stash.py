@@ -69,6 +69,11 @@ class GdnCarry:
                    pend=torch.zeros(slots, dtype=torch.int32, device=dev),
                    num_v_heads=num_v_heads, k_dim=k_dim, v_dim=v_dim, cap=cap)
 
+    def __repr__(self) -> str:
+        return (f"GdnCarry(slots={self.slots}, num_v_heads={self.num_v_heads}, "
+                f"k_dim={self.k_dim}, v_dim={self.v_dim}, cap={self.cap}, "
+                f"device={self.device})")
+
     # -- sizes ------------------------------------------------------------------------------
     @property
     def slots(self) -> int:

@@ -97,6 +97,16 @@ class GdnRing:
         for name in ("len", "base"):
             _checks.tensor(name, getattr(self, name), shape=(S,), dtype=torch.int32,
                            device=self.u.device, contiguous=True)
+        lo, hi = RING_HEAD_DIMS
+        for name, d in (("k", self.k.shape[3]), ("u", self.u.shape[3])):
+            if d % 16 or not lo <= d <= hi:
+                raise ValueError(f"{name}: head size {d} is not supported by the ring form "
+                                 f"(multiples of 16 in [{lo}, {hi}]: tl.dot tiles)")
+
+    def __repr__(self) -> str:
+        return (f"GdnRing(slots={self.slots}, num_k_heads={self.num_k_heads}, "
+                f"num_v_heads={self.num_v_heads}, k_dim={self.k_dim}, v_dim={self.v_dim}, "
+                f"length={self.length}, dtype={self.dtype}, device={self.device})")
 
     @classmethod
     def empty(cls, slots: int, num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, *,
@@ -168,8 +178,10 @@ def check_ring(name: str, ring, state: torch.Tensor) -> None:
     S, HV, vd, kd = state.shape
     got = (ring.slots, ring.num_v_heads, ring.v_dim, ring.k_dim)
     if got != (S, HV, vd, kd):
+        hint = (" (is it a K-major [S, HV, kd, vd] state? the ring form takes V-major states "
+                "only)" if got == (S, HV, kd, vd) else "")
         raise ValueError(f"{name}: ring for (slots, HV, vd, kd) = {got} does not match the "
-                         f"V-major state {tuple(state.shape)}")
+                         f"V-major state {tuple(state.shape)}{hint}")
     if ring.dtype != state.dtype:
         raise ValueError(f"{name}: ring rows are {ring.dtype}, the state is {state.dtype}: "
                          "build the ring with the state pool's dtype")
@@ -216,6 +228,8 @@ def _check_verify(state, ring, q, k, v, g, beta, slot_tab, scale, validate, stat
                          f"{RING_MAX_ROWS})]")
     if B > S:
         raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
+    _checks.host_indices("slot_tab", slot_tab, S)
+    _host_cursors(ring, slot_tab)
     scale = _checks.optional_float("scale", scale)
     if validate:
         _checks.indices_values("slot_tab", slot_tab, S, padding=True)
@@ -226,6 +240,15 @@ def _check_verify(state, ring, q, k, v, g, beta, slot_tab, scale, validate, stat
             _checks.range_values("g", g, float("-inf"), 0.0)
             _checks.range_values("beta", beta, 0.0, 1.0)
     return B, K, kd ** -0.5 if scale is None else scale
+
+
+def _host_cursors(ring: GdnRing, slot_tab) -> None:
+    """On the host (every CPU run) the ring's ``len`` and ``base`` of the live slots address
+    memory: checked for free, whatever ``validate`` says (``ValueError`` naming them)."""
+    if _checks.on_host(ring.len) and _checks.on_host(slot_tab):
+        live = slot_tab[slot_tab >= 0].long()
+        _checks.range_values("ring.len", ring.len[live], 0, ring.length)
+        _checks.range_values("ring.base", ring.base[live], 0, 2 * ring.length - 1)
 
 
 def _dot_meta(state: torch.Tensor, kd: int, vd: int) -> dict:
@@ -324,6 +347,7 @@ def ring_accept(rings, slot_tab, engaged, accepted, *, validate=False) -> None:
     _checks.tensor("accepted", accepted, shape=(B,), dtype=INDEX_DTYPES, device=dev,
                    contiguous=True)
     _checks.flag("validate", validate)
+    _checks.host_indices("slot_tab", slot_tab, rings[0].slots)
     if validate:
         _checks.indices_values("slot_tab", slot_tab, rings[0].slots, padding=True)
         _checks.range_values("engaged", engaged, 1, 2)
@@ -368,6 +392,9 @@ def gdn_ring_flush(states, rings, slot_tab, *, validate=False, state_layout="vk"
     if B > S:
         raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
     _checks.flag("validate", validate)
+    _checks.host_indices("slot_tab", slot_tab, S)
+    for r in rings:
+        _host_cursors(r, slot_tab)
     if validate:
         _checks.indices_values("slot_tab", slot_tab, S, padding=True)
         for i, r in enumerate(rings):
