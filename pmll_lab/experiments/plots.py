@@ -20,8 +20,7 @@ COLORS = {
     # peers
     "fla_fused_recurrent": "#d62728", "flashinfer_decode": "#8c564b",
     "flashinfer_mtp_snapshots": "#e377c2", "flashinfer_mtp_frozen": "#f7b6d2",
-    "flashinfer_replayssm": "#c49c94", "conv_carry_lazy": "#1f77b4",
-    "conv_chain_restore": "#2ca02c", "plain_decode": "#000000",
+    "flashinfer_replayssm": "#c49c94",
     # the PMLL ring and its attention
     "pmll_read": "#bcbd22", "pmll_write": "#6b6b00", "fused": "#0b3d91",
     "pmll_step": "#c5b0d5", "gather_sdpa_mask": "#ff9896", "sdpa_contiguous": "#9edae5",
@@ -33,7 +32,10 @@ ALIASES = {"chain": "chain_snapshots", "chain_restore": "chain_snapshots",
            "carry_eager": "carry_exact_eager", "exact_lazy": "carry_exact_lazy",
            "exact_eager": "carry_exact_eager", "wy_lazy": "carry_wy_lazy",
            "wy_eager": "carry_wy_eager", "flashinfer_snapshot_restore": "flashinfer_mtp_snapshots",
-           "protocol_exact": "carry_exact_lazy", "protocol_wy": "carry_wy_lazy"}
+           "protocol_exact": "carry_exact_lazy", "protocol_wy": "carry_wy_lazy",
+           # a conv kernel takes its GDN twin's colour
+           "conv_carry_lazy": "carry_exact_lazy", "conv_chain_restore": "chain_snapshots",
+           "plain_decode": "plain"}
 """The same implementation under another notebook's name."""
 LAYOUT_LINES = {"kv": "-", "vk": "--"}
 """Line style per state layout: solid K-major, dashed V-major."""
