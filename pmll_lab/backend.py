@@ -34,7 +34,8 @@ from pmll_lab._interpreter import install as _install_interpreter
 def _decide() -> tuple[torch.device, bool]:
     wanted = os.environ.get("PMLL_LAB_DEVICE", "auto").strip().lower()
     if wanted not in ("auto", "cpu", "cuda", "lower"):
-        raise RuntimeError(f"PMLL_LAB_DEVICE must be auto, cpu, cuda or lower, not {wanted!r}")
+        raise RuntimeError(f"PMLL_LAB_DEVICE must be auto, cpu, cuda or lower, not {wanted!r} "
+                           "(a notebook's `device` parameter and `report --device` set it)")
     if wanted == "lower":
         if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
             raise RuntimeError("PMLL_LAB_DEVICE=lower compiles kernels for a GPU target: unset "
@@ -42,7 +43,9 @@ def _decide() -> tuple[torch.device, bool]:
         return torch.device("cpu"), False
     has_cuda = torch.cuda.is_available()
     if wanted == "cuda" and not has_cuda:
-        raise RuntimeError("PMLL_LAB_DEVICE=cuda but torch sees no CUDA device")
+        raise RuntimeError("PMLL_LAB_DEVICE=cuda (a notebook's `device` parameter or `report "
+                           "--device cuda`) but torch sees no CUDA device: use device 'auto' or "
+                           "'cpu' here")
     if wanted == "cpu" or not has_cuda:
         os.environ["TRITON_INTERPRET"] = "1"
         _require_fresh_triton_language()

@@ -58,9 +58,21 @@ def verdict_text(counts: dict | None) -> str:
             "no speed verdict on the CPU")
 
 
+def _figure(v: str) -> str:
+    """A CSV cell as shown: a decimal number to 4 significant digits (the CSV keeps them all),
+    anything else as written."""
+    if not any(c in v for c in ".eE") or v.lower() in ("nan", "inf", "-inf"):
+        return v
+    try:
+        return f"{float(v):.4g}"
+    except ValueError:
+        return v
+
+
 def headline_html(path: Path, title: str) -> str:
     """A headline CSV (header row, then one row per target) as an HTML table under ``title``:
-    every row and column as written (no truncation); a ``status`` column (met / missed,
+    every row and column (no truncation; decimals to 4 significant digits, ``_figure``); a
+    ``status`` column (met / missed,
     passed / failed) is coloured. A file that cannot be read gives a one-line note instead."""
     e = html.escape
     try:
@@ -78,7 +90,7 @@ def headline_html(path: Path, title: str) -> str:
         cells = []
         for i, v in enumerate(r):
             cls = _STATUS_CLASS.get(v) if i == col else None
-            cells.append(f"<td class='{cls}'>{e(v)}</td>" if cls else f"<td>{e(v)}</td>")
+            cells.append(f"<td class='{cls}'>{e(v)}</td>" if cls else f"<td>{e(_figure(v))}</td>")
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</table>")
     return "\n".join(out)
@@ -113,9 +125,11 @@ def cluster_text(cluster: dict | None) -> str:
 
 
 def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
-    """The run's ``index.html``: provenance on top, one row per notebook with its links and
-    (with ``run_dir``) its verdict beside its status (``verdict_counts``), then the headline
-    table of each notebook whose results hold ``headline.csv`` (``headline_html``)."""
+    """The run's ``index.html``: the verdict first (notebooks ok or failed, targets met of total),
+    one row per notebook with its links and (with ``run_dir``) its verdict beside its status
+    (``verdict_counts``), the headline table of each notebook whose results hold
+    ``headline.csv`` (``headline_html``), and the run's provenance table at the end (a one-line
+    summary of it under the title)."""
     e = html.escape
     env = manifest.get("environment", {})
     started = manifest.get("started_utc", "")
@@ -134,9 +148,9 @@ def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
            f"<title>pmll_lab report: {e(manifest.get('run', ''))}</title>",
            f"<style>{_CSS}</style></head><body>",
            f"<h1>pmll_lab report: <code>{e(manifest.get('run', ''))}</code></h1>",
-           "<table>"]
-    out += [f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in head_rows]
-    out.append("</table>")
+           f"<p class='note'>{e(env.get('device', '?'))}, {e(head_rows[2][1] or '?')} UTC, "
+           f"commit {e(env.get('commit', '?'))}, preset {e(manifest.get('preset', '?'))} "
+           "(run details at the end)</p>"]
     for note in manifest.get("notes", []):  # provenance notes a person added to a kept run
         out.append(f"<p class='note'>{e(note)}</p>")
     if env.get("backend") == "triton-interpreter":
@@ -194,6 +208,9 @@ def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
                 for r in b.get("results", []):
                     if r.split("/")[-1] == HEADLINE_FILE and (Path(run_dir) / r).is_file():
                         out.append(headline_html(Path(run_dir) / r, f"Headline: {b['name']}"))
+    out.append("<h2>Run details</h2><table>")
+    out += [f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in head_rows]
+    out.append("</table>")
     out.append(f"<p class='note'>Written by <code>python -m pmll_lab report</code>; "
                f"finished {e(manifest.get('finished_utc') or 'not yet')}. Machine-readable: "
                "<a href='manifest.json'>manifest.json</a>.</p></body></html>")

@@ -154,7 +154,7 @@ def test_index_shows_each_notebooks_headline(tmp_path):
 
     res = tmp_path / "results" / "roofline"
     res.mkdir(parents=True)
-    rows = ["target,B,ours_us,status"] + [f"target number {i},{i},{10.5 + i},"
+    rows = ["target,B,ours_us,status"] + [f"target number {i},{i},{10.5 + i + 1e-9},"
                                          + ("met" if i % 2 else "missed") for i in range(70)]
     (res / "headline.csv").write_text("\n".join(rows) + "\n")
     manifest = {"run": "t", "environment": {}, "complete": True, "notebooks": [
@@ -165,7 +165,8 @@ def test_index_shows_each_notebooks_headline(tmp_path):
     assert "<h2>Headline: roofline</h2>" in page and "Headline: other" not in page
     assert page.count("<td class='ok'>met</td>") == 35
     assert page.count("<td class='failed'>missed</td>") == 35
-    assert "target number 69" in page and "79.5" in page and "…" not in page
+    assert "target number 69" in page and "<td>79.5</td>" in page and "…" not in page
+    assert "79.500000001" not in page                      # shown to 4 significant digits
     assert "Headline" not in index_html(manifest)          # without run_dir: links only
     assert "35 of 70 targets met" in page and "targets met: 35 of 70" in page   # row, total
 
@@ -190,6 +191,9 @@ def test_index_gives_each_notebooks_verdict_beside_its_status(tmp_path):
     assert "1 of 2 kernels passed every check; no speed verdict on the CPU" in row["cpu"]
     assert "targets met: 1 of 3" in page
     assert "<td class='failed'>failed</td>" in page and "<td class='ok'>passed</td>" in page
+    # the verdict comes before the provenance table, which closes the page
+    assert page.index("targets met: 1 of 3") < page.index("<h2>Run details</h2>") \
+        < page.index("<th>Git commit</th>")
 
 
 DIST = '''\
