@@ -186,9 +186,9 @@ def gdn_ring_prep_kernel(
     decay = tl.where(low, tl.exp(cum[:, None] - cum[None, :]), 0.0)
     A = tl.where(x[:, None] > x[None, :], beta[:, None] * decay * gx, 0.0)
     bt = beta[:, None] * tl.trans(_unit_lower_inverse(A, K, 16))
-    # P2[s, 8 + t] = e^{c_t - c_s} q_t . k_s; sh[a, r] = [r == a + 8] (exact products by 0, 1)
-    sh = tl.where(x[None, :] == x[:, None] + 8, 1.0, 0.0)
-    p2 = _mm_ieee(tl.trans(decay * _mm_ieee(sh, gx)), sh)
+    # P2[s, 8 + t] = e^{c_t - c_s} q_t . k_s (s <= t): gx[8 + t, s] is q_t . k_s, cx[8 + t] is c_t
+    qk = (x[:, None] >= 8) & (t[:, None] >= x[None, :]) & mx[:, None] & mt[None, :]
+    p2 = tl.trans(tl.where(qk, tl.exp(cx[:, None] - cum[None, :]), 0.0) * gx)
 
     ws = ws_ptr + (b * HV + hv) * WS
     tl.store(ws + x, colscale)
