@@ -108,6 +108,36 @@ def test_step_point_rows_and_targets_on_the_cpu():
     assert not set(head["status"]) & {"met", "missed"}, head     # no speed verdict on the CPU
 
 
+def test_sensitivity_rows_and_facts():
+    """A point naming its forms ("ring+exact_lazy") runs those only; the sensitivity table keys
+    rows by alpha and ring length; its facts are ratios of GPU step times (synthetic rows here,
+    since the CPU has none)."""
+    import pandas as pd
+
+    from pmll_lab.experiments import step as S
+
+    p = dict(B=2, K=2, HK=1, HV=2, head_dim=16, state_dtype="bfloat16", steps=2, alpha=0.5,
+             ring_length=8, forms="ring+exact_lazy")
+    rows = S.step_point(p)
+    assert {r["form"] for r in rows if not r["form"].startswith("conv")} == {"ring", "exact_lazy"}
+    ring_rows = [r for r in rows if r["form"] == "ring" and r["metric"] == "rel_l2"]
+    assert ring_rows and all(r["passed"] for r in ring_rows)
+    t = S.sensitivity_table(pd.DataFrame([dict(p, **r) for r in rows]))
+    assert set(t.form) == {"ring", "exact_lazy"} and set(t.ring_length) == {8}
+    assert (t.mean_accept >= 0).all() and (t.mean_accept <= 2).all()
+    # facts from step times: R=8 and R=32 against R=16; exact lazy against the ring at R=16
+    base = dict(state_dtype="bfloat16", B=64, K=4, alpha=0.8, status="ok", mean_accept=2.9,
+                metric="step_us")
+    syn = pd.DataFrame([dict(base, form="ring", ring_length=8, value=80.0),
+                        dict(base, form="ring", ring_length=16, value=64.0),
+                        dict(base, form="ring", ring_length=32, value=72.0),
+                        dict(base, form="exact_lazy", ring_length=16, value=192.0)])
+    f = S.sensitivity_findings(syn).set_index("finding")["measured"]
+    assert f["alpha=0.8: ring step with R=8 / with R=16"] == 1.25
+    assert f["alpha=0.8: ring step with R=32 / with R=16"] == 1.125
+    assert f["alpha=0.8 (mean 2.90 accepted): carry exact, lazy step / ring step"] == 3.0
+
+
 def test_conv_twin_step_is_bitwise_conv_update():
     from pmll_lab.step_bench import check_conv
 

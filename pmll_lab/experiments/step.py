@@ -63,7 +63,8 @@ def step_point(p: dict) -> list[dict]:
     case = case_of(p)
     mean_accept = float(case.tensors["accepted"].float().mean())
     rows = []
-    for form in p.get("forms", STEP_FORMS):
+    forms = p.get("forms", STEP_FORMS)
+    for form in forms.split("+") if isinstance(forms, str) else forms:
         base = dict(kernel=form, form=form, mean_accept=mean_accept, state_layout="vk")
         if not supports(form, case) or (form.startswith("flashinfer") and
                                         (DEVICE.type != "cuda" or INTERPRET)):
@@ -138,6 +139,41 @@ def step_table(df: pd.DataFrame) -> pd.DataFrame:
     cols = [c for c in ("step_us", "bytes_moved_step", "bytes_held_seq", "fold_frac",
                         "mean_fill", "o_rel_l2", "state_rel_l2", "bitwise") if c in t]
     return t[cols].reset_index()
+
+
+def sensitivity_table(sdf: pd.DataFrame) -> pd.DataFrame:
+    """The step against the ring's length ``R`` (rows a slot holds before it folds) and the
+    acceptance probability ``alpha``: µs per step (GPU), the fraction of steps that fold or
+    write back, the mean ring or stash fill and the mean accepted rows, by ``alpha, R, form``."""
+    ok = sdf[(sdf["status"] == "ok") & sdf["metric"].isin(
+        ["step_us", "fold_frac", "mean_fill"])] if len(sdf) else sdf
+    if ok.empty:
+        return pd.DataFrame()
+    keys = ["state_dtype", "B", "K", "alpha", "ring_length", "form"]
+    t = ok.pivot_table(index=keys, columns="metric", values="value", aggfunc="first")
+    acc = ok.groupby(keys)["mean_accept"].first()
+    t["mean_accept"] = acc
+    return t.reset_index()
+
+
+def sensitivity_findings(sdf: pd.DataFrame) -> pd.DataFrame:
+    """Per ``alpha``: the ring step at each ``R`` as a multiple of the ``R = 16`` step; and, at
+    ``R = 16``, every other form's step as a multiple of the ring's (GPU rows only)."""
+    t = sensitivity_table(sdf)
+    out = []
+    if t.empty or "step_us" not in t:
+        return pd.DataFrame(out)
+    ring = t[t.form == "ring"].set_index(["alpha", "ring_length"])["step_us"]
+    for (a, R), v in ring.items():
+        if R != 16 and (a, 16) in ring.index:
+            out.append(fact(f"alpha={a}: ring step with R={R} / with R=16",
+                            round(float(v / ring[(a, 16)]), 3), "same B, K, state dtype"))
+    for (a, f), sel in t[t.ring_length == 16].groupby(["alpha", "form"]):
+        if f != "ring" and (a, 16) in ring.index and sel.step_us.notna().all():
+            out.append(fact(f"alpha={a} (mean {sel.mean_accept.iloc[0]:.2f} accepted): "
+                            f"{LABELS.get(f, f)} step / ring step",
+                            round(float(sel.step_us.iloc[0] / ring[(a, 16)]), 3), "R = 16"))
+    return pd.DataFrame(out)
 
 
 def findings(df: pd.DataFrame, kdf: pd.DataFrame, ddf: pd.DataFrame) -> pd.DataFrame:
