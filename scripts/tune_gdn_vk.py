@@ -1,6 +1,6 @@
 """GPU sweep of the V-major GDN family's tile (the ``vk_tiles`` setting of
 ``pmll_lab.ops.settings``) against the K-major kernels and FLA, with a bitwise family check per
-tile (issue 10; perf-notes v11).
+tile (perf-notes-archive v11).
 
 For each candidate ``BRxW`` (value rows per program x warps; ``vk_tiles`` overridden with that
 one tile):
