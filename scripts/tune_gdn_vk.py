@@ -1,6 +1,8 @@
-"""GPU sweep of the V-major GDN family's tile (the ``vk_tiles`` setting of
-``pmll_lab.ops.settings``) against the K-major kernels and FLA, with a bitwise family check per
-tile (issue 10; perf-notes v11).
+"""GPU sweep of the GDN family's launch tiles, with a bitwise family check per tile: the V-major
+tile (the ``vk_tiles``, ``vk_chunk`` and ``vk_ahead`` settings of ``pmll_lab.ops.settings``)
+against the K-major kernels and FLA, and with ``--kv-blocks`` the K-major block (``kv_block``,
+``carry_prefetch_rows``) (perf-notes-archive v0, v7, v11, v14; reports/perf-notes.md, "Launch
+constants: GDN decode and chain").
 
 For each candidate ``BRxW`` (value rows per program x warps; ``vk_tiles`` overridden with that
 one tile):
@@ -19,7 +21,9 @@ one tile):
    the graph time as a fraction of the copy roofline over SPEC §4 bytes.
 
 The K-major kernels (default config) and FLA's fused_recurrent (K=4, no snapshots) are timed
-once as baselines. Usage on the H200:  python3 scripts/tune_gdn_vk.py [--tiles 8x1,16x1]
+once as baselines. ``--kv-blocks 32x1,16x1,32x1:nopf`` runs each K-major ``BVxW`` block (``:nopf``:
+without the row prefetch) through the same family check in the K-major layout, then the same
+timings in that layout. Usage on the H200:  python3 scripts/tune_gdn_vk.py [--tiles 8x1,16x1]
 [--B 1,64,128,256] [--json PATH]; ``--smoke`` runs the family check at tiny sizes (CPU).
 """
 
@@ -52,19 +56,19 @@ def vk(state):
     return state.transpose(-1, -2).contiguous()
 
 
-def check_family(HK, HV, kd, K, dtype, B=8, seed=7):
-    """Bitwise family check in the V-major layout; returns what differed (empty: agreed)."""
+def check_family(HK, HV, kd, K, dtype, B=8, seed=7, layout="vk"):
+    """Bitwise family check in ``layout``; returns what differed (empty: agreed)."""
     bad = []
     x = gdn_inputs(seed, B, HK, HV, kd, kd, rows=K, slots=B + 2, dtype=dtype)
     slots = x["state_indices"]
-    st0 = vk(x["state"])
+    st0 = vk(x["state"]) if layout == "vk" else x["state"].clone()
     chain = st0.clone()
     inter = torch.empty(B, K - 1, HV, kd, kd, device=DEVICE)
-    o = gdn_chain(chain, *rows(x), state_indices=slots, intermediate=inter, state_layout="vk")
+    o = gdn_chain(chain, *rows(x), state_indices=slots, intermediate=inter, state_layout=layout)
     dec = st0.clone()
     for t in range(K):
         o_t = gdn_decode(dec, *[r[:, t] for r in rows(x)], state_indices=slots,
-                         state_layout="vk")
+                         state_layout=layout)
         if not bitwise_equal(o[:, t], o_t):
             bad.append(f"chain o row {t}")
         if t < K - 1 and not bitwise_equal(inter[:, t], dec[slots.long()]):
@@ -77,15 +81,15 @@ def check_family(HK, HV, kd, K, dtype, B=8, seed=7):
         for i, acc in enumerate((K, K, 2)):
             xi = gdn_inputs(seed + 10 + i, B, HK, HV, kd, kd, rows=K, slots=B + 2, dtype=dtype)
             o, eng = gdn_carry_verify(state, carry, *rows(xi), slot_tab=slots, form="exact",
-                                      lazy=lazy, state_layout="vk")
+                                      lazy=lazy, state_layout=layout)
             for t in range(acc):
                 o_t = gdn_decode(plain, *[r[:, t] for r in rows(xi)], state_indices=slots,
-                                 state_layout="vk")
+                                 state_layout=layout)
                 if not bitwise_equal(o[:, t], o_t):
                     bad.append(f"{'lazy' if lazy else 'eager'} verify {i} o row {t}")
             carry_accept(carry, slots, eng, torch.full((B,), acc, dtype=torch.int32,
                                                        device=DEVICE))
-        gdn_carry_flush([state], [carry], slots, state_layout="vk")
+        gdn_carry_flush([state], [carry], slots, state_layout=layout)
         if not bitwise_equal(state, plain):
             bad.append(f"{'lazy' if lazy else 'eager'} flushed state")
     return bad
@@ -189,6 +193,15 @@ def tile_settings(tile, ahead=None):
     return tag, over
 
 
+def kv_block_settings(spec):
+    """``"BVxW"`` or ``"BVxW:nopf"`` -> ``(tag, overrides)``: the K-major block ``(BV, W)`` for
+    every head size, and the row prefetch off with ``:nopf``; for ``settings.override``."""
+    block, _, opt = spec.partition(":")
+    bv, w = (int(n) for n in block.split("x"))
+    return (f"kv{bv}x{w}" + (":nopf" if opt == "nopf" else ""),
+            dict(kv_block=(bv, w), carry_prefetch_rows=opt != "nopf"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiles", default="default,4x1,8x1,16x1,8x2,16x2",
@@ -206,17 +219,25 @@ def main():
                          "or 'default' for the library's table; comma-separated")
     ap.add_argument("--kernels", default="",
                     help="comma-separated kernel names to time (default: all)")
+    ap.add_argument("--kv-blocks", default="",
+                    help="K-major blocks BVxW[:nopf] to sweep (kv_block; ':nopf' turns "
+                         "carry_prefetch_rows off), e.g. 32x1,16x1,32x1:nopf")
     a = ap.parse_args()
     KERNELS.update(n for n in a.kernels.split(",") if n)
     tiles = [parse_tile(t) for t in a.tiles.split(",")]
     aheads = [None if s == "default" else tuple(int(n) for n in s.split("-"))
               for s in a.ahead.split(",")]
+    blocks = [kv_block_settings(b) for b in a.kv_blocks.split(",") if b]
     if a.smoke:
         for tile in tiles[:2]:
             for ahead in aheads:
                 tag, over = tile_settings(tile, ahead)
                 with settings.override(**over):
                     print(tag, check_family(1, 2, 16, 3, torch.float32, B=5) or "bitwise")
+        for tag, over in blocks[:2]:
+            with settings.override(**over):
+                print(tag, check_family(1, 2, 16, 3, torch.float32, B=5, layout="kv")
+                      or "bitwise")
         return
     roof = copy_bandwidth()
     print(f"device {device_name()}, copy roofline {roof:.0f} GB/s")
@@ -231,20 +252,27 @@ def main():
             print(f"{tag:>12} B={B:<4} {name:<24} graph {gu:9.1f} us  do_bench {bu:9.1f} us"
                   f"  {100 * frac:5.1f} %")
 
+    def family(tag, layout):
+        fam = []
+        for spec in filter(None, a.family.split(",")):
+            kd, K, dt = spec.split(":")
+            bad = check_family(16, 32, int(kd), int(K), DT[dt], layout=layout)
+            fam.append(f"{spec}: " + ("bitwise" if not bad else "DIFFERS " + ", ".join(bad[:4])))
+        print(f"tile {tag} family: " + "; ".join(fam))
+        res.append(dict(tile=tag, family=fam))
+
     for B in ([] if a.no_kv else Bs):
         record("kv", B, timings(B, "kv"))
+    for tag, over in blocks:
+        with settings.override(**over):
+            family(tag, "kv")
+            for B in Bs:
+                record(tag, B, timings(B, "kv"))
     for tile in tiles:
         for ahead in aheads:
             tag, over = tile_settings(tile, ahead)
             with settings.override(**over):
-                fam = []
-                for spec in filter(None, a.family.split(",")):
-                    kd, K, dt = spec.split(":")
-                    bad = check_family(16, 32, int(kd), int(K), DT[dt])
-                    fam.append(f"{spec}: " + ("bitwise" if not bad
-                                              else "DIFFERS " + ", ".join(bad[:4])))
-                print(f"tile {tag} family: " + "; ".join(fam))
-                res.append(dict(tile=tag, family=fam))
+                family(tag, "vk")
                 for B in Bs:
                     record(tag, B, timings(B, "vk"))
     if a.json:

@@ -300,9 +300,10 @@ def test_row_prefetch_changes_no_bit(form):
 
 
 def test_exact_runtime_row_loop():
-    """Verifies longer than ``exact_unroll_max_rows`` run a runtime row loop (perf-notes v10;
-    prepared, off by default): K = 6 with and without write-backs matches the protocol
-    reference, and gives the same bits as the unrolled loop (outputs, engaged, state, stash)."""
+    """Verifies longer than ``exact_unroll_max_rows`` run a runtime row loop
+    (perf-notes-archive v10; prepared, off by default): K = 6 with and without write-backs
+    matches the protocol reference, and gives the same bits as the unrolled loop (outputs,
+    engaged, state, stash)."""
     with settings.override(exact_unroll_max_rows=4):
         _run_verify_case("exact", True, torch.bfloat16, 3, 5, 1, 2, 32, 16, 6, [0, 2, 3],
                          seed=61)

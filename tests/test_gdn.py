@@ -189,7 +189,7 @@ def _chain_and_decodes(x):
 @pytest.mark.parametrize("K", [3, 8])
 def test_chain_runtime_row_loop_equals_unrolled(K):
     """Chains longer than ``chain_unroll_max_rows`` run a runtime row loop (one compiled body
-    for every row; perf-notes v10): with the loop forced on and forced off, outputs, final
+    for every row; perf-notes-archive v10): with the loop forced on and forced off, outputs, final
     states and snapshots are bit for bit those of K decodes, and within tolerance of the
     float64 reference."""
     x = gdn_inputs(230 + K, 3, 1, 2, 64, 32, rows=K, slots=5, dtype=torch.bfloat16)

@@ -1,7 +1,7 @@
 """Padding lanes (slot -1) in the float64 references, checked against the kernels.
 
-The kernels treat a slot of -1 as a padding lane (README "Padding lanes", tests/test_padding.py,
-tests/test_conv_padding.py): zero outputs, ``engaged`` 1, nothing read or written for it. The
+The kernels treat a slot of -1 as a padding lane (docs/layouts.md "Padding lanes",
+tests/test_padding.py, tests/test_conv_padding.py): zero outputs, ``engaged`` 1, nothing read or written for it. The
 references every kernel answers to must do the same, not read and write slot ``S-1`` as Python's
 ``tensor[-1]`` would. Each test runs a padded batch (slots ``[2, -1, 0]`` of ``S = 4``: slot 3 is
 the one a negative index would hit) through the kernel and the reference and checks:

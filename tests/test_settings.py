@@ -28,20 +28,33 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_setting_has_a_reason_and_a_pointer_that_resolves():
-    """Each row names the measurement behind it (one line) and where it is recorded: a
-    perf-notes section that exists, and any file it names exists."""
-    notes = (ROOT / "reports" / "perf-notes.md").read_text()
-    headers = [line for line in notes.splitlines() if line.startswith("## ")]
+    """Each row names the measurement behind it (one line) and where it is recorded: a section
+    of the current perf-notes that exists, the archive sections it names exist (the
+    chronological log), and any file it names exists."""
+    def headers(name):
+        text = (ROOT / "reports" / name).read_text()
+        return [line for line in text.splitlines() if line.startswith("## ")]
+
+    notes, archive = headers("perf-notes.md"), headers("perf-notes-archive.md")
     rows = settings.describe()
     assert len(rows) == len({r["name"] for r in rows}) >= 19
     for r in rows:
-        assert r["why"] and "\n" not in r["why"] and r["see"], r["name"]
+        see = r["see"]
+        assert r["why"] and "\n" not in r["why"] and see, r["name"]
         assert r["value"] == r["shipped"], f"{r['name']}: not the shipped value outside override"
-        for v in re.findall(r"perf-notes v(\d+)", r["see"]) + re.findall(r", v(\d+)", r["see"]):
-            assert any(h.startswith(f"## v{v}:") for h in headers), f"{r['name']}: no v{v}"
-        for title in re.findall(r"perf-notes '([^']+)'", r["see"]):
-            assert any(h.startswith(f"## {title}") for h in headers), f"{r['name']}: {title}"
-        for path in re.findall(r"(?:reports|notebooks)/[\w./-]+\.(?:log|ipynb)", r["see"]):
+        for v in re.findall(r"perf-notes v(\d+)", see):   # old-style pointers: none left
+            assert any(h.startswith(f"## v{v}:") for h in notes), f"{r['name']}: no v{v}"
+        for title in re.findall(r"perf-notes '([^']+)'", see):
+            assert any(h.startswith(f"## {title}") for h in notes), f"{r['name']}: {title}"
+        for vs in re.findall(r"archive (v\d+(?:, v\d+)*)", see):
+            for v in re.findall(r"v(\d+)", vs):
+                assert any(h.startswith(f"## v{v}:") for h in archive), \
+                    f"{r['name']}: no archive v{v}"
+        for title in re.findall(r"archive '([^']+)'", see):
+            assert any(h.startswith(f"## {title}") for h in archive), f"{r['name']}: {title}"
+        if "archive" in see or "reports/" in see:
+            assert "perf-notes '" in see, f"{r['name']}: measured, but no current section named"
+        for path in re.findall(r"(?:reports|notebooks)/[\w./-]+\.(?:log|ipynb)", see):
             assert (ROOT / path).exists(), f"{r['name']}: {path} missing"
 
 

@@ -3,7 +3,8 @@
 A setting is what a launcher reads when it launches (a ``LaunchPlan`` when it is made): tiles,
 warps, rows loaded ahead, unroll limits, switches that move loads but no arithmetic. Each field
 of a table carries the measurement behind its shipped value (``why``, one line) and where that
-measurement is recorded (``see``: a section of ``reports/perf-notes.md`` or a committed run's
+measurement is recorded (``see``: a section of ``reports/perf-notes.md``, the section of the
+chronological ``reports/perf-notes-archive.md`` where it was first logged, and a committed run's
 log); ``describe()`` lists them all. Families: ``gdn()`` (decode, the chain and the tiles the
 carry shares with them for bitwise agreement), ``carry()`` (the carried-state exact form,
 flush and accept), ``conv()``, ``ring()`` (the PMLL ring's read and write), ``attention()``
@@ -45,7 +46,8 @@ class GdnSettings:
         None, check="kv_block",
         why="one warp keeps the key sums in a warp; BK*BV = 4096 fp32: decode 78 % of the copy "
             "roofline, the 4-row chain the best of BV 8-64 x 1-8 warps",
-        see="perf-notes v0 (reports/h200-2026-11-29/logs/tune-gdn-layout.log)")
+        see="perf-notes 'Launch constants: GDN decode and chain'; "
+            "archive v0 (reports/h200-2026-11-29/logs/tune-gdn-layout.log)")
     """K-major ``(BV, num_warps)`` for every head size, or None: ``block_config``'s rule
     (``BV = min(vd, max(16, 4096 // BK))``, 1 warp). Powers of two."""
 
@@ -53,7 +55,7 @@ class GdnSettings:
         ((128, 8, 8, 1), (1 << 62, 8, 16, 1)), check="table",
         why="8 value rows per program stream decode and the chain best; the verify's folds gain "
             "from 16 above B*HV = 128; 2 warps or 4 rows were slower everywhere",
-        see="perf-notes v11")
+        see="perf-notes 'Launch constants: GDN decode and chain'; archive v11")
     """V-major tiles by work ``B*HV``, rows ``(max B*HV, value rows per program for decode and
     the chain, for the carry verify and flush, warps)``; the first row whose bound is
     ``>= B*HV`` applies (else the last)."""
@@ -62,7 +64,7 @@ class GdnSettings:
         ((32, 4, 4, 4, 8), (512, 4, 4, 4, 4), (1 << 62, 0, 2, 1, 4)), check="table",
         why="a row loaded in the loop adds a dependent memory round trip at small batches; rows "
             "ahead cost registers, so resident programs at large ones",
-        see="perf-notes v14")
+        see="perf-notes 'Launch constants: GDN decode and chain'; archive v14")
     """V-major loads ahead by work ``B*HV`` (rows as ``vk_tiles``): ``(max B*HV, input rows
     ahead for decode and the chain, for the exact verify on an fp32 state, on a bf16/fp16
     state, stash rows ahead)``. Input rows ahead (unrolled rows): row ``t + AHEAD``'s inputs
@@ -73,14 +75,14 @@ class GdnSettings:
         32, check="pow2",
         why="a key sum is register adds over chunks plus a 3-step shuffle tree; one 128-key "
             "chunk was much slower",
-        see="perf-notes v11, v12")
+        see="perf-notes 'Launch constants: GDN decode and chain'; archive v11, v12")
     """Keys per chunk (``CW``) of a V-major tile ``[BR, NC, CW]``; narrower heads: one chunk."""
 
     vk_qk_hint: bool = _row(
         True, check="flag",
         why="vector loads of aligned q/k rows: the V-major verify ~8 % faster; off, q/k views of "
             "any alignment agree bitwise (views 8 bytes off 16 differed from their decodes)",
-        see="perf-notes v12, v13")
+        see="perf-notes 'Launch constants: GDN decode and chain'; archive v12, v13")
     """Whether V-major launches may load q/k rows as aligned vectors
     (``recurrence.vk_qk_aligned``)."""
 
@@ -88,7 +90,8 @@ class GdnSettings:
         4, check="count",
         why="unrolled at K = 8 the chain's last row was 1 ulp off decodes at kd = 64; the runtime "
             "loop is bitwise and faster at K = 8, slower at K = 4",
-        see="perf-notes v10 (reports/h200-2026-11-29s3/logs/bitwise-probe-rolled.log)")
+        see="perf-notes 'Launch constants: GDN decode and chain'; archive v10 "
+            "(reports/h200-2026-11-29s3/logs/bitwise-probe-rolled.log)")
     """Chains of up to this many rows unroll their row loop; longer ones run a runtime loop."""
 
     fma_sums: bool = _row(
@@ -96,7 +99,7 @@ class GdnSettings:
         when="import",
         why="the instruction-bound verify gets its key sums' FMAs back; off in the interpreter, "
             "which computes tl.fma unfused anyway and ran the suite at twice the time",
-        see="perf-notes v13")
+        see="perf-notes 'Launch constants: GDN decode and chain'; archive v13")
     """``recurrence.dot_fma`` fuses its products; ``PMLL_LAB_FMA_SUMS=0``/``1`` in the
     environment before ``pmll_lab`` is imported switches it (default: on a GPU)."""
 
@@ -105,7 +108,7 @@ class GdnSettings:
         why="FLA's, vLLM's and the HF cache's states work as they are (a V-major default would "
             "read them transposed, silently when kd = vd); V-major is faster for every GDN "
             "kernel, so a loop owning its pool passes state_layout='vk'",
-        see="perf-notes v16")
+        see="perf-notes 'Launch constants: GDN decode and chain'; archive v16")
     """The ``state_layout`` every launcher takes by default (``"kv"``: ``[S, HV, kd, vd]``)."""
 
 
@@ -117,7 +120,8 @@ class CarrySettings:
         True, check="flag",
         why="a head's column blocks across programs (arrival count, last restashes): 1.8-2.2x "
             "the per-head loop at B = 64 and 128, bitwise equal to it",
-        see="perf-notes v2 (reports/h200-2026-11-29b/logs/tune-carry.log)")
+        see="perf-notes 'Launch constants: carried state'; "
+            "archive v2 (reports/h200-2026-11-29b/logs/tune-carry.log)")
     """Split the exact verify's column blocks across programs (grid ``B*HV*NV``); off: one
     program per (sequence, head) loops over them (grid ``(B, HV)``)."""
 
@@ -125,7 +129,8 @@ class CarrySettings:
         8, check="count",
         why="every K <= CAP unrolls; the runtime loop (the chain's fix for 1-ulp rows at fp32 "
             "kd = 64, K = 8) has not run on a GPU",
-        see="perf-notes v10 (reports/h200-2026-11-29s3/logs/bitwise-probe-final.log)")
+        see="perf-notes 'Launch constants: carried state'; archive v10 "
+            "(reports/h200-2026-11-29s3/logs/bitwise-probe-final.log)")
     """Exact verifies of up to this many rows unroll their row loop (``GDN_CARRY_CAP`` = 8);
     longer ones run a runtime loop without prefetch."""
 
@@ -133,7 +138,7 @@ class CarrySettings:
         True, check="flag",
         why="row t+1's loads issued before row t's stores hide one memory latency per row: "
             "6-9 % on the K-major verify; loads only, bitwise the same",
-        see="perf-notes v7, v14")
+        see="perf-notes 'Launch constants: carried state'; archive v7, v14")
     """The K-major exact verify and flush, and the V-major folds past ``vk_ahead``'s rows,
     load the next row before running the current one."""
 
@@ -171,13 +176,16 @@ class RingSettings:
         8192, check="pow2",
         why="read 90-91 % and write 88-95 % of the copy roofline, within 2 % of the best tile; "
             "16384 lost up to 40 points on gated writes",
-        see="perf-notes 'Launch settings as data' "
+        see="perf-notes 'Launch constants: PMLL ring and ring attention'; "
+            "archive 'Launch settings as data' "
             "(reports/h200-2026-11-29/logs/tune-pmll-ring.log)")
     """Elements per ``[BLOCK_S, BLOCK_D]`` tile and tensor (64 slots at D = 128)."""
 
     ring_num_warps: int = _row(
         8, check="pow2", why="4 warps lost 6-30 points on gated writes (32 elements per thread)",
-        see="perf-notes 'Launch settings as data' (same log)")
+        see="perf-notes 'Launch constants: PMLL ring and ring attention'; "
+            "archive 'Launch settings as data' "
+            "(same log)")
     """Warps per ring program."""
 
 
@@ -190,14 +198,17 @@ class AttentionSettings:
          ((64, 4), (32, 16, 4, 2)), ((128, 4), (32, 16, 4, 2))), check="tiles",
         why="16-bit: 64 x 64, 4 warps, 3 stages the fastest of 8 tiles at D = 64 and 128; fp32 "
             "(checks, not speed): 32 x 16 spills least",
-        see="perf-notes 'Ring attention from the ring in place' "
+        see="perf-notes 'Launch constants: PMLL ring and ring attention'; "
+            "archive 'Ring attention from the ring in place' "
             "(reports/h200-2026-11-30b/logs/tune-ring-attention.log)")
     """``((padded head size, bytes per element), (BLOCK_M, BLOCK_N, num_warps, num_stages))``
     pairs."""
 
     attention_default_tile: tuple[int, int, int, int] = _row(
         (64, 32, 4, 2), check="tile", why="head and element sizes the table lacks; capped at "
-        "64 x 32 above D = 128", see="perf-notes 'Launch settings as data'")
+        "64 x 32 above D = 128",
+        see="perf-notes 'Launch constants: PMLL ring and ring attention'; "
+            "archive 'Launch settings as data'")
     """Tile of a head size and element size missing from ``attention_tiles``."""
 
 
@@ -209,7 +220,8 @@ class RingFormSettings:
         ((16, 32, 2, 2), (32, 32, 2, 2), (64, 32, 4, 3)), check="table",
         why="64 value rows x 32 keys, 4 warps, 3 stages: the fastest of 8 state-kernel tiles at "
             "kd = vd = 128, B = 64 and 128 (bf16; fp32 within 7 %)",
-        see="perf-notes v17 (reports/h200-2026-12-02/logs/tune-ring-split.log, "
+        see="perf-notes 'Launch constants: ring form'; "
+            "archive v17 (reports/h200-2026-12-02/logs/tune-ring-split.log, "
             "tune-ring-prep.log)")
     """State-kernel tiles by ``vd``: rows ``(value rows per program BV, keys per chunk BK,
     warps, pipeline stages)``; the first row with ``BV >= min(vd, 64)``, else the last."""
@@ -218,19 +230,21 @@ class RingFormSettings:
         1, check="pow2",
         why="its small-matrix reductions inside one warp: B = 64 bf16 verify 77.6 -> 66.0 us "
             "against 2 warps, 91.4 with 4",
-        see="perf-notes v17 (reports/h200-2026-12-02/logs/tune-ring-prep1.log)")
+        see="perf-notes 'Launch constants: ring form'; archive v17 "
+            "(reports/h200-2026-12-02/logs/tune-ring-prep1.log)")
     """Warps of the per-head kernel (norms, Grams, the WY inverse, ring coefficients)."""
 
     ring_form_prep_keys: int = _row(
         32, check="pow2", why="32-key chunks 2-3 % faster than 64 on 1 warp (66.0 vs 68.0 us)",
-        see="perf-notes v17 (tune-ring-prep1.log)")
+        see="perf-notes 'Launch constants: ring form'; archive v17 (tune-ring-prep1.log)")
     """Keys per chunk of the per-head kernel's pass over the new rows and the ring keys."""
 
     ring_form_pdl: bool = _row(
         not INTERPRET, check="flag",
         why="the state kernel starts while the per-head kernel runs: B = 1 15.5 -> 11.6 us, "
             "B = 64 68.2 -> 65.1 (bf16); off in the interpreter, which has no such launch",
-        see="perf-notes v17 (reports/h200-2026-12-02/logs/tune-ring-pdl.log)")
+        see="perf-notes 'Launch constants: ring form'; archive v17 "
+            "(reports/h200-2026-12-02/logs/tune-ring-pdl.log)")
     """Launch the state kernel with programmatic dependent launch (Hopper)."""
 
 

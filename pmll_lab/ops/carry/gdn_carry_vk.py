@@ -21,7 +21,7 @@ rows other tiles may still be folding: each program counts itself in an arrival 
 no store and the count's round trip overlaps the rows), and the last to arrive restashes them
 after its rows, as the K-major split form does. Without a write-back they go to rows ``p ..``, which no tile of the launch
 reads, so tile 0 restashes them with no counter (off the critical path at small batches:
-reports/perf-notes.md v14). Rows, stash rows and the state load ahead as the ``vk_ahead``
+reports/perf-notes-archive.md v14). Rows, stash rows and the state load ahead as the ``vk_ahead``
 setting says (``pmll_lab.ops.settings``). After the last row the tile is dead (a verify never
 stores the post-row state), so the compiler drops that row's state update.
 

@@ -54,7 +54,7 @@ dtype (tests/test_ring.py). fp32: ``tf32x3`` products; bf16/fp16: the state's ow
 RING_PRECISION = "tf32x3"
 """``input_precision`` of an fp32 state's ``tl.dot`` products: three tf32 passes on the tensor
 cores, close to fp32 (``"ieee"``: fp32 FMAs, slower). 2-byte states multiply in their dtype. Not a launch setting: it changes
-the arithmetic (measured against ``"ieee"`` in perf-notes v17)."""
+the arithmetic (measured against ``"ieee"`` in perf-notes-archive v17)."""
 
 
 def ring_config(v_dim: int) -> tuple[int, int, int, int]:

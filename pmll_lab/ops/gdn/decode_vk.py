@@ -67,7 +67,7 @@ def load_key_row_vk(row, rk, mk, QK_ALIGNED: tl.constexpr):
     row is declared 16-byte aligned, so each thread loads its keys as one vector and the l2norm
     and ``k.q`` sums run on the tile's own layout; without it the compiler loads one key per
     thread and shuffles (sm_90: 2432 against 2016 instructions per 8-row decode program, the
-    carry 3960 against 3496; reports/perf-notes.md v12). Every exact V-major kernel (decode,
+    carry 3960 against 3496; reports/perf-notes-archive.md v12). Every exact V-major kernel (decode,
     the chain, the exact verify and its restash) loads q/k rows through here, so with equal
     ``QK_ALIGNED`` their sums run in the same order. The hint holds for every key chunk's
     start too: chunks are ``vk_chunk`` keys (32: 64 bytes of bf16), and a row of one chunk
@@ -119,7 +119,7 @@ def rows_ahead_vk(rows, t, q_row, k_row, v_row, g_row, beta_row, q_t, k_t, v_t, 
     row loop (rows ``0 .. AHEAD-1``), then with each ``t`` before row ``t`` runs. ``AHEAD = 0``
     loads each row just before it runs; ``AHEAD >= K`` loads every row before the first.
     Why: a row's loads cannot move above the previous row's stores (they may alias), so
-    without loading ahead each row waits one memory latency (reports/perf-notes.md v14)."""
+    without loading ahead each row waits one memory latency (reports/perf-notes-archive.md v14)."""
     for i in tl.static_range(K):
         if i >= len(rows):
             if i <= t + AHEAD:

@@ -29,8 +29,8 @@ around it: seen on an H200 as decode's ``u`` fused in one register layout and un
 another (2026-11-29), the V-major flush contracting ``h*e + u*k`` the other way from decode
 (2026-11-30), and, with contraction on, tiny heads (kd = 16) where the carry's outputs or its
 flushed states differ from decode's in the last bit (fp32 inputs, V-major; bf16 inputs,
-K-major), while the sweep shapes agreed (reports/perf-notes.md). The interpreter computes
-``tl.fma`` unfused and contracts nothing, consistently in every kernel.
+K-major), while the sweep shapes agreed (reports/perf-notes.md, "Exactness on the GPU"). The
+interpreter computes ``tl.fma`` unfused and contracts nothing, consistently in every kernel.
 
 Same block shapes are necessary, not sufficient: on a GPU the compiler picks the register
 layout of a loaded block (and so the order of the sums above) from what it knows of the
@@ -60,9 +60,9 @@ EXACT_LAUNCH = {"enable_fp_fusion": False}
 forms, whose folds of the pending rows must round as the flush does), the flush and the gating
 kernel. The compiler contracts no multiply-add on its own, so a result's rounding depends on the expression alone, not on the
 kernel around it (see the module docstring). Checked on an NVIDIA H200, 2026-11-30
-(reports/perf-notes.md): with it the exact family's GPU tests pass bitwise at every shape they
-try, the tiny-head ones included, which with contraction on fail; it costs decode 0.8 % and the
-4-row chain 0.9 % at B = 64 (HK=16, HV=32, kd=vd=128), the V-major lazy exact verify 6 %. The
+(reports/perf-notes.md, "Exactness on the GPU"): with it the exact family's GPU tests pass
+bitwise at every shape they try, the tiny-head ones included, which with contraction on fail;
+it costs decode 0.8 % and the 4-row chain 0.9 % at B = 64 (HK=16, HV=32, kd=vd=128), the V-major lazy exact verify 6 %. The
 interpreter ignores it."""
 
 STATE_LAYOUTS = ("kv", "vk")
@@ -134,7 +134,7 @@ def head_tile_program(HV, NT: tl.constexpr):
     successive heads (a whole head apart). Every GDN kernel that splits a head's state across
     programs (decode, the chain, the exact and WY verify, the flush; both layouts) orders them
     so. Why: the programs resident at a time then stream a few whole heads, which the H200
-    measured faster in both layouts (reports/perf-notes.md v15, v16)."""
+    measured faster in both layouts (reports/perf-notes-archive.md v15, v16)."""
     pid = tl.program_id(0)
     bh = pid // NT
     return (bh // HV).to(tl.int64), bh % HV, pid % NT
@@ -233,7 +233,7 @@ def dot_fma(x, y, axis: tl.constexpr):
     made each product of a key sum a multiply plus an add; written out, the FMAs come back
     while every kernel still rounds alike (the same ``tl.reduce`` order on the same layout).
     Across threads the partial sums meet as plain adds. sm_90 instruction counts and H200
-    times: reports/perf-notes.md v13."""
+    times: reports/perf-notes-archive.md v13."""
     if x.shape[axis] == 1 or not FMA_SUMS:   # one element: no combine runs; or switched off
         return tl.sum(x * y, axis)
     s, _ = tl.reduce((x, tl.broadcast_to(y, x.shape)), axis, _fma_pair)
@@ -264,7 +264,7 @@ def gdn_row(h, q, k, v, g, beta):
 # spreads a warp's threads over the contiguous chunk width (8 threads of 4 keys) and then over
 # value rows (4), and keeps the chunks in each thread's registers, so a sum over keys is
 # register adds over chunks and keys plus a 3-step shuffle tree, against a 5-step tree for
-# every value row with a flat ``[BR, BK]`` tile (reports/perf-notes.md v11). Decode,
+# every value row with a flat ``[BR, BK]`` tile (reports/perf-notes-archive.md v11). Decode,
 # the chain, the exact carry and its folds call these; ``q``, ``k`` and stash key rows are
 # ``[NC, CW]``.
 
@@ -293,7 +293,7 @@ def fold_row_vk(h, e, k, u):
     ``tl.fma(u k^T, 1, h * e)``, the FMA written out. Left to the compiler,
     ``h * e + u * k`` was contracted one way in decode and another in the flush kernel, whose
     folded states then differed from decode's in the last bit (H200, 2026-11-30,
-    reports/perf-notes.md v11)."""
+    reports/perf-notes-archive.md v11)."""
     return tl.fma(u[:, None, None], k[None, :, :], h * e)
 
 
@@ -412,7 +412,7 @@ def block_config(k_dim: int, v_dim: int) -> tuple[int, int, int]:
     ``v_dim`` padded), one warp, so the key sums stay inside a warp. The ``kv_block`` setting
     (``pmll_lab.ops.settings``, for tuning sweeps) fixes ``(BV, num_warps)`` for every head
     instead; kernels launched under one setting still agree with each other bitwise, not with
-    the default's last bits. Why this rule: perf-notes v0."""
+    the default's last bits. Why this rule: perf-notes-archive v0."""
     return _block_config(k_dim, v_dim, settings.gdn().kv_block)
 
 
