@@ -14,6 +14,9 @@ write-back that restarts the stash can never overwrite a row still to be folded 
 "Shared rows"). Flush: the pending rows folded into the state for ``L`` layers in one launch
 (per-layer offset tables). Source: the carried-state protocol of the seeds (``SPEC §3b``);
 the row is FLA's fused recurrent Gated DeltaNet step (Yang et al. 2024, "Gated Delta Networks").
+The prologue, the fold loop, the row, the restash and the flush body are the layout-generic
+pieces of ``pmll_lab.ops.carry.gdn_carry_skeleton`` (``VK=False`` here), shared with the
+V-major kernels.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ import triton
 import triton.language as tl
 
 from pmll_lab.ops.carry.gdn_carry_skeleton import (  # noqa: F401  (WY imports them here)
-    _verify_prologue, exact_row, flush_tile, fold_pending, restash_shared_rows, stash_row_ptrs,
-    store_engaged)
+    _verify_prologue, exact_row, flush_tile, fold_pending, restash_shared_rows, row_ptrs,
+    stash_row_ptrs, store_engaged)
 from pmll_lab.ops.gdn.recurrence import head_tile_program, load_gate_params, load_row_inputs
 
 
@@ -142,10 +145,8 @@ def _gdn_carry_exact_kernel(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
     ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
-    qrow = q_ptr + b * sq_b + hk * sq_h
-    krow = k_ptr + b * sk_b + hk * sk_h
-    vrow = v_ptr + b * sv_b + hv * sv_h
-    orow = o_ptr + b * so_b + hv * so_h
+    qrow, krow, vrow, orow = row_ptrs(q_ptr, k_ptr, v_ptr, o_ptr, b, hv, hk, sq_b, sq_h, sk_b,
+                                      sk_h, sv_b, sv_h, so_b, so_h)
 
     for j in tl.static_range(0, NV):
         _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
@@ -183,10 +184,8 @@ def _gdn_carry_exact_split_kernel(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
     ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
-    qrow = q_ptr + b * sq_b + hk * sq_h
-    krow = k_ptr + b * sk_b + hk * sk_h
-    vrow = v_ptr + b * sv_b + hv * sv_h
-    orow = o_ptr + b * so_b + hv * so_h
+    qrow, krow, vrow, orow = row_ptrs(q_ptr, k_ptr, v_ptr, o_ptr, b, hv, hk, sq_b, sq_h, sk_b,
+                                      sk_h, sv_b, sv_h, so_b, so_h)
 
     _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                         g_ptr, beta_ptr, o_ptr, b, hv, live, p, wb, first, scale, j,

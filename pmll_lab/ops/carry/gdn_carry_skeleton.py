@@ -54,6 +54,18 @@ def _verify_prologue(state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_sta
 
 
 @triton.jit
+def row_ptrs(q_ptr, k_ptr, v_ptr, o_ptr, b, hv, hk, sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, so_b,
+             so_h):
+    """Row 0 of sequence ``b``'s queries and keys (key head ``hk``), values and outputs (value
+    head ``hv``); row ``t`` is ``t`` times the row stride further."""
+    qrow = q_ptr + b * sq_b + hk * sq_h
+    krow = k_ptr + b * sk_b + hk * sk_h
+    vrow = v_ptr + b * sv_b + hv * sv_h
+    orow = o_ptr + b * so_b + hv * so_h
+    return qrow, krow, vrow, orow
+
+
+@triton.jit
 def _fold_one(h, gi, ki, ui, h_ptr, VK: tl.constexpr):
     """One stash row folded into the block (``fold_row``) or tile (``fold_row_vk``), rounded
     to the state's dtype (``h_ptr``'s) as decoding stores it."""

@@ -35,6 +35,8 @@ head's small matrices (``pmll_lab.ops.carry.gdn_carry_wy._wy_rows``: scaled quer
 
 Flush, grid ``(B * HV * NT, L)``: as the K-major flush (``pmll_lab.ops.carry.gdn_carry_pending``,
 per-layer offset tables), on V-major tiles.
+The exact verify and the flush are built from the layout-generic pieces of
+``pmll_lab.ops.carry.gdn_carry_skeleton`` (``VK=True`` here), shared with the K-major kernels.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ import triton.language as tl
 from pmll_lab.ops.carry.gdn_carry_exact import _ROW_UNSPECIALIZED
 from pmll_lab.ops.carry.gdn_carry_skeleton import (_verify_prologue, exact_row, flush_tile,
                                                    fold_pending, restash_shared_rows,
-                                                   stash_rows_ahead_vk, store_engaged)
+                                                   row_ptrs, stash_rows_ahead_vk,
+                                                   store_engaged)
 from pmll_lab.ops.carry.gdn_carry_wy import _wy_restash_shared_rows, _wy_rows
 from pmll_lab.ops.gdn.decode_vk import (load_row_inputs_vk, row_inputs_vk, rows_ahead_vk,
                                         vk_tile_index, vk_tile_offsets)
@@ -112,10 +115,8 @@ def gdn_carry_exact_vk_kernel(
     (``recurrence.vk_state_vector``)."""
     b, hv, j = head_tile_program(HV, NV)
     hk = hv // GROUP
-    qrow = q_ptr + b * sq_b + hk * sq_h
-    krow = k_ptr + b * sk_b + hk * sk_h
-    vrow = v_ptr + b * sv_b + hv * sv_h
-    orow = o_ptr + b * so_b + hv * so_h
+    qrow, krow, vrow, orow = row_ptrs(q_ptr, k_ptr, v_ptr, o_ptr, b, hv, hk, sq_b, sq_h, sk_b,
+                                      sk_h, sv_b, sv_h, so_b, so_h)
     grow = g_ptr + b * sg_b + hv
     brow = beta_ptr + b * sb_b + hv
     rk, mk, rr, mr, _ = vk_tile_index(j, KD, VD, BV, NC, CW)
