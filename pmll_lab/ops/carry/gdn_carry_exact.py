@@ -14,6 +14,9 @@ write-back that restarts the stash can never overwrite a row still to be folded 
 "Shared rows"). Flush: the pending rows folded into the state for ``L`` layers in one launch
 (per-layer offset tables). Source: the carried-state protocol of the seeds (``SPEC §3b``);
 the row is FLA's fused recurrent Gated DeltaNet step (Yang et al. 2024, "Gated Delta Networks").
+The prologue, the fold loop, the row, the restash and the flush body are the layout-generic
+pieces of ``pmll_lab.ops.carry.gdn_carry_skeleton`` (``VK=False`` here), shared with the
+V-major kernels.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.gdn.recurrence import (fold_row, gdn_gate_g, gdn_row, head_tile_program,
-                                         load_gate_params,
-                                         load_row_inputs, qk_prepare, round_like)
+from pmll_lab.ops.carry.gdn_carry_skeleton import (  # noqa: F401  (WY imports them here)
+    _verify_prologue, exact_row, flush_tile, fold_pending, restash_shared_rows, row_ptrs,
+    stash_row_ptrs, store_engaged)
+from pmll_lab.ops.gdn.recurrence import head_tile_program, load_gate_params, load_row_inputs
 
 
 # Row vectors (q, k, v, g, beta, o) and their strides are not specialised on alignment or
@@ -43,66 +47,6 @@ _ROW_UNSPECIALIZED = dict(do_not_specialize=_ROW_STRIDES,
 
 
 @triton.jit
-def _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, h_ptr,
-                  HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr):
-    """Fold stash rows ``0..p-1`` into the state block ``h [BK, BV]`` (columns ``rv``), rounded
-    to the state's dtype (``h_ptr``'s) after every row as decoding stores it; with
-    ``PREFETCH`` row ``i+1`` is loaded before row ``i`` is folded (``carry_prefetch_rows``)."""
-    if PREFETCH:
-        gn = tl.load(gs_ptr, mask=p > 0, other=0.0)
-        kn = tl.load(ks_ptr + rk, mask=mk & (p > 0), other=0.0)
-        un = tl.load(u_ptr + rv, mask=mv & (p > 0), other=0.0)
-        for i in range(p):
-            gi, ki, ui = gn, kn, un
-            more = i + 1 < p
-            gn = tl.load(gs_ptr + (i + 1) * HV, mask=more, other=0.0)
-            kn = tl.load(ks_ptr + (i + 1) * (HV * KD) + rk, mask=mk & more, other=0.0)
-            un = tl.load(u_ptr + (i + 1) * (HV * VD) + rv, mask=mv & more, other=0.0)
-            h = round_like(fold_row(h, tl.exp(gi), ki, ui), h_ptr)
-    else:
-        for i in range(p):
-            gi = tl.load(gs_ptr + i * HV)
-            ki = tl.load(ks_ptr + i * (HV * KD) + rk, mask=mk, other=0.0)
-            ui = tl.load(u_ptr + i * (HV * VD) + rv, mask=mv, other=0.0)
-            h = round_like(fold_row(h, tl.exp(gi), ki, ui), h_ptr)
-    return h
-
-
-@triton.jit
-def _verify_prologue(state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state,
-                     stride_stash, K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr,
-                     KD: tl.constexpr, VD: tl.constexpr, LAZY: tl.constexpr):
-    """Sequence ``b``, value head ``hv``: its slot, whether it is a live lane (slot -1 marks a
-    padding lane: nothing of it is read or written but its zero outputs; its slot is taken as 0
-    for address arithmetic only), pending count ``p`` (0 for padding), the write-back rule
-    (eager: ``p > 0``; lazy: ``p + K > CAP``), the first stash row of this verify (0 after a
-    write-back, else ``p``), and pointers to the head's state and to its ``u``, ``g``, ``k``
-    stash rows (row 0)."""
-    slot = tl.load(slot_ptr + b).to(tl.int64)
-    live = slot >= 0
-    slot = tl.maximum(slot, 0)
-    p = tl.load(pend_ptr + slot, mask=live, other=0)
-    if LAZY:
-        wb = (p + K > CAP) & live
-    else:
-        wb = (p > 0) & live
-    first = tl.where(wb, 0, p)
-    h_ptr = state_ptr + slot * stride_state + hv * (KD * VD)
-    u_ptr, gs_ptr, ks_ptr = stash_row_ptrs(stash_ptr + slot * stride_stash, hv, CAP, HV, KD, VD)
-    return slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr
-
-
-@triton.jit
-def stash_row_ptrs(s_ptr, hv, CAP: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr,
-                   VD: tl.constexpr):
-    """Pointers to row 0 of value head ``hv``'s ``u``, ``g`` and ``k`` stash rows in one slot's
-    stash ``s_ptr`` (``GdnCarry``'s layout: ``u [CAP, HV, vd]``, ``g [CAP, HV]``,
-    ``k [CAP, HV, kd]``, back to back; row ``i`` is ``i * HV * vd``, ``i * HV``, ``i * HV * kd``
-    further)."""
-    return s_ptr + hv * VD, s_ptr + CAP * HV * VD + hv, s_ptr + CAP * HV * VD + CAP * HV + hv * KD
-
-
-@triton.jit
 def _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv,
                   HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr):
     """The state block ``[BK, BV]`` (key rows ``rk``, value columns ``rv``) of one head with its
@@ -111,7 +55,8 @@ def _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv,
     m2 = mk[:, None] & mv[None, :]
     hp = h_ptr + rk[:, None] * VD + rv[None, :]
     h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
-    h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, h_ptr, HV, KD, VD, PREFETCH)
+    h = fold_pending(h, (), u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, h_ptr, HV, KD, VD,
+                     PREFETCH, False)
     tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed
     if wb:
         tl.store(hp, h, mask=m2)
@@ -154,30 +99,15 @@ def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                                                    vrow + t * sv_t, grow + t * sg_t,
                                                    brow + t * sb_t, rk, mk, rv, mv, ga, gd,
                                                    GATE)
-            h = _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
-                           live, h_ptr, HV, VD, USE_QK_L2NORM)
+            h = exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
+                           live, h_ptr, HV, VD, USE_QK_L2NORM, False)
     else:
         for t in range(K):
             q, k, v, g, beta = load_row_inputs(qrow + t * sq_t, krow + t * sk_t, vrow + t * sv_t,
                                                grow + t * sg_t, brow + t * sb_t, rk, mk, rv, mv,
                                                ga, gd, GATE)
-            h = _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
-                           live, h_ptr, HV, VD, USE_QK_L2NORM)
-
-
-@triton.jit
-def _exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv, live, h_ptr,
-               HV: tl.constexpr, VD: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
-    """Row ``t`` of the exact form on its loaded inputs: decode's ``qk_prepare`` + ``gdn_row``
-    (the new block rounded to the state's dtype, ``h_ptr``'s, as decoding stores it), store the
-    output columns (zeros for a padding lane) and stash ``u`` at row ``first + t`` (live lanes
-    only). Returns the new block."""
-    q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
-    h, o, u = gdn_row(h, q, k, v, g, beta)
-    h = round_like(h, h_ptr)
-    tl.store(orow + t * so_t + rv, tl.where(live, o, 0.0).to(orow.dtype.element_ty), mask=mv)
-    tl.store(u_ptr + (first + t) * (HV * VD) + rv, u, mask=mv & live)
-    return h
+            h = exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv,
+                           live, h_ptr, HV, VD, USE_QK_L2NORM, False)
 
 
 @triton.jit
@@ -190,15 +120,8 @@ def _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
     ``g_ptr`` holds ``a`` and the stashed decay is the one the rows computed (``gdn_gate_g``)."""
     rk = tl.arange(0, BK)
     mk = rk < KD
-    for t in tl.static_range(K):
-        q = tl.load(qrow + t * sq_t + rk, mask=mk, other=0.0).to(tl.float32)
-        k = tl.load(krow + t * sk_t + rk, mask=mk, other=0.0).to(tl.float32)
-        q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
-        g = tl.load(g_ptr + b * sg_b + t * sg_t + hv).to(tl.float32)
-        if GATE:
-            g = gdn_gate_g(ga, g, gd)
-        tl.store(gs_ptr + (first + t) * HV, g)
-        tl.store(ks_ptr + (first + t) * (HV * KD) + rk, k, mask=mk)
+    restash_shared_rows(gs_ptr, ks_ptr, (), qrow, krow, g_ptr, b, hv, first, scale, sq_t, sk_t,
+                        sg_b, sg_t, rk, mk, ga, gd, K, HV, KD, USE_QK_L2NORM, GATE, False, False)
 
 
 @triton.jit(**_ROW_UNSPECIALIZED)
@@ -222,10 +145,8 @@ def _gdn_carry_exact_kernel(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
     ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
-    qrow = q_ptr + b * sq_b + hk * sq_h
-    krow = k_ptr + b * sk_b + hk * sk_h
-    vrow = v_ptr + b * sv_b + hv * sv_h
-    orow = o_ptr + b * so_b + hv * so_h
+    qrow, krow, vrow, orow = row_ptrs(q_ptr, k_ptr, v_ptr, o_ptr, b, hv, hk, sq_b, sq_h, sk_b,
+                                      sk_h, sv_b, sv_h, so_b, so_h)
 
     for j in tl.static_range(0, NV):
         _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
@@ -237,8 +158,7 @@ def _gdn_carry_exact_kernel(
         _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
                              sq_t, sk_t, sg_b, sg_t, ga, gd, K, HV, KD, BK,
                              USE_QK_L2NORM, GATE)
-    if hv == 0:
-        tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
+    store_engaged(engaged_ptr, b, hv, 0, wb)
 
 
 @triton.jit(**_ROW_UNSPECIALIZED)
@@ -264,10 +184,8 @@ def _gdn_carry_exact_split_kernel(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
     ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
-    qrow = q_ptr + b * sq_b + hk * sq_h
-    krow = k_ptr + b * sk_b + hk * sk_h
-    vrow = v_ptr + b * sv_b + hv * sv_h
-    orow = o_ptr + b * so_b + hv * so_h
+    qrow, krow, vrow, orow = row_ptrs(q_ptr, k_ptr, v_ptr, o_ptr, b, hv, hk, sq_b, sq_h, sk_b,
+                                      sk_h, sv_b, sv_h, so_b, so_h)
 
     _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                         g_ptr, beta_ptr, o_ptr, b, hv, live, p, wb, first, scale, j,
@@ -280,9 +198,7 @@ def _gdn_carry_exact_split_kernel(
                              sq_t, sk_t, sg_b, sg_t, ga, gd, K, HV, KD, BK,
                              USE_QK_L2NORM, GATE)
         tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
-    if hv == 0:
-        if j == 0:
-            tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
+    store_engaged(engaged_ptr, b, hv, j, wb)
 
 
 @triton.jit
@@ -292,23 +208,7 @@ def _gdn_carry_flush_kernel(
     CAP: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    b, hv, j = head_tile_program(HV, NV)
-    layer = tl.program_id(1)
-    slot = tl.load(slot_ptr + b).to(tl.int64)
-    live = slot >= 0                     # slot -1: a padding lane, nothing to fold
-    slot = tl.maximum(slot, 0)
-    p = tl.load(pend_ptr + tl.load(pend_off_ptr + layer) + slot, mask=live, other=0)
-    if p > 0:
-        rk = tl.arange(0, BK)
-        mk = rk < KD
-        rv = j * BV + tl.arange(0, BV)
-        mv = rv < VD
-        m2 = mk[:, None] & mv[None, :]
-        h_ptr = state_ptr + tl.load(state_off_ptr + layer) + slot * stride_state + hv * (KD * VD)
-        s_ptr = stash_ptr + tl.load(stash_off_ptr + layer) + slot * stride_stash
-        hp = h_ptr + rk[:, None] * VD + rv[None, :]
-        h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
-        u_ptr, gs_ptr, ks_ptr = stash_row_ptrs(s_ptr, hv, CAP, HV, KD, VD)
-        h = _fold_pending(h, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, h_ptr, HV, KD, VD,
-                          PREFETCH)
-        tl.store(hp, h, mask=m2)
+    """The flush on K-major blocks (``BV`` value columns): ``flush_tile``."""
+    flush_tile(state_ptr, stash_ptr, pend_ptr, slot_ptr, state_off_ptr, stash_off_ptr,
+               pend_off_ptr, stride_state, stride_stash, CAP, HV, KD, VD, BK, BV, NV, PREFETCH,
+               1, 1, 0, False)

@@ -35,6 +35,8 @@ head's small matrices (``pmll_lab.ops.carry.gdn_carry_wy._wy_rows``: scaled quer
 
 Flush, grid ``(B * HV * NT, L)``: as the K-major flush (``pmll_lab.ops.carry.gdn_carry_pending``,
 per-layer offset tables), on V-major tiles.
+The exact verify and the flush are built from the layout-generic pieces of
+``pmll_lab.ops.carry.gdn_carry_skeleton`` (``VK=True`` here), shared with the K-major kernels.
 """
 
 from __future__ import annotations
@@ -42,13 +44,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.carry.gdn_carry_exact import (_ROW_UNSPECIALIZED, _verify_prologue,
-                                                stash_row_ptrs)
+from pmll_lab.ops.carry.gdn_carry_exact import _ROW_UNSPECIALIZED
+from pmll_lab.ops.carry.gdn_carry_skeleton import (_verify_prologue, exact_row, flush_tile,
+                                                   fold_pending, restash_shared_rows,
+                                                   row_ptrs, stash_rows_ahead_vk,
+                                                   store_engaged)
 from pmll_lab.ops.carry.gdn_carry_wy import _wy_restash_shared_rows, _wy_rows
-from pmll_lab.ops.gdn.decode_vk import (load_key_row_vk, load_row_inputs_vk, row_inputs_vk,
-                                        rows_ahead_vk, vk_tile_index, vk_tile_offsets)
-from pmll_lab.ops.gdn.recurrence import (fold_row_vk, gdn_gate_g, gdn_row_vk, head_tile_program,
-                                         load_gate_params, qk_prepare_vk, round_like)
+from pmll_lab.ops.gdn.decode_vk import (load_row_inputs_vk, row_inputs_vk, rows_ahead_vk,
+                                        vk_tile_index, vk_tile_offsets)
+from pmll_lab.ops.gdn.recurrence import head_tile_program, load_gate_params
 
 WY_VK_DOT_PRECISION = "tf32x3"
 """``input_precision`` of the V-major WY form's products with the state (``h Kr^T``,
@@ -56,55 +60,6 @@ WY_VK_DOT_PRECISION = "tf32x3"
 accuracy (the SPEC's WY tolerance holds: tests and the H200 report check rel L2 against the
 float64 reference). The small ``[BR, KP] x [KP, KP]`` products stay ``"ieee"``. Read at launch
 time; measured in ``reports/perf-notes.md`` (v11)."""
-
-
-@triton.jit
-def _stash_rows_ahead_vk(u_ptr, gs_ptr, ks_ptr, rk, mk, rr, mr, HV: tl.constexpr,
-                         KD: tl.constexpr, VD: tl.constexpr, CAP: tl.constexpr,
-                         AHEAD: tl.constexpr):
-    """Stash rows ``0 .. min(AHEAD, CAP)-1`` as ``(g, k [NC, CW], u [BR])`` tuples, loaded
-    whatever the pending count (they lie inside the slot's stash; rows past it are not
-    folded), so they travel with the state load (the ``vk_ahead`` setting)."""
-    rows = ()
-    for i in tl.static_range(AHEAD):
-        if i < CAP:
-            rows = rows + ((tl.load(gs_ptr + i * HV),
-                            tl.load(ks_ptr + i * (HV * KD) + rk, mask=mk, other=0.0),
-                            tl.load(u_ptr + i * (HV * VD) + rr, mask=mr, other=0.0)),)
-    return rows
-
-
-@triton.jit
-def _fold_pending_vk(h, ahead, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr,
-                     HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
-                     PREFETCH: tl.constexpr):
-    """Fold stash rows ``0..p-1`` into the tile ``h [BR, NC, CW]`` (value rows ``rr``, keys
-    ``rk [NC, CW]``), rounded to the state's dtype (``h_ptr``'s) after every row, in order:
-    the rows already loaded in ``ahead`` (``_stash_rows_ahead_vk``), then the rest from memory,
-    with ``PREFETCH`` row ``i+1`` loaded before row ``i`` is folded."""
-    for i in tl.static_range(len(ahead)):
-        if i < p:
-            gi, ki, ui = ahead[i]
-            h = round_like(fold_row_vk(h, tl.exp(gi), ki, ui), h_ptr)
-    i0 = len(ahead)
-    if PREFETCH:
-        gn = tl.load(gs_ptr + i0 * HV, mask=p > i0, other=0.0)
-        kn = tl.load(ks_ptr + i0 * (HV * KD) + rk, mask=mk & (p > i0), other=0.0)
-        un = tl.load(u_ptr + i0 * (HV * VD) + rr, mask=mr & (p > i0), other=0.0)
-        for i in range(i0, p):
-            gi, ki, ui = gn, kn, un
-            more = i + 1 < p
-            gn = tl.load(gs_ptr + (i + 1) * HV, mask=more, other=0.0)
-            kn = tl.load(ks_ptr + (i + 1) * (HV * KD) + rk, mask=mk & more, other=0.0)
-            un = tl.load(u_ptr + (i + 1) * (HV * VD) + rr, mask=mr & more, other=0.0)
-            h = round_like(fold_row_vk(h, tl.exp(gi), ki, ui), h_ptr)
-    else:
-        for i in range(i0, p):
-            gi = tl.load(gs_ptr + i * HV)
-            ki = tl.load(ks_ptr + i * (HV * KD) + rk, mask=mk, other=0.0)
-            ui = tl.load(u_ptr + i * (HV * VD) + rr, mask=mr, other=0.0)
-            h = round_like(fold_row_vk(h, tl.exp(gi), ki, ui), h_ptr)
-    return h
 
 
 @triton.jit
@@ -116,15 +71,15 @@ def _fold_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr,
     a barrier (every thread's fold loads done before a restash may overwrite those rows).
     ``STATE_VEC > 0``: the tile is loaded at most that many contiguous keys per thread
     (``recurrence.vk_state_vector``), so it lies in registers as decode's tile does."""
-    ahead = _stash_rows_ahead_vk(u_ptr, gs_ptr, ks_ptr, rk, mk, rr, mr, HV, KD, VD, CAP,
-                                 STASH_AHEAD)
+    ahead = stash_rows_ahead_vk(u_ptr, gs_ptr, ks_ptr, rk, mk, rr, mr, HV, KD, VD, CAP,
+                                STASH_AHEAD)
     m2 = mr[:, None, None] & mk[None, :, :]
     hp = h_ptr + vk_tile_offsets(rk, rr, KD)
     if STATE_VEC > 0:
         hp = tl.max_contiguous(hp, [1, 1, STATE_VEC])
     h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
-    h = _fold_pending_vk(h, ahead, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr, HV, KD, VD,
-                         PREFETCH)
+    h = fold_pending(h, ahead, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr, HV, KD, VD,
+                     PREFETCH, True)
     tl.debug_barrier()
     return h, hp, m2
 
@@ -139,46 +94,6 @@ def _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr,
     if wb:
         tl.store(hp, h, mask=m2)
     return h
-
-
-@triton.jit
-def _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr, live, h_ptr,
-                  HV: tl.constexpr, VD: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
-    """Row ``t`` on its loaded inputs: decode's ``qk_prepare`` + ``gdn_row_vk``, store the
-    output rows (zeros for a padding lane) and stash ``u`` at row ``first + t`` (live lanes
-    only). Returns the new tile."""
-    q, k = qk_prepare_vk(q, k, scale, USE_QK_L2NORM)
-    h, o, u = gdn_row_vk(h, q, k, v, g, beta)
-    h = round_like(h, h_ptr)               # a bf16/fp16 state as decoding stores it
-    tl.store(orow + t * so_t + rr, tl.where(live, o, 0.0).to(orow.dtype.element_ty), mask=mr)
-    tl.store(u_ptr + (first + t) * (HV * VD) + rr, u, mask=mr & live)
-    return h
-
-
-@triton.jit
-def _restash_shared_rows_vk(gs_ptr, ks_ptr, rows, qrow, krow, g_ptr, b, hv, first, scale,
-                            sq_t, sk_t, sg_b, sg_t, rk, mk, ga, gd, K: tl.constexpr,
-                            HV: tl.constexpr, KD: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-                            GATE: tl.constexpr, QK_ALIGNED: tl.constexpr):
-    """Stash the ``K`` rows' log decays and normalised keys (shared by a head's tiles) at
-    rows ``first ..``, the keys normalised on the same ``[NC, CW]`` vectors as the rows
-    (``qk_prepare_vk``: the same bits): from ``rows`` (``load_row_vk`` tuples) where it holds
-    them all, else loaded again. Call only once every tile has folded the old rows."""
-    for t in tl.static_range(K):
-        if len(rows) == K:
-            q, k, _, g, _ = rows[t]
-            q = q.to(tl.float32)
-            k = k.to(tl.float32)
-        else:
-            q = load_key_row_vk(qrow + t * sq_t, rk, mk, QK_ALIGNED).to(tl.float32)
-            k = load_key_row_vk(krow + t * sk_t, rk, mk, QK_ALIGNED).to(tl.float32)
-            g = tl.load(g_ptr + b * sg_b + t * sg_t + hv)
-        q, k = qk_prepare_vk(q, k, scale, USE_QK_L2NORM)
-        g = g.to(tl.float32)
-        if GATE:                     # g_ptr holds a: stash the decay the rows computed
-            g = gdn_gate_g(ga, g, gd)
-        tl.store(gs_ptr + (first + t) * HV, g)
-        tl.store(ks_ptr + (first + t) * (HV * KD) + rk, k, mask=mk)
 
 
 @triton.jit(**_ROW_UNSPECIALIZED)
@@ -200,10 +115,8 @@ def gdn_carry_exact_vk_kernel(
     (``recurrence.vk_state_vector``)."""
     b, hv, j = head_tile_program(HV, NV)
     hk = hv // GROUP
-    qrow = q_ptr + b * sq_b + hk * sq_h
-    krow = k_ptr + b * sk_b + hk * sk_h
-    vrow = v_ptr + b * sv_b + hv * sv_h
-    orow = o_ptr + b * so_b + hv * so_h
+    qrow, krow, vrow, orow = row_ptrs(q_ptr, k_ptr, v_ptr, o_ptr, b, hv, hk, sq_b, sq_h, sk_b,
+                                      sk_h, sv_b, sv_h, so_b, so_h)
     grow = g_ptr + b * sg_b + hv
     brow = beta_ptr + b * sb_b + hv
     rk, mk, rr, mr, _ = vk_tile_index(j, KD, VD, BV, NC, CW)
@@ -226,8 +139,8 @@ def gdn_carry_exact_vk_kernel(
             rows = rows_ahead_vk(rows, t, qrow, krow, vrow, grow, brow, sq_t, sk_t, sv_t, sg_t,
                                  sb_t, rk, mk, rr, mr, K, AHEAD, QK_ALIGNED)
             q, k, v, g, beta = row_inputs_vk(rows[t], ga, gd, GATE)
-            h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
-                              live, h_ptr, HV, VD, USE_QK_L2NORM)
+            h = exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
+                              live, h_ptr, HV, VD, USE_QK_L2NORM, True)
         if AHEAD >= K:                   # loaded before the first row: keep them
             kept = rows
     else:
@@ -236,19 +149,17 @@ def gdn_carry_exact_vk_kernel(
                                                   vrow + t * sv_t, grow + t * sg_t,
                                                   brow + t * sb_t, rk, mk, rr, mr, ga, gd,
                                                   GATE, QK_ALIGNED)
-            h = _exact_row_vk(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
-                              live, h_ptr, HV, VD, USE_QK_L2NORM)
+            h = exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
+                              live, h_ptr, HV, VD, USE_QK_L2NORM, True)
     # After a write-back the new rows overwrite rows 0..: the last tile to count itself
     # restashes, once every tile has folded; else rows p.., which no tile reads: tile 0.
     if live & tl.where(wb, arrived == NV - 1, j == 0):
-        _restash_shared_rows_vk(gs_ptr, ks_ptr, kept, qrow, krow, g_ptr, b, hv, first, scale,
-                                sq_t, sk_t, sg_b, sg_t, rk, mk, ga, gd, K, HV, KD,
-                                USE_QK_L2NORM, GATE, QK_ALIGNED)
+        restash_shared_rows(gs_ptr, ks_ptr, kept, qrow, krow, g_ptr, b, hv, first, scale,
+                            sq_t, sk_t, sg_b, sg_t, rk, mk, ga, gd, K, HV, KD,
+                            USE_QK_L2NORM, GATE, QK_ALIGNED, True)
         if wb:
             tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
-    if hv == 0:
-        if j == 0:
-            tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
+    store_engaged(engaged_ptr, b, hv, j, wb)
 
 
 @triton.jit(**_ROW_UNSPECIALIZED)
@@ -296,9 +207,7 @@ def gdn_carry_wy_vk_kernel(
     if live & (arrived == NV - 1):
         _wy_restash_shared_rows(gs_ptr, ks_ptr, first, g, Kr, K, HV, KD, BK, KP)
         tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
-    if hv == 0:
-        if j == 0:
-            tl.store(engaged_ptr + b, tl.where(wb, 2, 1).to(tl.int32))
+    store_engaged(engaged_ptr, b, hv, j, wb)
 
 
 @triton.jit
@@ -311,21 +220,6 @@ def gdn_carry_flush_vk_kernel(
 ):
     """Flush on V-major tiles (the K-major flush's arguments; ``BV`` value rows, keys in
     ``NC`` chunks of ``CW``)."""
-    b, hv, j = head_tile_program(HV, NV)
-    layer = tl.program_id(1)
-    slot = tl.load(slot_ptr + b).to(tl.int64)
-    live = slot >= 0                     # slot -1: a padding lane, nothing to fold
-    slot = tl.maximum(slot, 0)
-    p = tl.load(pend_ptr + tl.load(pend_off_ptr + layer) + slot, mask=live, other=0)
-    if p > 0:
-        rk, mk, rr, mr, m2 = vk_tile_index(j, KD, VD, BV, NC, CW)
-        h_ptr = state_ptr + tl.load(state_off_ptr + layer) + slot * stride_state + hv * (KD * VD)
-        s_ptr = stash_ptr + tl.load(stash_off_ptr + layer) + slot * stride_stash
-        u_ptr, gs_ptr, ks_ptr = stash_row_ptrs(s_ptr, hv, CAP, HV, KD, VD)
-        ahead = _stash_rows_ahead_vk(u_ptr, gs_ptr, ks_ptr, rk, mk, rr, mr, HV, KD, VD, CAP,
-                                     STASH_AHEAD)
-        hp = h_ptr + vk_tile_offsets(rk, rr, KD)
-        h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
-        h = _fold_pending_vk(h, ahead, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr,
-                             HV, KD, VD, PREFETCH)
-        tl.store(hp, h, mask=m2)
+    flush_tile(state_ptr, stash_ptr, pend_ptr, slot_ptr, state_off_ptr, stash_off_ptr,
+               pend_off_ptr, stride_state, stride_stash, CAP, HV, KD, VD, BK, BV, NV, PREFETCH,
+               NC, CW, STASH_AHEAD, True)
