@@ -4,6 +4,8 @@ the base class of the cache the patched GDN layers hand their forward to. ``qwen
 
 from __future__ import annotations
 
+import abc
+
 import torch
 from torch import nn
 
@@ -23,10 +25,12 @@ def vocab_size(model) -> int:
     return weight.shape[0]
 
 
-class GdnCache:
+class GdnCache(abc.ABC):
     """A cache whose ``gdn_forward(module, hidden_states)`` runs a GDN layer patched by
     ``pmll_lab.models.qwen3_next.patch_model`` (``pmll_lab.models.cache.ServingCache``); the
     patched layer runs transformers' forward for any other cache."""
 
+    @abc.abstractmethod
     def gdn_forward(self, module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """The GDN layer ``module``'s output for ``hidden_states`` ``[B, T, hidden]``, its
+        state kept by this cache."""

@@ -18,6 +18,11 @@ def _f64(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", torch.float64).clone()
 
 
+def blend(g: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """The gated blend of a write (SPEC §1): ``g * new + (1 - g) * old``, float64."""
+    return g * new + (1 - g) * old
+
+
 def ring_write(
     k_mem: torch.Tensor,
     v_mem: torch.Tensor,
@@ -47,8 +52,8 @@ def ring_write(
         for t in range(tokens):
             slot = int((n[b] + t) % capacity)
             gb = g[b, :, t, None]                                   # [H, 1]
-            k[b, :, slot] = gb * kn[b, :, t] + (1 - gb) * k[b, :, slot]
-            v[b, :, slot] = gb * vn[b, :, t] + (1 - gb) * v[b, :, slot]
+            k[b, :, slot] = blend(gb, kn[b, :, t], k[b, :, slot])
+            v[b, :, slot] = blend(gb, vn[b, :, t], v[b, :, slot])
     return k, v, n + tokens
 
 
