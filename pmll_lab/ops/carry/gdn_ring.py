@@ -34,7 +34,6 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops import settings
 from pmll_lab.ops.carry.gdn_carry_common import INDEX_DTYPES, _device_guard, check_state, offsets_table
-from pmll_lab.ops.carry.gdn_ring_fused import gdn_ring_fused_kernel
 from pmll_lab.ops.carry.gdn_ring_kernels import (gdn_ring_flush_kernel, gdn_ring_prep_kernel,
                                                  gdn_ring_verify_kernel, ring_accept_kernel)
 from pmll_lab.ops.gdn.gating import check_gating, split_gating
@@ -295,10 +294,6 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
     gate = (gating.A_log, gating.dt_bias) if gating is not None else (state, state)
     rf = settings.ring_form()
     rp = max(16, ring.length)
-    if rf.ring_form_fused:
-        _launch_fused(state, ring, q, k, v, g, beta, o, engaged, gate, slot_tab, scale, kd, vd,
-                      rp, gating is not None, bool(use_qk_l2norm), rf)
-        return o, engaged
     ws_width = 16 + 16 * rp + 512
     ws = torch.empty(B * HV * ws_width, dtype=torch.float32, device=state.device)
     common = dict(K=K, R=ring.length, NS=2 * ring.length, RP=rp, HV=HV, HK=ring.num_k_heads,
@@ -320,36 +315,6 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
             num_warps=meta["num_warps"], PDL=rf.ring_form_pdl, launch_pdl=rf.ring_form_pdl,
             **common)
     return o, engaged
-
-
-def _programs(device: torch.device, tiles: int, per_sm: int) -> int:
-    """Grid of the persistent verify: ``per_sm`` programs per SM on a GPU; 3 on the
-    interpreter, so that every program walks several tiles (the loop and its prefetch run)."""
-    if device.type != "cuda":
-        return max(1, min(tiles, 3))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(tiles, sms * per_sm))
-
-
-def _launch_fused(state, ring, q, k, v, g, beta, o, engaged, gate, slot_tab, scale, kd, vd, rp,
-                  fused_gate, l2norm, rf):
-    B, K = q.shape[:2]
-    S, HV = state.shape[:2]
-    BV, warps, per_sm = rf.ring_form_fused_tile
-    BV = min(BV, next_power_of_2(vd))
-    NT = cdiv(vd, BV)
-    tiles = B * HV * NT
-    with _device_guard(state):
-        gdn_ring_fused_kernel[(_programs(state.device, tiles, per_sm),)](
-            state, ring.k, ring.u, ring.G, ring.len, ring.base, slot_tab, q, k, v, g, beta, o,
-            engaged, *gate, scale, state.stride(0), ring.k.stride(0), ring.u.stride(0),
-            ring.G.stride(0),
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), tiles,
-            K=K, R=ring.length, NS=2 * ring.length, RP=rp, HV=HV, HK=ring.num_k_heads, KD=kd,
-            VD=vd, KP=next_power_of_2(kd), BV=BV, NT=NT, USE_QK_L2NORM=l2norm, GATE=fused_gate,
-            PRECISION=RING_PRECISION, PREFETCH=rf.ring_form_prefetch, num_warps=warps)
 
 
 def _ring_list(rings) -> list[GdnRing]:
