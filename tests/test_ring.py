@@ -132,6 +132,40 @@ def test_ring_fused_gating_is_bitwise_gdn_gating():
         assert bitwise_equal(a_, b_)
 
 
+@pytest.mark.parametrize("g_forget", [float("-inf"), -1e4, -60.0])
+def test_ring_fully_forgetting_rows(g_forget):
+    """Rows whose decay is (or rounds to) zero forget the history: the outputs and the state a
+    ring means stay finite and within the fp32 tolerance of the exact protocol, a fold
+    included."""
+    B, S, HK, HV, kd, vd, K = 2, 3, 1, 2, 16, 16, 4
+    gen = torch.Generator().manual_seed(77)
+    base = gdn_inputs(77, B, HK, HV, kd, vd, rows=K, slots=S, dtype=torch.float32)
+    state = base["state"].transpose(-1, -2).contiguous()
+    slots = base["state_indices"]
+    ring = GdnRing.empty(S, HK, HV, kd, vd, length=8)
+    plain = state.double().transpose(-1, -2).contiguous().cpu()
+    for step in range(4):
+        x = gdn_inputs(500 + step, B, HK, HV, kd, vd, rows=K, slots=S, dtype=torch.float32)
+        g = x["g"].clone()
+        g[:, 1 + step % 2, :] = g_forget                  # one forgetting row per verify
+        o, eng = gdn_ring_verify(state, ring, x["q"], x["k"], x["v"], g, x["beta"],
+                                 slot_tab=slots)
+        args = (x["q"].cpu(), x["k"].cpu(), x["v"].cpu(), g.cpu(), x["beta"].cpu(), slots.cpu())
+        o_ref = ref_carry.decode_tokens(plain.clone(), *args)
+        assert bool(torch.isfinite(o).all()), f"step {step}: non-finite outputs"
+        _close(f"step {step} o vs exact protocol", o, o_ref, RING_TOLERANCE["float32"])
+        acc = torch.randint(2, K + 1, (B,), generator=gen).to(torch.int32)
+        ring_accept(ring, slots, eng, acc.to(DEVICE))
+        for b in range(B):
+            ref_carry.decode_tokens(plain, *(t[b:b + 1, :int(acc[b])] for t in args[:5]),
+                                    slots[b:b + 1].cpu())
+    kv = state.double().transpose(-1, -2).cpu()
+    rnow = ref_ring.RefRing.from_ring(ring)
+    for s in slots.tolist():
+        _close(f"slot {s} H_P vs plain decoding", ref_ring.ring_state(kv[s], rnow, s), plain[s],
+               RING_TOLERANCE["float32"])
+
+
 def test_ring_padding_lane_and_other_slots_untouched():
     """A padding lane reads and writes nothing; slots not in the launch keep every bit."""
     state, ring, slots, *_ = _run(21, steps=3)

@@ -92,17 +92,25 @@ def _unit_lower_inverse(A, K: tl.constexpr, XP: tl.constexpr):
     return T
 
 
+LOG_DECAY_FLOOR = tl.constexpr(-30.0)
+"""A new row's log decay is taken as at least this (``e^-30 ~ 9e-14``): a fully forgetting
+row (``g = -inf``, or ``-1e4``) would otherwise make ``c_t - c_s`` a NaN or a difference of
+huge cumulative sums that lose fp32 precision; what the floor keeps of the state is far below
+every ``RING_TOLERANCE``."""
+
+
 @triton.jit
 def _row_gates(g_ptr, beta_ptr, b, hv, m1, ga, gd, g_b, g_t, beta_b, beta_t, tr,
                GATE: tl.constexpr):
-    """The new rows' ``g, beta [XP]`` fp32 (rows from ``K`` on, and a padding lane's, zero)."""
+    """The new rows' ``g, beta [XP]`` fp32 (rows from ``K`` on, and a padding lane's, zero;
+    ``g`` no lower than ``LOG_DECAY_FLOOR``)."""
     g = tl.load(g_ptr + b * g_b + tr * g_t + hv, mask=m1, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + b * beta_b + tr * beta_t + hv, mask=m1, other=0.0).to(tl.float32)
     if GATE:
         g, beta = gdn_gate(ga, g, gd, beta)
         g = tl.where(m1, g, 0.0)
         beta = tl.where(m1, beta, 0.0)
-    return g, beta
+    return tl.maximum(g, LOG_DECAY_FLOOR), beta
 
 
 @triton.jit
