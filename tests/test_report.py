@@ -197,11 +197,15 @@ def test_index_gives_each_notebooks_verdict_beside_its_status(tmp_path):
 
 
 DIST = '''\
-import time
+from distributed import Event, get_worker
 from pmll_lab.sweep import grid, run_sweep
 
 def slow(p):
-    time.sleep(0.3)
+    # a point waits (up to 60 s) until both workers have started one: both must take points,
+    # however slowly a loaded machine starts the second
+    Event("seen-" + get_worker().name).set()
+    for name in ("cpu0", "cpu1"):
+        assert Event("seen-" + name).wait(60), "worker " + name + " never took a point"
     return [{"kernel": "k", "metric": "time_us", "value": 10.0 * p["n"]}]
 
 df = run_sweep("tiny", grid(n=[1, 2, 3, 4]), slow, results_dir=results_dir, client=scheduler)
