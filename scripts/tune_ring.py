@@ -40,13 +40,9 @@ def point(B, K, R, fill, state_dtype, tiles, precisions, preps=((None, None),), 
               b=gate["b"])
     rows = []
     combos = [(prec, tile, prep) for prec in (precisions if state_dtype == torch.float32 else ["-"])
-              for tile in tiles for prep in (preps if tile[0] != "s" else ((None, None),))]
+              for tile in tiles for prep in preps]
     for prec, tile, (pw, pk) in combos:
-        if tile[0] == "s":   # the persistent state kernel: ("s", BV, warps, per SM, prefetch)
-            knobs = dict(ring_form_stream=True, ring_form_stream_tile=tuple(tile[1:4]),
-                         ring_form_prefetch=bool(tile[4]))
-        else:
-            knobs = dict(ring_form_tiles=(tile,), ring_form_stream=False)
+        knobs = dict(ring_form_tiles=(tile,))
         if pw is not None:
             knobs.update(ring_form_prep_warps=pw, ring_form_prep_keys=pk)
         if prec != "-":
@@ -73,9 +69,7 @@ def point(B, K, R, fill, state_dtype, tiles, precisions, preps=((None, None),), 
             eng = torch.ones(B, dtype=torch.int32, device=slots.device)
             ta = time_cuda_graph(lambda: ring_accept(rg2, slots, eng, acc)) or t
             rows.append(dict(B=B, K=K, R=R, fill=fill, state=str(state_dtype).split(".")[1],
-                             tile="x".join(map(str, tile)).replace("sx", "s")
-                             + ("" if pw is None else f"/p{pw}x{pk}"), precision=prec,
-                             rel_l2=err, engaged_ok=ok,
+                             tile="x".join(map(str, tile)) + ("" if pw is None else f"/p{pw}x{pk}"), precision=prec, rel_l2=err, engaged_ok=ok,
                              verify_us=t["median_us"], p20=t["p20_us"], p80=t["p80_us"],
                              accept_us=ta["median_us"]))
             print(rows[-1], flush=True)
@@ -90,16 +84,14 @@ def main():
     ap.add_argument("--fill", type=int, nargs="+", default=[4, 13])
     ap.add_argument("--state", nargs="+", default=["bfloat16", "float32"])
     ap.add_argument("--tiles", nargs="+", default=["64x32x4x2", "128x32x4x2", "128x64x4x2"],
-                    help="state kernel BVxBKxWARPSxSTAGES; the persistent one "
-                         "sBVxWARPSxPROGRAMS_PER_SMxPREFETCH (e.g. s64x4x4x1)")
+                    help="BVxBKxWARPSxSTAGES")
     ap.add_argument("--precision", nargs="+", default=["tf32x3"])
     ap.add_argument("--prep", nargs="+", default=[], help="per-head kernel WARPSxKEYS")
     ap.add_argument("--pdl", type=int, nargs="+", default=[1],
                     help="programmatic dependent launch of the state kernel: 1 on, 0 off")
     ap.add_argument("--json")
     args = ap.parse_args()
-    tiles = [(("s",) + tuple(int(v) for v in t[1:].split("x"))) if t[0] == "s"
-             else tuple(int(v) for v in t.split("x")) for t in args.tiles]
+    tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
     rows = []
     for pdl in args.pdl:
       for sd in args.state:

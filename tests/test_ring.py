@@ -23,7 +23,6 @@ from pmll_lab.carry import (RING_TOLERANCE, GdnRing, gdn_ring_flush, gdn_ring_ve
                             ring_accept)
 from pmll_lab.gdn import gdn_gating
 from pmll_lab.inputs import gdn_inputs
-from pmll_lab.ops import settings
 from pmll_lab.reference import carry as ref_carry
 from pmll_lab.reference import ring as ref_ring
 
@@ -32,18 +31,8 @@ from _carry_helpers import _close
 REF_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
 
 
-SCHEDULES = [pytest.param(False, id="per-tile"), pytest.param(True, id="persistent")]
-"""The state kernel's two schedules (``ring_form_stream``): a program per tile, or a persistent
-grid walking tiles (``gdn_ring_stream``); the same algebra, each against both references."""
-
-
-def _run(seed, *, fused=False, **kw):
-    with settings.override(ring_form_stream=fused):
-        return _drive(seed, **kw)
-
-
-def _drive(seed, *, B=3, S=5, HK=2, HV=4, kd=16, vd=32, K=4, length=8, steps=6,
-           state_dtype=torch.float32, in_dtype=torch.float32, padding=True, gating=False):
+def _run(seed, *, B=3, S=5, HK=2, HV=4, kd=16, vd=32, K=4, length=8, steps=6,
+         state_dtype=torch.float32, in_dtype=torch.float32, padding=True, gating=False):
     """Drive kernel, ring reference and plain decoding through ``steps`` verify/accept steps;
     assert each step's outputs and the ring's state against both references."""
     gen = torch.Generator().manual_seed(seed + 1000)
@@ -101,32 +90,20 @@ def _drive(seed, *, B=3, S=5, HK=2, HV=4, kd=16, vd=32, K=4, length=8, steps=6,
     return state, ring, slots, plain, folds
 
 
-@pytest.mark.parametrize("fused", SCHEDULES)
 @pytest.mark.parametrize("K,length", [(4, 8), (2, 16), (3, 8)])
-def test_ring_protocol_fp32(K, length, fused):
-    *_, folds = _run(11 + K, K=K, length=length, steps=7, fused=fused)
+def test_ring_protocol_fp32(K, length):
+    *_, folds = _run(11 + K, K=K, length=length, steps=7)
     assert folds > 0 or length > 8, "the run must cross a fold"
 
 
-@pytest.mark.parametrize("fused", SCHEDULES)
-def test_ring_protocol_bf16_state_and_inputs(fused):
-    *_, folds = _run(5, state_dtype=torch.bfloat16, in_dtype=torch.bfloat16, steps=6,
-                     fused=fused)
+def test_ring_protocol_bf16_state_and_inputs():
+    *_, folds = _run(5, state_dtype=torch.bfloat16, in_dtype=torch.bfloat16, steps=6)
     assert folds > 0
 
 
-@pytest.mark.parametrize("fused", SCHEDULES)
-def test_ring_gva_gating_and_k8(fused):
+def test_ring_gva_gating_and_k8():
     """GVA (HV = 4 HK), the gating computed in the kernel, K = 8 on a 32-row ring, kd = 32."""
-    _run(7, HK=1, HV=4, kd=32, vd=16, K=8, length=32, steps=5, gating=True, fused=fused)
-
-
-@pytest.mark.parametrize("vd", [48, 128])
-def test_ring_persistent_walks_tiles_of_wide_heads(vd):
-    """The persistent state kernel with several value tiles per head (vd = 128 at BV = 64) and a
-    head size that is not a power of two (vd = kd = 48: masked lanes), bf16 state."""
-    _run(9, fused=True, B=2, S=3, HK=1, HV=2, kd=vd, vd=vd, K=3, length=8, steps=4,
-         state_dtype=torch.bfloat16, in_dtype=torch.bfloat16)
+    _run(7, HK=1, HV=4, kd=32, vd=16, K=8, length=32, steps=5, gating=True)
 
 
 def test_ring_fused_gating_is_bitwise_gdn_gating():
@@ -189,16 +166,13 @@ def test_ring_fully_forgetting_rows(g_forget):
                RING_TOLERANCE["float32"])
 
 
-@pytest.mark.parametrize("fused", SCHEDULES)
-def test_ring_padding_lane_and_other_slots_untouched(fused):
+def test_ring_padding_lane_and_other_slots_untouched():
     """A padding lane reads and writes nothing; slots not in the launch keep every bit."""
-    state, ring, slots, *_ = _run(21, steps=3, fused=fused)
+    state, ring, slots, *_ = _run(21, steps=3)
     before = state.clone(), ring.u.clone(), ring.k.clone(), ring.G.clone()
     x = gdn_inputs(99, 3, 2, 4, 16, 32, rows=4, slots=5, dtype=torch.float32)
     pad = torch.full((3,), -1, dtype=torch.int32, device=DEVICE)
-    with settings.override(ring_form_stream=fused):
-        o, e = gdn_ring_verify(state, ring, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                               slot_tab=pad)
+    o, e = gdn_ring_verify(state, ring, x["q"], x["k"], x["v"], x["g"], x["beta"], slot_tab=pad)
     assert bool((o == 0).all()) and e.tolist() == [1, 1, 1]
     for a_, b_ in zip(before, (state, ring.u, ring.k, ring.G)):
         assert bitwise_equal(a_, b_)

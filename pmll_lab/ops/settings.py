@@ -247,25 +247,6 @@ class RingFormSettings:
             "(reports/h200-2026-12-02/logs/tune-ring-pdl.log)")
     """Launch the state kernel with programmatic dependent launch (Hopper)."""
 
-    ring_form_stream: bool = _row(
-        False, check="flag",
-        why="not yet measured against the one-program-per-tile state kernel on a GPU",
-        see="perf-notes 'Launch constants: ring form'")
-    """Run the state kernel persistent (``gdn_ring_stream``): a fixed grid walking tiles."""
-
-    ring_form_stream_tile: tuple = _row(
-        (64, 4, 4), check="tile",
-        why="not yet measured on a GPU",
-        see="perf-notes 'Launch constants: ring form'")
-    """The persistent state kernel's ``(value rows per tile BV, warps, programs per SM)``."""
-
-    ring_form_prefetch: bool = _row(
-        True, check="flag",
-        why="not yet measured on a GPU",
-        see="perf-notes 'Launch constants: ring form'")
-    """The persistent state kernel loads the next tile's state before the current tile's
-    coefficients, small products and stores."""
-
 
 SHIPPED = {"gdn": GdnSettings(), "carry": CarrySettings(), "conv": ConvSettings(),
            "ring": RingSettings(), "attention": AttentionSettings(),
@@ -377,7 +358,7 @@ _KIND_TEXT = dict(
     flag="a bool", count="an int >= 0", pow2="a power of two", layout="'kv' or 'vk'",
     kv_block="None or (BV, num_warps), powers of two",
     table="a non-empty tuple of rows of ints >= 0, each as wide as the shipped rows",
-    tile="as many ints >= 1 as the shipped tile", tiles="((head size, element size), (BLOCK_M, BLOCK_N, warps, stages)) "
+    tile="4 ints >= 1", tiles="((head size, element size), (BLOCK_M, BLOCK_N, warps, stages)) "
     "pairs of ints >= 1")
 
 
@@ -399,7 +380,7 @@ def _check_kind(kind: str, value, shipped) -> tuple[object, bool]:
             isinstance(r, tuple) and len(r) == len(shipped[0])
             and all(_is_int(v) and v >= 0 for v in r) for r in value)
     if kind == "tile":
-        return value, (isinstance(value, tuple) and len(value) == len(shipped)
+        return value, (isinstance(value, tuple) and len(value) == 4
                        and all(_is_int(v) and v >= 1 for v in value))
     if kind == "tiles":
         value = tuple(value.items()) if isinstance(value, dict) else value

@@ -34,7 +34,6 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops import settings
 from pmll_lab.ops.carry.gdn_carry_common import INDEX_DTYPES, _device_guard, check_state, offsets_table
-from pmll_lab.ops.carry.gdn_ring_stream import gdn_ring_stream_kernel
 from pmll_lab.ops.carry.gdn_ring_kernels import (gdn_ring_flush_kernel, gdn_ring_prep_kernel,
                                                  gdn_ring_verify_kernel, ring_accept_kernel)
 from pmll_lab.ops.gdn.gating import check_gating, split_gating
@@ -307,19 +306,6 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
             BK=min(rf.ring_form_prep_keys, next_power_of_2(kd)), USE_QK_L2NORM=bool(use_qk_l2norm), GATE=gating is not None,
             num_warps=rf.ring_form_prep_warps, PDL=rf.ring_form_pdl, **common)
-        if rf.ring_form_stream:
-            BV, warps, per_sm = rf.ring_form_stream_tile
-            BV = min(BV, next_power_of_2(vd))
-            tiles = B * HV * cdiv(vd, BV)
-            gdn_ring_stream_kernel[(_programs(state.device, tiles, per_sm),)](
-                state, ring.k, ring.u, ring.G, ring.len, ring.base, slot_tab, q, k, v, o, ws,
-                state.stride(0), ring.k.stride(0), ring.u.stride(0), ring.G.stride(0),
-                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-                tiles, VD=vd, KP=next_power_of_2(kd), BV=BV, NT=cdiv(vd, BV),
-                PREFETCH=rf.ring_form_prefetch, num_warps=warps, PDL=rf.ring_form_pdl,
-                launch_pdl=rf.ring_form_pdl, **common)
-            return o, engaged
         gdn_ring_verify_kernel[(B * HV * meta["NT"],)](
             state, ring.k, ring.u, ring.G, ring.len, ring.base, slot_tab, q, k, v, o, ws,
             state.stride(0), ring.k.stride(0), ring.u.stride(0), ring.G.stride(0),
@@ -329,15 +315,6 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
             num_warps=meta["num_warps"], PDL=rf.ring_form_pdl, launch_pdl=rf.ring_form_pdl,
             **common)
     return o, engaged
-
-
-def _programs(device: torch.device, tiles: int, per_sm: int) -> int:
-    """Grid of the persistent state kernel: ``per_sm`` programs per SM on a GPU; 3 on the
-    interpreter, so that every program walks several tiles (the loop and its prefetch run)."""
-    if device.type != "cuda":
-        return max(1, min(tiles, 3))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(tiles, sms * per_sm))
 
 
 def _ring_list(rings) -> list[GdnRing]:
