@@ -6,8 +6,8 @@ vd]``) or V-major (``"vk"``: ``[S, HV, vd, kd]``):
 
 ``decodes``             ``K`` successive ``gdn_decode`` launches (``K * 2*Hb`` per sequence);
 ``chain_snapshots``     ``gdn_chain`` with ``K-1`` snapshots (``(K+1)*Hb``; not at ``K=1``);
-``carry_{exact,wy}_eager``  ``gdn_carry_verify``, eager (writes back whenever rows are pending);
-``carry_{exact,wy}_lazy``   lazy, timed with pending counts that leave the state alone
+``carry_exact_eager``   ``gdn_carry_verify``, eager (writes back whenever rows are pending);
+``carry_exact_lazy``    lazy, timed with pending counts that leave the state alone
                         (``:nowb``) and that force a write-back (``:wb``); its figure is the
                         amortised ``(1-f)*t_nowb + f*t_wb`` at the write-back frequency ``f``
                         of the acceptance process (``acceptance.acceptance``);

@@ -42,20 +42,17 @@ PLAN_MAX_B = 1
 L2_BYTES = H200_L2_BYTES
 STATE_DTYPES = ("float32", "bfloat16", "float16")
 LAYOUTS = ("kv", "vk")
-OURS = ("decodes", "chain_snapshots", "carry_exact_eager", "carry_exact_lazy",
-        "carry_wy_eager", "carry_wy_lazy")
+OURS = ("decodes", "chain_snapshots", "carry_exact_eager", "carry_exact_lazy")
 FLASHINFER = ("flashinfer_decode", "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen")
 PEERS = ("fla_fused_recurrent",) + FLASHINFER
 PROVIDERS = OURS + PEERS
 HALF_STATE_PROVIDERS = ("decodes", "chain_snapshots", "carry_exact_eager", "carry_exact_lazy",
                         *FLASHINFER)
-"""Providers that run a bf16/fp16 state (the WY form refuses one; FLA runs fp32 only)."""
+"""Providers that run a bf16/fp16 state (FLA runs fp32 only)."""
 NATIVE_LAYOUT = {"fla_fused_recurrent": "kv", **{p: "vk" for p in FLASHINFER}}
 LABELS = {
     "decodes": "K x decode", "chain_snapshots": "chain + snapshots",
     "carry_exact_eager": "carry exact, eager", "carry_exact_lazy": "carry exact, lazy (amortised)",
-    "carry_wy_eager": "carry WY (reference form), eager",
-    "carry_wy_lazy": "carry WY (reference form), lazy (amortised)",
     "fla_fused_recurrent": "FLA fused_recurrent", "flashinfer_decode": "FlashInfer decode",
     "flashinfer_mtp_snapshots": "FlashInfer mtp + snapshots",
     "flashinfer_mtp_frozen": "FlashInfer mtp, frozen (no buffer)",
