@@ -6,8 +6,9 @@ per mode), the stash realistic rows (``gdn.fill_stash``). Checks first: the exac
 against folding the pending rows then ``K`` ``gdn_decode`` launches and against the float64
 protocol reference (``reference.carry.verify``) on ``ref_seqs`` sequences, ``engaged`` against
 the protocol; then times ``carry_exact_{eager,lazy}`` and, with
-``baselines``, the snapshot chain and on a GPU FLA (``"kv"``) and FlashInfer's snapshot verify
-(``"vk"``), each peer checked first. Bytes: ``gdn.carry_bytes`` at the launch's write-backs.
+``baselines``, the snapshot chain and on a GPU FLA (``"kv"``), FlashInfer's snapshot verify and
+its ReplaySSM verify and flush (``"vk"``; ``replayssm_peer``, on its own bf16 pool and ring;
+``unavailable`` / ``unsupported`` rows where it does not run), each peer checked first. Bytes: ``gdn.carry_bytes`` at the launch's write-backs.
 
 The protocol runs on a stack of layers are ``carry_protocol.protocol_point``; the acceptance
 model is ``acceptance``; targets, tables and plots ``carry_report``.
@@ -24,6 +25,7 @@ from pmll_lab.carry import GDN_CARRY_CAP, GdnCarry, gdn_carry_flush, gdn_carry_v
 from pmll_lab.experiments import gdn as G
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import MODES, steady_pending
+from pmll_lab.experiments import replayssm_peer as RS
 from pmll_lab.experiments.gdn import (  # noqa: F401  (points, COMPILE_KEYS: for the notebook)
     COMPILE_KEYS, LAYOUTS, carry_bytes, chain_bytes, clone_carry, fill_stash, fla_bytes,
     fla_run_once, gating_inputs, points,
@@ -40,11 +42,13 @@ from pmll_lab.tolerances import O_TOL, STATE_TOL
 CAP = GDN_CARRY_CAP
 FORMS = ("exact",)
 CARRY_KERNELS = tuple(f"carry_{f}_{m}" for f in FORMS for m in MODES)
-KERNELS = CARRY_KERNELS + ("chain_snapshots", "fla_fused_recurrent", "flashinfer_mtp_snapshots")
+KERNELS = CARRY_KERNELS + ("chain_snapshots", "fla_fused_recurrent", "flashinfer_mtp_snapshots",
+                           *RS.KERNELS)
 LABELS = {
     "carry_exact_eager": "carry exact, eager", "carry_exact_lazy": "carry exact, lazy",
     "chain_snapshots": "chain + K-1 snapshots", "fla_fused_recurrent": "FLA fused_recurrent",
     "flashinfer_mtp_snapshots": "FlashInfer mtp + K snapshots",
+    **RS.LABELS,
 }
 
 
@@ -167,4 +171,16 @@ def verify_point(point: dict) -> list[dict]:
                 entries.append(("flashinfer_mtp_snapshots", run_fi,
                                 chain_bytes(B, K, HK, HV, D, D, dtype),
                                 {"flashinfer_version": flashinfer_version()}))
+        if layout == "vk":
+            rows += replayssm_point(dict(point, dtype=dname))
     return rows + P.timed_rows(entries)
+
+
+def replayssm_point(point: dict) -> list[dict]:
+    """FlashInfer's ReplaySSM verify and flush at ``point``'s shape on its bf16 pool
+    (``replayssm_peer.replayssm_rows``); a failed check gives its rows (marked failed),
+    nothing timed, and the rest of the point stands."""
+    try:
+        return RS.replayssm_rows(dict(point, state_dtype="bfloat16"))
+    except P.CheckFailed as exc:
+        return list(exc.rows)
