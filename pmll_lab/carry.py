@@ -6,8 +6,7 @@ state instead stashes, per row, what replays it (``u_t``, ``g_t``, ``k_t``; the 
 input row) and counts the accepted rows not yet folded in ``pend[slot]``; the next verify (or a
 flush) folds them. Launchers:
 
-- ``GdnCarry`` (one layer's stash + ``pend``), ``gdn_carry_verify`` (exact or WY form, eager or
-  lazy), ``gdn_carry_verify_plan`` (the same bound to fixed buffers, a lean call for small
+- ``GdnCarry`` (one layer's stash + ``pend``), ``gdn_carry_verify`` (exact form, eager or lazy), ``gdn_carry_verify_plan`` (the same bound to fixed buffers, a lean call for small
   batches: ``pmll_lab.ops.launch.LaunchPlan``), ``gdn_carry_flush`` (``L`` layers, one
   launch): ``pmll_lab.ops.carry.gdn_carry`` (the stash in ``gdn_carry_stash``, the flush and
   accept in ``gdn_carry_pending``).
@@ -41,6 +40,7 @@ from pmll_lab.ops.carry.gdn_carry import (  # noqa: F401
     GdnCarry,
     carry_accept,
     check_carry,
+    check_form,
     check_state,
     gdn_carry_flush,
     gdn_carry_verify,

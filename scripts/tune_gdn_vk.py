@@ -16,7 +16,7 @@ one tile):
    ``kd:K:dtype``;
 2. times at HK=16, HV=32, kd=vd=128, bf16 inputs, fp32 state: decode (K=1), the K=4 chain with
    3 snapshots, the exact carry lazy without write-back (pend 4), with write-back (pend 5),
-   eager (pend 3), the WY carry lazy without write-back (pend 4); CUDA-graph replay (median of
+   eager (pend 3); CUDA-graph replay (median of
    200 replays timed one by one) and do_bench (host launch included) medians, in us, and
    the graph time as a fraction of the copy roofline over SPEC §4 bytes.
 
@@ -134,8 +134,7 @@ def timings(B, layout, HK=16, HV=32, D=128, K=4, seed=3):
     fill_stash(carry, seed)
     for name, form, lazy, pend, wb in (("carry_exact_lazy:nowb", "exact", True, 4, False),
                                        ("carry_exact_lazy:wb", "exact", True, 5, True),
-                                       ("carry_exact_eager", "exact", False, 3, True),
-                                       ("carry_wy_lazy:nowb", "wy", True, 4, False)):
+                                       ("carry_exact_eager", "exact", False, 3, True)):
         def run(form=form, lazy=lazy, pend=pend):
             carry.pend.fill_(pend)
             return gdn_carry_verify(st, carry, *rows(x), slot_tab=slots, form=form, lazy=lazy,

@@ -1,6 +1,6 @@
 """Carried-state verify, accept and flush, kernel by kernel (SPEC §3b, §3c; issue 4).
 
-Every launcher (``gdn_carry_verify`` in both forms, eager and lazy, and its launch variants;
+Every launcher (``gdn_carry_verify``, eager and lazy, and its launch variants;
 ``carry_accept``; ``gdn_carry_flush``) and the ``GdnCarry`` container are checked against the
 float64 protocol reference (``pmll_lab.reference.carry``), fed exactly the values the kernel
 reads (bf16 inputs already rounded, the fp32 stash as stored): written stash rows within
@@ -8,16 +8,14 @@ tolerance, every other row, ``pend`` and the memory around each view bitwise unc
 driver end to end is in test_carry_protocol.py, bad input in test_carry_inputs.py.
 
 Tolerances (relative L2 against the float64 reference):
-- fp32 state, stash rows, fp32 outputs: ``1e-5`` for both forms (fp32 arithmetic over kd-long
-  reductions and <= 8 folded rows; measured <= 3e-7 exact, <= 5e-7 WY on the interpreter).
+- fp32 state, stash rows, fp32 outputs: ``1e-5`` (fp32 arithmetic over kd-long reductions and
+  <= 8 folded rows; measured <= 3e-7 on the interpreter).
 - bf16 outputs: ``8e-3`` (rounded once to bf16, one ulp is 2**-8 relative; measured ~3e-3).
-- WY against the exact form, and split against per-head launches of WY: ``1e-5``; launch
-  options that only move loads or unroll loops: bitwise.
+- launch options that only move loads or unroll loops: bitwise.
 """
 
 from __future__ import annotations
 
-import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -85,21 +83,6 @@ def _written_rows(S, slots, pend, engaged, K):
         first = 0 if e == 2 else p
         m[s, first:first + K] = True
     return m
-
-
-# ---- the reference itself ------------------------------------------------------------------
-
-def test_reference_wy_algebra_equals_chain():
-    """SPEC §3b's WY solve reproduces K rows of the chain (outputs and u rows) in float64."""
-    x = gdn_inputs(3, 1, 2, 4, 16, 24, rows=5, dtype=torch.float32, device="cpu")
-    H0 = x["state"][0].double()
-    qs, ks = zip(*(ref.prepare_qk(x["q"][0, t], x["k"][0, t], 4) for t in range(5)))
-    o, U = ref.wy_rows(H0, torch.stack(qs), torch.stack(ks), x["v"][0], x["g"][0], x["beta"][0])
-    H = H0.clone()
-    for t in range(5):
-        H, o_t, u_t = ref.decode_row(H, qs[t], ks[t], x["v"][0, t], x["g"][0, t], x["beta"][0, t])
-        assert torch.allclose(o[t], o_t, rtol=1e-12, atol=1e-12)
-        assert torch.allclose(U[t], u_t, rtol=1e-12, atol=1e-12)
 
 
 # ---- GdnCarry --------------------------------------------------------------------------------
@@ -188,7 +171,7 @@ def _run_verify_case(form, lazy, dtype, B, S, HK, HV, kd, vd, K, pend_batch, see
 @pytest.mark.parametrize("form", FORMS)
 def test_verify_matches_reference(form, lazy, case):
     """Pending rows 0, 2, CAP-K (fits) and CAP-K+1 (does not fit): both engaged values in
-    both forms, stash writes only to rows first..first+K-1, nothing outside the views."""
+    stash writes only to rows first..first+K-1, nothing outside the views."""
     dtype, B, S, HK, HV, kd, vd, K = case
     pend_batch = [0, 2, CAP - K, CAP - K + 1]
     _run_verify_case(form, lazy, dtype, B, S, HK, HV, kd, vd, K, pend_batch, seed=10 + K)
@@ -224,17 +207,6 @@ def test_per_head_loop_exact_variant():
         assert bitwise_equal(a, b_)
 
 
-@contextlib.contextmanager
-def _global_set(monkeypatch, module, name, value):
-    """``module.name = value`` inside the block (the WY form's settings are module globals)."""
-    old = getattr(module, name)
-    monkeypatch.setattr(module, name, value)
-    try:
-        yield
-    finally:
-        monkeypatch.setattr(module, name, old)
-
-
 def _split_vs_per_head(form, split_columns, seed):
     """One eager verify (several column blocks, write-backs) under ``split_columns(True)`` and
     ``split_columns(False)`` (context managers): returns ``{split: (o, engaged, state,
@@ -252,27 +224,6 @@ def _split_vs_per_head(form, split_columns, seed):
         if split:
             assert int(c._arrivals.abs().sum()) == 0, "arrival counts must be left at zero"
     return results
-
-
-def test_per_head_wy_variant(monkeypatch):
-    """The WY form with one program per head looping over its column blocks
-    (``WY_SPLIT_COLUMNS = False``; the default splits them across programs and every other test
-    runs that): the race case (write-backs with several column blocks; the shared g/k rows are
-    restashed after the last block), the protocol reference, and agreement with the split WY
-    form (the same arithmetic per column block: within fp32 rounding, 1e-5)."""
-    import pmll_lab.ops.carry.gdn_carry as C
-
-    monkeypatch.setattr(C, "WY_SPLIT_COLUMNS", False)
-    _run_verify_case("wy", False, torch.float32, 2, 3, 1, 2, 128, 64, 3, [5, 2], seed=41)
-    _run_verify_case("wy", True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7], seed=42)
-    _run_verify_case("wy", True, torch.bfloat16, 3, 5, 1, 2, 64, 48, 2, [0, 6, 7], seed=43)
-    results = _split_vs_per_head(
-        "wy", lambda split: _global_set(monkeypatch, C, "WY_SPLIT_COLUMNS", split), seed=44)
-    for name, a, b_ in zip(("o", "engaged", "state", "stash"), results[True], results[False]):
-        if name == "engaged":
-            assert torch.equal(a, b_)
-        else:
-            _close(name, a.float(), b_.float(), TOL)
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -319,48 +270,6 @@ def test_exact_runtime_row_loop():
         got[unroll_max] = (o, e, st, c.buf)
     for a, b_ in zip(*got.values()):
         assert bitwise_equal(a, b_)
-
-
-def test_wy_launch_config_table(monkeypatch):
-    """The WY launch follows the measured table: the split, 2-warp form up to kd = 128, one
-    4-warp program per head from kd = 256 (slower split there on the H200) and whenever the
-    split is switched off; checked on the launch the verify builds, not only the table."""
-    import pmll_lab.ops.carry.gdn_carry as C
-
-    def launch(kd):
-        x = gdn_inputs(64, 1, 1, 1, kd, 16, rows=2, slots=1, dtype=torch.float32)
-        c = GdnCarry.empty(1, 1, kd, 16)
-        o, e = torch.empty(1, 2, 1, 16), torch.empty(1, dtype=torch.int32)
-        kern, grid, _, kw = C._verify_launch_args(x["state"], c, x["q"], x["k"], x["v"], x["g"],
-                                                  x["beta"], o, e, x["state_indices"], "wy",
-                                                  True, 1.0, True)
-        return kern, kw["num_warps"]
-
-    assert C.wy_config(64) == C.wy_config(128) == (True, 2)
-    assert C.wy_config(256) == (False, 4)
-    assert launch(128) == (C._gdn_carry_wy_split_kernel, 2)
-    assert launch(256) == (C._gdn_carry_wy_kernel, 4)
-    monkeypatch.setattr(C, "WY_SPLIT_COLUMNS", False)
-    assert launch(128) == (C._gdn_carry_wy_kernel, 4)
-
-
-def test_wy_matches_exact():
-    """Both forms from the same pending rows: outputs and stash within tolerance."""
-    x = gdn_inputs(40, 3, 2, 4, 16, 16, rows=4, slots=4, dtype=torch.float32)
-    outs = {}
-    for form in FORMS:
-        st = x["state"].clone()
-        c = GdnCarry.empty(4, 4, 16, 16)
-        _fill_stash(c, 41)
-        c.pend.copy_(torch.tensor([3, 0, 6, 1], dtype=torch.int32))
-        o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                slot_tab=x["state_indices"], form=form, lazy=True)
-        outs[form] = (o, e, st, c.buf)
-    for i, name in enumerate(("o", "engaged", "state", "stash")):
-        if name == "engaged":
-            assert torch.equal(outs["wy"][i], outs["exact"][i])
-        else:
-            _close(name, outs["wy"][i], outs["exact"][i], TOL)
 
 
 # ---- flush and accept ------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 ``gdn_carry_verify`` (shapes, dtypes, devices, strides, forms, and with ``validate=True`` the
 values: pending counts, slots, gates), ``carry_accept``, ``gdn_carry_flush``, ``GdnCarry`` and
 ``SpecDecodeStep`` / ``CarryLayer`` raise ``ValueError`` before any kernel runs, leaving states,
-stash and ``pend`` as they were. The WY form refuses K = 17 (more rows than its tiles), which the
-exact form serves: its outputs against the float64 chain reference within ``1e-5`` (fp32).
+stash and ``pend`` as they were; ``form="wy"`` is refused naming the ring form, the tolerance
+form's own launchers. The exact form serves K = 17 (a CAP of 24): its outputs against the float64
+chain reference within ``1e-5`` (fp32).
 """
 
 from __future__ import annotations
@@ -101,19 +102,33 @@ def test_verify_rejects_unknown_form_and_lazy():
     assert kw["carry"].pend.tolist() == [0, 0, 0]
 
 
-def test_wy_refuses_more_rows_than_its_tiles_before_launch():
-    """The WY kernels tile the rows by 16: K = 17 (allowed by a CAP of 24) must be refused,
-    naming K, before any kernel runs, in both layouts; the exact form serves it."""
+def test_wy_form_refused_naming_the_ring_form_and_exact_serves_k17():
+    """``form="wy"`` is refused before any kernel runs, naming ``form`` and the ring form
+    (``pmll_lab.ops.carry.gdn_ring``), by the verify in both layouts, its launch plan and
+    ``SpecDecodeStep``, state and stash left as they were; an unknown form lists the forms. The
+    exact form serves K = 17 (a CAP of 24) against the float64 chain reference."""
+    from pmll_lab.carry import gdn_carry_verify_plan
+
+    msg = r"^form: 'wy' is not a form .*the ring form, pmll_lab\.ops\.carry\.gdn_ring"
     S, HV, kd, vd, K = 2, 1, 16, 16, 17
     x = gdn_inputs(5, S, 1, HV, kd, vd, rows=K, dtype=torch.float32)
+    rows = [x[n] for n in ("q", "k", "v", "g", "beta")]
     for layout in ("kv", "vk"):
         carry = GdnCarry.empty(S, HV, kd, vd, cap=24)
+        carry.pend.fill_(1)
         st = x["state"].clone() if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
-        before = (st.clone(), carry.buf.clone())
-        with pytest.raises(ValueError, match="K"):
-            gdn_carry_verify(st, carry, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                             slot_tab=x["state_indices"], form="wy", state_layout=layout)
+        before = (st.clone(), carry.buf.clone(), carry.pend.clone())
+        for call in (gdn_carry_verify, gdn_carry_verify_plan):
+            with pytest.raises(ValueError, match=msg):
+                call(st, carry, *rows, slot_tab=x["state_indices"], form="wy",
+                     state_layout=layout)
+        with pytest.raises(ValueError, match=r"^form: must be one of \['exact'\], got 'ring'"):
+            gdn_carry_verify(st, carry, *rows, slot_tab=x["state_indices"], form="ring",
+                             state_layout=layout)
+        with pytest.raises(ValueError, match=msg):
+            SpecDecodeStep([CarryLayer(st, carry, state_layout=layout)], form="wy")
         assert bitwise_equal(st, before[0]) and bitwise_equal(carry.buf, before[1])
+        assert bitwise_equal(carry.pend, before[2])
     carry = GdnCarry.empty(S, HV, kd, vd, cap=24)
     st = x["state"].clone()
     o, _ = gdn_carry_verify(st, carry, x["q"], x["k"], x["v"], x["g"], x["beta"],

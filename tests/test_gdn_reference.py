@@ -1,6 +1,6 @@
 """The float64 GDN reference (``pmll_lab.reference.gdn``) against independent oracles (SPEC §2).
 
-- an independent closed-form (WY, SPEC §3b) re-derivation of the same K rows in float64:
+- an independent closed-form (triangular solve) re-derivation of the same K rows in float64:
   outputs, final state and a snapshot within relative L2 ``1e-12``;
 - fla-core's ``naive_recurrent_gated_delta_rule`` (the peer, computing in fp32, heads matched,
   with and without the q/k l2norm): outputs and final state within ``1e-5``; the test fails if
@@ -34,8 +34,9 @@ def test_reference_does_not_mutate_inputs():
 
 # ---- the float64 reference against peers -------------------------------------------------------
 
-def _wy_chain(h0, q, k, v, g, beta):
-    """Closed form of K rows at once (SPEC §3b's WY form), float64, heads already matched:
+def _solve_chain(h0, q, k, v, g, beta):
+    """Closed form of K rows at once by a triangular solve (the algebra SPEC §3d's ring form uses
+    for its new rows), float64, heads already matched:
     ``h0 [N, kd, vd]``, ``q, k [N, K, kd]`` (normalised, scaled), ``v [N, K, vd]``,
     ``g, beta [N, K]``. With ``c_t = sum_{s<=t} g_s``: ``(I + A) U = beta*(V - exp(c) K h0)``,
     ``A[t,s] = beta_t exp(c_t - c_s) k_t.k_s`` (s < t); ``o_t = exp(c_t) h0^T q_t +
@@ -66,7 +67,7 @@ def _heads_matched(x, K, HK, HV, scale=None, l2=True):
     return q.repeat_interleave(HV // HK, 2), k.repeat_interleave(HV // HK, 2)
 
 
-def test_reference_matches_wy_closed_form():
+def test_reference_matches_triangular_solve_closed_form():
     B, K, HK, HV, kd, vd = 3, 8, 2, 4, 16, 24
     x = gdn_inputs(51, B, HK, HV, kd, vd, rows=K, slots=4, dtype=torch.float32)
     idx = x["state_indices"].long()
@@ -74,15 +75,15 @@ def test_reference_matches_wy_closed_form():
                                         state_indices=x["state_indices"])
     q, k = _heads_matched(x, K, HK, HV)
     flat = lambda t: t.transpose(1, 2).reshape(B * HV, K, *t.shape[3:])  # noqa: E731
-    o_wy, h_wy = _wy_chain(x["state"][idx].double().reshape(B * HV, kd, vd), flat(q), flat(k),
+    o_cf, h_cf = _solve_chain(x["state"][idx].double().reshape(B * HV, kd, vd), flat(q), flat(k),
                            flat(x["v"].double()), flat(x["g"].double()), flat(x["beta"].double()))
-    o_wy = o_wy.reshape(B, HV, K, vd).transpose(1, 2)
-    _check_close("o (WY)", o_ref, o_wy, 1e-12)
-    _check_close("state (WY)", s_ref[idx], h_wy.reshape(B, HV, kd, vd), 1e-12)
-    # the snapshots are the WY final states of the first t+1 rows
-    o_wy3, h_wy3 = _wy_chain(x["state"][idx].double().reshape(B * HV, kd, vd), *(
+    o_cf = o_cf.reshape(B, HV, K, vd).transpose(1, 2)
+    _check_close("o (closed form)", o_ref, o_cf, 1e-12)
+    _check_close("state (closed form)", s_ref[idx], h_cf.reshape(B, HV, kd, vd), 1e-12)
+    # the snapshots are the closed form's final states of the first t+1 rows
+    o_cf3, h_cf3 = _solve_chain(x["state"][idx].double().reshape(B * HV, kd, vd), *(
         flat(t)[:, :3] for t in (q, k, x["v"].double(), x["g"].double(), x["beta"].double())))
-    _check_close("intermediate[2] (WY)", i_ref[:, 2], h_wy3.reshape(B, HV, kd, vd), 1e-12)
+    _check_close("intermediate[2] (closed form)", i_ref[:, 2], h_cf3.reshape(B, HV, kd, vd), 1e-12)
 
 
 def _fla_naive():
@@ -97,8 +98,8 @@ def _fla_naive():
 @pytest.mark.parametrize("l2", [True, False])
 def test_reference_matches_fla_naive(l2):
     """fla-core's ``naive_recurrent_gated_delta_rule`` (fp32, no l2norm, heads matched) is the
-    peer oracle; the test fails if fla-core is missing (the WY closed form is checked on its own
-    in ``test_reference_matches_wy_closed_form``)."""
+    peer oracle; the test fails if fla-core is missing (the triangular-solve closed form is checked on its own
+    in ``test_reference_matches_triangular_solve_closed_form``)."""
     B, K, HK, HV, kd, vd = 2, 6, 1, 2, 16, 32
     x = gdn_inputs(61 + l2, B, HK, HV, kd, vd, rows=K, slots=3, dtype=torch.float32)
     idx = x["state_indices"].long()

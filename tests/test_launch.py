@@ -75,7 +75,7 @@ def test_chain_plan_matches_gdn_chain_with_snapshots():
         assert bitwise_equal(a, b)
 
 
-@pytest.mark.parametrize("form", ["exact", "wy"])
+@pytest.mark.parametrize("form", ["exact"])
 def test_carry_verify_plan_matches_over_a_protocol_run(form):
     """Three verifies with accepts in between (the last writes back): the plan, whose rows,
     ``pend`` and slots are updated in place, equals ``gdn_carry_verify`` bit for bit."""

@@ -178,25 +178,15 @@ COMPILE_ALL = textwrap.dedent("""
     from pmll_lab.ops.carry import gdn_carry_vk as VK
     from pmll_lab.ops.gdn import gating as G
     meta = dict(K=4, CAP=8, HV=32, GROUP=2, KD=128, VD=128, BK=128, BV=32, NV=4, LAZY=True,
-                USE_QK_L2NORM=True, KP=16, BLOCK=128, PREFETCH=True, GATE=False, BH=32)
+                USE_QK_L2NORM=True, BLOCK=128, PREFETCH=True, GATE=False, BH=32)
     vk = dict(BV=16, NV=8, NC=4, CW=32, STASH_AHEAD=4)
     for kern, extra, warps in (
-            (C._gdn_carry_wy_kernel, dict(DOT_PRECISION="ieee"), 4),
-            (C._gdn_carry_wy_split_kernel, dict(DOT_PRECISION="tf32x3"), 2),
             (C._gdn_carry_flush_kernel, {}, 1),
             (C._carry_accept_kernel, {}, 4),
-            (VK.gdn_carry_wy_vk_kernel, dict(DOT_PRECISION="tf32x3", **vk), 1),
             (VK.gdn_carry_flush_vk_kernel, vk, 1),
-            (C._gdn_carry_wy_split_kernel, dict(DOT_PRECISION="tf32x3", GATE=True), 2),
-            (VK.gdn_carry_wy_vk_kernel, dict(DOT_PRECISION="tf32x3", GATE=True, **vk), 1),
             (G._gdn_gating_kernel, {}, 1)):
-        if extra.get("GATE"):         # a, b in the inputs' dtype where g, beta would be
-            types = types | {"g_ptr": "*bf16", "beta_ptr": "*bf16"}
         t = {p.name: types.get(p.name, "i32") for p in kern.params if not p.is_constexpr}
         m = {p.name: (extra | meta)[p.name] for p in kern.params if p.is_constexpr}
-        if "_wy_" in kern.__name__:   # its unspecialised row arguments name real arguments
-            missing = set(C._ROW_PTRS + C._ROW_STRIDES) - set(kern.arg_names)
-            assert not missing, (kern.__name__, missing)
         ptx = lower(kern, t, m, num_warps=warps).asm["ptx"]
         assert ".target sm_90" in ptx, kern.__name__
         print(kern.__name__, "ok")
@@ -209,11 +199,8 @@ def test_other_carry_kernels_compile_for_sm90():
     for sm_90 here, so a kernel that only the GPU would reject fails in CI."""
     run = _lowered(COMPILE_ALL)
     assert run.returncode == 0, run.stderr[-4000:]
-    assert run.stdout.split() == ["_gdn_carry_wy_kernel", "ok", "_gdn_carry_wy_split_kernel", "ok",
-                                  "_gdn_carry_flush_kernel", "ok", "_carry_accept_kernel", "ok",
-                                  "gdn_carry_wy_vk_kernel", "ok", "gdn_carry_flush_vk_kernel", "ok",
-                                  "_gdn_carry_wy_split_kernel", "ok", "gdn_carry_wy_vk_kernel", "ok",
-                                  "_gdn_gating_kernel", "ok"]
+    assert run.stdout.split() == ["_gdn_carry_flush_kernel", "ok", "_carry_accept_kernel", "ok",
+                                  "gdn_carry_flush_vk_kernel", "ok", "_gdn_gating_kernel", "ok"]
 
 
 def test_reduction_layouts_reads_inline_and_aliased_layouts():
@@ -294,7 +281,7 @@ def test_cli_without_lower_device_says_how_to_run_it():
 
 
 def test_gdn_kernels_launch_without_contraction(monkeypatch):
-    """Every GDN kernel (decode and the chain in both layouts, the exact and WY verify in both,
+    """Every GDN kernel (decode and the chain in both layouts, the exact verify in both,
     the flush, the gating) is launched with ``EXACT_LAUNCH``. Recorded at the launch (the
     interpreter ignores the option; on a GPU it selects the compiled variant)."""
     import torch
@@ -325,18 +312,16 @@ def test_gdn_kernels_launch_without_contraction(monkeypatch):
                state_layout="vk")
     for layout in ("kv", "vk"):
         st = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
-        for form in ("exact", "wy"):
-            c = GdnCarry.empty(3, 2, 16, 16)
-            gdn_carry_verify(st, c, r["q"], r["k"], r["v"], r["g"], r["beta"], slot_tab=sl,
-                             form=form, state_layout=layout)
+        c = GdnCarry.empty(3, 2, 16, 16)
+        gdn_carry_verify(st, c, r["q"], r["k"], r["v"], r["g"], r["beta"], slot_tab=sl,
+                         form="exact", state_layout=layout)
         gdn_carry_flush([st], [c], sl, state_layout=layout)
     fused = {name for name, opts in seen.items() if True in opts}
     assert not fused, f"launched with contraction: {sorted(fused)}"
     assert {"gdn_rows_kernel", "gdn_rows_vk_kernel", "_gdn_gating_kernel",
-            "gdn_carry_exact_vk_kernel", "gdn_carry_wy_vk_kernel", "gdn_carry_flush_vk_kernel",
+            "gdn_carry_exact_vk_kernel", "gdn_carry_flush_vk_kernel",
             "_gdn_carry_flush_kernel"} <= set(seen), sorted(seen)
     assert set(seen) & {"_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"}, seen
-    assert set(seen) & {"_gdn_carry_wy_kernel", "_gdn_carry_wy_split_kernel"}, seen
 
 
 def test_every_launch_case_reduces_on_decode_layouts():

@@ -101,5 +101,5 @@ def test_one_style_per_implementation_and_layout():
     assert len(set(plots.COLORS.values()) - {"#7f7f7f"}) == \
         len([k for k, v in plots.COLORS.items() if v != "#7f7f7f"])
     assert plots.family("flashinfer_replayssm") == "peers"
-    assert plots.family("carry_wy_lazy:wb") == "carried state"
+    assert plots.family("carry_exact_lazy:wb") == "carried state"
     assert plots.quantity("o (write-back) [bfloat16 state]") == "o"

@@ -102,7 +102,7 @@ def test_byte_counts():
 def test_points_order_and_fields():
     grids = [dict(K=[2, 1], B=[2, 1], **SHAPE),
              dict(K=[4], B=[3], head_dim=[32], heads=[(2, 4)], dtype=["bfloat16"],
-                  providers=["carry_wy_lazy"])]
+                  providers=["carry_exact_lazy"])]
     pts = E.points(grids, fla=False, seed=5)
     assert not any(p["provider"] == "chain_snapshots" and p["K"] == 1 for p in pts)
     assert not any(p["provider"] == "fla_fused_recurrent" for p in pts)
@@ -193,22 +193,22 @@ def test_graph_rows_and_floor_fields(monkeypatch):
     monkeypatch.setattr(P, "time_cuda_graph", fake_graph)
     monkeypatch.setattr(P, "copy_bandwidth", lambda: roof)
     monkeypatch.setattr(bench, "copy_bandwidth", lambda: roof)
-    pt = [p for p in _points(2, 1) if p["provider"] == "carry_wy_lazy"][0]
+    pt = [p for p in _points(2, 1) if p["provider"] == "carry_exact_lazy"][0]
     rows = E.gdn_point(pt)
     f = E.acceptance(2)["lazy_wb"]
 
     def timed(kernel, timer):
         return {r["metric"]: r for r in rows if r["kernel"] == kernel and r.get("timer") == timer}
 
-    g0, g1, ga = (timed(k, "cuda_graph") for k in ("carry_wy_lazy:nowb", "carry_wy_lazy:wb",
-                                                    "carry_wy_lazy"))
+    g0, g1, ga = (timed(k, "cuda_graph") for k in ("carry_exact_lazy:nowb", "carry_exact_lazy:wb",
+                                                    "carry_exact_lazy"))
     assert (g0["time_us"]["value"], g1["time_us"]["value"]) == (3.0, 5.0)
     assert g0["time_us"]["replays"] == E.GRAPH_REPLAYS >= 100
     assert ga["time_us"]["value"] == pytest.approx((1 - f) * 3.0 + f * 5.0)
     assert ga["time_us"]["p20"] == pytest.approx((1 - f) * 2.5 + f * 4.5)
-    for k in ("carry_wy_lazy:nowb:plan", "carry_wy_lazy:wb:plan"):
+    for k in ("carry_exact_lazy:nowb:plan", "carry_exact_lazy:wb:plan"):
         assert timed(k, "cuda_graph") == {} and timed(k, "interpreter-wall")["time_us"]["value"] > 0
-    w0 = timed("carry_wy_lazy:nowb", "interpreter-wall")
+    w0 = timed("carry_exact_lazy:nowb", "interpreter-wall")
     assert w0["gbps"]["bytes"] == g0["gbps"]["bytes"] > 0
     for t in (g0, g1, ga, w0):
         nbytes = t["gbps"]["bytes"]
@@ -246,7 +246,7 @@ def _corrupt(fn, which):
     ("decodes", "gdn_decode", "o"),
     ("chain_snapshots", "gdn_chain", "snapshots"),
     ("carry_exact_eager", "gdn_carry_verify", "o"),
-    ("carry_wy_lazy", "gdn_carry_verify", "o"),
+    ("carry_exact_lazy", "gdn_carry_verify", "o"),
 ])
 def test_check_runs_before_timing(monkeypatch, provider, target, which):
     timed = []
@@ -302,30 +302,31 @@ def test_launch_plans_are_checked_at_b1(monkeypatch, provider, target):
 def test_failed_providers_are_marked_and_the_rest_runs(monkeypatch, tmp_path):
     real_verify, released = C.gdn_carry_verify, []
 
-    def verify(*args, form, **kw):
-        if form == "wy":
+    def verify(*args, lazy, **kw):
+        if not lazy:
             raise torch.OutOfMemoryError("simulated out of memory")
-        return real_verify(*args, form=form, **kw)
+        return real_verify(*args, lazy=lazy, **kw)
 
     real_release = E.release
     monkeypatch.setattr(C, "gdn_carry_verify", verify)
     monkeypatch.setattr(C, "gdn_chain", _corrupt(C.gdn_chain, "snapshots"))
     monkeypatch.setattr(E, "release", lambda: released.append(1) or real_release())
-    pts = _points(2, 2, providers=["decodes", "chain_snapshots", "carry_wy_lazy", "carry_exact_lazy"])
+    pts = _points(2, 2, providers=["decodes", "chain_snapshots", "carry_exact_eager",
+                                   "carry_exact_lazy"])
     df = run_sweep("rl", pts, E.gdn_point, results_dir=tmp_path, progress=False)
     status = df.groupby("provider")["status"].agg(set)
     assert status["decodes"] == {"ok"} and status["carry_exact_lazy"] == {"ok"}
-    assert status["chain_snapshots"] == {"failed"} and status["carry_wy_lazy"] == {"failed"}
+    assert status["chain_snapshots"] == {"failed"} and status["carry_exact_eager"] == {"failed"}
     err = df.groupby("provider")["error"].first()
     assert err["chain_snapshots"].startswith("check failed")
-    assert "OutOfMemoryError" in err["carry_wy_lazy"]
+    assert "OutOfMemoryError" in err["carry_exact_eager"]
     assert released, "an out-of-memory error must drop the cached inputs"
     # the failed check's rows are kept (marked failed), and never shown as speeds
     chain = df[df["provider"] == "chain_snapshots"]
     assert (chain["passed"] == False).any()  # noqa: E712
     shown = set(speed_rows(df)["kernel"]) | set(E.wide_table(df)["kernel"])
     assert shown == {"decodes", "carry_exact_lazy", "carry_exact_lazy:nowb", "carry_exact_lazy:wb"}
-    assert set(E.failed_points(df)["provider"]) == {"chain_snapshots", "carry_wy_lazy"}
+    assert set(E.failed_points(df)["provider"]) == {"chain_snapshots", "carry_exact_eager"}
 
 
 # ---- tables, plots and targets --------------------------------------------------------------------
@@ -339,7 +340,7 @@ def test_tables_and_plots_on_interpreter_results(tmp_path):
     corr = E.correctness_table(df)
     assert (corr["passed"] == corr["points"]).all() and len(corr) > 10
     lazy = E.lazy_table(df, Bs=(1, 2))
-    assert set(lazy["form"]) == {"exact", "wy"}
+    assert set(lazy["form"]) == {"exact"}
     assert lazy[["eager", "no write-back", "write-back", "amortised"]].gt(0).all().all()
     assert (E.b1_table(df)["time_us"] > 0).all()
     shapes = E.shapes_table(df, B=64, K=2)
@@ -388,23 +389,23 @@ def test_targets_logic_on_constructed_gpu_rows():
     import matplotlib
     matplotlib.use("Agg")
     df = _gpu_rows([
-        ("carry_wy_lazy", 4, 64, 40.0, 0.80, {}),           # 80 % and 150/40 = 3.75x: met
+        ("carry_exact_lazy", 4, 64, 40.0, 0.80, {}),        # 80 % and 150/40 = 3.75x: met
         ("fla_fused_recurrent", 4, 64, 150.0, 0.3, {}),
-        ("carry_wy_lazy", 4, 128, 80.0, 0.70, {}),          # 70 %: missed; no FLA: not measured
+        ("carry_exact_lazy", 4, 128, 80.0, 0.40, {}),       # 40 %: missed; no FLA: not measured
         ("decodes", 1, 64, 90.0, 0.86, {}),                 # 86 % met; 90 vs 100: faster, met
         ("fla_fused_recurrent", 1, 64, 100.0, 0.8, {}),
-        ("carry_wy_lazy", 4, 1, 4.0, 0.01, {"do_bench": 12.0}),   # 12 us > 10: missed
+        ("carry_exact_lazy", 4, 1, 4.0, 0.01, {"do_bench": 12.0}),   # 12 us > 10: missed
     ])
     h = T.headline(df, E.TARGETS)
-    assert _status(h, "carry lazy WY K=4, amortised: >= 75%", 64)["status"] == "met"
-    assert _status(h, "carry lazy WY K=4: >= 3.5x", 64)["status"] == "met"
-    assert _status(h, "carry lazy WY K=4, amortised: >= 75%", 128)["status"] == "missed"
-    assert _status(h, "carry lazy WY K=4: >= 3.5x", 128)["status"] == "not measured"
-    assert _status(h, "carry lazy exact K=4, amortised: >= 50%", 64)["status"] == "not measured"
+    assert _status(h, "carry lazy exact K=4, amortised: >= 50%", 64)["status"] == "met"
+    assert _status(h, "carry lazy exact K=4: >= 2.5x", 64)["status"] == "met"
+    assert _status(h, "carry lazy exact K=4, amortised: >= 50%", 128)["status"] == "missed"
+    assert _status(h, "carry lazy exact K=4: >= 2.5x", 128)["status"] == "not measured"
+    assert _status(h, "carry lazy exact K=4, amortised: <= 0.4x", 64)["status"] == "not measured"
     assert _status(h, "decode K=1 >= 85%", 64)["status"] == "met"
     r = _status(h, "decode K=1 faster than FLA", 64)
     assert r["status"] == "met" and r["ratio"] == pytest.approx(0.9)
-    r = _status(h, "B=1, K=4: lazy WY verify call", 1)
+    r = _status(h, "B=1, K=4: lazy exact verify call", 1)
     assert (r["status"], r["ours_us"], r["timer"]) == ("missed", 12.0, "do_bench")
     assert _status(h, "PMLL read")["status"] == "not measured"
     assert list(h.columns[:2]) == ["status", "target"]
@@ -427,7 +428,6 @@ def test_headline_on_constructed_gpu_rows():
         ("carry_exact_lazy", 4, 64, 70.0, 0.5, {}),                  # 70/190 = 0.368 <= 0.4
         ("carry_exact_lazy:nowb", 4, 64, 80.0, 0.4, {"mean_pend": 2.5}),
         ("flashinfer_mtp_frozen", 4, 64, 81.0, 0.4, {"state_layout": "vk"}),
-        ("carry_wy_lazy:nowb", 4, 64, 400.0, 0.1, {}),
         ("carry_exact_lazy:plan", 4, 1, 9.5, 0.01, {}),
     ])
     h = T.headline(df, E.TARGETS)
@@ -446,9 +446,14 @@ def test_headline_on_constructed_gpu_rows():
     assert r["ratio"] == pytest.approx(70 / 190, abs=1e-3)
     r = _status(h, "carry lazy exact K=4 without", 64)
     assert r["status"] == "met" and "mean_pend 2.50" in r["note"]
-    r = _status(h, "WY lazy K=4", 64)
-    assert r["status"] == "missed" and E.WY_NOTE in r["note"]
-    assert E.WY_NOTE not in str(_status(h, "decode K=1: ours", 64)["note"])
+    # a target's note reaches its row, and only its row
+    noted = T.Target("lazy exact K=4 without write-back <= amortised", "carry_exact_lazy:nowb",
+                     "carry_exact_lazy", 1.0, where=dict(E.MAIN_SHAPE, K=4, B=[64]),
+                     per=("B",), note="a note of this target")
+    hn = T.headline(df, [noted, E.TARGETS[0]])
+    r = _status(hn, "lazy exact K=4 without", 64)
+    assert r["status"] == "missed" and "a note of this target" in r["note"]
+    assert "a note of this target" not in str(_status(hn, "decode K=1: ours", 64)["note"])
     plan = _status(h, "B=1, K=4: launch-plan call", 1)
     assert (plan["status"], plan["ours_us"], plan["timer"]) == ("met", 9.5, "do_bench")
     # a run without FlashInfer: targets against it are not measured, the peer named
@@ -470,38 +475,38 @@ def test_headline_on_interpreter_rows_holds_the_checks_only():
     """On the CPU no speed target is judged and no ratio of interpreter times is shown: the
     headline is the checks, and the verdict says there is no speed verdict."""
     df = _gpu_rows([("decodes", 1, 4, 900.0, 0.1, {"do_bench": None}),
-                    ("carry_wy_lazy:nowb", 4, 4, 5000.0, 0.1, {"do_bench": None}),
+                    ("chain_snapshots", 4, 4, 5000.0, 0.1, {"do_bench": None}),
                     ("carry_exact_lazy:nowb", 4, 4, 4000.0, 0.1, {"do_bench": None})])
     df["timer"] = "interpreter-wall"
     df = df[df["metric"] != "roofline_frac"]
     chk = pd.DataFrame([dict(point_id="p0", status="ok", kernel="decodes", metric="rel_l2",
                              value=1e-3, tolerance=8e-3, passed=True, what="o"),
-                        dict(point_id="p1", status="ok", kernel="carry_wy_lazy:nowb",
+                        dict(point_id="p1", status="ok", kernel="chain_snapshots",
                              metric="bitwise_vs_decode", value=0.0, passed=False, what="o")])
     df = pd.concat([df, chk], ignore_index=True)
     assert T.headline(df, E.TARGETS).empty
     head = T.checks_headline(df).set_index("kernel")
     assert head.loc["decodes", "status"] == "passed"
-    assert head.loc["carry_wy_lazy", "status"] == "failed"
+    assert head.loc["chain_snapshots", "status"] == "failed"
     assert not any("ratio" in c for c in head.columns)
     line = T.verdict(df, head.reset_index(), E.TARGET_SET)
     assert "no speed verdict on the CPU" in line and "1 of 2 passed" in line
 
 
 def test_half_state_points_tables_and_drift(tmp_path):
-    """bf16-state points of our exact providers run beside the fp32 ones (the WY form and FLA are
-    left out), pass their checks with tagged rows, stay out of the fp32 tables, and meet the
+    """bf16-state points of our exact providers run beside the fp32 ones (FLA is left out), pass their checks with tagged rows, stay out of the fp32 tables, and meet the
     fp32 rows in ``state_dtype_table``; the drift point compares the two pools over tokens."""
     from pmll_lab.experiments import state_drift as D
 
-    grid = dict(K=[2], B=[2], providers=["decodes", "carry_exact_lazy", "carry_wy_lazy"],
+    grid = dict(K=[2], B=[2], providers=["decodes", "carry_exact_lazy", "fla_fused_recurrent"],
                 state_dtype=["float32", "bfloat16"], **SHAPE)
     pts = E.points([grid], fla=True)
     half = [p for p in pts if p.get("state_dtype") == "bfloat16"]
     assert {p["provider"] for p in half} == {"decodes", "carry_exact_lazy"}
     assert not any("state_dtype" in p for p in pts if p not in half)   # fp32 ids unchanged
     with pytest.raises(ValueError, match="state_dtype"):
-        E.gdn_point(dict(half[0], provider="carry_wy_lazy"))
+        E.gdn_point(dict(half[0], provider="fla_fused_recurrent"))
+    pts = [p for p in pts if p["provider"] != "fla_fused_recurrent"]    # FLA needs a GPU
     df = run_sweep("rl16", pts, E.gdn_point, results_dir=tmp_path, progress=False)
     assert (df["status"] == "ok").all()
     chk = df[df["passed"].notna() & (df["state_dtype"] == "bfloat16")]

@@ -60,7 +60,20 @@ def _cache(form: str, slots: int = 1, **kw) -> ServingCache:
     return ServingCache(_model(), slots=slots, max_len=16, form=form, rows=3, **kw)
 
 
-@pytest.mark.parametrize("form", ["chain", "exact", "wy"])
+def test_wy_form_is_refused_naming_the_ring_form():
+    """``form="wy"`` is refused by the cache and by ``speculative_generate`` before anything
+    runs, with the form named and the tolerance form's module given."""
+    from pmll_lab.models.generate import speculative_generate
+
+    msg = r"^form: 'wy' is not a form .*the ring form, pmll_lab\.ops\.carry\.gdn_ring"
+    with pytest.raises(ValueError, match=msg):
+        _cache("wy")
+    with pytest.raises(ValueError, match=msg):
+        speculative_generate(_model(), [[1, 2, 3]], max_new_tokens=2, draft="ngram", K=2,
+                             form="wy")
+
+
+@pytest.mark.parametrize("form", ["chain", "exact"])
 def test_accept_without_waiting_verify_raises(form):
     prompt, rows, nxt = _ids(1, 3), _ids(2, 1, 3), _ids(3, 1)
 

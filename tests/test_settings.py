@@ -200,7 +200,7 @@ OLD_GLOBALS = ("VK_TILES", "VK_AHEAD", "VK_CHUNK", "VK_QK_HINT", "CARRY_PREFETCH
 
 def test_no_script_or_test_sets_a_launch_setting_as_a_module_global():
     """The launchers read ``settings``, so assigning the old globals would change nothing:
-    neither they nor a monkeypatch of them may come back (the WY form's stay globals)."""
+    neither they nor a monkeypatch of them may come back."""
     from pmll_lab.ops.conv import common
     from pmll_lab.ops.pmll import ring_attention
 

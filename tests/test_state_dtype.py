@@ -4,7 +4,7 @@ Decode rounds the new state once per token; the chain, the exact carry verify, i
 the flush round the state they keep in registers after every row, so the exact family stays
 bitwise equal to plain decoding on a bf16 state (both layouts). Snapshots are in the state's
 dtype; the stash keeps fp32 rows. The float64 references take ``state_dtype`` and round at the
-same points. The WY form refuses a bf16 state.
+same points.
 """
 
 from __future__ import annotations
@@ -155,11 +155,6 @@ def test_spec_decode_step_on_bf16_states_and_refusals():
     step.accept([K, K])
     step.flush([0, 1])
     assert bitwise_equal(lay.state, plain)
-    with pytest.raises(ValueError, match="^form"):
-        SpecDecodeStep([lay], form="wy")
-    with pytest.raises(ValueError, match="^form"):
-        gdn_carry_verify(st.clone(), GdnCarry.empty(2, HV, KD, VD), *[x[n] for n in NAMES],
-                         slot_tab=x["state_indices"], form="wy")
     with pytest.raises(ValueError, match="^intermediate"):
         gdn_chain(st.clone(), *[x[n] for n in NAMES],
                   intermediate=torch.empty(2, K - 1, *st.shape[1:], device=DEVICE))

@@ -3,11 +3,12 @@
 ``verify_point`` (one ``K, B, HK, HV, head_dim, dtype, state_layout, alpha``): the slots hold
 pending counts drawn from the protocol's stationary distribution (``acceptance.steady_pending``,
 per mode), the stash realistic rows (``gdn.fill_stash``). Checks first: the exact form bitwise
-against folding the pending rows then ``K`` ``gdn_decode`` launches, both forms against the
-float64 protocol reference (``reference.carry.verify``) on ``ref_seqs`` sequences, WY against
-exact, ``engaged`` against the protocol; then times ``carry_{exact,wy}_{eager,lazy}`` and, with
-``baselines``, the snapshot chain and on a GPU FLA (``"kv"``) and FlashInfer's snapshot verify
-(``"vk"``), each peer checked first. Bytes: ``gdn.carry_bytes`` at the launch's write-backs.
+against folding the pending rows then ``K`` ``gdn_decode`` launches and against the float64
+protocol reference (``reference.carry.verify``) on ``ref_seqs`` sequences, ``engaged`` against
+the protocol; then times ``carry_exact_{eager,lazy}`` and, with
+``baselines``, the snapshot chain and on a GPU FLA (``"kv"``), FlashInfer's snapshot verify and
+its ReplaySSM verify and flush (``"vk"``; ``replayssm_peer``, on its own bf16 pool and ring;
+``unavailable`` / ``unsupported`` rows where it does not run), each peer checked first. Bytes: ``gdn.carry_bytes`` at the launch's write-backs.
 
 The protocol runs on a stack of layers are ``carry_protocol.protocol_point``; the acceptance
 model is ``acceptance``; targets, tables and plots ``carry_report``.
@@ -24,6 +25,7 @@ from pmll_lab.carry import GDN_CARRY_CAP, GdnCarry, gdn_carry_flush, gdn_carry_v
 from pmll_lab.experiments import gdn as G
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import MODES, steady_pending
+from pmll_lab.experiments import replayssm_peer as RS
 from pmll_lab.experiments.gdn import (  # noqa: F401  (points, COMPILE_KEYS: for the notebook)
     COMPILE_KEYS, LAYOUTS, carry_bytes, chain_bytes, clone_carry, fill_stash, fla_bytes,
     fla_run_once, gating_inputs, points,
@@ -35,18 +37,18 @@ from pmll_lab.peers import (  # noqa: F401  (flashinfer_status: for the notebook
     flashinfer_version,
 )
 from pmll_lab.reference import carry as ref
-from pmll_lab.tolerances import O_TOL, STATE_TOL, WY_TOL
+from pmll_lab.tolerances import O_TOL, STATE_TOL
 
 CAP = GDN_CARRY_CAP
-FORMS = ("exact", "wy")
+FORMS = ("exact",)
 CARRY_KERNELS = tuple(f"carry_{f}_{m}" for f in FORMS for m in MODES)
-KERNELS = CARRY_KERNELS + ("chain_snapshots", "fla_fused_recurrent", "flashinfer_mtp_snapshots")
+KERNELS = CARRY_KERNELS + ("chain_snapshots", "fla_fused_recurrent", "flashinfer_mtp_snapshots",
+                           *RS.KERNELS)
 LABELS = {
     "carry_exact_eager": "carry exact, eager", "carry_exact_lazy": "carry exact, lazy",
-    "carry_wy_eager": "carry WY (reference form), eager",
-    "carry_wy_lazy": "carry WY (reference form), lazy",
     "chain_snapshots": "chain + K-1 snapshots", "fla_fused_recurrent": "FLA fused_recurrent",
     "flashinfer_mtp_snapshots": "FlashInfer mtp + K snapshots",
+    **RS.LABELS,
 }
 
 
@@ -118,17 +120,12 @@ def verify_point(point: dict) -> list[dict]:
                                eng.cpu().tolist() == np.where(wb, 2, 1).tolist(), "engaged"))
             rows += error_rows(name, o[:n_ref], o_ref, tol=otol, what="o")
             rows += error_rows(name, st[sel], in_layout(sub_state), tol=STATE_TOL, what="state")
-            rows += error_rows(name, c.u[sel], sub.u, what="stash u",
-                               tol=STATE_TOL if form == "exact" else WY_TOL)
-            if form == "exact":
-                wbm = torch.as_tensor(wb, device=DEVICE)
-                sl = slots.long()
-                rows += [P.flag(name, "bitwise_vs_decode", bitwise_equal(o, o_dec), "o"),
-                         P.flag(name, "bitwise_vs_decode",
-                                bitwise_equal(st[sl][wbm], folded[sl][wbm]), "written-back state")]
-            else:
-                rows += error_rows(name, o, runs[f"carry_exact_{mode}"][2], what="o vs exact",
-                                   tol=max(otol, WY_TOL))
+            rows += error_rows(name, c.u[sel], sub.u, what="stash u", tol=STATE_TOL)
+            wbm = torch.as_tensor(wb, device=DEVICE)
+            sl = slots.long()
+            rows += [P.flag(name, "bitwise_vs_decode", bitwise_equal(o, o_dec), "o"),
+                     P.flag(name, "bitwise_vs_decode",
+                            bitwise_equal(st[sl][wbm], folded[sl][wbm]), "written-back state")]
             rows += [{"kernel": name, "metric": "write_back_frac", "value": float(wb.mean())},
                      {"kernel": name, "metric": "mean_pending", "value": float(pend.mean())}]
             runs[name] = (st, c, o, lazy, carry_bytes(pend, wb, K, HK, HV, D, dtype))
@@ -174,4 +171,16 @@ def verify_point(point: dict) -> list[dict]:
                 entries.append(("flashinfer_mtp_snapshots", run_fi,
                                 chain_bytes(B, K, HK, HV, D, D, dtype),
                                 {"flashinfer_version": flashinfer_version()}))
+        if layout == "vk":
+            rows += replayssm_point(dict(point, dtype=dname))
     return rows + P.timed_rows(entries)
+
+
+def replayssm_point(point: dict) -> list[dict]:
+    """FlashInfer's ReplaySSM verify and flush at ``point``'s shape on its bf16 pool
+    (``replayssm_peer.replayssm_rows``); a failed check gives its rows (marked failed),
+    nothing timed, and the rest of the point stands."""
+    try:
+        return RS.replayssm_rows(dict(point, state_dtype="bfloat16"))
+    except P.CheckFailed as exc:
+        return list(exc.rows)

@@ -1,7 +1,7 @@
 """The carry_protocol notebook's protocol runs: a stack of layers (conv twin + GDN) driven by
 ``SpecDecodeStep`` on the real kernels, batch widths crossing ``lazy_min_seqs``, checked step by
-step against plain decoding (``conv_update`` + ``gdn_decode``; bitwise for the exact form, within
-``WY_TOL`` for WY) and against the host simulation of the protocol (``acceptance.protocol_step``).
+step against plain decoding (``conv_update`` + ``gdn_decode``; bitwise, the exact form) and
+against the host simulation of the protocol (``acceptance.protocol_step``).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from pmll_lab.inputs import conv_inputs, gdn_inputs
 from pmll_lab.experiments.acceptance import accept_counts, protocol_step
 from pmll_lab.experiments.gdn import LAYOUTS
 from pmll_lab.sweep import CheckFailed
-from pmll_lab.tolerances import WY_TOL
 
 
 def protocol_point(point: dict) -> list[dict]:
     """A stack of ``L`` layers (conv twin + GDN) through ``steps`` steps of ``SpecDecodeStep``
-    (see the module docstring). Point keys: ``form, L, S, HK, HV, head_dim, dtype, steps,
+    (see the module docstring). Point keys: ``form`` ("exact"), ``L, S, HK, HV, head_dim, dtype,
+    steps,
     widths (list of batch widths cycled), K, alpha, p_zero, lazy_min_seqs, eager_max_pending,
     seed``, optional ``state_layout`` (``"kv"``; ``"vk"``: every layer's state V-major, plain
-    decoding too). Rows: checks (``bitwise_vs_plain`` or rel_l2 vs plain,
+    decoding too). Rows: checks (``bitwise_vs_plain``, rel_l2 vs plain,
     ``engaged_as_simulated``) and counts (write-backs, flushes, host syncs, steps per mode)."""
     from pmll_lab.conv import ConvCarry, conv_update
     from pmll_lab.gdn import gdn_decode
@@ -98,24 +98,20 @@ def protocol_point(point: dict) -> list[dict]:
                                state_indices=slot_t[sel_t], use_qk_l2norm=False,
                                state_layout=layout)
                 got = outs[layer][sel_t, t]
-                if form == "exact":
-                    bit_ok &= bitwise_equal(got, o)
+                bit_ok &= bitwise_equal(got, o)
                 worst = max(worst, errors(got, o)["rel_l2"])
     step.flush(list(range(S)))
     for lay, (pst, pcs) in zip(layers, plain):
         bit_ok &= bitwise_equal(lay.conv_state, pcs)
-        if form == "exact":
-            bit_ok &= bitwise_equal(lay.state, pst)
+        bit_ok &= bitwise_equal(lay.state, pst)
         worst = max(worst, errors(lay.state, pst)["rel_l2"])
     k = f"protocol_{form}"
     rows = [{"kernel": k, "metric": "engaged_as_simulated", "value": float(eng_ok), "passed": eng_ok,
              "what": "engaged"},
             {"kernel": k, "metric": "rel_l2_vs_plain", "value": worst,
-             "tolerance": 0.0 if form == "exact" else WY_TOL,
-             "passed": worst <= (0.0 if form == "exact" else WY_TOL), "what": "o and states"}]
-    if form == "exact":
-        rows.append({"kernel": k, "metric": "bitwise_vs_plain", "value": float(bit_ok),
-                     "passed": bit_ok, "what": "o and states"})
+             "tolerance": 0.0, "passed": worst <= 0.0, "what": "o and states"},
+            {"kernel": k, "metric": "bitwise_vs_plain", "value": float(bit_ok),
+             "passed": bit_ok, "what": "o and states"}]
     rows += [{"kernel": k, "metric": m, "value": float(v)} for m, v in step.stats.items()]
     rows.append({"kernel": k, "metric": "write_back_frac", "value": n_wb / max(n_verify, 1)})
     if any(r.get("passed") is False for r in rows):

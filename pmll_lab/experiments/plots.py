@@ -14,7 +14,7 @@ import pandas as pd
 COLORS = {
     # ours: Gated DeltaNet and the conv twin (a conv kernel takes its GDN twin's colour)
     "carry_exact_lazy": "#1f77b4", "carry_exact_eager": "#aec7e8",
-    "carry_wy_lazy": "#ff7f0e", "carry_wy_eager": "#ffbb78", "ring": "#17becf",
+    "ring": "#17becf",
     "chain_snapshots": "#2ca02c", "chain_nosnap": "#98df8a", "decodes": "#9467bd",
     "plain": "#000000",
     # peers
@@ -30,9 +30,9 @@ COLORS = {
 ALIASES = {"chain": "chain_snapshots", "chain_restore": "chain_snapshots",
            "updates": "decodes", "carry_lazy": "carry_exact_lazy",
            "carry_eager": "carry_exact_eager", "exact_lazy": "carry_exact_lazy",
-           "exact_eager": "carry_exact_eager", "wy_lazy": "carry_wy_lazy",
-           "wy_eager": "carry_wy_eager", "flashinfer_snapshot_restore": "flashinfer_mtp_snapshots",
-           "protocol_exact": "carry_exact_lazy", "protocol_wy": "carry_wy_lazy",
+           "exact_eager": "carry_exact_eager",
+           "flashinfer_snapshot_restore": "flashinfer_mtp_snapshots",
+           "protocol_exact": "carry_exact_lazy",
            # a conv kernel takes its GDN twin's colour
            "conv_carry_lazy": "carry_exact_lazy", "conv_chain_restore": "chain_snapshots",
            "plain_decode": "plain"}
@@ -40,8 +40,7 @@ ALIASES = {"chain": "chain_snapshots", "chain_restore": "chain_snapshots",
 LAYOUT_LINES = {"kv": "-", "vk": "--"}
 """Line style per state layout: solid K-major, dashed V-major."""
 FAMILIES = {"decode and chain": ("decodes", "chain_snapshots", "chain_nosnap", "plain"),
-            "carried state": ("carry_exact_lazy", "carry_exact_eager", "carry_wy_lazy",
-                              "carry_wy_eager", "ring"),
+            "carried state": ("carry_exact_lazy", "carry_exact_eager", "ring"),
             "peers": ("fla_fused_recurrent", "flashinfer_decode", "flashinfer_mtp_snapshots",
                       "flashinfer_mtp_frozen", "flashinfer_replayssm"),
             "PMLL ring": ("pmll_read", "pmll_write", "memory_attention"),

@@ -6,8 +6,8 @@ vd]``) or V-major (``"vk"``: ``[S, HV, vd, kd]``):
 
 ``decodes``             ``K`` successive ``gdn_decode`` launches (``K * 2*Hb`` per sequence);
 ``chain_snapshots``     ``gdn_chain`` with ``K-1`` snapshots (``(K+1)*Hb``; not at ``K=1``);
-``carry_{exact,wy}_eager``  ``gdn_carry_verify``, eager (writes back whenever rows are pending);
-``carry_{exact,wy}_lazy``   lazy, timed with pending counts that leave the state alone
+``carry_exact_eager``   ``gdn_carry_verify``, eager (writes back whenever rows are pending);
+``carry_exact_lazy``    lazy, timed with pending counts that leave the state alone
                         (``:nowb``) and that force a write-back (``:wb``); its figure is the
                         amortised ``(1-f)*t_nowb + f*t_wb`` at the write-back frequency ``f``
                         of the acceptance process (``acceptance.acceptance``);
@@ -15,7 +15,10 @@ vd]``) or V-major (``"vk"``: ``[S, HV, vd, kd]``):
 ``flashinfer_decode``   FlashInfer's pretranspose decode (``K = 1``);
 ``flashinfer_mtp_snapshots`` / ``flashinfer_mtp_frozen``  ``gated_delta_rule_mtp`` with and
                         without its per-row state buffer, the pool left as it was (V-major,
-                        ``kd >= 128``, bf16/fp16 inputs, GPU and flashinfer-python only).
+                        ``kd >= 128``, bf16/fp16 inputs, GPU and flashinfer-python only);
+``flashinfer_replayssm`` FlashInfer's ReplaySSM ``ucache_flush``: a verify at ring fill ``P``
+                        (``:verify``) and with the fold (``:flush``), its bf16 pool
+                        (``replayssm_peer``; other shapes: ``unsupported`` rows).
 
 Every provider is checked before it is timed (the chain and the exact carry bitwise against the
 decode launches, everything against the float64 references on ``N_REF`` sequences), then timed
@@ -31,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from pmll_lab.experiments import roofline_case as C
-from pmll_lab.experiments import roofline_ours, roofline_peers
+from pmll_lab.experiments import replayssm_peer, roofline_ours, roofline_peers
 from pmll_lab.experiments.acceptance import (  # noqa: F401  (for the notebook)
     accept_counts, acceptance, acceptance_table, alpha_for_mean, draw_pending, mean_accept_len,
 )
@@ -39,7 +42,7 @@ from pmll_lab.experiments.gdn import (  # noqa: F401
     carry_bytes, fla_bytes, floor_bytes, frozen_bytes, stash_row_bytes,
 )
 from pmll_lab.experiments.roofline_case import (  # noqa: F401
-    CAP, FLASHINFER, GRAPH_REPLAYS, HALF_STATE_PROVIDERS, LABELS, LAYOUTS, MAIN_SHAPE,
+    CAP, FLASHINFER, GRAPH_REPLAYS, HALF_STATE_PROVIDERS, LABELS, LAYOUTS, MAIN_SHAPE, REPLAYSSM,
     NATIVE_LAYOUT, OURS, PEERS, PLAN_MAX_B, PROVIDERS, SHAPE_KEYS, STATE_DTYPES, layout_support,
     release,
 )
@@ -64,6 +67,8 @@ def _wanted(prov: str, base: dict, fla: bool, flashinfer: bool, sdt: str) -> boo
         return False
     if prov == "fla_fused_recurrent":
         return fla
+    if prov in REPLAYSSM:      # shapes it does not take: its point's "unsupported" rows
+        return flashinfer
     if prov in FLASHINFER:
         return flashinfer and flashinfer_supports(D, dt) and (
             sdt == "float32" or flashinfer_supports(D, dt, sdt))
@@ -158,6 +163,8 @@ def gdn_point(point: dict) -> list[dict]:
     sdt = point.get("state_dtype", "float32")
     if sdt != "float32" and prov not in HALF_STATE_PROVIDERS:
         raise ValueError(f"state_dtype: {prov} runs fp32 states only, got {sdt!r}")
+    if prov in REPLAYSSM:
+        return _tag_state(replayssm_peer.replayssm_rows(point, timing=C.TIMING), sdt)
     try:
         c = C.case(point)
         try:

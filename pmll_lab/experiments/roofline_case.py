@@ -23,6 +23,7 @@ from pmll_lab.carry import (  # noqa: F401  (called as C.<launcher>)
 from pmll_lab.experiments.acceptance import acceptance, draw_pending
 from pmll_lab.experiments.gdn import QWEN3_NEXT, clone_carry, fill_stash, gating_inputs
 from pmll_lab.experiments.protocol import PLAN_SUFFIX  # noqa: F401
+from pmll_lab.experiments.replayssm_peer import LABELS as REPLAYSSM_LABELS
 from pmll_lab.gdn import gdn_chain, gdn_chain_ref, gdn_decode, gdn_decode_plan  # noqa: F401
 from pmll_lab.inputs import gdn_inputs
 from pmll_lab.peers import fused_gating
@@ -42,23 +43,24 @@ PLAN_MAX_B = 1
 L2_BYTES = H200_L2_BYTES
 STATE_DTYPES = ("float32", "bfloat16", "float16")
 LAYOUTS = ("kv", "vk")
-OURS = ("decodes", "chain_snapshots", "carry_exact_eager", "carry_exact_lazy",
-        "carry_wy_eager", "carry_wy_lazy")
+OURS = ("decodes", "chain_snapshots", "carry_exact_eager", "carry_exact_lazy")
 FLASHINFER = ("flashinfer_decode", "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen")
-PEERS = ("fla_fused_recurrent",) + FLASHINFER
+REPLAYSSM = ("flashinfer_replayssm",)
+"""FlashInfer's ReplaySSM verify and flush (``replayssm_peer``; rows ``<provider>:verify`` and
+``:flush``), on its own bf16 pool and ring whatever the point's state dtype."""
+PEERS = ("fla_fused_recurrent",) + FLASHINFER + REPLAYSSM
 PROVIDERS = OURS + PEERS
 HALF_STATE_PROVIDERS = ("decodes", "chain_snapshots", "carry_exact_eager", "carry_exact_lazy",
-                        *FLASHINFER)
-"""Providers that run a bf16/fp16 state (the WY form refuses one; FLA runs fp32 only)."""
-NATIVE_LAYOUT = {"fla_fused_recurrent": "kv", **{p: "vk" for p in FLASHINFER}}
+                        *FLASHINFER, *REPLAYSSM)
+"""Providers that run a bf16/fp16 state (FLA runs fp32 only)."""
+NATIVE_LAYOUT = {"fla_fused_recurrent": "kv", **{p: "vk" for p in FLASHINFER + REPLAYSSM}}
 LABELS = {
     "decodes": "K x decode", "chain_snapshots": "chain + snapshots",
     "carry_exact_eager": "carry exact, eager", "carry_exact_lazy": "carry exact, lazy (amortised)",
-    "carry_wy_eager": "carry WY (reference form), eager",
-    "carry_wy_lazy": "carry WY (reference form), lazy (amortised)",
     "fla_fused_recurrent": "FLA fused_recurrent", "flashinfer_decode": "FlashInfer decode",
     "flashinfer_mtp_snapshots": "FlashInfer mtp + snapshots",
     "flashinfer_mtp_frozen": "FlashInfer mtp, frozen (no buffer)",
+    **REPLAYSSM_LABELS,
 }
 MAIN_SHAPE = dict(QWEN3_NEXT)
 SHAPE_KEYS = ("HK", "HV", "head_dim", "dtype")

@@ -1,5 +1,5 @@
 """The roofline's own providers, checked, then timed: ``K`` decode launches (``point_decodes``),
-the snapshot chain (``point_chain``) and the carried-state verify, exact or WY, eager or lazy
+the snapshot chain (``point_chain``) and the carried-state verify (exact form), eager or lazy
 (``point_carry``: the lazy form timed without and with a write-back, and amortised at the
 acceptance process's write-back frequency). Each takes a ``roofline_case._Case`` and returns its
 tidy rows; launchers are called through ``roofline_case`` (a test replaces them there).
@@ -16,7 +16,6 @@ from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments import roofline_case as C
 from pmll_lab.experiments.gdn import carry_bytes, clone_carry
 from pmll_lab.gdn import chain_bytes, decodes_bytes
-from pmll_lab.tolerances import WY_TOL
 
 PLAN = P.PLAN_SUFFIX
 VARIANT_NAMES = {"eager": "eager", "nowb": "no write-back", "wb": "write-back"}
@@ -97,12 +96,10 @@ def _check_carry(c: C._Case, name: str, form: str, lazy: bool, var: str, rows: l
     wb = cc["wb"]
     rows.append(P.flag(name, "engaged_as_protocol", torch.equal(
         eng.cpu(), torch.as_tensor(np.where(wb, 2, 1), dtype=torch.int32)), "engaged" + tag))
-    otol = c.otol if form == "exact" else max(c.otol, WY_TOL)
     s = c.lsel[:c.n]
-    rows += error_rows(name, o[:c.n], cc["o_ref"], tol=otol, what="o" + tag)
+    rows += error_rows(name, o[:c.n], cc["o_ref"], tol=c.otol, what="o" + tag)
     rows += error_rows(name, st[s], c.to_layout(cc["state_ref"]), tol=c.stol, what="state" + tag)
-    rows += error_rows(name, carry.u[s], cc["u_ref"], what="stash u" + tag,
-                       tol=c.stol if form == "exact" else WY_TOL)
+    rows += error_rows(name, carry.u[s], cc["u_ref"], what="stash u" + tag, tol=c.stol)
     # over all B: no write-back leaves the state as it was; a write-back stores the state with
     # the pending rows folded (flagged only where such sequences exist)
     wbm = torch.as_tensor(wb, device=DEVICE)
@@ -111,17 +108,11 @@ def _check_carry(c: C._Case, name: str, form: str, lazy: bool, var: str, rows: l
         rows.append(P.flag(name, "bitwise_vs_decode",
                            bitwise_equal(st_b[~wbm], c.state0[c.lsel][~wbm]),
                            "state untouched without write-back" + tag))
-    if form == "exact":
-        rows.append(P.flag(name, "bitwise_vs_decode", bitwise_equal(o, cc["o_dec"]), "o" + tag))
-        if wb.any():
-            rows.append(P.flag(name, "bitwise_vs_decode",
-                               bitwise_equal(st_b[wbm], cc["folded"][wbm]),
-                               "written-back state" + tag))
-    else:
-        rows += error_rows(name, o, cc["o_dec"], tol=otol, what="o vs decode" + tag)
-        if wb.any():
-            rows += error_rows(name, st_b[wbm], cc["folded"][wbm], tol=c.stol,
-                               what="written-back state" + tag)
+    rows.append(P.flag(name, "bitwise_vs_decode", bitwise_equal(o, cc["o_dec"]), "o" + tag))
+    if wb.any():
+        rows.append(P.flag(name, "bitwise_vs_decode",
+                           bitwise_equal(st_b[wbm], cc["folded"][wbm]),
+                           "written-back state" + tag))
     plan = None
     if c.B <= C.PLAN_MAX_B:
         # the same verify through a launch plan, bitwise against the launch above on its

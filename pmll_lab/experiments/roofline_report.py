@@ -19,14 +19,13 @@ from pmll_lab.experiments.gdn import floor_bytes, fla_bytes
 from pmll_lab.experiments.roofline_case import L2_BYTES, LABELS, MAIN_SHAPE, PROVIDERS, SHAPE_KEYS
 from pmll_lab.experiments.targets import Target, fact
 
-__all__ = ["TARGET_SET", "TARGETS", "WY_NOTE", "PLAN_TARGET_US", "PARAMS", "wide_table",
+__all__ = ["TARGET_SET", "TARGETS", "PLAN_TARGET_US", "PARAMS", "wide_table",
            "correctness_table", "failed_points", "main_shape", "lazy_table", "b1_table",
            "shapes_table", "pmll_table", "state_dtype_table", "findings", "plot_roofline",
            "plot_errors"]
 
 PARAMS = ("provider", "K", "B", "HK", "HV", "head_dim", "dtype", "state_layout", "state_dtype",
           "gate", "M", "T")
-WY_NOTE = "WY is a reference form (tolerance-checked algebra, slower than the exact form)"
 PLAN_TARGET_US = 10.0
 TARGET_SET = "Verify kernels at Qwen3-Next's shape against FlashInfer, FLA and the copy roofline"
 _S = dict(MAIN_SHAPE, state_dtype="float32")
@@ -61,12 +60,6 @@ TARGETS = (
        kind="frac", bound=0.5),
     _t("carry lazy exact K=4: >= 2.5x faster than FLA (same K rows)", "carry_exact_lazy",
        "fla_fused_recurrent", 0.4),
-    _t("carry lazy WY K=4, amortised: >= 75% of the copy roofline", "carry_wy_lazy",
-       kind="frac", bound=0.75, note=WY_NOTE),
-    _t("carry lazy WY K=4: >= 3.5x faster than FLA (same K rows)", "carry_wy_lazy",
-       "fla_fused_recurrent", round(1 / 3.5, 4), note=WY_NOTE),
-    _t("WY lazy K=4 without write-back <= exact lazy", "carry_wy_lazy:nowb",
-       "carry_exact_lazy:nowb", Bs=[64], note=WY_NOTE),
     _t("B=1, K=4 verify, graph replay: carry lazy exact <= FlashInfer mtp with buffer",
        "carry_exact_lazy", "flashinfer_mtp_snapshots", Bs=[1], timer="cuda_graph"),
     _t(f"B=1, K=4: launch-plan call of the lazy exact verify <= {PLAN_TARGET_US:.0f} us "
@@ -74,9 +67,6 @@ TARGETS = (
        bound=PLAN_TARGET_US, Bs=[1], timer="do_bench"),
     _t(f"B=1, K=4: lazy exact verify call <= {PLAN_TARGET_US:.0f} us (host included)",
        "carry_exact_lazy", kind="time", bound=PLAN_TARGET_US, Bs=[1], timer="do_bench"),
-    _t(f"B=1, K=4: lazy WY verify call <= {PLAN_TARGET_US:.0f} us (host included)",
-       "carry_wy_lazy", kind="time", bound=PLAN_TARGET_US, Bs=[1], timer="do_bench",
-       note=WY_NOTE),
     _ring("pmll_read", "PMLL read"),
     _ring("pmll_write", "PMLL write"),
 )

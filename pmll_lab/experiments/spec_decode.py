@@ -2,7 +2,7 @@
 
 A transformers Qwen3-Next model (random weights, seeded) decodes through our kernels
 (``pmll_lab.models``): greedy (``conv_update`` + ``gdn_decode`` per token) and speculative
-(``K`` rows per step verified by the carried state, exact or WY form, eager or lazy, or by the
+(``K`` rows per step verified by the carried state, exact form, eager or lazy, or by the
 snapshot chain), with a draft whose quality is a parameter (``noisy``: the target's own greedy
 tokens, each wrong with probability ``1 - p``) or prompt lookup (``ngram``).
 
@@ -45,8 +45,7 @@ SECTIONS = ("conv_verify", "gdn_verify", "accept", "gdn_flush", "conv_flush", "c
 """Kernel sections a step is split into (``StepTimer`` names; summed over the GDN layers)."""
 
 LABELS = {"plain": "plain decoding", "exact_lazy": "carry exact, lazy",
-          "exact_eager": "carry exact, eager", "wy_lazy": "carry WY (reference form), lazy",
-          "wy_eager": "carry WY (reference form), eager", "chain": "snapshot chain"}
+          "exact_eager": "carry exact, eager", "chain": "snapshot chain"}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 

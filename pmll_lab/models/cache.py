@@ -17,7 +17,7 @@ A step is one of:
 - ``decode(slots, tokens)``: one token per sequence: ``conv_update`` + ``gdn_decode`` (SPEC §2).
   A slot that holds carried (pending) rows is flushed first: a sequence switching form.
 - ``verify(slots, rows)`` then ``accept(accepted)``: ``K`` rows per sequence; the form is
-  ``"exact"`` / ``"wy"`` (carried state, ``pmll_lab.carry.SpecDecodeStep``: lazy from
+  ``"exact"`` (carried state, ``pmll_lab.carry.SpecDecodeStep``: lazy from
   ``lazy_min_seqs`` sequences, eager below, a slot over ``eager_max_pending`` flushed before an
   eager verify) or ``"chain"`` (``conv_chain`` + ``gdn_chain`` with snapshots, the snapshot of
   row ``a-1`` copied back for a sequence that accepts ``a < K`` rows).
@@ -53,7 +53,7 @@ from torch import nn
 
 from pmll_lab import _checks
 from pmll_lab.carry import (GDN_CARRY_CAP, GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS,
-                            CarryLayer, ConvCarry, GdnCarry, SpecDecodeStep)
+                            CarryLayer, ConvCarry, GdnCarry, SpecDecodeStep, check_form)
 from pmll_lab.models.cache_checks import _StepChecks
 from pmll_lab.models.cache_layer import (  # noqa: F401  (state_bytes_per_sequence: re-exported)
     _GdnLayer, state_bytes_per_sequence)
@@ -62,8 +62,8 @@ from pmll_lab.models.qwen3_next import GdnDims, finish, gating, patch_model, pro
 from pmll_lab.models.timing import StepTimer
 from pmll_lab.ops.gdn.recurrence import STATE_LAYOUTS
 
-FORMS = ("exact", "wy", "chain")
-"""Verify forms: the carried state's exact and WY forms (SPEC §3b), the snapshot chain (§3a)."""
+FORMS = ("exact", "chain")
+"""Verify forms: the carried state's exact form (SPEC §3b), the snapshot chain (§3a)."""
 
 
 class ServingCache(_StepChecks, GdnCache):
@@ -77,7 +77,7 @@ class ServingCache(_StepChecks, GdnCache):
         slots: sequences held at once (``S``). max_len: positions per slot (prompt + generated +
             draft rows); a step past it raises ``ValueError``.
         state_layout: ``"kv"`` or ``"vk"`` for every GDN state, snapshot and kernel.
-        form: verify form, ``"exact"``, ``"wy"`` or ``"chain"``. rows: the largest ``K`` verify
+        form: verify form, ``"exact"`` or ``"chain"``. rows: the largest ``K`` verify
             will be given (sizes the chain's snapshot buffers).
         lazy_min_seqs: carried forms run lazy from this many sequences in a step (``None``:
             always eager); eager_max_pending: as in ``SpecDecodeStep``. cap: stash rows (CAP).
@@ -99,7 +99,7 @@ class ServingCache(_StepChecks, GdnCache):
         _checks.positive_int("slots", slots)
         _checks.positive_int("max_len", max_len)
         _checks.choice("state_layout", state_layout, STATE_LAYOUTS)
-        _checks.choice("form", form, FORMS)
+        check_form("form", form, FORMS)
         _checks.positive_int("rows", rows, maximum=cap)
         self.model = model
         modules = patch_model(model)

@@ -2,7 +2,7 @@
 
 ``greedy_generate`` decodes one token per sequence per step (``conv_update`` + ``gdn_decode``);
 ``speculative_generate`` verifies ``K`` rows per sequence per step (the last accepted token and
-``K - 1`` draft tokens) with the carried state (``form="exact"`` or ``"wy"``) or the snapshot
+``K - 1`` draft tokens) with the carried state (``form="exact"``) or the snapshot
 chain (``"chain"``), accepts the longest prefix of drafts that equals the target's greedy choice
 plus the target's next token, as serving engines do (Leviathan et al. 2023, greedy case). Both
 run continuous batching over a ``ServingCache`` (``pmll_lab.models.cache``).
@@ -42,7 +42,8 @@ import torch
 from torch import nn
 
 from pmll_lab import _checks
-from pmll_lab.carry import GDN_CARRY_CAP, GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS
+from pmll_lab.carry import (GDN_CARRY_CAP, GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS,
+                            check_form)
 from pmll_lab.models.cache import FORMS, ServingCache
 from pmll_lab.models.common import vocab_size
 from pmll_lab.models.timing import StepTimer
@@ -322,8 +323,7 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
             ``draft(contexts, n) -> list[list[int]]`` (``pmll_lab.models.drafts``).
         K: rows per verify, ``2 <= K <= 8``.
         form: ``"exact"`` (carried state, bitwise equal to decoding: the same tokens as
-            ``greedy_generate``), ``"wy"`` (carried state, the K rows at once; equal up to fp32
-            rounding) or ``"chain"`` (snapshot chain, bitwise equal to decoding).
+            ``greedy_generate``) or ``"chain"`` (snapshot chain, bitwise equal to decoding).
         lazy: carried forms: lazy write-back from ``lazy_min_seqs`` sequences in a step, eager
             below (``False``: always eager); ``eager_max_pending`` as in ``SpecDecodeStep``.
         draft_accept, reference, draft_seed: the noisy draft's ``p``, the greedy tokens it
@@ -340,7 +340,7 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
     pad = _pad(pad_token_id)
     check_draft_args(draft, draft_accept, reference)
     _checks.positive_int("K", K, minimum=2, maximum=GDN_CARRY_CAP)
-    _checks.choice("form", form, FORMS)
+    check_form("form", form, FORMS)
     _checks.flag("lazy", lazy)
     vocab = vocab_size(model)
     if reference is not None and len(reference) < len(prompts):

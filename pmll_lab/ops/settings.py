@@ -18,9 +18,8 @@ across families; nested blocks restore the outer values; not thread-safe)::
 
 ``fma_sums`` and ``default_state_layout`` are fixed when ``pmll_lab`` is imported (a global of
 the jitted ``dot_fma``; the launchers' keyword default): listed here, refused by ``override``.
-The WY form's settings are not here: they stay globals of ``pmll_lab.ops.carry.gdn_carry`` and
-``gdn_carry_vk`` (``WY_*``, ``VK_WY_*``). ``recurrence.EXACT_LAUNCH`` is not a setting: it is
-what keeps the exact family's rounding alike in every kernel.
+``recurrence.EXACT_LAUNCH`` is not a setting: it is what keeps the exact family's rounding alike
+in every kernel.
 """
 
 from __future__ import annotations

@@ -14,8 +14,6 @@ Everything here is plain PyTorch on float64 tensors, one sequence at a time:
 - ``verify``: SPEC §3b steps 1-4 (eager or lazy), mutating the state (write-back) and the stash.
 - ``accept``: ``pend = a`` after a write-back (``engaged == 2``), else ``p + a``.
 - ``flush``: fold every listed slot's pending rows into its state, over ``L`` layers.
-- ``wy_rows``: the WY form's algebra for ``K`` rows at once (SPEC §3b), to show it equals the
-  chain (``decode_row`` ``K`` times) up to float64 rounding.
 - ``decode_tokens``: plain decoding of a token sequence, the end-to-end target.
 
 Slot tables (``slot_tab``) are read as the kernels read them: a slot of -1 is a padding lane
@@ -174,29 +172,6 @@ def flush(states, carries, slot_tab, state_dtype=None) -> None:
             if slot == PAD:
                 continue
             state[slot] = fold_pending(state[slot].clone(), carry, slot, state_dtype)
-
-
-def wy_rows(H, q, k, v, g, beta):
-    """The WY form of ``K`` rows at once for one sequence (SPEC §3b), float64.
-
-    ``H [HV, kd, vd]``; ``q, k [K, HV, kd]`` prepared; ``v [K, HV, vd]``; ``g, beta [K, HV]``.
-    With ``c_t = sum_{s<=t} g_s`` and ``A[t, s] = beta_t exp(c_t - c_s) k_t.k_s`` (``s < t``),
-    solves ``(I + A) U = beta * (V - exp(c) * (K_rows H))``; outputs
-    ``o_t = exp(c_t) H^T q_t + sum_{s<=t} exp(c_t - c_s) (q_t.k_s) u_s``.
-    Returns ``(o [K, HV, vd], U [K, HV, vd])``.
-    """
-    q, k, v, g, beta = (x.to(F64) for x in (q, k, v, g, beta))
-    K = q.shape[0]
-    o = torch.zeros_like(v)
-    U = torch.zeros_like(v)
-    for h in range(H.shape[0]):
-        c = torch.cumsum(g[:, h], 0)
-        decay = torch.exp(c[:, None] - c[None, :]).tril()              # exp(c_t - c_s), s <= t
-        A = (beta[:, h, None] * decay * (k[:, h] @ k[:, h].T)).tril(-1)
-        rhs = beta[:, h, None] * (v[:, h] - torch.exp(c)[:, None] * (k[:, h] @ H[h]))
-        U[:, h] = torch.linalg.solve_triangular(torch.eye(K, dtype=F64) + A, rhs, upper=False)
-        o[:, h] = torch.exp(c)[:, None] * (q[:, h] @ H[h]) + (decay * (q[:, h] @ k[:, h].T)) @ U[:, h]
-    return o, U
 
 
 def decode_tokens(state, q, k, v, g, beta, slot_tab, *, scale=None, use_qk_l2norm=True,

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from pmll_lab import _checks
-from pmll_lab.ops.carry.gdn_carry_common import FORMS, _check_verify, check_carry, check_state
+from pmll_lab.ops.carry.gdn_carry_common import (_check_verify, check_carry, check_form,
+                                                check_state)
 from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
 from pmll_lab.ops.conv.carry import ConvCarry, check_verify_args
 from pmll_lab.ops.gdn.gating import split_gating
@@ -98,13 +99,12 @@ def _check_layer(prefix: str, lay: CarryLayer) -> None:
 def check_stack(layers: Sequence[CarryLayer], form: str) -> list[CarryLayer]:
     """``SpecDecodeStep``'s checks of a stack: at least one ``CarryLayer``, ``form`` in ``FORMS``,
     every layer's fields (they may have changed since construction), one state shape, ``CAP`` and
-    ``state_layout`` for all, a conv in every layer or in none, fp32 states for the WY form, and
-    no two buffers a step writes (states, stashes, ``pend``, conv windows) sharing memory.
+    ``state_layout`` for all, a conv in every layer or in none, and no two buffers a step writes (states, stashes, ``pend``, conv windows) sharing memory.
     Returns ``layers`` as a list."""
     layers = list(layers)
     if not layers:
         raise ValueError("layers: need at least one CarryLayer")
-    _checks.choice("form", form, FORMS)
+    check_form("form", form)
     for i, lay in enumerate(layers):
         if not isinstance(lay, CarryLayer):
             raise ValueError(f"layers[{i}]: expected a CarryLayer, got {type(lay).__name__}")
@@ -115,9 +115,6 @@ def check_stack(layers: Sequence[CarryLayer], form: str) -> list[CarryLayer]:
             raise ValueError(f"layers[{i}]: state_layout differs from layers[0]")
         if lay.has_conv != layers[0].has_conv:
             raise ValueError(f"layers[{i}]: every layer has a conv or none does")
-        if form == "wy" and lay.state.dtype != torch.float32:
-            raise ValueError(f"form: the WY form needs fp32 states, layers[{i}].state is "
-                             f"{lay.state.dtype}; use form='exact'")
     # a step writes every layer's state, stash, pend (and conv window, stash, pend): no two
     # of them may share memory (two layers on one state would fold each other's rows)
     written = {}

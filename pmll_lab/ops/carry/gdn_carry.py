@@ -6,19 +6,17 @@ overview of the carried-state family, split by topic:
   ``pmll_lab.ops.carry.gdn_carry_pending``;
 - the argument checks and the helpers every launcher shares:
   ``pmll_lab.ops.carry.gdn_carry_common``;
-- the kernels, by algorithm: the exact form and the flush in
-  ``pmll_lab.ops.carry.gdn_carry_exact``, the WY form in ``pmll_lab.ops.carry.gdn_carry_wy``,
-  the V-major state's in ``pmll_lab.ops.carry.gdn_carry_vk``.
+- the kernels: the exact form and the flush in ``pmll_lab.ops.carry.gdn_carry_exact``, the
+  V-major state's in ``pmll_lab.ops.carry.gdn_carry_vk``.
+
+The tolerance form of the carried state, the ring form, has its own launchers:
+``pmll_lab.ops.carry.gdn_ring`` (SPEC §3d).
 
 Every name this module exported before the split stays importable from it (the stash, flush,
 accept, checks and the K-major kernels; the V-major kernels are in ``gdn_carry_vk``). The
-exact form's launch settings are the ``carry`` table of ``pmll_lab.ops.settings``; the WY
-form's ``WY_SPLIT_COLUMNS``, ``WY_NUM_WARPS``, ``WY_PER_HEAD_WARPS``, ``WY_DOT_PRECISION``,
-``VK_WY_ROWS`` and ``VK_WY_WARPS`` are read from this module when a verify launches: set them
-here (``scripts/tune_carry.py`` and the tests do). Every kernel of the family launches with
-``recurrence.EXACT_LAUNCH`` (no multiply-add contracted by the compiler): the exact form and
-the flush so that they round as decode does, the WY form so that its fold of the pending rows
-rounds as the flush does.
+launch settings are the ``carry`` table of ``pmll_lab.ops.settings``. Every kernel of the
+family launches with ``recurrence.EXACT_LAUNCH`` (no multiply-add contracted by the compiler),
+so that the verify and the flush round as decode does.
 
 Buffers (all fp32 unless said):
 
@@ -43,25 +41,15 @@ fold, and the last to arrive restashes them and resets the counter, so a write-b
 the stash at row 0 can never overwrite a row that is still to be folded (SPEC §3b "Shared rows").
 With ``exact_split_columns`` off, one program per (sequence, head) loops over the column
 blocks instead (unrolled, constant block offsets) and restashes after the loop behind
-``tl.debug_barrier()``. The WY form splits its column blocks the same way (``WY_SPLIT_COLUMNS``,
-the default for key heads up to 128), or runs one program per (sequence, head) (``wy_config``).
-With ``carry_prefetch_rows`` (``pmll_lab.ops.settings``) the exact form and the folds load the
+``tl.debug_barrier()``. With ``carry_prefetch_rows`` (``pmll_lab.ops.settings``) the exact form and the folds load the
 next row before running the current one. No two heads or slots of a launch share state or
 stash bytes (slots distinct within a launch, heads disjoint).
 ``engaged[b]`` is written by the program of value head 0 (and column block 0 where split): 2
 after a write-back, else 1.
 
-- exact form: each row through ``qk_prepare`` + ``gdn_row`` of ``pmll_lab.ops.gdn.recurrence`` on
-  ``block_config``'s block shapes and warps, the same code as plain decode, so outputs and folded
-  states are bitwise equal to decoding the rows one by one.
-- WY form: the ``K`` rows at once (SPEC §3b). Per program, before the column loop: the rows'
-  normalised keys and scaled queries as ``[KP, BK]`` tiles (``KP = 16``, the smallest ``tl.dot``
-  side), ``c = cumsum(g)``, ``A[t,s] = beta_t exp(c_t - c_s) k_t.k_s`` (``s < t``), the inverse
-  ``T = (I + A)^-1`` by forward substitution over the ``K`` rows, and
-  ``P[t,s] = exp(c_t - c_s) q_t.k_s`` (``s <= t``). Per column block: ``KH = K_rows H``,
-  ``QH = Q_rows H`` (``tl.dot``, ``input_precision="ieee"`` so the fp32 state is not rounded to
-  tf32), ``U = T (beta * (V - exp(c) KH))``, ``O = exp(c) QH + P U``; ``U``'s rows are the
-  stashed ``u`` rows. Equal to the exact form up to fp32 rounding (tests: rel L2 <= 1e-4).
+Each row runs through ``qk_prepare`` + ``gdn_row`` of ``pmll_lab.ops.gdn.recurrence`` on
+``block_config``'s block shapes and warps, the same code as plain decode, so outputs and folded
+states are bitwise equal to decoding the rows one by one.
 
 Flush (``gdn_carry_flush``) and accept (``carry_accept``): ``pmll_lab.ops.carry.gdn_carry_pending``.
 """
@@ -80,7 +68,7 @@ from pmll_lab.ops.launch import LaunchPlan
 # the family's names, re-exported here where the launchers, tests and tools find them
 from pmll_lab.ops.carry.gdn_carry_common import (  # noqa: F401
     _TABLES, FORMS, INDEX_DTYPES, _check_verify, _checked_outputs, _chunks, _device_guard,
-    check_carry, check_state, offsets_table)
+    check_carry, check_form, check_state, offsets_table)
 from pmll_lab.ops.carry.gdn_carry_exact import (  # noqa: F401
     _ROW_PTRS, _ROW_STRIDES, _ROW_UNSPECIALIZED, _gdn_carry_exact_kernel,
     _gdn_carry_exact_split_kernel, _gdn_carry_flush_kernel, _verify_prologue)
@@ -88,74 +76,21 @@ from pmll_lab.ops.carry.gdn_carry_pending import (  # noqa: F401
     _carry_accept_kernel, carry_accept, gdn_carry_flush)
 from pmll_lab.ops.carry.gdn_carry_stash import (  # noqa: F401
     GDN_CARRY_CAP, GdnCarry, snapshot_bytes_per_slot, stash_bytes_per_slot)
-from pmll_lab.ops.carry.gdn_carry_wy import (  # noqa: F401
-    WY_ROWS_PAD, _gdn_carry_wy_kernel, _gdn_carry_wy_split_kernel, _wy_rows)
-
-WY_DOT_PRECISION = "ieee"
-"""``input_precision`` of the WY form's two products with the state (``K_rows H``, ``Q_rows H``;
-the small ``[16, 16]`` products stay ``"ieee"``). ``"ieee"`` keeps the fp32 state exact but runs
-on the FP32 pipes with the K axis padded to 16 (4x the work at K = 4); ``"tf32x3"`` uses the
-tensor cores in three passes at close to fp32 accuracy. Read at launch time, so
-``scripts/tune_carry.py`` can compare them; the choice stays ``"ieee"`` until the H200 says
-otherwise (reports/perf-notes.md). The interpreter computes every ``tl.dot`` in fp32 whatever
-this says."""
-
-WY_SPLIT_COLUMNS = True
-"""WY form, key heads up to 128 (``wy_config``): split a head's column blocks across programs (grid ``(B * HV * NV,)``, arrival count as
-in the split exact form), each program recomputing the head's small ``[16, 16]`` matrices,
-instead of one program per head looping over them. Measured on an NVIDIA H200, 2026-11-29
-(reports/h200-2026-11-29s3/logs/tune-carry.log; HK=16, HV=32, kd=vd=128, K=4, bf16 inputs, lazy):
-split with 2 warps 394 / 425 us at B=64 without / with write-back, 759 / 823 us at B=128,
-against 1373 / 1499 and 2767 / 3014 us for one program per head (4 warps, ``"ieee"``): 3.5x.
-Still 3-4x slower than the split exact form (perf-notes v4, v8). Read at launch time;
-``scripts/tune_carry.py`` times both, and the tests run both."""
-
-WY_NUM_WARPS = 2
-"""Warps per program of the split WY form. The WY form is not bound to decode's reductions (its
-fold of the pending rows is elementwise and launches without contraction, as the flush does).
-Measured (H200, same log as ``WY_SPLIT_COLUMNS``): 2 warps 394 us, 4 warps 434 us, 1 warp
-901 us at B=64, no write-back."""
-
-WY_PER_HEAD_WARPS = 4
-"""Warps per program of the per-head WY form (``WY_SPLIT_COLUMNS = False``, and key heads
-wider than 128): fastest with 4 (1373 us against 2663 with 2 and 1673 with 1; same log)."""
-
-VK_WY_ROWS = 16
-"""Value rows per program of the V-major WY form (``tl.dot`` needs every side >= 16)."""
-
-VK_WY_WARPS = 1
-"""Warps per program of the V-major WY form (one ``[16, BK]`` tile)."""
-
-WY_WIDE_HEAD_MIN_KD = 256
-"""Key heads at least this wide run the per-head WY form with ``WY_PER_HEAD_WARPS``: the split
-form with 2 warps took 12255 us against 3740 us per head with 4 warps at kd = vd = 256, HV=32,
-B=64, K=4 (H200, roofline runs h200-2026-11-29s3 and h200-2026-11-29e: its ``[16, 256]`` row
-tiles on 2 warps; perf-notes v8)."""
-
-
-def wy_config(k_dim: int) -> tuple[bool, int]:
-    """``(split columns, num_warps)`` of the WY launch for key head size ``k_dim``, from the
-    measured table: split with ``WY_NUM_WARPS`` when ``WY_SPLIT_COLUMNS`` and
-    ``k_dim < WY_WIDE_HEAD_MIN_KD``, else one program per head with ``WY_PER_HEAD_WARPS``."""
-    if WY_SPLIT_COLUMNS and k_dim < WY_WIDE_HEAD_MIN_KD:
-        return True, WY_NUM_WARPS
-    return False, WY_PER_HEAD_WARPS
 
 
 def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form="exact",
                      lazy=False, scale=None, use_qk_l2norm=True, validate=False,
                      eager_max_pending=None, state_layout=DEFAULT_STATE_LAYOUT, A_log=None,
                      a=None, dt_bias=None, b=None):
-    """Carried-state verify of ``K`` draft rows per sequence (SPEC §3b; seed ``gdn_exact_carry``,
-    ``gdn_carry_wy`` and their ``_lazy`` forms).
+    """Carried-state verify of ``K`` draft rows per sequence, exact form (SPEC §3b; seed
+    ``gdn_exact_carry`` and its ``_lazy`` form).
 
     Args:
         state: ``[S, HV, kd, vd]`` (``state_layout="kv"``) or ``[S, HV, vd, kd]`` (``"vk"``),
             fp32, bf16 or fp16, inner dims contiguous. Read; written only on a write-back
             (``engaged == 2``), with the slot's pending rows folded in. A bf16/fp16 state is
             computed on in fp32 and rounded to its dtype after every folded and verified row,
-            where decoding stores it (the exact form stays bitwise equal to decoding; the WY
-            form refuses it); the stash stays fp32.
+            where decoding stores it (bitwise equal to decoding); the stash stays fp32.
         carry: the layer's ``GdnCarry`` (``S`` slots, ``HV``, ``kd``, ``vd``, ``CAP``). Its stash
             rows ``first..first+K-1`` of each slot are written (``first = 0`` after a
             write-back, else ``pend``); ``pend`` is read, never written (``carry_accept`` does).
@@ -168,9 +103,9 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
         slot_tab: ``[B]`` int32/int64 slot of each sequence (distinct, in ``[0, S)``), or -1
             for a padding lane (zero outputs, ``engaged`` 1; no state, stash or ``pend``
             access), contiguous.
-        form: ``"exact"`` (bitwise equal to decoding the rows one at a time) or ``"wy"``
-            (the rows at once, equal up to rounding; a reference form, 3-6x the exact one's
-            time on the H200 at K=4 from B=64: reports/perf-notes.md v16).
+        form: ``"exact"`` (bitwise equal to decoding the rows one at a time), the only form;
+            the tolerance form is the ring form (``pmll_lab.ops.carry.gdn_ring``), and
+            ``"wy"`` raises a ``ValueError`` that says so.
         lazy: ``False`` = eager (write back whenever ``pend > 0``); ``True`` = write back only
             when ``pend + K > CAP``.
         scale: query scale, default ``kd ** -0.5``. use_qk_l2norm: l2-normalise q and k.
@@ -204,7 +139,7 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
 
 
 def _arrivals(carry, num_v_heads: int) -> torch.Tensor:
-    """The split forms' (exact and WY) arrival counts ``[S, HV]`` int32 for ``carry``: zeros, allocated
+    """The split forms' arrival counts ``[S, HV]`` int32 for ``carry``: zeros, allocated
     on first use and kept on the carry (every launch leaves them at zero)."""
     arrive = getattr(carry, "_arrivals", None)
     if arrive is None or arrive.shape != (carry.slots, num_v_heads) or arrive.device != carry.device:
@@ -215,8 +150,8 @@ def _arrivals(carry, num_v_heads: int) -> torch.Tensor:
 
 def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
                         use_qk_l2norm, layout=DEFAULT_STATE_LAYOUT, gating=None):
-    """``(kernel, grid, args, kwargs)`` of the verify launch for ``form``, ``layout`` and the
-    launch settings (``pmll_lab.ops.settings``; the WY form's ``WY_*`` here)."""
+    """``(kernel, grid, args, kwargs)`` of the (exact) verify launch for ``layout`` and the
+    launch settings (``pmll_lab.ops.settings``); ``form`` is checked by the caller."""
     B, K, HK = q.shape[:3]
     HV = state.shape[1]
     kd, vd = head_dims(state.shape, layout)
@@ -235,24 +170,15 @@ def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, fo
                 USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=cs.carry_prefetch_rows,
                 GATE=gating is not None)
     unroll = K <= cs.exact_unroll_max_rows
-    if form == "exact" and cs.exact_split_columns:
+    if cs.exact_split_columns:
         NV = cdiv(vd, BV)
         return (_gdn_carry_exact_split_kernel, (B * HV * NV,),
                 (*args[:4], _arrivals(carry, HV), *args[4:]),
                 dict(BK=BK, BV=BV, NV=NV, num_warps=num_warps, UNROLL=unroll, **meta,
                      **recurrence.EXACT_LAUNCH))
-    if form == "exact":
-        return (_gdn_carry_exact_kernel, (B, HV), args,
-                dict(BK=BK, BV=BV, NV=cdiv(vd, BV), num_warps=num_warps, UNROLL=unroll, **meta,
-                     **recurrence.EXACT_LAUNCH))
-    bk, bv = max(BK, 16), max(BV, 16)
-    split, warps = wy_config(kd)
-    wy = dict(BK=bk, BV=bv, NV=cdiv(vd, bv), KP=WY_ROWS_PAD, DOT_PRECISION=WY_DOT_PRECISION,
-              num_warps=warps, **meta, **recurrence.EXACT_LAUNCH)
-    if split:
-        return (_gdn_carry_wy_split_kernel, (B * HV * wy["NV"],),
-                (*args[:4], _arrivals(carry, HV), *args[4:]), wy)
-    return _gdn_carry_wy_kernel, (B, HV), args, wy
+    return (_gdn_carry_exact_kernel, (B, HV), args,
+            dict(BK=BK, BV=BV, NV=cdiv(vd, BV), num_warps=num_warps, UNROLL=unroll, **meta,
+                 **recurrence.EXACT_LAUNCH))
 
 
 def _gate_ptrs(state, gating) -> tuple:
@@ -273,8 +199,7 @@ def _row_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, scale, gatin
 def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy,
                            scale, use_qk_l2norm, B, K, HK, HV, kd, vd, gating=None):
     """The V-major verify launch (``pmll_lab.ops.carry.gdn_carry_vk``): tiles of value rows
-    from ``vk_config`` for ``B * HV`` (the WY form: at least 16 rows and keys, for
-    ``tl.dot``)."""
+    from ``vk_config`` for ``B * HV``."""
     from pmll_lab.ops.carry import gdn_carry_vk as VK
 
     args = (state, carry.buf, carry.pend, slot_tab, _arrivals(carry, HV),
@@ -284,21 +209,15 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
                 USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=cs.carry_prefetch_rows,
                 GATE=gating is not None)
     BK, BR, num_warps = vk_config(kd, vd, B * HV, "carry")
-    if form == "exact":
-        NT = cdiv(vd, BR)
-        return (VK.gdn_carry_exact_vk_kernel, (B * HV * NT,), args,
-                dict(BK=BK, BV=BR, NV=NT, num_warps=num_warps,
-                     UNROLL=K <= cs.exact_unroll_max_rows, **_chunks(BK), **meta,
-                     QK_ALIGNED=recurrence.vk_qk_aligned(kd, q, k),
-                     STATE_VEC=recurrence.vk_state_vector(kd, vd, B * HV, state.element_size()),
-                     **dict(zip(("AHEAD", "STASH_AHEAD"),
-                              vk_ahead(B * HV, "carry", state.element_size()))),
-                     **recurrence.EXACT_LAUNCH))
-    bk, br = max(BK, 16), max(BR, VK_WY_ROWS)
-    NT = cdiv(vd, br)
-    return (VK.gdn_carry_wy_vk_kernel, (B * HV * NT,), args,
-            dict(BK=bk, BV=br, NV=NT, KP=WY_ROWS_PAD, DOT_PRECISION=VK.WY_VK_DOT_PRECISION,
-                 num_warps=VK_WY_WARPS, **_chunks(bk), **meta, **recurrence.EXACT_LAUNCH))
+    NT = cdiv(vd, BR)
+    return (VK.gdn_carry_exact_vk_kernel, (B * HV * NT,), args,
+            dict(BK=BK, BV=BR, NV=NT, num_warps=num_warps,
+                 UNROLL=K <= cs.exact_unroll_max_rows, **_chunks(BK), **meta,
+                 QK_ALIGNED=recurrence.vk_qk_aligned(kd, q, k),
+                 STATE_VEC=recurrence.vk_state_vector(kd, vd, B * HV, state.element_size()),
+                 **dict(zip(("AHEAD", "STASH_AHEAD"),
+                          vk_ahead(B * HV, "carry", state.element_size()))),
+                 **recurrence.EXACT_LAUNCH))
 
 
 def _launch_verify(*args):
@@ -321,8 +240,8 @@ def gdn_carry_verify_plan(state, carry, q, k, v, g=None, beta=None, *, slot_tab,
     argument binding. Write each step's rows into the same tensors: a plan keeps reading the
     tensors it was made with, so rebinding a name (``q = new``) is silently ignored; make a new
     plan instead. ``pend`` is read on every call: apply ``carry_accept`` between calls, as with
-    ``gdn_carry_verify``. The launch settings (``pmll_lab.ops.settings``, the WY form's
-    ``WY_*``) are read when the plan is made. Same results, bit for bit, as ``gdn_carry_verify``.
+    ``gdn_carry_verify``. The launch settings (``pmll_lab.ops.settings``) are read when the plan
+    is made. Same results, bit for bit, as ``gdn_carry_verify``.
     Raises ``ValueError`` naming the argument.
     """
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)

@@ -15,11 +15,12 @@ import torch
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
-from pmll_lab.ops.carry.gdn_carry_wy import WY_ROWS_PAD
 from pmll_lab.ops.gdn.gating import check_gating, gate_inputs
 from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout, head_dims, vk_chunks
 
-FORMS = ("exact", "wy")
+FORMS = ("exact",)
+"""Forms of ``gdn_carry_verify``: the exact form only (bitwise equal to decoding). The tolerance
+form of the carried state is the ring form, ``pmll_lab.ops.carry.gdn_ring``."""
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 _TABLES: dict[tuple, torch.Tensor] = {}
@@ -89,6 +90,16 @@ def check_state(name: str, state) -> torch.Tensor:
     return state
 
 
+def check_form(name: str, form, options: Sequence[str] = FORMS) -> None:
+    """``form`` is one of ``options``; ``"wy"`` gets its own message: the tolerance form of the
+    carried state is the ring form (``pmll_lab.ops.carry.gdn_ring``), a launcher of its own."""
+    if form == "wy":
+        raise ValueError(f"{name}: 'wy' is not a form of the carried-state verify (forms: "
+                         f"{list(options)}); the tolerance form is the ring form, "
+                         "pmll_lab.ops.carry.gdn_ring (GdnRing, gdn_ring_verify)")
+    _checks.choice(name, form, options)
+
+
 def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
                   eager_max_pending, layout=DEFAULT_STATE_LAYOUT, gating=None,
                   use_qk_l2norm=True):
@@ -96,7 +107,7 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
     check_layout("state_layout", layout)
     check_state("state", state)
     check_carry("carry", carry, state, layout)
-    _checks.choice("form", form, FORMS)
+    check_form("form", form)
     _checks.flag("lazy", lazy)
     _checks.flag("validate", validate)
     _checks.flag("use_qk_l2norm", use_qk_l2norm)
@@ -121,13 +132,6 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
         raise ValueError(f"q: HV ({HV}) must be a multiple of HK ({HK})")
     if K < 1 or K > carry.cap:
         raise ValueError(f"q: K = {K} draft rows must lie in [1, CAP = {carry.cap}]")
-    if form == "wy" and state.dtype != torch.float32:
-        raise ValueError(f"form: the WY form needs an fp32 state, got {state.dtype}: it computes "
-                         "the K rows at once, so it cannot round the state to the state's dtype "
-                         "after every row as decoding does; use form='exact'")
-    if form == "wy" and K > WY_ROWS_PAD:
-        raise ValueError(f"K: the WY form verifies at most {WY_ROWS_PAD} rows (its row tiles), "
-                         f"got K = {K}; use form='exact'")
     if B > S:
         raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
     scale = _checks.optional_float("scale", scale)

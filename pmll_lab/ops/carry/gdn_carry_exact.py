@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.carry.gdn_carry_skeleton import (  # noqa: F401  (WY imports them here)
+from pmll_lab.ops.carry.gdn_carry_skeleton import (  # noqa: F401  (gdn_carry re-exports them)
     _verify_prologue, exact_row, flush_tile, fold_pending, restash_shared_rows, row_ptrs,
     stash_row_ptrs, store_engaged)
 from pmll_lab.ops.gdn.recurrence import head_tile_program, load_gate_params, load_row_inputs
@@ -50,8 +50,7 @@ _ROW_UNSPECIALIZED = dict(do_not_specialize=_ROW_STRIDES,
 def _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv,
                   HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr):
     """The state block ``[BK, BV]`` (key rows ``rk``, value columns ``rv``) of one head with its
-    ``p`` pending stash rows folded in, written back when ``wb``; shared by the exact and WY
-    forms."""
+    ``p`` pending stash rows folded in, written back when ``wb``."""
     m2 = mk[:, None] & mv[None, :]
     hp = h_ptr + rk[:, None] * VD + rv[None, :]
     h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)

@@ -25,14 +25,6 @@ reports/perf-notes-archive.md v14). Rows, stash rows and the state load ahead as
 setting says (``pmll_lab.ops.settings``). After the last row the tile is dead (a verify never
 stores the post-row state), so the compiler drops that row's state update.
 
-WY verify, a **reference form** (slower than the exact form on the H200,
-reports/perf-notes.md v11, v16; kept for the tolerance-checked algebra): the ``K``
-rows at once on the tensor cores. Per program the
-head's small matrices (``pmll_lab.ops.carry.gdn_carry_wy._wy_rows``: scaled queries ``Q`` and keys
-``Kr`` ``[KP, BK]``, ``ec = exp(cumsum g)``, ``T = (I + A)^-1``, ``P``), then on the tile
-``h [BR, BK]`` (the chunked tile reshaped): ``KH = h Kr^T``, ``QH = h Q^T`` (``[BR, KP]``, ``tl.dot`` with
-``WY_VK_DOT_PRECISION``), ``U = (beta (V - ec KH)) T^T``, ``O = ec QH + U P^T``.
-
 Flush, grid ``(B * HV * NT, L)``: as the K-major flush (``pmll_lab.ops.carry.gdn_carry_pending``,
 per-layer offset tables), on V-major tiles.
 The exact verify and the flush are built from the layout-generic pieces of
@@ -49,17 +41,9 @@ from pmll_lab.ops.carry.gdn_carry_skeleton import (_verify_prologue, exact_row, 
                                                    fold_pending, restash_shared_rows,
                                                    row_ptrs, stash_rows_ahead_vk,
                                                    store_engaged)
-from pmll_lab.ops.carry.gdn_carry_wy import _wy_restash_shared_rows, _wy_rows
 from pmll_lab.ops.gdn.decode_vk import (load_row_inputs_vk, row_inputs_vk, rows_ahead_vk,
                                         vk_tile_index, vk_tile_offsets)
 from pmll_lab.ops.gdn.recurrence import head_tile_program, load_gate_params
-
-WY_VK_DOT_PRECISION = "tf32x3"
-"""``input_precision`` of the V-major WY form's products with the state (``h Kr^T``,
-``h Q^T``): ``"tf32x3"`` runs them on the tensor cores in three passes at close to fp32
-accuracy (the SPEC's WY tolerance holds: tests and the H200 report check rel L2 against the
-float64 reference). The small ``[BR, KP] x [KP, KP]`` products stay ``"ieee"``. Read at launch
-time; measured in ``reports/perf-notes.md`` (v11)."""
 
 
 @triton.jit
@@ -82,18 +66,6 @@ def _fold_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr,
                      PREFETCH, True)
     tl.debug_barrier()
     return h, hp, m2
-
-
-@triton.jit
-def _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr,
-                 HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr,
-                 CAP: tl.constexpr, STASH_AHEAD: tl.constexpr):
-    """``_fold_tile``'s tile, written back when ``wb`` (the WY form)."""
-    h, hp, m2 = _fold_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, HV, KD, VD,
-                           PREFETCH, CAP, STASH_AHEAD)
-    if wb:
-        tl.store(hp, h, mask=m2)
-    return h
 
 
 @triton.jit(**_ROW_UNSPECIALIZED)
@@ -159,54 +131,6 @@ def gdn_carry_exact_vk_kernel(
                             USE_QK_L2NORM, GATE, QK_ALIGNED, True)
         if wb:
             tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
-    store_engaged(engaged_ptr, b, hv, j, wb)
-
-
-@triton.jit(**_ROW_UNSPECIALIZED)
-def gdn_carry_wy_vk_kernel(
-    state_ptr, stash_ptr, pend_ptr, slot_ptr, arrive_ptr,
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr, alog_ptr, dtb_ptr,
-    scale, stride_state, stride_stash,
-    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
-    sg_b, sg_t, sb_b, sb_t, so_b, so_t, so_h,
-    K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
-    KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
-    LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, KP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr,
-    GATE: tl.constexpr,
-):
-    """WY verify on V-major tiles of ``BV`` value rows (``BV >= 16`` for ``tl.dot``)."""
-    b, hv, j = head_tile_program(HV, NV)
-    hk = hv // GROUP
-    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
-        state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
-        K, CAP, HV, KD, VD, LAZY)
-    ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
-    Q, Kr, g, beta, ec, T, P = _wy_rows(q_ptr, k_ptr, g_ptr, beta_ptr, b, hv, hk, scale,
-                                        sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sb_b,
-                                        sb_t, ga, gd, K, KD, BK, KP, USE_QK_L2NORM, GATE)
-    rt = tl.arange(0, KP)
-    mt = rt < K
-    rk, mk, rr, mr, _ = vk_tile_index(j, KD, VD, BV, NC, CW)
-    h = _folded_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rr, mr & live, HV, KD, VD,
-                     PREFETCH, CAP, 0)
-    h = tl.reshape(h, (BV, BK))                                             # [BR, BK]
-    mrt = mr[:, None] & mt[None, :]
-    Vt = tl.load(v_ptr + b * sv_b + hv * sv_h + rt[None, :] * sv_t + rr[:, None],
-                 mask=mrt, other=0.0).to(tl.float32)                        # [BR, KP]
-    KH = tl.dot(h, tl.trans(Kr), input_precision=DOT_PRECISION)              # [BR, KP]
-    QH = tl.dot(h, tl.trans(Q), input_precision=DOT_PRECISION)
-    R = beta[None, :] * (Vt - ec[None, :] * KH)
-    U = tl.dot(R, tl.trans(T), input_precision="ieee")
-    O = ec[None, :] * QH + tl.dot(U, tl.trans(P), input_precision="ieee")
-    tl.store(o_ptr + b * so_b + hv * so_h + rt[None, :] * so_t + rr[:, None],
-             tl.where(live, O, 0.0).to(o_ptr.dtype.element_ty), mask=mrt)
-    tl.store(u_ptr + (first + rt[None, :]) * (HV * VD) + rr[:, None], U, mask=mrt & live)
-    tl.debug_barrier()
-    arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)
-    if live & (arrived == NV - 1):
-        _wy_restash_shared_rows(gs_ptr, ks_ptr, first, g, Kr, K, HV, KD, BK, KP)
-        tl.atomic_xchg(arrive_ptr + slot * HV + hv, 0, sem="relaxed")
     store_engaged(engaged_ptr, b, hv, j, wb)
 
 

@@ -56,9 +56,8 @@ from pmll_lab.ops import settings
 from pmll_lab.ops.host import next_power_of_2
 
 EXACT_LAUNCH = {"enable_fp_fusion": False}
-"""Launch options of every GDN kernel: decode, the chain, the carried-state verify (exact and WY
-forms, whose folds of the pending rows must round as the flush does), the flush and the gating
-kernel. The compiler contracts no multiply-add on its own, so a result's rounding depends on the expression alone, not on the
+"""Launch options of every GDN kernel: decode, the chain, the carried-state verify (exact form),
+the flush and the gating kernel. The compiler contracts no multiply-add on its own, so a result's rounding depends on the expression alone, not on the
 kernel around it (see the module docstring). Checked on an NVIDIA H200, 2026-11-30
 (reports/perf-notes.md, "Exactness on the GPU"): with it the exact family's GPU tests pass
 bitwise at every shape they try, the tiny-head ones included, which with contraction on fail;
@@ -132,7 +131,7 @@ def head_tile_program(HV, NT: tl.constexpr):
     """``(b, hv, j)`` of this program on a grid of ``B * HV * NT`` programs, ``b`` as int64,
     the tile ``j`` fastest: consecutive programs walk one head's state, not one tile of
     successive heads (a whole head apart). Every GDN kernel that splits a head's state across
-    programs (decode, the chain, the exact and WY verify, the flush; both layouts) orders them
+    programs (decode, the chain, the exact verify, the flush; both layouts) orders them
     so. Why: the programs resident at a time then stream a few whole heads, which the H200
     measured faster in both layouts (reports/perf-notes-archive.md v15, v16)."""
     pid = tl.program_id(0)
