@@ -167,9 +167,11 @@ def _plain_rows(pst, x, t, sel, slot_t, layout):
 
 
 def run_carry(cfg: dict, mode: str, *, B: int, steps: int, seed: int, heads=(1, 2),
-              alpha: float = 0.75, p_zero: float = 0.15) -> dict:
+              alpha: float = 0.75, p_zero: float = 0.15, progress: dict | None = None) -> dict:
     """One carried-state run (``mode`` in ``MODES``) against plain decoding; see the module
-    docstring. Returns ``_Run.result()`` plus the driver's ``stats``."""
+    docstring. Returns ``_Run.result()`` plus the driver's ``stats``. ``progress["launched"]``
+    is set once the first verify has run."""
+    progress = {} if progress is None else progress
     HK, HV = heads
     d, K, layout = cfg["kd"], cfg["K"], cfg["layout"]
     sdt, idt = getattr(torch, cfg["state_dtype"]), getattr(torch, cfg["input_dtype"])
@@ -193,6 +195,7 @@ def run_carry(cfg: dict, mode: str, *, B: int, steps: int, seed: int, heads=(1, 
         plan = step.begin(slots, K)
         pend = lay.carry.pend[slot_t.long()].cpu().tolist()
         o = step.verify_layer(0, q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"])
+        progress["launched"] = True
         wb = (step.engaged[0].cpu() == 2).tolist()
         acc = accept_counts(rng, Bn, K, alpha, p_zero)
         step.accept(acc.tolist())
@@ -217,9 +220,10 @@ def run_carry(cfg: dict, mode: str, *, B: int, steps: int, seed: int, heads=(1, 
 
 
 def run_chain(cfg: dict, *, B: int, steps: int, seed: int, heads=(1, 2), alpha: float = 0.75,
-              p_zero: float = 0.15) -> dict:
+              p_zero: float = 0.15, progress: dict | None = None) -> dict:
     """The chain with ``K-1`` snapshots and the restore against plain decoding, state
-    compared after every step."""
+    compared after every step (``progress`` as in ``run_carry``)."""
+    progress = {} if progress is None else progress
     HK, HV = heads
     d, K, layout = cfg["kd"], cfg["K"], cfg["layout"]
     sdt, idt = getattr(torch, cfg["state_dtype"]), getattr(torch, cfg["input_dtype"])
@@ -236,6 +240,7 @@ def run_chain(cfg: dict, *, B: int, steps: int, seed: int, heads=(1, 2), alpha: 
         before = cst[slot_t.long()].clone()
         o = gdn_chain(cst, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=slot_t,
                       intermediate=inter, state_layout=layout)
+        progress["launched"] = True
         acc = accept_counts(rng, B, K, alpha, p_zero)
         acc_t = torch.tensor(acc, dtype=torch.int32, device=st.device)
         gdn_snapshot_restore(cst, inter, slot_t, acc_t, last_in_place=True)
@@ -259,21 +264,27 @@ def run_config(cfg: dict, *, B: int = 32, steps: int = 12, seed: int = 0, heads=
                forms=FORMS) -> dict:
     """Every form of ``forms`` at one configuration. Returns the record written per line:
     the config, ``status`` (``"bitwise"``, ``"differs"``, ``"unsupported"`` with the
-    launcher's ``ValueError`` message, or ``"error"`` with the exception), the totals
+    launcher's ``ValueError`` message when it came before the first launch, or ``"error"``
+    with the exception), the totals
     (``rows_compared``, ``rows_differing``, ``max_abs_state_diff``, ``bitwise``), per-form
     results and the seconds taken."""
     t0 = time.perf_counter()
     rec = dict(config=config_name(cfg), **cfg, B=B, steps=steps, seed=seed, heads=list(heads))
     results = []
+    progress = {"launched": False}
     try:
         for form in forms:
             if form == "chain":
-                results.append(run_chain(cfg, B=B, steps=steps, seed=seed, heads=heads))
+                results.append(run_chain(cfg, B=B, steps=steps, seed=seed, heads=heads,
+                                         progress=progress))
             else:
                 results.append(run_carry(cfg, form.removeprefix("carry_"), B=B, steps=steps,
-                                         seed=seed, heads=heads))
-    except ValueError as exc:           # the launchers' documented refusals, before a launch
-        rec.update(status="unsupported", error=f"{type(exc).__name__}: {exc}")
+                                         seed=seed, heads=heads, progress=progress))
+    except ValueError as exc:
+        # a launcher's documented refusal comes before its first launch; a ValueError later
+        # (validate=True finding a bad pend, say) is a failure
+        status = "error" if progress["launched"] else "unsupported"
+        rec.update(status=status, error=f"{type(exc).__name__}: {exc}")
     except Exception as exc:             # anything else is a failure of the grid
         rec.update(status="error", error=f"{type(exc).__name__}: {exc}")
     if "status" not in rec:
