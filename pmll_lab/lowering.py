@@ -46,7 +46,8 @@ def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
     """Compile ``kernel`` (a ``@triton.jit`` function) for CUDA ``sm_<arch>`` without launching it.
 
     ``types``: Triton type of every non-constexpr argument by name (``"*bf16"``, ``"i32"``,
-    ``"fp32"``...); ``constexprs``: value of every ``tl.constexpr`` argument. Specialisation as a
+    ``"fp32"``...); ``constexprs``: value of every ``tl.constexpr`` argument (one left out
+    takes its default, if it has one). Specialisation as a
     launch gives it (Triton 3.6): every pointer 16-byte aligned, unless named in ``unaligned``;
     an integer argument with its value in ``values`` is specialised as a launch would (1 becomes
     a constant, a multiple of 16 gets the divisibility hint), one without is taken as a multiple
@@ -89,10 +90,10 @@ def lower(kernel, types: Mapping[str, str], constexprs: Mapping[str, object], *,
     for i, param in enumerate(kernel.params):
         name = param.name
         if param.is_constexpr:
-            if name not in constexprs:
+            if name not in constexprs and not param.has_default:
                 raise ValueError(f"constexprs: no value for the constexpr argument {name!r}")
             sig[name] = "constexpr"
-            consts[(i,)] = constexprs[name]
+            consts[(i,)] = constexprs[name] if name in constexprs else param.default
             continue
         if name not in types:
             raise ValueError(f"types: no Triton type for argument {name!r}")
@@ -197,6 +198,51 @@ def reduction_layouts(ttgir: str) -> list[str]:
     return out
 
 
+_BLOCKED = re.compile(r"#ttg\.blocked<\{sizePerThread = \[([\d, ]+)\], threadsPerWarp = "
+                      r"\[([\d, ]+)\], warpsPerCTA = \[([\d, ]+)\]")
+_REDUCE_HEAD = re.compile(r'"tt\.reduce"\(([^)]*)\) <\{axis = (\d+) : i32\}>')
+
+
+def lane_split_fma_sums(ttgir: str) -> list[str]:
+    """The reductions of two operands (``recurrence.dot_fma``'s products, combined by
+    ``fma(c, d, a * b)``) whose operand layout gives each thread a single element along the
+    reduced axis (``sizePerThread`` times the layout's repeats over the shape) while several
+    lanes or warps share that axis, as ``"<shape>, axis <n>,
+    <layout>"``. There the first combine meets two raw products across lanes, and a butterfly
+    reduction leaves each lane its own rounding of the sum (the combine is not commutative),
+    so a value stashed from one lane does not replay the other lanes' rows
+    (``recurrence.kv_state_vector``). A layout that is not ``#ttg.blocked`` is listed too
+    (the check cannot read it)."""
+    defs = dict(_LAYOUT_DEF.findall(ttgir))
+    lines = ttgir.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        head = _REDUCE_HEAD.search(line)
+        if head is None or head.group(1).count(",") != 1:
+            continue
+        axis = int(head.group(2))
+        opened = 0
+        for j in range(i, len(lines)):
+            opened += lines[j].count("({") - lines[j].count("})")
+            if opened <= 0 and "})" in lines[j]:
+                break
+        operand = _operand_type(lines[j])
+        shape, _, layout = operand[len("tensor<"):-1].partition(", ")
+        layout = layout.strip()
+        text = defs.get(layout, layout)
+        m = _BLOCKED.search(text)
+        if m is None:
+            out.append(f"{shape}, axis {axis}, {text}")
+            continue
+        per, lanes, warps = ([int(x) for x in g.split(",")] for g in m.groups())
+        extent = int(shape.split("x")[axis])
+        tile = per[axis] * lanes[axis] * warps[axis]       # the layout's span along the axis
+        held = per[axis] * max(1, extent // tile)          # elements a thread holds along it
+        if held == 1 and extent > 1 and lanes[axis] * warps[axis] > 1:
+            out.append(f"{shape}, axis {axis}, {text}")
+    return out
+
+
 def sass_stats(compiled) -> dict:
     """Registers and SASS instruction mix of a kernel from :func:`lower`, read from its cubin
     with the ``cuobjdump`` that ships with Triton: ``{"registers", "stack_bytes",
@@ -238,7 +284,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
                      batch: int = 64, gate: bool = False,
                      state_type: str = "fp32",
                      carry_constexprs: Mapping[str, object] | None = None,
-                     stage: str = "cubin") -> dict[str, set[str]]:
+                     stage: str = "cubin", lane_split: dict | None = None
+                     ) -> dict[str, set[str]]:
     """Reduction layouts of the kernels that must agree bitwise with GDN decode (SPEC §2):
     ``gdn_rows_kernel`` (decode and the chain), the exact carried-state verify per head and with
     split columns. Each kernel as the launchers launch it (``block_config`` shapes and warps,
@@ -253,7 +300,9 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     verify kernels only (a test of the check itself: a V-major verify lowered with
     ``QK_ALIGNED=False`` under a hinted decode must show another layout). ``stage``: the last
     lowering stage run (:func:`lower`; ``"ttgir"`` holds the layouts and is all the check
-    needs; ``"cubin"``, the default, also has ptxas accept every kernel). Raises
+    needs; ``"cubin"``, the default, also has ptxas accept every kernel). A dict passed as
+    ``lane_split`` is filled with each kernel's ``lane_split_fma_sums`` (should be empty:
+    lanes that round a key sum differently break replay even on decode's layouts). Raises
     ``ValueError`` for ``rows`` outside ``1..8``, ``head_dim < 1``, value heads not a
     multiple of key heads, or ``resources`` with a ``stage`` before ``"cubin"``, and
     ``RuntimeError`` as :func:`lower` does."""
@@ -272,8 +321,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     from pmll_lab.ops import settings
     from pmll_lab.ops.gdn import decode as D
     from pmll_lab.ops.gdn.recurrence import (EXACT_LAUNCH, block_config, check_layout,
-                                             vk_ahead, vk_chunks, vk_config, vk_qk_rows_fit,
-                                             vk_state_vector)
+                                             kv_state_vector, vk_ahead, vk_chunks, vk_config,
+                                             vk_qk_rows_fit, vk_state_vector)
 
     check_layout("layout", layout)
     HK, HV = heads
@@ -304,10 +353,12 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     vk_meta = (dict(s_row=head_dim, i_r=head_dim, AHEAD=vk_ahead(batch * HV)[0],
                     QK_ALIGNED=vk_qk_rows_fit(head_dim, itemsize)) if layout == "vk" else {})
     state_size = {"bf16": 2, "fp16": 2}.get(state_type, 4)
+    if layout == "kv":              # decode's state vector cap, in every K-major exact kernel
+        vk_meta = dict(STATE_VEC=kv_state_vector(head_dim, head_dim, state_size))
     vk_carry = (dict(zip(("AHEAD", "STASH_AHEAD"), vk_ahead(batch * HV, "carry", state_size)),
                      QK_ALIGNED=vk_meta["QK_ALIGNED"],
                      STATE_VEC=vk_state_vector(head_dim, head_dim, batch * HV, state_size))
-                if layout == "vk" else {})
+                if layout == "vk" else dict(vk_meta))
     dec = lower(rows_kernel, dec_types,
                 dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,
                      STORE_INTER=False, USE_QK_L2NORM=True,
@@ -347,6 +398,9 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         compiled[kern.__name__] = low
     if resources is not None:
         resources.update({name: sass_stats(k) for name, k in compiled.items()})
+    if lane_split is not None:
+        lane_split.update({name: lane_split_fma_sums(k.asm["ttgir"])
+                           for name, k in compiled.items()})
     return out
 
 
@@ -392,11 +446,18 @@ def launch_cases(head_dims=HEAD_DIMS, state_types=STATE_TYPES, heads: tuple[int,
 
 def family_mismatches(case: Mapping) -> dict[str, list[str]]:
     """``gdn_exact_family(**case, stage="ttgir")``'s kernels that reduce on a layout decode does
-    not use (or on none): ``{kernel: layouts not in decode}``, empty when the family agrees."""
-    fam = gdn_exact_family(**case, stage="ttgir")
+    not use (or on none), or split an FMA key sum's first combine across lanes
+    (``lane_split_fma_sums``, decode included): ``{kernel: what}``, empty when the family
+    agrees."""
+    split: dict = {}
+    fam = gdn_exact_family(**case, stage="ttgir", lane_split=split)
     ref = next(iter(fam.values()))
-    return {name: sorted(lay - ref) or ["no reduction"] for name, lay in fam.items()
-            if lay - ref or not lay}
+    out = {name: sorted(lay - ref) or ["no reduction"] for name, lay in fam.items()
+           if lay - ref or not lay}
+    for name, sums in split.items():
+        if sums:
+            out.setdefault(name, []).extend(f"lane-split fma sum: {x}" for x in sums)
+    return out
 
 
 def check_launch_cases(cases: list[dict], jobs: int = 1) -> list[tuple[dict, dict]]:
@@ -459,16 +520,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.all:
         return _main_all(args.jobs)
     res = {} if args.resources else None
+    split: dict = {}
     fam = gdn_exact_family(head_dim=args.head_dim, rows=args.rows, input_type=args.input_type,
                            resources=res, layout=args.layout, batch=args.batch,
-                           gate=args.gate, state_type=args.state_type)
+                           gate=args.gate, state_type=args.state_type, lane_split=split)
     ref = next(iter(fam.values()))
     bad = 0
     for name, layouts in fam.items():
         extra = layouts - ref
-        bad += bool(extra) or not layouts
+        bad += bool(extra) or not layouts or bool(split.get(name))
         print(f"{name}: {len(layouts)} reduction layouts"
-              + (f", NOT in decode: {sorted(extra)}" if extra else ", all as in decode"))
+              + (f", NOT in decode: {sorted(extra)}" if extra else ", all as in decode")
+              + (f"; lane-split FMA sums: {split[name]}" if split.get(name) else ""))
     for name, st in (res or {}).items():
         mix = st["mix"]
         print(f"{name}: {st['registers']} registers, {st['stack_bytes']} B stack, "

@@ -31,6 +31,21 @@ SCRIPT = textwrap.dedent("""
     for head_dim, input_type, rows in ((128, "bf16", 4), (64, "fp32", 1), (256, "bf16", 8)):
         fam = gdn_exact_family(head_dim=head_dim, input_type=input_type, rows=rows)
         out[f"{head_dim}-{input_type}-{rows}"] = {k: sorted(v) for k, v in fam.items()}
+    # kd = 16 with a 2-byte state: every kernel's key sums must meet in a thread first
+    for st in ("bf16", "fp16"):
+        split = {}
+        fam = gdn_exact_family(head_dim=16, input_type="bf16", rows=4, state_type=st,
+                               lane_split=split, stage="ttgir")
+        out[f"16-{st}"] = {"layouts": {k: sorted(v) for k, v in fam.items()}, "split": split}
+    # mutation: the same without decode's state vector cap (the launch the H200 caught)
+    from pmll_lab.ops.gdn import recurrence as R
+    real_cap = R.kv_state_vector
+    R.kv_state_vector = lambda *args: 0
+    split = {}
+    gdn_exact_family(head_dim=16, input_type="bf16", rows=4, state_type="bf16",
+                     lane_split=split, stage="ttgir")
+    out["16-bf16-uncapped"] = split
+    R.kv_state_vector = real_cap
     for head_dim, input_type, rows, batch in ((128, "bf16", 4, 64), (64, "fp32", 8, 1)):
         fam = gdn_exact_family(head_dim=head_dim, input_type=input_type, rows=rows,
                                layout="vk", batch=batch)
@@ -97,6 +112,38 @@ def test_vk_family_reduces_on_decode_layouts(lowered, case):
     decode = fam["gdn_rows_vk_kernel"]
     assert decode, "decode lost its reductions"
     assert fam["gdn_carry_exact_vk_kernel"] == decode, (fam["gdn_carry_exact_vk_kernel"], decode)
+
+
+@pytest.mark.parametrize("state", ["bf16", "fp16"])
+def test_tiny_heads_sum_keys_alike_on_every_lane(lowered, state):
+    """kd = 16 with a 2-byte state (a 16 x 16 block, 8 per thread): with decode's state
+    vector cap every kernel holds two key rows per thread, so no FMA key sum starts across
+    lanes (where lanes would round it differently and a stashed ``u`` would not replay the
+    other lanes' rows), and the carry reduces on decode's layouts."""
+    got = lowered[f"16-{state}"]
+    assert got["split"] and not any(got["split"].values()), got["split"]
+    decode = got["layouts"]["gdn_rows_kernel"]
+    for name in ("_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"):
+        assert got["layouts"][name] == decode, (name, got["layouts"][name], decode)
+
+
+def test_check_sees_lane_split_sums(lowered):
+    """Without the cap (``kv_state_vector`` 0: the natural 16-byte vector) decode and both
+    exact verify kernels start their key sums across lanes, and the check says so."""
+    split = lowered["16-bf16-uncapped"]
+    assert set(split) == {"gdn_rows_kernel", "_gdn_carry_exact_kernel",
+                          "_gdn_carry_exact_split_kernel"}, split
+    assert all(split.values()), split
+
+
+def test_kv_state_vector_caps_only_the_one_key_row_blocks():
+    from pmll_lab.ops.gdn.recurrence import kv_state_vector
+
+    assert kv_state_vector(16, 16, 2) == 4            # 8 per thread, natural vector 8: capped
+    assert [kv_state_vector(d, d, s) for d in (16, 32, 64, 128, 256) for s in (2, 4)
+            if (d, s) != (16, 2)] == [0] * 9
+    with pytest.raises(ValueError, match="state_itemsize"):
+        kv_state_vector(16, 16, 8)
 
 
 def test_exact_launch_leaves_only_the_written_fmas(lowered):

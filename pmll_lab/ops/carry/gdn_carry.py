@@ -170,6 +170,8 @@ def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, fo
                 USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=cs.carry_prefetch_rows,
                 GATE=gating is not None)
     unroll = K <= cs.exact_unroll_max_rows
+    # the state block in registers as decode holds it
+    meta["STATE_VEC"] = recurrence.kv_state_vector(kd, vd, state.element_size())
     if cs.exact_split_columns:
         NV = cdiv(vd, BV)
         return (_gdn_carry_exact_split_kernel, (B * HV * NV,),

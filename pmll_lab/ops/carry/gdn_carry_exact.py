@@ -48,11 +48,15 @@ _ROW_UNSPECIALIZED = dict(do_not_specialize=_ROW_STRIDES,
 
 @triton.jit
 def _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv,
-                  HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr):
+                  HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr, PREFETCH: tl.constexpr,
+                  STATE_VEC: tl.constexpr = 0):
     """The state block ``[BK, BV]`` (key rows ``rk``, value columns ``rv``) of one head with its
-    ``p`` pending stash rows folded in, written back when ``wb``."""
+    ``p`` pending stash rows folded in, written back when ``wb``. ``STATE_VEC > 0``: loaded at
+    most that many columns per thread, as decode loads it (``recurrence.kv_state_vector``).
     m2 = mk[:, None] & mv[None, :]
     hp = h_ptr + rk[:, None] * VD + rv[None, :]
+    if STATE_VEC > 0:
+        hp = tl.max_contiguous(hp, [1, STATE_VEC])
     h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
     h = fold_pending(h, (), u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, h_ptr, HV, KD, VD,
                      PREFETCH, False)
@@ -68,7 +72,8 @@ def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                         sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t, ga, gd,
                         K: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-                        PREFETCH: tl.constexpr, UNROLL: tl.constexpr, GATE: tl.constexpr):
+                        PREFETCH: tl.constexpr, UNROLL: tl.constexpr, GATE: tl.constexpr,
+                        STATE_VEC: tl.constexpr):
     """Columns ``j*BV ..`` of one head: load the state block, fold the ``p`` pending rows, write
     it back if ``wb``, run the ``K`` rows (decode's ``gdn_row``), store outputs and stash ``u``.
     ``PREFETCH``: row ``t+1``'s inputs are loaded before row ``t`` runs; ``UNROLL``: the rows are
@@ -79,7 +84,8 @@ def _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
     rv = j * BV + tl.arange(0, BV)
     mv = rv < VD
     ml = mv & live
-    h = _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, ml, HV, KD, VD, PREFETCH)
+    h = _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, ml, HV, KD, VD, PREFETCH,
+                      STATE_VEC)
     grow = g_ptr + b * sg_b + hv
     brow = beta_ptr + b * sb_b + hv
     if UNROLL:
@@ -133,10 +139,11 @@ def _gdn_carry_exact_kernel(
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
-    UNROLL: tl.constexpr, GATE: tl.constexpr,
+    UNROLL: tl.constexpr, GATE: tl.constexpr, STATE_VEC: tl.constexpr = 0,
 ):
     """The exact form, one program per (sequence, head) looping over the head's column
-    blocks (grid ``(B, HV)``); the shared g/k rows are restashed after the last block."""
+    blocks (grid ``(B, HV)``); the shared g/k rows are restashed after the last block.
+    ``STATE_VEC``: decode's state vector cap (``recurrence.kv_state_vector``)."""
     b = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     hk = hv // GROUP
@@ -151,7 +158,8 @@ def _gdn_carry_exact_kernel(
         _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                             g_ptr, beta_ptr, o_ptr, b, hv, live, p, wb, first, scale, j,
                             sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t, ga, gd,
-                            K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH, UNROLL, GATE)
+                            K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH, UNROLL, GATE,
+                            STATE_VEC)
     tl.debug_barrier()
     if live:
         _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
@@ -170,7 +178,7 @@ def _gdn_carry_exact_split_kernel(
     K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     KD: tl.constexpr, VD: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
-    UNROLL: tl.constexpr, GATE: tl.constexpr,
+    UNROLL: tl.constexpr, GATE: tl.constexpr, STATE_VEC: tl.constexpr = 0,
 ):
     """The exact form with a head's column blocks split across programs (grid
     ``(B * HV * NV,)``, decode's own split and program order, ``head_tile_program``). Shared
@@ -189,7 +197,8 @@ def _gdn_carry_exact_split_kernel(
     _exact_column_block(h_ptr, u_ptr, gs_ptr, ks_ptr, qrow, krow, vrow, orow,
                         g_ptr, beta_ptr, o_ptr, b, hv, live, p, wb, first, scale, j,
                         sq_t, sk_t, sv_t, sg_b, sg_t, sb_b, sb_t, so_t, ga, gd,
-                        K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH, UNROLL, GATE)
+                        K, HV, KD, VD, BK, BV, USE_QK_L2NORM, PREFETCH, UNROLL, GATE,
+                        STATE_VEC)
     tl.debug_barrier()
     arrived = tl.atomic_add(arrive_ptr + slot * HV + hv, 1, sem="acq_rel", mask=live)
     if live & (arrived == NV - 1):

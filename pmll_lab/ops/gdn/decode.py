@@ -37,7 +37,8 @@ from pmll_lab.ops.gdn.gating import Gating, gate_inputs, split_gating
 from pmll_lab.ops import settings
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, EXACT_LAUNCH, block_config,
                                          gdn_row, head_tile_program, load_gate_params,
-                                         load_row_inputs, qk_prepare, round_like, vk_chunks,
+                                         kv_state_vector, load_row_inputs, qk_prepare,
+                                         round_like, vk_chunks,
                                          vk_ahead, vk_config, vk_qk_aligned)
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
@@ -97,6 +98,7 @@ def gdn_rows_kernel(
     K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_IDX: tl.constexpr, STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     UNROLL: tl.constexpr, HAS_OUT_IDX: tl.constexpr, GATE: tl.constexpr,
+    STATE_VEC: tl.constexpr = 0,
 ):
     b64, hv, pid_v = head_tile_program(HV, tl.cdiv(VD, BV))
     hk = hv // GROUP
@@ -119,6 +121,8 @@ def gdn_rows_kernel(
     mh = mk[:, None] & mv[None, :] & live
 
     p_h = state + slot * s_slot + hv * s_head + rk[:, None] * s_key + rv[None, :]
+    if STATE_VEC > 0:                    # >= 2 key rows per thread (recurrence.kv_state_vector)
+        p_h = tl.max_contiguous(p_h, [1, STATE_VEC])
     h = tl.load(p_h, mask=mh, other=0.0).to(tl.float32)
 
     q_row = q + b64 * q_b + hk * q_h
@@ -161,6 +165,7 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
     else:
         BK, BV, num_warps = block_config(kd, vd)
         kernel = gdn_rows_kernel
+        extra = dict(STATE_VEC=kv_state_vector(kd, vd, state.element_size()))
     # Strides of the row axis are 0 for decode (no rows axis); every head stride is explicit.
     if rows:
         qs, ks, vs, os_ = q.stride()[:3], k.stride()[:3], v.stride()[:3], o.stride()[:3]

@@ -32,6 +32,12 @@ flushed states differ from decode's in the last bit (fp32 inputs, V-major; bf16 
 K-major), while the sweep shapes agreed (reports/perf-notes.md, "Exactness on the GPU"). The
 interpreter computes ``tl.fma`` unfused and contracts nothing, consistently in every kernel.
 
+Every lane must hold the same sum: ``dot_fma``'s combine is not commutative on two raw
+products, so a block laid out one key row per thread (the first combine across lanes) leaves
+each lane its own rounding of ``hk``, and a stashed ``u`` (one lane's) then does not replay the
+other lanes' rows. The K-major kernels load the state block at most ``kv_state_vector``
+columns per thread so that never happens (kd = 16 with a 2-byte state was the one case).
+
 Same block shapes are necessary, not sufficient: on a GPU the compiler picks the register
 layout of a loaded block (and so the order of the sums above) from what it knows of the
 pointer's alignment and strides (Triton specialises pointers on 16-byte alignment and integer
@@ -400,6 +406,35 @@ def vk_state_vector(k_dim: int, v_dim: int, work: int, state_itemsize: int) -> i
                          f"{state_itemsize!r}")
     bk, br, warps = vk_config(k_dim, v_dim, work)
     return max(1, min(16 // state_itemsize, vk_chunks(bk)[1], br * bk // (32 * warps)))
+
+
+def kv_state_vector(k_dim: int, v_dim: int, state_itemsize: int) -> int:
+    """``STATE_VEC`` of the K-major exact kernels (decode, the chain, the exact carry verify):
+    the most contiguous value columns per thread the state block (``block_config``) may be
+    loaded with so that each thread holds at least two key rows of it, or 0 when the natural
+    16-byte vector already leaves two (no hint: the launch as it always was).
+
+    Why: ``dot_fma``'s combine ``fma(c, d, a * b)`` is not commutative on two raw products,
+    and a warp reduces by butterfly shuffles in which each lane combines its own value with
+    its partner's, so when a thread holds a single key row (the first combine runs across
+    lanes) the lanes end with different key sums ``h^T k``: each key row of the state is then
+    updated with its own lane's ``u``, while the stash keeps one lane's ``u``, so a fold or a
+    flush rounds those rows differently from decode. With two key rows per thread the products
+    meet inside a thread first and lanes combine only partial sums (``fma(c, 1, a) = a + c``,
+    commutative), so every lane holds the same sums. Only ``kd <= 16`` with a 2-byte state
+    (bf16/fp16: 8 columns per 16-byte vector, a ``16 x 16`` block on 32 threads) needs it: the
+    H200 found the exact carry 1 bf16 ulp off decode there (sm_90 PTX of decode:
+    ``shfl.bfly`` of both factors, then ``fma`` on the partner's product). Raises
+    ``ValueError`` for a state element size other than 2 or 4 bytes."""
+    if state_itemsize not in (2, 4):
+        raise ValueError(f"state_itemsize: expected 2 (bf16/fp16) or 4 (fp32), got "
+                         f"{state_itemsize!r}")
+    bk, bv, warps = block_config(k_dim, v_dim)
+    per_thread = bk * bv // (32 * warps)
+    natural = min(16 // state_itemsize, bv)
+    if per_thread // natural >= 2:
+        return 0
+    return max(1, per_thread // 2)
 
 
 def block_config(k_dim: int, v_dim: int) -> tuple[int, int, int]:

@@ -1,0 +1,398 @@
+"""The exactness grid: the exact carried-state protocol and the K-row chain against plain
+decoding, bitwise, over head sizes x layouts x state dtypes x input dtypes x rows (SPEC §2
+"Exactness", §3a, §3b).
+
+Per configuration (``kd = vd``, ``state_layout``, state dtype, input dtype, ``K``), with ``B``
+sequences drawn each step from ``S = B + B // 4 + 1`` slots, ``steps`` steps of seeded rows
+(``pmll_lab.inputs.gdn_inputs``) and seeded acceptance counts in ``0..K``
+(``experiments.acceptance.accept_counts``; 0 and ``K`` both occur):
+
+- three runs of the carried state through the serving driver ``SpecDecodeStep`` (its policy
+  flushes included): ``eager`` (every step eager), ``lazy`` (every step lazy), ``policy``
+  (widths ``B`` and ``B // 2`` alternate across ``lazy_min_seqs = B``, so lazy and eager steps
+  mix and an eager step after lazy ones flushes the slots holding more than
+  ``eager_max_pending``); each also flushes every slot at mid-run, then at the end;
+- the chain with snapshots (``gdn_chain`` + ``gdn_snapshot_restore``; a sequence accepting 0
+  rows gets its state before the step back).
+
+Every accepted row's output (``o[b, t]``, ``[HV, vd]``) of each run is compared bitwise with
+``gdn_decode`` of the accepted rows one token at a time on a state of its own, and so is the
+final state. For the GPU to pin a difference down, each run also keeps, per step, a copy of the
+carry's state with its pending rows folded (``gdn_carry_flush`` on clones, the run itself
+untouched): the first step where it leaves plain decoding is recorded with the slot, head and
+element, and each differing row with its step, sequence, row, pending count, write-back flag
+and first differing element.
+
+A configuration a launcher refuses by design (``ValueError`` before any launch) is recorded as
+``unsupported`` with its message, never as a difference. Run from the command line::
+
+    python -m pmll_lab.experiments.exactness --batch 32 --steps 12 --out exactness.jsonl
+
+(one line per configuration; exit 1 when any configuration differs or fails). Why a grid:
+a bitwise defect may sit in one corner only (a tiny head, a narrow state, one ``K``) that the
+notebooks' sweep shapes never reach.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import random
+import sys
+import time
+
+import numpy as np
+import torch
+
+from pmll_lab.backend import DEVICE
+from pmll_lab.bench import bitwise_equal
+from pmll_lab.carry import CarryLayer, GdnCarry, SpecDecodeStep, gdn_carry_flush
+from pmll_lab.experiments.acceptance import accept_counts
+from pmll_lab.gdn import gdn_chain, gdn_decode
+from pmll_lab.inputs import gdn_inputs
+from pmll_lab.ops.gdn.restore import gdn_snapshot_restore
+
+HEAD_DIMS = (16, 32, 64, 128, 256)
+LAYOUTS = ("kv", "vk")
+STATE_DTYPES = ("float32", "bfloat16", "float16")
+INPUT_DTYPES = ("bfloat16", "float32")
+ROWS = (2, 3, 4, 8)
+MODES = ("eager", "lazy", "policy")
+FORMS = tuple(f"carry_{m}" for m in MODES) + ("chain",)
+MAX_DETAILS = 8
+"""Differing rows recorded per run (the count is always complete)."""
+
+
+def configs(head_dims=HEAD_DIMS, layouts=LAYOUTS, state_dtypes=STATE_DTYPES,
+            input_dtypes=INPUT_DTYPES, rows=ROWS) -> list[dict]:
+    """The grid's configurations, the product of the axes, as dicts
+    ``{kd, layout, state_dtype, input_dtype, K}`` (``kd = vd``)."""
+    return [dict(kd=d, layout=lay, state_dtype=sd, input_dtype=i, K=K)
+            for d, lay, sd, i, K in itertools.product(head_dims, layouts, state_dtypes,
+                                                      input_dtypes, rows)]
+
+
+def config_name(cfg: dict) -> str:
+    """``kd16-kv-state_bfloat16-in_bfloat16-K4``."""
+    return (f"kd{cfg['kd']}-{cfg['layout']}-state_{cfg['state_dtype']}-in_{cfg['input_dtype']}"
+            f"-K{cfg['K']}")
+
+
+def _rows_differ(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """``[n]`` bool on the host: which rows (first dim) of two equal-dtype tensors differ in
+    any bit."""
+    size = {2: torch.int16, 4: torch.int32}[got.element_size()]
+    ne = got.contiguous().view(size) != want.contiguous().view(size)
+    return ne.flatten(1).any(1).cpu()
+
+
+def _first_element(got: torch.Tensor, want: torch.Tensor) -> dict:
+    """Index (as a list), count and values of the first differing element of two tensors."""
+    size = {2: torch.int16, 4: torch.int32}[got.element_size()]
+    ne = (got.contiguous().view(size) != want.contiguous().view(size)).cpu()
+    idx = ne.nonzero()
+    first = idx[0].tolist()
+    return {"element": first, "elements_differing": int(ne.sum()),
+            "got": float(got.cpu()[tuple(first)]), "want": float(want.cpu()[tuple(first)])}
+
+
+def _state_diff(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).abs().max()) if got.numel() else 0.0
+
+
+class _Run:
+    """One form's tallies: rows compared / differing, the worst state difference, details."""
+
+    def __init__(self, form: str):
+        self.form = form
+        self.rows = 0
+        self.differ = 0
+        self.state_max = 0.0
+        self.state_bitwise = True
+        self.details: list[dict] = []
+        self.first_state_diff: dict | None = None
+
+    def rows_check(self, step, t, got, want, sel, slots, extra):
+        """Compare output rows ``got[i] == want[i]`` for the sequences ``sel`` at row ``t``."""
+        bad = _rows_differ(got, want)
+        self.rows += len(sel)
+        self.differ += int(bad.sum())
+        for i in bad.nonzero().flatten().tolist():
+            if len(self.details) < MAX_DETAILS:
+                b = sel[i]
+                self.details.append(dict(what="output", step=step, b=b, slot=int(slots[b]),
+                                         t=t, **{k: v[b] for k, v in extra.items()},
+                                         **_first_element(got[i], want[i])))
+
+    def state_check(self, step, got, want, final=False):
+        """Compare whole state pools (``[S, HV, ., .]``); the first difference is kept."""
+        d = _state_diff(got, want)
+        self.state_max = max(self.state_max, d)
+        if not bitwise_equal(got, want):
+            self.state_bitwise = False
+            if self.first_state_diff is None:
+                e = _first_element(got, want)
+                self.first_state_diff = dict(what="final state" if final else "folded state",
+                                             step=step, slot=e["element"][0], **e)
+
+    def result(self) -> dict:
+        ok = self.differ == 0 and self.state_bitwise
+        out = dict(form=self.form, rows_compared=self.rows, rows_differing=self.differ,
+                   max_abs_state_diff=self.state_max, state_bitwise=self.state_bitwise,
+                   bitwise=ok, details=self.details)
+        if self.first_state_diff is not None:
+            out["first_state_diff"] = self.first_state_diff
+        return out
+
+
+def _draw(seed, n, B, HK, HV, d, K, dtype):
+    return gdn_inputs(seed + 1000 + n, B, HK, HV, d, d, rows=K, dtype=dtype)
+
+
+def _initial_state(seed, S, HK, HV, d, layout, state_dtype):
+    st = gdn_inputs(seed + 7, 1, HK, HV, d, d, slots=S, dtype=torch.float32)["state"]
+    if layout == "vk":
+        st = st.transpose(-1, -2).contiguous()
+    return st.to(state_dtype)
+
+
+def _plain_rows(pst, x, t, sel, slot_t, layout):
+    """``gdn_decode`` of row ``t`` of the sequences ``sel`` on the plain state ``pst``."""
+    sel_t = torch.tensor(sel, device=pst.device)
+    return gdn_decode(pst, x["q"][sel_t, t], x["k"][sel_t, t], x["v"][sel_t, t],
+                      x["g"][sel_t, t], x["beta"][sel_t, t], state_indices=slot_t[sel_t],
+                      state_layout=layout)
+
+
+def run_carry(cfg: dict, mode: str, *, B: int, steps: int, seed: int, heads=(1, 2),
+              alpha: float = 0.75, p_zero: float = 0.15, progress: dict | None = None) -> dict:
+    """One carried-state run (``mode`` in ``MODES``) against plain decoding; see the module
+    docstring. Returns ``_Run.result()`` plus the driver's ``stats``. ``progress["launched"]``
+    is set once the first verify has run."""
+    progress = {} if progress is None else progress
+    HK, HV = heads
+    d, K, layout = cfg["kd"], cfg["K"], cfg["layout"]
+    sdt, idt = getattr(torch, cfg["state_dtype"]), getattr(torch, cfg["input_dtype"])
+    S = B + B // 4 + 1
+    st = _initial_state(seed, S, HK, HV, d, layout, sdt)
+    lay = CarryLayer(st.clone(), GdnCarry.empty(S, HV, d, d), state_layout=layout)
+    pst = st.clone()
+    lazy_min = {"eager": None, "lazy": 1, "policy": B}[mode]
+    step = SpecDecodeStep([lay], form="exact", lazy_min_seqs=lazy_min, validate=True)
+    widths = [B, max(1, B // 2)] if mode == "policy" else [B]
+    rng, pyrng = np.random.default_rng(seed), random.Random(seed)
+    run = _Run(f"carry_{mode}")
+    every = torch.arange(S, dtype=torch.int32, device=st.device)
+    for n in range(steps):
+        if n == steps // 2:
+            step.flush(list(range(S)))               # the serving side's flush (e.g. preemption)
+        Bn = widths[n % len(widths)]
+        slots = pyrng.sample(range(S), Bn)
+        slot_t = torch.tensor(slots, dtype=torch.int32, device=st.device)
+        x = _draw(seed, n, Bn, HK, HV, d, K, idt)
+        plan = step.begin(slots, K)
+        pend = lay.carry.pend[slot_t.long()].cpu().tolist()
+        o = step.verify_layer(0, q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"])
+        progress["launched"] = True
+        wb = (step.engaged[0].cpu() == 2).tolist()
+        acc = accept_counts(rng, Bn, K, alpha, p_zero)
+        step.accept(acc.tolist())
+        extra = dict(pend=pend, write_back=wb, lazy=[plan["lazy"]] * Bn,
+                     flushed_this_step=[plan["flushed"]] * Bn)
+        for t in range(K):
+            sel = [b for b in range(Bn) if acc[b] > t]
+            if not sel:
+                break
+            want = _plain_rows(pst, x, t, sel, slot_t, layout)
+            run.rows_check(n, t, o[sel][:, t], want, sel, slots, extra)
+        # the carry's state with every pending row folded, on clones (the run is untouched)
+        if run.first_state_diff is None:
+            c = dataclasses.replace(lay.carry, buf=lay.carry.buf.clone(),
+                                    pend=lay.carry.pend.clone())
+            folded = lay.state.clone()
+            gdn_carry_flush([folded], [c], every, state_layout=layout)
+            run.state_check(n, folded, pst)
+    step.flush(list(range(S)))
+    run.state_check(steps, lay.state, pst, final=True)
+    return dict(run.result(), stats=dict(step.stats))
+
+
+def run_chain(cfg: dict, *, B: int, steps: int, seed: int, heads=(1, 2), alpha: float = 0.75,
+              p_zero: float = 0.15, progress: dict | None = None) -> dict:
+    """The chain with ``K-1`` snapshots and the restore against plain decoding, state
+    compared after every step (``progress`` as in ``run_carry``)."""
+    progress = {} if progress is None else progress
+    HK, HV = heads
+    d, K, layout = cfg["kd"], cfg["K"], cfg["layout"]
+    sdt, idt = getattr(torch, cfg["state_dtype"]), getattr(torch, cfg["input_dtype"])
+    S = B + B // 4 + 1
+    st = _initial_state(seed, S, HK, HV, d, layout, sdt)
+    cst, pst = st.clone(), st.clone()
+    rng, pyrng = np.random.default_rng(seed), random.Random(seed)
+    run = _Run("chain")
+    inter = torch.empty(B, K - 1, *st.shape[1:], dtype=sdt, device=st.device)
+    for n in range(steps):
+        slots = pyrng.sample(range(S), B)
+        slot_t = torch.tensor(slots, dtype=torch.int32, device=st.device)
+        x = _draw(seed, n, B, HK, HV, d, K, idt)
+        before = cst[slot_t.long()].clone()
+        o = gdn_chain(cst, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=slot_t,
+                      intermediate=inter, state_layout=layout)
+        progress["launched"] = True
+        acc = accept_counts(rng, B, K, alpha, p_zero)
+        acc_t = torch.tensor(acc, dtype=torch.int32, device=st.device)
+        gdn_snapshot_restore(cst, inter, slot_t, acc_t, last_in_place=True)
+        zero = torch.tensor([b for b in range(B) if acc[b] == 0], dtype=torch.long,
+                            device=st.device)
+        if zero.numel():
+            cst[slot_t.long()[zero]] = before[zero]
+        extra = dict(pend=[0] * B, write_back=[False] * B, lazy=[False] * B,
+                     flushed_this_step=[0] * B)
+        for t in range(K):
+            sel = [b for b in range(B) if acc[b] > t]
+            if not sel:
+                break
+            want = _plain_rows(pst, x, t, sel, slot_t, layout)
+            run.rows_check(n, t, o[sel][:, t], want, sel, slots, extra)
+        run.state_check(n, cst, pst, final=n == steps - 1)
+    return run.result()
+
+
+def run_config(cfg: dict, *, B: int = 32, steps: int = 12, seed: int = 0, heads=(1, 2),
+               forms=FORMS) -> dict:
+    """Every form of ``forms`` at one configuration. Returns the record written per line:
+    the config, ``status`` (``"bitwise"``, ``"differs"``, ``"unsupported"`` with the
+    launcher's ``ValueError`` message when it came before the first launch, or ``"error"``
+    with the exception), the totals
+    (``rows_compared``, ``rows_differing``, ``max_abs_state_diff``, ``bitwise``), per-form
+    results and the seconds taken."""
+    t0 = time.perf_counter()
+    rec = dict(config=config_name(cfg), **cfg, B=B, steps=steps, seed=seed, heads=list(heads))
+    results = []
+    progress = {"launched": False}
+    try:
+        for form in forms:
+            if form == "chain":
+                results.append(run_chain(cfg, B=B, steps=steps, seed=seed, heads=heads,
+                                         progress=progress))
+            else:
+                results.append(run_carry(cfg, form.removeprefix("carry_"), B=B, steps=steps,
+                                         seed=seed, heads=heads, progress=progress))
+    except ValueError as exc:
+        # a launcher's documented refusal comes before its first launch; a ValueError later
+        # (validate=True finding a bad pend, say) is a failure
+        status = "error" if progress["launched"] else "unsupported"
+        rec.update(status=status, error=f"{type(exc).__name__}: {exc}")
+    except Exception as exc:             # anything else is a failure of the grid
+        rec.update(status="error", error=f"{type(exc).__name__}: {exc}")
+    if "status" not in rec:
+        ok = all(r["bitwise"] for r in results)
+        rec.update(status="bitwise" if ok else "differs")
+    rec.update(rows_compared=sum(r["rows_compared"] for r in results),
+               rows_differing=sum(r["rows_differing"] for r in results),
+               max_abs_state_diff=max([r["max_abs_state_diff"] for r in results], default=0.0),
+               bitwise=rec["status"] == "bitwise", forms=results,
+               seconds=round(time.perf_counter() - t0, 3))
+    return rec
+
+
+def summary_line(rec: dict) -> str:
+    """One line: config, rows compared, rows differing, max abs state difference, bitwise."""
+    line = (f"{rec['config']:<44} rows {rec['rows_compared']:>6}  differ {rec['rows_differing']:>4}"
+            f"  state_max_abs {rec['max_abs_state_diff']:.3e}  bitwise "
+            f"{'yes' if rec['bitwise'] else 'no'}  [{rec['status']}, {rec['seconds']:.1f} s]")
+    if rec.get("error"):
+        line += f"  {rec['error']}"
+    return line
+
+
+def detail_lines(rec: dict) -> list[str]:
+    """For a configuration that differs: per form that differs, its counts, the first step
+    where its folded state leaves plain decoding, and its first differing rows."""
+    out = []
+    for r in rec["forms"]:
+        if r["bitwise"]:
+            continue
+        out.append(f"    {r['form']}: rows differ {r['rows_differing']} of {r['rows_compared']},"
+                   f" state bitwise {r['state_bitwise']}, max abs {r['max_abs_state_diff']:.3e}")
+        if r.get("first_state_diff"):
+            out.append(f"      first state diff: {json.dumps(r['first_state_diff'])}")
+        out += [f"      row: {json.dumps(d)}" for d in r["details"]]
+    return out
+
+
+def run_grid(cfgs, *, B: int, steps: int, seed: int, heads=(1, 2), forms=FORMS, out=None,
+             echo=print) -> list[dict]:
+    """``run_config`` for every configuration, one summary line each through ``echo`` (and
+    the detail lines of a differing one); each record appended to the JSON-lines file ``out``
+    as it completes. Returns the records."""
+    recs = []
+    fh = open(out, "a") if out else None
+    try:
+        for cfg in cfgs:
+            rec = run_config(cfg, B=B, steps=steps, seed=seed, heads=heads, forms=forms)
+            recs.append(rec)
+            echo(summary_line(rec))
+            for line in detail_lines(rec):
+                echo(line)
+            if fh:
+                fh.write(json.dumps(rec) + "\n")
+                fh.flush()
+    finally:
+        if fh:
+            fh.close()
+    return recs
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def _names(allowed):
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(text.split(","))
+        bad = [n for n in names if n not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{bad} not in {allowed}")
+        return names
+    return parse
+
+
+def main(argv=None) -> int:
+    """The command line (``--help``); exit 0 when every configuration run is bitwise or
+    unsupported, 1 otherwise."""
+    ap = argparse.ArgumentParser(prog="python -m pmll_lab.experiments.exactness",
+                                 description="The exact carry (eager, lazy, serving policy) and "
+                                             "the chain against plain GDN decoding, bitwise, "
+                                             "over a grid of configurations.")
+    ap.add_argument("--head-dims", type=_ints, default=HEAD_DIMS, help="kd = vd values")
+    ap.add_argument("--layouts", type=_names(LAYOUTS), default=LAYOUTS)
+    ap.add_argument("--state-dtypes", type=_names(STATE_DTYPES), default=STATE_DTYPES)
+    ap.add_argument("--input-dtypes", type=_names(INPUT_DTYPES), default=INPUT_DTYPES)
+    ap.add_argument("--rows", type=_ints, default=ROWS, help="K values")
+    ap.add_argument("--forms", type=_names(FORMS), default=FORMS)
+    ap.add_argument("--batch", type=int, default=32, help="B, sequences per step")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--heads", type=_ints, default=(1, 2), help="HK,HV (default 1,2)")
+    ap.add_argument("--out", default=None, help="JSON-lines file, one record per configuration "
+                                                 "(appended)")
+    args = ap.parse_args(argv)
+    if args.batch < 1 or args.steps < 1 or len(args.heads) != 2:
+        ap.error("--batch and --steps must be >= 1, --heads two ints HK,HV")
+    cfgs = configs(args.head_dims, args.layouts, args.state_dtypes, args.input_dtypes,
+                   args.rows)
+    print(f"exactness grid: {len(cfgs)} configurations, B={args.batch}, steps={args.steps}, "
+          f"heads={args.heads}, seed={args.seed}, device={DEVICE}", flush=True)
+    recs = run_grid(cfgs, B=args.batch, steps=args.steps, seed=args.seed, heads=args.heads,
+                    forms=args.forms, out=args.out, echo=lambda s: print(s, flush=True))
+    counts = {s: sum(r["status"] == s for r in recs)
+              for s in ("bitwise", "differs", "unsupported", "error")}
+    print("summary: " + ", ".join(f"{v} {k}" for k, v in counts.items()), flush=True)
+    return 1 if counts["differs"] or counts["error"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
