@@ -52,7 +52,7 @@ def _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv,
                   STATE_VEC: tl.constexpr = 0):
     """The state block ``[BK, BV]`` (key rows ``rk``, value columns ``rv``) of one head with its
     ``p`` pending stash rows folded in, written back when ``wb``. ``STATE_VEC > 0``: loaded at
-    most that many columns per thread, as decode loads it (``recurrence.kv_state_vector``).
+    most that many columns per thread, as decode loads it (``recurrence.kv_state_vector``)."""
     m2 = mk[:, None] & mv[None, :]
     hp = h_ptr + rk[:, None] * VD + rv[None, :]
     if STATE_VEC > 0:
