@@ -12,7 +12,7 @@ No GPU needed; about 10 s for the ring on one core.
 
 ``--binding`` also checks the torch bindings (``kernels/*_torch.cpp``) with the host compiler:
 ``c++ -fsyntax-only`` against the installed torch's headers (a CPU build has them, less one
-generated CUDA header that this script stands in for). Off by default: about 40 s per binding,
+generated CUDA header that this script stands in for). Off by default: 40-50 s per binding,
 too slow for every CI run; ``tests/test_kernels_build.py`` runs the nvcc part.
 
 Why a script and not only the test: ``-Xptxas -v`` output is what a kernel author reads after
@@ -22,6 +22,7 @@ an edit; the test asserts the same verdict on CI.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -110,6 +111,18 @@ def compile_cu(path: Path, arch: str = "sm_90a") -> tuple[int, str, list[KernelR
     return proc.returncode, text, parse_ptxas(path.name, text)
 
 
+def cuda_include() -> Path | None:
+    """The toolkit's ``include/``: under ``$CUDA_HOME``, ``$CUDA_PATH``, nvcc's own directory's
+    parent (``nvcc`` may be a wrapper script elsewhere) or ``/usr/local/cuda``; the first that
+    has ``cuda_runtime.h``."""
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
+             str(Path(find_nvcc()).resolve().parent.parent), "/usr/local/cuda"]
+    for root in filter(None, roots):
+        if (Path(root) / "include" / "cuda_runtime.h").is_file():
+            return Path(root) / "include"
+    return None
+
+
 def check_binding(path: Path) -> tuple[int, str]:
     """``c++ -fsyntax-only`` of one torch binding against the installed torch's headers;
     returns (exit status, compiler output)."""
@@ -118,7 +131,9 @@ def check_binding(path: Path) -> tuple[int, str]:
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         return 1, "no host C++ compiler (c++/g++) on PATH"
-    cuda_inc = Path(find_nvcc()).resolve().parent.parent / "include"
+    cuda_inc = cuda_include()
+    if cuda_inc is None:
+        return 1, "no CUDA include directory with cuda_runtime.h (set CUDA_HOME)"
     with tempfile.TemporaryDirectory() as tmp:
         # generated at torch's own build time and absent from CPU wheels; a CUDA build defines
         # just this macro in it
@@ -171,7 +186,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90a", help="nvcc -arch (default sm_90a)")
     ap.add_argument("--binding", action="store_true",
-                    help="also c++ -fsyntax-only the torch bindings (about 40 s each)")
+                    help="also c++ -fsyntax-only the torch bindings (40-50 s each)")
     args = ap.parse_args(argv)
     try:
         failures = run(args.arch, args.binding)

@@ -2,7 +2,7 @@
 
 Runs without a GPU (nvcc only), on CI as everywhere. Without nvcc the test fails, it does not
 skip: CI has CUDA 13.0's nvcc, so a missing one means the check would silently stop checking.
-The torch bindings' syntax check (``build_check.py --binding``, about 40 s each) is not run here.
+The torch bindings' syntax check (``build_check.py --binding``, 40-50 s each) is not run here.
 """
 
 from __future__ import annotations
