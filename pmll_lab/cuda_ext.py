@@ -1,8 +1,10 @@
 """The CUDA C++ twins (``kernels/*.cu``), built on first use and loaded as torch extensions.
 
 ``load(name)`` returns the compiled module of one twin: ``"pmll_ring"`` (``ring_write``,
-``ring_read``: ``kernels/pmll_ring.cu`` with its binding ``kernels/pmll_ring_torch.cpp``). The
-launchers call it for ``impl="cuda"`` (``pmll_lab.ops.pmll.ring``); nothing else imports it.
+``ring_read``: ``kernels/pmll_ring.cu`` with its binding ``kernels/pmll_ring_torch.cpp``) and
+``"gdn_decode"`` (``gdn_decode_vk``: ``kernels/gdn_decode.cu``, ``gdn_decode_torch.cpp``). The
+launchers call it for ``impl="cuda"`` (``pmll_lab.ops.pmll.ring``,
+``pmll_lab.ops.gdn.decode_cuda``); nothing else imports it.
 
 Build: ``torch.utils.cpp_extension.load`` (it drives ``ninja``, which is why ninja is a
 dependency of the CUDA path) with ``-O3`` for both compilers and one ``-gencode`` for the
@@ -35,6 +37,7 @@ KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 
 TWINS: dict[str, tuple[str, ...]] = {
     "pmll_ring": ("pmll_ring_torch.cpp", "pmll_ring.cu"),
+    "gdn_decode": ("gdn_decode_torch.cpp", "gdn_decode.cu"),
 }
 """Each twin's sources in ``kernels/`` (binding first); headers there are found by include path."""
 
