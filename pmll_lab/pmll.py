@@ -8,8 +8,10 @@ Public API:
 
 - ``RingMemory``: the state ``k, v [B, H, M, D]`` and ``count [B]`` (int64, rows ever written);
   ``RingMemory.empty(...)``, ``.lengths``, ``.next_slot``, ``.reset(seqs)``.
-- ``pmll_write(mem, k_new, v_new, gate=None, *, validate=False)``: Triton kernel, in place.
-- ``pmll_read(mem, t_ctx) -> (k_out, v_out)``: Triton kernel, chronological, right-aligned.
+- ``pmll_write(mem, k_new, v_new, gate=None, *, validate=False, impl="triton")``: Triton kernel
+  (``impl="cuda"``: its CUDA C++ twin, ``kernels/pmll_ring.cu``), in place.
+- ``pmll_read(mem, t_ctx, *, impl="triton") -> (k_out, v_out)``: Triton kernel (or its CUDA
+  twin), chronological, right-aligned.
 - ``memory_attention(q, k_ctx, v_ctx, mem=None, *, impl=None)``: a segment's attention over the
   ring and itself: ``impl="fused"`` (Triton, the ring read in place:
   ``pmll_lab.ops.pmll.ring_attention``) or ``"reference"`` (gather + PyTorch attention, the
@@ -166,6 +168,9 @@ class RingMemory:
 
 def _impl(impl) -> str:
     impl = MEMORY_ATTENTION_IMPL if impl is None else impl
+    if impl == "cuda":
+        raise ValueError("impl: the ring attention has no CUDA twin (kernels/ holds the ring "
+                         "write and read only); use 'fused' or 'reference'")
     if impl not in IMPLS:
         raise ValueError(f"impl: must be one of {', '.join(IMPLS)} or None, got {impl!r}")
     return impl

@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base: device choice, checks, host helpers, float64 references",
      ("pmll_lab", "pmll_lab.backend", "pmll_lab._interpreter", "pmll_lab._checks",
       "pmll_lab.ops.host", "pmll_lab.reference", "pmll_lab.reference.*", "pmll_lab.sizes",
-      "pmll_lab.tolerances")),
+      "pmll_lab.tolerances", "pmll_lab.cuda_ext")),
     ("kernels and their launchers, launch settings",
      ("pmll_lab.ops", "pmll_lab.ops.*")),
     ("host-side serving drivers over the launchers (SpecDecodeStep, CarryLayer)",

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from pmll_lab import _checks
 from pmll_lab.ops.gdn.checks import MAX_ROWS, _check, _check_write_slots  # noqa: F401
+from pmll_lab.ops.gdn import decode_cuda
 from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
 from pmll_lab.ops.gdn.gating import Gating, gate_inputs, split_gating
 from pmll_lab.ops import settings
@@ -221,7 +222,7 @@ def _device_guard(t: torch.Tensor):
 def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=None,
                use_qk_l2norm=True, out_dtype=None, validate=False,
                state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None, A_log=None, a=None,
-               dt_bias=None, b=None, carry=None):
+               dt_bias=None, b=None, carry=None, impl="triton"):
     """One Gated DeltaNet decode token per sequence (SPEC §2); updates ``state`` in place.
 
     Args:
@@ -264,6 +265,10 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
             is -1, and no write slot read by another lane.
         carry: ``None`` or the layer's carried-state stash (``pmll_lab.carry.GdnCarry``, or
             anything with ``pend [S]`` int32), for ``validate``'s pending check.
+        impl: ``"triton"`` or ``"cuda"``: the CUDA C++ twin (``kernels/gdn_decode.cu``,
+            ``pmll_lab.ops.gdn.decode_cuda``) after the same checks; V-major, ``kd <= 256``;
+            within the decode's tolerance of the reference, not bitwise the Triton kernel.
+            ``RuntimeError`` without a CUDA device.
 
     **A slot with pending carry rows must not be decoded.** After a carried-state verify
     (``pmll_lab.carry``) the accepted rows of a slot may sit in its stash, counted by
@@ -279,12 +284,18 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
     Returns ``o [B, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
     launching. Source: SPEC §2; arithmetic order from ``pmll_lab.ops.gdn.recurrence``.
     """
+    _checks.choice("impl", impl, ("triton", "cuda"))
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, None, scale,
                                   out_dtype, validate, rows=False, layout=state_layout,
                                   out_state_indices=out_state_indices, gating=gating,
                                   use_qk_l2norm=use_qk_l2norm, carry=carry)
+    if impl == "cuda":
+        decode_cuda.check_cuda(state, kd, state_layout)
     o = torch.empty(B, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
+    if impl == "cuda":
+        return decode_cuda.launch(state, q, k, v, g, beta, o, gating, state_indices,
+                                  out_state_indices, scale, use_qk_l2norm, kd)
     with _device_guard(state):
         _launch(state, q, k, v, g, beta, o, None, state_indices, scale, use_qk_l2norm,
                 B, K, HK, HV, kd, vd, rows=False, layout=state_layout,

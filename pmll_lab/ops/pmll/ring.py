@@ -29,6 +29,10 @@ size padded to a power of two (contiguous, so loads and stores vectorise to 16 b
 is a multiple of 8 elements of 16 bits). Offsets are int64 (a 2 GB ring has more than 2**31
 bytes). The tile size and warp count are the ``ring`` launch settings
 (``pmll_lab.ops.settings``, with the measurement behind them).
+
+``impl="cuda"`` on both launchers runs the CUDA C++ twins instead (``kernels/pmll_ring.cu``,
+built on first use by ``pmll_lab.cuda_ext``) after the same argument checks, with the same
+state semantics (the launcher adds ``T`` to ``count`` after the twin's write).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pmll_lab import _checks
+from pmll_lab import _checks, cuda_ext
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops import settings
 from pmll_lab.ops.host import cdiv, next_power_of_2
@@ -134,6 +138,29 @@ def _ring_read_kernel(
 
 # ---- launchers --------------------------------------------------------------------------------
 
+IMPLS = ("triton", "cuda")
+"""The ring launchers' ``impl``: these Triton kernels, or their CUDA C++ twins
+(``kernels/pmll_ring.cu``, built by ``pmll_lab.cuda_ext``; the same contract)."""
+
+
+def check_impl(impl) -> str:
+    """``impl`` of ``pmll_write``/``pmll_read``: one of ``IMPLS``, else ``ValueError`` naming it."""
+    _checks.choice("impl", impl, IMPLS)
+    return impl
+
+
+def _cuda_twin(mem):
+    """The compiled CUDA twin for a ring whose checks passed. ``RuntimeError`` (from
+    ``pmll_lab.cuda_ext``) without a CUDA device; ``ValueError`` naming ``impl`` when the ring is
+    not on one (the kernels' device is the CPU: the interpreter was asked for). Both before any
+    compile."""
+    cuda_ext.require_gpu()
+    if mem.k.device.type != "cuda":
+        raise ValueError(f"impl: 'cuda' runs on CUDA tensors, but the ring is on {mem.k.device} "
+                         f"(the kernels' device is {DEVICE}: PMLL_LAB_DEVICE=cpu or "
+                         "TRITON_INTERPRET=1 chose the interpreter); use impl='triton'")
+    return cuda_ext.load("pmll_ring")
+
 def check_memory(mem) -> tuple[int, int, int, int]:
     """Check a ring's tensors (``mem.k``, ``mem.v``, ``mem.count``); returns ``(B, H, M, D)``.
 
@@ -194,7 +221,7 @@ def check_write(mem, k_new, v_new, gate=None, *, validate: bool = False) -> tupl
 
 
 def pmll_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tensor | None = None,
-               *, validate: bool = False):
+               *, validate: bool = False, impl: str = "triton"):
     """Write a segment into the ring, in place (SPEC §1 "write"); returns ``mem``.
 
     ``k_new, v_new [B, H, T, D]`` in the memory's dtype, on its device, last dim contiguous
@@ -211,9 +238,29 @@ def pmll_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tensor
     ``mem.count`` sharing memory with each other or with ``k_new``, ``v_new``, ``gate``.
     ``validate=True`` also checks (with a device sync) that gate values lie in ``[0, 1]`` and
     that ``count >= 0`` (counts on the host, a CPU run: always, ``check_memory``).
+
+    ``impl``: ``"triton"`` (these kernels) or ``"cuda"`` (the CUDA C++ twin,
+    ``kernels/pmll_ring.cu``: same checks first, same result, ``count += T`` after it on the same
+    stream; its blend is fp32 without FMA contraction, so gated results may differ from Triton's
+    in the last bit of a rounding, ungated ones are copies and equal). ``impl="cuda"`` without a
+    CUDA device raises ``RuntimeError`` (``pmll_lab.cuda_ext``); a bad ``impl``, ``ValueError``.
     """
+    check_impl(impl)
     check_write(mem, k_new, v_new, gate, validate=validate)
+    if impl == "cuda":
+        return _cuda_write(mem, k_new, v_new, gate)
     return launch_write(mem, k_new, v_new, gate)
+
+
+def _cuda_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tensor | None):
+    """``pmll_write(impl="cuda")`` after its checks: the twin writes, then ``count += T``."""
+    twin = _cuda_twin(mem)
+    tokens = k_new.shape[2]
+    if tokens == 0:
+        return mem
+    twin.ring_write(mem.k, mem.v, mem.count, k_new, v_new, gate)
+    mem.count.add_(tokens)
+    return mem
 
 
 def launch_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tensor | None):
@@ -242,16 +289,22 @@ def launch_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tens
     return mem
 
 
-def pmll_read(mem, t_ctx: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def pmll_read(mem, t_ctx: int = 0, *, impl: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
     """The ring's rows in chronological order, right-aligned, plus ``t_ctx`` zero rows (SPEC §1).
 
     Returns new ``k_out, v_out [B, H, M + t_ctx, D]`` in the memory's dtype: rows
     ``M - length .. M - 1`` are the live rows oldest first, every other row is zero (rows from
     ``M`` on are left for the caller's current-context keys/values). Moves
-    ``pmll_lab.pmll.read_bytes`` bytes. Raises ``ValueError`` naming ``mem`` or ``t_ctx``.
+    ``pmll_lab.pmll.read_bytes`` bytes. Raises ``ValueError`` naming ``mem``, ``t_ctx`` or
+    ``impl``. ``impl``: ``"triton"`` or ``"cuda"`` (the CUDA C++ twin, ``kernels/pmll_ring.cu``;
+    a copy, so bitwise the same outputs; ``RuntimeError`` without a CUDA device).
     """
+    check_impl(impl)
     batch, heads, capacity, head_dim = check_memory(mem)
     t_ctx = _checks.positive_int("t_ctx", t_ctx, minimum=0)
+    if impl == "cuda":
+        k_out, v_out = _cuda_twin(mem).ring_read(mem.k, mem.v, mem.count, t_ctx)
+        return k_out, v_out
     rows = capacity + t_ctx
     k_out = torch.empty(batch, heads, rows, head_dim, dtype=mem.k.dtype, device=mem.k.device)
     v_out = torch.empty_like(k_out)

@@ -1,0 +1,49 @@
+// gdn_decode.cuh: host entry point of the Gated DeltaNet decode's CUDA twin (SPEC section 2)
+// on a V-major state. Plain CUDA C++: no torch headers, so `nvcc -c gdn_decode.cu` builds alone.
+//
+// State pool [S, HV, vd, kd], element type TS (fp32/bf16/fp16): value row r of head h of slot s
+// at s*s_slot + h*s_head + r*s_row, its kd keys contiguous. q, k [B, HK, kd], v [B, HV, vd]:
+// element type TI (fp32/bf16/fp16), last dim contiguous, other strides in elements. Gates:
+// g, beta [B, HV] fp32, or (gating in the kernel) a, b [B, HV] and A_log, dt_bias [HV].
+// Slot tables [B] int32 or int64, -1 = padding lane. Output o [B, HV, vd] contiguous.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime_api.h>
+
+namespace pmll {
+
+enum class GdnDtype : int { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3, kI64 = 4 };
+
+// One warp per value row (its lanes hold kd / 32 keys each, kd <= kMaxKd), 4 rows per block.
+// Not tuned: no measurement of this kernel exists (kernels/README.md).
+constexpr int kGdnWarp = 32;
+constexpr int kGdnRowsPerBlock = 4;
+constexpr int kGdnMaxKd = 256;
+
+struct GdnDecodeArgs {
+  void* state;
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* g;          // g [B, HV] fp32, or a [B, HV] with gating
+  const void* beta;       // beta [B, HV] fp32, or b [B, HV] with gating
+  const void* A_log;      // nullptr: g, beta given
+  const void* dt_bias;
+  const void* idx;        // nullptr: slot b for lane b
+  const void* out_idx;    // nullptr: the read slot
+  void* o;
+  int64_t B, HK, HV, kd, vd;
+  int64_t s_slot, s_head, s_row;
+  int64_t q_b, q_h, k_b, k_h, v_b, v_h, g_b, beta_b;
+  float scale;
+  bool l2norm;
+  // element types: state, q/k/v, g (or a), beta (or b), A_log, dt_bias, the two slot tables,
+  // output
+  GdnDtype ts, ti, tg, tbeta, talog, tdt, tidx, tout_idx, to;
+};
+
+// Launch on `stream`; returns the launch's error (cudaSuccess when there was nothing to do).
+cudaError_t gdn_decode_vk(const GdnDecodeArgs& a, cudaStream_t stream);
+
+}  // namespace pmll
