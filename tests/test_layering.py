@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("real models driven through the facades (ServingCache, generation loops)",
      ("pmll_lab.models", "pmll_lab.models.*")),
     ("checks, experiments, sweeps, reports",
-     ("pmll_lab.lowering", "pmll_lab.experiments", "pmll_lab.experiments.*", "pmll_lab.sweep",
+     ("pmll_lab.lowering", "pmll_lab.lowering_ir", "pmll_lab.experiments", "pmll_lab.experiments.*", "pmll_lab.sweep",
       "pmll_lab.dist", "pmll_lab.results", "pmll_lab.report", "pmll_lab.report_*",
       "pmll_lab.step_*",
       "pmll_lab.__main__")),
