@@ -144,3 +144,23 @@ def test_conv_twin_step_is_bitwise_conv_update():
     case = _case(seed=4)
     for form in ("conv_carry_lazy", "conv_chain_restore"):
         assert check_conv(form, case), form
+
+
+def test_bytes_facts_keep_three_significant_digits():
+    """The bytes facts stay readable at the CPU's tiny shapes (a few KB per step, which ``.2f``
+    MB showed as "0.00") and at the GPU's (MB per step, hundreds of KiB held)."""
+    import pandas as pd
+
+    from pmll_lab.experiments import step as S
+
+    base = dict(state_dtype="bfloat16", B=2, K=3, status="ok")
+    rows = [dict(base, form="ring", metric="bytes_moved_step", value=2504.0),
+            dict(base, form="ring", metric="bytes_held_seq", value=1672.0),
+            dict(base, form="exact_lazy", metric="bytes_moved_step", value=1889872.0),
+            dict(base, form="exact_lazy", metric="bytes_held_seq", value=263172.0)]
+    f = S.findings(pd.DataFrame(rows), pd.DataFrame(), pd.DataFrame()).set_index("finding")
+    got = f["measured"]
+    assert got["carry ring (tolerance form): MB moved per step / KiB held, per sequence (bf16)"] \
+        == "0.0025 / 1.63"
+    assert got["carry exact, lazy: MB moved per step / KiB held, per sequence (bf16)"] \
+        == "1.89 / 257"
