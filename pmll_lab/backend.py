@@ -34,8 +34,9 @@ from pmll_lab._interpreter import install as _install_interpreter
 def _decide() -> tuple[torch.device, bool]:
     wanted = os.environ.get("PMLL_LAB_DEVICE", "auto").strip().lower()
     if wanted not in ("auto", "cpu", "cuda", "lower"):
-        raise RuntimeError(f"PMLL_LAB_DEVICE must be auto, cpu, cuda or lower, not {wanted!r} "
-                           "(a notebook's `device` parameter and `report --device` set it)")
+        raise RuntimeError(f"PMLL_LAB_DEVICE must be 'auto', 'cpu' or 'cuda' (or 'lower': "
+                           f"compile only, for pmll_lab.lowering), not {wanted!r} (a notebook's "
+                           "`device` parameter and `report --device` set it)")
     if wanted == "lower":
         if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
             raise RuntimeError("PMLL_LAB_DEVICE=lower compiles kernels for a GPU target: unset "

@@ -36,7 +36,7 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import errors, time_cuda_graph
 from pmll_lab.carry import (GDN_CARRY_CAP, RING_TOLERANCE, GdnCarry, GdnRing, carry_accept,
-                            gdn_carry_verify, gdn_ring_verify, ring_accept)
+                            gdn_carry_flush, gdn_carry_verify, gdn_ring_verify, ring_accept)
 from pmll_lab.gdn import gdn_chain
 from pmll_lab.ops.gdn.restore import gdn_snapshot_restore
 from pmll_lab.peers import flashinfer_mtp_runner, flashinfer_supports, fused_gating
@@ -203,8 +203,12 @@ def build_form(form: str, case: StepCase) -> StepForm:
             return o, e, fill
 
         def eff(b):
-            return ref_carry.fold_pending(kv64(b), ref_carry.RefCarry.from_carry(carry),
-                                          int(slots[b]), case.state_dtype)
+            # the state this slot stands for: its pending rows folded by the flush kernel on a
+            # copy (what serving holds after a flush, bitwise plain decoding's; a float64 fold
+            # would round a few bf16 entries differently)
+            folded = state.clone()
+            gdn_carry_flush([folded], [carry], slots[b:b + 1].contiguous(), state_layout="vk")
+            return folded[int(slots[b])].double().transpose(-1, -2).cpu()
 
         return StepForm(form, case, step, eff, carry.stash_bytes_per_slot + 4)
     if form == "ring":

@@ -35,7 +35,9 @@ def test_triton_imported_first_is_a_clear_error():
 
 def test_unknown_device_request_is_refused():
     proc = _python("import pmll_lab", PMLL_LAB_DEVICE="tpu")
-    assert proc.returncode != 0 and "PMLL_LAB_DEVICE must be auto, cpu, cuda or lower" in proc.stderr
+    assert proc.returncode != 0
+    assert "PMLL_LAB_DEVICE must be 'auto', 'cpu' or 'cuda'" in proc.stderr
+    assert "not 'tpu'" in proc.stderr and "`device` parameter" in proc.stderr
 
 
 def test_environment_names_device_versions_and_commit():

@@ -92,6 +92,16 @@ def test_one_parameter_vocabulary(nb):
                 {"quick", "full"}, f"{name}: a dict with the presets quick and full"
 
 
+def test_readme_names_every_part_parameter(nb):
+    """README's "Notebook parameters" table lists each ``<part>_grids`` / ``<part>_points`` a
+    notebook takes, so a reader can find every sweep's knob without opening the notebook."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Notebook parameters", 1)[1].split("\n## ", 1)[0]
+    parts = [n for n in _parameters(nb) if n != "grids" and n.endswith(("_grids", "_points"))]
+    unlisted = [n for n in parts if f"`{n}`" not in section]
+    assert not unlisted, f"README, Notebook parameters, does not name {unlisted}"
+
+
 def test_papermill_reads_the_parameters_cell_without_warnings(nb, caplog):
     """papermill parses each line of the parameters cell for its help text; a line holding more
     than one ``=`` (``dict(K=[4], B=[1])``, a comment with ``K = 4``) makes it warn "Unable to

@@ -144,3 +144,48 @@ def test_conv_twin_step_is_bitwise_conv_update():
     case = _case(seed=4)
     for form in ("conv_carry_lazy", "conv_chain_restore"):
         assert check_conv(form, case), form
+
+
+def test_bytes_facts_keep_three_significant_digits():
+    """The bytes facts stay readable at the CPU's tiny shapes (a few KB per step, which ``.2f``
+    MB showed as "0.00") and at the GPU's (MB per step, hundreds of KiB held)."""
+    import pandas as pd
+
+    from pmll_lab.experiments import step as S
+
+    base = dict(state_dtype="bfloat16", B=2, K=3, status="ok")
+    rows = [dict(base, form="ring", metric="bytes_moved_step", value=2504.0),
+            dict(base, form="ring", metric="bytes_held_seq", value=1672.0),
+            dict(base, form="exact_lazy", metric="bytes_moved_step", value=1889872.0),
+            dict(base, form="exact_lazy", metric="bytes_held_seq", value=263172.0)]
+    f = S.findings(pd.DataFrame(rows), pd.DataFrame(), pd.DataFrame()).set_index("finding")
+    got = f["measured"]
+    assert got["carry ring (tolerance form): MB moved per step / KiB held, per sequence (bf16)"] \
+        == "0.0025 / 1.63"
+    assert got["carry exact, lazy: MB moved per step / KiB held, per sequence (bf16)"] \
+        == "1.89 / 257"
+
+
+def test_exact_lazy_effective_state_is_plain_decodings_to_the_bit():
+    """The drift study's "state each form stands for": the exact lazy carry's stored bf16 state
+    with its pending rows folded (by the flush kernel, on a copy) is bitwise the state plain
+    bf16 decoding of the accepted tokens holds, checked while rows are pending (the fill before
+    the next step > 0); folding a copy leaves the carry as it was (the same answer twice)."""
+    import torch
+
+    from pmll_lab.step_bench import StepCase, build_form
+    from pmll_lab.step_drift import _PlainDecode
+
+    kw = dict(batch=2, rows=3, num_k_heads=1, num_v_heads=2, head_dim=16, steps=5, alpha=0.8,
+              seed=3, state_dtype=torch.bfloat16)
+    lazy, plain = build_form("exact_lazy", StepCase(**kw)), _PlainDecode(StepCase(**kw))
+    acc = lazy.case.tensors["accepted"]
+    for i in range(kw["steps"]):
+        o_lazy, o_plain = lazy.step(i, collect=True).clone(), plain.step(i)
+        for b in range(kw["batch"]):
+            a = int(acc[i, b])
+            assert torch.equal(o_lazy[b, :a], o_plain[b, :a]), (i, b)
+            first = lazy.effective_state(b)
+            assert torch.equal(first, plain.effective_state(b)), (i, b)
+            assert torch.equal(lazy.effective_state(b), first), (i, b)
+    assert max(lazy.fills[1:]) > 0, "no step began with pending rows: the fold went untested"

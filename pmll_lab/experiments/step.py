@@ -203,8 +203,8 @@ def findings(df: pd.DataFrame, kdf: pd.DataFrame, ddf: pd.DataFrame) -> pd.DataF
         sel = b[(b.form == f) & (b.state_dtype == "bfloat16")]
         if len(sel) and "bytes_moved_step" in sel:
             out.append(fact(f"{LABELS[f]}: MB moved per step / KiB held, per sequence (bf16)",
-                            f"{sel.bytes_moved_step.iloc[-1] / 1e6:.2f} / "
-                            f"{sel.bytes_held_seq.iloc[-1] / 1024:.0f}", "per layer"))
+                            f"{sel.bytes_moved_step.iloc[-1] / 1e6:.3g} / "
+                            f"{sel.bytes_held_seq.iloc[-1] / 1024:.3g}", "per layer"))
     if not ddf.empty:
         g = ddf.groupby(["form", "state_dtype", "metric"])["value"]
         for (form, sd, m), v in g:
