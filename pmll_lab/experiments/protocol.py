@@ -333,13 +333,24 @@ def correctness_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
     return out
 
 
+def _html(df: pd.DataFrame) -> str:
+    return df.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3g}") if len(df) \
+        else "<p>(none)</p>"
+
+
+def table(df: pd.DataFrame):
+    """``df`` as a report table: no index column, blank for a missing value, 3 significant
+    digits (a raw DataFrame shows its index and ``NaN``)."""
+    from IPython.display import HTML
+
+    return HTML(_html(df))
+
+
 def details(df: pd.DataFrame, summary: str):
     """``df`` as HTML folded under ``summary`` (opened by a click in the report)."""
     from IPython.display import HTML
 
-    body = df.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3g}") if len(df) \
-        else "<p>(none)</p>"
-    return HTML(f"<details><summary>{html.escape(summary)}</summary>{body}</details>")
+    return HTML(f"<details><summary>{html.escape(summary)}</summary>{_html(df)}</details>")
 
 
 def pick(table: Mapping, preset: str, name: str = "grids"):
