@@ -35,7 +35,7 @@ from pmll_lab.gdn import row_io_bytes, state_bytes
 from pmll_lab.sweep import CheckFailed, run_sweep, speed_rows
 
 SHAPE = dict(head_dim=[16], heads=[(2, 4)], dtype=["bfloat16"])
-OURS = list(E.OURS)
+OURS = [p for p in E.OURS if p != "decodes_cuda"]   # the CUDA twin: its own tests below
 
 
 def _points(K, B, providers=OURS, **kw):
@@ -529,3 +529,54 @@ def test_half_state_points_tables_and_drift(tmp_path):
     with pytest.raises(ValueError, match="state_dtype"):
         D.drift_point(dict(T=2, B=1, HK=2, HV=4, head_dim=16, dtype="bfloat16",
                            state_dtype="float32", seed=0))
+
+
+# ---- the decode's CUDA C++ twin as a provider -----------------------------------------------------
+
+def _cuda_point(D=16):
+    """A V-major decodes point with the twin's provider name."""
+    pt = E.points([dict(K=[2], B=[2], providers=["decodes"], state_layout=["vk"], **SHAPE)],
+                  fla=False)[0]
+    return dict(pt, provider="decodes_cuda", head_dim=D)
+
+
+def test_decodes_cuda_left_out_without_a_gpu():
+    assert "decodes_cuda" in E.PROVIDERS
+    assert not [p for p in _points(2, 2, providers=["decodes_cuda"])]
+    rows = E.gdn_point(_cuda_point())
+    assert [(r["kernel"], r["status"]) for r in rows] == [("decodes_cuda", "unavailable")]
+    assert "NVIDIA GPU" in rows[0]["reason"]
+
+
+def _as_twin(fn, scale=1.0):
+    """The Triton decode standing in for the twin (the CPU has none): ``impl`` dropped."""
+    def twin(*args, impl="triton", **kw):
+        assert impl == "cuda"
+        o = fn(*args, **kw)
+        return o.mul_(scale)
+    return twin
+
+
+def test_decodes_cuda_checked_then_timed(monkeypatch):
+    pt, big = _cuda_point(), _cuda_point(D=512)
+    monkeypatch.setattr(E, "DEVICE", torch.device("cuda"))
+    monkeypatch.setattr(C, "gdn_decode", _as_twin(C.gdn_decode))
+    rows = E.gdn_point(pt)
+    err = [r for r in rows if r["metric"] == "rel_l2"]
+    assert {r["what"] for r in err} == {"o", "state"}
+    assert all(r["passed"] and 0 < r["value"] <= r["tolerance"] for r in err)
+    t = [r for r in rows if r["metric"] == "time_us"]
+    assert t and all(r["kernel"] == "decodes_cuda" and r["value"] > 0 for r in t)
+    # kd above the twin's 256 keys: unsupported, nothing run
+    big = E.gdn_point(big)
+    assert [(r["kernel"], r["status"]) for r in big] == [("decodes_cuda", "unsupported")]
+
+
+def test_decodes_cuda_wrong_output_fails_before_timing(monkeypatch):
+    timed, pt = [], _cuda_point()
+    monkeypatch.setattr(E, "DEVICE", torch.device("cuda"))
+    monkeypatch.setattr(P, "time_launch", lambda fn, **kw: timed.append(fn) or {})
+    monkeypatch.setattr(C, "gdn_decode", _as_twin(C.gdn_decode, scale=1.5))
+    with pytest.raises(CheckFailed):
+        E.gdn_point(pt)
+    assert timed == []

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import torch
 
+from pmll_lab.backend import DEVICE
 from pmll_lab.experiments import roofline_case as C
 from pmll_lab.experiments import replayssm_peer, roofline_ours, roofline_peers
 from pmll_lab.experiments.acceptance import (  # noqa: F401  (for the notebook)
@@ -50,6 +51,7 @@ from pmll_lab.experiments.roofline_report import *  # noqa: F401,F403  (tables, 
 from pmll_lab.peers import (  # noqa: F401  (for the notebook)
     fla_available, fla_supports_gva, flashinfer_available, flashinfer_status, flashinfer_supports,
 )
+from pmll_lab.ops.gdn.decode_cuda import MAX_KD as CUDA_MAX_KD
 from pmll_lab.sweep import CheckFailed, grid
 
 COMPILE_KEYS = ("provider", "K", "head_dim", "dtype", "state_layout", "state_dtype")
@@ -67,6 +69,8 @@ def _wanted(prov: str, base: dict, fla: bool, flashinfer: bool, sdt: str) -> boo
         return False
     if prov == "fla_fused_recurrent":
         return fla
+    if prov == "decodes_cuda":  # a CUDA C++ twin: a GPU, kd <= 256
+        return DEVICE.type == "cuda" and D <= CUDA_MAX_KD
     if prov in REPLAYSSM:      # shapes it does not take: its point's "unsupported" rows
         return flashinfer
     if prov in FLASHINFER:
@@ -165,11 +169,19 @@ def gdn_point(point: dict) -> list[dict]:
         raise ValueError(f"state_dtype: {prov} runs fp32 states only, got {sdt!r}")
     if prov in REPLAYSSM:
         return _tag_state(replayssm_peer.replayssm_rows(point, timing=C.TIMING), sdt)
+    if prov == "decodes_cuda" and (DEVICE.type != "cuda" or int(point["head_dim"]) > CUDA_MAX_KD):
+        why = ("needs an NVIDIA GPU (a CUDA C++ twin)" if DEVICE.type != "cuda"
+               else f"the twin takes kd <= {CUDA_MAX_KD}")
+        status = "unavailable" if DEVICE.type != "cuda" else "unsupported"
+        return [{"kernel": prov, "metric": status, "value": 1.0, "status": status,
+                 "reason": why, "state_dtype": sdt}]
     try:
         c = C.case(point)
         try:
             if prov == "decodes":
                 rows = roofline_ours.point_decodes(c)
+            elif prov == "decodes_cuda":
+                rows = roofline_ours.point_decodes_cuda(c)
             elif prov == "chain_snapshots":
                 rows = roofline_ours.point_chain(c)
             elif prov == "fla_fused_recurrent":

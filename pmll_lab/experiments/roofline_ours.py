@@ -1,4 +1,5 @@
-"""The roofline's own providers, checked, then timed: ``K`` decode launches (``point_decodes``),
+"""The roofline's own providers, checked, then timed: ``K`` decode launches (``point_decodes``;
+``point_decodes_cuda`` for the decode's CUDA C++ twin),
 the snapshot chain (``point_chain``) and the carried-state verify (exact form), eager or lazy
 (``point_carry``: the lazy form timed without and with a write-back, and amortised at the
 acceptance process's write-back frequency). Each takes a ``roofline_case._Case`` and returns its
@@ -61,6 +62,26 @@ def point_decodes(c: C._Case) -> list[dict]:
         rows += P.speed_rows(name + PLAN, _time(run_plans, graph=False), nbytes,
                              variant="launch plan")
     return rows
+
+
+def point_decodes_cuda(c: C._Case) -> list[dict]:
+    """``K`` launches of the decode's CUDA C++ twin (``gdn_decode(impl="cuda")``, V-major),
+    checked against the float64 chain (not bitwise against Triton: another order of sums)."""
+    name = "decodes_cuda"
+    st = c.state0.clone()
+    o = torch.stack([C.gdn_decode(st, *c.row_args[r], state_indices=c.sel, impl="cuda",
+                                  **c.lay) for r in range(c.K)], 1)
+    rows = (error_rows(name, o[:c.n], c.o_ref, tol=c.otol, what="o")
+            + error_rows(name, st[c.lsel[:c.n]], c.to_layout(c.s_ref[:c.n]), tol=c.stol,
+                         what="state"))
+    P.require(rows)
+    st = c.state0.clone()
+
+    def run():
+        for r in range(c.K):
+            C.gdn_decode(st, *c.row_args[r], state_indices=c.sel, impl="cuda", **c.lay)
+
+    return rows + P.speed_rows(name, _time(run), decodes_bytes(c.B, c.K, **c.io()), variant="")
 
 
 def point_chain(c: C._Case) -> list[dict]:

@@ -67,6 +67,10 @@ TARGETS = (
        bound=PLAN_TARGET_US, Bs=[1], timer="do_bench"),
     _t(f"B=1, K=4: lazy exact verify call <= {PLAN_TARGET_US:.0f} us (host included)",
        "carry_exact_lazy", kind="time", bound=PLAN_TARGET_US, Bs=[1], timer="do_bench"),
+    _t("decode K=1, CUDA C++ twin / FlashInfer decode (reported)", "decodes_cuda",
+       "flashinfer_decode", None, K=1, Bs=[1, 64, 128, 256]),
+    _t("decode K=1, CUDA C++ twin / Triton decode (reported)", "decodes_cuda", "decodes", None,
+       K=1, Bs=[1, 64, 128, 256]),
     _ring("pmll_read", "PMLL read"),
     _ring("pmll_write", "PMLL write"),
 )
