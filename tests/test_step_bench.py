@@ -8,6 +8,8 @@ own ``OUTPUT_TOL`` (bf16 outputs rounded once: 8e-3; a bf16 state: 2e-2).
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -189,3 +191,30 @@ def test_exact_lazy_effective_state_is_plain_decodings_to_the_bit():
             assert torch.equal(first, plain.effective_state(b)), (i, b)
             assert torch.equal(lazy.effective_state(b), first), (i, b)
     assert max(lazy.fills[1:]) > 0, "no step began with pending rows: the fold went untested"
+
+
+def test_drift_table_and_same_drift_on_constructed_rows():
+    """The drift table is flat (one row per form and state dtype, mean/worst/last per quantity);
+    ``same_drift`` is True only for equal error series and None for a form that did not run."""
+    from pmll_lab.experiments import step as S
+
+    rng = np.random.default_rng(3)
+    rows = []
+    vals = rng.random(6) * 1e-3
+    for form, shift in (("exact_lazy", 0.0), ("plain_decode", 0.0), ("ring", 1e-7)):
+        for j, tok in enumerate((10.0, 20.0, 30.0)):
+            rows.append(dict(form=form, state_dtype="bfloat16", metric="o_rel_l2", tokens=tok,
+                             value=vals[j] + shift))
+            rows.append(dict(form=form, state_dtype="bfloat16", metric="state_rel_l2",
+                             tokens=tok, value=vals[3 + j] + shift))
+    ddf = pd.DataFrame(rows)
+    t = S.drift_table(ddf)
+    assert list(t.columns) == ["form", "state_dtype", "o_mean", "o_worst", "o_last",
+                               "state_mean", "state_worst", "state_last"]
+    ex = t[t.form == "exact_lazy"].iloc[0]
+    assert ex.o_mean == pytest.approx(vals[:3].mean()) and ex.o_worst == vals[:3].max()
+    assert ex.state_last == vals[5]
+    assert S.same_drift(ddf, "exact_lazy", "plain_decode") is True
+    assert S.same_drift(ddf, "ring", "plain_decode") is False
+    assert S.same_drift(ddf, "exact_eager", "plain_decode") is None
+    assert S.drift_table(ddf.iloc[:0]).empty

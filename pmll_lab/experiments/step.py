@@ -288,3 +288,28 @@ def drift_point(p: dict) -> list[dict]:
             "ring_length", "seed", "alpha")
     out = drift_study(**{k: p[k] for k in keys if k in p})
     return [dict(r, kernel=r["form"]) for r in out.to_dict("records")]
+
+
+def drift_table(ddf: pd.DataFrame) -> pd.DataFrame:
+    """The drift study in one flat table: per ``form, state_dtype`` the mean, worst and last rel
+    L2 of the accepted outputs (``o_*``) and of the state each form stands for (``state_*``)."""
+    if ddf.empty:
+        return pd.DataFrame()
+    t = ddf.groupby(["form", "state_dtype", "metric"])["value"].agg(
+        mean="mean", worst="max", last="last").unstack("metric")
+    t.columns = [f"{m.replace('_rel_l2', '')}_{stat}" for stat, m in t.columns]
+    cols = [f"{m}_{s}" for m in ("o", "state") for s in ("mean", "worst", "last")]
+    return t[[c for c in cols if c in t]].reset_index()
+
+
+def same_drift(ddf: pd.DataFrame, a: str, b: str, state_dtype: str = "bfloat16") -> bool | None:
+    """Whether forms ``a`` and ``b`` at ``state_dtype`` have equal errors at every step and
+    checkpoint (what two bitwise-equal decodes give); None when either did not run."""
+    def series(form):
+        s = ddf[(ddf.form == form) & (ddf.state_dtype == state_dtype)]
+        return s.sort_values(["metric", "tokens"])[["metric", "tokens", "value"]].reset_index(
+            drop=True)
+    sa, sb = series(a), series(b)
+    if sa.empty or sb.empty:
+        return None
+    return sa.equals(sb)
