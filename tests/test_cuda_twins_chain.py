@@ -6,7 +6,8 @@ Tolerances (``pmll_lab.tolerances``), as for the decode twin: outputs ``O_TOL`` 
 dtype; final state and every snapshot ``STATE_TOL`` (fp32 state) or ``HALF_STATE_TOL`` (bf16 /
 fp16 state) against the reference rounded after every row, where the kernel rounds. Bitwise:
 outputs, snapshots ``t < K-1`` and final state against ``gdn_decode(impl="cuda")`` applied row
-by row. A padding lane (slot -1) has zero outputs and leaves its snapshot rows and every slot
+by row. Against the Triton chain: the same tolerances (its sums over keys run in another
+order). A padding lane (slot -1) has zero outputs and leaves its snapshot rows and every slot
 as they were; slots not addressed keep their bits.
 
 As in ``tests/test_cuda_twins_gdn.py``: where the kernels' device is the CPU the GPU tests
@@ -124,6 +125,12 @@ def test_chain_vk_against_reference_and_decodes(dtype, state_dtype, B, K, S, HK,
             assert bitwise_equal(inter[live, t], dec[idx[live].long()]), \
                 f"snapshot {t} != the decode twin's state after row {t}"
     assert bitwise_equal(state, dec), "final state != K decode-twin launches"
+
+    tri = before.clone()
+    o_tri = gdn_chain(tri, x["q"], x["k"], x["v"], state_indices=idx, validate=True,
+                      state_layout="vk", impl="triton", **gates)
+    _close("o against the Triton chain", o, o_tri, O_TOL[dtype])
+    _close("state against the Triton chain", state, tri, tol)
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
