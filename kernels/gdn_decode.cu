@@ -9,43 +9,16 @@
 // h <- h + k u, o[r] = h.q; the row is stored rounded to the state's dtype (nearest even).
 // Sums over keys: each lane's keys in order, then a butterfly over the warp. A lane whose slot
 // is -1 (padding) writes zeros to o and reads and writes no state. Not bitwise the Triton
-// kernel (its sums run in another order): held to the float64 reference's tolerance.
+// kernel (its sums run in another order): held to the float64 reference's tolerance. The
+// per-token arithmetic is gdn_row.cuh's, which the chain's twin (gdn_chain.cu) runs per row.
 #include "gdn_decode.cuh"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "gdn_row.cuh"
 
 namespace pmll {
 namespace {
 
-constexpr int kPer = kGdnMaxKd / kGdnWarp;  // keys per lane, at most
-
-__device__ __forceinline__ float load_f(const void* p, GdnDtype t, int64_t i) {
-  switch (t) {
-    case GdnDtype::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case GdnDtype::kF16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
-__device__ __forceinline__ void store_f(void* p, GdnDtype t, int64_t i, float x) {
-  switch (t) {
-    case GdnDtype::kBF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x); break;
-    case GdnDtype::kF16: static_cast<__half*>(p)[i] = __float2half_rn(x); break;
-    default: static_cast<float*>(p)[i] = x;
-  }
-}
-
-__device__ __forceinline__ int64_t load_slot(const void* p, GdnDtype t, int64_t i) {
-  return t == GdnDtype::kI32 ? int64_t(static_cast<const int32_t*>(p)[i])
-                             : static_cast<const int64_t*>(p)[i];
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int off = kGdnWarp / 2; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
+using namespace gdn_row;
 
 __global__ void __launch_bounds__(kGdnWarp * kGdnRowsPerBlock) gdn_decode_vk_kernel(GdnDecodeArgs a) {
   const int64_t bh = blockIdx.x;
@@ -63,57 +36,14 @@ __global__ void __launch_bounds__(kGdnWarp * kGdnRowsPerBlock) gdn_decode_vk_ker
   const int64_t oslot = a.out_idx ? load_slot(a.out_idx, a.tout_idx, b) : slot;
 
   float q[kPer], k[kPer], hs[kPer];
-  float qq = 0.0f, kk = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int64_t d = int64_t(j) * kGdnWarp + lane;
-    const bool in = d < a.kd;
-    q[j] = in ? load_f(a.q, a.ti, b * a.q_b + kh * a.q_h + d) : 0.0f;
-    k[j] = in ? load_f(a.k, a.ti, b * a.k_b + kh * a.k_h + d) : 0.0f;
-    qq += q[j] * q[j];
-    kk += k[j] * k[j];
-  }
-  float qs = a.scale;
-  float ks = 1.0f;
-  if (a.l2norm) {
-    qs *= rsqrtf(warp_sum(qq) + 1e-6f);
-    ks = rsqrtf(warp_sum(kk) + 1e-6f);
-  }
-
-  float g, beta;
-  if (a.A_log) {
-    const float x = load_f(a.g, a.tg, b * a.g_b + h) + load_f(a.dt_bias, a.tdt, h);
-    const float sp = x > 20.0f ? x : log1pf(expf(x));  // softplus, PyTorch's threshold
-    g = -expf(load_f(a.A_log, a.talog, h)) * sp;
-    beta = 1.0f / (1.0f + expf(-load_f(a.beta, a.tbeta, b * a.beta_b + h)));
-  } else {
-    g = load_f(a.g, a.tg, b * a.g_b + h);
-    beta = load_f(a.beta, a.tbeta, b * a.beta_b + h);
-  }
-  const float decay = expf(g);
-
-  const int64_t row_in = slot * a.s_slot + h * a.s_head + r * a.s_row;
-  float hk = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int64_t d = int64_t(j) * kGdnWarp + lane;
-    k[j] *= ks;
-    q[j] *= qs;
-    hs[j] = d < a.kd ? decay * load_f(a.state, a.ts, row_in + d) : 0.0f;
-    hk += hs[j] * k[j];
-  }
-  const float u = beta * (load_f(a.v, a.ti, b * a.v_b + h * a.v_h + r) - warp_sum(hk));
-  const int64_t row_out = oslot * a.s_slot + h * a.s_head + r * a.s_row;
-  float oq = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int64_t d = int64_t(j) * kGdnWarp + lane;
-    hs[j] += k[j] * u;
-    oq += hs[j] * q[j];
-    if (d < a.kd) store_f(a.state, a.ts, row_out + d, hs[j]);
-  }
-  oq = warp_sum(oq);
-  if (lane == 0) store_f(a.o, a.to, o_at, oq);
+  load_qk(a, b * a.q_b + kh * a.q_h, b * a.k_b + kh * a.k_h, lane, q, k);
+  float decay, beta;
+  load_gates(a, b * a.g_b + h, b * a.beta_b + h, h, decay, beta);
+  load_row(a.state, a.ts, slot * a.s_slot + h * a.s_head + r * a.s_row, a.kd, lane, hs);
+  const float o = advance_row(hs, q, k, decay, beta,
+                              load_f(a.v, a.ti, b * a.v_b + h * a.v_h + r), a.kd, lane);
+  store_row(a.state, a.ts, oslot * a.s_slot + h * a.s_head + r * a.s_row, a.kd, lane, hs);
+  if (lane == 0) store_f(a.o, a.to, o_at, o);
 }
 
 }  // namespace

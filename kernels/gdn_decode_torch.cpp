@@ -1,11 +1,12 @@
-// gdn_decode_torch.cpp: torch binding of the GDN decode's CUDA twin (gdn_decode.cu). Built on a
-// GPU machine by pmll_lab/cuda_ext.py. The Python launcher (pmll_lab/ops/gdn/decode.py,
-// impl="cuda") checks every argument first; the checks here are the last line (TORCH_CHECK
-// raises RuntimeError) against a call that skipped them.
+// gdn_decode_torch.cpp: torch binding of the GDN decode's and chain's CUDA twins (gdn_decode.cu,
+// gdn_chain.cu), one module. Built on a GPU machine by pmll_lab/cuda_ext.py. The Python
+// launchers (pmll_lab/ops/gdn/decode.py, impl="cuda") check every argument first; the checks
+// here are the last line (TORCH_CHECK raises RuntimeError) against a call that skipped them.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "gdn_chain.cuh"
 #include "gdn_decode.cuh"
 
 namespace {
@@ -28,35 +29,42 @@ void on(const torch::Tensor& t, const torch::Tensor& state, const char* name, in
               ": ", dim, "-D, last dim contiguous, on the state's device");
 }
 
-void gdn_decode_vk(torch::Tensor state, torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                   torch::Tensor g, torch::Tensor beta, torch::Tensor o, double scale,
-                   bool use_qk_l2norm, c10::optional<torch::Tensor> A_log,
-                   c10::optional<torch::Tensor> dt_bias,
-                   c10::optional<torch::Tensor> state_indices,
-                   c10::optional<torch::Tensor> out_state_indices) {
+// The decode's arguments from tensors with `lead` leading dims ([B] for the decode, [B, K] for
+// the chain): every check of the decode, then the pointers, sizes, strides and element types.
+pmll::GdnDecodeArgs decode_args(const torch::Tensor& state, const torch::Tensor& q,
+                                const torch::Tensor& k, const torch::Tensor& v,
+                                const torch::Tensor& g, const torch::Tensor& beta,
+                                const torch::Tensor& o, double scale, bool use_qk_l2norm,
+                                const c10::optional<torch::Tensor>& A_log,
+                                const c10::optional<torch::Tensor>& dt_bias,
+                                const c10::optional<torch::Tensor>& state_indices,
+                                const c10::optional<torch::Tensor>& out_state_indices,
+                                int64_t lead) {
   TORCH_CHECK(state.is_cuda() && state.dim() == 4 && state.stride(3) == 1,
               "state: [S, HV, vd, kd] CUDA, last dim contiguous");
-  on(q, state, "q", 3); on(k, state, "k", 3); on(v, state, "v", 3);
-  on(g, state, "g", 2); on(beta, state, "beta", 2);
-  const int64_t B = q.size(0), HK = q.size(1), kd = q.size(2);
+  on(q, state, "q", lead + 2); on(k, state, "k", lead + 2); on(v, state, "v", lead + 2);
+  on(g, state, "g", lead + 1); on(beta, state, "beta", lead + 1);
+  const int64_t B = q.size(0), HK = q.size(lead), kd = q.size(lead + 1);
   const int64_t HV = state.size(1), vd = state.size(2);
-  TORCH_CHECK(state.size(3) == kd && k.sizes() == q.sizes() && v.size(0) == B && v.size(1) == HV
-              && v.size(2) == vd && HV % HK == 0 && k.scalar_type() == q.scalar_type()
-              && v.scalar_type() == q.scalar_type(), "q, k, v: shapes unlike the state's");
+  TORCH_CHECK(state.size(3) == kd && k.sizes() == q.sizes() && v.size(0) == B
+              && v.size(lead) == HV && v.size(lead + 1) == vd && HV % HK == 0
+              && k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type()
+              && (lead == 1 || v.size(1) == q.size(1)), "q, k, v: shapes unlike the state's");
   TORCH_CHECK(kd <= pmll::kGdnMaxKd, "kd: at most ", pmll::kGdnMaxKd);
-  TORCH_CHECK(g.size(0) == B && g.size(1) == HV && beta.size(0) == B && beta.size(1) == HV,
-              "g, beta: [B, HV]");
-  TORCH_CHECK(o.is_contiguous() && o.device() == state.device() && o.dim() == 3
-              && o.size(0) == B && o.size(1) == HV && o.size(2) == vd, "o: [B, HV, vd] contiguous");
+  TORCH_CHECK(g.size(0) == B && g.size(lead) == HV && beta.size(0) == B && beta.size(lead) == HV
+              && (lead == 1 || (g.size(1) == q.size(1) && beta.size(1) == q.size(1))),
+              "g, beta: [B, (K,) HV]");
+  TORCH_CHECK(o.is_contiguous() && o.device() == state.device() && o.dim() == lead + 2
+              && o.size(0) == B && o.size(lead) == HV && o.size(lead + 1) == vd
+              && (lead == 1 || o.size(1) == q.size(1)), "o: [B, (K,) HV, vd] contiguous");
   TORCH_CHECK(A_log.has_value() == dt_bias.has_value(), "A_log, dt_bias: both or neither");
-  const c10::cuda::CUDAGuard guard(state.device());
   pmll::GdnDecodeArgs a{};
   a.state = state.data_ptr(); a.q = q.data_ptr(); a.k = k.data_ptr(); a.v = v.data_ptr();
   a.g = g.data_ptr(); a.beta = beta.data_ptr(); a.o = o.data_ptr();
   a.B = B; a.HK = HK; a.HV = HV; a.kd = kd; a.vd = vd;
   a.s_slot = state.stride(0); a.s_head = state.stride(1); a.s_row = state.stride(2);
-  a.q_b = q.stride(0); a.q_h = q.stride(1); a.k_b = k.stride(0); a.k_h = k.stride(1);
-  a.v_b = v.stride(0); a.v_h = v.stride(1); a.g_b = g.stride(0); a.beta_b = beta.stride(0);
+  a.q_b = q.stride(0); a.q_h = q.stride(lead); a.k_b = k.stride(0); a.k_h = k.stride(lead);
+  a.v_b = v.stride(0); a.v_h = v.stride(lead); a.g_b = g.stride(0); a.beta_b = beta.stride(0);
   a.scale = float(scale); a.l2norm = use_qk_l2norm;
   a.ts = dtype_of(state, "state"); a.ti = dtype_of(q, "q"); a.to = dtype_of(o, "o");
   a.tg = dtype_of(g, "g"); a.tbeta = dtype_of(beta, "beta");
@@ -87,17 +95,65 @@ void gdn_decode_vk(torch::Tensor state, torch::Tensor q, torch::Tensor k, torch:
   for (GdnDtype t : {a.ts, a.ti, a.to, a.tg, a.tbeta, a.talog, a.tdt})
     TORCH_CHECK(t == GdnDtype::kF32 || t == GdnDtype::kBF16 || t == GdnDtype::kF16,
                 "state, q, k, v, o, gates: fp32, bf16 or fp16");
+  return a;
+}
+
+void gdn_decode_vk(torch::Tensor state, torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                   torch::Tensor g, torch::Tensor beta, torch::Tensor o, double scale,
+                   bool use_qk_l2norm, c10::optional<torch::Tensor> A_log,
+                   c10::optional<torch::Tensor> dt_bias,
+                   c10::optional<torch::Tensor> state_indices,
+                   c10::optional<torch::Tensor> out_state_indices) {
+  const pmll::GdnDecodeArgs a = decode_args(state, q, k, v, g, beta, o, scale, use_qk_l2norm,
+                                            A_log, dt_bias, state_indices, out_state_indices, 1);
+  const c10::cuda::CUDAGuard guard(state.device());
   const cudaError_t err = pmll::gdn_decode_vk(a, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "pmll gdn_decode_vk launch: ", cudaGetErrorString(err));
+}
+
+void gdn_chain_vk(torch::Tensor state, torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                  torch::Tensor g, torch::Tensor beta, torch::Tensor o, double scale,
+                  bool use_qk_l2norm, c10::optional<torch::Tensor> intermediate,
+                  c10::optional<torch::Tensor> A_log, c10::optional<torch::Tensor> dt_bias,
+                  c10::optional<torch::Tensor> state_indices,
+                  c10::optional<torch::Tensor> out_state_indices) {
+  pmll::GdnChainArgs c{};
+  c.d = decode_args(state, q, k, v, g, beta, o, scale, use_qk_l2norm, A_log, dt_bias,
+                    state_indices, out_state_indices, 2);
+  c.K = q.size(1);
+  TORCH_CHECK(c.K >= 1, "q: rows K (dim 1) must be >= 1");
+  c.q_t = q.stride(1); c.k_t = k.stride(1); c.v_t = v.stride(1);
+  c.g_t = g.stride(1); c.beta_t = beta.stride(1);
+  if (intermediate.has_value() && c.K > 1) {
+    const auto& t = *intermediate;
+    TORCH_CHECK(t.device() == state.device() && t.scalar_type() == state.scalar_type()
+                && t.dim() == 5 && t.size(0) == c.d.B && t.size(1) == c.K - 1
+                && t.size(2) == c.d.HV && t.size(3) == c.d.vd && t.size(4) == c.d.kd
+                && t.stride(4) == 1,
+                "intermediate: [B, K-1, HV, vd, kd] in the state's dtype, last dim contiguous");
+    c.inter = t.data_ptr();
+    c.i_b = t.stride(0); c.i_t = t.stride(1); c.i_h = t.stride(2); c.i_row = t.stride(3);
+  }
+  const c10::cuda::CUDAGuard guard(state.device());
+  const cudaError_t err = pmll::gdn_chain_vk(c, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "pmll gdn_chain_vk launch: ", cudaGetErrorString(err));
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "CUDA twin of the GDN decode on a V-major state (kernels/gdn_decode.cu)";
+  m.doc() = "CUDA twins of the GDN decode and chain on a V-major state (kernels/gdn_decode.cu, "
+            "kernels/gdn_chain.cu)";
   m.def("gdn_decode_vk", &gdn_decode_vk, "one decode token per lane, state in place",
         py::arg("state"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"),
         py::arg("beta"), py::arg("o"), py::arg("scale"), py::arg("use_qk_l2norm"),
         py::arg("A_log") = py::none(), py::arg("dt_bias") = py::none(),
         py::arg("state_indices") = py::none(), py::arg("out_state_indices") = py::none());
+  m.def("gdn_chain_vk", &gdn_chain_vk,
+        "K rows per lane, state in place, the state after each row t < K-1 to intermediate",
+        py::arg("state"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"),
+        py::arg("beta"), py::arg("o"), py::arg("scale"), py::arg("use_qk_l2norm"),
+        py::arg("intermediate") = py::none(), py::arg("A_log") = py::none(),
+        py::arg("dt_bias") = py::none(), py::arg("state_indices") = py::none(),
+        py::arg("out_state_indices") = py::none());
 }

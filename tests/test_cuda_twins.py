@@ -23,6 +23,7 @@ import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
 import pytest
 import torch
 
+from _cuda_refusal import _refused
 from pmll_lab import cuda_ext
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import errors
@@ -36,17 +37,6 @@ pytestmark = pytest.mark.filterwarnings(
 TOL = {torch.float32: 1e-6, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ON_GPU = DEVICE.type == "cuda"
-
-
-def _refused(call):
-    """Where the kernels run on the CPU: ``impl="cuda"`` must refuse (``RuntimeError`` without a
-    CUDA device; ``ValueError`` naming ``impl`` for CPU tensors on a GPU machine)."""
-    if torch.cuda.is_available():
-        with pytest.raises(ValueError, match="^impl: 'cuda' runs on CUDA tensors"):
-            call()
-    else:
-        with pytest.raises(RuntimeError, match="needs an NVIDIA GPU.*impl='triton'"):
-            call()
 
 
 def _memory(seed, batch, heads, capacity, dim, dtype, count):

@@ -18,6 +18,7 @@ import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
 import pytest
 import torch
 
+from _cuda_refusal import _refused
 from pmll_lab import cuda_ext
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import errors
@@ -26,15 +27,6 @@ from pmll_lab.inputs import gdn_inputs
 from pmll_lab.tolerances import HALF_STATE_TOL, O_TOL, STATE_TOL
 
 ON_GPU = DEVICE.type == "cuda"
-
-
-def _refused(call):
-    if torch.cuda.is_available():
-        with pytest.raises(ValueError, match="^impl: 'cuda' runs on CUDA tensors"):
-            call()
-    else:
-        with pytest.raises(RuntimeError, match="needs an NVIDIA GPU.*impl='triton'"):
-            call()
 
 
 def _close(name, out, want, tol):

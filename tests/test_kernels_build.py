@@ -41,6 +41,8 @@ def test_every_cu_compiles_for_sm90a_without_hot_spills():
     assert sum("ring_write_kernel" in line for line in ring) == 12, text
     assert "gdn_decode.cu (sm_90a): 1 kernels" in text, text
     assert sum("gdn_decode_vk_kernel" in line for line in ring) == 1, text
+    assert "gdn_chain.cu (sm_90a): 1 kernels" in text, text
+    assert sum("gdn_chain_vk_kernel" in line for line in ring) == 1, text
     assert all(line.lstrip().startswith("hot") for line in ring), text
 
 

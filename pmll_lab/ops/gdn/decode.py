@@ -306,7 +306,7 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
 def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermediate=None,
               scale=None, use_qk_l2norm=True, out_dtype=None, validate=False,
               state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None, A_log=None, a=None,
-              dt_bias=None, b=None, carry=None):
+              dt_bias=None, b=None, carry=None, impl="triton"):
     """Verify ``K`` draft rows per sequence with the chain-with-snapshots (SPEC §3a).
 
     Runs ``K`` tokens of the decode recurrence per sequence in one launch (the state block stays
@@ -329,16 +329,27 @@ def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermed
     ``carry`` as in ``gdn_decode`` (a slot with pending carry rows must not run a chain
     either). ``intermediate`` and ``state`` must share no memory with each other nor with
     the row inputs and slot tables (``ValueError`` naming both).
+    ``impl``: ``"triton"`` or ``"cuda"``: the CUDA C++ twin (``kernels/gdn_chain.cu``,
+    ``pmll_lab.ops.gdn.decode_cuda``) after the same checks; V-major, ``kd <= 256``; bitwise
+    ``K`` successive ``gdn_decode(impl="cuda")`` launches, within the chain's tolerance of the
+    reference, not bitwise the Triton chain. ``RuntimeError`` without a CUDA device.
 
     Returns ``o [B, K, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
     launching. Source: SPEC §3a, the seed's ``gdn_exact_chain`` batched over sequences.
     """
+    _checks.choice("impl", impl, ("triton", "cuda"))
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
                                   out_dtype, validate, rows=True, layout=state_layout,
                                   out_state_indices=out_state_indices, gating=gating,
                                   use_qk_l2norm=use_qk_l2norm, carry=carry)
+    if impl == "cuda":
+        decode_cuda.check_cuda(state, kd, state_layout, "chain")
     o = torch.empty(B, K, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
+    if impl == "cuda":
+        return decode_cuda.launch_chain(state, q, k, v, g, beta, o, intermediate, gating,
+                                        state_indices, out_state_indices, scale, use_qk_l2norm,
+                                        kd)
     with _device_guard(state):
         _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
                 B, K, HK, HV, kd, vd, rows=True, layout=state_layout,

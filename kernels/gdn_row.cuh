@@ -1,0 +1,152 @@
+// gdn_row.cuh: device code shared by the GDN decode's and the chain's CUDA twins (gdn_decode.cu,
+// gdn_chain.cu): element loads and stores, the token's q/k and gates, and the one-token update
+// of a V-major state row (SPEC section 2). Included by .cu files only (it needs nvcc).
+//
+// Why shared: the chain must be bitwise K successive decodes (SPEC section 2, "Exactness"). Both
+// kernels run these same inline functions per row, so each value sees the same operations in
+// the same order (the same fused multiply-adds, the same butterfly sums); the chain rounds its
+// register state to the state's dtype after every row (round_row), where the decode stores it.
+#pragma once
+
+#include "gdn_decode.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace pmll {
+namespace gdn_row {
+
+constexpr int kPer = kGdnMaxKd / kGdnWarp;  // keys per lane, at most
+
+__device__ __forceinline__ float load_f(const void* p, GdnDtype t, int64_t i) {
+  switch (t) {
+    case GdnDtype::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case GdnDtype::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void store_f(void* p, GdnDtype t, int64_t i, float x) {
+  switch (t) {
+    case GdnDtype::kBF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x); break;
+    case GdnDtype::kF16: static_cast<__half*>(p)[i] = __float2half_rn(x); break;
+    default: static_cast<float*>(p)[i] = x;
+  }
+}
+
+// x as store_f then load_f would give it back: rounded to t (nearest even), as fp32.
+__device__ __forceinline__ float round_f(GdnDtype t, float x) {
+  switch (t) {
+    case GdnDtype::kBF16: return __bfloat162float(__float2bfloat16_rn(x));
+    case GdnDtype::kF16: return __half2float(__float2half_rn(x));
+    default: return x;
+  }
+}
+
+__device__ __forceinline__ int64_t load_slot(const void* p, GdnDtype t, int64_t i) {
+  return t == GdnDtype::kI32 ? int64_t(static_cast<const int32_t*>(p)[i])
+                             : static_cast<const int64_t*>(p)[i];
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int off = kGdnWarp / 2; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+// This lane's keys d = j*32 + lane of one token's q and k (element offsets q_at, k_at of the
+// head's first key): l2-normalised when asked (eps 1e-6), q times the scale; zeros past kd.
+__device__ __forceinline__ void load_qk(const GdnDecodeArgs& a, int64_t q_at, int64_t k_at,
+                                        int lane, float (&q)[kPer], float (&k)[kPer]) {
+  float qq = 0.0f, kk = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t d = int64_t(j) * kGdnWarp + lane;
+    const bool in = d < a.kd;
+    q[j] = in ? load_f(a.q, a.ti, q_at + d) : 0.0f;
+    k[j] = in ? load_f(a.k, a.ti, k_at + d) : 0.0f;
+    qq += q[j] * q[j];
+    kk += k[j] * k[j];
+  }
+  float qs = a.scale;
+  float ks = 1.0f;
+  if (a.l2norm) {
+    qs *= rsqrtf(warp_sum(qq) + 1e-6f);
+    ks = rsqrtf(warp_sum(kk) + 1e-6f);
+  }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    k[j] *= ks;
+    q[j] *= qs;
+  }
+}
+
+// The token's decay exp(g) and beta of value head h: g, beta read at g_at, beta_at, or with
+// A_log given computed from a (at g_at), b (at beta_at), A_log[h], dt_bias[h]:
+// g = -exp(A_log) * softplus(a + dt_bias) (PyTorch's threshold 20), beta = sigmoid(b).
+__device__ __forceinline__ void load_gates(const GdnDecodeArgs& a, int64_t g_at, int64_t beta_at,
+                                           int64_t h, float& decay, float& beta) {
+  float g;
+  if (a.A_log) {
+    const float x = load_f(a.g, a.tg, g_at) + load_f(a.dt_bias, a.tdt, h);
+    const float sp = x > 20.0f ? x : log1pf(expf(x));
+    g = -expf(load_f(a.A_log, a.talog, h)) * sp;
+    beta = 1.0f / (1.0f + expf(-load_f(a.beta, a.tbeta, beta_at)));
+  } else {
+    g = load_f(a.g, a.tg, g_at);
+    beta = load_f(a.beta, a.tbeta, beta_at);
+  }
+  decay = expf(g);
+}
+
+// This lane's keys of the state row at element offset at (zeros past kd), as fp32.
+__device__ __forceinline__ void load_row(const void* p, GdnDtype t, int64_t at, int64_t kd,
+                                         int lane, float (&hs)[kPer]) {
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t d = int64_t(j) * kGdnWarp + lane;
+    hs[j] = d < kd ? load_f(p, t, at + d) : 0.0f;
+  }
+}
+
+// This lane's keys of hs stored at element offset at, rounded to t.
+__device__ __forceinline__ void store_row(void* p, GdnDtype t, int64_t at, int64_t kd, int lane,
+                                          const float (&hs)[kPer]) {
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t d = int64_t(j) * kGdnWarp + lane;
+    if (d < kd) store_f(p, t, at + d, hs[j]);
+  }
+}
+
+// hs rounded to t in place, as a store and a reload would leave it.
+__device__ __forceinline__ void round_row(GdnDtype t, float (&hs)[kPer]) {
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) hs[j] = round_f(t, hs[j]);
+}
+
+// One token on the row h = H[:, r] (hs: this lane's keys, zeros past kd; q, k from load_qk;
+// v = v[r]), in place, in fp32: h <- decay * h, u = beta * (v - h.k), h <- h + k u; returns
+// o[r] = h.q (every lane). Sums: each lane's keys in order, then the warp's butterfly.
+__device__ __forceinline__ float advance_row(float (&hs)[kPer], const float (&q)[kPer],
+                                             const float (&k)[kPer], float decay, float beta,
+                                             float v, int64_t kd, int lane) {
+  float hk = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t d = int64_t(j) * kGdnWarp + lane;
+    hs[j] = d < kd ? decay * hs[j] : 0.0f;
+    hk += hs[j] * k[j];
+  }
+  const float u = beta * (v - warp_sum(hk));
+  float oq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    hs[j] += k[j] * u;
+    oq += hs[j] * q[j];
+  }
+  return warp_sum(oq);
+}
+
+}  // namespace gdn_row
+}  // namespace pmll
