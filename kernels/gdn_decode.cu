@@ -2,12 +2,13 @@
 // contract of pmll_lab.ops.gdn.decode.gdn_decode(state_layout="vk"). Plain CUDA C++; the torch
 // binding is gdn_decode_torch.cpp (built by pmll_lab/cuda_ext.py).
 //
-// Warp w of block (b*HV + h, y) owns value row r = y*4 + w of head h of lane b. Per token, in
+// Group w (kGdnLanes lanes) of block (b*HV + h, y) owns value row r = y*16 + w of head h of
+// lane b. Per token, in
 // fp32, in SPEC order: q, k <- l2norm (eps 1e-6, when asked), q <- q * scale; the gates from
 // A_log, a, dt_bias, b when given (g = -exp(A_log) * softplus(a + dt_bias), threshold 20;
 // beta = sigmoid(b)); then on the row h[:] = H[:, r]: h <- exp(g) * h, u = beta * (v[r] - h.k),
 // h <- h + k u, o[r] = h.q; the row is stored rounded to the state's dtype (nearest even).
-// Sums over keys: each lane's keys in order, then a butterfly over the warp. A lane whose slot
+// Sums over keys: each lane's keys in order, then a butterfly over the row's group. A lane whose slot
 // is -1 (padding) writes zeros to o and reads and writes no state. Not bitwise the Triton
 // kernel (its sums run in another order): held to the float64 reference's tolerance. The
 // per-token arithmetic is gdn_row.cuh's, which the chain's twin (gdn_chain.cu) runs per row.
@@ -20,30 +21,31 @@ namespace {
 
 using namespace gdn_row;
 
-__global__ void __launch_bounds__(kGdnWarp * kGdnRowsPerBlock) gdn_decode_vk_kernel(GdnDecodeArgs a) {
+template <int P>
+__global__ void __launch_bounds__(kGdnThreads) gdn_decode_vk_kernel(GdnDecodeArgs a) {
   const int64_t bh = blockIdx.x;
   const int64_t b = bh / a.HV, h = bh % a.HV;
   const int64_t kh = h / (a.HV / a.HK);
-  const int lane = threadIdx.x % kGdnWarp;
-  const int64_t r = int64_t(blockIdx.y) * kGdnRowsPerBlock + threadIdx.x / kGdnWarp;
-  if (r >= a.vd) return;
+  const int lane = threadIdx.x % kGdnLanes;
+  const int64_t r = int64_t(blockIdx.y) * kGdnRowsPerBlock + threadIdx.x / kGdnLanes;
+  const bool row = r < a.vd;  // rows past vd take part in the group sums only
   const int64_t slot = a.idx ? load_slot(a.idx, a.tidx, b) : b;
   const int64_t o_at = (b * a.HV + h) * a.vd + r;
-  if (slot < 0) {  // padding lane
-    if (lane == 0) store_f(a.o, a.to, o_at, 0.0f);
+  if (slot < 0) {  // padding lane (the whole block)
+    if (row && lane == 0) store_f(a.o, a.to, o_at, 0.0f);
     return;
   }
   const int64_t oslot = a.out_idx ? load_slot(a.out_idx, a.tout_idx, b) : slot;
-
-  float q[kPer], k[kPer], hs[kPer];
+  const int64_t kd = row ? a.kd : 0;
+  float q[P], k[P], hs[P];
   load_qk(a, b * a.q_b + kh * a.q_h, b * a.k_b + kh * a.k_h, lane, q, k);
   float decay, beta;
   load_gates(a, b * a.g_b + h, b * a.beta_b + h, h, decay, beta);
-  load_row(a.state, a.ts, slot * a.s_slot + h * a.s_head + r * a.s_row, a.kd, lane, hs);
-  const float o = advance_row(hs, q, k, decay, beta,
-                              load_f(a.v, a.ti, b * a.v_b + h * a.v_h + r), a.kd, lane);
-  store_row(a.state, a.ts, oslot * a.s_slot + h * a.s_head + r * a.s_row, a.kd, lane, hs);
-  if (lane == 0) store_f(a.o, a.to, o_at, o);
+  load_row(a.state, a.ts, slot * a.s_slot + h * a.s_head + r * a.s_row, kd, lane, hs);
+  const float v = row ? load_f(a.v, a.ti, b * a.v_b + h * a.v_h + r) : 0.0f;
+  const float o = advance_row(hs, q, k, decay, beta, v, kd, lane);
+  store_row(a.state, a.ts, oslot * a.s_slot + h * a.s_head + r * a.s_row, kd, lane, hs);
+  if (row && lane == 0) store_f(a.o, a.to, o_at, o);
 }
 
 }  // namespace
@@ -53,7 +55,12 @@ cudaError_t gdn_decode_vk(const GdnDecodeArgs& a, cudaStream_t stream) {
   if (a.kd < 1 || a.kd > kGdnMaxKd || a.HK < 1 || a.HV % a.HK != 0) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(a.B * a.HV),
                   unsigned((a.vd + kGdnRowsPerBlock - 1) / kGdnRowsPerBlock));
-  gdn_decode_vk_kernel<<<grid, kGdnWarp * kGdnRowsPerBlock, 0, stream>>>(a);
+  switch (keys_per_lane(a.kd)) {
+    case 4: gdn_decode_vk_kernel<4><<<grid, kGdnThreads, 0, stream>>>(a); break;
+    case 8: gdn_decode_vk_kernel<8><<<grid, kGdnThreads, 0, stream>>>(a); break;
+    case 16: gdn_decode_vk_kernel<16><<<grid, kGdnThreads, 0, stream>>>(a); break;
+    default: gdn_decode_vk_kernel<32><<<grid, kGdnThreads, 0, stream>>>(a);
+  }
   return cudaGetLastError();
 }
 

@@ -15,10 +15,15 @@ namespace pmll {
 
 enum class GdnDtype : int { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3, kI64 = 4 };
 
-// One warp per value row (its lanes hold kd / 32 keys each, kd <= kMaxKd), 4 rows per block.
-// Not tuned: no measurement of this kernel exists (kernels/README.md).
+// A group of kGdnLanes lanes per value row (lane l holds keys l, l + 8, ...: every load of the
+// group reads 8 consecutive keys of its row, 4 rows of a warp side by side), kGdnRowsPerBlock
+// rows per block of 4 warps; keys per lane a template parameter, 4 to 32 (kd <= kGdnMaxKd).
+// Why: one warp per row spent four 5-level shuffle sums on 512 bytes of state per row and ran
+// at 19 % of the copy roofline on an H200 (kernels/README.md).
 constexpr int kGdnWarp = 32;
-constexpr int kGdnRowsPerBlock = 4;
+constexpr int kGdnLanes = 8;
+constexpr int kGdnRowsPerBlock = 16;
+constexpr int kGdnThreads = kGdnRowsPerBlock * kGdnLanes;  // 128
 constexpr int kGdnMaxKd = 256;
 
 struct GdnDecodeArgs {

@@ -16,7 +16,12 @@
 namespace pmll {
 namespace gdn_row {
 
-constexpr int kPer = kGdnMaxKd / kGdnWarp;  // keys per lane, at most
+constexpr int kPerMax = kGdnMaxKd / kGdnLanes;  // keys per lane, at most
+
+// Keys per lane for a head of kd keys (the kernels' template parameter P): 4, 8, 16 or 32.
+__host__ __device__ constexpr int keys_per_lane(int64_t kd) {
+  return kd <= 4 * kGdnLanes ? 4 : kd <= 8 * kGdnLanes ? 8 : kd <= 16 * kGdnLanes ? 16 : 32;
+}
 
 __device__ __forceinline__ float load_f(const void* p, GdnDtype t, int64_t i) {
   switch (t) {
@@ -48,20 +53,24 @@ __device__ __forceinline__ int64_t load_slot(const void* p, GdnDtype t, int64_t 
                              : static_cast<const int64_t*>(p)[i];
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
+// The sum over a row's group of kGdnLanes lanes (a butterfly inside the group; every lane of
+// the warp takes part, so rows past vd run it too, on zeros).
+__device__ __forceinline__ float group_sum(float x) {
 #pragma unroll
-  for (int off = kGdnWarp / 2; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
+  for (int off = kGdnLanes / 2; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
   return x;
 }
 
-// This lane's keys d = j*32 + lane of one token's q and k (element offsets q_at, k_at of the
+// This lane's keys d = j*kGdnLanes + lane (lane: its index in the row's group) of one
+// token's q and k (element offsets q_at, k_at of the
 // head's first key): l2-normalised when asked (eps 1e-6), q times the scale; zeros past kd.
+template <int P>
 __device__ __forceinline__ void load_qk(const GdnDecodeArgs& a, int64_t q_at, int64_t k_at,
-                                        int lane, float (&q)[kPer], float (&k)[kPer]) {
+                                        int lane, float (&q)[P], float (&k)[P]) {
   float qq = 0.0f, kk = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int64_t d = int64_t(j) * kGdnWarp + lane;
+  for (int j = 0; j < P; ++j) {
+    const int64_t d = int64_t(j) * kGdnLanes + lane;
     const bool in = d < a.kd;
     q[j] = in ? load_f(a.q, a.ti, q_at + d) : 0.0f;
     k[j] = in ? load_f(a.k, a.ti, k_at + d) : 0.0f;
@@ -71,11 +80,11 @@ __device__ __forceinline__ void load_qk(const GdnDecodeArgs& a, int64_t q_at, in
   float qs = a.scale;
   float ks = 1.0f;
   if (a.l2norm) {
-    qs *= rsqrtf(warp_sum(qq) + 1e-6f);
-    ks = rsqrtf(warp_sum(kk) + 1e-6f);
+    qs *= rsqrtf(group_sum(qq) + 1e-6f);
+    ks = rsqrtf(group_sum(kk) + 1e-6f);
   }
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
+  for (int j = 0; j < P; ++j) {
     k[j] *= ks;
     q[j] *= qs;
   }
@@ -100,52 +109,56 @@ __device__ __forceinline__ void load_gates(const GdnDecodeArgs& a, int64_t g_at,
 }
 
 // This lane's keys of the state row at element offset at (zeros past kd), as fp32.
+template <int P>
 __device__ __forceinline__ void load_row(const void* p, GdnDtype t, int64_t at, int64_t kd,
-                                         int lane, float (&hs)[kPer]) {
+                                         int lane, float (&hs)[P]) {
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int64_t d = int64_t(j) * kGdnWarp + lane;
+  for (int j = 0; j < P; ++j) {
+    const int64_t d = int64_t(j) * kGdnLanes + lane;
     hs[j] = d < kd ? load_f(p, t, at + d) : 0.0f;
   }
 }
 
 // This lane's keys of hs stored at element offset at, rounded to t.
+template <int P>
 __device__ __forceinline__ void store_row(void* p, GdnDtype t, int64_t at, int64_t kd, int lane,
-                                          const float (&hs)[kPer]) {
+                                          const float (&hs)[P]) {
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int64_t d = int64_t(j) * kGdnWarp + lane;
+  for (int j = 0; j < P; ++j) {
+    const int64_t d = int64_t(j) * kGdnLanes + lane;
     if (d < kd) store_f(p, t, at + d, hs[j]);
   }
 }
 
 // hs rounded to t in place, as a store and a reload would leave it.
-__device__ __forceinline__ void round_row(GdnDtype t, float (&hs)[kPer]) {
+template <int P>
+__device__ __forceinline__ void round_row(GdnDtype t, float (&hs)[P]) {
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) hs[j] = round_f(t, hs[j]);
+  for (int j = 0; j < P; ++j) hs[j] = round_f(t, hs[j]);
 }
 
 // One token on the row h = H[:, r] (hs: this lane's keys, zeros past kd; q, k from load_qk;
 // v = v[r]), in place, in fp32: h <- decay * h, u = beta * (v - h.k), h <- h + k u; returns
-// o[r] = h.q (every lane). Sums: each lane's keys in order, then the warp's butterfly.
-__device__ __forceinline__ float advance_row(float (&hs)[kPer], const float (&q)[kPer],
-                                             const float (&k)[kPer], float decay, float beta,
+// o[r] = h.q (every lane). Sums: each lane's keys in order, then the group's butterfly.
+template <int P>
+__device__ __forceinline__ float advance_row(float (&hs)[P], const float (&q)[P],
+                                             const float (&k)[P], float decay, float beta,
                                              float v, int64_t kd, int lane) {
   float hk = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int64_t d = int64_t(j) * kGdnWarp + lane;
+  for (int j = 0; j < P; ++j) {
+    const int64_t d = int64_t(j) * kGdnLanes + lane;
     hs[j] = d < kd ? decay * hs[j] : 0.0f;
     hk += hs[j] * k[j];
   }
-  const float u = beta * (v - warp_sum(hk));
+  const float u = beta * (v - group_sum(hk));
   float oq = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
+  for (int j = 0; j < P; ++j) {
     hs[j] += k[j] * u;
     oq += hs[j] * q[j];
   }
-  return warp_sum(oq);
+  return group_sum(oq);
 }
 
 }  // namespace gdn_row

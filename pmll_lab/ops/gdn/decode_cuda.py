@@ -3,8 +3,8 @@
 V-major state, launched after the Triton launchers' own checks (SPEC §2, §3a).
 
 The decode twin computes the same token (in-kernel gating and l2norm, padding lanes of slot -1,
-``out_state_indices``, fp32/bf16/fp16 state rounded once when stored) with one warp per value
-row; its sums over keys run in another order than the Triton kernel's, so it answers to the
+``out_state_indices``, fp32/bf16/fp16 state rounded once when stored) with a group of 8 lanes
+per value row (``kernels/gdn_decode.cuh``); its sums over keys run in another order than the Triton kernel's, so it answers to the
 float64 reference within the decode's tolerance, not bitwise to Triton. The chain twin runs
 the decode twin's per-token code (``kernels/gdn_row.cuh``) on each of the ``K`` rows, the state
 row kept in registers and rounded to the state's dtype after every row: outputs, snapshots and
