@@ -90,3 +90,16 @@ def test_a_sweep_file_named_as_written_resolves_in_an_archived_run(tmp_path):
     assert results_placement(res) == placed and placed["workers"] == 3
     with pytest.raises(FileNotFoundError, match="path: no results file .*missing.jsonl"):
         load(res / "missing.jsonl")
+
+
+def test_no_committed_report_shows_a_traceback():
+    """A failed point shows its error's last line only (``protocol.error_line``), in every
+    committed rendered report and index."""
+    from pathlib import Path
+
+    reports = Path(__file__).resolve().parents[1] / "reports"
+    pages = sorted(reports.glob("*/*.html"))
+    assert pages
+    shown = [p.relative_to(reports).as_posix() for p in pages
+             if "Traceback (most recent call last)" in p.read_text(encoding="utf-8")]
+    assert shown == []
