@@ -194,7 +194,8 @@ def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool
 
 
 def results_placement(results: Path) -> dict:
-    """Who ran the sweeps whose rows lie in ``results`` (``*.jsonl``): ``workers`` and
+    """Who ran the sweeps whose rows lie in ``results`` (``*.jsonl``, or ``*.jsonl.gz`` in an
+    archived run): ``workers`` and
     ``gpus`` (distinct, over all its sweeps), ``devices`` (points per device kind) and
     ``in_process`` (True when no row came from a Dask worker); ``pmll_lab.sweep.placement``."""
     import pandas as pd
@@ -202,13 +203,16 @@ def results_placement(results: Path) -> dict:
     from pmll_lab.sweep import IN_PROCESS, load, placement
 
     frames = []
-    for path in sorted(Path(results).glob("*.jsonl")):
+    paths = {p.name.removesuffix(".gz"): p for p in sorted(Path(results).glob("*.jsonl.gz"))}
+    paths.update({p.name: p for p in Path(results).glob("*.jsonl")})   # plain wins over .gz
+    for fname, path in sorted(paths.items()):
         try:
             df = load(path)
-        except (OSError, ValueError):
+        except (OSError, ValueError, EOFError):
             continue
         if not df.empty and "point_id" in df:
-            frames.append(df.assign(point_id=path.stem + ":" + df["point_id"].astype(str)))
+            stem = fname.removesuffix(".jsonl")
+            frames.append(df.assign(point_id=stem + ":" + df["point_id"].astype(str)))
     if not frames:
         return {"workers": 0, "gpus": 0, "devices": {}, "in_process": True}
     df = pd.concat(frames, ignore_index=True)

@@ -16,6 +16,7 @@ it runs again. Rows written before ``point_rows`` existed (the committed runs un
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import math
 import os
@@ -262,11 +263,28 @@ def replace_text(path: Path, text: str) -> None:
             tmp.unlink()
 
 
+def read_jsonl_text(path: str | Path) -> str:
+    """The text of a results file ``<name>.jsonl`` or its archived form ``<name>.jsonl.gz``
+    (``pmll_lab.report_archive``): a ``.gz`` path is decompressed, and a ``.jsonl`` path that
+    is missing is read from ``<path>.gz`` beside it, so a name a sweep or report prints
+    resolves in a committed run too. Raises ``FileNotFoundError`` naming ``path`` when
+    neither exists."""
+    path = Path(path)
+    gz = path if path.suffix == ".gz" else path.with_name(path.name + ".gz")
+    if path.suffix != ".gz" and path.is_file():
+        return path.read_text(encoding="utf-8")
+    if gz.is_file():
+        return gzip.decompress(gz.read_bytes()).decode("utf-8")
+    raise FileNotFoundError(f"path: no results file {path}"
+                            + ("" if path.suffix == ".gz" else f" (nor {gz.name})"))
+
+
 def load(path: str | Path) -> pd.DataFrame:
-    """Read a results JSONL file into a DataFrame: the rows of every point stored whole (a
-    torn line, and the rows of a point cut short, are left out; a point stored twice counts
-    once); ``value`` stored as "inf"/"nan" comes back as a float."""
-    kept, _ = _parse(Path(path).read_text())
+    """Read a results JSONL file (``.jsonl``, or gzipped ``.jsonl.gz``: ``read_jsonl_text``)
+    into a DataFrame: the rows of every point stored whole (a torn line, and the rows of a
+    point cut short, are left out; a point stored twice counts once); ``value`` stored as
+    "inf"/"nan" comes back as a float."""
+    kept, _ = _parse(read_jsonl_text(path))
     df = pd.DataFrame([row for _, row in kept])
     if "value" in df:
         nonfinite = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
@@ -285,4 +303,4 @@ def frame_to_csv(df: pd.DataFrame, path: Path) -> None:
 
 __all__ = ["IN_PROCESS", "PLACEMENT_COLUMNS", "ROW_COUNT", "CheckFailed", "point_id",
            "placement_here", "stored_rows", "point_rows", "append", "write_rows", "repair",
-           "replace_text", "load", "frame_to_csv", "now_stamp"]
+           "replace_text", "read_jsonl_text", "load", "frame_to_csv", "now_stamp"]

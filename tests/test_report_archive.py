@@ -68,3 +68,38 @@ def test_archive_errors_name_the_argument(tmp_path):
     with pytest.raises(ValueError, match="drop_html"):
         archive_run(run, drop_html=("pmll_ring",))
     assert (run / "roofline.ipynb").is_file()          # nothing pruned before the error
+
+
+def test_a_sweep_file_named_as_written_resolves_in_an_archived_run(tmp_path):
+    """A sweep prints ``results/<nb>/<name>.jsonl``; once archived only ``.jsonl.gz`` is
+    left, and the readers (``results.load``, ``results_placement``) take either name."""
+    from pmll_lab.report_notebooks import results_placement
+    from pmll_lab.results import load
+
+    run = _fake_run(tmp_path)
+    res = run / "results" / "roofline"
+    rows = [{"kernel": "decodes", "point_id": f"p{i}", "device": "NVIDIA H200", "gpu": i,
+             "worker": f"tcp://10.0.0.{i}:1", "B": 1 + i, "value": 0.5 + i} for i in range(3)]
+    (res / "roofline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    before, placed = load(res / "roofline.jsonl"), results_placement(res)
+    archive_run(run)
+    assert not (res / "roofline.jsonl").exists() and (res / "roofline.jsonl.gz").is_file()
+    for name in ("roofline.jsonl", "roofline.jsonl.gz"):
+        pd.testing.assert_frame_equal(load(res / name), before)
+    assert load(res / "roofline.jsonl")["value"].tolist() == [0.5, 1.5, 2.5]
+    assert results_placement(res) == placed and placed["workers"] == 3
+    with pytest.raises(FileNotFoundError, match="path: no results file .*missing.jsonl"):
+        load(res / "missing.jsonl")
+
+
+def test_no_committed_report_shows_a_traceback():
+    """A failed point shows its error's last line only (``protocol.error_line``), in every
+    committed rendered report and index."""
+    from pathlib import Path
+
+    reports = Path(__file__).resolve().parents[1] / "reports"
+    pages = sorted(reports.glob("*/*.html"))
+    assert pages
+    shown = [p.relative_to(reports).as_posix() for p in pages
+             if "Traceback (most recent call last)" in p.read_text(encoding="utf-8")]
+    assert shown == []

@@ -151,13 +151,6 @@ def _draw(seed, n, B, HK, HV, d, K, dtype):
     return gdn_inputs(seed + 1000 + n, B, HK, HV, d, d, rows=K, dtype=dtype)
 
 
-def _initial_state(seed, S, HK, HV, d, layout, state_dtype):
-    st = gdn_inputs(seed + 7, 1, HK, HV, d, d, slots=S, dtype=torch.float32)["state"]
-    if layout == "vk":
-        st = st.transpose(-1, -2).contiguous()
-    return st.to(state_dtype)
-
-
 def _plain_rows(pst, x, t, sel, slot_t, layout):
     """``gdn_decode`` of row ``t`` of the sequences ``sel`` on the plain state ``pst``."""
     sel_t = torch.tensor(sel, device=pst.device)
@@ -166,23 +159,34 @@ def _plain_rows(pst, x, t, sel, slot_t, layout):
                       state_layout=layout)
 
 
+def _setup(cfg, *, B, seed, heads, progress):
+    """One configuration's start, as ``(progress, HK, HV, d, K, layout, state dtype, input
+    dtype, S, state, numpy rng, python rng)``: ``d = kd = vd``, ``S = B + B // 4 + 1`` slots,
+    the seeded initial state ``[S, HV, d, d]`` in the layout and state dtype, and both
+    generators seeded by ``seed`` (one place, so the carry and the chain start alike)."""
+    HK, HV = heads
+    d, K, layout = cfg["kd"], cfg["K"], cfg["layout"]
+    sdt, idt = getattr(torch, cfg["state_dtype"]), getattr(torch, cfg["input_dtype"])
+    S = B + B // 4 + 1
+    st = gdn_inputs(seed + 7, 1, HK, HV, d, d, slots=S, dtype=torch.float32)["state"]
+    if layout == "vk":
+        st = st.transpose(-1, -2).contiguous()
+    return ({} if progress is None else progress, HK, HV, d, K, layout, sdt, idt, S,
+            st.to(sdt), np.random.default_rng(seed), random.Random(seed))
+
+
 def run_carry(cfg: dict, mode: str, *, B: int, steps: int, seed: int, heads=(1, 2),
               alpha: float = 0.75, p_zero: float = 0.15, progress: dict | None = None) -> dict:
     """One carried-state run (``mode`` in ``MODES``) against plain decoding; see the module
     docstring. Returns ``_Run.result()`` plus the driver's ``stats``. ``progress["launched"]``
     is set once the first verify has run."""
-    progress = {} if progress is None else progress
-    HK, HV = heads
-    d, K, layout = cfg["kd"], cfg["K"], cfg["layout"]
-    sdt, idt = getattr(torch, cfg["state_dtype"]), getattr(torch, cfg["input_dtype"])
-    S = B + B // 4 + 1
-    st = _initial_state(seed, S, HK, HV, d, layout, sdt)
+    progress, HK, HV, d, K, layout, sdt, idt, S, st, rng, pyrng = _setup(
+        cfg, B=B, seed=seed, heads=heads, progress=progress)
     lay = CarryLayer(st.clone(), GdnCarry.empty(S, HV, d, d), state_layout=layout)
     pst = st.clone()
     lazy_min = {"eager": None, "lazy": 1, "policy": B}[mode]
     step = SpecDecodeStep([lay], form="exact", lazy_min_seqs=lazy_min, validate=True)
     widths = [B, max(1, B // 2)] if mode == "policy" else [B]
-    rng, pyrng = np.random.default_rng(seed), random.Random(seed)
     run = _Run(f"carry_{mode}")
     every = torch.arange(S, dtype=torch.int32, device=st.device)
     for n in range(steps):
@@ -223,14 +227,9 @@ def run_chain(cfg: dict, *, B: int, steps: int, seed: int, heads=(1, 2), alpha: 
               p_zero: float = 0.15, progress: dict | None = None) -> dict:
     """The chain with ``K-1`` snapshots and the restore against plain decoding, state
     compared after every step (``progress`` as in ``run_carry``)."""
-    progress = {} if progress is None else progress
-    HK, HV = heads
-    d, K, layout = cfg["kd"], cfg["K"], cfg["layout"]
-    sdt, idt = getattr(torch, cfg["state_dtype"]), getattr(torch, cfg["input_dtype"])
-    S = B + B // 4 + 1
-    st = _initial_state(seed, S, HK, HV, d, layout, sdt)
+    progress, HK, HV, d, K, layout, sdt, idt, S, st, rng, pyrng = _setup(
+        cfg, B=B, seed=seed, heads=heads, progress=progress)
     cst, pst = st.clone(), st.clone()
-    rng, pyrng = np.random.default_rng(seed), random.Random(seed)
     run = _Run("chain")
     inter = torch.empty(B, K - 1, *st.shape[1:], dtype=sdt, device=st.device)
     for n in range(steps):
