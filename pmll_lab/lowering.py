@@ -157,7 +157,10 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
                      ) -> dict[str, set[str]]:
     """Reduction layouts of the kernels that must agree bitwise with GDN decode (SPEC §2):
     ``gdn_rows_kernel`` (decode and the chain), the exact carried-state verify per head and with
-    split columns. Each kernel as the launchers launch it (``block_config`` shapes and warps,
+    split columns. ``gdn_rows_kernel`` is lowered twice: as decode (``K = 1``, the reference,
+    first in the result) and as the chain with snapshots (``K = rows``, ``intermediate`` given;
+    key ``"<name>[chain]"``, left out when ``rows == 1``), since Triton lays a block out for
+    its widest access and the snapshot store is one more. Each kernel as the launchers launch it (``block_config`` shapes and warps,
     lazy form, l2norm in kernel; contiguous state of ``head_dim x head_dim`` per head, the
     decode launch's integer values). Returns ``{kernel name: set of reduction layouts}``: the
     family agrees when every set equals decode's. A dict passed as ``resources`` is filled with
@@ -228,16 +231,27 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
                      QK_ALIGNED=vk_meta["QK_ALIGNED"],
                      STATE_VEC=vk_state_vector(head_dim, head_dim, batch * HV, state_size))
                 if layout == "vk" else dict(vk_meta))
-    dec = lower(rows_kernel, dec_types,
-                dict(KD=head_dim, VD=head_dim, K=rows, BK=BK, BV=BV, HAS_IDX=True,
-                     STORE_INTER=False, USE_QK_L2NORM=True,
-                     UNROLL=rows <= settings.gdn().chain_unroll_max_rows, HAS_OUT_IDX=False,
-                     GATE=gate,
-                     **chunks, **vk_meta),
-                num_warps=warps, arch=arch, stage=stage, **EXACT_LAUNCH,
-                values=dict(HV=HV, GROUP=HV // HK, s_slot=HV * head_dim * head_dim,
-                            s_head=head_dim * head_dim,
-                            **({"s_key": head_dim} if layout == "kv" else {})))
+    rows_values = dict(HV=HV, GROUP=HV // HK, s_slot=HV * head_dim * head_dim,
+                       s_head=head_dim * head_dim,
+                       **({"s_key": head_dim} if layout == "kv" else {}))
+
+    def lower_rows(k_rows: int, snapshots: bool):
+        # decode: K = 1, no snapshots; the chain: K rows, snapshots [B, K-1, HV, ...] as
+        # gdn_chain(intermediate=...) passes them (their strides are specialised)
+        values = dict(rows_values)
+        if snapshots:
+            values.update(i_h=head_dim * head_dim, i_t=HV * head_dim * head_dim,
+                          i_b=(k_rows - 1) * HV * head_dim * head_dim,
+                          **({"i_k": head_dim} if layout == "kv" else {}))
+        return lower(rows_kernel, dec_types,
+                     dict(KD=head_dim, VD=head_dim, K=k_rows, BK=BK, BV=BV, HAS_IDX=True,
+                          STORE_INTER=snapshots, USE_QK_L2NORM=True,
+                          UNROLL=k_rows <= settings.gdn().chain_unroll_max_rows,
+                          HAS_OUT_IDX=False, GATE=gate, **chunks, **vk_meta),
+                     num_warps=warps, arch=arch, stage=stage, **EXACT_LAUNCH, values=values)
+
+    dec = lower_rows(1, False)
+    chain = lower_rows(rows, True) if rows > 1 else None
     carry_types = {f"{n}_ptr": t for n, t in rows_t.items()} | {
         "state_ptr": f"*{state_type}", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
         "engaged_ptr": "*i32", "arrive_ptr": "*i32", "alog_ptr": "*fp32", "dtb_ptr": "*fp32",
@@ -255,7 +269,9 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         return {re.sub(r"^\d+x", "BRx", lay) for lay in found} if layout == "vk" else found
 
     compiled = {rows_kernel.__name__: dec}
-    out = {rows_kernel.__name__: layouts_of(dec)}
+    if chain is not None:
+        compiled[f"{rows_kernel.__name__}[chain]"] = chain
+    out = {name: layouts_of(low) for name, low in compiled.items()}
     for kern in carry_kernels:
         types = dict(carry_types)
         for p in kern.params:

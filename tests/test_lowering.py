@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = textwrap.dedent("""
     import json, sys
     import triton
-    from pmll_lab.lowering import gdn_exact_family
+    from pmll_lab.lowering import family_mismatches, gdn_exact_family
     from pmll_lab.ops.carry import gdn_carry as C
+    CHAIN16 = dict(layout="kv", head_dim=16, state_type="bf16", input_type="fp32", rows=2)
     out = {}
     from pmll_lab.ops.gdn import decode as D
     names = set(C._ROW_PTRS + C._ROW_STRIDES)
@@ -46,6 +47,18 @@ SCRIPT = textwrap.dedent("""
                      lane_split=split, stage="ttgir")
     out["16-bf16-uncapped"] = split
     R.kv_state_vector = real_cap
+    # the chain with snapshots at kd = 16, bf16 state, fp32 inputs (the H200's 1-ulp outputs)
+    out["16-bf16-chain"] = {"fixed": family_mismatches(CHAIN16)}
+    # mutation: the snapshot store without decode's state vector cap
+    real_row = D._chain_row
+    mutant = triton.JITFunction(real_row.fn)
+    src = mutant.src
+    cap = "            if STATE_VEC > 0:"
+    assert cap in src, "the snapshot cap moved: update the mutation"
+    mutant._unsafe_update_src(src.replace(cap, "            if False:"))
+    D._chain_row = mutant
+    out["16-bf16-chain"]["uncapped"] = family_mismatches(CHAIN16)
+    D._chain_row = real_row
     for head_dim, input_type, rows, batch in ((128, "bf16", 4, 64), (64, "fp32", 8, 1)):
         fam = gdn_exact_family(head_dim=head_dim, input_type=input_type, rows=rows,
                                layout="vk", batch=batch)
@@ -100,7 +113,9 @@ def test_exact_family_reduces_on_decode_layouts(lowered, case):
     assert len(decode) == 2, decode
     shapes = sorted(s.split(",")[0].count("x") for s in decode)   # "128xf32", "128x32xf32"
     assert shapes == [1, 2], decode
-    for name in ("_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"):
+    chain = ("gdn_rows_kernel[chain]",) if not case.endswith("-1") else ()
+    assert ("gdn_rows_kernel[chain]" in fam) == bool(chain), sorted(fam)
+    for name in chain + ("_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"):
         assert fam[name] == decode, (name, fam[name], decode)
 
 
@@ -111,7 +126,8 @@ def test_vk_family_reduces_on_decode_layouts(lowered, case):
     fam = lowered[case]
     decode = fam["gdn_rows_vk_kernel"]
     assert decode, "decode lost its reductions"
-    assert fam["gdn_carry_exact_vk_kernel"] == decode, (fam["gdn_carry_exact_vk_kernel"], decode)
+    for name in ("gdn_rows_vk_kernel[chain]", "gdn_carry_exact_vk_kernel"):
+        assert fam[name] == decode, (name, fam[name], decode)
 
 
 @pytest.mark.parametrize("state", ["bf16", "fp16"])
@@ -123,7 +139,8 @@ def test_tiny_heads_sum_keys_alike_on_every_lane(lowered, state):
     got = lowered[f"16-{state}"]
     assert got["split"] and not any(got["split"].values()), got["split"]
     decode = got["layouts"]["gdn_rows_kernel"]
-    for name in ("_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"):
+    for name in ("gdn_rows_kernel[chain]", "_gdn_carry_exact_kernel",
+                 "_gdn_carry_exact_split_kernel"):
         assert got["layouts"][name] == decode, (name, got["layouts"][name], decode)
 
 
@@ -131,9 +148,23 @@ def test_check_sees_lane_split_sums(lowered):
     """Without the cap (``kv_state_vector`` 0: the natural 16-byte vector) decode and both
     exact verify kernels start their key sums across lanes, and the check says so."""
     split = lowered["16-bf16-uncapped"]
-    assert set(split) == {"gdn_rows_kernel", "_gdn_carry_exact_kernel",
-                          "_gdn_carry_exact_split_kernel"}, split
+    assert set(split) == {"gdn_rows_kernel", "gdn_rows_kernel[chain]",
+                          "_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"}, split
     assert all(split.values()), split
+
+
+def test_chain_with_snapshots_keeps_decode_layout_at_tiny_heads(lowered):
+    """kd = 16, bf16 state, fp32 inputs, 2 rows with snapshots: the chain reduces on decode's
+    layouts; with its snapshot store left at the natural 16-byte vector (8 columns, one key
+    row per thread) Triton lays the whole block out for that store, and the check flags the
+    chain (another layout, lane-split key sums) and nothing else."""
+    got = lowered["16-bf16-chain"]
+    assert got["fixed"] == {}, got["fixed"]
+    bad = got["uncapped"]
+    assert set(bad) == {"gdn_rows_kernel[chain]"}, bad
+    assert any("lane-split" in x for x in bad["gdn_rows_kernel[chain]"]), bad
+    assert any("sizePerThread = [1, 8]" in x and "lane-split" not in x
+               for x in bad["gdn_rows_kernel[chain]"]), bad
 
 
 def test_kv_state_vector_caps_only_the_one_key_row_blocks():

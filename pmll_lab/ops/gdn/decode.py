@@ -64,9 +64,15 @@ _ROW_STRIDES = ["q_b", "q_t", "q_h", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h", "
 def _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
                rk, mk, rv, mv, mh, live, scale, ga, gd, K: tl.constexpr,
-               STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr):
+               STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr,
+               STATE_VEC: tl.constexpr):
     """Row ``t`` of ``gdn_rows_kernel``: load, ``qk_prepare``, ``gdn_row``, store ``o`` (and
-    the snapshot after the row when ``STORE_INTER`` and ``t < K-1``). Returns the new block."""
+    the snapshot after the row when ``STORE_INTER`` and ``t < K-1``). Returns the new block.
+
+    The snapshot store takes the state load's ``STATE_VEC`` cap too: Triton lays the whole block
+    out for its widest access, so an uncapped 16-byte snapshot store (8 columns of a 2-byte
+    state at kd = 16: one key row per thread) would move the chain's sums over keys off
+    decode's layout (``pmll_lab.lowering`` compares decode with the chain with snapshots)."""
     qt, kt, vt, gt, bt = load_row_inputs(q_row + t * q_t, k_row + t * k_t, v_row + t * v_t,
                                          g_row + t * g_t, beta_row + t * beta_t, rk, mk, rv, mv,
                                          ga, gd, GATE)
@@ -77,8 +83,10 @@ def _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
              tl.where(live, ot, 0.0).to(o.dtype.element_ty), mask=mv)
     if STORE_INTER:
         if t < K - 1:
-            tl.store(inter + b64 * i_b + t * i_t + hv * i_h + rk[:, None] * i_k + rv[None, :],
-                     h, mask=mh)
+            p_i = inter + b64 * i_b + t * i_t + hv * i_h + rk[:, None] * i_k + rv[None, :]
+            if STATE_VEC > 0:            # the state load's cap: the block keeps decode's layout
+                p_i = tl.max_contiguous(p_i, [1, STATE_VEC])
+            tl.store(p_i, h, mask=mh)
     return h
 
 
@@ -137,13 +145,13 @@ def gdn_rows_kernel(
             h = _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                            q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
                            rk, mk, rv, mv, mh, live, scale, ga, gd, K, STORE_INTER,
-                           USE_QK_L2NORM, GATE)
+                           USE_QK_L2NORM, GATE, STATE_VEC)
     else:
         for t in range(K):
             h = _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                            q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
                            rk, mk, rv, mv, mh, live, scale, ga, gd, K, STORE_INTER,
-                           USE_QK_L2NORM, GATE)
+                           USE_QK_L2NORM, GATE, STATE_VEC)
 
     if HAS_OUT_IDX:
         tl.store(p_h + (oslot - slot) * s_slot, h, mask=mh)

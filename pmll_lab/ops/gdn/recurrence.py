@@ -35,8 +35,9 @@ interpreter computes ``tl.fma`` unfused and contracts nothing, consistently in e
 Every lane must hold the same sum: ``dot_fma``'s combine is not commutative on two raw
 products, so a block laid out one key row per thread (the first combine across lanes) leaves
 each lane its own rounding of ``hk``, and a stashed ``u`` (one lane's) then does not replay the
-other lanes' rows. The K-major kernels load the state block at most ``kv_state_vector``
-columns per thread so that never happens (kd = 16 with a 2-byte state was the one case).
+other lanes' rows. The K-major kernels load the state block (and the chain stores its
+snapshots) at most ``kv_state_vector`` columns per thread so that never happens (kd = 16 with a
+2-byte state was the one case).
 
 Same block shapes are necessary, not sufficient: on a GPU the compiler picks the register
 layout of a loaded block (and so the order of the sums above) from what it knows of the
