@@ -3,10 +3,11 @@
 Qwen3-Next's GDN shape (HK=16, HV=32, kd=vd=128), bf16 inputs, K draft rows, ring length R.
 For each state dtype, batch and ring fill ``P`` (``P + K > R`` folds): first a check of the
 outputs against the float64 ring reference on the first sequences, then graph-replay times
-(L2 flushed, ``pmll_lab.bench.time_cuda_graph``) of the verify for every tile in ``--tiles``.
-Prints one table; ``--json PATH`` writes the rows.
+(L2 flushed, ``pmll_lab.bench.time_cuda_graph``) of the verify for every variant: ``--fused``
+tiles of the one-launch verify (``BVxBKxWARPSxSTAGES``; ``split`` = the two-launch form with
+each of ``--tiles``). Prints one table; ``--json PATH`` writes the rows.
 
-    python3 scripts/tune_ring.py --batch 64 128 --tiles 64x4 128x4 --json $OUT/ring.json
+    python3 scripts/tune_ring.py --batch 64 128 --fused 128x32x4x4 64x32x4x4 split
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ from pmll_lab.step_bench import fill_ring
 HK, HV, KD, VD = 16, 32, 128, 128
 
 
-def point(B, K, R, fill, state_dtype, tiles, precisions, preps=((None, None),), ref_seqs=4):
+SPLIT = ((1 << 62, 0, 0, 0, 0),)
+
+
+def point(B, K, R, fill, state_dtype, tiles, precisions, preps=((None, None),), ref_seqs=4,
+          fused=(None,)):
     x = gdn_inputs(B, B, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16)
     gate = gating_inputs(B + 1, (B, K), HV)
     state = x["state"].transpose(-1, -2).contiguous().to(state_dtype)
@@ -39,10 +44,14 @@ def point(B, K, R, fill, state_dtype, tiles, precisions, preps=((None, None),), 
     kw = dict(slot_tab=slots, A_log=gate["A_log"], a=gate["a"], dt_bias=gate["dt_bias"],
               b=gate["b"])
     rows = []
-    combos = [(prec, tile, prep) for prec in (precisions if state_dtype == torch.float32 else ["-"])
-              for tile in tiles for prep in preps]
-    for prec, tile, (pw, pk) in combos:
-        knobs = dict(ring_form_tiles=(tile,))
+    combos = [(prec, tile, prep, None) for prec in (precisions if state_dtype == torch.float32
+                                                    else ["-"])
+              for tile in tiles for prep in preps] if None in fused else []
+    combos += [("-", f, ((None, None)), f) for f in fused if f is not None]
+    for prec, tile, (pw, pk), fz in combos:
+        knobs = dict(ring_form_tiles=(tile,), ring_form_fused=SPLIT)
+        if fz is not None:
+            knobs = dict(ring_form_fused=((1 << 62,) + fz,))
         if pw is not None:
             knobs.update(ring_form_prep_warps=pw, ring_form_prep_keys=pk)
         if prec != "-":
@@ -68,8 +77,10 @@ def point(B, K, R, fill, state_dtype, tiles, precisions, preps=((None, None),), 
             acc = torch.full((B,), K - 1, dtype=torch.int32, device=slots.device)
             eng = torch.ones(B, dtype=torch.int32, device=slots.device)
             ta = time_cuda_graph(lambda: ring_accept(rg2, slots, eng, acc)) or t
+            label = ("fused " + "x".join(map(str, fz)) if fz is not None else
+                     "split " + "x".join(map(str, tile)) + ("" if pw is None else f"/p{pw}x{pk}"))
             rows.append(dict(B=B, K=K, R=R, fill=fill, state=str(state_dtype).split(".")[1],
-                             tile="x".join(map(str, tile)) + ("" if pw is None else f"/p{pw}x{pk}"), precision=prec, rel_l2=err, engaged_ok=ok,
+                             tile=label, precision=prec, rel_l2=err, engaged_ok=ok,
                              verify_us=t["median_us"], p20=t["p20_us"], p80=t["p80_us"],
                              accept_us=ta["median_us"]))
             print(rows[-1], flush=True)
@@ -83,8 +94,10 @@ def main():
     ap.add_argument("--length", type=int, default=16)
     ap.add_argument("--fill", type=int, nargs="+", default=[4, 13])
     ap.add_argument("--state", nargs="+", default=["bfloat16", "float32"])
-    ap.add_argument("--tiles", nargs="+", default=["64x32x4x2", "128x32x4x2", "128x64x4x2"],
-                    help="BVxBKxWARPSxSTAGES")
+    ap.add_argument("--tiles", nargs="+", default=["64x32x4x3"],
+                    help="state-kernel tiles of the two-launch form, BVxBKxWARPSxSTAGES")
+    ap.add_argument("--fused", nargs="+", default=["128x32x4x4", "split"],
+                    help="one-launch tiles BVxBKxWARPSxSTAGES, or 'split' (the two-launch form)")
     ap.add_argument("--precision", nargs="+", default=["tf32x3"])
     ap.add_argument("--prep", nargs="+", default=[], help="per-head kernel WARPSxKEYS")
     ap.add_argument("--pdl", type=int, nargs="+", default=[1],
@@ -101,15 +114,17 @@ def main():
                     new = point(B, args.rows, args.length, fill, getattr(torch, sd), tiles,
                                 args.precision,
                                 [tuple(int(v) for v in x.split("x")) for x in args.prep]
-                                or ((None, None),))
+                                or ((None, None),),
+                                fused=[None if f == "split" else tuple(int(v) for v in f.split("x"))
+                                       for f in args.fused])
                 rows += [dict(r, tile=r["tile"] + f"/pdl{pdl}") for r in new]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    print(f"\n{'state':9} {'B':>4} {'fill':>4} {'tile':>20} {'prec':>7} {'verify us':>10} "
+    print(f"\n{'state':9} {'B':>4} {'fill':>4} {'variant':>26} {'prec':>7} {'verify us':>10} "
           f"{'accept us':>9} {'rel_l2':>9}")
     for r in rows:
-        print(f"{r['state']:9} {r['B']:4d} {r['fill']:4d} {r['tile']:>20} {r['precision']:>7} "
+        print(f"{r['state']:9} {r['B']:4d} {r['fill']:4d} {r['tile']:>26} {r['precision']:>7} "
               f"{r['verify_us']:10.1f} {r['accept_us']:9.1f} {r['rel_l2']:9.1e}"
               f"{'' if r['engaged_ok'] else '  ENGAGED MISMATCH'}")
 

@@ -246,6 +246,16 @@ class RingFormSettings:
             "(reports/h200-2026-12-02/logs/tune-ring-pdl.log)")
     """Launch the state kernel with programmatic dependent launch (Hopper)."""
 
+    ring_form_fused: tuple = _row(
+        ((1 << 62, 128, 32, 4, 4),), check="table",
+        why="one launch per verify: a head's small matrices in the program that streams its "
+            "state (not yet measured on a GPU)",
+        see="perf-notes 'Launch constants: ring form'")
+    """Tiles of the one-launch verify (``gdn_ring_fused``) by work ``B*HV``: rows ``(max B*HV,
+    value rows per program BV (capped at vd), keys per chunk BK, warps, stages)``; the first
+    row whose bound is ``>= B*HV`` applies (else the last). ``BV = 0`` selects the two-launch
+    form (per-head kernel, then the state kernel of ``ring_form_tiles``)."""
+
 
 SHIPPED = {"gdn": GdnSettings(), "carry": CarrySettings(), "conv": ConvSettings(),
            "ring": RingSettings(), "attention": AttentionSettings(),

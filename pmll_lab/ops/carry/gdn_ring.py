@@ -34,6 +34,7 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops import settings
 from pmll_lab.ops.carry.gdn_carry_common import INDEX_DTYPES, _device_guard, check_state, offsets_table
+from pmll_lab.ops.carry.gdn_ring_fused import gdn_ring_fused_kernel
 from pmll_lab.ops.carry.gdn_ring_kernels import (gdn_ring_flush_kernel, gdn_ring_prep_kernel,
                                                  gdn_ring_verify_kernel, ring_accept_kernel)
 from pmll_lab.ops.gdn.gating import check_gating, split_gating
@@ -251,6 +252,18 @@ def _host_cursors(ring: GdnRing, slot_tab) -> None:
         _checks.range_values("ring.base", ring.base[live], 0, 2 * ring.length - 1)
 
 
+def fused_config(work: int, kd: int, vd: int) -> tuple[int, int, int, int] | None:
+    """``(BV, BK, num_warps, stages)`` of the one-launch verify for ``work = B * HV`` heads
+    (``settings.ring_form().ring_form_fused``; ``BV`` capped at ``vd``, ``BK`` at ``kd``), or
+    None where the table selects the two-launch form."""
+    rows = settings.ring_form().ring_form_fused
+    row = next((r for r in rows if r[0] >= work), rows[-1])
+    if row[1] == 0:
+        return None
+    return (min(row[1], next_power_of_2(vd)), min(row[2], next_power_of_2(kd)), row[3],
+            max(row[4], 1))
+
+
 def _dot_meta(state: torch.Tensor, kd: int, vd: int) -> dict:
     BV, BK, warps, stages = ring_config(vd)
     return dict(BK=min(BK, next_power_of_2(kd)), BV=BV, NT=cdiv(vd, BV), STAGES=stages,
@@ -290,9 +303,26 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
     engaged = torch.empty(B, dtype=torch.int32, device=v.device)
     if B == 0:
         return o, engaged
-    meta = _dot_meta(state, kd, vd)
     gate = (gating.A_log, gating.dt_bias) if gating is not None else (state, state)
     rf = settings.ring_form()
+    fused = fused_config(B * HV, kd, vd)
+    if fused is not None:
+        BV, BK, warps, stages = fused
+        with _device_guard(state):
+            gdn_ring_fused_kernel[(B * HV * cdiv(vd, BV),)](
+                state, ring.k, ring.u, ring.G, ring.len, ring.base, slot_tab, q, k, v, o, g,
+                beta, engaged, *gate, scale, state.stride(0), ring.k.stride(0),
+                ring.u.stride(0), ring.G.stride(0),
+                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+                g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+                K=K, R=ring.length, NS=2 * ring.length, RP=max(16, ring.length), HV=HV,
+                HK=ring.num_k_heads, KD=kd, KP=next_power_of_2(kd), VD=vd, BK=BK, BV=BV, NT=cdiv(vd, BV),
+                STAGES=stages, USE_QK_L2NORM=bool(use_qk_l2norm), GATE=gating is not None,
+                SPLIT=state.dtype == torch.float32,
+                num_warps=warps)
+        return o, engaged
+    meta = _dot_meta(state, kd, vd)
     rp = max(16, ring.length)
     ws_width = 16 + 16 * rp + 512
     ws = torch.empty(B * HV * ws_width, dtype=torch.float32, device=state.device)
