@@ -102,8 +102,36 @@ def main():
     ap.add_argument("--prep", nargs="+", default=[], help="per-head kernel WARPSxKEYS")
     ap.add_argument("--pdl", type=int, nargs="+", default=[1],
                     help="programmatic dependent launch of the state kernel: 1 on, 0 off")
+    ap.add_argument("--kernels", nargs="+", default=[None],
+                    help="files defining a variant gdn_ring_fused_kernel to time in place of "
+                         "the library's (one-launch variants only); 'lib' = the library's")
     ap.add_argument("--json")
     args = ap.parse_args()
+    rows = []
+    for kfile in args.kernels:
+        _use_kernel(kfile)
+        rows += [dict(r, tile=r["tile"] + ("" if kfile in (None, "lib") else
+                                           "/" + kfile.rsplit("/", 1)[-1].removesuffix(".py")))
+                 for r in sweep(args, [f for f in args.fused
+                                       if kfile in (None, "lib") or f != "split"])]
+    _report(rows, args.json)
+
+
+def _use_kernel(path):
+    """Put the variant's gdn_ring_fused_kernel (or the library's, ``None``/``lib``) in place."""
+    import importlib.util
+
+    from pmll_lab.ops.carry import gdn_ring_fused
+    kernel = gdn_ring_fused.gdn_ring_fused_kernel
+    if path not in (None, "lib"):
+        spec = importlib.util.spec_from_file_location(f"variant_{abs(hash(path))}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        kernel = mod.gdn_ring_fused_kernel
+    gdn_ring.gdn_ring_fused_kernel = kernel
+
+
+def sweep(args, fused):
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
     rows = []
     for pdl in args.pdl:
@@ -116,10 +144,15 @@ def main():
                                 [tuple(int(v) for v in x.split("x")) for x in args.prep]
                                 or ((None, None),),
                                 fused=[None if f == "split" else tuple(int(v) for v in f.split("x"))
-                                       for f in args.fused])
-                rows += [dict(r, tile=r["tile"] + f"/pdl{pdl}") for r in new]
-    if args.json:
-        with open(args.json, "w") as f:
+                                       for f in fused])
+                rows += [dict(r, tile=r["tile"] + (f"/pdl{pdl}" if "split" in r["tile"] else ""))
+                         for r in new]
+    return rows
+
+
+def _report(rows, json_path):
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(rows, f, indent=1)
     print(f"\n{'state':9} {'B':>4} {'fill':>4} {'variant':>26} {'prec':>7} {'verify us':>10} "
           f"{'accept us':>9} {'rel_l2':>9}")

@@ -34,7 +34,7 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops import settings
 from pmll_lab.ops.carry.gdn_carry_common import INDEX_DTYPES, _device_guard, check_state, offsets_table
-from pmll_lab.ops.carry.gdn_ring_fused import gdn_ring_fused_kernel
+from pmll_lab.ops.carry.gdn_ring_fused import SMALL_PRODUCTS, gdn_ring_fused_kernel
 from pmll_lab.ops.carry.gdn_ring_kernels import (gdn_ring_flush_kernel, gdn_ring_prep_kernel,
                                                  gdn_ring_verify_kernel, ring_accept_kernel)
 from pmll_lab.ops.gdn.gating import check_gating, split_gating
@@ -316,10 +316,10 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
                 q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                 v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
                 g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-                K=K, R=ring.length, NS=2 * ring.length, RP=max(16, ring.length), HV=HV,
+                K=K, R=ring.length, NS=2 * ring.length, RW=max(16, ring.length), HV=HV,
                 HK=ring.num_k_heads, KD=kd, KP=next_power_of_2(kd), VD=vd, BK=BK, BV=BV, NT=cdiv(vd, BV),
                 STAGES=stages, USE_QK_L2NORM=bool(use_qk_l2norm), GATE=gating is not None,
-                SPLIT=state.dtype == torch.float32,
+                SMALL=SMALL_PRODUCTS[str(state.dtype).split(".")[1]],
                 num_warps=warps)
         return o, engaged
     meta = _dot_meta(state, kd, vd)

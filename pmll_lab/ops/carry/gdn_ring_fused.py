@@ -10,7 +10,8 @@ coefficients:
 
 - the norms ``n`` of the rows of ``X`` (the l2 norm and the query scale), ``c = G_{P-1} +
   cumsum(g)`` (the cumulative log decay of each new row from the stored state);
-- the Gram matrix ``X X^T`` and the ring keys against ``X`` (two ``tl.dot``);
+- the Gram matrix ``X X^T`` and the window's keys against ``X`` (two ``tl.dot`` per chunk
+  of the same pass);
 - ``Dm[j, x] = e^{c_x - G_j} n_x (k_j . x)`` (the window's rows), ``N[s, t] = beta_t
   e^{c_t - c_s} n_s n_t (k_s . k_t)`` for ``s < t < K`` and
   ``Bt = diag(beta) (I + N)^-1``, the inverse as the product ``(I - N)(I + N^2)(I + N^4)``
@@ -31,10 +32,13 @@ registers out of the verify's. Appends go to ring rows ``base + P ..`` (mod ``NS
 the window every program of the launch reads; ``k`` rows by the first value head of each
 key-head group, ``G`` and ``engaged`` by tile 0.
 
-Operand dtypes: a 2-byte state multiplies in its own dtype (fp32 accumulation, as FlashInfer's
-ReplaySSM kernels), the small products in one tf32 pass; beside an fp32 state every product is
-``_split_mma`` (bf16 head and tail of each operand, three bf16 MMAs: ~4e-6 relative, what the
-fp32 tolerance needs at a fraction of ``"tf32x3"``'s registers).
+Operand dtypes (``SMALL``): a bf16 state multiplies everything in bf16 with fp32 accumulation
+(as FlashInfer's ReplaySSM kernels; the coefficients' 2^-9 rounding is the state's own);
+beside an fp16 state the small products take one tf32 pass (fp16's range is too narrow for
+decays such as ``e^c``); beside an fp32 state every product is ``_split_mma`` (a bf16 head and
+tail of each operand, three bf16 MMAs: ~4e-6 relative, what the fp32 tolerance needs, at a
+fraction of ``"tf32x3"``'s registers and instructions). Measurements behind the tiles:
+``pmll_lab.ops.settings.ring_form`` and reports/perf-notes.md.
 """
 
 from __future__ import annotations
@@ -45,13 +49,15 @@ import triton.language as tl
 from pmll_lab.ops.carry.gdn_ring_kernels import _row_gates, _slot_cursor
 from pmll_lab.ops.gdn.recurrence import head_tile_program, load_gate_params
 
+SMALL_PRODUCTS = {"float32": "split", "bfloat16": "bf16", "float16": "tf32"}
+"""``SMALL`` by state dtype (the module docstring)."""
+
 
 @triton.jit
 def _split_mma(a, b, acc):
     """``acc + a @ b`` close to fp32 on bf16 tensor cores: each fp32 operand is split into a
     bf16 head and a bf16 tail (``a = a_h + a_t`` to 2^-17), and ``a_h b_h + a_t b_h + a_h b_t``
-    summed in fp32 (a bf16 operand is its own head). Relative error ~4e-6 per product, against
-    ~1e-3 for one tf32 pass; cheaper than ``"tf32x3"`` in registers and instructions."""
+    summed in fp32 (a bf16 operand is its own head). ~4e-6 relative per product."""
     ah = a.to(tl.bfloat16)
     at = (a - ah.to(tl.float32)).to(tl.bfloat16)
     if b.dtype == tl.bfloat16:
@@ -67,24 +73,26 @@ def _split_mma(a, b, acc):
 
 
 @triton.jit
-def _small_mma(a, b, acc, SPLIT: tl.constexpr):
-    """``acc + a @ b`` for the small products: ``_split_mma`` beside an fp32 state
-    (``SPLIT``), else one tf32 pass (its 2^-11 below a 2-byte state's rounding)."""
-    if SPLIT:
+def _small_mma(a, b, acc, SMALL: tl.constexpr):
+    """``acc + a @ b`` for the coefficient and ``[BV, 16]`` products, at ``SMALL``."""
+    if SMALL == "split":
         return _split_mma(a.to(tl.float32), b.to(tl.float32), acc)
+    if SMALL == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
     return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="tf32")
 
 
 @triton.jit
-def _small_mm(a, b, SPLIT: tl.constexpr):
-    return _small_mma(a, b, tl.zeros((a.shape[0], b.shape[1]), tl.float32), SPLIT)
+def _small_mm(a, b, SMALL: tl.constexpr):
+    return _small_mma(a, b, tl.zeros((a.shape[0], b.shape[1]), tl.float32), SMALL)
 
 
 @triton.jit
-def _state_mma(h, xt, acc, SPLIT: tl.constexpr):
-    """``acc + h @ xt`` with a state block ``h``: split (``_split_mma``) for an fp32 state, else
-    in the state's dtype with fp32 accumulation (bf16 inputs stay exact as bf16)."""
-    if SPLIT:
+def _state_mma(h, xt, acc, SMALL: tl.constexpr):
+    """``acc + h @ xt`` with a block ``h`` of the state (or the ring's rows, in its dtype):
+    split for an fp32 state, else in the state's dtype with fp32 accumulation (bf16 inputs
+    stay exact)."""
+    if SMALL == "split":
         if xt.dtype == tl.bfloat16:
             return _split_mma(h, xt, acc)
         return _split_mma(h, xt.to(tl.float32), acc)
@@ -92,18 +100,18 @@ def _state_mma(h, xt, acc, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _unit_upper_inverse(N, K: tl.constexpr, SPLIT: tl.constexpr):
+def _unit_upper_inverse(N, K: tl.constexpr, SMALL: tl.constexpr):
     """``(I + N)^-1`` for a strictly upper-triangular ``N [16, 16]`` nonzero only in its first
     ``K <= 8`` rows and columns: ``(I - N)(I + N^2)(I + N^4)`` truncated where ``N^K = 0``."""
     r = tl.arange(0, 16)
     eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
     inv = eye - N
     if K > 2:
-        n2 = _small_mm(N, N, SPLIT)
-        inv = _small_mm(inv, eye + n2, SPLIT)
+        n2 = _small_mm(N, N, SMALL)
+        inv = _small_mm(inv, eye + n2, SMALL)
         if K > 4:
-            n4 = _small_mm(n2, n2, SPLIT)
-            inv = _small_mm(inv, eye + n4, SPLIT)
+            n4 = _small_mm(n2, n2, SMALL)
+            inv = _small_mm(inv, eye + n4, SMALL)
     return inv
 
 
@@ -113,13 +121,14 @@ def gdn_ring_fused_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, g_ptr, beta_ptr, engaged_ptr, alog_ptr, dtb_ptr,
     scale, s_slot, kr_slot, ur_slot, gr_slot,
     q_b, q_t, q_h, k_b, k_t, k_h, v_b, v_t, v_h, o_b, o_t, o_h, g_b, g_t, beta_b, beta_t,
-    K: tl.constexpr, R: tl.constexpr, NS: tl.constexpr, RP: tl.constexpr,
+    K: tl.constexpr, R: tl.constexpr, NS: tl.constexpr, RW: tl.constexpr,
     HV: tl.constexpr, HK: tl.constexpr, KD: tl.constexpr, KP: tl.constexpr, VD: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr, SPLIT: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr, SMALL: tl.constexpr,
 ):
     """One ring verify tile (the module docstring); writes ``o``, the ring's new ``u`` rows
-    (and ``k``, ``G``, ``engaged`` where this program is the one to), and the folded state."""
+    (and ``k``, ``G``, ``engaged`` where this program is the one to), and the folded state.
+    ``RW = max(16, R)``: window rows as one ``tl.dot`` dimension; ``NS = 2R`` a power of two."""
     b, hv, j = head_tile_program(HV, NT)
     hk = hv // (HV // HK)
     slot, live, p, base = _slot_cursor(slot_ptr, len_ptr, base_ptr, b)
@@ -130,30 +139,28 @@ def gdn_ring_fused_kernel(
     is_k = x < 8
     mx = (t < K) & live                       # column x holds a row of X
     mt = (x < K) & live                       # column x is new row t = x (a key)
-    i = tl.arange(0, RP)
-    valid = (i < p) & live
+    iw = tl.arange(0, RW)                     # the window's rows, oldest first
+    valid = (iw < p) & live
+    i = (base + iw) & (NS - 1)                # their physical rows
     fold = (p + K > R) & live
-    phys = (base + i) % NS
     dt = state_ptr.dtype.element_ty
 
     xrow = tl.where(is_k[:, None], k_ptr + b * k_b + t[:, None] * k_t + hk * k_h,
                     q_ptr + b * q_b + t[:, None] * q_t + hk * q_h)
-    krow = kr_ptr + slot * kr_slot + hk * (NS * KD) + phys[:, None] * KD
+    krow = kr_ptr + slot * kr_slot + hk * (NS * KD) + i[:, None] * KD
     hrow = state_ptr + slot * s_slot + hv * (VD * KD) + rr[:, None] * KD
     ur = ur_ptr + slot * ur_slot + hv * (NS * VD)
     gr = gr_ptr + slot * gr_slot + hv * NS
-    uring_t = tl.load(ur + phys[None, :] * VD + rr[:, None], mask=valid[None, :] & mr[:, None],
-                      other=0.0)                                            # [BV, RP]
-    gring = tl.load(gr + phys, mask=valid, other=0.0)                      # [RP]
-    g_last = tl.load(gr + (base + p - 1) % NS, mask=live & (p > 0), other=0.0)
-
+    uring_t = tl.load(ur + i[None, :] * VD + rr[:, None], mask=mr[:, None] & valid[None, :],
+                      other=0.0)                                            # [BV, RW]
+    gring = tl.load(gr + i, mask=valid, other=0.0)                         # [RW]
     vt = tl.load(v_ptr + b * v_b + x[None, :] * v_t + hv * v_h + rr[:, None],
                  mask=mt[None, :] & mr[:, None], other=0.0)               # [BV, 16]
 
     # one pass over the keys: the state tile against X, and the Grams beside it
     acc = tl.zeros((BV, 16), tl.float32)                                   # S0 X^T (raw X)
     gram = tl.zeros((16, 16), tl.float32)                                  # X X^T
-    krx = tl.zeros((RP, 16), tl.float32)                                   # K_ring X^T
+    krx = tl.zeros((RW, 16), tl.float32)                                   # K_ring X^T
     ss = tl.zeros((16,), tl.float32)
     for c in tl.range(0, KD, BK, num_stages=STAGES):
         rk = c + tl.arange(0, BK)
@@ -161,13 +168,17 @@ def gdn_ring_fused_kernel(
         h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :] & live, other=0.0)
         xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
         kc = tl.load(krow + rk[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
-        acc = _state_mma(h, tl.trans(xc), acc, SPLIT)
-        krx = _state_mma(kc, tl.trans(xc), krx, SPLIT)
-        gram = _small_mma(xc, tl.trans(xc), gram, SPLIT)
+        acc = _state_mma(h, tl.trans(xc), acc, SMALL)
+        krx = _state_mma(kc, tl.trans(xc), krx, SMALL)
+        if xc.dtype == tl.bfloat16:
+            gram = tl.dot(xc, tl.trans(xc), gram)                        # exact products
+        else:
+            gram = _small_mma(xc, tl.trans(xc), gram, SMALL)
         xf = xc.to(tl.float32)
         ss += tl.sum(xf * xf, 1)
 
     # the head's small matrices
+    g_last = tl.sum(tl.where(iw == p - 1, gring, 0.0), 0)                  # G_{P-1} (0 if P = 0)
     if USE_QK_L2NORM:
         n = tl.math.rsqrt(ss + 1e-6)
     else:
@@ -177,7 +188,7 @@ def gdn_ring_fused_kernel(
     g, beta = _row_gates(g_ptr, beta_ptr, b, hv, mx, ga, gd, g_b, g_t, beta_b, beta_t, t, GATE)
     ck = tl.cumsum(tl.where(is_k, g, 0.0), 0)
     cq = tl.cumsum(tl.where(is_k, 0.0, g), 0)
-    cx = g_last + tl.where(is_k, ck, cq)                                       # c_{t(x)}
+    cx = g_last + tl.where(is_k, ck, cq)                                   # c_{t(x)}
     beta = tl.where(mt, beta, 0.0)
     colscale = tl.where(mx, tl.exp(cx), 0.0) * n
     dm = tl.exp(tl.where(valid[:, None] & mx[None, :], cx[None, :] - gring[:, None], -float("inf")))
@@ -186,31 +197,35 @@ def gdn_ring_fused_kernel(
     s_le_t = (x[:, None] < 8) & (x[:, None] <= t[None, :]) & mt[:, None] & mx[None, :]
     dec = tl.exp(tl.where(s_le_t, cx[None, :] - cx[:, None], -float("inf")))
     N = tl.where(is_k[None, :] & (x[:, None] < x[None, :]), beta[None, :] * dec * gx, 0.0)
-    bt = beta[:, None] * _unit_upper_inverse(N, K, SPLIT)
+    bt = beta[:, None] * _unit_upper_inverse(N, K, SMALL)
     p2 = tl.where(is_k[None, :], 0.0, dec * gx)
 
-    w_all = _small_mma(uring_t, dm, acc * colscale[None, :], SPLIT)
-    ut = _small_mm(vt.to(tl.float32) - w_all, bt, SPLIT)
-    ot = _small_mma(ut, p2, w_all, SPLIT)
+    w_all = _small_mma(uring_t, dm, acc * colscale[None, :], SMALL)
+    ut = _small_mm(vt.to(tl.float32) - w_all, bt, SMALL)
+    ot = _small_mma(ut, p2, w_all, SMALL)
     mo = ((x >= 8) & (t < K))[None, :] & mr[:, None]            # a padding lane's zeros too
     tl.store(o_ptr + b * o_b + t[None, :] * o_t + hv * o_h + rr[:, None],
              ot.to(o_ptr.dtype.element_ty), mask=mo)
-    pos = (base + p + x) % NS
+    pos = (base + p + x) & (NS - 1)
     tl.store(ur + pos[None, :] * VD + rr[:, None], ut.to(ur_ptr.dtype.element_ty),
              mask=mt[None, :] & mr[:, None])
     if j == 0:
         tl.store(gr + pos, ck + tl.where(fold, 0.0, g_last), mask=mt)   # from the stored state
         if hv % (HV // HK) == 0:
+            # the K new keys (rows 0..7 of X), normalised, into the ring
+            r8 = tl.arange(0, 8)
             kk = tl.arange(0, KP)
-            mkk = mt[:, None] & (kk < KD)[None, :]
-            xa = tl.load(xrow + kk[None, :], mask=mkk, other=0.0)
+            mkk = ((r8 < K) & live)[:, None] & (kk < KD)[None, :]
+            xa = tl.load(k_ptr + b * k_b + r8[:, None] * k_t + hk * k_h + kk[None, :], mask=mkk,
+                         other=0.0)
+            n8 = tl.sum(tl.where(r8[:, None] == x[None, :], n[None, :], 0.0), 1)
             kbase = kr_ptr + slot * kr_slot + hk * (NS * KD)
-            tl.store(kbase + pos[:, None] * KD + kk[None, :],
-                     (xa.to(tl.float32) * n[:, None]).to(kr_ptr.dtype.element_ty), mask=mkk)
+            tl.store(kbase + ((base + p + r8) & (NS - 1))[:, None] * KD + kk[None, :],
+                     (xa.to(tl.float32) * n8[:, None]).to(kr_ptr.dtype.element_ty), mask=mkk)
         if hv == 0:
             tl.store(engaged_ptr + b, tl.where(fold, 2, 1).to(tl.int32))
     if fold:
-        # H_P = e^{G_{P-1}} S0 + U_ring^T (w K_ring), the tile again (L2), rounded once
+        # H_P = e^{G_{P-1}} S0 + U_ring^T (w K_ring): the tile again (L2), rounded once
         w = tl.where(valid, tl.exp(g_last - gring), 0.0)
         efold = tl.exp(g_last)
         # the store's addresses and mask written apart from the load's, so that the pipeline
@@ -221,7 +236,7 @@ def gdn_ring_fused_kernel(
             mk = rk < KD
             h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
             kc = tl.load(krow + rk[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
-            kw = (kc.to(tl.float32) * w[:, None]).to(dt)     # bf16: one rounding, as before
-            hf = _state_mma(uring_t, kw, efold * h.to(tl.float32), SPLIT)
+            kw = (kc.to(tl.float32) * w[:, None]).to(dt)
+            hf = _state_mma(uring_t, kw, efold * h.to(tl.float32), SMALL)
             cs = tl.multiple_of(c, BK) + tl.arange(0, BK)
             tl.store(srow + cs[None, :], hf.to(dt), mask=(cs < KD)[None, :] & (rr < VD)[:, None])
