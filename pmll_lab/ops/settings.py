@@ -216,45 +216,17 @@ class RingFormSettings:
     """The ring form of the carried state (``pmll_lab.ops.carry.gdn_ring``, SPEC §3d)."""
 
     ring_form_tiles: tuple = _row(
-        ((16, 32, 2, 2), (32, 32, 2, 2), (64, 32, 4, 3)), check="table",
-        why="64 value rows x 32 keys, 4 warps, 3 stages: the fastest of 8 state-kernel tiles at "
-            "kd = vd = 128, B = 64 and 128 (bf16; fp32 within 7 %)",
+        ((32, 2, 64, 32, 2, 4), (32, 4, 64, 32, 2, 3), (256, 4, 64, 32, 1, 3),
+         (1 << 62, 2, 128, 64, 2, 2), (1 << 62, 4, 64, 32, 1, 3)), check="table",
+        why="the fastest per step (13 verifies at ring fill 4 and 3 folds at fill 13 per 16) of "
+            "7 tiles (bf16 state) and 4 (fp32): B = 1 64 x 32 x 2 warps x 4 stages (fp32: 3), "
+            "B = 8 64 x 32 x 1 x 3, B >= 64 128 x 64 x 2 x 2 (fp32: 64 x 32 x 1 x 3)",
         see="perf-notes 'Launch constants: ring form'; "
-            "archive v17 (reports/h200-2026-12-02/logs/tune-ring-split.log, "
-            "tune-ring-prep.log)")
-    """State-kernel tiles by ``vd``: rows ``(value rows per program BV, keys per chunk BK,
-    warps, pipeline stages)``; the first row with ``BV >= min(vd, 64)``, else the last."""
-
-    ring_form_prep_warps: int = _row(
-        1, check="pow2",
-        why="its small-matrix reductions inside one warp: B = 64 bf16 verify 77.6 -> 66.0 us "
-            "against 2 warps, 91.4 with 4",
-        see="perf-notes 'Launch constants: ring form'; archive v17 "
-            "(reports/h200-2026-12-02/logs/tune-ring-prep1.log)")
-    """Warps of the per-head kernel (norms, Grams, the WY inverse, ring coefficients)."""
-
-    ring_form_prep_keys: int = _row(
-        32, check="pow2", why="32-key chunks 2-3 % faster than 64 on 1 warp (66.0 vs 68.0 us)",
-        see="perf-notes 'Launch constants: ring form'; archive v17 (tune-ring-prep1.log)")
-    """Keys per chunk of the per-head kernel's pass over the new rows and the ring keys."""
-
-    ring_form_pdl: bool = _row(
-        not INTERPRET, check="flag",
-        why="the state kernel starts while the per-head kernel runs: B = 1 15.5 -> 11.6 us, "
-            "B = 64 68.2 -> 65.1 (bf16); off in the interpreter, which has no such launch",
-        see="perf-notes 'Launch constants: ring form'; archive v17 "
-            "(reports/h200-2026-12-02/logs/tune-ring-pdl.log)")
-    """Launch the state kernel with programmatic dependent launch (Hopper)."""
-
-    ring_form_fused: tuple = _row(
-        ((1 << 62, 128, 32, 4, 4),), check="table",
-        why="one launch per verify: a head's small matrices in the program that streams its "
-            "state (not yet measured on a GPU)",
-        see="perf-notes 'Launch constants: ring form'")
-    """Tiles of the one-launch verify (``gdn_ring_fused``) by work ``B*HV``: rows ``(max B*HV,
-    value rows per program BV (capped at vd), keys per chunk BK, warps, stages)``; the first
-    row whose bound is ``>= B*HV`` applies (else the last). ``BV = 0`` selects the two-launch
-    form (per-head kernel, then the state kernel of ``ring_form_tiles``)."""
+            "reports/h200-2026-12-03/logs/tune-ring-onelaunch-3.log")
+    """Tiles of the ring verify and flush (``gdn_ring_fused``, ``gdn_ring_flush_kernel``): rows
+    ``(max B*HV, max state element bytes, value rows per program BV, keys per chunk BK, warps,
+    pipeline stages)``; the first row whose two bounds hold applies (else the last); ``BV`` is
+    capped at ``vd`` and ``BK`` at ``kd``."""
 
 
 SHIPPED = {"gdn": GdnSettings(), "carry": CarrySettings(), "conv": ConvSettings(),

@@ -34,9 +34,9 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops import settings
 from pmll_lab.ops.carry.gdn_carry_common import INDEX_DTYPES, _device_guard, check_state, offsets_table
-from pmll_lab.ops.carry.gdn_ring_fused import SMALL_PRODUCTS, gdn_ring_fused_kernel
-from pmll_lab.ops.carry.gdn_ring_kernels import (gdn_ring_flush_kernel, gdn_ring_prep_kernel,
-                                                 gdn_ring_verify_kernel, ring_accept_kernel)
+from pmll_lab.ops.carry.gdn_ring_fused import gdn_ring_fused_kernel
+from pmll_lab.ops.carry.gdn_ring_kernels import (SMALL_PRODUCTS, gdn_ring_flush_kernel,
+                                                 ring_accept_kernel)
 from pmll_lab.ops.gdn.gating import check_gating, split_gating
 from pmll_lab.ops.host import cdiv, next_power_of_2
 
@@ -51,22 +51,6 @@ RING_MAX_ROWS = 8
 RING_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
 """rel L2 of the ring form's outputs and states against the float64 exact protocol, per state
 dtype (tests/test_ring.py). fp32: ``tf32x3`` products; bf16/fp16: the state's own rounding."""
-
-RING_PRECISION = "tf32x3"
-"""``input_precision`` of an fp32 state's ``tl.dot`` products: three tf32 passes on the tensor
-cores, close to fp32 (``"ieee"``: fp32 FMAs, slower). 2-byte states multiply in their dtype. Not a launch setting: it changes
-the arithmetic (measured against ``"ieee"`` in perf-notes-archive v17)."""
-
-
-def ring_config(v_dim: int) -> tuple[int, int, int, int]:
-    """``(BV, BK, num_warps, stages)`` of the state kernel for value head size ``v_dim``, from
-    ``pmll_lab.ops.settings.ring_form().ring_form_tiles`` (the measurement behind it there)."""
-    tiles = settings.ring_form().ring_form_tiles
-    for row in tiles:
-        if row[0] >= min(v_dim, 64):
-            return row
-    return tiles[-1]
-
 
 @dataclass(eq=False)
 class GdnRing:
@@ -252,22 +236,14 @@ def _host_cursors(ring: GdnRing, slot_tab) -> None:
         _checks.range_values("ring.base", ring.base[live], 0, 2 * ring.length - 1)
 
 
-def fused_config(work: int, kd: int, vd: int) -> tuple[int, int, int, int] | None:
-    """``(BV, BK, num_warps, stages)`` of the one-launch verify for ``work = B * HV`` heads
-    (``settings.ring_form().ring_form_fused``; ``BV`` capped at ``vd``, ``BK`` at ``kd``), or
-    None where the table selects the two-launch form."""
-    rows = settings.ring_form().ring_form_fused
-    row = next((r for r in rows if r[0] >= work), rows[-1])
-    if row[1] == 0:
-        return None
-    return (min(row[1], next_power_of_2(vd)), min(row[2], next_power_of_2(kd)), row[3],
-            max(row[4], 1))
-
-
-def _dot_meta(state: torch.Tensor, kd: int, vd: int) -> dict:
-    BV, BK, warps, stages = ring_config(vd)
-    return dict(BK=min(BK, next_power_of_2(kd)), BV=BV, NT=cdiv(vd, BV), STAGES=stages,
-                num_warps=warps, PRECISION=RING_PRECISION)
+def ring_tiles(work: int, elem_bytes: int, kd: int, vd: int) -> tuple[int, int, int, int]:
+    """``(BV, BK, num_warps, stages)`` of the ring kernels for ``work = B * HV`` heads of a state
+    of ``elem_bytes`` per element, from ``pmll_lab.ops.settings.ring_form().ring_form_tiles``
+    (the measurement behind each row there); ``BV`` capped at ``vd``, ``BK`` at ``kd``."""
+    rows = settings.ring_form().ring_form_tiles
+    row = next((r for r in rows if r[0] >= work and r[1] >= elem_bytes), rows[-1])
+    return (min(row[2], next_power_of_2(vd)), min(row[3], next_power_of_2(kd)), row[4],
+            max(row[5], 1))
 
 
 def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=None,
@@ -304,46 +280,19 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
     if B == 0:
         return o, engaged
     gate = (gating.A_log, gating.dt_bias) if gating is not None else (state, state)
-    rf = settings.ring_form()
-    fused = fused_config(B * HV, kd, vd)
-    if fused is not None:
-        BV, BK, warps, stages = fused
-        with _device_guard(state):
-            gdn_ring_fused_kernel[(B * HV * cdiv(vd, BV),)](
-                state, ring.k, ring.u, ring.G, ring.len, ring.base, slot_tab, q, k, v, o, g,
-                beta, engaged, *gate, scale, state.stride(0), ring.k.stride(0),
-                ring.u.stride(0), ring.G.stride(0),
-                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-                g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-                K=K, R=ring.length, NS=2 * ring.length, RW=max(16, ring.length), HV=HV,
-                HK=ring.num_k_heads, KD=kd, KP=next_power_of_2(kd), VD=vd, BK=BK, BV=BV, NT=cdiv(vd, BV),
-                STAGES=stages, USE_QK_L2NORM=bool(use_qk_l2norm), GATE=gating is not None,
-                SMALL=SMALL_PRODUCTS[str(state.dtype).split(".")[1]],
-                num_warps=warps)
-        return o, engaged
-    meta = _dot_meta(state, kd, vd)
-    rp = max(16, ring.length)
-    ws_width = 16 + 16 * rp + 512
-    ws = torch.empty(B * HV * ws_width, dtype=torch.float32, device=state.device)
-    common = dict(K=K, R=ring.length, NS=2 * ring.length, RP=rp, HV=HV, HK=ring.num_k_heads,
-                  KD=kd, WS=ws_width, PRECISION=RING_PRECISION)
+    BV, BK, warps, stages = ring_tiles(B * HV, state.element_size(), kd, vd)
     with _device_guard(state):
-        gdn_ring_prep_kernel[(B * HV,)](
-            ring.k, ring.G, ring.len, ring.base, slot_tab, q, k, g, beta, engaged, *gate, ws,
-            scale, ring.k.stride(0), ring.G.stride(0),
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-            BK=min(rf.ring_form_prep_keys, next_power_of_2(kd)), USE_QK_L2NORM=bool(use_qk_l2norm), GATE=gating is not None,
-            num_warps=rf.ring_form_prep_warps, PDL=rf.ring_form_pdl, **common)
-        gdn_ring_verify_kernel[(B * HV * meta["NT"],)](
-            state, ring.k, ring.u, ring.G, ring.len, ring.base, slot_tab, q, k, v, o, ws,
-            state.stride(0), ring.k.stride(0), ring.u.stride(0), ring.G.stride(0),
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-            VD=vd, BK=meta["BK"], BV=meta["BV"], NT=meta["NT"], STAGES=meta["STAGES"],
-            num_warps=meta["num_warps"], PDL=rf.ring_form_pdl, launch_pdl=rf.ring_form_pdl,
-            **common)
+        gdn_ring_fused_kernel[(B * HV * cdiv(vd, BV),)](
+            state, ring.k, ring.u, ring.G, ring.len, ring.base, slot_tab, q, k, v, o, g, beta,
+            engaged, *gate, scale, state.stride(0), ring.k.stride(0), ring.u.stride(0),
+            ring.G.stride(0), q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
+            k.stride(2), v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1),
+            o.stride(2), g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+            K=K, R=ring.length, NS=2 * ring.length, RW=max(16, ring.length), HV=HV,
+            HK=ring.num_k_heads, KD=kd, KP=next_power_of_2(kd), VD=vd, BK=BK, BV=BV,
+            NT=cdiv(vd, BV), STAGES=stages, USE_QK_L2NORM=bool(use_qk_l2norm),
+            GATE=gating is not None, SMALL=SMALL_PRODUCTS[str(state.dtype).split(".")[1]],
+            num_warps=warps)
     return o, engaged
 
 
@@ -432,14 +381,15 @@ def gdn_ring_flush(states, rings, slot_tab, *, validate=False, state_layout="vk"
                                  r.length)
     if B == 0:
         return
-    meta = _dot_meta(states[0], kd, vd)
+    BV, BK, warps, stages = ring_tiles(B * HV, states[0].element_size(), kd, vd)
     r0 = rings[0]
     with _device_guard(states[0]):
-        gdn_ring_flush_kernel[(B * HV * meta["NT"], len(states))](
+        gdn_ring_flush_kernel[(B * HV * cdiv(vd, BV), len(states))](
             states[0], r0.k, r0.u, r0.G, r0.len, r0.base, slot_tab,
             offsets_table(states), offsets_table([r.k for r in rings]),
             offsets_table([r.u for r in rings]), offsets_table([r.G for r in rings]),
             offsets_table([r.len for r in rings]), offsets_table([r.base for r in rings]),
             states[0].stride(0), r0.k.stride(0), r0.u.stride(0), r0.G.stride(0),
             NS=2 * r0.length, RP=max(16, r0.length), HV=HV, HK=r0.num_k_heads, KD=kd, VD=vd,
-            **meta)
+            BK=BK, BV=BV, NT=cdiv(vd, BV), STAGES=stages,
+            SMALL=SMALL_PRODUCTS[str(states[0].dtype).split(".")[1]], num_warps=warps)

@@ -46,58 +46,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.carry.gdn_ring_kernels import _row_gates, _slot_cursor
+from pmll_lab.ops.carry.gdn_ring_kernels import (_row_gates, _slot_cursor, _small_mm, _small_mma,
+                                                 _state_mma)
 from pmll_lab.ops.gdn.recurrence import head_tile_program, load_gate_params
-
-SMALL_PRODUCTS = {"float32": "split", "bfloat16": "bf16", "float16": "tf32"}
-"""``SMALL`` by state dtype (the module docstring)."""
-
-
-@triton.jit
-def _split_mma(a, b, acc):
-    """``acc + a @ b`` close to fp32 on bf16 tensor cores: each fp32 operand is split into a
-    bf16 head and a bf16 tail (``a = a_h + a_t`` to 2^-17), and ``a_h b_h + a_t b_h + a_h b_t``
-    summed in fp32 (a bf16 operand is its own head). ~4e-6 relative per product."""
-    ah = a.to(tl.bfloat16)
-    at = (a - ah.to(tl.float32)).to(tl.bfloat16)
-    if b.dtype == tl.bfloat16:
-        acc = tl.dot(ah, b, acc)
-        acc = tl.dot(at, b, acc)
-    else:
-        bh = b.to(tl.bfloat16)
-        bt = (b.to(tl.float32) - bh.to(tl.float32)).to(tl.bfloat16)
-        acc = tl.dot(ah, bh, acc)
-        acc = tl.dot(at, bh, acc)
-        acc = tl.dot(ah, bt, acc)
-    return acc
-
-
-@triton.jit
-def _small_mma(a, b, acc, SMALL: tl.constexpr):
-    """``acc + a @ b`` for the coefficient and ``[BV, 16]`` products, at ``SMALL``."""
-    if SMALL == "split":
-        return _split_mma(a.to(tl.float32), b.to(tl.float32), acc)
-    if SMALL == "bf16":
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
-    return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="tf32")
-
-
-@triton.jit
-def _small_mm(a, b, SMALL: tl.constexpr):
-    return _small_mma(a, b, tl.zeros((a.shape[0], b.shape[1]), tl.float32), SMALL)
-
-
-@triton.jit
-def _state_mma(h, xt, acc, SMALL: tl.constexpr):
-    """``acc + h @ xt`` with a block ``h`` of the state (or the ring's rows, in its dtype):
-    split for an fp32 state, else in the state's dtype with fp32 accumulation (bf16 inputs
-    stay exact)."""
-    if SMALL == "split":
-        if xt.dtype == tl.bfloat16:
-            return _split_mma(h, xt, acc)
-        return _split_mma(h, xt.to(tl.float32), acc)
-    return tl.dot(h, xt.to(h.dtype), acc)
-
 
 @triton.jit
 def _unit_upper_inverse(N, K: tl.constexpr, SMALL: tl.constexpr):
