@@ -6,7 +6,7 @@ ReplaySSM verify (FlashInfer 0.7.2's ``gated_delta_rule_mtp_ucache_flush``, SGLa
 written here from SPEC §3d. A tolerance form: outputs and folded states answer to the float64
 exact protocol (``pmll_lab.reference.carry``) within ``RING_TOLERANCE``, not bitwise; the float64
 restatement of its algebra is ``pmll_lab.reference.ring``. Kernels:
-``pmll_lab.ops.carry.gdn_ring_kernels``.
+``pmll_lab.ops.carry.gdn_ring_fused`` (the verify) and ``gdn_ring_kernels`` (flush, commit).
 
 Buffers (``GdnRing``), per layer, ``NS = 2 R`` physical rows per head (``R`` = ``length``):
 
@@ -50,7 +50,9 @@ RING_MAX_ROWS = 8
 """Most draft rows per verify: the new rows' keys and queries share one 16-column tile."""
 RING_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
 """rel L2 of the ring form's outputs and states against the float64 exact protocol, per state
-dtype (tests/test_ring.py). fp32: ``tf32x3`` products; bf16/fp16: the state's own rounding."""
+dtype (tests/test_ring.py). fp32: products from bf16 heads and tails (``_split_mma``, ~4e-6);
+bf16/fp16: the state's own rounding."""
+
 
 @dataclass(eq=False)
 class GdnRing:
