@@ -1,7 +1,7 @@
 """Triton pieces of the ring form (SPEC §3d) shared by its kernels, the flush and the commit.
 
 The verify is ``pmll_lab.ops.carry.gdn_ring_fused``; here: the products it and the flush use
-(``_split_mma``, ``_small_mma``, ``_state_mma``: the operand precisions by state dtype, see
+(``_split_mma``, ``_fine_mma``, ``_small_mma``, ``_state_mma``: the operand precisions by state dtype, see
 ``SMALL_PRODUCTS``), the window and cursor loads, the new rows' gates, the flush kernel (fold
 every listed slot's window into its state, several layers in one launch) and the cursor commit
 (``ring_accept_kernel``).
@@ -48,10 +48,36 @@ def _split_mma(a, b, acc):
 
 
 @triton.jit
+def _split3(a):
+    """fp32 ``a`` as three bf16 pieces, largest first (``a`` to 2^-24 relative)."""
+    a1 = a.to(tl.bfloat16)
+    r = a - a1.to(tl.float32)
+    a2 = r.to(tl.bfloat16)
+    return a1, a2, (r - a2.to(tl.float32)).to(tl.bfloat16)
+
+
+@triton.jit
+def _fine_mma(a, b, acc):
+    """``acc + a @ b`` to about fp32 precision from bf16 tensor cores: both fp32 operands in
+    three pieces (``_split3``) and the six products of order above 2^-24. For the small
+    products beside an fp32 state, whose cancellations (``V - W``) the two-piece split
+    (``_split_mma``, ~5e-6 on the outputs) left visible as bf16 output flips over a long
+    decode."""
+    a1, a2, a3 = _split3(a.to(tl.float32))
+    b1, b2, b3 = _split3(b.to(tl.float32))
+    acc = tl.dot(a1, b1, acc)
+    acc = tl.dot(a2, b1, acc)
+    acc = tl.dot(a1, b2, acc)
+    acc = tl.dot(a2, b2, acc)
+    acc = tl.dot(a3, b1, acc)
+    return tl.dot(a1, b3, acc)
+
+
+@triton.jit
 def _small_mma(a, b, acc, SMALL: tl.constexpr):
     """``acc + a @ b`` for the coefficient and ``[BV, 16]`` products, at ``SMALL``."""
     if SMALL == "split":
-        return _split_mma(a.to(tl.float32), b.to(tl.float32), acc)
+        return _fine_mma(a, b, acc)
     if SMALL == "bf16":
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
     return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="tf32")
