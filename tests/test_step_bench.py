@@ -105,9 +105,12 @@ def test_step_point_rows_and_targets_on_the_cpu():
     assert any(r["metric"] == "step_us" for r in rows) == (DEVICE.type == "cuda")  # GPU only
     from pmll_lab.experiments import targets as T
 
-    df = pd.DataFrame([dict(p, **r) for r in rows])
+    df = pd.DataFrame([dict(p, point_id=0, **r) for r in rows])
     head = T.headline(df, S.TARGETS)
-    assert not set(head["status"]) & {"met", "missed"}, head     # no speed verdict on the CPU
+    if DEVICE.type == "cuda":       # one point of B = 2: every target is judged or not measured
+        assert set(head["status"]) <= {"met", "missed", "reported", "not measured"}, head
+    else:
+        assert not set(head["status"]) & {"met", "missed"}, head  # no speed verdict on the CPU
 
 
 def test_sensitivity_rows_and_facts():
@@ -121,7 +124,7 @@ def test_sensitivity_rows_and_facts():
     p = dict(B=2, K=2, HK=1, HV=2, head_dim=16, state_dtype="bfloat16", steps=2, alpha=0.5,
              ring_length=8, forms="ring+exact_lazy")
     rows = S.step_point(p)
-    assert {r["form"] for r in rows if not r["form"].startswith("conv")} == {"ring", "exact_lazy"}
+    assert {r["form"] for r in rows} == {"ring", "exact_lazy"}     # no conv twin rows either
     ring_rows = [r for r in rows if r["form"] == "ring" and r["metric"] == "rel_l2"]
     assert ring_rows and all(r["passed"] for r in ring_rows)
     t = S.sensitivity_table(pd.DataFrame([dict(p, **r) for r in rows]))

@@ -98,7 +98,8 @@ def step_point(p: dict) -> list[dict]:
         if t is not None:
             rows.append(dict(base, metric="step_us", value=t["step_us"], p20=t["p20_us"],
                              p80=t["p80_us"], unit="us", timer="cuda_graph", status="ok"))
-    rows += conv_rows(case, mean_accept)
+    if "forms" not in p:                   # the conv twin beside the full set of forms only
+        rows += conv_rows(case, mean_accept)
     return rows
 
 
