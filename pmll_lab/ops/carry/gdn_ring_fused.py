@@ -21,7 +21,7 @@ coefficients:
 then ``W = S0 X^T diag(e^c n) + U_ring^T Dm``, ``U = (V - W) Bt`` (the new rows' corrections)
 and ``O = W + U P2`` (the outputs), all ``[BV, 16]``. Why one launch: the two-launch form
 (coefficients per head first, then the state) waits for the whole first grid before any state
-program finishes (reports/perf-notes.md, "The ring form").
+program finishes (reports/perf-notes.md, "Latest figures: the ring form").
 
 A fold (``P + K > R``) changes nothing before the outputs (``H_P x = e^{G_{P-1}} S0 x +
 sum_j e^{G_{P-1} - G_j} u_j (k_j . x)`` is what the window's correction already computes); at
