@@ -41,8 +41,9 @@ def point(B, K, R, fill, state_dtype, tiles, ref_seqs=4):
     slots = x["state_indices"]
     kw = dict(slot_tab=slots, A_log=gate["A_log"], a=gate["a"], dt_bias=gate["dt_bias"],
               b=gate["b"])
-    fresh = lambda: (state.clone(), GdnRing(ring.k.clone(), ring.u.clone(), ring.G.clone(),  # noqa: E731
-                                            ring.len.clone(), ring.base.clone(), R))
+    def fresh():
+        return state.clone(), GdnRing(ring.k.clone(), ring.u.clone(), ring.G.clone(),
+                                      ring.len.clone(), ring.base.clone(), R)
     rows = []
     for tile in tiles:
         size = state.element_size()

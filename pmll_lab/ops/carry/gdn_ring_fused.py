@@ -35,11 +35,11 @@ key-head group, ``G`` and ``engaged`` by tile 0.
 Operand dtypes (``SMALL``): a bf16 state multiplies everything in bf16 with fp32 accumulation
 (as FlashInfer's ReplaySSM kernels; the coefficients' 2^-9 rounding is the state's own);
 beside an fp16 state the small products take one tf32 pass (fp16's range is too narrow for
-decays such as ``e^c``); beside an fp32 state the state's products take ``_split_mma`` (a bf16 head and
-tail of the state block, the bf16 keys exact: two bf16 MMAs) and the small products
+decays such as ``e^c``); beside an fp32 state the state's products take ``_split_mma`` (a bf16
+head and tail of the state block against the exact bf16 keys: two MMAs) and the small products
 ``_fine_mma`` (three bf16 pieces of each operand, six MMAs): ~4e-7 on the outputs before their
-rounding, against ~5e-6 with two pieces, at fewer registers than ``"tf32x3"``. Measurements behind the tiles:
-``pmll_lab.ops.settings.ring_form`` and reports/perf-notes.md.
+rounding, against ~5e-6 with two pieces, at fewer registers than ``"tf32x3"``. Measurements
+behind the tiles: ``pmll_lab.ops.settings.ring_form`` and reports/perf-notes.md.
 """
 
 from __future__ import annotations
