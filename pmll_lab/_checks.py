@@ -343,3 +343,10 @@ def range_values(name: str, t: torch.Tensor, lo: float, hi: float) -> None:
     if bool(bad.any()):
         first = t[bad].flatten()[0].item()
         raise ValueError(f"{name}: entries must lie in [{lo}, {hi}], found {first}")
+
+
+def finite_values(name: str, t: torch.Tensor) -> None:
+    """Every entry of ``t`` is finite (no NaN, no infinity)."""
+    if t.numel() and not bool(torch.isfinite(t).all()):
+        bad = t[~torch.isfinite(t)].flatten()[0].item()
+        raise ValueError(f"{name}: entries must be finite, found {bad}")

@@ -103,3 +103,16 @@ def test_one_style_per_implementation_and_layout():
     assert plots.family("flashinfer_replayssm") == "peers"
     assert plots.family("carry_exact_lazy:wb") == "carried state"
     assert plots.quantity("o (write-back) [bfloat16 state]") == "o"
+
+
+def test_report_table_has_no_empty_column_from_a_pivot():
+    """A pivot's column name ("metric") would head an extra, empty first column in the HTML."""
+    import pandas as pd
+
+    df = pd.DataFrame(dict(form=["ring", "ring", "chain"], metric=["step_us", "o_rel_l2",
+                                                                   "step_us"],
+                           value=[46.9, 4e-3, 147.3]))
+    wide = df.pivot_table(index="form", columns="metric", values="value").reset_index()
+    html = P.table(wide).data
+    assert "<th>metric</th>" not in html and "<th></th>" not in html
+    assert html.count("<th>") == 3 and "46.9" in html and "147" in html

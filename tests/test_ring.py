@@ -251,3 +251,44 @@ def test_ring_bad_input_named_before_any_launch():
         bad.len.fill_(9)
         with pytest.raises(ValueError, match="^ring.len"):
             gdn_ring_verify(st, bad, *rows, slot_tab=x["state_indices"])
+
+
+def test_ring_checks_found_by_a_fresh_trial():
+    """A ring with no key heads, duplicate slots, an accept that would leave the window's length
+    out of [0, R], more lanes than slots, non-finite rows under ``validate``: ValueErrors naming
+    the argument before any launch (on the host whatever ``validate`` says, on a GPU with it)."""
+    x = gdn_inputs(1, 2, 1, 2, 16, 32, rows=3, slots=4, dtype=torch.float32)
+    st = x["state"].transpose(-1, -2).contiguous()
+    rows = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    z = lambda *s, dt=torch.float32: torch.zeros(*s, dtype=dt, device=DEVICE)  # noqa: E731
+    with pytest.raises(ValueError, match="^k: slots and heads"):
+        GdnRing(k=z(4, 0, 16, 16), u=z(4, 2, 16, 32), G=z(4, 2, 16),
+                len=z(4, dt=torch.int32), base=z(4, dt=torch.int32), length=8)
+    check = DEVICE.type != "cpu"                   # on the host these checks cost nothing
+    ring = GdnRing.empty(4, 1, 2, 16, 32, length=8)
+    dup = torch.tensor([1, 1], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="^slot_tab: entries must be distinct"):
+        gdn_ring_verify(st, ring, *rows, slot_tab=dup, validate=check)
+    with pytest.raises(ValueError, match="^slot_tab: entries must be distinct"):
+        gdn_ring_flush([st], [ring], dup, validate=check)
+    slots = x["state_indices"]
+    eng = torch.ones(2, dtype=torch.int32, device=DEVICE)
+    for acc, what in (([-5, 2], "^accepted"), ([3, 9], "^accepted"),
+                      ([3, 2], "^rings\\[0\\].len after accept")):
+        ring.len.copy_(torch.tensor([6, 6, 6, 6], dtype=torch.int32))
+        with pytest.raises(ValueError, match=what):
+            ring_accept(ring, slots, eng, torch.tensor(acc, dtype=torch.int32, device=DEVICE),
+                        validate=check)
+        assert ring.len.cpu().tolist() == [6, 6, 6, 6], "nothing launched"
+    with pytest.raises(ValueError, match="^engaged"):
+        ring_accept(ring, slots, torch.tensor([0, 7], dtype=torch.int32, device=DEVICE),
+                    torch.zeros(2, dtype=torch.int32, device=DEVICE), validate=check)
+    six = torch.tensor([0, 1, 2, 3, -1, -1], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="^slot_tab: 6 sequences but only 4 slots"):
+        ring_accept(ring, six, torch.ones(6, dtype=torch.int32, device=DEVICE),
+                    torch.zeros(6, dtype=torch.int32, device=DEVICE))
+    ring.len.zero_()
+    q = x["q"].clone()
+    q[0, 0, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match="^q: entries must be finite"):
+        gdn_ring_verify(st, ring, q, *rows[1:], slot_tab=slots, validate=True)

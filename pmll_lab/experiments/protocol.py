@@ -334,8 +334,11 @@ def correctness_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
 
 
 def _html(df: pd.DataFrame) -> str:
-    return df.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3g}") if len(df) \
-        else "<p>(none)</p>"
+    if not len(df):
+        return "<p>(none)</p>"
+    df = df.copy()
+    df.columns = df.columns.rename(None)       # a pivot's column name would head an empty column
+    return df.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3g}")
 
 
 def table(df: pd.DataFrame):

@@ -73,6 +73,10 @@ class GdnRing:
         ns = 2 * self.length
         _checks.tensor("u", self.u, ndim=4, dtype=_checks.FLOAT_DTYPES, contiguous=True)
         S, HV, _, vd = self.u.shape
+        for name, t in (("u", self.u), ("k", self.k)):
+            if t.dim() == 4 and min(t.shape[:2]) < 1:
+                raise ValueError(f"{name}: slots and heads must be at least 1, got shape "
+                                 f"{tuple(t.shape)}")
         _checks.tensor("u", self.u, shape=(S, HV, ns, vd))
         _checks.tensor("k", self.k, ndim=4, dtype=self.u.dtype, device=self.u.device,
                        contiguous=True)
@@ -215,11 +219,13 @@ def _check_verify(state, ring, q, k, v, g, beta, slot_tab, scale, validate, stat
                          f"{RING_MAX_ROWS})]")
     if B > S:
         raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
-    _checks.host_indices("slot_tab", slot_tab, S)
+    _host_slots(slot_tab, S)
     _host_cursors(ring, slot_tab)
     scale = _checks.optional_float("scale", scale)
     if validate:
         _checks.indices_values("slot_tab", slot_tab, S, padding=True)
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _checks.finite_values(name, t)
         live = slot_tab[slot_tab >= 0].long()
         _checks.range_values("ring.len", ring.len[live], 0, ring.length)
         _checks.range_values("ring.base", ring.base[live], 0, 2 * ring.length - 1)
@@ -227,6 +233,15 @@ def _check_verify(state, ring, q, k, v, g, beta, slot_tab, scale, validate, stat
             _checks.range_values("g", g, float("-inf"), 0.0)
             _checks.range_values("beta", beta, 0.0, 1.0)
     return B, K, kd ** -0.5 if scale is None else scale
+
+
+def _host_slots(slot_tab, S: int) -> None:
+    """On the host the slots are checked for free, whatever ``validate`` says: in range (or -1)
+    and distinct, since two lanes of one slot would append to the same ring rows and fold the
+    same state (``ValueError`` naming ``slot_tab``)."""
+    _checks.host_indices("slot_tab", slot_tab, S)
+    if _checks.on_host(slot_tab):
+        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
 
 
 def _host_cursors(ring: GdnRing, slot_tab) -> None:
@@ -265,8 +280,10 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
         slot_tab: ``[B]`` int32/int64 slots, distinct; -1 marks a padding lane (zero outputs,
             ``engaged`` 1, nothing read or written).
         scale: query scale (default ``kd ** -0.5``); use_qk_l2norm: l2-normalise q and k.
-        validate: also check (with a device sync) slots, ``0 <= len <= R``, ``base < 2R`` and
-            the gates' ranges.
+        validate: also check (with a device sync) slots (in range, distinct), ``0 <= len <= R``,
+            ``base < 2R``, the gates' ranges and that ``q, k, v`` are finite. With the slot
+            table on the host (every CPU run) the slots and cursors are checked whatever
+            ``validate`` says.
         state_layout: ``"vk"`` only.
 
     Returns ``(o [B, K, HV, vd] in v's dtype, engaged [B] int32)``: 2 where the verify folded.
@@ -318,7 +335,8 @@ def ring_accept(rings, slot_tab, engaged, accepted, *, validate=False) -> None:
 
     ``slot_tab [B]``, ``engaged [B]`` int32 as the verify returned it, ``accepted [B]``
     int32/int64 (``0 <= a <= K``), all contiguous on the rings' device. ``validate=True``
-    checks slots, ``engaged`` in {1, 2} and that no ``len`` exceeds ``R`` afterwards (a sync).
+    checks slots, ``engaged`` in {1, 2} and that no ``len`` leaves ``[0, R]`` (a sync); with
+    every table on the host (every CPU run) the same checks run whatever ``validate`` says.
     Raises ``ValueError`` naming the argument."""
     rings = _ring_list(rings)
     dev = rings[0].device
@@ -328,8 +346,10 @@ def ring_accept(rings, slot_tab, engaged, accepted, *, validate=False) -> None:
     _checks.tensor("accepted", accepted, shape=(B,), dtype=INDEX_DTYPES, device=dev,
                    contiguous=True)
     _checks.flag("validate", validate)
-    _checks.host_indices("slot_tab", slot_tab, rings[0].slots)
-    if validate:
+    if B > rings[0].slots:
+        raise ValueError(f"slot_tab: {B} sequences but only {rings[0].slots} slots")
+    _host_slots(slot_tab, rings[0].slots)
+    if validate or all(_checks.on_host(t) for t in (slot_tab, engaged, accepted, rings[0].len)):
         _checks.indices_values("slot_tab", slot_tab, rings[0].slots, padding=True)
         _checks.range_values("engaged", engaged, 1, 2)
         live = slot_tab >= 0
@@ -373,7 +393,7 @@ def gdn_ring_flush(states, rings, slot_tab, *, validate=False, state_layout="vk"
     if B > S:
         raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
     _checks.flag("validate", validate)
-    _checks.host_indices("slot_tab", slot_tab, S)
+    _host_slots(slot_tab, S)
     for r in rings:
         _host_cursors(r, slot_tab)
     if validate:
