@@ -116,3 +116,16 @@ def test_report_table_has_no_empty_column_from_a_pivot():
     html = P.table(wide).data
     assert "<th>metric</th>" not in html and "<th></th>" not in html
     assert html.count("<th>") == 3 and "46.9" in html and "147" in html
+
+
+def test_headline_shows_the_verdict_columns_first_and_no_empty_column():
+    """The report's headline: status, target, the cell, ratio and bound, then the rest; a
+    column empty in every row (no roofline fraction, no note) is left out of the page."""
+    head = pd.DataFrame([dict(status="missed", target="ring step <= 0.9x FI", ours="form=ring",
+                              peer="form=fi", ratio=1.4, roofline_frac=float("nan"),
+                              ours_us=46.9, peer_us=33.6, bound=0.9, cells=1, met_cells=0,
+                              layout="vk", timer="cuda_graph", note="", B=64)])
+    shown = T._shown(head)
+    assert list(shown.columns[:7]) == ["status", "target", "B", "ratio", "bound", "ours_us",
+                                       "peer_us"]
+    assert "roofline_frac" not in shown and "note" not in shown and "ours" in shown

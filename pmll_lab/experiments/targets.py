@@ -193,14 +193,29 @@ def answer(df: pd.DataFrame, targets: Sequence[Target], name: str,
 
     head = headline(df, targets) if P.on_gpu(df) else checks_headline(df)
     display(Markdown(verdict(df, head, name)))
-    display(HTML(head.to_html(index=False, classes="headline", na_rep="",
-                              float_format=lambda v: f"{v:.4g}")))
+    display(HTML(_shown(head).to_html(index=False, classes="headline", na_rep="",
+                                      float_format=lambda v: f"{v:.4g}")))
     if findings is not None and len(findings):
         display(HTML(findings.to_html(index=False, classes="findings", na_rep="",
                                       float_format=lambda v: f"{v:.4g}")))
     if results_dir is not None:
         head.to_csv(Path(results_dir) / "headline.csv", index=False)
     return head
+
+
+_FIRST = ("status", "target", "kernel", "B", "K", "ratio", "bound", "ours_us", "peer_us",
+          "roofline_frac")
+
+
+def _shown(head: pd.DataFrame) -> pd.DataFrame:
+    """The headline as a report shows it (``headline.csv`` keeps every column): the verdict's
+    columns first (status, what, the cell, ratio and bound, the two times), then the rest;
+    columns empty in every row left out."""
+    if head.empty:
+        return head
+    keep = [c for c in head.columns if head[c].replace("", pd.NA).notna().any()]
+    first = [c for c in _FIRST if c in keep]
+    return head[first + [c for c in keep if c not in first]]
 
 
 def fact(finding: str, value, note: str = "") -> dict:

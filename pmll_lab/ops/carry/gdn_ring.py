@@ -288,7 +288,10 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
 
     Returns ``(o [B, K, HV, vd] in v's dtype, engaged [B] int32)``: 2 where the verify folded.
     Raises ``ValueError`` naming the argument (shapes, dtypes, devices, ``K > R``, head sizes
-    that are not multiples of 16 in ``[16, 256]``, a K-major state).
+    that are not multiples of 16 in ``[16, 256]``, a K-major state where ``kd != vd``: a square
+    K-major state cannot be told from its shape). The float64 references
+    (``pmll_lab.reference.ring.verify``, ``reference.carry``) take K-major states:
+    ``state.double().transpose(-1, -2)``.
     """
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     B, K, scale = _check_verify(state, ring, q, k, v, g, beta, slot_tab, scale, validate,
