@@ -67,6 +67,8 @@ def test_report_opens_with_the_verdict_and_the_headline_table(report):
     assert "headline" in first_table, f"the first table is not the headline: {first_table}"
     verdict = body.index("no speed verdict on the CPU")
     assert verdict < body.index(first_table), "the verdict line comes before the headline"
+    before = re.sub(r"<[^>]+>|\s+", " ", body[body.index("</h1>"):verdict])
+    assert len(before.split()) < 40, f"the report opens with an introduction, not the verdict: {before}"
     head = body[body.index(first_table):body.index("</table>", body.index(first_table))]
     columns = re.findall(r"<th>([^<]*)</th>", head)
     assert columns[:2] == ["status", "kernel"]
