@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
@@ -142,7 +143,10 @@ def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn,
     in this process: the sweep's append of one point's rows in one write, so a point counts
     as done only when all its rows are stored); returns the number of failed points. At most one point per slot is in flight, so a worker that dies
     holds one point only; that point is submitted once more (``RETRIES``) away from the dead
-    worker, then stored as failed with the error. An interrupt cancels what is in flight.
+    worker, then stored as failed with the error. When every worker has died at once, the
+    points left wait (up to ``wait_s``) for one to come back rather than being dropped; a
+    retried point goes back to the worker it died on only when no other is up. An interrupt
+    cancels what is in flight.
 
     A free worker takes the next point of a group (``affinity_group``) it already ran, else of
     a group no live worker has run yet, else any point: each worker compiles the kernels of
@@ -194,8 +198,9 @@ def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn,
                 done.add(fut)
                 busy[addr] = busy.get(addr, 0) + 1
 
-    try:
-        fill()
+    def drain():
+        """Store each finished point's rows, resubmit a dead worker's point, keep slots full."""
+        nonlocal failed
         for fut, result in done:
             point, pid, attempt, _ = inflight.pop(fut.key)
             futures.pop(fut.key)
@@ -226,6 +231,27 @@ def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn,
                 if bar is not None:
                     bar.update(1)
             fill()
+
+    try:
+        fill()
+        while True:
+            drain()
+            if not pending:
+                break
+            # nothing in flight, points left: every worker had died at once (their nannies
+            # restart them), or only workers a retried point avoids are up: wait for one
+            try:
+                client.wait_for_workers(1, timeout=wait_s)
+            except TimeoutError as exc:
+                raise RuntimeError(f"client: no Dask worker came back within {wait_s:.0f} s "
+                                   f"during sweep {name!r}; the points finished are stored: "
+                                   "run it again to finish") from exc
+            fill()
+            if not inflight:
+                pending[:] = [(pt, pid, att, None) for pt, pid, att, _ in pending]
+                fill()
+            if not inflight:
+                time.sleep(0.5)
     except BaseException:
         try:
             client.cancel(list(futures.values()))
