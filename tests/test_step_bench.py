@@ -221,3 +221,37 @@ def test_drift_table_and_same_drift_on_constructed_rows():
     assert S.same_drift(ddf, "ring", "plain_decode") is False
     assert S.same_drift(ddf, "exact_eager", "plain_decode") is None
     assert S.drift_table(ddf.iloc[:0]).empty
+
+
+def test_roofline_and_carry_protocol_headlines_judge_the_step():
+    """The per-step targets of the roofline and carry_protocol headlines on synthetic GPU step
+    rows (the CPU has no step times): each judged from the forms' step_us at B = 64 and 128,
+    ratios as measured, the reported ones outside the count."""
+    import pandas as pd
+
+    from pmll_lab.experiments import carry_report as CR
+    from pmll_lab.experiments import roofline_report as RR
+    from pmll_lab.experiments import targets as T
+
+    times = {("exact_lazy", "float32"): 132.0, ("exact_eager", "float32"): 136.0,
+             ("chain_restore", "float32"): 213.0, ("flashinfer_snapshot_restore", "float32"): 256.0,
+             ("exact_lazy", "bfloat16"): 195.0, ("flashinfer_snapshot_restore", "bfloat16"): 140.0,
+             ("chain_restore", "bfloat16"): 147.0, ("ring", "bfloat16"): 47.0,
+             ("flashinfer_replayssm", "bfloat16"): 33.5}
+    rows = [dict(point_id=f"{B}-{sd}", kernel=form, form=form, state_dtype=sd, B=B, K=4,
+                 metric="step_us", value=us * B / 64, timer="cuda_graph", status="ok")
+            for (form, sd), us in times.items() for B in (1, 64, 128)]
+    df = pd.DataFrame(rows)
+    head = T.headline(df, CR.STEP_TARGETS).set_index(["target", "B"])
+    lazy = head.loc[("carry exact lazy step <= 0.4x FlashInfer's snapshot step (mtp + restore), "
+                     "fp32 state", 64)]
+    assert lazy["status"] == "missed" and abs(lazy["ratio"] - 132.0 / 256.0) < 1e-3
+    reported = head[head["bound"].isna()]
+    assert len(reported) == 6 and set(reported["status"]) == {"reported"}
+    rhead = T.headline(df, RR.STEP_TARGETS).set_index(["target", "B"])
+    chain = rhead.loc[("chain + snapshots + restore step <= FlashInfer mtp + snapshots + "
+                       "restore, fp32 state", 128)]
+    assert chain["status"] == "met" and abs(chain["ratio"] - 213.0 / 256.0) < 1e-3
+    ring1 = rhead.loc[("B=1: ring step <= FlashInfer's ReplaySSM step, bf16 state", 1)]
+    assert ring1["status"] == "missed" and abs(ring1["ratio"] - 47.0 / 33.5) < 1e-3
+    assert set(rhead["status"]) <= {"met", "missed", "reported"}

@@ -29,6 +29,34 @@ TARGETS = (
     Target("carry exact lazy against our chain + K-1 snapshots", "carry_exact_lazy",
            "chain_snapshots", None, where=dict(_AT, B=[64, 128]), per=("B",)),
 )
+STEP_TARGET_SET = ("The speculative step of the carried state at Qwen3-Next's shape "
+                   "(verify + accept, K=4)")
+_STEP = dict(K=4, B=[64, 128])
+
+
+def _form(form: str, state_dtype: str = "float32") -> dict:
+    return {"form": form, "state_dtype": state_dtype}
+
+
+STEP_TARGETS = tuple(
+    Target(text, ours, peer, bound, where=_STEP, per=("B",), metric="step_us")
+    for text, ours, peer, bound in (
+        ("carry exact lazy step <= 0.4x FlashInfer's snapshot step (mtp + restore), fp32 state",
+         _form("exact_lazy"), _form("flashinfer_snapshot_restore"), 0.4),
+        ("carry exact lazy step <= 0.4x FlashInfer's snapshot step (mtp + restore), bf16 state",
+         _form("exact_lazy", "bfloat16"), _form("flashinfer_snapshot_restore", "bfloat16"), 0.4),
+        ("carry exact lazy step against our chain + snapshots + restore, fp32 state",
+         _form("exact_lazy"), _form("chain_restore"), None),
+        ("carry exact lazy step against eager, fp32 state", _form("exact_lazy"),
+         _form("exact_eager"), None),
+        ("carry exact lazy step against FlashInfer's ReplaySSM step, bf16 state",
+         _form("exact_lazy", "bfloat16"), _form("flashinfer_replayssm", "bfloat16"), None),
+    ))
+"""The headline: per speculative step (``experiments.step``, the ``step_grids`` sweep); the
+per-verify ``TARGETS`` stay as detail."""
+STEP_FORMS = "exact_lazy+exact_eager+chain_restore+flashinfer_snapshot_restore+flashinfer_replayssm"
+"""The forms the notebook's step sweep runs (``step_grids``'s ``forms``)."""
+
 MODEL_CONFIGS = [dict(model="Qwen3-Next-80B-A3B", HK=16, HV=32, kd=128, vd=128, d_conv=4,
                       gdn_layers=36)]
 """Real configurations for the byte budget (Qwen3-Next-80B-A3B's config.json: 16 key heads, 32

@@ -50,6 +50,14 @@ TARGETS = (
 """The per-step targets (judged on a GPU only); ``bound=None``: reported, not judged."""
 
 
+def points(grids: list[dict], *, alpha: float, seed: int) -> list[dict]:
+    """Step sweep points: every grid's product (``pmll_lab.sweep.grid``) with the acceptance
+    probability and the seed."""
+    from pmll_lab.sweep import grid
+
+    return [dict(alpha=alpha, seed=seed, **p) for g in grids for p in grid(**g)]
+
+
 def case_of(p: dict) -> StepCase:
     return StepCase(batch=int(p["B"]), rows=int(p["K"]), num_k_heads=int(p["HK"]),
                     num_v_heads=int(p["HV"]), head_dim=int(p["head_dim"]),

@@ -203,6 +203,16 @@ def answer(df: pd.DataFrame, targets: Sequence[Target], name: str,
     return head
 
 
+def detail(df: pd.DataFrame, targets: Sequence[Target], summary: str) -> None:
+    """Display, folded under ``summary``, the targets of single launches that a report keeps
+    as detail below its per-step headline (GPU runs only: on the CPU there is no verdict)."""
+    from IPython.display import HTML, display
+
+    if P.on_gpu(df):
+        head = _shown(headline(df, targets))
+        display(HTML(P.details(head, summary).data))
+
+
 _FIRST = ("status", "target", "kernel", "B", "K", "ratio", "bound", "ours_us", "peer_us",
           "roofline_frac")
 
