@@ -1,11 +1,14 @@
-// gdn_decode_torch.cpp: torch binding of the GDN decode's and chain's CUDA twins (gdn_decode.cu,
-// gdn_chain.cu), one module. Built on a GPU machine by pmll_lab/cuda_ext.py. The Python
-// launchers (pmll_lab/ops/gdn/decode.py, impl="cuda") check every argument first; the checks
-// here are the last line (TORCH_CHECK raises RuntimeError) against a call that skipped them.
+// gdn_decode_torch.cpp: torch binding of the GDN decode's, chain's and carried-state verify's and
+// flush's CUDA twins (gdn_decode.cu, gdn_chain.cu, gdn_carry.cu), one module. Built on a GPU
+// machine by pmll_lab/cuda_ext.py. The Python launchers (pmll_lab/ops/gdn/decode.py,
+// pmll_lab/ops/carry/gdn_carry.py and gdn_carry_pending.py, impl="cuda") check every argument
+// first; the checks here are the last line (TORCH_CHECK raises RuntimeError) against a call
+// that skipped them.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "gdn_carry.cuh"
 #include "gdn_chain.cuh"
 #include "gdn_decode.cuh"
 
@@ -139,11 +142,91 @@ void gdn_chain_vk(torch::Tensor state, torch::Tensor q, torch::Tensor k, torch::
   TORCH_CHECK(err == cudaSuccess, "pmll gdn_chain_vk launch: ", cudaGetErrorString(err));
 }
 
+// An int32 or int64 tensor of `shape` (contiguous) on the state's device.
+void index_like(const torch::Tensor& t, const torch::Tensor& state, const char* name,
+                c10::IntArrayRef shape, bool int32_only) {
+  TORCH_CHECK(t.device() == state.device() && t.sizes() == shape && t.is_contiguous()
+              && (t.scalar_type() == torch::kInt32
+                  || (!int32_only && t.scalar_type() == torch::kInt64)),
+              name, ": ", shape, (int32_only ? " int32" : " int32/int64"), " contiguous, on the "
+              "state's device");
+}
+
+// The stash of one layer: fp32 [S, CAP*(HV*vd + HV + HV*kd)], rows contiguous.
+void check_stash(const torch::Tensor& stash, const torch::Tensor& state, int64_t cap) {
+  const int64_t S = state.size(0), HV = state.size(1), vd = state.size(2), kd = state.size(3);
+  TORCH_CHECK(cap >= 1 && stash.device() == state.device()
+              && stash.scalar_type() == torch::kFloat32 && stash.dim() == 2
+              && stash.size(0) == S && stash.size(1) == cap * (HV * vd + HV + HV * kd)
+              && stash.stride(1) == 1,
+              "stash: fp32 [S, CAP*(HV*vd + HV + HV*kd)], rows contiguous, on the state's device");
+}
+
+void gdn_carry_verify_vk(torch::Tensor state, torch::Tensor stash, torch::Tensor pend,
+                         torch::Tensor slot_tab, torch::Tensor arrive, torch::Tensor q,
+                         torch::Tensor k, torch::Tensor v, torch::Tensor g, torch::Tensor beta,
+                         torch::Tensor o, torch::Tensor engaged, double scale,
+                         bool use_qk_l2norm, int64_t cap, bool lazy,
+                         c10::optional<torch::Tensor> A_log,
+                         c10::optional<torch::Tensor> dt_bias) {
+  pmll::GdnCarryArgs c{};
+  c.c.d = decode_args(state, q, k, v, g, beta, o, scale, use_qk_l2norm, A_log, dt_bias,
+                      slot_tab, c10::nullopt, 2);
+  c.c.K = q.size(1);
+  TORCH_CHECK(c.c.K >= 1 && c.c.K <= cap, "q: rows K (dim 1) must lie in [1, CAP]");
+  c.c.q_t = q.stride(1); c.c.k_t = k.stride(1); c.c.v_t = v.stride(1);
+  c.c.g_t = g.stride(1); c.c.beta_t = beta.stride(1);
+  check_stash(stash, state, cap);
+  index_like(pend, state, "pend", {state.size(0)}, true);
+  index_like(engaged, state, "engaged", {c.c.d.B}, true);
+  index_like(arrive, state, "arrive", {state.size(0), c.c.d.HV}, true);
+  c.stash = stash.data_ptr<float>(); c.stash_slot = stash.stride(0);
+  c.pend = pend.data_ptr<int32_t>(); c.engaged = engaged.data_ptr<int32_t>();
+  c.arrive = arrive.data_ptr<int32_t>(); c.cap = cap; c.lazy = lazy;
+  const c10::cuda::CUDAGuard guard(state.device());
+  const cudaError_t err = pmll::gdn_carry_verify_vk(c, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "pmll gdn_carry_verify_vk launch: ", cudaGetErrorString(err));
+}
+
+void gdn_carry_flush_vk(torch::Tensor state, torch::Tensor stash, torch::Tensor pend,
+                        torch::Tensor slot_tab, torch::Tensor state_off, torch::Tensor stash_off,
+                        torch::Tensor pend_off, int64_t cap) {
+  TORCH_CHECK(state.is_cuda() && state.dim() == 4 && state.stride(3) == 1,
+              "state: [S, HV, vd, kd] CUDA, last dim contiguous");
+  TORCH_CHECK(state.size(3) <= pmll::kGdnMaxKd, "kd: at most ", pmll::kGdnMaxKd);
+  check_stash(stash, state, cap);
+  index_like(pend, state, "pend", {state.size(0)}, true);
+  TORCH_CHECK(slot_tab.dim() == 1, "slot_tab: [B]");
+  index_like(slot_tab, state, "slot_tab", {slot_tab.size(0)}, false);
+  const int64_t L = state_off.numel();
+  for (const auto& [t, name] : {std::pair{&state_off, "state_off"},
+                                std::pair{&stash_off, "stash_off"},
+                                std::pair{&pend_off, "pend_off"}})
+    TORCH_CHECK(t->device() == state.device() && t->dim() == 1 && t->size(0) == L
+                && t->is_contiguous() && t->scalar_type() == torch::kInt64,
+                name, ": [L] int64 contiguous, on the state's device");
+  pmll::GdnFlushArgs f{};
+  f.state = state.data_ptr(); f.stash = stash.data_ptr<float>(); f.pend = pend.data_ptr<int32_t>();
+  f.idx = slot_tab.data_ptr(); f.tidx = dtype_of(slot_tab, "slot_tab");
+  f.state_off = state_off.data_ptr<int64_t>(); f.stash_off = stash_off.data_ptr<int64_t>();
+  f.pend_off = pend_off.data_ptr<int64_t>();
+  f.B = slot_tab.size(0); f.HV = state.size(1); f.vd = state.size(2); f.kd = state.size(3);
+  f.L = L; f.cap = cap;
+  f.s_slot = state.stride(0); f.s_head = state.stride(1); f.s_row = state.stride(2);
+  f.stash_slot = stash.stride(0);
+  f.ts = dtype_of(state, "state");
+  TORCH_CHECK(f.ts == GdnDtype::kF32 || f.ts == GdnDtype::kBF16 || f.ts == GdnDtype::kF16,
+              "state: fp32, bf16 or fp16");
+  const c10::cuda::CUDAGuard guard(state.device());
+  const cudaError_t err = pmll::gdn_carry_flush_vk(f, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "pmll gdn_carry_flush_vk launch: ", cudaGetErrorString(err));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "CUDA twins of the GDN decode and chain on a V-major state (kernels/gdn_decode.cu, "
-            "kernels/gdn_chain.cu)";
+  m.doc() = "CUDA twins of the GDN decode, chain, carried-state verify and flush on a V-major "
+            "state (kernels/gdn_decode.cu, kernels/gdn_chain.cu, kernels/gdn_carry.cu)";
   m.def("gdn_decode_vk", &gdn_decode_vk, "one decode token per lane, state in place",
         py::arg("state"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"),
         py::arg("beta"), py::arg("o"), py::arg("scale"), py::arg("use_qk_l2norm"),
@@ -156,4 +239,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("intermediate") = py::none(), py::arg("A_log") = py::none(),
         py::arg("dt_bias") = py::none(), py::arg("state_indices") = py::none(),
         py::arg("out_state_indices") = py::none());
+  m.def("gdn_carry_verify_vk", &gdn_carry_verify_vk,
+        "carried-state verify of K rows per lane (exact form, eager or lazy): pending rows "
+        "folded, state written back when the protocol says so, rows stashed",
+        py::arg("state"), py::arg("stash"), py::arg("pend"), py::arg("slot_tab"),
+        py::arg("arrive"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"),
+        py::arg("beta"), py::arg("o"), py::arg("engaged"), py::arg("scale"),
+        py::arg("use_qk_l2norm"), py::arg("cap"), py::arg("lazy"),
+        py::arg("A_log") = py::none(), py::arg("dt_bias") = py::none());
+  m.def("gdn_carry_flush_vk", &gdn_carry_flush_vk,
+        "every listed slot's pending rows folded into its state, L layers at element offsets",
+        py::arg("state"), py::arg("stash"), py::arg("pend"), py::arg("slot_tab"),
+        py::arg("state_off"), py::arg("stash_off"), py::arg("pend_off"), py::arg("cap"));
 }

@@ -93,8 +93,9 @@ __device__ __forceinline__ void load_qk(const GdnDecodeArgs& a, int64_t q_at, in
 // The token's decay exp(g) and beta of value head h: g, beta read at g_at, beta_at, or with
 // A_log given computed from a (at g_at), b (at beta_at), A_log[h], dt_bias[h]:
 // g = -exp(A_log) * softplus(a + dt_bias) (PyTorch's threshold 20), beta = sigmoid(b).
+// g_out: the log decay itself (what the carried-state verify stashes; decay = expf(g_out)).
 __device__ __forceinline__ void load_gates(const GdnDecodeArgs& a, int64_t g_at, int64_t beta_at,
-                                           int64_t h, float& decay, float& beta) {
+                                           int64_t h, float& decay, float& beta, float& g_out) {
   float g;
   if (a.A_log) {
     const float x = load_f(a.g, a.tg, g_at) + load_f(a.dt_bias, a.tdt, h);
@@ -105,7 +106,14 @@ __device__ __forceinline__ void load_gates(const GdnDecodeArgs& a, int64_t g_at,
     g = load_f(a.g, a.tg, g_at);
     beta = load_f(a.beta, a.tbeta, beta_at);
   }
+  g_out = g;
   decay = expf(g);
+}
+
+__device__ __forceinline__ void load_gates(const GdnDecodeArgs& a, int64_t g_at, int64_t beta_at,
+                                           int64_t h, float& decay, float& beta) {
+  float g;
+  load_gates(a, g_at, beta_at, h, decay, beta, g);
 }
 
 // This lane's keys of the state row at element offset at (zeros past kd), as fp32.
@@ -139,11 +147,18 @@ __device__ __forceinline__ void round_row(GdnDtype t, float (&hs)[P]) {
 
 // One token on the row h = H[:, r] (hs: this lane's keys, zeros past kd; q, k from load_qk;
 // v = v[r]), in place, in fp32: h <- decay * h, u = beta * (v - h.k), h <- h + k u; returns
-// o[r] = h.q (every lane). Sums: each lane's keys in order, then the group's butterfly.
+// o[r] = h.q (every lane) and u (every lane: the carried-state verify stashes it). Sums: each
+// lane's keys in order, then the group's butterfly (every lane of the group gets the same bits:
+// each step adds a commutative pair). The state update is, per key, decay * h rounded (the
+// product sits behind the select of keys past kd, so no add can absorb it), then one fma
+// (k, u, that): nvcc -O3 contracted the plain `h += k * u` to exactly that fma before it was
+// spelt with __fmaf_rn (the SASS of the decode and the chain is byte-identical either way,
+// CUDA 13.0, sm_90a); spelt out so that fold_row below, which has no h.k and no select
+// around an add, rounds the same way by construction, not by the compiler's contraction.
 template <int P>
 __device__ __forceinline__ float advance_row(float (&hs)[P], const float (&q)[P],
                                              const float (&k)[P], float decay, float beta,
-                                             float v, int64_t kd, int lane) {
+                                             float v, int64_t kd, int lane, float& u_out) {
   float hk = 0.0f;
 #pragma unroll
   for (int j = 0; j < P; ++j) {
@@ -155,10 +170,34 @@ __device__ __forceinline__ float advance_row(float (&hs)[P], const float (&q)[P]
   float oq = 0.0f;
 #pragma unroll
   for (int j = 0; j < P; ++j) {
-    hs[j] += k[j] * u;
+    hs[j] = __fmaf_rn(k[j], u, hs[j]);
     oq += hs[j] * q[j];
   }
+  u_out = u;
   return group_sum(oq);
+}
+
+template <int P>
+__device__ __forceinline__ float advance_row(float (&hs)[P], const float (&q)[P],
+                                             const float (&k)[P], float decay, float beta,
+                                             float v, int64_t kd, int lane) {
+  float u;
+  return advance_row(hs, q, k, decay, beta, v, kd, lane, u);
+}
+
+// One stashed row folded into the row h = H[:, r] (SPEC section 3b): h <- decay * h + k u,
+// decay = expf(g) of the stashed log decay, k the stashed normalised key (this lane's keys,
+// zeros past kd), u = u[r] the stashed correction; the same two roundings per key as
+// advance_row's update (decay * h rounded, then fma(k, u, .)), so folding the rows a verify
+// stashed gives the bits the decode of those rows stored (before the caller's round_row).
+template <int P>
+__device__ __forceinline__ void fold_row(float (&hs)[P], const float (&k)[P], float decay,
+                                         float u, int64_t kd, int lane) {
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    const int64_t d = int64_t(j) * kGdnLanes + lane;
+    hs[j] = __fmaf_rn(k[j], u, d < kd ? decay * hs[j] : 0.0f);
+  }
 }
 
 }  // namespace gdn_row

@@ -14,6 +14,9 @@ flush) folds them. Launchers:
   (``pmll_lab.ops.conv.carry``, also public through ``pmll_lab.conv``).
 - ``carry_accept``: ``pend = a`` after a write-back (``engaged == 2``), else ``pend + a``, on the
   device, for one carry or a whole stack in one launch (GDN and conv carries alike).
+- ``gdn_carry_verify(..., impl="cuda")`` and ``gdn_carry_flush(..., impl="cuda")``: the CUDA C++
+  twins on a V-major state (``kernels/gdn_carry.cu``, ``pmll_lab.ops.carry.gdn_carry_cuda``),
+  bitwise the CUDA decode twin's launches of the accepted rows; ``RuntimeError`` without a GPU.
 - ``SpecDecodeStep``: a host-side driver for a stack of layers that applies the seed's policy
   (lazy from ``lazy_min_seqs`` sequences; an eager verify folds at most ``eager_max_pending``
   rows, so a slot holding more is flushed first): ``pmll_lab.serving.spec_decode_step``;

@@ -2,10 +2,11 @@
 
 ``load(name)`` returns the compiled module of one twin: ``"pmll_ring"`` (``ring_write``,
 ``ring_read``: ``kernels/pmll_ring.cu`` with its binding ``kernels/pmll_ring_torch.cpp``) and
-``"gdn_decode"`` (``gdn_decode_vk`` and ``gdn_chain_vk``: ``kernels/gdn_decode.cu``,
-``kernels/gdn_chain.cu``, one binding ``gdn_decode_torch.cpp``). The launchers call it for
-``impl="cuda"`` (``pmll_lab.ops.pmll.ring``, ``pmll_lab.ops.gdn.decode_cuda``); nothing else
-imports it.
+``"gdn_decode"`` (``gdn_decode_vk``, ``gdn_chain_vk``, ``gdn_carry_verify_vk`` and
+``gdn_carry_flush_vk``: ``kernels/gdn_decode.cu``, ``kernels/gdn_chain.cu``,
+``kernels/gdn_carry.cu``, one binding ``gdn_decode_torch.cpp``). The launchers call it for
+``impl="cuda"`` (``pmll_lab.ops.pmll.ring``, ``pmll_lab.ops.gdn.decode_cuda``, which
+``pmll_lab.ops.carry.gdn_carry_cuda`` goes through); nothing else imports it.
 
 Build: ``torch.utils.cpp_extension.load`` (it drives ``ninja``, which is why ninja is a
 dependency of the CUDA path) with ``-O3`` for both compilers and one ``-gencode`` for the
@@ -38,7 +39,7 @@ KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 
 TWINS: dict[str, tuple[str, ...]] = {
     "pmll_ring": ("pmll_ring_torch.cpp", "pmll_ring.cu"),
-    "gdn_decode": ("gdn_decode_torch.cpp", "gdn_decode.cu", "gdn_chain.cu"),
+    "gdn_decode": ("gdn_decode_torch.cpp", "gdn_decode.cu", "gdn_chain.cu", "gdn_carry.cu"),
 }
 """Each twin's sources in ``kernels/`` (binding first); headers there are found by include path."""
 

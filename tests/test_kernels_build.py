@@ -44,6 +44,10 @@ def test_every_cu_compiles_for_sm90a_without_hot_spills():
     assert sum("gdn_decode_vk_kernel" in line for line in ring) == 4, text
     assert "gdn_chain.cu (sm_90a): 4 kernels" in text, text
     assert sum("gdn_chain_vk_kernel" in line for line in ring) == 4, text
+    # the carried-state verify and flush: one of each per keys-per-lane value
+    assert "gdn_carry.cu (sm_90a): 8 kernels" in text, text
+    assert sum("gdn_carry_verify_vk_kernel" in line for line in ring) == 4, text
+    assert sum("gdn_carry_flush_vk_kernel" in line for line in ring) == 4, text
     assert all(line.lstrip().startswith("hot") for line in ring), text
 
 

@@ -58,7 +58,9 @@ from __future__ import annotations
 
 import torch
 
+from pmll_lab import _checks
 from pmll_lab.ops import settings
+from pmll_lab.ops.carry import gdn_carry_cuda
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, head_dims,
                                          vk_ahead, vk_config)
@@ -81,7 +83,7 @@ from pmll_lab.ops.carry.gdn_carry_stash import (  # noqa: F401
 def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form="exact",
                      lazy=False, scale=None, use_qk_l2norm=True, validate=False,
                      eager_max_pending=None, state_layout=DEFAULT_STATE_LAYOUT, A_log=None,
-                     a=None, dt_bias=None, b=None):
+                     a=None, dt_bias=None, b=None, impl="triton"):
     """Carried-state verify of ``K`` draft rows per sequence, exact form (SPEC §3b; seed
     ``gdn_exact_carry`` and its ``_lazy`` form).
 
@@ -117,6 +119,12 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
             ``pmll_lab.ops.carry.gdn_carry_vk``: a tile of value rows per program, bitwise
             equal to V-major ``gdn_decode`` on q/k rows aligned alike,
             ``recurrence.vk_qk_aligned``). The stash is the same for both.
+        impl: ``"triton"`` or ``"cuda"``: the CUDA C++ twin (``kernels/gdn_carry.cu``,
+            ``pmll_lab.ops.carry.gdn_carry_cuda``) after the same checks; V-major,
+            ``kd <= 256``; bitwise ``gdn_decode(impl="cuda")`` launches of the rows (within
+            the float64 reference's tolerance of the Triton carry, not bitwise it).
+            ``RuntimeError`` without a CUDA device, ``ValueError`` naming ``impl`` for a
+            K-major state or ``kd > 256``.
 
     Returns:
         ``(o, engaged)``: ``o [B, K, HV, vd]`` in ``v``'s dtype; ``engaged [B]`` int32, 2 if the
@@ -126,10 +134,18 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
         ValueError naming the argument: shapes, dtypes, devices, strides, ``HV % HK``,
         ``1 <= K <= CAP``, unknown ``form``; value errors with ``validate=True``.
     """
+    _checks.choice("impl", impl, ("triton", "cuda"))
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     scale, o, engaged = _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy,
                                          scale, validate, eager_max_pending, state_layout,
                                          gating, use_qk_l2norm)
+    if impl == "cuda":
+        gdn_carry_cuda.check_cuda(state, head_dims(state.shape, state_layout)[0], state_layout,
+                                  "carried-state verify")
+        gdn_carry_cuda.launch_verify(state, carry, _arrivals(carry, state.shape[1]), q, k, v,
+                                     g, beta, o, engaged, slot_tab, lazy, scale, use_qk_l2norm,
+                                     gating)
+        return o, engaged
     if o.shape[0] == 0:
         return o, engaged
     with _device_guard(state):

@@ -26,6 +26,7 @@ from pmll_lab import _checks
 from pmll_lab.ops.carry.gdn_carry_common import (INDEX_DTYPES, _chunks, _device_guard,
                                                  check_host_slots,
                                                  check_carry, check_state, offsets_table)
+from pmll_lab.ops.carry import gdn_carry_cuda
 from pmll_lab.ops.carry.gdn_carry_exact import _gdn_carry_flush_kernel
 from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
 from pmll_lab.ops import settings
@@ -49,7 +50,7 @@ def _carry_accept_kernel(pend_ptr, pend_off_ptr, slot_ptr, engaged_ptr, acc_ptr,
 
 
 def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
-                    state_layout=DEFAULT_STATE_LAYOUT) -> None:
+                    state_layout=DEFAULT_STATE_LAYOUT, impl="triton") -> None:
     """Fold every listed slot's pending rows into its state, over ``L`` layers in one launch
     (SPEC §3b "Flush"; the seed's ``gdn_carry_flush``).
 
@@ -61,8 +62,13 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     bitwise the one plain decoding would hold. ``validate=True``: slots distinct and in range,
     ``0 <= pend <= CAP`` in every layer. ``state_layout``: ``"kv"`` (states
     ``[S, HV, kd, vd]``) or ``"vk"`` (``[S, HV, vd, kd]``, V-major tiles; the same bits as
-    V-major decoding). Raises ``ValueError`` naming the argument.
+    V-major decoding). ``impl``: ``"triton"`` or ``"cuda"``: the CUDA C++ twin
+    (``kernels/gdn_carry.cu``, ``pmll_lab.ops.carry.gdn_carry_cuda``) after the same checks;
+    V-major, ``kd <= 256``; the bits of ``gdn_decode(impl="cuda")`` launches of the folded rows
+    when the stash was written by ``gdn_carry_verify(impl="cuda")``; ``RuntimeError`` without
+    a CUDA device. Raises ``ValueError`` naming the argument.
     """
+    _checks.choice("impl", impl, ("triton", "cuda"))
     check_layout("state_layout", state_layout)
     if isinstance(states, torch.Tensor) or isinstance(carries, GdnCarry):
         raise ValueError("states, carries: pass lists (one entry per layer)")
@@ -97,6 +103,10 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
         live = slot_tab[slot_tab >= 0].long()
         for i, ca in enumerate(carries):
             _checks.range_values(f"carries[{i}].pend", ca.pend[live], 0, ca.cap)
+    if impl == "cuda":
+        gdn_carry_cuda.check_cuda(states[0], kd, state_layout, "carried-state flush")
+        gdn_carry_cuda.launch_flush(states, carries, slot_tab)
+        return
     if B == 0:
         return
     L = len(states)

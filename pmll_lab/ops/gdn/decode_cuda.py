@@ -34,8 +34,10 @@ def check_cuda(state, kd: int, layout: str, what: str = "decode") -> None:
         raise ValueError(f"impl: the CUDA twin of the {what} takes kd <= {MAX_KD}, got kd={kd}")
 
 
-def _module(state):
-    """The compiled twins (``RuntimeError`` without a GPU), once the state is known on CUDA."""
+def module(state):
+    """The compiled GDN twins (decode, chain, carried-state verify and flush: one module),
+    ``RuntimeError`` without a GPU, then ``ValueError`` naming ``impl`` for a state that is not
+    on a CUDA device."""
     cuda_ext.require_gpu()
     if state.device.type != "cuda":
         raise ValueError(f"impl: 'cuda' runs on CUDA tensors, but the state is on {state.device}; "
@@ -51,7 +53,7 @@ def launch(state, q, k, v, g, beta, o, gating, state_indices, out_state_indices,
            use_qk_l2norm, kd: int) -> torch.Tensor:
     """Run the decode twin into ``o`` (``gdn_decode`` allocated it) and return ``o``. ``g, beta``
     are ``a, b`` when ``gating`` is given (``split_gating``)."""
-    twin = _module(state)
+    twin = module(state)
     if o.shape[0] == 0:
         return o
     twin.gdn_decode_vk(state, q, k, v, g, beta, o, _scale(scale, kd), bool(use_qk_l2norm),
@@ -65,7 +67,7 @@ def launch_chain(state, q, k, v, g, beta, o, intermediate, gating, state_indices
                  out_state_indices, scale, use_qk_l2norm, kd: int) -> torch.Tensor:
     """Run the chain twin into ``o [B, K, HV, vd]`` (``gdn_chain`` allocated it; snapshots to
     ``intermediate`` when given and ``K > 1``) and return ``o``. ``g, beta`` as in ``launch``."""
-    twin = _module(state)
+    twin = module(state)
     if o.shape[0] == 0:
         return o
     twin.gdn_chain_vk(state, q, k, v, g, beta, o, _scale(scale, kd), bool(use_qk_l2norm),
