@@ -14,6 +14,7 @@ Forms (the ``form`` column of the step rows):
 
 ==============================  ================================================================
 ``exact_lazy`` / ``exact_eager``  ``gdn_carry_verify`` (exact form, V-major) + ``carry_accept``
+``exact_lazy_cuda`` / ``..eager..``  the same with the verify's CUDA C++ twin (``impl="cuda"``)
 ``ring``                          ``gdn_ring_verify`` + ``ring_accept`` (SPEC §3d)
 ``chain_restore``                 ``gdn_chain`` with K-1 snapshots + ``gdn_snapshot_restore``
 ``flashinfer_snapshot_restore``   FlashInfer ``mtp`` (frozen pool, K snapshots) + the restore
@@ -45,8 +46,16 @@ from pmll_lab.peers_replayssm import (ReplaySSMRing, replayssm_commit, replayssm
 from pmll_lab.reference import carry as ref_carry
 from pmll_lab.reference import ring as ref_ring
 
-STEP_FORMS = ("exact_lazy", "exact_eager", "ring", "chain_restore",
-              "flashinfer_snapshot_restore", "flashinfer_replayssm")
+STEP_FORMS = ("exact_lazy", "exact_eager", "exact_lazy_cuda", "exact_eager_cuda", "ring",
+              "chain_restore", "flashinfer_snapshot_restore", "flashinfer_replayssm")
+CUDA_FORMS = ("exact_lazy_cuda", "exact_eager_cuda")
+"""Forms whose verify is a CUDA C++ twin (``kernels/gdn_carry.cu``): a GPU only."""
+
+
+def impl_of(form: str) -> str:
+    """The ``impl`` column of a form's rows: ``cuda``, ``flashinfer`` or ``triton``."""
+    return "cuda" if form in CUDA_FORMS else "flashinfer" if form.startswith("flashinfer") \
+        else "triton"
 CONV_FORMS = ("conv_carry_lazy", "conv_chain_restore")
 """The conv twin's step (SPEC §3c): its carry (``conv_carry_verify`` lazy + ``carry_accept``)
 and its chain with window snapshots + the restore, beside the GDN step; both bitwise equal to
@@ -180,6 +189,9 @@ def supports(form: str, case: StepCase) -> bool:
         return replayssm_supports(case.head_dim, case.rows, dt, sd)
     if form == "flashinfer_snapshot_restore":
         return flashinfer_supports(case.head_dim, dt, sd)
+    if form in CUDA_FORMS:
+        from pmll_lab.ops.gdn.decode_cuda import MAX_KD
+        return DEVICE.type == "cuda" and case.head_dim <= MAX_KD
     return True
 
 
@@ -191,14 +203,14 @@ def build_form(form: str, case: StepCase) -> StepForm:
     B, K, HK, HV, d = case.batch, case.rows, case.num_k_heads, case.num_v_heads, case.head_dim
     state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
     kv64 = lambda b: state[int(slots[b])].double().transpose(-1, -2).cpu()  # noqa: E731
-    if form in ("exact_lazy", "exact_eager"):
+    if form.startswith("exact_"):
         carry = GdnCarry.empty(B, HV, d, d, cap=GDN_CARRY_CAP)
-        lazy = form == "exact_lazy"
+        lazy, impl = form.startswith("exact_lazy"), impl_of(form)
 
         def step(i, collect):
             fill = carry.pend[slots.long()].clone() if collect else None
             o, e = gdn_carry_verify(state, carry, **case.rows_of(i), slot_tab=slots, lazy=lazy,
-                                    state_layout="vk", scale=case.scale)
+                                    state_layout="vk", scale=case.scale, impl=impl)
             carry_accept(carry, slots, e, acc[i])
             return o, e, fill
 
@@ -207,7 +219,8 @@ def build_form(form: str, case: StepCase) -> StepForm:
             # copy (what serving holds after a flush, bitwise plain decoding's; a float64 fold
             # would round a few bf16 entries differently)
             folded = state.clone()
-            gdn_carry_flush([folded], [carry], slots[b:b + 1].contiguous(), state_layout="vk")
+            gdn_carry_flush([folded], [carry], slots[b:b + 1].contiguous(), state_layout="vk",
+                            impl=impl)
             return folded[int(slots[b])].double().transpose(-1, -2).cpu()
 
         return StepForm(form, case, step, eff, carry.stash_bytes_per_slot + 4)
@@ -333,7 +346,7 @@ def step_bytes(form: str, case: StepCase, fold_frac: float, mean_fill: float) ->
     hb = HV * d * d * s
     io = K * (2 * HK * d + HV * d + 2 * HV) * i + K * HV * d * 2
     restore_frac = 1 - case.alpha ** (K - 1)             # P(a < K)
-    if form in ("exact_lazy", "exact_eager"):
+    if form.startswith("exact_"):
         row = HV * (2 * d + 1) * 4
         return int(hb * (1 + fold_frac) + row * (mean_fill + K) + io)
     if form in ("ring", "flashinfer_replayssm"):

@@ -17,7 +17,7 @@ import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal
 from pmll_lab.ops.gdn.restore import gdn_snapshot_restore
-from pmll_lab.step_bench import (STEP_FORMS, StepCase, acceptance_counts, build_form,
+from pmll_lab.step_bench import (CUDA_FORMS, STEP_FORMS, StepCase, acceptance_counts, build_form,
                                  check_form, step_bytes, supports)
 
 
@@ -99,6 +99,11 @@ def test_step_point_rows_and_targets_on_the_cpu():
     by = {(r["form"], r["metric"] if r["metric"] != "rel_l2" else f"{r['what']}_rel_l2"): r
           for r in rows}
     assert by[("flashinfer_replayssm", "unsupported")]["status"] == "unsupported"
+    assert by[("flashinfer_replayssm", "unsupported")]["impl"] == "flashinfer"
+    assert by[("exact_lazy", "o_rel_l2")]["impl"] == "triton"
+    if DEVICE.type != "cuda":         # the CUDA twins' forms need a GPU: one row each that says so
+        for form in CUDA_FORMS:
+            assert by[(form, "unsupported")]["impl"] == "cuda"
     for form in ("exact_lazy", "ring", "chain_restore"):
         assert by[(form, "o_rel_l2")]["passed"] and by[(form, "o_rel_l2")]["value"] < 8e-3
         assert by[(form, "bytes_held_seq")]["value"] > 0
@@ -237,7 +242,8 @@ def test_roofline_and_carry_protocol_headlines_judge_the_step():
              ("chain_restore", "float32"): 213.0, ("flashinfer_snapshot_restore", "float32"): 256.0,
              ("exact_lazy", "bfloat16"): 195.0, ("flashinfer_snapshot_restore", "bfloat16"): 140.0,
              ("chain_restore", "bfloat16"): 147.0, ("ring", "bfloat16"): 47.0,
-             ("flashinfer_replayssm", "bfloat16"): 33.5}
+             ("flashinfer_replayssm", "bfloat16"): 33.5, ("exact_lazy_cuda", "bfloat16"): 90.0,
+             ("exact_lazy_cuda", "float32"): 70.0}
     rows = [dict(point_id=f"{B}-{sd}", kernel=form, form=form, state_dtype=sd, B=B, K=4,
                  metric="step_us", value=us * B / 64, timer="cuda_graph", status="ok")
             for (form, sd), us in times.items() for B in (1, 64, 128)]
@@ -247,7 +253,13 @@ def test_roofline_and_carry_protocol_headlines_judge_the_step():
                      "fp32 state", 64)]
     assert lazy["status"] == "missed" and abs(lazy["ratio"] - 132.0 / 256.0) < 1e-3
     reported = head[head["bound"].isna()]
-    assert len(reported) == 6 and set(reported["status"]) == {"reported"}
+    assert len(reported) == 8 and set(reported["status"]) == {"reported"}
+    twin = head.loc[("CUDA twin's exact lazy step <= 0.5x the Triton exact lazy step, bf16 state",
+                     128)]
+    assert twin["status"] == "met" and abs(twin["ratio"] - 90.0 / 195.0) < 1e-3
+    twin_fi = head.loc[("CUDA twin's exact lazy step <= 1.5x FlashInfer's ReplaySSM step, bf16 "
+                        "state", 64)]
+    assert twin_fi["status"] == "missed" and abs(twin_fi["ratio"] - 90.0 / 33.5) < 1e-3
     rhead = T.headline(df, RR.STEP_TARGETS).set_index(["target", "B"])
     chain = rhead.loc[("chain + snapshots + restore step <= FlashInfer mtp + snapshots + "
                        "restore, fp32 state", 128)]

@@ -51,10 +51,17 @@ STEP_TARGETS = tuple(
          _form("exact_eager"), None),
         ("carry exact lazy step against FlashInfer's ReplaySSM step, bf16 state",
          _form("exact_lazy", "bfloat16"), _form("flashinfer_replayssm", "bfloat16"), None),
+        ("CUDA twin's exact lazy step <= 1.5x FlashInfer's ReplaySSM step, bf16 state",
+         _form("exact_lazy_cuda", "bfloat16"), _form("flashinfer_replayssm", "bfloat16"), 1.5),
+        ("CUDA twin's exact lazy step <= 0.5x the Triton exact lazy step, bf16 state",
+         _form("exact_lazy_cuda", "bfloat16"), _form("exact_lazy", "bfloat16"), 0.5),
+        ("CUDA twin's exact lazy step against the Triton one, fp32 state",
+         _form("exact_lazy_cuda"), _form("exact_lazy"), None),
     ))
 """The headline: per speculative step (``experiments.step``, the ``step_grids`` sweep); the
 per-verify ``TARGETS`` stay as detail."""
-STEP_FORMS = "exact_lazy+exact_eager+chain_restore+flashinfer_snapshot_restore+flashinfer_replayssm"
+STEP_FORMS = ("exact_lazy+exact_eager+exact_lazy_cuda+chain_restore+flashinfer_snapshot_restore"
+              "+flashinfer_replayssm")
 """The forms the notebook's step sweep runs (``step_grids``'s ``forms``)."""
 
 MODEL_CONFIGS = [dict(model="Qwen3-Next-80B-A3B", HK=16, HV=32, kd=128, vd=128, d_conv=4,

@@ -18,10 +18,13 @@ import torch
 from pmll_lab.backend import DEVICE, INTERPRET
 from pmll_lab.experiments.targets import Target, fact
 from pmll_lab.step_bench import (CONV_FORMS, STEP_FORMS, StepCase, build_form, check_conv,
-                                 check_form, conv_step_timing, step_bytes, step_timing, supports)
+                                 check_form, conv_step_timing, impl_of, step_bytes, step_timing,
+                                 supports)
 
 LABELS = {
     "exact_lazy": "carry exact, lazy", "exact_eager": "carry exact, eager",
+    "exact_lazy_cuda": "carry exact, lazy, CUDA C++ twin",
+    "exact_eager_cuda": "carry exact, eager, CUDA C++ twin",
     "ring": "carry ring (tolerance form)", "chain_restore": "chain + snapshots + restore",
     "flashinfer_snapshot_restore": "FlashInfer mtp + snapshots + restore",
     "flashinfer_replayssm": "FlashInfer ReplaySSM (ucache_flush + commit)",
@@ -42,6 +45,13 @@ TARGETS = (
            where={"K": 4, "B": [1]}, per=("B",), metric="step_us"),
     Target("exact lazy carry step, bf16 state, against FlashInfer's ReplaySSM step",
            {"form": "exact_lazy", "state_dtype": "bfloat16"}, _FI, bound=None,
+           where={"K": 4, "B": [64, 128]}, per=("B",), metric="step_us"),
+    Target("CUDA twin's exact lazy step, bf16 state, <= 1.5x FlashInfer's ReplaySSM step",
+           {"form": "exact_lazy_cuda", "state_dtype": "bfloat16"}, _FI, bound=1.5,
+           where={"K": 4, "B": [64, 128]}, per=("B",), metric="step_us"),
+    Target("CUDA twin's exact lazy step, bf16 state, <= 0.5x the Triton exact lazy step",
+           {"form": "exact_lazy_cuda", "state_dtype": "bfloat16"},
+           {"form": "exact_lazy", "state_dtype": "bfloat16"}, bound=0.5,
            where={"K": 4, "B": [64, 128]}, per=("B",), metric="step_us"),
     Target("FlashInfer's ReplaySSM step against its own snapshot verify + restore", _FI,
            {"form": "flashinfer_snapshot_restore", "state_dtype": "bfloat16"}, bound=None,
@@ -73,7 +83,8 @@ def step_point(p: dict) -> list[dict]:
     rows = []
     forms = p.get("forms", STEP_FORMS)
     for form in forms.split("+") if isinstance(forms, str) else forms:
-        base = dict(kernel=form, form=form, mean_accept=mean_accept, state_layout="vk")
+        base = dict(kernel=form, form=form, impl=impl_of(form), mean_accept=mean_accept,
+                    state_layout="vk")
         if not supports(form, case) or (form.startswith("flashinfer") and
                                         (DEVICE.type != "cuda" or INTERPRET)):
             rows.append(dict(base, metric="unsupported", value=1.0, status="unsupported"))
@@ -120,7 +131,8 @@ def conv_rows(case: StepCase, mean_accept: float) -> list[dict]:
     held = {"conv_carry_lazy": 8 * dim * item + 4, "conv_chain_restore": (case.rows - 1) * dim * 3 * item}
     rows = []
     for form in CONV_FORMS:
-        base = dict(kernel=form, form=form, mean_accept=mean_accept, state_layout="vk")
+        base = dict(kernel=form, form=form, impl="triton", mean_accept=mean_accept,
+                    state_layout="vk")
         try:
             ok = check_conv(form, case)
         except Exception as exc:  # noqa: BLE001 - one failed row of that form
