@@ -71,10 +71,13 @@ __device__ __forceinline__ void fold_pending(float (&hs)[P], const HeadStash& st
   }
 }
 
-template <int P>
+// TS, TI: the state's and the inputs' element types as constants (gdn_row::dispatch).
+template <int P, GdnDtype TS, GdnDtype TI>
 __global__ void __launch_bounds__(kGdnThreads, 2) gdn_carry_verify_vk_kernel(GdnCarryArgs v) {
   const GdnChainArgs& c = v.c;
-  const GdnDecodeArgs& a = c.d;
+  GdnDecodeArgs a = c.d;
+  a.ts = TS;
+  a.ti = TI;
   const int64_t bh = blockIdx.x;
   const int64_t b = bh / a.HV, h = bh % a.HV;
   const int64_t kh = h / (a.HV / a.HK);
@@ -143,8 +146,10 @@ __global__ void __launch_bounds__(kGdnThreads, 2) gdn_carry_verify_vk_kernel(Gdn
   if (flag_writer) v.engaged[b] = wb ? 2 : 1;
 }
 
-template <int P>
-__global__ void __launch_bounds__(kGdnThreads) gdn_carry_flush_vk_kernel(GdnFlushArgs f) {
+template <int P, GdnDtype TS>
+__global__ void __launch_bounds__(kGdnThreads) gdn_carry_flush_vk_kernel(GdnFlushArgs fa) {
+  GdnFlushArgs f = fa;
+  f.ts = TS;
   const int64_t bh = blockIdx.x;
   const int64_t b = bh / f.HV, h = bh % f.HV;
   const int lane = threadIdx.x % kGdnLanes;
@@ -178,12 +183,9 @@ cudaError_t gdn_carry_verify_vk(const GdnCarryArgs& v, cudaStream_t stream) {
       || v.c.K > v.cap || !a.idx || !v.stash || !v.pend || !v.engaged || !v.arrive)
     return cudaErrorInvalidValue;
   const dim3 grid = row_grid(a.B * a.HV, a.vd);
-  switch (keys_per_lane(a.kd)) {
-    case 4: gdn_carry_verify_vk_kernel<4><<<grid, kGdnThreads, 0, stream>>>(v); break;
-    case 8: gdn_carry_verify_vk_kernel<8><<<grid, kGdnThreads, 0, stream>>>(v); break;
-    case 16: gdn_carry_verify_vk_kernel<16><<<grid, kGdnThreads, 0, stream>>>(v); break;
-    default: gdn_carry_verify_vk_kernel<32><<<grid, kGdnThreads, 0, stream>>>(v);
-  }
+  dispatch(a.kd, a.ts, a.ti, [&]<int P, GdnDtype TS, GdnDtype TI>() {
+    gdn_carry_verify_vk_kernel<P, TS, TI><<<grid, kGdnThreads, 0, stream>>>(v);
+  });
   return cudaGetLastError();
 }
 
@@ -191,12 +193,9 @@ cudaError_t gdn_carry_flush_vk(const GdnFlushArgs& f, cudaStream_t stream) {
   if (f.B * f.HV == 0 || f.vd == 0 || f.L == 0) return cudaSuccess;
   if (f.kd < 1 || f.kd > kGdnMaxKd || f.L > 65535 || !f.idx) return cudaErrorInvalidValue;
   const dim3 grid = row_grid(f.B * f.HV, f.vd, f.L);
-  switch (keys_per_lane(f.kd)) {
-    case 4: gdn_carry_flush_vk_kernel<4><<<grid, kGdnThreads, 0, stream>>>(f); break;
-    case 8: gdn_carry_flush_vk_kernel<8><<<grid, kGdnThreads, 0, stream>>>(f); break;
-    case 16: gdn_carry_flush_vk_kernel<16><<<grid, kGdnThreads, 0, stream>>>(f); break;
-    default: gdn_carry_flush_vk_kernel<32><<<grid, kGdnThreads, 0, stream>>>(f);
-  }
+  dispatch_ts(f.kd, f.ts, [&]<int P, GdnDtype TS>() {
+    gdn_carry_flush_vk_kernel<P, TS><<<grid, kGdnThreads, 0, stream>>>(f);
+  });
   return cudaGetLastError();
 }
 

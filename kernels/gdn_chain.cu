@@ -20,9 +20,12 @@ namespace {
 
 using namespace gdn_row;
 
-template <int P>
+// TS, TI: the state's and the inputs' element types as constants (gdn_row::dispatch).
+template <int P, GdnDtype TS, GdnDtype TI>
 __global__ void __launch_bounds__(kGdnThreads, 2) gdn_chain_vk_kernel(GdnChainArgs c) {
-  const GdnDecodeArgs& a = c.d;
+  GdnDecodeArgs a = c.d;
+  a.ts = TS;
+  a.ti = TI;
   const int64_t bh = blockIdx.x;
   const int64_t b = bh / a.HV, h = bh % a.HV;
   const int64_t kh = h / (a.HV / a.HK);
@@ -67,12 +70,9 @@ cudaError_t gdn_chain_vk(const GdnChainArgs& c, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const dim3 grid(unsigned(a.B * a.HV),
                   unsigned((a.vd + kGdnRowsPerBlock - 1) / kGdnRowsPerBlock));
-  switch (keys_per_lane(a.kd)) {
-    case 4: gdn_chain_vk_kernel<4><<<grid, kGdnThreads, 0, stream>>>(c); break;
-    case 8: gdn_chain_vk_kernel<8><<<grid, kGdnThreads, 0, stream>>>(c); break;
-    case 16: gdn_chain_vk_kernel<16><<<grid, kGdnThreads, 0, stream>>>(c); break;
-    default: gdn_chain_vk_kernel<32><<<grid, kGdnThreads, 0, stream>>>(c);
-  }
+  dispatch(a.kd, a.ts, a.ti, [&]<int P, GdnDtype TS, GdnDtype TI>() {
+    gdn_chain_vk_kernel<P, TS, TI><<<grid, kGdnThreads, 0, stream>>>(c);
+  });
   return cudaGetLastError();
 }
 

@@ -21,8 +21,12 @@ namespace {
 
 using namespace gdn_row;
 
-template <int P>
-__global__ void __launch_bounds__(kGdnThreads) gdn_decode_vk_kernel(GdnDecodeArgs a) {
+// TS, TI: the state's and the inputs' element types as constants (gdn_row::dispatch).
+template <int P, GdnDtype TS, GdnDtype TI>
+__global__ void __launch_bounds__(kGdnThreads) gdn_decode_vk_kernel(GdnDecodeArgs args) {
+  GdnDecodeArgs a = args;
+  a.ts = TS;
+  a.ti = TI;
   const int64_t bh = blockIdx.x;
   const int64_t b = bh / a.HV, h = bh % a.HV;
   const int64_t kh = h / (a.HV / a.HK);
@@ -55,12 +59,9 @@ cudaError_t gdn_decode_vk(const GdnDecodeArgs& a, cudaStream_t stream) {
   if (a.kd < 1 || a.kd > kGdnMaxKd || a.HK < 1 || a.HV % a.HK != 0) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(a.B * a.HV),
                   unsigned((a.vd + kGdnRowsPerBlock - 1) / kGdnRowsPerBlock));
-  switch (keys_per_lane(a.kd)) {
-    case 4: gdn_decode_vk_kernel<4><<<grid, kGdnThreads, 0, stream>>>(a); break;
-    case 8: gdn_decode_vk_kernel<8><<<grid, kGdnThreads, 0, stream>>>(a); break;
-    case 16: gdn_decode_vk_kernel<16><<<grid, kGdnThreads, 0, stream>>>(a); break;
-    default: gdn_decode_vk_kernel<32><<<grid, kGdnThreads, 0, stream>>>(a);
-  }
+  dispatch(a.kd, a.ts, a.ti, [&]<int P, GdnDtype TS, GdnDtype TI>() {
+    gdn_decode_vk_kernel<P, TS, TI><<<grid, kGdnThreads, 0, stream>>>(a);
+  });
   return cudaGetLastError();
 }
 

@@ -23,6 +23,38 @@ __host__ __device__ constexpr int keys_per_lane(int64_t kd) {
   return kd <= 4 * kGdnLanes ? 4 : kd <= 8 * kGdnLanes ? 8 : kd <= 16 * kGdnLanes ? 16 : 32;
 }
 
+// The kernel instance for kd's keys per lane and the state's element type: calls
+// f.template operator()<P, TS>(). dispatch adds the inputs' element type TI. Why: with the
+// element types as template constants every load_f / store_f / round_f switch folds away at
+// compile time; the runtime switch per element cost the decode 1.7-3x (reports/perf-notes.md).
+template <class F>
+void dispatch_ts(int64_t kd, GdnDtype ts, F&& f) {
+  auto by_ts = [&]<int P>() {
+    switch (ts) {
+      case GdnDtype::kBF16: f.template operator()<P, GdnDtype::kBF16>(); break;
+      case GdnDtype::kF16: f.template operator()<P, GdnDtype::kF16>(); break;
+      default: f.template operator()<P, GdnDtype::kF32>();
+    }
+  };
+  switch (keys_per_lane(kd)) {
+    case 4: by_ts.template operator()<4>(); break;
+    case 8: by_ts.template operator()<8>(); break;
+    case 16: by_ts.template operator()<16>(); break;
+    default: by_ts.template operator()<32>();
+  }
+}
+
+template <class F>
+void dispatch(int64_t kd, GdnDtype ts, GdnDtype ti, F&& f) {
+  dispatch_ts(kd, ts, [&]<int P, GdnDtype TS>() {
+    switch (ti) {
+      case GdnDtype::kBF16: f.template operator()<P, TS, GdnDtype::kBF16>(); break;
+      case GdnDtype::kF16: f.template operator()<P, TS, GdnDtype::kF16>(); break;
+      default: f.template operator()<P, TS, GdnDtype::kF32>();
+    }
+  });
+}
+
 __device__ __forceinline__ float load_f(const void* p, GdnDtype t, int64_t i) {
   switch (t) {
     case GdnDtype::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);

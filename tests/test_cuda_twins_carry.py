@@ -441,9 +441,10 @@ def _build_check():
 
 
 def test_carry_twin_compiles_for_sm90a_without_spills():
-    """``kernels/gdn_carry.cu`` compiles for sm_90a (nvcc only, no GPU): one verify and one
-    flush per keys-per-lane value (4, 8, 16, 32), each a hot kernel without spills. Fails,
-    does not skip, without nvcc (CI has CUDA 13.0's)."""
+    """``kernels/gdn_carry.cu`` compiles for sm_90a (nvcc only, no GPU): a verify per keys-per-lane
+    value (4, 8, 16, 32) x state dtype x input dtype (36) and a flush per keys-per-lane value x
+    state dtype (12), each a hot kernel without spills. Fails, does not skip, without nvcc (CI
+    has CUDA 13.0's)."""
     bc = _build_check()
     try:
         bc.find_nvcc()
@@ -452,8 +453,7 @@ def test_carry_twin_compiles_for_sm90a_without_spills():
     rc, text, kernels = bc.compile_cu(ROOT / "kernels" / "gdn_carry.cu")
     assert rc == 0, text
     names = [k.kernel for k in kernels]
-    for kind in ("gdn_carry_verify_vk_kernel", "gdn_carry_flush_vk_kernel"):
-        per_lane = sorted(P for P in (4, 8, 16, 32) for n in names
-                          if kind in n and f"ILi{P}E" in n)
-        assert per_lane == [4, 8, 16, 32], names
-    assert len(kernels) == 8 and all(k.hot and not k.spills for k in kernels), kernels
+    for kind, per in (("gdn_carry_verify_vk_kernel", 9), ("gdn_carry_flush_vk_kernel", 3)):
+        for P in (4, 8, 16, 32):
+            assert sum(kind in n and f"ILi{P}E" in n for n in names) == per, (kind, P, names)
+    assert len(kernels) == 48 and all(k.hot and not k.spills for k in kernels), kernels

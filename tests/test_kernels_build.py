@@ -39,15 +39,16 @@ def test_every_cu_compiles_for_sm90a_without_hot_spills():
     assert "pmll_ring.cu (sm_90a): 15 kernels" in text, text
     assert sum("ring_read_kernel" in line for line in ring) == 3, text
     assert sum("ring_write_kernel" in line for line in ring) == 12, text
-    # the GDN twins: one instantiation per keys-per-lane value (4, 8, 16, 32)
-    assert "gdn_decode.cu (sm_90a): 4 kernels" in text, text
-    assert sum("gdn_decode_vk_kernel" in line for line in ring) == 4, text
-    assert "gdn_chain.cu (sm_90a): 4 kernels" in text, text
-    assert sum("gdn_chain_vk_kernel" in line for line in ring) == 4, text
-    # the carried-state verify and flush: one of each per keys-per-lane value
-    assert "gdn_carry.cu (sm_90a): 8 kernels" in text, text
-    assert sum("gdn_carry_verify_vk_kernel" in line for line in ring) == 4, text
-    assert sum("gdn_carry_flush_vk_kernel" in line for line in ring) == 4, text
+    # the GDN twins: one instantiation per keys-per-lane value (4, 8, 16, 32) x state dtype x
+    # input dtype (fp32, bf16, fp16): the element types are template constants
+    assert "gdn_decode.cu (sm_90a): 36 kernels" in text, text
+    assert sum("gdn_decode_vk_kernel" in line for line in ring) == 36, text
+    assert "gdn_chain.cu (sm_90a): 36 kernels" in text, text
+    assert sum("gdn_chain_vk_kernel" in line for line in ring) == 36, text
+    # the carried-state verify likewise; the flush per keys-per-lane value x state dtype
+    assert "gdn_carry.cu (sm_90a): 48 kernels" in text, text
+    assert sum("gdn_carry_verify_vk_kernel" in line for line in ring) == 36, text
+    assert sum("gdn_carry_flush_vk_kernel" in line for line in ring) == 12, text
     assert all(line.lstrip().startswith("hot") for line in ring), text
 
 
