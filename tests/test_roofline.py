@@ -131,6 +131,7 @@ def test_point_rows_have_real_values(provider):
     rows = E.gdn_point(pt)
     checks = [r for r in rows if "passed" in r]
     assert checks and all(r["passed"] is True for r in checks)
+    assert {r["impl"] for r in rows} == {"triton"}       # ours, in Triton (the results schema)
     errs = [r for r in rows if r["metric"] == "rel_l2"]
     assert errs and all(math.isfinite(r["value"]) and r["value"] <= r["tolerance"] for r in errs)
     flags = [r for r in rows if r["metric"] in ("bitwise_vs_decode", "engaged_as_protocol")]
@@ -545,7 +546,10 @@ def test_decodes_cuda_left_out_without_a_gpu():
     assert not [p for p in _points(2, 2, providers=["decodes_cuda"])]
     rows = E.gdn_point(_cuda_point())
     assert [(r["kernel"], r["status"]) for r in rows] == [("decodes_cuda", "unavailable")]
-    assert "NVIDIA GPU" in rows[0]["reason"]
+    assert "NVIDIA GPU" in rows[0]["reason"] and rows[0]["impl"] == "cuda"
+    assert [E.impl_of(k) for k in ("decodes_cuda", "fla_fused_recurrent", "flashinfer_mtp",
+                                   "carry_exact_lazy:wb", "chain_snapshots")] == \
+        ["cuda", "fla", "flashinfer", "triton", "triton"]
 
 
 def _as_twin(fn, scale=1.0):
@@ -567,6 +571,7 @@ def test_decodes_cuda_checked_then_timed(monkeypatch):
     assert all(r["passed"] and 0 < r["value"] <= r["tolerance"] for r in err)
     t = [r for r in rows if r["metric"] == "time_us"]
     assert t and all(r["kernel"] == "decodes_cuda" and r["value"] > 0 for r in t)
+    assert {r["impl"] for r in rows} == {"cuda"}
     # kd above the twin's 256 keys: unsupported, nothing run
     big = E.gdn_point(big)
     assert [(r["kernel"], r["status"]) for r in big] == [("decodes_cuda", "unsupported")]

@@ -145,12 +145,26 @@ def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept
 def _tag_state(rows: list[dict], state_dtype: str) -> list[dict]:
     """A bf16/fp16-state point's rows: ``state_dtype`` on each, ``[<dtype> state]`` after each
     check's ``what`` (so tables and plots keep them apart)."""
+    for r in rows:
+        r.setdefault("impl", impl_of(str(r.get("kernel", ""))))
     if state_dtype != "float32":
         for r in rows:
             r["state_dtype"] = state_dtype
             if "what" in r:
                 r["what"] = f"{r['what']} [{state_dtype} state]".strip()
     return rows
+
+
+def impl_of(provider: str) -> str:
+    """A row's ``impl`` column: ``cuda`` for the CUDA C++ twin, the peer's name (``fla``,
+    ``flashinfer``) for a peer, else ``triton`` (every other provider here is our Triton
+    kernel)."""
+    base = provider.split(":")[0]
+    if base == "decodes_cuda":
+        return "cuda"
+    if base.startswith("fla_"):
+        return "fla"
+    return "flashinfer" if base.startswith("flashinfer") else "triton"
 
 
 def gdn_point(point: dict) -> list[dict]:
@@ -174,7 +188,7 @@ def gdn_point(point: dict) -> list[dict]:
                else f"the twin takes kd <= {CUDA_MAX_KD}")
         status = "unavailable" if DEVICE.type != "cuda" else "unsupported"
         return [{"kernel": prov, "metric": status, "value": 1.0, "status": status,
-                 "reason": why, "state_dtype": sdt}]
+                 "reason": why, "state_dtype": sdt, "impl": "cuda"}]
     try:
         c = C.case(point)
         try:
