@@ -201,11 +201,11 @@ from distributed import Event, get_worker
 from pmll_lab.sweep import grid, run_sweep
 
 def slow(p):
-    # a point waits (up to 60 s) until both workers have started one: both must take points,
+    # a point waits (up to 180 s) until both workers have started one: both must take points,
     # however slowly a loaded machine starts the second
     Event("seen-" + get_worker().name).set()
     for name in ("cpu0", "cpu1"):
-        assert Event("seen-" + name).wait(60), "worker " + name + " never took a point"
+        assert Event("seen-" + name).wait(180), "worker " + name + " never took a point"
     return [{"kernel": "k", "metric": "time_us", "value": 10.0 * p["n"]}]
 
 df = run_sweep("tiny", grid(n=[1, 2, 3, 4]), slow, results_dir=results_dir, client=scheduler)
@@ -232,6 +232,7 @@ def test_workers_run_the_sweeps_on_a_local_cluster_and_the_index_says_so(tmp_pat
     assert entry["ran_on"]["in_process"] is False
     run = tmp_path / "reports" / "latest"
     rows = [json.loads(x) for x in (run / "results/dist/tiny.jsonl").read_text().splitlines()]
+    assert all(r.get("status") == "ok" for r in rows), [r.get("error") for r in rows]
     assert sorted(r["value"] for r in rows) == [10.0, 20.0, 30.0, 40.0]
     assert {r["worker"] for r in rows} == {"cpu0", "cpu1"}
     assert "SCHEDULER-SEEN True ['cpu0', 'cpu1']" in (run / "dist.html").read_text()
