@@ -52,10 +52,18 @@ CUDA_FORMS = ("exact_lazy_cuda", "exact_eager_cuda")
 """Forms whose verify is a CUDA C++ twin (``kernels/gdn_carry.cu``): a GPU only."""
 
 
-def impl_of(form: str) -> str:
-    """The ``impl`` column of a form's rows: ``cuda``, ``flashinfer`` or ``triton``."""
-    return "cuda" if form in CUDA_FORMS else "flashinfer" if form.startswith("flashinfer") \
-        else "triton"
+def impl_of(name: str) -> str:
+    """The ``impl`` column of the rows of a kernel or form ``name`` (a ``:variant`` suffix
+    ignored): ``cuda`` for a CUDA C++ twin (``*_cuda``), the peer's name for a peer (``fla``,
+    ``flashinfer``), else ``triton`` (ours)."""
+    base = name.split(":")[0]
+    if base.endswith("_cuda"):
+        return "cuda"
+    if base.startswith("fla_"):
+        return "fla"
+    return "flashinfer" if base.startswith("flashinfer") else "triton"
+
+
 CONV_FORMS = ("conv_carry_lazy", "conv_chain_restore")
 """The conv twin's step (SPEC §3c): its carry (``conv_carry_verify`` lazy + ``carry_accept``)
 and its chain with window snapshots + the restore, beside the GDN step; both bitwise equal to

@@ -52,6 +52,7 @@ from pmll_lab.peers import (  # noqa: F401  (for the notebook)
     fla_available, fla_supports_gva, flashinfer_available, flashinfer_status, flashinfer_supports,
 )
 from pmll_lab.ops.gdn.decode_cuda import MAX_KD as CUDA_MAX_KD
+from pmll_lab.step_bench import impl_of
 from pmll_lab.sweep import CheckFailed, grid
 
 COMPILE_KEYS = ("provider", "K", "head_dim", "dtype", "state_layout", "state_dtype")
@@ -153,18 +154,6 @@ def _tag_state(rows: list[dict], state_dtype: str) -> list[dict]:
             if "what" in r:
                 r["what"] = f"{r['what']} [{state_dtype} state]".strip()
     return rows
-
-
-def impl_of(provider: str) -> str:
-    """A row's ``impl`` column: ``cuda`` for the CUDA C++ twin, the peer's name (``fla``,
-    ``flashinfer``) for a peer, else ``triton`` (every other provider here is our Triton
-    kernel)."""
-    base = provider.split(":")[0]
-    if base == "decodes_cuda":
-        return "cuda"
-    if base.startswith("fla_"):
-        return "fla"
-    return "flashinfer" if base.startswith("flashinfer") else "triton"
 
 
 def gdn_point(point: dict) -> list[dict]:
