@@ -88,12 +88,13 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _lowered(script: str) -> subprocess.CompletedProcess:
-    """Run ``script`` in a fresh Python with ``PMLL_LAB_DEVICE=lower`` (kernels compiled)."""
+def _lowered(script: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``script`` (with ``args`` as ``sys.argv[1:]``) in a fresh Python with
+    ``PMLL_LAB_DEVICE=lower`` (kernels compiled)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PMLL_LAB_DEVICE"] = "lower"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=1200)
 
 
@@ -477,3 +478,40 @@ def test_vk_state_vector_is_decodes_per_thread_width():
     for bad in (1, 8, 3):
         with pytest.raises(ValueError, match="state_itemsize"):
             vk_state_vector(16, 16, 64, bad)
+
+
+ROUNDING = textwrap.dedent("""
+    import json, sys
+    import triton.language as tl
+    from pmll_lab.lowering import gdn_exact_family
+    from pmll_lab.ops.gdn import recurrence as R
+    if sys.argv[1] == "unpaired":   # mutation, before anything compiles: one conversion per element
+        R.PAIRED_ROUNDING = tl.constexpr(False)
+    out = {}
+    for st in sys.argv[2:]:
+        res = {}
+        gdn_exact_family(layout="vk", state_type=st, gate=True, batch=64, resources=res)
+        out[st] = {name: r["mix"] for name, r in res.items()}
+    json.dump(out, sys.stdout)
+""")
+
+
+def test_two_byte_states_round_two_values_per_conversion():
+    """The chain and the exact carry verify round a bf16 / fp16 state after every row; on sm_90
+    that is paired conversions (``F2FP``) and no one-element ``F2F`` in the verify, the chain
+    and decode (``recurrence.round_like``). The check sees the one-per-element version."""
+    import json
+
+    got = {}
+    for mode, states in (("paired", ["bf16", "fp16"]), ("unpaired", ["bf16"])):
+        run = _lowered(ROUNDING, mode, *states)
+        assert run.returncode == 0, run.stderr[-4000:]
+        got[mode] = json.loads(run.stdout)
+    verify, chain = "gdn_carry_exact_vk_kernel", "gdn_rows_vk_kernel[chain]"
+    for st in ("bf16", "fp16"):
+        mix = got["paired"][st]
+        assert mix[verify].get("F2F", 0) == 0, (st, mix[verify])
+        assert mix[verify].get("F2FP", 0) >= 64, (st, mix[verify])
+        assert mix[chain].get("F2F", 0) <= 4, (st, mix[chain])      # the gate's scalars only
+    unpaired = got["unpaired"]["bf16"][verify]
+    assert unpaired.get("F2F", 0) >= 256, unpaired

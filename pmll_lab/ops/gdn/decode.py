@@ -78,7 +78,8 @@ def _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                                          ga, gd, GATE)
     qt, kt = qk_prepare(qt, kt, scale, USE_QK_L2NORM)
     h, ot, ut = gdn_row(h, qt, kt, vt, gt, bt)
-    h = round_like(h, inter)               # a bf16/fp16 state as a decode would store it
+    if K > 1:   # a bf16/fp16 state as a decode would store it (K = 1: the state store rounds)
+        h = round_like(h, inter)
     tl.store(o + b64 * o_b + t * o_t + hv * o_h + rv,
              tl.where(live, ot, 0.0).to(o.dtype.element_ty), mask=mv)
     if STORE_INTER:

@@ -139,7 +139,8 @@ def _chain_row_vk(h, t, row, o, inter, b64, hv, o_b, o_t, o_h, i_b, i_t, i_h, i_
     qt, kt, vt, gt, bt = row_inputs_vk(row, ga, gd, GATE)
     qt, kt = qk_prepare_vk(qt, kt, scale, USE_QK_L2NORM)
     h, ot, ut = gdn_row_vk(h, qt, kt, vt, gt, bt)
-    h = round_like(h, inter)               # a bf16/fp16 state as a decode would store it
+    if K > 1:   # a bf16/fp16 state as a decode would store it (K = 1: the state store rounds)
+        h = round_like(h, inter)
     tl.store(o + b64 * o_b + t * o_t + hv * o_h + rr,
              tl.where(live, ot, 0.0).to(o.dtype.element_ty), mask=mr)
     if STORE_INTER:

@@ -59,8 +59,14 @@ from functools import lru_cache
 import triton
 import triton.language as tl
 
+from pmll_lab.backend import INTERPRET
 from pmll_lab.ops import settings
 from pmll_lab.ops.host import next_power_of_2
+
+PAIRED_ROUNDING = tl.constexpr(not INTERPRET)
+"""On a GPU ``round_like`` rounds two fp32 values per conversion (PTX ``cvt.rn.bf16x2.f32`` /
+``cvt.rn.f16x2.f32``, SASS ``F2FP``) instead of one (``F2F``, a quarter-rate conversion on sm_90);
+both round to nearest even, so the bits are the same. The interpreter has no inline PTX and casts."""
 
 EXACT_LAUNCH = {"enable_fp_fusion": False}
 """Launch options of every GDN kernel: decode, the chain, the carried-state verify (exact form),
@@ -179,9 +185,27 @@ def round_like(h, state_ptr):
     """``h`` (fp32) rounded to the element type of ``state_ptr`` and back: the value a bf16 or
     fp16 state pool stores after a token (round to nearest even), so a kernel that keeps the
     state in registers across rows (chain, carry verify, folds) rounds where successive
-    decodes store it. A no-op (resolved at compile time) for an fp32 state."""
-    if state_ptr.dtype.element_ty != tl.float32:
-        h = h.to(state_ptr.dtype.element_ty).to(tl.float32)
+    decodes store it. A no-op (resolved at compile time) for an fp32 state. On a GPU the
+    rounding is paired (``PAIRED_ROUNDING``): the conversion, not the arithmetic, was the
+    bf16-state carry's extra cost (reports/perf-notes.md, "bf16 state pools")."""
+    if state_ptr.dtype.element_ty == tl.bfloat16:
+        if PAIRED_ROUNDING:
+            # two elements per instance: $0, $1 out (bf16 bits in the high half), $2, $3 in
+            h = tl.inline_asm_elementwise(
+                "{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $3, $2; shl.b32 $0, t, 16; "
+                "and.b32 $1, t, 0xffff0000; }",
+                "=r,=r,f,f", [h], dtype=tl.uint32, is_pure=True, pack=2).to(tl.float32,
+                                                                             bitcast=True)
+        else:
+            h = h.to(tl.bfloat16).to(tl.float32)
+    elif state_ptr.dtype.element_ty == tl.float16:
+        if PAIRED_ROUNDING:
+            h = tl.inline_asm_elementwise(
+                "{ .reg .b32 t; .reg .b16 a, b; cvt.rn.f16x2.f32 t, $3, $2; mov.b32 {a, b}, t; "
+                "cvt.f32.f16 $0, a; cvt.f32.f16 $1, b; }",
+                "=f,=f,f,f", [h], dtype=tl.float32, is_pure=True, pack=2)
+        else:
+            h = h.to(tl.float16).to(tl.float32)
     return h
 
 

@@ -1,0 +1,72 @@
+"""The whole speculative step (verify + accept/commit/restore), form by form, between report runs.
+
+The carry_protocol notebook's step harness (``pmll_lab.step_bench``) without the notebook: for
+each form, state dtype and batch, a fresh ``StepCase`` (Qwen3-Next's GDN shape: HK=16, HV=32,
+kd=vd=128, bf16 inputs, K=4, 16 steps, acceptance 0.8), the form checked against float64 decoding
+of the accepted rows (``check_form``), then its 16 steps timed as one CUDA graph
+(``step_timing``). ``--unpaired`` compiles the Triton kernels with one conversion per element
+where a 2-byte state is rounded (``recurrence.PAIRED_ROUNDING`` off: the kernels before paired
+rounding, for a before/after in one machine session). Prints µs per step and writes JSON lines
+to ``--out``. Usage (GPU): ``python3 scripts/bench_step.py --forms exact_lazy,chain_restore
+--states bfloat16,float32 --batches 1,64,128 [--unpaired] [--out F]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import pmll_lab  # noqa: F401  (first: picks the device)
+import torch
+import triton.language as tl
+
+from pmll_lab import step_bench as S
+from pmll_lab.ops.gdn import recurrence
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--forms", default="exact_lazy,exact_eager,chain_restore")
+    ap.add_argument("--states", default="bfloat16,float32")
+    ap.add_argument("--batches", default="1,64,128")
+    ap.add_argument("--unpaired", action="store_true",
+                    help="one conversion per element when rounding a 2-byte state")
+    ap.add_argument("--out", default=None, help="JSON lines, one row per form and case")
+    a = ap.parse_args(argv)
+    if a.unpaired:          # before any kernel compiles: Triton keys its cache on the value
+        recurrence.PAIRED_ROUNDING = tl.constexpr(False)
+    forms = a.forms.split(",")
+    for f in forms:
+        if f not in S.STEP_FORMS:
+            ap.error(f"--forms: {f!r} not in {S.STEP_FORMS}")
+    rows, failed = [], 0
+    for sd in a.states.split(","):
+        for B in (int(x) for x in a.batches.split(",")):
+            for form in forms:
+                case = S.StepCase(batch=B, state_dtype=getattr(torch, sd))
+                row = dict(form=form, impl=S.impl_of(form), state_dtype=sd, B=B,
+                           paired=not a.unpaired)
+                try:
+                    if not S.supports(form, case):
+                        row["status"] = "unsupported"
+                    else:
+                        row.update(S.check_form(S.build_form(form, case)))
+                        if row["passed"]:
+                            row.update(S.step_timing(S.build_form(form, case)) or {})
+                        row["status"] = "ok" if row["passed"] else "check failed"
+                except Exception as exc:             # one case's failure loses no other
+                    row["status"] = f"error: {type(exc).__name__}: {exc}"[:300]
+                failed += not row["status"] in ("ok", "unsupported")
+                rows.append(row)
+                print(f"{form:22s} {sd:9s} B={B:4d} {row.get('step_us', float('nan')):9.1f} us"
+                      f"  o_rel_l2 {row.get('o_rel_l2', float('nan')):.2e}  {row['status']}",
+                      flush=True)
+                if a.out:
+                    with open(a.out, "a") as fh:
+                        fh.write(json.dumps(row) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
