@@ -3,8 +3,9 @@ report runs): the roofline notebook's own point function (``roofline.gdn_point``
 timed by do_bench and CUDA-graph replay) for decode (K=1), the K=4 chain with snapshots, the
 lazy exact carry (amortised and its no-write-back row) on V-major states, and FlashInfer's
 decode, ``mtp`` with its snapshot buffer and ``mtp`` frozen, at HK=16, HV=32, kd=vd=128, bf16
-inputs, fp32 state. Prints graph-replay medians (µs) and ours/FlashInfer ratios.
-Usage on a GPU with FlashInfer importable:  python3 scripts/vs_flashinfer.py [--B 64,128,256]
+inputs, fp32 and/or bf16 state pools (``--states``). Prints graph-replay medians (µs) and
+ours/FlashInfer ratios. Usage on a GPU with FlashInfer importable:
+``python3 scripts/vs_flashinfer.py [--B 64,128,256] [--states float32,bfloat16]``
 """
 
 import argparse
@@ -20,9 +21,12 @@ from pmll_lab.experiments import roofline as R  # noqa: E402
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--B", default="64,128,256")
+    ap.add_argument("--states", default="float32", help="state pool dtypes, comma separated")
     a = ap.parse_args()
     Bs = [int(s) for s in a.B.split(",")]
-    shape = dict(B=Bs, head_dim=[128], heads=[(16, 32)], dtype=["bfloat16"], state_layout=["vk"])
+    states = a.states.split(",")
+    shape = dict(B=Bs, head_dim=[128], heads=[(16, 32)], dtype=["bfloat16"], state_layout=["vk"],
+                 state_dtype=states)
     pts = R.points([dict(K=[1], providers=["decodes", "flashinfer_decode"], **shape),
                     dict(K=[4], providers=["chain_snapshots", "carry_exact_lazy",
                                            "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen"],
@@ -32,22 +36,26 @@ def main():
         try:
             rows = R.gdn_point(p)
         except Exception as exc:                      # one point's failure loses no other
-            print(f"{p['provider']} K={p['K']} B={p['B']}: FAILED {type(exc).__name__}: {exc}",
+            sd = p.get("state_dtype", "float32")
+            print(f"{p['provider']} K={p['K']} B={p['B']} {sd}: FAILED {type(exc).__name__}: {exc}",
                   flush=True)
             continue
         for r in rows:
             if r.get("metric") == "time_us" and r.get("timer") == "cuda_graph":
-                t[(r["kernel"], p["K"], p["B"])] = r["value"]
-                print(f"{r['kernel']:28s} K={p['K']} B={p['B']:4d} {r['value']:8.1f} us",
+                sd = p.get("state_dtype", "float32")
+                t[(r["kernel"].split(" [")[0], p["K"], p["B"], sd)] = r["value"]
+                print(f"{r['kernel']:40s} K={p['K']} B={p['B']:4d} {r['value']:8.1f} us",
                       flush=True)
     pairs = [("decodes", "flashinfer_decode", 1), ("chain_snapshots", "flashinfer_mtp_snapshots", 4),
              ("carry_exact_lazy", "flashinfer_mtp_snapshots", 4),
              ("carry_exact_lazy:nowb", "flashinfer_mtp_frozen", 4)]
-    for ours, fi, K in pairs:
-        for B in Bs:
-            x, y = t.get((ours, K, B)), t.get((fi, K, B))
-            if x and y:
-                print(f"ratio {ours} / {fi} K={K} B={B}: {x:.1f} / {y:.1f} = {x / y:.3f}")
+    for sd in states:
+        for ours, fi, K in pairs:
+            for B in Bs:
+                x, y = t.get((ours, K, B, sd)), t.get((fi, K, B, sd))
+                if x and y:
+                    print(f"ratio {sd} state {ours} / {fi} K={K} B={B}: {x:.1f} / {y:.1f} "
+                          f"= {x / y:.3f}")
 
 
 if __name__ == "__main__":
