@@ -202,7 +202,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         from pmll_lab.ops.carry import gdn_carry_vk as VK
         from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
 
-        BK, BV, warps = vk_config(head_dim, head_dim, batch * HV)
+        state_size = {"bf16": 2, "fp16": 2}.get(state_type, 4)
+        BK, BV, warps = vk_config(head_dim, head_dim, batch * HV, state_itemsize=state_size)
         BV_carry = vk_config(head_dim, head_dim, batch * HV, "carry")[1]
         rows_kernel, carry_kernels = gdn_rows_vk_kernel, (VK.gdn_carry_exact_vk_kernel,)
         chunks = dict(zip(("NC", "CW"), vk_chunks(BK)))
@@ -297,14 +298,15 @@ STATE_TYPES = ("fp32", "bf16", "fp16")
 
 def table_batches(num_v_heads: int = 32) -> tuple[int, ...]:
     """One batch ``B`` per range of work units ``B * num_v_heads`` in which the V-major launch
-    tables (``settings.gdn().vk_tiles``, ``.vk_ahead``) pick a different row: the largest
+    tables (``settings.gdn().vk_tiles``, ``.vk_ahead``, ``.vk_rows_half``) pick a different row: the largest
     ``B`` inside each closed range and the smallest beyond the last bound (a range holding no
     multiple of ``num_v_heads`` is left out). K-major launches depend on the head size only
     (``block_config``). Read from the tables now, so a new row is checked without an edit."""
     from pmll_lab.ops import settings
 
     gdn = settings.gdn()
-    bounds = sorted({row[0] for row in gdn.vk_tiles} | {row[0] for row in gdn.vk_ahead})
+    bounds = sorted({row[0] for row in gdn.vk_tiles} | {row[0] for row in gdn.vk_ahead}
+                    | {row[0] for row in gdn.vk_rows_half})
     out, lo = [], 0
     for hi in bounds:
         if hi == bounds[-1]:                  # the open last row: past every closed bound

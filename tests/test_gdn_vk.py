@@ -340,13 +340,13 @@ def test_carry_vk_exact_bitwise_equals_plain_decoding(lazy, dtype):
 
 
 def _run_protocol(form, lazy, dtype, seed, *, B=3, S=5, HK=1, HV=2, kd=16, vd=40, K=3,
-                  steps=5):
-    """``steps`` verifies + accepts of ``form`` on a V-major state, each accepted output and the
-    flushed states bitwise against plain V-major decoding."""
+                  steps=5, state_dtype=torch.float32):
+    """``steps`` verifies + accepts of ``form`` on a V-major state (``state_dtype``), each
+    accepted output and the flushed states bitwise against plain V-major decoding."""
     gen = torch.Generator().manual_seed(seed)
     x0 = gdn_inputs(seed, B, HK, HV, kd, vd, slots=S, dtype=dtype)
     slots = x0["state_indices"]
-    state = _vk(x0["state"])
+    state = _vk(x0["state"]).to(state_dtype)
     plain = state.clone()
     carry = GdnCarry.empty(S, HV, kd, vd)
     wrote_back = 0
@@ -374,6 +374,20 @@ def test_carry_vk_tile_larger_than_decode_tile():
         _run_protocol("exact", True, torch.float32, seed=12, vd=40)
         with pytest.raises(ValueError, match="kind"):
             vk_config(16, 40, 6, "decode")
+
+
+def test_two_byte_decode_tile_larger_than_carry_tile():
+    """``vk_rows_half`` gives decode and the chain on a bf16/fp16 state their own row count (16
+    as shipped above B*HV = 256, for heads of 32 to 128 keys) while the carry keeps
+    ``vk_tiles``'; the protocol on a bf16 state stays bitwise equal to plain decoding."""
+    with settings.override(vk_rows_half=((1 << 62, 16),), vk_tiles=((1 << 62, 8, 8, 1),)):
+        assert vk_config(32, 40, 6, state_itemsize=2)[1] == 16
+        assert vk_config(32, 40, 6)[1] == 8
+        assert vk_config(32, 40, 6, "carry", state_itemsize=2)[1] == 8
+        assert vk_config(16, 40, 6, state_itemsize=2)[1] == 8       # 16 keys: vk_tiles' rows
+        assert vk_config(256, 256, 6, state_itemsize=2)[1] == 8     # 256 keys: not measured
+        _run_protocol("exact", True, torch.bfloat16, seed=13, kd=32, vd=40,
+                      state_dtype=torch.bfloat16)
 
 
 FUSED_SUMS = textwrap.dedent("""

@@ -59,6 +59,17 @@ class GdnSettings:
     the chain, for the carry verify and flush, warps)``; the first row whose bound is
     ``>= B*HV`` applies (else the last)."""
 
+    vk_rows_half: tuple = _row(
+        ((256, 8), (1 << 62, 16)), check="table",
+        why="a bf16/fp16 tile of 8 rows is 2 KB: 16 rows stream the chain 8-9 % faster from "
+            "B*HV = 2048 and decode 3 % from 4096; below 256 8 rows are as fast or faster",
+        see="perf-notes 'Launch constants: GDN decode and chain'; "
+            "reports/h200-2026-12-04/logs/tile-bf16.log")
+    """Value rows per program of V-major decode and the chain on a 2-byte state, by work
+    ``B*HV``: rows ``(max B*HV, value rows)`` (first row whose bound holds, else the last), in
+    place of ``vk_tiles``' decode column; warps and the carry's rows stay ``vk_tiles``'. Heads
+    under 32 keys or over 128 keep ``vk_tiles``' rows (``recurrence.vk_config``)."""
+
     vk_ahead: tuple = _row(
         ((32, 4, 4, 4, 8), (512, 4, 4, 4, 4), (1 << 62, 0, 2, 1, 4)), check="table",
         why="a row loaded in the loop adds a dependent memory round trip at small batches; rows "

@@ -168,7 +168,7 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
     tile's value rows)."""
     extra = {}
     if layout == "vk":
-        BK, BV, num_warps = vk_config(kd, vd, B * HV)
+        BK, BV, num_warps = vk_config(kd, vd, B * HV, state_itemsize=state.element_size())
         kernel = gdn_rows_vk_kernel
         extra = dict(zip(("NC", "CW"), vk_chunks(BK)), QK_ALIGNED=vk_qk_aligned(kd, q, k),
                      AHEAD=vk_ahead(B * HV)[0])

@@ -359,23 +359,33 @@ def vk_ahead(work: int, kind: str = "rows", state_itemsize: int = 4) -> tuple[in
     return (carry_rows if state_itemsize >= 4 else carry_rows_narrow), stash
 
 
-def vk_config(k_dim: int, v_dim: int, work: int, kind: str = "rows") -> tuple[int, int, int]:
+def vk_config(k_dim: int, v_dim: int, work: int, kind: str = "rows",
+              state_itemsize: int = 4) -> tuple[int, int, int]:
     """``(BK, BR, num_warps)`` of the V-major family for a head of ``k_dim x v_dim`` and
     ``work = B * HV`` (sequences x value heads). ``kind``: ``"rows"`` (decode, the chain) or
     ``"carry"`` (the carried-state verify and flush). ``BK`` covers the whole key dim (padded
     to a power of two), ``BR`` value rows per program from the ``vk_tiles`` setting
-    (``pmll_lab.ops.settings``; at most ``v_dim`` padded, and at most ``8192 // BK`` so a
-    one-warp tile stays <= 64 fp32 per thread). The key axis is held in ``vk_chunks(BK)``
+    (``pmll_lab.ops.settings``; for ``"rows"`` on a 2-byte state, ``state_itemsize = 2``, from
+    ``vk_rows_half`` when ``32 <= BK <= 128``; at most ``v_dim`` padded, and at most ``8192 // BK`` so
+    a one-warp tile stays <= 64 fp32 per thread). The key axis is held in ``vk_chunks(BK)``
     chunks. Every shipped tile is one warp with its threads over 4 value rows x 8 key lanes, so
     the per-row sums run in one order whatever the tile's row count: decode, the chain, the
-    exact carry and the flush agree to the bit. Raises ``ValueError`` for an unknown ``kind``."""
+    exact carry and the flush agree to the bit. Why ``32 <= BK <= 128``: a 16-key tile of 16
+    rows would give each thread 8 keys of a 2-byte state (``vk_state_vector``), another
+    reduction order; 256 keys were not measured (twice the registers). Raises ``ValueError`` for an unknown ``kind``."""
     if kind not in ("rows", "carry"):
         raise ValueError(f"kind: expected 'rows' or 'carry', got {kind!r}")
     bk = next_power_of_2(k_dim)
-    for bound, br_rows, br_carry, warps in settings.gdn().vk_tiles:
+    gdn = settings.gdn()
+    for bound, br_rows, br_carry, warps in gdn.vk_tiles:
         if work <= bound:
             break
     br = br_rows if kind == "rows" else br_carry
+    if kind == "rows" and state_itemsize == 2 and 32 <= bk <= 128:
+        for bound, br_half in gdn.vk_rows_half:
+            if work <= bound:
+                break
+        br = br_half
     br = max(1, min(br, next_power_of_2(v_dim), max(1, 8192 // bk)))
     return bk, br, warps
 
@@ -429,7 +439,7 @@ def vk_state_vector(k_dim: int, v_dim: int, work: int, state_itemsize: int) -> i
     if state_itemsize not in (2, 4):
         raise ValueError(f"state_itemsize: expected 2 (bf16/fp16) or 4 (fp32), got "
                          f"{state_itemsize!r}")
-    bk, br, warps = vk_config(k_dim, v_dim, work)
+    bk, br, warps = vk_config(k_dim, v_dim, work, state_itemsize=state_itemsize)
     return max(1, min(16 // state_itemsize, vk_chunks(bk)[1], br * bk // (32 * warps)))
 
 
