@@ -7,7 +7,7 @@ of the accepted rows (``check_form``), then its 16 steps timed as one CUDA graph
 (``step_timing``). ``--unpaired`` compiles the Triton kernels with one conversion per element
 where a 2-byte state is rounded (``recurrence.PAIRED_ROUNDING`` off: the kernels before paired
 rounding, for a before/after in one machine session). Prints µs per step and writes JSON lines
-to ``--out``. Usage (GPU): ``python3 scripts/bench_step.py --forms exact_lazy,chain_restore
+to ``--out`` (with the device, versions and commit). Usage (GPU): ``python3 scripts/bench_step.py --forms exact_lazy,chain_restore
 --states bfloat16,float32 --batches 1,64,128 [--unpaired] [--out F]``.
 """
 
@@ -22,6 +22,7 @@ import torch
 import triton.language as tl
 
 from pmll_lab import step_bench as S
+from pmll_lab.backend import environment
 from pmll_lab.ops.gdn import recurrence
 
 
@@ -40,13 +41,13 @@ def main(argv=None) -> int:
     for f in forms:
         if f not in S.STEP_FORMS:
             ap.error(f"--forms: {f!r} not in {S.STEP_FORMS}")
-    rows, failed = [], 0
+    rows, failed, env = [], 0, environment()
     for sd in a.states.split(","):
         for B in (int(x) for x in a.batches.split(",")):
             for form in forms:
                 case = S.StepCase(batch=B, state_dtype=getattr(torch, sd))
                 row = dict(form=form, impl=S.impl_of(form), state_dtype=sd, B=B,
-                           paired=not a.unpaired)
+                           paired=not a.unpaired, **env)
                 try:
                     if not S.supports(form, case):
                         row["status"] = "unsupported"

@@ -44,8 +44,8 @@ def main():
             if r.get("metric") == "time_us" and r.get("timer") == "cuda_graph":
                 sd = p.get("state_dtype", "float32")
                 t[(r["kernel"].split(" [")[0], p["K"], p["B"], sd)] = r["value"]
-                print(f"{r['kernel']:40s} K={p['K']} B={p['B']:4d} {r['value']:8.1f} us",
-                      flush=True)
+                print(f"{r['kernel'].split(' [')[0]:28s} {sd:9s} K={p['K']} B={p['B']:4d} "
+                      f"{r['value']:8.1f} us", flush=True)
     pairs = [("decodes", "flashinfer_decode", 1), ("chain_snapshots", "flashinfer_mtp_snapshots", 4),
              ("carry_exact_lazy", "flashinfer_mtp_snapshots", 4),
              ("carry_exact_lazy:nowb", "flashinfer_mtp_frozen", 4)]
