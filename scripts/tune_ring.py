@@ -4,9 +4,10 @@ Qwen3-Next's GDN shape (HK=16, HV=32, kd=vd=128), bf16 inputs, K draft rows, rin
 For each state dtype, batch and ring fill ``P`` (``P + K > R`` folds): first a check of the
 outputs against the float64 ring reference on the first sequences, then graph-replay times
 (L2 flushed, ``pmll_lab.bench.time_cuda_graph``) of the verify for every tile in ``--tiles``
-(``BVxBKxWARPSxSTAGES``); ``--kernels FILE ...`` times variant kernels (a file defining
-``gdn_ring_fused_kernel`` with the library's arguments) beside the library's. Prints one
-table; ``--json PATH`` writes the rows.
+(``BVxBKxWARPSxSTAGES``); ``--fold-chunk 0 16`` repeats each tile with the fold loop's keys
+per chunk (``ring_fold_chunk``; 0 = the tile's BK); ``--kernels FILE ...`` times variant kernels
+(a file defining ``gdn_ring_fused_kernel`` with the library's arguments) beside the library's.
+Prints one table; ``--json PATH`` writes the rows.
 
     python3 scripts/tune_ring.py --batch 64 128 --tiles 128x64x2x2 64x32x1x3 --json $OUT/r.json
 """
@@ -31,7 +32,7 @@ from pmll_lab.step_bench import fill_ring
 HK, HV, KD, VD = 16, 32, 128, 128
 
 
-def point(B, K, R, fill, state_dtype, tiles, ref_seqs=4):
+def point(B, K, R, fill, state_dtype, tiles, ref_seqs=4, fold_chunk=0):
     """Check, then time, the verify (and the commit) at ``fill`` rows for every tile."""
     x = gdn_inputs(B, B, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16)
     gate = gating_inputs(B + 1, (B, K), HV)
@@ -47,7 +48,8 @@ def point(B, K, R, fill, state_dtype, tiles, ref_seqs=4):
     rows = []
     for tile in tiles:
         size = state.element_size()
-        with settings.override(ring_form_tiles=((1 << 62, size) + tile,)):
+        with settings.override(ring_form_tiles=((1 << 62, size) + tile,),
+                               ring_fold_chunk=fold_chunk):
             st, rg = fresh()
             o, e = gdn_ring_verify(st, rg, x["q"], x["k"], x["v"], **kw)
             # check: the first ref_seqs sequences against the float64 ring reference
@@ -67,7 +69,9 @@ def point(B, K, R, fill, state_dtype, tiles, ref_seqs=4):
             eng = torch.ones(B, dtype=torch.int32, device=slots.device)
             ta = time_cuda_graph(lambda: ring_accept(rg2, slots, eng, acc)) or t
             rows.append(dict(B=B, K=K, R=R, fill=fill, state=str(state_dtype).split(".")[1],
-                             tile="x".join(map(str, tile)), rel_l2=err, engaged_ok=ok,
+                             tile="x".join(map(str, tile)) + (f"/f{fold_chunk}" if fold_chunk
+                                                              else ""),
+                             rel_l2=err, engaged_ok=ok,
                              verify_us=t["median_us"], p20=t["p20_us"], p80=t["p80_us"],
                              accept_us=ta["median_us"]))
             print(rows[-1], flush=True)
@@ -86,6 +90,8 @@ def main():
     ap.add_argument("--kernels", nargs="+", default=["lib"],
                     help="files defining a variant gdn_ring_fused_kernel to time in place of "
                          "the library's; 'lib' = the library's")
+    ap.add_argument("--fold-chunk", type=int, nargs="+", default=[0],
+                    help="keys per chunk of the verify's fold loop (ring_fold_chunk; 0 = BK)")
     ap.add_argument("--json")
     args = ap.parse_args()
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
@@ -96,8 +102,10 @@ def main():
         for sd in args.state:
             for B in args.batch:
                 for fill in args.fill:
-                    rows += [dict(r, tile=r["tile"] + tag) for r in
-                             point(B, args.rows, args.length, fill, getattr(torch, sd), tiles)]
+                    for fc in args.fold_chunk:
+                        rows += [dict(r, tile=r["tile"] + tag) for r in
+                                 point(B, args.rows, args.length, fill, getattr(torch, sd),
+                                       tiles, fold_chunk=fc)]
     _report(rows, args.json)
 
 

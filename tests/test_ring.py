@@ -107,6 +107,20 @@ def test_ring_gva_gating_and_k8():
     _run(7, HK=1, HV=4, kd=32, vd=16, K=8, length=32, steps=5, gating=True)
 
 
+def test_ring_fold_chunk_moves_no_bit():
+    """The verify's fold loop in 16-key chunks (``ring_fold_chunk``) instead of the tile's 32:
+    the same protocol against both references, and the folded states and rings bitwise the
+    default chunk's (the fold's sums run over the window's rows, not the keys)."""
+    from pmll_lab.ops import settings
+
+    state, ring, _, _, folds = _run(9, kd=32, vd=16, K=4, length=8, steps=5)
+    with settings.override(ring_fold_chunk=16):
+        state16, ring16, _, _, folds16 = _run(9, kd=32, vd=16, K=4, length=8, steps=5)
+    assert folds == folds16 > 0, "the run must cross a fold"
+    assert bitwise_equal(state16, state)
+    assert bitwise_equal(ring16.u, ring.u) and bitwise_equal(ring16.k, ring.k)
+
+
 def test_ring_fused_gating_is_bitwise_gdn_gating():
     x = gdn_inputs(3, 2, 2, 4, 16, 16, rows=4, slots=2, dtype=torch.bfloat16)
     gen = torch.Generator().manual_seed(4)

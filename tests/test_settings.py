@@ -65,6 +65,7 @@ def test_shipped_values_are_the_measured_ones():
     assert g.kv_block is None and g.vk_chunk == 32 and g.vk_qk_hint is True
     assert g.vk_tiles == ((128, 8, 8, 1), (1 << 62, 8, 16, 1))
     assert g.vk_rows_half == ((256, 8), (1 << 62, 16))
+    assert settings.SHIPPED["ring_form"].ring_fold_chunk == 0
     assert g.vk_ahead == ((32, 4, 4, 4, 8), (512, 4, 4, 4, 4), (1 << 62, 0, 2, 1, 4))
     assert g.chain_unroll_max_rows == 4 and g.default_state_layout == "kv"
     assert (c.exact_split_columns, c.exact_unroll_max_rows, c.carry_prefetch_rows,
@@ -113,6 +114,9 @@ def test_override_nests_and_restores_also_after_an_error():
     (dict(vk_tiles=()), "vk_tiles"),
     (dict(attention_tiles={(64, 2): (64, 64, 4)}), "attention_tiles"),
     (dict(attention_default_tile=(64, 32, 0, 2)), "attention_default_tile"),
+    (dict(ring_fold_chunk=8), "ring_fold_chunk"),
+    (dict(ring_fold_chunk=24), "ring_fold_chunk"),
+    (dict(vk_rows_half=((1 << 62, 16, 1),)), "vk_rows_half"),
 ])
 def test_override_refuses_bad_names_and_values_before_changing_anything(changes, named):
     with pytest.raises(ValueError, match=f"^{named}:"):

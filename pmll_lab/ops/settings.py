@@ -239,6 +239,16 @@ class RingFormSettings:
     pipeline stages)``; the first row whose two bounds hold applies (else the last); ``BV`` is
     capped at ``vd`` and ``BK`` at ``kd``."""
 
+    ring_fold_chunk: int = _row(
+        0, check="chunk",
+        why="0 (the verify's BK) is what the tiles were timed with; the fold's [BV, chunk] fp32 "
+            "output sets the verify's registers: 198 at BK = 64, 128 with a 16-key chunk "
+            "(bf16 state, B >= 64 tile, sm_90 lowering), not yet timed",
+        see="perf-notes 'Launch constants: ring form'")
+    """Keys per chunk of the verify's fold loop (``gdn_ring_fused``'s second pass, which only
+    a folding sequence runs): 0 for the tile's ``BK``, else a power of two >= 16 (capped at
+    ``BK``). The fold's sums run over the window's rows, so the chunk moves no bit."""
+
 
 SHIPPED = {"gdn": GdnSettings(), "carry": CarrySettings(), "conv": ConvSettings(),
            "ring": RingSettings(), "attention": AttentionSettings(),
@@ -350,7 +360,7 @@ _KIND_TEXT = dict(
     flag="a bool", count="an int >= 0", pow2="a power of two", layout="'kv' or 'vk'",
     kv_block="None or (BV, num_warps), powers of two",
     table="a non-empty tuple of rows of ints >= 0, each as wide as the shipped rows",
-    tile="4 ints >= 1", tiles="((head size, element size), (BLOCK_M, BLOCK_N, warps, stages)) "
+    chunk="0 or a power of two >= 16", tile="4 ints >= 1", tiles="((head size, element size), (BLOCK_M, BLOCK_N, warps, stages)) "
     "pairs of ints >= 1")
 
 
@@ -363,6 +373,8 @@ def _check_kind(kind: str, value, shipped) -> tuple[object, bool]:
         return value, _is_int(value) and value >= 0
     if kind == "pow2":
         return value, _is_pow2(value)
+    if kind == "chunk":
+        return value, _is_int(value) and (value == 0 or (value >= 16 and _is_pow2(value)))
     if kind == "kv_block":
         return value, value is None or (isinstance(value, tuple) and len(value) == 2
                                         and all(_is_pow2(v) for v in value))

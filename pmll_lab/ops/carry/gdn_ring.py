@@ -314,7 +314,7 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
             HK=ring.num_k_heads, KD=kd, KP=next_power_of_2(kd), VD=vd, BK=BK, BV=BV,
             NT=cdiv(vd, BV), STAGES=stages, USE_QK_L2NORM=bool(use_qk_l2norm),
             GATE=gating is not None, SMALL=SMALL_PRODUCTS[str(state.dtype).split(".")[1]],
-            num_warps=warps)
+            FBK=min(BK, settings.ring_form().ring_fold_chunk or BK), num_warps=warps)
     return o, engaged
 
 

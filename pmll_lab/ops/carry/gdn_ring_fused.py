@@ -76,11 +76,12 @@ def gdn_ring_fused_kernel(
     K: tl.constexpr, R: tl.constexpr, NS: tl.constexpr, RW: tl.constexpr,
     HV: tl.constexpr, HK: tl.constexpr, KD: tl.constexpr, KP: tl.constexpr, VD: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr, SMALL: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr, SMALL: tl.constexpr, FBK: tl.constexpr,
 ):
     """One ring verify tile (the module docstring); writes ``o``, the ring's new ``u`` rows
     (and ``k``, ``G``, ``engaged`` where this program is the one to), and the folded state.
-    ``RW = max(16, R)``: window rows as one ``tl.dot`` dimension; ``NS = 2R`` a power of two."""
+    ``RW = max(16, R)``: window rows as one ``tl.dot`` dimension; ``NS = 2R`` a power of two;
+    ``FBK``: keys per chunk of the fold (``settings.ring_form().ring_fold_chunk``)."""
     b, hv, j = head_tile_program(HV, NT)
     hk = hv // (HV // HK)
     slot, live, p, base = _slot_cursor(slot_ptr, len_ptr, base_ptr, b)
@@ -183,12 +184,12 @@ def gdn_ring_fused_kernel(
         # the store's addresses and mask written apart from the load's, so that the pipeline
         # does not carry [BV, BK] pointers from the stage that loads to the one that stores
         srow = state_ptr + (rr[:, None] * KD + (slot * s_slot + hv * (VD * KD)))
-        for c in tl.range(0, KD, BK, num_stages=STAGES):
-            rk = c + tl.arange(0, BK)
+        for c in tl.range(0, KD, FBK, num_stages=STAGES):
+            rk = c + tl.arange(0, FBK)
             mk = rk < KD
             h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
             kc = tl.load(krow + rk[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
             kw = (kc.to(tl.float32) * w[:, None]).to(dt)
             hf = _state_mma(uring_t, kw, efold * h.to(tl.float32), SMALL)
-            cs = tl.multiple_of(c, BK) + tl.arange(0, BK)
+            cs = tl.multiple_of(c, FBK) + tl.arange(0, FBK)
             tl.store(srow + cs[None, :], hf.to(dt), mask=(cs < KD)[None, :] & (rr < VD)[:, None])
