@@ -6,7 +6,9 @@ kd=vd=128, bf16 inputs, K=4, 16 steps, acceptance 0.8), the form checked against
 of the accepted rows (``check_form``), then its 16 steps timed as one CUDA graph
 (``step_timing``). ``--unpaired`` compiles the Triton kernels with one conversion per element
 where a 2-byte state is rounded (``recurrence.PAIRED_ROUNDING`` off: the kernels before paired
-rounding, for a before/after in one machine session). Prints µs per step and writes JSON lines
+rounding, for a before/after in one machine session); ``--set NAME=VALUE`` runs under
+``settings.override(NAME=VALUE)`` (e.g. ``--set ring_fold_chunk=16``). Prints µs per step and
+writes JSON lines
 to ``--out`` (with the device, versions and commit). Usage (GPU): ``python3 scripts/bench_step.py --forms exact_lazy,chain_restore
 --states bfloat16,float32 --batches 1,64,128 [--unpaired] [--out F]``.
 """
@@ -14,6 +16,8 @@ to ``--out`` (with the device, versions and commit). Usage (GPU): ``python3 scri
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import json
 import sys
 
@@ -23,6 +27,7 @@ import triton.language as tl
 
 from pmll_lab import step_bench as S
 from pmll_lab.backend import environment
+from pmll_lab.ops import settings
 from pmll_lab.ops.gdn import recurrence
 
 
@@ -34,7 +39,16 @@ def main(argv=None) -> int:
     ap.add_argument("--unpaired", action="store_true",
                     help="one conversion per element when rounding a 2-byte state")
     ap.add_argument("--out", default=None, help="JSON lines, one row per form and case")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a launch setting to override (pmll_lab.ops.settings), repeatable")
     a = ap.parse_args(argv)
+    over = {}
+    for item in a.set:
+        name, _, value = item.partition("=")
+        try:
+            over[name.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            ap.error(f"--set: {item!r} is not NAME=VALUE with a Python literal VALUE")
     if a.unpaired:          # before any kernel compiles: Triton keys its cache on the value
         recurrence.PAIRED_ROUNDING = tl.constexpr(False)
     forms = a.forms.split(",")
@@ -42,12 +56,14 @@ def main(argv=None) -> int:
         if f not in S.STEP_FORMS:
             ap.error(f"--forms: {f!r} not in {S.STEP_FORMS}")
     rows, failed, env = [], 0, environment()
+    stack = contextlib.ExitStack()
+    stack.enter_context(settings.override(**over))      # ValueError naming a bad setting
     for sd in a.states.split(","):
         for B in (int(x) for x in a.batches.split(",")):
             for form in forms:
                 case = S.StepCase(batch=B, state_dtype=getattr(torch, sd))
                 row = dict(form=form, impl=S.impl_of(form), state_dtype=sd, B=B,
-                           paired=not a.unpaired, **env)
+                           paired=not a.unpaired, settings=over, **env)
                 try:
                     if not S.supports(form, case):
                         row["status"] = "unsupported"
@@ -66,6 +82,7 @@ def main(argv=None) -> int:
                 if a.out:
                     with open(a.out, "a") as fh:
                         fh.write(json.dumps(row) + "\n")
+    stack.close()
     return 1 if failed else 0
 
 
