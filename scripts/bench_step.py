@@ -48,7 +48,23 @@ def main(argv=None) -> int:
         try:
             over[name.strip()] = ast.literal_eval(value.strip())
         except (ValueError, SyntaxError):
-            ap.error(f"--set: {item!r} is not NAME=VALUE with a Python literal VALUE")
+            ap.error(f"--set: {item!r} is not NAME=VALUE with a Python literal VALUE "
+                     "(write 4611686018427387904, not 1 << 62)")
+    try:
+        with settings.override(**over):
+            pass
+    except ValueError as exc:
+        ap.error(f"--set: {exc}")
+    states = a.states.split(",")
+    for sd in states:
+        if sd not in ("float32", "bfloat16", "float16"):
+            ap.error(f"--states: {sd!r} not in float32, bfloat16, float16")
+    try:
+        batches = [int(x) for x in a.batches.split(",")]
+    except ValueError:
+        ap.error(f"--batches: expected comma-separated ints, got {a.batches!r}")
+    if not batches or min(batches) < 1:
+        ap.error(f"--batches: every B must be >= 1, got {a.batches!r}")
     if a.unpaired:          # before any kernel compiles: Triton keys its cache on the value
         recurrence.PAIRED_ROUNDING = tl.constexpr(False)
     forms = a.forms.split(",")
@@ -58,13 +74,13 @@ def main(argv=None) -> int:
     rows, failed, env = [], 0, environment()
     stack = contextlib.ExitStack()
     stack.enter_context(settings.override(**over))      # ValueError naming a bad setting
-    for sd in a.states.split(","):
-        for B in (int(x) for x in a.batches.split(",")):
+    for sd in states:
+        for B in batches:
             for form in forms:
-                case = S.StepCase(batch=B, state_dtype=getattr(torch, sd))
                 row = dict(form=form, impl=S.impl_of(form), state_dtype=sd, B=B,
                            paired=not a.unpaired, settings=over, **env)
                 try:
+                    case = S.StepCase(batch=B, state_dtype=getattr(torch, sd))
                     if not S.supports(form, case):
                         row["status"] = "unsupported"
                     else:

@@ -6,7 +6,8 @@ outputs against the float64 ring reference on the first sequences, then graph-re
 (L2 flushed, ``pmll_lab.bench.time_cuda_graph``) of the verify for every tile in ``--tiles``
 (``BVxBKxWARPSxSTAGES``); ``--fold-chunk 0 16`` repeats each tile with the fold loop's keys
 per chunk (``ring_fold_chunk``; 0 = the tile's BK); ``--kernels FILE ...`` times variant kernels
-(a file defining ``gdn_ring_fused_kernel`` with the library's arguments) beside the library's.
+(a file defining ``gdn_ring_fused_kernel`` with the library's arguments, ``FBK`` included)
+beside the library's.
 Prints one table; ``--json PATH`` writes the rows.
 
     python3 scripts/tune_ring.py --batch 64 128 --tiles 128x64x2x2 64x32x1x3 --json $OUT/r.json
@@ -95,6 +96,12 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
+    for fc in args.fold_chunk:              # refused here, before any point is timed
+        try:
+            with settings.override(ring_fold_chunk=fc):
+                pass
+        except ValueError as exc:
+            ap.error(f"--fold-chunk: {exc}")
     rows = []
     for kfile in args.kernels:
         _use_kernel(kfile)

@@ -25,6 +25,9 @@ def main():
     a = ap.parse_args()
     Bs = [int(s) for s in a.B.split(",")]
     states = a.states.split(",")
+    unknown = sorted(set(states) - set(R.STATE_DTYPES))
+    if unknown:
+        ap.error(f"--states: {unknown} not in {list(R.STATE_DTYPES)}")
     shape = dict(B=Bs, head_dim=[128], heads=[(16, 32)], dtype=["bfloat16"], state_layout=["vk"],
                  state_dtype=states)
     pts = R.points([dict(K=[1], providers=["decodes", "flashinfer_decode"], **shape),

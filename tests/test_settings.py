@@ -117,6 +117,10 @@ def test_override_nests_and_restores_also_after_an_error():
     (dict(ring_fold_chunk=8), "ring_fold_chunk"),
     (dict(ring_fold_chunk=24), "ring_fold_chunk"),
     (dict(vk_rows_half=((1 << 62, 16, 1),)), "vk_rows_half"),
+    (dict(vk_rows_half=((1 << 62, 12),)), "vk_rows_half"),       # arange needs a power of two
+    (dict(vk_rows_half=((1 << 62, 1),)), "vk_rows_half"),        # one row: another layout
+    (dict(vk_tiles=((1 << 62, 1, 16, 1),)), "vk_tiles"),
+    (dict(vk_tiles=((1 << 62, 8, 16, 3),)), "vk_tiles"),
 ])
 def test_override_refuses_bad_names_and_values_before_changing_anything(changes, named):
     with pytest.raises(ValueError, match=f"^{named}:"):

@@ -51,7 +51,7 @@ class GdnSettings:
     (``BV = min(vd, max(16, 4096 // BK))``, 1 warp). Powers of two."""
 
     vk_tiles: tuple = _row(
-        ((128, 8, 8, 1), (1 << 62, 8, 16, 1)), check="table",
+        ((128, 8, 8, 1), (1 << 62, 8, 16, 1)), check="vk_table",
         why="8 value rows per program stream decode and the chain best; the verify's folds gain "
             "from 16 above B*HV = 128; 2 warps or 4 rows were slower everywhere",
         see="perf-notes 'Launch constants: GDN decode and chain'; archive v11")
@@ -60,15 +60,17 @@ class GdnSettings:
     ``>= B*HV`` applies (else the last)."""
 
     vk_rows_half: tuple = _row(
-        ((256, 8), (1 << 62, 16)), check="table",
-        why="a bf16/fp16 tile of 8 rows is 2 KB: 16 rows stream the chain 8-9 % faster from "
-            "B*HV = 2048 and decode 3 % from 4096; below 256 8 rows are as fast or faster",
+        ((256, 8), (1 << 62, 16)), check="vk_table",
+        why="16 rows: the chain 8-9 % faster at B*HV = 2048-8192 and decode 3 % at 8192, decode "
+            "level at 2048 (45.5 against 45.0 us); 8 rows at 256 and below (B=1 chain 9.1 against "
+            "10.6 us); B*HV 257-2047 not measured",
         see="perf-notes 'Launch constants: GDN decode and chain'; "
             "reports/h200-2026-12-04/logs/tile-bf16.log")
     """Value rows per program of V-major decode and the chain on a 2-byte state, by work
     ``B*HV``: rows ``(max B*HV, value rows)`` (first row whose bound holds, else the last), in
     place of ``vk_tiles``' decode column; warps and the carry's rows stay ``vk_tiles``'. Heads
-    under 32 keys or over 128 keep ``vk_tiles``' rows (``recurrence.vk_config``)."""
+    whose padded key block (``next_power_of_2(kd)``) is under 32 or over 128 keep ``vk_tiles``'
+    rows (``recurrence.vk_config``)."""
 
     vk_ahead: tuple = _row(
         ((32, 4, 4, 4, 8), (512, 4, 4, 4, 4), (1 << 62, 0, 2, 1, 4)), check="table",
@@ -360,7 +362,11 @@ _KIND_TEXT = dict(
     flag="a bool", count="an int >= 0", pow2="a power of two", layout="'kv' or 'vk'",
     kv_block="None or (BV, num_warps), powers of two",
     table="a non-empty tuple of rows of ints >= 0, each as wide as the shipped rows",
-    chunk="0 or a power of two >= 16", tile="4 ints >= 1", tiles="((head size, element size), (BLOCK_M, BLOCK_N, warps, stages)) "
+    chunk="0 or a power of two >= 16",
+    vk_table="a non-empty tuple of rows as wide as the shipped rows: a bound >= 0, then value "
+             "rows per program, powers of two >= 2 (a warp's 4 x 8 threads must see two rows), "
+             "and warps, a power of two",
+    tile="4 ints >= 1", tiles="((head size, element size), (BLOCK_M, BLOCK_N, warps, stages)) "
     "pairs of ints >= 1")
 
 
@@ -373,6 +379,14 @@ def _check_kind(kind: str, value, shipped) -> tuple[object, bool]:
         return value, _is_int(value) and value >= 0
     if kind == "pow2":
         return value, _is_pow2(value)
+    if kind == "vk_table":
+        value = _rows(value)
+        width = len(shipped[0])
+        rows_cols = range(1, width - 1) if width == 4 else range(1, width)   # vk_tiles: warps last
+        return value, len(value) > 0 and all(
+            isinstance(r, tuple) and len(r) == width and _is_int(r[0]) and r[0] >= 0
+            and all(_is_pow2(r[c]) and r[c] >= 2 for c in rows_cols)
+            and (width != 4 or _is_pow2(r[3])) for r in value)
     if kind == "chunk":
         return value, _is_int(value) and (value == 0 or (value >= 16 and _is_pow2(value)))
     if kind == "kv_block":

@@ -65,8 +65,10 @@ from pmll_lab.ops.host import next_power_of_2
 
 PAIRED_ROUNDING = tl.constexpr(not INTERPRET)
 """On a GPU ``round_like`` rounds two fp32 values per conversion (PTX ``cvt.rn.bf16x2.f32`` /
-``cvt.rn.f16x2.f32``, SASS ``F2FP``) instead of one (``F2F``, a quarter-rate conversion on sm_90);
-both round to nearest even, so the bits are the same. The interpreter has no inline PTX and casts."""
+``cvt.rn.f16x2.f32``, SASS ``F2FP``) instead of one (``F2F``): fewer issue slots;
+both round to nearest even, so the bits are the same. The interpreter has no inline PTX and casts.
+The paired form needs an even element count per thread (every state tile has one; a tensor of
+one element does not compile)."""
 
 EXACT_LAUNCH = {"enable_fp_fusion": False}
 """Launch options of every GDN kernel: decode, the chain, the carried-state verify (exact form),
