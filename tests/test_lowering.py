@@ -451,11 +451,11 @@ def test_launch_cases_follow_the_tables_and_the_check_sees_the_small_head_carry(
     assert run.returncode == 0, run.stderr[-4000:]
     import json
     got = json.loads(run.stdout)
-    assert got["batches"] == [1, 4, 16, 17]          # 32, 128, 512 work units, then beyond
-    assert got["batches64"] == [2, 8, 9]             # no batch of 64 heads fits 32 units
-    assert got["batches_new_row"] == [1, 4, 16, 64, 65]
+    assert got["batches"] == [1, 4, 8, 16, 17]       # 32, 128, 256, 512 work units, beyond
+    assert got["batches64"] == [2, 4, 8, 9]          # no batch of 64 heads fits 32 units
+    assert got["batches_new_row"] == [1, 4, 8, 16, 64, 65]
     cases = got["cases"]
-    assert len(cases) == 5 * 3 + 5 * 3 * 4
+    assert len(cases) == 5 * 3 + 5 * 3 * 5
     assert {(c["layout"], c["head_dim"], c["state_type"]) for c in cases} == {
         (lay, d, t) for lay in ("kv", "vk") for d in (16, 32, 64, 128, 256)
         for t in ("fp32", "bf16", "fp16")}
