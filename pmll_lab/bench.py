@@ -14,10 +14,15 @@ Conventions (SPEC §4; STYLE.md's llm.c and Liger habits):
   do_bench does); median, p20 and p80 in microseconds, ``timer="cuda_graph"``. None on the CPU.
 - ``copy_bandwidth()``: the roofline, measured once per process as a device-to-device copy of
   1 GiB, counting bytes read plus bytes written (METHOD.md). ``None`` on the CPU.
+- ``variant_kernel(module, name, path)``: a kernel of the library replaced, for the length of a
+  ``with`` block, by the one a probe file defines under the same name (tuning scripts time
+  candidate kernels beside the library's in one process).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import math
 import statistics
 import time
@@ -240,3 +245,28 @@ def error_rows(kernel: str, out: torch.Tensor, ref: torch.Tensor, *, tol: float,
     passed = e["rel_l2"] <= tol
     return [{"kernel": kernel, "metric": m, "value": v, "tolerance": tol if m == "rel_l2" else None,
              "passed": passed, "what": what} for m, v in e.items()]
+
+
+@contextlib.contextmanager
+def variant_kernel(module, name: str, path: str | None):
+    """Within the block, ``module.<name>`` is the object of that name defined in the file
+    ``path`` (``None`` or ``"lib"``: the library's own, unchanged); restored on exit.
+    ``FileNotFoundError`` for a missing file, ``AttributeError`` naming ``name`` when the file
+    does not define it. The launchers read the kernel from their module at each call, so the
+    variant must take the library kernel's arguments."""
+    own = getattr(module, name)
+    if path in (None, "lib"):
+        yield own
+        return
+    spec = importlib.util.spec_from_file_location(f"pmll_lab_variant_{abs(hash(path))}", path)
+    if spec is None:
+        raise FileNotFoundError(path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not hasattr(mod, name):
+        raise AttributeError(f"{path}: defines no {name}")
+    setattr(module, name, getattr(mod, name))
+    try:
+        yield getattr(mod, name)
+    finally:
+        setattr(module, name, own)

@@ -7,9 +7,12 @@ of the accepted rows (``check_form``), then its 16 steps timed as one CUDA graph
 (``step_timing``). ``--unpaired`` compiles the Triton kernels with one conversion per element
 where a 2-byte state is rounded (``recurrence.PAIRED_ROUNDING`` off: the kernels before paired
 rounding, for a before/after in one machine session); ``--set NAME=VALUE`` runs under
-``settings.override(NAME=VALUE)`` (e.g. ``--set ring_fold_chunk=16``). Prints µs per step and
-writes JSON lines
-to ``--out`` (with the device, versions and commit). Usage (GPU): ``python3 scripts/bench_step.py --forms exact_lazy,chain_restore
+``settings.override(NAME=VALUE)`` (e.g. ``--set ring_fold_chunk=16``); ``--ring-variant SPEC`` (repeatable) runs the ``ring`` form
+once per SPEC, ``lib`` or a probe file defining ``gdn_ring_fused_kernel`` (as
+``tune_ring.py --kernels``), each optionally followed by ``+NAME=VALUE`` settings, e.g.
+``--ring-variant lib --ring-variant lib+ring_fold_chunk=16``: variants beside FlashInfer in one
+process. Prints µs per step and writes JSON lines to ``--out`` (with the device, versions and
+commit). Usage (GPU): ``python3 scripts/bench_step.py --forms exact_lazy,chain_restore
 --states bfloat16,float32 --batches 1,64,128 [--unpaired] [--out F]``.
 """
 
@@ -19,6 +22,7 @@ import argparse
 import ast
 import contextlib
 import json
+import os
 import sys
 
 import pmll_lab  # noqa: F401  (first: picks the device)
@@ -27,7 +31,9 @@ import triton.language as tl
 
 from pmll_lab import step_bench as S
 from pmll_lab.backend import environment
+from pmll_lab.bench import variant_kernel
 from pmll_lab.ops import settings
+from pmll_lab.ops.carry import gdn_ring
 from pmll_lab.ops.gdn import recurrence
 
 
@@ -41,20 +47,17 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="JSON lines, one row per form and case")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a launch setting to override (pmll_lab.ops.settings), repeatable")
+    ap.add_argument("--ring-variant", action="append", default=[], metavar="SPEC",
+                    help="lib or a probe FILE defining gdn_ring_fused_kernel, then optional "
+                         "+NAME=VALUE settings; repeatable; the ring form runs once per SPEC")
     a = ap.parse_args(argv)
-    over = {}
-    for item in a.set:
-        name, _, value = item.partition("=")
-        try:
-            over[name.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            ap.error(f"--set: {item!r} is not NAME=VALUE with a Python literal VALUE "
-                     "(write 4611686018427387904, not 1 << 62)")
-    try:
-        with settings.override(**over):
-            pass
-    except ValueError as exc:
-        ap.error(f"--set: {exc}")
+    over = _settings(ap, "--set", a.set)
+    variants = []
+    for spec in a.ring_variant or ["lib"]:
+        kfile, *items = spec.split("+")
+        if kfile != "lib" and not os.path.isfile(kfile):
+            ap.error(f"--ring-variant: {kfile!r} is neither 'lib' nor a file")
+        variants.append((spec, kfile, _settings(ap, "--ring-variant", items)))
     states = a.states.split(",")
     for sd in states:
         if sd not in ("float32", "bfloat16", "float16"):
@@ -76,23 +79,30 @@ def main(argv=None) -> int:
     stack.enter_context(settings.override(**over))      # ValueError naming a bad setting
     for sd in states:
         for B in batches:
-            for form in forms:
+            for form, (label, kfile, vover) in [
+                    (f, v) for f in forms
+                    for v in (variants if f == "ring" else [("lib", "lib", {})])]:
                 row = dict(form=form, impl=S.impl_of(form), state_dtype=sd, B=B,
-                           paired=not a.unpaired, settings=over, **env)
+                           paired=not a.unpaired, settings={**over, **vover}, **env)
+                if form == "ring":
+                    row["variant"] = label
                 try:
-                    case = S.StepCase(batch=B, state_dtype=getattr(torch, sd))
-                    if not S.supports(form, case):
-                        row["status"] = "unsupported"
-                    else:
-                        row.update(S.check_form(S.build_form(form, case)))
-                        if row["passed"]:
-                            row.update(S.step_timing(S.build_form(form, case)) or {})
-                        row["status"] = "ok" if row["passed"] else "check failed"
+                    with variant_kernel(gdn_ring, "gdn_ring_fused_kernel", kfile), \
+                          settings.override(**vover):
+                        case = S.StepCase(batch=B, state_dtype=getattr(torch, sd))
+                        if not S.supports(form, case):
+                            row["status"] = "unsupported"
+                        else:
+                            row.update(S.check_form(S.build_form(form, case)))
+                            if row["passed"]:
+                                row.update(S.step_timing(S.build_form(form, case)) or {})
+                            row["status"] = "ok" if row["passed"] else "check failed"
                 except Exception as exc:             # one case's failure loses no other
                     row["status"] = f"error: {type(exc).__name__}: {exc}"[:300]
                 failed += not row["status"] in ("ok", "unsupported")
                 rows.append(row)
-                print(f"{form:22s} {sd:9s} B={B:4d} {row.get('step_us', float('nan')):9.1f} us"
+                name = form if form != "ring" or len(variants) == 1 else f"ring[{label}]"
+                print(f"{name:22s} {sd:9s} B={B:4d} {row.get('step_us', float('nan')):9.1f} us"
                       f"  o_rel_l2 {row.get('o_rel_l2', float('nan')):.2e}  {row['status']}",
                       flush=True)
                 if a.out:
@@ -100,6 +110,24 @@ def main(argv=None) -> int:
                         fh.write(json.dumps(row) + "\n")
     stack.close()
     return 1 if failed else 0
+
+
+def _settings(ap, flag, items):
+    """``NAME=VALUE`` items as a checked settings override (``ap.error`` naming ``flag``)."""
+    over = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            over[name.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            ap.error(f"{flag}: {item!r} is not NAME=VALUE with a Python literal VALUE "
+                     "(write 4611686018427387904, not 1 << 62)")
+    try:
+        with settings.override(**over):
+            pass
+    except ValueError as exc:
+        ap.error(f"{flag}: {exc}")
+    return over
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import json
 import torch
 
 import pmll_lab  # noqa: F401  (first)
-from pmll_lab.bench import errors, time_cuda_graph
+from pmll_lab.bench import errors, time_cuda_graph, variant_kernel
 from pmll_lab.carry import GdnRing, gdn_ring_verify, ring_accept
 from pmll_lab.experiments.gdn import gating_inputs
 from pmll_lab.inputs import gdn_inputs
@@ -104,30 +104,16 @@ def main():
             ap.error(f"--fold-chunk: {exc}")
     rows = []
     for kfile in args.kernels:
-        _use_kernel(kfile)
         tag = "" if kfile == "lib" else "/" + kfile.rsplit("/", 1)[-1].removesuffix(".py")
-        for sd in args.state:
-            for B in args.batch:
-                for fill in args.fill:
-                    for fc in args.fold_chunk:
-                        rows += [dict(r, tile=r["tile"] + tag) for r in
-                                 point(B, args.rows, args.length, fill, getattr(torch, sd),
-                                       tiles, fold_chunk=fc)]
+        with variant_kernel(gdn_ring, "gdn_ring_fused_kernel", kfile):
+            for sd in args.state:
+                for B in args.batch:
+                    for fill in args.fill:
+                        for fc in args.fold_chunk:
+                            rows += [dict(r, tile=r["tile"] + tag) for r in
+                                     point(B, args.rows, args.length, fill, getattr(torch, sd),
+                                           tiles, fold_chunk=fc)]
     _report(rows, args.json)
-
-
-def _use_kernel(path):
-    """Put the variant's gdn_ring_fused_kernel (or the library's, ``lib``) in place."""
-    import importlib.util
-
-    from pmll_lab.ops.carry import gdn_ring_fused
-    kernel = gdn_ring_fused.gdn_ring_fused_kernel
-    if path != "lib":
-        spec = importlib.util.spec_from_file_location(f"variant_{abs(hash(path))}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        kernel = mod.gdn_ring_fused_kernel
-    gdn_ring.gdn_ring_fused_kernel = kernel
 
 
 def _report(rows, json_path):
