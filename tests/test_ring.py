@@ -107,18 +107,22 @@ def test_ring_gva_gating_and_k8():
     _run(7, HK=1, HV=4, kd=32, vd=16, K=8, length=32, steps=5, gating=True)
 
 
-def test_ring_fold_chunk_moves_no_bit():
-    """The verify's fold loop in 16-key chunks (``ring_fold_chunk``) instead of the tile's 32:
-    the same protocol against both references, and the folded states and rings bitwise the
-    default chunk's (the fold's sums run over the window's rows, not the keys)."""
+@pytest.mark.parametrize("chunk", [16, 0])
+def test_ring_fold_chunk_moves_no_bit(chunk):
+    """The verify's fold loop in other key chunks (``ring_fold_chunk``: 16, or 0 for the tile's
+    BK = 64) than the shipped 32: the same protocol against both references, and the folded
+    states and rings bitwise the shipped chunk's (the fold's sums run over the window's rows,
+    not the keys)."""
     from pmll_lab.ops import settings
 
-    state, ring, _, _, folds = _run(9, kd=32, vd=16, K=4, length=8, steps=5)
-    with settings.override(ring_fold_chunk=16):
-        state16, ring16, _, _, folds16 = _run(9, kd=32, vd=16, K=4, length=8, steps=5)
-    assert folds == folds16 > 0, "the run must cross a fold"
-    assert bitwise_equal(state16, state)
-    assert bitwise_equal(ring16.u, ring.u) and bitwise_equal(ring16.k, ring.k)
+    tiles = ((1 << 62, 4, 16, 64, 2, 2),)           # BK = 64 at kd = 64: three chunk widths
+    with settings.override(ring_form_tiles=tiles):
+        state, ring, _, _, folds = _run(9, kd=64, vd=16, K=4, length=8, steps=5)
+        with settings.override(ring_fold_chunk=chunk):
+            state_c, ring_c, _, _, folds_c = _run(9, kd=64, vd=16, K=4, length=8, steps=5)
+    assert folds == folds_c > 0, "the run must cross a fold"
+    assert bitwise_equal(state_c, state)
+    assert bitwise_equal(ring_c.u, ring.u) and bitwise_equal(ring_c.k, ring.k)
 
 
 def test_ring_fused_gating_is_bitwise_gdn_gating():

@@ -242,11 +242,14 @@ class RingFormSettings:
     capped at ``vd`` and ``BK`` at ``kd``."""
 
     ring_fold_chunk: int = _row(
-        0, check="chunk",
-        why="0 (the verify's BK) is what the tiles were timed with; the fold's [BV, chunk] fp32 "
-            "output sets the verify's registers: 198 at BK = 64, 128 with a 16-key chunk "
-            "(bf16 state, B >= 64 tile, sm_90 lowering), not yet timed",
-        see="perf-notes 'Launch constants: ring form'")
+        32, check="chunk",
+        why="the fold's [BV, chunk] fp32 output sets the verify's registers; per step (16 "
+            "steps, K = 4, bf16 state) 32-key chunks of the B >= 64 tile (BK = 64) took "
+            "44.1 / 74.1 us at B = 64 / 128 against 47.2 / 83.1 with 64 (verify at fill 4: "
+            "40.0 against 44.1 us at B = 64; with a fold 69.0 against 71.2), 16-key chunks "
+            "lose the fold (80.2); tiles with BK <= 32 (fp32, B <= 8) unchanged",
+        see="perf-notes 'Launch constants: ring form'; "
+            "reports/h200-2026-12-04b/logs/bench-step-fi.log, tune-ring-chunk.log")
     """Keys per chunk of the verify's fold loop (``gdn_ring_fused``'s second pass, which only
     a folding sequence runs): 0 for the tile's ``BK``, else a power of two >= 16 (capped at
     ``BK``). The fold's sums run over the window's rows, so the chunk moves no bit."""
