@@ -59,3 +59,50 @@ def test_bench_step_refuses_bad_ring_variants(spec, message, capsys):
     with pytest.raises(SystemExit):
         _script("bench_step").main(["--forms", "ring", "--ring-variant", spec])
     assert message in capsys.readouterr().err
+
+
+PROBES = sorted((ROOT / "scripts" / "probes").glob("ring_*.py"))
+
+
+@pytest.mark.parametrize("probe", PROBES, ids=[p.stem for p in PROBES])
+@pytest.mark.parametrize("state_dtype, fill", [("bfloat16", 4), ("float32", 13)])
+def test_ring_probes_agree_with_the_library_kernel(probe, state_dtype, fill):
+    """A ring verify probe of ``scripts/probes`` (a candidate for ``tune_ring.py --kernels``)
+    gives the library kernel's outputs, state, ring rows and ``engaged`` flags within 1e-5 rel
+    L2 (sums in another order), with and without a fold (fill 13 of a 16-row ring folds), at a
+    one-chunk tile (``BK = kd``) and a two-chunk one; seeded random inputs."""
+    import torch
+
+    from pmll_lab.bench import errors
+    from pmll_lab.carry import GdnRing, gdn_ring_verify
+    from pmll_lab.experiments.gdn import gating_inputs
+    from pmll_lab.inputs import gdn_inputs
+    from pmll_lab.ops import settings
+    from pmll_lab.ops.carry import gdn_ring
+    from pmll_lab.step_bench import fill_ring
+
+    B, HK, HV, kd, vd, K, R = 2, 1, 2, 32, 32, 4, 16
+    sd = getattr(torch, state_dtype)
+    x = gdn_inputs(11, B, HK, HV, kd, vd, rows=K, dtype=torch.bfloat16)
+    gate = gating_inputs(12, (B, K), HV)
+    state = x["state"].transpose(-1, -2).contiguous().to(sd)
+    ring = GdnRing.empty(B, HK, HV, kd, vd, length=R, dtype=sd)
+    fill_ring(ring, fill, seed=13)
+    kw = dict(slot_tab=x["state_indices"], A_log=gate["A_log"], a=gate["a"],
+              dt_bias=gate["dt_bias"], b=gate["b"])
+
+    def run(path, tile):
+        st = state.clone()
+        rg = GdnRing(ring.k.clone(), ring.u.clone(), ring.G.clone(), ring.len.clone(),
+                     ring.base.clone(), R)
+        with variant_kernel(gdn_ring, "gdn_ring_fused_kernel", path), \
+                settings.override(ring_form_tiles=((1 << 62, 4) + tile,)):
+            o, e = gdn_ring_verify(st, rg, x["q"], x["k"], x["v"], **kw)
+        return o, st, rg.u, e
+
+    lib = run("lib", (32, 16, 2, 2))
+    for tile in ((32, 32, 2, 1), (32, 16, 2, 2)):
+        got = run(str(probe), tile)
+        for name, a, b in zip(("o", "state", "ring u"), got[:3], lib[:3]):
+            assert errors(a.float(), b.float())["rel_l2"] <= 1e-5, (name, tile)
+        assert torch.equal(got[3], lib[3])
