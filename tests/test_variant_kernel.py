@@ -66,11 +66,13 @@ PROBES = sorted((ROOT / "scripts" / "probes").glob("ring_*.py"))
 
 @pytest.mark.parametrize("probe", PROBES, ids=[p.stem for p in PROBES])
 @pytest.mark.parametrize("state_dtype, fill", [("bfloat16", 4), ("float32", 13)])
-def test_ring_probes_agree_with_the_library_kernel(probe, state_dtype, fill):
+def test_ring_probes_hold_the_ring_tolerance(probe, state_dtype, fill):
     """A ring verify probe of ``scripts/probes`` (a candidate for ``tune_ring.py --kernels``)
-    gives the library kernel's outputs, state, ring rows and ``engaged`` flags within 1e-5 rel
-    L2 (sums in another order), with and without a fold (fill 13 of a 16-row ring folds), at a
-    one-chunk tile (``BK = kd``) and a two-chunk one; seeded random inputs."""
+    against the float64 ring reference: outputs within ``RING_TOLERANCE`` and no more than
+    1.5x the library kernel's error; the folded state and the appended ring rows within
+    ``RING_TOLERANCE`` of the library's, ``engaged`` equal; with and without a fold (fill 13 of
+    a 16-row ring folds), at a one-chunk tile (``BK = kd``) and a two-chunk one; seeded random
+    inputs (in the state's dtype)."""
     import torch
 
     from pmll_lab.bench import errors
@@ -79,17 +81,23 @@ def test_ring_probes_agree_with_the_library_kernel(probe, state_dtype, fill):
     from pmll_lab.inputs import gdn_inputs
     from pmll_lab.ops import settings
     from pmll_lab.ops.carry import gdn_ring
+    from pmll_lab.reference import ring as ref_ring
     from pmll_lab.step_bench import fill_ring
 
     B, HK, HV, kd, vd, K, R = 2, 1, 2, 32, 32, 4, 16
     sd = getattr(torch, state_dtype)
-    x = gdn_inputs(11, B, HK, HV, kd, vd, rows=K, dtype=torch.bfloat16)
+    tol = gdn_ring.RING_TOLERANCE[state_dtype]
+    x = gdn_inputs(11, B, HK, HV, kd, vd, rows=K, dtype=sd)     # fp32 outputs beside fp32 states
     gate = gating_inputs(12, (B, K), HV)
     state = x["state"].transpose(-1, -2).contiguous().to(sd)
     ring = GdnRing.empty(B, HK, HV, kd, vd, length=R, dtype=sd)
     fill_ring(ring, fill, seed=13)
-    kw = dict(slot_tab=x["state_indices"], A_log=gate["A_log"], a=gate["a"],
-              dt_bias=gate["dt_bias"], b=gate["b"])
+    kw = dict(slot_tab=x["state_indices"], A_log=gate["A_log"], a=gate["a"].to(sd),
+              dt_bias=gate["dt_bias"], b=gate["b"].to(sd))   # bf16 values: the same g, beta
+    o_ref, e_ref = ref_ring.verify(
+        state.double().transpose(-1, -2).cpu(), ref_ring.RefRing.from_ring(ring),
+        x["q"].cpu(), x["k"].cpu(), x["v"].cpu(), gate["g"].cpu(), gate["beta"].cpu(),
+        x["state_indices"].cpu().long(), state_dtype=sd, ring_dtype=sd)
 
     def run(path, tile):
         st = state.clone()
@@ -101,8 +109,12 @@ def test_ring_probes_agree_with_the_library_kernel(probe, state_dtype, fill):
         return o, st, rg.u, e
 
     lib = run("lib", (32, 16, 2, 2))
+    lib_err = errors(lib[0].float(), o_ref)["rel_l2"]
+    assert 0 < lib_err <= tol
     for tile in ((32, 32, 2, 1), (32, 16, 2, 2)):
-        got = run(str(probe), tile)
-        for name, a, b in zip(("o", "state", "ring u"), got[:3], lib[:3]):
-            assert errors(a.float(), b.float())["rel_l2"] <= 1e-5, (name, tile)
-        assert torch.equal(got[3], lib[3])
+        o, st, u, e = run(str(probe), tile)
+        err = errors(o.float(), o_ref)["rel_l2"]
+        assert err <= min(tol, 1.5 * lib_err), (tile, err, lib_err)
+        assert errors(st.float(), lib[1].float())["rel_l2"] <= tol, tile
+        assert errors(u.float(), lib[2].float())["rel_l2"] <= tol, tile
+        assert e.cpu().tolist() == e_ref.tolist() == lib[3].cpu().tolist()
