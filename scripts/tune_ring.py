@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 
@@ -96,6 +97,9 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
+    for kfile in args.kernels:              # refused here, before any point is timed
+        if kfile != "lib" and not os.path.isfile(kfile):
+            ap.error(f"--kernels: {kfile!r} is neither 'lib' nor a file")
     for fc in args.fold_chunk:              # refused here, before any point is timed
         try:
             with settings.override(ring_fold_chunk=fc):
