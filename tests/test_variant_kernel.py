@@ -61,6 +61,13 @@ def test_bench_step_refuses_bad_ring_variants(spec, message, capsys):
     assert message in capsys.readouterr().err
 
 
+
+def test_tune_ring_refuses_missing_kernel_files(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["tune_ring.py", "--kernels", "lib", "no/such/probe.py"])
+    with pytest.raises(SystemExit):
+        _script("tune_ring").main()
+    assert "neither 'lib' nor a file" in capsys.readouterr().err
+
 PROBES = sorted((ROOT / "scripts" / "probes").glob("ring_*.py"))
 
 
