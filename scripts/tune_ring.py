@@ -4,8 +4,8 @@ Qwen3-Next's GDN shape (HK=16, HV=32, kd=vd=128), bf16 inputs, K draft rows, rin
 For each state dtype, batch and ring fill ``P`` (``P + K > R`` folds): first a check of the
 outputs against the float64 ring reference on the first sequences, then graph-replay times
 (L2 flushed, ``pmll_lab.bench.time_cuda_graph``) of the verify for every tile in ``--tiles``
-(``BVxBKxWARPSxSTAGES``); ``--fold-chunk 0 16`` repeats each tile with the fold loop's keys
-per chunk (``ring_fold_chunk``; 0 = the tile's BK); ``--kernels FILE ...`` times variant kernels
+(``BVxBKxWARPSxSTAGES``); ``--fold-chunk 0 16 32`` repeats each tile with the fold loop's keys
+per chunk (``ring_fold_chunk``; 0 = the tile's BK; default the shipped value); ``--kernels FILE ...`` times variant kernels
 (a file defining ``gdn_ring_fused_kernel`` with the library's arguments, ``FBK`` included)
 beside the library's.
 Prints one table; ``--json PATH`` writes the rows.
@@ -92,8 +92,10 @@ def main():
     ap.add_argument("--kernels", nargs="+", default=["lib"],
                     help="files defining a variant gdn_ring_fused_kernel to time in place of "
                          "the library's; 'lib' = the library's")
-    ap.add_argument("--fold-chunk", type=int, nargs="+", default=[0],
-                    help="keys per chunk of the verify's fold loop (ring_fold_chunk; 0 = BK)")
+    ap.add_argument("--fold-chunk", type=int, nargs="+",
+                    default=[settings.ring_form().ring_fold_chunk],
+                    help="keys per chunk of the verify's fold loop (ring_fold_chunk; 0 = BK; "
+                         "default: the shipped value)")
     ap.add_argument("--json")
     args = ap.parse_args()
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
