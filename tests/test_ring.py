@@ -97,8 +97,16 @@ def test_ring_protocol_fp32(K, length):
     assert folds > 0 or length > 8, "the run must cross a fold"
 
 
-def test_ring_protocol_bf16_state_and_inputs():
-    *_, folds = _run(5, state_dtype=torch.bfloat16, in_dtype=torch.bfloat16, steps=6)
+@pytest.mark.parametrize("dtype, first", [("bfloat16", 2), ("bfloat16", 0), ("float32", 4)])
+def test_ring_protocol_both_orders(dtype, first):
+    """The verify with the head's coefficients before the state product (``first`` >= the
+    state's element size: the shipped order for bf16) and after it (``first`` = 0), bf16 state
+    and inputs, and fp32 with the coefficients first; both references, folds included."""
+    from pmll_lab.ops import settings
+
+    sd = getattr(torch, dtype)
+    with settings.override(ring_coefficients_first=first):
+        *_, folds = _run(5, state_dtype=sd, in_dtype=sd, steps=6)
     assert folds > 0
 
 

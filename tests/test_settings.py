@@ -66,6 +66,7 @@ def test_shipped_values_are_the_measured_ones():
     assert g.vk_tiles == ((128, 8, 8, 1), (1 << 62, 8, 16, 1))
     assert g.vk_rows_half == ((256, 8), (1 << 62, 16))
     assert settings.SHIPPED["ring_form"].ring_fold_chunk == 32
+    assert settings.SHIPPED["ring_form"].ring_coefficients_first == 2
     assert g.vk_ahead == ((32, 4, 4, 4, 8), (512, 4, 4, 4, 4), (1 << 62, 0, 2, 1, 4))
     assert g.chain_unroll_max_rows == 4 and g.default_state_layout == "kv"
     assert (c.exact_split_columns, c.exact_unroll_max_rows, c.carry_prefetch_rows,

@@ -255,6 +255,18 @@ class RingFormSettings:
     ``BK``). The fold's sums run over the window's rows, so the chunk moves no bit."""
 
 
+    ring_coefficients_first: int = _row(
+        2, check="count",
+        why="a bf16 verify at B >= 64 (128 x 64 x 2 x 2) took 37.4 / 60.7 us at B = 64 / 128 "
+            "with the coefficients first against 39.5 / 64.1 (fold steps 67.1 / 120.1 against "
+            "70.5 / 132.1); fp32 (64-row tiles) 74.2 against 70.9, so off above 2 bytes",
+        see="perf-notes 'Launch constants: ring form'; "
+            "reports/h200-2026-12-04c/logs/tune-ring-early.log")
+    """Largest state element size, in bytes, whose ring verify forms the head's small matrices
+    (the Grams of the new rows and the window's keys, the gates, ``Bt``, ``P2``) before its
+    state product, where the tile holds a whole head (``BV >= vd``); 0 = never. The Grams then
+    run over all keys at once instead of per chunk: a tolerance form either way."""
+
 SHIPPED = {"gdn": GdnSettings(), "carry": CarrySettings(), "conv": ConvSettings(),
            "ring": RingSettings(), "attention": AttentionSettings(),
            "ring_form": RingFormSettings()}

@@ -303,6 +303,7 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
         return o, engaged
     gate = (gating.A_log, gating.dt_bias) if gating is not None else (state, state)
     BV, BK, warps, stages = ring_tiles(B * HV, state.element_size(), kd, vd)
+    early = BV >= vd and state.element_size() <= settings.ring_form().ring_coefficients_first
     with _device_guard(state):
         gdn_ring_fused_kernel[(B * HV * cdiv(vd, BV),)](
             state, ring.k, ring.u, ring.G, ring.len, ring.base, slot_tab, q, k, v, o, g, beta,
@@ -314,7 +315,8 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
             HK=ring.num_k_heads, KD=kd, KP=next_power_of_2(kd), VD=vd, BK=BK, BV=BV,
             NT=cdiv(vd, BV), STAGES=stages, USE_QK_L2NORM=bool(use_qk_l2norm),
             GATE=gating is not None, SMALL=SMALL_PRODUCTS[str(state.dtype).split(".")[1]],
-            FBK=min(BK, settings.ring_form().ring_fold_chunk or BK), num_warps=warps)
+            FBK=min(BK, settings.ring_form().ring_fold_chunk or BK), EARLY=early,
+            num_warps=warps)
     return o, engaged
 
 

@@ -19,7 +19,11 @@ coefficients:
   substitution loop); ``P2[s, 8 + t] = e^{c_t - c_s} n_s n_{8+t} (k_s . q_t)`` for ``s <= t``;
 
 then ``W = S0 X^T diag(e^c n) + U_ring^T Dm``, ``U = (V - W) Bt`` (the new rows' corrections)
-and ``O = W + U P2`` (the outputs), all ``[BV, 16]``. Why one launch: the two-launch form
+and ``O = W + U P2`` (the outputs), all ``[BV, 16]``. With ``EARLY`` (a tile holding a whole
+head, 2-byte states: ``settings.ring_form().ring_coefficients_first``) the order turns round: the
+new rows and the window's keys are loaded whole and the small matrices formed first, then the
+state's chunks stream against ``X``, so the dependent chain left after the state's bytes arrive
+is three ``[BV, 16]`` products. Why one launch: the two-launch form
 (coefficients per head first, then the state) waits for the whole first grid before any state
 program finishes (reports/perf-notes.md, "Latest figures: the ring form").
 
@@ -77,11 +81,13 @@ def gdn_ring_fused_kernel(
     HV: tl.constexpr, HK: tl.constexpr, KD: tl.constexpr, KP: tl.constexpr, VD: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr, SMALL: tl.constexpr, FBK: tl.constexpr,
+    EARLY: tl.constexpr = False,
 ):
     """One ring verify tile (the module docstring); writes ``o``, the ring's new ``u`` rows
     (and ``k``, ``G``, ``engaged`` where this program is the one to), and the folded state.
     ``RW = max(16, R)``: window rows as one ``tl.dot`` dimension; ``NS = 2R`` a power of two;
-    ``FBK``: keys per chunk of the fold (``settings.ring_form().ring_fold_chunk``)."""
+    ``FBK``: keys per chunk of the fold (``settings.ring_form().ring_fold_chunk``); ``EARLY``:
+    the coefficients before the state product (module docstring)."""
     b, hv, j = head_tile_program(HV, NT)
     hk = hv // (HV // HK)
     slot, live, p, base = _slot_cursor(slot_ptr, len_ptr, base_ptr, b)
@@ -110,25 +116,39 @@ def gdn_ring_fused_kernel(
     vt = tl.load(v_ptr + b * v_b + x[None, :] * v_t + hv * v_h + rr[:, None],
                  mask=mt[None, :] & mr[:, None], other=0.0)               # [BV, 16]
 
-    # one pass over the keys: the state tile against X, and the Grams beside it
-    acc = tl.zeros((BV, 16), tl.float32)                                   # S0 X^T (raw X)
-    gram = tl.zeros((16, 16), tl.float32)                                  # X X^T
-    krx = tl.zeros((RW, 16), tl.float32)                                   # K_ring X^T
-    ss = tl.zeros((16,), tl.float32)
-    for c in tl.range(0, KD, BK, num_stages=STAGES):
-        rk = c + tl.arange(0, BK)
-        mk = rk < KD
-        h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :] & live, other=0.0)
-        xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
-        kc = tl.load(krow + rk[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
-        acc = _state_mma(h, tl.trans(xc), acc, SMALL)
-        krx = _state_mma(kc, tl.trans(xc), krx, SMALL)
-        if xc.dtype == tl.bfloat16:
-            gram = tl.dot(xc, tl.trans(xc), gram)                        # exact products
+    if EARLY:
+        # the new rows and the window's keys whole (L2), their products before the state's
+        kk = tl.arange(0, KP)
+        mkd = kk < KD
+        xw = tl.load(xrow + kk[None, :], mask=mx[:, None] & mkd[None, :], other=0.0)  # [16, KP]
+        kw_ = tl.load(krow + kk[None, :], mask=valid[:, None] & mkd[None, :], other=0.0)
+        krx = _state_mma(kw_, tl.trans(xw), tl.zeros((RW, 16), tl.float32), SMALL)
+        if xw.dtype == tl.bfloat16:
+            gram = tl.dot(xw, tl.trans(xw))                                 # exact products
         else:
-            gram = _small_mma(xc, tl.trans(xc), gram, SMALL)
-        xf = xc.to(tl.float32)
-        ss += tl.sum(xf * xf, 1)
+            gram = _small_mm(xw, tl.trans(xw), SMALL)
+        xf = xw.to(tl.float32)
+        ss = tl.sum(xf * xf, 1)
+    else:
+        # one pass over the keys: the state tile against X, and the Grams beside it
+        acc = tl.zeros((BV, 16), tl.float32)                               # S0 X^T (raw X)
+        gram = tl.zeros((16, 16), tl.float32)                              # X X^T
+        krx = tl.zeros((RW, 16), tl.float32)                               # K_ring X^T
+        ss = tl.zeros((16,), tl.float32)
+        for c in tl.range(0, KD, BK, num_stages=STAGES):
+            rk = c + tl.arange(0, BK)
+            mk = rk < KD
+            h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :] & live, other=0.0)
+            xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
+            kc = tl.load(krow + rk[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
+            acc = _state_mma(h, tl.trans(xc), acc, SMALL)
+            krx = _state_mma(kc, tl.trans(xc), krx, SMALL)
+            if xc.dtype == tl.bfloat16:
+                gram = tl.dot(xc, tl.trans(xc), gram)                    # exact products
+            else:
+                gram = _small_mma(xc, tl.trans(xc), gram, SMALL)
+            xf = xc.to(tl.float32)
+            ss += tl.sum(xf * xf, 1)
 
     # the head's small matrices
     g_last = tl.sum(tl.where(iw == p - 1, gring, 0.0), 0)                  # G_{P-1} (0 if P = 0)
@@ -153,6 +173,15 @@ def gdn_ring_fused_kernel(
     bt = beta[:, None] * _unit_upper_inverse(N, K, SMALL)
     p2 = tl.where(is_k[None, :], 0.0, dec * gx)
 
+    if EARLY:
+        # the state tile against X, after the coefficients
+        acc = tl.zeros((BV, 16), tl.float32)
+        for c in tl.range(0, KD, BK, num_stages=STAGES):
+            rk = c + tl.arange(0, BK)
+            mk = rk < KD
+            h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :] & live, other=0.0)
+            xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
+            acc = _state_mma(h, tl.trans(xc), acc, SMALL)
     w_all = _small_mma(uring_t, dm, acc * colscale[None, :], SMALL)
     ut = _small_mm(vt.to(tl.float32) - w_all, bt, SMALL)
     ot = _small_mma(ut, p2, w_all, SMALL)

@@ -1,10 +1,11 @@
 """Probe (awaiting GPU timing): the ring verify (``pmll_lab.ops.carry.gdn_ring_fused``) with
-its outputs from ``d = V - W`` directly, ``O = W + d (Bt P2)``, beside ``U = d Bt``: the two
-``[BV, 16]`` products share one operand and no longer wait for each other (the library's kernel
-forms ``U`` first, then ``O = W + U P2``: a third dependent product and a second operand
-conversion). ``Bt P2`` is a ``[16, 16]`` product of the head's coefficients. A tolerance form
-like the library's (``Bt P2`` rounded where ``U`` was); same arguments, for
-``scripts/tune_ring.py --kernels`` and ``scripts/bench_step.py --ring-variant``."""
+the head's small matrices formed before the state product. With one key chunk (``BK >= kd``)
+the state tile's load is issued first, so its memory latency runs under the coefficient work
+that the library's kernel does after its key loop (its verify is bound by instruction latency:
+perf-notes "Open"); the new rows and the window's keys are loaded whole. Same arguments as the
+library's kernel, for ``scripts/tune_ring.py --kernels`` and ``scripts/bench_step.py
+--ring-variant``; a tolerance form like the library's (sums in another order), checked there
+against the float64 reference before it is timed."""
 
 from __future__ import annotations
 
@@ -60,25 +61,21 @@ def gdn_ring_fused_kernel(
     vt = tl.load(v_ptr + b * v_b + x[None, :] * v_t + hv * v_h + rr[:, None],
                  mask=mt[None, :] & mr[:, None], other=0.0)               # [BV, 16]
 
-    # one pass over the keys: the state tile against X, and the Grams beside it
-    acc = tl.zeros((BV, 16), tl.float32)                                   # S0 X^T (raw X)
-    gram = tl.zeros((16, 16), tl.float32)                                  # X X^T
-    krx = tl.zeros((RW, 16), tl.float32)                                   # K_ring X^T
-    ss = tl.zeros((16,), tl.float32)
-    for c in tl.range(0, KD, BK, num_stages=STAGES):
-        rk = c + tl.arange(0, BK)
-        mk = rk < KD
-        h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :] & live, other=0.0)
-        xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
-        kc = tl.load(krow + rk[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
-        acc = _state_mma(h, tl.trans(xc), acc, SMALL)
-        krx = _state_mma(kc, tl.trans(xc), krx, SMALL)
-        if xc.dtype == tl.bfloat16:
-            gram = tl.dot(xc, tl.trans(xc), gram)                        # exact products
-        else:
-            gram = _small_mma(xc, tl.trans(xc), gram, SMALL)
-        xf = xc.to(tl.float32)
-        ss += tl.sum(xf * xf, 1)
+    # the new rows and the window's keys whole (from L2), the state tile issued first when it is
+    # one chunk, so that its latency runs under the coefficients below
+    kk = tl.arange(0, KP)
+    mkd = kk < KD
+    if BK >= KD:
+        hfull = tl.load(hrow + kk[None, :], mask=mr[:, None] & mkd[None, :] & live, other=0.0)
+    xf_ = tl.load(xrow + kk[None, :], mask=mx[:, None] & mkd[None, :], other=0.0)   # [16, KP]
+    kf_ = tl.load(krow + kk[None, :], mask=valid[:, None] & mkd[None, :], other=0.0)  # [RW, KP]
+    krx = _state_mma(kf_, tl.trans(xf_), tl.zeros((RW, 16), tl.float32), SMALL)
+    if xf_.dtype == tl.bfloat16:
+        gram = tl.dot(xf_, tl.trans(xf_))
+    else:
+        gram = _small_mm(xf_, tl.trans(xf_), SMALL)
+    xff = xf_.to(tl.float32)
+    ss = tl.sum(xff * xff, 1)
 
     # the head's small matrices
     g_last = tl.sum(tl.where(iw == p - 1, gring, 0.0), 0)                  # G_{P-1} (0 if P = 0)
@@ -102,8 +99,19 @@ def gdn_ring_fused_kernel(
     N = tl.where(is_k[None, :] & (x[:, None] < x[None, :]), beta[None, :] * dec * gx, 0.0)
     bt = beta[:, None] * _unit_upper_inverse(N, K, SMALL)
     p2 = tl.where(is_k[None, :], 0.0, dec * gx)
+    mp = _small_mm(bt, p2, SMALL)                          # Bt P2
 
-    mp = _small_mm(bt, p2, SMALL)                          # Bt P2: the outputs from d alone
+    # the state tile against X
+    if BK >= KD:
+        acc = _state_mma(hfull, tl.trans(xf_), tl.zeros((BV, 16), tl.float32), SMALL)
+    else:
+        acc = tl.zeros((BV, 16), tl.float32)
+        for c in tl.range(0, KD, BK, num_stages=STAGES):
+            rk = c + tl.arange(0, BK)
+            mk = rk < KD
+            h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :] & live, other=0.0)
+            xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
+            acc = _state_mma(h, tl.trans(xc), acc, SMALL)
     w_all = _small_mma(uring_t, dm, acc * colscale[None, :], SMALL)
     d = vt.to(tl.float32) - w_all
     ut = _small_mm(d, bt, SMALL)

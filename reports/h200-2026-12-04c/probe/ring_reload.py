@@ -1,21 +1,70 @@
-"""Probe (awaiting GPU timing): the ring verify (``pmll_lab.ops.carry.gdn_ring_fused``) with
-the head's small matrices formed before the state product. With one key chunk (``BK >= kd``)
-the state tile's load is issued first, so its memory latency runs under the coefficient work
-that the library's kernel does after its key loop (its verify is bound by instruction latency:
-perf-notes "Open"); the new rows and the window's keys are loaded whole. Same arguments as the
-library's kernel, for ``scripts/tune_ring.py --kernels`` and ``scripts/bench_step.py
---ring-variant``; a tolerance form like the library's (sums in another order), checked there
-against the float64 reference before it is timed."""
+"""The ring form's verify in one launch (SPEC §3d): a head's small matrices beside its state.
+
+One program per (sequence, value head, tile of ``BV`` value rows) of a V-major state
+``[S, HV, vd, kd]``; with ``BV = vd`` one program holds a whole head and forms its small
+matrices once. The program first streams its state tile in chunks of ``BK`` keys
+(``tl.range``, ``STAGES`` deep: a GEMM's K loop), ``S0 X^T`` on the tensor cores against the
+raw new rows (``X``: the ``K`` keys in columns 0..7, the ``K`` queries in 8..15); only then
+does it form, from loads that were issued with the stream and are served by L2, the head's
+coefficients:
+
+- the norms ``n`` of the rows of ``X`` (the l2 norm and the query scale), ``c = G_{P-1} +
+  cumsum(g)`` (the cumulative log decay of each new row from the stored state);
+- the Gram matrix ``X X^T`` and the window's keys against ``X`` (two ``tl.dot`` per chunk
+  of the same pass);
+- ``Dm[j, x] = e^{c_x - G_j} n_x (k_j . x)`` (the window's rows), ``N[s, t] = beta_t
+  e^{c_t - c_s} n_s n_t (k_s . k_t)`` for ``s < t < K`` and
+  ``Bt = diag(beta) (I + N)^-1``, the inverse as the product ``(I - N)(I + N^2)(I + N^4)``
+  (``N`` is nilpotent of order ``K <= 8``; two to four ``[16, 16]`` products, no
+  substitution loop); ``P2[s, 8 + t] = e^{c_t - c_s} n_s n_{8+t} (k_s . q_t)`` for ``s <= t``;
+
+then ``W = S0 X^T diag(e^c n) + U_ring^T Dm``, ``U = (V - W) Bt`` (the new rows' corrections)
+and ``O = W + U P2`` (the outputs), all ``[BV, 16]``. Why one launch: the two-launch form
+(coefficients per head first, then the state) waits for the whole first grid before any state
+program finishes (reports/perf-notes.md, "Latest figures: the ring form").
+
+A fold (``P + K > R``) changes nothing before the outputs (``H_P x = e^{G_{P-1}} S0 x +
+sum_j e^{G_{P-1} - G_j} u_j (k_j . x)`` is what the window's correction already computes); at
+the program's end it streams the tile again (from L2: the program read it moments before) and
+stores ``H_P = e^{G_{P-1}} S0 + U_ring^T (w K_ring)`` rounded once to the state's dtype, and the
+new rows' ``G`` count from it. Keeping the fold out of the first pass keeps the fold's
+registers out of the verify's. Appends go to ring rows ``base + P ..`` (mod ``NS = 2R``), past
+the window every program of the launch reads; ``k`` rows by the first value head of each
+key-head group, ``G`` and ``engaged`` by tile 0.
+
+Operand dtypes (``SMALL``): a bf16 state multiplies everything in bf16 with fp32 accumulation
+(as FlashInfer's ReplaySSM kernels; the coefficients' 2^-9 rounding is the state's own);
+beside an fp16 state the small products take one tf32 pass (fp16's range is too narrow for
+decays such as ``e^c``); beside an fp32 state the state's products take ``_split_mma`` (a bf16
+head and tail of the state block against the exact bf16 keys: two MMAs) and the small products
+``_fine_mma`` (three bf16 pieces of each operand, six MMAs): ~4e-7 on the outputs before their
+rounding, against ~5e-6 with two pieces, at fewer registers than ``"tf32x3"``. Measurements
+behind the tiles: ``pmll_lab.ops.settings.ring_form`` and reports/perf-notes.md.
+"""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.carry.gdn_ring_fused import _unit_upper_inverse
 from pmll_lab.ops.carry.gdn_ring_kernels import (_row_gates, _slot_cursor, _small_mm, _small_mma,
                                                  _state_mma)
 from pmll_lab.ops.gdn.recurrence import head_tile_program, load_gate_params
+
+@triton.jit
+def _unit_upper_inverse(N, K: tl.constexpr, SMALL: tl.constexpr):
+    """``(I + N)^-1`` for a strictly upper-triangular ``N [16, 16]`` nonzero only in its first
+    ``K <= 8`` rows and columns: ``(I - N)(I + N^2)(I + N^4)`` truncated where ``N^K = 0``."""
+    r = tl.arange(0, 16)
+    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    inv = eye - N
+    if K > 2:
+        n2 = _small_mm(N, N, SMALL)
+        inv = _small_mm(inv, eye + n2, SMALL)
+        if K > 4:
+            n4 = _small_mm(n2, n2, SMALL)
+            inv = _small_mm(inv, eye + n4, SMALL)
+    return inv
 
 
 @triton.jit
@@ -61,21 +110,25 @@ def gdn_ring_fused_kernel(
     vt = tl.load(v_ptr + b * v_b + x[None, :] * v_t + hv * v_h + rr[:, None],
                  mask=mt[None, :] & mr[:, None], other=0.0)               # [BV, 16]
 
-    # the new rows and the window's keys whole (from L2), the state tile issued first when it is
-    # one chunk, so that its latency runs under the coefficients below
-    kk = tl.arange(0, KP)
-    mkd = kk < KD
-    if BK >= KD:
-        hfull = tl.load(hrow + kk[None, :], mask=mr[:, None] & mkd[None, :] & live, other=0.0)
-    xf_ = tl.load(xrow + kk[None, :], mask=mx[:, None] & mkd[None, :], other=0.0)   # [16, KP]
-    kf_ = tl.load(krow + kk[None, :], mask=valid[:, None] & mkd[None, :], other=0.0)  # [RW, KP]
-    krx = _state_mma(kf_, tl.trans(xf_), tl.zeros((RW, 16), tl.float32), SMALL)
-    if xf_.dtype == tl.bfloat16:
-        gram = tl.dot(xf_, tl.trans(xf_))
-    else:
-        gram = _small_mm(xf_, tl.trans(xf_), SMALL)
-    xff = xf_.to(tl.float32)
-    ss = tl.sum(xff * xff, 1)
+    # one pass over the keys: the state tile against X, and the Grams beside it
+    acc = tl.zeros((BV, 16), tl.float32)                                   # S0 X^T (raw X)
+    gram = tl.zeros((16, 16), tl.float32)                                  # X X^T
+    krx = tl.zeros((RW, 16), tl.float32)                                   # K_ring X^T
+    ss = tl.zeros((16,), tl.float32)
+    for c in tl.range(0, KD, BK, num_stages=STAGES):
+        rk = c + tl.arange(0, BK)
+        mk = rk < KD
+        h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :] & live, other=0.0)
+        xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
+        kc = tl.load(krow + rk[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
+        acc = _state_mma(h, tl.trans(xc), acc, SMALL)
+        krx = _state_mma(kc, tl.trans(xc), krx, SMALL)
+        if xc.dtype == tl.bfloat16:
+            gram = tl.dot(xc, tl.trans(xc), gram)                        # exact products
+        else:
+            gram = _small_mma(xc, tl.trans(xc), gram, SMALL)
+        xf = xc.to(tl.float32)
+        ss += tl.sum(xf * xf, 1)
 
     # the head's small matrices
     g_last = tl.sum(tl.where(iw == p - 1, gring, 0.0), 0)                  # G_{P-1} (0 if P = 0)
@@ -100,17 +153,6 @@ def gdn_ring_fused_kernel(
     bt = beta[:, None] * _unit_upper_inverse(N, K, SMALL)
     p2 = tl.where(is_k[None, :], 0.0, dec * gx)
 
-    # the state tile against X
-    if BK >= KD:
-        acc = _state_mma(hfull, tl.trans(xf_), tl.zeros((BV, 16), tl.float32), SMALL)
-    else:
-        acc = tl.zeros((BV, 16), tl.float32)
-        for c in tl.range(0, KD, BK, num_stages=STAGES):
-            rk = c + tl.arange(0, BK)
-            mk = rk < KD
-            h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :] & live, other=0.0)
-            xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
-            acc = _state_mma(h, tl.trans(xc), acc, SMALL)
     w_all = _small_mma(uring_t, dm, acc * colscale[None, :], SMALL)
     ut = _small_mm(vt.to(tl.float32) - w_all, bt, SMALL)
     ot = _small_mma(ut, p2, w_all, SMALL)
@@ -139,6 +181,7 @@ def gdn_ring_fused_kernel(
         # H_P = e^{G_{P-1}} S0 + U_ring^T (w K_ring): the tile again (L2), rounded once
         w = tl.where(valid, tl.exp(g_last - gring), 0.0)
         efold = tl.exp(g_last)
+        uring_f = tl.load(ur + i[None, :] * VD + rr[:, None], mask=mr[:, None] & valid[None, :], other=0.0)
         # the store's addresses and mask written apart from the load's, so that the pipeline
         # does not carry [BV, BK] pointers from the stage that loads to the one that stores
         srow = state_ptr + (rr[:, None] * KD + (slot * s_slot + hv * (VD * KD)))
@@ -148,6 +191,6 @@ def gdn_ring_fused_kernel(
             h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
             kc = tl.load(krow + rk[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
             kw = (kc.to(tl.float32) * w[:, None]).to(dt)
-            hf = _state_mma(uring_t, kw, efold * h.to(tl.float32), SMALL)
+            hf = _state_mma(uring_f, kw, efold * h.to(tl.float32), SMALL)
             cs = tl.multiple_of(c, FBK) + tl.arange(0, FBK)
             tl.store(srow + cs[None, :], hf.to(dt), mask=(cs < KD)[None, :] & (rr < VD)[:, None])
