@@ -25,7 +25,7 @@ new rows and the window's keys are loaded whole and the small matrices formed fi
 state's chunks stream against ``X``, so the dependent chain left after the state's bytes arrive
 is three ``[BV, 16]`` products. Why one launch: the two-launch form
 (coefficients per head first, then the state) waits for the whole first grid before any state
-program finishes (reports/perf-notes.md, "Latest figures: the ring form").
+program finishes (reports/perf-notes.md, "The ring form's design and its history").
 
 A fold (``P + K > R``) changes nothing before the outputs (``H_P x = e^{G_{P-1}} S0 x +
 sum_j e^{G_{P-1} - G_j} u_j (k_j . x)`` is what the window's correction already computes); at
