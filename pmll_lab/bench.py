@@ -251,13 +251,15 @@ def error_rows(kernel: str, out: torch.Tensor, ref: torch.Tensor, *, tol: float,
 def variant_kernel(module, name: str, path: str | None):
     """Within the block, ``module.<name>`` is the object of that name defined in the file
     ``path`` (``None`` or ``"lib"``: the library's own, unchanged); restored on exit.
-    ``FileNotFoundError`` for a missing file, ``AttributeError`` naming ``name`` when the file
-    does not define it. The launchers read the kernel from their module at each call, so the
+    ``FileNotFoundError`` for a missing file, ``ValueError`` for one not ending in ``.py``,
+    ``AttributeError`` naming ``name`` when the file does not define it. The launchers read the kernel from their module at each call, so the
     variant must take the library kernel's arguments."""
     own = getattr(module, name)
     if path in (None, "lib"):
         yield own
         return
+    if not str(path).endswith(".py"):
+        raise ValueError(f"{path}: not a Python file (a variant is a .py file defining {name})")
     spec = importlib.util.spec_from_file_location(f"pmll_lab_variant_{abs(hash(path))}", path)
     if spec is None:
         raise FileNotFoundError(path)

@@ -239,7 +239,7 @@ def build_form(form: str, case: StepCase) -> StepForm:
             fill = ring.len[slots.long()].clone() if collect else None
             o, e = gdn_ring_verify(state, ring, **case.rows_of(i), slot_tab=slots,
                                    scale=case.scale)
-            ring_accept(ring, slots, e, acc[i])
+            ring_accept(ring, slots, e, acc[i], rows=K)
             return o, e, fill
 
         def eff(b):

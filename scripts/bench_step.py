@@ -30,7 +30,7 @@ import torch
 import triton.language as tl
 
 from pmll_lab import step_bench as S
-from pmll_lab.backend import environment
+from pmll_lab.backend import DEVICE, environment
 from pmll_lab.bench import variant_kernel
 from pmll_lab.ops import settings
 from pmll_lab.ops.carry import gdn_ring
@@ -57,7 +57,14 @@ def main(argv=None) -> int:
         kfile, *items = spec.split("+")
         if kfile != "lib" and not os.path.isfile(kfile):
             ap.error(f"--ring-variant: {kfile!r} is neither 'lib' nor a file")
+        try:                                # loaded once here: a bad file stops the run now
+            with variant_kernel(gdn_ring, "gdn_ring_fused_kernel", kfile):
+                pass
+        except Exception as exc:            # noqa: BLE001  (any failure of the file's import)
+            ap.error(f"--ring-variant: {kfile!r}: {exc}")
         variants.append((spec, kfile, _settings(ap, "--ring-variant", items)))
+    if a.ring_variant and "ring" not in a.forms.split(","):
+        ap.error("--ring-variant: applies to the ring form, which --forms does not list")
     states = a.states.split(",")
     for sd in states:
         if sd not in ("float32", "bfloat16", "float16"):
@@ -74,6 +81,9 @@ def main(argv=None) -> int:
     for f in forms:
         if f not in S.STEP_FORMS:
             ap.error(f"--forms: {f!r} not in {S.STEP_FORMS}")
+    if DEVICE.type != "cuda":
+        ap.error("needs a GPU: the H200 shape (HK=16, HV=32, kd=vd=128) on the Triton "
+                 "interpreter would take hours (pmll_lab.step_bench runs small cases on the CPU)")
     rows, failed, env = [], 0, environment()
     stack = contextlib.ExitStack()
     stack.enter_context(settings.override(**over))      # ValueError naming a bad setting

@@ -69,7 +69,7 @@ def point(B, K, R, fill, state_dtype, tiles, ref_seqs=4, fold_chunk=0):
             t = time_cuda_graph(verify) or dict(median_us=float("nan"), p20_us=0, p80_us=0)
             acc = torch.full((B,), K - 1, dtype=torch.int32, device=slots.device)
             eng = torch.ones(B, dtype=torch.int32, device=slots.device)
-            ta = time_cuda_graph(lambda: ring_accept(rg2, slots, eng, acc)) or t
+            ta = time_cuda_graph(lambda: ring_accept(rg2, slots, eng, acc, rows=K)) or t
             rows.append(dict(B=B, K=K, R=R, fill=fill, state=str(state_dtype).split(".")[1],
                              tile="x".join(map(str, tile)) + (f"/f{fold_chunk}" if fold_chunk
                                                               else ""),
@@ -82,13 +82,16 @@ def point(B, K, R, fill, state_dtype, tiles, ref_seqs=4, fold_chunk=0):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 128])
-    ap.add_argument("--rows", type=int, default=4)
-    ap.add_argument("--length", type=int, default=16)
-    ap.add_argument("--fill", type=int, nargs="+", default=[4, 13])
-    ap.add_argument("--state", nargs="+", default=["bfloat16", "float32"])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 128],
+                    help="sequences B (each >= 1)")
+    ap.add_argument("--rows", type=int, default=4, help="draft rows K per verify (2..8, <= R)")
+    ap.add_argument("--length", type=int, default=16, choices=(8, 16, 32), help="ring length R")
+    ap.add_argument("--fill", type=int, nargs="+", default=[4, 13],
+                    help="ring rows P before the verify (0..R; P + K > R folds)")
+    ap.add_argument("--state", nargs="+", default=["bfloat16", "float32"],
+                    choices=("bfloat16", "float32", "float16"), help="state pool dtypes")
     ap.add_argument("--tiles", nargs="+", default=["64x32x2x4", "64x32x1x3", "128x64x2x2"],
-                    help="BVxBKxWARPSxSTAGES")
+                    help="BVxBKxWARPSxSTAGES (BV, BK powers of two >= 16)")
     ap.add_argument("--kernels", nargs="+", default=["lib"],
                     help="files defining a variant gdn_ring_fused_kernel to time in place of "
                          "the library's; 'lib' = the library's")
@@ -96,18 +99,41 @@ def main():
                     default=[settings.ring_form().ring_fold_chunk],
                     help="keys per chunk of the verify's fold loop (ring_fold_chunk; 0 = BK; "
                          "default: the shipped value)")
-    ap.add_argument("--json")
+    ap.add_argument("--json", help="write the rows to this JSON file")
     args = ap.parse_args()
-    tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
-    for kfile in args.kernels:              # refused here, before any point is timed
+    # every argument refused here, before any point is timed
+    if any(B < 1 for B in args.batch):
+        ap.error(f"--batch: every B must be >= 1, got {args.batch}")
+    if not 2 <= args.rows <= min(8, args.length):
+        ap.error(f"--rows: K must be in [2, {min(8, args.length)}], got {args.rows}")
+    if any(not 0 <= f <= args.length for f in args.fill):
+        ap.error(f"--fill: every P must be in [0, {args.length}], got {args.fill}")
+    tiles = []
+    for t in args.tiles:
+        try:
+            tile = tuple(int(v) for v in t.split("x"))
+            with settings.override(ring_form_tiles=((1 << 62, 4) + tile,)):
+                pass
+        except ValueError:
+            ap.error(f"--tiles: {t!r} is not BVxBKxWARPSxSTAGES with BV, BK powers of two >= 16, "
+                     "warps a power of two and stages >= 1")
+        tiles.append(tile)
+    for kfile in args.kernels:
         if kfile != "lib" and not os.path.isfile(kfile):
             ap.error(f"--kernels: {kfile!r} is neither 'lib' nor a file")
-    for fc in args.fold_chunk:              # refused here, before any point is timed
+        try:                                # loaded once here: a bad file stops the run now
+            with variant_kernel(gdn_ring, "gdn_ring_fused_kernel", kfile):
+                pass
+        except Exception as exc:            # noqa: BLE001  (any failure of the file's import)
+            ap.error(f"--kernels: {kfile!r}: {exc}")
+    for fc in args.fold_chunk:
         try:
             with settings.override(ring_fold_chunk=fc):
                 pass
         except ValueError as exc:
             ap.error(f"--fold-chunk: {exc}")
+    if not torch.cuda.is_available():
+        ap.error("needs a GPU: the H200 shape on the Triton interpreter would take hours")
     rows = []
     for kfile in args.kernels:
         tag = "" if kfile == "lib" else "/" + kfile.rsplit("/", 1)[-1].removesuffix(".py")

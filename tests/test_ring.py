@@ -73,7 +73,7 @@ def _run(seed, *, B=3, S=5, HK=2, HV=4, kd=16, vd=32, K=4, length=8, steps=6,
         _close(f"step {step} o vs exact protocol", o[live], o_plain[lc],
                RING_TOLERANCE[str(state_dtype).split(".")[1]])
         acc = torch.randint(0, K + 1, (B,), generator=gen).to(torch.int32)
-        ring_accept(ring, slots, eng, acc.to(DEVICE), validate=True)
+        ring_accept(ring, slots, eng, acc.to(DEVICE), rows=K, validate=True)
         ref_ring.accept(rref, slots.cpu(), e_ring, acc)
         for b in range(B):
             if int(slots[b]) >= 0 and int(acc[b]):
@@ -299,13 +299,16 @@ def test_ring_checks_found_by_a_fresh_trial():
         gdn_ring_flush([st], [ring], dup, validate=check)
     slots = x["state_indices"]
     eng = torch.ones(2, dtype=torch.int32, device=DEVICE)
-    for acc, what in (([-5, 2], "^accepted"), ([3, 9], "^accepted"),
-                      ([3, 2], "^rings\\[0\\].len after accept")):
-        ring.len.copy_(torch.tensor([6, 6, 6, 6], dtype=torch.int32))
+    for acc, what, k_rows in (([-5, 2], "^accepted", None), ([3, 9], "^accepted", None),
+                            ([3, 2], "^rings\\[0\\].len after accept", None),
+                            ([1, 3], "^accepted: .*\\[0, 2\\]", 2), ([1, 1], "^rows", 0)):
+        ring.len.copy_(torch.tensor([1, 1, 1, 1] if k_rows is not None else [6, 6, 6, 6],
+                                    dtype=torch.int32))
+        before = ring.len.cpu().tolist()
         with pytest.raises(ValueError, match=what):
             ring_accept(ring, slots, eng, torch.tensor(acc, dtype=torch.int32, device=DEVICE),
-                        validate=check)
-        assert ring.len.cpu().tolist() == [6, 6, 6, 6], "nothing launched"
+                        rows=k_rows, validate=check)
+        assert ring.len.cpu().tolist() == before, "nothing launched"
     with pytest.raises(ValueError, match="^engaged"):
         ring_accept(ring, slots, torch.tensor([0, 7], dtype=torch.int32, device=DEVICE),
                     torch.zeros(2, dtype=torch.int32, device=DEVICE), validate=check)

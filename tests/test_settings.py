@@ -122,6 +122,12 @@ def test_override_nests_and_restores_also_after_an_error():
     (dict(vk_rows_half=((1 << 62, 1),)), "vk_rows_half"),        # one row: another layout
     (dict(vk_tiles=((1 << 62, 1, 16, 1),)), "vk_tiles"),
     (dict(vk_tiles=((1 << 62, 8, 16, 3),)), "vk_tiles"),
+    (dict(ring_form_tiles=((1 << 62, 2, 0, 64, 2, 2),)), "ring_form_tiles"),     # BV 0
+    (dict(ring_form_tiles=((1 << 62, 2, 100, 64, 2, 2),)), "ring_form_tiles"),   # not a power
+    (dict(ring_form_tiles=((1 << 62, 2, 128, 8, 2, 2),)), "ring_form_tiles"),    # BK < 16
+    (dict(ring_form_tiles=((1 << 62, 2, 128, 64, 0, 2),)), "ring_form_tiles"),   # no warps
+    (dict(ring_form_tiles=((1 << 62, 2, 128, 64, 2, 0),)), "ring_form_tiles"),   # no stages
+    (dict(ring_coefficients_first=-1), "ring_coefficients_first"),
 ])
 def test_override_refuses_bad_names_and_values_before_changing_anything(changes, named):
     with pytest.raises(ValueError, match=f"^{named}:"):

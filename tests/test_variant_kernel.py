@@ -40,6 +40,9 @@ def test_variant_errors_name_the_problem(tmp_path):
     with pytest.raises(FileNotFoundError):
         with variant_kernel(mod, "kern", str(tmp_path / "missing.py")):
             pass
+    with pytest.raises(ValueError, match="not a Python file"):
+        with variant_kernel(mod, "kern", str(tmp_path / "notes.txt")):
+            pass
     assert mod.kern == "library"
 
 
@@ -60,6 +63,38 @@ def test_bench_step_refuses_bad_ring_variants(spec, message, capsys):
         _script("bench_step").main(["--forms", "ring", "--ring-variant", spec])
     assert message in capsys.readouterr().err
 
+
+
+def test_scripts_refuse_variant_files_that_define_no_kernel(tmp_path, monkeypatch, capsys):
+    """A file that exists but is no variant (not .py, or no ``gdn_ring_fused_kernel``) is
+    refused by both scripts before any point runs, as is a variant without the ring form."""
+    text = tmp_path / "notes.txt"
+    text.write_text("not python\n")
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    for path, message in ((text, "not a Python file"), (empty, "defines no gdn_ring_fused_kernel")):
+        with pytest.raises(SystemExit):
+            _script("bench_step").main(["--forms", "ring", "--ring-variant", str(path)])
+        assert message in capsys.readouterr().err
+        monkeypatch.setattr("sys.argv", ["tune_ring.py", "--kernels", str(path)])
+        with pytest.raises(SystemExit):
+            _script("tune_ring").main()
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _script("bench_step").main(["--forms", "chain_restore", "--ring-variant", "lib"])
+    assert "which --forms does not list" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tiles", "100x64x2x2"], "--tiles"), (["--tiles", "128x64x2"], "--tiles"),
+    (["--batch", "0"], "--batch"), (["--fill", "17"], "--fill"), (["--rows", "9"], "--rows"),
+    (["--state", "float64"], "--state"), (["--length", "3"], "--length"),
+])
+def test_tune_ring_refuses_bad_arguments(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["tune_ring.py", *argv])
+    with pytest.raises(SystemExit):
+        _script("tune_ring").main()
+    assert message in capsys.readouterr().err
 
 
 def test_tune_ring_refuses_missing_kernel_files(monkeypatch, capsys):

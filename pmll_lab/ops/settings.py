@@ -230,7 +230,7 @@ class RingFormSettings:
 
     ring_form_tiles: tuple = _row(
         ((32, 2, 64, 32, 2, 4), (32, 4, 64, 32, 2, 3), (256, 4, 64, 32, 1, 3),
-         (1 << 62, 2, 128, 64, 2, 2), (1 << 62, 4, 64, 32, 1, 3)), check="table",
+         (1 << 62, 2, 128, 64, 2, 2), (1 << 62, 4, 64, 32, 1, 3)), check="ring_tiles",
         why="the fastest per step (13 verifies at ring fill 4 and 3 folds at fill 13 per 16) of "
             "7 tiles (bf16 state) and 4 (fp32): B = 1 64 x 32 x 2 warps x 4 stages (fp32: 3), "
             "B = 8 64 x 32 x 1 x 3, B >= 64 128 x 64 x 2 x 2 (fp32: 64 x 32 x 1 x 3)",
@@ -378,6 +378,8 @@ _KIND_TEXT = dict(
     kv_block="None or (BV, num_warps), powers of two",
     table="a non-empty tuple of rows of ints >= 0, each as wide as the shipped rows",
     chunk="0 or a power of two >= 16",
+    ring_tiles="a non-empty tuple of rows (max B*HV >= 0, max element bytes >= 1, BV and BK "
+               "powers of two >= 16, warps a power of two, stages >= 1)",
     vk_table="a non-empty tuple of rows as wide as the shipped rows: a bound >= 0, then value "
              "rows per program, powers of two >= 2 (a warp's 4 x 8 threads must see two rows), "
              "and warps, a power of two",
@@ -412,6 +414,12 @@ def _check_kind(kind: str, value, shipped) -> tuple[object, bool]:
         return value, len(value) > 0 and all(
             isinstance(r, tuple) and len(r) == len(shipped[0])
             and all(_is_int(v) and v >= 0 for v in r) for r in value)
+    if kind == "ring_tiles":
+        value = _rows(value)
+        return value, len(value) > 0 and all(
+            isinstance(r, tuple) and len(r) == 6 and all(_is_int(v) for v in r)
+            and r[0] >= 0 and r[1] >= 1 and all(_is_pow2(v) and v >= 16 for v in r[2:4])
+            and _is_pow2(r[4]) and r[5] >= 1 for r in value)
     if kind == "tile":
         return value, (isinstance(value, tuple) and len(value) == 4
                        and all(_is_int(v) and v >= 1 for v in value))
@@ -421,3 +429,9 @@ def _check_kind(kind: str, value, shipped) -> tuple[object, bool]:
         return value, all(len(p) == 2 and len(p[0]) == 2 and len(p[1]) == 4
                           and all(_is_int(v) and v >= 1 for v in p[0] + p[1]) for p in value)
     raise AssertionError(kind)
+
+
+if __name__ == "__main__":           # python -m pmll_lab.ops.settings: the shipped table
+    for r in describe():
+        print(f"{r['family']:10} {r['name']:26} {r['value']!r}\n{'':37}{r['why']}\n"
+              f"{'':37}see {r['see']}")

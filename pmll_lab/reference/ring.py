@@ -151,8 +151,9 @@ def verify(state, ring: RefRing, q, k, v, g, beta, slot_tab, *, scale=None, use_
 
 
 def accept(ring: RefRing, slot_tab, engaged, accepted) -> None:
-    """The caller's commit after a verify: ``base += len, len = a`` where the verify folded
-    (``engaged == 2``), else ``len += a`` (``0 <= a <= K``). Padding lanes change nothing."""
+    """The caller's commit after a verify: ``base = (base + len) mod 2R, len = a`` where the
+    verify folded (``engaged == 2``), else ``len += a`` (``0 <= a <= K``). Padding lanes change
+    nothing."""
     ns = ring.slots_per_head
     for b, slot in enumerate(slot_list("slot_tab", slot_tab, len(slot_tab), ring.len.shape[0])):
         if slot == PAD:

@@ -56,9 +56,11 @@ bf16/fp16: the state's own rounding."""
 
 @dataclass(eq=False)
 class GdnRing:
-    """One layer's ring for ``S`` slots (SPEC §3d); the table in this module's docstring.
+    """One layer's ring for ``S`` slots (SPEC §3d); its fields are tabled in the docstring of
+    ``pmll_lab.ops.carry.gdn_ring``.
 
-    Build with ``GdnRing.empty(...)`` (zeroed; ``len = base = 0``). ``length`` is ``R``.
+    Build with ``GdnRing.empty(...)`` (zeroed; ``len = base = 0``). ``length`` is ``R``, one of
+    ``RING_LENGTHS`` (8, 16, 32).
     ``ValueError`` naming the field for a shape, dtype or device that does not fit."""
 
     k: torch.Tensor
@@ -274,8 +276,10 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
         ring: the layer's ``GdnRing`` (same slots, heads, dims and dtype); rows
             ``base + len .. + K - 1`` (mod ``2R``) of each live slot are written; ``len`` and
             ``base`` are read, never written (``ring_accept`` commits).
-        q, k: ``[B, K, HK, kd]``; v: ``[B, K, HV, vd]`` (one float dtype, last dim contiguous).
-        g, beta: ``[B, K, HV]`` fp32, or ``g=beta=None`` with ``A_log, dt_bias [HV]``,
+        q, k: ``[B, K, HK, kd]``; v: ``[B, K, HV, vd]`` (one float dtype, last dim contiguous);
+            ``2 <= K <= min(R, 8)``.
+        g, beta: ``[B, K, HV]`` fp32 (``g <= 0`` the log decay, ``0 <= beta <= 1``), or
+            ``g=beta=None`` with ``A_log, dt_bias [HV]``,
             ``a, b [B, K, HV]``: the gating computed in the kernel (SPEC §2 "Gating").
         slot_tab: ``[B]`` int32/int64 slots, distinct; -1 marks a padding lane (zero outputs,
             ``engaged`` 1, nothing read or written).
@@ -333,16 +337,18 @@ def _ring_list(rings) -> list[GdnRing]:
     return rings
 
 
-def ring_accept(rings, slot_tab, engaged, accepted, *, validate=False) -> None:
+def ring_accept(rings, slot_tab, engaged, accepted, *, rows=None, validate=False) -> None:
     """The cursor commit after a ring verify, on the device with no host sync (SPEC §3d):
     ``base = (base + len) % 2R, len = a`` where the verify folded (``engaged == 2``), else
     ``len += a``, for one ring or a list (one launch; e.g. every layer of a step).
 
     ``slot_tab [B]``, ``engaged [B]`` int32 as the verify returned it, ``accepted [B]``
-    int32/int64 (``0 <= a <= K``), all contiguous on the rings' device. ``validate=True``
-    checks slots, ``engaged`` in {1, 2} and that no ``len`` leaves ``[0, R]`` (a sync); with
-    every table on the host (every CPU run) the same checks run whatever ``validate`` says.
-    Raises ``ValueError`` naming the argument."""
+    int32/int64 (``0 <= a <= K``), all contiguous on the rings' device. ``rows``: the verify's
+    ``K``; given, ``a <= K`` is checked with the rest (without it only ``a <= R`` can be: an
+    ``a`` above ``K`` would take rows the verify never wrote into the window). ``validate=True``
+    checks slots, ``engaged`` in {1, 2}, the accepted counts and that no ``len`` leaves
+    ``[0, R]`` (a sync); with every table on the host (every CPU run) the same checks run
+    whatever ``validate`` says. Raises ``ValueError`` naming the argument."""
     rings = _ring_list(rings)
     dev = rings[0].device
     _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=dev, contiguous=True)
@@ -351,6 +357,8 @@ def ring_accept(rings, slot_tab, engaged, accepted, *, validate=False) -> None:
     _checks.tensor("accepted", accepted, shape=(B,), dtype=INDEX_DTYPES, device=dev,
                    contiguous=True)
     _checks.flag("validate", validate)
+    if rows is not None:
+        _checks.positive_int("rows", rows, maximum=rings[0].length)
     if B > rings[0].slots:
         raise ValueError(f"slot_tab: {B} sequences but only {rings[0].slots} slots")
     _host_slots(slot_tab, rings[0].slots)
@@ -361,7 +369,7 @@ def ring_accept(rings, slot_tab, engaged, accepted, *, validate=False) -> None:
         for i, r in enumerate(rings):
             n = r.len[slot_tab[live].long()]
             acc = accepted[live].to(torch.int32)
-            _checks.range_values("accepted", acc, 0, r.length)
+            _checks.range_values("accepted", acc, 0, r.length if rows is None else rows)
             after = torch.where(engaged[live] == 2, acc, n + acc)
             _checks.range_values(f"rings[{i}].len after accept", after, 0, r.length)
     if B == 0:

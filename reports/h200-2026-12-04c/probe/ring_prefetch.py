@@ -1,0 +1,186 @@
+"""Scratch probe: the library's ring verify with the state tile prefetched into L2 (cp.async.bulk.prefetch) at the start."""
+
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from pmll_lab.ops.carry.gdn_ring_kernels import (_row_gates, _slot_cursor, _small_mm, _small_mma,
+                                                 _state_mma)
+from pmll_lab.ops.gdn.recurrence import head_tile_program, load_gate_params
+
+@triton.jit
+def _unit_upper_inverse(N, K: tl.constexpr, SMALL: tl.constexpr):
+    """``(I + N)^-1`` for a strictly upper-triangular ``N [16, 16]`` nonzero only in its first
+    ``K <= 8`` rows and columns: ``(I - N)(I + N^2)(I + N^4)`` truncated where ``N^K = 0``."""
+    r = tl.arange(0, 16)
+    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    inv = eye - N
+    if K > 2:
+        n2 = _small_mm(N, N, SMALL)
+        inv = _small_mm(inv, eye + n2, SMALL)
+        if K > 4:
+            n4 = _small_mm(n2, n2, SMALL)
+            inv = _small_mm(inv, eye + n4, SMALL)
+    return inv
+
+
+@triton.jit
+def gdn_ring_fused_kernel(
+    state_ptr, kr_ptr, ur_ptr, gr_ptr, len_ptr, base_ptr, slot_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, g_ptr, beta_ptr, engaged_ptr, alog_ptr, dtb_ptr,
+    scale, s_slot, kr_slot, ur_slot, gr_slot,
+    q_b, q_t, q_h, k_b, k_t, k_h, v_b, v_t, v_h, o_b, o_t, o_h, g_b, g_t, beta_b, beta_t,
+    K: tl.constexpr, R: tl.constexpr, NS: tl.constexpr, RW: tl.constexpr,
+    HV: tl.constexpr, HK: tl.constexpr, KD: tl.constexpr, KP: tl.constexpr, VD: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr, SMALL: tl.constexpr, FBK: tl.constexpr,
+    EARLY: tl.constexpr = False,
+):
+    """One ring verify tile (the module docstring); writes ``o``, the ring's new ``u`` rows
+    (and ``k``, ``G``, ``engaged`` where this program is the one to), and the folded state.
+    ``RW = max(16, R)``: window rows as one ``tl.dot`` dimension; ``NS = 2R`` a power of two;
+    ``FBK``: keys per chunk of the fold (``settings.ring_form().ring_fold_chunk``); ``EARLY``:
+    the coefficients before the state product (module docstring)."""
+    b, hv, j = head_tile_program(HV, NT)
+    hk = hv // (HV // HK)
+    slot, live, p, base = _slot_cursor(slot_ptr, len_ptr, base_ptr, b)
+    if live:
+        # the state tile, contiguous, into L2 while the prologue and coefficients run
+        tile = state_ptr + slot * s_slot + hv * (VD * KD) + j * (BV * KD)
+        nbytes = (BV * KD * state_ptr.dtype.element_ty.primitive_bitwidth) // 8
+        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;",
+                                  "=r,l,r", [tile, tl.full((), nbytes, tl.int32)], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+    rr = j * BV + tl.arange(0, BV)
+    mr = rr < VD
+    x = tl.arange(0, 16)
+    t = x % 8
+    is_k = x < 8
+    mx = (t < K) & live                       # column x holds a row of X
+    mt = (x < K) & live                       # column x is new row t = x (a key)
+    iw = tl.arange(0, RW)                     # the window's rows, oldest first
+    valid = (iw < p) & live
+    i = (base + iw) & (NS - 1)                # their physical rows
+    fold = (p + K > R) & live
+    dt = state_ptr.dtype.element_ty
+
+    xrow = tl.where(is_k[:, None], k_ptr + b * k_b + t[:, None] * k_t + hk * k_h,
+                    q_ptr + b * q_b + t[:, None] * q_t + hk * q_h)
+    krow = kr_ptr + slot * kr_slot + hk * (NS * KD) + i[:, None] * KD
+    hrow = state_ptr + slot * s_slot + hv * (VD * KD) + rr[:, None] * KD
+    ur = ur_ptr + slot * ur_slot + hv * (NS * VD)
+    gr = gr_ptr + slot * gr_slot + hv * NS
+    uring_t = tl.load(ur + i[None, :] * VD + rr[:, None], mask=mr[:, None] & valid[None, :],
+                      other=0.0)                                            # [BV, RW]
+    gring = tl.load(gr + i, mask=valid, other=0.0)                         # [RW]
+    vt = tl.load(v_ptr + b * v_b + x[None, :] * v_t + hv * v_h + rr[:, None],
+                 mask=mt[None, :] & mr[:, None], other=0.0)               # [BV, 16]
+
+    if EARLY:
+        # the new rows and the window's keys whole (L2), their products before the state's
+        kk = tl.arange(0, KP)
+        mkd = kk < KD
+        xw = tl.load(xrow + kk[None, :], mask=mx[:, None] & mkd[None, :], other=0.0)  # [16, KP]
+        kw_ = tl.load(krow + kk[None, :], mask=valid[:, None] & mkd[None, :], other=0.0)
+        krx = _state_mma(kw_, tl.trans(xw), tl.zeros((RW, 16), tl.float32), SMALL)
+        if xw.dtype == tl.bfloat16:
+            gram = tl.dot(xw, tl.trans(xw))                                 # exact products
+        else:
+            gram = _small_mm(xw, tl.trans(xw), SMALL)
+        xf = xw.to(tl.float32)
+        ss = tl.sum(xf * xf, 1)
+    else:
+        # one pass over the keys: the state tile against X, and the Grams beside it
+        acc = tl.zeros((BV, 16), tl.float32)                               # S0 X^T (raw X)
+        gram = tl.zeros((16, 16), tl.float32)                              # X X^T
+        krx = tl.zeros((RW, 16), tl.float32)                               # K_ring X^T
+        ss = tl.zeros((16,), tl.float32)
+        for c in tl.range(0, KD, BK, num_stages=STAGES):
+            rk = c + tl.arange(0, BK)
+            mk = rk < KD
+            h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :] & live, other=0.0)
+            xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
+            kc = tl.load(krow + rk[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
+            acc = _state_mma(h, tl.trans(xc), acc, SMALL)
+            krx = _state_mma(kc, tl.trans(xc), krx, SMALL)
+            if xc.dtype == tl.bfloat16:
+                gram = tl.dot(xc, tl.trans(xc), gram)                    # exact products
+            else:
+                gram = _small_mma(xc, tl.trans(xc), gram, SMALL)
+            xf = xc.to(tl.float32)
+            ss += tl.sum(xf * xf, 1)
+
+    # the head's small matrices
+    g_last = tl.sum(tl.where(iw == p - 1, gring, 0.0), 0)                  # G_{P-1} (0 if P = 0)
+    if USE_QK_L2NORM:
+        n = tl.math.rsqrt(ss + 1e-6)
+    else:
+        n = tl.full((16,), 1.0, tl.float32)
+    n = tl.where(mx, tl.where(is_k, n, n * scale), 0.0)
+    ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
+    g, beta = _row_gates(g_ptr, beta_ptr, b, hv, mx, ga, gd, g_b, g_t, beta_b, beta_t, t, GATE)
+    ck = tl.cumsum(tl.where(is_k, g, 0.0), 0)
+    cq = tl.cumsum(tl.where(is_k, 0.0, g), 0)
+    cx = g_last + tl.where(is_k, ck, cq)                                   # c_{t(x)}
+    beta = tl.where(mt, beta, 0.0)
+    colscale = tl.where(mx, tl.exp(cx), 0.0) * n
+    dm = tl.exp(tl.where(valid[:, None] & mx[None, :], cx[None, :] - gring[:, None], -float("inf")))
+    dm = dm * krx * n[None, :]
+    gx = gram * n[:, None] * n[None, :]
+    s_le_t = (x[:, None] < 8) & (x[:, None] <= t[None, :]) & mt[:, None] & mx[None, :]
+    dec = tl.exp(tl.where(s_le_t, cx[None, :] - cx[:, None], -float("inf")))
+    N = tl.where(is_k[None, :] & (x[:, None] < x[None, :]), beta[None, :] * dec * gx, 0.0)
+    bt = beta[:, None] * _unit_upper_inverse(N, K, SMALL)
+    p2 = tl.where(is_k[None, :], 0.0, dec * gx)
+
+    if EARLY:
+        # the state tile against X, after the coefficients
+        acc = tl.zeros((BV, 16), tl.float32)
+        for c in tl.range(0, KD, BK, num_stages=STAGES):
+            rk = c + tl.arange(0, BK)
+            mk = rk < KD
+            h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :] & live, other=0.0)
+            xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
+            acc = _state_mma(h, tl.trans(xc), acc, SMALL)
+    w_all = _small_mma(uring_t, dm, acc * colscale[None, :], SMALL)
+    ut = _small_mm(vt.to(tl.float32) - w_all, bt, SMALL)
+    ot = _small_mma(ut, p2, w_all, SMALL)
+    mo = ((x >= 8) & (t < K))[None, :] & mr[:, None]            # a padding lane's zeros too
+    tl.store(o_ptr + b * o_b + t[None, :] * o_t + hv * o_h + rr[:, None],
+             ot.to(o_ptr.dtype.element_ty), mask=mo)
+    pos = (base + p + x) & (NS - 1)
+    tl.store(ur + pos[None, :] * VD + rr[:, None], ut.to(ur_ptr.dtype.element_ty),
+             mask=mt[None, :] & mr[:, None])
+    if j == 0:
+        tl.store(gr + pos, ck + tl.where(fold, 0.0, g_last), mask=mt)   # from the stored state
+        if hv % (HV // HK) == 0:
+            # the K new keys (rows 0..7 of X), normalised, into the ring
+            r8 = tl.arange(0, 8)
+            kk = tl.arange(0, KP)
+            mkk = ((r8 < K) & live)[:, None] & (kk < KD)[None, :]
+            xa = tl.load(k_ptr + b * k_b + r8[:, None] * k_t + hk * k_h + kk[None, :], mask=mkk,
+                         other=0.0)
+            n8 = tl.sum(tl.where(r8[:, None] == x[None, :], n[None, :], 0.0), 1)
+            kbase = kr_ptr + slot * kr_slot + hk * (NS * KD)
+            tl.store(kbase + ((base + p + r8) & (NS - 1))[:, None] * KD + kk[None, :],
+                     (xa.to(tl.float32) * n8[:, None]).to(kr_ptr.dtype.element_ty), mask=mkk)
+        if hv == 0:
+            tl.store(engaged_ptr + b, tl.where(fold, 2, 1).to(tl.int32))
+    if fold:
+        # H_P = e^{G_{P-1}} S0 + U_ring^T (w K_ring): the tile again (L2), rounded once
+        w = tl.where(valid, tl.exp(g_last - gring), 0.0)
+        efold = tl.exp(g_last)
+        # the store's addresses and mask written apart from the load's, so that the pipeline
+        # does not carry [BV, BK] pointers from the stage that loads to the one that stores
+        srow = state_ptr + (rr[:, None] * KD + (slot * s_slot + hv * (VD * KD)))
+        for c in tl.range(0, KD, FBK, num_stages=STAGES):
+            rk = c + tl.arange(0, FBK)
+            mk = rk < KD
+            h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
+            kc = tl.load(krow + rk[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
+            kw = (kc.to(tl.float32) * w[:, None]).to(dt)
+            hf = _state_mma(uring_t, kw, efold * h.to(tl.float32), SMALL)
+            cs = tl.multiple_of(c, FBK) + tl.arange(0, FBK)
+            tl.store(srow + cs[None, :], hf.to(dt), mask=(cs < KD)[None, :] & (rr < VD)[:, None])
