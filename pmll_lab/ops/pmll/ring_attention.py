@@ -35,7 +35,7 @@ Offsets of a ``(b, h)`` base are int64; rows within one ``(b, h)`` use int32 off
 (``T * stride`` and ``M * D`` below 2**31 elements).
 
 Tiles come from the ``attention`` launch settings (``pmll_lab.ops.settings``: head size and
-element size -> block sizes, warps, stages), filled by ``scripts/tune_ring_attention.py`` from
+element size -> block sizes, warps, stages), filled by ``scripts/tune_pmll.py attention`` from
 an H200 sweep.
 """
 

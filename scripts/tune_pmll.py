@@ -1,19 +1,22 @@
-"""Launch tiles for the fused PMLL ring attention (pmll_lab/ops/pmll/ring_attention.py), on the GPU.
+"""Launch settings of the PMLL kernels on the GPU (SPEC §1), one subcommand per kernel.
 
-For each head shape and a few (ring capacity M, segment length T) cells, times the kernel over
-``BLOCK_M x BLOCK_N x num_warps x num_stages`` by CUDA graph replay (``bench.time_cuda_graph``,
-GPU time, L2 flushed before each replay), beside PyTorch SDPA over the same keys laid out
-contiguously with a lower-right causal bias (the bound the kernel is held to). Each tile is first
-checked against the reference path on the cell's inputs. Prints one table per shape (us per
-cell, the geometric mean of time / SDPA) and the ``attention_tiles`` rows
-(``pmll_lab.ops.settings``) of the best tiles.
+``python3 scripts/tune_pmll.py ring``: the ring read and write (``pmll_lab/ops/pmll/ring.py``)
+over ``ring_tile_elems`` x ``ring_num_warps`` (``pmll_lab.ops.settings``), do_bench medians on
+rings several times the L2 (0.5-1 GB of k + v), GB/s over the fewest bytes each must move
+(``pmll_lab.pmll.read_bytes`` / ``write_bytes``) as a fraction of the measured copy bandwidth;
+each config first checked against the float64 reference on a slice.
 
-Run on a GPU, from the project root: ``python scripts/tune_ring_attention.py``: 24 tiles
-(``BLOCK_M`` 64/128, ``BLOCK_N`` 32/64/128, 4/8 warps, ``--stages`` 2,3) x 2 shapes x 5 cells;
-compiling dominates (two variants per tile and shape, with and without a ring), so a run may take
-several minutes; ``--quick`` tries 8 chosen tiles, ``--shapes 8,12,64`` one shape, ``--dtype
-float16|float32`` another dtype. Without a GPU it runs in the interpreter as a smoke test
-(wall times, no meaning).
+``python3 scripts/tune_pmll.py attention [--quick] [--stages 2,3] [--dtype D] [--shapes
+B,H,D;...] [--cells M,T;...]``: the fused ring attention (``pmll_lab/ops/pmll/ring_attention.py``)
+over ``BLOCK_M x BLOCK_N x num_warps x num_stages`` by CUDA graph replay (GPU time, L2 flushed),
+beside PyTorch SDPA over the same keys laid out contiguously with a lower-right causal bias (the
+bound the kernel is held to); each tile first checked against the reference path; one table per
+head shape and the best ``attention_tiles`` row. The full grid is 24 tiles x 2 shapes x 5 cells
+(several minutes, compiling dominates); ``--quick`` tries 8 chosen tiles. Without a GPU it runs
+in the interpreter as a smoke test (wall times, no meaning).
+
+The logs of the runs that chose the shipped values are under ``reports/`` (perf-notes "Launch
+constants: PMLL ring and ring attention").
 """
 
 from __future__ import annotations
@@ -21,19 +24,74 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import sys
 import time
 
 import pmll_lab  # noqa: F401  (first)
 
 import pandas as pd
 import torch
+import triton.testing
 
 from pmll_lab.backend import DEVICE, INTERPRET
-from pmll_lab.bench import errors, time_cuda_graph, time_launch
+from pmll_lab.bench import copy_bandwidth, errors, time_cuda_graph, time_launch
 from pmll_lab.experiments.pmll_attention import TOL, sdpa_contiguous, speed_inputs
+from pmll_lab.inputs import pmll_inputs
 from pmll_lab.ops import settings
 from pmll_lab.ops.pmll import ring_attention as ra
-from pmll_lab.pmll import memory_attention
+from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_write, read_bytes, write_bytes
+from pmll_lab.reference import pmll as ref
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
+
+
+def ring_main(argv=None):
+    argparse.ArgumentParser(
+        prog="tune_pmll.py ring", description="the PMLL ring's read and write tiles").parse_args(argv)
+    roof = copy_bandwidth()
+    print(f"device {torch.cuda.get_device_name()}  copy bandwidth {roof:.0f} GB/s")
+    shapes = [  # (B, H, M, D, dtype)
+        (8, 16, 8192, 128, torch.bfloat16),
+        (8, 16, 4096, 128, torch.float32),
+        (16, 16, 8192, 64, torch.bfloat16),
+    ]
+    configs = list(itertools.product([2048, 4096, 8192, 16384], [4, 8]))
+    for batch, heads, cap, dim, dtype in shapes:
+        mem = RingMemory.empty(batch, heads, cap, dim, dtype=dtype)
+        mem.k.normal_()
+        mem.v.normal_()
+        mem.count.copy_(torch.arange(batch, device=mem.count.device) * (cap // 3) + cap // 2)
+        print(f"\nB={batch} H={heads} M={cap} D={dim} {dtype}: ring {mem.nbytes() / 1e9:.2f} GB")
+        segs = {T: pmll_inputs(0, batch, heads, T, dim, gate="bht", dtype=dtype)
+                for T in (cap, 1024)}
+        for tile, warps in configs:
+            with settings.override(ring_tile_elems=tile, ring_num_warps=warps):
+                # correctness on this config (small slice checked against float64)
+                small = RingMemory(mem.k[:2, :2, :64].contiguous(), mem.v[:2, :2, :64].contiguous(),
+                                   mem.count[:2].clone())
+                x = pmll_inputs(1, 2, 2, 150, dim, gate="bht", dtype=dtype)
+                rk, rv, rc = ref.ring_write(small.k, small.v, small.count, x["k_new"], x["v_new"], x["gate"])
+                pmll_write(small, x["k_new"], x["v_new"], x["gate"])
+                err = (small.k.double().cpu() - rk).abs().max().item()
+                ko, _ = pmll_read(small, 5)
+                ok = torch.equal(ko.double().cpu(), ref.ring_read(small.k, small.v, small.count, 5)[0])
+                out = [f"tile {tile:5d} warps {warps}: check err {err:.1e} read_ok {ok}"]
+                nb = read_bytes(mem.lengths, heads, cap, dim, 16, dtype=dtype)
+                s = bench(lambda: pmll_read(mem, 16))
+                out.append(f"read {nb / s / 1e9:6.0f} GB/s ({nb / s / 1e9 / roof:5.1%})")
+                for T, x in segs.items():
+                    for gate in (None, "bht"):
+                        g = None if gate is None else x["gate"]
+                        nb = write_bytes(batch, heads, cap, dim, T, dtype=dtype, gate=gate)
+                        s = bench(lambda: pmll_write(mem, x["k_new"], x["v_new"], g))
+                        out.append(f"w T={T} {gate or 'none'} {nb / s / 1e9:5.0f} ({nb / s / 1e9 / roof:5.1%})")
+                print("  ".join(out), flush=True)
+        del mem, segs
+        torch.cuda.empty_cache()
+
+
 
 SHAPES = [(8, 12, 64), (8, 16, 128)]            # (B, H, D): GPT-2 small's heads, and D = 128
 CELLS = [(0, 1024), (1024, 256), (1024, 1024), (1024, 2048), (512, 512)]   # (M, T)
@@ -63,8 +121,9 @@ def _pairs(text: str, n: int) -> list[tuple[int, ...]]:
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def attention_main(argv=None):
+    ap = argparse.ArgumentParser(prog="tune_pmll.py attention",
+                                 description="the fused ring attention's tiles")
     ap.add_argument("--quick", action="store_true", help="8 chosen tiles instead of the grid")
     ap.add_argument("--stages", default="2,3", help="pipeline stages of the grid (default %(default)s)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -72,7 +131,7 @@ def main():
                     help="B,H,D;B,H,D... (default %(default)s)")
     ap.add_argument("--cells", default=";".join(",".join(map(str, c)) for c in CELLS),
                     help="M,T;M,T... (default %(default)s)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     shapes, cell_list = _pairs(args.shapes, 3), _pairs(args.cells, 2)
     name = torch.cuda.get_device_name() if DEVICE.type == "cuda" else "CPU (interpreter)"
@@ -132,6 +191,17 @@ def main():
         if DEVICE.type == "cuda":
             torch.cuda.empty_cache()
     print(f"done in {time.time() - t_start:.0f} s")
+
+
+COMMANDS = {"ring": ring_main, "attention": attention_main}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in COMMANDS:
+        raise SystemExit(f"usage: tune_pmll.py {{{','.join(COMMANDS)}}} [options] "
+                         f"(see the module docstring; 'tune_pmll.py attention --help')")
+    COMMANDS[argv[0]](argv[1:])
 
 
 if __name__ == "__main__":
