@@ -19,7 +19,6 @@ commit). Usage (GPU): ``python3 scripts/bench_step.py --forms exact_lazy,chain_r
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import json
 import os
@@ -39,9 +38,11 @@ from pmll_lab.ops.gdn import recurrence
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--forms", default="exact_lazy,exact_eager,chain_restore")
-    ap.add_argument("--states", default="bfloat16,float32")
-    ap.add_argument("--batches", default="1,64,128")
+    ap.add_argument("--forms", default="exact_lazy,exact_eager,chain_restore",
+                    help=f"comma-separated, of {', '.join(S.STEP_FORMS)}")
+    ap.add_argument("--states", default="bfloat16,float32",
+                    help="comma-separated state pool dtypes: float32, bfloat16, float16")
+    ap.add_argument("--batches", default="1,64,128", help="comma-separated B, each >= 1")
     ap.add_argument("--unpaired", action="store_true",
                     help="one conversion per element when rounding a 2-byte state")
     ap.add_argument("--out", default=None, help="JSON lines, one row per form and case")
@@ -124,21 +125,10 @@ def main(argv=None) -> int:
 
 def _settings(ap, flag, items):
     """``NAME=VALUE`` items as a checked settings override (``ap.error`` naming ``flag``)."""
-    over = {}
-    for item in items:
-        name, _, value = item.partition("=")
-        try:
-            over[name.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            ap.error(f"{flag}: {item!r} is not NAME=VALUE with a Python literal VALUE "
-                     "(write 4611686018427387904, not 1 << 62)")
     try:
-        with settings.override(**over):
-            pass
+        return settings.parse_overrides(items)
     except ValueError as exc:
         ap.error(f"{flag}: {exc}")
-    return over
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -100,7 +100,14 @@ def main():
                     help="keys per chunk of the verify's fold loop (ring_fold_chunk; 0 = BK; "
                          "default: the shipped value)")
     ap.add_argument("--json", help="write the rows to this JSON file")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a launch setting to override for every point (pmll_lab.ops.settings), "
+                         "repeatable: e.g. ring_coefficients_first=4 (fp32 states too)")
     args = ap.parse_args()
+    try:
+        over = settings.parse_overrides(args.set)
+    except ValueError as exc:
+        ap.error(f"--set: {exc}")
     # every argument refused here, before any point is timed
     if any(B < 1 for B in args.batch):
         ap.error(f"--batch: every B must be >= 1, got {args.batch}")
@@ -137,7 +144,8 @@ def main():
     rows = []
     for kfile in args.kernels:
         tag = "" if kfile == "lib" else "/" + kfile.rsplit("/", 1)[-1].removesuffix(".py")
-        with variant_kernel(gdn_ring, "gdn_ring_fused_kernel", kfile):
+        with variant_kernel(gdn_ring, "gdn_ring_fused_kernel", kfile), \
+                settings.override(**over):
             for sd in args.state:
                 for B in args.batch:
                     for fill in args.fill:

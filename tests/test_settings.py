@@ -228,3 +228,18 @@ def test_no_script_or_test_sets_a_launch_setting_as_a_module_global():
              + sorted((ROOT / "tests").glob("*.py"))
              for n, line in enumerate(p.read_text().splitlines()) if assign.search(line)]
     assert not found, f"module-global launch settings set in: {found}"
+
+
+def test_parse_overrides_reads_literals_and_refuses_the_rest():
+    """``NAME=VALUE`` strings of the scripts' ``--set`` flags: literals parsed, every value
+    checked as ``override`` checks it, and nothing active changed."""
+    over = settings.parse_overrides(["ring_fold_chunk=16",
+                                     "ring_form_tiles=((8, 2, 64, 32, 2, 2),)"])
+    assert over == {"ring_fold_chunk": 16, "ring_form_tiles": ((8, 2, 64, 32, 2, 2),)}
+    for items, named in ((["ring_fold_chunk"], "is not NAME=VALUE"),
+                         (["ring_fold_chunk=1 << 4"], "is not NAME=VALUE"),
+                         (["ring_fold_chunk=24"], "^ring_fold_chunk:"),
+                         (["no_such=1"], "not a launch setting")):
+        with pytest.raises(ValueError, match=named):
+            settings.parse_overrides(items)
+    assert all(r["value"] == r["shipped"] for r in settings.describe())

@@ -89,6 +89,8 @@ def test_scripts_refuse_variant_files_that_define_no_kernel(tmp_path, monkeypatc
     (["--tiles", "100x64x2x2"], "--tiles"), (["--tiles", "128x64x2"], "--tiles"),
     (["--batch", "0"], "--batch"), (["--fill", "17"], "--fill"), (["--rows", "9"], "--rows"),
     (["--state", "float64"], "--state"), (["--length", "3"], "--length"),
+    (["--set", "ring_coefficients_first=-1"], "--set: ring_coefficients_first"),
+    (["--set", "ring_fold_chunk"], "--set: 'ring_fold_chunk' is not NAME=VALUE"),
 ])
 def test_tune_ring_refuses_bad_arguments(argv, message, monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["tune_ring.py", *argv])

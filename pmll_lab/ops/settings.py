@@ -431,6 +431,27 @@ def _check_kind(kind: str, value, shipped) -> tuple[object, bool]:
     raise AssertionError(kind)
 
 
+def parse_overrides(items) -> dict:
+    """``NAME=VALUE`` strings (``VALUE`` a Python literal: ``16``, ``(64, 32, 2, 2)``, ``True``)
+    as a checked override for :func:`override`, for scripts' ``--set`` flags. Raises
+    ``ValueError`` naming the item that is not ``NAME=VALUE`` with a literal ``VALUE``, or the
+    setting whose name or value :func:`override` refuses."""
+    import ast
+
+    over = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        try:
+            if not eq:
+                raise ValueError
+            over[name.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise ValueError(f"{item!r} is not NAME=VALUE with a Python literal VALUE "
+                             "(write 4611686018427387904, not 1 << 62)") from None
+    with override(**over):
+        pass
+    return over
+
 if __name__ == "__main__":           # python -m pmll_lab.ops.settings: the shipped table
     for r in describe():
         print(f"{r['family']:10} {r['name']:26} {r['value']!r}\n{'':37}{r['why']}\n"
