@@ -132,7 +132,7 @@ class CarrySettings:
         True, check="flag",
         why="a head's column blocks across programs (arrival count, last restashes): 1.8-2.2x "
             "the per-head loop at B = 64 and 128, bitwise equal to it",
-        see="perf-notes 'Launch constants: carried state'; "
+        see="perf-notes 'Launch constants: carried state (exact form)'; "
             "archive v2 (reports/h200-2026-11-29b/logs/tune-carry.log)")
     """Split the exact verify's column blocks across programs (grid ``B*HV*NV``); off: one
     program per (sequence, head) loops over them (grid ``(B, HV)``)."""
@@ -141,7 +141,7 @@ class CarrySettings:
         8, check="count",
         why="every K <= CAP unrolls; the runtime loop (the chain's fix for 1-ulp rows at fp32 "
             "kd = 64, K = 8) has not run on a GPU",
-        see="perf-notes 'Launch constants: carried state'; archive v10 "
+        see="perf-notes 'Launch constants: carried state (exact form)'; archive v10 "
             "(reports/h200-2026-11-29s3/logs/bitwise-probe-final.log)")
     """Exact verifies of up to this many rows unroll their row loop (``GDN_CARRY_CAP`` = 8);
     longer ones run a runtime loop without prefetch."""
@@ -150,7 +150,7 @@ class CarrySettings:
         True, check="flag",
         why="row t+1's loads issued before row t's stores hide one memory latency per row: "
             "6-9 % on the K-major verify; loads only, bitwise the same",
-        see="perf-notes 'Launch constants: carried state'; archive v7, v14")
+        see="perf-notes 'Launch constants: carried state (exact form)'; archive v7, v14")
     """The K-major exact verify and flush, and the V-major folds past ``vk_ahead``'s rows,
     load the next row before running the current one."""
 
