@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -272,3 +273,30 @@ def variant_kernel(module, name: str, path: str | None):
         yield getattr(mod, name)
     finally:
         setattr(module, name, own)
+
+
+def variant_problem(module, name: str, path: str) -> str | None:
+    """Why ``path`` cannot stand in for ``module.<name>`` (``variant_kernel``), or ``None``:
+    ``"lib"``, or a ``.py`` file that imports and defines ``name``. For scripts to refuse a
+    bad variant before any point runs."""
+    if path == "lib":
+        return None
+    if not os.path.isfile(path):
+        return f"{path!r} is neither 'lib' nor a file"
+    try:
+        with variant_kernel(module, name, path):
+            return None
+    except Exception as exc:            # noqa: BLE001  (any failure of the file's import)
+        return f"{path!r}: {exc}"
+
+
+def run_subcommand(prog: str, commands: dict, argv=None):
+    """A script's subcommand: ``argv[0]`` names one of ``commands`` (name -> ``main(argv)``),
+    which runs on the rest; ``SystemExit`` with the usage line otherwise."""
+    import sys
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in commands:
+        raise SystemExit(f"usage: {prog} {{{','.join(commands)}}} [options] "
+                         f"('{prog} {next(iter(commands))} --help')")
+    return commands[argv[0]](argv[1:])

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 
 import pmll_lab  # noqa: F401  (first: picks the device)
@@ -30,7 +29,7 @@ import triton.language as tl
 
 from pmll_lab import step_bench as S
 from pmll_lab.backend import DEVICE, environment
-from pmll_lab.bench import variant_kernel
+from pmll_lab.bench import variant_kernel, variant_problem
 from pmll_lab.ops import settings
 from pmll_lab.ops.carry import gdn_ring
 from pmll_lab.ops.gdn import recurrence
@@ -56,13 +55,9 @@ def main(argv=None) -> int:
     variants = []
     for spec in a.ring_variant or ["lib"]:
         kfile, *items = spec.split("+")
-        if kfile != "lib" and not os.path.isfile(kfile):
-            ap.error(f"--ring-variant: {kfile!r} is neither 'lib' nor a file")
-        try:                                # loaded once here: a bad file stops the run now
-            with variant_kernel(gdn_ring, "gdn_ring_fused_kernel", kfile):
-                pass
-        except Exception as exc:            # noqa: BLE001  (any failure of the file's import)
-            ap.error(f"--ring-variant: {kfile!r}: {exc}")
+        problem = variant_problem(gdn_ring, "gdn_ring_fused_kernel", kfile)
+        if problem:                         # loaded once here: a bad file stops the run now
+            ap.error(f"--ring-variant: {problem}")
         variants.append((spec, kfile, _settings(ap, "--ring-variant", items)))
     if a.ring_variant and "ring" not in a.forms.split(","):
         ap.error("--ring-variant: applies to the ring form, which --forms does not list")

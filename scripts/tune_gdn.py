@@ -53,8 +53,8 @@ import pmll_lab  # noqa: E402,F401  (first: GPU or the Triton interpreter)
 import torch  # noqa: E402
 
 from pmll_lab.backend import DEVICE, device_name  # noqa: E402
-from pmll_lab.bench import (bitwise_equal, copy_bandwidth, errors, time_cuda_graph,  # noqa: E402
-                            time_launch)
+from pmll_lab.bench import (bitwise_equal, copy_bandwidth, errors, run_subcommand,  # noqa: E402
+                            time_cuda_graph, time_launch)
 from pmll_lab.carry import (GdnCarry, carry_accept, gdn_carry_flush,  # noqa: E402
                             gdn_carry_verify)
 from pmll_lab.gdn import gdn_chain, gdn_decode, row_io_bytes, state_bytes  # noqa: E402
@@ -380,12 +380,7 @@ COMMANDS = {"tiles": tiles_main, "carry": carry_main}
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] not in COMMANDS:
-        raise SystemExit(f"usage: tune_gdn.py {{{','.join(COMMANDS)}}} [options] "
-                         f"(the module docstring; 'tune_gdn.py tiles --help')")
-    COMMANDS[argv[0]](argv[1:])
-
+    run_subcommand("tune_gdn.py", COMMANDS, argv)
 
 if __name__ == "__main__":
     main()

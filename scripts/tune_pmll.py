@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import sys
 import time
 
 import pmll_lab  # noqa: F401  (first)
@@ -34,7 +33,7 @@ import torch
 import triton.testing
 
 from pmll_lab.backend import DEVICE, INTERPRET
-from pmll_lab.bench import copy_bandwidth, errors, time_cuda_graph, time_launch
+from pmll_lab.bench import copy_bandwidth, errors, run_subcommand, time_cuda_graph, time_launch
 from pmll_lab.experiments.pmll_attention import TOL, sdpa_contiguous, speed_inputs
 from pmll_lab.inputs import pmll_inputs
 from pmll_lab.ops import settings
@@ -197,12 +196,7 @@ COMMANDS = {"ring": ring_main, "attention": attention_main}
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] not in COMMANDS:
-        raise SystemExit(f"usage: tune_pmll.py {{{','.join(COMMANDS)}}} [options] "
-                         f"(see the module docstring; 'tune_pmll.py attention --help')")
-    COMMANDS[argv[0]](argv[1:])
-
+    run_subcommand("tune_pmll.py", COMMANDS, argv)
 
 if __name__ == "__main__":
     main()

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import torch
 
 import pmll_lab  # noqa: F401  (first)
-from pmll_lab.bench import errors, time_cuda_graph, variant_kernel
+from pmll_lab.bench import errors, time_cuda_graph, variant_kernel, variant_problem
 from pmll_lab.carry import GdnRing, gdn_ring_verify, ring_accept
 from pmll_lab.experiments.gdn import gating_inputs
 from pmll_lab.inputs import gdn_inputs
@@ -126,13 +125,9 @@ def main():
                      "warps a power of two and stages >= 1")
         tiles.append(tile)
     for kfile in args.kernels:
-        if kfile != "lib" and not os.path.isfile(kfile):
-            ap.error(f"--kernels: {kfile!r} is neither 'lib' nor a file")
-        try:                                # loaded once here: a bad file stops the run now
-            with variant_kernel(gdn_ring, "gdn_ring_fused_kernel", kfile):
-                pass
-        except Exception as exc:            # noqa: BLE001  (any failure of the file's import)
-            ap.error(f"--kernels: {kfile!r}: {exc}")
+        problem = variant_problem(gdn_ring, "gdn_ring_fused_kernel", kfile)
+        if problem:                         # loaded once here: a bad file stops the run now
+            ap.error(f"--kernels: {problem}")
     for fc in args.fold_chunk:
         try:
             with settings.override(ring_fold_chunk=fc):
