@@ -282,6 +282,63 @@ def test_other_carry_kernels_compile_for_sm90():
                                   "gdn_carry_flush_vk_kernel", "ok", "_gdn_gating_kernel", "ok"]
 
 
+
+COMPILE_RING = textwrap.dedent("""
+    import sys
+    from pmll_lab.lowering import lower
+    from pmll_lab.ops.carry.gdn_ring_fused import gdn_ring_fused_kernel
+    from pmll_lab.ops.carry.gdn_ring_kernels import (SMALL_PRODUCTS, gdn_ring_flush_kernel,
+                                                     ring_accept_kernel)
+    ints = {"len_ptr", "base_ptr", "slot_ptr", "engaged_ptr", "acc_ptr"}
+    def types(kern, state):
+        t = {}
+        for p in kern.params:
+            if p.is_constexpr:
+                continue
+            n = p.name
+            if n in ("state_ptr", "kr_ptr", "ur_ptr"):
+                t[n] = state
+            elif n in ints:
+                t[n] = "*i32"
+            elif n.endswith("_off"):
+                t[n] = "*i64"
+            elif n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr"):
+                t[n] = "*bf16"
+            elif n.endswith("_ptr"):
+                t[n] = "*fp32"
+            else:
+                t[n] = "fp32" if n == "scale" else "i32"
+        return t
+    shape = dict(K=4, R=16, NS=32, RW=16, RP=16, HV=32, HK=16, KD=128, KP=128, VD=128)
+    for state, dtype, tile, early in (("*bf16", "bfloat16", (128, 64, 2, 2), True),
+                                      ("*bf16", "bfloat16", (128, 64, 2, 2), False),
+                                      ("*fp16", "float16", (128, 64, 2, 2), True),
+                                      ("*fp32", "float32", (64, 32, 1, 3), False),
+                                      ("*fp32", "float32", (128, 32, 2, 3), True)):
+        BV, BK, warps, stages = tile
+        meta = dict(shape, BK=BK, BV=BV, NT=128 // BV, STAGES=stages, USE_QK_L2NORM=True,
+                    GATE=True, SMALL=SMALL_PRODUCTS[dtype], FBK=min(BK, 32), EARLY=early)
+        for kern in (gdn_ring_fused_kernel, gdn_ring_flush_kernel):
+            m = {p.name: meta[p.name] for p in kern.params if p.is_constexpr}
+            ptx = lower(kern, types(kern, state), m, num_warps=warps).asm["ptx"]
+            assert ".target sm_90" in ptx and "mma.sync" in ptx, (kern.__name__, dtype)
+        print(dtype, "early" if early else "after", "ok")
+    ptx = lower(ring_accept_kernel, types(ring_accept_kernel, "*fp32"), dict(NS=32, BLOCK=128),
+                num_warps=4).asm["ptx"]
+    print("ring_accept_kernel", "ok" if ".target sm_90" in ptx else "missing")
+""")
+
+
+def test_ring_form_kernels_compile_for_sm90():
+    """The ring form's verify (the coefficients before the state product and after it, at each
+    state dtype's operand precision), its flush and its commit compiled for sm_90: the
+    interpreter does not apply the GPU compiler's rules for ``tl.dot`` shapes and precisions."""
+    run = _lowered(COMPILE_RING)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert run.stdout.split() == ["bfloat16", "early", "ok", "bfloat16", "after", "ok", "float16",
+                                  "early", "ok", "float32", "after", "ok", "float32", "early",
+                                  "ok", "ring_accept_kernel", "ok"]
+
 def test_reduction_layouts_reads_inline_and_aliased_layouts():
     """A reduce whose operand layout is written inline (a slice of an aliased parent) is read,
     its parent resolved; a module whose reduce cannot be parsed raises instead of dropping it."""
