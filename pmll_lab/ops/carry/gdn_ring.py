@@ -50,8 +50,9 @@ RING_MAX_ROWS = 8
 """Most draft rows per verify: the new rows' keys and queries share one 16-column tile."""
 RING_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
 """rel L2 of the ring form's outputs and states against the float64 exact protocol, per state
-dtype (tests/test_ring.py). fp32: products from bf16 heads and tails (``_split_mma``, ~4e-6);
-bf16/fp16: the state's own rounding."""
+dtype (tests/test_ring.py). fp32: the state's products from a bf16 head and tail
+(``_split_mma``), the small ones from three bf16 pieces (``_fine_mma``): ~4e-7 before the
+outputs' rounding; bf16/fp16: the state's own rounding."""
 
 
 @dataclass(eq=False)
