@@ -7,15 +7,15 @@ carry kernel without its unspecialised row arguments, the version that the H200 
 from decode in the last bits (2026-11-29), and requires the check to see it.
 """
 
-import os
+import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from _lowering_helpers import ROOT, lower_env, run_lowered
+
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -88,21 +88,10 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _lowered(script: str, *args: str) -> subprocess.CompletedProcess:
-    """Run ``script`` (with ``args`` as ``sys.argv[1:]``) in a fresh Python with
-    ``PMLL_LAB_DEVICE=lower`` (kernels compiled)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PMLL_LAB_DEVICE"] = "lower"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=1200)
-
-
 @pytest.fixture(scope="module")
 def lowered():
-    run = _lowered(SCRIPT)
+    run = run_lowered(SCRIPT)
     assert run.returncode == 0, run.stderr[-4000:]
-    import json
     return json.loads(run.stdout)
 
 
@@ -171,6 +160,7 @@ def test_chain_with_snapshots_keeps_decode_layout_at_tiny_heads(lowered):
 def test_kv_state_vector_caps_only_the_one_key_row_blocks():
     from pmll_lab.ops.gdn.recurrence import kv_state_vector
 
+
     assert kv_state_vector(16, 16, 2) == 4            # 8 per thread, natural vector 8: capped
     assert [kv_state_vector(d, d, s) for d in (16, 32, 64, 128, 256) for s in (2, 4)
             if (d, s) != (16, 2)] == [0] * 9
@@ -198,277 +188,13 @@ def test_check_sees_a_specialised_kernel(lowered):
     assert extra, "the specialised exact kernel must reduce on a layout decode does not use"
 
 
-def test_lower_needs_compiled_kernels_and_every_argument():
-    from pmll_lab import INTERPRET
-    from pmll_lab.lowering import lower
-    from pmll_lab.ops.gdn.decode import gdn_rows_kernel
-
-    if INTERPRET:
-        with pytest.raises(RuntimeError, match="PMLL_LAB_DEVICE=lower"):
-            lower(gdn_rows_kernel, {}, {})
-    else:   # compiled kernels (a GPU machine): lowering runs, and names what is missing
-        with pytest.raises(ValueError, match="types: no Triton type for argument 'state'"):
-            lower(gdn_rows_kernel, {}, {})
-
-
-BAD_CALLS = textwrap.dedent("""
-    import json, sys
-    from pmll_lab.lowering import gdn_exact_family, lower
-    from pmll_lab.ops.gdn.decode import gdn_rows_kernel
-    out = {}
-    for name, call in (
-        ("type", lambda: lower(gdn_rows_kernel, {"state": "foo"}, {})),
-        ("unaligned", lambda: lower(gdn_rows_kernel, {}, {}, unaligned=("no_such_arg",))),
-        ("extra_type", lambda: lower(gdn_rows_kernel, {"KD": "i32"}, {})),
-        ("rows", lambda: gdn_exact_family(rows=0)),
-        ("heads", lambda: gdn_exact_family(heads=(16, 24))),
-    ):
-        try:
-            call()
-            out[name] = "no error"
-        except ValueError as exc:
-            out[name] = str(exc)
-    json.dump(out, sys.stdout)
-""")
-
-
-def test_lowering_rejects_bad_arguments_naming_them():
-    run = _lowered(BAD_CALLS)
-    assert run.returncode == 0, run.stderr[-4000:]
-    import json
-    got = json.loads(run.stdout)
-    assert got["type"].startswith("types: 'state' has type 'foo'"), got
-    assert got["unaligned"].startswith("unaligned: ['no_such_arg']"), got
-    assert got["extra_type"].startswith("types: ['KD']"), got
-    assert got["rows"].startswith("rows: must lie in 1..8"), got
-    assert got["heads"].startswith("heads: value heads 24"), got
-
-
-COMPILE_ALL = textwrap.dedent("""
-    from pmll_lab.lowering import lower
-    from pmll_lab.ops.carry import gdn_carry as C
-    rows = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "o": "*bf16", "g": "*fp32", "beta": "*fp32"}
-    types = {f"{n}_ptr": t for n, t in rows.items()} | {
-        "state_ptr": "*fp32", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
-        "engaged_ptr": "*i32", "arrive_ptr": "*i32", "scale": "fp32", "state_off_ptr": "*i64",
-        "stash_off_ptr": "*i64", "pend_off_ptr": "*i64", "acc_ptr": "*i32", "alog_ptr": "*fp32",
-        "dtb_ptr": "*fp32", "A_log": "*fp32", "dt_bias": "*fp32", "a": "*bf16", "b": "*bf16",
-        "g": "*fp32", "beta": "*fp32"}
-    from pmll_lab.ops.carry import gdn_carry_vk as VK
-    from pmll_lab.ops.gdn import gating as G
-    meta = dict(K=4, CAP=8, HV=32, GROUP=2, KD=128, VD=128, BK=128, BV=32, NV=4, LAZY=True,
-                USE_QK_L2NORM=True, BLOCK=128, PREFETCH=True, GATE=False, BH=32)
-    vk = dict(BV=16, NV=8, NC=4, CW=32, STASH_AHEAD=4)
-    for kern, extra, warps in (
-            (C._gdn_carry_flush_kernel, {}, 1),
-            (C._carry_accept_kernel, {}, 4),
-            (VK.gdn_carry_flush_vk_kernel, vk, 1),
-            (G._gdn_gating_kernel, {}, 1)):
-        t = {p.name: types.get(p.name, "i32") for p in kern.params if not p.is_constexpr}
-        m = {p.name: (extra | meta)[p.name] for p in kern.params if p.is_constexpr}
-        ptx = lower(kern, t, m, num_warps=warps).asm["ptx"]
-        assert ".target sm_90" in ptx, kern.__name__
-        print(kern.__name__, "ok")
-""")
-
-
-def test_other_carry_kernels_compile_for_sm90():
-    """The interpreter does not apply the GPU compiler's rules (tl.dot shapes and precisions,
-    atomics, layouts): every carry kernel the bitwise check does not already lower is compiled
-    for sm_90 here, so a kernel that only the GPU would reject fails in CI."""
-    run = _lowered(COMPILE_ALL)
-    assert run.returncode == 0, run.stderr[-4000:]
-    assert run.stdout.split() == ["_gdn_carry_flush_kernel", "ok", "_carry_accept_kernel", "ok",
-                                  "gdn_carry_flush_vk_kernel", "ok", "_gdn_gating_kernel", "ok"]
-
-
-
-COMPILE_RING = textwrap.dedent("""
-    import sys
-    from pmll_lab.lowering import lower
-    from pmll_lab.ops.carry.gdn_ring_fused import gdn_ring_fused_kernel
-    from pmll_lab.ops.carry.gdn_ring_kernels import (SMALL_PRODUCTS, gdn_ring_flush_kernel,
-                                                     ring_accept_kernel)
-    ints = {"len_ptr", "base_ptr", "slot_ptr", "engaged_ptr", "acc_ptr"}
-    def types(kern, state):
-        t = {}
-        for p in kern.params:
-            if p.is_constexpr:
-                continue
-            n = p.name
-            if n in ("state_ptr", "kr_ptr", "ur_ptr"):
-                t[n] = state
-            elif n in ints:
-                t[n] = "*i32"
-            elif n.endswith("_off"):
-                t[n] = "*i64"
-            elif n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr"):
-                t[n] = "*bf16"
-            elif n.endswith("_ptr"):
-                t[n] = "*fp32"
-            else:
-                t[n] = "fp32" if n == "scale" else "i32"
-        return t
-    shape = dict(K=4, R=16, NS=32, RW=16, RP=16, HV=32, HK=16, KD=128, KP=128, VD=128)
-    for state, dtype, tile, early in (("*bf16", "bfloat16", (128, 64, 2, 2), True),
-                                      ("*bf16", "bfloat16", (128, 64, 2, 2), False),
-                                      ("*fp16", "float16", (128, 64, 2, 2), True),
-                                      ("*fp32", "float32", (64, 32, 1, 3), False),
-                                      ("*fp32", "float32", (128, 32, 2, 3), True)):
-        BV, BK, warps, stages = tile
-        meta = dict(shape, BK=BK, BV=BV, NT=128 // BV, STAGES=stages, USE_QK_L2NORM=True,
-                    GATE=True, SMALL=SMALL_PRODUCTS[dtype], FBK=min(BK, 32), EARLY=early)
-        for kern in (gdn_ring_fused_kernel, gdn_ring_flush_kernel):
-            m = {p.name: meta[p.name] for p in kern.params if p.is_constexpr}
-            ptx = lower(kern, types(kern, state), m, num_warps=warps).asm["ptx"]
-            assert ".target sm_90" in ptx and "mma.sync" in ptx, (kern.__name__, dtype)
-        print(dtype, "early" if early else "after", "ok")
-    ptx = lower(ring_accept_kernel, types(ring_accept_kernel, "*fp32"), dict(NS=32, BLOCK=128),
-                num_warps=4).asm["ptx"]
-    print("ring_accept_kernel", "ok" if ".target sm_90" in ptx else "missing")
-""")
-
-
-def test_ring_form_kernels_compile_for_sm90():
-    """The ring form's verify (the coefficients before the state product and after it, at each
-    state dtype's operand precision), its flush and its commit compiled for sm_90: the
-    interpreter does not apply the GPU compiler's rules for ``tl.dot`` shapes and precisions."""
-    run = _lowered(COMPILE_RING)
-    assert run.returncode == 0, run.stderr[-4000:]
-    assert run.stdout.split() == ["bfloat16", "early", "ok", "bfloat16", "after", "ok", "float16",
-                                  "early", "ok", "float32", "after", "ok", "float32", "early",
-                                  "ok", "ring_accept_kernel", "ok"]
-
-def test_reduction_layouts_reads_inline_and_aliased_layouts():
-    """A reduce whose operand layout is written inline (a slice of an aliased parent) is read,
-    its parent resolved; a module whose reduce cannot be parsed raises instead of dropping it."""
-    from pmll_lab.lowering import reduction_layouts
-
-    blocked = "#ttg.blocked<{sizePerThread = [1, 4], threadsPerWarp = [4, 8], warpsPerCTA = [1, 1], order = [1, 0]}>"
-    text = "\n".join([
-        f"#blocked = {blocked}",
-        "module {",
-        '    %a = "tt.reduce"(%x) <{axis = 0 : i32}> ({',
-        "    ^bb0(%p: f32, %q: f32):",
-        "      %s = arith.addf %p, %q : f32",
-        "      tt.reduce.return %s : f32",
-        "    }) : (tensor<128xf32, #ttg.slice<{dim = 1, parent = #blocked}>>) -> f32",
-        '    %b = "tt.reduce"(%y) <{axis = 0 : i32}> ({',
-        "    ^bb0(%p: f32, %q: f32):",
-        "      tt.reduce.return %p : f32",
-        "    }) : (tensor<128x32xf32, #blocked>) -> tensor<32xf32, #ttg.slice<{dim = 0, parent = #blocked}>>",
-        "}",
-    ])
-    assert reduction_layouts(text) == [
-        f"128xf32, #ttg.slice<{{dim = 1, parent = {blocked}}}>",
-        f"128x32xf32, {blocked}",
-    ]
-    with pytest.raises(ValueError, match="unterminated tt.reduce"):
-        reduction_layouts('%a = "tt.reduce"(%x) <{axis = 0 : i32}> ({\n  ^bb0:\n')
-
-
-SASS = textwrap.dedent("""
-    import json, sys
-    from pmll_lab.lowering import lower, sass_stats
-    from pmll_lab.ops.gdn import decode as D
-    rows = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "o": "*bf16", "g": "*fp32", "beta": "*fp32"}
-    t = {"state": "*fp32", "inter": "*fp32", "slot_idx": "*i32", "out_idx": "*i32",
-         "A_log": "*fp32", "dt_bias": "*fp32", "scale": "fp32", **rows}
-    t = {p.name: t.get(p.name, "i32") for p in D.gdn_rows_kernel.params if not p.is_constexpr}
-    out = {}
-    for K in (1, 4):
-        k = lower(D.gdn_rows_kernel, t, dict(KD=64, VD=64, K=K, BK=64, BV=64, HAS_IDX=True,
-                  STORE_INTER=False, USE_QK_L2NORM=True, UNROLL=True, HAS_OUT_IDX=False,
-                  GATE=False),
-                  values=dict(HV=32, GROUP=2))
-        out[K] = sass_stats(k)
-    json.dump(out, sys.stdout)
-""")
-
-
-def test_sass_stats_counts_the_unrolled_rows():
-    """Decode of K rows unrolls the shared row K times: the FP32 multiply-add count of the
-    4-row kernel is 4x the 1-row one (within 2 %: shared prologue), registers in 1..255."""
-    run = _lowered(SASS)
-    assert run.returncode == 0, run.stderr[-4000:]
-    import json
-    got = json.loads(run.stdout)
-    one, four = got["1"], got["4"]
-    for st in (one, four):
-        assert 0 < st["registers"] <= 255 and st["instructions"] > 100, st
-    assert one["mix"]["FFMA"] > 100
-    assert abs(four["mix"]["FFMA"] / one["mix"]["FFMA"] - 4) < 0.08, (one["mix"], four["mix"])
-    assert four["instructions"] > 3 * one["instructions"]
-
-
-def test_cli_without_lower_device_says_how_to_run_it():
-    """``python -m pmll_lab.lowering`` with interpreted kernels (``PMLL_LAB_DEVICE=cpu``): exit 2
-    and one line saying to set ``PMLL_LAB_DEVICE=lower`` without ``TRITON_INTERPRET``, no
-    traceback."""
-    env = dict(os.environ, PMLL_LAB_DEVICE="cpu",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    res = subprocess.run([sys.executable, "-m", "pmll_lab.lowering", "--rows", "2"],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    lines = [ln for ln in res.stderr.splitlines() if "PMLL_LAB_DEVICE" in ln]
-    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    assert "PMLL_LAB_DEVICE=lower" in lines[0] and "TRITON_INTERPRET" in lines[0]
-    assert res.stdout == ""
-
-
-def test_gdn_kernels_launch_without_contraction(monkeypatch):
-    """Every GDN kernel (decode and the chain in both layouts, the exact verify in both,
-    the flush, the gating) is launched with ``EXACT_LAUNCH``. Recorded at the launch (the
-    interpreter ignores the option; on a GPU it selects the compiled variant)."""
-    import torch
-
-    from pmll_lab.backend import DEVICE
-    from pmll_lab.carry import GdnCarry, gdn_carry_flush, gdn_carry_verify
-    from pmll_lab.gdn import gdn_chain, gdn_decode, gdn_gating
-    from pmll_lab.inputs import gdn_inputs
-    from pmll_lab.ops.gdn.decode import gdn_rows_kernel
-
-    seen = {}
-    kind = type(gdn_rows_kernel)          # the interpreter's function, or Triton's JITFunction
-    run = kind.run
-
-    def record(self, *args, grid, warmup, **kwargs):
-        seen.setdefault(self.fn.__name__, set()).add(kwargs.get("enable_fp_fusion", True))
-        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
-
-    monkeypatch.setattr(kind, "run", record)
-    x = gdn_inputs(3, 2, 1, 2, 16, 16, slots=3, dtype=torch.float32)
-    r = gdn_inputs(4, 2, 1, 2, 16, 16, rows=2, slots=3, dtype=torch.float32)
-    sl = x["state_indices"]
-    gdn_decode(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=sl)
-    gdn_chain(x["state"], r["q"], r["k"], r["v"], r["g"], r["beta"], state_indices=sl)
-    gdn_gating(torch.zeros(2, device=DEVICE), r["g"], torch.zeros(2, device=DEVICE), r["beta"])
-    vk_state = x["state"].transpose(-1, -2).contiguous()
-    gdn_decode(vk_state, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=sl,
-               state_layout="vk")
-    for layout in ("kv", "vk"):
-        st = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
-        c = GdnCarry.empty(3, 2, 16, 16)
-        gdn_carry_verify(st, c, r["q"], r["k"], r["v"], r["g"], r["beta"], slot_tab=sl,
-                         form="exact", state_layout=layout)
-        gdn_carry_flush([st], [c], sl, state_layout=layout)
-    fused = {name for name, opts in seen.items() if True in opts}
-    assert not fused, f"launched with contraction: {sorted(fused)}"
-    assert {"gdn_rows_kernel", "gdn_rows_vk_kernel", "_gdn_gating_kernel",
-            "gdn_carry_exact_vk_kernel", "gdn_carry_flush_vk_kernel",
-            "_gdn_carry_flush_kernel"} <= set(seen), sorted(seen)
-    assert set(seen) & {"_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"}, seen
-
-
 def test_every_launch_case_reduces_on_decode_layouts():
     """Every head size (16 .. 256), layout, state dtype and tile the launch tables can pick
     (``lowering.launch_cases``: K-major per head size, V-major at one batch per row of
     ``VK_TILES`` x ``VK_AHEAD``), lowered to TTGIR in two processes: the exact family reduces
     on decode's layouts everywhere. Before the carry's state tile took decode's vector width
     (``STATE_VEC``), V-major kd = 16 with a bf16/fp16 state failed here past 128 work units."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PMLL_LAB_DEVICE"] = "lower"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env = lower_env()
     res = subprocess.run([sys.executable, "-m", "pmll_lab.lowering", "--all", "--jobs", "2"],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
     assert res.returncode == 0, (res.stdout[-4000:], res.stderr[-4000:])
@@ -504,9 +230,8 @@ def test_launch_cases_follow_the_tables_and_the_check_sees_the_small_head_carry(
     """The cases are read from the launch tables (a new table row adds a batch), and the check
     catches the carry that loads its kd = 16 bf16 tile at its own vector width
     (``STATE_VEC=0``: the kernel as it was), which the fixed launch does not."""
-    run = _lowered(CASES)
+    run = run_lowered(CASES)
     assert run.returncode == 0, run.stderr[-4000:]
-    import json
     got = json.loads(run.stdout)
     assert got["batches"] == [1, 4, 8, 16, 17]       # 32, 128, 256, 512 work units, beyond
     assert got["batches64"] == [2, 4, 8, 9]          # no batch of 64 heads fits 32 units
@@ -525,6 +250,7 @@ def test_vk_state_vector_is_decodes_per_thread_width():
     decode tile's share of 32 threads; only 2- and 4-byte states."""
     from pmll_lab.ops.gdn.recurrence import vk_config, vk_state_vector
 
+
     assert vk_config(16, 16, 2048) == (16, 8, 1)
     assert vk_state_vector(16, 16, 2048, 2) == 4         # 8 x 16 keys / 32 threads
     assert vk_state_vector(16, 16, 2048, 4) == 4
@@ -535,40 +261,3 @@ def test_vk_state_vector_is_decodes_per_thread_width():
     for bad in (1, 8, 3):
         with pytest.raises(ValueError, match="state_itemsize"):
             vk_state_vector(16, 16, 64, bad)
-
-
-ROUNDING = textwrap.dedent("""
-    import json, sys
-    import triton.language as tl
-    from pmll_lab.lowering import gdn_exact_family
-    from pmll_lab.ops.gdn import recurrence as R
-    if sys.argv[1] == "unpaired":   # mutation, before anything compiles: one conversion per element
-        R.PAIRED_ROUNDING = tl.constexpr(False)
-    out = {}
-    for st in sys.argv[2:]:
-        res = {}
-        gdn_exact_family(layout="vk", state_type=st, gate=True, batch=64, resources=res)
-        out[st] = {name: r["mix"] for name, r in res.items()}
-    json.dump(out, sys.stdout)
-""")
-
-
-def test_two_byte_states_round_two_values_per_conversion():
-    """The chain and the exact carry verify round a bf16 / fp16 state after every row; on sm_90
-    that is paired conversions (``F2FP``) and no one-element ``F2F`` in the verify, the chain
-    and decode (``recurrence.round_like``). The check sees the one-per-element version."""
-    import json
-
-    got = {}
-    for mode, states in (("paired", ["bf16", "fp16"]), ("unpaired", ["bf16"])):
-        run = _lowered(ROUNDING, mode, *states)
-        assert run.returncode == 0, run.stderr[-4000:]
-        got[mode] = json.loads(run.stdout)
-    verify, chain = "gdn_carry_exact_vk_kernel", "gdn_rows_vk_kernel[chain]"
-    for st in ("bf16", "fp16"):
-        mix = got["paired"][st]
-        assert mix[verify].get("F2F", 0) == 0, (st, mix[verify])
-        assert mix[verify].get("F2FP", 0) >= 64, (st, mix[verify])
-        assert mix[chain].get("F2F", 0) <= 4, (st, mix[chain])      # the gate's scalars only
-    unpaired = got["unpaired"]["bf16"][verify]
-    assert unpaired.get("F2F", 0) >= 256, unpaired

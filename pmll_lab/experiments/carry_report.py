@@ -49,6 +49,10 @@ STEP_TARGETS = tuple(
          _form("exact_lazy"), _form("chain_restore"), None),
         ("carry exact lazy step against eager, fp32 state", _form("exact_lazy"),
          _form("exact_eager"), None),
+        ("carry ring step against FlashInfer's snapshot step (mtp + restore), bf16 state",
+         _form("ring", "bfloat16"), _form("flashinfer_snapshot_restore", "bfloat16"), None),
+        ("carry ring step against our chain + snapshots + restore, bf16 state",
+         _form("ring", "bfloat16"), _form("chain_restore", "bfloat16"), None),
         ("carry exact lazy step against FlashInfer's ReplaySSM step, bf16 state",
          _form("exact_lazy", "bfloat16"), _form("flashinfer_replayssm", "bfloat16"), None),
         ("CUDA twin's exact lazy step <= 1.5x FlashInfer's ReplaySSM step, bf16 state",
@@ -60,8 +64,8 @@ STEP_TARGETS = tuple(
     ))
 """The headline: per speculative step (``experiments.step``, the ``step_grids`` sweep); the
 per-verify ``TARGETS`` stay as detail."""
-STEP_FORMS = ("exact_lazy+exact_eager+exact_lazy_cuda+chain_restore+flashinfer_snapshot_restore"
-              "+flashinfer_replayssm")
+STEP_FORMS = ("exact_lazy+exact_eager+exact_lazy_cuda+ring+chain_restore"
+              "+flashinfer_snapshot_restore+flashinfer_replayssm")
 """The forms the notebook's step sweep runs (``step_grids``'s ``forms``)."""
 
 MODEL_CONFIGS = [dict(model="Qwen3-Next-80B-A3B", HK=16, HV=32, kd=128, vd=128, d_conv=4,

@@ -259,9 +259,11 @@ class RingFormSettings:
         2, check="count",
         why="a bf16 verify at B >= 64 (128 x 64 x 2 x 2) took 37.4 / 60.7 us at B = 64 / 128 "
             "with the coefficients first against 39.5 / 64.1 (fold steps 67.1 / 120.1 against "
-            "70.5 / 132.1); fp32 (64-row tiles) 74.2 against 70.9, so off above 2 bytes",
+            "70.5 / 132.1); fp32 (64-row tiles) 74.2 against 70.9, whole-head fp32 tiles no "
+            "faster (71.2 against 71.0), so off above 2 bytes",
         see="perf-notes 'Launch constants: ring form'; "
-            "reports/h200-2026-12-04c/logs/tune-ring-early.log")
+            "reports/h200-2026-12-04c/logs/tune-ring-early.log; "
+            "reports/h200-2026-12-04d/logs/tune-ring-fp32-early.log")
     """Largest state element size, in bytes, whose ring verify forms the head's small matrices
     (the Grams of the new rows and the window's keys, the gates, ``Bt``, ``P2``) before its
     state product, where the tile holds a whole head (``BV >= vd``); 0 = never. The Grams then
