@@ -1,7 +1,8 @@
 """The pmll_ring notebook's sweep point, tables and plots: the PMLL memory ring (SPEC §1).
 
 For one point (batch ``B``, heads ``H``, capacity ``M``, segment length ``T``, head size ``D``,
-memory ``dtype``, ``gate`` "none" / "bt" / "bht", ``segments`` written, ``seed``),
+memory ``dtype``, ``gate`` "none" / "bt" / "bht", ``segments`` written, ``seed``, and ``impl``:
+``"triton"``, the default, or ``"cuda"``, the CUDA C++ twin of ``kernels/pmll_ring.cu``),
 ``ring_point``:
 
 1. makes a ring of seeded random rows with seeded per-sequence counts in ``[0, 3M)`` (empty,
@@ -26,7 +27,8 @@ above that (drawing a GB of normals on the CPU would dominate a GPU sweep).
 
 Kernels in the rows: ``pmll_write``, ``pmll_read``, ``memory_attention`` (checked only: it is
 the PyTorch reference path, not a kernel worth timing; the fused kernel is checked and timed by
-``pmll_lab.experiments.pmll_attention``).
+``pmll_lab.experiments.pmll_attention``). Every row names its ``impl``; a ``"cuda"`` point
+without an NVIDIA GPU is one ``unavailable`` row.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from pmll_lab.experiments.targets import Target, fact
 from pmll_lab.inputs import pmll_inputs
 from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_write, read_bytes, write_bytes
 from pmll_lab.reference import pmll as ref
-from pmll_lab.sweep import grid
+from pmll_lab.sweep import CheckFailed, grid
 from pmll_lab.tolerances import O_TOL as ATTN_TOL
 from pmll_lab.tolerances import RING_WRITE_TOL as WRITE_TOL
 CPU_INPUT_ELEMS = 1 << 22
@@ -117,8 +119,32 @@ def _probes(n: int) -> list[int]:
 
 # ---- the point --------------------------------------------------------------------------------
 
+IMPLS = ("triton", "cuda")
+"""``impl`` values of a point: the Triton kernels, or their CUDA C++ twins (a GPU only)."""
+
+
 def ring_point(point: dict) -> list[dict]:
-    """Check then time one point; returns tidy rows (see the module docstring)."""
+    """Check then time one point; returns tidy rows (see the module docstring), each with the
+    point's ``impl``. ``ValueError`` for an ``impl`` outside ``IMPLS``."""
+    impl = point.get("impl", "triton")
+    if impl not in IMPLS:
+        raise ValueError(f"impl: must be one of {', '.join(IMPLS)}, got {impl!r}")
+    if impl == "cuda" and DEVICE.type != "cuda":
+        return [{"kernel": "pmll_ring", "metric": "unavailable", "value": 1.0,
+                 "status": "unavailable", "reason": "needs an NVIDIA GPU (a CUDA C++ twin)",
+                 "impl": impl}]
+    try:
+        rows = _ring_rows(point, impl)
+    except CheckFailed as exc:
+        for r in exc.rows:
+            r.setdefault("impl", impl)
+        raise
+    for r in rows:
+        r.setdefault("impl", impl)
+    return rows
+
+
+def _ring_rows(point: dict, impl: str) -> list[dict]:
     B, H, M, T, D = (int(point[n]) for n in ("B", "H", "M", "T", "D"))
     segments, seed, gate = int(point.get("segments", 1)), int(point.get("seed", 0)), point["gate"]
     dname = point["dtype"]
@@ -135,7 +161,7 @@ def ring_point(point: dict) -> list[dict]:
     rk, rv, rc = probe(mem.k), probe(mem.v), mem.count.index_select(0, bi)
     for s in range(segments):
         x = segment_inputs(seed * 1000 + s + 1, B, H, T, D, gate=gate, dtype=dtype)
-        pmll_write(mem, x["k_new"], x["v_new"], x["gate"], validate=True)
+        pmll_write(mem, x["k_new"], x["v_new"], x["gate"], validate=True, impl=impl)
         g = x["gate"]
         g = None if g is None else (g.index_select(0, bi) if g.dim() == 2 else probe(g))
         rk, rv, rc = ref.ring_write(rk, rv, rc, probe(x["k_new"]), probe(x["v_new"]), g)
@@ -149,7 +175,7 @@ def ring_point(point: dict) -> list[dict]:
 
     sub = RingMemory(probe(mem.k).contiguous(), probe(mem.v).contiguous(),
                      mem.count.index_select(0, bi).contiguous())
-    k_out, v_out = pmll_read(mem, T)
+    k_out, v_out = pmll_read(mem, T, impl=impl)
     want_k, want_v = ref.ring_read(sub.k, sub.v, sub.count, T)
     rows += error_rows("pmll_read", probe(k_out), want_k, tol=0.0, what="k")
     rows += error_rows("pmll_read", probe(v_out), want_v, tol=0.0, what="v")
@@ -166,13 +192,14 @@ def ring_point(point: dict) -> list[dict]:
 
     timing = dict(warmup_ms=25, rep_ms=100, cpu_reps=3)
     extra = dict(ring_bytes=ring_bytes(point))
-    rows += P.speed_rows("pmll_read", P.timings(lambda: pmll_read(mem, T), **timing),
+    rows += P.speed_rows("pmll_read", P.timings(lambda: pmll_read(mem, T, impl=impl), **timing),
                          read_bytes(mem.lengths, H, M, D, T, dtype=dtype), **extra)
     gdtype = torch.float32 if x["gate"] is None else x["gate"].dtype
     nbytes = write_bytes(B, H, M, D, T, dtype=dtype, gate=None if gate == "none" else gate,
                          gate_dtype=gdtype)
     rows += P.speed_rows("pmll_write", P.timings(
-        lambda: pmll_write(mem, x["k_new"], x["v_new"], x["gate"]), **timing), nbytes, **extra)
+        lambda: pmll_write(mem, x["k_new"], x["v_new"], x["gate"], impl=impl), **timing), nbytes,
+        **extra)
     return rows
 
 
@@ -245,24 +272,44 @@ def plot_wraparound(capacity: int = 8, segments=(5, 6, 3, 11)):
 
 # ---- targets, tables and plots ----------------------------------------------------------------
 
-PARAMS = ("B", "H", "M", "T", "D", "dtype", "gate", "segments")
+CELL = ("B", "H", "M", "T", "D", "dtype", "gate")
+PARAMS = CELL + ("segments", "impl")
 L2 = 4 * H200_L2_BYTES
 TARGET_SET = "PMLL ring read and write against the copy roofline"
-_BIG = dict(bytes=lambda b: b.astype(float) >= L2)
+_BIG = dict(bytes=lambda b: b.astype(float) >= L2, impl="triton")
+_TM = dict(T=8192, M=8192)
+
+
+def _k(kernel: str, impl: str) -> dict:
+    return {"kernel": kernel, "impl": impl}
+
+
 TARGETS = (
     Target(f"read >= 80% of the copy bandwidth on launches >= {L2 / 1e6:.0f} MB (4x the L2)",
-           "pmll_read", kind="frac", bound=0.8, where=_BIG, over=PARAMS[:-1]),
+           _k("pmll_read", "triton"), kind="frac", bound=0.8, where=_BIG, over=CELL),
     Target(f"write, no gate, >= 80% of the copy bandwidth on launches >= {L2 / 1e6:.0f} MB",
-           "pmll_write", kind="frac", bound=0.8, where=dict(_BIG, gate="none"),
-           over=PARAMS[:-1]),
+           _k("pmll_write", "triton"), kind="frac", bound=0.8, where=dict(_BIG, gate="none"),
+           over=CELL),
     Target(f"gated write: fraction of the copy bandwidth on launches >= {L2 / 1e6:.0f} MB",
-           "pmll_write", kind="frac", bound=None, where=dict(_BIG, gate=["bt", "bht"]),
-           over=PARAMS[:-1]),
+           _k("pmll_write", "triton"), kind="frac", bound=None,
+           where=dict(_BIG, gate=["bt", "bht"]), over=CELL),
+    Target("CUDA twin: read >= 90% of the copy bandwidth at T = M = 8192",
+           _k("pmll_read", "cuda"), kind="frac", bound=0.9, where=_TM, over=CELL),
+    Target("CUDA twin: write, no gate, >= 90% of the copy bandwidth at T = M = 8192",
+           _k("pmll_write", "cuda"), kind="frac", bound=0.9, where=dict(_TM, gate="none"),
+           over=CELL),
+    Target("CUDA twin / Triton: read at T = M = 8192", _k("pmll_read", "cuda"),
+           _k("pmll_read", "triton"), bound=None, where=_TM, over=CELL),
+    Target("CUDA twin / Triton: write at T = M = 8192", _k("pmll_write", "cuda"),
+           _k("pmll_write", "triton"), bound=None, where=_TM, over=CELL),
 )
+"""The Triton kernels' bandwidth targets on launches past the L2; the CUDA twins' (SPEC §1,
+``kernels/pmll_ring.cu``) at a ring and segment of 8192 rows, and their time against Triton's on
+the same launches (reported)."""
 
 
 def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
-    return P.correctness_table(df, by=("gate", "dtype"))
+    return P.correctness_table(df, by=("impl", "gate", "dtype"))
 
 
 def failed_points(df: pd.DataFrame) -> pd.DataFrame:
@@ -297,12 +344,17 @@ def plot_throughput(df: pd.DataFrame):
     roof = P.roofline_gbps(df) if gpu else None
     markers = {"pmll_read": "o", "pmll_write:none": "s", "pmll_write:bt": "^",
                "pmll_write:bht": "v"}
+    impls = [i for i in IMPLS if i in set(w.get("impl", pd.Series(["triton"])))]
     for ax, dt in zip(axes[0], dtypes):
         for s_ in LABELS:
-            d = w[(w["dtype"] == dt) & (w["series"] == s_)]
-            if len(d):
-                ax.scatter(d["bytes"].astype(float), d[y].astype(float), s=16, alpha=0.8,
-                           color=plots.color(s_), marker=markers.get(s_, "o"), label=LABELS[s_])
+            for impl in impls:          # Triton filled, the CUDA twin hollow
+                d = w[(w["dtype"] == dt) & (w["series"] == s_) & (w["impl"] == impl)]
+                if len(d):
+                    c = plots.color(s_)
+                    ax.scatter(d["bytes"].astype(float), d[y].astype(float), s=16, alpha=0.8,
+                               marker=markers.get(s_, "o"), edgecolors=c,
+                               facecolors=c if impl == "triton" else "none",
+                               label=LABELS[s_] + ("" if impl == "triton" else ", CUDA twin"))
         if roof:
             ax.axhline(roof, color="k", ls="--", lw=1, label=f"copy roofline {roof:.0f} GB/s")
             ax.axvline(H200_L2_BYTES, color="grey", ls=":", lw=1, label="the H200's L2")
@@ -316,9 +368,9 @@ def plot_throughput(df: pd.DataFrame):
 
 
 def bandwidth_table(df: pd.DataFrame, min_bytes: float = L2) -> pd.DataFrame:
-    """GB/s and roofline fraction per series, segment regime (``T <= M``, or ``T > M``: several
-    passes per slot) and dtype over launches moving at least ``min_bytes``: median and best.
-    GPU runs only."""
+    """GB/s and roofline fraction per implementation, series, segment regime (``T <= M``, or
+    ``T > M``: several passes per slot) and dtype over launches moving at least ``min_bytes``:
+    median and best. GPU runs only."""
     w = P.wide(df)
     if w.empty or not P.on_gpu(w):
         return pd.DataFrame()
@@ -326,7 +378,7 @@ def bandwidth_table(df: pd.DataFrame, min_bytes: float = L2) -> pd.DataFrame:
     w = w.assign(series=w["series"].map(LABELS),
                  segment=["-" if k == "pmll_read" else ("T > M" if t > m else "T <= M")
                           for k, t, m in zip(w["kernel"], w["T"], w["M"])])
-    return (w.groupby(["series", "segment", "dtype"])
+    return (w.groupby(["impl", "series", "segment", "dtype"])
             .agg(launches=("gbps", "size"), median_gbps=("gbps", "median"),
                  best_gbps=("gbps", "max"), median_roofline=("roofline_frac", "median"),
                  best_roofline=("roofline_frac", "max")).reset_index())

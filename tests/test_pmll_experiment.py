@@ -1,0 +1,80 @@
+"""The pmll_ring notebook's point and targets (``pmll_lab.experiments.pmll``): every row names
+its implementation, a CUDA-twin point without a GPU is one ``unavailable`` row, and the CUDA
+twins' targets judge their own rows only (constructed GPU rows)."""
+
+import pandas as pd
+import pytest
+
+from pmll_lab.backend import DEVICE
+from pmll_lab.experiments import pmll as E
+from pmll_lab.experiments import targets as T
+
+SMALL = dict(B=2, H=2, M=8, T=12, D=16, dtype="float32", gate="bht", segments=2, seed=3)
+
+
+def test_triton_point_checks_then_times_and_names_its_impl():
+    rows = E.ring_point(dict(SMALL))
+    assert rows and {r["impl"] for r in rows} == {"triton"}
+    checks = [r for r in rows if r.get("passed") is not None]
+    assert checks and all(r["passed"] for r in checks)
+    reads = [r for r in rows if r["kernel"] == "pmll_read" and r["metric"] == "rel_l2"]
+    assert reads and all(r["value"] == 0.0 for r in reads)      # a copy: bit-exact
+    timed = {r["kernel"] for r in rows if r["metric"] == "time_us"}
+    assert timed == {"pmll_read", "pmll_write"}
+
+
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="the CPU's answer for a CUDA-twin point")
+def test_cuda_point_without_gpu_is_one_unavailable_row():
+    rows = E.ring_point(dict(SMALL, impl="cuda"))
+    assert len(rows) == 1
+    r = rows[0]
+    assert (r["status"], r["impl"], r["metric"]) == ("unavailable", "cuda", "unavailable")
+    assert "NVIDIA GPU" in r["reason"]
+
+
+def test_unknown_impl_is_refused_naming_it():
+    with pytest.raises(ValueError, match="impl: must be one of triton, cuda, got 'cutlass'"):
+        E.ring_point(dict(SMALL, impl="cutlass"))
+
+
+def _gpu_rows(entries, roof=4000.0):
+    """(kernel, impl, gate, time_us, roofline_frac) at T = M = 8192, bf16: a cuda_graph time
+    with its gbps and roofline rows."""
+    rows = []
+    for i, (kern, impl, gate, t, fr) in enumerate(entries):
+        base = dict(B=8, H=16, M=8192, T=8192, D=128, dtype="bfloat16", gate=gate, segments=2,
+                    impl=impl, point_id=f"p{i}", status="ok", error="", kernel=kern,
+                    state_layout="kv", timer="cuda_graph")
+        nbytes = fr * roof * 1e3 * t
+        rows += [dict(base, metric="time_us", value=t),
+                 dict(base, metric="gbps", value=nbytes / (t * 1e3), bytes=nbytes),
+                 dict(base, metric="roofline_frac", value=fr, copy_gbps=roof)]
+    return pd.DataFrame(rows)
+
+
+def _row(h, text):
+    hits = h[h["target"] == text]
+    assert len(hits) == 1, text
+    return hits.iloc[0]
+
+
+def test_cuda_targets_judge_the_twins_rows_against_tritons():
+    df = _gpu_rows([
+        ("pmll_read", "triton", "none", 500.0, 0.95),
+        ("pmll_read", "cuda", "none", 550.0, 0.86),          # 86 % < 90 %: missed
+        ("pmll_write", "triton", "none", 600.0, 0.90),
+        ("pmll_write", "cuda", "none", 580.0, 0.93),         # 93 %: met
+        ("pmll_write", "cuda", "bht", 900.0, 0.60),          # gated: outside the ungated target
+    ])
+    h = T.headline(df, E.TARGETS)
+    read = _row(h, "CUDA twin: read >= 90% of the copy bandwidth at T = M = 8192")
+    assert (read["status"], read["roofline_frac"]) == ("missed", 0.86)
+    write = _row(h, "CUDA twin: write, no gate, >= 90% of the copy bandwidth at T = M = 8192")
+    assert (write["status"], write["roofline_frac"]) == ("met", 0.93)
+    ratio = _row(h, "CUDA twin / Triton: read at T = M = 8192")
+    assert ratio["status"] == "reported" and ratio["ratio"] == pytest.approx(550 / 500, abs=1e-3)
+    # the Triton targets see the Triton rows only
+    tri = h[h["target"].str.startswith("read >= 80%")]
+    assert len(tri) == 1 and tri.iloc[0]["roofline_frac"] == 0.95
+    tri = h[h["target"].str.startswith("write, no gate, >= 80%")]   # the faster CUDA row unseen
+    assert len(tri) == 1 and tri.iloc[0]["roofline_frac"] == 0.90
