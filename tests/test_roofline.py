@@ -35,7 +35,7 @@ from pmll_lab.gdn import row_io_bytes, state_bytes
 from pmll_lab.sweep import CheckFailed, run_sweep, speed_rows
 
 SHAPE = dict(head_dim=[16], heads=[(2, 4)], dtype=["bfloat16"])
-OURS = [p for p in E.OURS if p != "decodes_cuda"]   # the CUDA twin: its own tests below
+OURS = [p for p in E.OURS if p not in E.CUDA_TWINS]   # the CUDA twins: their own tests below
 
 
 def _points(K, B, providers=OURS, **kw):
@@ -582,6 +582,41 @@ def test_decodes_cuda_wrong_output_fails_before_timing(monkeypatch):
     monkeypatch.setattr(E, "DEVICE", torch.device("cuda"))
     monkeypatch.setattr(P, "time_launch", lambda fn, **kw: timed.append(fn) or {})
     monkeypatch.setattr(C, "gdn_decode", _as_twin(C.gdn_decode, scale=1.5))
+    with pytest.raises(CheckFailed):
+        E.gdn_point(pt)
+    assert timed == []
+
+
+def test_chain_cuda_left_out_without_a_gpu_then_checked_against_float64(monkeypatch):
+    """The chain's twin: one ``unavailable`` row without a GPU; with one (the Triton chain
+    standing in) its outputs, state and snapshots are checked against the float64 chain before
+    it is timed, every row ``impl="cuda"``; a wrong snapshot fails the point untimed."""
+    pt = dict(_cuda_point(), provider="chain_snapshots_cuda")
+    assert "chain_snapshots_cuda" in E.PROVIDERS and "chain_snapshots_cuda" in E.CUDA_TWINS
+    assert not _points(2, 2, providers=["chain_snapshots_cuda"])
+    rows = E.gdn_point(pt)
+    assert [(r["kernel"], r["status"], r["impl"]) for r in rows] == [
+        ("chain_snapshots_cuda", "unavailable", "cuda")]
+    monkeypatch.setattr(E, "DEVICE", torch.device("cuda"))
+    monkeypatch.setattr(C, "gdn_chain", _as_twin(C.gdn_chain))
+    rows = E.gdn_point(pt)
+    err = [r for r in rows if r["metric"] == "rel_l2"]
+    assert {r["what"] for r in err} == {"o", "state", "snapshots"}
+    assert all(r["passed"] and 0 < r["value"] <= r["tolerance"] for r in err)
+    t = [r for r in rows if r["metric"] == "time_us"]
+    assert t and all(r["kernel"] == "chain_snapshots_cuda" and r["value"] > 0 for r in t)
+    assert {r["impl"] for r in rows} == {"cuda"}
+
+    real = C.gdn_chain
+
+    def bad_snapshots(*args, intermediate=None, impl="triton", **kw):
+        o = real(*args, intermediate=intermediate, impl=impl, **kw)   # the stand-in twin
+        intermediate.mul_(1.5)
+        return o
+
+    timed = []
+    monkeypatch.setattr(P, "time_launch", lambda fn, **kw: timed.append(fn) or {})
+    monkeypatch.setattr(C, "gdn_chain", bad_snapshots)
     with pytest.raises(CheckFailed):
         E.gdn_point(pt)
     assert timed == []

@@ -16,7 +16,7 @@ COLORS = {
     "carry_exact_lazy": "#1f77b4", "carry_exact_eager": "#aec7e8",
     "ring": "#17becf",
     "chain_snapshots": "#2ca02c", "chain_nosnap": "#98df8a", "decodes": "#9467bd",
-    "decodes_cuda": "#ff7f0e",
+    "decodes_cuda": "#ff7f0e", "chain_snapshots_cuda": "#ffbb78",
     "plain": "#000000",
     # peers
     "fla_fused_recurrent": "#d62728", "flashinfer_decode": "#8c564b",
@@ -40,8 +40,8 @@ ALIASES = {"chain": "chain_snapshots", "chain_restore": "chain_snapshots",
 """The same implementation under another notebook's name."""
 LAYOUT_LINES = {"kv": "-", "vk": "--"}
 """Line style per state layout: solid K-major, dashed V-major."""
-FAMILIES = {"decode and chain": ("decodes", "decodes_cuda", "chain_snapshots", "chain_nosnap",
-                                 "plain"),
+FAMILIES = {"decode and chain": ("decodes", "decodes_cuda", "chain_snapshots",
+                                 "chain_snapshots_cuda", "chain_nosnap", "plain"),
             "carried state": ("carry_exact_lazy", "carry_exact_eager", "ring"),
             "peers": ("fla_fused_recurrent", "flashinfer_decode", "flashinfer_mtp_snapshots",
                       "flashinfer_mtp_frozen", "flashinfer_replayssm"),

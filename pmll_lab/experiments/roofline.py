@@ -43,7 +43,7 @@ from pmll_lab.experiments.gdn import (  # noqa: F401
     carry_bytes, fla_bytes, floor_bytes, frozen_bytes, stash_row_bytes,
 )
 from pmll_lab.experiments.roofline_case import (  # noqa: F401
-    CAP, FLASHINFER, GRAPH_REPLAYS, HALF_STATE_PROVIDERS, LABELS, LAYOUTS, MAIN_SHAPE, REPLAYSSM,
+    CAP, CUDA_TWINS, FLASHINFER, GRAPH_REPLAYS, HALF_STATE_PROVIDERS, LABELS, LAYOUTS, MAIN_SHAPE, REPLAYSSM,
     NATIVE_LAYOUT, OURS, PEERS, PLAN_MAX_B, PROVIDERS, SHAPE_KEYS, STATE_DTYPES, layout_support,
     release,
 )
@@ -70,7 +70,7 @@ def _wanted(prov: str, base: dict, fla: bool, flashinfer: bool, sdt: str) -> boo
         return False
     if prov == "fla_fused_recurrent":
         return fla
-    if prov == "decodes_cuda":  # a CUDA C++ twin: a GPU, kd <= 256
+    if prov in CUDA_TWINS:     # a CUDA C++ twin: a GPU, kd <= 256
         return DEVICE.type == "cuda" and D <= CUDA_MAX_KD
     if prov in REPLAYSSM:      # shapes it does not take: its point's "unsupported" rows
         return flashinfer
@@ -172,7 +172,7 @@ def gdn_point(point: dict) -> list[dict]:
         raise ValueError(f"state_dtype: {prov} runs fp32 states only, got {sdt!r}")
     if prov in REPLAYSSM:
         return _tag_state(replayssm_peer.replayssm_rows(point, timing=C.TIMING), sdt)
-    if prov == "decodes_cuda" and (DEVICE.type != "cuda" or int(point["head_dim"]) > CUDA_MAX_KD):
+    if prov in CUDA_TWINS and (DEVICE.type != "cuda" or int(point["head_dim"]) > CUDA_MAX_KD):
         why = ("needs an NVIDIA GPU (a CUDA C++ twin)" if DEVICE.type != "cuda"
                else f"the twin takes kd <= {CUDA_MAX_KD}")
         status = "unavailable" if DEVICE.type != "cuda" else "unsupported"
@@ -187,6 +187,8 @@ def gdn_point(point: dict) -> list[dict]:
                 rows = roofline_ours.point_decodes_cuda(c)
             elif prov == "chain_snapshots":
                 rows = roofline_ours.point_chain(c)
+            elif prov == "chain_snapshots_cuda":
+                rows = roofline_ours.point_chain_cuda(c)
             elif prov == "fla_fused_recurrent":
                 rows = roofline_peers.point_fla(c)
             elif prov in FLASHINFER:

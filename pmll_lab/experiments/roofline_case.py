@@ -43,22 +43,26 @@ PLAN_MAX_B = 1
 L2_BYTES = H200_L2_BYTES
 STATE_DTYPES = ("float32", "bfloat16", "float16")
 LAYOUTS = ("kv", "vk")
-OURS = ("decodes", "decodes_cuda", "chain_snapshots", "carry_exact_eager", "carry_exact_lazy")
+OURS = ("decodes", "decodes_cuda", "chain_snapshots", "chain_snapshots_cuda", "carry_exact_eager",
+        "carry_exact_lazy")
+CUDA_TWINS = ("decodes_cuda", "chain_snapshots_cuda")
+"""Providers that run a CUDA C++ twin (``impl="cuda"``): a GPU only, V-major, kd <= 256."""
 FLASHINFER = ("flashinfer_decode", "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen")
 REPLAYSSM = ("flashinfer_replayssm",)
 """FlashInfer's ReplaySSM verify and flush (``replayssm_peer``; rows ``<provider>:verify`` and
 ``:flush``), on its own bf16 pool and ring whatever the point's state dtype."""
 PEERS = ("fla_fused_recurrent",) + FLASHINFER + REPLAYSSM
 PROVIDERS = OURS + PEERS
-HALF_STATE_PROVIDERS = ("decodes", "decodes_cuda", "chain_snapshots", "carry_exact_eager",
+HALF_STATE_PROVIDERS = ("decodes", "decodes_cuda", "chain_snapshots", "chain_snapshots_cuda",
+                        "carry_exact_eager",
                         "carry_exact_lazy",
                         *FLASHINFER, *REPLAYSSM)
 """Providers that run a bf16/fp16 state (FLA runs fp32 only)."""
-NATIVE_LAYOUT = {"fla_fused_recurrent": "kv", "decodes_cuda": "vk",
+NATIVE_LAYOUT = {"fla_fused_recurrent": "kv", **{p: "vk" for p in CUDA_TWINS},
                  **{p: "vk" for p in FLASHINFER + REPLAYSSM}}
 LABELS = {
     "decodes": "K x decode", "decodes_cuda": "K x decode, CUDA twin",
-    "chain_snapshots": "chain + snapshots",
+    "chain_snapshots": "chain + snapshots", "chain_snapshots_cuda": "chain + snapshots, CUDA twin",
     "carry_exact_eager": "carry exact, eager", "carry_exact_lazy": "carry exact, lazy (amortised)",
     "fla_fused_recurrent": "FLA fused_recurrent", "flashinfer_decode": "FlashInfer decode",
     "flashinfer_mtp_snapshots": "FlashInfer mtp + snapshots",

@@ -1,6 +1,6 @@
 """The roofline's own providers, checked, then timed: ``K`` decode launches (``point_decodes``;
 ``point_decodes_cuda`` for the decode's CUDA C++ twin),
-the snapshot chain (``point_chain``) and the carried-state verify (exact form), eager or lazy
+the snapshot chain (``point_chain``; ``point_chain_cuda`` for its twin) and the carried-state verify (exact form), eager or lazy
 (``point_carry``: the lazy form timed without and with a write-back, and amortised at the
 acceptance process's write-back frequency). Each takes a ``roofline_case._Case`` and returns its
 tidy rows; launchers are called through ``roofline_case`` (a test replaces them there).
@@ -102,6 +102,25 @@ def point_chain(c: C._Case) -> list[dict]:
 
     def run():
         C.gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, **c.lay)
+
+    return rows + P.speed_rows(name, _time(run), chain_bytes(c.B, c.K, **c.io()), variant="")
+
+
+def point_chain_cuda(c: C._Case) -> list[dict]:
+    """The chain's CUDA C++ twin (``gdn_chain(impl="cuda")``, V-major) with its ``K-1``
+    snapshots, checked against the float64 chain (bitwise only within the CUDA family, which
+    its own tests check: another order of sums than Triton's)."""
+    name = "chain_snapshots_cuda"
+    st = c.state0.clone()
+    inter = torch.empty(c.B, c.K - 1, c.HV, c.D, c.D, dtype=c.sdt, device=DEVICE)
+    o = C.gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, impl="cuda", **c.lay)
+    rows = (error_rows(name, o[:c.n], c.o_ref, tol=c.otol, what="o")
+            + error_rows(name, st[c.lsel[:c.n]], c.to_layout(c.s_ref), tol=c.stol, what="state")
+            + error_rows(name, inter[:c.n], c.to_layout(c.i_ref), tol=c.stol, what="snapshots"))
+    P.require(rows)
+
+    def run():
+        C.gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, impl="cuda", **c.lay)
 
     return rows + P.speed_rows(name, _time(run), chain_bytes(c.B, c.K, **c.io()), variant="")
 

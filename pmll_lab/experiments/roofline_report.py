@@ -72,6 +72,10 @@ TARGETS = (
        "flashinfer_decode", None, K=1, Bs=[1, 64, 128, 256]),
     _t("decode K=1, CUDA C++ twin / Triton decode (reported)", "decodes_cuda", "decodes", None,
        K=1, Bs=[1, 64, 128, 256]),
+    _t("chain K=4 + snapshots, CUDA C++ twin / FlashInfer mtp + buffer (reported)",
+       "chain_snapshots_cuda", "flashinfer_mtp_snapshots", None, Bs=[1, 64, 128, 256]),
+    _t("chain K=4 + snapshots, CUDA C++ twin / Triton chain (reported)", "chain_snapshots_cuda",
+       "chain_snapshots", None, Bs=[1, 64, 128, 256]),
     _ring("pmll_read", "PMLL read"),
     _ring("pmll_write", "PMLL write"),
 )
