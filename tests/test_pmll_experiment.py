@@ -30,6 +30,12 @@ def test_cuda_point_without_gpu_is_one_unavailable_row():
     r = rows[0]
     assert (r["status"], r["impl"], r["metric"]) == ("unavailable", "cuda", "unavailable")
     assert "NVIDIA GPU" in r["reason"]
+    pts = [dict(SMALL, impl="cuda"), dict(SMALL)]       # rows as the sweep stores them
+    df = pd.DataFrame([dict(p, point_id=str(i), **r) for i, p in enumerate(pts)
+                       for r in (rows if i == 0 else E.ring_point(p))])
+    facts = E.findings(df)
+    hit = facts[facts.iloc[:, 0] == "points of the CUDA C++ twins not run here"]
+    assert len(hit) == 1 and hit.iloc[0, 1] == 1
 
 
 def test_unknown_impl_is_refused_naming_it():

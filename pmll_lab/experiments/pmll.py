@@ -386,7 +386,8 @@ def bandwidth_table(df: pd.DataFrame, min_bytes: float = L2) -> pd.DataFrame:
 
 def findings(df: pd.DataFrame) -> pd.DataFrame:
     """Measured facts: reads and ungated writes bit-exact, segments longer than the ring, the
-    worst gated write; on a GPU the one-token write's latency."""
+    worst gated write, CUDA-twin points not run (no GPU); on a GPU the one-token write's
+    latency."""
     ok = df[df["status"] == "ok"] if len(df) else df
     err = ok[ok["metric"] == "rel_l2"] if len(ok) else ok
     rows = []
@@ -404,6 +405,11 @@ def findings(df: pd.DataFrame) -> pd.DataFrame:
         for dt, gd in g.groupby("dtype"):
             rows.append(fact(f"gated writes, {dt}: worst rel. L2", gd["value"].max(),
                              f"tolerance {WRITE_TOL[dt]:.1e}"))
+    if len(df) and "status" in df:
+        na = df[df["status"] == "unavailable"]
+        if len(na):
+            rows.append(fact("points of the CUDA C++ twins not run here", len(na),
+                             str(na["reason"].iloc[0])))
     w = P.wide(df)
     if len(w) and P.on_gpu(w):
         t = w[(w["T"] == 1) & (w["kernel"] == "pmll_write")]["time_us"]
