@@ -2,6 +2,8 @@
 its implementation, a CUDA-twin point without a GPU is one ``unavailable`` row, and the CUDA
 twins' targets judge their own rows only (constructed GPU rows)."""
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -84,3 +86,48 @@ def test_cuda_targets_judge_the_twins_rows_against_tritons():
     assert len(tri) == 1 and tri.iloc[0]["roofline_frac"] == 0.95
     tri = h[h["target"].str.startswith("write, no gate, >= 80%")]   # the faster CUDA row unseen
     assert len(tri) == 1 and tri.iloc[0]["roofline_frac"] == 0.90
+
+
+def test_points_name_triton_unless_a_grid_says_cuda():
+    pts = E.points([dict(B=[2], H=[2], M=[8], T=[4], D=[16], dtype=["float32"], gate=["none"],
+                         segments=[1]),
+                    dict(B=[2], H=[2], M=[8], T=[4], D=[16], dtype=["float32"], gate=["none"],
+                         segments=[1], impl=["cuda"])])
+    assert [p["impl"] for p in pts] == ["triton", "cuda"]
+
+
+OLD = Path(__file__).resolve().parent.parent / "reports/h200-2026-11-29b/results/pmll_ring"
+
+
+def test_rows_stored_before_the_impl_column_read_as_triton():
+    """A run committed before the CUDA twins joined (no ``impl`` column; H200): its Triton
+    targets, bandwidth table and plot still read its rows, and rows that lack the value beside
+    new ones (a reused results folder) count as Triton too."""
+    old = pd.read_json(OLD / "pmll_ring.jsonl.gz", lines=True)
+    assert "impl" not in old
+    df = E.with_impl(old)
+    assert set(df["impl"]) == {"triton"} and len(df) == len(old)
+    h = T.headline(df, E.TARGETS)
+    read = h[h["target"].str.startswith("read >= 80%")].iloc[0]
+    # as that run's own headline had it (the Triton read: 29.6 % at its worst cell)
+    assert read["status"] == "missed" and read["roofline_frac"] == pytest.approx(0.296, abs=1e-3)
+    bw = E.bandwidth_table(df)
+    assert len(bw) and set(bw["impl"]) == {"triton"}
+    mixed = pd.concat([old.head(50), pd.DataFrame([{"kernel": "pmll_ring", "impl": "cuda",
+                                                    "status": "unavailable"}])])
+    assert list(E.with_impl(mixed)["impl"].value_counts().items()) == [("triton", 50),
+                                                                        ("cuda", 1)]
+
+
+def test_one_token_write_is_reported_per_impl():
+    rows = []
+    for i, (impl, t) in enumerate((("triton", 7.0), ("triton", 8.0), ("cuda", 11.0))):
+        base = dict(B=8, H=16, M=8192, T=1, D=128, dtype="bfloat16", gate="none", segments=2,
+                    impl=impl, point_id=f"p{i}", status="ok", error="", kernel="pmll_write",
+                    timer="cuda_graph", state_layout="kv")
+        rows += [dict(base, metric="time_us", value=t),
+                 dict(base, metric="gbps", value=1.0, bytes=1e6),
+                 dict(base, metric="roofline_frac", value=0.01, copy_gbps=4000.0)]
+    f = E.findings(pd.DataFrame(rows)).set_index("finding")["measured"]
+    assert f["one-token write (decode): median time"] == "7.5 us"
+    assert f["one-token write (decode), CUDA twin: median time"] == "11.0 us"

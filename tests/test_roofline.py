@@ -541,6 +541,10 @@ def _cuda_point(D=16):
     return dict(pt, provider="decodes_cuda", head_dim=D)
 
 
+ON_GPU = pmll_lab.DEVICE.type == "cuda"
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU's answer: no CUDA twin without a GPU")
 def test_decodes_cuda_left_out_without_a_gpu():
     assert "decodes_cuda" in E.PROVIDERS
     assert not [p for p in _points(2, 2, providers=["decodes_cuda"])]
@@ -587,17 +591,27 @@ def test_decodes_cuda_wrong_output_fails_before_timing(monkeypatch):
     assert timed == []
 
 
-def test_chain_cuda_left_out_without_a_gpu_then_checked_against_float64(monkeypatch):
-    """The chain's twin: one ``unavailable`` row without a GPU; with one (the Triton chain
-    standing in) its outputs, state and snapshots are checked against the float64 chain before
-    it is timed, every row ``impl="cuda"``; a wrong snapshot fails the point untimed."""
+@pytest.mark.skipif(ON_GPU, reason="the CPU's answer: no CUDA twin without a GPU")
+def test_chain_cuda_left_out_without_a_gpu():
+    """The chain's twin without a GPU: no point, and a point given anyway is one
+    ``unavailable`` row."""
     pt = dict(_cuda_point(), provider="chain_snapshots_cuda")
     assert "chain_snapshots_cuda" in E.PROVIDERS and "chain_snapshots_cuda" in E.CUDA_TWINS
     assert not _points(2, 2, providers=["chain_snapshots_cuda"])
     rows = E.gdn_point(pt)
     assert [(r["kernel"], r["status"], r["impl"]) for r in rows] == [
         ("chain_snapshots_cuda", "unavailable", "cuda")]
+
+
+def test_chain_cuda_runs_from_k2_checked_against_float64_then_timed(monkeypatch):
+    """With a GPU (the Triton chain standing in for the twin): points from K = 2 only (at K = 1
+    the chain is one decode); outputs, state and snapshots checked against the float64 chain
+    before the timing, every row ``impl="cuda"``; a wrong snapshot fails the point untimed."""
+    pt = dict(_cuda_point(), provider="chain_snapshots_cuda")
     monkeypatch.setattr(E, "DEVICE", torch.device("cuda"))
+    grid = [dict(K=[1, 2], B=[2], providers=["chain_snapshots_cuda"], state_layout=["vk"],
+                 **SHAPE)]
+    assert [p["K"] for p in E.points(grid, fla=False)] == [2]
     monkeypatch.setattr(C, "gdn_chain", _as_twin(C.gdn_chain))
     rows = E.gdn_point(pt)
     err = [r for r in rows if r["metric"] == "rel_l2"]
@@ -607,10 +621,10 @@ def test_chain_cuda_left_out_without_a_gpu_then_checked_against_float64(monkeypa
     assert t and all(r["kernel"] == "chain_snapshots_cuda" and r["value"] > 0 for r in t)
     assert {r["impl"] for r in rows} == {"cuda"}
 
-    real = C.gdn_chain
+    twin = C.gdn_chain
 
     def bad_snapshots(*args, intermediate=None, impl="triton", **kw):
-        o = real(*args, intermediate=intermediate, impl=impl, **kw)   # the stand-in twin
+        o = twin(*args, intermediate=intermediate, impl=impl, **kw)
         intermediate.mul_(1.5)
         return o
 

@@ -253,7 +253,12 @@ def test_roofline_and_carry_protocol_headlines_judge_the_step():
                      "fp32 state", 64)]
     assert lazy["status"] == "missed" and abs(lazy["ratio"] - 132.0 / 256.0) < 1e-3
     reported = head[head["bound"].isna()]
-    assert len(reported) == 8 and set(reported["status"]) == {"reported"}
+    assert len(reported) == 12 and set(reported["status"]) == {"reported"}
+    ring = head.loc[("carry ring step against our chain + snapshots + restore, bf16 state", 64)]
+    assert abs(ring["ratio"] - 47.0 / 147.0) < 1e-3
+    ring = head.loc[("carry ring step against FlashInfer's snapshot step (mtp + restore), bf16 "
+                     "state", 128)]
+    assert abs(ring["ratio"] - 47.0 / 140.0) < 1e-3
     twin = head.loc[("CUDA twin's exact lazy step <= 0.5x the Triton exact lazy step, bf16 state",
                      128)]
     assert twin["status"] == "met" and abs(twin["ratio"] - 90.0 / 195.0) < 1e-3

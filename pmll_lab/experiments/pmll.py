@@ -60,16 +60,26 @@ LABELS = {"pmll_read": "read (t_ctx = T)", "pmll_write:none": "write, no gate",
 
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
     """Expand the notebook's grids (each a dict of axes ``B, H, M, T, D, dtype, gate,
-    segments`` and optionally ``seed``, default ``seed``) into points, duplicates dropped."""
+    segments`` and optionally ``seed``, default ``seed``, and ``impl``, default ``"triton"``)
+    into points, duplicates dropped."""
     out, seen = [], set()
     for g in grids:
-        axes = {"seed": [int(seed)], **g}
+        axes = {"seed": [int(seed)], "impl": ["triton"], **g}
         for p in grid(**axes):
             key = tuple(sorted(p.items()))
             if key not in seen:
                 seen.add(key)
                 out.append(p)
     return out
+
+
+def with_impl(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with an ``impl`` column on every row: ``"triton"`` where it is missing (rows
+    stored before the CUDA twins joined the sweep ran the Triton kernels)."""
+    if df.empty:
+        return df
+    impl = df["impl"] if "impl" in df else pd.Series(pd.NA, index=df.index, dtype=object)
+    return df.assign(impl=impl.astype(object).where(impl.notna(), "triton"))
 
 
 def ring_bytes(point: dict) -> int:
@@ -309,11 +319,11 @@ the same launches (reported)."""
 
 
 def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
-    return P.correctness_table(df, by=("impl", "gate", "dtype"))
+    return P.correctness_table(with_impl(df), by=("impl", "gate", "dtype"))
 
 
 def failed_points(df: pd.DataFrame) -> pd.DataFrame:
-    return P.failed_points(df, PARAMS)
+    return P.failed_points(with_impl(df), PARAMS)
 
 
 def plot_errors(df: pd.DataFrame):
@@ -332,7 +342,7 @@ def plot_throughput(df: pd.DataFrame):
     the copy roofline; on the CPU the interpreter's wall time (labelled so)."""
     import matplotlib.pyplot as plt
 
-    w = P.wide(df)
+    w = P.wide(with_impl(df))
     if w.empty:
         return None
     w = _series(w)
@@ -344,7 +354,7 @@ def plot_throughput(df: pd.DataFrame):
     roof = P.roofline_gbps(df) if gpu else None
     markers = {"pmll_read": "o", "pmll_write:none": "s", "pmll_write:bt": "^",
                "pmll_write:bht": "v"}
-    impls = [i for i in IMPLS if i in set(w.get("impl", pd.Series(["triton"])))]
+    impls = [i for i in IMPLS if i in set(w["impl"])]
     for ax, dt in zip(axes[0], dtypes):
         for s_ in LABELS:
             for impl in impls:          # Triton filled, the CUDA twin hollow
@@ -371,7 +381,7 @@ def bandwidth_table(df: pd.DataFrame, min_bytes: float = L2) -> pd.DataFrame:
     """GB/s and roofline fraction per implementation, series, segment regime (``T <= M``, or
     ``T > M``: several passes per slot) and dtype over launches moving at least ``min_bytes``:
     median and best. GPU runs only."""
-    w = P.wide(df)
+    w = P.wide(with_impl(df))
     if w.empty or not P.on_gpu(w):
         return pd.DataFrame()
     w = _series(w[w["bytes"].astype(float) >= min_bytes])
@@ -387,7 +397,8 @@ def bandwidth_table(df: pd.DataFrame, min_bytes: float = L2) -> pd.DataFrame:
 def findings(df: pd.DataFrame) -> pd.DataFrame:
     """Measured facts: reads and ungated writes bit-exact, segments longer than the ring, the
     worst gated write, CUDA-twin points not run (no GPU); on a GPU the one-token write's
-    latency."""
+    latency per implementation."""
+    df = with_impl(df)
     ok = df[df["status"] == "ok"] if len(df) else df
     err = ok[ok["metric"] == "rel_l2"] if len(ok) else ok
     rows = []
@@ -412,8 +423,10 @@ def findings(df: pd.DataFrame) -> pd.DataFrame:
                              str(na["reason"].iloc[0])))
     w = P.wide(df)
     if len(w) and P.on_gpu(w):
-        t = w[(w["T"] == 1) & (w["kernel"] == "pmll_write")]["time_us"]
-        if len(t):
-            rows.append(fact("one-token write (decode): median time", f"{t.median():.1f} us",
-                             "latency-bound, not bandwidth-bound"))
+        for impl in IMPLS:
+            t = w[(w["T"] == 1) & (w["kernel"] == "pmll_write") & (w["impl"] == impl)]["time_us"]
+            if len(t):
+                who = "" if impl == "triton" else ", CUDA twin"
+                rows.append(fact(f"one-token write (decode){who}: median time",
+                                 f"{t.median():.1f} us", "latency-bound, not bandwidth-bound"))
     return pd.DataFrame(rows)

@@ -64,7 +64,7 @@ def _wanted(prov: str, base: dict, fla: bool, flashinfer: bool, sdt: str) -> boo
     K, D, dt = base["K"], base["head_dim"], base["dtype"]
     if sdt != "float32" and prov not in HALF_STATE_PROVIDERS:
         return False
-    if (prov == "chain_snapshots" or prov.startswith("flashinfer_mtp")) and K == 1:
+    if (prov.startswith("chain_snapshots") or prov.startswith("flashinfer_mtp")) and K == 1:
         return False           # the chain at K = 1 is one decode; FlashInfer's mtp takes T > 1
     if prov == "flashinfer_decode" and K != 1:
         return False

@@ -40,7 +40,7 @@ def _t(text, ours, peer=None, bound=1.0, K=4, Bs=_B2, **kw):
 def _ring(kernel: str, label: str) -> Target:
     return Target(f"{label} >= 80% of the copy bandwidth on rings >= 4x the L2 "
                   f"({4 * L2_BYTES / 1e6:.0f} MB)", kernel, kind="frac", bound=0.8,
-                  where=dict(bytes=lambda b: b.astype(float) >= 4 * L2_BYTES),
+                  where=dict(bytes=lambda b: b.astype(float) >= 4 * L2_BYTES, impl="triton"),
                   over=("dtype", "gate", "M", "T"))
 
 
