@@ -253,8 +253,9 @@ def variant_kernel(module, name: str, path: str | None):
     """Within the block, ``module.<name>`` is the object of that name defined in the file
     ``path`` (``None`` or ``"lib"``: the library's own, unchanged); restored on exit.
     ``FileNotFoundError`` for a missing file, ``ValueError`` for one not ending in ``.py``,
-    ``AttributeError`` naming ``name`` when the file does not define it. The launchers read the kernel from their module at each call, so the
-    variant must take the library kernel's arguments."""
+    ``AttributeError`` naming ``name`` when the file does not define it. The launchers read
+    the kernel from their module at each call, so the variant must take the library kernel's
+    arguments."""
     own = getattr(module, name)
     if path in (None, "lib"):
         yield own

@@ -454,6 +454,7 @@ def parse_overrides(items) -> dict:
         pass
     return over
 
+
 if __name__ == "__main__":           # python -m pmll_lab.ops.settings: the shipped table
     for r in describe():
         print(f"{r['family']:10} {r['name']:26} {r['value']!r}\n{'':37}{r['why']}\n"
