@@ -34,7 +34,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-HOT: tuple[str, ...] = ("ring_write_kernel", "ring_read_kernel", "gdn_decode_vk_kernel",
+HOT: tuple[str, ...] = ("ring_write_kernel", "ring_read_kernel", "ring_write_vec_kernel",
+                        "ring_read_vec_kernel", "gdn_decode_vk_kernel",
                         "gdn_chain_vk_kernel", "gdn_carry_verify_vk_kernel",
                         "gdn_carry_flush_vk_kernel")
 """Kernels that must not spill (substrings of the mangled names ptxas reports)."""

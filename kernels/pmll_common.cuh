@@ -13,9 +13,9 @@
 
 namespace pmll {
 
-// One warp per ring slot (write) or output row (read); its lanes walk the row in steps of 32
-// elements, so any head size works. Four warps per block: 128 threads. Not tuned yet: no
-// measurement of these kernels exists (kernels/README.md).
+// The general kernels: one warp per ring slot (write) or output row (read); its lanes walk the
+// row in steps of 32 elements, so any head size works. Four warps per block: 128 threads.
+// Rows on 16-byte boundaries take pmll_ring.cu's 16-byte kernels instead (one chunk per thread).
 constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = 4;
 constexpr int kThreads = kWarp * kRowsPerBlock;

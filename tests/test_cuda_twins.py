@@ -72,7 +72,7 @@ def _close(out, want, tol, what):
 
 # ---- GPU: write ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dim", [16, 100, 128])
+@pytest.mark.parametrize("dim", [6, 16, 100, 128])   # 6: rows off 16 bytes, the general kernel
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gate,gate_dtype", [(None, None), ("bt", torch.float32),
                                              ("bht", torch.float32), ("bht", torch.bfloat16),
@@ -147,9 +147,30 @@ def test_write_strided_inputs_and_empty_segment():
     assert torch.equal(mem.k, before.k) and torch.equal(mem.count, before.count)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gate", [None, "bht"])
+def test_write_views_off_16_bytes_store_the_same_bits(dtype, gate):
+    """New rows as views one element into a wider tensor (their rows off 16 bytes: the general
+    kernel) store the bits that contiguous copies of them (the 16-byte kernel) store."""
+    a = _memory(5, 2, 2, 6, 32, dtype, [1, 9])
+    b = a.clone()
+    x = pmll_inputs(9, 2, 2, 9, 33, gate=gate, dtype=dtype)
+    k_view, v_view = x["k_new"][..., 1:], x["v_new"][..., 1:]
+    if not ON_GPU:
+        _refused(lambda: pmll_write(a, k_view, v_view, x["gate"], impl="cuda"))
+        return
+    pmll_write(a, k_view, v_view, x["gate"], impl="cuda")
+    pmll_write(b, k_view.contiguous(), v_view.contiguous(), x["gate"], impl="cuda")
+    assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v) and torch.equal(a.count, b.count)
+    if gate is None:
+        tri = _memory(5, 2, 2, 6, 32, dtype, [1, 9])
+        pmll_write(tri, k_view, v_view)
+        assert torch.equal(a.k, tri.k) and torch.equal(a.v, tri.v)
+
+
 # ---- GPU: read ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dim", [8, 24, 128])
+@pytest.mark.parametrize("dim", [6, 8, 12, 24, 128])   # 6 (and 12 at 2 bytes): general kernel
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("t_ctx", [0, 3])
 def test_read_bitwise(dim, dtype, t_ctx):

@@ -36,9 +36,11 @@ def test_every_cu_compiles_for_sm90a_without_hot_spills():
     assert failures == [], "\n".join(failures) + "\n" + text
     # the ring: 3 reads (one per dtype) + 9 gated writes (ring x gate dtype) + 3 plain copies
     ring = [line for line in text.splitlines() if "pmll::" in line or "_ZN4pmll" in line]
-    assert "pmll_ring.cu (sm_90a): 15 kernels" in text, text
+    assert "pmll_ring.cu (sm_90a): 30 kernels" in text, text     # each in a 16-byte form too
     assert sum("ring_read_kernel" in line for line in ring) == 3, text
     assert sum("ring_write_kernel" in line for line in ring) == 12, text
+    assert sum("ring_read_vec_kernel" in line for line in ring) == 3, text
+    assert sum("ring_write_vec_kernel" in line for line in ring) == 12, text
     # the GDN twins: one instantiation per keys-per-lane value (4, 8, 16, 32) x state dtype x
     # input dtype (fp32, bf16, fp16): the element types are template constants
     assert "gdn_decode.cu (sm_90a): 36 kernels" in text, text
