@@ -95,7 +95,7 @@ __host__ __device__ __forceinline__ constexpr int64_t key_of(int j, int lane) {
 // kGdnVec-element boundary of an aligned address, so that load4 / store4 may read them.
 inline bool vec_rows(const void* p, GdnDtype t, int64_t kd,
                      std::initializer_list<int64_t> strides) {
-  const int64_t size = t == GdnDtype::kF32 ? 4 : 2;
+  const int64_t size = t == GdnDtype::kBF16 || t == GdnDtype::kF16 ? 2 : 4;  // as dispatch reads t
   if (p == nullptr || kd % kGdnVec != 0) return false;
   if (reinterpret_cast<uintptr_t>(p) % uintptr_t(kGdnVec * size) != 0) return false;
   for (int64_t s : strides)
@@ -173,6 +173,7 @@ __device__ __forceinline__ float group_sum(float x) {
 template <int P>
 __device__ __forceinline__ void load_qk(const GdnDecodeArgs& a, int64_t q_at, int64_t k_at,
                                         int lane, float (&q)[P], float (&k)[P]) {
+  static_assert(P % kGdnVec == 0, "keys per lane: whole runs of kGdnVec");
   if (a.vec_qk) {  // kd % kGdnVec == 0: a run is wholly inside kd or wholly past it
 #pragma unroll
     for (int j = 0; j < P; j += kGdnVec) {
@@ -245,6 +246,7 @@ __device__ __forceinline__ void load_gates(const GdnDecodeArgs& a, int64_t g_at,
 template <int P>
 __device__ __forceinline__ void load_row(const void* p, GdnDtype t, int64_t at, int64_t kd,
                                          int lane, float (&hs)[P], bool vec = false) {
+  static_assert(P % kGdnVec == 0, "keys per lane: whole runs of kGdnVec");
   if (vec) {
 #pragma unroll
     for (int j = 0; j < P; j += kGdnVec) {
@@ -269,6 +271,7 @@ __device__ __forceinline__ void load_row(const void* p, GdnDtype t, int64_t at, 
 template <int P>
 __device__ __forceinline__ void store_row(void* p, GdnDtype t, int64_t at, int64_t kd, int lane,
                                           const float (&hs)[P], bool vec = false) {
+  static_assert(P % kGdnVec == 0, "keys per lane: whole runs of kGdnVec");
   if (vec) {
 #pragma unroll
     for (int j = 0; j < P; j += kGdnVec) {
