@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kGdnThreads, 2) gdn_carry_verify_vk_kernel(Gdn
   const int64_t kd = row ? a.kd : 0;
   const int64_t h_at = slot * a.s_slot + h * a.s_head + r * a.s_row;
   float hs[P];
-  load_row(a.state, a.ts, h_at, kd, lane, hs);
+  load_row(a.state, a.ts, h_at, kd, lane, hs, a.vec_state);
   if (row) fold_pending(hs, st, p, r, kd, lane, a.ts);
 
   __shared__ int last_to_arrive;
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kGdnThreads, 2) gdn_carry_verify_vk_kernel(Gdn
     }
     __syncthreads();
     restash = last_to_arrive != 0;
-    store_row(a.state, a.ts, h_at, kd, lane, hs);
+    store_row(a.state, a.ts, h_at, kd, lane, hs, a.vec_state);
   } else {
     restash = blockIdx.y == 0;
   }
@@ -183,8 +183,10 @@ cudaError_t gdn_carry_verify_vk(const GdnCarryArgs& v, cudaStream_t stream) {
       || v.c.K > v.cap || !a.idx || !v.stash || !v.pend || !v.engaged || !v.arrive)
     return cudaErrorInvalidValue;
   const dim3 grid = row_grid(a.B * a.HV, a.vd);
+  GdnCarryArgs w = v;
+  w.c = gdn_row::with_vec(v.c);   // the flush and the stash rows stay element by element
   dispatch(a.kd, a.ts, a.ti, [&]<int P, GdnDtype TS, GdnDtype TI>() {
-    gdn_carry_verify_vk_kernel<P, TS, TI><<<grid, kGdnThreads, 0, stream>>>(v);
+    gdn_carry_verify_vk_kernel<P, TS, TI><<<grid, kGdnThreads, 0, stream>>>(w);
   });
   return cudaGetLastError();
 }

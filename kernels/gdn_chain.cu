@@ -43,7 +43,8 @@ __global__ void __launch_bounds__(kGdnThreads, 2) gdn_chain_vk_kernel(GdnChainAr
   const int64_t oslot = a.out_idx ? load_slot(a.out_idx, a.tout_idx, b) : slot;
   const int64_t kd = row ? a.kd : 0;
   float hs[P];
-  load_row(a.state, a.ts, slot * a.s_slot + h * a.s_head + r * a.s_row, kd, lane, hs);
+  load_row(a.state, a.ts, slot * a.s_slot + h * a.s_head + r * a.s_row, kd, lane, hs,
+           a.vec_state);
 #pragma unroll 1
   for (int t = 0; t < int(c.K); ++t) {
     float q[P], k[P];
@@ -55,10 +56,12 @@ __global__ void __launch_bounds__(kGdnThreads, 2) gdn_chain_vk_kernel(GdnChainAr
     const float o = advance_row(hs, q, k, decay, beta, v, kd, lane);
     round_row(a.ts, hs);
     if (c.inter && t < c.K - 1)
-      store_row(c.inter, a.ts, b * c.i_b + t * c.i_t + h * c.i_h + r * c.i_row, kd, lane, hs);
+      store_row(c.inter, a.ts, b * c.i_b + t * c.i_t + h * c.i_h + r * c.i_row, kd, lane, hs,
+                c.vec_inter);
     if (row && lane == 0) store_f(a.o, a.to, o_at + t * o_step, o);
   }
-  store_row(a.state, a.ts, oslot * a.s_slot + h * a.s_head + r * a.s_row, kd, lane, hs);
+  store_row(a.state, a.ts, oslot * a.s_slot + h * a.s_head + r * a.s_row, kd, lane, hs,
+            a.vec_state);
 }
 
 }  // namespace
@@ -70,8 +73,9 @@ cudaError_t gdn_chain_vk(const GdnChainArgs& c, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const dim3 grid(unsigned(a.B * a.HV),
                   unsigned((a.vd + kGdnRowsPerBlock - 1) / kGdnRowsPerBlock));
+  const GdnChainArgs v = gdn_row::with_vec(c);
   dispatch(a.kd, a.ts, a.ti, [&]<int P, GdnDtype TS, GdnDtype TI>() {
-    gdn_chain_vk_kernel<P, TS, TI><<<grid, kGdnThreads, 0, stream>>>(c);
+    gdn_chain_vk_kernel<P, TS, TI><<<grid, kGdnThreads, 0, stream>>>(v);
   });
   return cudaGetLastError();
 }

@@ -17,6 +17,7 @@ struct GdnChainArgs {
   int64_t q_t, k_t, v_t, g_t, beta_t;
   void* inter;           // nullptr: no snapshots
   int64_t i_b, i_t, i_h, i_row;
+  bool vec_inter = false;  // set by the launch function: snapshot rows stored as vectors
 };
 
 // Launch on `stream`; returns the launch's error (cudaSuccess when there was nothing to do).

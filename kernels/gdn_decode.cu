@@ -45,10 +45,12 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_decode_vk_kernel(GdnDecodeArg
   load_qk(a, b * a.q_b + kh * a.q_h, b * a.k_b + kh * a.k_h, lane, q, k);
   float decay, beta;
   load_gates(a, b * a.g_b + h, b * a.beta_b + h, h, decay, beta);
-  load_row(a.state, a.ts, slot * a.s_slot + h * a.s_head + r * a.s_row, kd, lane, hs);
+  load_row(a.state, a.ts, slot * a.s_slot + h * a.s_head + r * a.s_row, kd, lane, hs,
+           a.vec_state);
   const float v = row ? load_f(a.v, a.ti, b * a.v_b + h * a.v_h + r) : 0.0f;
   const float o = advance_row(hs, q, k, decay, beta, v, kd, lane);
-  store_row(a.state, a.ts, oslot * a.s_slot + h * a.s_head + r * a.s_row, kd, lane, hs);
+  store_row(a.state, a.ts, oslot * a.s_slot + h * a.s_head + r * a.s_row, kd, lane, hs,
+            a.vec_state);
   if (row && lane == 0) store_f(a.o, a.to, o_at, o);
 }
 
@@ -59,8 +61,12 @@ cudaError_t gdn_decode_vk(const GdnDecodeArgs& a, cudaStream_t stream) {
   if (a.kd < 1 || a.kd > kGdnMaxKd || a.HK < 1 || a.HV % a.HK != 0) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(a.B * a.HV),
                   unsigned((a.vd + kGdnRowsPerBlock - 1) / kGdnRowsPerBlock));
+  GdnDecodeArgs v = a;
+  v.vec_state = gdn_row::vec_rows(a.state, a.ts, a.kd, {a.s_slot, a.s_head, a.s_row});
+  v.vec_qk = gdn_row::vec_rows(a.q, a.ti, a.kd, {a.q_b, a.q_h})
+             && gdn_row::vec_rows(a.k, a.ti, a.kd, {a.k_b, a.k_h});
   dispatch(a.kd, a.ts, a.ti, [&]<int P, GdnDtype TS, GdnDtype TI>() {
-    gdn_decode_vk_kernel<P, TS, TI><<<grid, kGdnThreads, 0, stream>>>(a);
+    gdn_decode_vk_kernel<P, TS, TI><<<grid, kGdnThreads, 0, stream>>>(v);
   });
   return cudaGetLastError();
 }

@@ -15,9 +15,10 @@ namespace pmll {
 
 enum class GdnDtype : int { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3, kI64 = 4 };
 
-// A group of kGdnLanes lanes per value row (lane l holds keys l, l + 8, ...: every load of the
-// group reads 8 consecutive keys of its row, 4 rows of a warp side by side), kGdnRowsPerBlock
-// rows per block of 4 warps; keys per lane a template parameter, 4 to 32 (kd <= kGdnMaxKd).
+// A group of kGdnLanes lanes per value row (lane l holds keys in runs of kGdnVec: 4l..4l+3,
+// 32 + 4l.., ...: a vector load of each lane reads 4 consecutive keys, the group 32, where the
+// rows' alignment allows it), kGdnRowsPerBlock rows per block of 4 warps; keys per lane a
+// template parameter, 4 to 32 (kd <= kGdnMaxKd).
 // Why: one warp per row spent four 5-level shuffle sums on 512 bytes of state per row and ran
 // at 19 % of the copy roofline on an H200 (kernels/README.md).
 constexpr int kGdnWarp = 32;
@@ -25,6 +26,7 @@ constexpr int kGdnLanes = 8;
 constexpr int kGdnRowsPerBlock = 16;
 constexpr int kGdnThreads = kGdnRowsPerBlock * kGdnLanes;  // 128
 constexpr int kGdnMaxKd = 256;
+constexpr int kGdnVec = 4;  // consecutive keys per lane and run: one 16-byte (fp32) or 8-byte load
 
 struct GdnDecodeArgs {
   void* state;
@@ -46,6 +48,9 @@ struct GdnDecodeArgs {
   // element types: state, q/k/v, g (or a), beta (or b), A_log, dt_bias, the two slot tables,
   // output
   GdnDtype ts, ti, tg, tbeta, talog, tdt, tidx, tout_idx, to;
+  // set by the launch functions, not by callers: every state row / q and k row starts on a
+  // kGdnVec-element boundary of an aligned pointer, so the kernels load them as vectors
+  bool vec_state = false, vec_qk = false;
 };
 
 // Launch on `stream`; returns the launch's error (cudaSuccess when there was nothing to do).

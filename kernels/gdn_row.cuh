@@ -8,10 +8,14 @@
 // register state to the state's dtype after every row (round_row), where the decode stores it.
 #pragma once
 
+#include "gdn_chain.cuh"
 #include "gdn_decode.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <cstdint>
+#include <initializer_list>
 
 namespace pmll {
 namespace gdn_row {
@@ -80,6 +84,76 @@ __device__ __forceinline__ float round_f(GdnDtype t, float x) {
   }
 }
 
+// The key of this lane's j-th register: runs of kGdnVec consecutive keys, the group's lanes
+// side by side (lane l: keys 4l..4l+3, then 32 + 4l.., ...). Every key loop uses it, so the
+// state row, q and k of a lane hold the same keys, in the same order, in every kernel.
+__host__ __device__ __forceinline__ constexpr int64_t key_of(int j, int lane) {
+  return int64_t(j / kGdnVec) * (kGdnVec * kGdnLanes) + lane * kGdnVec + (j % kGdnVec);
+}
+
+// Whether rows of kd elements of type t at p + (any combination of the strides) start on a
+// kGdnVec-element boundary of an aligned address, so that load4 / store4 may read them.
+inline bool vec_rows(const void* p, GdnDtype t, int64_t kd,
+                     std::initializer_list<int64_t> strides) {
+  const int64_t size = t == GdnDtype::kBF16 || t == GdnDtype::kF16 ? 2 : 4;  // as dispatch reads t
+  if (p == nullptr || kd % kGdnVec != 0) return false;
+  if (reinterpret_cast<uintptr_t>(p) % uintptr_t(kGdnVec * size) != 0) return false;
+  for (int64_t s : strides)
+    if (s % kGdnVec != 0) return false;
+  return true;
+}
+
+// The chain's (and the verify's) arguments with the vector flags set: state rows, q and k rows
+// (their row strides too) and the snapshot rows, each where vec_rows holds.
+inline GdnChainArgs with_vec(const GdnChainArgs& c) {
+  GdnChainArgs v = c;
+  const GdnDecodeArgs& a = c.d;
+  v.d.vec_state = vec_rows(a.state, a.ts, a.kd, {a.s_slot, a.s_head, a.s_row});
+  v.d.vec_qk = vec_rows(a.q, a.ti, a.kd, {a.q_b, a.q_h, c.q_t})
+               && vec_rows(a.k, a.ti, a.kd, {a.k_b, a.k_h, c.k_t});
+  v.vec_inter = c.inter != nullptr && vec_rows(c.inter, a.ts, a.kd, {c.i_b, c.i_t, c.i_h, c.i_row});
+  return v;
+}
+
+// kGdnVec consecutive elements at element offset i (aligned: vec_rows), as fp32.
+__device__ __forceinline__ void load4(const void* p, GdnDtype t, int64_t i, float* x) {
+  if (t == GdnDtype::kF32) {
+    const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+    x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
+  } else if (t == GdnDtype::kBF16) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p) + i);
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    x[0] = lo.x; x[1] = lo.y; x[2] = hi.x; x[3] = hi.y;
+  } else {
+    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __half*>(p) + i);
+    const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+    const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+    x[0] = lo.x; x[1] = lo.y; x[2] = hi.x; x[3] = hi.y;
+  }
+}
+
+// kGdnVec values stored at element offset i (aligned), each rounded to t as store_f rounds it.
+__device__ __forceinline__ void store4(void* p, GdnDtype t, int64_t i, const float* x) {
+  if (t == GdnDtype::kF32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(p) + i) = make_float4(x[0], x[1], x[2], x[3]);
+  } else if (t == GdnDtype::kBF16) {
+    const __nv_bfloat162 lo = __float22bfloat162_rn(make_float2(x[0], x[1]));
+    const __nv_bfloat162 hi = __float22bfloat162_rn(make_float2(x[2], x[3]));
+    uint2 raw;
+    raw.x = *reinterpret_cast<const unsigned*>(&lo);
+    raw.y = *reinterpret_cast<const unsigned*>(&hi);
+    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p) + i) = raw;
+  } else {
+    const __half2 lo = __float22half2_rn(make_float2(x[0], x[1]));
+    const __half2 hi = __float22half2_rn(make_float2(x[2], x[3]));
+    uint2 raw;
+    raw.x = *reinterpret_cast<const unsigned*>(&lo);
+    raw.y = *reinterpret_cast<const unsigned*>(&hi);
+    *reinterpret_cast<uint2*>(static_cast<__half*>(p) + i) = raw;
+  }
+}
+
 __device__ __forceinline__ int64_t load_slot(const void* p, GdnDtype t, int64_t i) {
   return t == GdnDtype::kI32 ? int64_t(static_cast<const int32_t*>(p)[i])
                              : static_cast<const int64_t*>(p)[i];
@@ -93,19 +167,37 @@ __device__ __forceinline__ float group_sum(float x) {
   return x;
 }
 
-// This lane's keys d = j*kGdnLanes + lane (lane: its index in the row's group) of one
-// token's q and k (element offsets q_at, k_at of the
-// head's first key): l2-normalised when asked (eps 1e-6), q times the scale; zeros past kd.
+// This lane's keys d = key_of(j, lane) (lane: its index in the row's group) of one token's q
+// and k (element offsets q_at, k_at of the head's first key): l2-normalised when asked (eps
+// 1e-6), q times the scale; zeros past kd. Vector loads where a.vec_qk says the rows allow.
 template <int P>
 __device__ __forceinline__ void load_qk(const GdnDecodeArgs& a, int64_t q_at, int64_t k_at,
                                         int lane, float (&q)[P], float (&k)[P]) {
+  static_assert(P % kGdnVec == 0, "keys per lane: whole runs of kGdnVec");
+  if (a.vec_qk) {  // kd % kGdnVec == 0: a run is wholly inside kd or wholly past it
+#pragma unroll
+    for (int j = 0; j < P; j += kGdnVec) {
+      const int64_t d = key_of(j, lane);
+      if (d < a.kd) {
+        load4(a.q, a.ti, q_at + d, q + j);
+        load4(a.k, a.ti, k_at + d, k + j);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kGdnVec; ++e) q[j + e] = k[j + e] = 0.0f;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const int64_t d = key_of(j, lane);
+      const bool in = d < a.kd;
+      q[j] = in ? load_f(a.q, a.ti, q_at + d) : 0.0f;
+      k[j] = in ? load_f(a.k, a.ti, k_at + d) : 0.0f;
+    }
+  }
   float qq = 0.0f, kk = 0.0f;
 #pragma unroll
   for (int j = 0; j < P; ++j) {
-    const int64_t d = int64_t(j) * kGdnLanes + lane;
-    const bool in = d < a.kd;
-    q[j] = in ? load_f(a.q, a.ti, q_at + d) : 0.0f;
-    k[j] = in ? load_f(a.k, a.ti, k_at + d) : 0.0f;
     qq += q[j] * q[j];
     kk += k[j] * k[j];
   }
@@ -148,24 +240,49 @@ __device__ __forceinline__ void load_gates(const GdnDecodeArgs& a, int64_t g_at,
   load_gates(a, g_at, beta_at, h, decay, beta, g);
 }
 
-// This lane's keys of the state row at element offset at (zeros past kd), as fp32.
+// This lane's keys of the state row at element offset at (zeros past kd), as fp32; vector
+// loads when vec (vec_rows held for the row's pointer and strides; kd 0 or a multiple of
+// kGdnVec).
 template <int P>
 __device__ __forceinline__ void load_row(const void* p, GdnDtype t, int64_t at, int64_t kd,
-                                         int lane, float (&hs)[P]) {
+                                         int lane, float (&hs)[P], bool vec = false) {
+  static_assert(P % kGdnVec == 0, "keys per lane: whole runs of kGdnVec");
+  if (vec) {
+#pragma unroll
+    for (int j = 0; j < P; j += kGdnVec) {
+      const int64_t d = key_of(j, lane);
+      if (d < kd) {
+        load4(p, t, at + d, hs + j);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kGdnVec; ++e) hs[j + e] = 0.0f;
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < P; ++j) {
-    const int64_t d = int64_t(j) * kGdnLanes + lane;
+    const int64_t d = key_of(j, lane);
     hs[j] = d < kd ? load_f(p, t, at + d) : 0.0f;
   }
 }
 
-// This lane's keys of hs stored at element offset at, rounded to t.
+// This lane's keys of hs stored at element offset at, rounded to t; vector stores when vec.
 template <int P>
 __device__ __forceinline__ void store_row(void* p, GdnDtype t, int64_t at, int64_t kd, int lane,
-                                          const float (&hs)[P]) {
+                                          const float (&hs)[P], bool vec = false) {
+  static_assert(P % kGdnVec == 0, "keys per lane: whole runs of kGdnVec");
+  if (vec) {
+#pragma unroll
+    for (int j = 0; j < P; j += kGdnVec) {
+      const int64_t d = key_of(j, lane);
+      if (d < kd) store4(p, t, at + d, hs + j);
+    }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < P; ++j) {
-    const int64_t d = int64_t(j) * kGdnLanes + lane;
+    const int64_t d = key_of(j, lane);
     if (d < kd) store_f(p, t, at + d, hs[j]);
   }
 }
@@ -208,7 +325,7 @@ __device__ __forceinline__ float advance_row(float (&hs)[P], const float (&q)[P]
   float hk = 0.0f;
 #pragma unroll
   for (int j = 0; j < P; ++j) {
-    const int64_t d = int64_t(j) * kGdnLanes + lane;
+    const int64_t d = key_of(j, lane);
     hs[j] = d < kd ? decay * hs[j] : 0.0f;
     hk += hs[j] * k[j];
   }
@@ -241,7 +358,7 @@ __device__ __forceinline__ void fold_row(float (&hs)[P], const float (&k)[P], fl
                                          float u, int64_t kd, int lane) {
 #pragma unroll
   for (int j = 0; j < P; ++j) {
-    const int64_t d = int64_t(j) * kGdnLanes + lane;
+    const int64_t d = key_of(j, lane);
     hs[j] = __fmaf_rn(k[j], u, d < kd ? decay * hs[j] : 0.0f);
   }
 }

@@ -131,6 +131,7 @@ CASES = [
     (torch.bfloat16, torch.bfloat16, 4, 6, 2, 4, 128, 128, 4),
     (torch.float32, torch.bfloat16, 4, 4, 1, 2, 256, 64, 2),
     (torch.bfloat16, torch.float32, 4, 6, 1, 2, 64, 48, 8),
+    (torch.float32, torch.bfloat16, 4, 6, 1, 2, 18, 24, 3),   # kd % 4 != 0: element loads
 ]
 
 

@@ -77,6 +77,7 @@ CASES = [
     (torch.bfloat16, torch.bfloat16, 4, 4, 6, 2, 4, 128, 128),
     (torch.float32, torch.bfloat16, 2, 2, 2, 1, 2, 256, 64),
     (torch.bfloat16, torch.float16, 2, 1, 3, 1, 2, 64, 32),
+    (torch.float32, torch.float32, 2, 3, 3, 1, 2, 18, 24),   # kd % 4 != 0: element loads
 ]
 
 

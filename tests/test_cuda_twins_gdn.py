@@ -51,6 +51,7 @@ CASES = [
     (torch.float16, torch.float16, 2, 3, 1, 1, 16, 16),
     (torch.bfloat16, torch.bfloat16, 4, 6, 2, 4, 128, 128),
     (torch.float32, torch.bfloat16, 2, 2, 1, 2, 256, 64),
+    (torch.bfloat16, torch.bfloat16, 2, 3, 1, 2, 18, 24),   # kd % 4 != 0: element loads
 ]
 
 
@@ -143,3 +144,30 @@ def test_errors_before_the_cuda_path(monkeypatch):
     with pytest.raises(RuntimeError, match="needs an NVIDIA GPU"):
         gdn_decode(state, *args, state_layout="vk", impl="cuda")
     assert torch.equal(state, before)
+
+
+def _off_boundary(t):
+    """``t``'s values in a buffer two elements in: its rows off the 4-element boundary."""
+    buf = torch.zeros(t.numel() + 2, dtype=t.dtype, device=t.device)
+    view = buf[2:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_decode_views_off_the_vector_boundary_store_the_same_bits(state_dtype):
+    """A state pool and q, k two elements into larger buffers (element loads) give the bits of
+    the same decode on aligned tensors (vector loads): both paths hold each lane's keys in the
+    same order, so every sum runs alike."""
+    x, state, idx = _case(11, torch.bfloat16, state_dtype, 2, 3, 1, 2, 64, 32, False)
+    st_off, q_off, k_off = _off_boundary(state), _off_boundary(x["q"]), _off_boundary(x["k"])
+
+    def run(st, q, k):
+        return gdn_decode(st, q, k, x["v"], x["g"], x["beta"], state_indices=idx,
+                          state_layout="vk", impl="cuda")
+    if not ON_GPU:
+        _refused(lambda: run(st_off, q_off, k_off))
+        return
+    o_vec = run(state, x["q"], x["k"])
+    o_elem = run(st_off, q_off, k_off)
+    assert torch.equal(o_vec, o_elem) and torch.equal(state, st_off)
