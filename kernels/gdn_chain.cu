@@ -2,66 +2,77 @@
 // section 3a), the contract of pmll_lab.ops.gdn.decode.gdn_chain(state_layout="vk"). Plain CUDA
 // C++; the torch binding is gdn_decode_torch.cpp (gdn_chain_vk), built with the decode's twin.
 //
-// The decode's grid and lane groups (gdn_decode.cu): group w of block (b*HV + h, y) owns value
-// row r = y*16 + w of head h of lane b, here for all K rows of the lane. The row is loaded once
-// into registers; per row t, in order, the decode's token arithmetic (gdn_row.cuh: q, k,
-// gates, advance_row) on row t's inputs writes o[b, t, h, r]; the register row is then
-// rounded to the state's dtype (where K decodes would store and reload it) and, for t < K-1
-// with snapshots asked for, stored to inter[b, t, h, r]; after the last row it is stored to
-// the write slot. So the outputs, every snapshot and the final state are bitwise those of K
-// successive decode twin launches. A lane whose slot is -1 (padding) writes zeros to its
-// outputs and reads and writes no state and no snapshot.
+// The decode's blocks and lane groups (gdn_decode.cu, gdn_stage.cuh): each group keeps its R
+// value rows in registers for all K rows of the lane. The rows' inputs are staged kGdnStage at a
+// time (q, k, gates, v: the decode's code, in shared memory); per row t, in order, the decode's
+// token arithmetic (advance_row) writes o[b, t, h, r]; the register row is then rounded to the
+// state's dtype (where K decodes would store and reload it) and, for t < K-1 with snapshots
+// asked for, stored to inter[b, t, h, r]; after the last row it is stored to the write slot.
+// So the outputs, every snapshot and the final state are bitwise those of K successive decode
+// twin launches. A lane whose slot is -1 (padding) writes zeros to its outputs and reads and
+// writes no state and no snapshot.
 #include "gdn_chain.cuh"
 
-#include "gdn_row.cuh"
+#include "gdn_stage.cuh"
 
 namespace pmll {
 namespace {
 
 using namespace gdn_row;
 
-// TS, TI: the state's and the inputs' element types as constants (gdn_row::dispatch).
-template <int P, GdnDtype TS, GdnDtype TI>
+// P keys per lane, R rows per group, TS, TI: the state's and the inputs' element types.
+template <int P, int R, GdnDtype TS, GdnDtype TI>
 __global__ void __launch_bounds__(kGdnThreads, 2) gdn_chain_vk_kernel(GdnChainArgs c) {
   GdnDecodeArgs a = c.d;
   a.ts = TS;
   a.ti = TI;
-  const int64_t bh = blockIdx.x;
-  const int64_t b = bh / a.HV, h = bh % a.HV;
-  const int64_t kh = h / (a.HV / a.HK);
-  const int lane = threadIdx.x % kGdnLanes;
-  const int64_t r = int64_t(blockIdx.y) * kGdnRowsPerBlock + threadIdx.x / kGdnLanes;
-  const bool row = r < a.vd;  // rows past vd take part in the group sums only
-  const int64_t slot = a.idx ? load_slot(a.idx, a.tidx, b) : b;
+  __shared__ Stage<P, R, kGdnStage> s;
+  const Place p = place_of<R>(a.HV, a.HK);
+  const int64_t slot = a.idx ? load_slot(a.idx, a.tidx, p.b) : p.b;
   const int64_t o_step = a.HV * a.vd;                   // o [B, K, HV, vd]: one row
-  const int64_t o_at = (b * c.K * a.HV + h) * a.vd + r;
+  const int64_t o_at = (p.b * c.K * a.HV + p.h) * a.vd;
   if (slot < 0) {  // padding lane (the whole block)
-    if (row && lane == 0)
-      for (int64_t t = 0; t < c.K; ++t) store_f(a.o, a.to, o_at + t * o_step, 0.0f);
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (p.row(i) < a.vd && p.lane == 0)
+        for (int64_t t = 0; t < c.K; ++t) store_f(a.o, a.to, o_at + t * o_step + p.row(i), 0.0f);
     return;
   }
-  const int64_t oslot = a.out_idx ? load_slot(a.out_idx, a.tout_idx, b) : slot;
-  const int64_t kd = row ? a.kd : 0;
-  float hs[P];
-  load_row(a.state, a.ts, slot * a.s_slot + h * a.s_head + r * a.s_row, kd, lane, hs,
-           a.vec_state);
+  const int64_t oslot = a.out_idx ? load_slot(a.out_idx, a.tout_idx, p.b) : slot;
+  float hs[R][P];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+    load_row(a.state, a.ts, slot * a.s_slot + p.h * a.s_head + p.row(i) * a.s_row,
+             p.row(i) < a.vd ? a.kd : 0, p.lane, hs[i], a.vec_state);
+  const RowStrides st{c.q_t, c.k_t, c.v_t, c.g_t, c.beta_t};
 #pragma unroll 1
-  for (int t = 0; t < int(c.K); ++t) {
-    float q[P], k[P];
-    load_qk(a, b * a.q_b + t * c.q_t + kh * a.q_h, b * a.k_b + t * c.k_t + kh * a.k_h, lane,
-            q, k);
-    float decay, beta;
-    load_gates(a, b * a.g_b + t * c.g_t + h, b * a.beta_b + t * c.beta_t + h, h, decay, beta);
-    const float v = row ? load_f(a.v, a.ti, b * a.v_b + t * c.v_t + h * a.v_h + r) : 0.0f;
-    const float o = advance_row(hs, q, k, decay, beta, v, kd, lane);
-    round_row(a.ts, hs);
-    if (c.inter && t < c.K - 1)
-      store_row(c.inter, a.ts, b * c.i_b + t * c.i_t + h * c.i_h + r * c.i_row, kd, lane, hs,
-                c.vec_inter);
-    if (row && lane == 0) store_f(a.o, a.to, o_at + t * o_step, o);
+  for (int64_t t0 = 0; t0 < c.K; t0 += kGdnStage) {
+    const int n = int(c.K - t0 < kGdnStage ? c.K - t0 : kGdnStage);
+    if (t0 > 0) __syncthreads();  // the last pass's reads of s are done
+    stage_rows(a, st, p, t0, n, s);
+#pragma unroll 1
+    for (int tt = 0; tt < n; ++tt) {
+      const int64_t t = t0 + tt;
+      float q[P], k[P];
+      keys_of(s.q[tt], p.lane, q);
+      keys_of(s.k[tt], p.lane, k);
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const int64_t r = p.row(i), kd = r < a.vd ? a.kd : 0;
+        const float o = advance_row(hs[i], q, k, s.decay[tt], s.beta[tt], s.v[tt][p.rr(i)], kd,
+                                    p.lane);
+        round_row(a.ts, hs[i]);
+        if (c.inter && t < c.K - 1)
+          store_row(c.inter, a.ts, p.b * c.i_b + t * c.i_t + p.h * c.i_h + r * c.i_row, kd,
+                    p.lane, hs[i], c.vec_inter);
+        if (r < a.vd && p.lane == 0) store_f(a.o, a.to, o_at + t * o_step + r, o);
+      }
+    }
   }
-  store_row(a.state, a.ts, oslot * a.s_slot + h * a.s_head + r * a.s_row, kd, lane, hs,
-            a.vec_state);
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+    store_row(a.state, a.ts, oslot * a.s_slot + p.h * a.s_head + p.row(i) * a.s_row,
+              p.row(i) < a.vd ? a.kd : 0, p.lane, hs[i], a.vec_state);
 }
 
 }  // namespace
@@ -71,11 +82,11 @@ cudaError_t gdn_chain_vk(const GdnChainArgs& c, cudaStream_t stream) {
   if (a.B * a.HV == 0 || a.vd == 0) return cudaSuccess;
   if (a.kd < 1 || a.kd > kGdnMaxKd || a.HK < 1 || a.HV % a.HK != 0 || c.K < 1)
     return cudaErrorInvalidValue;
-  const dim3 grid(unsigned(a.B * a.HV),
-                  unsigned((a.vd + kGdnRowsPerBlock - 1) / kGdnRowsPerBlock));
+  const int R = gdn_row::rows_per_group(a.B * a.HV, a.vd, a.kd);
+  const dim3 grid(unsigned(a.B * a.HV), gdn_row::row_blocks(a.vd, R));
   const GdnChainArgs v = gdn_row::with_vec(c);
-  dispatch(a.kd, a.ts, a.ti, [&]<int P, GdnDtype TS, GdnDtype TI>() {
-    gdn_chain_vk_kernel<P, TS, TI><<<grid, kGdnThreads, 0, stream>>>(v);
+  gdn_row::dispatch_rows(a.kd, R, a.ts, a.ti, [&]<int P, int RR, GdnDtype TS, GdnDtype TI>() {
+    gdn_chain_vk_kernel<P, RR, TS, TI><<<grid, kGdnThreads, 0, stream>>>(v);
   });
   return cudaGetLastError();
 }

@@ -132,6 +132,7 @@ CASES = [
     (torch.float32, torch.bfloat16, 4, 4, 1, 2, 256, 64, 2),
     (torch.bfloat16, torch.float32, 4, 6, 1, 2, 64, 48, 8),
     (torch.float32, torch.bfloat16, 4, 6, 1, 2, 18, 24, 3),   # kd % 4 != 0: element loads
+    (torch.bfloat16, torch.bfloat16, 32, 33, 16, 32, 128, 128, 4),  # 4 rows per lane group
 ]
 
 
@@ -141,7 +142,7 @@ CASES = [
 @pytest.mark.parametrize("dtype,state_dtype,B,S,HK,HV,kd,vd,K", CASES)
 def test_verify_vk_against_reference(dtype, state_dtype, B, S, HK, HV, kd, vd, K, lazy, pad,
                                      gated):
-    """Pending rows 0, 2, CAP-K (fits) and CAP-K+1 (does not fit) on the four lanes: both
+    """Pending rows 0, 2, CAP-K (fits) and CAP-K+1 (does not fit) on the lanes in turn: both
     ``engaged`` values in both forms; outputs, written-back states and stash rows against the
     reference; every other stash row, ``pend``, the slots not written back and the arrival
     counts unchanged; a padding lane's outputs zero, its ``engaged`` 1."""
@@ -152,7 +153,7 @@ def test_verify_vk_against_reference(dtype, state_dtype, B, S, HK, HV, kd, vd, K
     _fill_stash(carry, seed + 1)
     gen = torch.Generator().manual_seed(seed + 2)
     pend = torch.randint(0, CAP + 1, (S,), generator=gen, dtype=torch.int32)
-    batch_pend = torch.tensor([0, 2, CAP - K, CAP - K + 1], dtype=torch.int32)
+    batch_pend = torch.tensor([0, 2, CAP - K, CAP - K + 1], dtype=torch.int32).repeat(B)[:B]
     live = slots >= 0
     pend[slots[live].long().cpu()] = batch_pend[live.cpu()]
     carry.pend.copy_(pend.to(DEVICE))
@@ -255,7 +256,7 @@ def test_flush_layers_against_reference(state_dtype):
 # ---- GPU: the protocol, bitwise against decode-twin launches ------------------------------------
 
 def _protocol(impl, state_dtype, kd, K, lazy, gated, seed, *, dtype=torch.bfloat16, B=4, S=6,
-              HK=1, HV=2, vd=40, steps=None):
+              HK=1, HV=2, vd=40, steps=None, cap=CAP):
     """``steps`` verifies of ``impl`` (default enough for the pending rows of a lazy carry to
     overflow ``CAP``) on a V-major ``state_dtype`` state, each followed by a random acceptance
     (0 to ``K`` rows per lane; lane 1 a padding lane) and ``carry_accept``; then a flush.
@@ -263,13 +264,13 @@ def _protocol(impl, state_dtype, kd, K, lazy, gated, seed, *, dtype=torch.bfloat
     or not), each written-back state, after every step the state with its pending rows folded
     (a flush of a copy), and the flushed state. Returns ``(write-backs, lazy folds without a
     write-back)`` counted over live lanes."""
-    steps = 3 * CAP // K + 2 if steps is None else steps
+    steps = 3 * cap // K + 2 if steps is None else steps
     gen = torch.Generator().manual_seed(seed)
     x0, state, slots, gates0, _ = _case(seed, dtype, state_dtype, B, 1, S, HK, HV, kd, vd, True,
                                         gated)
     live = (slots >= 0).cpu()
     dec = state.clone()
-    carry = GdnCarry.empty(S, HV, kd, vd, device=DEVICE)
+    carry = GdnCarry.empty(S, HV, kd, vd, cap=cap, device=DEVICE)
     wrote_back = folded_only = 0
     for step in range(steps):
         x, _, _, gates, _ = _case(seed + 1 + step, dtype, state_dtype, B, K, S, HK, HV, kd, vd,
@@ -281,7 +282,7 @@ def _protocol(impl, state_dtype, kd, K, lazy, gated, seed, *, dtype=torch.bfloat
         o, eng = gdn_carry_verify(state, carry, x["q"], x["k"], x["v"], slot_tab=slots,
                                   lazy=lazy, validate=True, state_layout="vk", impl=impl,
                                   **gates)
-        want = torch.where((p + K > CAP) if lazy else (p > 0), 2, 1)
+        want = torch.where((p + K > cap) if lazy else (p > 0), 2, 1)
         want[~live] = 1
         assert eng.cpu().tolist() == want.tolist(), f"step {step}: engaged"
         wrote_back += int((want[live] == 2).sum())
@@ -363,6 +364,22 @@ def test_protocol_bitwise_gated(state_dtype, dtype, lazy):
     assert wrote_back > 0
 
 
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_protocol_bitwise_wide_blocks_long_stash(state_dtype, lazy):
+    """Blocks of 4 value rows per lane group (B * HV = 1024 heads of vd = 72: two 64-row blocks
+    a head, the second mostly past vd) and a stash of 16 rows (a lazy slot folds up to 15
+    pending rows, more than one 8-row staging pass): bitwise the decode twin, as above."""
+    if not ON_GPU:
+        _refuses(state_dtype, 64, 4, lazy, False, HK=4, HV=64, vd=72)
+        return
+    wrote_back, folded_only = _protocol("cuda", state_dtype, 64, 4, lazy, False,
+                                        seed=400 + lazy, B=16, S=18, HK=4, HV=64, vd=72, cap=16)
+    assert wrote_back > 0
+    if lazy:
+        assert folded_only > 0
+
+
 def test_protocol_bookkeeping_on_the_triton_path():
     """The protocol test's own bookkeeping (expected ``engaged``, written-back states, accepted
     rows, folded states) run on the Triton path, which is bitwise Triton decoding: a mistake in
@@ -442,9 +459,9 @@ def _build_check():
 
 
 def test_carry_twin_compiles_for_sm90a_without_spills():
-    """``kernels/gdn_carry.cu`` compiles for sm_90a (nvcc only, no GPU): a verify per keys-per-lane
-    value (4, 8, 16, 32) x state dtype x input dtype (36) and a flush per keys-per-lane value x
-    state dtype (12), each a hot kernel without spills. Fails, does not skip, without nvcc (CI
+    """``kernels/gdn_carry.cu`` compiles for sm_90a (nvcc only, no GPU): a verify per (keys per
+    lane, value rows per lane group) pair -- (4, 8, 16) x (1, 4) and (32, 1) -- x state dtype x
+    input dtype (63) and a flush per pair x state dtype (21), each a hot kernel without spills. Fails, does not skip, without nvcc (CI
     has CUDA 13.0's)."""
     bc = _build_check()
     try:
@@ -455,6 +472,6 @@ def test_carry_twin_compiles_for_sm90a_without_spills():
     assert rc == 0, text
     names = [k.kernel for k in kernels]
     for kind, per in (("gdn_carry_verify_vk_kernel", 9), ("gdn_carry_flush_vk_kernel", 3)):
-        for P in (4, 8, 16, 32):
-            assert sum(kind in n and f"ILi{P}E" in n for n in names) == per, (kind, P, names)
-    assert len(kernels) == 48 and all(k.hot and not k.spills for k in kernels), kernels
+        for P, R in ((4, 1), (4, 4), (8, 1), (8, 4), (16, 1), (16, 4), (32, 1)):
+            assert sum(kind in n and f"ILi{P}ELi{R}E" in n for n in names) == per, (kind, P, R)
+    assert len(kernels) == 84 and all(k.hot and not k.spills for k in kernels), kernels

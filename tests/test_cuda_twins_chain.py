@@ -78,6 +78,9 @@ CASES = [
     (torch.float32, torch.bfloat16, 2, 2, 2, 1, 2, 256, 64),
     (torch.bfloat16, torch.float16, 2, 1, 3, 1, 2, 64, 32),
     (torch.float32, torch.float32, 2, 3, 3, 1, 2, 18, 24),   # kd % 4 != 0: element loads
+    # B * HV * ceil(vd / 64) >= 1024: 4 value rows per lane group (vd = 72: rows past vd)
+    (torch.bfloat16, torch.bfloat16, 32, 4, 33, 16, 32, 128, 128),
+    (torch.float32, torch.float16, 16, 8, 17, 4, 64, 32, 72),
 ]
 
 

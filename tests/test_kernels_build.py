@@ -41,16 +41,16 @@ def test_every_cu_compiles_for_sm90a_without_hot_spills():
     assert sum("ring_write_kernel" in line for line in ring) == 12, text
     assert sum("ring_read_vec_kernel" in line for line in ring) == 3, text
     assert sum("ring_write_vec_kernel" in line for line in ring) == 12, text
-    # the GDN twins: one instantiation per keys-per-lane value (4, 8, 16, 32) x state dtype x
-    # input dtype (fp32, bf16, fp16): the element types are template constants
-    assert "gdn_decode.cu (sm_90a): 36 kernels" in text, text
-    assert sum("gdn_decode_vk_kernel" in line for line in ring) == 36, text
-    assert "gdn_chain.cu (sm_90a): 36 kernels" in text, text
-    assert sum("gdn_chain_vk_kernel" in line for line in ring) == 36, text
-    # the carried-state verify likewise; the flush per keys-per-lane value x state dtype
-    assert "gdn_carry.cu (sm_90a): 48 kernels" in text, text
-    assert sum("gdn_carry_verify_vk_kernel" in line for line in ring) == 36, text
-    assert sum("gdn_carry_flush_vk_kernel" in line for line in ring) == 12, text
+    # the GDN twins: one instantiation per (keys per lane, rows per group) pair -- (4, 8, 16) x
+    # (1, 4) and (32, 1) -- x state dtype x input dtype (fp32, bf16, fp16): 7 x 9
+    assert "gdn_decode.cu (sm_90a): 63 kernels" in text, text
+    assert sum("gdn_decode_vk_kernel" in line for line in ring) == 63, text
+    assert "gdn_chain.cu (sm_90a): 63 kernels" in text, text
+    assert sum("gdn_chain_vk_kernel" in line for line in ring) == 63, text
+    # the carried-state verify likewise; the flush per (keys, rows) pair x state dtype
+    assert "gdn_carry.cu (sm_90a): 84 kernels" in text, text
+    assert sum("gdn_carry_verify_vk_kernel" in line for line in ring) == 63, text
+    assert sum("gdn_carry_flush_vk_kernel" in line for line in ring) == 21, text
     assert all(line.lstrip().startswith("hot") for line in ring), text
 
 
