@@ -95,7 +95,8 @@ __device__ __forceinline__ void fold_pending(float (&hs)[R][P], const HeadStash&
       keys_of(s.k[t], pl.lane, k);
 #pragma unroll
       for (int i = 0; i < R; ++i) {
-        fold_row(hs[i], k, s.decay[t], s.v[t][pl.rr(i)], pl.row(i) < vd ? kd : 0, pl.lane);
+        fold_row<P, (R > 1)>(hs[i], k, s.decay[t], s.v[t][pl.rr(i)], pl.row(i) < vd ? kd : 0,
+                             pl.lane);
         round_row(ts, hs[i]);
       }
     }
@@ -110,6 +111,7 @@ __global__ void __launch_bounds__(kGdnThreads, 2) gdn_carry_verify_vk_kernel(Gdn
   GdnDecodeArgs a = c.d;
   a.ts = TS;
   a.ti = TI;
+  constexpr bool FULL = R > 1;  // wide block: every key and row is in (rows_per_group)
   __shared__ Stage<P, R, kGdnStage> s;
   __shared__ int last_to_arrive;
   const Place pl = place_of<R>(a.HV, a.HK);
@@ -134,8 +136,8 @@ __global__ void __launch_bounds__(kGdnThreads, 2) gdn_carry_verify_vk_kernel(Gdn
   float hs[R][P];
 #pragma unroll
   for (int i = 0; i < R; ++i)
-    load_row(a.state, a.ts, h_at + pl.row(i) * a.s_row, pl.row(i) < a.vd ? a.kd : 0, pl.lane,
-             hs[i], a.vec_state);
+    load_row<P, FULL>(a.state, a.ts, h_at + pl.row(i) * a.s_row,
+                      FULL || pl.row(i) < a.vd ? a.kd : 0, pl.lane, hs[i], a.vec_state);
   fold_pending(hs, st, p, pl, a.kd, a.vd, a.ts, s);  // ends with a barrier: every fold read done
 
   bool restash;     // this block writes the head's g/k stash rows
@@ -150,8 +152,8 @@ __global__ void __launch_bounds__(kGdnThreads, 2) gdn_carry_verify_vk_kernel(Gdn
     restash = last_to_arrive != 0;
 #pragma unroll
     for (int i = 0; i < R; ++i)
-      store_row(a.state, a.ts, h_at + pl.row(i) * a.s_row, pl.row(i) < a.vd ? a.kd : 0, pl.lane,
-                hs[i], a.vec_state);
+      store_row<P, FULL>(a.state, a.ts, h_at + pl.row(i) * a.s_row,
+                         FULL || pl.row(i) < a.vd ? a.kd : 0, pl.lane, hs[i], a.vec_state);
   } else {
     restash = blockIdx.y == 0;
   }
@@ -170,12 +172,12 @@ __global__ void __launch_bounds__(kGdnThreads, 2) gdn_carry_verify_vk_kernel(Gdn
       keys_of(s.k[tt], pl.lane, k);
 #pragma unroll
       for (int i = 0; i < R; ++i) {
-        const int64_t r = pl.row(i), kd = r < a.vd ? a.kd : 0;
+        const int64_t r = pl.row(i), kd = FULL || r < a.vd ? a.kd : 0;
         float u;
-        const float o = advance_row(hs[i], q, k, s.decay[tt], s.beta[tt], s.v[tt][pl.rr(i)], kd,
-                                    pl.lane, u);
+        const float o = advance_row<P, FULL>(hs[i], q, k, s.decay[tt], s.beta[tt],
+                                             s.v[tt][pl.rr(i)], kd, pl.lane, u);
         round_row(a.ts, hs[i]);
-        if (r < a.vd && pl.lane == 0) {
+        if ((FULL || r < a.vd) && pl.lane == 0) {
           store_f(a.o, a.to, o_at + (t0 + tt) * o_step + r, o);
           st.u[srow * st.u_row + r] = u;
         }
@@ -193,8 +195,11 @@ __global__ void __launch_bounds__(kGdnThreads, 2) gdn_carry_verify_vk_kernel(Gdn
   if (flag_writer) v.engaged[b] = wb ? 2 : 1;
 }
 
-template <int P, int R, GdnDtype TS>
+// One value row per group (R = 1): the layers' state offsets live on the device, so the launch
+// cannot tell whether every layer's rows allow vectors; the flush runs once per accepted step.
+template <int P, GdnDtype TS>
 __global__ void __launch_bounds__(kGdnThreads) gdn_carry_flush_vk_kernel(GdnFlushArgs fa) {
+  constexpr int R = 1;
   GdnFlushArgs f = fa;
   f.ts = TS;
   __shared__ Stage<P, R, kGdnStage> s;
@@ -227,10 +232,10 @@ cudaError_t gdn_carry_verify_vk(const GdnCarryArgs& v, cudaStream_t stream) {
   if (a.kd < 1 || a.kd > kGdnMaxKd || a.HK < 1 || a.HV % a.HK != 0 || v.c.K < 1
       || v.c.K > v.cap || !a.idx || !v.stash || !v.pend || !v.engaged || !v.arrive)
     return cudaErrorInvalidValue;
-  const int R = gdn_row::rows_per_group(a.B * a.HV, a.vd, a.kd);
-  const dim3 grid(unsigned(a.B * a.HV), gdn_row::row_blocks(a.vd, R));
   GdnCarryArgs w = v;
-  w.c = gdn_row::with_vec(v.c);   // the flush and the stash rows stay element by element
+  w.c = gdn_row::with_vec(v.c);   // the stash rows stay element by element
+  const int R = gdn_row::rows_per_group(a.B * a.HV, a.vd, a.kd, w.c.d.vec_state);
+  const dim3 grid(unsigned(a.B * a.HV), gdn_row::row_blocks(a.vd, R));
   gdn_row::dispatch_rows(a.kd, R, a.ts, a.ti, [&]<int P, int RR, GdnDtype TS, GdnDtype TI>() {
     gdn_carry_verify_vk_kernel<P, RR, TS, TI><<<grid, kGdnThreads, 0, stream>>>(w);
   });
@@ -240,10 +245,9 @@ cudaError_t gdn_carry_verify_vk(const GdnCarryArgs& v, cudaStream_t stream) {
 cudaError_t gdn_carry_flush_vk(const GdnFlushArgs& f, cudaStream_t stream) {
   if (f.B * f.HV == 0 || f.vd == 0 || f.L == 0) return cudaSuccess;
   if (f.kd < 1 || f.kd > kGdnMaxKd || f.L > 65535 || !f.idx) return cudaErrorInvalidValue;
-  const int R = gdn_row::rows_per_group(f.B * f.HV * f.L, f.vd, f.kd);
-  const dim3 grid(unsigned(f.B * f.HV), gdn_row::row_blocks(f.vd, R), unsigned(f.L));
-  gdn_row::dispatch_rows_ts(f.kd, R, f.ts, [&]<int P, int RR, GdnDtype TS>() {
-    gdn_carry_flush_vk_kernel<P, RR, TS><<<grid, kGdnThreads, 0, stream>>>(f);
+  const dim3 grid(unsigned(f.B * f.HV), gdn_row::row_blocks(f.vd, 1), unsigned(f.L));
+  gdn_row::dispatch_ts(f.kd, f.ts, [&]<int P, GdnDtype TS>() {
+    gdn_carry_flush_vk_kernel<P, TS><<<grid, kGdnThreads, 0, stream>>>(f);
   });
   return cudaGetLastError();
 }

@@ -26,6 +26,7 @@ __global__ void __launch_bounds__(kGdnThreads, 2) gdn_chain_vk_kernel(GdnChainAr
   GdnDecodeArgs a = c.d;
   a.ts = TS;
   a.ti = TI;
+  constexpr bool FULL = R > 1;  // wide block: every key and row is in (rows_per_group)
   __shared__ Stage<P, R, kGdnStage> s;
   const Place p = place_of<R>(a.HV, a.HK);
   const int64_t slot = a.idx ? load_slot(a.idx, a.tidx, p.b) : p.b;
@@ -42,8 +43,8 @@ __global__ void __launch_bounds__(kGdnThreads, 2) gdn_chain_vk_kernel(GdnChainAr
   float hs[R][P];
 #pragma unroll
   for (int i = 0; i < R; ++i)
-    load_row(a.state, a.ts, slot * a.s_slot + p.h * a.s_head + p.row(i) * a.s_row,
-             p.row(i) < a.vd ? a.kd : 0, p.lane, hs[i], a.vec_state);
+    load_row<P, FULL>(a.state, a.ts, slot * a.s_slot + p.h * a.s_head + p.row(i) * a.s_row,
+                      FULL || p.row(i) < a.vd ? a.kd : 0, p.lane, hs[i], a.vec_state);
   const RowStrides st{c.q_t, c.k_t, c.v_t, c.g_t, c.beta_t};
 #pragma unroll 1
   for (int64_t t0 = 0; t0 < c.K; t0 += kGdnStage) {
@@ -58,21 +59,21 @@ __global__ void __launch_bounds__(kGdnThreads, 2) gdn_chain_vk_kernel(GdnChainAr
       keys_of(s.k[tt], p.lane, k);
 #pragma unroll
       for (int i = 0; i < R; ++i) {
-        const int64_t r = p.row(i), kd = r < a.vd ? a.kd : 0;
-        const float o = advance_row(hs[i], q, k, s.decay[tt], s.beta[tt], s.v[tt][p.rr(i)], kd,
-                                    p.lane);
+        const int64_t r = p.row(i), kd = FULL || r < a.vd ? a.kd : 0;
+        const float o = advance_row<P, FULL>(hs[i], q, k, s.decay[tt], s.beta[tt],
+                                             s.v[tt][p.rr(i)], kd, p.lane);
         round_row(a.ts, hs[i]);
         if (c.inter && t < c.K - 1)
-          store_row(c.inter, a.ts, p.b * c.i_b + t * c.i_t + p.h * c.i_h + r * c.i_row, kd,
-                    p.lane, hs[i], c.vec_inter);
-        if (r < a.vd && p.lane == 0) store_f(a.o, a.to, o_at + t * o_step + r, o);
+          store_row<P, FULL>(c.inter, a.ts, p.b * c.i_b + t * c.i_t + p.h * c.i_h + r * c.i_row,
+                             kd, p.lane, hs[i], c.vec_inter);
+        if ((FULL || r < a.vd) && p.lane == 0) store_f(a.o, a.to, o_at + t * o_step + r, o);
       }
     }
   }
 #pragma unroll
   for (int i = 0; i < R; ++i)
-    store_row(a.state, a.ts, oslot * a.s_slot + p.h * a.s_head + p.row(i) * a.s_row,
-              p.row(i) < a.vd ? a.kd : 0, p.lane, hs[i], a.vec_state);
+    store_row<P, FULL>(a.state, a.ts, oslot * a.s_slot + p.h * a.s_head + p.row(i) * a.s_row,
+                       FULL || p.row(i) < a.vd ? a.kd : 0, p.lane, hs[i], a.vec_state);
 }
 
 }  // namespace
@@ -82,9 +83,10 @@ cudaError_t gdn_chain_vk(const GdnChainArgs& c, cudaStream_t stream) {
   if (a.B * a.HV == 0 || a.vd == 0) return cudaSuccess;
   if (a.kd < 1 || a.kd > kGdnMaxKd || a.HK < 1 || a.HV % a.HK != 0 || c.K < 1)
     return cudaErrorInvalidValue;
-  const int R = gdn_row::rows_per_group(a.B * a.HV, a.vd, a.kd);
-  const dim3 grid(unsigned(a.B * a.HV), gdn_row::row_blocks(a.vd, R));
   const GdnChainArgs v = gdn_row::with_vec(c);
+  const int R = gdn_row::rows_per_group(a.B * a.HV, a.vd, a.kd,
+                                        v.d.vec_state && (!c.inter || v.vec_inter));
+  const dim3 grid(unsigned(a.B * a.HV), gdn_row::row_blocks(a.vd, R));
   gdn_row::dispatch_rows(a.kd, R, a.ts, a.ti, [&]<int P, int RR, GdnDtype TS, GdnDtype TI>() {
     gdn_chain_vk_kernel<P, RR, TS, TI><<<grid, kGdnThreads, 0, stream>>>(v);
   });

@@ -28,6 +28,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_decode_vk_kernel(GdnDecodeArg
   GdnDecodeArgs a = args;
   a.ts = TS;
   a.ti = TI;
+  constexpr bool FULL = R > 1;  // wide block: every key and row is in (rows_per_group)
   __shared__ Stage<P, R, 1> s;
   const Place p = place_of<R>(a.HV, a.HK);
   const int64_t slot = a.idx ? load_slot(a.idx, a.tidx, p.b) : p.b;
@@ -42,19 +43,20 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_decode_vk_kernel(GdnDecodeArg
   float hs[R][P];
 #pragma unroll
   for (int i = 0; i < R; ++i)  // rows past vd: kd 0 (zeros; they take part in the sums only)
-    load_row(a.state, a.ts, slot * a.s_slot + p.h * a.s_head + p.row(i) * a.s_row,
-             p.row(i) < a.vd ? a.kd : 0, p.lane, hs[i], a.vec_state);
+    load_row<P, FULL>(a.state, a.ts, slot * a.s_slot + p.h * a.s_head + p.row(i) * a.s_row,
+                      FULL || p.row(i) < a.vd ? a.kd : 0, p.lane, hs[i], a.vec_state);
   stage_rows(a, RowStrides{}, p, 0, 1, s);
   float q[P], k[P];
   keys_of(s.q[0], p.lane, q);
   keys_of(s.k[0], p.lane, k);
 #pragma unroll
   for (int i = 0; i < R; ++i) {
-    const int64_t r = p.row(i), kd = r < a.vd ? a.kd : 0;
-    const float o = advance_row(hs[i], q, k, s.decay[0], s.beta[0], s.v[0][p.rr(i)], kd, p.lane);
-    store_row(a.state, a.ts, oslot * a.s_slot + p.h * a.s_head + r * a.s_row, kd, p.lane, hs[i],
-              a.vec_state);
-    if (r < a.vd && p.lane == 0) store_f(a.o, a.to, o_at + r, o);
+    const int64_t r = p.row(i), kd = FULL || r < a.vd ? a.kd : 0;
+    const float o = advance_row<P, FULL>(hs[i], q, k, s.decay[0], s.beta[0], s.v[0][p.rr(i)], kd,
+                                         p.lane);
+    store_row<P, FULL>(a.state, a.ts, oslot * a.s_slot + p.h * a.s_head + r * a.s_row, kd,
+                       p.lane, hs[i], a.vec_state);
+    if ((FULL || r < a.vd) && p.lane == 0) store_f(a.o, a.to, o_at + r, o);
   }
 }
 
@@ -63,12 +65,12 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_decode_vk_kernel(GdnDecodeArg
 cudaError_t gdn_decode_vk(const GdnDecodeArgs& a, cudaStream_t stream) {
   if (a.B * a.HV == 0 || a.vd == 0) return cudaSuccess;
   if (a.kd < 1 || a.kd > kGdnMaxKd || a.HK < 1 || a.HV % a.HK != 0) return cudaErrorInvalidValue;
-  const int R = gdn_row::rows_per_group(a.B * a.HV, a.vd, a.kd);
-  const dim3 grid(unsigned(a.B * a.HV), gdn_row::row_blocks(a.vd, R));
   GdnDecodeArgs v = a;
   v.vec_state = gdn_row::vec_rows(a.state, a.ts, a.kd, {a.s_slot, a.s_head, a.s_row});
   v.vec_qk = gdn_row::vec_rows(a.q, a.ti, a.kd, {a.q_b, a.q_h})
              && gdn_row::vec_rows(a.k, a.ti, a.kd, {a.k_b, a.k_h});
+  const int R = gdn_row::rows_per_group(a.B * a.HV, a.vd, a.kd, v.vec_state);
+  const dim3 grid(unsigned(a.B * a.HV), gdn_row::row_blocks(a.vd, R));
   gdn_row::dispatch_rows(a.kd, R, a.ts, a.ti, [&]<int P, int RR, GdnDtype TS, GdnDtype TI>() {
     gdn_decode_vk_kernel<P, RR, TS, TI><<<grid, kGdnThreads, 0, stream>>>(v);
   });

@@ -242,16 +242,17 @@ __device__ __forceinline__ void load_gates(const GdnDecodeArgs& a, int64_t g_at,
 
 // This lane's keys of the state row at element offset at (zeros past kd), as fp32; vector
 // loads when vec (vec_rows held for the row's pointer and strides; kd 0 or a multiple of
-// kGdnVec).
-template <int P>
+// kGdnVec). FULL: the caller guarantees kd = kGdnLanes * P and vec (a full row, no key past
+// kd in any lane), so no key is checked: the row kernels' wide-block form (gdn_stage.cuh).
+template <int P, bool FULL = false>
 __device__ __forceinline__ void load_row(const void* p, GdnDtype t, int64_t at, int64_t kd,
                                          int lane, float (&hs)[P], bool vec = false) {
   static_assert(P % kGdnVec == 0, "keys per lane: whole runs of kGdnVec");
-  if (vec) {
+  if (FULL || vec) {
 #pragma unroll
     for (int j = 0; j < P; j += kGdnVec) {
       const int64_t d = key_of(j, lane);
-      if (d < kd) {
+      if (FULL || d < kd) {
         load4(p, t, at + d, hs + j);
       } else {
 #pragma unroll
@@ -260,30 +261,35 @@ __device__ __forceinline__ void load_row(const void* p, GdnDtype t, int64_t at, 
     }
     return;
   }
+  if constexpr (!FULL) {
 #pragma unroll
-  for (int j = 0; j < P; ++j) {
-    const int64_t d = key_of(j, lane);
-    hs[j] = d < kd ? load_f(p, t, at + d) : 0.0f;
+    for (int j = 0; j < P; ++j) {
+      const int64_t d = key_of(j, lane);
+      hs[j] = d < kd ? load_f(p, t, at + d) : 0.0f;
+    }
   }
 }
 
 // This lane's keys of hs stored at element offset at, rounded to t; vector stores when vec.
-template <int P>
+// FULL as in load_row.
+template <int P, bool FULL = false>
 __device__ __forceinline__ void store_row(void* p, GdnDtype t, int64_t at, int64_t kd, int lane,
                                           const float (&hs)[P], bool vec = false) {
   static_assert(P % kGdnVec == 0, "keys per lane: whole runs of kGdnVec");
-  if (vec) {
+  if (FULL || vec) {
 #pragma unroll
     for (int j = 0; j < P; j += kGdnVec) {
       const int64_t d = key_of(j, lane);
-      if (d < kd) store4(p, t, at + d, hs + j);
+      if (FULL || d < kd) store4(p, t, at + d, hs + j);
     }
     return;
   }
+  if constexpr (!FULL) {
 #pragma unroll
-  for (int j = 0; j < P; ++j) {
-    const int64_t d = key_of(j, lane);
-    if (d < kd) store_f(p, t, at + d, hs[j]);
+    for (int j = 0; j < P; ++j) {
+      const int64_t d = key_of(j, lane);
+      if (d < kd) store_f(p, t, at + d, hs[j]);
+    }
   }
 }
 
@@ -318,7 +324,8 @@ __device__ __forceinline__ void round_row(GdnDtype t, float (&hs)[P]) {
 // spelt with __fmaf_rn (the SASS of the decode and the chain is byte-identical either way,
 // CUDA 13.0, sm_90a); spelt out so that fold_row below, which has no h.k and no select
 // around an add, rounds the same way by construction, not by the compiler's contraction.
-template <int P>
+// FULL (no key past kd: load_row's): the select is left out; every key's bits are the same.
+template <int P, bool FULL = false>
 __device__ __forceinline__ float advance_row(float (&hs)[P], const float (&q)[P],
                                              const float (&k)[P], float decay, float beta,
                                              float v, int64_t kd, int lane, float& u_out) {
@@ -326,7 +333,7 @@ __device__ __forceinline__ float advance_row(float (&hs)[P], const float (&q)[P]
 #pragma unroll
   for (int j = 0; j < P; ++j) {
     const int64_t d = key_of(j, lane);
-    hs[j] = d < kd ? decay * hs[j] : 0.0f;
+    hs[j] = FULL || d < kd ? decay * hs[j] : 0.0f;
     hk += hs[j] * k[j];
   }
   const float u = beta * (v - group_sum(hk));
@@ -340,12 +347,12 @@ __device__ __forceinline__ float advance_row(float (&hs)[P], const float (&q)[P]
   return group_sum(oq);
 }
 
-template <int P>
+template <int P, bool FULL = false>
 __device__ __forceinline__ float advance_row(float (&hs)[P], const float (&q)[P],
                                              const float (&k)[P], float decay, float beta,
                                              float v, int64_t kd, int lane) {
   float u;
-  return advance_row(hs, q, k, decay, beta, v, kd, lane, u);
+  return advance_row<P, FULL>(hs, q, k, decay, beta, v, kd, lane, u);
 }
 
 // One stashed row folded into the row h = H[:, r] (SPEC section 3b): h <- decay * h + k u,
@@ -353,13 +360,13 @@ __device__ __forceinline__ float advance_row(float (&hs)[P], const float (&q)[P]
 // zeros past kd), u = u[r] the stashed correction; the same two roundings per key as
 // advance_row's update (decay * h rounded, then fma(k, u, .)), so folding the rows a verify
 // stashed gives the bits the decode of those rows stored (before the caller's round_row).
-template <int P>
+template <int P, bool FULL = false>
 __device__ __forceinline__ void fold_row(float (&hs)[P], const float (&k)[P], float decay,
                                          float u, int64_t kd, int lane) {
 #pragma unroll
   for (int j = 0; j < P; ++j) {
     const int64_t d = key_of(j, lane);
-    hs[j] = __fmaf_rn(k[j], u, d < kd ? decay * hs[j] : 0.0f);
+    hs[j] = __fmaf_rn(k[j], u, FULL || d < kd ? decay * hs[j] : 0.0f);
   }
 }
 

@@ -20,43 +20,38 @@ namespace pmll {
 namespace gdn_row {
 
 constexpr int kGdnStage = 8;                           // token (or stash) rows per staging pass
+#ifndef PMLL_GDN_WIDE_ROWS
+#define PMLL_GDN_WIDE_ROWS 4
+#endif
+constexpr int kGdnWideRows = PMLL_GDN_WIDE_ROWS;       // value rows per group, wide blocks
 constexpr int kGdnGroups = kGdnThreads / kGdnLanes;    // 16 lane groups per block
 constexpr int kGdnGroupsPerWarp = kGdnWarp / kGdnLanes;
 
-// Value rows per lane group for a launch of lanes_heads (b, h) pairs: 4 where every lane holds
-// at most 16 keys (kd <= 128) and the grid keeps >= 1024 blocks of 64 rows, else 1 (small
-// batches keep more, smaller blocks in flight). A launch's kernels all use it.
-inline int rows_per_group(int64_t lanes_heads, int64_t vd, int64_t kd) {
-  if (keys_per_lane(kd) > 16) return 1;
-  const int64_t rows4 = 4 * kGdnGroups;
-  return lanes_heads * ((vd + rows4 - 1) / rows4) >= 1024 ? 4 : 1;
+// Value rows per lane group for a launch of lanes_heads (b, h) pairs: kGdnWideRows (a wide
+// block, FULL: no key or row checked) where the rows are full -- kd = kGdnLanes * (keys per
+// lane) <= 128, vd a multiple of the wide block's rows, every row loaded and stored as vectors
+// (vec: vec_rows held for each buffer) -- and the grid keeps >= 1024 wide blocks; else 1
+// (small batches keep more, smaller blocks in flight).
+inline int rows_per_group(int64_t lanes_heads, int64_t vd, int64_t kd, bool vec) {
+  const int P = keys_per_lane(kd);
+  const int64_t rows = int64_t(kGdnWideRows) * kGdnGroups;
+  if (!vec || P > 16 || kd != int64_t(P) * kGdnLanes || vd % rows != 0) return 1;
+  return lanes_heads * (vd / rows) >= 1024 ? kGdnWideRows : 1;
 }
 
 // The instance for kd's keys per lane, R, and the element types: f.template operator()<P, R,
-// TS, TI>(). R = 4 is instantiated only where P <= 16 (rows_per_group never asks otherwise).
+// TS, TI>(). R = kGdnWideRows is instantiated only where P <= 16 (rows_per_group never asks
+// otherwise); the kernels take R > 1 as FULL.
 template <class F>
 void dispatch_rows(int64_t kd, int R, GdnDtype ts, GdnDtype ti, F&& f) {
   dispatch(kd, ts, ti, [&]<int P, GdnDtype TS, GdnDtype TI>() {
     if constexpr (P <= 16) {
-      if (R == 4) {
-        f.template operator()<P, 4, TS, TI>();
+      if (R == kGdnWideRows) {
+        f.template operator()<P, kGdnWideRows, TS, TI>();
         return;
       }
     }
     f.template operator()<P, 1, TS, TI>();
-  });
-}
-
-template <class F>
-void dispatch_rows_ts(int64_t kd, int R, GdnDtype ts, F&& f) {
-  dispatch_ts(kd, ts, [&]<int P, GdnDtype TS>() {
-    if constexpr (P <= 16) {
-      if (R == 4) {
-        f.template operator()<P, 4, TS>();
-        return;
-      }
-    }
-    f.template operator()<P, 1, TS>();
   });
 }
 

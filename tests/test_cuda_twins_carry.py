@@ -132,7 +132,7 @@ CASES = [
     (torch.float32, torch.bfloat16, 4, 4, 1, 2, 256, 64, 2),
     (torch.bfloat16, torch.float32, 4, 6, 1, 2, 64, 48, 8),
     (torch.float32, torch.bfloat16, 4, 6, 1, 2, 18, 24, 3),   # kd % 4 != 0: element loads
-    (torch.bfloat16, torch.bfloat16, 32, 33, 16, 32, 128, 128, 4),  # 4 rows per lane group
+    (torch.bfloat16, torch.bfloat16, 32, 33, 16, 32, 128, 128, 4),  # wide blocks (4 rows a group)
 ]
 
 
@@ -367,14 +367,14 @@ def test_protocol_bitwise_gated(state_dtype, dtype, lazy):
 @pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 def test_protocol_bitwise_wide_blocks_long_stash(state_dtype, lazy):
-    """Blocks of 4 value rows per lane group (B * HV = 1024 heads of vd = 72: two 64-row blocks
-    a head, the second mostly past vd) and a stash of 16 rows (a lazy slot folds up to 15
-    pending rows, more than one 8-row staging pass): bitwise the decode twin, as above."""
+    """Wide blocks, 4 value rows per lane group (B * HV = 1024 heads of kd = vd = 64: full
+    rows, one 64-row block a head), and a stash of 16 rows (a lazy slot folds up to 15 pending
+    rows, more than one 8-row staging pass): bitwise the decode twin, as above."""
     if not ON_GPU:
-        _refuses(state_dtype, 64, 4, lazy, False, HK=4, HV=64, vd=72)
+        _refuses(state_dtype, 64, 4, lazy, False, HK=4, HV=64, vd=64)
         return
     wrote_back, folded_only = _protocol("cuda", state_dtype, 64, 4, lazy, False,
-                                        seed=400 + lazy, B=16, S=18, HK=4, HV=64, vd=72, cap=16)
+                                        seed=400 + lazy, B=16, S=18, HK=4, HV=64, vd=64, cap=16)
     assert wrote_back > 0
     if lazy:
         assert folded_only > 0
@@ -461,7 +461,8 @@ def _build_check():
 def test_carry_twin_compiles_for_sm90a_without_spills():
     """``kernels/gdn_carry.cu`` compiles for sm_90a (nvcc only, no GPU): a verify per (keys per
     lane, value rows per lane group) pair -- (4, 8, 16) x (1, 4) and (32, 1) -- x state dtype x
-    input dtype (63) and a flush per pair x state dtype (21), each a hot kernel without spills. Fails, does not skip, without nvcc (CI
+    input dtype (63) and a flush (one row per group) per keys-per-lane value x state dtype (12),
+    each a hot kernel without spills. Fails, does not skip, without nvcc (CI
     has CUDA 13.0's)."""
     bc = _build_check()
     try:
@@ -471,7 +472,9 @@ def test_carry_twin_compiles_for_sm90a_without_spills():
     rc, text, kernels = bc.compile_cu(ROOT / "kernels" / "gdn_carry.cu")
     assert rc == 0, text
     names = [k.kernel for k in kernels]
-    for kind, per in (("gdn_carry_verify_vk_kernel", 9), ("gdn_carry_flush_vk_kernel", 3)):
-        for P, R in ((4, 1), (4, 4), (8, 1), (8, 4), (16, 1), (16, 4), (32, 1)):
-            assert sum(kind in n and f"ILi{P}ELi{R}E" in n for n in names) == per, (kind, P, R)
-    assert len(kernels) == 84 and all(k.hot and not k.spills for k in kernels), kernels
+    for P, R in ((4, 1), (4, 4), (8, 1), (8, 4), (16, 1), (16, 4), (32, 1)):
+        assert sum("gdn_carry_verify_vk_kernel" in n and f"ILi{P}ELi{R}E" in n
+                   for n in names) == 9, (P, R)
+    for P in (4, 8, 16, 32):
+        assert sum("gdn_carry_flush_vk_kernel" in n and f"ILi{P}ELN" in n for n in names) == 3, P
+    assert len(kernels) == 75 and all(k.hot and not k.spills for k in kernels), kernels
