@@ -1,17 +1,12 @@
-"""The carry_protocol notebook's verify sweep (SPEC §3b, §3c, §4).
+"""The carry_protocol notebook's verify sweep (SPEC §3b, §4).
 
-``verify_point`` (one ``K, B, HK, HV, head_dim, dtype, state_layout, alpha``): the slots hold
-pending counts drawn from the protocol's stationary distribution (``acceptance.steady_pending``,
-per mode), the stash realistic rows (``gdn.fill_stash``). Checks first: the exact form bitwise
-against folding the pending rows then ``K`` ``gdn_decode`` launches and against the float64
-protocol reference (``reference.carry.verify``) on ``ref_seqs`` sequences, ``engaged`` against
-the protocol; then times ``carry_exact_{eager,lazy}`` and, with
-``baselines``, the snapshot chain and on a GPU FLA (``"kv"``), FlashInfer's snapshot verify and
-its ReplaySSM verify and flush (``"vk"``; ``replayssm_peer``, on its own bf16 pool and ring;
-``unavailable`` / ``unsupported`` rows where it does not run), each peer checked first. Bytes: ``gdn.carry_bytes`` at the launch's write-backs.
-
-The protocol runs on a stack of layers are ``carry_protocol.protocol_point``; the acceptance
-model is ``acceptance``; targets, tables and plots ``carry_report``.
+``verify_point``: pending counts drawn from the protocol's stationary distribution
+(``acceptance.steady_pending``, per mode), realistic stash rows (``gdn.fill_stash``). Checks
+first: the exact form bitwise against folding the pending rows then ``K`` ``gdn_decode``
+launches, and against the float64 protocol (``reference.carry.verify``) on ``ref_seqs``
+sequences; then times ``carry_exact_{eager,lazy}`` and, with ``baselines``, the snapshot chain,
+FLA (``"kv"``, GPU), FlashInfer's snapshot verify and ReplaySSM (``"vk"``, ``replayssm_peer``),
+each peer checked first. Bytes: ``gdn.carry_bytes`` at the launch's write-backs.
 """
 
 from __future__ import annotations
@@ -27,15 +22,10 @@ from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import MODES, steady_pending
 from pmll_lab.experiments import replayssm_peer as RS
 from pmll_lab.experiments.gdn import (  # noqa: F401  (points, COMPILE_KEYS: for the notebook)
-    COMPILE_KEYS, LAYOUTS, carry_bytes, chain_bytes, clone_carry, fill_stash, fla_bytes,
-    fla_run_once, gating_inputs, points,
+    COMPILE_KEYS, carry_bytes, chain_bytes, clone_carry, fill_stash, fla_bytes, points,
 )
 from pmll_lab.gdn import gdn_chain, gdn_decode
-from pmll_lab.inputs import gdn_inputs
-from pmll_lab.peers import (  # noqa: F401  (flashinfer_status: for the notebook)
-    fla_available, flashinfer_available, flashinfer_status, flashinfer_supports,
-    flashinfer_version,
-)
+from pmll_lab.peers import fla_available, flashinfer_available, flashinfer_supports, flashinfer_version
 from pmll_lab.reference import carry as ref
 from pmll_lab.tolerances import O_TOL, STATE_TOL
 
@@ -79,17 +69,12 @@ def verify_point(point: dict) -> list[dict]:
     dname = point.get("dtype", "bfloat16")
     dtype = getattr(torch, dname)
     layout = point.get("state_layout", "kv")
-    if layout not in LAYOUTS:
-        raise ValueError(f"state_layout: must be one of {LAYOUTS}, got {layout!r}")
+    x, gate, state0 = G.verify_inputs(point)
     lay = {"state_layout": layout}
     alpha, p_zero = float(point.get("alpha", 0.875)), float(point.get("p_zero", 0.0))
     seed = int(point.get("seed", 0))
     n_ref = min(B, int(point.get("ref_seqs", 4)))
-    x = gdn_inputs(seed, B, HK, HV, D, D, rows=K, dtype=dtype)
-    gate = gating_inputs(seed + 11, (B, K), HV)
-    x["g"], x["beta"] = gate["g"], gate["beta"]
     state_kv, slots = x["state"], x["state_indices"]
-    state0 = state_kv if layout == "kv" else state_kv.transpose(-1, -2).contiguous()
     in_layout = (lambda t: t) if layout == "kv" else (lambda t: t.transpose(-1, -2))
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     rng = np.random.default_rng(seed + 1)
@@ -152,17 +137,13 @@ def verify_point(point: dict) -> list[dict]:
                         lambda: gdn_chain(st_c, *args, state_indices=slots, intermediate=inter,
                                           **lay), chain_bytes(B, K, HK, HV, D, D, dtype), {}))
         if layout == "kv" and fla_available():
-            fla, failed = P.peer_call("fla_fused_recurrent", fla_run_once, args,
-                                      state0[slots.long()].contiguous(), D)
-            rows += failed or []
-            if fla is not None:
-                run_fla, (o_f, _) = fla
-                frows = error_rows("fla_fused_recurrent", o_f[:n_ref], o_plain, tol=otol,
-                                   what="o")
-                rows += frows
-                if all(r["passed"] for r in frows):
-                    entries.append(("fla_fused_recurrent", run_fla,
-                                    fla_bytes(B, K, HK, HV, D, dtype), {}))
+            frows, run_fla = G.fla_check(args, state0[slots.long()].contiguous(), D, lambda o, h:
+                                         error_rows("fla_fused_recurrent", o[:n_ref], o_plain,
+                                                    tol=otol, what="o"))
+            rows += frows
+            if run_fla is not None:
+                entries.append(("fla_fused_recurrent", run_fla,
+                                fla_bytes(B, K, HK, HV, D, dtype), {}))
         if layout == "vk" and K >= 2 and flashinfer_available() and flashinfer_supports(D, dname):
             firows, run_fi = G.peer_snapshot_check(x, gate, state0, o_c, st_c[slots.long()],
                                                    inter, otol)

@@ -1,9 +1,10 @@
-"""The carry_protocol notebook's targets, tables and plots: from the verify sweep's and the
-protocol runs' rows (``carry``, ``carry_protocol``), the host simulation (``acceptance``) and the
-byte arithmetic of real model configurations. Ratios of times come from GPU runs only.
-"""
+"""The carry_protocol notebook's targets, tables and plots (rows of ``carry`` and
+``carry_protocol``, the host simulation ``acceptance``, model byte budgets; ratios of times from
+GPU runs only)."""
 
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 import torch
@@ -13,7 +14,7 @@ from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import mean_accept_len
 from pmll_lab.experiments.carry import CAP, FORMS, KERNELS, LABELS
 from pmll_lab.experiments.gdn import QWEN3_NEXT, stash_row_bytes
-from pmll_lab.experiments.targets import Target, fact
+from pmll_lab.experiments.targets import Target, fact, facts
 
 PARAMS = ("K", "B", "HK", "HV", "head_dim", "dtype", "state_layout", "form")
 TARGET_SET = "Carried-state verify at Qwen3-Next's shape (HK=16, HV=32, kd=vd=128), K=4"
@@ -198,35 +199,37 @@ def carry_vs_snapshots(df: pd.DataFrame, K: int = 4, shape: dict | None = None) 
 
 def findings(df: pd.DataFrame, sim: pd.DataFrame, budget: pd.DataFrame,
              mean_accept: float = 3.3) -> pd.DataFrame:
-    """Measured facts: exactness per layout, the simulated write-back frequencies at K=4, the
-    exact form's eager/lazy crossover at K=4 (GPU) and the memory each design holds."""
+    """Facts: bitwise checks of the exact form per layout; at K=4 and the acceptance nearest
+    ``mean_accept``, the simulated write-back frequency and rows folded per verify; the exact
+    form's eager/lazy crossover at K=4 (GPU); stash against snapshots (KiB per sequence and
+    layer)."""
     rows = []
     ok = P.with_layout(df[df["status"] == "ok"]) if len(df) else df
     for lay, g in (ok.groupby("state_layout") if len(ok) else []):
         bit = g[g["metric"].isin(["bitwise_vs_decode", "bitwise_vs_plain"])]
         if len(bit):
             rows.append(fact(f"exact form == plain decoding bitwise, {P.LAYOUT_NAMES[lay]}",
-                             f"{int(bit['passed'].sum())} of {len(bit)} checks"))
+                             int(bit["passed"].sum()), f"of {len(bit)} checks"))
     d = sim[sim["K"] == 4] if len(sim) else sim
-    if len(d):
-        near = d.iloc[(d["mean_accept"] - mean_accept).abs().argsort()[:2]]
-        for r in near.itertuples():
-            rows.append(fact(f"simulation, K=4, acceptance length {r.mean_accept:.2f}, {r.mode}",
-                             f"writes back on {r.wb_freq:.0%} of verifies, folds "
-                             f"{r.mean_folded:.2f} rows per verify"))
+    for r in d.iloc[(d["mean_accept"] - mean_accept).abs().argsort()[:2]].itertuples() \
+            if len(d) else []:
+        what = f"simulation, K=4, acceptance length {r.mean_accept:.2f}, {r.mode}"
+        rows += [fact(f"{what}: write-backs per verify", r.wb_freq, "per verify"),
+                 fact(f"{what}: rows folded per verify", r.mean_folded, "rows")]
     cross = crossover_summary(crossover_table(df))
     for r in cross[(cross["form"] == "exact") & (cross["K"] == 4)].itertuples() if len(cross) \
             else []:
-        rows.append(fact(f"lazy faster than eager, exact form, "
+        rows.append(fact(f"lazy faster than eager from B, exact form, "
                          f"{P.LAYOUT_NAMES.get(r.state_layout, r.state_layout)}, K=4",
-                         f"from B = {r[-1]}" if r[-1] != "never" else "at no measured B",
-                         "every form and K: the crossover table below"))
+                         r[-1] if r[-1] != "never" else math.nan, "B",
+                         "NaN: at no measured B; every form and K: the crossover table"))
     if len(budget) and (budget["K"] == 4).any():
         b = budget[budget["K"] == 4].iloc[0]
-        rows.append(fact(f"{b['model']}, K=4: stash vs snapshots per sequence and layer",
-                         f"{b['carry stash KiB']:.0f} KiB vs {b['snapshots KiB']:.0f} KiB "
-                         f"({b['snapshots / stash']:.1f}x)"))
-    return pd.DataFrame(rows)
+        what = f"{b['model']}, K=4, per sequence and layer"
+        rows += [fact(f"{what}: carry stash", b["carry stash KiB"], "KiB"),
+                 fact(f"{what}: snapshots", b["snapshots KiB"], "KiB"),
+                 fact(f"{what}: snapshots / stash", b["snapshots / stash"], "x")]
+    return facts(rows)
 
 
 # ---- plots ---------------------------------------------------------------------------------
@@ -277,20 +280,10 @@ def plot_budget(table: pd.DataFrame):
 def plot_verify_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | None = None):
     """``metric`` (time per verify, GB/s or roofline fraction) against batch width, one panel
     per K, every kernel in each layout (line style)."""
-    w = P.at(P.wide(df), shape)
-    if w.empty or metric not in w:
-        return None
-    timer = str(w["timer"].iloc[0])
-    roof = P.roofline_gbps(df)
-    lines = [(roof, f"copy roofline {roof:.0f} GB/s")] if metric == "gbps" and roof else \
-        [(1.0, "copy roofline")] if metric == "roofline_frac" else []
-    unit = {"time_us": "time per verify (us)", "gbps": "GB/s (SPEC §4 bytes)",
-            "roofline_frac": "fraction of copy roofline"}[metric]
-    desc = ", ".join(f"{k}={v}" for k, v in (shape or {}).items())
-    return plots.plot_lines(w, y=metric, labels=LABELS, kernels=KERNELS, hlines=lines,
-                            ylabel=f"{unit}\n{P.TIMER_LABELS.get(timer, timer)}",
-                            title=f"Verify: carried state, snapshot chain, peers ({desc})",
-                            logy=metric == "time_us")
+    return plots.plot_speed(df, metric, shape, LABELS, KERNELS,
+                            "Verify: carried state, snapshot chain, peers",
+                            {"time_us": "time per verify (us)", "gbps": "GB/s (SPEC §4 bytes)",
+                             "roofline_frac": "fraction of copy roofline"})
 
 
 def plot_crossover(cross: pd.DataFrame, lazy_min_seqs: int = 8):

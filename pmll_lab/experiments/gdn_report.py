@@ -1,8 +1,5 @@
-"""The gdn_verify notebook's targets, tables and plots, from ``gdn.verify_point``'s rows.
-
-Times come from ``protocol.wide`` (checked points, CUDA graph replays where the run has them);
-ratios of times only from GPU runs. The snapshot budget is SPEC §4's byte arithmetic.
-"""
+"""The gdn_verify notebook's targets, tables and plots, from ``gdn.verify_point``'s rows (times:
+``protocol.wide``; ratios of times from GPU runs only; the snapshot budget: SPEC §4's bytes)."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ import pandas as pd
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.gdn import LABELS, LAYOUTS, QWEN3_NEXT
-from pmll_lab.experiments.targets import Target, fact
+from pmll_lab.experiments.targets import Target, fact, facts
 from pmll_lab.gdn import carry_stash_bytes, snapshot_bytes, state_bytes
 
 SHAPE_KEYS = ("HK", "HV", "head_dim", "dtype")
@@ -45,20 +42,11 @@ def main_shape(df: pd.DataFrame) -> dict:
 
 
 def plot_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | None = None):
-    """Time per verify (``time_us``) or GB/s (``gbps``, with the copy roofline on a GPU) against
-    batch width, one panel per K, at ``shape`` (default ``main_shape``)."""
-    shape = main_shape(df) if shape is None else shape
-    w = P.at(P.wide(df), shape)
-    if w.empty:
-        return None
-    timer = str(w["timer"].iloc[0])
-    roof = P.roofline_gbps(df)
-    lines = [(roof, f"copy roofline {roof:.0f} GB/s")] if metric == "gbps" and roof else []
-    unit = {"time_us": "time per verify (us)", "gbps": "GB/s (SPEC §4 bytes)"}[metric]
-    desc = ", ".join(f"{k}={v}" for k, v in shape.items())
-    return plots.plot_lines(w, y=metric, labels=LABELS, kernels=list(LABELS), hlines=lines,
-                            ylabel=f"{unit}\n{P.TIMER_LABELS.get(timer, timer)}",
-                            title=f"Verify of K rows ({desc})", logy=metric == "time_us")
+    """Time per verify or GB/s against batch width, one panel per K, at ``shape`` (default
+    ``main_shape``)."""
+    return plots.plot_speed(df, metric, main_shape(df) if shape is None else shape, LABELS,
+                            list(LABELS), "Verify of K rows",
+                            {"time_us": "time per verify (us)", "gbps": "GB/s (SPEC §4 bytes)"})
 
 
 def layout_table(df: pd.DataFrame, shape: dict | None = None) -> pd.DataFrame:
@@ -115,8 +103,8 @@ def plot_snapshot_budget(shapes: list[tuple[int, int]], Ks=(1, 2, 3, 4, 8)):
 
 
 def findings(df: pd.DataFrame) -> pd.DataFrame:
-    """Measured facts: the chain bitwise equal to K decodes per layout; on a GPU at the main
-    shape, K=4, B=64, what the snapshots cost and what V-major saves."""
+    """Facts: the chain bitwise equal to K decodes per layout; on a GPU at the main shape, K=4,
+    B=64, the chain's time over the chain without snapshots, and V-major over K-major."""
     rows = []
     ok = P.with_layout(df[df["status"] == "ok"]) if len(df) else df
     for lay in LAYOUTS:
@@ -125,15 +113,15 @@ def findings(df: pd.DataFrame) -> pd.DataFrame:
         if len(bit):
             good = bit.groupby("point_id")["passed"].all()
             rows.append(fact(f"chain == K decodes bitwise, {P.LAYOUT_NAMES[lay]}",
-                             f"{int(good.sum())} of {len(good)} points"))
+                             int(good.sum()), f"of {len(good)} points"))
     w = P.at(P.wide(df), dict(QWEN3_NEXT, K=4, B=64)) if P.on_gpu(df) else pd.DataFrame()
     t = {(r.kernel, r.state_layout): r.time_us for r in w.itertuples()} if len(w) else {}
     for lay in LAYOUTS:
         if (("chain", lay) in t) and (("chain_nosnap", lay) in t):
-            rows.append(fact(f"snapshots' cost, {P.LAYOUT_NAMES[lay]}, K=4, B=64",
-                             f"{t[('chain', lay)] / t[('chain_nosnap', lay)]:.2f}x the chain "
-                             "without snapshots", "SPEC §4 bytes: (K+1)/2 = 2.5x"))
+            rows.append(fact(f"chain / chain without snapshots, {P.LAYOUT_NAMES[lay]}, K=4, B=64",
+                             t[("chain", lay)] / t[("chain_nosnap", lay)], "x",
+                             "SPEC §4 bytes: (K+1)/2 = 2.5x"))
     if ("chain", "kv") in t and ("chain", "vk") in t:
         rows.append(fact("chain, V-major / K-major time, K=4, B=64",
-                         round(t[("chain", "vk")] / t[("chain", "kv")], 3)))
-    return pd.DataFrame(rows)
+                         t[("chain", "vk")] / t[("chain", "kv")], "x"))
+    return facts(rows)

@@ -10,7 +10,7 @@ import pandas as pd
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.pmll_attention import LABELS, PROVIDERS
-from pmll_lab.experiments.targets import Target, fact
+from pmll_lab.experiments.targets import Target, fact, facts
 
 PARAMS = ("B", "H", "D", "M", "T", "dtype", "capacity", "gate")
 TARGET_SET = "Attention straight from the ring against PyTorch SDPA"
@@ -144,24 +144,24 @@ def plot_eviction(df: pd.DataFrame):
 
 
 def findings(sdf: pd.DataFrame, edf: pd.DataFrame) -> pd.DataFrame:
-    """Measured facts: the worst error over ring states per kernel, GPT-2 with nothing evicted
-    and with history evicted."""
+    """Facts: the worst rel. L2 over ring states per kernel; GPT-2's logits with nothing evicted
+    and with the smallest ring (rel. L2 against the whole sequence, top-1 agreement)."""
     rows = []
     c = P.checks(sdf)
     for r in c.itertuples() if len(c) else []:
         rows.append(fact(f"{r.kernel} over every ring state: worst rel. L2", r.worst_rel_l2,
-                         f"tolerance {r.tolerance:.1e}"))
+                         "rel. L2", f"tolerance {r.tolerance:.1e}"))
     e = eviction_table(edf)
     if len(e):
         need = int(e["needed"].iloc[0])
         full = e[(e["gate"] == "none") & (e["capacity"] >= need)]
         if len(full):
-            rows.append(fact(f"GPT-2, nothing evicted (M >= {need}, no gate): logits' rel. L2 "
-                             "vs the whole sequence", full["rel_l2"].max()))
+            rows.append(fact(f"GPT-2, nothing evicted (M >= {need}, no gate): logits vs the "
+                             "whole sequence", full["rel_l2"].max(), "rel. L2"))
         part = e[(e["gate"] == "none") & (e["capacity"] < need)]
         if len(part):
             lo = part.iloc[0]
-            rows.append(fact(f"GPT-2, smallest ring (M={int(lo['capacity'])}, no gate)",
-                             f"rel. L2 {lo['rel_l2']:.2e}, top-1 agreement "
-                             f"{lo['top1_agree']:.0%}"))
-    return pd.DataFrame(rows)
+            what = f"GPT-2, smallest ring (M={int(lo['capacity'])}, no gate)"
+            rows += [fact(f"{what}: logits vs the whole sequence", lo["rel_l2"], "rel. L2"),
+                     fact(f"{what}: top-1 agreement", lo["top1_agree"], "fraction")]
+    return facts(rows)

@@ -17,7 +17,7 @@ from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import acceptance
 from pmll_lab.experiments.gdn import floor_bytes, fla_bytes
 from pmll_lab.experiments.roofline_case import L2_BYTES, LABELS, MAIN_SHAPE, PROVIDERS, SHAPE_KEYS
-from pmll_lab.experiments.targets import Target, fact
+from pmll_lab.experiments.targets import Target, fact, facts
 
 __all__ = ["TARGET_SET", "TARGETS", "STEP_TARGET_SET", "STEP_TARGETS", "STEP_FORMS",
            "PLAN_TARGET_US", "PARAMS", "wide_table",
@@ -241,27 +241,27 @@ def state_dtype_table(df: pd.DataFrame, shape: dict | None = None, Bs=(1, 64, 25
 
 def findings(df: pd.DataFrame, pdf: pd.DataFrame | None = None, *, mean_accept: float = 3.3,
              accept_K: int = 4, seed: int = 0) -> pd.DataFrame:
-    """Measured facts: the acceptance process the amortised figures use, the run's copy
-    roofline, PMLL points run, and on a GPU the bf16 state pool against the fp32 one."""
+    """Facts: the acceptance process the amortised figures use (K=4), the run's copy roofline,
+    PMLL points run, and on a GPU the bf16 state pool's time over the fp32 one's (B=64)."""
     a4 = acceptance(4, mean_accept, accept_K, seed=seed)
-    rows = [fact("acceptance process, K=4", f"alpha {a4['alpha']:.3f}, lazy write-back on "
-                 f"{a4['lazy_wb']:.0%} of verifies, {a4['lazy_mean_pend']:.2f} rows pending",
-                 f"mean accepted length {mean_accept} at K={accept_K}")]
+    how = f"mean accepted length {mean_accept} at K={accept_K}"
+    rows = [fact("acceptance process, K=4: alpha", a4["alpha"], "per draft", how),
+            fact("acceptance process, K=4: lazy write-backs", a4["lazy_wb"], "per verify", how),
+            fact("acceptance process, K=4: rows pending", a4["lazy_mean_pend"], "rows", how)]
     roof = P.roofline_gbps(df)
     if roof:
-        rows.append(fact("copy roofline of this run", f"{roof:.0f} GB/s"))
+        rows.append(fact("copy roofline of this run", roof, "GB/s"))
     if pdf is not None and len(pdf):
-        rows.append(fact("PMLL ring points", f"{pdf['point_id'].nunique()} run"))
+        rows.append(fact("PMLL ring points run", pdf["point_id"].nunique(), "points"))
     t = state_dtype_table(df, Bs=(64,))
     if "ratio" in t:
         for kern, K in (("decodes", 1), ("chain_snapshots", 4), ("carry_exact_lazy", 4)):
             r = t[(t["kernel"] == kern) & (t["K"] == K)].dropna(subset=["ratio"])
             if len(r):
                 r = r.loc[r["bfloat16 state us"].idxmin()]
-                rows.append(fact(f"bf16 state pool, {LABELS[kern]}, K={K}, B=64",
-                                 f"{r['ratio']:.2f}x the fp32 pool's time",
-                                 f"{r['state_layout']}, the faster layout"))
-    return pd.DataFrame(rows)
+                rows.append(fact(f"bf16 state pool / fp32 pool, {LABELS[kern]}, K={K}, B=64",
+                                 r["ratio"], "x", f"{r['state_layout']}, the faster layout"))
+    return facts(rows)
 
 
 def plot_errors(df: pd.DataFrame):

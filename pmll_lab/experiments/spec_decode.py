@@ -32,7 +32,7 @@ import torch
 from pmll_lab.backend import DEVICE
 from pmll_lab.carry import GDN_CARRY_CAP
 from pmll_lab.experiments import plots
-from pmll_lab.experiments.targets import Target, fact
+from pmll_lab.experiments.targets import Target, fact, facts
 from pmll_lab.sweep import CheckFailed, grid
 
 ARCHS = ("tiny", "qwen3_next_sized")
@@ -451,17 +451,19 @@ def oracle_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def findings(w: pd.DataFrame, oracle: pd.DataFrame, K: int, p: float) -> pd.DataFrame:
-    """Measured facts: our tokens against transformers' generate per form; the acceptance
-    length at ``K``, ``p`` per batch width."""
+    """Facts: per form our tokens against transformers' generate (tokens agreeing, divergences
+    beyond the logit error, equal to our greedy tokens); the acceptance length at ``K``, ``p``
+    per batch width and layout."""
     rows = []
     for r in oracle.itertuples() if len(oracle) and "unexplained" in oracle else []:
-        rows.append(fact(f"{LABELS.get(r.kernel, r.kernel)}: tokens equal to transformers' "
-                         "greedy tokens", f"{int(r.agreeing)} of {int(r.compared)}",
-                         f"{int(r.divergences)} divergence(s), {int(r.unexplained)} beyond the "
-                         f"logit error (eps {r.eps:.1e}); equal to our greedy tokens: "
-                         f"{'yes' if r.equal_to_greedy else 'no'}"))
+        what = LABELS.get(r.kernel, r.kernel)
+        rows += [fact(f"{what}: tokens equal to transformers' greedy tokens", int(r.agreeing),
+                      f"of {int(r.compared)}"),
+                 fact(f"{what}: divergences beyond the logit error", int(r.unexplained),
+                      f"of {int(r.divergences)}", f"eps {r.eps:.1e}"),
+                 fact(f"{what}: equal to our greedy tokens", int(r.equal_to_greedy), "1 = yes")]
     t = throughput_table(w, K, p)
     for r in t[t["kernel"] == "exact_lazy"].itertuples() if len(t) else []:
         rows.append(fact(f"acceptance length, carry exact lazy, B={r.B}, K={K}, p={p}, "
-                         f"{r.state_layout}", round(r.mean_accept, 3)))
-    return pd.DataFrame(rows)
+                         f"{r.state_layout}", round(r.mean_accept, 3), "rows per verify"))
+    return facts(rows)
