@@ -1,10 +1,7 @@
-"""The roofline's own providers, checked, then timed: ``K`` decode launches (``point_decodes``;
-``point_decodes_cuda`` for the decode's CUDA C++ twin),
-the snapshot chain (``point_chain``; ``point_chain_cuda`` for its twin) and the carried-state verify (exact form), eager or lazy
-(``point_carry``: the lazy form timed without and with a write-back, and amortised at the
-acceptance process's write-back frequency). Each takes a ``roofline_case._Case`` and returns its
-tidy rows; launchers are called through ``roofline_case`` (a test replaces them there).
-"""
+"""The roofline's own providers, checked, then timed, each on a ``roofline_case._Case``: ``K``
+decode launches, the snapshot chain (and their CUDA C++ twins), the exact carried-state verify
+(the lazy form without and with a write-back, amortised at the acceptance process's write-back
+frequency). Launchers are called through ``roofline_case`` (a test replaces them there)."""
 
 from __future__ import annotations
 
@@ -84,45 +81,36 @@ def point_decodes_cuda(c: C._Case) -> list[dict]:
     return rows + P.speed_rows(name, _time(run), decodes_bytes(c.B, c.K, **c.io()), variant="")
 
 
-def point_chain(c: C._Case) -> list[dict]:
-    name = "chain_snapshots"
+def point_chain(c: C._Case, impl: str = "triton") -> list[dict]:
+    """The chain with its ``K-1`` snapshots against the float64 chain; the Triton one also
+    bitwise against the decodes (the CUDA twin sums in another order: bitwise only within its
+    family, which its own tests check)."""
+    name = "chain_snapshots" + ("_cuda" if impl == "cuda" else "")
+    kw = dict(c.lay, **({"impl": "cuda"} if impl == "cuda" else {}))
     st = c.state0.clone()
     inter = torch.empty(c.B, c.K - 1, c.HV, c.D, c.D, dtype=c.sdt, device=DEVICE)
-    o = C.gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, validate=True, **c.lay)
+    o = C.gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter,
+                    **({} if impl == "cuda" else {"validate": True}), **kw)
     rows = (error_rows(name, o[:c.n], c.o_ref, tol=c.otol, what="o")
             + error_rows(name, st[c.lsel[:c.n]], c.to_layout(c.s_ref), tol=c.stol, what="state")
             + error_rows(name, inter[:c.n], c.to_layout(c.i_ref), tol=c.stol, what="snapshots"))
-    o_dec, st_dec, snaps = c.decoded()
-    rows += [P.flag(name, "bitwise_vs_decode", bitwise_equal(o, o_dec), "o"),
-             P.flag(name, "bitwise_vs_decode", bitwise_equal(st[c.lsel], st_dec), "state"),
-             P.flag(name, "bitwise_vs_decode",
-                    all(bitwise_equal(inter[:, t], snaps[t]) for t in range(c.K - 1)),
-                    "snapshots")]
+    if impl == "triton":
+        o_dec, st_dec, snaps = c.decoded()
+        rows += [P.flag(name, "bitwise_vs_decode", bitwise_equal(o, o_dec), "o"),
+                 P.flag(name, "bitwise_vs_decode", bitwise_equal(st[c.lsel], st_dec), "state"),
+                 P.flag(name, "bitwise_vs_decode",
+                        all(bitwise_equal(inter[:, t], snaps[t]) for t in range(c.K - 1)),
+                        "snapshots")]
     P.require(rows)
 
     def run():
-        C.gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, **c.lay)
+        C.gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, **kw)
 
     return rows + P.speed_rows(name, _time(run), chain_bytes(c.B, c.K, **c.io()), variant="")
 
 
 def point_chain_cuda(c: C._Case) -> list[dict]:
-    """The chain's CUDA C++ twin (``gdn_chain(impl="cuda")``, V-major) with its ``K-1``
-    snapshots, checked against the float64 chain (bitwise only within the CUDA family, which
-    its own tests check: another order of sums than Triton's)."""
-    name = "chain_snapshots_cuda"
-    st = c.state0.clone()
-    inter = torch.empty(c.B, c.K - 1, c.HV, c.D, c.D, dtype=c.sdt, device=DEVICE)
-    o = C.gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, impl="cuda", **c.lay)
-    rows = (error_rows(name, o[:c.n], c.o_ref, tol=c.otol, what="o")
-            + error_rows(name, st[c.lsel[:c.n]], c.to_layout(c.s_ref), tol=c.stol, what="state")
-            + error_rows(name, inter[:c.n], c.to_layout(c.i_ref), tol=c.stol, what="snapshots"))
-    P.require(rows)
-
-    def run():
-        C.gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, impl="cuda", **c.lay)
-
-    return rows + P.speed_rows(name, _time(run), chain_bytes(c.B, c.K, **c.io()), variant="")
+    return point_chain(c, "cuda")
 
 
 def _check_carry(c: C._Case, name: str, form: str, lazy: bool, var: str, rows: list[dict]):

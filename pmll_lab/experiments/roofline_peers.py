@@ -1,21 +1,11 @@
-"""The roofline's peer providers: FLA (K-major) and FlashInfer (V-major), checked, then timed.
-Each takes a ``roofline_case._Case`` and returns the provider's tidy rows:
-
-- ``point_fla``: FLA's ``fused_recurrent_gated_delta_rule`` over the case's ``K`` rows from a
-  gathered copy of the ``B`` slots' K-major states (``pmll_lab.peers.fla_runner``);
-- ``point_flashinfer``: FlashInfer's decode (``flashinfer_decode``, ``K = 1``, the V-major pool
-  updated) or K-row verify (``flashinfer_mtp_snapshots``: ``intermediate_states_buffer`` and
-  ``disable_state_update=True``; ``flashinfer_mtp_frozen``: no buffer, pool frozen), fed the
-  raw gating inputs ``A_log, a, dt_bias, b`` whose fp32 ``g, beta`` our kernels get.
-
-At a bf16-state point (``c.sdt``) the pool, the per-row buffer and the references are bf16 /
-rounded to bf16 (``roofline`` module docstring, "State dtype"): FlashInfer's bf16-state kernels.
-
-Checks before timing: against the float64 chain reference on ``N_REF`` sequences (FlashInfer's
-with its own gating recomputed in float64, ``_Case.fi_ref``) and against our ``K`` decode
-launches over all ``B`` sequences (K-major baseline, transposed for FlashInfer), within the
-output and state tolerances (peers are not bitwise ours); FlashInfer's frozen verifies must
-leave the pool bit for bit as it was. Both need a GPU (``RuntimeError`` otherwise).
+"""The roofline's peer providers on a ``roofline_case._Case``, checked, then timed (GPU only,
+``RuntimeError`` otherwise): FLA's ``fused_recurrent`` from a gathered copy of the K-major
+states (``point_fla``); FlashInfer's decode (``K = 1``, the V-major pool updated) and ``mtp``
+verify with its snapshot buffer or without, the pool frozen (``point_flashinfer``), fed the raw
+gating inputs. Checks: against float64 on ``N_REF`` sequences (FlashInfer's with its own gating,
+``_Case.fi_ref``) and against our decodes over all ``B`` within the tolerances (peers are not
+bitwise ours); a frozen verify must leave the pool as it was. At a bf16-state point the pool,
+buffer and references are bf16.
 """
 
 from __future__ import annotations
