@@ -5,6 +5,7 @@ GPU runs only)."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pandas as pd
 import torch
@@ -75,12 +76,10 @@ MODEL_CONFIGS = [dict(model="Qwen3-Next-80B-A3B", HK=16, HV=32, kd=128, vd=128, 
 value heads, head dims 128, conv kernel 4; 36 of its 48 layers are Gated DeltaNet)."""
 
 
-def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
-    return P.correctness_table(df, by=("state_layout", "dtype"))
-
-
-def failed_points(df: pd.DataFrame) -> pd.DataFrame:
-    return P.failed_points(df, PARAMS)
+correctness_table = partial(P.correctness_table, by=("state_layout", "dtype"))
+failed_points = partial(P.failed_points, params=PARAMS)
+plot_errors = partial(plots.plot_errors, labels=LABELS,
+                      title="Carry, chain and peers against their references")
 
 
 def budget_table(configs=MODEL_CONFIGS, Ks=(2, 3, 4, 8), cap: int = CAP,
@@ -233,10 +232,6 @@ def findings(df: pd.DataFrame, sim: pd.DataFrame, budget: pd.DataFrame,
 
 
 # ---- plots ---------------------------------------------------------------------------------
-
-def plot_errors(df: pd.DataFrame):
-    return plots.plot_errors(df, LABELS, "Carry, chain and peers against their references")
-
 
 def plot_simulation(sim: pd.DataFrame, mark_alpha: float | None = None):
     """Write-back frequency and rows folded per verify against the acceptance length, one

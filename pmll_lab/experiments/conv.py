@@ -11,6 +11,8 @@ same work.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pandas as pd
 import torch
 
@@ -164,20 +166,12 @@ def conv_point(point: dict) -> list[dict]:
 
 # ---- tables and plots --------------------------------------------------------------------------
 
-def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
-    return P.correctness_table(df, by=("dtype",))
-
-
-def failed_points(df: pd.DataFrame) -> pd.DataFrame:
-    return P.failed_points(df, PARAMS)
-
-
-def plot_errors(df: pd.DataFrame):
-    return plots.plot_errors(df, LABELS, "Conv outputs against the float64 reference")
-
-
-def main_shape(df: pd.DataFrame) -> dict:
-    return P.main_shape(df, ("shape", "dtype"), dict(shape="qwen3-next", dtype="bfloat16"))
+correctness_table = partial(P.correctness_table, by=("dtype",))
+failed_points = partial(P.failed_points, params=PARAMS)
+main_shape = partial(P.main_shape, keys=("shape", "dtype"),
+                     prefer=dict(shape="qwen3-next", dtype="bfloat16"))
+plot_errors = partial(plots.plot_errors, labels=LABELS,
+                      title="Conv outputs against the float64 reference")
 
 
 def plot_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | None = None):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pandas as pd
 
 from pmll_lab.experiments import plots
@@ -25,20 +27,11 @@ TARGETS = (
 )
 
 
-def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
-    return P.correctness_table(df, by=("state_layout", "dtype"))
-
-
-def failed_points(df: pd.DataFrame) -> pd.DataFrame:
-    return P.failed_points(df, PARAMS)
-
-
-def plot_errors(df: pd.DataFrame):
-    return plots.plot_errors(df, LABELS, "Chain, decodes and peers against the float64 chain")
-
-
-def main_shape(df: pd.DataFrame) -> dict:
-    return P.main_shape(df, SHAPE_KEYS, QWEN3_NEXT)
+correctness_table = partial(P.correctness_table, by=("state_layout", "dtype"))
+failed_points = partial(P.failed_points, params=PARAMS)
+main_shape = partial(P.main_shape, keys=SHAPE_KEYS, prefer=QWEN3_NEXT)
+plot_errors = partial(plots.plot_errors, labels=LABELS,
+                      title="Chain, decodes and peers against the float64 chain")
 
 
 def plot_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | None = None):

@@ -1,25 +1,15 @@
 """The pmll_attention notebook's sweep points: attention straight from the PMLL ring (SPEC §1).
 
-Three sweeps, each a point function returning tidy rows (``pmll_lab.sweep.run_sweep``):
+- ``state_point``: fused and reference ``memory_attention`` against float64 over ring states
+  side by side in one batch (``STATE_COUNTS``), one error row per state.
+- ``speed_point``: every provider of ``PROVIDERS`` checked on probe sequences and heads, then
+  timed, at one shape ``(B, H, D)``, capacity ``M`` (0: no ring; else full and wrapped in every
+  sequence) and segment length ``T``.
+- ``eviction_point``: GPT-2 (random seeded weights) segment by segment through ``pmll_step``
+  against its whole-sequence forward: with ``gate="none"`` and nothing evicted the logits must
+  agree within ``EQUIV_TOL`` (a check), else the rows measure what eviction costs.
 
-- ``state_point``: correctness over ring states. One batch holds every state side by side
-  (``STATE_COUNTS``: empty, partly filled, exactly full, wrapped by one row, wrapped twice,
-  oldest row late in the ring), with seeded random rows; ``memory_attention`` with
-  ``impl="fused"`` and ``impl="reference"`` against the float64 reference, one error row per
-  sequence (``state``), so ragged lengths meet in one launch.
-- ``speed_point``: one shape ``(B, H, D)``, ring capacity ``M`` (0: no ring) and segment
-  length ``T``; every provider in ``PROVIDERS`` is checked against the float64 reference on
-  probe sequences and heads (the first and last of each), and only then timed: do_bench and a
-  CUDA graph replay on a GPU (``time_cuda_graph``), the interpreter's wall time on the CPU.
-  The ring is full and wrapped in every sequence (``length = M``, the oldest row at a
-  different slot per sequence), so the chronological order crosses the end of the ring.
-- ``eviction_point``: GPT-2 (``pmll_lab.models.gpt2_pmll``, random seeded weights) run segment
-  by segment through ``pmll_step`` with a ring of ``capacity`` rows and a constant ``gate``,
-  against the whole-sequence forward: relative L2 of the logits and top-1 agreement. With
-  ``gate="none"`` and ``capacity >= tokens - segment`` nothing is evicted and the logits must
-  agree within ``EQUIV_TOL`` (a check); below that it is a measurement of what eviction costs.
-
-Tables, headline and plots: ``pmll_lab.experiments.pmll_attention_report``.
+Tables, headline and plots: ``pmll_attention_report``.
 """
 
 from __future__ import annotations
@@ -36,26 +26,18 @@ from pmll_lab.inputs import pmll_inputs
 from pmll_lab.ops.pmll.ring_attention import attention_flops
 from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_step
 from pmll_lab.reference import pmll as ref
-from pmll_lab.sweep import CheckFailed, grid
+from pmll_lab.sweep import CheckFailed
 from pmll_lab.tolerances import MODEL_TOL as EQUIV_TOL
 from pmll_lab.tolerances import RING_ATTENTION_TOL as TOL
 
 PROVIDERS = ("fused", "gather_sdpa_mask", "sdpa_contiguous", "sdpa_causal", "reference",
              "pmll_step")
-"""What ``speed_point`` times for one segment's attention:
-
-- ``fused``: ``memory_attention(impl="fused")``, the ring read in place (ours);
-- ``gather_sdpa_mask``: ``pmll_read`` gathers the ring into ``[B, H, M + T, D]``, the segment's
-  keys are copied behind it, and PyTorch SDPA runs with a boolean ``[B, 1, T, M + T]`` mask
-  built from the ring lengths (the gather + mask path a PyTorch user would write);
-- ``sdpa_contiguous``: SDPA over keys already contiguous, ``[B, H, M + T, D]`` (the ring's rows
-  in order, then the segment), with ``torch.nn.attention.bias.causal_lower_right``: the same
-  attention with no gather and no mask, PyTorch's fused kernels at their best (a KV cache);
-- ``sdpa_causal``: plain causal SDPA over the segment alone (what memory adds to);
-- ``reference``: ``memory_attention(impl="reference")``, the fp32 oracle (do_bench only: it
-  syncs with the host, so it cannot be captured in a graph);
-- ``pmll_step``: the whole layer step, fused attention then the segment written into the ring
-  (``gate=None``), to compare with ``fused`` alone."""
+"""What ``speed_point`` times for one segment's attention: ``fused`` (ours, the ring read in
+place); ``gather_sdpa_mask`` (``pmll_read`` into ``[B, H, M + T, D]``, the segment behind it,
+SDPA with a ``[B, 1, T, M + T]`` mask from the ring lengths: what a PyTorch user writes);
+``sdpa_contiguous`` (SDPA over keys already in order, lower-right causal: PyTorch at its best);
+``sdpa_causal`` (the segment alone); ``reference`` (the fp32 oracle; do_bench only, it syncs
+with the host); ``pmll_step`` (fused attention then the segment written, ``gate=None``)."""
 LABELS = {"fused": "fused ring attention (ours)", "gather_sdpa_mask": "gather + SDPA with mask",
           "sdpa_contiguous": "SDPA, contiguous keys, lower-right causal",
           "sdpa_causal": "SDPA causal, segment alone", "reference": "reference path (fp32)",
@@ -69,27 +51,20 @@ TIMING = dict(warmup_ms=25, rep_ms=100, cpu_reps=2, replays=200)
 """do_bench windows (ms), interpreter calls timed, graph replays."""
 
 
+def _split_shape(p: dict) -> dict | None:
+    if "shape" in p:
+        p["H"], p["D"] = (int(x) for x in p.pop("shape"))
+    return None if p.get("capacity") == 0 and p.get("gate", "none") != "none" else p
+
+
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
-    """Expand grids (axes may include ``shape``: ``(H, D)`` pairs, split into ``H`` and ``D``;
-    ``seed`` unless a grid has its own) into points, duplicates dropped, order kept. A GPT-2 point with ``capacity`` 0 (no ring)
-    keeps only ``gate="none"``: a gate blends tokens into a ring, and without one there is
-    nothing to blend (``segmented_logits`` refuses it)."""
-    out, seen = [], set()
-    for g in grids:
-        axes = {"seed": [int(seed)], **g}
-        shapes = axes.pop("shape", None)
-        if shapes is not None:
-            axes["shape"] = [tuple(s) for s in shapes]
-        for p in grid(**axes):
-            if "shape" in p:
-                p["H"], p["D"] = (int(x) for x in p.pop("shape"))
-            if p.get("capacity") == 0 and p.get("gate", "none") != "none":
-                continue
-            key = tuple(sorted(p.items()))
-            if key not in seen:
-                seen.add(key)
-                out.append(p)
-    return out
+    """The grids' points (``shape`` pairs split into ``H`` and ``D``; ``seed`` unless a grid has
+    its own), duplicates dropped. A GPT-2 point without a ring (``capacity`` 0) keeps only
+    ``gate="none"``: without a ring there is nothing to blend."""
+    last = [{**{k: v for k, v in g.items() if k != "shape"},   # the shape axis varies last
+             **({"shape": [tuple(x) for x in g["shape"]]} if "shape" in g else {})}
+            for g in grids]
+    return P.grid_points(last, {"seed": [int(seed)]}, _split_shape)
 
 
 # ---- ring states ------------------------------------------------------------------------------
@@ -175,10 +150,6 @@ def sdpa_contiguous(q, k_cat, v_cat):
     return F.scaled_dot_product_attention(q, k_cat, v_cat, attn_mask=bias)
 
 
-def _probes(n: int) -> list[int]:
-    return sorted({0, n - 1})
-
-
 def speed_point(point: dict) -> list[dict]:
     """Check every provider of ``point["providers"]`` (default ``PROVIDERS``) on probe
     sequences and heads against float64, then time them (see the module docstring)."""
@@ -197,7 +168,7 @@ def speed_point(point: dict) -> list[dict]:
         "reference": lambda: memory_attention(q, k, v, mem, impl="reference"),
         "pmll_step": lambda: pmll_step(step_mem, q, k, v, impl="fused"),
     }
-    bi, hi = _probes(B), _probes(H)
+    bi, hi = P.probes(B), P.probes(H)
 
     def probe(t):
         return t[bi][:, hi]

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pandas as pd
 
 from pmll_lab.experiments import plots
@@ -66,16 +68,10 @@ def ratio_table(df: pd.DataFrame, ours: str, peer: str) -> pd.DataFrame:
     return out.reset_index()
 
 
-def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
-    return P.correctness_table(df, by=("dtype",))
-
-
-def failed_points(df: pd.DataFrame) -> pd.DataFrame:
-    return P.failed_points(df, PARAMS)
-
-
-def plot_state_errors(df: pd.DataFrame):
-    return plots.plot_errors(df, LABELS, "Memory attention over ring states against float64")
+correctness_table = partial(P.correctness_table, by=("dtype",))
+failed_points = partial(P.failed_points, params=PARAMS)
+plot_state_errors = partial(plots.plot_errors, labels=LABELS,
+                            title="Memory attention over ring states against float64")
 
 
 def plot_times(df: pd.DataFrame):

@@ -7,6 +7,7 @@ rows unless a table says otherwise (``state_dtype_table`` sets the bf16 pools ag
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -117,16 +118,10 @@ def wide_table(df: pd.DataFrame, timer: str | None = None,
     return P.wide(df, timer, state_dtype=state_dtype)
 
 
-def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
-    return P.correctness_table(df, by=("state_dtype",))
-
-
-def failed_points(df: pd.DataFrame) -> pd.DataFrame:
-    return P.failed_points(df, PARAMS)
-
-
-def main_shape(df: pd.DataFrame) -> dict:
-    return P.main_shape(df, SHAPE_KEYS, MAIN_SHAPE)
+correctness_table = partial(P.correctness_table, by=("state_dtype",))
+failed_points = partial(P.failed_points, params=PARAMS)
+main_shape = partial(P.main_shape, keys=SHAPE_KEYS, prefer=MAIN_SHAPE)
+plot_errors = partial(plots.plot_errors, labels=LABELS, title="Errors checked before timing")
 
 
 def lazy_table(df: pd.DataFrame, shape: dict | None = None, Bs=(1, 64, 128)) -> pd.DataFrame:
@@ -262,10 +257,6 @@ def findings(df: pd.DataFrame, pdf: pd.DataFrame | None = None, *, mean_accept: 
                 rows.append(fact(f"bf16 state pool / fp32 pool, {LABELS[kern]}, K={K}, B=64",
                                  r["ratio"], "x", f"{r['state_layout']}, the faster layout"))
     return facts(rows)
-
-
-def plot_errors(df: pd.DataFrame):
-    return plots.plot_errors(df, LABELS, "Errors checked before timing")
 
 
 def plot_roofline(df: pd.DataFrame, shape: dict | None = None):
