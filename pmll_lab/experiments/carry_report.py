@@ -15,6 +15,7 @@ from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import mean_accept_len
 from pmll_lab.experiments.carry import CAP, FORMS, KERNELS, LABELS
 from pmll_lab.experiments.gdn import QWEN3_NEXT, stash_row_bytes
+from pmll_lab.experiments.step import step_target
 from pmll_lab.experiments.targets import Target, fact, facts
 
 PARAMS = ("K", "B", "HK", "HV", "head_dim", "dtype", "state_layout", "form")
@@ -33,37 +34,29 @@ TARGETS = (
 )
 STEP_TARGET_SET = ("The speculative step of the carried state at Qwen3-Next's shape "
                    "(verify + accept, K=4)")
-_STEP = dict(K=4, B=[64, 128])
-
-
-def _form(form: str, state_dtype: str = "float32") -> dict:
-    return {"form": form, "state_dtype": state_dtype}
-
-
-STEP_TARGETS = tuple(
-    Target(text, ours, peer, bound, where=_STEP, per=("B",), metric="step_us")
-    for text, ours, peer, bound in (
-        ("carry exact lazy step <= 0.4x FlashInfer's snapshot step (mtp + restore), fp32 state",
-         _form("exact_lazy"), _form("flashinfer_snapshot_restore"), 0.4),
-        ("carry exact lazy step <= 0.4x FlashInfer's snapshot step (mtp + restore), bf16 state",
-         _form("exact_lazy", "bfloat16"), _form("flashinfer_snapshot_restore", "bfloat16"), 0.4),
-        ("carry exact lazy step against our chain + snapshots + restore, fp32 state",
-         _form("exact_lazy"), _form("chain_restore"), None),
-        ("carry exact lazy step against eager, fp32 state", _form("exact_lazy"),
-         _form("exact_eager"), None),
-        ("carry ring step against FlashInfer's snapshot step (mtp + restore), bf16 state",
-         _form("ring", "bfloat16"), _form("flashinfer_snapshot_restore", "bfloat16"), None),
-        ("carry ring step against our chain + snapshots + restore, bf16 state",
-         _form("ring", "bfloat16"), _form("chain_restore", "bfloat16"), None),
-        ("carry exact lazy step against FlashInfer's ReplaySSM step, bf16 state",
-         _form("exact_lazy", "bfloat16"), _form("flashinfer_replayssm", "bfloat16"), None),
-        ("CUDA twin's exact lazy step <= 1.5x FlashInfer's ReplaySSM step, bf16 state",
-         _form("exact_lazy_cuda", "bfloat16"), _form("flashinfer_replayssm", "bfloat16"), 1.5),
-        ("CUDA twin's exact lazy step <= 0.5x the Triton exact lazy step, bf16 state",
-         _form("exact_lazy_cuda", "bfloat16"), _form("exact_lazy", "bfloat16"), 0.5),
-        ("CUDA twin's exact lazy step against the Triton one, fp32 state",
-         _form("exact_lazy_cuda"), _form("exact_lazy"), None),
-    ))
+_FI, _RS, _F32 = "flashinfer_snapshot_restore", "flashinfer_replayssm", "float32"
+STEP_TARGETS = (
+    step_target("carry exact lazy step <= 0.4x FlashInfer's snapshot step (mtp + restore), fp32 "
+                "state", "exact_lazy", _FI, 0.4, _F32),
+    step_target("carry exact lazy step <= 0.4x FlashInfer's snapshot step (mtp + restore), bf16 "
+                "state", "exact_lazy", _FI, 0.4),
+    step_target("carry exact lazy step against our chain + snapshots + restore, fp32 state",
+                "exact_lazy", "chain_restore", None, _F32),
+    step_target("carry exact lazy step against eager, fp32 state", "exact_lazy", "exact_eager",
+                None, _F32),
+    step_target("carry ring step against FlashInfer's snapshot step (mtp + restore), bf16 state",
+                "ring", _FI, None),
+    step_target("carry ring step against our chain + snapshots + restore, bf16 state", "ring",
+                "chain_restore", None),
+    step_target("carry exact lazy step against FlashInfer's ReplaySSM step, bf16 state",
+                "exact_lazy", _RS, None),
+    step_target("CUDA twin's exact lazy step <= 1.5x FlashInfer's ReplaySSM step, bf16 state",
+                "exact_lazy_cuda", _RS, 1.5),
+    step_target("CUDA twin's exact lazy step <= 0.5x the Triton exact lazy step, bf16 state",
+                "exact_lazy_cuda", "exact_lazy", 0.5),
+    step_target("CUDA twin's exact lazy step against the Triton one, fp32 state",
+                "exact_lazy_cuda", "exact_lazy", None, _F32),
+)
 """The headline: per speculative step (``experiments.step``, the ``step_grids`` sweep); the
 per-verify ``TARGETS`` stay as detail."""
 STEP_FORMS = ("exact_lazy+exact_eager+exact_lazy_cuda+ring+chain_restore"

@@ -18,6 +18,7 @@ from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import acceptance
 from pmll_lab.experiments.gdn import floor_bytes, fla_bytes
 from pmll_lab.experiments.roofline_case import L2_BYTES, LABELS, MAIN_SHAPE, PROVIDERS, SHAPE_KEYS
+from pmll_lab.experiments.step import step_target
 from pmll_lab.experiments.targets import Target, fact, facts
 
 __all__ = ["TARGET_SET", "TARGETS", "STEP_TARGET_SET", "STEP_TARGETS", "STEP_FORMS",
@@ -87,25 +88,19 @@ STEP_TARGET_SET = ("The speculative step at Qwen3-Next's shape (verify + accept/
                    "restore, K=4) against FlashInfer")
 
 
-def _step(text, ours, peer, bound, state_dtype="float32", Bs=_B2, ours_dtype=None):
-    return Target(text, {"form": ours, "state_dtype": ours_dtype or state_dtype},
-                  {"form": peer, "state_dtype": state_dtype}, bound,
-                  where=dict(K=4, B=Bs), per=("B",), metric="step_us")
-
-
 STEP_TARGETS = (
-    _step("chain + snapshots + restore step <= FlashInfer mtp + snapshots + restore, fp32 state",
-          "chain_restore", "flashinfer_snapshot_restore", 1.0),
-    _step("chain + snapshots + restore step <= FlashInfer mtp + snapshots + restore, bf16 state",
-          "chain_restore", "flashinfer_snapshot_restore", 1.0, "bfloat16"),
-    _step("carry exact lazy step <= 0.4x FlashInfer's snapshot step, fp32 state", "exact_lazy",
-          "flashinfer_snapshot_restore", 0.4),
-    _step("ring step <= 0.9x FlashInfer's ReplaySSM step, bf16 state", "ring",
-          "flashinfer_replayssm", 0.9, "bfloat16"),
-    _step("B=1: ring step <= FlashInfer's ReplaySSM step, bf16 state", "ring",
-          "flashinfer_replayssm", 1.0, "bfloat16", Bs=[1]),
-    _step("carry exact lazy step against FlashInfer's ReplaySSM step, bf16 state", "exact_lazy",
-          "flashinfer_replayssm", None, "bfloat16"),
+    step_target("chain + snapshots + restore step <= FlashInfer mtp + snapshots + restore, fp32 "
+                "state", "chain_restore", "flashinfer_snapshot_restore", 1.0, "float32"),
+    step_target("chain + snapshots + restore step <= FlashInfer mtp + snapshots + restore, bf16 "
+                "state", "chain_restore", "flashinfer_snapshot_restore", 1.0),
+    step_target("carry exact lazy step <= 0.4x FlashInfer's snapshot step, fp32 state",
+                "exact_lazy", "flashinfer_snapshot_restore", 0.4, "float32"),
+    step_target("ring step <= 0.9x FlashInfer's ReplaySSM step, bf16 state", "ring",
+                "flashinfer_replayssm", 0.9),
+    step_target("B=1: ring step <= FlashInfer's ReplaySSM step, bf16 state", "ring",
+                "flashinfer_replayssm", 1.0, Bs=(1,)),
+    step_target("carry exact lazy step against FlashInfer's ReplaySSM step, bf16 state",
+                "exact_lazy", "flashinfer_replayssm", None),
 )
 """The headline (per step, ``experiments.step`` on the ``step_grids`` sweep)."""
 STEP_FORMS = ("exact_lazy+ring+chain_restore+flashinfer_snapshot_restore+flashinfer_replayssm")

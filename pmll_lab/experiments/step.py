@@ -1,13 +1,11 @@
 """The carry_step notebook: the whole speculative step per form, and the drift study.
 
-A point is one configuration (``B, K, HK, HV, head_dim, state_dtype``, ``steps`` speculative
-steps, acceptance ``alpha``). Every form of ``pmll_lab.step_bench.STEP_FORMS`` that runs it is
-checked first (accepted outputs and final states against float64 decoding) and only then timed
-(the ``steps`` steps captured in one CUDA graph, ``step_us`` per step). A form that fails its
-check or raises is one failed row of that form; a form FlashInfer does not take is one
-``unsupported`` row. Rows (``results/<notebook>/carry_step.jsonl``): ``kernel = form = ...``,
-``metric`` in ``step_us`` (timer ``cuda_graph``), ``o_rel_l2``, ``state_rel_l2``,
-``bytes_moved_step``, ``bytes_held_seq``, ``fold_frac``, ``mean_fill``, plus ``mean_accept``.
+A point is one configuration (``B, K, HK, HV, head_dim, state_dtype``, ``steps``, acceptance
+``alpha``). Each form of ``step_bench.STEP_FORMS`` is checked first (accepted outputs and final
+states against float64 decoding), then timed (the ``steps`` steps in one CUDA graph:
+``step_us``); a form that fails or raises is one failed row, one FlashInfer does not take one
+``unsupported`` row. Other metrics: ``o_rel_l2``, ``state_rel_l2``, ``bytes_moved_step``,
+``bytes_held_seq``, ``fold_frac``, ``mean_fill``; ``mean_accept`` on every row.
 """
 
 from __future__ import annotations
@@ -34,29 +32,30 @@ LABELS = {
 }
 PEER = "flashinfer_replayssm"
 TARGET_SET = "the whole speculative step"
-_RING_BF16 = {"form": "ring", "state_dtype": "bfloat16"}
-_FI = {"form": PEER, "state_dtype": "bfloat16"}
+
+
+def step_target(text: str, ours: str, peer: str, bound: float | None,
+                state_dtype: str = "bfloat16", Bs=(64, 128), ours_dtype: str | None = None):
+    """A per-step target (``step_us`` at ``K = 4``, one row per ``B``): form ``ours`` against
+    ``peer`` at ``state_dtype`` (ours at ``ours_dtype`` where given)."""
+    return Target(text, {"form": ours, "state_dtype": ours_dtype or state_dtype},
+                  {"form": peer, "state_dtype": state_dtype}, bound,
+                  where={"K": 4, "B": list(Bs)}, per=("B",), metric="step_us")
+
+
 TARGETS = (
-    Target("ring step, bf16 state, <= 0.9x FlashInfer's ReplaySSM step", _RING_BF16, _FI,
-           bound=0.9, where={"K": 4, "B": [64, 128]}, per=("B",), metric="step_us"),
-    Target("ring step, fp32 state, <= 1.5x the bf16-state ring step",
-           {"form": "ring", "state_dtype": "float32"}, _RING_BF16, bound=1.5,
-           where={"K": 4, "B": [64, 128]}, per=("B",), metric="step_us"),
-    Target("ring step at B = 1 <= FlashInfer's ReplaySSM step", _RING_BF16, _FI, bound=1.0,
-           where={"K": 4, "B": [1]}, per=("B",), metric="step_us"),
-    Target("exact lazy carry step, bf16 state, against FlashInfer's ReplaySSM step",
-           {"form": "exact_lazy", "state_dtype": "bfloat16"}, _FI, bound=None,
-           where={"K": 4, "B": [64, 128]}, per=("B",), metric="step_us"),
-    Target("CUDA twin's exact lazy step, bf16 state, <= 1.5x FlashInfer's ReplaySSM step",
-           {"form": "exact_lazy_cuda", "state_dtype": "bfloat16"}, _FI, bound=1.5,
-           where={"K": 4, "B": [64, 128]}, per=("B",), metric="step_us"),
-    Target("CUDA twin's exact lazy step, bf16 state, <= 0.5x the Triton exact lazy step",
-           {"form": "exact_lazy_cuda", "state_dtype": "bfloat16"},
-           {"form": "exact_lazy", "state_dtype": "bfloat16"}, bound=0.5,
-           where={"K": 4, "B": [64, 128]}, per=("B",), metric="step_us"),
-    Target("FlashInfer's ReplaySSM step against its own snapshot verify + restore", _FI,
-           {"form": "flashinfer_snapshot_restore", "state_dtype": "bfloat16"}, bound=None,
-           where={"K": 4, "B": [64, 128]}, per=("B",), metric="step_us"),
+    step_target("ring step, bf16 state, <= 0.9x FlashInfer's ReplaySSM step", "ring", PEER, 0.9),
+    step_target("ring step, fp32 state, <= 1.5x the bf16-state ring step", "ring", "ring", 1.5,
+                ours_dtype="float32"),
+    step_target("ring step at B = 1 <= FlashInfer's ReplaySSM step", "ring", PEER, 1.0, Bs=(1,)),
+    step_target("exact lazy carry step, bf16 state, against FlashInfer's ReplaySSM step",
+                "exact_lazy", PEER, None),
+    step_target("CUDA twin's exact lazy step, bf16 state, <= 1.5x FlashInfer's ReplaySSM step",
+                "exact_lazy_cuda", PEER, 1.5),
+    step_target("CUDA twin's exact lazy step, bf16 state, <= 0.5x the Triton exact lazy step",
+                "exact_lazy_cuda", "exact_lazy", 0.5),
+    step_target("FlashInfer's ReplaySSM step against its own snapshot verify + restore", PEER,
+                "flashinfer_snapshot_restore", None),
 )
 """The per-step targets (judged on a GPU only); ``bound=None``: reported, not judged."""
 
