@@ -7,9 +7,9 @@ same ``K`` draft rows of ``B`` sequences from the same state. Providers (``roofl
 a write-back, its figure amortised at the acceptance process's write-back frequency), the CUDA
 C++ twins, FLA (K-major), FlashInfer's decode (``K=1``), ``mtp`` with and without its snapshot
 buffer and ReplaySSM (V-major; ``replayssm_peer``). Each is checked before it is timed (ours
-bitwise against the decodes, all against float64 on ``N_REF`` sequences; ``roofline_ours``,
-``roofline_peers``); launch plans (``<kernel>:plan``) at ``B <= PLAN_MAX_B``; bf16/fp16 state
-pools for ``HALF_STATE_PROVIDERS``. Targets, tables and plots: ``roofline_report``.
+bitwise against the decodes, all against float64 on ``N_REF`` sequences;
+``roofline_providers``); launch plans (``<kernel>:plan``) at ``B <= PLAN_MAX_B``; bf16/fp16
+state pools for ``HALF_STATE_PROVIDERS``. Targets, tables and plots: ``roofline_report``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 
 from pmll_lab.backend import DEVICE
-from pmll_lab.experiments import replayssm_peer, roofline_ours, roofline_peers
+from pmll_lab.experiments import replayssm_peer
+from pmll_lab.experiments import roofline_providers as RP
 from pmll_lab.experiments import roofline_case as C
 from pmll_lab.experiments.acceptance import (  # noqa: F401  (for the notebook and tests)
     acceptance, acceptance_table, alpha_for_mean, draw_pending, mean_accept_len,
@@ -159,19 +160,19 @@ def gdn_point(point: dict) -> list[dict]:
                  "reason": why, "state_dtype": sdt, "impl": "cuda"}]
     try:
         c = C.case(point)
-        ours = {"decodes": roofline_ours.point_decodes,
-                "decodes_cuda": roofline_ours.point_decodes_cuda,
-                "chain_snapshots": roofline_ours.point_chain,
-                "chain_snapshots_cuda": roofline_ours.point_chain_cuda,
-                "fla_fused_recurrent": roofline_peers.point_fla}
+        ours = {"decodes": RP.point_decodes,
+                "decodes_cuda": RP.point_decodes_cuda,
+                "chain_snapshots": RP.point_chain,
+                "chain_snapshots_cuda": RP.point_chain_cuda,
+                "fla_fused_recurrent": RP.point_fla}
         try:
             if prov in ours:
                 rows = ours[prov](c)
             elif prov in FLASHINFER:
-                rows = roofline_peers.point_flashinfer(c, prov)
+                rows = RP.point_flashinfer(c, prov)
             else:
                 form, mode = prov.split("_")[1:]
-                rows = roofline_ours.point_carry(c, form, mode == "lazy")
+                rows = RP.point_carry(c, form, mode == "lazy")
         except CheckFailed as exc:
             _tag_state(exc.rows, sdt)
             raise
