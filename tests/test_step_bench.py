@@ -230,6 +230,12 @@ def test_drift_table_and_same_drift_on_constructed_rows():
     assert S.same_drift(ddf, "ring", "plain_decode") is False
     assert S.same_drift(ddf, "exact_eager", "plain_decode") is None
     assert S.drift_table(ddf.iloc[:0]).empty
+    # the findings carry the same answer as a fact (1: equal errors), and each form's drift
+    f = S.findings(pd.DataFrame(), pd.DataFrame(), ddf).set_index("quantity")
+    same = [q for q in f.index if q.startswith("drift, bf16 state: exact lazy carry's errors")]
+    assert len(same) == 1 and f.loc[same[0], "value"] == 1
+    worst = "drift, carry exact, lazy (bfloat16 state): o_rel_l2, worst"
+    assert f.loc[worst, "value"] == vals[:3].max() and f.loc[worst, "unit"] == "rel. L2"
 
 
 def test_roofline_and_carry_protocol_headlines_judge_the_step():

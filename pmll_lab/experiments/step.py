@@ -199,7 +199,7 @@ def findings(df: pd.DataFrame, kdf: pd.DataFrame, ddf: pd.DataFrame) -> pd.DataF
     same ring rows (GPU), bytes moved per step and held per sequence, and the drift study's
     errors (every device: accuracy, not speed)."""
     out = []
-    tab = step_table(df)
+    tab = step_table(df) if len(df) else pd.DataFrame()
     at = lambda f, sd, B, m: tab[(tab.form == f) & (tab.state_dtype == sd) & (tab.B == B)  # noqa
                                  & (tab.K == 4)][m]
     for B in sorted(tab.B.unique()) if "step_us" in tab else []:
@@ -220,7 +220,7 @@ def findings(df: pd.DataFrame, kdf: pd.DataFrame, ddf: pd.DataFrame) -> pd.DataF
                                 "identical ring rows" + ("; this fill folds" if fill + K > 16
                                                          else "")))
     b = tab[(tab.K == tab.K.max())] if len(tab) else tab
-    for f in ("ring", "exact_lazy", "chain_restore", "flashinfer_replayssm"):
+    for f in ("ring", "exact_lazy", "chain_restore", "flashinfer_replayssm") if len(b) else ():
         sel = b[(b.form == f) & (b.state_dtype == "bfloat16")]
         if len(sel) and "bytes_moved_step" in sel:
             out += [fact(f"{LABELS[f]}, bf16: moved per step and sequence",
@@ -228,6 +228,11 @@ def findings(df: pd.DataFrame, kdf: pd.DataFrame, ddf: pd.DataFrame) -> pd.DataF
                     fact(f"{LABELS[f]}, bf16: held per sequence",
                          sel.bytes_held_seq.iloc[-1] / 1024, "KiB", "per layer")]
     if not ddf.empty:
+        same = same_drift(ddf, "exact_lazy", "plain_decode")
+        if same is not None:
+            out.append(fact("drift, bf16 state: exact lazy carry's errors == plain decoding's at "
+                            "every step and checkpoint", int(same), "1 = yes",
+                            "0: they do not agree to the bit"))
         for (form, sd, m), v in ddf.groupby(["form", "state_dtype", "metric"])["value"]:
             what = f"drift, {LABELS.get(form, form)} ({sd} state): {m}"
             note = "against the exact fp32 carry (= plain fp32 decoding)"
