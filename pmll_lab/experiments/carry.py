@@ -33,7 +33,9 @@ from pmll_lab.experiments.gdn import (  # noqa: F401  (points, COMPILE_KEYS: for
     COMPILE_KEYS, carry_bytes, chain_bytes, clone_carry, fill_stash, fla_bytes, points,
 )
 from pmll_lab.gdn import gdn_chain, gdn_decode
-from pmll_lab.peers import fla_available, flashinfer_available, flashinfer_supports, flashinfer_version
+from pmll_lab.peers import (
+    fla_available, flashinfer_available, flashinfer_supports, flashinfer_version,
+)
 from pmll_lab.inputs import conv_inputs, gdn_inputs
 from pmll_lab.reference import carry as ref
 from pmll_lab.sweep import CheckFailed
@@ -180,13 +182,11 @@ def replayssm_point(point: dict) -> list[dict]:
 # ---- protocol runs ----------------------------------------------------------------------------
 
 def protocol_point(point: dict) -> list[dict]:
-    """A stack of ``L`` layers (conv twin + GDN) through ``steps`` steps of ``SpecDecodeStep``
-    (see the module docstring). Point keys: ``form`` ("exact"), ``L, S, HK, HV, head_dim, dtype,
-    steps,
-    widths (list of batch widths cycled), K, alpha, p_zero, lazy_min_seqs, eager_max_pending,
-    seed``, optional ``state_layout`` (``"kv"``; ``"vk"``: every layer's state V-major, plain
-    decoding too). Rows: checks (``bitwise_vs_plain``, rel_l2 vs plain,
-    ``engaged_as_simulated``) and counts (write-backs, flushes, host syncs, steps per mode)."""
+    """A stack of ``L`` layers (conv twin + GDN) through ``steps`` steps of ``SpecDecodeStep``.
+    Keys: ``form`` ("exact"), ``L, S, HK, HV, head_dim, dtype, steps, widths`` (batch widths
+    cycled), ``K, alpha, p_zero, lazy_min_seqs, eager_max_pending, seed``, optional
+    ``state_layout`` ("kv"). Rows: checks (``bitwise_vs_plain``, ``rel_l2_vs_plain``,
+    ``engaged_as_simulated``; ``CheckFailed`` when one fails) and the driver's counts."""
     from pmll_lab.conv import ConvCarry, conv_update
     from pmll_lab.gdn import gdn_decode
 

@@ -106,6 +106,16 @@ class _Run:
                                          t=t, **{k: v[b] for k, v in extra.items()},
                                          **_first_element(got[i], want[i])))
 
+    def accepted(self, step, acc, o, pst, x, slot_t, layout, slots, extra):
+        """Decode each row ``t`` of the sequences that accepted it on the plain state ``pst``
+        (``gdn_decode``) and compare it with ``o[:, t]``, row after row."""
+        for t in range(o.shape[1]):
+            sel = [b for b in range(len(acc)) if acc[b] > t]
+            if not sel:
+                break
+            self.rows_check(step, t, o[sel][:, t], _plain_rows(pst, x, t, sel, slot_t, layout),
+                            sel, slots, extra)
+
     def state_check(self, step, got, want, final=False):
         """Compare whole state pools (``[S, HV, ., .]``); the first difference is kept."""
         d = _state_diff(got, want)
@@ -185,12 +195,7 @@ def run_carry(cfg: dict, mode: str, *, B: int, steps: int, seed: int, heads=(1, 
         step.accept(acc.tolist())
         extra = dict(pend=pend, write_back=wb, lazy=[plan["lazy"]] * Bn,
                      flushed_this_step=[plan["flushed"]] * Bn)
-        for t in range(K):
-            sel = [b for b in range(Bn) if acc[b] > t]
-            if not sel:
-                break
-            want = _plain_rows(pst, x, t, sel, slot_t, layout)
-            run.rows_check(n, t, o[sel][:, t], want, sel, slots, extra)
+        run.accepted(n, acc, o, pst, x, slot_t, layout, slots, extra)
         # the carry's state with every pending row folded, on clones (the run is untouched)
         if run.first_state_diff is None:
             c = dataclasses.replace(lay.carry, buf=lay.carry.buf.clone(),
@@ -229,12 +234,7 @@ def run_chain(cfg: dict, *, B: int, steps: int, seed: int, heads=(1, 2), alpha: 
             cst[slot_t.long()[zero]] = before[zero]
         extra = dict(pend=[0] * B, write_back=[False] * B, lazy=[False] * B,
                      flushed_this_step=[0] * B)
-        for t in range(K):
-            sel = [b for b in range(B) if acc[b] > t]
-            if not sel:
-                break
-            want = _plain_rows(pst, x, t, sel, slot_t, layout)
-            run.rows_check(n, t, o[sel][:, t], want, sel, slots, extra)
+        run.accepted(n, acc, o, pst, x, slot_t, layout, slots, extra)
         run.state_check(n, cst, pst, final=n == steps - 1)
     return run.result()
 

@@ -23,7 +23,9 @@ from pmll_lab.experiments import roofline_case as C
 from pmll_lab.experiments.acceptance import (  # noqa: F401  (for the notebook and tests)
     acceptance, acceptance_table, alpha_for_mean, draw_pending, mean_accept_len,
 )
-from pmll_lab.experiments.gdn import carry_bytes, fla_bytes, floor_bytes, stash_row_bytes  # noqa: F401
+from pmll_lab.experiments.gdn import (  # noqa: F401  (for the tests)
+    carry_bytes, fla_bytes, floor_bytes, stash_row_bytes,
+)
 from pmll_lab.experiments.roofline_case import (  # noqa: F401
     CAP, CUDA_TWINS, FLASHINFER, GRAPH_REPLAYS, HALF_STATE_PROVIDERS, LAYOUTS, MAIN_SHAPE,
     NATIVE_LAYOUT, OURS, PEERS, PROVIDERS, REPLAYSSM, SHAPE_KEYS, STATE_DTYPES, layout_support,
