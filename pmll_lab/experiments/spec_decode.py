@@ -445,9 +445,9 @@ def findings(w: pd.DataFrame, oracle: pd.DataFrame, K: int, p: float) -> pd.Data
     for r in oracle.itertuples() if len(oracle) and "unexplained" in oracle else []:
         what = LABELS.get(r.kernel, r.kernel)
         rows += [fact(f"{what}: tokens equal to transformers' greedy tokens", int(r.agreeing),
-                      f"of {int(r.compared)}"),
+                      f"of {int(r.compared)} tokens"),
                  fact(f"{what}: divergences beyond the logit error", int(r.unexplained),
-                      f"of {int(r.divergences)}", f"eps {r.eps:.1e}"),
+                      f"of {int(r.divergences)} divergences", f"eps {r.eps:.1e}"),
                  fact(f"{what}: equal to our greedy tokens", int(r.equal_to_greedy), "1 = yes")]
     t = throughput_table(w, K, p)
     for r in t[t["kernel"] == "exact_lazy"].itertuples() if len(t) else []:
