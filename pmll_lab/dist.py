@@ -265,19 +265,17 @@ WARM_MODULES = ("pmll_lab.gdn", "pmll_lab.carry", "pmll_lab.conv", "pmll_lab.pml
                 "pmll_lab.experiments.gdn", "pmll_lab.experiments.carry",
                 "pmll_lab.experiments.conv", "pmll_lab.experiments.pmll",
                 "pmll_lab.experiments.roofline", "pmll_lab.experiments.acceptance",
-                "pmll_lab.experiments.carry_protocol", "pmll_lab.experiments.roofline_case",
-                "pmll_lab.experiments.roofline_ours", "pmll_lab.experiments.roofline_peers",
+                "pmll_lab.experiments.roofline_case", "pmll_lab.experiments.roofline_providers",
                 "pmll_lab.experiments.state_drift", "pmll_lab.experiments.pmll_attention",
                 "pmll_lab.experiments.spec_decode", "pmll_lab.models.generate",
                 "pmll_lab.models.oracle", "pmll_lab.models.gpt2_pmll", "fla.ops.gated_delta_rule",
                 "flashinfer.gdn_decode")
 """What a worker imports before its first point (``warm_up``): the launchers, the notebooks'
-experiment modules with the parts their points run (``carry_protocol``, ``roofline_case``,
-``roofline_ours``, ``roofline_peers``: split off ``carry`` and ``roofline``, which import them
-on first use only; their tables and plots run in the notebook; ``state_drift``,
-``pmll_attention``, ``spec_decode`` and the model modules their points import; transformers
-itself is imported on first use) and the peers' kernels (FLA's import alone takes seconds,
-which a notebook pays in its set-up cell and each worker in its first point otherwise)."""
+experiment modules with the parts their points run (``roofline_case``, ``roofline_providers``,
+``state_drift``, ``pmll_attention``, ``spec_decode`` and the model modules their points import;
+transformers itself is imported on first use) and the peers' kernels (FLA's import alone takes
+seconds, which a notebook pays in its set-up cell and each worker in its first point
+otherwise)."""
 
 
 def _warm(modules: Sequence[str]) -> list[str]:

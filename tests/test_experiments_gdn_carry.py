@@ -100,7 +100,7 @@ def test_carry_verify_point_in_each_layout(layout):
 
 def test_protocol_point_v_major_is_bitwise_plain_decoding():
     seed = int(np.random.default_rng().integers(1 << 20))
-    from pmll_lab.experiments.carry_protocol import protocol_point
+    from pmll_lab.experiments.carry import protocol_point
 
     rows = protocol_point(dict(form="exact", L=1, S=4, HK=1, HV=2, head_dim=16,
                                  dtype="bfloat16", K=3, steps=3, widths=[1, 3], lazy_min_seqs=2,
@@ -117,7 +117,7 @@ def test_a_peer_that_raises_loses_none_of_our_rows(module, where, monkeypatch, t
     """FlashInfer raising inside a point (as its K-row kernel does at head size 256 on the
     H200), in its check or while timed, is stored as one failed row of that peer; our kernels'
     checks and times stay, ok, and the verdict counts no failed point but names the peer."""
-    from pmll_lab.experiments import carry_report, gdn_report
+    from pmll_lab.experiments import carry_report
     from pmll_lab.experiments import targets as T
     from pmll_lab.sweep import run_sweep
 
@@ -151,7 +151,7 @@ def test_a_peer_that_raises_loses_none_of_our_rows(module, where, monkeypatch, t
     assert len(checks) >= 6 and checks["passed"].astype(bool).all()
     n_fail, peers = P.point_failures(df)
     assert n_fail == 0 and list(peers["kernel"]) == ["flashinfer_mtp_snapshots"]
-    report = gdn_report if module == "gdn_verify" else carry_report
+    report = G if module == "gdn_verify" else carry_report
     text = T.verdict(df, T.checks_headline(df), report.TARGET_SET)
     bad = report.failed_points(df)
     assert "point(s) failed" not in text
@@ -163,7 +163,6 @@ def test_a_peer_that_raises_loses_none_of_our_rows(module, where, monkeypatch, t
 def test_our_kernels_failing_still_fail_the_whole_point(monkeypatch, tmp_path):
     """Only peers are caught: an exception of ours fails the point, every row of it; the
     failed-points table gives the error's message without its traceback."""
-    from pmll_lab.experiments import gdn_report
     from pmll_lab.sweep import run_sweep
 
     def boom(*args, **kwargs):
@@ -176,7 +175,7 @@ def test_our_kernels_failing_still_fail_the_whole_point(monkeypatch, tmp_path):
     assert (df["status"] == "failed").all() and "ours broke" in df["error"].iloc[0]
     assert "Traceback" in df["error"].iloc[0]           # the stored row keeps it ...
     assert P.point_failures(df)[0] == 1
-    bad = gdn_report.failed_points(df)
+    bad = G.failed_points(df)
     assert list(bad["error"]) == ["RuntimeError: ours broke"]     # ... the table does not
 
 
@@ -190,7 +189,7 @@ def test_fla_raising_loses_none_of_our_rows(module, monkeypatch, tmp_path):
 
     mod = G if module == "gdn_verify" else C
     monkeypatch.setattr(mod, "fla_available", lambda: True)
-    monkeypatch.setattr(mod, "fla_run_once", boom)
+    monkeypatch.setattr(G, "fla_run_once", boom)      # both points call it through gdn
     point = dict(K=2, B=2, HK=1, HV=2, head_dim=16, dtype="float32", state_layout="kv",
                  seed=int(np.random.default_rng().integers(1 << 20)))
     if module == "carry_protocol":

@@ -5,7 +5,7 @@ FlashInfer is GPU-only and not installed here (nor in CI). What is held here wit
 - ``fused_gating`` against the gating formula written out in float64 (both softplus branches);
 - where flashinfer-python does not import, every helper says so instead of raising, and the
   runners raise ``RuntimeError``;
-- the runners and ``roofline_peers.point_flashinfer`` against FlashInfer's *documented contract*
+- the runners and ``roofline_providers.point_flashinfer`` against FlashInfer's *documented contract*
   (``flashinfer/gdn_decode.py`` of 0.7.2.post1: V-major fp32 pool ``[S, HV, vd, kd]`` addressed by
   slot indices, gating from ``A_log, a, dt_bias, b``, ``intermediate_states_buffer [B, K, HV, vd,
   kd]`` holding the state after every row, ``disable_state_update`` leaving the pool alone),
@@ -26,7 +26,7 @@ import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
 from pmll_lab import peers
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments import roofline as E
-from pmll_lab.experiments import roofline_peers
+from pmll_lab.experiments import roofline_providers
 from pmll_lab.reference.gdn import gdn_chain_ref
 from pmll_lab.sweep import CheckFailed
 

@@ -128,6 +128,7 @@ def test_one_token_write_is_reported_per_impl():
         rows += [dict(base, metric="time_us", value=t),
                  dict(base, metric="gbps", value=1.0, bytes=1e6),
                  dict(base, metric="roofline_frac", value=0.01, copy_gbps=4000.0)]
-    f = E.findings(pd.DataFrame(rows)).set_index("finding")["measured"]
-    assert f["one-token write (decode): median time"] == "7.5 us"
-    assert f["one-token write (decode), CUDA twin: median time"] == "11.0 us"
+    f = E.findings(pd.DataFrame(rows)).set_index("quantity")
+    assert f.loc["one-token write (decode): median time", "value"] == pytest.approx(7.5)
+    assert f.loc["one-token write (decode), CUDA twin: median time", "value"] == pytest.approx(11.0)
+    assert set(f["unit"]) == {"us"}

@@ -345,7 +345,7 @@ def _gpu_rows(times_us: dict) -> "pd.DataFrame":
 def test_headline_from_gpu_rows():
     """Ratios, met/missed and the worst cell, computed from graph-replay times; T > 1024 is left
     out of the contiguous-keys target, M = 0 out of the gather and pmll_step targets."""
-    from pmll_lab.experiments import pmll_attention_report as rp
+    from pmll_lab.experiments import pmll_attention as rp
     from pmll_lab.experiments import targets as T
 
     df = _gpu_rows({

@@ -142,7 +142,7 @@ def test_sensitivity_rows_and_facts():
                         dict(base, form="ring", ring_length=16, value=64.0),
                         dict(base, form="ring", ring_length=32, value=72.0),
                         dict(base, form="exact_lazy", ring_length=16, value=192.0)])
-    f = S.sensitivity_findings(syn).set_index("finding")["measured"]
+    f = S.sensitivity_findings(syn).set_index("quantity")["value"]
     assert f["alpha=0.8: ring step with R=8 / with R=16"] == 1.25
     assert f["alpha=0.8: ring step with R=32 / with R=16"] == 1.125
     assert f["alpha=0.8 (mean 2.90 accepted): carry exact, lazy step / ring step"] == 3.0
@@ -156,10 +156,12 @@ def test_conv_twin_step_is_bitwise_conv_update():
         assert check_conv(form, case), form
 
 
-def test_bytes_facts_keep_three_significant_digits():
-    """The bytes facts stay readable at the CPU's tiny shapes (a few KB per step, which ``.2f``
-    MB showed as "0.00") and at the GPU's (MB per step, hundreds of KiB held)."""
+def test_bytes_facts_keep_their_values():
+    """The bytes facts are numbers in their units, readable at the CPU's tiny shapes (a few KB
+    per step, which ``.2f`` MB showed as "0.00") and at the GPU's (MB per step, hundreds of KiB
+    held)."""
     import pandas as pd
+    import pytest
 
     from pmll_lab.experiments import step as S
 
@@ -168,12 +170,14 @@ def test_bytes_facts_keep_three_significant_digits():
             dict(base, form="ring", metric="bytes_held_seq", value=1672.0),
             dict(base, form="exact_lazy", metric="bytes_moved_step", value=1889872.0),
             dict(base, form="exact_lazy", metric="bytes_held_seq", value=263172.0)]
-    f = S.findings(pd.DataFrame(rows), pd.DataFrame(), pd.DataFrame()).set_index("finding")
-    got = f["measured"]
-    assert got["carry ring (tolerance form): MB moved per step / KiB held, per sequence (bf16)"] \
-        == "0.0025 / 1.63"
-    assert got["carry exact, lazy: MB moved per step / KiB held, per sequence (bf16)"] \
-        == "1.89 / 257"
+    f = S.findings(pd.DataFrame(rows), pd.DataFrame(), pd.DataFrame()).set_index("quantity")
+    ring, lazy = "carry ring (tolerance form), bf16", "carry exact, lazy, bf16"
+    assert f.loc[f"{ring}: moved per step and sequence", "value"] == pytest.approx(0.002504)
+    assert f.loc[f"{ring}: held per sequence", "value"] == pytest.approx(1672 / 1024)
+    assert f.loc[f"{lazy}: moved per step and sequence", "value"] == pytest.approx(1.889872)
+    assert f.loc[f"{lazy}: held per sequence", "value"] == pytest.approx(263172 / 1024)
+    assert f.loc[f"{lazy}: moved per step and sequence", "unit"] == "MB"
+    assert f.loc[f"{lazy}: held per sequence", "unit"] == "KiB"
 
 
 def test_exact_lazy_effective_state_is_plain_decodings_to_the_bit():
@@ -226,6 +230,12 @@ def test_drift_table_and_same_drift_on_constructed_rows():
     assert S.same_drift(ddf, "ring", "plain_decode") is False
     assert S.same_drift(ddf, "exact_eager", "plain_decode") is None
     assert S.drift_table(ddf.iloc[:0]).empty
+    # the findings carry the same answer as a fact (1: equal errors), and each form's drift
+    f = S.findings(pd.DataFrame(), pd.DataFrame(), ddf).set_index("quantity")
+    same = [q for q in f.index if q.startswith("drift, bf16 state: exact lazy carry's errors")]
+    assert len(same) == 1 and f.loc[same[0], "value"] == 1
+    worst = "drift, carry exact, lazy (bfloat16 state): o_rel_l2, worst"
+    assert f.loc[worst, "value"] == vals[:3].max() and f.loc[worst, "unit"] == "rel. L2"
 
 
 def test_roofline_and_carry_protocol_headlines_judge_the_step():

@@ -1,22 +1,14 @@
-"""The acceptance process of speculative decoding and the carry protocol's pending counts
-(host arithmetic, no kernels; SPEC §3b, §3c).
+"""The acceptance process of speculative decoding and the carry protocol's pending counts (host
+arithmetic, no kernels; SPEC §3b, §3c).
 
-A verify of ``K`` rows checks the last accepted token plus ``K-1`` drafts; ``a = 1 +`` the number
-of leading drafts accepted, each with probability ``alpha`` (so ``E[a] = 1 + alpha + ... +
-alpha^(K-1)``; Qwen3-Next's MTP mean acceptance length ~3.3 at ``K = 4`` gives ``alpha ~
-0.875``), and with probability ``p_zero`` a sequence accepts nothing (``a = 0``). ``simulate``
-runs the pending count ``p`` of one slot through many steps of the protocol (eager: write back
-whenever ``p > 0``; lazy: when ``p + K > CAP``): write-back frequency, rows folded per verify,
-and the stationary distribution of ``p`` that the carry_protocol notebook's timings draw their
-pending counts from (``steady_pending``).
-
-The roofline notebook's acceptance process (``acceptance``, seeded and cached): ``alpha`` chosen
-so that the mean accepted length is ``mean_accept`` (default 3.3, Qwen3-Next's MTP figure) at
-``accept_K`` (default 4) rows, the same ``alpha`` for every ``K``, no ``a = 0``; running the
-pending count of many slots through both forms gives the write-back frequency ``f`` and the
-stationary distribution of ``p`` before a verify, from which each timed launch draws its slots'
-pending counts (``draw_pending``; conditioned on no write-back / write-back for the two lazy
-timings).
+A verify of ``K`` rows accepts ``a = 1 +`` its leading accepted drafts, each with probability
+``alpha`` (``E[a] = 1 + alpha + ... + alpha^(K-1)``; Qwen3-Next's MTP length ~3.3 at ``K = 4``
+gives ``alpha ~ 0.875``), or nothing with probability ``p_zero``. ``simulate`` runs one slot's
+pending count ``p`` through the protocol (eager: write back whenever ``p > 0``; lazy: when
+``p + K > CAP``); ``steady_pending`` draws from its stationary distribution (carry_protocol).
+``acceptance`` (roofline, cached) fixes ``alpha`` by the mean length at ``accept_K`` and gives
+each form's write-back frequency and pending-count distribution, which ``draw_pending`` samples
+(conditioned on the lazy verify writing back or not).
 """
 
 from __future__ import annotations

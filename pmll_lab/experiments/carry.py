@@ -1,42 +1,44 @@
-"""The carry_protocol notebook's verify sweep (SPEC §3b, §3c, §4).
+"""The carry_protocol notebook's points: the verify sweep and the protocol runs (SPEC §3b, §4).
 
-``verify_point`` (one ``K, B, HK, HV, head_dim, dtype, state_layout, alpha``): the slots hold
-pending counts drawn from the protocol's stationary distribution (``acceptance.steady_pending``,
-per mode), the stash realistic rows (``gdn.fill_stash``). Checks first: the exact form bitwise
-against folding the pending rows then ``K`` ``gdn_decode`` launches and against the float64
-protocol reference (``reference.carry.verify``) on ``ref_seqs`` sequences, ``engaged`` against
-the protocol; then times ``carry_exact_{eager,lazy}`` and, with
-``baselines``, the snapshot chain and on a GPU FLA (``"kv"``), FlashInfer's snapshot verify and
-its ReplaySSM verify and flush (``"vk"``; ``replayssm_peer``, on its own bf16 pool and ring;
-``unavailable`` / ``unsupported`` rows where it does not run), each peer checked first. Bytes: ``gdn.carry_bytes`` at the launch's write-backs.
+``verify_point``: pending counts drawn from the protocol's stationary distribution
+(``acceptance.steady_pending``, per mode), realistic stash rows (``gdn.fill_stash``). Checks
+first: the exact form bitwise against folding the pending rows then ``K`` ``gdn_decode``
+launches, and against the float64 protocol (``reference.carry.verify``) on ``ref_seqs``
+sequences; then times ``carry_exact_{eager,lazy}`` and, with ``baselines``, the snapshot chain,
+FLA (``"kv"``, GPU), FlashInfer's snapshot verify and ReplaySSM (``"vk"``, ``replayssm_peer``),
+each peer checked first. Bytes: ``gdn.carry_bytes`` at the launch's write-backs.
 
-The protocol runs on a stack of layers are ``carry_protocol.protocol_point``; the acceptance
-model is ``acceptance``; targets, tables and plots ``carry_report``.
+``protocol_point``: a stack of layers (conv twin + GDN) driven by ``SpecDecodeStep`` on the real
+kernels, batch widths crossing ``lazy_min_seqs``, checked step by step against plain decoding
+(``conv_update`` + ``gdn_decode``, bitwise) and the host simulation (``protocol_step``).
 """
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 import torch
 
 from pmll_lab.backend import DEVICE
-from pmll_lab.bench import bitwise_equal, error_rows
-from pmll_lab.carry import GDN_CARRY_CAP, GdnCarry, gdn_carry_flush, gdn_carry_verify
+from pmll_lab.bench import bitwise_equal, error_rows, errors
+from pmll_lab.carry import (
+    GDN_CARRY_CAP, CarryLayer, GdnCarry, SpecDecodeStep, gdn_carry_flush, gdn_carry_verify,
+)
 from pmll_lab.experiments import gdn as G
 from pmll_lab.experiments import protocol as P
-from pmll_lab.experiments.acceptance import MODES, steady_pending
+from pmll_lab.experiments.acceptance import MODES, accept_counts, protocol_step, steady_pending
 from pmll_lab.experiments import replayssm_peer as RS
 from pmll_lab.experiments.gdn import (  # noqa: F401  (points, COMPILE_KEYS: for the notebook)
-    COMPILE_KEYS, LAYOUTS, carry_bytes, chain_bytes, clone_carry, fill_stash, fla_bytes,
-    fla_run_once, gating_inputs, points,
+    COMPILE_KEYS, carry_bytes, chain_bytes, clone_carry, fill_stash, fla_bytes, points,
 )
 from pmll_lab.gdn import gdn_chain, gdn_decode
-from pmll_lab.inputs import gdn_inputs
-from pmll_lab.peers import (  # noqa: F401  (flashinfer_status: for the notebook)
-    fla_available, flashinfer_available, flashinfer_status, flashinfer_supports,
-    flashinfer_version,
+from pmll_lab.peers import (
+    fla_available, flashinfer_available, flashinfer_supports, flashinfer_version,
 )
+from pmll_lab.inputs import conv_inputs, gdn_inputs
 from pmll_lab.reference import carry as ref
+from pmll_lab.sweep import CheckFailed
 from pmll_lab.tolerances import O_TOL, STATE_TOL
 
 CAP = GDN_CARRY_CAP
@@ -79,17 +81,12 @@ def verify_point(point: dict) -> list[dict]:
     dname = point.get("dtype", "bfloat16")
     dtype = getattr(torch, dname)
     layout = point.get("state_layout", "kv")
-    if layout not in LAYOUTS:
-        raise ValueError(f"state_layout: must be one of {LAYOUTS}, got {layout!r}")
+    x, gate, state0 = G.verify_inputs(point)
     lay = {"state_layout": layout}
     alpha, p_zero = float(point.get("alpha", 0.875)), float(point.get("p_zero", 0.0))
     seed = int(point.get("seed", 0))
     n_ref = min(B, int(point.get("ref_seqs", 4)))
-    x = gdn_inputs(seed, B, HK, HV, D, D, rows=K, dtype=dtype)
-    gate = gating_inputs(seed + 11, (B, K), HV)
-    x["g"], x["beta"] = gate["g"], gate["beta"]
     state_kv, slots = x["state"], x["state_indices"]
-    state0 = state_kv if layout == "kv" else state_kv.transpose(-1, -2).contiguous()
     in_layout = (lambda t: t) if layout == "kv" else (lambda t: t.transpose(-1, -2))
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     rng = np.random.default_rng(seed + 1)
@@ -152,17 +149,13 @@ def verify_point(point: dict) -> list[dict]:
                         lambda: gdn_chain(st_c, *args, state_indices=slots, intermediate=inter,
                                           **lay), chain_bytes(B, K, HK, HV, D, D, dtype), {}))
         if layout == "kv" and fla_available():
-            fla, failed = P.peer_call("fla_fused_recurrent", fla_run_once, args,
-                                      state0[slots.long()].contiguous(), D)
-            rows += failed or []
-            if fla is not None:
-                run_fla, (o_f, _) = fla
-                frows = error_rows("fla_fused_recurrent", o_f[:n_ref], o_plain, tol=otol,
-                                   what="o")
-                rows += frows
-                if all(r["passed"] for r in frows):
-                    entries.append(("fla_fused_recurrent", run_fla,
-                                    fla_bytes(B, K, HK, HV, D, dtype), {}))
+            frows, run_fla = G.fla_check(args, state0[slots.long()].contiguous(), D, lambda o, h:
+                                         error_rows("fla_fused_recurrent", o[:n_ref], o_plain,
+                                                    tol=otol, what="o"))
+            rows += frows
+            if run_fla is not None:
+                entries.append(("fla_fused_recurrent", run_fla,
+                                fla_bytes(B, K, HK, HV, D, dtype), {}))
         if layout == "vk" and K >= 2 and flashinfer_available() and flashinfer_supports(D, dname):
             firows, run_fi = G.peer_snapshot_check(x, gate, state0, o_c, st_c[slots.long()],
                                                    inter, otol)
@@ -184,3 +177,101 @@ def replayssm_point(point: dict) -> list[dict]:
         return RS.replayssm_rows(dict(point, state_dtype="bfloat16"))
     except P.CheckFailed as exc:
         return list(exc.rows)
+
+
+# ---- protocol runs ----------------------------------------------------------------------------
+
+def protocol_point(point: dict) -> list[dict]:
+    """A stack of ``L`` layers (conv twin + GDN) through ``steps`` steps of ``SpecDecodeStep``.
+    Keys: ``form`` ("exact"), ``L, S, HK, HV, head_dim, dtype, steps, widths`` (batch widths
+    cycled), ``K, alpha, p_zero, lazy_min_seqs, eager_max_pending, seed``, optional
+    ``state_layout`` ("kv"). Rows: checks (``bitwise_vs_plain``, ``rel_l2_vs_plain``,
+    ``engaged_as_simulated``; ``CheckFailed`` when one fails) and the driver's counts."""
+    from pmll_lab.conv import ConvCarry, conv_update
+    from pmll_lab.gdn import gdn_decode
+
+    form = point["form"]
+    L, S, HK, HV, D, K = (int(point[n]) for n in ("L", "S", "HK", "HV", "head_dim", "K"))
+    dtype = getattr(torch, point.get("dtype", "bfloat16"))
+    steps, seed = int(point["steps"]), int(point.get("seed", 0))
+    alpha, p_zero = float(point.get("alpha", 0.875)), float(point.get("p_zero", 0.0))
+    widths = [int(w) for w in point["widths"]]
+    layout = point.get("state_layout", "kv")
+    P.check_layout(layout)
+    dim, qk = 2 * HK * D + HV * D, 2 * HK * D
+    rng = np.random.default_rng(seed)
+    pyrng = random.Random(seed)
+    layers, plain = [], []
+    for layer in range(L):
+        st = gdn_inputs(seed + 100 + layer, 1, HK, HV, D, D, slots=S, dtype=dtype)["state"]
+        if layout == "vk":
+            st = st.transpose(-1, -2).contiguous()
+        ci = conv_inputs(seed + 200 + layer, 1, dim, slots=S, dtype=dtype)
+        layers.append(CarryLayer(st.clone(), GdnCarry.empty(S, HV, D, D),
+                                 conv_state=ci["conv_state"].clone(),
+                                 conv_carry=ConvCarry.empty(S, dim, dtype=dtype),
+                                 conv_weight=ci["weight"], conv_bias=ci["bias"], num_k_heads=HK,
+                                 state_layout=layout))
+        plain.append((st.clone(), ci["conv_state"].clone()))
+    step = SpecDecodeStep(layers, form=form, lazy_min_seqs=point.get("lazy_min_seqs", 8),
+                          eager_max_pending=point.get("eager_max_pending", 4), validate=True)
+    host_p = np.zeros(S, dtype=np.int64)           # the host simulation of pend
+    worst = 0.0
+    bit_ok, eng_ok = True, True
+    n_wb = n_verify = 0
+    for n in range(steps):
+        B = widths[n % len(widths)]
+        slots = pyrng.sample(range(S), B)
+        g_in = gdn_inputs(seed + 1000 + n, B, HK, HV, D, D, rows=K, dtype=dtype)
+        xs = [conv_inputs(seed + 5000 + 7 * n + layer, B, dim, rows=K, dtype=dtype)["x"]
+              for layer in range(L)]
+        plan = step.begin(slots, K)
+        outs = [step.verify_layer(i, x=xs[i], g=g_in["g"], beta=g_in["beta"]) for i in range(L)]
+        acc = accept_counts(rng, B, K, alpha, p_zero)
+        # host simulation of the same step (a flush by the policy clears those slots first)
+        if plan["flushed"]:
+            over = host_p[slots] > step.eager_max_pending
+            host_p[np.asarray(slots)[over]] = 0
+        wb, newp = protocol_step(host_p[slots], acc, K, plan["lazy"])
+        eng = step.engaged[0].cpu().numpy()
+        eng_ok &= bool((eng == np.where(wb, 2, 1)).all())
+        n_wb += int((eng == 2).sum())
+        n_verify += B
+        host_p[slots] = newp
+        step.accept(acc.tolist())
+        slot_t = torch.tensor(slots, dtype=torch.int32, device=DEVICE)
+        for t in range(K):
+            sel = [b for b in range(B) if acc[b] > t]
+            if not sel:
+                break
+            sel_t = torch.tensor(sel, device=DEVICE)
+            for layer, (pst, pcs) in enumerate(plain):
+                y = conv_update(pcs, xs[layer][sel_t, t], layers[layer].conv_weight,
+                                layers[layer].conv_bias, state_indices=slot_t[sel_t],
+                                qk_channels=qk, head_dim=D)
+                q = y[:, :HK * D].unflatten(-1, (HK, D))
+                k = y[:, HK * D:qk].unflatten(-1, (HK, D))
+                v = y[:, qk:].unflatten(-1, (HV, D))
+                o = gdn_decode(pst, q, k, v, g_in["g"][sel_t, t], g_in["beta"][sel_t, t],
+                               state_indices=slot_t[sel_t], use_qk_l2norm=False,
+                               state_layout=layout)
+                got = outs[layer][sel_t, t]
+                bit_ok &= bitwise_equal(got, o)
+                worst = max(worst, errors(got, o)["rel_l2"])
+    step.flush(list(range(S)))
+    for lay, (pst, pcs) in zip(layers, plain):
+        bit_ok &= bitwise_equal(lay.conv_state, pcs)
+        bit_ok &= bitwise_equal(lay.state, pst)
+        worst = max(worst, errors(lay.state, pst)["rel_l2"])
+    k = f"protocol_{form}"
+    rows = [{"kernel": k, "metric": "engaged_as_simulated", "value": float(eng_ok), "passed": eng_ok,
+             "what": "engaged"},
+            {"kernel": k, "metric": "rel_l2_vs_plain", "value": worst,
+             "tolerance": 0.0, "passed": worst <= 0.0, "what": "o and states"},
+            {"kernel": k, "metric": "bitwise_vs_plain", "value": float(bit_ok),
+             "passed": bit_ok, "what": "o and states"}]
+    rows += [{"kernel": k, "metric": m, "value": float(v)} for m, v in step.stats.items()]
+    rows.append({"kernel": k, "metric": "write_back_frac", "value": n_wb / max(n_verify, 1)})
+    if any(r.get("passed") is False for r in rows):
+        raise CheckFailed("protocol run disagrees with plain decoding or the simulation", rows)
+    return rows

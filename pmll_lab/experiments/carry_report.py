@@ -1,9 +1,11 @@
-"""The carry_protocol notebook's targets, tables and plots: from the verify sweep's and the
-protocol runs' rows (``carry``, ``carry_protocol``), the host simulation (``acceptance``) and the
-byte arithmetic of real model configurations. Ratios of times come from GPU runs only.
-"""
+"""The carry_protocol notebook's targets, tables and plots (rows of ``carry`` and
+``carry_protocol``, the host simulation ``acceptance``, model byte budgets; ratios of times from
+GPU runs only)."""
 
 from __future__ import annotations
+
+import math
+from functools import partial
 
 import pandas as pd
 import torch
@@ -13,7 +15,8 @@ from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import mean_accept_len
 from pmll_lab.experiments.carry import CAP, FORMS, KERNELS, LABELS
 from pmll_lab.experiments.gdn import QWEN3_NEXT, stash_row_bytes
-from pmll_lab.experiments.targets import Target, fact
+from pmll_lab.experiments.step import step_target
+from pmll_lab.experiments.targets import Target, fact, facts
 
 PARAMS = ("K", "B", "HK", "HV", "head_dim", "dtype", "state_layout", "form")
 TARGET_SET = "Carried-state verify at Qwen3-Next's shape (HK=16, HV=32, kd=vd=128), K=4"
@@ -31,37 +34,29 @@ TARGETS = (
 )
 STEP_TARGET_SET = ("The speculative step of the carried state at Qwen3-Next's shape "
                    "(verify + accept, K=4)")
-_STEP = dict(K=4, B=[64, 128])
-
-
-def _form(form: str, state_dtype: str = "float32") -> dict:
-    return {"form": form, "state_dtype": state_dtype}
-
-
-STEP_TARGETS = tuple(
-    Target(text, ours, peer, bound, where=_STEP, per=("B",), metric="step_us")
-    for text, ours, peer, bound in (
-        ("carry exact lazy step <= 0.4x FlashInfer's snapshot step (mtp + restore), fp32 state",
-         _form("exact_lazy"), _form("flashinfer_snapshot_restore"), 0.4),
-        ("carry exact lazy step <= 0.4x FlashInfer's snapshot step (mtp + restore), bf16 state",
-         _form("exact_lazy", "bfloat16"), _form("flashinfer_snapshot_restore", "bfloat16"), 0.4),
-        ("carry exact lazy step against our chain + snapshots + restore, fp32 state",
-         _form("exact_lazy"), _form("chain_restore"), None),
-        ("carry exact lazy step against eager, fp32 state", _form("exact_lazy"),
-         _form("exact_eager"), None),
-        ("carry ring step against FlashInfer's snapshot step (mtp + restore), bf16 state",
-         _form("ring", "bfloat16"), _form("flashinfer_snapshot_restore", "bfloat16"), None),
-        ("carry ring step against our chain + snapshots + restore, bf16 state",
-         _form("ring", "bfloat16"), _form("chain_restore", "bfloat16"), None),
-        ("carry exact lazy step against FlashInfer's ReplaySSM step, bf16 state",
-         _form("exact_lazy", "bfloat16"), _form("flashinfer_replayssm", "bfloat16"), None),
-        ("CUDA twin's exact lazy step <= 1.5x FlashInfer's ReplaySSM step, bf16 state",
-         _form("exact_lazy_cuda", "bfloat16"), _form("flashinfer_replayssm", "bfloat16"), 1.5),
-        ("CUDA twin's exact lazy step <= 0.5x the Triton exact lazy step, bf16 state",
-         _form("exact_lazy_cuda", "bfloat16"), _form("exact_lazy", "bfloat16"), 0.5),
-        ("CUDA twin's exact lazy step against the Triton one, fp32 state",
-         _form("exact_lazy_cuda"), _form("exact_lazy"), None),
-    ))
+_FI, _RS, _F32 = "flashinfer_snapshot_restore", "flashinfer_replayssm", "float32"
+STEP_TARGETS = (
+    step_target("carry exact lazy step <= 0.4x FlashInfer's snapshot step (mtp + restore), fp32 "
+                "state", "exact_lazy", _FI, 0.4, _F32),
+    step_target("carry exact lazy step <= 0.4x FlashInfer's snapshot step (mtp + restore), bf16 "
+                "state", "exact_lazy", _FI, 0.4),
+    step_target("carry exact lazy step against our chain + snapshots + restore, fp32 state",
+                "exact_lazy", "chain_restore", None, _F32),
+    step_target("carry exact lazy step against eager, fp32 state", "exact_lazy", "exact_eager",
+                None, _F32),
+    step_target("carry ring step against FlashInfer's snapshot step (mtp + restore), bf16 state",
+                "ring", _FI, None),
+    step_target("carry ring step against our chain + snapshots + restore, bf16 state", "ring",
+                "chain_restore", None),
+    step_target("carry exact lazy step against FlashInfer's ReplaySSM step, bf16 state",
+                "exact_lazy", _RS, None),
+    step_target("CUDA twin's exact lazy step <= 1.5x FlashInfer's ReplaySSM step, bf16 state",
+                "exact_lazy_cuda", _RS, 1.5),
+    step_target("CUDA twin's exact lazy step <= 0.5x the Triton exact lazy step, bf16 state",
+                "exact_lazy_cuda", "exact_lazy", 0.5),
+    step_target("CUDA twin's exact lazy step against the Triton one, fp32 state",
+                "exact_lazy_cuda", "exact_lazy", None, _F32),
+)
 """The headline: per speculative step (``experiments.step``, the ``step_grids`` sweep); the
 per-verify ``TARGETS`` stay as detail."""
 STEP_FORMS = ("exact_lazy+exact_eager+exact_lazy_cuda+ring+chain_restore"
@@ -74,12 +69,10 @@ MODEL_CONFIGS = [dict(model="Qwen3-Next-80B-A3B", HK=16, HV=32, kd=128, vd=128, 
 value heads, head dims 128, conv kernel 4; 36 of its 48 layers are Gated DeltaNet)."""
 
 
-def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
-    return P.correctness_table(df, by=("state_layout", "dtype"))
-
-
-def failed_points(df: pd.DataFrame) -> pd.DataFrame:
-    return P.failed_points(df, PARAMS)
+correctness_table = partial(P.correctness_table, by=("state_layout", "dtype"))
+failed_points = partial(P.failed_points, params=PARAMS)
+plot_errors = partial(plots.plot_errors, labels=LABELS,
+                      title="Carry, chain and peers against their references")
 
 
 def budget_table(configs=MODEL_CONFIGS, Ks=(2, 3, 4, 8), cap: int = CAP,
@@ -198,42 +191,40 @@ def carry_vs_snapshots(df: pd.DataFrame, K: int = 4, shape: dict | None = None) 
 
 def findings(df: pd.DataFrame, sim: pd.DataFrame, budget: pd.DataFrame,
              mean_accept: float = 3.3) -> pd.DataFrame:
-    """Measured facts: exactness per layout, the simulated write-back frequencies at K=4, the
-    exact form's eager/lazy crossover at K=4 (GPU) and the memory each design holds."""
+    """Facts: bitwise checks of the exact form per layout; at K=4 and the acceptance nearest
+    ``mean_accept``, the simulated write-back frequency and rows folded per verify; the exact
+    form's eager/lazy crossover at K=4 (GPU); stash against snapshots (KiB per sequence and
+    layer)."""
     rows = []
     ok = P.with_layout(df[df["status"] == "ok"]) if len(df) else df
     for lay, g in (ok.groupby("state_layout") if len(ok) else []):
         bit = g[g["metric"].isin(["bitwise_vs_decode", "bitwise_vs_plain"])]
         if len(bit):
             rows.append(fact(f"exact form == plain decoding bitwise, {P.LAYOUT_NAMES[lay]}",
-                             f"{int(bit['passed'].sum())} of {len(bit)} checks"))
+                             int(bit["passed"].sum()), f"of {len(bit)} checks"))
     d = sim[sim["K"] == 4] if len(sim) else sim
-    if len(d):
-        near = d.iloc[(d["mean_accept"] - mean_accept).abs().argsort()[:2]]
-        for r in near.itertuples():
-            rows.append(fact(f"simulation, K=4, acceptance length {r.mean_accept:.2f}, {r.mode}",
-                             f"writes back on {r.wb_freq:.0%} of verifies, folds "
-                             f"{r.mean_folded:.2f} rows per verify"))
+    for r in d.iloc[(d["mean_accept"] - mean_accept).abs().argsort()[:2]].itertuples() \
+            if len(d) else []:
+        what = f"simulation, K=4, acceptance length {r.mean_accept:.2f}, {r.mode}"
+        rows += [fact(f"{what}: write-backs per verify", r.wb_freq, "per verify"),
+                 fact(f"{what}: rows folded per verify", r.mean_folded, "rows")]
     cross = crossover_summary(crossover_table(df))
     for r in cross[(cross["form"] == "exact") & (cross["K"] == 4)].itertuples() if len(cross) \
             else []:
-        rows.append(fact(f"lazy faster than eager, exact form, "
+        rows.append(fact(f"lazy faster than eager from B, exact form, "
                          f"{P.LAYOUT_NAMES.get(r.state_layout, r.state_layout)}, K=4",
-                         f"from B = {r[-1]}" if r[-1] != "never" else "at no measured B",
-                         "every form and K: the crossover table below"))
+                         r[-1] if r[-1] != "never" else math.nan, "B",
+                         "NaN: at no measured B; every form and K: the crossover table"))
     if len(budget) and (budget["K"] == 4).any():
         b = budget[budget["K"] == 4].iloc[0]
-        rows.append(fact(f"{b['model']}, K=4: stash vs snapshots per sequence and layer",
-                         f"{b['carry stash KiB']:.0f} KiB vs {b['snapshots KiB']:.0f} KiB "
-                         f"({b['snapshots / stash']:.1f}x)"))
-    return pd.DataFrame(rows)
+        what = f"{b['model']}, K=4, per sequence and layer"
+        rows += [fact(f"{what}: carry stash", b["carry stash KiB"], "KiB"),
+                 fact(f"{what}: snapshots", b["snapshots KiB"], "KiB"),
+                 fact(f"{what}: snapshots / stash", b["snapshots / stash"], "x")]
+    return facts(rows)
 
 
 # ---- plots ---------------------------------------------------------------------------------
-
-def plot_errors(df: pd.DataFrame):
-    return plots.plot_errors(df, LABELS, "Carry, chain and peers against their references")
-
 
 def plot_simulation(sim: pd.DataFrame, mark_alpha: float | None = None):
     """Write-back frequency and rows folded per verify against the acceptance length, one
@@ -277,20 +268,10 @@ def plot_budget(table: pd.DataFrame):
 def plot_verify_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | None = None):
     """``metric`` (time per verify, GB/s or roofline fraction) against batch width, one panel
     per K, every kernel in each layout (line style)."""
-    w = P.at(P.wide(df), shape)
-    if w.empty or metric not in w:
-        return None
-    timer = str(w["timer"].iloc[0])
-    roof = P.roofline_gbps(df)
-    lines = [(roof, f"copy roofline {roof:.0f} GB/s")] if metric == "gbps" and roof else \
-        [(1.0, "copy roofline")] if metric == "roofline_frac" else []
-    unit = {"time_us": "time per verify (us)", "gbps": "GB/s (SPEC §4 bytes)",
-            "roofline_frac": "fraction of copy roofline"}[metric]
-    desc = ", ".join(f"{k}={v}" for k, v in (shape or {}).items())
-    return plots.plot_lines(w, y=metric, labels=LABELS, kernels=KERNELS, hlines=lines,
-                            ylabel=f"{unit}\n{P.TIMER_LABELS.get(timer, timer)}",
-                            title=f"Verify: carried state, snapshot chain, peers ({desc})",
-                            logy=metric == "time_us")
+    return plots.plot_speed(df, metric, shape, LABELS, KERNELS,
+                            "Verify: carried state, snapshot chain, peers",
+                            {"time_us": "time per verify (us)", "gbps": "GB/s (SPEC §4 bytes)",
+                             "roofline_frac": "fraction of copy roofline"})
 
 
 def plot_crossover(cross: pd.DataFrame, lazy_min_seqs: int = 8):

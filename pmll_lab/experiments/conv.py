@@ -1,25 +1,17 @@
-"""The gdn_conv notebook's sweep point and plots: the causal conv twin verifying K draft rows.
+"""The gdn_conv notebook's point and plots: the causal conv twin verifying K draft rows (§3c).
 
-For one point (``K`` rows, conv ``shape`` from ``SHAPES``, ``B`` sequences, input ``dtype``,
-``pending`` stashed rows per slot) ``conv_point``:
-
-1. draws seeded inputs (``pmll_lab.inputs.conv_inputs``: permuted, skipping slots) and
-   ``pending`` extra input rows per sequence, the accepted-but-unfolded rows of the carry;
-2. checks against the float64 references (``pmll_lab.reference.conv``), on the first
-   ``ref_seqs`` sequences (each sequence is independent; the references loop in Python):
-   ``chain`` (K rows, windows after each row kept) for outputs, final and intermediate windows;
-   ``carry_eager`` / ``carry_lazy`` (``conv_carry_verify`` with ``pend = pending``) against the
-   protocol reference for outputs, windows, stash and ``engaged``;
-3. checks bitwise, on every sequence: ``updates`` (K successive ``conv_update``) == ``chain``
-   (outputs, final and intermediate windows), and each carry's outputs == the chain run over
-   the pending rows followed by the K new rows (the carry must give plain decoding's outputs);
-4. only if every check passed (else ``CheckFailed``), times each kernel by do_bench and, on a
-   GPU, by CUDA graph replay (``protocol.timings``: the kernels are small, and at small B
-   do_bench mostly measures the Python launch), with GB/s over ``pmll_lab.conv.*_bytes`` and
-   the roofline fraction.
+``conv_point`` (``K`` rows, ``shape`` of ``SHAPES``, ``B``, input ``dtype``, ``pending`` stashed
+rows per slot) checks the chain with window snapshots, ``K`` successive ``conv_update`` and the
+carry verify (eager, lazy) against the float64 references on the first ``ref_seqs`` sequences,
+and bitwise on every sequence: the updates against the chain, each carry against the chain
+run over the pending rows then the ``K`` new ones (plain decoding's outputs). Then it times
+each (GB/s over ``pmll_lab.conv.*_bytes``); the carry without accepting, so every call does the
+same work.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import pandas as pd
 import torch
@@ -32,10 +24,9 @@ from pmll_lab.conv import (
 )
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
-from pmll_lab.experiments.targets import Target
+from pmll_lab.experiments.targets import Target, fact, facts
 from pmll_lab.inputs import conv_inputs, generator
 from pmll_lab.reference import conv as ref
-from pmll_lab.sweep import grid
 from pmll_lab.tolerances import O_TOL as Y_TOL
 
 SHAPES = {
@@ -63,16 +54,9 @@ TARGETS = (
 
 
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
-    """Expand the notebook's grids (dicts of axes ``K, B, shape, dtype`` and optionally
-    ``pending``, ``d_conv``, ``seed`` (default ``seed``)); duplicates dropped, order kept."""
-    out, seen = [], set()
-    for g in grids:
-        for p in grid(**{"seed": [int(seed)], **g}):
-            key = tuple(sorted(p.items()))
-            if key not in seen:
-                seen.add(key)
-                out.append(p)
-    return out
+    """The grids' points (axes ``K, B, shape, dtype``, optionally ``pending``, ``d_conv``,
+    ``seed`` (default ``seed``)), duplicates dropped."""
+    return P.grid_points(grids, {"seed": [int(seed)]})
 
 
 def _flag(kernel, what, ok):
@@ -182,38 +166,20 @@ def conv_point(point: dict) -> list[dict]:
 
 # ---- tables and plots --------------------------------------------------------------------------
 
-def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
-    return P.correctness_table(df, by=("dtype",))
-
-
-def failed_points(df: pd.DataFrame) -> pd.DataFrame:
-    return P.failed_points(df, PARAMS)
-
-
-def plot_errors(df: pd.DataFrame):
-    return plots.plot_errors(df, LABELS, "Conv outputs against the float64 reference")
-
-
-def main_shape(df: pd.DataFrame) -> dict:
-    return P.main_shape(df, ("shape", "dtype"), dict(shape="qwen3-next", dtype="bfloat16"))
+correctness_table = partial(P.correctness_table, by=("dtype",))
+failed_points = partial(P.failed_points, params=PARAMS)
+main_shape = partial(P.main_shape, keys=("shape", "dtype"),
+                     prefer=dict(shape="qwen3-next", dtype="bfloat16"))
+plot_errors = partial(plots.plot_errors, labels=LABELS,
+                      title="Conv outputs against the float64 reference")
 
 
 def plot_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | None = None):
-    """Time per verify of K rows (``time_us``) or GB/s (``gbps``, with the copy roofline on a
-    GPU) against batch width, one panel per K, at ``shape`` (default ``main_shape``)."""
-    shape = main_shape(df) if shape is None else shape
-    w = P.at(P.wide(df), shape)
-    if w.empty:
-        return None
-    timer = str(w["timer"].iloc[0])
-    roof = P.roofline_gbps(df)
-    unit = {"time_us": "time per verify of K rows (us)", "gbps": "GB/s"}[metric]
-    desc = ", ".join(f"{k}={v}" for k, v in shape.items())
-    return plots.plot_lines(w, y=metric, labels=LABELS, kernels=KERNELS, logy=metric == "time_us",
-                            hlines=[(roof, f"copy roofline {roof:.0f} GB/s")]
-                            if metric == "gbps" and roof else [],
-                            ylabel=f"{unit}\n{P.TIMER_LABELS.get(timer, timer)}",
-                            title=f"Conv twin ({desc})")
+    """Time per verify of K rows or GB/s against batch width, one panel per K, at ``shape``
+    (default ``main_shape``)."""
+    return plots.plot_speed(df, metric, main_shape(df) if shape is None else shape, LABELS,
+                            KERNELS, "Conv twin", {"time_us": "time per verify of K rows (us)",
+                                                   "gbps": "GB/s"})
 
 
 def budget_table(shapes=("qwen3-next",), Ks=(1, 2, 3, 4, 8), dtype=torch.bfloat16,
@@ -234,12 +200,11 @@ def budget_table(shapes=("qwen3-next",), Ks=(1, 2, 3, 4, 8), dtype=torch.bfloat1
 
 
 def findings(df: pd.DataFrame) -> pd.DataFrame:
-    """Measured facts: the bitwise checks per kernel (points where every one held)."""
+    """Facts: per kernel, the points where every bitwise check held."""
     rows = []
     bit = df[df["metric"] == "bitwise"] if len(df) else df
     for kern, g in bit.groupby("kernel", sort=False) if len(bit) else []:
         good = g.groupby("point_id")["passed"].all()
-        rows.append({"finding": f"{LABELS.get(kern, kern)}: bitwise checks "
-                     f"({', '.join(sorted(set(g['what'])))})",
-                     "measured": f"{int(good.sum())} of {len(good)} points", "note": ""})
-    return pd.DataFrame(rows)
+        rows.append(fact(f"{LABELS.get(kern, kern)}: bitwise ({', '.join(sorted(set(g['what'])))})",
+                         int(good.sum()), f"of {len(good)} points"))
+    return facts(rows)

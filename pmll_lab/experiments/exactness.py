@@ -1,36 +1,16 @@
-"""The exactness grid: the exact carried-state protocol and the K-row chain against plain
-decoding, bitwise, over head sizes x layouts x state dtypes x input dtypes x rows (SPEC §2
-"Exactness", §3a, §3b).
+"""The exactness grid: the exact carried state and the K-row chain against plain decoding,
+bitwise, over head sizes x layouts x state dtypes x input dtypes x K (SPEC §2, §3a, §3b).
 
-Per configuration (``kd = vd``, ``state_layout``, state dtype, input dtype, ``K``), with ``B``
-sequences drawn each step from ``S = B + B // 4 + 1`` slots, ``steps`` steps of seeded rows
-(``pmll_lab.inputs.gdn_inputs``) and seeded acceptance counts in ``0..K``
-(``experiments.acceptance.accept_counts``; 0 and ``K`` both occur):
-
-- three runs of the carried state through the serving driver ``SpecDecodeStep`` (its policy
-  flushes included): ``eager`` (every step eager), ``lazy`` (every step lazy), ``policy``
-  (widths ``B`` and ``B // 2`` alternate across ``lazy_min_seqs = B``, so lazy and eager steps
-  mix and an eager step after lazy ones flushes the slots holding more than
-  ``eager_max_pending``); each also flushes every slot at mid-run, then at the end;
-- the chain with snapshots (``gdn_chain`` + ``gdn_snapshot_restore``; a sequence accepting 0
-  rows gets its state before the step back).
-
-Every accepted row's output (``o[b, t]``, ``[HV, vd]``) of each run is compared bitwise with
-``gdn_decode`` of the accepted rows one token at a time on a state of its own, and so is the
-final state. For the GPU to pin a difference down, each run also keeps, per step, a copy of the
-carry's state with its pending rows folded (``gdn_carry_flush`` on clones, the run itself
-untouched): the first step where it leaves plain decoding is recorded with the slot, head and
-element, and each differing row with its step, sequence, row, pending count, write-back flag
-and first differing element.
-
-A configuration a launcher refuses by design (``ValueError`` before any launch) is recorded as
-``unsupported`` with its message, never as a difference. Run from the command line::
-
-    python -m pmll_lab.experiments.exactness --batch 32 --steps 12 --out exactness.jsonl
-
-(one line per configuration; exit 1 when any configuration differs or fails). Why a grid:
-a bitwise defect may sit in one corner only (a tiny head, a narrow state, one ``K``) that the
-notebooks' sweep shapes never reach.
+Per configuration, ``steps`` steps of ``B`` sequences from ``S = B + B // 4 + 1`` slots with
+seeded rows and acceptance counts in ``0..K``: the carry through ``SpecDecodeStep`` ``eager``,
+``lazy`` and ``policy`` (widths ``B`` and ``B // 2`` across ``lazy_min_seqs = B``; every slot
+flushed at mid-run and at the end), and the chain with snapshots + restore. Every accepted
+output row and the final state are compared bitwise with ``gdn_decode`` one token at a time;
+the carry's state with its pending rows folded (on clones) is compared every step, so the first
+differing step, slot and element are recorded. A launcher's refusal before any launch is
+``unsupported``, not a difference. Why a grid: a bitwise defect may sit in one corner only.
+``python -m pmll_lab.experiments.exactness --batch 32 --steps 12 --out exactness.jsonl`` (one
+line per configuration; exit 1 when one differs or fails).
 """
 
 from __future__ import annotations
@@ -126,6 +106,16 @@ class _Run:
                                          t=t, **{k: v[b] for k, v in extra.items()},
                                          **_first_element(got[i], want[i])))
 
+    def accepted(self, step, acc, o, pst, x, slot_t, layout, slots, extra):
+        """Decode each row ``t`` of the sequences that accepted it on the plain state ``pst``
+        (``gdn_decode``) and compare it with ``o[:, t]``, row after row."""
+        for t in range(o.shape[1]):
+            sel = [b for b in range(len(acc)) if acc[b] > t]
+            if not sel:
+                break
+            self.rows_check(step, t, o[sel][:, t], _plain_rows(pst, x, t, sel, slot_t, layout),
+                            sel, slots, extra)
+
     def state_check(self, step, got, want, final=False):
         """Compare whole state pools (``[S, HV, ., .]``); the first difference is kept."""
         d = _state_diff(got, want)
@@ -205,12 +195,7 @@ def run_carry(cfg: dict, mode: str, *, B: int, steps: int, seed: int, heads=(1, 
         step.accept(acc.tolist())
         extra = dict(pend=pend, write_back=wb, lazy=[plan["lazy"]] * Bn,
                      flushed_this_step=[plan["flushed"]] * Bn)
-        for t in range(K):
-            sel = [b for b in range(Bn) if acc[b] > t]
-            if not sel:
-                break
-            want = _plain_rows(pst, x, t, sel, slot_t, layout)
-            run.rows_check(n, t, o[sel][:, t], want, sel, slots, extra)
+        run.accepted(n, acc, o, pst, x, slot_t, layout, slots, extra)
         # the carry's state with every pending row folded, on clones (the run is untouched)
         if run.first_state_diff is None:
             c = dataclasses.replace(lay.carry, buf=lay.carry.buf.clone(),
@@ -249,12 +234,7 @@ def run_chain(cfg: dict, *, B: int, steps: int, seed: int, heads=(1, 2), alpha: 
             cst[slot_t.long()[zero]] = before[zero]
         extra = dict(pend=[0] * B, write_back=[False] * B, lazy=[False] * B,
                      flushed_this_step=[0] * B)
-        for t in range(K):
-            sel = [b for b in range(B) if acc[b] > t]
-            if not sel:
-                break
-            want = _plain_rows(pst, x, t, sel, slot_t, layout)
-            run.rows_check(n, t, o[sel][:, t], want, sel, slots, extra)
+        run.accepted(n, acc, o, pst, x, slot_t, layout, slots, extra)
         run.state_check(n, cst, pst, final=n == steps - 1)
     return run.result()
 

@@ -1,48 +1,45 @@
-"""The gdn_verify notebook's point: verifying ``K`` draft rows with the snapshot chain, and the
-GDN inputs the carry and roofline points share.
+"""The gdn_verify notebook's point, targets, tables and plots (the snapshot chain verifying
+``K`` draft rows), and the GDN inputs the carry and roofline points share.
 
-``verify_point`` (one ``K, B, HK, HV, head_dim, dtype, state_layout``: ``"kv"`` K-major state
-``[S, HV, kd, vd]``, ``"vk"`` V-major ``[S, HV, vd, kd]``) checks the chain with snapshots
-(``gdn_chain``, ``intermediate [B, K-1, HV, ...]``), the chain without them and ``K``
-``gdn_decode`` launches against the float64 chain, and the chain against the decodes bitwise
-(SPEC §2), then times them; on a GPU the peers too, each checked first: FLA's
-``fused_recurrent_gated_delta_rule`` at ``"kv"`` points (no snapshots: a speed reference), and
-FlashInfer's ``gated_delta_rule_mtp`` with its snapshot buffer and the pool frozen at ``"vk"``
-points (``K >= 2``, ``kd >= 128``, bf16/fp16), fed the raw gating inputs and checked against the
-float64 chain with its own gating. Kernels: ``chain``, ``chain_nosnap``, ``decodes``,
-``fla_fused_recurrent``, ``flashinfer_mtp_snapshots``.
+``verify_point`` checks ``gdn_chain`` with snapshots (``intermediate [B, K-1, HV, ...]``), without
+them and ``K`` ``gdn_decode`` launches against the float64 chain and the chain against the
+decodes bitwise (SPEC §2), then times them; on a GPU also FLA's ``fused_recurrent`` (``"kv"``,
+keeps no snapshots) and FlashInfer's ``gated_delta_rule_mtp`` with its snapshot buffer, the pool
+frozen (``"vk"``, ``K >= 2``, ``kd >= 128``), each checked first with its own gating.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
-import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal, error_rows
+from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
+from pmll_lab.experiments.targets import Target, fact, facts
 from pmll_lab.gdn import (
     carry_stash_bytes, chain_bytes, decodes_bytes, gdn_chain, gdn_chain_ref, gdn_decode,
-    row_io_bytes, state_bytes,
+    row_io_bytes, snapshot_bytes, state_bytes,
 )
 from pmll_lab.inputs import gdn_inputs
-from pmll_lab.peers import (  # noqa: F401  (flashinfer_status: for the notebooks)
-    fla_available, fla_runner, flashinfer_available, flashinfer_mtp_runner, flashinfer_status,
-    flashinfer_supports, flashinfer_version, fused_gating,
+from pmll_lab.peers import (
+    fla_available, fla_runner, flashinfer_available, flashinfer_mtp_runner, flashinfer_supports,
+    flashinfer_version, fused_gating,
 )
 from pmll_lab.reference import carry as ref_carry
 from pmll_lab.sizes import carry_bytes, stash_row_bytes  # noqa: F401  (the library's, here too)
-from pmll_lab.sweep import grid
 from pmll_lab.tolerances import O_TOL, STATE_TOL
 
 if TYPE_CHECKING:
     from pmll_lab.carry import GdnCarry
 
-LAYOUTS = ("kv", "vk")
+LAYOUTS = P.LAYOUTS
 QWEN3_NEXT = dict(HK=16, HV=32, head_dim=128, dtype="bfloat16")
 """Qwen3-Next's GDN heads: the shape every GDN target is held at."""
 COMPILE_KEYS = ("K", "head_dim", "dtype", "state_layout")
@@ -57,21 +54,16 @@ LABELS = {"chain": "chain + snapshots", "chain_nosnap": "chain, no snapshots",
 
 # ---- inputs shared with the carry and roofline points ---------------------------------------
 
+def _heads(p: dict) -> dict:
+    hk, hv = p.pop("heads")
+    return dict(p, HK=int(hk), HV=int(hv))
+
+
 def head_points(grids: Sequence[dict]) -> list[dict]:
     """Grids whose ``heads`` axis lists ``(HK, HV)`` pairs -> points with ``HK, HV``;
     duplicates dropped, order kept."""
-    out, seen = [], set()
-    for g in grids:
-        axes = dict(g)
-        heads = axes.pop("heads")
-        for p in grid(**axes, heads=[tuple(h) for h in heads]):
-            hk, hv = p.pop("heads")
-            p.update(HK=int(hk), HV=int(hv))
-            key = tuple(sorted(p.items()))
-            if key not in seen:
-                seen.add(key)
-                out.append(p)
-    return out
+    return P.grid_points([{**{k: v for k, v in g.items() if k != "heads"},
+                           "heads": [tuple(h) for h in g["heads"]]} for g in grids], each=_heads)
 
 
 def points(grids: Sequence[dict], **fixed) -> list[dict]:
@@ -83,6 +75,23 @@ def points(grids: Sequence[dict], **fixed) -> list[dict]:
             raise ValueError(f"state_layout: unknown {bad}; known {list(LAYOUTS)}")
     full = [{**g, "state_layout": g.get("state_layout", ["kv"])} for g in grids]
     return [{**fixed, **p} for p in head_points(full)]
+
+
+def verify_inputs(point: dict) -> tuple[dict, dict, torch.Tensor]:
+    """``(x, gate, state0)`` of a verify point (``K, B, HK, HV, head_dim``, optional ``dtype``
+    bf16, ``state_layout`` "kv", ``seed`` 0): ``gdn_inputs`` of ``K`` rows gated by
+    ``gating_inputs`` (``x["g"], x["beta"]``), and the state pool in the point's layout.
+    ``ValueError`` for an unknown layout."""
+    K, B, HK, HV, D = (int(point[n]) for n in ("K", "B", "HK", "HV", "head_dim"))
+    layout = point.get("state_layout", "kv")
+    P.check_layout(layout)
+    seed = int(point.get("seed", 0))
+    x = gdn_inputs(seed, B, HK, HV, D, D, rows=K,
+                   dtype=getattr(torch, point.get("dtype", "bfloat16")))
+    gate = gating_inputs(seed + 11, (B, K), HV)
+    x["g"], x["beta"] = gate["g"], gate["beta"]
+    state0 = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
+    return x, gate, state0
 
 
 def gating_inputs(seed: int, lead: Sequence[int], num_v_heads: int, *,
@@ -123,6 +132,17 @@ def fla_run_once(args, h0: torch.Tensor, D: int):
     """FLA's fused_recurrent on the rows ``args`` from ``h0``: ``(run, run())``."""
     run, _ = fla_runner(*args, h0, scale=D ** -0.5)
     return run, run()
+
+
+def fla_check(args, h0: torch.Tensor, D: int, check) -> tuple[list[dict], object]:
+    """FLA from ``h0`` (K-major), its ``(o, h)`` checked by ``check`` (error rows): ``(rows,
+    run)``, ``run`` None when a check failed; FLA raising gives its failure row."""
+    fla, failed = P.peer_call("fla_fused_recurrent", fla_run_once, args, h0, D)
+    if failed:
+        return failed, None
+    run, (o, h) = fla
+    rows = check(o, h)
+    return rows, (run if all(r["passed"] for r in rows) else None)
 
 
 def flashinfer_snapshot_check(x: dict, gate: dict, state0: torch.Tensor, o_c: torch.Tensor,
@@ -175,14 +195,8 @@ def verify_point(point: dict) -> list[dict]:
     dname = point.get("dtype", "bfloat16")
     dtype = getattr(torch, dname)
     layout = point.get("state_layout", "kv")
-    if layout not in LAYOUTS:
-        raise ValueError(f"state_layout: must be one of {LAYOUTS}, got {layout!r}")
+    x, gate, state0 = verify_inputs(point)
     lay = {"state_layout": layout}
-    seed = int(point.get("seed", 0))
-    x = gdn_inputs(seed, B, HK, HV, D, D, rows=K, dtype=dtype)
-    gate = gating_inputs(seed + 11, (B, K), HV)
-    x["g"], x["beta"] = gate["g"], gate["beta"]
-    state0 = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
     idx = x["state_indices"]
     sel = idx.long()
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
@@ -217,16 +231,10 @@ def verify_point(point: dict) -> list[dict]:
 
     run_fla = run_fi = None      # peers: a disagreement drops only that peer's timing
     if layout == "kv" and fla_available():
-        fla, failed = P.peer_call("fla_fused_recurrent", fla_run_once, args,
-                                  state0[sel].contiguous(), D)
-        if failed:
-            rows += failed
-        else:
-            run_fla, (o_f, h_f) = fla
-            frows = (error_rows("fla_fused_recurrent", o_f, o_ref, tol=otol, what="o")
-                     + error_rows("fla_fused_recurrent", h_f, s_ref, tol=STATE_TOL, what="state"))
-            rows += frows
-            run_fla = run_fla if all(r["passed"] for r in frows) else None
+        frows, run_fla = fla_check(args, state0[sel].contiguous(), D, lambda o, h: (
+            error_rows("fla_fused_recurrent", o, o_ref, tol=otol, what="o")
+            + error_rows("fla_fused_recurrent", h, s_ref, tol=STATE_TOL, what="state")))
+        rows += frows
     if layout == "vk" and K >= 2 and flashinfer_available() and flashinfer_supports(D, dname):
         firows, run_fi = peer_snapshot_check(x, gate, state0, o_c, st_c[sel], inter, otol)
         rows += firows
@@ -273,3 +281,112 @@ def frozen_bytes(B: int, K: int, HK: int, HV: int, D: int, dtype,
                  state_dtype=torch.float32) -> int:
     """A verify that reads the state and writes nothing (FlashInfer's frozen ``mtp``)."""
     return B * (state_bytes(HV, D, D, state_dtype) + K * row_io_bytes(HK, HV, D, D, dtype) + 4)
+
+
+# ---- targets, tables and plots (times: ``protocol.wide``; ratios from GPU runs only) ------
+
+SHAPE_KEYS = ("HK", "HV", "head_dim", "dtype")
+PARAMS = ("K", "B", "HK", "HV", "head_dim", "dtype", "state_layout")
+TARGET_SET = "Snapshot verify at Qwen3-Next's shape (HK=16, HV=32, kd=vd=128, bf16 inputs)"
+TARGETS = (
+    Target("chain + K-1 snapshots <= FlashInfer mtp with its snapshot buffer, K=4", "chain",
+           "flashinfer_mtp_snapshots", 1.0, where=dict(QWEN3_NEXT, K=4, B=[64, 128, 256]),
+           per=("B",)),
+    Target("chain + K-1 snapshots >= 75% of the copy roofline, K=4", "chain", kind="frac",
+           bound=0.75, where=dict(QWEN3_NEXT, K=4, B=[64, 128]), per=("B",)),
+    Target("chain + K-1 snapshots against FLA fused_recurrent (no snapshots), K=4", "chain",
+           "fla_fused_recurrent", None, where=dict(QWEN3_NEXT, K=4, B=[64]), per=("B",)),
+)
+
+
+correctness_table = partial(P.correctness_table, by=("state_layout", "dtype"))
+failed_points = partial(P.failed_points, params=PARAMS)
+main_shape = partial(P.main_shape, keys=SHAPE_KEYS, prefer=QWEN3_NEXT)
+plot_errors = partial(plots.plot_errors, labels=LABELS,
+                      title="Chain, decodes and peers against the float64 chain")
+
+
+def plot_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | None = None):
+    """Time per verify or GB/s against batch width, one panel per K, at ``shape`` (default
+    ``main_shape``)."""
+    return plots.plot_speed(df, metric, main_shape(df) if shape is None else shape, LABELS,
+                            list(LABELS), "Verify of K rows",
+                            {"time_us": "time per verify (us)", "gbps": "GB/s (SPEC §4 bytes)"})
+
+
+def layout_table(df: pd.DataFrame, shape: dict | None = None) -> pd.DataFrame:
+    """Time per verify (us) of each kernel per ``(K, B)``, one column per ``kernel layout``; on
+    a GPU also the V-major / K-major ratio of the chain and the chain against FlashInfer."""
+    shape = main_shape(df) if shape is None else shape
+    w = P.at(P.wide(df), shape)
+    if w.empty:
+        return pd.DataFrame()
+    w = w.assign(col=w["kernel"] + " " + w["state_layout"])
+    out = w.pivot_table(index=["K", "B"], columns="col", values="time_us").round(1)
+    if P.on_gpu(w):
+        if {"chain kv", "chain vk"} <= set(out.columns):
+            out["chain vk / kv"] = (out["chain vk"] / out["chain kv"]).round(3)
+        if {"flashinfer_mtp_snapshots vk", "chain vk"} <= set(out.columns):
+            out["chain vk / FlashInfer"] = (out["chain vk"]
+                                            / out["flashinfer_mtp_snapshots vk"]).round(3)
+    out.columns.name = None
+    return out.reset_index()
+
+
+def budget_table(shapes: list[tuple[int, int]], Ks=(1, 2, 3, 4, 8)) -> pd.DataFrame:
+    """State bytes per sequence and layer (MiB) that verifying K rows holds: the snapshots
+    ``(K-1)*Hb``, the state itself and the carried-state stash (``CAP = 8`` rows)."""
+    rows = []
+    for HV, D in shapes:
+        row = {"HV": HV, "kd=vd": D, "state Hb": state_bytes(HV, D, D) / 2**20,
+               "carry stash": carry_stash_bytes(HV, D, D) / 2**20}
+        row.update({f"snapshots K={K}": snapshot_bytes(K, HV, D, D) / 2**20 for K in Ks})
+        rows.append(row)
+    return pd.DataFrame(rows).round(3)
+
+
+def budget_shapes(pts: list[dict]) -> list[tuple[int, int]]:
+    return sorted({(int(p["HV"]), int(p["head_dim"])) for p in pts})
+
+
+def plot_snapshot_budget(shapes: list[tuple[int, int]], Ks=(1, 2, 3, 4, 8)):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 3.6), layout="constrained")
+    for i, (HV, D) in enumerate(shapes):
+        c = f"C{i}"
+        ax.plot(Ks, [snapshot_bytes(K, HV, D, D) / 2**20 for K in Ks], "o-", color=c,
+                label=f"snapshots, HV={HV}, kd=vd={D}")
+        ax.axhline(state_bytes(HV, D, D) / 2**20, color=c, ls=":", lw=1)
+        ax.axhline(carry_stash_bytes(HV, D, D) / 2**20, color=c, ls="--", lw=1)
+    ax.plot([], [], "k:", lw=1, label="the state itself (Hb)")
+    ax.plot([], [], "k--", lw=1, label="carry stash, CAP=8 rows (SPEC §3b)")
+    ax.set(xlabel="K (draft rows verified)", ylabel="MiB per sequence per layer",
+           yscale="symlog", title="State bytes the snapshots hold against K")
+    fig.legend(loc="outside right center", fontsize=7, frameon=False)
+    return fig
+
+
+def findings(df: pd.DataFrame) -> pd.DataFrame:
+    """Facts: the chain bitwise equal to K decodes per layout; on a GPU at the main shape, K=4,
+    B=64, the chain's time over the chain without snapshots, and V-major over K-major."""
+    rows = []
+    ok = P.with_layout(df[df["status"] == "ok"]) if len(df) else df
+    for lay in LAYOUTS:
+        bit = ok[(ok["metric"] == "bitwise_vs_decodes") & (ok["state_layout"] == lay)] \
+            if len(ok) else ok
+        if len(bit):
+            good = bit.groupby("point_id")["passed"].all()
+            rows.append(fact(f"chain == K decodes bitwise, {P.LAYOUT_NAMES[lay]}",
+                             int(good.sum()), f"of {len(good)} points"))
+    w = P.at(P.wide(df), dict(QWEN3_NEXT, K=4, B=64)) if P.on_gpu(df) else pd.DataFrame()
+    t = {(r.kernel, r.state_layout): r.time_us for r in w.itertuples()} if len(w) else {}
+    for lay in LAYOUTS:
+        if (("chain", lay) in t) and (("chain_nosnap", lay) in t):
+            rows.append(fact(f"chain / chain without snapshots, {P.LAYOUT_NAMES[lay]}, K=4, B=64",
+                             t[("chain", lay)] / t[("chain_nosnap", lay)], "x",
+                             "SPEC §4 bytes: (K+1)/2 = 2.5x"))
+    if ("chain", "kv") in t and ("chain", "vk") in t:
+        rows.append(fact("chain, V-major / K-major time, K=4, B=64",
+                         t[("chain", "vk")] / t[("chain", "kv")], "x"))
+    return facts(rows)

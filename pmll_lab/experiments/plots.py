@@ -170,3 +170,24 @@ def plot_lines(t: pd.DataFrame, *, x: str = "B", y: str = "time_us", panel: str 
         fig.suptitle(title, fontsize=10)
     legend_outside(fig, axes[0])
     return fig
+
+
+def plot_speed(df: pd.DataFrame, metric: str, shape: Mapping | None, labels: Mapping[str, str],
+               kernels: Sequence[str], title: str, units: Mapping[str, str]):
+    """``metric`` of the checked, timed rows at ``shape`` (``time_us``; ``gbps`` with the copy
+    roofline; ``roofline_frac`` with 1) against batch width, one panel per K, one line per
+    kernel and layout (``plot_lines``), the y label ``units[metric]`` and the timer. None
+    without rows."""
+    from pmll_lab.experiments import protocol as P
+
+    w = P.at(P.wide(df), shape)
+    if w.empty or metric not in w:
+        return None
+    timer = str(w["timer"].iloc[0])
+    roof = P.roofline_gbps(df)
+    lines = [(roof, f"copy roofline {roof:.0f} GB/s")] if metric == "gbps" and roof else \
+        [(1.0, "copy roofline")] if metric == "roofline_frac" else []
+    desc = ", ".join(f"{k}={v}" for k, v in (shape or {}).items())
+    return plot_lines(w, y=metric, labels=labels, kernels=kernels, hlines=lines,
+                      ylabel=f"{units[metric]}\n{P.TIMER_LABELS.get(timer, timer)}",
+                      title=f"{title} ({desc})", logy=metric == "time_us")

@@ -1,34 +1,12 @@
-"""The pmll_ring notebook's sweep point, tables and plots: the PMLL memory ring (SPEC §1).
+"""The pmll_ring notebook's point, tables and plots: the PMLL memory ring (SPEC §1).
 
-For one point (batch ``B``, heads ``H``, capacity ``M``, segment length ``T``, head size ``D``,
-memory ``dtype``, ``gate`` "none" / "bt" / "bht", ``segments`` written, ``seed``, and ``impl``:
-``"triton"``, the default, or ``"cuda"``, the CUDA C++ twin of ``kernels/pmll_ring.cu``),
-``ring_point``:
-
-1. makes a ring of seeded random rows with seeded per-sequence counts in ``[0, 3M)`` (empty,
-   partly filled and wrapped sequences side by side), and ``segments`` seeded segments of ``T``
-   rows (``T > M`` allowed);
-2. writes the segments with the ``pmll_write`` kernel and checks the ring against the float64
-   sequential reference (``pmll_lab.reference.pmll.ring_write``);
-3. reads it back with ``pmll_read(mem, t_ctx=T)`` and checks it against the reference gather of
-   the same memory (a copy: must be exact);
-4. runs ``memory_attention`` over the ring for a segment of ``min(T, 128)`` queries and checks it
-   against the float64 reference attention;
-5. only if every check passed (else ``CheckFailed``): times ``pmll_read`` and ``pmll_write``
-   (``protocol.timings``: do_bench, and on a GPU a CUDA graph replay) with GB/s over the fewest
-   bytes each must move (``pmll_lab.pmll.read_bytes`` / ``write_bytes``) and, on a GPU, the
-   roofline fraction.
-
-On large rings the float64 checks run on *probe* sequences and heads (the first and last of
-each, so the largest offsets are covered): the kernels still run on the whole ring. Inputs come
-from ``pmll_lab.inputs.pmll_inputs`` (CPU generator: same values on every device) while a
-tensor has at most ``CPU_INPUT_ELEMS`` elements, and from a seeded generator on the device
-above that (drawing a GB of normals on the CPU would dominate a GPU sweep).
-
-Kernels in the rows: ``pmll_write``, ``pmll_read``, ``memory_attention`` (checked only: it is
-the PyTorch reference path, not a kernel worth timing; the fused kernel is checked and timed by
-``pmll_lab.experiments.pmll_attention``). Every row names its ``impl``; a ``"cuda"`` point
-without an NVIDIA GPU is one ``unavailable`` row.
+``ring_point`` (``B, H, M, T, D, dtype, gate`` "none" / "bt" / "bht", ``segments``, ``seed``,
+``impl`` "triton" or "cuda", the twin of ``kernels/pmll_ring.cu``) writes ``segments`` seeded
+segments into a ring with seeded counts in ``[0, 3M)`` (``T > M`` allowed) and checks the ring
+(gated writes within ``RING_WRITE_TOL``, the rest bit-exact), ``pmll_read`` (a copy: exact) and
+``memory_attention`` (reference path, checked only) against float64; then times read and write
+(GB/s over ``read_bytes`` / ``write_bytes``). Large rings are checked on probe sequences and
+heads (first and last). A ``"cuda"`` point without an NVIDIA GPU is one ``unavailable`` row.
 """
 
 from __future__ import annotations
@@ -40,13 +18,14 @@ from pmll_lab.backend import DEVICE
 from pmll_lab.bench import H200_L2_BYTES, error_rows
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
-from pmll_lab.experiments.targets import Target, fact
+from pmll_lab.experiments.targets import Target, fact, facts
 from pmll_lab.inputs import pmll_inputs
 from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_write, read_bytes, write_bytes
 from pmll_lab.reference import pmll as ref
-from pmll_lab.sweep import CheckFailed, grid
+from pmll_lab.sweep import CheckFailed
 from pmll_lab.tolerances import O_TOL as ATTN_TOL
 from pmll_lab.tolerances import RING_WRITE_TOL as WRITE_TOL
+
 CPU_INPUT_ELEMS = 1 << 22
 """Largest tensor drawn on the CPU generator; larger ones are drawn on the device."""
 FULL_CHECK_ELEMS = 1 << 21
@@ -59,18 +38,9 @@ LABELS = {"pmll_read": "read (t_ctx = T)", "pmll_write:none": "write, no gate",
 
 
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
-    """Expand the notebook's grids (each a dict of axes ``B, H, M, T, D, dtype, gate,
-    segments`` and optionally ``seed``, default ``seed``, and ``impl``, default ``"triton"``)
-    into points, duplicates dropped."""
-    out, seen = [], set()
-    for g in grids:
-        axes = {"seed": [int(seed)], "impl": ["triton"], **g}
-        for p in grid(**axes):
-            key = tuple(sorted(p.items()))
-            if key not in seen:
-                seen.add(key)
-                out.append(p)
-    return out
+    """The grids' points (axes ``B, H, M, T, D, dtype, gate, segments``; ``seed`` and ``impl``
+    "triton" unless a grid names them), duplicates dropped."""
+    return P.grid_points(grids, {"seed": [int(seed)], "impl": ["triton"]})
 
 
 def with_impl(df: pd.DataFrame) -> pd.DataFrame:
@@ -123,10 +93,6 @@ def segment_inputs(seed: int, batch: int, heads: int, tokens: int, head_dim: int
     return out
 
 
-def _probes(n: int) -> list[int]:
-    return sorted({0, n - 1})
-
-
 # ---- the point --------------------------------------------------------------------------------
 
 IMPLS = ("triton", "cuda")
@@ -161,8 +127,8 @@ def _ring_rows(point: dict, impl: str) -> list[dict]:
     dtype = getattr(torch, dname)
     mem = initial_memory(seed, B, H, M, D, dtype)
     whole = B * H * M * D <= FULL_CHECK_ELEMS
-    bs = list(range(B)) if whole else _probes(B)
-    hs = list(range(H)) if whole else _probes(H)
+    bs = list(range(B)) if whole else P.probes(B)
+    hs = list(range(H)) if whole else P.probes(H)
     bi, hi = torch.tensor(bs, device=DEVICE), torch.tensor(hs, device=DEVICE)
 
     def probe(t):                     # [B, H, ...] -> the probed sequences and heads
@@ -395,9 +361,9 @@ def bandwidth_table(df: pd.DataFrame, min_bytes: float = L2) -> pd.DataFrame:
 
 
 def findings(df: pd.DataFrame) -> pd.DataFrame:
-    """Measured facts: reads and ungated writes bit-exact, segments longer than the ring, the
-    worst gated write, CUDA-twin points not run (no GPU); on a GPU the one-token write's
-    latency per implementation."""
+    """Facts (``targets.facts``): bit-exact reads and ungated writes, points with ``T > M``, the
+    worst gated write per dtype, CUDA-twin points not run; on a GPU the one-token write's median
+    time per implementation."""
     df = with_impl(df)
     ok = df[df["status"] == "ok"] if len(df) else df
     err = ok[ok["metric"] == "rel_l2"] if len(ok) else ok
@@ -408,25 +374,24 @@ def findings(df: pd.DataFrame) -> pd.DataFrame:
                             (err["kernel"] == "pmll_write") & (err["gate"] == "none"))):
             v = err.loc[sel, "value"].astype(float)
             if len(v):
-                rows.append(fact(label, f"{int((v == 0).sum())} of {len(v)} checks"))
+                rows.append(fact(label, int((v == 0).sum()), f"of {len(v)} checks"))
         if (ok["T"] > ok["M"]).any():
             rows.append(fact("points writing segments longer than the ring (T > M)",
-                             ok.loc[ok["T"] > ok["M"], "point_id"].nunique()))
+                             ok.loc[ok["T"] > ok["M"], "point_id"].nunique(), "points"))
         g = err[(err["kernel"] == "pmll_write") & (err["gate"] != "none")]
         for dt, gd in g.groupby("dtype"):
-            rows.append(fact(f"gated writes, {dt}: worst rel. L2", gd["value"].max(),
+            rows.append(fact(f"gated writes, {dt}: worst rel. L2", gd["value"].max(), "rel. L2",
                              f"tolerance {WRITE_TOL[dt]:.1e}"))
-    if len(df) and "status" in df:
-        na = df[df["status"] == "unavailable"]
-        if len(na):
-            rows.append(fact("points of the CUDA C++ twins not run here", len(na),
-                             str(na["reason"].iloc[0])))
+    na = df[df["status"] == "unavailable"] if len(df) and "status" in df else df.iloc[0:0]
+    if len(na):
+        rows.append(fact("points of the CUDA C++ twins not run here", len(na), "points",
+                         str(na["reason"].iloc[0])))
     w = P.wide(df)
     if len(w) and P.on_gpu(w):
         for impl in IMPLS:
             t = w[(w["T"] == 1) & (w["kernel"] == "pmll_write") & (w["impl"] == impl)]["time_us"]
             if len(t):
                 who = "" if impl == "triton" else ", CUDA twin"
-                rows.append(fact(f"one-token write (decode){who}: median time",
-                                 f"{t.median():.1f} us", "latency-bound, not bandwidth-bound"))
-    return pd.DataFrame(rows)
+                rows.append(fact(f"one-token write (decode){who}: median time", t.median(), "us",
+                                 "latency-bound, not bandwidth-bound"))
+    return facts(rows)

@@ -1,61 +1,47 @@
 """The pmll_attention notebook's sweep points: attention straight from the PMLL ring (SPEC §1).
 
-Three sweeps, each a point function returning tidy rows (``pmll_lab.sweep.run_sweep``):
+- ``state_point``: fused and reference ``memory_attention`` against float64 over ring states
+  side by side in one batch (``STATE_COUNTS``), one error row per state.
+- ``speed_point``: every provider of ``PROVIDERS`` checked on probe sequences and heads, then
+  timed, at one shape ``(B, H, D)``, capacity ``M`` (0: no ring; else full and wrapped in every
+  sequence) and segment length ``T``.
+- ``eviction_point``: GPT-2 (random seeded weights) segment by segment through ``pmll_step``
+  against its whole-sequence forward: with ``gate="none"`` and nothing evicted the logits must
+  agree within ``EQUIV_TOL`` (a check), else the rows measure what eviction costs.
 
-- ``state_point``: correctness over ring states. One batch holds every state side by side
-  (``STATE_COUNTS``: empty, partly filled, exactly full, wrapped by one row, wrapped twice,
-  oldest row late in the ring), with seeded random rows; ``memory_attention`` with
-  ``impl="fused"`` and ``impl="reference"`` against the float64 reference, one error row per
-  sequence (``state``), so ragged lengths meet in one launch.
-- ``speed_point``: one shape ``(B, H, D)``, ring capacity ``M`` (0: no ring) and segment
-  length ``T``; every provider in ``PROVIDERS`` is checked against the float64 reference on
-  probe sequences and heads (the first and last of each), and only then timed: do_bench and a
-  CUDA graph replay on a GPU (``time_cuda_graph``), the interpreter's wall time on the CPU.
-  The ring is full and wrapped in every sequence (``length = M``, the oldest row at a
-  different slot per sequence), so the chronological order crosses the end of the ring.
-- ``eviction_point``: GPT-2 (``pmll_lab.models.gpt2_pmll``, random seeded weights) run segment
-  by segment through ``pmll_step`` with a ring of ``capacity`` rows and a constant ``gate``,
-  against the whole-sequence forward: relative L2 of the logits and top-1 agreement. With
-  ``gate="none"`` and ``capacity >= tokens - segment`` nothing is evicted and the logits must
-  agree within ``EQUIV_TOL`` (a check); below that it is a measurement of what eviction costs.
-
-Tables, headline and plots: ``pmll_lab.experiments.pmll_attention_report``.
+Targets, tables and plots follow the points (times: ``protocol.wide``, CUDA graph replays where
+the run has them; the reference path by do_bench only).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import error_rows, errors
+from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
+from pmll_lab.experiments.targets import Target, fact, facts
 from pmll_lab.inputs import pmll_inputs
 from pmll_lab.ops.pmll.ring_attention import attention_flops
 from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_step
 from pmll_lab.reference import pmll as ref
-from pmll_lab.sweep import CheckFailed, grid
+from pmll_lab.sweep import CheckFailed
 from pmll_lab.tolerances import MODEL_TOL as EQUIV_TOL
 from pmll_lab.tolerances import RING_ATTENTION_TOL as TOL
 
 PROVIDERS = ("fused", "gather_sdpa_mask", "sdpa_contiguous", "sdpa_causal", "reference",
              "pmll_step")
-"""What ``speed_point`` times for one segment's attention:
-
-- ``fused``: ``memory_attention(impl="fused")``, the ring read in place (ours);
-- ``gather_sdpa_mask``: ``pmll_read`` gathers the ring into ``[B, H, M + T, D]``, the segment's
-  keys are copied behind it, and PyTorch SDPA runs with a boolean ``[B, 1, T, M + T]`` mask
-  built from the ring lengths (the gather + mask path a PyTorch user would write);
-- ``sdpa_contiguous``: SDPA over keys already contiguous, ``[B, H, M + T, D]`` (the ring's rows
-  in order, then the segment), with ``torch.nn.attention.bias.causal_lower_right``: the same
-  attention with no gather and no mask, PyTorch's fused kernels at their best (a KV cache);
-- ``sdpa_causal``: plain causal SDPA over the segment alone (what memory adds to);
-- ``reference``: ``memory_attention(impl="reference")``, the fp32 oracle (do_bench only: it
-  syncs with the host, so it cannot be captured in a graph);
-- ``pmll_step``: the whole layer step, fused attention then the segment written into the ring
-  (``gate=None``), to compare with ``fused`` alone."""
+"""What ``speed_point`` times for one segment's attention: ``fused`` (ours, the ring read in
+place); ``gather_sdpa_mask`` (``pmll_read`` into ``[B, H, M + T, D]``, the segment behind it,
+SDPA with a ``[B, 1, T, M + T]`` mask from the ring lengths: what a PyTorch user writes);
+``sdpa_contiguous`` (SDPA over keys already in order, lower-right causal: PyTorch at its best);
+``sdpa_causal`` (the segment alone); ``reference`` (the fp32 oracle; do_bench only, it syncs
+with the host); ``pmll_step`` (fused attention then the segment written, ``gate=None``)."""
 LABELS = {"fused": "fused ring attention (ours)", "gather_sdpa_mask": "gather + SDPA with mask",
           "sdpa_contiguous": "SDPA, contiguous keys, lower-right causal",
           "sdpa_causal": "SDPA causal, segment alone", "reference": "reference path (fp32)",
@@ -69,27 +55,20 @@ TIMING = dict(warmup_ms=25, rep_ms=100, cpu_reps=2, replays=200)
 """do_bench windows (ms), interpreter calls timed, graph replays."""
 
 
+def _split_shape(p: dict) -> dict | None:
+    if "shape" in p:
+        p["H"], p["D"] = (int(x) for x in p.pop("shape"))
+    return None if p.get("capacity") == 0 and p.get("gate", "none") != "none" else p
+
+
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
-    """Expand grids (axes may include ``shape``: ``(H, D)`` pairs, split into ``H`` and ``D``;
-    ``seed`` unless a grid has its own) into points, duplicates dropped, order kept. A GPT-2 point with ``capacity`` 0 (no ring)
-    keeps only ``gate="none"``: a gate blends tokens into a ring, and without one there is
-    nothing to blend (``segmented_logits`` refuses it)."""
-    out, seen = [], set()
-    for g in grids:
-        axes = {"seed": [int(seed)], **g}
-        shapes = axes.pop("shape", None)
-        if shapes is not None:
-            axes["shape"] = [tuple(s) for s in shapes]
-        for p in grid(**axes):
-            if "shape" in p:
-                p["H"], p["D"] = (int(x) for x in p.pop("shape"))
-            if p.get("capacity") == 0 and p.get("gate", "none") != "none":
-                continue
-            key = tuple(sorted(p.items()))
-            if key not in seen:
-                seen.add(key)
-                out.append(p)
-    return out
+    """The grids' points (``shape`` pairs split into ``H`` and ``D``; ``seed`` unless a grid has
+    its own), duplicates dropped. A GPT-2 point without a ring (``capacity`` 0) keeps only
+    ``gate="none"``: without a ring there is nothing to blend."""
+    last = [{**{k: v for k, v in g.items() if k != "shape"},   # the shape axis varies last
+             **({"shape": [tuple(x) for x in g["shape"]]} if "shape" in g else {})}
+            for g in grids]
+    return P.grid_points(last, {"seed": [int(seed)]}, _split_shape)
 
 
 # ---- ring states ------------------------------------------------------------------------------
@@ -175,10 +154,6 @@ def sdpa_contiguous(q, k_cat, v_cat):
     return F.scaled_dot_product_attention(q, k_cat, v_cat, attn_mask=bias)
 
 
-def _probes(n: int) -> list[int]:
-    return sorted({0, n - 1})
-
-
 def speed_point(point: dict) -> list[dict]:
     """Check every provider of ``point["providers"]`` (default ``PROVIDERS``) on probe
     sequences and heads against float64, then time them (see the module docstring)."""
@@ -197,7 +172,7 @@ def speed_point(point: dict) -> list[dict]:
         "reference": lambda: memory_attention(q, k, v, mem, impl="reference"),
         "pmll_step": lambda: pmll_step(step_mem, q, k, v, impl="fused"),
     }
-    bi, hi = _probes(B), _probes(H)
+    bi, hi = P.probes(B), P.probes(H)
 
     def probe(t):
         return t[bi][:, hi]
@@ -285,3 +260,154 @@ def eviction_point(point: dict) -> list[dict]:
         raise CheckFailed(f"segmented GPT-2 differs from the whole sequence with nothing "
                           f"evicted: rel_l2 {bad[0]['value']:.3g} > {EQUIV_TOL}", rows)
     return rows
+
+
+# ---- targets, tables and plots ---------------------------------------------------------------
+
+PARAMS = ("B", "H", "D", "M", "T", "dtype", "capacity", "gate")
+TARGET_SET = "Attention straight from the ring against PyTorch SDPA"
+_CELLS = dict(per=("H", "D"), over=("M", "T"))
+TARGETS = (
+    Target("fused ring attention <= 0.5x gather + SDPA with mask, every M >= 1 and T",
+           "fused", "gather_sdpa_mask", 0.5, where=dict(M=lambda m: m >= 1), **_CELLS),
+    Target("fused ring attention <= 1.1x SDPA over contiguous keys (lower-right causal), "
+           "T <= 1024", "fused", "sdpa_contiguous", 1.1, where=dict(T=lambda t: t <= 1024),
+           **_CELLS),
+    Target("pmll_step (attention + ring write) <= 1.1x its attention alone, every M >= 1",
+           "pmll_step", "fused", 1.1, where=dict(M=lambda m: m >= 1), **_CELLS),
+)
+
+
+def times(df: pd.DataFrame, timer: str | None = None) -> pd.DataFrame:
+    """One row per timed (point, provider): time, TFLOP/s and beside a graph replay the
+    do_bench time of the same call (``do_bench_us``)."""
+    return P.wide(df, timer)
+
+
+def wide_times(df: pd.DataFrame) -> pd.DataFrame:
+    """Times (us) with one column per provider, one row per (shape, M, T); on a GPU the
+    providers timed by do_bench only (the reference path) follow as ``<provider> (do_bench)``."""
+    t = times(df)
+    if t.empty:
+        return t
+    idx = ["B", "H", "D", "dtype", "M", "T"]
+    w = t.pivot_table(index=idx, columns="kernel", values="time_us")
+    w = w[[p for p in PROVIDERS if p in w.columns]]
+    if t["timer"].iloc[0] == "cuda_graph":
+        db = times(df, "do_bench")
+        db = db[~db["kernel"].isin(w.columns)]
+        if len(db):
+            w = w.join(db.pivot_table(index=idx, columns="kernel", values="time_us")
+                       .rename(columns=lambda k: f"{k} (do_bench)"), how="left")
+    w = w.reset_index()
+    w.columns.name = None
+    return w.round(2)
+
+
+def ratio_table(df: pd.DataFrame, ours: str, peer: str) -> pd.DataFrame:
+    """``time(ours) / time(peer)``, one row per (H, D, M), one column per ``T``: GPU runs only."""
+    t = times(df)
+    if t.empty or not P.on_gpu(t):
+        return pd.DataFrame()
+    w = t.pivot_table(index=["H", "D", "M", "T"], columns="kernel", values="time_us")
+    if ours not in w or peer not in w:
+        return pd.DataFrame()
+    r = (w[ours] / w[peer]).dropna().rename("ratio").reset_index()
+    out = r.pivot_table(index=["H", "D", "M"], columns="T", values="ratio").round(3)
+    out.columns.name = "T"
+    return out.reset_index()
+
+
+correctness_table = partial(P.correctness_table, by=("dtype",))
+failed_points = partial(P.failed_points, params=PARAMS)
+plot_state_errors = partial(plots.plot_errors, labels=LABELS,
+                            title="Memory attention over ring states against float64")
+
+
+def plot_times(df: pd.DataFrame):
+    """Time per segment against ``T``, one panel per (shape, M), one line per provider."""
+    import matplotlib.pyplot as plt
+
+    t = times(df)
+    if t.empty:
+        return None
+    shapes = sorted(t.groupby(["H", "D"]).groups)
+    Ms = sorted(t["M"].unique())
+    fig, axes = plt.subplots(len(shapes), len(Ms), figsize=(2.4 + 3 * len(Ms), 2.9 * len(shapes)),
+                             squeeze=False, sharey="row", layout="constrained")
+    for i, (H, D) in enumerate(shapes):
+        for j, M in enumerate(Ms):
+            ax = axes[i][j]
+            s = t[(t["H"] == H) & (t["D"] == D) & (t["M"] == M)]
+            for prov in PROVIDERS:
+                p = s[s["kernel"] == prov].sort_values("T")
+                if len(p):
+                    ax.plot(p["T"], p["time_us"], label=LABELS[prov], **plots.style(prov))
+            ax.set(xscale="log", yscale="log", xlabel="segment length T",
+                   title=f"H={H}, D={D}, M={M}")
+            ax.set_xscale("log", base=2)
+            ax.title.set_fontsize(9)
+    timer = str(t["timer"].iloc[0])
+    axes[0][0].set_ylabel(f"time (us)\n{P.TIMER_LABELS.get(timer, timer)}", fontsize=8)
+    fig.suptitle(f"One segment's attention, B={int(t['B'].iloc[0])}, {t['dtype'].iloc[0]}",
+                 fontsize=10)
+    plots.legend_outside(fig)
+    return fig
+
+
+def eviction_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (gate, capacity): rel_l2 of all logits and of the last segment's, top-1 agreement."""
+    if df.empty or "metric" not in df:
+        return pd.DataFrame()
+    ok = df[df["status"] == "ok"]
+    w = ok.pivot_table(index=["gate", "capacity", "needed"], columns="metric", values="value")
+    w = w[[c for c in ("rel_l2", "rel_l2_last", "max_abs", "top1_agree") if c in w]].reset_index()
+    w.columns.name = None
+    return w.sort_values(["gate", "capacity"]).reset_index(drop=True)
+
+
+def plot_eviction(df: pd.DataFrame):
+    """rel_l2 of the logits against ring capacity, one line per gate; the capacity that evicts
+    nothing marked."""
+    import matplotlib.pyplot as plt
+
+    t = eviction_table(df)
+    if t.empty:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6), layout="constrained")
+    for k, (gate, g) in enumerate(t.groupby("gate", sort=True)):
+        lab = "no gate (g = 1)" if gate == "none" else f"gate g = {gate}"
+        for ax, col in zip(axes, ("rel_l2", "rel_l2_last")):
+            ax.plot(g["capacity"], g[col].clip(lower=1e-9), marker="o", color=f"C{k}", label=lab)
+    need = int(t["needed"].iloc[0])
+    for ax, title in zip(axes, ("all positions", "last segment")):
+        ax.axvline(need, color="grey", ls=":", lw=1, label="nothing evicted from here")
+        ax.set(yscale="log", xlabel="ring capacity M (rows per head)",
+               ylabel="rel. L2 of logits vs whole sequence",
+               title=f"GPT-2 segmented through the ring: {title}")
+    plots.legend_outside(fig, axes[:1])
+    return fig
+
+
+def findings(sdf: pd.DataFrame, edf: pd.DataFrame) -> pd.DataFrame:
+    """Facts: the worst rel. L2 over ring states per kernel; GPT-2's logits with nothing evicted
+    and with the smallest ring (rel. L2 against the whole sequence, top-1 agreement)."""
+    rows = []
+    c = P.checks(sdf)
+    for r in c.itertuples() if len(c) else []:
+        rows.append(fact(f"{r.kernel} over every ring state: worst rel. L2", r.worst_rel_l2,
+                         "rel. L2", f"tolerance {r.tolerance:.1e}"))
+    e = eviction_table(edf)
+    if len(e):
+        need = int(e["needed"].iloc[0])
+        full = e[(e["gate"] == "none") & (e["capacity"] >= need)]
+        if len(full):
+            rows.append(fact(f"GPT-2, nothing evicted (M >= {need}, no gate): logits vs the "
+                             "whole sequence", full["rel_l2"].max(), "rel. L2"))
+        part = e[(e["gate"] == "none") & (e["capacity"] < need)]
+        if len(part):
+            lo = part.iloc[0]
+            what = f"GPT-2, smallest ring (M={int(lo['capacity'])}, no gate)"
+            rows += [fact(f"{what}: logits vs the whole sequence", lo["rel_l2"], "rel. L2"),
+                     fact(f"{what}: top-1 agreement", lo["top1_agree"], "fraction")]
+    return facts(rows)

@@ -1,15 +1,12 @@
 """Check, then time: the protocol every notebook's point functions follow, and the tables read
 from their rows.
 
-A point function checks each kernel against its float64 reference (tolerances:
-``pmll_lab.tolerances``) and raises ``CheckFailed`` before anything is timed when one of ours
-fails (llm.c's habit); then it times each launch by ``do_bench`` (host launch included) and, on a
-GPU, by CUDA graph replay (GPU time), and emits tidy speed rows (``speed_rows``). A peer that
-raises inside a point becomes one failed row of that peer (``peer_call``): our rows stay.
-
-The tables side: ``timed`` / ``wide`` (rows of checked points, one timer, one device kind),
-``checks`` (passed / checks and the worst error per kernel), ``failed_points`` (the last line of
-each error), ``sweep`` (``run_sweep``, quiet inside a report) and ``pick`` (a preset's entry).
+A point checks each kernel against its float64 reference (tolerances: ``pmll_lab.tolerances``)
+and raises ``CheckFailed`` before anything is timed when one of ours fails (``require``); then
+it times each launch (``timings``: do_bench, and on a GPU CUDA graph replay) into tidy rows
+(``speed_rows``). A peer that raises becomes one failed row of that peer (``peer_call``).
+Tables: ``timed`` / ``wide`` (checked rows, one timer, one device kind), ``checks``,
+``correctness_table``, ``failed_points``; ``sweep`` runs a notebook's sweep.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ from pmll_lab import bench
 from pmll_lab.backend import DEVICE, INTERPRET
 from pmll_lab.bench import copy_bandwidth, throughput_rows, time_cuda_graph, time_launch
 from pmll_lab.dist import on_workers  # noqa: F401  (for the notebooks)
-from pmll_lab.sweep import CheckFailed, one_device, run_sweep
+from pmll_lab.sweep import CheckFailed, grid, one_device, run_sweep
 
 TIMERS = ("cuda_graph", "do_bench", "cuda_events", "interpreter-wall")
 """Timers in order of preference: tables, plots and targets read the first the rows have."""
@@ -35,11 +32,46 @@ TIMER_LABELS = {"cuda_graph": "CUDA graph replay, median (GPU time)",
                 "cuda_events": "CUDA events (GPU time)",
                 "interpreter-wall": "Triton interpreter wall time, not GPU speed"}
 LAYOUT_NAMES = {"kv": "K-major", "vk": "V-major"}
+LAYOUTS = tuple(LAYOUT_NAMES)
 PLAN_SUFFIX = ":plan"
 """Kernel-name suffix of a launch plan's rows (arguments bound once, host path lean)."""
 
 
 # ---- the point side ------------------------------------------------------------------------
+
+def grid_points(grids: Iterable[Mapping], defaults: Mapping | None = None,
+                each: Callable[[dict], dict | None] | None = None) -> list[dict]:
+    """The points of every grid (the product of its axes, ``defaults`` axes where a grid lacks
+    them), each passed through ``each`` (None drops it); duplicates dropped, order kept."""
+    out, seen = [], set()
+    for g in grids:
+        for p in grid(**{**(defaults or {}), **g}):
+            p = each(p) if each else p
+            key = None if p is None else tuple(sorted(p.items()))
+            if key is not None and key not in seen:
+                seen.add(key)
+                out.append(p)
+    return out
+
+
+def check_layout(layout: str) -> dict:
+    """``{"state_layout": layout}``; ``ValueError`` for a layout outside ``LAYOUTS``."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"state_layout: must be one of {LAYOUTS}, got {layout!r}")
+    return {"state_layout": layout}
+
+
+def probes(n: int) -> list[int]:
+    """The first and last index of ``n``: where a large launch is checked."""
+    return sorted({0, n - 1})
+
+
+def failed_row(base: Mapping, metric: str, exc: BaseException, **extra) -> dict:
+    """A form or kernel that raised, as one failed row (NaN value, the error's first 300
+    characters)."""
+    return dict(base, metric=metric, **extra, value=float("nan"), status="failed",
+                error=f"{type(exc).__name__}: {exc}"[:300])
+
 
 def on_cuda() -> bool:
     """Whether kernels run on a GPU (not the Triton interpreter)."""

@@ -1,21 +1,12 @@
-"""FlashInfer's ReplaySSM verify as a peer point of the roofline and carry_protocol sweeps.
-
-One point times ``gated_delta_rule_mtp_ucache_flush`` (``pmll_lab.peers_replayssm``, the
-wrapper the carry_step notebook uses) in two variants beside the sweeps' FlashInfer ``mtp`` rows:
-
-- ``flashinfer_replayssm:verify``: a verify of ``K`` rows at ring fill ``P`` below the fold
-  threshold (``hist_len = P < flush_min``; the state is read, never written);
-- ``flashinfer_replayssm:flush``: the same with ``hist_len = flush_min = 16 - K + 1`` (the
-  window folded into the state first, as in a steady run at that fill).
-
-Inputs are a ``step_bench.StepCase`` of the point's shape (bf16 inputs, a bf16 V-major pool:
-the only pool the kernels take) and a ring of realistic rows (``fill_replayssm_ring``). Checked
-before timed, on ``ref_seqs`` sequences: outputs against float64 decoding of the ``K`` rows from
-the state the ring stands for (``replayssm_state``), and after the cursor commit of all ``K``
-rows the new effective state against float64 decoding, both within ``tolerance`` (the carry_step
-notebook's bf16 one). A shape the kernels do not take gives one ``unsupported`` row per variant;
-without a GPU or an importable FlashInfer one ``unavailable`` row each (``status`` says which,
-``reason`` why); nothing raises for either.
+"""FlashInfer's ReplaySSM verify (``gated_delta_rule_mtp_ucache_flush``, through
+``pmll_lab.peers_replayssm``) as a peer point of the roofline and carry_protocol sweeps, in two
+variants: ``flashinfer_replayssm:verify`` (ring fill ``P`` below the fold threshold: the state
+read, never written) and ``:flush`` (fill ``16 - K + 1``: the window folded first). Inputs: a
+``step_bench.StepCase`` of the point's shape (bf16 inputs and V-major pool, the only one the
+kernels take) and a ring of realistic rows. Checked before timed, on ``ref_seqs`` sequences:
+outputs, and the effective state after committing all ``K`` rows, against float64 decoding
+within ``TOLERANCE``. Shapes it does not take: ``unsupported`` rows; no GPU or no FlashInfer:
+``unavailable`` rows (``reason`` says why); neither raises.
 """
 
 from __future__ import annotations

@@ -1,32 +1,15 @@
 """The roofline notebook: every verify kernel and peer against the copy roofline, in one run.
 
-Each point ``(K, B, HK, HV, head_dim, dtype, state_layout, state_dtype, provider)`` verifies the
-same ``K`` draft rows of ``B`` sequences from the same state, K-major (``"kv"``: ``[S, HV, kd,
-vd]``) or V-major (``"vk"``: ``[S, HV, vd, kd]``):
-
-``decodes``             ``K`` successive ``gdn_decode`` launches (``K * 2*Hb`` per sequence);
-``chain_snapshots``     ``gdn_chain`` with ``K-1`` snapshots (``(K+1)*Hb``; not at ``K=1``);
-``carry_exact_eager``   ``gdn_carry_verify``, eager (writes back whenever rows are pending);
-``carry_exact_lazy``    lazy, timed with pending counts that leave the state alone
-                        (``:nowb``) and that force a write-back (``:wb``); its figure is the
-                        amortised ``(1-f)*t_nowb + f*t_wb`` at the write-back frequency ``f``
-                        of the acceptance process (``acceptance.acceptance``);
-``fla_fused_recurrent`` FLA over the same rows (GPU, K-major; keeps no snapshots);
-``flashinfer_decode``   FlashInfer's pretranspose decode (``K = 1``);
-``flashinfer_mtp_snapshots`` / ``flashinfer_mtp_frozen``  ``gated_delta_rule_mtp`` with and
-                        without its per-row state buffer, the pool left as it was (V-major,
-                        ``kd >= 128``, bf16/fp16 inputs, GPU and flashinfer-python only);
-``flashinfer_replayssm`` FlashInfer's ReplaySSM ``ucache_flush``: a verify at ring fill ``P``
-                        (``:verify``) and with the fold (``:flush``), its bf16 pool
-                        (``replayssm_peer``; other shapes: ``unsupported`` rows).
-
-Every provider is checked before it is timed (the chain and the exact carry bitwise against the
-decode launches, everything against the float64 references on ``N_REF`` sequences), then timed
-by do_bench and, on a GPU, by CUDA graph replay (launch plans, ``<kernel>:plan`` at ``B <=
-PLAN_MAX_B``, by do_bench only). A grid's ``state_dtype`` list may add bf16/fp16 state pools
-(``HALF_STATE_PROVIDERS``, the references rounding where the kernels do). Inputs: one draw per
-shape reused by every ``(K, B)`` as views (``roofline_case``). The PMLL ring part runs
-``experiments.pmll.ring_point``; targets, tables and plots are ``roofline_report``.
+A point ``(K, B, HK, HV, head_dim, dtype, state_layout, state_dtype, provider)`` verifies the
+same ``K`` draft rows of ``B`` sequences from the same state. Providers (``roofline_case``):
+``decodes`` (``K`` launches), ``chain_snapshots`` (``K-1`` snapshots; not at ``K=1``),
+``carry_exact_eager`` / ``_lazy`` (the lazy form timed without (``:nowb``) and with (``:wb``)
+a write-back, its figure amortised at the acceptance process's write-back frequency), the CUDA
+C++ twins, FLA (K-major), FlashInfer's decode (``K=1``), ``mtp`` with and without its snapshot
+buffer and ReplaySSM (V-major; ``replayssm_peer``). Each is checked before it is timed (ours
+bitwise against the decodes, all against float64 on ``N_REF`` sequences;
+``roofline_providers``); launch plans (``<kernel>:plan``) at ``B <= PLAN_MAX_B``; bf16/fp16
+state pools for ``HALF_STATE_PROVIDERS``. Targets, tables and plots: ``roofline_report``.
 """
 
 from __future__ import annotations
@@ -34,24 +17,23 @@ from __future__ import annotations
 import torch
 
 from pmll_lab.backend import DEVICE
+from pmll_lab.experiments import replayssm_peer
+from pmll_lab.experiments import roofline_providers as RP
 from pmll_lab.experiments import roofline_case as C
-from pmll_lab.experiments import replayssm_peer, roofline_ours, roofline_peers
-from pmll_lab.experiments.acceptance import (  # noqa: F401  (for the notebook)
-    accept_counts, acceptance, acceptance_table, alpha_for_mean, draw_pending, mean_accept_len,
+from pmll_lab.experiments.acceptance import (  # noqa: F401  (for the notebook and tests)
+    acceptance, acceptance_table, alpha_for_mean, draw_pending, mean_accept_len,
 )
-from pmll_lab.experiments.gdn import (  # noqa: F401
-    carry_bytes, fla_bytes, floor_bytes, frozen_bytes, stash_row_bytes,
+from pmll_lab.experiments.gdn import (  # noqa: F401  (for the tests)
+    carry_bytes, fla_bytes, floor_bytes, stash_row_bytes,
 )
 from pmll_lab.experiments.roofline_case import (  # noqa: F401
-    CAP, CUDA_TWINS, FLASHINFER, GRAPH_REPLAYS, HALF_STATE_PROVIDERS, LABELS, LAYOUTS, MAIN_SHAPE, REPLAYSSM,
-    NATIVE_LAYOUT, OURS, PEERS, PLAN_MAX_B, PROVIDERS, SHAPE_KEYS, STATE_DTYPES, layout_support,
+    CAP, CUDA_TWINS, FLASHINFER, GRAPH_REPLAYS, HALF_STATE_PROVIDERS, LAYOUTS, MAIN_SHAPE,
+    NATIVE_LAYOUT, OURS, PEERS, PROVIDERS, REPLAYSSM, SHAPE_KEYS, STATE_DTYPES, layout_support,
     release,
 )
 from pmll_lab.experiments.roofline_report import *  # noqa: F401,F403  (tables, targets, plots)
-from pmll_lab.peers import (  # noqa: F401  (for the notebook)
-    fla_available, fla_supports_gva, flashinfer_available, flashinfer_status, flashinfer_supports,
-)
 from pmll_lab.ops.gdn.decode_cuda import MAX_KD as CUDA_MAX_KD
+from pmll_lab.peers import fla_available, flashinfer_available, flashinfer_supports
 from pmll_lab.step_bench import impl_of
 from pmll_lab.sweep import CheckFailed, grid
 
@@ -180,22 +162,19 @@ def gdn_point(point: dict) -> list[dict]:
                  "reason": why, "state_dtype": sdt, "impl": "cuda"}]
     try:
         c = C.case(point)
+        ours = {"decodes": RP.point_decodes,
+                "decodes_cuda": RP.point_decodes_cuda,
+                "chain_snapshots": RP.point_chain,
+                "chain_snapshots_cuda": RP.point_chain_cuda,
+                "fla_fused_recurrent": RP.point_fla}
         try:
-            if prov == "decodes":
-                rows = roofline_ours.point_decodes(c)
-            elif prov == "decodes_cuda":
-                rows = roofline_ours.point_decodes_cuda(c)
-            elif prov == "chain_snapshots":
-                rows = roofline_ours.point_chain(c)
-            elif prov == "chain_snapshots_cuda":
-                rows = roofline_ours.point_chain_cuda(c)
-            elif prov == "fla_fused_recurrent":
-                rows = roofline_peers.point_fla(c)
+            if prov in ours:
+                rows = ours[prov](c)
             elif prov in FLASHINFER:
-                rows = roofline_peers.point_flashinfer(c, prov)
+                rows = RP.point_flashinfer(c, prov)
             else:
                 form, mode = prov.split("_")[1:]
-                rows = roofline_ours.point_carry(c, form, mode == "lazy")
+                rows = RP.point_carry(c, form, mode == "lazy")
         except CheckFailed as exc:
             _tag_state(exc.rows, sdt)
             raise

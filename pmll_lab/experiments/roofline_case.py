@@ -1,12 +1,8 @@
-"""The roofline notebook's providers, settings and shared inputs: one input draw per shape and,
-per ``(shape, K, B, state_layout, state_dtype)``, a ``_Case`` with the input views, the float64
-references on ``N_REF`` sequences and (on first use) the decode baseline and the carry
-references per pending-count variant; every provider of the case checks against them
-(``roofline_ours``, ``roofline_peers``). ``release()`` drops them.
-
-Our launchers are called as attributes of this module (``C.gdn_decode``), so that a test that
-replaces one here replaces it in the baselines and the providers alike.
-"""
+"""The roofline notebook's providers, settings and shared inputs: one input draw per shape; per
+``(shape, K, B, state_layout, state_dtype)`` a ``_Case`` (input views, float64 references on
+``N_REF`` sequences, on first use the decode baseline and the carry references) that every
+provider checks against; ``release()`` drops them. Launchers are called as ``C.<launcher>``, so
+a test that replaces one here replaces it everywhere."""
 
 from __future__ import annotations
 
@@ -22,7 +18,6 @@ from pmll_lab.carry import (  # noqa: F401  (called as C.<launcher>)
 )
 from pmll_lab.experiments.acceptance import acceptance, draw_pending
 from pmll_lab.experiments.gdn import QWEN3_NEXT, clone_carry, fill_stash, gating_inputs
-from pmll_lab.experiments.protocol import PLAN_SUFFIX  # noqa: F401
 from pmll_lab.experiments.replayssm_peer import LABELS as REPLAYSSM_LABELS
 from pmll_lab.gdn import gdn_chain, gdn_chain_ref, gdn_decode, gdn_decode_plan  # noqa: F401
 from pmll_lab.inputs import gdn_inputs

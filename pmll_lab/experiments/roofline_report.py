@@ -7,6 +7,7 @@ rows unless a table says otherwise (``state_dtype_table`` sets the bf16 pools ag
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -17,7 +18,8 @@ from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import acceptance
 from pmll_lab.experiments.gdn import floor_bytes, fla_bytes
 from pmll_lab.experiments.roofline_case import L2_BYTES, LABELS, MAIN_SHAPE, PROVIDERS, SHAPE_KEYS
-from pmll_lab.experiments.targets import Target, fact
+from pmll_lab.experiments.step import step_target
+from pmll_lab.experiments.targets import Target, fact, facts
 
 __all__ = ["TARGET_SET", "TARGETS", "STEP_TARGET_SET", "STEP_TARGETS", "STEP_FORMS",
            "PLAN_TARGET_US", "PARAMS", "wide_table",
@@ -86,25 +88,19 @@ STEP_TARGET_SET = ("The speculative step at Qwen3-Next's shape (verify + accept/
                    "restore, K=4) against FlashInfer")
 
 
-def _step(text, ours, peer, bound, state_dtype="float32", Bs=_B2, ours_dtype=None):
-    return Target(text, {"form": ours, "state_dtype": ours_dtype or state_dtype},
-                  {"form": peer, "state_dtype": state_dtype}, bound,
-                  where=dict(K=4, B=Bs), per=("B",), metric="step_us")
-
-
 STEP_TARGETS = (
-    _step("chain + snapshots + restore step <= FlashInfer mtp + snapshots + restore, fp32 state",
-          "chain_restore", "flashinfer_snapshot_restore", 1.0),
-    _step("chain + snapshots + restore step <= FlashInfer mtp + snapshots + restore, bf16 state",
-          "chain_restore", "flashinfer_snapshot_restore", 1.0, "bfloat16"),
-    _step("carry exact lazy step <= 0.4x FlashInfer's snapshot step, fp32 state", "exact_lazy",
-          "flashinfer_snapshot_restore", 0.4),
-    _step("ring step <= 0.9x FlashInfer's ReplaySSM step, bf16 state", "ring",
-          "flashinfer_replayssm", 0.9, "bfloat16"),
-    _step("B=1: ring step <= FlashInfer's ReplaySSM step, bf16 state", "ring",
-          "flashinfer_replayssm", 1.0, "bfloat16", Bs=[1]),
-    _step("carry exact lazy step against FlashInfer's ReplaySSM step, bf16 state", "exact_lazy",
-          "flashinfer_replayssm", None, "bfloat16"),
+    step_target("chain + snapshots + restore step <= FlashInfer mtp + snapshots + restore, fp32 "
+                "state", "chain_restore", "flashinfer_snapshot_restore", 1.0, "float32"),
+    step_target("chain + snapshots + restore step <= FlashInfer mtp + snapshots + restore, bf16 "
+                "state", "chain_restore", "flashinfer_snapshot_restore", 1.0),
+    step_target("carry exact lazy step <= 0.4x FlashInfer's snapshot step, fp32 state",
+                "exact_lazy", "flashinfer_snapshot_restore", 0.4, "float32"),
+    step_target("ring step <= 0.9x FlashInfer's ReplaySSM step, bf16 state", "ring",
+                "flashinfer_replayssm", 0.9),
+    step_target("B=1: ring step <= FlashInfer's ReplaySSM step, bf16 state", "ring",
+                "flashinfer_replayssm", 1.0, Bs=(1,)),
+    step_target("carry exact lazy step against FlashInfer's ReplaySSM step, bf16 state",
+                "exact_lazy", "flashinfer_replayssm", None),
 )
 """The headline (per step, ``experiments.step`` on the ``step_grids`` sweep)."""
 STEP_FORMS = ("exact_lazy+ring+chain_restore+flashinfer_snapshot_restore+flashinfer_replayssm")
@@ -117,16 +113,10 @@ def wide_table(df: pd.DataFrame, timer: str | None = None,
     return P.wide(df, timer, state_dtype=state_dtype)
 
 
-def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
-    return P.correctness_table(df, by=("state_dtype",))
-
-
-def failed_points(df: pd.DataFrame) -> pd.DataFrame:
-    return P.failed_points(df, PARAMS)
-
-
-def main_shape(df: pd.DataFrame) -> dict:
-    return P.main_shape(df, SHAPE_KEYS, MAIN_SHAPE)
+correctness_table = partial(P.correctness_table, by=("state_dtype",))
+failed_points = partial(P.failed_points, params=PARAMS)
+main_shape = partial(P.main_shape, keys=SHAPE_KEYS, prefer=MAIN_SHAPE)
+plot_errors = partial(plots.plot_errors, labels=LABELS, title="Errors checked before timing")
 
 
 def lazy_table(df: pd.DataFrame, shape: dict | None = None, Bs=(1, 64, 128)) -> pd.DataFrame:
@@ -241,31 +231,27 @@ def state_dtype_table(df: pd.DataFrame, shape: dict | None = None, Bs=(1, 64, 25
 
 def findings(df: pd.DataFrame, pdf: pd.DataFrame | None = None, *, mean_accept: float = 3.3,
              accept_K: int = 4, seed: int = 0) -> pd.DataFrame:
-    """Measured facts: the acceptance process the amortised figures use, the run's copy
-    roofline, PMLL points run, and on a GPU the bf16 state pool against the fp32 one."""
+    """Facts: the acceptance process the amortised figures use (K=4), the run's copy roofline,
+    PMLL points run, and on a GPU the bf16 state pool's time over the fp32 one's (B=64)."""
     a4 = acceptance(4, mean_accept, accept_K, seed=seed)
-    rows = [fact("acceptance process, K=4", f"alpha {a4['alpha']:.3f}, lazy write-back on "
-                 f"{a4['lazy_wb']:.0%} of verifies, {a4['lazy_mean_pend']:.2f} rows pending",
-                 f"mean accepted length {mean_accept} at K={accept_K}")]
+    how = f"mean accepted length {mean_accept} at K={accept_K}"
+    rows = [fact("acceptance process, K=4: alpha", a4["alpha"], "per draft", how),
+            fact("acceptance process, K=4: lazy write-backs", a4["lazy_wb"], "per verify", how),
+            fact("acceptance process, K=4: rows pending", a4["lazy_mean_pend"], "rows", how)]
     roof = P.roofline_gbps(df)
     if roof:
-        rows.append(fact("copy roofline of this run", f"{roof:.0f} GB/s"))
+        rows.append(fact("copy roofline of this run", roof, "GB/s"))
     if pdf is not None and len(pdf):
-        rows.append(fact("PMLL ring points", f"{pdf['point_id'].nunique()} run"))
+        rows.append(fact("PMLL ring points run", pdf["point_id"].nunique(), "points"))
     t = state_dtype_table(df, Bs=(64,))
     if "ratio" in t:
         for kern, K in (("decodes", 1), ("chain_snapshots", 4), ("carry_exact_lazy", 4)):
             r = t[(t["kernel"] == kern) & (t["K"] == K)].dropna(subset=["ratio"])
             if len(r):
                 r = r.loc[r["bfloat16 state us"].idxmin()]
-                rows.append(fact(f"bf16 state pool, {LABELS[kern]}, K={K}, B=64",
-                                 f"{r['ratio']:.2f}x the fp32 pool's time",
-                                 f"{r['state_layout']}, the faster layout"))
-    return pd.DataFrame(rows)
-
-
-def plot_errors(df: pd.DataFrame):
-    return plots.plot_errors(df, LABELS, "Errors checked before timing")
+                rows.append(fact(f"bf16 state pool / fp32 pool, {LABELS[kern]}, K={K}, B=64",
+                                 r["ratio"], "x", f"{r['state_layout']}, the faster layout"))
+    return facts(rows)
 
 
 def plot_roofline(df: pd.DataFrame, shape: dict | None = None):

@@ -1,23 +1,12 @@
 """The spec_decode notebook: speculative decoding end to end on a hybrid GDN model.
 
-A transformers Qwen3-Next model (random weights, seeded) decodes through our kernels
-(``pmll_lab.models``): greedy (``conv_update`` + ``gdn_decode`` per token) and speculative
-(``K`` rows per step verified by the carried state, exact form, eager or lazy, or by the
-snapshot chain), with a draft whose quality is a parameter (``noisy``: the target's own greedy
-tokens, each wrong with probability ``1 - p``) or prompt lookup (``ngram``).
-
-- ``generation_point``: one generation (plain or speculative) of ``B`` prompts; rows per point:
-  tokens/s over the decode steps, mean acceptance length, per-step time (mean; and the median)
-  and its split into
-  kernel sections (per verify step, summed over the GDN layers), write-backs, flushes, restored
-  snapshots, and how many tokens agree with greedy decoding. On a GPU each generation runs twice
-  and the second is measured (the first compiles the kernels); sections are timed with CUDA
-  events. On the CPU every time is Triton-interpreter wall time.
-- ``oracle_point``: the same model's greedy and speculative tokens against transformers'
-  ``generate`` on its torch path (``pmll_lab.models.oracle``), and against our greedy tokens.
-- Tables and plots: acceptance against K and draft quality (with ``1 + p + ... + p**(K-1)``),
-  the verify step split into kernels, tokens/s speculative against plain, the forms side by side,
-  state bytes per sequence.
+A transformers Qwen3-Next model (random seeded weights) decodes through our kernels
+(``pmll_lab.models``): greedy, or ``K`` rows per step verified by the exact carried state (eager
+or lazy) or the snapshot chain, drafts from a ``noisy`` copy of greedy's tokens (each right with
+probability ``p``) or prompt lookup (``ngram``). ``generation_point``: tokens/s, acceptance, the
+step split into kernel sections (CUDA events; on a GPU the second of two runs), write-backs,
+flushes, restores, agreement with greedy. ``oracle_point``: our tokens against transformers'
+``generate`` on its torch path. On the CPU every time is interpreter wall time.
 """
 
 from __future__ import annotations
@@ -32,8 +21,9 @@ import torch
 from pmll_lab.backend import DEVICE
 from pmll_lab.carry import GDN_CARRY_CAP
 from pmll_lab.experiments import plots
-from pmll_lab.experiments.targets import Target, fact
-from pmll_lab.sweep import CheckFailed, grid
+from pmll_lab.experiments import protocol as P
+from pmll_lab.experiments.targets import Target, fact, facts
+from pmll_lab.sweep import CheckFailed
 
 ARCHS = ("tiny", "qwen3_next_sized")
 """``tiny``: ``tiny_config("qwen3_next")`` (hidden 64, 2 GDN + 1 attention layers, MoE);
@@ -49,20 +39,17 @@ LABELS = {"plain": "plain decoding", "exact_lazy": "carry exact, lazy",
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
+def _plain(p: dict) -> dict:
+    if p.get("mode") == "plain":
+        for k in ("form", "lazy", "K", "draft", "p"):
+            p.pop(k, None)
+    return p
+
+
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
-    """Expand the notebook's grids (each the product of its axes, ``seed`` unless a grid has
-    its own; ``mode="plain"`` points drop the speculative axes), duplicates dropped."""
-    out, seen = [], set()
-    for g in grids:
-        for p in grid(**{"seed": [int(seed)], **g}):
-            if p.get("mode") == "plain":
-                for k in ("form", "lazy", "K", "draft", "p"):
-                    p.pop(k, None)
-            key = tuple(sorted(p.items()))
-            if key not in seen:
-                seen.add(key)
-                out.append(p)
-    return out
+    """The grids' points (``seed`` unless a grid has its own; ``mode="plain"`` points drop the
+    speculative axes), duplicates dropped."""
+    return P.grid_points(grids, {"seed": [int(seed)]}, _plain)
 
 
 def kernel_name(p: dict) -> str:
@@ -451,17 +438,19 @@ def oracle_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def findings(w: pd.DataFrame, oracle: pd.DataFrame, K: int, p: float) -> pd.DataFrame:
-    """Measured facts: our tokens against transformers' generate per form; the acceptance
-    length at ``K``, ``p`` per batch width."""
+    """Facts: per form our tokens against transformers' generate (tokens agreeing, divergences
+    beyond the logit error, equal to our greedy tokens); the acceptance length at ``K``, ``p``
+    per batch width and layout."""
     rows = []
     for r in oracle.itertuples() if len(oracle) and "unexplained" in oracle else []:
-        rows.append(fact(f"{LABELS.get(r.kernel, r.kernel)}: tokens equal to transformers' "
-                         "greedy tokens", f"{int(r.agreeing)} of {int(r.compared)}",
-                         f"{int(r.divergences)} divergence(s), {int(r.unexplained)} beyond the "
-                         f"logit error (eps {r.eps:.1e}); equal to our greedy tokens: "
-                         f"{'yes' if r.equal_to_greedy else 'no'}"))
+        what = LABELS.get(r.kernel, r.kernel)
+        rows += [fact(f"{what}: tokens equal to transformers' greedy tokens", int(r.agreeing),
+                      f"of {int(r.compared)} tokens"),
+                 fact(f"{what}: divergences beyond the logit error", int(r.unexplained),
+                      f"of {int(r.divergences)} divergences", f"eps {r.eps:.1e}"),
+                 fact(f"{what}: equal to our greedy tokens", int(r.equal_to_greedy), "1 = yes")]
     t = throughput_table(w, K, p)
     for r in t[t["kernel"] == "exact_lazy"].itertuples() if len(t) else []:
         rows.append(fact(f"acceptance length, carry exact lazy, B={r.B}, K={K}, p={p}, "
-                         f"{r.state_layout}", round(r.mean_accept, 3)))
-    return pd.DataFrame(rows)
+                         f"{r.state_layout}", round(r.mean_accept, 3), "rows per verify"))
+    return facts(rows)

@@ -1,16 +1,10 @@
 """How far a bf16 state pool drifts from an fp32 one over a long decode (roofline notebook).
 
-A bf16 state (SGLang's ``--mamba-ssm-dtype bfloat16``, FlashInfer's bf16-state kernels) halves
-the bytes every decode moves, and rounds the state to 8 significant bits after every token.
-``drift_point`` decodes the same ``T`` tokens twice with ``gdn_decode`` from the same start, once
-on an fp32 state pool and once on a bf16 one (the start: the fp32 draw rounded to bf16, so both
-start equal and every difference is the rounding's), and records at tokens ``t = 1, 2, 4, ...,
-T``: the rel L2 distance between the two runs' outputs at token ``t`` (``drift_o``) and between
-their states after token ``t`` (``drift_state``; the output of token 1 is read from the
-shared start, so ``drift_o`` is 0 there and the first rounding shows from token 2). The gates decay the state (``g < 0``), so old
-rounding errors fade while new ones arrive: the drift settles instead of growing without bound,
-and where it settles is the figure of merit. Inputs: seeded ``gdn_inputs`` drawn in chunks of
-``CHUNK`` tokens (the same draw for both runs). ``plot_drift`` draws both curves per layout.
+``drift_point`` decodes the same ``T`` tokens with ``gdn_decode`` on an fp32 and on a half
+(bf16/fp16) state pool from the same start (the fp32 draw rounded: every difference is the
+rounding's) and records, at tokens ``1, 2, 4, ..., T``, the rel L2 between the two runs' outputs
+(``drift_o``; 0 at token 1, read from the shared start) and states (``drift_state``). The gates
+decay old rounding errors, so the drift settles; where it settles is the figure of merit.
 """
 
 from __future__ import annotations

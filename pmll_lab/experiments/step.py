@@ -1,13 +1,11 @@
 """The carry_step notebook: the whole speculative step per form, and the drift study.
 
-A point is one configuration (``B, K, HK, HV, head_dim, state_dtype``, ``steps`` speculative
-steps, acceptance ``alpha``). Every form of ``pmll_lab.step_bench.STEP_FORMS`` that runs it is
-checked first (accepted outputs and final states against float64 decoding) and only then timed
-(the ``steps`` steps captured in one CUDA graph, ``step_us`` per step). A form that fails its
-check or raises is one failed row of that form; a form FlashInfer does not take is one
-``unsupported`` row. Rows (``results/<notebook>/carry_step.jsonl``): ``kernel = form = ...``,
-``metric`` in ``step_us`` (timer ``cuda_graph``), ``o_rel_l2``, ``state_rel_l2``,
-``bytes_moved_step``, ``bytes_held_seq``, ``fold_frac``, ``mean_fill``, plus ``mean_accept``.
+A point is one configuration (``B, K, HK, HV, head_dim, state_dtype``, ``steps``, acceptance
+``alpha``). Each form of ``step_bench.STEP_FORMS`` is checked first (accepted outputs and final
+states against float64 decoding), then timed (the ``steps`` steps in one CUDA graph:
+``step_us``); a form that fails or raises is one failed row, one FlashInfer does not take one
+``unsupported`` row. Other metrics: ``o_rel_l2``, ``state_rel_l2``, ``bytes_moved_step``,
+``bytes_held_seq``, ``fold_frac``, ``mean_fill``; ``mean_accept`` on every row.
 """
 
 from __future__ import annotations
@@ -16,7 +14,8 @@ import pandas as pd
 import torch
 
 from pmll_lab.backend import DEVICE, INTERPRET
-from pmll_lab.experiments.targets import Target, fact
+from pmll_lab.experiments import protocol as P
+from pmll_lab.experiments.targets import Target, fact, facts
 from pmll_lab.step_bench import (CONV_FORMS, STEP_FORMS, StepCase, build_form, check_conv,
                                  check_form, conv_step_timing, impl_of, step_bytes, step_timing,
                                  supports)
@@ -33,29 +32,30 @@ LABELS = {
 }
 PEER = "flashinfer_replayssm"
 TARGET_SET = "the whole speculative step"
-_RING_BF16 = {"form": "ring", "state_dtype": "bfloat16"}
-_FI = {"form": PEER, "state_dtype": "bfloat16"}
+
+
+def step_target(text: str, ours: str, peer: str, bound: float | None,
+                state_dtype: str = "bfloat16", Bs=(64, 128), ours_dtype: str | None = None):
+    """A per-step target (``step_us`` at ``K = 4``, one row per ``B``): form ``ours`` against
+    ``peer`` at ``state_dtype`` (ours at ``ours_dtype`` where given)."""
+    return Target(text, {"form": ours, "state_dtype": ours_dtype or state_dtype},
+                  {"form": peer, "state_dtype": state_dtype}, bound,
+                  where={"K": 4, "B": list(Bs)}, per=("B",), metric="step_us")
+
+
 TARGETS = (
-    Target("ring step, bf16 state, <= 0.9x FlashInfer's ReplaySSM step", _RING_BF16, _FI,
-           bound=0.9, where={"K": 4, "B": [64, 128]}, per=("B",), metric="step_us"),
-    Target("ring step, fp32 state, <= 1.5x the bf16-state ring step",
-           {"form": "ring", "state_dtype": "float32"}, _RING_BF16, bound=1.5,
-           where={"K": 4, "B": [64, 128]}, per=("B",), metric="step_us"),
-    Target("ring step at B = 1 <= FlashInfer's ReplaySSM step", _RING_BF16, _FI, bound=1.0,
-           where={"K": 4, "B": [1]}, per=("B",), metric="step_us"),
-    Target("exact lazy carry step, bf16 state, against FlashInfer's ReplaySSM step",
-           {"form": "exact_lazy", "state_dtype": "bfloat16"}, _FI, bound=None,
-           where={"K": 4, "B": [64, 128]}, per=("B",), metric="step_us"),
-    Target("CUDA twin's exact lazy step, bf16 state, <= 1.5x FlashInfer's ReplaySSM step",
-           {"form": "exact_lazy_cuda", "state_dtype": "bfloat16"}, _FI, bound=1.5,
-           where={"K": 4, "B": [64, 128]}, per=("B",), metric="step_us"),
-    Target("CUDA twin's exact lazy step, bf16 state, <= 0.5x the Triton exact lazy step",
-           {"form": "exact_lazy_cuda", "state_dtype": "bfloat16"},
-           {"form": "exact_lazy", "state_dtype": "bfloat16"}, bound=0.5,
-           where={"K": 4, "B": [64, 128]}, per=("B",), metric="step_us"),
-    Target("FlashInfer's ReplaySSM step against its own snapshot verify + restore", _FI,
-           {"form": "flashinfer_snapshot_restore", "state_dtype": "bfloat16"}, bound=None,
-           where={"K": 4, "B": [64, 128]}, per=("B",), metric="step_us"),
+    step_target("ring step, bf16 state, <= 0.9x FlashInfer's ReplaySSM step", "ring", PEER, 0.9),
+    step_target("ring step, fp32 state, <= 1.5x the bf16-state ring step", "ring", "ring", 1.5,
+                ours_dtype="float32"),
+    step_target("ring step at B = 1 <= FlashInfer's ReplaySSM step", "ring", PEER, 1.0, Bs=(1,)),
+    step_target("exact lazy carry step, bf16 state, against FlashInfer's ReplaySSM step",
+                "exact_lazy", PEER, None),
+    step_target("CUDA twin's exact lazy step, bf16 state, <= 1.5x FlashInfer's ReplaySSM step",
+                "exact_lazy_cuda", PEER, 1.5),
+    step_target("CUDA twin's exact lazy step, bf16 state, <= 0.5x the Triton exact lazy step",
+                "exact_lazy_cuda", "exact_lazy", 0.5),
+    step_target("FlashInfer's ReplaySSM step against its own snapshot verify + restore", PEER,
+                "flashinfer_snapshot_restore", None),
 )
 """The per-step targets (judged on a GPU only); ``bound=None``: reported, not judged."""
 
@@ -92,8 +92,7 @@ def step_point(p: dict) -> list[dict]:
         try:
             chk = check_form(build_form(form, case), ref_seqs=int(p.get("ref_seqs", 2)))
         except Exception as exc:  # noqa: BLE001 - a form that raises is one failed row of it
-            rows.append(dict(base, metric="rel_l2", what="o", value=float("nan"),
-                             status="failed", error=f"{type(exc).__name__}: {exc}"[:300]))
+            rows.append(P.failed_row(base, "rel_l2", exc, what="o"))
             continue
         status = "ok" if chk["passed"] else "failed"
         for what in ("o", "state"):
@@ -111,8 +110,7 @@ def step_point(p: dict) -> list[dict]:
         try:
             t = step_timing(sf)
         except Exception as exc:  # noqa: BLE001 - capture failed: its figures stand without
-            rows.append(dict(base, metric="step_us", value=float("nan"), status="failed",
-                             error=f"{type(exc).__name__}: {exc}"[:300]))
+            rows.append(P.failed_row(base, "step_us", exc))
             continue
         if t is not None:
             rows.append(dict(base, metric="step_us", value=t["step_us"], p20=t["p20_us"],
@@ -136,8 +134,7 @@ def conv_rows(case: StepCase, mean_accept: float) -> list[dict]:
         try:
             ok = check_conv(form, case)
         except Exception as exc:  # noqa: BLE001 - one failed row of that form
-            rows.append(dict(base, metric="bitwise", value=float("nan"), status="failed",
-                             error=f"{type(exc).__name__}: {exc}"[:300]))
+            rows.append(P.failed_row(base, "bitwise", exc))
             continue
         status = "ok" if ok else "failed"
         rows.append(dict(base, metric="bitwise", value=float(ok), passed=ok, status=status))
@@ -178,39 +175,40 @@ def sensitivity_table(sdf: pd.DataFrame) -> pd.DataFrame:
 
 
 def sensitivity_findings(sdf: pd.DataFrame) -> pd.DataFrame:
-    """Per ``alpha``: the ring step at each ``R`` as a multiple of the ``R = 16`` step; and, at
-    ``R = 16``, every other form's step as a multiple of the ring's (GPU rows only)."""
+    """Facts per ``alpha``: the ring step at each ``R`` over the ``R = 16`` step; at ``R = 16``
+    every other form's step over the ring's (GPU rows only)."""
     t = sensitivity_table(sdf)
     out = []
     if t.empty or "step_us" not in t:
-        return pd.DataFrame(out)
+        return facts(out)
     ring = t[t.form == "ring"].set_index(["alpha", "ring_length"])["step_us"]
     for (a, R), v in ring.items():
         if R != 16 and (a, 16) in ring.index:
             out.append(fact(f"alpha={a}: ring step with R={R} / with R=16",
-                            round(float(v / ring[(a, 16)]), 3), "same B, K, state dtype"))
+                            round(float(v / ring[(a, 16)]), 3), "x", "same B, K, state dtype"))
     for (a, f), sel in t[t.ring_length == 16].groupby(["alpha", "form"]):
         if f != "ring" and (a, 16) in ring.index and sel.step_us.notna().all():
             out.append(fact(f"alpha={a} (mean {sel.mean_accept.iloc[0]:.2f} accepted): "
                             f"{LABELS.get(f, f)} step / ring step",
-                            round(float(sel.step_us.iloc[0] / ring[(a, 16)]), 3), "R = 16"))
-    return pd.DataFrame(out)
+                            round(float(sel.step_us.iloc[0] / ring[(a, 16)]), 3), "x", "R = 16"))
+    return facts(out)
 
 
 def findings(df: pd.DataFrame, kdf: pd.DataFrame, ddf: pd.DataFrame) -> pd.DataFrame:
-    """Measured facts under the headline: ratios of whole steps (GPU), single verifies on the
-    same ring rows (GPU), bytes per step and held per sequence, and the drift study's errors
-    (every device: accuracy, not speed)."""
+    """Facts: whole steps over the ring step (GPU), one verify ours over FlashInfer's on the
+    same ring rows (GPU), bytes moved per step and held per sequence, and the drift study's
+    errors (every device: accuracy, not speed)."""
     out = []
-    tab = step_table(df)
+    tab = step_table(df) if len(df) else pd.DataFrame()
     at = lambda f, sd, B, m: tab[(tab.form == f) & (tab.state_dtype == sd) & (tab.B == B)  # noqa
                                  & (tab.K == 4)][m]
     for B in sorted(tab.B.unique()) if "step_us" in tab else []:
         r, e, c = (at(f, "bfloat16", B, "step_us") for f in ("ring", "exact_lazy", "chain_restore"))
         if len(r) and len(e) and len(c):
-            out.append(fact(f"B={B}, bf16 state: ring step / exact lazy step / chain + restore",
-                            f"1 / {float(e.iloc[0] / r.iloc[0]):.2f} / {float(c.iloc[0] / r.iloc[0]):.2f}",
-                            "times the ring step's"))
+            out += [fact(f"B={B}, bf16 state: exact lazy step / ring step",
+                         float(e.iloc[0] / r.iloc[0]), "x"),
+                    fact(f"B={B}, bf16 state: chain + restore step / ring step",
+                         float(c.iloc[0] / r.iloc[0]), "x")]
     if not kdf.empty and "time_us" in set(kdf.metric):
         t = kdf[kdf.metric == "time_us"].pivot_table(index=["B", "fill"], columns="kernel",
                                                       values="value")
@@ -218,23 +216,29 @@ def findings(df: pd.DataFrame, kdf: pd.DataFrame, ddf: pd.DataFrame) -> pd.DataF
         if {"ring_verify", "flashinfer_ucache_flush"} <= set(t.columns):
             for (B, fill), row in t.iterrows():
                 out.append(fact(f"one verify, B={B}, ring fill {fill}: ours / FlashInfer",
-                                round(row.ring_verify / row.flashinfer_ucache_flush, 3),
+                                round(row.ring_verify / row.flashinfer_ucache_flush, 3), "x",
                                 "identical ring rows" + ("; this fill folds" if fill + K > 16
                                                          else "")))
     b = tab[(tab.K == tab.K.max())] if len(tab) else tab
-    for f in ("ring", "exact_lazy", "chain_restore", "flashinfer_replayssm"):
+    for f in ("ring", "exact_lazy", "chain_restore", "flashinfer_replayssm") if len(b) else ():
         sel = b[(b.form == f) & (b.state_dtype == "bfloat16")]
         if len(sel) and "bytes_moved_step" in sel:
-            out.append(fact(f"{LABELS[f]}: MB moved per step / KiB held, per sequence (bf16)",
-                            f"{sel.bytes_moved_step.iloc[-1] / 1e6:.3g} / "
-                            f"{sel.bytes_held_seq.iloc[-1] / 1024:.3g}", "per layer"))
+            out += [fact(f"{LABELS[f]}, bf16: moved per step and sequence",
+                         sel.bytes_moved_step.iloc[-1] / 1e6, "MB", "per layer"),
+                    fact(f"{LABELS[f]}, bf16: held per sequence",
+                         sel.bytes_held_seq.iloc[-1] / 1024, "KiB", "per layer")]
     if not ddf.empty:
-        g = ddf.groupby(["form", "state_dtype", "metric"])["value"]
-        for (form, sd, m), v in g:
-            out.append(fact(f"drift, {LABELS.get(form, form)} ({sd} state): {m}",
-                            f"mean {v.mean():.2e}, worst {v.max():.2e}",
-                            "against the exact fp32 carry (= plain fp32 decoding)"))
-    return pd.DataFrame(out)
+        same = same_drift(ddf, "exact_lazy", "plain_decode")
+        if same is not None:
+            out.append(fact("drift, bf16 state: exact lazy carry's errors == plain decoding's at "
+                            "every step and checkpoint", int(same), "1 = yes",
+                            "0: they do not agree to the bit"))
+        for (form, sd, m), v in ddf.groupby(["form", "state_dtype", "metric"])["value"]:
+            what = f"drift, {LABELS.get(form, form)} ({sd} state): {m}"
+            note = "against the exact fp32 carry (= plain fp32 decoding)"
+            out += [fact(f"{what}, mean", v.mean(), "rel. L2", note),
+                    fact(f"{what}, worst", v.max(), "rel. L2", note)]
+    return facts(out)
 
 
 def kernel_point(p: dict) -> list[dict]:
@@ -245,6 +249,7 @@ def kernel_point(p: dict) -> list[dict]:
     ``ref_seqs`` sequences, then timed alone (graph replay, L2 flushed, ``time_us``)."""
     from pmll_lab.bench import errors, time_cuda_graph
     from pmll_lab.carry import GdnRing, gdn_ring_verify
+    from pmll_lab.peers import fused_gating
     from pmll_lab.peers_replayssm import ReplaySSMRing, replayssm_available, replayssm_runner
     from pmll_lab.reference import ring as ref_ring
     from pmll_lab.step_bench import fill_ring
@@ -256,7 +261,7 @@ def kernel_point(p: dict) -> list[dict]:
                          length=16, dtype=case.state_dtype)
     fill_ring(ring, int(p["fill"]), seed=case.seed + 7)
     slots = t["slots"]
-    g, beta = __import__("pmll_lab.peers", fromlist=["fused_gating"]).fused_gating(
+    g, beta = fused_gating(
         r["A_log"].cpu(), r["a"][:n].cpu(), r["dt_bias"].cpu(), r["b"][:n].cpu())
     kv = t["state"].double().transpose(-1, -2).cpu()
     o_ref, _ = ref_ring.verify(kv, ref_ring.RefRing.from_ring(ring), r["q"][:n].cpu(),
@@ -282,8 +287,7 @@ def kernel_point(p: dict) -> list[dict]:
             o = fn()
             err = errors(o[:n].float(), o_ref)["rel_l2"]
         except Exception as exc:  # noqa: BLE001 - a kernel that raises is one failed row
-            rows.append(dict(base, metric="rel_l2", what="o", value=float("nan"),
-                             status="failed", error=f"{type(exc).__name__}: {exc}"[:300]))
+            rows.append(P.failed_row(base, "rel_l2", exc, what="o"))
             continue
         tol = OUTPUT_TOL_KERNEL
         rows.append(dict(base, metric="rel_l2", what="o", value=err, tolerance=tol,

@@ -228,9 +228,19 @@ def _shown(head: pd.DataFrame) -> pd.DataFrame:
     return head[first + [c for c in keep if c not in first]]
 
 
-def fact(finding: str, value, note: str = "") -> dict:
-    """One row of a findings table."""
-    return {"finding": finding, "measured": value, "note": note}
+FACT_COLUMNS = ["quantity", "value", "unit", "note"]
+"""A findings table: one measured fact per row, its number in ``value`` (a ratio's unit is
+``"x"``, a count's ``"of N ..."``), no sentences."""
+
+
+def fact(quantity: str, value, unit: str = "", note: str = "") -> dict:
+    """One row of a findings table (``FACT_COLUMNS``)."""
+    return {"quantity": quantity, "value": value, "unit": unit, "note": note}
+
+
+def facts(rows: list[dict]) -> pd.DataFrame:
+    """The rows of ``fact`` as a table with ``FACT_COLUMNS`` (empty: no rows)."""
+    return pd.DataFrame(rows, columns=FACT_COLUMNS)
 
 
 def setup() -> None:
