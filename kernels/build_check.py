@@ -191,6 +191,13 @@ def main(argv=None) -> int:
     ap.add_argument("--binding", action="store_true",
                     help="also c++ -fsyntax-only the torch bindings (40-50 s each)")
     args = ap.parse_args(argv)
+    if args.binding:   # before nvcc's minute: the binding check needs torch's headers
+        try:
+            import torch.utils.cpp_extension  # noqa: F401
+        except ImportError:
+            print("build_check: --binding needs torch in this Python (use .venv/bin/python)",
+                  file=sys.stderr)
+            return 2
     try:
         failures = run(args.arch, args.binding)
     except FileNotFoundError as exc:

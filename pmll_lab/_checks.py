@@ -30,8 +30,10 @@ def tensor(
     device: torch.device | None = None,
     last_contiguous: bool = False,
     contiguous: bool = False,
+    like: str | None = None,
 ) -> torch.Tensor:
-    """Check one tensor argument; ``None`` entries in ``shape`` match any size. Returns ``t``."""
+    """Check one tensor argument; ``None`` entries in ``shape`` match any size; ``like`` names
+    the argument whose dtype ``dtype`` is (the message then says so). Returns ``t``."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     ts = t.shape
@@ -51,7 +53,10 @@ def tensor(
         allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dict.fromkeys(dtype))
         if t.dtype not in allowed:
             names = ", ".join(str(d).replace("torch.", "") for d in allowed)
-            raise ValueError(f"{name}: dtype must be one of {names}, got {str(t.dtype).replace('torch.', '')}")
+            got = str(t.dtype).replace("torch.", "")
+            if like is not None:
+                raise ValueError(f"{name}: dtype must match {like}'s ({names}), got {got}")
+            raise ValueError(f"{name}: dtype must be one of {names}, got {got}")
     if device is not None and t.device != device:
         want = device if isinstance(device, torch.device) else torch.device(device)
         if t.device != want and not (t.device.type == want.type and want.index is None):

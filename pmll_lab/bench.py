@@ -95,7 +95,7 @@ def time_launch(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: floa
 
 
 GRAPH_MIN_REPLAYS = 100
-"""Fewest replays ``time_cuda_graph`` times (issue 10: a median of at least 100 replays)."""
+"""Fewest replays ``time_cuda_graph`` times (a median of at least 100 replays)."""
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 """Bytes zeroed before each timed graph replay, as ``triton.testing.do_bench`` does (256 MB,
 4x the H200's L2): each replay starts from HBM, and the memset keeps the GPU busy while the host
@@ -215,8 +215,7 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float | None:
 
 
 H200_L2_BYTES = 60e6
-"""L2 size of this workplace's H200 as PyTorch reported it (device/KINDS.md reading of
-2026-10-28: "132 multiprocessors and 60 MB of L2"). Bandwidth figures count only launches moving
+"""L2 size of the H200 as PyTorch reported it (132 multiprocessors and 60 MB of L2). Bandwidth figures count only launches moving
 several times this, so that they measure HBM, not the cache."""
 
 

@@ -99,6 +99,12 @@ def test_verify_rejects_unknown_form_and_lazy():
     for name in ("use_qk_l2norm", "validate"):
         with pytest.raises(ValueError, match=f"^{name}: expected a bool"):
             _call(kw, **{name: "no"})
+    # the eager limit is None or an int >= 0, with or without validate
+    for bad, what in (("4", "expected an int"), (2.5, "expected an int"), (-1, "must be >= 0"),
+                      (True, "expected an int")):
+        for validate in (False, True):
+            with pytest.raises(ValueError, match=f"^eager_max_pending: {what}"):
+                _call(kw, eager_max_pending=bad, validate=validate)
     assert kw["carry"].pend.tolist() == [0, 0, 0]
 
 

@@ -342,6 +342,22 @@ def test_write_bad_input_names_argument(case, name):
         assert torch.equal(mem.k, before), "nothing may be written before the checks pass"
 
 
+def test_write_messages_say_what_must_match_and_validate_is_a_bool():
+    """A dtype unlike the ring's names the ring as what it must match; ``validate`` is a bool
+    (a string's truth would be taken silently); nothing written."""
+    mem, x = _good(torch.bfloat16)
+    k, v, g = x["k_new"], x["v_new"], x["gate"]
+    before = mem.k.clone()
+    with pytest.raises(ValueError, match=r"^k_new: dtype must match mem\.k's \(bfloat16\), got float32$"):
+        pmll_write(mem, k.float(), v, g)
+    with pytest.raises(ValueError, match=r"^v_new: dtype must match mem\.k's \(bfloat16\), got float16$"):
+        pmll_write(mem, k, v.half(), g)
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match="^validate: expected a bool"):
+            pmll_write(mem, k, v, g, validate=bad)
+    assert torch.equal(mem.k, before) and mem.count.tolist() == [0, 0]
+
+
 def test_read_and_memory_bad_input():
     mem, x = _good()
     with pytest.raises(ValueError, match=r"^t_ctx:"):

@@ -247,7 +247,7 @@ def gdn_carry_verify_plan(state, carry, q, k, v, g=None, beta=None, *, slot_tab,
                           lazy=False, scale=None, use_qk_l2norm=True, validate=False,
                           eager_max_pending=None, state_layout=DEFAULT_STATE_LAYOUT,
                           A_log=None, a=None, dt_bias=None, b=None) -> LaunchPlan:
-    """``gdn_carry_verify`` bound to these buffers, for host-bound small batches (issue 5, B=1).
+    """``gdn_carry_verify`` bound to these buffers, for host-bound small batches (B=1).
 
     Checks the arguments once, as ``gdn_carry_verify`` does (``validate`` checks the values at
     plan time only), allocates ``o`` and ``engaged`` once, and returns a

@@ -111,13 +111,15 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
     _checks.flag("lazy", lazy)
     _checks.flag("validate", validate)
     _checks.flag("use_qk_l2norm", use_qk_l2norm)
+    if eager_max_pending is not None:
+        _checks.positive_int("eager_max_pending", eager_max_pending, minimum=0)
     S, HV = state.shape[:2]
     kd, vd = head_dims(state.shape, layout)
     _checks.tensor("q", q, ndim=4, dtype=_checks.FLOAT_DTYPES, device=state.device, last_contiguous=True)
     B, K, HK = q.shape[:3]
     _checks.tensor("q", q, shape=(B, K, HK, kd))
-    _checks.tensor("k", k, shape=(B, K, HK, kd), dtype=q.dtype, device=state.device, last_contiguous=True)
-    _checks.tensor("v", v, shape=(B, K, HV, vd), dtype=q.dtype, device=state.device, last_contiguous=True)
+    _checks.tensor("k", k, shape=(B, K, HK, kd), dtype=q.dtype, like="q", device=state.device, last_contiguous=True)
+    _checks.tensor("v", v, shape=(B, K, HV, vd), dtype=q.dtype, like="q", device=state.device, last_contiguous=True)
     if gating is None:
         _checks.tensor("g", g, shape=(B, K, HV), dtype=torch.float32, device=state.device,
                        last_contiguous=True)

@@ -207,8 +207,8 @@ def _check_verify(state, ring, q, k, v, g, beta, slot_tab, scale, validate, stat
     _checks.tensor("q", q, ndim=4, dtype=_checks.FLOAT_DTYPES, device=dev, last_contiguous=True)
     B, K, HK = q.shape[:3]
     _checks.tensor("q", q, shape=(B, K, ring.num_k_heads, kd))
-    _checks.tensor("k", k, shape=(B, K, HK, kd), dtype=q.dtype, device=dev, last_contiguous=True)
-    _checks.tensor("v", v, shape=(B, K, HV, vd), dtype=q.dtype, device=dev, last_contiguous=True)
+    _checks.tensor("k", k, shape=(B, K, HK, kd), dtype=q.dtype, like="q", device=dev, last_contiguous=True)
+    _checks.tensor("v", v, shape=(B, K, HV, vd), dtype=q.dtype, like="q", device=dev, last_contiguous=True)
     if gating is None:
         for name, t in (("g", g), ("beta", beta)):
             _checks.tensor(name, t, shape=(B, K, HV), dtype=torch.float32, device=dev,

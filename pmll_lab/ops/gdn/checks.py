@@ -48,8 +48,8 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
     if HK < 1 or HV % HK != 0:
         raise ValueError(f"q: value heads HV = {HV} (state dim 1) must be a multiple of key "
                          f"heads HK = {HK} (q dim {nd - 2})")
-    C.tensor("k", k, shape=q.shape, dtype=q.dtype, last_contiguous=True)
-    C.tensor("v", v, shape=(*lead, HV, vd), dtype=q.dtype, last_contiguous=True)
+    C.tensor("k", k, shape=q.shape, dtype=q.dtype, like="q", last_contiguous=True)
+    C.tensor("v", v, shape=(*lead, HV, vd), dtype=q.dtype, like="q", last_contiguous=True)
     if gating is None:
         C.tensor("g", g, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)
         C.tensor("beta", beta, shape=(*lead, HV), dtype=torch.float32, last_contiguous=True)

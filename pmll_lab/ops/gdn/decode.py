@@ -370,7 +370,7 @@ def gdn_decode_plan(state, q, k, v, g=None, beta=None, *, state_indices=None, sc
                     use_qk_l2norm=True, out_dtype=None, out=None, validate=False,
                     state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None, A_log=None,
                     a=None, dt_bias=None, b=None, carry=None) -> LaunchPlan:
-    """``gdn_decode`` bound to these buffers, for host-bound small batches (issue 5, B=1).
+    """``gdn_decode`` bound to these buffers, for host-bound small batches (B=1).
 
     Checks the arguments once, as ``gdn_decode`` does (``validate`` checks the values now, at
     plan time only), and returns a ``pmll_lab.ops.launch.LaunchPlan``: ``plan()`` runs one decode

@@ -5,7 +5,7 @@ these ``@triton.jit`` helpers on the same block shapes (``block_config``), so th
 agree to the bit: that is what makes speculative verify return exactly the tokens of plain
 decoding (SPEC §2 "Exactness"). Change the arithmetic here, and only here.
 
-Arithmetic (ours to choose, SPEC §2 and issue 5; equal to the spec's order up to rounding):
+Arithmetic (ours to choose, SPEC §2; equal to the spec's order up to rounding):
 for one value head, a state block ``h [BK, BV]`` (key rows x value columns, fp32),
 normalised key ``k [BK]``, scaled query ``q [BK]``, value block ``v [BV]``, log decay ``g``
 and ``beta``::

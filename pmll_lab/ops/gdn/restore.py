@@ -63,7 +63,7 @@ def gdn_snapshot_restore(state, snapshots, slot_tab, accepted, *, last_in_place)
     if state.dim() < 2 or not state[0].is_contiguous():
         raise ValueError(f"state: needs [S, ...] with the dims after S contiguous, got shape "
                          f"{tuple(state.shape)} strides {state.stride()}")
-    _checks.tensor("snapshots", snapshots, dtype=state.dtype, device=state.device)
+    _checks.tensor("snapshots", snapshots, dtype=state.dtype, like="state", device=state.device)
     if snapshots.dim() != state.dim() + 1 or tuple(snapshots.shape[2:]) != inner:
         raise ValueError(f"snapshots: expected [B, R, {', '.join(map(str, inner))}], got "
                          f"{tuple(snapshots.shape)}")

@@ -180,7 +180,7 @@ def check_memory(mem) -> tuple[int, int, int, int]:
     batch, heads, capacity, head_dim = k.shape
     if capacity < 1 or head_dim < 1:
         raise ValueError(f"mem.k: capacity and head size must be >= 1, got shape {tuple(k.shape)}")
-    _checks.tensor("mem.v", mem.v, shape=tuple(k.shape), dtype=k.dtype, contiguous=True)
+    _checks.tensor("mem.v", mem.v, shape=tuple(k.shape), dtype=k.dtype, like="mem.k", contiguous=True)
     _checks.tensor("mem.count", mem.count, shape=(batch,), dtype=torch.int64)
     _checks.same_device("mem.k", k, **{"mem.v": mem.v, "mem.count": mem.count})
     # one ring's keys, values and counts are three buffers (a write updates all three)
@@ -196,12 +196,13 @@ def check_write(mem, k_new, v_new, gate=None, *, validate: bool = False) -> tupl
     returns ``(B, H, M, D, T)``. Raises ``ValueError`` naming the argument (see ``pmll_write``);
     ``validate=True`` adds the value checks that sync with the device."""
     batch, heads, capacity, head_dim = check_memory(mem)
+    _checks.flag("validate", validate)
     dev = mem.k.device
     _checks.tensor("k_new", k_new, ndim=4, shape=(batch, heads, None, head_dim),
-                   dtype=mem.k.dtype, device=dev, last_contiguous=True)
+                   dtype=mem.k.dtype, like="mem.k", device=dev, last_contiguous=True)
     tokens = k_new.shape[2]
     _checks.tensor("v_new", v_new, ndim=4, shape=(batch, heads, tokens, head_dim),
-                   dtype=mem.k.dtype, device=dev, last_contiguous=True)
+                   dtype=mem.k.dtype, like="mem.k", device=dev, last_contiguous=True)
     _checks.same_device("mem.k", mem.k, k_new=k_new, v_new=v_new, gate=gate)
     if gate is not None:
         if not isinstance(gate, torch.Tensor) or gate.dim() not in (2, 3):

@@ -188,8 +188,8 @@ def check_attention(q, k_ctx, v_ctx, mem) -> tuple[int, int, int, int]:
         if mem.k.dtype != q.dtype:
             raise ValueError(f"q: dtype {q.dtype} differs from the memory's {mem.k.dtype}")
         _checks.same_device("mem.k", mem.k, q=q)
-    _checks.tensor("k_ctx", k_ctx, shape=tuple(q.shape), dtype=q.dtype)
-    _checks.tensor("v_ctx", v_ctx, shape=tuple(q.shape), dtype=q.dtype)
+    _checks.tensor("k_ctx", k_ctx, shape=tuple(q.shape), dtype=q.dtype, like="q")
+    _checks.tensor("v_ctx", v_ctx, shape=tuple(q.shape), dtype=q.dtype, like="q")
     _checks.same_device("q", q, k_ctx=k_ctx, v_ctx=v_ctx)
     return batch, heads, tokens, head_dim
 
