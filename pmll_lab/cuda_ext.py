@@ -75,25 +75,41 @@ def require_gpu() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def load(name: str = "pmll_ring", *, verbose: bool = False):
+def load(name: str = "pmll_ring", *, verbose: bool = False, defines: tuple[str, ...] = ()):
     """The compiled twin ``name`` (a key of ``TWINS``) for the current CUDA device, built on
-    first use (see the module docstring). Raises ``ValueError`` for an unknown ``name``,
-    ``RuntimeError`` without a CUDA device or ``kernels/`` sources, all before compiling."""
+    first use (see the module docstring). ``defines``: preprocessor definitions ``"NAME=VALUE"``
+    for a variant build (a module of its own, e.g. ``("PMLL_GDN_WIDE_ROWS=2",)``: the knobs
+    ``kernels/gdn_stage.cuh`` names), for tuning scripts; the launchers use the default build.
+    Raises ``ValueError`` for an unknown ``name`` or a malformed definition, ``RuntimeError``
+    without a CUDA device or ``kernels/`` sources, all before compiling."""
     if name not in TWINS:
         raise ValueError(f"name: no CUDA twin {name!r}; there are {', '.join(sorted(TWINS))}")
+    defines = check_defines(defines)
     device = require_gpu()
     missing = [s for s in TWINS[name] if not (KERNELS_DIR / s).is_file()]
     if missing:
         raise RuntimeError(f"CUDA twin {name!r}: sources {missing} not found in {KERNELS_DIR} "
                            "(the CUDA path needs the repository's kernels/ directory)")
-    return _build(name, arch(torch.cuda.get_device_capability(device)), verbose)
+    return _build(name, arch(torch.cuda.get_device_capability(device)), verbose, defines)
+
+
+def check_defines(defines) -> tuple[str, ...]:
+    """``defines`` as a tuple of ``"NAME=VALUE"`` strings with upper-case identifier names;
+    ``ValueError`` naming ``defines`` otherwise."""
+    defines = tuple(defines)
+    for d in defines:
+        key = d.split("=", 1)[0] if isinstance(d, str) else ""
+        if not key.isidentifier() or not key.isupper():
+            raise ValueError(f"defines: expected 'NAME=VALUE' with an upper-case NAME, got {d!r}")
+    return defines
 
 
 @lru_cache(maxsize=None)
-def _build(name: str, sm: str, verbose: bool):
+def _build(name: str, sm: str, verbose: bool, defines: tuple[str, ...] = ()):
     from torch.utils import cpp_extension  # imported here: it is slow and needs no GPU until now
 
-    ext = f"pmll_lab_{name}_{sm}"
+    tag = "".join("_" + "".join(ch if ch.isalnum() else "_" for ch in d) for d in defines)
+    ext = f"pmll_lab_{name}_{sm}{tag}"
     where = build_root() / ext
     where.mkdir(parents=True, exist_ok=True)
     compute = sm.replace("sm_", "compute_")
@@ -103,7 +119,8 @@ def _build(name: str, sm: str, verbose: bool):
         extra_include_paths=[str(KERNELS_DIR)],
         extra_cflags=["-O3"],
         # an explicit -gencode: torch then adds no arch flags of its own (TORCH_CUDA_ARCH_LIST)
-        extra_cuda_cflags=["-O3", f"-gencode=arch={compute},code={sm}"],
+        extra_cuda_cflags=["-O3", f"-gencode=arch={compute},code={sm}",
+                           *(f"-D{d}" for d in defines)],
         build_directory=str(where),
         with_cuda=True,
         verbose=verbose,

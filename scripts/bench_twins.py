@@ -6,7 +6,11 @@ pair is checked first (the twin's outputs and final state against the Triton ker
 within the decode's tolerances, both held to float64 by the tests), then timed by CUDA-graph
 replay and do_bench (``protocol.timings``); GB/s and the copy-roofline fraction by SPEC §4's byte
 counts. Prints one table (µs, roofline fraction, twin / Triton) and writes the rows as JSON lines
-to ``--out``. Usage (GPU): ``python3 scripts/bench_twins.py [--batches 1,64] [--out F]``.
+to ``--out``. ``--build TAG=NAME=VALUE[,NAME=VALUE]`` (repeatable) also times a variant build of
+the twins (``cuda_ext.load(defines=...)``: the knobs of ``kernels/gdn_stage.cuh``, e.g.
+``w2=PMLL_GDN_WIDE_ROWS=2``) as impl ``cuda[TAG]``, each first checked bitwise against the default
+build (the knobs move no sum). Usage (GPU): ``python3 scripts/bench_twins.py [--batches 1,64]
+[--build w2=PMLL_GDN_WIDE_ROWS=2] [--out F]``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import pmll_lab  # noqa: F401  (first: picks the device)
 import pandas as pd
 import torch
 
+from pmll_lab import cuda_ext
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import errors
 from pmll_lab.experiments import protocol as P
@@ -30,7 +35,22 @@ from pmll_lab.tolerances import HALF_STATE_TOL, O_TOL, STATE_TOL
 HK, HV, D = 16, 32, 128
 
 
-def _pair(B: int, K: int, sdt: torch.dtype) -> list[dict]:
+def _variant(mod, K, st, args, sel, snaps):
+    """A launch of a variant build's module (the binding itself: the launchers use the default
+    build) on ``st`` in place, returning the outputs."""
+    q, k, v, g, beta = args
+    if K == 1:
+        o = torch.empty(v.shape[0], v.shape[2], v.shape[3], dtype=q.dtype, device=DEVICE)
+        mod.gdn_decode_vk(st, q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], o, D ** -0.5, True,
+                          state_indices=sel)
+    else:
+        o = torch.empty(v.shape, dtype=q.dtype, device=DEVICE)
+        mod.gdn_chain_vk(st, q, k, v, g, beta, o, D ** -0.5, True, intermediate=snaps,
+                         state_indices=sel)
+    return o
+
+
+def _pair(B: int, K: int, sdt: torch.dtype, builds: dict) -> list[dict]:
     x = gdn_inputs(7 + B, B, HK, HV, D, D, rows=K, dtype=torch.bfloat16)
     state0 = x["state"].transpose(-1, -2).contiguous().to(sdt)          # [S, HV, vd, kd]
     sel = x["state_indices"]
@@ -61,6 +81,17 @@ def _pair(B: int, K: int, sdt: torch.dtype) -> list[dict]:
                 lambda: launch(impl, st)), nb, variant=""):
             rows.append(dict(r, impl=impl, B=B, K=K, state_dtype=str(sdt).split(".")[1],
                              rel_l2_o_vs_triton=eo))
+    for tag, mod in builds.items():
+        st = state0.clone()
+        o = _variant(mod, K, st, args, sel, snaps)
+        if not (torch.equal(o.float(), outs["cuda"][0]) and torch.equal(st[sel.long()].float(),
+                                                                          outs["cuda"][1])):
+            raise AssertionError(f"B={B} K={K} {sdt}: build {tag} not bitwise the default build")
+        st = state0.clone()
+        for r in P.speed_rows(f"{'decode' if K == 1 else 'chain'}", P.timings(
+                lambda: _variant(mod, K, st, args, sel, snaps)), nb, variant=""):
+            rows.append(dict(r, impl=f"cuda[{tag}]", B=B, K=K,
+                             state_dtype=str(sdt).split(".")[1], rel_l2_o_vs_triton=float("nan")))
     return rows
 
 
@@ -68,16 +99,28 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,8,64,128,256")
     ap.add_argument("--out", default=None, help="JSON lines, one row per measurement")
+    ap.add_argument("--build", action="append", default=[], metavar="TAG=NAME=VALUE[,...]",
+                    help="also time a variant build of the twins with these definitions")
     a = ap.parse_args(argv)
+    specs = {}
+    for spec in a.build:
+        tag, _, defs = spec.partition("=")
+        if not tag.isidentifier() or not defs or tag in specs:
+            ap.error(f"--build: expected TAG=NAME=VALUE[,NAME=VALUE] with a new TAG, got {spec!r}")
+        try:
+            specs[tag] = cuda_ext.check_defines(defs.split(","))
+        except ValueError as exc:
+            ap.error(f"--build {spec!r}: {exc}")
     if DEVICE.type != "cuda":
         print("bench_twins: needs an NVIDIA GPU (the CUDA twins)", file=sys.stderr)
         return 2
+    builds = {tag: cuda_ext.load("gdn_decode", defines=d) for tag, d in specs.items()}
     rows = []
     for sdt in (torch.float32, torch.bfloat16):
         for K in (1, 4):
             for B in (int(b) for b in a.batches.split(",")):
                 try:
-                    rows += _pair(B, K, sdt)
+                    rows += _pair(B, K, sdt, builds)
                 except Exception as exc:  # noqa: BLE001 - one failed point loses no other
                     print(f"FAILED B={B} K={K} {sdt}: {type(exc).__name__}: {exc}")
     df = pd.DataFrame(rows)

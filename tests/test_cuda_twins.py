@@ -286,5 +286,8 @@ def test_build_settings(monkeypatch, tmp_path):
     assert cuda_ext.build_root() == tmp_path / "own"
     with pytest.raises(ValueError, match="^name: no CUDA twin 'gdn'"):
         cuda_ext.load("gdn")
+    for bad in ("wide_rows=2", "-DPMLL_GDN_WIDE_ROWS=2", 2, "PMLL GDN=1"):
+        with pytest.raises(ValueError, match="^defines: expected 'NAME=VALUE'"):
+            cuda_ext.load("gdn_decode", defines=(bad,))
     assert all((cuda_ext.KERNELS_DIR / s).is_file() for srcs in cuda_ext.TWINS.values()
                for s in srcs)
