@@ -1,14 +1,8 @@
-"""The acceptance process of speculative decoding and the carry protocol's pending counts (host
-arithmetic, no kernels; SPEC §3b, §3c).
+"""The acceptance process and the carry protocol's pending counts (host arithmetic; SPEC §3b).
 
-A verify of ``K`` rows accepts ``a = 1 +`` its leading accepted drafts, each with probability
-``alpha`` (``E[a] = 1 + alpha + ... + alpha^(K-1)``; Qwen3-Next's MTP length ~3.3 at ``K = 4``
-gives ``alpha ~ 0.875``), or nothing with probability ``p_zero``. ``simulate`` runs one slot's
-pending count ``p`` through the protocol (eager: write back whenever ``p > 0``; lazy: when
-``p + K > CAP``); ``steady_pending`` draws from its stationary distribution (carry_protocol).
-``acceptance`` (roofline, cached) fixes ``alpha`` by the mean length at ``accept_K`` and gives
-each form's write-back frequency and pending-count distribution, which ``draw_pending`` samples
-(conditioned on the lazy verify writing back or not).
+A verify of ``K`` rows accepts ``1 +`` its leading accepted drafts, each with probability
+``alpha`` (``E = 1 + alpha + ... + alpha^(K-1)``), or nothing with probability ``p_zero``; the
+eager form writes back whenever ``p > 0``, the lazy one when ``p + K > CAP``.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ output row and the final state are compared bitwise with ``gdn_decode`` one toke
 the carry's state with its pending rows folded (on clones) is compared every step, so the first
 differing step, slot and element are recorded. A launcher's refusal before any launch is
 ``unsupported``, not a difference. Why a grid: a bitwise defect may sit in one corner only.
-``python -m pmll_lab.experiments.exactness --batch 32 --steps 12 --out exactness.jsonl`` (one
-line per configuration; exit 1 when one differs or fails).
+``python -m pmll_lab.experiments.exactness --out exactness.jsonl``: exit 1 when one differs.
 """
 
 from __future__ import annotations

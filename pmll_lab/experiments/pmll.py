@@ -1,12 +1,10 @@
-"""The pmll_ring notebook's point, tables and plots: the PMLL memory ring (SPEC §1).
+"""The pmll_ring notebook: the PMLL memory ring (SPEC §1).
 
 ``ring_point`` (``B, H, M, T, D, dtype, gate`` "none" / "bt" / "bht", ``segments``, ``seed``,
-``impl`` "triton" or "cuda", the twin of ``kernels/pmll_ring.cu``) writes ``segments`` seeded
-segments into a ring with seeded counts in ``[0, 3M)`` (``T > M`` allowed) and checks the ring
-(gated writes within ``RING_WRITE_TOL``, the rest bit-exact), ``pmll_read`` (a copy: exact) and
-``memory_attention`` (reference path, checked only) against float64; then times read and write
-(GB/s over ``read_bytes`` / ``write_bytes``). Large rings are checked on probe sequences and
-heads (first and last). A ``"cuda"`` point without an NVIDIA GPU is one ``unavailable`` row.
+``impl`` "triton" / "cuda") writes seeded segments, checks the ring (gated writes within
+``RING_WRITE_TOL``, the rest bit-exact), ``pmll_read`` and ``memory_attention`` against float64
+(large rings on probe sequences and heads), then times read and write. A ``"cuda"`` point
+without an NVIDIA GPU is one ``unavailable`` row.
 """
 
 from __future__ import annotations

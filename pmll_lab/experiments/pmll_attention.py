@@ -1,16 +1,7 @@
-"""The pmll_attention notebook's sweep points: attention straight from the PMLL ring (SPEC §1).
-
-- ``state_point``: fused and reference ``memory_attention`` against float64 over ring states
-  side by side in one batch (``STATE_COUNTS``), one error row per state.
-- ``speed_point``: every provider of ``PROVIDERS`` checked on probe sequences and heads, then
-  timed, at one shape ``(B, H, D)``, capacity ``M`` (0: no ring; else full and wrapped in every
-  sequence) and segment length ``T``.
-- ``eviction_point``: GPT-2 (random seeded weights) segment by segment through ``pmll_step``
-  against its whole-sequence forward: with ``gate="none"`` and nothing evicted the logits must
-  agree within ``EQUIV_TOL`` (a check), else the rows measure what eviction costs.
-
-Targets, tables and plots follow the points (times: ``protocol.wide``, CUDA graph replays where
-the run has them; the reference path by do_bench only).
+"""The pmll_attention notebook: attention straight from the PMLL ring (SPEC §1). Points:
+``state_point`` (errors per ring state), ``speed_point`` (each of ``PROVIDERS`` checked on
+probes, then timed), ``eviction_point`` (GPT-2 through ``pmll_step``); then targets, tables and
+plots (the reference path timed by do_bench only).
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The spec_decode notebook: speculative decoding end to end on a hybrid GDN model.
-
-A transformers Qwen3-Next model (random seeded weights) decodes through our kernels
-(``pmll_lab.models``): greedy, or ``K`` rows per step verified by the exact carried state (eager
-or lazy) or the snapshot chain, drafts from a ``noisy`` copy of greedy's tokens (each right with
-probability ``p``) or prompt lookup (``ngram``). ``generation_point``: tokens/s, acceptance, the
-step split into kernel sections (CUDA events; on a GPU the second of two runs), write-backs,
-flushes, restores, agreement with greedy. ``oracle_point``: our tokens against transformers'
-``generate`` on its torch path. On the CPU every time is interpreter wall time.
+"""The spec_decode notebook: speculative decoding end to end on a random-weight Qwen3-Next
+model through our kernels: greedy, or ``K`` rows per step verified by the carry (eager, lazy) or
+the snapshot chain, drafts ``noisy`` (greedy's token with probability ``p``) or ``ngram``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The carry_step notebook: the whole speculative step per form, and the drift study.
 
-A point is one configuration (``B, K, HK, HV, head_dim, state_dtype``, ``steps``, acceptance
-``alpha``). Each form of ``step_bench.STEP_FORMS`` is checked first (accepted outputs and final
-states against float64 decoding), then timed (the ``steps`` steps in one CUDA graph:
-``step_us``); a form that fails or raises is one failed row, one FlashInfer does not take one
-``unsupported`` row. Other metrics: ``o_rel_l2``, ``state_rel_l2``, ``bytes_moved_step``,
-``bytes_held_seq``, ``fold_frac``, ``mean_fill``; ``mean_accept`` on every row.
+A point (``B, K, HK, HV, head_dim, state_dtype, steps, alpha``) checks each form of
+``step_bench.STEP_FORMS`` against float64 decoding, then times its ``steps`` steps in one CUDA
+graph (``step_us``); a form that fails or raises is one failed row, one FlashInfer does not
+take one ``unsupported`` row.
 """
 
 from __future__ import annotations
