@@ -182,9 +182,8 @@ def _ring_rows(point: dict, impl: str) -> list[dict]:
 def wraparound_states(capacity: int = 8, segments=(5, 6, 3, 11)) -> list[dict]:
     """Write tokens numbered 0, 1, 2 ... in segments of the given lengths into a one-head ring
     with the kernels, and after each segment record which token sits in which slot (``slots``,
-    -1 where empty), the chronological read (``read``, -1 for the zero rows) and the next slot.
-    Token ``n`` is written as the row ``[n, n, ...]`` (exact in fp32), so the numbers shown are
-    what the kernels stored and read, not a simulation."""
+    -1 where empty), the chronological read (``read``, -1 for the zero rows) and the next slot:
+    what the kernels stored (token ``n`` as the row ``[n, n, ...]``), not a simulation."""
     mem = RingMemory.empty(1, 1, capacity, 16, dtype=torch.float32)
     out, start = [], 0
     for tokens in segments:

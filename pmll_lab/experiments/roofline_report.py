@@ -107,12 +107,8 @@ STEP_FORMS = ("exact_lazy+ring+chain_restore+flashinfer_snapshot_restore+flashin
 """The forms the notebook's step sweep runs (``step_grids``'s ``forms``)."""
 
 
-def wide_table(df: pd.DataFrame, timer: str | None = None,
-               state_dtype: str | None = "float32") -> pd.DataFrame:
-    """``protocol.wide`` of the fp32-state rows (``state_dtype``; None: all)."""
-    return P.wide(df, timer, state_dtype=state_dtype)
-
-
+wide_table = partial(P.wide, state_dtype="float32")
+"""``protocol.wide`` of the fp32-state rows (``state_dtype=None``: all)."""
 correctness_table = partial(P.correctness_table, by=("state_dtype",))
 failed_points = partial(P.failed_points, params=PARAMS)
 main_shape = partial(P.main_shape, keys=SHAPE_KEYS, prefer=MAIN_SHAPE)

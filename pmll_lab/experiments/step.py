@@ -240,11 +240,9 @@ def findings(df: pd.DataFrame, kdf: pd.DataFrame, ddf: pd.DataFrame) -> pd.DataF
 
 
 def kernel_point(p: dict) -> list[dict]:
-    """Detail rows: one verify at a given ring fill (``p["fill"]``; ``P + K > 16`` folds), ours
-    (``ring_verify``) and FlashInfer's ``ucache_flush`` (``flashinfer_ucache_flush``) on the
-    same rows: both rings hold identical values (FlashInfer's 32-row ring has our ring's layout
-    at ``R = 16``). Each is checked against the float64 ring reference on the first
-    ``ref_seqs`` sequences, then timed alone (graph replay, L2 flushed, ``time_us``)."""
+    """One verify at ring fill ``p["fill"]`` (``fill + K > 16`` folds), ours (``ring_verify``)
+    and FlashInfer's (``flashinfer_ucache_flush``) on identical ring rows; each checked against
+    the float64 ring reference on ``ref_seqs`` sequences, then timed alone (``time_us``)."""
     from pmll_lab.bench import errors, time_cuda_graph
     from pmll_lab.carry import GdnRing, gdn_ring_verify
     from pmll_lab.peers import fused_gating
