@@ -102,12 +102,9 @@ def simulation_table(Ks, alphas, *, p_zero: float = 0.0, steps: int = 2000, seed
 @lru_cache(maxsize=64)
 def acceptance(K: int, mean_accept: float = 3.3, accept_K: int = 4, cap: int = CAP,
                seed: int = 0, seqs: int = 512, steps: int = 400, burn_in: int = 20) -> dict:
-    """Host simulation of the pending counts under the acceptance process (module docstring).
-
-    ``seqs`` slots start at ``p = 0`` and run ``burn_in + steps`` verify + accept steps of each
-    form. Returns ``alpha``, ``mean_accept`` (at this ``K``) and, per form ``eager`` / ``lazy``:
-    ``{form}_wb`` (write-backs per verify), ``{form}_mean_pend`` and ``{form}_hist`` (tuple: the
-    stationary distribution of ``p`` before a verify, ``p = 0..cap``)."""
+    """Host simulation of ``seqs`` slots' pending counts over ``burn_in + steps`` verifies:
+    ``alpha``, ``mean_accept`` (at this ``K``) and per form ``eager`` / ``lazy`` ``{form}_wb``
+    (write-backs per verify), ``{form}_mean_pend``, ``{form}_hist`` (tuple over ``p = 0..cap``)."""
     if not 1 <= K <= cap:
         raise ValueError(f"K: must lie in [1, CAP={cap}], got {K}")
     alpha = alpha_for_mean(mean_accept, accept_K)

@@ -15,6 +15,7 @@ differing step, slot and element are recorded. A launcher's refusal before any l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -240,10 +241,8 @@ def run_chain(cfg: dict, *, B: int, steps: int, seed: int, heads=(1, 2), alpha: 
 
 def run_config(cfg: dict, *, B: int = 32, steps: int = 12, seed: int = 0, heads=(1, 2),
                forms=FORMS) -> dict:
-    """Every form of ``forms`` at one configuration. Returns the record written per line:
-    the config, ``status`` (``"bitwise"``, ``"differs"``, ``"unsupported"`` with the
-    launcher's ``ValueError`` message when it came before the first launch, or ``"error"``
-    with the exception), the totals
+    """Every form of ``forms`` at one configuration: the config, ``status`` (``"bitwise"``,
+    ``"differs"``, ``"unsupported"`` (refused before any launch) or ``"error"``), the totals
     (``rows_compared``, ``rows_differing``, ``max_abs_state_diff``, ``bitwise``), per-form
     results and the seconds taken."""
     t0 = time.perf_counter()
@@ -307,20 +306,15 @@ def run_grid(cfgs, *, B: int, steps: int, seed: int, heads=(1, 2), forms=FORMS, 
     the detail lines of a differing one); each record appended to the JSON-lines file ``out``
     as it completes. Returns the records."""
     recs = []
-    fh = open(out, "a") if out else None
-    try:
+    with open(out, "a") if out else contextlib.nullcontext() as fh:
         for cfg in cfgs:
             rec = run_config(cfg, B=B, steps=steps, seed=seed, heads=heads, forms=forms)
             recs.append(rec)
-            echo(summary_line(rec))
-            for line in detail_lines(rec):
+            for line in [summary_line(rec), *detail_lines(rec)]:
                 echo(line)
             if fh:
                 fh.write(json.dumps(rec) + "\n")
                 fh.flush()
-    finally:
-        if fh:
-            fh.close()
     return recs
 
 

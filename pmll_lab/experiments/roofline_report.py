@@ -1,7 +1,5 @@
 """The roofline notebook's targets, tables and plots, from ``roofline.gdn_point``'s rows (and the
-PMLL ring points'). Times: ``protocol.wide`` (CUDA graph replays where the run has them; launch
-plans by do_bench), each kernel in its faster state layout where a target reads it, fp32-state
-rows unless a table says otherwise (``state_dtype_table`` sets the bf16 pools against them).
+PMLL ring points'): ``protocol.wide`` times of the fp32-state rows unless a table says otherwise.
 """
 
 from __future__ import annotations
