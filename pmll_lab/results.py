@@ -115,7 +115,7 @@ def stored_rows(point: Mapping, pid: str, rows: list[dict], status: str, err: st
                 stamp: str, env: Mapping) -> list[dict]:
     """A point's rows as stored: its parameters, the row, status, error, provenance and
     ``point_rows``. A row may carry its own ``status`` and ``error`` (a peer that failed inside
-    a point that ran, ``experiments.protocol.peer_failure_row``); a failed point marks every row
+    a point that ran, ``experiments.protocol.peer_call``); a failed point marks every row
     failed."""
     if not rows:
         rows = [{"kernel": "*", "metric": "error", "value": None}]

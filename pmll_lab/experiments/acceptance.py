@@ -1,14 +1,8 @@
-"""The acceptance process of speculative decoding and the carry protocol's pending counts (host
-arithmetic, no kernels; SPEC §3b, §3c).
+"""The acceptance process and the carry protocol's pending counts (host arithmetic; SPEC §3b).
 
-A verify of ``K`` rows accepts ``a = 1 +`` its leading accepted drafts, each with probability
-``alpha`` (``E[a] = 1 + alpha + ... + alpha^(K-1)``; Qwen3-Next's MTP length ~3.3 at ``K = 4``
-gives ``alpha ~ 0.875``), or nothing with probability ``p_zero``. ``simulate`` runs one slot's
-pending count ``p`` through the protocol (eager: write back whenever ``p > 0``; lazy: when
-``p + K > CAP``); ``steady_pending`` draws from its stationary distribution (carry_protocol).
-``acceptance`` (roofline, cached) fixes ``alpha`` by the mean length at ``accept_K`` and gives
-each form's write-back frequency and pending-count distribution, which ``draw_pending`` samples
-(conditioned on the lazy verify writing back or not).
+A verify of ``K`` rows accepts ``1 +`` its leading accepted drafts, each with probability
+``alpha`` (``E = 1 + alpha + ... + alpha^(K-1)``), or nothing with probability ``p_zero``; the
+eager form writes back whenever ``p > 0``, the lazy one when ``p + K > CAP``.
 """
 
 from __future__ import annotations
@@ -108,12 +102,9 @@ def simulation_table(Ks, alphas, *, p_zero: float = 0.0, steps: int = 2000, seed
 @lru_cache(maxsize=64)
 def acceptance(K: int, mean_accept: float = 3.3, accept_K: int = 4, cap: int = CAP,
                seed: int = 0, seqs: int = 512, steps: int = 400, burn_in: int = 20) -> dict:
-    """Host simulation of the pending counts under the acceptance process (module docstring).
-
-    ``seqs`` slots start at ``p = 0`` and run ``burn_in + steps`` verify + accept steps of each
-    form. Returns ``alpha``, ``mean_accept`` (at this ``K``) and, per form ``eager`` / ``lazy``:
-    ``{form}_wb`` (write-backs per verify), ``{form}_mean_pend`` and ``{form}_hist`` (tuple: the
-    stationary distribution of ``p`` before a verify, ``p = 0..cap``)."""
+    """Host simulation of ``seqs`` slots' pending counts over ``burn_in + steps`` verifies:
+    ``alpha``, ``mean_accept`` (at this ``K``) and per form ``eager`` / ``lazy`` ``{form}_wb``
+    (write-backs per verify), ``{form}_mean_pend``, ``{form}_hist`` (tuple over ``p = 0..cap``)."""
     if not 1 <= K <= cap:
         raise ValueError(f"K: must lie in [1, CAP={cap}], got {K}")
     alpha = alpha_for_mean(mean_accept, accept_K)

@@ -1,16 +1,10 @@
-"""The carry_protocol notebook's points: the verify sweep and the protocol runs (SPEC §3b, §4).
+"""The carry_protocol notebook's points (SPEC §3b, §4).
 
-``verify_point``: pending counts drawn from the protocol's stationary distribution
-(``acceptance.steady_pending``, per mode), realistic stash rows (``gdn.fill_stash``). Checks
-first: the exact form bitwise against folding the pending rows then ``K`` ``gdn_decode``
-launches, and against the float64 protocol (``reference.carry.verify``) on ``ref_seqs``
-sequences; then times ``carry_exact_{eager,lazy}`` and, with ``baselines``, the snapshot chain,
-FLA (``"kv"``, GPU), FlashInfer's snapshot verify and ReplaySSM (``"vk"``, ``replayssm_peer``),
-each peer checked first. Bytes: ``gdn.carry_bytes`` at the launch's write-backs.
-
-``protocol_point``: a stack of layers (conv twin + GDN) driven by ``SpecDecodeStep`` on the real
-kernels, batch widths crossing ``lazy_min_seqs``, checked step by step against plain decoding
-(``conv_update`` + ``gdn_decode``, bitwise) and the host simulation (``protocol_step``).
+``verify_point``: pending counts from the protocol's stationary distribution; the exact form
+checked bitwise against folding then ``K`` ``gdn_decode`` launches and against the float64
+protocol on ``ref_seqs`` sequences, then ``carry_exact_{eager,lazy}`` timed and, with
+``baselines``, the snapshot chain and the peers (each checked first). ``protocol_point``: see
+its docstring.
 """
 
 from __future__ import annotations

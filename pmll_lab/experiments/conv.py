@@ -1,12 +1,9 @@
-"""The gdn_conv notebook's point and plots: the causal conv twin verifying K draft rows (§3c).
+"""The gdn_conv notebook: the causal conv twin verifying K draft rows (SPEC §3c).
 
-``conv_point`` (``K`` rows, ``shape`` of ``SHAPES``, ``B``, input ``dtype``, ``pending`` stashed
-rows per slot) checks the chain with window snapshots, ``K`` successive ``conv_update`` and the
-carry verify (eager, lazy) against the float64 references on the first ``ref_seqs`` sequences,
-and bitwise on every sequence: the updates against the chain, each carry against the chain
-run over the pending rows then the ``K`` new ones (plain decoding's outputs). Then it times
-each (GB/s over ``pmll_lab.conv.*_bytes``); the carry without accepting, so every call does the
-same work.
+``conv_point`` (``K``, ``shape`` of ``SHAPES``, ``B``, ``dtype``, ``pending`` rows per slot)
+checks the chain, ``K`` ``conv_update`` and the carry (eager, lazy) against float64 on
+``ref_seqs`` sequences and bitwise against plain decoding on all, then times each (the carry
+without accepting, so every call does the same work).
 """
 
 from __future__ import annotations

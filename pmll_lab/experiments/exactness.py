@@ -9,13 +9,13 @@ output row and the final state are compared bitwise with ``gdn_decode`` one toke
 the carry's state with its pending rows folded (on clones) is compared every step, so the first
 differing step, slot and element are recorded. A launcher's refusal before any launch is
 ``unsupported``, not a difference. Why a grid: a bitwise defect may sit in one corner only.
-``python -m pmll_lab.experiments.exactness --batch 32 --steps 12 --out exactness.jsonl`` (one
-line per configuration; exit 1 when one differs or fails).
+``python -m pmll_lab.experiments.exactness --out exactness.jsonl``: exit 1 when one differs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -241,10 +241,8 @@ def run_chain(cfg: dict, *, B: int, steps: int, seed: int, heads=(1, 2), alpha: 
 
 def run_config(cfg: dict, *, B: int = 32, steps: int = 12, seed: int = 0, heads=(1, 2),
                forms=FORMS) -> dict:
-    """Every form of ``forms`` at one configuration. Returns the record written per line:
-    the config, ``status`` (``"bitwise"``, ``"differs"``, ``"unsupported"`` with the
-    launcher's ``ValueError`` message when it came before the first launch, or ``"error"``
-    with the exception), the totals
+    """Every form of ``forms`` at one configuration: the config, ``status`` (``"bitwise"``,
+    ``"differs"``, ``"unsupported"`` (refused before any launch) or ``"error"``), the totals
     (``rows_compared``, ``rows_differing``, ``max_abs_state_diff``, ``bitwise``), per-form
     results and the seconds taken."""
     t0 = time.perf_counter()
@@ -308,20 +306,15 @@ def run_grid(cfgs, *, B: int, steps: int, seed: int, heads=(1, 2), forms=FORMS, 
     the detail lines of a differing one); each record appended to the JSON-lines file ``out``
     as it completes. Returns the records."""
     recs = []
-    fh = open(out, "a") if out else None
-    try:
+    with open(out, "a") if out else contextlib.nullcontext() as fh:
         for cfg in cfgs:
             rec = run_config(cfg, B=B, steps=steps, seed=seed, heads=heads, forms=forms)
             recs.append(rec)
-            echo(summary_line(rec))
-            for line in detail_lines(rec):
+            for line in [summary_line(rec), *detail_lines(rec)]:
                 echo(line)
             if fh:
                 fh.write(json.dumps(rec) + "\n")
                 fh.flush()
-    finally:
-        if fh:
-            fh.close()
     return recs
 
 

@@ -1,11 +1,7 @@
-"""The gdn_verify notebook's point, targets, tables and plots (the snapshot chain verifying
-``K`` draft rows), and the GDN inputs the carry and roofline points share.
-
-``verify_point`` checks ``gdn_chain`` with snapshots (``intermediate [B, K-1, HV, ...]``), without
-them and ``K`` ``gdn_decode`` launches against the float64 chain and the chain against the
-decodes bitwise (SPEC §2), then times them; on a GPU also FLA's ``fused_recurrent`` (``"kv"``,
-keeps no snapshots) and FlashInfer's ``gated_delta_rule_mtp`` with its snapshot buffer, the pool
-frozen (``"vk"``, ``K >= 2``, ``kd >= 128``), each checked first with its own gating.
+"""The gdn_verify notebook (the snapshot chain verifying ``K`` draft rows), and the GDN
+inputs the carry and roofline points share. ``verify_point`` checks the chain (with and without
+snapshots) and ``K`` ``gdn_decode`` launches against float64 and each other bitwise (SPEC §2),
+then times them; on a GPU also FLA (``"kv"``) and FlashInfer's mtp (``"vk"``), checked first.
 """
 
 from __future__ import annotations

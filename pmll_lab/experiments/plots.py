@@ -1,7 +1,5 @@
-"""The plots every notebook draws, in one style: one colour per implementation and one line style
-per state layout, the same in every notebook (``COLORS``, ``LAYOUT_LINES``); legends outside
-the data; errors in a few panels, one per kernel family (``FAMILIES``), one x position per
-compared quantity.
+"""The plots every notebook draws, in one style: one colour per implementation (``COLORS``), one
+line style per state layout (``LAYOUT_LINES``), legends outside the data.
 """
 
 from __future__ import annotations
@@ -133,61 +131,47 @@ def plot_errors(df: pd.DataFrame, labels: Mapping[str, str] | None = None,
     return fig
 
 
-def plot_lines(t: pd.DataFrame, *, x: str = "B", y: str = "time_us", panel: str = "K",
-               labels: Mapping[str, str] | None = None, ylabel: str = "", title: str = "",
-               kernels: Sequence[str] | None = None, logy: bool = True, hlines=()):
-    """One panel per value of ``panel``, ``y`` against ``x`` (log 2), one line per (kernel,
-    state layout) of the wide table ``t`` (median over duplicates). ``hlines``: ``(value,
-    label)`` drawn in every panel. Returns the figure (None when ``t`` is empty)."""
+def plot_speed(df: pd.DataFrame, metric: str, shape: Mapping | None, labels: Mapping[str, str],
+               kernels: Sequence[str], title: str, units: Mapping[str, str]):
+    """``metric`` of the checked, timed rows at ``shape`` (``time_us``, log scale; ``gbps`` with
+    the copy roofline; ``roofline_frac`` with 1) against batch width (log 2), one panel per K,
+    one line per kernel (order ``kernels``) and layout, median over duplicates; the y label
+    ``units[metric]`` and the timer. None without rows."""
     import matplotlib.pyplot as plt
 
-    if t.empty or y not in t:
+    from pmll_lab.experiments import protocol as P
+
+    t = P.at(P.wide(df), shape)
+    if t.empty or metric not in t:
         return None
-    vals = sorted(t[panel].dropna().unique()) if panel in t else [None]
+    timer = str(t["timer"].iloc[0])
+    roof = P.roofline_gbps(df)
+    hlines = [(roof, f"copy roofline {roof:.0f} GB/s")] if metric == "gbps" and roof else \
+        [(1.0, "copy roofline")] if metric == "roofline_frac" else []
+    desc = ", ".join(f"{k}={v}" for k, v in (shape or {}).items())
+    vals = sorted(t["K"].dropna().unique()) if "K" in t else [None]
     fig, axes = plt.subplots(1, len(vals), figsize=(2.2 + 3.0 * len(vals), 3.3), sharey=True,
                              squeeze=False, layout="constrained")
     order = list(kernels) if kernels else list(dict.fromkeys(t["kernel"]))
     for ax, v in zip(axes[0], vals):
-        s = t if v is None else t[t[panel] == v]
+        s = t if v is None else t[t["K"] == v]
         for k in order:
             for lay in sorted(s["state_layout"].dropna().unique()) if "state_layout" in s \
                     else ["kv"]:
                 d = s[(s["kernel"] == k) & (s.get("state_layout", "kv") == lay)]
-                d = d.groupby(x)[y].median()
+                d = d.groupby("B")[metric].median()
                 if not d.empty:
                     ax.plot(d.index, d.values, label=f"{(labels or {}).get(k, k)}, "
                             f"{'K' if lay == 'kv' else 'V'}-major", **style(k, lay))
         for value, lab in hlines:
             ax.axhline(value, color="k", ls=":", lw=1, label=lab)
         ax.set_xscale("log", base=2)
-        if logy:
+        if metric == "time_us":
             ax.set_yscale("log")
-        ax.set_xlabel(x)
+        ax.set_xlabel("B")
         if v is not None:
-            ax.set_title(f"{panel} = {v}", fontsize=9)
-    axes[0][0].set_ylabel(ylabel, fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
+            ax.set_title(f"K = {v}", fontsize=9)
+    axes[0][0].set_ylabel(f"{units[metric]}\n{P.TIMER_LABELS.get(timer, timer)}", fontsize=8)
+    fig.suptitle(f"{title} ({desc})", fontsize=10)
     legend_outside(fig, axes[0])
     return fig
-
-
-def plot_speed(df: pd.DataFrame, metric: str, shape: Mapping | None, labels: Mapping[str, str],
-               kernels: Sequence[str], title: str, units: Mapping[str, str]):
-    """``metric`` of the checked, timed rows at ``shape`` (``time_us``; ``gbps`` with the copy
-    roofline; ``roofline_frac`` with 1) against batch width, one panel per K, one line per
-    kernel and layout (``plot_lines``), the y label ``units[metric]`` and the timer. None
-    without rows."""
-    from pmll_lab.experiments import protocol as P
-
-    w = P.at(P.wide(df), shape)
-    if w.empty or metric not in w:
-        return None
-    timer = str(w["timer"].iloc[0])
-    roof = P.roofline_gbps(df)
-    lines = [(roof, f"copy roofline {roof:.0f} GB/s")] if metric == "gbps" and roof else \
-        [(1.0, "copy roofline")] if metric == "roofline_frac" else []
-    desc = ", ".join(f"{k}={v}" for k, v in (shape or {}).items())
-    return plot_lines(w, y=metric, labels=labels, kernels=kernels, hlines=lines,
-                      ylabel=f"{units[metric]}\n{P.TIMER_LABELS.get(timer, timer)}",
-                      title=f"{title} ({desc})", logy=metric == "time_us")

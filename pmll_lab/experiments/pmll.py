@@ -1,12 +1,10 @@
-"""The pmll_ring notebook's point, tables and plots: the PMLL memory ring (SPEC §1).
+"""The pmll_ring notebook: the PMLL memory ring (SPEC §1).
 
 ``ring_point`` (``B, H, M, T, D, dtype, gate`` "none" / "bt" / "bht", ``segments``, ``seed``,
-``impl`` "triton" or "cuda", the twin of ``kernels/pmll_ring.cu``) writes ``segments`` seeded
-segments into a ring with seeded counts in ``[0, 3M)`` (``T > M`` allowed) and checks the ring
-(gated writes within ``RING_WRITE_TOL``, the rest bit-exact), ``pmll_read`` (a copy: exact) and
-``memory_attention`` (reference path, checked only) against float64; then times read and write
-(GB/s over ``read_bytes`` / ``write_bytes``). Large rings are checked on probe sequences and
-heads (first and last). A ``"cuda"`` point without an NVIDIA GPU is one ``unavailable`` row.
+``impl`` "triton" / "cuda") writes seeded segments, checks the ring (gated writes within
+``RING_WRITE_TOL``, the rest bit-exact), ``pmll_read`` and ``memory_attention`` against float64
+(large rings on probe sequences and heads), then times read and write. A ``"cuda"`` point
+without an NVIDIA GPU is one ``unavailable`` row.
 """
 
 from __future__ import annotations
@@ -184,9 +182,8 @@ def _ring_rows(point: dict, impl: str) -> list[dict]:
 def wraparound_states(capacity: int = 8, segments=(5, 6, 3, 11)) -> list[dict]:
     """Write tokens numbered 0, 1, 2 ... in segments of the given lengths into a one-head ring
     with the kernels, and after each segment record which token sits in which slot (``slots``,
-    -1 where empty), the chronological read (``read``, -1 for the zero rows) and the next slot.
-    Token ``n`` is written as the row ``[n, n, ...]`` (exact in fp32), so the numbers shown are
-    what the kernels stored and read, not a simulation."""
+    -1 where empty), the chronological read (``read``, -1 for the zero rows) and the next slot:
+    what the kernels stored (token ``n`` as the row ``[n, n, ...]``), not a simulation."""
     mem = RingMemory.empty(1, 1, capacity, 16, dtype=torch.float32)
     out, start = [], 0
     for tokens in segments:

@@ -1,16 +1,7 @@
-"""The pmll_attention notebook's sweep points: attention straight from the PMLL ring (SPEC §1).
-
-- ``state_point``: fused and reference ``memory_attention`` against float64 over ring states
-  side by side in one batch (``STATE_COUNTS``), one error row per state.
-- ``speed_point``: every provider of ``PROVIDERS`` checked on probe sequences and heads, then
-  timed, at one shape ``(B, H, D)``, capacity ``M`` (0: no ring; else full and wrapped in every
-  sequence) and segment length ``T``.
-- ``eviction_point``: GPT-2 (random seeded weights) segment by segment through ``pmll_step``
-  against its whole-sequence forward: with ``gate="none"`` and nothing evicted the logits must
-  agree within ``EQUIV_TOL`` (a check), else the rows measure what eviction costs.
-
-Targets, tables and plots follow the points (times: ``protocol.wide``, CUDA graph replays where
-the run has them; the reference path by do_bench only).
+"""The pmll_attention notebook: attention straight from the PMLL ring (SPEC §1). Points:
+``state_point`` (errors per ring state), ``speed_point`` (each of ``PROVIDERS`` checked on
+probes, then timed), ``eviction_point`` (GPT-2 through ``pmll_step``); then targets, tables and
+plots (the reference path timed by do_bench only).
 """
 
 from __future__ import annotations
@@ -36,12 +27,9 @@ from pmll_lab.tolerances import RING_ATTENTION_TOL as TOL
 
 PROVIDERS = ("fused", "gather_sdpa_mask", "sdpa_contiguous", "sdpa_causal", "reference",
              "pmll_step")
-"""What ``speed_point`` times for one segment's attention: ``fused`` (ours, the ring read in
-place); ``gather_sdpa_mask`` (``pmll_read`` into ``[B, H, M + T, D]``, the segment behind it,
-SDPA with a ``[B, 1, T, M + T]`` mask from the ring lengths: what a PyTorch user writes);
-``sdpa_contiguous`` (SDPA over keys already in order, lower-right causal: PyTorch at its best);
-``sdpa_causal`` (the segment alone); ``reference`` (the fp32 oracle; do_bench only, it syncs
-with the host); ``pmll_step`` (fused attention then the segment written, ``gate=None``)."""
+"""What ``speed_point`` times for one segment's attention: ours (``fused``, ``pmll_step``: then
+the segment written), PyTorch as a user writes it (``gather_sdpa_mask``) and at its best
+(``sdpa_contiguous``), the segment alone (``sdpa_causal``), the fp32 ``reference`` (do_bench)."""
 LABELS = {"fused": "fused ring attention (ours)", "gather_sdpa_mask": "gather + SDPA with mask",
           "sdpa_contiguous": "SDPA, contiguous keys, lower-right causal",
           "sdpa_causal": "SDPA causal, segment alone", "reference": "reference path (fp32)",
@@ -278,10 +266,8 @@ TARGETS = (
 )
 
 
-def times(df: pd.DataFrame, timer: str | None = None) -> pd.DataFrame:
-    """One row per timed (point, provider): time, TFLOP/s and beside a graph replay the
-    do_bench time of the same call (``do_bench_us``)."""
-    return P.wide(df, timer)
+times = P.wide
+"""One row per timed (point, provider): ``protocol.wide``."""
 
 
 def wide_times(df: pd.DataFrame) -> pd.DataFrame:

@@ -139,26 +139,16 @@ def mix(t0: list[dict], t1: list[dict], f: float) -> list[dict]:
             for a in t0 if a["timer"] in other]
 
 
-def is_peer(kernel: str) -> bool:
-    """FLA's and FlashInfer's kernels: their exceptions are theirs, not a failed point."""
-    return kernel.startswith(("fla_", "flashinfer_"))
-
-
-def peer_failure_row(kernel: str, exc: BaseException) -> dict:
-    """A peer's exception inside a point as one failed row of that peer (our rows kept)."""
-    return {"kernel": kernel, "metric": "error", "value": None, "status": "failed",
-            "error": f"{type(exc).__name__}: {exc}"}
-
-
 def peer_call(name: str, fn: Callable, *args, **kwargs):
-    """``(fn(*args, **kwargs), None)``, or ``(None, [peer_failure_row])`` when a peer raises; an
-    exception of ours passes."""
+    """``(fn(*args, **kwargs), None)``, or ``(None, [one failed row of that peer])`` when a
+    peer (FLA's, FlashInfer's kernels) raises, our rows kept; an exception of ours passes."""
     try:
         return fn(*args, **kwargs), None
     except Exception as exc:  # noqa: BLE001 - a peer's failure loses none of our rows
-        if not is_peer(name):
+        if not name.startswith(("fla_", "flashinfer_")):
             raise
-        return None, [peer_failure_row(name, exc)]
+        return None, [{"kernel": name, "metric": "error", "value": None, "status": "failed",
+                       "error": f"{type(exc).__name__}: {exc}"}]
 
 
 def timed_rows(entries: Iterable[tuple], **timing) -> list[dict]:

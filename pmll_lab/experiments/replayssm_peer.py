@@ -1,12 +1,8 @@
-"""FlashInfer's ReplaySSM verify (``gated_delta_rule_mtp_ucache_flush``, through
-``pmll_lab.peers_replayssm``) as a peer point of the roofline and carry_protocol sweeps, in two
-variants: ``flashinfer_replayssm:verify`` (ring fill ``P`` below the fold threshold: the state
-read, never written) and ``:flush`` (fill ``16 - K + 1``: the window folded first). Inputs: a
-``step_bench.StepCase`` of the point's shape (bf16 inputs and V-major pool, the only one the
-kernels take) and a ring of realistic rows. Checked before timed, on ``ref_seqs`` sequences:
-outputs, and the effective state after committing all ``K`` rows, against float64 decoding
-within ``TOLERANCE``. Shapes it does not take: ``unsupported`` rows; no GPU or no FlashInfer:
-``unavailable`` rows (``reason`` says why); neither raises.
+"""FlashInfer's ReplaySSM verify (``gated_delta_rule_mtp_ucache_flush``) as a peer point:
+``flashinfer_replayssm:verify`` (ring fill below the fold threshold) and ``:flush`` (fill
+``16 - K + 1``: the window folded first), on bf16 inputs and a V-major pool. Checked (outputs,
+state after committing ``K`` rows, within ``TOLERANCE`` of float64) before timed. Shapes it
+does not take: ``unsupported`` rows; no GPU or no FlashInfer: ``unavailable`` rows.
 """
 
 from __future__ import annotations

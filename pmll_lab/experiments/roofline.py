@@ -1,15 +1,10 @@
 """The roofline notebook: every verify kernel and peer against the copy roofline, in one run.
 
 A point ``(K, B, HK, HV, head_dim, dtype, state_layout, state_dtype, provider)`` verifies the
-same ``K`` draft rows of ``B`` sequences from the same state. Providers (``roofline_case``):
-``decodes`` (``K`` launches), ``chain_snapshots`` (``K-1`` snapshots; not at ``K=1``),
-``carry_exact_eager`` / ``_lazy`` (the lazy form timed without (``:nowb``) and with (``:wb``)
-a write-back, its figure amortised at the acceptance process's write-back frequency), the CUDA
-C++ twins, FLA (K-major), FlashInfer's decode (``K=1``), ``mtp`` with and without its snapshot
-buffer and ReplaySSM (V-major; ``replayssm_peer``). Each is checked before it is timed (ours
-bitwise against the decodes, all against float64 on ``N_REF`` sequences;
-``roofline_providers``); launch plans (``<kernel>:plan``) at ``B <= PLAN_MAX_B``; bf16/fp16
-state pools for ``HALF_STATE_PROVIDERS``. Targets, tables and plots: ``roofline_report``.
+same ``K`` draft rows of ``B`` sequences from the same state; the lazy carry is timed without
+(``:nowb``) and with (``:wb``) a write-back and amortised at the acceptance process's
+write-back frequency; launch plans (``<kernel>:plan``) at ``B <= PLAN_MAX_B``. Providers:
+``roofline_case``; checks: ``roofline_providers``; tables: ``roofline_report``.
 """
 
 from __future__ import annotations
@@ -64,17 +59,11 @@ def _wanted(prov: str, base: dict, fla: bool, flashinfer: bool, sdt: str) -> boo
 
 def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept_K: int = 4,
            fla: bool | None = None, flashinfer: bool | None = None) -> list[dict]:
-    """Grids -> points, one per provider, state layout and state dtype.
-
-    A grid: axes ``K, B, head_dim, heads`` (``(HK, HV)`` pairs), ``dtype``, optionally
-    ``state_layout`` (``["kv"]``), ``state_dtype`` (``["float32"]``) and ``providers`` (all).
-    A peer is made at its own layout; ours at each layout of the grid its launchers take.
-    Dropped: the chain and FlashInfer's mtp at ``K = 1``, FlashInfer's decode at ``K > 1``,
-    FLA unless ``fla`` (default ``fla_available()``), FlashInfer unless ``flashinfer``
-    (``flashinfer_available()``) and ``flashinfer_supports``. Every point carries ``slots`` and
-    ``rows_max`` (the largest ``B`` and ``K`` of its shape: one input draw per shape), ``seed``,
-    ``mean_accept``, ``accept_K``; ordered shape, ``K``, ``B``, layout, state dtype, provider,
-    duplicates dropped. Raises ``ValueError`` for an unknown provider, layout or state dtype."""
+    """Grids (axes ``K, B, head_dim, heads`` as ``(HK, HV)``, ``dtype``; optional
+    ``state_layout``, ``state_dtype``, ``providers``) -> one point per provider, layout and
+    state dtype its launchers take; peers only where available (``fla``, ``flashinfer``) and
+    supported. Each carries ``slots``/``rows_max`` (one input draw per shape). ``ValueError``
+    for an unknown provider, layout or state dtype."""
     fla = fla_available() if fla is None else fla
     flashinfer = flashinfer_available() if flashinfer is None else flashinfer
     pts, seen = [], set()

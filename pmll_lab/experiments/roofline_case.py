@@ -1,8 +1,6 @@
-"""The roofline notebook's providers, settings and shared inputs: one input draw per shape; per
-``(shape, K, B, state_layout, state_dtype)`` a ``_Case`` (input views, float64 references on
-``N_REF`` sequences, on first use the decode baseline and the carry references) that every
-provider checks against; ``release()`` drops them. Launchers are called as ``C.<launcher>``, so
-a test that replaces one here replaces it everywhere."""
+"""The roofline notebook's providers, settings and shared inputs: one input draw per shape, a
+``_Case`` per ``(shape, K, B, state_layout, state_dtype)`` (inputs, float64 references) every
+provider checks against; ``release()`` drops them. Launchers are called as ``C.<launcher>``."""
 
 from __future__ import annotations
 

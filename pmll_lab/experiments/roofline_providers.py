@@ -1,14 +1,7 @@
-"""The roofline's providers, each checked, then timed, on a ``roofline_case._Case``.
-
-Ours: ``K`` decode launches, the snapshot chain (and their CUDA C++ twins), the exact carried
-state's verify (the lazy form without and with a write-back, amortised at the acceptance
-process's write-back frequency); launchers are called through ``roofline_case`` (a test replaces
-them there). Peers (GPU only, ``RuntimeError`` otherwise): FLA's ``fused_recurrent`` from a
-gathered copy of the K-major states (``point_fla``); FlashInfer's decode (``K = 1``, the V-major
-pool updated) and ``mtp`` verify with its snapshot buffer or without, the pool frozen
-(``point_flashinfer``), fed the raw gating inputs; checked against float64 on ``N_REF``
-sequences (FlashInfer's with its own gating) and against our decodes over all ``B`` within the
-tolerances (peers are not bitwise ours); a frozen verify must leave the pool as it was.
+"""The roofline's providers, each checked, then timed, on a ``roofline_case._Case``; ours
+bitwise against the decodes, peers (GPU only, ``RuntimeError`` otherwise) against float64 on
+``N_REF`` sequences and our decodes within the tolerances; a frozen verify must leave the pool
+as it was. Launchers are called through ``roofline_case`` (a test replaces them there).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """The roofline notebook's targets, tables and plots, from ``roofline.gdn_point``'s rows (and the
-PMLL ring points'). Times: ``protocol.wide`` (CUDA graph replays where the run has them; launch
-plans by do_bench), each kernel in its faster state layout where a target reads it, fp32-state
-rows unless a table says otherwise (``state_dtype_table`` sets the bf16 pools against them).
+PMLL ring points'): ``protocol.wide`` times of the fp32-state rows unless a table says otherwise.
 """
 
 from __future__ import annotations
@@ -107,12 +105,8 @@ STEP_FORMS = ("exact_lazy+ring+chain_restore+flashinfer_snapshot_restore+flashin
 """The forms the notebook's step sweep runs (``step_grids``'s ``forms``)."""
 
 
-def wide_table(df: pd.DataFrame, timer: str | None = None,
-               state_dtype: str | None = "float32") -> pd.DataFrame:
-    """``protocol.wide`` of the fp32-state rows (``state_dtype``; None: all)."""
-    return P.wide(df, timer, state_dtype=state_dtype)
-
-
+wide_table = partial(P.wide, state_dtype="float32")
+"""``protocol.wide`` of the fp32-state rows (``state_dtype=None``: all)."""
 correctness_table = partial(P.correctness_table, by=("state_dtype",))
 failed_points = partial(P.failed_points, params=PARAMS)
 main_shape = partial(P.main_shape, keys=SHAPE_KEYS, prefer=MAIN_SHAPE)

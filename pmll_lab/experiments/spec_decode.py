@@ -1,12 +1,6 @@
-"""The spec_decode notebook: speculative decoding end to end on a hybrid GDN model.
-
-A transformers Qwen3-Next model (random seeded weights) decodes through our kernels
-(``pmll_lab.models``): greedy, or ``K`` rows per step verified by the exact carried state (eager
-or lazy) or the snapshot chain, drafts from a ``noisy`` copy of greedy's tokens (each right with
-probability ``p``) or prompt lookup (``ngram``). ``generation_point``: tokens/s, acceptance, the
-step split into kernel sections (CUDA events; on a GPU the second of two runs), write-backs,
-flushes, restores, agreement with greedy. ``oracle_point``: our tokens against transformers'
-``generate`` on its torch path. On the CPU every time is interpreter wall time.
+"""The spec_decode notebook: speculative decoding end to end on a random-weight Qwen3-Next
+model through our kernels: greedy, or ``K`` rows per step verified by the carry (eager, lazy) or
+the snapshot chain, drafts ``noisy`` (greedy's token with probability ``p``) or ``ngram``.
 """
 
 from __future__ import annotations
@@ -26,9 +20,7 @@ from pmll_lab.experiments.targets import Target, fact, facts
 from pmll_lab.sweep import CheckFailed
 
 ARCHS = ("tiny", "qwen3_next_sized")
-"""``tiny``: ``tiny_config("qwen3_next")`` (hidden 64, 2 GDN + 1 attention layers, MoE);
-``qwen3_next_sized``: ``qwen3_next_sized_config()`` (9 GDN layers of Qwen3-Next's shape, HK=16,
-HV=32, kd=vd=128, 3 attention layers, hidden 2048, dense MLP)."""
+"""``tiny_config("qwen3_next")`` / ``qwen3_next_sized_config()`` (``pmll_lab.models``)."""
 
 SECTIONS = ("conv_verify", "gdn_verify", "accept", "gdn_flush", "conv_flush", "conv_chain",
             "gdn_chain", "snapshot_restore", "conv_update", "gdn_decode")
@@ -150,8 +142,8 @@ def generation_point(point: dict) -> list[dict]:
     ``prompt_len``, ``new_tokens``, ``state_layout``, ``mode`` ("plain"/"spec"); speculative points
     also ``form``, ``lazy``, ``K``, ``draft`` ("noisy"/"ngram"), ``p`` (noisy) and
     ``lazy_min_seqs``. Exact and chain forms on a float64 model must return greedy's tokens
-    (``CheckFailed`` otherwise); elsewhere the agreement is a measured row (dense layers in
-    bf16/fp32 give a row different bits in a batch of ``B*K`` rows than of ``B``)."""
+    (``CheckFailed`` otherwise); elsewhere the agreement is measured (batched dense layers
+    round differently at ``B*K`` rows)."""
     from pmll_lab.models.generate import speculative_generate
 
     _threads()
@@ -339,9 +331,8 @@ def plot_split(t: pd.DataFrame, label: str):
 
 def throughput_table(w: pd.DataFrame, K: int, p: float) -> pd.DataFrame:
     """Tokens/s of each kernel, and on a GPU its ratio to plain decoding at the same (B,
-    layout): against the plain run of its own process where the row has one
-    (``plain_tokens_per_s``: same GPU, minutes apart; the host-bound rest of the model varies
-    more between a sweep's workers than the forms differ), else the plain row."""
+    layout): the plain run of its own process (``plain_tokens_per_s``) where the row has one
+    (workers differ more than the forms), else the plain row."""
     m = _main(w, K, p)
     plain = m[m.kernel == "plain"].set_index(["B", "state_layout"])["tokens_per_s"]
     rows = []
@@ -406,10 +397,8 @@ def forms_table(w: pd.DataFrame, K: int, p: float) -> pd.DataFrame:
 
 
 def bytes_table(K: int = 4) -> pd.DataFrame:
-    """State bytes per sequence (KiB, over the GDN layers) for the tiny test model, the
-    Qwen3-Next-sized stack and transformers' default Qwen3-Next / Qwen3.5 configs (bf16): GDN
-    states, conv windows, the carry's stash (whatever K), the chain's ``K-1`` snapshots,
-    attention KV per token."""
+    """State bytes per sequence (KiB, over the GDN layers) per model config
+    (``state_bytes_per_sequence``), and the chain's snapshots over the carry's stash."""
     from transformers import Qwen3_5TextConfig, Qwen3NextConfig
 
     from pmll_lab.models.cache import state_bytes_per_sequence

@@ -2,9 +2,8 @@
 
 ``drift_point`` decodes the same ``T`` tokens with ``gdn_decode`` on an fp32 and on a half
 (bf16/fp16) state pool from the same start (the fp32 draw rounded: every difference is the
-rounding's) and records, at tokens ``1, 2, 4, ..., T``, the rel L2 between the two runs' outputs
-(``drift_o``; 0 at token 1, read from the shared start) and states (``drift_state``). The gates
-decay old rounding errors, so the drift settles; where it settles is the figure of merit.
+rounding's) and records, at tokens ``1, 2, 4, ..., T``, the rel L2 between the two runs'
+outputs (``drift_o``) and states (``drift_state``); where the drift settles is the figure.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The carry_step notebook: the whole speculative step per form, and the drift study.
 
-A point is one configuration (``B, K, HK, HV, head_dim, state_dtype``, ``steps``, acceptance
-``alpha``). Each form of ``step_bench.STEP_FORMS`` is checked first (accepted outputs and final
-states against float64 decoding), then timed (the ``steps`` steps in one CUDA graph:
-``step_us``); a form that fails or raises is one failed row, one FlashInfer does not take one
-``unsupported`` row. Other metrics: ``o_rel_l2``, ``state_rel_l2``, ``bytes_moved_step``,
-``bytes_held_seq``, ``fold_frac``, ``mean_fill``; ``mean_accept`` on every row.
+A point (``B, K, HK, HV, head_dim, state_dtype, steps, alpha``) checks each form of
+``step_bench.STEP_FORMS`` against float64 decoding, then times its ``steps`` steps in one CUDA
+graph (``step_us``); a form that fails or raises is one failed row, one FlashInfer does not
+take one ``unsupported`` row.
 """
 
 from __future__ import annotations
@@ -242,11 +240,9 @@ def findings(df: pd.DataFrame, kdf: pd.DataFrame, ddf: pd.DataFrame) -> pd.DataF
 
 
 def kernel_point(p: dict) -> list[dict]:
-    """Detail rows: one verify at a given ring fill (``p["fill"]``; ``P + K > 16`` folds), ours
-    (``ring_verify``) and FlashInfer's ``ucache_flush`` (``flashinfer_ucache_flush``) on the
-    same rows: both rings hold identical values (FlashInfer's 32-row ring has our ring's layout
-    at ``R = 16``). Each is checked against the float64 ring reference on the first
-    ``ref_seqs`` sequences, then timed alone (graph replay, L2 flushed, ``time_us``)."""
+    """One verify at ring fill ``p["fill"]`` (``fill + K > 16`` folds), ours (``ring_verify``)
+    and FlashInfer's (``flashinfer_ucache_flush``) on identical ring rows; each checked against
+    the float64 ring reference on ``ref_seqs`` sequences, then timed alone (``time_us``)."""
     from pmll_lab.bench import errors, time_cuda_graph
     from pmll_lab.carry import GdnRing, gdn_ring_verify
     from pmll_lab.peers import fused_gating
