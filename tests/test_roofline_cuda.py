@@ -9,23 +9,11 @@ import pytest
 import torch
 
 import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
+from _roofline_helpers import SHAPE, fresh_cache, points as _points  # noqa: F401 (fresh_cache: autouse)
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments import roofline as E
 from pmll_lab.experiments import roofline_case as C
 from pmll_lab.sweep import CheckFailed
-
-SHAPE = dict(head_dim=[16], heads=[(2, 4)], dtype=["bfloat16"])
-
-
-def _points(K, B, providers, **kw):
-    return E.points([dict(K=[K], B=[B], providers=providers, **SHAPE)], fla=False, **kw)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_cache():
-    E.release()
-    yield
-    E.release()
 
 
 def _cuda_point(D=16):
