@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -190,6 +191,27 @@ def positive_int(name: str, value, *, minimum: int = 1, maximum: int | None = No
         hi = "" if maximum is None else f" and <= {maximum}"
         raise ValueError(f"{name}: must be >= {minimum}{hi}, got {value}")
     return value
+
+
+def device_memory(dev: torch.device) -> int | None:
+    """Bytes of memory ``dev`` has: a CUDA device's total memory, the host's physical memory
+    for the CPU; ``None`` where the platform does not say."""
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def fits(name: str, nbytes: int, dev: torch.device, what: str) -> None:
+    """``ValueError`` naming ``name`` when ``nbytes`` (``what``: the tensors a call is about to
+    allocate on ``dev``) exceed the device's whole memory (``device_memory``): a size no
+    allocation can hold, refused before any allocation or kernel."""
+    have = device_memory(dev)
+    if have is not None and nbytes > have:
+        raise ValueError(f"{name}: {what} would take {nbytes:,} bytes, more than the whole "
+                         f"memory of {dev} ({have:,} bytes)")
 
 
 def flag(name: str, value) -> bool:

@@ -27,6 +27,7 @@ The float64 references are in ``pmll_lab.reference.pmll``; the kernels in
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -80,14 +81,18 @@ class RingMemory:
               dtype: torch.dtype = torch.float32,
               device: torch.device | str | None = None) -> "RingMemory":
         """Zeroed memory with ``count = 0`` (SPEC §1 "init"); ``device`` defaults to
-        ``pmll_lab.backend.DEVICE``. Raises ``ValueError`` naming a bad size, ``dtype`` or
-        ``device`` (one this machine does not have)."""
+        ``pmll_lab.backend.DEVICE``. Raises ``ValueError`` naming a bad size (below 1, or a ring
+        larger than the device's memory), ``dtype`` or ``device`` (one this machine does not
+        have), before any allocation."""
         for name, value in (("batch", batch), ("heads", heads), ("capacity", capacity),
                             ("head_dim", head_dim)):
             _checks.positive_int(name, value)
         _checks.choice("dtype", dtype, _checks.FLOAT_DTYPES)
         dev = _checks.device("device", device, DEVICE)
         shape = (batch, heads, capacity, head_dim)
+        _checks.fits("batch, heads, capacity, head_dim",
+                     2 * math.prod(shape) * dtype.itemsize + 8 * batch, dev,
+                     f"a ring of k, v {list(shape)} and count [{batch}]")
         return cls(torch.zeros(shape, dtype=dtype, device=dev),
                    torch.zeros(shape, dtype=dtype, device=dev),
                    torch.zeros(batch, dtype=torch.int64, device=dev))

@@ -296,13 +296,17 @@ def pmll_read(mem, t_ctx: int = 0, *, impl: str = "triton") -> tuple[torch.Tenso
     Returns new ``k_out, v_out [B, H, M + t_ctx, D]`` in the memory's dtype: rows
     ``M - length .. M - 1`` are the live rows oldest first, every other row is zero (rows from
     ``M`` on are left for the caller's current-context keys/values). Moves
-    ``pmll_lab.pmll.read_bytes`` bytes. Raises ``ValueError`` naming ``mem``, ``t_ctx`` or
-    ``impl``. ``impl``: ``"triton"`` or ``"cuda"`` (the CUDA C++ twin, ``kernels/pmll_ring.cu``;
+    ``pmll_lab.pmll.read_bytes`` bytes. ``t_ctx``: an int >= 0 whose outputs fit in the ring
+    device's memory. Raises ``ValueError`` naming ``mem``, ``t_ctx`` or ``impl`` before any
+    allocation. ``impl``: ``"triton"`` or ``"cuda"`` (the CUDA C++ twin, ``kernels/pmll_ring.cu``;
     a copy, so bitwise the same outputs; ``RuntimeError`` without a CUDA device).
     """
     check_impl(impl)
     batch, heads, capacity, head_dim = check_memory(mem)
     t_ctx = _checks.positive_int("t_ctx", t_ctx, minimum=0)
+    _checks.fits("t_ctx", 2 * batch * heads * (capacity + t_ctx) * head_dim * mem.k.element_size(),
+                 mem.k.device, f"the outputs k_out, v_out [{batch}, {heads}, {capacity} + {t_ctx}, "
+                 f"{head_dim}]")
     if impl == "cuda":
         k_out, v_out = _cuda_twin(mem).ring_read(mem.k, mem.v, mem.count, t_ctx)
         return k_out, v_out
