@@ -18,6 +18,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from pmll_lab import cuda_ext
+
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -305,6 +307,17 @@ def index_tensor(name: str, value, size: int, *, device=None, distinct: bool = F
 def choice(name: str, value, options: Sequence) -> None:
     if value not in options:
         raise ValueError(f"{name}: must be one of {list(options)}, got {value!r}")
+
+
+def impl(launcher: str, value) -> str:
+    """``impl`` of the public launcher named ``launcher``: ``"triton"`` (every launcher), or
+    ``"cuda"`` where it has a CUDA C++ twin (``cuda_ext.TWIN_LAUNCHERS``). ``ValueError``
+    naming ``impl`` otherwise (for ``"cuda"``: which launchers have a twin). Returns ``value``."""
+    choice("impl", value, ("triton", "cuda"))
+    if value == "cuda" and launcher not in cuda_ext.TWIN_LAUNCHERS:
+        raise ValueError(f"impl: {launcher} has no CUDA C++ twin (impl='cuda' is taken by "
+                         f"{', '.join(cuda_ext.TWIN_LAUNCHERS)}); use impl='triton'")
+    return value
 
 
 # ---- value checks (device sync: only with validate=True) -------------------------------------
