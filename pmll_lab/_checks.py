@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Iterable, Sequence
 
 import torch
+
+from pmll_lab import cuda_ext
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -192,6 +195,27 @@ def positive_int(name: str, value, *, minimum: int = 1, maximum: int | None = No
     return value
 
 
+def device_memory(dev: torch.device) -> int | None:
+    """Bytes of memory ``dev`` has: a CUDA device's total memory, the host's physical memory
+    for the CPU; ``None`` where the platform does not say."""
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def fits(name: str, nbytes: int, dev: torch.device, what: str) -> None:
+    """``ValueError`` naming ``name`` when ``nbytes`` (``what``: the tensors a call is about to
+    allocate on ``dev``) exceed the device's whole memory (``device_memory``): a size no
+    allocation can hold, refused before any allocation or kernel."""
+    have = device_memory(dev)
+    if have is not None and nbytes > have:
+        raise ValueError(f"{name}: {what} would take {nbytes:,} bytes, more than the whole "
+                         f"memory of {dev} ({have:,} bytes)")
+
+
 def flag(name: str, value) -> bool:
     """A Python bool (not an int, a numpy bool or a string, whose truth would be taken silently
     or reach a kernel's constexpr as another type). Returns it."""
@@ -283,6 +307,17 @@ def index_tensor(name: str, value, size: int, *, device=None, distinct: bool = F
 def choice(name: str, value, options: Sequence) -> None:
     if value not in options:
         raise ValueError(f"{name}: must be one of {list(options)}, got {value!r}")
+
+
+def impl(launcher: str, value) -> str:
+    """``impl`` of the public launcher named ``launcher``: ``"triton"`` (every launcher), or
+    ``"cuda"`` where it has a CUDA C++ twin (``cuda_ext.TWIN_LAUNCHERS``). ``ValueError``
+    naming ``impl`` otherwise (for ``"cuda"``: which launchers have a twin). Returns ``value``."""
+    choice("impl", value, ("triton", "cuda"))
+    if value == "cuda" and launcher not in cuda_ext.TWIN_LAUNCHERS:
+        raise ValueError(f"impl: {launcher} has no CUDA C++ twin (impl='cuda' is taken by "
+                         f"{', '.join(cuda_ext.TWIN_LAUNCHERS)}); use impl='triton'")
+    return value
 
 
 # ---- value checks (device sync: only with validate=True) -------------------------------------

@@ -43,6 +43,12 @@ TWINS: dict[str, tuple[str, ...]] = {
 }
 """Each twin's sources in ``kernels/`` (binding first); headers there are found by include path."""
 
+TWIN_LAUNCHERS = ("pmll_write", "pmll_read", "gdn_decode", "gdn_chain", "gdn_carry_verify",
+                  "gdn_carry_flush")
+"""The public launchers that take ``impl="cuda"`` (one of the ``TWINS`` behind each); every
+other public launcher (GDN, conv, carry, PMLL) takes ``impl="triton"`` only (checked by
+``pmll_lab._checks.impl``)."""
+
 NO_GPU = ("the CUDA path (impl='cuda') needs an NVIDIA GPU, and torch sees no CUDA device "
           "here: use impl='triton' (the default; it also runs on the CPU under the Triton "
           "interpreter)")

@@ -389,7 +389,10 @@ def local_cluster(workers: int, gpu_ids: Sequence[str] = (), *,
     """A ``distributed.LocalCluster`` of worker processes (``cluster_spec``: one per GPU in
     ``gpu_ids``, pinned, or ``workers`` CPU workers), started and waited for. Its scheduler
     gives up a task at the first death of its worker (``allowed-failures`` 0): ``run_sweep``
-    then retries the point itself, once, elsewhere. Close it with ``cluster.close()``.
+    then retries the point itself, once, elsewhere. Dask's work stealing is off: ``run_sweep``
+    places the points itself, one per worker slot; stealing moved a point from a worker still
+    busy (its warm-up's imports, slow on a loaded machine) behind the other worker's point,
+    leaving the first idle. Close it with ``cluster.close()``.
     ``dashboard_address``: where the dashboard listens (needs bokeh; None: none)."""
     import dask
     from distributed import LocalCluster
@@ -399,7 +402,8 @@ def local_cluster(workers: int, gpu_ids: Sequence[str] = (), *,
     # replace Dask's default of 1 there too
     spawn_env = {f"distributed.nanny.pre-spawn-environ.{k}": v
                  for k, v in worker_threads(len(specs)).items()}
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0, **spawn_env}):
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0,
+                          "distributed.scheduler.work-stealing": False, **spawn_env}):
         cluster = LocalCluster(n_workers=0, threads_per_worker=1, processes=True,
                                dashboard_address=dashboard_address)
         try:

@@ -27,11 +27,12 @@ The float64 references are in ``pmll_lab.reference.pmll``; the kernels in
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import torch
 
-from pmll_lab import _checks
+from pmll_lab import _checks, cuda_ext
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.pmll.ring import check_memory, check_write, launch_write, pmll_read, pmll_write
 from pmll_lab.ops.pmll.ring_attention import check_attention, launch_ring_attention
@@ -80,14 +81,18 @@ class RingMemory:
               dtype: torch.dtype = torch.float32,
               device: torch.device | str | None = None) -> "RingMemory":
         """Zeroed memory with ``count = 0`` (SPEC §1 "init"); ``device`` defaults to
-        ``pmll_lab.backend.DEVICE``. Raises ``ValueError`` naming a bad size, ``dtype`` or
-        ``device`` (one this machine does not have)."""
+        ``pmll_lab.backend.DEVICE``. Raises ``ValueError`` naming a bad size (below 1, or a ring
+        larger than the device's memory), ``dtype`` or ``device`` (one this machine does not
+        have), before any allocation."""
         for name, value in (("batch", batch), ("heads", heads), ("capacity", capacity),
                             ("head_dim", head_dim)):
             _checks.positive_int(name, value)
         _checks.choice("dtype", dtype, _checks.FLOAT_DTYPES)
         dev = _checks.device("device", device, DEVICE)
         shape = (batch, heads, capacity, head_dim)
+        _checks.fits("batch, heads, capacity, head_dim",
+                     2 * math.prod(shape) * dtype.itemsize + 8 * batch, dev,
+                     f"a ring of k, v {list(shape)} and count [{batch}]")
         return cls(torch.zeros(shape, dtype=dtype, device=dev),
                    torch.zeros(shape, dtype=dtype, device=dev),
                    torch.zeros(batch, dtype=torch.int64, device=dev))
@@ -167,12 +172,18 @@ class RingMemory:
 
 
 def _impl(impl) -> str:
+    """``memory_attention``'s ``impl``: one of ``IMPLS``, ``None`` (the default) or
+    ``"triton"`` (the fused kernel, as every launcher's ``impl="triton"``)."""
     impl = MEMORY_ATTENTION_IMPL if impl is None else impl
     if impl == "cuda":
-        raise ValueError("impl: the ring attention has no CUDA twin (kernels/ holds the ring "
-                         "write and read only); use 'fused' or 'reference'")
+        raise ValueError("impl: the ring attention has no CUDA twin (impl='cuda' is taken by "
+                         f"{', '.join(cuda_ext.TWIN_LAUNCHERS)}); use 'fused' (or 'triton') "
+                         "or 'reference'")
+    if impl == "triton":
+        return "fused"
     if impl not in IMPLS:
-        raise ValueError(f"impl: must be one of {', '.join(IMPLS)} or None, got {impl!r}")
+        raise ValueError(f"impl: must be one of {', '.join(IMPLS)}, 'triton' or None, got "
+                         f"{impl!r}")
     return impl
 
 
@@ -188,7 +199,7 @@ def memory_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
 
     ``impl`` (default ``MEMORY_ATTENTION_IMPL``):
 
-    - ``"fused"``: one Triton flash-attention launch (``pmll_lab.ops.pmll.ring_attention``)
+    - ``"fused"`` (or ``"triton"``): one Triton flash-attention launch (``pmll_lab.ops.pmll.ring_attention``)
       that reads the live ring rows in place, in chronological order, then the segment's keys
       causally; fp32 softmax and accumulation, probabilities rounded to the dtype for ``p @ v``
       (as FlashAttention does). No gather, no mask, no scores in memory, no host sync. The

@@ -374,6 +374,30 @@ def test_workers_share_the_cores_instead_of_one_thread_each(monkeypatch, tmp_pat
     assert len(df) == 4 and set(df["value"]) == {6}
 
 
+def _worker_name(p):
+    from distributed import get_worker
+
+    return [{"metric": "worker", "value": float(p["n"]), "name": get_worker().name}]
+
+
+def test_a_point_waits_for_its_busy_worker_instead_of_being_stolen(cluster, tmp_path):
+    """The sweep gives each worker one point; while one worker is busy (a 6 s task pinned to it,
+    as its warm-up's imports can be on a loaded machine) its point waits for it. With Dask's
+    work stealing on, the other worker took that point as soon as it was idle, so both points
+    ran there (the local cluster turns stealing off)."""
+    c, client = cluster
+    assert "stealing" not in c.scheduler.extensions
+    busy = next(iter(client.scheduler_info(n_workers=-1)["workers"]))
+    blocker = client.submit(time.sleep, 6, workers=[busy], allow_other_workers=False,
+                            pure=False)
+    df = run_sweep("busy", grid(n=[1, 2]), _worker_name, results_dir=tmp_path, progress=False,
+                   client=client)
+    blocker.result()
+    assert sorted(df["value"]) == [1.0, 2.0]
+    assert sorted(df["worker"]) == ["cpu0", "cpu1"]
+    assert (df["name"] == df["worker"]).all()
+
+
 def test_affinity_keeps_a_compile_group_on_its_worker():
     """A free worker takes its own group's next point, then a group nobody live runs, then any
     point; a retry never returns to the worker it died on."""

@@ -399,6 +399,43 @@ def test_read_and_memory_bad_input():
         memory_attention(q.half(), x["k_new"].half(), x["v_new"].half(), mem)
 
 
+def test_sizes_past_the_device_memory_refused_before_any_allocation(monkeypatch):
+    """``t_ctx`` (``pmll_read``) and the ring's sizes (``RingMemory.empty``) whose tensors could
+    not fit in the device's memory give ``ValueError`` naming them, not an allocator error; at
+    the bound (device memory set to what ``t_ctx = 5`` needs) the read still equals the
+    reference, one row more is refused. Nothing is allocated or launched first."""
+    from pmll_lab import _checks, cuda_ext
+    from pmll_lab.ops.pmll import ring
+
+    mem = _seeded_memory(17, 3, 2, 6, 16, torch.float32)
+    for t_ctx in (10**12, 2**62):
+        with pytest.raises(ValueError, match=r"^t_ctx: the outputs k_out, v_out \[3, 2, 6 \+ \d+, "
+                                             r"16\] would take [\d,]+ bytes, more than the whole memory"):
+            pmll_read(mem, t_ctx)
+    with pytest.raises(ValueError, match=r"^batch, heads, capacity, head_dim: a ring of k, v "
+                                         r"\[2, 3, 1000000000000, 16\]"):
+        RingMemory.empty(2, 3, 10**12, 16)
+
+    def never(*args, **kwargs):
+        raise AssertionError("allocated or launched before the size check")
+
+    monkeypatch.setattr(_checks, "device_memory", lambda dev: 2 * 3 * 2 * (6 + 5) * 16 * 4)
+    k_out, v_out = pmll_read(mem, 5)
+    rk, rv = ref.ring_read(mem.k, mem.v, mem.count, 5)
+    assert torch.equal(k_out.cpu().double(), rk) and torch.equal(v_out.cpu().double(), rv)
+    assert k_out.abs().sum() > 0
+    monkeypatch.setattr(torch, "empty", never)
+    monkeypatch.setattr(torch, "zeros", never)
+    monkeypatch.setattr(ring, "_ring_read_kernel", None)
+    monkeypatch.setattr(cuda_ext, "require_gpu", never)
+    for impl in ("triton", "cuda"):
+        with pytest.raises(ValueError, match=rf"^t_ctx: .* would take 9,216 bytes, more than "
+                                             rf"the whole memory of {mem.k.device} \(8,448 bytes\)$"):
+            pmll_read(mem, 6, impl=impl)
+    with pytest.raises(ValueError, match=r"^batch, heads, capacity, head_dim: .* would take 9,240 "):
+        RingMemory.empty(3, 2, 12, 16)
+
+
 # ---- property test ----------------------------------------------------------------------------
 
 @settings(max_examples=25, deadline=None, derandomize=True,

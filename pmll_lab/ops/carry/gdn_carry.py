@@ -134,7 +134,7 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
         ValueError naming the argument: shapes, dtypes, devices, strides, ``HV % HK``,
         ``1 <= K <= CAP``, unknown ``form``; value errors with ``validate=True``.
     """
-    _checks.choice("impl", impl, ("triton", "cuda"))
+    _checks.impl("gdn_carry_verify", impl)
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     scale, o, engaged = _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy,
                                          scale, validate, eager_max_pending, state_layout,
@@ -246,7 +246,7 @@ def _launch_verify(*args):
 def gdn_carry_verify_plan(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form="exact",
                           lazy=False, scale=None, use_qk_l2norm=True, validate=False,
                           eager_max_pending=None, state_layout=DEFAULT_STATE_LAYOUT,
-                          A_log=None, a=None, dt_bias=None, b=None) -> LaunchPlan:
+                          A_log=None, a=None, dt_bias=None, b=None, impl="triton") -> LaunchPlan:
     """``gdn_carry_verify`` bound to these buffers, for host-bound small batches (B=1).
 
     Checks the arguments once, as ``gdn_carry_verify`` does (``validate`` checks the values at
@@ -259,9 +259,10 @@ def gdn_carry_verify_plan(state, carry, q, k, v, g=None, beta=None, *, slot_tab,
     tensors it was made with, so rebinding a name (``q = new``) is silently ignored; make a new
     plan instead. ``pend`` is read on every call: apply ``carry_accept`` between calls, as with
     ``gdn_carry_verify``. The launch settings (``pmll_lab.ops.settings``) are read when the plan
-    is made. Same results, bit for bit, as ``gdn_carry_verify``.
-    Raises ``ValueError`` naming the argument.
+    is made. Same results, bit for bit, as ``gdn_carry_verify``. ``impl``: ``"triton"`` only
+    (a plan has no CUDA twin). Raises ``ValueError`` naming the argument.
     """
+    _checks.impl("gdn_carry_verify_plan", impl)
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     scale, o, engaged = _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy,
                                          scale, validate, eager_max_pending, state_layout,

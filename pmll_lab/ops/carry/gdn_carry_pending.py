@@ -68,7 +68,7 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     when the stash was written by ``gdn_carry_verify(impl="cuda")``; ``RuntimeError`` without
     a CUDA device. Raises ``ValueError`` naming the argument.
     """
-    _checks.choice("impl", impl, ("triton", "cuda"))
+    _checks.impl("gdn_carry_flush", impl)
     check_layout("state_layout", state_layout)
     if isinstance(states, torch.Tensor) or isinstance(carries, GdnCarry):
         raise ValueError("states, carries: pass lists (one entry per layer)")
@@ -133,7 +133,8 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
             **recurrence.EXACT_LAUNCH)
 
 
-def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=False) -> None:
+def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=False,
+                 impl="triton") -> None:
     """The pending update after a verify, on the device with no host sync (SPEC §3b):
     ``pend[slot] = a if engaged == 2 else pend[slot] + a`` for each sequence.
 
@@ -151,7 +152,9 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
     holds; ``SpecDecodeStep`` keeps every slot within ``CAP`` by its flushes.
     ``validate=True`` checks slots distinct and in range, ``engaged`` in {1, 2}, ``0 <= a <= K``
     (``rows``) and ``<= CAP``, and that no ``pend`` exceeds ``CAP`` afterwards (a sync).
+    ``impl``: ``"triton"`` only (no CUDA twin).
     """
+    _checks.impl("carry_accept", impl)
     carries = list(carry) if isinstance(carry, (list, tuple)) else [carry]
     if not carries:
         raise ValueError("carry: empty list")

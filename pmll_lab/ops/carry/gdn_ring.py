@@ -268,7 +268,7 @@ def ring_tiles(work: int, elem_bytes: int, kd: int, vd: int) -> tuple[int, int, 
 
 def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=None,
                     use_qk_l2norm=True, validate=False, state_layout="vk", A_log=None, a=None,
-                    dt_bias=None, b=None):
+                    dt_bias=None, b=None, impl="triton"):
     """Ring-form verify of ``K`` draft rows per sequence (SPEC §3d; the ReplaySSM design).
 
     Args:
@@ -290,6 +290,7 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
             table on the host (every CPU run) the slots and cursors are checked whatever
             ``validate`` says.
         state_layout: ``"vk"`` only.
+        impl: ``"triton"`` only (the ring form has no CUDA twin).
 
     Returns ``(o [B, K, HV, vd] in v's dtype, engaged [B] int32)``: 2 where the verify folded.
     Raises ``ValueError`` naming the argument (shapes, dtypes, devices, ``K > R``, head sizes
@@ -298,6 +299,7 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
     (``pmll_lab.reference.ring.verify``, ``reference.carry``) take K-major states:
     ``state.double().transpose(-1, -2)``.
     """
+    _checks.impl("gdn_ring_verify", impl)
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     B, K, scale = _check_verify(state, ring, q, k, v, g, beta, slot_tab, scale, validate,
                                 state_layout, gating, use_qk_l2norm)
@@ -338,7 +340,8 @@ def _ring_list(rings) -> list[GdnRing]:
     return rings
 
 
-def ring_accept(rings, slot_tab, engaged, accepted, *, rows=None, validate=False) -> None:
+def ring_accept(rings, slot_tab, engaged, accepted, *, rows=None, validate=False,
+                impl="triton") -> None:
     """The cursor commit after a ring verify, on the device with no host sync (SPEC §3d):
     ``base = (base + len) % 2R, len = a`` where the verify folded (``engaged == 2``), else
     ``len += a``, for one ring or a list (one launch; e.g. every layer of a step).
@@ -349,7 +352,9 @@ def ring_accept(rings, slot_tab, engaged, accepted, *, rows=None, validate=False
     ``a`` above ``K`` would take rows the verify never wrote into the window). ``validate=True``
     checks slots, ``engaged`` in {1, 2}, the accepted counts and that no ``len`` leaves
     ``[0, R]`` (a sync); with every table on the host (every CPU run) the same checks run
-    whatever ``validate`` says. Raises ``ValueError`` naming the argument."""
+    whatever ``validate`` says. ``impl``: ``"triton"`` only. Raises ``ValueError`` naming the
+    argument."""
+    _checks.impl("ring_accept", impl)
     rings = _ring_list(rings)
     dev = rings[0].device
     _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=dev, contiguous=True)
@@ -382,12 +387,14 @@ def ring_accept(rings, slot_tab, engaged, accepted, *, rows=None, validate=False
             accepted, B, NS=2 * rings[0].length, BLOCK=128)
 
 
-def gdn_ring_flush(states, rings, slot_tab, *, validate=False, state_layout="vk") -> None:
+def gdn_ring_flush(states, rings, slot_tab, *, validate=False, state_layout="vk",
+                   impl="triton") -> None:
     """Fold every listed slot's ring into its state (``H0 <- H_P``, rounded once), over ``L``
     layers in one launch (SPEC §3d "Flush"). ``states``: ``L`` V-major states (same shape,
     strides and dtype), ``rings``: ``L`` ``GdnRing`` (same length), ``slot_tab [B]``. ``len`` is
-    left for the caller to clear (``ring.len[slots] = 0``). Raises ``ValueError`` naming the
-    argument."""
+    left for the caller to clear (``ring.len[slots] = 0``). ``impl``: ``"triton"`` only. Raises
+    ``ValueError`` naming the argument."""
+    _checks.impl("gdn_ring_flush", impl)
     if isinstance(states, torch.Tensor) or isinstance(rings, GdnRing):
         raise ValueError("states, rings: pass lists (one entry per layer)")
     states, rings = list(states), _ring_list(rings)

@@ -186,7 +186,7 @@ def _conv_carry_verify_kernel(
 
 def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *, slot_tab,
                       lazy=False, activation="silu", qk_channels=0, head_dim=None, l2_eps=1e-6,
-                      out_dtype=None, validate=False):
+                      out_dtype=None, validate=False, impl="triton"):
     """Verify ``K`` draft rows per sequence with the carried conv window (SPEC §3b/§3c).
 
     Args:
@@ -202,6 +202,7 @@ def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *
             ``0..K-1``), else leave the stored window and stash at ``p..p+K-1``.
         activation, qk_channels, head_dim, l2_eps, out_dtype: as in ``conv_update``.
         validate: also check slot values (in range, distinct) and ``0 <= pend <= cap`` (a sync).
+        impl: ``"triton"`` only (no CUDA twin).
 
     Both forms fold any ``p <= cap`` pending inputs. Returns ``(y [B, K, dim], engaged [B]
     int32)``: ``engaged[b] = 2`` when the window was written back, else 1. ``pend`` is left for
@@ -211,6 +212,7 @@ def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *
     Raises ``ValueError`` naming the argument: shapes, dtypes, devices, strides, ``K > cap``,
     and with ``validate=True`` bad slots or ``pend`` outside ``0..cap``.
     """
+    _checks.impl("conv_carry_verify", impl)
     B, K, dim, d_conv, state_len, out_dtype = check_verify_args(
         conv_state, conv_carry, x, weight, bias, slot_tab=slot_tab, lazy=lazy,
         activation=activation, qk_channels=qk_channels, head_dim=head_dim, l2_eps=l2_eps,
@@ -358,7 +360,8 @@ def _offset_table(groups, device):
     return table
 
 
-def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False) -> None:
+def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False,
+                     impl="triton") -> None:
     """Fold every slot's pending inputs into its window, for ``L`` layers in one launch.
 
     Args:
@@ -369,6 +372,7 @@ def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False) -> 
         slot_tab: ``[B]`` int32/int64 slots to flush (distinct), contiguous, ``B <= S``; -1
             marks a padding lane (nothing read or written).
         validate: also check slot values and ``0 <= pend <= cap`` in every layer (a sync).
+        impl: ``"triton"`` only (no CUDA twin).
 
     For each layer and ``slot = slot_tab[b]`` with ``p = pend[slot] > 0``: the window becomes its
     last ``state_len`` columns after shifting in ``stash[slot, :p]``, written back; ``p = 0``
@@ -379,6 +383,7 @@ def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False) -> 
     from the first layer's pointer (a small table cached per set of addresses).
     Raises ``ValueError`` naming the argument.
     """
+    _checks.impl("conv_carry_flush", impl)
     if not isinstance(conv_states, (list, tuple)) or not conv_states:
         raise ValueError("conv_states: expected a non-empty list of per-layer windows")
     if not isinstance(conv_carries, (list, tuple)) or len(conv_carries) != len(conv_states):

@@ -99,7 +99,7 @@ def _launch_chain(conv_state, x3, weight, bias, state_indices, intermediate, y3,
 
 def conv_update(conv_state, x, weight, bias=None, *, state_indices=None, activation="silu",
                 qk_channels=0, head_dim=None, l2_eps=1e-6, out_dtype=None, validate=False,
-                carry=None):
+                carry=None, impl="triton"):
     """One token of the causal depthwise conv per sequence, window updated in place (SPEC §3c).
 
     Args:
@@ -126,6 +126,7 @@ def conv_update(conv_state, x, weight, bias=None, *, state_indices=None, activat
             shifted into its window (``pend > 0``) must not run a plain update: it would start
             from a stale window and give wrong outputs and a wrong window, silently. Flush
             first (``conv_carry_flush``).
+        impl: ``"triton"`` only (the conv has no CUDA twin).
 
     ``conv_state`` must share no memory with ``x``, the weights or ``state_indices`` (nor, in
     ``conv_chain``, with ``intermediate``): ``ValueError`` naming both.
@@ -137,6 +138,7 @@ def conv_update(conv_state, x, weight, bias=None, *, state_indices=None, activat
     options, and (``validate=True``) bad slot values.
     Source: Qwen3-Next's ``causal_conv1d_update`` + q/k l2norm (HF transformers), SPEC §3c.
     """
+    _checks.impl("conv_update", impl)
     B, _, dim, d_conv, state_len, out_dtype = check_conv_args(
         conv_state, x, weight, bias, rows=False, activation=activation,
         qk_channels=qk_channels, head_dim=head_dim, l2_eps=l2_eps, out_dtype=out_dtype)
@@ -153,7 +155,7 @@ def conv_update(conv_state, x, weight, bias=None, *, state_indices=None, activat
 
 def conv_chain(conv_state, x, weight, bias=None, *, state_indices=None, intermediate=None,
                activation="silu", qk_channels=0, head_dim=None, l2_eps=1e-6, out_dtype=None,
-               validate=False, carry=None):
+               validate=False, carry=None, impl="triton"):
     """K tokens per sequence in one launch, with the window after each row kept (SPEC §3a/§3c).
 
     ``x [B, K, dim]`` (``1 <= K <= 16``; any strides on ``B`` and ``K``, last dim contiguous);
@@ -164,9 +166,10 @@ def conv_chain(conv_state, x, weight, bias=None, *, state_indices=None, intermed
     keeps window ``a-1``; a padding lane's entries are not written). Returns ``y [B, K, dim]``.
 
     Bitwise equal to ``K`` successive ``conv_update`` launches (outputs, windows): the same kernel
-    body computes every row. ``carry``: as in ``conv_update``. Raises ``ValueError`` as
-    ``conv_update`` does, and for ``K`` out of range or a mis-shaped ``intermediate``.
+    body computes every row. ``carry``, ``impl``: as in ``conv_update``. Raises ``ValueError``
+    as ``conv_update`` does, and for ``K`` out of range or a mis-shaped ``intermediate``.
     """
+    _checks.impl("conv_chain", impl)
     B, K, dim, d_conv, state_len, out_dtype = check_conv_args(
         conv_state, x, weight, bias, rows=True, activation=activation,
         qk_channels=qk_channels, head_dim=head_dim, l2_eps=l2_eps, out_dtype=out_dtype)

@@ -293,7 +293,7 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
     Returns ``o [B, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
     launching. Source: SPEC §2; arithmetic order from ``pmll_lab.ops.gdn.recurrence``.
     """
-    _checks.choice("impl", impl, ("triton", "cuda"))
+    _checks.impl("gdn_decode", impl)
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, None, scale,
                                   out_dtype, validate, rows=False, layout=state_layout,
@@ -346,7 +346,7 @@ def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermed
     Returns ``o [B, K, HV, vd]``. Raises ``ValueError`` naming the argument on bad input, before
     launching. Source: SPEC §3a, the seed's ``gdn_exact_chain`` batched over sequences.
     """
-    _checks.choice("impl", impl, ("triton", "cuda"))
+    _checks.impl("gdn_chain", impl)
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
     B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
                                   out_dtype, validate, rows=True, layout=state_layout,
@@ -369,7 +369,7 @@ def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermed
 def gdn_decode_plan(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=None,
                     use_qk_l2norm=True, out_dtype=None, out=None, validate=False,
                     state_layout=DEFAULT_STATE_LAYOUT, out_state_indices=None, A_log=None,
-                    a=None, dt_bias=None, b=None, carry=None) -> LaunchPlan:
+                    a=None, dt_bias=None, b=None, carry=None, impl="triton") -> LaunchPlan:
     """``gdn_decode`` bound to these buffers, for host-bound small batches (B=1).
 
     Checks the arguments once, as ``gdn_decode`` does (``validate`` checks the values now, at
@@ -383,9 +383,10 @@ def gdn_decode_plan(state, q, k, v, g=None, beta=None, *, state_indices=None, sc
     (``q.copy_(...)``, or project into them): a plan keeps reading the tensors it was made with,
     so rebinding a name (``q = new``) is silently ignored; make a new plan instead.
     The launch settings (``pmll_lab.ops.settings``) are read when the plan is made. Same
-    results, bit for bit, as ``gdn_decode`` on the same values. Raises ``ValueError`` naming
-    the argument.
+    results, bit for bit, as ``gdn_decode`` on the same values. ``impl``: ``"triton"`` only (a
+    plan has no CUDA twin). Raises ``ValueError`` naming the argument.
     """
+    _checks.impl("gdn_decode_plan", impl)
     return _plan(state, q, k, v, g, beta, state_indices, None, scale, use_qk_l2norm, out_dtype,
                  out, validate, rows=False, layout=state_layout,
                  out_state_indices=out_state_indices, gating=(A_log, a, dt_bias, b),
@@ -396,10 +397,11 @@ def gdn_chain_plan(state, q, k, v, g=None, beta=None, *, state_indices=None,
                    intermediate=None, scale=None, use_qk_l2norm=True, out_dtype=None, out=None,
                    validate=False, state_layout=DEFAULT_STATE_LAYOUT,
                    out_state_indices=None, A_log=None, a=None, dt_bias=None,
-                   b=None, carry=None) -> LaunchPlan:
+                   b=None, carry=None, impl="triton") -> LaunchPlan:
     """``gdn_chain`` bound to these buffers (as ``gdn_decode_plan``; ``intermediate`` is bound
     too); ``plan()`` returns ``o [B, K, HV, vd]``, the same tensor every call (``out``: ``None``
-    or that tensor). Raises ``ValueError`` naming the argument."""
+    or that tensor). ``impl``: ``"triton"`` only. Raises ``ValueError`` naming the argument."""
+    _checks.impl("gdn_chain_plan", impl)
     return _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2norm,
                  out_dtype, out, validate, rows=True, layout=state_layout,
                  out_state_indices=out_state_indices, gating=(A_log, a, dt_bias, b),

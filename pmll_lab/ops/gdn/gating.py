@@ -107,7 +107,7 @@ def _gdn_gating_kernel(A_log, a, dt_bias, b, g, beta, HV, a_b, a_t, b_b, b_t, o_
     tl.store(beta + i * o_b + t * o_t + h, bev, mask=m)
 
 
-def gdn_gating(A_log, a, dt_bias, b) -> tuple[torch.Tensor, torch.Tensor]:
+def gdn_gating(A_log, a, dt_bias, b, *, impl="triton") -> tuple[torch.Tensor, torch.Tensor]:
     """Qwen3-Next's gates: ``g = -exp(A_log) * softplus(a + dt_bias)`` (softplus with PyTorch's
     threshold 20), ``beta = sigmoid(b)``, computed in fp32.
 
@@ -118,10 +118,12 @@ def gdn_gating(A_log, a, dt_bias, b) -> tuple[torch.Tensor, torch.Tensor]:
 
     Returns ``(g, beta)``, fp32, contiguous, of ``a``'s shape: the inputs of every GDN launcher.
     Passing ``A_log=, a=, dt_bias=, b=`` to a launcher instead computes them in its kernel with
-    the same code (``pmll_lab.ops.gdn.recurrence.gdn_gate``): the same bits. Raises
-    ``ValueError`` naming the argument. Source: Qwen3-Next (HF transformers), FLA and
-    FlashInfer's fused gates; float64 reference ``pmll_lab.reference.gdn.gdn_gating_ref``.
+    the same code (``pmll_lab.ops.gdn.recurrence.gdn_gate``): the same bits. ``impl``:
+    ``"triton"`` only (no CUDA twin). Raises ``ValueError`` naming the argument. Source:
+    Qwen3-Next (HF transformers), FLA and FlashInfer's fused gates; float64 reference
+    ``pmll_lab.reference.gdn.gdn_gating_ref``.
     """
+    _checks.impl("gdn_gating", impl)
     _checks.tensor("a", a, dtype=_checks.FLOAT_DTYPES, last_contiguous=True)
     if a.dim() not in (2, 3):
         raise ValueError(f"a: expected [B, HV] or [B, K, HV], got shape {tuple(a.shape)}")

@@ -138,17 +138,6 @@ def _ring_read_kernel(
 
 # ---- launchers --------------------------------------------------------------------------------
 
-IMPLS = ("triton", "cuda")
-"""The ring launchers' ``impl``: these Triton kernels, or their CUDA C++ twins
-(``kernels/pmll_ring.cu``, built by ``pmll_lab.cuda_ext``; the same contract)."""
-
-
-def check_impl(impl) -> str:
-    """``impl`` of ``pmll_write``/``pmll_read``: one of ``IMPLS``, else ``ValueError`` naming it."""
-    _checks.choice("impl", impl, IMPLS)
-    return impl
-
-
 def _cuda_twin(mem):
     """The compiled CUDA twin for a ring whose checks passed. ``RuntimeError`` (from
     ``pmll_lab.cuda_ext``) without a CUDA device; ``ValueError`` naming ``impl`` when the ring is
@@ -246,7 +235,7 @@ def pmll_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tensor
     in the last bit of a rounding, ungated ones are copies and equal). ``impl="cuda"`` without a
     CUDA device raises ``RuntimeError`` (``pmll_lab.cuda_ext``); a bad ``impl``, ``ValueError``.
     """
-    check_impl(impl)
+    _checks.impl("pmll_write", impl)
     check_write(mem, k_new, v_new, gate, validate=validate)
     if impl == "cuda":
         return _cuda_write(mem, k_new, v_new, gate)
@@ -296,13 +285,17 @@ def pmll_read(mem, t_ctx: int = 0, *, impl: str = "triton") -> tuple[torch.Tenso
     Returns new ``k_out, v_out [B, H, M + t_ctx, D]`` in the memory's dtype: rows
     ``M - length .. M - 1`` are the live rows oldest first, every other row is zero (rows from
     ``M`` on are left for the caller's current-context keys/values). Moves
-    ``pmll_lab.pmll.read_bytes`` bytes. Raises ``ValueError`` naming ``mem``, ``t_ctx`` or
-    ``impl``. ``impl``: ``"triton"`` or ``"cuda"`` (the CUDA C++ twin, ``kernels/pmll_ring.cu``;
+    ``pmll_lab.pmll.read_bytes`` bytes. ``t_ctx``: an int >= 0 whose outputs fit in the ring
+    device's memory. Raises ``ValueError`` naming ``mem``, ``t_ctx`` or ``impl`` before any
+    allocation. ``impl``: ``"triton"`` or ``"cuda"`` (the CUDA C++ twin, ``kernels/pmll_ring.cu``;
     a copy, so bitwise the same outputs; ``RuntimeError`` without a CUDA device).
     """
-    check_impl(impl)
+    _checks.impl("pmll_read", impl)
     batch, heads, capacity, head_dim = check_memory(mem)
     t_ctx = _checks.positive_int("t_ctx", t_ctx, minimum=0)
+    _checks.fits("t_ctx", 2 * batch * heads * (capacity + t_ctx) * head_dim * mem.k.element_size(),
+                 mem.k.device, f"the outputs k_out, v_out [{batch}, {heads}, {capacity} + {t_ctx}, "
+                 f"{head_dim}]")
     if impl == "cuda":
         k_out, v_out = _cuda_twin(mem).ring_read(mem.k, mem.v, mem.count, t_ctx)
         return k_out, v_out
