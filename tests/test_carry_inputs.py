@@ -275,3 +275,36 @@ def test_spec_decode_step_rejects_bad_input():
     assert lay.carry.pend.tolist() == [0, 0, 0, 0]
     step.accept([1, 2])
     assert lay.carry.pend.tolist() == [2, 0, 1, 0]
+
+
+def test_stash_and_ring_sizes_past_the_device_memory_refused_before_any_allocation(monkeypatch):
+    """``GdnCarry.empty``, ``GdnRing.empty`` and ``ConvCarry.empty`` with sizes whose tensors
+    could not fit in the device's memory give ``ValueError`` naming the sizes, before any
+    allocation; at the bound (the device memory set to exactly what they need) they are built
+    zeroed, one slot more is refused."""
+    from pmll_lab import _checks
+    from pmll_lab.conv import ConvCarry
+    from pmll_lab.carry import GdnRing
+
+    builds = (
+        ("slots, num_v_heads, k_dim, v_dim, cap", lambda s: GdnCarry.empty(s, 4, 16, 8, cap=3),
+         4 * 3 * (4 * 8 + 4 + 4 * 16) + 4),
+        ("slots, num_k_heads, num_v_heads, k_dim, v_dim",
+         lambda s: GdnRing.empty(s, 2, 4, 16, 32, length=8, dtype=torch.bfloat16),
+         16 * (2 * 16 + 4 * 32) * 2 + 4 * 16 * 4 + 8),
+        ("slots, dim, cap", lambda s: ConvCarry.empty(s, 24, cap=5, dtype=torch.float32),
+         5 * 24 * 4 + 4),
+    )
+    for name, build, per_slot in builds:
+        with pytest.raises(ValueError, match="^" + name + r": .* would take [\d,]+ bytes, more "
+                                                         r"than the whole memory"):
+            build(10**15)
+        monkeypatch.setattr(_checks, "device_memory", lambda dev, n=3 * per_slot: n)
+        made = build(3)
+        tensors = [t for t in vars(made).values() if isinstance(t, torch.Tensor)]
+        assert sum(t.numel() * t.element_size() for t in tensors) == 3 * per_slot
+        assert all(not t.any() for t in tensors)
+        with pytest.raises(ValueError, match=f"^{name}: .* would take {4 * per_slot:,} bytes, "
+                                             rf"more than the whole memory of .* \({3 * per_slot:,} bytes\)$"):
+            build(4)
+        monkeypatch.undo()

@@ -65,6 +65,8 @@ class GdnCarry:
             _checks.positive_int(name, val)
         dev = _checks.device("device", device, DEVICE)
         width = cap * (num_v_heads * v_dim + num_v_heads + num_v_heads * k_dim)
+        _checks.fits("slots, num_v_heads, k_dim, v_dim, cap", slots * (4 * width + 4), dev,
+                     f"a stash [{slots}, {width}] fp32 and pend [{slots}]")
         return cls(buf=torch.zeros(slots, width, dtype=torch.float32, device=dev),
                    pend=torch.zeros(slots, dtype=torch.int32, device=dev),
                    num_v_heads=num_v_heads, k_dim=k_dim, v_dim=v_dim, cap=cap)

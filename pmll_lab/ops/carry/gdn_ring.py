@@ -117,6 +117,11 @@ class GdnRing:
                              f"({num_k_heads})")
         dev = _checks.device("device", device, DEVICE)
         ns = 2 * length
+        _checks.fits("slots, num_k_heads, num_v_heads, k_dim, v_dim",
+                     slots * (ns * (num_k_heads * k_dim + num_v_heads * v_dim) * dtype.itemsize
+                              + 4 * ns * num_v_heads + 8), dev,
+                     f"a ring of k [{slots}, {num_k_heads}, {ns}, {k_dim}], "
+                     f"u [{slots}, {num_v_heads}, {ns}, {v_dim}] and G, len, base")
         z = lambda *s, dt=dtype: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
         return cls(k=z(slots, num_k_heads, ns, k_dim), u=z(slots, num_v_heads, ns, v_dim),
                    G=z(slots, num_v_heads, ns, dt=torch.float32),

@@ -76,6 +76,8 @@ class ConvCarry:
         if dtype not in INPUT_DTYPES:
             raise ValueError(f"dtype: must be float32 or bfloat16, got {dtype}")
         dev = _checks.device("device", device, DEVICE)
+        _checks.fits("slots, dim, cap", slots * (cap * dim * dtype.itemsize + 4), dev,
+                     f"a stash [{slots}, {cap}, {dim}] and pend [{slots}]")
         return cls(torch.zeros(slots, cap, dim, dtype=dtype, device=dev),
                    torch.zeros(slots, dtype=torch.int32, device=dev))
 
