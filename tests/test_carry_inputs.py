@@ -308,3 +308,28 @@ def test_stash_and_ring_sizes_past_the_device_memory_refused_before_any_allocati
                                              rf"more than the whole memory of .* \({3 * per_slot:,} bytes\)$"):
             build(4)
         monkeypatch.undo()
+
+
+def test_accept_on_host_tensors_checks_values_without_validate():
+    """With every index tensor on the host the value checks cost no sync, so ``carry_accept``
+    runs them whatever ``validate`` says (as ``ring_accept`` does): an accepted count above
+    ``rows`` or a ``pend`` past ``CAP`` is refused and ``pend`` is left as it was."""
+    g = torch.Generator().manual_seed(31)
+    c = GdnCarry.empty(4, 2, 16, 16, cap=4, device="cpu")   # refused before any kernel: any machine
+    c.pend.copy_(torch.randint(0, 3, (4,), generator=g, dtype=torch.int32))
+    before = c.pend.clone()
+    slots = torch.tensor([0, 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^accepted: .*4"):
+        carry_accept(c, slots, torch.ones(2, dtype=torch.int32),
+                     torch.tensor([4, 1], dtype=torch.int32), rows=3)
+    c.pend[2] = 3
+    before = c.pend.clone()
+    with pytest.raises(ValueError, match=r"^carry.pend\[0\] after accept"):
+        carry_accept(c, slots, torch.ones(2, dtype=torch.int32),
+                     torch.tensor([1, 2], dtype=torch.int32), rows=3)
+    assert torch.equal(c.pend, before)
+    if DEVICE.type != "cpu":     # the kernel runs on host tensors in the interpreter only
+        return
+    carry_accept(c, slots, torch.tensor([2, 1], dtype=torch.int32),
+                 torch.tensor([3, 1], dtype=torch.int32), rows=3)
+    assert c.pend.tolist() == [3, before[1].item(), 4, before[3].item()]

@@ -151,7 +151,8 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
     goes unseen without ``validate``, and the next verify would fold more rows than the stash
     holds; ``SpecDecodeStep`` keeps every slot within ``CAP`` by its flushes.
     ``validate=True`` checks slots distinct and in range, ``engaged`` in {1, 2}, ``0 <= a <= K``
-    (``rows``) and ``<= CAP``, and that no ``pend`` exceeds ``CAP`` afterwards (a sync).
+    (``rows``) and ``<= CAP``, and that no ``pend`` exceeds ``CAP`` afterwards (a sync); with
+    every tensor on the host these checks run whatever ``validate`` says, as ``ring_accept``'s.
     ``impl``: ``"triton"`` only (no CUDA twin).
     """
     _checks.impl("carry_accept", impl)
@@ -186,7 +187,9 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
                   {"slot_tab": slot_tab, "engaged": engaged, "accepted": accepted})
     if _checks.on_host(slot_tab):    # free on the host: a slot out of range is never written
         _checks.host_indices("slot_tab", slot_tab, min(c.pend.shape[0] for c in carries))
-    if validate:
+    # everything on the host (the CPU): the value checks cost no sync, so they always run
+    if _checks.flag("validate", validate) or all(
+            _checks.on_host(t) for t in [slot_tab, engaged, accepted] + [c.pend for c in carries]):
         S = min(c.pend.shape[0] for c in carries)
         _checks.indices_values("slot_tab", slot_tab, S, padding=True)
         _checks.range_values("engaged", engaged, 1, 2)
