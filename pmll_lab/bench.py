@@ -292,11 +292,16 @@ def variant_problem(module, name: str, path: str) -> str | None:
 
 def run_subcommand(prog: str, commands: dict, argv=None):
     """A script's subcommand: ``argv[0]`` names one of ``commands`` (name -> ``main(argv)``),
-    which runs on the rest; ``SystemExit`` with the usage line otherwise."""
+    which runs on the rest; ``-h``/``--help`` prints the usage line and exits 0; anything else
+    ``SystemExit`` with the usage line (status 1)."""
     import sys
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    usage = (f"usage: {prog} {{{','.join(commands)}}} [options] "
+             f"('{prog} {next(iter(commands))} --help' for a subcommand's options)")
+    if argv[:1] in (["-h"], ["--help"]):
+        print(usage)
+        raise SystemExit(0)
     if not argv or argv[0] not in commands:
-        raise SystemExit(f"usage: {prog} {{{','.join(commands)}}} [options] "
-                         f"('{prog} {next(iter(commands))} --help')")
+        raise SystemExit(usage)
     return commands[argv[0]](argv[1:])

@@ -222,6 +222,10 @@ def build_report(
         else:
             log(f"report '{run}': {len(paths)} notebook(s), preset {preset}, "
                 f"device {env_info['device']}, commit {env_info['commit']}")
+            if preset == "full" and env_info.get("backend") == "triton-interpreter":
+                log("warning: the full preset is the H200 grid; in the Triton interpreter on "
+                    "the CPU it runs for many hours. The CPU-sized preset: --preset quick "
+                    "(make report PRESET=quick)")
         ran: list[dict] = []
         _write_index(run_dir, manifest, ran, previous, complete=not paths)
         for i, src in enumerate(paths, 1):

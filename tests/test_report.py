@@ -322,3 +322,18 @@ def test_missing_notebooks_dir_cannot_start(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "notebooks_dir: no such folder" in err and str(missing) in err, err
     assert not (tmp_path / "r").exists()
+
+
+def test_full_preset_under_the_interpreter_warns(tmp_path):
+    """The full preset is the H200 grid: asked for on the CPU (the Triton interpreter) the
+    report says so before it starts; the quick preset does not."""
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "n.ipynb").write_text("{}")
+    for preset, warned in (("full", True), ("quick", False)):
+        lines: list[str] = []
+        manifest = build_report(device="cpu", preset=preset, notebooks_dir=tmp_path / "notebooks",
+                                reports_dir=tmp_path / "reports", run=preset, log=lines.append,
+                                cell_timeout=60)
+        assert [n["status"] for n in manifest["notebooks"]] == ["failed"]  # a stand-in notebook
+        said = any("full preset is the H200 grid" in m for m in lines)
+        assert said is warned, lines

@@ -26,6 +26,10 @@ def test_family_scripts_name_their_subcommands(name, commands):
     for argv in ([], ["nope"]):
         with pytest.raises(SystemExit, match=f"usage: {name}.py {{{commands}}}"):
             _script(name).main(argv)
+    for flag in ("-h", "--help"):     # asking for help is not an error
+        with pytest.raises(SystemExit) as exit_:
+            _script(name).main([flag])
+        assert exit_.value.code == 0
 
 
 def test_tune_gdn_carry_smoke_checks_both_launches(capsys):

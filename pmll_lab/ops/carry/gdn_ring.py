@@ -283,7 +283,7 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
             ``base + len .. + K - 1`` (mod ``2R``) of each live slot are written; ``len`` and
             ``base`` are read, never written (``ring_accept`` commits).
         q, k: ``[B, K, HK, kd]``; v: ``[B, K, HV, vd]`` (one float dtype, last dim contiguous);
-            ``2 <= K <= min(R, 8)``.
+            ``1 <= K <= min(R, 8)``.
         g, beta: ``[B, K, HV]`` fp32 (``g <= 0`` the log decay, ``0 <= beta <= 1``), or
             ``g=beta=None`` with ``A_log, dt_bias [HV]``,
             ``a, b [B, K, HV]``: the gating computed in the kernel (SPEC §2 "Gating").
