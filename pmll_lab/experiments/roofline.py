@@ -18,9 +18,6 @@ from pmll_lab.experiments import roofline_case as C
 from pmll_lab.experiments.acceptance import (  # noqa: F401  (for the notebook and tests)
     acceptance, acceptance_table, alpha_for_mean, draw_pending, mean_accept_len,
 )
-from pmll_lab.experiments.gdn import (  # noqa: F401  (for the tests)
-    carry_bytes, fla_bytes, floor_bytes, stash_row_bytes,
-)
 from pmll_lab.experiments.roofline_case import (  # noqa: F401
     CAP, CUDA_TWINS, FLASHINFER, GRAPH_REPLAYS, HALF_STATE_PROVIDERS, LAYOUTS, MAIN_SHAPE,
     NATIVE_LAYOUT, OURS, PEERS, PROVIDERS, REPLAYSSM, SHAPE_KEYS, STATE_DTYPES, layout_support,
@@ -29,6 +26,9 @@ from pmll_lab.experiments.roofline_case import (  # noqa: F401
 from pmll_lab.experiments.roofline_report import *  # noqa: F401,F403  (tables, targets, plots)
 from pmll_lab.ops.gdn.decode_cuda import MAX_KD as CUDA_MAX_KD
 from pmll_lab.peers import fla_available, flashinfer_available, flashinfer_supports
+from pmll_lab.sizes import (  # noqa: F401  (for the tests)
+    carry_bytes, fla_bytes, floor_bytes, stash_row_bytes,
+)
 from pmll_lab.step_bench import impl_of
 from pmll_lab.sweep import CheckFailed, grid
 
