@@ -23,12 +23,9 @@ from pmll_lab.experiments.acceptance import MODES, accept_counts, protocol_step,
 from pmll_lab.experiments import replayssm_peer as RS
 from pmll_lab.experiments.gdn import fill_stash
 from pmll_lab.gdn import gdn_chain
-from pmll_lab.peers import (
-    fla_available, flashinfer_available, flashinfer_supports, flashinfer_version,
-)
 from pmll_lab.inputs import conv_inputs, gdn_inputs
 from pmll_lab.reference import carry as ref
-from pmll_lab.sizes import carry_bytes, chain_bytes, fla_bytes
+from pmll_lab.sizes import carry_bytes, chain_bytes
 from pmll_lab.sweep import CheckFailed
 
 CAP = GDN_CARRY_CAP
@@ -49,7 +46,7 @@ def verify_point(point: dict) -> list[dict]:
     """Check, then time, every verify kernel at one point (module docstring). Optional keys:
     ``state_layout`` ("kv"), ``alpha`` (0.875), ``p_zero`` (0), ``seed`` (0), ``ref_seqs`` (4),
     ``baselines`` (True). Raises ``CheckFailed`` (nothing timed) when one of ours fails."""
-    c, gate = G.verify_case(point, min(int(point["B"]), int(point.get("ref_seqs", 4))))
+    c = G.verify_case(point, min(int(point["B"]), int(point.get("ref_seqs", 4))))
     K, B, HK, HV, D, n = c.K, c.B, c.HK, c.HV, c.D, c.n
     args, slots, lay = c.args, c.sel, c.lay
     alpha, p_zero = float(point.get("alpha", 0.875)), float(point.get("p_zero", 0.0))
@@ -91,22 +88,10 @@ def verify_point(point: dict) -> list[dict]:
         entries.append(("chain_snapshots",
                         lambda: gdn_chain(st_c, *args, state_indices=slots, intermediate=inter,
                                           **lay), chain_bytes(B, K, HK, HV, D, D, c.dtype), {}))
-        if c.layout == "kv" and fla_available():
-            frows, run_fla = G.fla_check(args, c.state0[c.lsel].contiguous(), D, lambda o, h:
-                                         error_rows("fla_fused_recurrent", o[:n], o_plain,
-                                                    tol=c.otol, what="o"))
-            rows += frows
-            if run_fla is not None:
-                entries.append(("fla_fused_recurrent", run_fla,
-                                fla_bytes(B, K, HK, HV, D, c.dtype), {}))
-        if c.layout == "vk" and K >= 2 and flashinfer_available() and \
-                flashinfer_supports(D, c.dname):
-            firows, run_fi = G.peer_snapshot_check(c, gate, o_c, st_c[c.lsel], inter)
-            rows += firows
-            if run_fi is not None:
-                entries.append(("flashinfer_mtp_snapshots", run_fi,
-                                chain_bytes(B, K, HK, HV, D, D, c.dtype),
-                                {"flashinfer_version": flashinfer_version()}))
+        peer_rows, peer_entries = G.peers_checked(c, o_c, st_c, inter, lambda o, h: error_rows(
+            "fla_fused_recurrent", o[:n], o_plain, tol=c.otol, what="o"))
+        rows += peer_rows
+        entries += peer_entries
         if c.layout == "vk":
             rows += replayssm_point(dict(point, dtype=c.dname))
     return rows + P.timed_rows(entries)

@@ -26,7 +26,7 @@ from pmll_lab.gdn import (
 )
 from pmll_lab.inputs import gdn_inputs
 from pmll_lab.peers import (
-    fla_available, fla_runner, flashinfer_available, flashinfer_mtp_runner, flashinfer_supports,
+    fla_available, fla_runner, flashinfer_available, flashinfer_supports,
     flashinfer_version, fused_gating,
 )
 from pmll_lab.reference import carry as ref_carry
@@ -74,8 +74,8 @@ def points(grids: Sequence[dict], **fixed) -> list[dict]:
     return [{**fixed, **p} for p in head_points(full)]
 
 
-def verify_case(point: dict, n: int) -> tuple[Case, dict]:
-    """``(Case, gate)`` of a verify point (``K, B, HK, HV, head_dim``, optional ``dtype`` bf16,
+def verify_case(point: dict, n: int) -> Case:
+    """The ``Case`` of a verify point (``K, B, HK, HV, head_dim``, optional ``dtype`` bf16,
     ``state_layout`` "kv", ``seed`` 0): ``gdn_inputs`` of ``K`` rows gated by ``gating_inputs``,
     ``n`` sequences for the references. ``ValueError`` for an unknown layout."""
     K, B, HK, HV, D = (int(point[k]) for k in ("K", "B", "HK", "HV", "head_dim"))
@@ -87,7 +87,7 @@ def verify_case(point: dict, n: int) -> tuple[Case, dict]:
     gate = gating_inputs(seed + 11, (B, K), HV)
     x["g"], x["beta"] = gate["g"], gate["beta"]
     state0 = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
-    return Case(point, x, x["state"], state0, n=n), gate
+    return Case(point, x, gate, x["state"], state0, n=n)
 
 
 def gating_inputs(seed: int, lead: Sequence[int], num_v_heads: int, *,
@@ -134,26 +134,16 @@ def fla_check(args, h0: torch.Tensor, D: int, check) -> tuple[list[dict], object
     return rows, (run if all(r["passed"] for r in rows) else None)
 
 
-def flashinfer_snapshot_check(c: Case, gate: dict, o_c: torch.Tensor, st_final: torch.Tensor,
+def flashinfer_snapshot_check(c: Case, o_c: torch.Tensor, st_final: torch.Tensor,
                               inter: torch.Tensor):
     """Check FlashInfer's snapshot verify on a V-major case (GPU only): against the float64
     chain with its own gating on ``N_REF`` sequences, against our chain's ``o_c [B, K, HV, vd]``,
     final states and snapshots ``inter [B, K-1, HV, vd, kd]`` over all ``B``, and for a pool left
     as it was. ``(rows, run)``; ``run`` (the call to time) is None when a check failed."""
-    name, K, q, k, v = "flashinfer_mtp_snapshots", c.K, *c.args[:3]
-    pool = c.state0.clone()
-    run, bufs = flashinfer_mtp_runner(q, k, v, gate["A_log"], gate["a"], gate["dt_bias"],
-                                      gate["b"], pool, c.sel, scale=q.shape[-1] ** -0.5,
-                                      snapshots=True, frozen=True)
-    run()
+    name, K, n = "flashinfer_mtp_snapshots", c.K, min(c.B, N_REF)
+    run, bufs, pool = c.flashinfer(name)
     o, buf = bufs["o"], bufs["intermediate"]
-    n = min(c.B, N_REF)
-    g64, beta64 = fused_gating(*(t.cpu() for t in (gate["A_log"], gate["a"][:n],
-                                                     gate["dt_bias"], gate["b"][:n])),
-                               dtype=torch.float64)
-    sub = c.state0[c.lsel[:n]].to("cpu", torch.float64)
-    o_r, s_r, i_r = gdn_chain_ref(sub, *(t[:n].cpu() for t in (q, k, v)), g64, beta64,
-                                  state_layout="vk")
+    o_r, s_r, i_r = c.fi_ref(n, "vk")
     rows = (error_rows(name, o[:n], o_r, tol=c.otol, what="o")
             + error_rows(name, buf[:n, K - 1], s_r, tol=STATE_TOL, what="state")
             + error_rows(name, buf[:n, :K - 1], i_r, tol=STATE_TOL, what="snapshots")
@@ -172,13 +162,35 @@ def peer_snapshot_check(*args) -> tuple[list[dict], object]:
     return out if failed is None else (failed, None)
 
 
+def peers_checked(c: Case, o_c, st_c, inter, fla_rows) -> tuple[list[dict], list[tuple]]:
+    """On a GPU: FLA on a K-major case (its ``(o, h)`` checked by ``fla_rows``), FlashInfer's
+    snapshot verify on a V-major one (``K >= 2``) against our chain's ``o_c``, pool ``st_c``
+    and snapshots ``inter``. ``(rows, timing entries)``: a peer that disagrees or raises is not
+    timed, our rows stand."""
+    rows, entries = [], []
+    if c.layout == "kv" and fla_available():
+        frows, run = fla_check(c.args, c.state0[c.lsel].contiguous(), c.D, fla_rows)
+        rows += frows
+        if run is not None:
+            entries.append(("fla_fused_recurrent", run,
+                            fla_bytes(c.B, c.K, c.HK, c.HV, c.D, c.dtype), {}))
+    if c.layout == "vk" and c.K >= 2 and flashinfer_available() and \
+            flashinfer_supports(c.D, c.dname):
+        firows, run = peer_snapshot_check(c, o_c, st_c[c.lsel], inter)
+        rows += firows
+        if run is not None:     # K states to the buffer, the pool read once: (K+1)*Hb
+            entries.append(("flashinfer_mtp_snapshots", run, chain_bytes(c.B, c.K, **c.io()),
+                            {"flashinfer_version": flashinfer_version()}))
+    return rows, entries
+
+
 # ---- the point -------------------------------------------------------------------------------
 
 def verify_point(point: dict) -> list[dict]:
     """Check, then time, one point (module docstring). Optional keys: ``dtype`` (bf16),
     ``state_layout`` ("kv"), ``seed`` (0). Raises ``CheckFailed`` (nothing timed) when one of
     our kernels fails, ``ValueError`` for an unknown layout."""
-    c, gate = verify_case(point, int(point["B"]))
+    c = verify_case(point, int(point["B"]))
     K, B, args, idx, lay = c.K, c.B, c.args, c.sel, c.lay
     o_ref, s_ref, i_ref = gdn_chain_ref(c.state0, *args, state_indices=idx, **lay)
     c.o_ref, c.s_ref, c.i_ref = o_ref, c.to_layout(s_ref[c.lsel]), c.to_layout(i_ref)
@@ -193,15 +205,9 @@ def verify_point(point: dict) -> list[dict]:
         rows.append(P.flag("chain", "bitwise_vs_decodes", ok, what))
     P.require(rows)
 
-    run_fla = run_fi = None      # peers: a disagreement drops only that peer's timing
-    if c.layout == "kv" and fla_available():
-        frows, run_fla = fla_check(args, c.state0[c.lsel].contiguous(), c.D,
-                                   lambda o, h: c.ref_rows("fla_fused_recurrent", o, h))
-        rows += frows
-    if c.layout == "vk" and K >= 2 and flashinfer_available() and flashinfer_supports(c.D, c.dname):
-        firows, run_fi = peer_snapshot_check(c, gate, o_c, st_c[c.lsel], inter)
-        rows += firows
-
+    peer_rows, peer_entries = peers_checked(c, o_c, st_c, inter,
+                                            lambda o, h: c.ref_rows("fla_fused_recurrent", o, h))
+    rows += peer_rows
     nosnap = fla_bytes(B, K, c.HK, c.HV, c.D, c.dtype)
 
     def run_decodes():
@@ -213,12 +219,7 @@ def verify_point(point: dict) -> list[dict]:
                ("chain_nosnap", lambda: gdn_chain(st_n, *args, state_indices=idx, **lay),
                 nosnap + 4 * B, {}),
                ("decodes", run_decodes, decodes_bytes(B, K, **c.io()), {})]
-    if run_fla is not None:
-        entries.append(("fla_fused_recurrent", run_fla, nosnap, {}))
-    if run_fi is not None:      # K states to the buffer, the pool read once: (K+1)*Hb
-        entries.append(("flashinfer_mtp_snapshots", run_fi, chain_bytes(B, K, **c.io()),
-                        {"flashinfer_version": flashinfer_version()}))
-    for r in P.timed_rows(entries):
+    for r in P.timed_rows(entries + peer_entries):
         if r["metric"] == "time_us":
             r["time_per_row_us"] = r["value"] / K
         rows.append(r)

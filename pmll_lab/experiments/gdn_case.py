@@ -16,8 +16,9 @@ from pmll_lab.bench import bitwise_equal, error_rows
 from pmll_lab.carry import (
     GDN_CARRY_CAP, GdnCarry, gdn_carry_flush, gdn_carry_verify, gdn_carry_verify_plan,
 )
+from pmll_lab import peers
 from pmll_lab.experiments import protocol as P
-from pmll_lab.gdn import gdn_chain, gdn_decode, gdn_decode_plan
+from pmll_lab.gdn import gdn_chain, gdn_chain_ref, gdn_decode, gdn_decode_plan
 from pmll_lab.reference import carry as ref_carry
 from pmll_lab.tolerances import HALF_STATE_TOL, O_TOL, STATE_TOL
 
@@ -33,11 +34,13 @@ def clone_carry(c: GdnCarry) -> GdnCarry:
 class Case:
     """``point``'s ``K, B, HK, HV, head_dim, dtype``, optional ``state_layout`` ("kv") and
     ``state_dtype`` ("float32"); ``x``: ``gdn_inputs``-style rows (``[:B, :K]`` are used) and
-    ``state_indices``; ``state_kv``: the K-major pool, ``state0``: the pool in the layout (never
-    written); ``n``: sequences held to the references ``o_ref``, ``s_ref``, ``i_ref`` (K-major,
-    set by the caller; ``to_layout`` views them in the layout)."""
+    ``state_indices``, gated by ``gate`` (``gating_inputs``: FlashInfer's raw inputs);
+    ``state_kv``: the K-major pool, ``state0``: the pool in the layout (never written); ``n``:
+    sequences held to the references ``o_ref``, ``s_ref``, ``i_ref`` (K-major, set by the
+    caller; ``to_layout`` views them in the layout)."""
 
-    def __init__(self, point: dict, x: dict, state_kv, state0, *, n: int, stash=None):
+    def __init__(self, point: dict, x: dict, gate: dict, state_kv, state0, *, n: int,
+                 stash=None):
         self.K, self.B, self.HK, self.HV, self.D = (
             int(point[k]) for k in ("K", "B", "HK", "HV", "head_dim"))
         self.dname = point.get("dtype", "bfloat16")
@@ -55,8 +58,8 @@ class Case:
         self.args = tuple(x[k][:self.B, :self.K] for k in ROWS)
         self.row_args = [tuple(t[:, r] for t in self.args) for r in range(self.K)]
         self.cpu_args = tuple(t[:n].cpu() for t in self.args)
-        self._dec: dict = {}
-        self._carry: dict = {}
+        self.gate = tuple(gate[k] for k in ("A_log", "a", "dt_bias", "b"))
+        self._dec, self._carry, self._fi = {}, {}, {}
 
     def to_layout(self, t: torch.Tensor) -> torch.Tensor:
         """A K-major state tensor ``[..., kd, vd]`` seen in this case's layout (a view)."""
@@ -183,3 +186,35 @@ class Case:
         ok = (bitwise_equal(o, checked[2]) and bitwise_equal(eng, checked[3])
               and bitwise_equal(st, checked[0]) and bitwise_equal(carry.buf, checked[1].buf))
         return P.flag(name, "bitwise_vs_launcher", ok, "o, engaged, state, stash" + tag), plan
+
+    def flashinfer(self, provider: str):
+        """Run FlashInfer's ``provider`` (``flashinfer_decode``, ``flashinfer_mtp_snapshots`` or
+        ``_frozen``: the pool left as it was) once on a copy of the V-major pool: ``(run, bufs,
+        pool)``."""
+        pool, (q, k, v) = self.state0.clone(), self.args[:3]
+        A_log, a, dt_bias, b = self.gate
+        gate = (A_log, a[:self.B, :self.K], dt_bias, b[:self.B, :self.K])
+        if provider == "flashinfer_decode":
+            run, bufs = peers.flashinfer_decode_runner(q, k, v, *gate, pool, self.sel,
+                                                       scale=self.D ** -0.5)
+        else:
+            run, bufs = peers.flashinfer_mtp_runner(q, k, v, *gate, pool, self.sel,
+                                                    scale=self.D ** -0.5, frozen=True,
+                                                    snapshots=provider.endswith("snapshots"))
+        run()
+        return run, bufs, pool
+
+    def fi_ref(self, n: int | None = None, layout: str = "kv"):
+        """The float64 chain with FlashInfer's own gating (``g, beta`` recomputed in float64
+        from the raw inputs) on the first ``n`` (default ``self.n``) sequences, states in
+        ``layout``: ``(o, state, snapshots)``."""
+        n = self.n if n is None else n
+        if (n, layout) not in self._fi:
+            A_log, a, dt_bias, b = (t.cpu() for t in self.gate)
+            g, beta = peers.fused_gating(A_log, a[:n, :self.K], dt_bias, b[:n, :self.K],
+                                         dtype=torch.float64)
+            sub = (self.state_kv if layout == "kv" else self.state0)[self.lsel[:n]]
+            self._fi[(n, layout)] = gdn_chain_ref(
+                sub.to("cpu", torch.float64), *(t[:n].cpu() for t in self.args[:3]), g, beta,
+                state_layout=layout, state_dtype=self.ref_sdt)
+        return self._fi[(n, layout)]

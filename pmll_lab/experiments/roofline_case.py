@@ -16,7 +16,6 @@ from pmll_lab.experiments.gdn_case import Case
 from pmll_lab.experiments.replayssm_peer import LABELS as REPLAYSSM_LABELS
 from pmll_lab.gdn import gdn_chain_ref
 from pmll_lab.inputs import gdn_inputs
-from pmll_lab.peers import fused_gating
 
 CAP = GDN_CARRY_CAP
 N_REF = 2
@@ -116,29 +115,15 @@ class _Case(Case):
 
     def __init__(self, point: dict, shape: dict):
         sdt = getattr(torch, point.get("state_dtype", "float32"))
-        super().__init__(point, shape["x"], _state_in(shape, "kv", sdt),
+        super().__init__(point, shape["x"], shape["gate"], _state_in(shape, "kv", sdt),
                          _state_in(shape, point.get("state_layout", "kv"), sdt),
                          n=min(int(point["B"]), N_REF), stash=shape["stash"])
         self.seed = int(point["seed"])
         self.acc = acceptance(self.K, float(point["mean_accept"]), int(point["accept_K"]),
                               seed=self.seed)
-        self.gate = tuple(shape["gate"][n] for n in ("A_log", "a", "dt_bias", "b"))
         sub = self.state_kv[self.lsel[:self.n]].to("cpu", torch.float64)
         self.o_ref, self.s_ref, self.i_ref = gdn_chain_ref(sub, *self.cpu_args,
                                                            state_dtype=self.ref_sdt)
-        self._fi_ref = None
-
-    def fi_ref(self):
-        """The float64 chain with FlashInfer's own gating (``g, beta`` recomputed in float64
-        from the raw inputs): ``(o, state, snapshots)`` of ``n`` sequences, K-major."""
-        if self._fi_ref is None:
-            A_log, a, dt_bias, b = (t.cpu() for t in self.gate)
-            g, beta = fused_gating(A_log, a[:self.n, :self.K], dt_bias, b[:self.n, :self.K],
-                                   dtype=torch.float64)
-            sub = self.state_kv[self.lsel[:self.n]].to("cpu", torch.float64)
-            self._fi_ref = gdn_chain_ref(sub, *self.cpu_args[:3], g, beta,
-                                         state_dtype=self.ref_sdt)
-        return self._fi_ref
 
     def variant(self, variant: str) -> dict:
         """``carry_case`` of pending counts for ``variant`` (``eager``, ``nowb``, ``wb``) drawn

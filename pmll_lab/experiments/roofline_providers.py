@@ -174,17 +174,7 @@ def point_flashinfer(c, provider: str) -> list[dict]:
     if c.layout != "vk":
         raise ValueError(f"state_layout: FlashInfer runs V-major states only, got {c.layout!r}")
     name, K, n = provider, c.K, c.n
-    pool = c.state0.clone()                                     # [S, HV, vd, kd]
-    A_log, a, dt_bias, b = c.gate
-    q, k, v = c.args[:3]
-    gate = (A_log, a[:c.B, :K], dt_bias, b[:c.B, :K])
-    if provider == "flashinfer_decode":
-        run, bufs = peers.flashinfer_decode_runner(q, k, v, *gate, pool, c.sel, scale=c.D ** -0.5)
-    else:
-        run, bufs = peers.flashinfer_mtp_runner(q, k, v, *gate, pool, c.sel, scale=c.D ** -0.5,
-                                                snapshots=provider.endswith("snapshots"),
-                                                frozen=True)
-    run()
+    run, bufs, pool = c.flashinfer(provider)                   # pool [S, HV, vd, kd]
     o = bufs["o"]
     o_ref, s_ref, i_ref = c.fi_ref()
     o_dec, st_dec, snaps, _ = c.decoded("kv")
