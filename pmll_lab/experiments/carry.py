@@ -16,7 +16,7 @@ import torch
 
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal, error_rows, errors
-from pmll_lab.carry import GDN_CARRY_CAP, CarryLayer, GdnCarry, SpecDecodeStep, gdn_carry_verify
+from pmll_lab.carry import GDN_CARRY_CAP, CarryLayer, GdnCarry, SpecDecodeStep
 from pmll_lab.experiments import gdn as G
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import MODES, accept_counts, protocol_step, steady_pending
@@ -68,15 +68,8 @@ def verify_point(point: dict) -> list[dict]:
             runs[name] = (st, carry, lazy, carry_bytes(pend, cc["wb"], K, HK, HV, D, c.dtype))
     P.require(rows)
 
-    entries = []
-    for name in CARRY_KERNELS:          # the verify leaves pend alone: every call is the same
-        st, carry, lazy, nbytes = runs[name]
-        form = name.split("_")[1]
-
-        def run(st=st, carry=carry, lazy=lazy, form=form):
-            gdn_carry_verify(st, carry, *args, slot_tab=slots, form=form, lazy=lazy, **lay)
-
-        entries.append((name, run, nbytes, {}))
+    entries = [(name, c.carry_run(st, carry, name.split("_")[1], lazy), nbytes, {})
+               for name, (st, carry, lazy, nbytes) in runs.items()]
     if point.get("baselines", True):
         st_c = c.state0.clone()
         inter = torch.empty(B, K - 1, HV, D, D, device=DEVICE)
@@ -85,9 +78,8 @@ def verify_point(point: dict) -> list[dict]:
                                     torch.arange(n))       # float64 plain decoding, no pending
         rows += error_rows("chain_snapshots", o_c[:n], o_plain, tol=c.otol, what="o")
         P.require(rows)
-        entries.append(("chain_snapshots",
-                        lambda: gdn_chain(st_c, *args, state_indices=slots, intermediate=inter,
-                                          **lay), chain_bytes(B, K, HK, HV, D, D, c.dtype), {}))
+        entries.append(("chain_snapshots", c.chain_run(st_c, inter),
+                        chain_bytes(B, K, HK, HV, D, D, c.dtype), {}))
         peer_rows, peer_entries = G.peers_checked(c, o_c, st_c, inter, lambda o, h: error_rows(
             "fla_fused_recurrent", o[:n], o_plain, tol=c.otol, what="o"))
         rows += peer_rows

@@ -21,7 +21,7 @@ from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.gdn_case import Case
 from pmll_lab.experiments.targets import Target, fact, facts
 from pmll_lab.gdn import (
-    carry_stash_bytes, chain_bytes, decodes_bytes, gdn_chain, gdn_chain_ref, gdn_decode,
+    carry_stash_bytes, chain_bytes, decodes_bytes, gdn_chain, gdn_chain_ref,
     snapshot_bytes, state_bytes,
 )
 from pmll_lab.inputs import gdn_inputs
@@ -209,16 +209,9 @@ def verify_point(point: dict) -> list[dict]:
                                             lambda o, h: c.ref_rows("fla_fused_recurrent", o, h))
     rows += peer_rows
     nosnap = fla_bytes(B, K, c.HK, c.HV, c.D, c.dtype)
-
-    def run_decodes():
-        for r in range(K):
-            gdn_decode(st_d, *c.row_args[r], state_indices=idx, **lay)
-
-    entries = [("chain", lambda: gdn_chain(st_c, *args, state_indices=idx, intermediate=inter,
-                                           **lay), chain_bytes(B, K, **c.io()), {}),
-               ("chain_nosnap", lambda: gdn_chain(st_n, *args, state_indices=idx, **lay),
-                nosnap + 4 * B, {}),
-               ("decodes", run_decodes, decodes_bytes(B, K, **c.io()), {})]
+    entries = [("chain", c.chain_run(st_c, inter), chain_bytes(B, K, **c.io()), {}),
+               ("chain_nosnap", c.chain_run(st_n), nosnap + 4 * B, {}),
+               ("decodes", c.decodes_run(st_d), decodes_bytes(B, K, **c.io()), {})]
     for r in P.timed_rows(entries + peer_entries):
         if r["metric"] == "time_us":
             r["time_per_row_us"] = r["value"] / K

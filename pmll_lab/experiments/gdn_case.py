@@ -91,6 +91,24 @@ class Case:
             self._dec[layout] = (torch.stack(outs, 1), st[self.lsel], snaps, st)
         return self._dec[layout]
 
+    def decodes_run(self, st, **kw):
+        """``K`` ``gdn_decode`` launches on the pool ``st`` (``kw``: ``impl``): a call to time."""
+        def run():
+            for r in self.row_args:
+                gdn_decode(st, *r, state_indices=self.sel, **self.lay, **kw)
+        return run
+
+    def chain_run(self, st, inter=None, **kw):
+        """``gdn_chain`` on the pool ``st`` (snapshots to ``inter``): a call to time."""
+        return lambda: gdn_chain(st, *self.args, state_indices=self.sel, intermediate=inter,
+                                 **self.lay, **kw)
+
+    def carry_run(self, st, carry, form: str, lazy: bool):
+        """``gdn_carry_verify`` on ``st`` and ``carry`` (``pend`` left alone: every call does
+        the same work): a call to time."""
+        return lambda: gdn_carry_verify(st, carry, *self.args, slot_tab=self.sel, form=form,
+                                        lazy=lazy, **self.lay)
+
     def check_chain(self, name: str, **kw):
         """The chain with its ``K-1`` snapshots (``kw`` to ``gdn_chain``) against the float64
         references: ``(rows, o, state pool, snapshots)``."""

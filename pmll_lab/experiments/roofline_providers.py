@@ -25,17 +25,6 @@ def _time(fn, graph: bool = True) -> list[dict]:
     return P.timings(fn, graph=graph, **C.TIMING)
 
 
-def _decodes(c: C._Case, name: str, **kw) -> list[dict]:
-    """``K`` launches of ``gdn_decode`` (``kw``: ``impl``) timed on a fresh pool."""
-    st = c.state0.clone()
-
-    def run():
-        for r in range(c.K):
-            GC.gdn_decode(st, *c.row_args[r], state_indices=c.sel, **c.lay, **kw)
-
-    return P.speed_rows(name, _time(run), decodes_bytes(c.B, c.K, **c.io()), variant="")
-
-
 def point_decodes(c: C._Case) -> list[dict]:
     o_dec, st_sel, _, _ = c.decoded()
     name = "decodes"
@@ -45,14 +34,15 @@ def point_decodes(c: C._Case) -> list[dict]:
         row, plans = c.decode_plans(name + PLAN)
         rows.append(row)
     P.require(rows)
-    rows += _decodes(c, name)
+    nbytes = decodes_bytes(c.B, c.K, **c.io())
+    rows += P.speed_rows(name, _time(c.decodes_run(c.state0.clone())), nbytes, variant="")
     if plans is not None:
         def run_plans():
             for p in plans:
                 p()
 
-        rows += P.speed_rows(name + PLAN, _time(run_plans, graph=False),
-                             decodes_bytes(c.B, c.K, **c.io()), variant="launch plan")
+        rows += P.speed_rows(name + PLAN, _time(run_plans, graph=False), nbytes,
+                             variant="launch plan")
     return rows
 
 
@@ -64,7 +54,8 @@ def point_decodes_cuda(c: C._Case) -> list[dict]:
                                   **c.lay) for r in range(c.K)], 1)
     rows = c.ref_rows("decodes_cuda", o, st[c.lsel])
     P.require(rows)
-    return rows + _decodes(c, "decodes_cuda", impl="cuda")
+    return rows + P.speed_rows("decodes_cuda", _time(c.decodes_run(c.state0.clone(), impl="cuda")),
+                               decodes_bytes(c.B, c.K, **c.io()), variant="")
 
 
 def point_chain(c: C._Case, impl: str = "triton") -> list[dict]:
@@ -82,11 +73,8 @@ def point_chain(c: C._Case, impl: str = "triton") -> list[dict]:
                         all(bitwise_equal(inter[:, t], snaps[t]) for t in range(c.K - 1)),
                         "snapshots")]
     P.require(rows)
-
-    def run():
-        GC.gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, **c.lay, **kw)
-
-    return rows + P.speed_rows(name, _time(run), chain_bytes(c.B, c.K, **c.io()), variant="")
+    return rows + P.speed_rows(name, _time(c.chain_run(st, inter, **kw)),
+                               chain_bytes(c.B, c.K, **c.io()), variant="")
 
 
 def point_chain_cuda(c: C._Case) -> list[dict]:
@@ -117,11 +105,8 @@ def point_carry(c: C._Case, form: str, lazy: bool) -> list[dict]:
     P.require(rows)
     timed, plans = {}, {}
     for var, (st, carry, nbytes, mean_pend, wb_frac, plan) in ready.items():
-        def run(st=st, carry=carry):
-            GC.gdn_carry_verify(st, carry, *c.args, slot_tab=c.sel, form=form, lazy=lazy, **c.lay)
-
         kname = name if var == "eager" else f"{name}:{var}"
-        timed[var] = (_time(run), nbytes)
+        timed[var] = (_time(c.carry_run(st, carry, form, lazy)), nbytes)
         rows += P.speed_rows(kname, timed[var][0], nbytes, variant=VARIANT_NAMES[var],
                              mean_pend=mean_pend, wb_frac=wb_frac)
         if plan is not None:
