@@ -40,10 +40,7 @@ REPLAYSSM = ("flashinfer_replayssm",)
 ``:flush``), on its own bf16 pool and ring whatever the point's state dtype."""
 PEERS = ("fla_fused_recurrent",) + FLASHINFER + REPLAYSSM
 PROVIDERS = OURS + PEERS
-HALF_STATE_PROVIDERS = ("decodes", "decodes_cuda", "chain_snapshots", "chain_snapshots_cuda",
-                        "carry_exact_eager",
-                        "carry_exact_lazy",
-                        *FLASHINFER, *REPLAYSSM)
+HALF_STATE_PROVIDERS = tuple(p for p in PROVIDERS if p != "fla_fused_recurrent")
 """Providers that run a bf16/fp16 state (FLA runs fp32 only)."""
 NATIVE_LAYOUT = {"fla_fused_recurrent": "kv", **{p: "vk" for p in CUDA_TWINS},
                  **{p: "vk" for p in FLASHINFER + REPLAYSSM}}
