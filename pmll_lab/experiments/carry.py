@@ -22,7 +22,6 @@ from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import MODES, accept_counts, protocol_step, steady_pending
 from pmll_lab.experiments import replayssm_peer as RS
 from pmll_lab.experiments.gdn import fill_stash
-from pmll_lab.gdn import gdn_chain
 from pmll_lab.inputs import conv_inputs, gdn_inputs
 from pmll_lab.reference import carry as ref
 from pmll_lab.sizes import carry_bytes, chain_bytes
@@ -48,7 +47,6 @@ def verify_point(point: dict) -> list[dict]:
     ``baselines`` (True). Raises ``CheckFailed`` (nothing timed) when one of ours fails."""
     c = G.verify_case(point, min(int(point["B"]), int(point.get("ref_seqs", 4))))
     K, B, HK, HV, D, n = c.K, c.B, c.HK, c.HV, c.D, c.n
-    args, slots, lay = c.args, c.sel, c.lay
     alpha, p_zero = float(point.get("alpha", 0.875)), float(point.get("p_zero", 0.0))
     seed = int(point.get("seed", 0))
     rng = np.random.default_rng(seed + 1)
@@ -71,9 +69,7 @@ def verify_point(point: dict) -> list[dict]:
     entries = [(name, c.carry_run(st, carry, name.split("_")[1], lazy), nbytes, {})
                for name, (st, carry, lazy, nbytes) in runs.items()]
     if point.get("baselines", True):
-        st_c = c.state0.clone()
-        inter = torch.empty(B, K - 1, HV, D, D, device=DEVICE)
-        o_c = gdn_chain(st_c, *args, state_indices=slots, intermediate=inter, **lay)
+        o_c, st_c, inter = c.chain()
         o_plain = ref.decode_tokens(c.state_kv[c.lsel[:n]].double().cpu(), *c.cpu_args,
                                     torch.arange(n))       # float64 plain decoding, no pending
         rows += error_rows("chain_snapshots", o_c[:n], o_plain, tol=c.otol, what="o")

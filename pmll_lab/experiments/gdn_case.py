@@ -109,14 +109,20 @@ class Case:
         return lambda: gdn_carry_verify(st, carry, *self.args, slot_tab=self.sel, form=form,
                                         lazy=lazy, **self.lay)
 
-    def check_chain(self, name: str, **kw):
-        """The chain with its ``K-1`` snapshots (``kw`` to ``gdn_chain``) against the float64
-        references: ``(rows, o, state pool, snapshots)``."""
+    def chain(self, **kw):
+        """The chain with its ``K-1`` snapshots (``kw`` to ``gdn_chain``) from a copy of the
+        pool: ``(o, state pool, snapshots)``."""
         st = self.state0.clone()
         inter = torch.empty(self.B, self.K - 1, self.HV, self.D, self.D, dtype=self.sdt,
                             device=DEVICE)
         o = gdn_chain(st, *self.args, state_indices=self.sel, intermediate=inter, **self.lay,
                       **kw)
+        return o, st, inter
+
+    def check_chain(self, name: str, **kw):
+        """``chain(**kw)`` against the float64 references: ``(rows, o, state pool,
+        snapshots)``."""
+        o, st, inter = self.chain(**kw)
         rows = self.ref_rows(name, o, st[self.lsel[:self.n]])
         if self.K > 1:
             rows += error_rows(name, inter[:self.n], self.to_layout(self.i_ref), tol=self.stol,
