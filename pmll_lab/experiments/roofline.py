@@ -149,19 +149,8 @@ def gdn_point(point: dict) -> list[dict]:
                  "reason": why, "state_dtype": sdt, "impl": "cuda"}]
     try:
         c = C.case(point)
-        ours = {"decodes": RP.point_decodes,
-                "decodes_cuda": RP.point_decodes_cuda,
-                "chain_snapshots": RP.point_chain,
-                "chain_snapshots_cuda": RP.point_chain_cuda,
-                "fla_fused_recurrent": RP.point_fla}
         try:
-            if prov in ours:
-                rows = ours[prov](c)
-            elif prov in FLASHINFER:
-                rows = RP.point_flashinfer(c, prov)
-            else:
-                form, mode = prov.split("_")[1:]
-                rows = RP.point_carry(c, form, mode == "lazy")
+            rows = RP.POINTS[prov](c)
         except CheckFailed as exc:
             _tag_state(exc.rows, sdt)
             raise

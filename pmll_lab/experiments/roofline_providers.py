@@ -6,6 +6,8 @@ as it was. Launchers are called through ``gdn_case`` (a test replaces them there
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 
@@ -75,10 +77,6 @@ def point_chain(c: C._Case, impl: str = "triton") -> list[dict]:
     P.require(rows)
     return rows + P.speed_rows(name, _time(c.chain_run(st, inter, **kw)),
                                chain_bytes(c.B, c.K, **c.io()), variant="")
-
-
-def point_chain_cuda(c: C._Case) -> list[dict]:
-    return point_chain(c, "cuda")
 
 
 def _check_carry(c: C._Case, name: str, form: str, lazy: bool, var: str, rows: list[dict]):
@@ -189,3 +187,12 @@ def point_flashinfer(c, provider: str) -> list[dict]:
     P.require(rows)
     return rows + P.speed_rows(name, P.timings(run, **C.TIMING), nbytes, variant="",
                                flashinfer_version=peers.flashinfer_version())
+
+
+POINTS = {"decodes": point_decodes, "decodes_cuda": point_decodes_cuda,
+          "chain_snapshots": point_chain, "chain_snapshots_cuda": partial(point_chain, impl="cuda"),
+          "fla_fused_recurrent": point_fla,
+          **{f"carry_exact_{m}": partial(point_carry, form="exact", lazy=m == "lazy")
+             for m in ("eager", "lazy")},
+          **{p: partial(point_flashinfer, provider=p) for p in C.FLASHINFER}}
+"""The check-then-time function of each provider but FlashInfer's ReplaySSM, of a ``_Case``."""
