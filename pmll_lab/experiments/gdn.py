@@ -90,21 +90,19 @@ def verify_case(point: dict, n: int) -> Case:
     return Case(point, x, gate, x["state"], state0, n=n)
 
 
-def gating_inputs(seed: int, lead: Sequence[int], num_v_heads: int, *,
-                  device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+def gating_inputs(seed: int, lead: Sequence[int], num_v_heads: int) -> dict[str, torch.Tensor]:
     """Raw gating inputs of a Qwen3-Next GDN layer and the ``g, beta`` they give, so that our
     kernels (fed ``g, beta``) and FlashInfer (fed the raw inputs) gate identically: ``A_log
     [HV]`` ~ U(-1, 1), ``dt_bias [HV]`` zeros (fp32), ``a, b [*lead, HV]`` bf16 N(0, 1) drawn on
     the CPU from ``seed``; ``g, beta`` fp32 from ``peers.fused_gating``."""
     gen = torch.Generator(device="cpu").manual_seed(int(seed))
-    dev = DEVICE if device is None else torch.device(device)
     A_log = torch.rand(num_v_heads, generator=gen) * 2.0 - 1.0
     a = torch.randn(*lead, num_v_heads, generator=gen).to(torch.bfloat16)
     b = torch.randn(*lead, num_v_heads, generator=gen).to(torch.bfloat16)
     dt_bias = torch.zeros(num_v_heads)
     g, beta = fused_gating(A_log, a, dt_bias, b, dtype=torch.float32)
     out = dict(A_log=A_log, a=a, dt_bias=dt_bias, b=b, g=g, beta=beta)
-    return {name: t.to(dev) for name, t in out.items()}
+    return {name: t.to(DEVICE) for name, t in out.items()}
 
 
 def fill_stash(carry: GdnCarry, seed: int) -> None:

@@ -69,12 +69,12 @@ class Case:
         return dict(num_k_heads=self.HK, num_v_heads=self.HV, k_dim=self.D, v_dim=self.D,
                     dtype=self.dtype, state_dtype=self.sdt)
 
-    def ref_rows(self, name: str, o, st, suffix: str = "") -> list[dict]:
+    def ref_rows(self, name: str, o, st) -> list[dict]:
         """``o [>= n, K, HV, vd]`` and the final states ``st [>= n, ...]`` (layout) against
         the float64 references on the first ``n`` sequences."""
-        return (error_rows(name, o[:self.n], self.o_ref, tol=self.otol, what="o" + suffix)
+        return (error_rows(name, o[:self.n], self.o_ref, tol=self.otol, what="o")
                 + error_rows(name, st[:self.n], self.to_layout(self.s_ref), tol=self.stol,
-                             what="state" + suffix))
+                             what="state"))
 
     def decoded(self, layout: str | None = None):
         """``K`` validated ``gdn_decode`` launches from the pool in ``layout`` (default this
