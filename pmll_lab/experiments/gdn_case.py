@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pmll_lab import peers
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal, error_rows
 from pmll_lab.carry import (
     GDN_CARRY_CAP, GdnCarry, gdn_carry_flush, gdn_carry_verify, gdn_carry_verify_plan,
 )
-from pmll_lab import peers
 from pmll_lab.experiments import protocol as P
 from pmll_lab.gdn import gdn_chain, gdn_chain_ref, gdn_decode, gdn_decode_plan
 from pmll_lab.reference import carry as ref_carry
