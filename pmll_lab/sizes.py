@@ -6,7 +6,8 @@ snapshots, the state's dtype), ``stash_bytes_per_slot`` / ``carry_stash_bytes`` 
 state's stash, ``CAP`` rows of ``u, g, k``, fp32 whatever the state's dtype), ``stash_row_bytes``
 (one of those rows). What a launch moves, the fewest bytes it must read and write (for GB/s and
 the roofline): ``decode_bytes``, ``decodes_bytes``, ``chain_bytes`` and the carried-state verify,
-``carry_verify_bytes`` (``carry_bytes`` at ``kd = vd``).
+``carry_verify_bytes`` (``carry_bytes`` at ``kd = vd``; beside it the roofline's references at
+``kd = vd``: ``fla_bytes``, ``floor_bytes``, ``frozen_bytes``).
 
 Every helper checks its arguments and raises ``ValueError`` naming the one at fault: sizes are
 ints (numpy ints too) ``>= 1`` (a batch ``>= 0``), dtypes one of fp32, bf16, fp16. Tested against
@@ -181,6 +182,27 @@ def carry_bytes(pend, write_back, K: int, HK: int, HV: int, D: int, dtype,
     return carry_verify_bytes(pend, write_back, K, HK, HV, D, D, dtype, state_dtype)
 
 
+def fla_bytes(B: int, K: int, HK: int, HV: int, D: int, dtype) -> int:
+    """The state read and written once (``2*Hb``) plus ``K`` rows: FLA, a decode at K = 1."""
+    io = row_io_bytes(HK, HV, D, D, dtype)
+    return count("batch", B, 0) * (2 * state_bytes(HV, D, D) + K * io)
+
+
+def floor_bytes(B: int, K: int, HK: int, HV: int, D: int, dtype) -> int:
+    """The roofline floor of a ``K``-row verify: the state read once, ``K`` stash rows written,
+    ``K`` rows of inputs and outputs (no write-back, nothing pending)."""
+    row = stash_row_bytes(HV, D, D) + row_io_bytes(HK, HV, D, D, dtype)
+    return count("batch", B, 0) * (state_bytes(HV, D, D) + K * row)
+
+
+def frozen_bytes(B: int, K: int, HK: int, HV: int, D: int, dtype,
+                 state_dtype=torch.float32) -> int:
+    """A verify that reads the state and writes nothing (FlashInfer's frozen ``mtp``)."""
+    io = row_io_bytes(HK, HV, D, D, dtype)
+    return count("batch", B, 0) * (state_bytes(HV, D, D, state_dtype) + K * io + 4)
+
+
 __all__ = ["CARRY_CAP", "state_bytes", "snapshot_bytes", "snapshot_bytes_per_slot",
            "stash_row_bytes", "stash_bytes_per_slot", "carry_stash_bytes", "row_io_bytes",
-           "decode_bytes", "chain_bytes", "decodes_bytes", "carry_verify_bytes", "carry_bytes"]
+           "decode_bytes", "chain_bytes", "decodes_bytes", "carry_verify_bytes", "carry_bytes",
+           "fla_bytes", "floor_bytes", "frozen_bytes"]

@@ -128,8 +128,8 @@ def test_a_peer_that_raises_loses_none_of_our_rows(module, where, monkeypatch, t
         return [], boom
 
     mod = G if module == "gdn_verify" else C
-    monkeypatch.setattr(mod, "flashinfer_available", lambda: True)
-    monkeypatch.setattr(mod, "flashinfer_supports", lambda *a: True)
+    monkeypatch.setattr(G, "flashinfer_available", lambda: True)   # both check peers via gdn
+    monkeypatch.setattr(G, "flashinfer_supports", lambda *a: True)
     monkeypatch.setattr(G, "flashinfer_snapshot_check",
                         boom if where == "check" else check_then_boom)
     seed = int(np.random.default_rng().integers(1 << 20))
@@ -188,7 +188,7 @@ def test_fla_raising_loses_none_of_our_rows(module, monkeypatch, tmp_path):
         raise RuntimeError("fla broke")
 
     mod = G if module == "gdn_verify" else C
-    monkeypatch.setattr(mod, "fla_available", lambda: True)
+    monkeypatch.setattr(G, "fla_available", lambda: True)         # both check peers via gdn
     monkeypatch.setattr(G, "fla_run_once", boom)      # both points call it through gdn
     point = dict(K=2, B=2, HK=1, HV=2, head_dim=16, dtype="float32", state_layout="kv",
                  seed=int(np.random.default_rng().integers(1 << 20)))

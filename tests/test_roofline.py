@@ -30,7 +30,7 @@ from _roofline_helpers import OURS, SHAPE, fresh_cache, points as _points  # noq
 from pmll_lab import peers
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments import roofline as E
-from pmll_lab.experiments import roofline_case as C
+from pmll_lab.experiments import gdn_case as C
 from pmll_lab.gdn import row_io_bytes, state_bytes
 from pmll_lab.sweep import CheckFailed, run_sweep, speed_rows
 

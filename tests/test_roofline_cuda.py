@@ -12,7 +12,7 @@ import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
 from _roofline_helpers import SHAPE, fresh_cache, points as _points  # noqa: F401 (fresh_cache: autouse)
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments import roofline as E
-from pmll_lab.experiments import roofline_case as C
+from pmll_lab.experiments import gdn_case as C
 from pmll_lab.sweep import CheckFailed
 
 

@@ -52,25 +52,28 @@ def protocol_step(p: np.ndarray, a: np.ndarray, K: int, lazy: bool, cap: int = C
 
 
 def simulate(K: int, alpha: float, lazy: bool, *, steps: int = 4000, seqs: int = 64,
-             p_zero: float = 0.0, cap: int = CAP, seed: int = 0, burn_in: int = 50) -> dict:
-    """Run ``seqs`` independent slots through ``steps`` verifies; statistics after ``burn_in``:
-    ``wb_freq`` (write-backs per verify), ``mean_folded`` (pending rows folded per verify),
-    ``mean_accept``, ``p_hist`` (stationary distribution of ``p`` before a verify, ``[cap+1]``)."""
+             p_zero: float = 0.0, cap: int = CAP, seed=0, burn_in: int = 50) -> dict:
+    """Run ``seqs`` independent slots through ``steps`` verifies (``seed``: ``default_rng``'s);
+    statistics after ``burn_in``: ``wb_freq`` (write-backs per verify; ``wb_count`` of them),
+    ``mean_folded`` (pending rows folded per verify), ``mean_accept``, ``hist`` / ``p_hist``
+    (counts / distribution of ``p`` before a verify, ``[cap+1]``)."""
     rng = np.random.default_rng(seed)
     p = np.zeros(seqs, dtype=np.int64)
-    wbs, folded, acc = [], [], []
+    wbs, folded, acc, wb_count = [], [], [], 0
     hist = np.zeros(cap + 1)
     for step in range(steps + burn_in):
         a = accept_counts(rng, seqs, K, alpha, p_zero)
         wb, p_new = protocol_step(p, a, K, lazy, cap)
         if step >= burn_in:
             wbs.append(wb.mean())
+            wb_count += int(wb.sum())
             folded.append(p.mean())
             acc.append(a.mean())
             hist += np.bincount(p, minlength=cap + 1)[:cap + 1]
         p = p_new
     return dict(wb_freq=float(np.mean(wbs)), mean_folded=float(np.mean(folded)),
-                mean_accept=float(np.mean(acc)), p_hist=hist / hist.sum())
+                mean_accept=float(np.mean(acc)), p_hist=hist / hist.sum(), hist=hist,
+                wb_count=wb_count)
 
 
 def steady_pending(rng: np.random.Generator, B: int, K: int, alpha: float, lazy: bool,
@@ -110,19 +113,10 @@ def acceptance(K: int, mean_accept: float = 3.3, accept_K: int = 4, cap: int = C
     alpha = alpha_for_mean(mean_accept, accept_K)
     out = {"alpha": alpha, "mean_accept": mean_accept_len(alpha, K), "K": K}
     for form in ("eager", "lazy"):
-        rng = np.random.default_rng([seed, K, form == "lazy"])
-        p = np.zeros(seqs, dtype=np.int64)
-        hist = np.zeros(cap + 1)
-        wbs = 0
-        for step in range(burn_in + steps):
-            wb = (p + K > cap) if form == "lazy" else (p > 0)
-            if step >= burn_in:
-                hist += np.bincount(p, minlength=cap + 1)[:cap + 1]
-                wbs += int(wb.sum())
-            a = accept_counts(rng, seqs, K, alpha)
-            p = np.where(wb, a, p + a)
-        n = steps * seqs
-        out[f"{form}_wb"] = wbs / n
+        s = simulate(K, alpha, form == "lazy", steps=steps, seqs=seqs, cap=cap,
+                     seed=[seed, K, form == "lazy"], burn_in=burn_in)
+        hist = s["hist"]
+        out[f"{form}_wb"] = s["wb_count"] / (steps * seqs)
         out[f"{form}_hist"] = tuple(hist / hist.sum())
         out[f"{form}_mean_pend"] = float((np.arange(cap + 1) * hist).sum() / hist.sum())
     return out

@@ -16,26 +16,19 @@ import torch
 
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal, error_rows, errors
-from pmll_lab.carry import (
-    GDN_CARRY_CAP, CarryLayer, GdnCarry, SpecDecodeStep, gdn_carry_flush, gdn_carry_verify,
-)
+from pmll_lab.carry import GDN_CARRY_CAP, CarryLayer, GdnCarry, SpecDecodeStep
 from pmll_lab.experiments import gdn as G
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import MODES, accept_counts, protocol_step, steady_pending
 from pmll_lab.experiments import replayssm_peer as RS
-from pmll_lab.experiments.gdn import (  # noqa: F401  (points, COMPILE_KEYS: for the notebook)
-    COMPILE_KEYS, carry_bytes, chain_bytes, clone_carry, fill_stash, fla_bytes, points,
-)
-from pmll_lab.gdn import gdn_chain, gdn_decode
-from pmll_lab.peers import (
-    fla_available, flashinfer_available, flashinfer_supports, flashinfer_version,
-)
+from pmll_lab.experiments.gdn import fill_stash
 from pmll_lab.inputs import conv_inputs, gdn_inputs
 from pmll_lab.reference import carry as ref
+from pmll_lab.sizes import carry_bytes, chain_bytes
 from pmll_lab.sweep import CheckFailed
-from pmll_lab.tolerances import O_TOL, STATE_TOL
 
 CAP = GDN_CARRY_CAP
+COMPILE_KEYS, points = G.COMPILE_KEYS, G.points     # the notebook's sweep: gdn_verify's points
 FORMS = ("exact",)
 CARRY_KERNELS = tuple(f"carry_{f}_{m}" for f in FORMS for m in MODES)
 KERNELS = CARRY_KERNELS + ("chain_snapshots", "fla_fused_recurrent", "flashinfer_mtp_snapshots",
@@ -48,118 +41,47 @@ LABELS = {
 }
 
 
-def _decode_reference(state, carry, x, K, slots, layout="kv"):
-    """Plain decoding of this verify's rows: fold each slot's pending rows, then ``K``
-    ``gdn_decode`` launches. ``(o [B, K, HV, vd], folded state)``."""
-    st = state.clone()
-    gdn_carry_flush([st], [carry], slots, state_layout=layout)
-    folded = st.clone()
-    outs = [gdn_decode(st, *(x[n][:, t] for n in ("q", "k", "v", "g", "beta")),
-                       state_indices=slots, state_layout=layout) for t in range(K)]
-    return torch.stack(outs, 1), folded
-
-
-def o_ref_plain(state0, x, sel, n):
-    """Float64 plain decoding of the first ``n`` sequences' K rows from their stored state (no
-    pending rows): the reference of kernels that start from the state (chain, FLA)."""
-    return ref.decode_tokens(state0[sel].double().cpu(),
-                             *(x[k][:n].cpu() for k in ("q", "k", "v", "g", "beta")),
-                             torch.arange(n))
-
-
 def verify_point(point: dict) -> list[dict]:
     """Check, then time, every verify kernel at one point (module docstring). Optional keys:
     ``state_layout`` ("kv"), ``alpha`` (0.875), ``p_zero`` (0), ``seed`` (0), ``ref_seqs`` (4),
     ``baselines`` (True). Raises ``CheckFailed`` (nothing timed) when one of ours fails."""
-    K, B, HK, HV, D = (int(point[n]) for n in ("K", "B", "HK", "HV", "head_dim"))
-    dname = point.get("dtype", "bfloat16")
-    dtype = getattr(torch, dname)
-    layout = point.get("state_layout", "kv")
-    x, gate, state0 = G.verify_inputs(point)
-    lay = {"state_layout": layout}
+    c = G.verify_case(point, min(int(point["B"]), int(point.get("ref_seqs", 4))))
+    K, B, HK, HV, D, n = c.K, c.B, c.HK, c.HV, c.D, c.n
     alpha, p_zero = float(point.get("alpha", 0.875)), float(point.get("p_zero", 0.0))
     seed = int(point.get("seed", 0))
-    n_ref = min(B, int(point.get("ref_seqs", 4)))
-    state_kv, slots = x["state"], x["state_indices"]
-    in_layout = (lambda t: t) if layout == "kv" else (lambda t: t.transpose(-1, -2))
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     rng = np.random.default_rng(seed + 1)
-    base = GdnCarry.empty(B, HV, D, D)
-    fill_stash(base, seed + 2)
+    c.stash = GdnCarry.empty(B, HV, D, D)
+    fill_stash(c.stash, seed + 2)
     rows: list[dict] = []
     runs = {}
-    otol = O_TOL[dname]
-    sel = slots[:n_ref].long()
     for mode in MODES:
         lazy = mode == "lazy"
         pend = steady_pending(rng, B, K, alpha, lazy, p_zero)
-        carry_m = clone_carry(base)
-        carry_m.pend[slots.long()] = torch.as_tensor(pend, dtype=torch.int32, device=DEVICE)
-        wb = (pend + K > CAP) if lazy else (pend > 0)
-        o_dec, folded = _decode_reference(state0, carry_m, x, K, slots, layout)
-        sub_state = state_kv[sel].double().cpu()      # the float64 protocol on n_ref sequences
-        sub = ref.RefCarry(u=carry_m.u[sel].double().cpu(), g=carry_m.g[sel].double().cpu(),
-                           k=carry_m.k[sel].double().cpu(), pend=carry_m.pend[sel].long().cpu())
-        o_ref, _ = ref.verify(sub_state, sub, *(t[:n_ref].cpu() for t in args),
-                              torch.arange(n_ref), lazy=lazy)
+        cc = c.carry_case(mode, pend, lazy)
         for form in FORMS:
             name = f"carry_{form}_{mode}"
-            st, c = state0.clone(), clone_carry(carry_m)
-            o, eng = gdn_carry_verify(st, c, *args, slot_tab=slots, form=form, lazy=lazy,
-                                      validate=True, eager_max_pending=None, **lay)
-            rows.append(P.flag(name, "engaged_as_protocol",
-                               eng.cpu().tolist() == np.where(wb, 2, 1).tolist(), "engaged"))
-            rows += error_rows(name, o[:n_ref], o_ref, tol=otol, what="o")
-            rows += error_rows(name, st[sel], in_layout(sub_state), tol=STATE_TOL, what="state")
-            rows += error_rows(name, c.u[sel], sub.u, what="stash u", tol=STATE_TOL)
-            wbm = torch.as_tensor(wb, device=DEVICE)
-            sl = slots.long()
-            rows += [P.flag(name, "bitwise_vs_decode", bitwise_equal(o, o_dec), "o"),
-                     P.flag(name, "bitwise_vs_decode",
-                            bitwise_equal(st[sl][wbm], folded[sl][wbm]), "written-back state")]
-            rows += [{"kernel": name, "metric": "write_back_frac", "value": float(wb.mean())},
-                     {"kernel": name, "metric": "mean_pending", "value": float(pend.mean())}]
-            runs[name] = (st, c, o, lazy, carry_bytes(pend, wb, K, HK, HV, D, dtype))
-        del o_dec, folded
+            chk, st, carry, _, _ = c.check_carry(name, cc, form)
+            rows += chk + [{"kernel": name, "metric": m, "value": float(v.mean())}
+                           for m, v in (("write_back_frac", cc["wb"]), ("mean_pending", pend))]
+            runs[name] = (st, carry, lazy, carry_bytes(pend, cc["wb"], K, HK, HV, D, c.dtype))
     P.require(rows)
 
-    entries = []
-    for name in CARRY_KERNELS:          # the verify leaves pend alone: every call is the same
-        st, c, _, lazy, nbytes = runs[name]
-        form = name.split("_")[1]
-
-        def run(st=st, c=c, lazy=lazy, form=form):
-            gdn_carry_verify(st, c, *args, slot_tab=slots, form=form, lazy=lazy, **lay)
-
-        entries.append((name, run, nbytes, {}))
+    entries = [(name, c.carry_run(st, carry, name.split("_")[1], lazy), nbytes, {})
+               for name, (st, carry, lazy, nbytes) in runs.items()]
     if point.get("baselines", True):
-        st_c = state0.clone()
-        inter = torch.empty(B, K - 1, HV, D, D, device=DEVICE)
-        o_c = gdn_chain(st_c, *args, state_indices=slots, intermediate=inter, **lay)
-        o_plain = o_ref_plain(state_kv, x, sel, n_ref)
-        rows += error_rows("chain_snapshots", o_c[:n_ref], o_plain, tol=otol, what="o")
+        o_c, st_c, inter = c.chain()
+        o_plain = ref.decode_tokens(c.state_kv[c.lsel[:n]].double().cpu(), *c.cpu_args,
+                                    torch.arange(n))       # float64 plain decoding, no pending
+        rows += error_rows("chain_snapshots", o_c[:n], o_plain, tol=c.otol, what="o")
         P.require(rows)
-        entries.append(("chain_snapshots",
-                        lambda: gdn_chain(st_c, *args, state_indices=slots, intermediate=inter,
-                                          **lay), chain_bytes(B, K, HK, HV, D, D, dtype), {}))
-        if layout == "kv" and fla_available():
-            frows, run_fla = G.fla_check(args, state0[slots.long()].contiguous(), D, lambda o, h:
-                                         error_rows("fla_fused_recurrent", o[:n_ref], o_plain,
-                                                    tol=otol, what="o"))
-            rows += frows
-            if run_fla is not None:
-                entries.append(("fla_fused_recurrent", run_fla,
-                                fla_bytes(B, K, HK, HV, D, dtype), {}))
-        if layout == "vk" and K >= 2 and flashinfer_available() and flashinfer_supports(D, dname):
-            firows, run_fi = G.peer_snapshot_check(x, gate, state0, o_c, st_c[slots.long()],
-                                                   inter, otol)
-            rows += firows
-            if run_fi is not None:
-                entries.append(("flashinfer_mtp_snapshots", run_fi,
-                                chain_bytes(B, K, HK, HV, D, D, dtype),
-                                {"flashinfer_version": flashinfer_version()}))
-        if layout == "vk":
-            rows += replayssm_point(dict(point, dtype=dname))
+        entries.append(("chain_snapshots", c.chain_run(st_c, inter),
+                        chain_bytes(B, K, HK, HV, D, D, c.dtype), {}))
+        peer_rows, peer_entries = G.peers_checked(c, o_c, st_c, inter, lambda o, h: error_rows(
+            "fla_fused_recurrent", o[:n], o_plain, tol=c.otol, what="o"))
+        rows += peer_rows
+        entries += peer_entries
+        if c.layout == "vk":
+            rows += replayssm_point(dict(point, dtype=c.dname))
     return rows + P.timed_rows(entries)
 
 

@@ -14,7 +14,8 @@ from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import mean_accept_len
 from pmll_lab.experiments.carry import CAP, FORMS, KERNELS, LABELS
-from pmll_lab.experiments.gdn import QWEN3_NEXT, stash_row_bytes
+from pmll_lab.experiments.gdn import QWEN3_NEXT
+from pmll_lab.sizes import stash_row_bytes
 from pmll_lab.experiments.step import step_target
 from pmll_lab.experiments.targets import Target, fact, facts
 

@@ -133,32 +133,26 @@ def conv_point(point: dict) -> list[dict]:
                        torch.equal(carry.stash[sel].double().cpu(), t_kr[sel])),
                  _flag(name, "engaged == protocol",
                        eng[sub].tolist() == e_kr.tolist() == [2 if wb else 1] * ref_seqs)]
-        carries[name] = (carry, st_k, lazy, wb, pend0)
+        carries[name] = (carry, st_k, lazy, wb)
     P.require(rows)
 
-    # timing, after every check passed
+    # timing, after every check passed (the carry without accepting: pend is not advanced, every
+    # call verifies from the same pending count)
     io = dict(d_conv=d_conv, state_len=SL, dtype=dtype)
-
-    def run_chain():
-        conv_chain(st_c, x, w, bias, state_indices=idx, intermediate=inter, **kw)
 
     def run_updates():
         for t in range(K):
             conv_update(st_u, row_x[t], w, bias, state_indices=idx, **kw)
 
-    timed = [("chain", run_chain, conv_chain_bytes(B, K, dim, **io)),
-             ("updates", run_updates, K * conv_update_bytes(B, dim, **io))]
-    for name, (carry, st_k, lazy, wb, pend0) in carries.items():
-        def run_carry(carry=carry, st_k=st_k, lazy=lazy):
-            # pend is not advanced (no accept): every call verifies from the same pending count
-            conv_carry_verify(st_k, carry, x, w, bias, slot_tab=idx, lazy=lazy, **kw)
-        nbytes = conv_carry_verify_bytes(B, K, dim, pending=pending, write_back=float(wb), **io)
-        timed.append((name, run_carry, nbytes))
-    for name, fn, nbytes in timed:
-        wb = float(carries[name][3]) if name in carries else None
-        rows += P.speed_rows(name, P.timings(fn, warmup_ms=25, rep_ms=100, cpu_reps=3), nbytes,
-                             write_back=wb)
-    return rows
+    entries = [("chain", lambda: conv_chain(st_c, x, w, bias, state_indices=idx,
+                                            intermediate=inter, **kw),
+                conv_chain_bytes(B, K, dim, **io), {"write_back": None}),
+               ("updates", run_updates, K * conv_update_bytes(B, dim, **io), {"write_back": None})]
+    for name, (carry, st_k, lazy, wb) in carries.items():
+        entries.append((name, lambda carry=carry, st_k=st_k, lazy=lazy: conv_carry_verify(
+            st_k, carry, x, w, bias, slot_tab=idx, lazy=lazy, **kw), conv_carry_verify_bytes(
+            B, K, dim, pending=pending, write_back=float(wb), **io), {"write_back": float(wb)}))
+    return rows + P.timed_rows(entries, warmup_ms=25, rep_ms=100, cpu_reps=3)
 
 
 # ---- tables and plots --------------------------------------------------------------------------

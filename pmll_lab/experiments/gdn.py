@@ -18,19 +18,20 @@ from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal, error_rows
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
+from pmll_lab.experiments.gdn_case import Case
 from pmll_lab.experiments.targets import Target, fact, facts
 from pmll_lab.gdn import (
-    carry_stash_bytes, chain_bytes, decodes_bytes, gdn_chain, gdn_chain_ref, gdn_decode,
-    row_io_bytes, snapshot_bytes, state_bytes,
+    carry_stash_bytes, chain_bytes, decodes_bytes, gdn_chain, gdn_chain_ref,
+    snapshot_bytes, state_bytes,
 )
 from pmll_lab.inputs import gdn_inputs
 from pmll_lab.peers import (
-    fla_available, fla_runner, flashinfer_available, flashinfer_mtp_runner, flashinfer_supports,
+    fla_available, fla_runner, flashinfer_available, flashinfer_supports,
     flashinfer_version, fused_gating,
 )
 from pmll_lab.reference import carry as ref_carry
-from pmll_lab.sizes import carry_bytes, stash_row_bytes  # noqa: F401  (the library's, here too)
-from pmll_lab.tolerances import O_TOL, STATE_TOL
+from pmll_lab.sizes import fla_bytes
+from pmll_lab.tolerances import STATE_TOL
 
 if TYPE_CHECKING:
     from pmll_lab.carry import GdnCarry
@@ -73,12 +74,11 @@ def points(grids: Sequence[dict], **fixed) -> list[dict]:
     return [{**fixed, **p} for p in head_points(full)]
 
 
-def verify_inputs(point: dict) -> tuple[dict, dict, torch.Tensor]:
-    """``(x, gate, state0)`` of a verify point (``K, B, HK, HV, head_dim``, optional ``dtype``
-    bf16, ``state_layout`` "kv", ``seed`` 0): ``gdn_inputs`` of ``K`` rows gated by
-    ``gating_inputs`` (``x["g"], x["beta"]``), and the state pool in the point's layout.
-    ``ValueError`` for an unknown layout."""
-    K, B, HK, HV, D = (int(point[n]) for n in ("K", "B", "HK", "HV", "head_dim"))
+def verify_case(point: dict, n: int) -> Case:
+    """The ``Case`` of a verify point (``K, B, HK, HV, head_dim``, optional ``dtype`` bf16,
+    ``state_layout`` "kv", ``seed`` 0): ``gdn_inputs`` of ``K`` rows gated by ``gating_inputs``,
+    ``n`` sequences for the references. ``ValueError`` for an unknown layout."""
+    K, B, HK, HV, D = (int(point[k]) for k in ("K", "B", "HK", "HV", "head_dim"))
     layout = point.get("state_layout", "kv")
     P.check_layout(layout)
     seed = int(point.get("seed", 0))
@@ -87,24 +87,22 @@ def verify_inputs(point: dict) -> tuple[dict, dict, torch.Tensor]:
     gate = gating_inputs(seed + 11, (B, K), HV)
     x["g"], x["beta"] = gate["g"], gate["beta"]
     state0 = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
-    return x, gate, state0
+    return Case(point, x, gate, x["state"], state0, n=n)
 
 
-def gating_inputs(seed: int, lead: Sequence[int], num_v_heads: int, *,
-                  device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+def gating_inputs(seed: int, lead: Sequence[int], num_v_heads: int) -> dict[str, torch.Tensor]:
     """Raw gating inputs of a Qwen3-Next GDN layer and the ``g, beta`` they give, so that our
     kernels (fed ``g, beta``) and FlashInfer (fed the raw inputs) gate identically: ``A_log
     [HV]`` ~ U(-1, 1), ``dt_bias [HV]`` zeros (fp32), ``a, b [*lead, HV]`` bf16 N(0, 1) drawn on
     the CPU from ``seed``; ``g, beta`` fp32 from ``peers.fused_gating``."""
     gen = torch.Generator(device="cpu").manual_seed(int(seed))
-    dev = DEVICE if device is None else torch.device(device)
     A_log = torch.rand(num_v_heads, generator=gen) * 2.0 - 1.0
     a = torch.randn(*lead, num_v_heads, generator=gen).to(torch.bfloat16)
     b = torch.randn(*lead, num_v_heads, generator=gen).to(torch.bfloat16)
     dt_bias = torch.zeros(num_v_heads)
     g, beta = fused_gating(A_log, a, dt_bias, b, dtype=torch.float32)
     out = dict(A_log=A_log, a=a, dt_bias=dt_bias, b=b, g=g, beta=beta)
-    return {name: t.to(dev) for name, t in out.items()}
+    return {name: t.to(DEVICE) for name, t in out.items()}
 
 
 def fill_stash(carry: GdnCarry, seed: int) -> None:
@@ -115,13 +113,6 @@ def fill_stash(carry: GdnCarry, seed: int) -> None:
     carry.g.copy_((-F.softplus(torch.randn(carry.g.shape, generator=gen))).to(carry.device))
     carry.k.copy_(ref_carry.l2norm(torch.randn(carry.k.shape, generator=gen)).float()
                   .to(carry.device))
-
-
-def clone_carry(c: GdnCarry) -> GdnCarry:
-    """A copy of ``c`` (stash rows and pending counts) a launch may write."""
-    from pmll_lab.carry import GdnCarry
-
-    return GdnCarry(c.buf.clone(), c.pend.clone(), c.num_v_heads, c.k_dim, c.v_dim, c.cap)
 
 
 def fla_run_once(args, h0: torch.Tensor, D: int):
@@ -141,36 +132,24 @@ def fla_check(args, h0: torch.Tensor, D: int, check) -> tuple[list[dict], object
     return rows, (run if all(r["passed"] for r in rows) else None)
 
 
-def flashinfer_snapshot_check(x: dict, gate: dict, state0: torch.Tensor, o_c: torch.Tensor,
-                              st_final: torch.Tensor, inter: torch.Tensor, otol: float):
-    """Check FlashInfer's snapshot verify on a V-major point (GPU only): against the float64
+def flashinfer_snapshot_check(c: Case, o_c: torch.Tensor, st_final: torch.Tensor,
+                              inter: torch.Tensor):
+    """Check FlashInfer's snapshot verify on a V-major case (GPU only): against the float64
     chain with its own gating on ``N_REF`` sequences, against our chain's ``o_c [B, K, HV, vd]``,
     final states and snapshots ``inter [B, K-1, HV, vd, kd]`` over all ``B``, and for a pool left
     as it was. ``(rows, run)``; ``run`` (the call to time) is None when a check failed."""
-    name = "flashinfer_mtp_snapshots"
-    B, K = x["q"].shape[:2]
-    idx = x["state_indices"]
-    pool = state0.clone()
-    run, bufs = flashinfer_mtp_runner(x["q"], x["k"], x["v"], gate["A_log"], gate["a"],
-                                      gate["dt_bias"], gate["b"], pool, idx,
-                                      scale=x["q"].shape[-1] ** -0.5, snapshots=True, frozen=True)
-    run()
+    name, K, n = "flashinfer_mtp_snapshots", c.K, min(c.B, N_REF)
+    run, bufs, pool = c.flashinfer(name)
     o, buf = bufs["o"], bufs["intermediate"]
-    n = min(B, N_REF)
-    g64, beta64 = fused_gating(*(t.cpu() for t in (gate["A_log"], gate["a"][:n],
-                                                     gate["dt_bias"], gate["b"][:n])),
-                               dtype=torch.float64)
-    sub = state0[idx[:n].long()].to("cpu", torch.float64)
-    o_r, s_r, i_r = gdn_chain_ref(sub, *(x[m][:n].cpu() for m in ("q", "k", "v")), g64, beta64,
-                                  state_layout="vk")
-    rows = (error_rows(name, o[:n], o_r, tol=otol, what="o")
+    o_r, s_r, i_r = c.fi_ref(n, "vk")
+    rows = (error_rows(name, o[:n], o_r, tol=c.otol, what="o")
             + error_rows(name, buf[:n, K - 1], s_r, tol=STATE_TOL, what="state")
             + error_rows(name, buf[:n, :K - 1], i_r, tol=STATE_TOL, what="snapshots")
-            + error_rows(name, o, o_c.to(o.dtype), tol=otol, what="o vs our chain")
+            + error_rows(name, o, o_c.to(o.dtype), tol=c.otol, what="o vs our chain")
             + error_rows(name, buf[:, K - 1], st_final, tol=STATE_TOL, what="state vs our chain")
             + error_rows(name, buf[:, :K - 1], inter, tol=STATE_TOL,
                          what="snapshots vs our chain"))
-    rows.append(P.flag(name, "state_untouched", bitwise_equal(pool, state0),
+    rows.append(P.flag(name, "state_untouched", bitwise_equal(pool, c.state0),
                        "pool unchanged (disable_state_update=True)"))
     return rows, (run if all(r["passed"] for r in rows) else None)
 
@@ -181,102 +160,61 @@ def peer_snapshot_check(*args) -> tuple[list[dict], object]:
     return out if failed is None else (failed, None)
 
 
+def peers_checked(c: Case, o_c, st_c, inter, fla_rows) -> tuple[list[dict], list[tuple]]:
+    """On a GPU: FLA on a K-major case (its ``(o, h)`` checked by ``fla_rows``), FlashInfer's
+    snapshot verify on a V-major one (``K >= 2``) against our chain's ``o_c``, pool ``st_c``
+    and snapshots ``inter``. ``(rows, timing entries)``: a peer that disagrees or raises is not
+    timed, our rows stand."""
+    rows, entries = [], []
+    if c.layout == "kv" and fla_available():
+        frows, run = fla_check(c.args, c.state0[c.lsel].contiguous(), c.D, fla_rows)
+        rows += frows
+        if run is not None:
+            entries.append(("fla_fused_recurrent", run,
+                            fla_bytes(c.B, c.K, c.HK, c.HV, c.D, c.dtype), {}))
+    if c.layout == "vk" and c.K >= 2 and flashinfer_available() and \
+            flashinfer_supports(c.D, c.dname):
+        firows, run = peer_snapshot_check(c, o_c, st_c[c.lsel], inter)
+        rows += firows
+        if run is not None:     # K states to the buffer, the pool read once: (K+1)*Hb
+            entries.append(("flashinfer_mtp_snapshots", run, chain_bytes(c.B, c.K, **c.io()),
+                            {"flashinfer_version": flashinfer_version()}))
+    return rows, entries
+
+
 # ---- the point -------------------------------------------------------------------------------
 
 def verify_point(point: dict) -> list[dict]:
     """Check, then time, one point (module docstring). Optional keys: ``dtype`` (bf16),
     ``state_layout`` ("kv"), ``seed`` (0). Raises ``CheckFailed`` (nothing timed) when one of
     our kernels fails, ``ValueError`` for an unknown layout."""
-    K, D, HK, HV, B = (int(point[n]) for n in ("K", "head_dim", "HK", "HV", "B"))
-    dname = point.get("dtype", "bfloat16")
-    dtype = getattr(torch, dname)
-    layout = point.get("state_layout", "kv")
-    x, gate, state0 = verify_inputs(point)
-    lay = {"state_layout": layout}
-    idx = x["state_indices"]
-    sel = idx.long()
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-    o_ref, s_ref, i_ref = gdn_chain_ref(state0, *args, state_indices=idx, **lay)
-    s_ref = s_ref[sel]
-    otol = O_TOL[dname]
-
-    st_c = state0.clone()
-    inter = torch.empty(B, K - 1, HV, D, D, device=DEVICE)
-    o_c = gdn_chain(st_c, *args, state_indices=idx, intermediate=inter, validate=True, **lay)
-    rows = (error_rows("chain", o_c, o_ref, tol=otol, what="o")
-            + error_rows("chain", st_c[sel], s_ref, tol=STATE_TOL, what="state"))
-    if K > 1:
-        rows += error_rows("chain", inter, i_ref, tol=STATE_TOL, what="snapshots")
-    st_n = state0.clone()
+    c = verify_case(point, int(point["B"]))
+    K, B, args, idx, lay = c.K, c.B, c.args, c.sel, c.lay
+    o_ref, s_ref, i_ref = gdn_chain_ref(c.state0, *args, state_indices=idx, **lay)
+    c.o_ref, c.s_ref, c.i_ref = o_ref, c.to_layout(s_ref[c.lsel]), c.to_layout(i_ref)
+    rows, o_c, st_c, inter = c.check_chain("chain", validate=True)
+    st_n = c.state0.clone()
     o_n = gdn_chain(st_n, *args, state_indices=idx, validate=True, **lay)
-    row_args = [tuple(t[:, r] for t in args) for r in range(K)]
-    st_d = state0.clone()
-    outs, same_snaps = [], True
-    for r in range(K):
-        outs.append(gdn_decode(st_d, *row_args[r], state_indices=idx, validate=True, **lay))
-        if r < K - 1:
-            same_snaps = same_snaps and bitwise_equal(st_d[sel], inter[:, r])
-    o_d = torch.stack(outs, dim=1)
-    rows += (error_rows("decodes", o_d, o_ref, tol=otol, what="o")
-             + error_rows("decodes", st_d[sel], s_ref, tol=STATE_TOL, what="state"))
+    o_d, st_sel, snaps, st_d = c.decoded()
+    rows += c.ref_rows("decodes", o_d, st_sel)
     for what, ok in (("o", bitwise_equal(o_c, o_d)), ("state", bitwise_equal(st_c, st_d)),
-                     ("snapshots", same_snaps),
+                     ("snapshots", all(bitwise_equal(s, inter[:, r]) for r, s in enumerate(snaps))),
                      ("no-snapshot chain", bitwise_equal(o_n, o_c) and bitwise_equal(st_n, st_c))):
         rows.append(P.flag("chain", "bitwise_vs_decodes", ok, what))
     P.require(rows)
 
-    run_fla = run_fi = None      # peers: a disagreement drops only that peer's timing
-    if layout == "kv" and fla_available():
-        frows, run_fla = fla_check(args, state0[sel].contiguous(), D, lambda o, h: (
-            error_rows("fla_fused_recurrent", o, o_ref, tol=otol, what="o")
-            + error_rows("fla_fused_recurrent", h, s_ref, tol=STATE_TOL, what="state")))
-        rows += frows
-    if layout == "vk" and K >= 2 and flashinfer_available() and flashinfer_supports(D, dname):
-        firows, run_fi = peer_snapshot_check(x, gate, state0, o_c, st_c[sel], inter, otol)
-        rows += firows
-
-    io = dict(num_k_heads=HK, num_v_heads=HV, k_dim=D, v_dim=D, dtype=dtype)
-    nosnap = fla_bytes(B, K, HK, HV, D, dtype)
-
-    def run_decodes():
-        for r in range(K):
-            gdn_decode(st_d, *row_args[r], state_indices=idx, **lay)
-
-    entries = [("chain", lambda: gdn_chain(st_c, *args, state_indices=idx, intermediate=inter,
-                                           **lay), chain_bytes(B, K, **io), {}),
-               ("chain_nosnap", lambda: gdn_chain(st_n, *args, state_indices=idx, **lay),
-                nosnap + 4 * B, {}),
-               ("decodes", run_decodes, decodes_bytes(B, K, **io), {})]
-    if run_fla is not None:
-        entries.append(("fla_fused_recurrent", run_fla, nosnap, {}))
-    if run_fi is not None:      # K states to the buffer, the pool read once: (K+1)*Hb
-        entries.append(("flashinfer_mtp_snapshots", run_fi, chain_bytes(B, K, **io),
-                        {"flashinfer_version": flashinfer_version()}))
-    for r in P.timed_rows(entries):
+    peer_rows, peer_entries = peers_checked(c, o_c, st_c, inter,
+                                            lambda o, h: c.ref_rows("fla_fused_recurrent", o, h))
+    rows += peer_rows
+    nosnap = fla_bytes(B, K, c.HK, c.HV, c.D, c.dtype)
+    entries = [("chain", c.chain_run(st_c, inter), chain_bytes(B, K, **c.io()), {}),
+               ("chain_nosnap", c.chain_run(st_n), nosnap + 4 * B, {}),
+               ("decodes", c.decodes_run(st_d), decodes_bytes(B, K, **c.io()), {})]
+    for r in P.timed_rows(entries + peer_entries):
         if r["metric"] == "time_us":
             r["time_per_row_us"] = r["value"] / K
         rows.append(r)
     return rows
-
-
-# ---- bytes of the verify launches (SPEC §4) beside pmll_lab.gdn's ----------------------------
-
-def fla_bytes(B: int, K: int, HK: int, HV: int, D: int, dtype) -> int:
-    """The state read and written once (``2*Hb``) plus ``K`` rows: FLA, a decode at K = 1."""
-    return B * (2 * state_bytes(HV, D, D) + K * row_io_bytes(HK, HV, D, D, dtype))
-
-
-def floor_bytes(B: int, K: int, HK: int, HV: int, D: int, dtype) -> int:
-    """The roofline floor of a ``K``-row verify: the state read once, ``K`` stash rows written,
-    ``K`` rows of inputs and outputs (no write-back, nothing pending)."""
-    return B * (state_bytes(HV, D, D)
-                + K * (stash_row_bytes(HV, D, D) + row_io_bytes(HK, HV, D, D, dtype)))
-
-
-def frozen_bytes(B: int, K: int, HK: int, HV: int, D: int, dtype,
-                 state_dtype=torch.float32) -> int:
-    """A verify that reads the state and writes nothing (FlashInfer's frozen ``mtp``)."""
-    return B * (state_bytes(HV, D, D, state_dtype) + K * row_io_bytes(HK, HV, D, D, dtype) + 4)
 
 
 # ---- targets, tables and plots (times: ``protocol.wide``; ratios from GPU runs only) ------

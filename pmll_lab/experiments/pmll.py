@@ -164,17 +164,15 @@ def _ring_rows(point: dict, impl: str) -> list[dict]:
 
     P.require(rows)
 
-    timing = dict(warmup_ms=25, rep_ms=100, cpu_reps=3)
     extra = dict(ring_bytes=ring_bytes(point))
-    rows += P.speed_rows("pmll_read", P.timings(lambda: pmll_read(mem, T, impl=impl), **timing),
-                         read_bytes(mem.lengths, H, M, D, T, dtype=dtype), **extra)
     gdtype = torch.float32 if x["gate"] is None else x["gate"].dtype
     nbytes = write_bytes(B, H, M, D, T, dtype=dtype, gate=None if gate == "none" else gate,
                          gate_dtype=gdtype)
-    rows += P.speed_rows("pmll_write", P.timings(
-        lambda: pmll_write(mem, x["k_new"], x["v_new"], x["gate"], impl=impl), **timing), nbytes,
-        **extra)
-    return rows
+    return rows + P.timed_rows(
+        [("pmll_read", lambda: pmll_read(mem, T, impl=impl),
+          read_bytes(mem.lengths, H, M, D, T, dtype=dtype), extra),
+         ("pmll_write", lambda: pmll_write(mem, x["k_new"], x["v_new"], x["gate"], impl=impl),
+          nbytes, extra)], warmup_ms=25, rep_ms=100, cpu_reps=3)
 
 
 # ---- wraparound picture ---------------------------------------------------------------------

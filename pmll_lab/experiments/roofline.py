@@ -12,14 +12,12 @@ from __future__ import annotations
 import torch
 
 from pmll_lab.backend import DEVICE
+from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments import replayssm_peer
 from pmll_lab.experiments import roofline_providers as RP
 from pmll_lab.experiments import roofline_case as C
 from pmll_lab.experiments.acceptance import (  # noqa: F401  (for the notebook and tests)
     acceptance, acceptance_table, alpha_for_mean, draw_pending, mean_accept_len,
-)
-from pmll_lab.experiments.gdn import (  # noqa: F401  (for the tests)
-    carry_bytes, fla_bytes, floor_bytes, stash_row_bytes,
 )
 from pmll_lab.experiments.roofline_case import (  # noqa: F401
     CAP, CUDA_TWINS, FLASHINFER, GRAPH_REPLAYS, HALF_STATE_PROVIDERS, LAYOUTS, MAIN_SHAPE,
@@ -29,8 +27,11 @@ from pmll_lab.experiments.roofline_case import (  # noqa: F401
 from pmll_lab.experiments.roofline_report import *  # noqa: F401,F403  (tables, targets, plots)
 from pmll_lab.ops.gdn.decode_cuda import MAX_KD as CUDA_MAX_KD
 from pmll_lab.peers import fla_available, flashinfer_available, flashinfer_supports
+from pmll_lab.sizes import (  # noqa: F401  (for the tests)
+    carry_bytes, fla_bytes, floor_bytes, stash_row_bytes,
+)
 from pmll_lab.step_bench import impl_of
-from pmll_lab.sweep import CheckFailed, grid
+from pmll_lab.sweep import CheckFailed
 
 COMPILE_KEYS = ("provider", "K", "head_dim", "dtype", "state_layout", "state_dtype")
 """Point keys that decide which kernels a point compiles (``run_sweep(affinity=...)``)."""
@@ -57,6 +58,18 @@ def _wanted(prov: str, base: dict, fla: bool, flashinfer: bool, sdt: str) -> boo
     return True
 
 
+def _point(p: dict, fla: bool, flashinfer: bool) -> dict | None:
+    """A grid point as the provider runs it (a peer in its own layout; ``state_dtype`` only
+    off fp32, so fp32 points keep their ids), or None where it does not run."""
+    (hk, hv), prov, sdt = p["heads"], p["provider"], p["state_dtype"]
+    base = dict(K=int(p["K"]), B=int(p["B"]), HK=int(hk), HV=int(hv),
+                head_dim=int(p["head_dim"]), dtype=str(p["dtype"]))
+    if not _wanted(prov, base, fla, flashinfer, sdt):
+        return None
+    q = dict(base, state_layout=NATIVE_LAYOUT.get(prov, p["state_layout"]), provider=prov)
+    return q if sdt == "float32" else dict(q, state_dtype=sdt)
+
+
 def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept_K: int = 4,
            fla: bool | None = None, flashinfer: bool | None = None) -> list[dict]:
     """Grids (axes ``K, B, head_dim, heads`` as ``(HK, HV)``, ``dtype``; optional
@@ -66,36 +79,21 @@ def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept
     for an unknown provider, layout or state dtype."""
     fla = fla_available() if fla is None else fla
     flashinfer = flashinfer_available() if flashinfer is None else flashinfer
-    pts, seen = [], set()
+    full = []
     for g in grids:
-        axes = dict(g)
-        heads = axes.pop("heads")
-        provs = list(axes.pop("providers", PROVIDERS))
-        layouts = [str(x) for x in axes.pop("state_layout", ["kv"])]
-        sdts = [str(x) for x in axes.pop("state_dtype", ["float32"])]
-        for name, vals, known in (("state_dtype", sdts, STATE_DTYPES), ("providers", provs,
-                                  PROVIDERS), ("state_layout", layouts, LAYOUTS)):
+        ax = dict(heads=[tuple(h) for h in g["heads"]],
+                  state_dtype=[str(x) for x in g.get("state_dtype", ["float32"])],
+                  provider=list(g.get("providers", PROVIDERS)),
+                  state_layout=[str(x) for x in g.get("state_layout", ["kv"])])
+        for name, vals, known in (("state_dtype", ax["state_dtype"], STATE_DTYPES),
+                                  ("providers", ax["provider"], PROVIDERS),
+                                  ("state_layout", ax["state_layout"], LAYOUTS)):
             bad = [x for x in vals if x not in known]
             if bad:
                 raise ValueError(f"{name}: unknown {bad}; known {list(known)}")
-        for p in grid(**axes, heads=[tuple(h) for h in heads]):
-            hk, hv = p.pop("heads")
-            base = dict(K=int(p["K"]), B=int(p["B"]), HK=int(hk), HV=int(hv),
-                        head_dim=int(p["head_dim"]), dtype=str(p["dtype"]))
-            for sdt in sdts:
-                for prov in provs:
-                    if not _wanted(prov, base, fla, flashinfer, sdt):
-                        continue
-                    lays = [NATIVE_LAYOUT[prov]] if prov in NATIVE_LAYOUT else \
-                        [x for x in layouts if layout_support(prov, x)]
-                    for lay in lays:
-                        q = dict(base, state_layout=lay, provider=prov)
-                        if sdt != "float32":      # fp32 points keep their ids
-                            q["state_dtype"] = sdt
-                        key = tuple(sorted(q.items()))
-                        if key not in seen:
-                            seen.add(key)
-                            pts.append(q)
+        rest = {k: v for k, v in g.items() if k not in (*ax, "providers")}
+        full.append({**rest, **ax})
+    pts = P.grid_points(full, each=lambda p: _point(p, fla, flashinfer))
 
     def shape_of(p):
         return tuple(p[k] for k in SHAPE_KEYS)
@@ -151,19 +149,8 @@ def gdn_point(point: dict) -> list[dict]:
                  "reason": why, "state_dtype": sdt, "impl": "cuda"}]
     try:
         c = C.case(point)
-        ours = {"decodes": RP.point_decodes,
-                "decodes_cuda": RP.point_decodes_cuda,
-                "chain_snapshots": RP.point_chain,
-                "chain_snapshots_cuda": RP.point_chain_cuda,
-                "fla_fused_recurrent": RP.point_fla}
         try:
-            if prov in ours:
-                rows = ours[prov](c)
-            elif prov in FLASHINFER:
-                rows = RP.point_flashinfer(c, prov)
-            else:
-                form, mode = prov.split("_")[1:]
-                rows = RP.point_carry(c, form, mode == "lazy")
+            rows = RP.POINTS[prov](c)
         except CheckFailed as exc:
             _tag_state(exc.rows, sdt)
             raise

@@ -1,21 +1,23 @@
 """The roofline's providers, each checked, then timed, on a ``roofline_case._Case``; ours
 bitwise against the decodes, peers (GPU only, ``RuntimeError`` otherwise) against float64 on
 ``N_REF`` sequences and our decodes within the tolerances; a frozen verify must leave the pool
-as it was. Launchers are called through ``roofline_case`` (a test replaces them there).
+as it was. Launchers are called through ``gdn_case`` (a test replaces them there).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 import torch
 
 from pmll_lab import peers
-from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal, error_rows
 from pmll_lab.experiments import protocol as P
+from pmll_lab.experiments import gdn_case as GC
 from pmll_lab.experiments import roofline_case as C
-from pmll_lab.experiments.gdn import carry_bytes, clone_carry, fla_bytes, frozen_bytes
-from pmll_lab.gdn import chain_bytes, decode_bytes, decodes_bytes
+from pmll_lab.sizes import (carry_bytes, chain_bytes, decode_bytes, decodes_bytes, fla_bytes,
+                            frozen_bytes)
 
 PLAN = P.PLAN_SUFFIX
 VARIANT_NAMES = {"eager": "eager", "nowb": "no write-back", "wb": "write-back"}
@@ -26,33 +28,16 @@ def _time(fn, graph: bool = True) -> list[dict]:
 
 
 def point_decodes(c: C._Case) -> list[dict]:
-    o_dec, st_sel, _ = c.decoded()
+    o_dec, st_sel, _, _ = c.decoded()
     name = "decodes"
-    rows = (error_rows(name, o_dec[:c.n], c.o_ref, tol=c.otol, what="o")
-            + error_rows(name, st_sel[:c.n], c.to_layout(c.s_ref[:c.n]), tol=c.stol,
-                         what="state"))
+    rows = c.ref_rows(name, o_dec, st_sel)
     plans = None
-    if c.B <= C.PLAN_MAX_B:
-        # the same decodes through launch plans, checked bitwise on their second call (the
-        # first that skips Triton's launcher on a GPU)
-        st_p = c.state0.clone()
-        plans = [C.gdn_decode_plan(st_p, *c.row_args[r], state_indices=c.sel, **c.lay)
-                 for r in range(c.K)]
-        for _ in range(2):
-            st_p.copy_(c.state0)
-            o_p = torch.stack([p().clone() for p in plans], 1)
-        rows.append(P.flag(name + PLAN, "bitwise_vs_decode",
-                           bitwise_equal(o_p, o_dec) and bitwise_equal(st_p[c.lsel], st_sel),
-                           "o and state"))
+    if c.B <= C.PLAN_MAX_B:             # the same decodes through launch plans
+        row, plans = c.decode_plans(name + PLAN)
+        rows.append(row)
     P.require(rows)
-    st = c.state0.clone()
-
-    def run():
-        for r in range(c.K):
-            C.gdn_decode(st, *c.row_args[r], state_indices=c.sel, **c.lay)
-
     nbytes = decodes_bytes(c.B, c.K, **c.io())
-    rows += P.speed_rows(name, _time(run), nbytes, variant="")
+    rows += P.speed_rows(name, _time(c.decodes_run(c.state0.clone())), nbytes, variant="")
     if plans is not None:
         def run_plans():
             for p in plans:
@@ -66,21 +51,13 @@ def point_decodes(c: C._Case) -> list[dict]:
 def point_decodes_cuda(c: C._Case) -> list[dict]:
     """``K`` launches of the decode's CUDA C++ twin (``gdn_decode(impl="cuda")``, V-major),
     checked against the float64 chain (not bitwise against Triton: another order of sums)."""
-    name = "decodes_cuda"
     st = c.state0.clone()
-    o = torch.stack([C.gdn_decode(st, *c.row_args[r], state_indices=c.sel, impl="cuda",
+    o = torch.stack([GC.gdn_decode(st, *c.row_args[r], state_indices=c.sel, impl="cuda",
                                   **c.lay) for r in range(c.K)], 1)
-    rows = (error_rows(name, o[:c.n], c.o_ref, tol=c.otol, what="o")
-            + error_rows(name, st[c.lsel[:c.n]], c.to_layout(c.s_ref[:c.n]), tol=c.stol,
-                         what="state"))
+    rows = c.ref_rows("decodes_cuda", o, st[c.lsel])
     P.require(rows)
-    st = c.state0.clone()
-
-    def run():
-        for r in range(c.K):
-            C.gdn_decode(st, *c.row_args[r], state_indices=c.sel, impl="cuda", **c.lay)
-
-    return rows + P.speed_rows(name, _time(run), decodes_bytes(c.B, c.K, **c.io()), variant="")
+    return rows + P.speed_rows("decodes_cuda", _time(c.decodes_run(c.state0.clone(), impl="cuda")),
+                               decodes_bytes(c.B, c.K, **c.io()), variant="")
 
 
 def point_chain(c: C._Case, impl: str = "triton") -> list[dict]:
@@ -88,76 +65,32 @@ def point_chain(c: C._Case, impl: str = "triton") -> list[dict]:
     bitwise against the decodes (the CUDA twin sums in another order: bitwise only within its
     family, which its own tests check)."""
     name = "chain_snapshots" + ("_cuda" if impl == "cuda" else "")
-    kw = dict(c.lay, **({"impl": "cuda"} if impl == "cuda" else {}))
-    st = c.state0.clone()
-    inter = torch.empty(c.B, c.K - 1, c.HV, c.D, c.D, dtype=c.sdt, device=DEVICE)
-    o = C.gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter,
-                    **({} if impl == "cuda" else {"validate": True}), **kw)
-    rows = (error_rows(name, o[:c.n], c.o_ref, tol=c.otol, what="o")
-            + error_rows(name, st[c.lsel[:c.n]], c.to_layout(c.s_ref), tol=c.stol, what="state")
-            + error_rows(name, inter[:c.n], c.to_layout(c.i_ref), tol=c.stol, what="snapshots"))
+    kw = {"impl": "cuda"} if impl == "cuda" else {}
+    rows, o, st, inter = c.check_chain(name, **(kw or {"validate": True}))
     if impl == "triton":
-        o_dec, st_dec, snaps = c.decoded()
+        o_dec, st_dec, snaps, _ = c.decoded()
         rows += [P.flag(name, "bitwise_vs_decode", bitwise_equal(o, o_dec), "o"),
                  P.flag(name, "bitwise_vs_decode", bitwise_equal(st[c.lsel], st_dec), "state"),
                  P.flag(name, "bitwise_vs_decode",
                         all(bitwise_equal(inter[:, t], snaps[t]) for t in range(c.K - 1)),
                         "snapshots")]
     P.require(rows)
-
-    def run():
-        C.gdn_chain(st, *c.args, state_indices=c.sel, intermediate=inter, **kw)
-
-    return rows + P.speed_rows(name, _time(run), chain_bytes(c.B, c.K, **c.io()), variant="")
-
-
-def point_chain_cuda(c: C._Case) -> list[dict]:
-    return point_chain(c, "cuda")
+    return rows + P.speed_rows(name, _time(c.chain_run(st, inter, **kw)),
+                               chain_bytes(c.B, c.K, **c.io()), variant="")
 
 
 def _check_carry(c: C._Case, name: str, form: str, lazy: bool, var: str, rows: list[dict]):
     """Run and check one pending-count variant; returns ``(state, carry, bytes, mean pend,
     write-back fraction, plan)`` for the timing."""
-    cc = c.carry_case(var)
+    cc = c.variant(var)
     tag = "" if var == "eager" else f" ({VARIANT_NAMES[var]})"
-    st, carry = c.state0.clone(), clone_carry(cc["carry"])
-    o, eng = C.gdn_carry_verify(st, carry, *c.args, slot_tab=c.sel, form=form, lazy=lazy,
-                                validate=True, eager_max_pending=None, **c.lay)
-    wb = cc["wb"]
-    rows.append(P.flag(name, "engaged_as_protocol", torch.equal(
-        eng.cpu(), torch.as_tensor(np.where(wb, 2, 1), dtype=torch.int32)), "engaged" + tag))
-    s = c.lsel[:c.n]
-    rows += error_rows(name, o[:c.n], cc["o_ref"], tol=c.otol, what="o" + tag)
-    rows += error_rows(name, st[s], c.to_layout(cc["state_ref"]), tol=c.stol, what="state" + tag)
-    rows += error_rows(name, carry.u[s], cc["u_ref"], what="stash u" + tag, tol=c.stol)
-    # over all B: no write-back leaves the state as it was; a write-back stores the state with
-    # the pending rows folded (flagged only where such sequences exist)
-    wbm = torch.as_tensor(wb, device=DEVICE)
-    st_b = st[c.lsel]
-    if not wb.all():
-        rows.append(P.flag(name, "bitwise_vs_decode",
-                           bitwise_equal(st_b[~wbm], c.state0[c.lsel][~wbm]),
-                           "state untouched without write-back" + tag))
-    rows.append(P.flag(name, "bitwise_vs_decode", bitwise_equal(o, cc["o_dec"]), "o" + tag))
-    if wb.any():
-        rows.append(P.flag(name, "bitwise_vs_decode",
-                           bitwise_equal(st_b[wbm], cc["folded"][wbm]),
-                           "written-back state" + tag))
+    chk, st, carry, o, eng = c.check_carry(name, cc, form, tag, untouched=True)
+    rows += chk
     plan = None
-    if c.B <= C.PLAN_MAX_B:
-        # the same verify through a launch plan, bitwise against the launch above on its
-        # second call (the first that skips Triton's launcher)
-        st_p, carry_p = c.state0.clone(), clone_carry(cc["carry"])
-        plan = C.gdn_carry_verify_plan(st_p, carry_p, *c.args, slot_tab=c.sel, form=form,
-                                       lazy=lazy, **c.lay)
-        for _ in range(2):
-            st_p.copy_(c.state0)
-            carry_p.buf.copy_(cc["carry"].buf)
-            o_p, e_p = plan()
-        rows.append(P.flag(name + PLAN, "bitwise_vs_launcher",
-                           bitwise_equal(o_p, o) and bitwise_equal(e_p, eng)
-                           and bitwise_equal(st_p, st) and bitwise_equal(carry_p.buf, carry.buf),
-                           "o, engaged, state, stash" + tag))
+    if c.B <= C.PLAN_MAX_B:             # the same verify through a launch plan
+        row, plan = c.carry_plan(name + PLAN, cc, form, (st, carry, o, eng), tag)
+        rows.append(row)
+    wb = cc["wb"]
     nbytes = carry_bytes(cc["pend"], wb, c.K, c.HK, c.HV, c.D, c.dtype, c.sdt)
     return st, carry, nbytes, float(np.mean(cc["pend"])), float(np.mean(wb)), plan
 
@@ -170,11 +103,8 @@ def point_carry(c: C._Case, form: str, lazy: bool) -> list[dict]:
     P.require(rows)
     timed, plans = {}, {}
     for var, (st, carry, nbytes, mean_pend, wb_frac, plan) in ready.items():
-        def run(st=st, carry=carry):
-            C.gdn_carry_verify(st, carry, *c.args, slot_tab=c.sel, form=form, lazy=lazy, **c.lay)
-
         kname = name if var == "eager" else f"{name}:{var}"
-        timed[var] = (_time(run), nbytes)
+        timed[var] = (_time(c.carry_run(st, carry, form, lazy)), nbytes)
         rows += P.speed_rows(kname, timed[var][0], nbytes, variant=VARIANT_NAMES[var],
                              mean_pend=mean_pend, wb_frac=wb_frac)
         if plan is not None:
@@ -206,9 +136,8 @@ def point_fla(c) -> list[dict]:
     run, gva = peers.fla_runner(q, k, v, g, beta, c.state0[c.lsel].contiguous(),
                                 scale=c.D ** -0.5)
     o_f, h_f = run()
-    o_dec, st_dec, _ = c.decoded()
-    rows = (error_rows(name, o_f[:c.n], c.o_ref, tol=c.otol, what="o")
-            + error_rows(name, h_f[:c.n], c.s_ref, tol=c.stol, what="state")
+    o_dec, st_dec, _, _ = c.decoded()
+    rows = (c.ref_rows(name, o_f, h_f)
             + error_rows(name, o_f, o_dec, tol=c.otol, what="o vs decode")
             + error_rows(name, h_f, st_dec, tol=c.stol, what="state vs decode"))
     P.require(rows)
@@ -216,11 +145,6 @@ def point_fla(c) -> list[dict]:
     return rows + P.speed_rows(name, P.timings(run, **C.TIMING),
                                fla_bytes(c.B, c.K, c.HK, c.HV, c.D, c.dtype), variant="",
                                fla_gva=gva, fla_version=peers.fla_version())
-
-
-def _vk(t: torch.Tensor) -> torch.Tensor:
-    """A K-major state tensor ``[..., kd, vd]`` seen V-major."""
-    return t.transpose(-1, -2)
 
 
 def point_flashinfer(c, provider: str) -> list[dict]:
@@ -233,38 +157,29 @@ def point_flashinfer(c, provider: str) -> list[dict]:
     if c.layout != "vk":
         raise ValueError(f"state_layout: FlashInfer runs V-major states only, got {c.layout!r}")
     name, K, n = provider, c.K, c.n
-    pool = c.state0.clone()                                     # [S, HV, vd, kd]
-    A_log, a, dt_bias, b = c.gate
-    q, k, v = c.args[:3]
-    gate = (A_log, a[:c.B, :K], dt_bias, b[:c.B, :K])
-    if provider == "flashinfer_decode":
-        run, bufs = peers.flashinfer_decode_runner(q, k, v, *gate, pool, c.sel, scale=c.D ** -0.5)
-    else:
-        run, bufs = peers.flashinfer_mtp_runner(q, k, v, *gate, pool, c.sel, scale=c.D ** -0.5,
-                                                snapshots=provider.endswith("snapshots"),
-                                                frozen=True)
-    run()
+    run, bufs, pool = c.flashinfer(provider)                   # pool [S, HV, vd, kd]
     o = bufs["o"]
     o_ref, s_ref, i_ref = c.fi_ref()
-    o_dec, st_dec, snaps = c.decoded("kv")
+    o_dec, st_dec, snaps, _ = c.decoded("kv")
+    vk = c.to_layout                                            # K-major -> V-major views
     rows = (error_rows(name, o[:n], o_ref, tol=c.otol, what="o")
             + error_rows(name, o, o_dec, tol=c.otol, what="o vs decode"))
     if provider == "flashinfer_decode":
         st = pool[c.lsel]
-        rows += (error_rows(name, st[:n], _vk(s_ref), tol=c.stol, what="state")
-                 + error_rows(name, st, _vk(st_dec), tol=c.stol, what="state vs decode"))
+        rows += (error_rows(name, st[:n], vk(s_ref), tol=c.stol, what="state")
+                 + error_rows(name, st, vk(st_dec), tol=c.stol, what="state vs decode"))
         nbytes = decode_bytes(c.B, **c.io())
     else:
         rows.append(P.flag(name, "state_untouched", bitwise_equal(pool, c.state0),
                            "pool unchanged (disable_state_update=True)"))
         inter = bufs["intermediate"]
         if inter is not None:                                   # [B, K, HV, vd, kd]
-            rows += (error_rows(name, inter[:n, :K - 1], _vk(i_ref), tol=c.stol,
+            rows += (error_rows(name, inter[:n, :K - 1], vk(i_ref), tol=c.stol,
                                 what="snapshots")
-                     + error_rows(name, inter[:n, K - 1], _vk(s_ref), tol=c.stol, what="state")
-                     + error_rows(name, inter[:, :K - 1], _vk(torch.stack(snaps, 1)),
+                     + error_rows(name, inter[:n, K - 1], vk(s_ref), tol=c.stol, what="state")
+                     + error_rows(name, inter[:, :K - 1], vk(torch.stack(snaps, 1)),
                                   tol=c.stol, what="snapshots vs decode")
-                     + error_rows(name, inter[:, K - 1], _vk(st_dec), tol=c.stol,
+                     + error_rows(name, inter[:, K - 1], vk(st_dec), tol=c.stol,
                                   what="state vs decode"))
             nbytes = chain_bytes(c.B, K, **c.io())
         else:
@@ -272,3 +187,12 @@ def point_flashinfer(c, provider: str) -> list[dict]:
     P.require(rows)
     return rows + P.speed_rows(name, P.timings(run, **C.TIMING), nbytes, variant="",
                                flashinfer_version=peers.flashinfer_version())
+
+
+POINTS = {"decodes": point_decodes, "decodes_cuda": point_decodes_cuda,
+          "chain_snapshots": point_chain, "chain_snapshots_cuda": partial(point_chain, impl="cuda"),
+          "fla_fused_recurrent": point_fla,
+          **{f"carry_exact_{m}": partial(point_carry, form="exact", lazy=m == "lazy")
+             for m in ("eager", "lazy")},
+          **{p: partial(point_flashinfer, provider=p) for p in C.FLASHINFER}}
+"""The check-then-time function of each provider but FlashInfer's ReplaySSM, of a ``_Case``."""

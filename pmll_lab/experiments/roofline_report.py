@@ -14,7 +14,7 @@ import torch
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import acceptance
-from pmll_lab.experiments.gdn import floor_bytes, fla_bytes
+from pmll_lab.sizes import fla_bytes, floor_bytes
 from pmll_lab.experiments.roofline_case import L2_BYTES, LABELS, MAIN_SHAPE, PROVIDERS, SHAPE_KEYS
 from pmll_lab.experiments.step import step_target
 from pmll_lab.experiments.targets import Target, fact, facts

@@ -236,12 +236,8 @@ def wide(df: pd.DataFrame) -> pd.DataFrame:
         .reset_index(drop=True)
 
 
-def on_gpu(w: pd.DataFrame) -> bool:
-    return "timer" in w and bool((w["timer"] == "cuda_events").any())
-
-
 def timer_label(df: pd.DataFrame) -> str:
-    return ("GPU time (CUDA events), per step" if on_gpu(df)
+    return ("GPU time (CUDA events), per step" if P.on_gpu(df)
             else "Triton interpreter wall time (CPU), not GPU speed")
 
 
@@ -348,7 +344,7 @@ def throughput_table(w: pd.DataFrame, K: int, p: float) -> pd.DataFrame:
     out = pd.DataFrame(rows)
     if out.empty:
         return out
-    if not on_gpu(w):           # no ratios of interpreter times
+    if not P.on_gpu(w):         # no ratios of interpreter times
         out = out.drop(columns=["speedup_vs_plain"])
     return out.sort_values(["B", "state_layout", "kernel"]).reset_index(drop=True)
 

@@ -74,6 +74,12 @@ def case_of(p: dict) -> StepCase:
                     ring_length=int(p.get("ring_length", 16)))
 
 
+def _graph_row(base: dict, metric: str, value: float, t: dict) -> dict:
+    """A CUDA-graph time (us) of ``t`` (``p20_us``, ``p80_us``) as an ok row."""
+    return dict(base, metric=metric, value=value, p20=t["p20_us"], p80=t["p80_us"], unit="us",
+                timer="cuda_graph", status="ok")
+
+
 def step_point(p: dict) -> list[dict]:
     """Every form of ``p["forms"]`` (default all) on one configuration: check, then time."""
     case = case_of(p)
@@ -111,8 +117,7 @@ def step_point(p: dict) -> list[dict]:
             rows.append(P.failed_row(base, "step_us", exc))
             continue
         if t is not None:
-            rows.append(dict(base, metric="step_us", value=t["step_us"], p20=t["p20_us"],
-                             p80=t["p80_us"], unit="us", timer="cuda_graph", status="ok"))
+            rows.append(_graph_row(base, "step_us", t["step_us"], t))
     if "forms" not in p:                   # the conv twin beside the full set of forms only
         rows += conv_rows(case, mean_accept)
     return rows
@@ -139,8 +144,7 @@ def conv_rows(case: StepCase, mean_accept: float) -> list[dict]:
         rows.append(dict(base, metric="bytes_held_seq", unit="B", value=held[form], status=status))
         t = conv_step_timing(form, case) if ok else None
         if t is not None:
-            rows.append(dict(base, metric="step_us", value=t["step_us"], p20=t["p20_us"],
-                             p80=t["p80_us"], unit="us", timer="cuda_graph", status="ok"))
+            rows.append(_graph_row(base, "step_us", t["step_us"], t))
     return rows
 
 
@@ -291,8 +295,7 @@ def kernel_point(p: dict) -> list[dict]:
         if err <= tol:
             tm = time_cuda_graph(fn)
             if tm is not None:
-                rows.append(dict(base, metric="time_us", value=tm["median_us"], p20=tm["p20_us"],
-                                 p80=tm["p80_us"], unit="us", timer="cuda_graph", status="ok"))
+                rows.append(_graph_row(base, "time_us", tm["median_us"], tm))
     return rows
 
 
