@@ -129,3 +129,40 @@ def test_headline_shows_the_verdict_columns_first_and_no_empty_column():
     assert list(shown.columns[:7]) == ["status", "target", "B", "ratio", "bound", "ours_us",
                                        "peer_us"]
     assert "roofline_frac" not in shown and "note" not in shown and "ours" in shown
+
+
+def test_sweep_points_refuse_bad_axes_naming_them_before_any_point():
+    """Grid axes that hold integers must be ints at or above their least value (a bool, a
+    string, 0 or -1 sequences is refused naming the axis), an axis must be a list, and a
+    notebook's ``seed`` must be an int: checked when the points are built, before any runs."""
+    import numpy as np
+
+    from pmll_lab.experiments import conv, gdn, pmll, step
+
+    good = {"K": [2, np.int64(4)], "B": [1, 3], "shape": ["hk2-hv4-32"], "dtype": ["bfloat16"],
+            "pending": [0, 2]}
+    pts = conv.points([good], seed=5)
+    assert len(pts) == 8 and {p["seed"] for p in pts} == {5} and pts[1]["K"] == 2
+    for axis, values, message in (("B", [0], r"axis B: must be an int >= 1, got 0"),
+                                  ("B", [-1], r"axis B: must be an int >= 1, got -1"),
+                                  ("K", [True], r"axis K: must be an int >= 1, got True"),
+                                  ("K", ["4"], r"axis K: must be an int >= 1, got '4'"),
+                                  ("pending", [-2], r"axis pending: must be an int >= 0"),
+                                  ("B", 64, r"axis B must be a list of values, got 64")):
+        with pytest.raises(ValueError, match="^grids: " + message):
+            conv.points([{**good, axis: values}])
+    with pytest.raises(ValueError, match=r"^grids: axis seed: must be an int >= 0, got 'abc'"):
+        conv.points([good], seed="abc")
+    with pytest.raises(ValueError, match=r"^grids: axis seed: must be an int >= 0, got 1.5"):
+        pmll.points([{"B": [1], "H": [1], "M": [8], "T": [4], "D": [16], "dtype": ["float32"],
+                      "gate": ["none"]}], seed=1.5)
+    heads = {"K": [2], "B": [1], "heads": [(1, 2)], "head_dim": [16]}
+    assert [(p["HK"], p["HV"]) for p in gdn.points([heads], seed=0)] == [(1, 2)]
+    with pytest.raises(ValueError, match=r"^seed: must be an int >= 0, got 'abc'"):
+        gdn.points([heads], seed="abc")
+    for bad, message in (((0, 2), r"axis heads, HK: must be an int >= 1, got 0"),
+                         ((1,), r"axis heads must list \(HK, HV\) pairs")):
+        with pytest.raises(ValueError, match="^grids: " + message):
+            gdn.points([{**heads, "heads": [bad]}])
+    with pytest.raises(ValueError, match=r"^grids: axis B: must be an int >= 1, got 0"):
+        step.points([{"B": [0], "K": [4]}], alpha=0.8, seed=0)

@@ -53,7 +53,7 @@ TARGETS = (
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
     """The grids' points (axes ``K, B, shape, dtype``, optionally ``pending``, ``d_conv``,
     ``seed`` (default ``seed``)), duplicates dropped."""
-    return P.grid_points(grids, {"seed": [int(seed)]})
+    return P.grid_points(grids, {"seed": [seed]})
 
 
 def _flag(kernel, what, ok):

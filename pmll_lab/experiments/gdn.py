@@ -59,6 +59,12 @@ def _heads(p: dict) -> dict:
 def head_points(grids: Sequence[dict]) -> list[dict]:
     """Grids whose ``heads`` axis lists ``(HK, HV)`` pairs -> points with ``HK, HV``;
     duplicates dropped, order kept."""
+    for g in grids:
+        for h in g.get("heads", ()):
+            if isinstance(h, (str, bytes)) or len(h) != 2:
+                raise ValueError(f"grids: axis heads must list (HK, HV) pairs, got {h!r}")
+            for name, n in zip(("HK", "HV"), h):
+                P.int_param(f"grids: axis heads, {name}", n, 1)
     return P.grid_points([{**{k: v for k, v in g.items() if k != "heads"},
                            "heads": [tuple(h) for h in g["heads"]]} for g in grids], each=_heads)
 
@@ -70,6 +76,9 @@ def points(grids: Sequence[dict], **fixed) -> list[dict]:
         bad = [x for x in g.get("state_layout", ["kv"]) if x not in LAYOUTS]
         if bad:
             raise ValueError(f"state_layout: unknown {bad}; known {list(LAYOUTS)}")
+    for name, value in fixed.items():
+        if name in P.INT_AXES:
+            P.int_param(name, value, P.INT_AXES[name])
     full = [{**g, "state_layout": g.get("state_layout", ["kv"])} for g in grids]
     return [{**fixed, **p} for p in head_points(full)]
 
@@ -249,8 +258,9 @@ def plot_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | None = N
 
 
 def layout_table(df: pd.DataFrame, shape: dict | None = None) -> pd.DataFrame:
-    """Time per verify (us) of each kernel per ``(K, B)``, one column per ``kernel layout``; on
-    a GPU also the V-major / K-major ratio of the chain and the chain against FlashInfer."""
+    """Time per verify (µs) of each kernel per ``(K, B)`` (the index), one column per ``kernel
+    layout``; on a GPU also the V-major / K-major ratio of the chain and the chain against
+    FlashInfer. A cell is empty where that kernel did not run at that point."""
     shape = main_shape(df) if shape is None else shape
     w = P.at(P.wide(df), shape)
     if w.empty:
@@ -263,8 +273,8 @@ def layout_table(df: pd.DataFrame, shape: dict | None = None) -> pd.DataFrame:
         if {"flashinfer_mtp_snapshots vk", "chain vk"} <= set(out.columns):
             out["chain vk / FlashInfer"] = (out["chain vk"]
                                             / out["flashinfer_mtp_snapshots vk"]).round(3)
-    out.columns.name = None
-    return out.reset_index()
+    out.columns.name = "µs per verify"
+    return out
 
 
 def budget_table(shapes: list[tuple[int, int]], Ks=(1, 2, 3, 4, 8)) -> pd.DataFrame:
@@ -272,11 +282,11 @@ def budget_table(shapes: list[tuple[int, int]], Ks=(1, 2, 3, 4, 8)) -> pd.DataFr
     ``(K-1)*Hb``, the state itself and the carried-state stash (``CAP = 8`` rows)."""
     rows = []
     for HV, D in shapes:
-        row = {"HV": HV, "kd=vd": D, "state Hb": state_bytes(HV, D, D) / 2**20,
-               "carry stash": carry_stash_bytes(HV, D, D) / 2**20}
-        row.update({f"snapshots K={K}": snapshot_bytes(K, HV, D, D) / 2**20 for K in Ks})
+        row = {"HV": HV, "kd=vd": D, "state Hb, MiB": state_bytes(HV, D, D) / 2**20,
+               "carry stash, MiB": carry_stash_bytes(HV, D, D) / 2**20}
+        row.update({f"snapshots K={K}, MiB": snapshot_bytes(K, HV, D, D) / 2**20 for K in Ks})
         rows.append(row)
-    return pd.DataFrame(rows).round(3)
+    return pd.DataFrame(rows).round(3).set_index(["HV", "kd=vd"])
 
 
 def budget_shapes(pts: list[dict]) -> list[tuple[int, int]]:

@@ -38,7 +38,7 @@ LABELS = {"pmll_read": "read (t_ctx = T)", "pmll_write:none": "write, no gate",
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
     """The grids' points (axes ``B, H, M, T, D, dtype, gate, segments``; ``seed`` and ``impl``
     "triton" unless a grid names them), duplicates dropped."""
-    return P.grid_points(grids, {"seed": [int(seed)], "impl": ["triton"]})
+    return P.grid_points(grids, {"seed": [seed], "impl": ["triton"]})
 
 
 def with_impl(df: pd.DataFrame) -> pd.DataFrame:

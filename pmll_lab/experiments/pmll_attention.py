@@ -56,7 +56,7 @@ def points(grids: list[dict], seed: int = 0) -> list[dict]:
     last = [{**{k: v for k, v in g.items() if k != "shape"},   # the shape axis varies last
              **({"shape": [tuple(x) for x in g["shape"]]} if "shape" in g else {})}
             for g in grids]
-    return P.grid_points(last, {"seed": [int(seed)]}, _split_shape)
+    return P.grid_points(last, {"seed": [seed]}, _split_shape)
 
 
 # ---- ring states ------------------------------------------------------------------------------

@@ -39,13 +39,40 @@ PLAN_SUFFIX = ":plan"
 
 # ---- the point side ------------------------------------------------------------------------
 
+INT_AXES = {"K": 1, "B": 1, "HK": 1, "HV": 1, "head_dim": 1, "H": 1, "D": 1, "T": 1,
+            "ring_length": 1, "M": 0, "pending": 0, "seed": 0}
+"""Grid axes that hold integers, with their least value (``M = 0``: no ring; ``pending``: rows
+waiting in the stash)."""
+
+
+def int_param(name: str, value, minimum: int = 0) -> int:
+    """``value`` as an int (a Python or NumPy integer, not a bool or a string) ``>= minimum``;
+    ``ValueError`` naming ``name`` otherwise."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name}: must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
 def grid_points(grids: Iterable[Mapping], defaults: Mapping | None = None,
                 each: Callable[[dict], dict | None] | None = None) -> list[dict]:
     """The points of every grid (the product of its axes, ``defaults`` axes where a grid lacks
-    them), each passed through ``each`` (None drops it); duplicates dropped, order kept."""
-    out, seen = [], set()
+    them), each passed through ``each`` (None drops it); duplicates dropped, order kept.
+    Raises ``ValueError`` naming the axis for an axis that is not a list of values or an
+    ``INT_AXES`` value that is not an int at or above its least value, before any point runs."""
+    out, seen, merged = [], set(), []
     for g in grids:
-        for p in grid(**{**(defaults or {}), **g}):
+        g = {**(defaults or {}), **g}
+        for name, values in g.items():
+            if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+                raise ValueError(f"grids: axis {name} must be a list of values, got {values!r}")
+            if name in INT_AXES:
+                for v in values:
+                    int_param(f"grids: axis {name}", v, INT_AXES[name])
+        merged.append(g)
+    for g in merged:
+        for p in grid(**g):
             p = each(p) if each else p
             key = None if p is None else tuple(sorted(p.items()))
             if key is not None and key not in seen:

@@ -107,7 +107,7 @@ def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept
                             STATE_DTYPES.index(p.get("state_dtype", "float32")),
                             PROVIDERS.index(p["provider"])))
     for p in pts:
-        p.update(slots=slots[shape_of(p)], rows_max=rows[shape_of(p)], seed=int(seed),
+        p.update(slots=slots[shape_of(p)], rows_max=rows[shape_of(p)], seed=P.int_param("seed", seed),
                  mean_accept=float(mean_accept), accept_K=int(accept_K))
     return pts
 

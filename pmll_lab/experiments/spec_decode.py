@@ -41,7 +41,7 @@ def _plain(p: dict) -> dict:
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
     """The grids' points (``seed`` unless a grid has its own; ``mode="plain"`` points drop the
     speculative axes), duplicates dropped."""
-    return P.grid_points(grids, {"seed": [int(seed)]}, _plain)
+    return P.grid_points(grids, {"seed": [seed]}, _plain)
 
 
 def kernel_name(p: dict) -> str:

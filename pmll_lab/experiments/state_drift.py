@@ -13,6 +13,7 @@ import torch
 
 from pmll_lab.bench import errors
 from pmll_lab.experiments import plots
+from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.gdn import head_points
 from pmll_lab.gdn import gdn_decode
 from pmll_lab.inputs import gdn_inputs
@@ -27,9 +28,10 @@ def points(grids: list[dict], *, seed: int = 0) -> list[dict]:
     """One point per combination of each grid's axes: ``T`` (tokens), ``B``, ``head_dim``,
     ``heads`` (``(HK, HV)`` pairs), ``dtype`` (inputs), ``state_layout``, ``state_dtype``
     (the pool compared with fp32: ``"bfloat16"`` or ``"float16"``); ``seed`` added."""
+    seed = P.int_param("seed", seed)
     pts = head_points(grids)
     for p in pts:
-        p["seed"] = int(seed)
+        p["seed"] = seed
     return pts
 
 

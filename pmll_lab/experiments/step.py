@@ -60,10 +60,8 @@ TARGETS = (
 
 def points(grids: list[dict], *, alpha: float, seed: int) -> list[dict]:
     """Step sweep points: every grid's product (``pmll_lab.sweep.grid``) with the acceptance
-    probability and the seed."""
-    from pmll_lab.sweep import grid
-
-    return [dict(alpha=alpha, seed=seed, **p) for g in grids for p in grid(**g)]
+    probability and the seed (``protocol.grid_points``: axes checked, duplicates dropped)."""
+    return P.grid_points(grids, {"alpha": [alpha], "seed": [seed]})
 
 
 def case_of(p: dict) -> StepCase:
