@@ -342,6 +342,26 @@ def test_write_bad_input_names_argument(case, name):
         assert torch.equal(mem.k, before), "nothing may be written before the checks pass"
 
 
+def test_write_refuses_counts_that_would_overflow():
+    """``count += T`` past int64 would wrap to a negative count: refused naming ``k_new`` with
+    ``validate=True`` (and always on the host), nothing written; a count just below the limit
+    still writes, at the slots the float64 reference picks."""
+    mem = _seeded_memory(23, 2, 2, 8, 16, torch.float32)
+    top = torch.iinfo(torch.int64).max
+    x = pmll_inputs(24, 2, 2, 5, 16)
+    k, v = x["k_new"], x["v_new"]
+    mem.count.copy_(torch.tensor([top - 4, 3]))
+    before = (mem.k.clone(), mem.v.clone(), mem.count.clone())
+    with pytest.raises(ValueError, match=r"^k_new: 5 rows past counts of up to "
+                                         rf"{top - 4} would overflow mem\.count \(int64\)$"):
+        pmll_write(mem, k, v, validate=True)
+    assert all(torch.equal(a, b) for a, b in zip((mem.k, mem.v, mem.count), before))
+    mem.count.copy_(torch.tensor([top - 5, 3]))
+    rk, rv, rc = ref.ring_write(mem.k, mem.v, mem.count, k, v)
+    pmll_write(mem, k, v, validate=True)
+    _assert_state(mem, rk, rv, rc, 0, "count at the limit")
+
+
 def test_write_messages_say_what_must_match_and_validate_is_a_bool():
     """A dtype unlike the ring's names the ring as what it must match; ``validate`` is a bool
     (a string's truth would be taken silently); nothing written."""
