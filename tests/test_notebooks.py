@@ -114,3 +114,20 @@ def test_papermill_reads_the_parameters_cell_without_warnings(nb, caplog):
         found = {p.name for p in PythonTranslator.inspect(_code(nb)[0])}
     assert not [r.getMessage() for r in caplog.records], "papermill warned"
     assert set(VOCABULARY) <= found
+
+
+def test_every_preset_grid_passes_the_axis_checks(nb):
+    """Each grid of every preset (the full one too, which only the H200 runs) passes the
+    protocol's axis checks (``protocol.grid_points``: integer axes at or above their least
+    value, every axis a list), so a run on the GPU cannot stop there."""
+    from pmll_lab.experiments import protocol as P
+
+    cell: dict = {}
+    exec(_code(nb)[0].source, cell)      # the parameters cell: plain assignments
+    params = {name: value for name, value in cell.items()
+              if name == "grids" or name.endswith("_grids")}
+    assert params
+    for name, presets in params.items():
+        for preset, grids in presets.items():
+            for g in grids:
+                assert P.grid_points([g], {"seed": [0]}), f"{name}[{preset!r}]: no points"
