@@ -148,7 +148,8 @@ def test_sweep_points_refuse_bad_axes_naming_them_before_any_point():
                                   ("K", [True], r"axis K: must be an int >= 1, got True"),
                                   ("K", ["4"], r"axis K: must be an int >= 1, got '4'"),
                                   ("pending", [-2], r"axis pending: must be an int >= 0"),
-                                  ("B", 64, r"axis B must be a list of values, got 64")):
+                                  ("B", 64, r"axis B must be a list of values, got 64"),
+                                  ("k", [2], r"unknown axis k \(known: B, D, H, HK, HV, K, M,")):
         with pytest.raises(ValueError, match="^grids: " + message):
             conv.points([{**good, axis: values}])
     with pytest.raises(ValueError, match=r"^grids: axis seed: must be an int >= 0, got 'abc'"):

@@ -45,6 +45,16 @@ INT_AXES = {"K": 1, "B": 1, "HK": 1, "HV": 1, "head_dim": 1, "H": 1, "D": 1, "T"
 waiting in the stash)."""
 
 
+AXES = frozenset(INT_AXES) | {
+    "alpha", "arch", "baselines", "batch", "capacity", "draft", "dtype", "fill", "form", "forms",
+    "gate", "heads", "impl", "layers", "lazy", "lazy_min_seqs", "mode", "new_tokens", "p",
+    "prompt_len", "provider", "providers", "segment", "segments", "shape", "state_dtype",
+    "state_layout", "steps", "tokens", "vocab"}
+"""Every axis name a notebook's grids may use (the kernels' names, README "Notebook
+parameters", and each notebook's own, commented in its parameters cell): a name outside it is a
+misspelling, refused before any point runs. A new axis is added here."""
+
+
 def int_param(name: str, value, minimum: int = 0) -> int:
     """``value`` as an int (a Python or NumPy integer, not a bool or a string) ``>= minimum``;
     ``ValueError`` naming ``name`` otherwise."""
@@ -59,10 +69,15 @@ def grid_points(grids: Iterable[Mapping], defaults: Mapping | None = None,
                 each: Callable[[dict], dict | None] | None = None) -> list[dict]:
     """The points of every grid (the product of its axes, ``defaults`` axes where a grid lacks
     them), each passed through ``each`` (None drops it); duplicates dropped, order kept.
-    Raises ``ValueError`` naming the axis for an axis that is not a list of values or an
-    ``INT_AXES`` value that is not an int at or above its least value, before any point runs."""
+    Raises ``ValueError`` naming the axis for a name outside ``AXES``, an axis that is not a
+    list of values or an ``INT_AXES`` value that is not an int at or above its least value,
+    before any point runs."""
     out, seen, merged = [], set(), []
     for g in grids:
+        unknown = sorted(set(g) - AXES)
+        if unknown:
+            raise ValueError(f"grids: unknown axis {', '.join(unknown)} (known: "
+                             f"{', '.join(sorted(AXES))})")
         g = {**(defaults or {}), **g}
         for name, values in g.items():
             if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
