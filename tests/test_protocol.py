@@ -165,5 +165,11 @@ def test_sweep_points_refuse_bad_axes_naming_them_before_any_point():
                          ((1,), r"axis heads must list \(HK, HV\) pairs")):
         with pytest.raises(ValueError, match="^grids: " + message):
             gdn.points([{**heads, "heads": [bad]}])
+    from pmll_lab.experiments import roofline
+    with pytest.raises(ValueError, match=r"^grids: axis heads, HV: must be an int >= 1, got -2"):
+        roofline.points([{"K": [2], "B": [1], "heads": [(1, -2)], "head_dim": [16]}],
+                        fla=False, flashinfer=False)
+    with pytest.raises(ValueError, match=r"^grids: axis heads: must be an int >= 1, got 0"):
+        P.grid_points([{"heads": [0], "layers": [2]}])       # a GPT-2 grid's head count
     with pytest.raises(ValueError, match=r"^grids: axis B: must be an int >= 1, got 0"):
         step.points([{"B": [0], "K": [4]}], alpha=0.8, seed=0)

@@ -59,12 +59,6 @@ def _heads(p: dict) -> dict:
 def head_points(grids: Sequence[dict]) -> list[dict]:
     """Grids whose ``heads`` axis lists ``(HK, HV)`` pairs -> points with ``HK, HV``;
     duplicates dropped, order kept."""
-    for g in grids:
-        for h in g.get("heads", ()):
-            if isinstance(h, (str, bytes)) or len(h) != 2:
-                raise ValueError(f"grids: axis heads must list (HK, HV) pairs, got {h!r}")
-            for name, n in zip(("HK", "HV"), h):
-                P.int_param(f"grids: axis heads, {name}", n, 1)
     return P.grid_points([{**{k: v for k, v in g.items() if k != "heads"},
                            "heads": [tuple(h) for h in g["heads"]]} for g in grids], each=_heads)
 

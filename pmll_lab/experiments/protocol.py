@@ -85,6 +85,17 @@ def grid_points(grids: Iterable[Mapping], defaults: Mapping | None = None,
             if name in INT_AXES:
                 for v in values:
                     int_param(f"grids: axis {name}", v, INT_AXES[name])
+            if name == "heads":         # (HK, HV) pairs (GDN) or a head count (GPT-2)
+                for h in values:
+                    if isinstance(h, Iterable) and not isinstance(h, (str, bytes)):
+                        h = tuple(h)
+                        if len(h) != 2:
+                            raise ValueError(f"grids: axis heads must list (HK, HV) pairs or "
+                                             f"head counts, got {h!r}")
+                        for part, n in zip(("HK", "HV"), h):
+                            int_param(f"grids: axis heads, {part}", n, 1)
+                    else:
+                        int_param("grids: axis heads", h, 1)
         merged.append(g)
     for g in merged:
         for p in grid(**g):
