@@ -3,12 +3,16 @@ report runs): the roofline notebook's own point function (``roofline.gdn_point``
 timed by do_bench and CUDA-graph replay) for decode (K=1), the K=4 chain with snapshots, the
 lazy exact carry (amortised and its no-write-back row) on V-major states, and FlashInfer's
 decode, ``mtp`` with its snapshot buffer and ``mtp`` frozen, at HK=16, HV=32, kd=vd=128, bf16
-inputs, fp32 and/or bf16 state pools (``--states``). Prints graph-replay medians (µs) and
-ours/FlashInfer ratios. Usage on a GPU with FlashInfer importable:
-``python3 scripts/vs_flashinfer.py [--B 64,128,256] [--states float32,bfloat16]``
+inputs, fp32 and/or bf16 state pools (``--states``); ``--cuda`` adds the CUDA C++ twins of
+decode and chain (``decodes_cuda``, ``chain_snapshots_cuda``). Prints graph-replay medians (µs),
+fractions of the copy roofline and ratios against FlashInfer (and CUDA against Triton);
+``--out`` keeps every row as JSON lines. Usage on a GPU with FlashInfer importable:
+``python3 scripts/vs_flashinfer.py [--B 64,128,256] [--states float32,bfloat16] [--cuda]
+[--out rows.jsonl]``
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -22,6 +26,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--B", default="64,128,256")
     ap.add_argument("--states", default="float32", help="state pool dtypes, comma separated")
+    ap.add_argument("--cuda", action="store_true", help="also the CUDA twins of decode and chain")
+    ap.add_argument("--out", default=None, help="JSON-lines file for every row (appended)")
     a = ap.parse_args()
     Bs = [int(s) for s in a.B.split(",")]
     states = a.states.split(",")
@@ -30,11 +36,13 @@ def main():
         ap.error(f"--states: {unknown} not in {list(R.STATE_DTYPES)}")
     shape = dict(B=Bs, head_dim=[128], heads=[(16, 32)], dtype=["bfloat16"], state_layout=["vk"],
                  state_dtype=states)
-    pts = R.points([dict(K=[1], providers=["decodes", "flashinfer_decode"], **shape),
-                    dict(K=[4], providers=["chain_snapshots", "carry_exact_lazy",
+    twins = (["decodes_cuda"], ["chain_snapshots_cuda"]) if a.cuda else ([], [])
+    pts = R.points([dict(K=[1], providers=["decodes", *twins[0], "flashinfer_decode"], **shape),
+                    dict(K=[4], providers=["chain_snapshots", *twins[1], "carry_exact_lazy",
                                            "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen"],
                          **shape)], fla=False)
-    t = {}
+    out = open(a.out, "a") if a.out else None
+    t, frac = {}, {}
     for p in pts:
         try:
             rows = R.gdn_point(p)
@@ -43,13 +51,24 @@ def main():
             print(f"{p['provider']} K={p['K']} B={p['B']} {sd}: FAILED {type(exc).__name__}: {exc}",
                   flush=True)
             continue
+        sd = p.get("state_dtype", "float32")
         for r in rows:
+            if out:
+                out.write(json.dumps({**p, **r, "state_dtype": sd}, default=str) + "\n")
+            key = (r.get("kernel", "").split(" [")[0], p["K"], p["B"], sd)
+            if r.get("metric") == "roofline_frac" and r.get("timer") == "cuda_graph":
+                frac[key] = r["value"]
             if r.get("metric") == "time_us" and r.get("timer") == "cuda_graph":
-                sd = p.get("state_dtype", "float32")
-                t[(r["kernel"].split(" [")[0], p["K"], p["B"], sd)] = r["value"]
-                print(f"{r['kernel'].split(' [')[0]:28s} {sd:9s} K={p['K']} B={p['B']:4d} "
-                      f"{r['value']:8.1f} us", flush=True)
+                t[key] = r["value"]
+        for key in sorted(k for k in t if k[1:] == (p["K"], p["B"], sd)):
+            f = f"  ({frac[key]:.2f} of copy)" if key in frac else ""
+            print(f"{key[0]:28s} {sd:9s} K={p['K']} B={p['B']:4d} {t[key]:8.1f} us{f}", flush=True)
+    if out:
+        out.close()
     pairs = [("decodes", "flashinfer_decode", 1), ("chain_snapshots", "flashinfer_mtp_snapshots", 4),
+             ("decodes_cuda", "flashinfer_decode", 1),
+             ("chain_snapshots_cuda", "flashinfer_mtp_snapshots", 4),
+             ("decodes_cuda", "decodes", 1), ("chain_snapshots_cuda", "chain_snapshots", 4),
              ("carry_exact_lazy", "flashinfer_mtp_snapshots", 4),
              ("carry_exact_lazy:nowb", "flashinfer_mtp_frozen", 4)]
     for sd in states:
