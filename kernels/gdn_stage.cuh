@@ -25,7 +25,7 @@ constexpr int kGdnStage = 8;                           // token (or stash) rows 
 #endif
 constexpr int kGdnWideRows = PMLL_GDN_WIDE_ROWS;       // value rows per group, wide blocks
 #ifndef PMLL_GDN_WIDE_MIN_BLOCKS
-#define PMLL_GDN_WIDE_MIN_BLOCKS 1024
+#define PMLL_GDN_WIDE_MIN_BLOCKS 256
 #endif
 constexpr int64_t kGdnWideMinBlocks = PMLL_GDN_WIDE_MIN_BLOCKS;  // fewest wide blocks a launch takes
 constexpr int kGdnGroups = kGdnThreads / kGdnLanes;    // 16 lane groups per block
@@ -34,8 +34,9 @@ constexpr int kGdnGroupsPerWarp = kGdnWarp / kGdnLanes;
 // Value rows per lane group for a launch of lanes_heads (b, h) pairs: kGdnWideRows (a wide
 // block, FULL: no key or row checked) where the rows are full -- kd = kGdnLanes * (keys per
 // lane) <= 128, vd a multiple of the wide block's rows, every row loaded and stored as vectors
-// (vec: vec_rows held for each buffer) -- and the grid keeps >= kGdnWideMinBlocks (1024) wide
-// blocks; else 1 (small batches keep more, smaller blocks in flight). Both constants are
+// (vec: vec_rows held for each buffer) -- and the grid keeps >= kGdnWideMinBlocks (256) wide
+// blocks; else 1 (the smallest batches keep more, smaller blocks in flight; 256 against 1024 and
+// 128: reports/perf-notes.md, "Launch constants: GDN decode and chain"). Both constants are
 // macros so that a tuning build can change them (cuda_ext.load(defines=...)).
 inline int rows_per_group(int64_t lanes_heads, int64_t vd, int64_t kd, bool vec) {
   const int P = keys_per_lane(kd);

@@ -19,6 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pmll_lab  # noqa: E402,F401  (first: GPU or the Triton interpreter)
 
+from pmll_lab.backend import environment  # noqa: E402
 from pmll_lab.experiments import roofline as R  # noqa: E402
 
 
@@ -42,6 +43,7 @@ def main():
                                            "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen"],
                          **shape)], fla=False)
     out = open(a.out, "a") if a.out else None
+    env = environment()                               # device, versions, commit on every row
     t, frac = {}, {}
     for p in pts:
         try:
@@ -52,15 +54,17 @@ def main():
                   flush=True)
             continue
         sd = p.get("state_dtype", "float32")
+        here = set()
         for r in rows:
             if out:
-                out.write(json.dumps({**p, **r, "state_dtype": sd}, default=str) + "\n")
+                out.write(json.dumps({**p, **r, "state_dtype": sd, **env}, default=str) + "\n")
             key = (r.get("kernel", "").split(" [")[0], p["K"], p["B"], sd)
             if r.get("metric") == "roofline_frac" and r.get("timer") == "cuda_graph":
                 frac[key] = r["value"]
             if r.get("metric") == "time_us" and r.get("timer") == "cuda_graph":
                 t[key] = r["value"]
-        for key in sorted(k for k in t if k[1:] == (p["K"], p["B"], sd)):
+                here.add(key)
+        for key in sorted(here):
             f = f"  ({frac[key]:.2f} of copy)" if key in frac else ""
             print(f"{key[0]:28s} {sd:9s} K={p['K']} B={p['B']:4d} {t[key]:8.1f} us{f}", flush=True)
     if out:

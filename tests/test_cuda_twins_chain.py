@@ -78,7 +78,7 @@ CASES = [
     (torch.float32, torch.bfloat16, 2, 2, 2, 1, 2, 256, 64),
     (torch.bfloat16, torch.float16, 2, 1, 3, 1, 2, 64, 32),
     (torch.float32, torch.float32, 2, 3, 3, 1, 2, 18, 24),   # kd % 4 != 0: element loads
-    # B * HV >= 1024 heads: wide blocks (4 value rows per lane group) where kd = 32, 64 or 128
+    # B * HV * vd / 64 >= 256 blocks: wide blocks (4 value rows per lane group) where kd = 32, 64 or 128
     # and vd % 64 == 0; vd = 72 keeps one row per group (rows past vd)
     (torch.bfloat16, torch.bfloat16, 32, 4, 33, 16, 32, 128, 128),
     (torch.float32, torch.float16, 16, 8, 17, 4, 64, 32, 72),

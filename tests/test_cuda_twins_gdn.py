@@ -52,7 +52,7 @@ CASES = [
     (torch.bfloat16, torch.bfloat16, 4, 6, 2, 4, 128, 128),
     (torch.float32, torch.bfloat16, 2, 2, 1, 2, 256, 64),
     (torch.bfloat16, torch.bfloat16, 2, 3, 1, 2, 18, 24),   # kd % 4 != 0: element loads
-    # B * HV >= 1024 heads: wide blocks (4 value rows per lane group) where kd = 32, 64 or 128
+    # B * HV * vd / 64 >= 256 blocks: wide blocks (4 value rows per lane group) where kd = 32, 64 or 128
     # and vd % 64 == 0; vd = 72 keeps one row per group (rows past vd)
     (torch.bfloat16, torch.bfloat16, 32, 33, 16, 32, 128, 128),
     (torch.float16, torch.float32, 16, 17, 4, 64, 32, 72),
