@@ -156,6 +156,35 @@ def test_headline_on_constructed_gpu_rows():
     assert (r["status"], r["ratio"], r["ours_us"]) == ("met", round(40 / 42.9, 3), 40.0)
 
 
+def test_state_dtype_targets_judge_their_own_pool():
+    """The bf16-pool targets and the CUDA twin's take the rows of their state dtype only: a
+    bf16 decode slower than FlashInfer's misses beside an fp32 decode that meets its target."""
+    bf = {"state_layout": "vk", "state_dtype": "bfloat16"}
+    df = _gpu_rows([
+        ("decodes", 1, 64, 70.0, 0.9, {"state_layout": "vk"}),
+        ("flashinfer_decode", 1, 64, 75.0, 0.85, {"state_layout": "vk"}),
+        ("decodes", 1, 64, 45.0, 0.7, bf),
+        ("flashinfer_decode", 1, 64, 44.0, 0.72, bf),
+        ("carry_exact_lazy:nowb", 4, 128, 130.0, 0.2, bf),          # 130 / 110 = 1.18 <= 1.2
+        ("flashinfer_mtp_frozen", 4, 128, 110.0, 0.3, bf),
+        ("decodes_cuda", 1, 8, 14.0, 0.5, {"state_layout": "vk"}),
+        ("flashinfer_decode", 1, 8, 15.0, 0.5, {"state_layout": "vk"}),
+        ("decodes_cuda", 1, 8, 12.0, 0.3, bf),
+        ("flashinfer_decode", 1, 8, 11.8, 0.3, bf),
+    ])
+    h = T.headline(df, E.TARGETS)
+    assert _status(h, "decode K=1: ours", 64)["status"] == "met"
+    r = _status(h, "bf16 state: decode K=1", 64)
+    assert (r["status"], r["ours_us"], r["peer_us"]) == ("missed", 45.0, 44.0)
+    r = _status(h, "bf16 state: carry lazy exact K=4 without write-back", 128)
+    assert r["status"] == "met" and r["bound"] == 1.2
+    assert _status(h, "bf16 state: decode K=1", 128)["status"] == "not measured"
+    r = _status(h, "decode K=1, CUDA C++ twin <= FlashInfer decode, fp32", 8)
+    assert (r["status"], r["ours_us"]) == ("met", 14.0)
+    r = _status(h, "decode K=1, CUDA C++ twin <= FlashInfer decode, bf16", 8)
+    assert (r["status"], r["ours_us"], r["peer_us"]) == ("missed", 12.0, 11.8)
+
+
 def test_headline_on_interpreter_rows_holds_the_checks_only():
     """On the CPU no speed target is judged and no ratio of interpreter times is shown: the
     headline is the checks, and the verdict says there is no speed verdict."""

@@ -33,8 +33,12 @@ _S = dict(MAIN_SHAPE, state_dtype="float32")
 _B3, _B2 = [64, 128, 256], [64, 128]
 
 
-def _t(text, ours, peer=None, bound=1.0, K=4, Bs=_B2, **kw):
-    return Target(text, ours, peer, bound, where=dict(_S, K=K, B=Bs), per=("B",), **kw)
+_B4, _B5 = [1, 64, 128, 256], [1, 8, 64, 128, 256]
+
+
+def _t(text, ours, peer=None, bound=1.0, K=4, Bs=_B2, sd="float32", **kw):
+    return Target(text, ours, peer, bound, where=dict(_S, K=K, B=Bs, state_dtype=sd),
+                  per=("B",), **kw)
 
 
 def _ring(kernel: str, label: str) -> Target:
@@ -68,14 +72,22 @@ TARGETS = (
        bound=PLAN_TARGET_US, Bs=[1], timer="do_bench"),
     _t(f"B=1, K=4: lazy exact verify call <= {PLAN_TARGET_US:.0f} us (host included)",
        "carry_exact_lazy", kind="time", bound=PLAN_TARGET_US, Bs=[1], timer="do_bench"),
-    _t("decode K=1, CUDA C++ twin / FlashInfer decode (reported)", "decodes_cuda",
-       "flashinfer_decode", None, K=1, Bs=[1, 64, 128, 256]),
+    _t("bf16 state: decode K=1 <= FlashInfer decode", "decodes", "flashinfer_decode", K=1,
+       Bs=_B4, sd="bfloat16"),
+    _t("bf16 state: chain K=4 + snapshots <= FlashInfer mtp with its snapshot buffer",
+       "chain_snapshots", "flashinfer_mtp_snapshots", Bs=_B4, sd="bfloat16"),
+    _t("bf16 state: carry lazy exact K=4 without write-back <= 1.2x FlashInfer mtp frozen",
+       "carry_exact_lazy:nowb", "flashinfer_mtp_frozen", 1.2, Bs=_B4, sd="bfloat16"),
+    _t("decode K=1, CUDA C++ twin <= FlashInfer decode, fp32 state", "decodes_cuda",
+       "flashinfer_decode", K=1, Bs=_B5),
+    _t("decode K=1, CUDA C++ twin <= FlashInfer decode, bf16 state", "decodes_cuda",
+       "flashinfer_decode", K=1, Bs=_B5, sd="bfloat16"),
     _t("decode K=1, CUDA C++ twin / Triton decode (reported)", "decodes_cuda", "decodes", None,
-       K=1, Bs=[1, 64, 128, 256]),
+       K=1, Bs=_B5),
     _t("chain K=4 + snapshots, CUDA C++ twin / FlashInfer mtp + buffer (reported)",
-       "chain_snapshots_cuda", "flashinfer_mtp_snapshots", None, Bs=[1, 64, 128, 256]),
+       "chain_snapshots_cuda", "flashinfer_mtp_snapshots", None, Bs=_B5),
     _t("chain K=4 + snapshots, CUDA C++ twin / Triton chain (reported)", "chain_snapshots_cuda",
-       "chain_snapshots", None, Bs=[1, 64, 128, 256]),
+       "chain_snapshots", None, Bs=_B5),
     _ring("pmll_read", "PMLL read"),
     _ring("pmll_write", "PMLL write"),
 )
