@@ -258,8 +258,15 @@ def test_ring_bad_input_named_before_any_launch():
             gdn_ring_verify(st, ring, *rows, slot_tab=torch.tensor(slots, dtype=torch.int32,
                                                                    device=DEVICE),
                             validate=DEVICE.type != "cpu")
-    with pytest.raises(ValueError, match="^k: head size 24"):
+    with pytest.raises(ValueError, match="^k_dim: head size 24"):
         GdnRing.empty(4, 1, 2, 24, 24)
+    with pytest.raises(ValueError, match="^v_dim: head size 40"):
+        GdnRing.empty(4, 1, 2, 16, 40)
+    with pytest.raises(ValueError, match="^k_dim: head size 24"):   # before sizing or allocating
+        GdnRing.empty(10**12, 1, 2, 24, 32)
+    with pytest.raises(ValueError, match="^k: head size 24"):       # a ring built from tensors
+        GdnRing(k=torch.zeros(4, 1, 16, 24, device=DEVICE), u=ring.u, G=ring.G, len=ring.len,
+                base=ring.base, length=8)
     with pytest.raises(ValueError, match="K-major"):
         gdn_ring_verify(x["state"], GdnRing.empty(4, 1, 2, 16, 32), *rows,
                         slot_tab=x["state_indices"])

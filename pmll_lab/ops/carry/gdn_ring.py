@@ -55,6 +55,15 @@ dtype (tests/test_ring.py). fp32: the state's products from a bf16 head and tail
 outputs' rounding; bf16/fp16: the state's own rounding."""
 
 
+def _ring_head_dim(name: str, d: int) -> None:
+    """``ValueError`` naming ``name`` unless ``d`` is a head size the ring form's ``tl.dot``
+    tiles take (multiples of 16 in ``RING_HEAD_DIMS``)."""
+    lo, hi = RING_HEAD_DIMS
+    if d % 16 or not lo <= d <= hi:
+        raise ValueError(f"{name}: head size {d} is not supported by the ring form "
+                         f"(multiples of 16 in [{lo}, {hi}]: tl.dot tiles)")
+
+
 @dataclass(eq=False)
 class GdnRing:
     """One layer's ring for ``S`` slots (SPEC §3d); its fields are tabled in the docstring of
@@ -91,11 +100,8 @@ class GdnRing:
         for name in ("len", "base"):
             _checks.tensor(name, getattr(self, name), shape=(S,), dtype=torch.int32,
                            device=self.u.device, contiguous=True)
-        lo, hi = RING_HEAD_DIMS
         for name, d in (("k", self.k.shape[3]), ("u", self.u.shape[3])):
-            if d % 16 or not lo <= d <= hi:
-                raise ValueError(f"{name}: head size {d} is not supported by the ring form "
-                                 f"(multiples of 16 in [{lo}, {hi}]: tl.dot tiles)")
+            _ring_head_dim(name, d)
 
     def __repr__(self) -> str:
         return (f"GdnRing(slots={self.slots}, num_k_heads={self.num_k_heads}, "
@@ -115,6 +121,8 @@ class GdnRing:
         if num_v_heads % num_k_heads:
             raise ValueError(f"num_v_heads: {num_v_heads} is not a multiple of num_k_heads "
                              f"({num_k_heads})")
+        _ring_head_dim("k_dim", k_dim)
+        _ring_head_dim("v_dim", v_dim)
         dev = _checks.device("device", device, DEVICE)
         ns = 2 * length
         _checks.fits("slots, num_k_heads, num_v_heads, k_dim, v_dim",
