@@ -125,9 +125,49 @@ def _ensure_nbconvert_templates() -> None:
             return
 
 
+_IMAGE_TYPES = ("image/png", "image/jpeg")
+
+
+def image_alts(nb) -> dict[str, str]:
+    """Alt text per image output of ``nb`` (an nbformat notebook), keyed by the image's base64
+    data without whitespace: the output's ``metadata[<mime>]["alt"]``, else its cell's
+    ``metadata["alt"]`` (the convention nbconvert's classic template reads; its lab template,
+    the one rendered here, reads neither). Images without one are left out."""
+    alts = {}
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            for mime in _IMAGE_TYPES:
+                data = out.get("data", {}).get(mime)
+                if not isinstance(data, str):
+                    continue
+                alt = (out.get("metadata", {}).get(mime) or {}).get("alt") or \
+                    cell.get("metadata", {}).get("alt")
+                if alt:
+                    alts["".join(data.split())] = str(alt)
+    return alts
+
+
+def _with_alts(body: str, alts: dict[str, str]) -> str:
+    """``body`` with each inline image whose data ``alts`` holds given that alt text (nbconvert
+    has put a placeholder on every image without one)."""
+    if not alts:
+        return body
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(body, features="html.parser")
+    for img in soup.find_all("img"):
+        src = img.get("src", "")
+        if src.startswith("data:image/") and "," in src:
+            alt = alts.get("".join(src.split(",", 1)[1].split()))
+            if alt:
+                img["alt"] = alt
+    return str(soup)
+
+
 def render_html(executed: Path, target: Path, *, failure: str | None = None) -> None:
     """Render an executed notebook to HTML without input cells (nbconvert ``HTMLExporter``,
-    ``exclude_input=True``). A failed notebook gets a banner cell on top naming the error."""
+    ``exclude_input=True``). A failed notebook gets a banner cell on top naming the error; a
+    plot gets its cell's ``alt`` metadata as its alt text (``image_alts``)."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -142,7 +182,7 @@ def render_html(executed: Path, target: Path, *, failure: str | None = None) -> 
     exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
                             exclude_output_prompt=True)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": executed.stem}})
-    target.write_text(body, encoding="utf-8")
+    target.write_text(_with_alts(body, image_alts(nb)), encoding="utf-8")
 
 
 def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool,

@@ -87,6 +87,37 @@ def test_report_holds_no_traceback_raw_dict_warning_path_or_issue_number(report)
     assert not re.search(r"(?i)\bissues?\s*#?\d+", page), "an issue number in the report"
 
 
+def test_every_plot_carries_its_cells_alt_text(report):
+    """Each plot of the report has the alt text its notebook cell names (``metadata["alt"]``),
+    not nbconvert's placeholder."""
+    page, nb, results = report
+    imgs = re.findall(r"<img[^>]*>", page)
+    assert imgs, "the report has no plot"
+    alts = [re.search(r'alt="([^"]*)"', i).group(1) for i in imgs]
+    wanted = {c["metadata"]["alt"] for c in nb["cells"] if "alt" in c["metadata"]}
+    assert set(alts) <= wanted, set(alts) - wanted
+
+
+def test_alt_text_goes_to_its_own_image_only():
+    """``image_alts`` keys alt text by the image's data (output metadata before cell metadata);
+    ``_with_alts`` sets it on that image and leaves an image without one as nbconvert left it."""
+    import nbformat
+    from pmll_lab.report_notebooks import _with_alts, image_alts
+
+    nb = nbformat.v4.new_notebook()
+    png = lambda d, md=None: nbformat.v4.new_output(  # noqa: E731
+        "display_data", data={"image/png": d}, metadata=md or {})
+    nb.cells = [nbformat.v4.new_code_cell("a", metadata={"alt": "cell a"},
+                                          outputs=[png("QUFB\n"), png("QkJC", {"image/png": {"alt": "own"}})]),
+                nbformat.v4.new_code_cell("b", outputs=[png("Q0ND")])]
+    alts = image_alts(nb)
+    assert alts == {"QUFB": "cell a", "QkJC": "own"}
+    body = ('<p><img src="data:image/png;base64,QUFB" alt="x"><img src="data:image/png;base64,QkJC">'
+            '<img src="data:image/png;base64,Q0ND" alt="placeholder"></p>')
+    out = _with_alts(body, alts)
+    assert re.findall(r'alt="([^"]*)"', out) == ["cell a", "own", "placeholder"]
+
+
 def test_bad_preset_names_the_valid_ones(tmp_path):
     import papermill
 
