@@ -228,9 +228,46 @@ def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool
     entry["results"] = sorted(p.relative_to(run_dir).as_posix()
                               for p in results.rglob("*") if p.is_file())
     entry["ran_on"] = results_placement(results)
+    lost = sweeps_all_failed(results)
+    if lost and entry["status"] == "ok":
+        entry["status"], entry["error"] = "failed", lost
     log(f"  {name}: {'ok' if entry['status'] == 'ok' else 'FAILED'} in {entry['seconds']:.0f} s"
         + (f" -- {entry['error']}" if entry["error"] else ""))
     return entry
+
+
+def _sweep_frames(results: Path) -> Iterator[tuple[str, "object"]]:
+    """(sweep name, rows) of every sweep in ``results`` (``*.jsonl``, or ``*.jsonl.gz`` in an
+    archived run; a plain file wins over its gzipped copy); unreadable files are skipped."""
+    from pmll_lab.sweep import load
+
+    paths = {p.name.removesuffix(".gz"): p for p in sorted(Path(results).glob("*.jsonl.gz"))}
+    paths.update({p.name: p for p in Path(results).glob("*.jsonl")})
+    for fname, path in sorted(paths.items()):
+        try:
+            df = load(path)
+        except (OSError, ValueError, EOFError):
+            continue
+        if not df.empty and "point_id" in df:
+            yield fname.removesuffix(".jsonl"), df
+
+
+def sweeps_all_failed(results: Path) -> str:
+    """A message naming each sweep in ``results`` whose every point failed (with its first
+    error), or ``""``: such a notebook ran to its end but measured nothing, so the report marks
+    it failed. Points that failed among points that ran are the notebook's own to report."""
+    msgs = []
+    for stem, df in _sweep_frames(results):
+        status = df.groupby("point_id")["status"].agg(lambda s: "failed" if (s == "failed").any()
+                                                      else "ran") if "status" in df else None
+        if status is None or not (status == "failed").all():
+            continue
+        err = df.loc[df["status"] == "failed", "error"].dropna().astype(str) if "error" in df \
+            else []
+        first = next((e.strip().splitlines()[-1] for e in err if e.strip()), "no error text")
+        msgs.append(f"every point of sweep {stem} failed ({len(status)} points; first error: "
+                    f"{first})")
+    return "; ".join(msgs)
 
 
 def results_placement(results: Path) -> dict:
@@ -240,19 +277,10 @@ def results_placement(results: Path) -> dict:
     ``in_process`` (True when no row came from a Dask worker); ``pmll_lab.sweep.placement``."""
     import pandas as pd
 
-    from pmll_lab.sweep import IN_PROCESS, load, placement
+    from pmll_lab.sweep import IN_PROCESS, placement
 
-    frames = []
-    paths = {p.name.removesuffix(".gz"): p for p in sorted(Path(results).glob("*.jsonl.gz"))}
-    paths.update({p.name: p for p in Path(results).glob("*.jsonl")})   # plain wins over .gz
-    for fname, path in sorted(paths.items()):
-        try:
-            df = load(path)
-        except (OSError, ValueError, EOFError):
-            continue
-        if not df.empty and "point_id" in df:
-            stem = fname.removesuffix(".jsonl")
-            frames.append(df.assign(point_id=stem + ":" + df["point_id"].astype(str)))
+    frames = [df.assign(point_id=stem + ":" + df["point_id"].astype(str))
+              for stem, df in _sweep_frames(results)]
     if not frames:
         return {"workers": 0, "gpus": 0, "devices": {}, "in_process": True}
     df = pd.concat(frames, ignore_index=True)

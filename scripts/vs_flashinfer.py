@@ -1,5 +1,5 @@
-"""Ours against FlashInfer on the issue-10 target rows, in one process (a quick check between
-report runs): the roofline notebook's own point function (``roofline.gdn_point``: checked, then
+"""Ours against FlashInfer on the GDN kernels' target rows, in one process (a quick check
+between report runs): the roofline notebook's own point function (``roofline.gdn_point``: checked, then
 timed by do_bench and CUDA-graph replay) for decode (K=1), the K=4 chain with snapshots, the
 lazy exact carry (amortised and its no-write-back row) on V-major states, and FlashInfer's
 decode, ``mtp`` with its snapshot buffer and ``mtp`` frozen, at HK=16, HV=32, kd=vd=128, bf16
@@ -19,22 +19,45 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pmll_lab  # noqa: E402,F401  (first: GPU or the Triton interpreter)
 
+from pmll_lab import peers  # noqa: E402
 from pmll_lab.backend import environment  # noqa: E402
+from pmll_lab.experiments import protocol as P  # noqa: E402
 from pmll_lab.experiments import roofline as R  # noqa: E402
 
 
+def _widths(text: str) -> list[int]:
+    """``--B``: comma-separated batch widths, each an int >= 1."""
+    try:
+        Bs = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+    if not Bs or min(Bs) < 1:
+        raise argparse.ArgumentTypeError(f"every batch width must be >= 1, got {text!r}")
+    return sorted(set(Bs))
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--B", default="64,128,256")
-    ap.add_argument("--states", default="float32", help="state pool dtypes, comma separated")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--B", type=_widths, default="64,128,256",
+                    help="batch widths, comma separated (default 64,128,256)")
+    ap.add_argument("--states", default="float32",
+                    help="state pool dtypes, comma separated (default float32)")
     ap.add_argument("--cuda", action="store_true", help="also the CUDA twins of decode and chain")
     ap.add_argument("--out", default=None, help="JSON-lines file for every row (appended)")
     a = ap.parse_args()
-    Bs = [int(s) for s in a.B.split(",")]
-    states = a.states.split(",")
+    Bs = a.B
+    states = list(dict.fromkeys(a.states.split(",")))
     unknown = sorted(set(states) - set(R.STATE_DTYPES))
     if unknown:
         ap.error(f"--states: {unknown} not in {list(R.STATE_DTYPES)}")
+    if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
+        ap.error(f"--out: no folder {os.path.dirname(os.path.abspath(a.out))!r}")
+    if not P.on_cuda():
+        ap.error("needs a CUDA GPU: it times GPU kernels against FlashInfer's (the notebooks "
+                 "run on the CPU under the Triton interpreter, this script does not)")
+    if peers.flashinfer_gdn() is None:
+        ap.error("FlashInfer is not importable here (flashinfer-python 0.7.2, the 'peers' extra)")
     shape = dict(B=Bs, head_dim=[128], heads=[(16, 32)], dtype=["bfloat16"], state_layout=["vk"],
                  state_dtype=states)
     twins = (["decodes_cuda"], ["chain_snapshots_cuda"]) if a.cuda else ([], [])

@@ -1,4 +1,4 @@
-"""Carried-state verify, accept and flush, kernel by kernel (SPEC §3b, §3c; issue 4).
+"""Carried-state verify, accept and flush, kernel by kernel (SPEC §3b, §3c).
 
 Every launcher (``gdn_carry_verify``, eager and lazy, and its launch variants;
 ``carry_accept``; ``gdn_carry_flush``) and the ``GdnCarry`` container are checked against the

@@ -1,4 +1,4 @@
-"""Causal depthwise conv: ``conv_update`` and the K-row ``conv_chain`` (SPEC §3c; issue 3).
+"""Causal depthwise conv: ``conv_update`` and the K-row ``conv_chain`` (SPEC §3c).
 
 Kernels run through the Triton interpreter on CPU (small shapes) or on the GPU, against the
 float64 reference (``pmll_lab.reference.conv``), which is checked in turn against HF

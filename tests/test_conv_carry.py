@@ -1,4 +1,4 @@
-"""The conv carry twin: carried verify, accept and flush of conv windows (SPEC §3b, §3c; issue 4).
+"""The conv carry twin: carried verify, accept and flush of conv windows (SPEC §3b, §3c).
 
 ``conv_carry_verify`` (eager and lazy, pending rows from 0 to CAP, several channel-block programs
 per sequence) against the float64 protocol reference (``pmll_lab.reference.conv``); ``ConvCarry``

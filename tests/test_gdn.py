@@ -1,4 +1,4 @@
-"""Gated DeltaNet decode and the K-row chain with snapshots (SPEC §2, §3a; issue 3).
+"""Gated DeltaNet decode and the K-row chain with snapshots (SPEC §2, §3a).
 
 Every kernel is checked against the float64 reference (``pmll_lab.reference.gdn``; the reference
 itself against fla-core and a closed form in test_gdn_reference.py, bad input in

@@ -1,4 +1,4 @@
-"""Launch plans (``pmll_lab.ops.launch.LaunchPlan``; issue 5, the lean small-batch path).
+"""Launch plans (``pmll_lab.ops.launch.LaunchPlan``: the lean small-batch path).
 
 A plan binds one launch to fixed buffers; each call runs the kernel on whatever the buffers hold
 then. On the interpreter every call goes through Triton's normal path; on a GPU calls after the

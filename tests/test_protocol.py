@@ -149,7 +149,15 @@ def test_sweep_points_refuse_bad_axes_naming_them_before_any_point():
                                   ("K", ["4"], r"axis K: must be an int >= 1, got '4'"),
                                   ("pending", [-2], r"axis pending: must be an int >= 0"),
                                   ("B", 64, r"axis B must be a list of values, got 64"),
+                                  ("B", [], r"axis B lists no value"),
+                                  ("dtype", ["bf16"], r"axis dtype: 'bf16' is not one of "
+                                                      r"float32, bfloat16, float16, float64"),
                                   ("k", [2], r"unknown axis k \(known: B, D, H, HK, HV, K, M,")):
+        with pytest.raises(ValueError, match="^grids: " + message):
+            conv.points([{**good, axis: values}])
+    assert {p["d_conv"] for p in conv.points([{**good, "d_conv": [3]}])} == {3}
+    for axis, values, message in (("shape", ["qwen3next"], r"axis shape: 'qwen3next' is not one"),
+                                  ("K", [9], r"axis K must be in 1\.\.8")):
         with pytest.raises(ValueError, match="^grids: " + message):
             conv.points([{**good, axis: values}])
     with pytest.raises(ValueError, match=r"^grids: axis seed: must be an int >= 0, got 'abc'"):
@@ -173,3 +181,6 @@ def test_sweep_points_refuse_bad_axes_naming_them_before_any_point():
         P.grid_points([{"heads": [0], "layers": [2]}])       # a GPT-2 grid's head count
     with pytest.raises(ValueError, match=r"^grids: axis B: must be an int >= 1, got 0"):
         step.points([{"B": [0], "K": [4]}], alpha=0.8, seed=0)
+    for axis, bad in (("state_layout", "VK"), ("state_dtype", "float64")):
+        with pytest.raises(ValueError, match=f"^grids: axis {axis}: {bad!r} is not one of"):
+            P.grid_points([{"K": [2], axis: [bad]}])

@@ -147,6 +147,42 @@ def test_bad_arguments_raise_before_running(tmp_path):
         build_report([tmp_path / "missing.ipynb"], reports_dir=tmp_path)
 
 
+LOST = '''\
+from pmll_lab.sweep import grid, run_sweep
+def point(p):
+    raise KeyError(f"no shape named {p['n']!r}")
+df = run_sweep("lost", grid(n=["qwen3next", "qwen"]), point, results_dir=results_dir)
+ran = run_sweep("fine", grid(n=[1]), lambda p: [{"kernel": "k", "metric": "x", "value": 1.0}],
+                results_dir=results_dir)
+print("RAN-TO-THE-END", len(df))
+'''
+
+
+def test_a_notebook_whose_sweep_lost_every_point_is_failed(tmp_path):
+    """A notebook that runs to its end while every point of one of its sweeps failed measured
+    nothing there: its entry is failed, naming the sweep, the point count and the first error,
+    and the run is not ok. Some failed points among points that ran leave it ok."""
+    from pmll_lab.report_notebooks import sweeps_all_failed
+
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    _notebook(nbdir / "lost.ipynb", [LOST])
+    manifest = build_report(preset="quick", device="cpu", notebooks_dir=nbdir,
+                            reports_dir=tmp_path / "reports", log=lambda m: None)
+    (entry,) = manifest["notebooks"]
+    assert entry["status"] == "failed" and not manifest["ok"]
+    assert entry["error"].startswith("every point of sweep lost failed (2 points; first error:")
+    assert "no shape named" in entry["error"] and "fine" not in entry["error"]
+    res = tmp_path / "reports" / "latest" / "results" / "lost"
+    assert sweeps_all_failed(res).startswith("every point of sweep lost failed")
+    (res / "lost.jsonl").unlink()                         # the sweep that ran: nothing lost
+    assert sweeps_all_failed(res) == ""
+    rows = [{"point_id": "a", "status": "failed", "error": "E"},
+            {"point_id": "b", "status": "ok", "error": ""}]
+    (res / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert sweeps_all_failed(res) == ""                   # a failed point beside one that ran
+
+
 def test_index_shows_each_notebooks_headline(tmp_path):
     """A notebook that writes ``results/<name>/headline.csv`` gets that table, whole, on the
     run's index; met / missed are coloured; a notebook without one adds nothing."""

@@ -260,6 +260,8 @@ def test_ring_bad_input_named_before_any_launch():
                             validate=DEVICE.type != "cpu")
     with pytest.raises(ValueError, match="^k_dim: head size 24"):
         GdnRing.empty(4, 1, 2, 24, 24)
+    with pytest.raises(ValueError, match="^length"):
+        GdnRing.empty(4, 1, 2, 16, 32, length=8.0)
     with pytest.raises(ValueError, match="^v_dim: head size 40"):
         GdnRing.empty(4, 1, 2, 16, 40)
     with pytest.raises(ValueError, match="^k_dim: head size 24"):   # before sizing or allocating

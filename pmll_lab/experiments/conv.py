@@ -52,8 +52,18 @@ TARGETS = (
 
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
     """The grids' points (axes ``K, B, shape, dtype``, optionally ``pending``, ``d_conv``,
-    ``seed`` (default ``seed``)), duplicates dropped."""
-    return P.grid_points(grids, {"seed": [seed]})
+    ``seed`` (default ``seed``)), duplicates dropped. ``ValueError`` naming the axis for a shape
+    outside ``SHAPES`` or ``K``/``pending`` outside ``1..CAP``/``0..CAP``, before any point
+    runs (and whatever ``protocol.grid_points`` refuses)."""
+    pts = P.grid_points(grids, {"seed": [seed]})
+    for p in pts:
+        if p.get("shape") not in SHAPES:
+            raise ValueError(f"grids: axis shape: {p.get('shape')!r} is not one of "
+                             f"{', '.join(SHAPES)}")
+        if not 1 <= p["K"] <= CAP or not 0 <= p.get("pending", 2) <= CAP:
+            raise ValueError(f"grids: axis K must be in 1..{CAP} and pending in 0..{CAP}, got "
+                             f"K={p['K']}, pending={p.get('pending', 2)}")
+    return pts
 
 
 def _flag(kernel, what, ok):

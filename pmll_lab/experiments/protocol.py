@@ -40,7 +40,7 @@ PLAN_SUFFIX = ":plan"
 # ---- the point side ------------------------------------------------------------------------
 
 INT_AXES = {"K": 1, "B": 1, "HK": 1, "HV": 1, "head_dim": 1, "H": 1, "D": 1, "T": 1,
-            "ring_length": 1, "M": 0, "pending": 0, "seed": 0}
+            "ring_length": 1, "M": 0, "pending": 0, "seed": 0, "d_conv": 1}
 """Grid axes that hold integers, with their least value (``M = 0``: no ring; ``pending``: rows
 waiting in the stash)."""
 
@@ -53,6 +53,14 @@ AXES = frozenset(INT_AXES) | {
 """Every axis name a notebook's grids may use (the kernels' names, README "Notebook
 parameters", and each notebook's own, commented in its parameters cell): a name outside it is a
 misspelling, refused before any point runs. A new axis is added here."""
+
+
+CHOICE_AXES = {"dtype": ("float32", "bfloat16", "float16", "float64"),
+               "state_dtype": ("float32", "bfloat16", "float16"),
+               "state_layout": ("kv", "vk")}
+"""Grid axes that take the same names in every notebook, with those names (a misspelt
+``"bf16"`` or ``"VK"`` is refused before any point runs, not by every point; ``float64`` is the
+model dtype of spec_decode's oracle runs)."""
 
 
 def int_param(name: str, value, minimum: int = 0) -> int:
@@ -70,8 +78,8 @@ def grid_points(grids: Iterable[Mapping], defaults: Mapping | None = None,
     """The points of every grid (the product of its axes, ``defaults`` axes where a grid lacks
     them), each passed through ``each`` (None drops it); duplicates dropped, order kept.
     Raises ``ValueError`` naming the axis for a name outside ``AXES``, an axis that is not a
-    list of values or an ``INT_AXES`` value that is not an int at or above its least value,
-    before any point runs."""
+    non-empty list of values, a ``CHOICE_AXES`` value outside its names or an ``INT_AXES``
+    value that is not an int at or above its least value, before any point runs."""
     out, seen, merged = [], set(), []
     for g in grids:
         unknown = sorted(set(g) - AXES)
@@ -82,6 +90,13 @@ def grid_points(grids: Iterable[Mapping], defaults: Mapping | None = None,
         for name, values in g.items():
             if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
                 raise ValueError(f"grids: axis {name} must be a list of values, got {values!r}")
+            if not list(values):
+                raise ValueError(f"grids: axis {name} lists no value (the grid would have no "
+                                 f"point)")
+            bad = [v for v in values if name in CHOICE_AXES and v not in CHOICE_AXES[name]]
+            if bad:
+                raise ValueError(f"grids: axis {name}: {bad[0]!r} is not one of "
+                                 f"{', '.join(CHOICE_AXES[name])}")
             if name in INT_AXES:
                 for v in values:
                     int_param(f"grids: axis {name}", v, INT_AXES[name])

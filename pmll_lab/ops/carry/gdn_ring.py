@@ -116,6 +116,7 @@ class GdnRing:
         for name, val in (("slots", slots), ("num_k_heads", num_k_heads),
                           ("num_v_heads", num_v_heads), ("k_dim", k_dim), ("v_dim", v_dim)):
             _checks.positive_int(name, val)
+        _checks.positive_int("length", length)
         _checks.choice("length", length, RING_LENGTHS)
         _checks.choice("dtype", dtype, _checks.FLOAT_DTYPES)
         if num_v_heads % num_k_heads:
