@@ -184,3 +184,25 @@ def test_sweep_points_refuse_bad_axes_naming_them_before_any_point():
     for axis, bad in (("state_layout", "VK"), ("state_dtype", "float64")):
         with pytest.raises(ValueError, match=f"^grids: axis {axis}: {bad!r} is not one of"):
             P.grid_points([{"K": [2], axis: [bad]}])
+
+
+def test_speed_plot_names_a_layout_only_where_the_rows_have_one():
+    """``plots.plot_speed``'s legend: kernel and layout for rows with a ``state_layout``, the
+    kernel alone for layout-free rows (the conv), one line per kernel and layout either way."""
+    import matplotlib
+    matplotlib.use("Agg")
+
+    def rows(**extra):
+        return pd.DataFrame([dict(point_id=f"p{B}{k}", status="ok", kernel=k, K=2, B=B,
+                                  metric="time_us", value=float(B + i), timer="cuda_graph",
+                                  **extra)
+                             for i, k in enumerate(("a", "b")) for B in (1, 2)])
+
+    lab = {"a": "kernel a", "b": "kernel b"}
+    fig = plots.plot_speed(rows(), "time_us", None, lab, ["a", "b"], "t", {"time_us": "µs"})
+    assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["kernel a", "kernel b"]
+    both = pd.concat([rows(state_layout="kv"), rows(state_layout="vk").assign(
+        point_id=lambda d: d["point_id"] + "v")])
+    fig = plots.plot_speed(both, "time_us", None, lab, ["a"], "t", {"time_us": "µs"})
+    assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["kernel a, K-major",
+                                                                   "kernel a, V-major"]

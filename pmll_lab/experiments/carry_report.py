@@ -271,7 +271,7 @@ def plot_verify_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | N
     per K, every kernel in each layout (line style)."""
     return plots.plot_speed(df, metric, shape, LABELS, KERNELS,
                             "Verify: carried state, snapshot chain, peers",
-                            {"time_us": "time per verify (us)", "gbps": "GB/s (SPEC §4 bytes)",
+                            {"time_us": "time per verify (µs)", "gbps": "GB/s (SPEC §4 bytes)",
                              "roofline_frac": "fraction of copy roofline"})
 
 

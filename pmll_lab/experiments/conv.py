@@ -179,7 +179,7 @@ def plot_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | None = N
     """Time per verify of K rows or GB/s against batch width, one panel per K, at ``shape``
     (default ``main_shape``)."""
     return plots.plot_speed(df, metric, main_shape(df) if shape is None else shape, LABELS,
-                            KERNELS, "Conv twin", {"time_us": "time per verify of K rows (us)",
+                            KERNELS, "Conv twin", {"time_us": "time per verify of K rows (µs)",
                                                    "gbps": "GB/s"})
 
 

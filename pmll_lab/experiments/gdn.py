@@ -248,7 +248,7 @@ def plot_speed(df: pd.DataFrame, metric: str = "time_us", shape: dict | None = N
     ``main_shape``)."""
     return plots.plot_speed(df, metric, main_shape(df) if shape is None else shape, LABELS,
                             list(LABELS), "Verify of K rows",
-                            {"time_us": "time per verify (us)", "gbps": "GB/s (SPEC §4 bytes)"})
+                            {"time_us": "time per verify (µs)", "gbps": "GB/s (SPEC §4 bytes)"})
 
 
 def layout_table(df: pd.DataFrame, shape: dict | None = None) -> pd.DataFrame:

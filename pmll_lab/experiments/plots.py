@@ -144,6 +144,8 @@ def plot_speed(df: pd.DataFrame, metric: str, shape: Mapping | None, labels: Map
     t = P.at(P.wide(df), shape)
     if t.empty or metric not in t:
         return None
+    # rows without a state layout (the conv's) name none in the legend (wide fills in "kv")
+    layouts = "state_layout" in df and bool(df["state_layout"].notna().any())
     timer = str(t["timer"].iloc[0])
     roof = P.roofline_gbps(df)
     hlines = [(roof, f"copy roofline {roof:.0f} GB/s")] if metric == "gbps" and roof else \
@@ -156,13 +158,13 @@ def plot_speed(df: pd.DataFrame, metric: str, shape: Mapping | None, labels: Map
     for ax, v in zip(axes[0], vals):
         s = t if v is None else t[t["K"] == v]
         for k in order:
-            for lay in sorted(s["state_layout"].dropna().unique()) if "state_layout" in s \
-                    else ["kv"]:
-                d = s[(s["kernel"] == k) & (s.get("state_layout", "kv") == lay)]
+            for lay in sorted(s["state_layout"].dropna().unique()) if layouts else ["kv"]:
+                d = s[(s["kernel"] == k) & (s["state_layout"] == lay if layouts else True)]
                 d = d.groupby("B")[metric].median()
                 if not d.empty:
-                    ax.plot(d.index, d.values, label=f"{(labels or {}).get(k, k)}, "
-                            f"{'K' if lay == 'kv' else 'V'}-major", **style(k, lay))
+                    where = f", {'K' if lay == 'kv' else 'V'}-major" if layouts else ""
+                    ax.plot(d.index, d.values, label=f"{(labels or {}).get(k, k)}{where}",
+                            **style(k, lay))
         for value, lab in hlines:
             ax.axhline(value, color="k", ls=":", lw=1, label=lab)
         ax.set_xscale("log", base=2)
