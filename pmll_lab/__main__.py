@@ -21,6 +21,19 @@ import sys
 from pmll_lab.report import DEVICES, PRESETS, ReportError, build_report
 
 
+def _positive(kind):
+    """An argparse type: ``kind`` of the text, finite and > 0 (so the error names the flag)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+        return value
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pmll_lab",
                                      description="pmll_lab workbench commands")
@@ -40,10 +53,10 @@ def main(argv: list[str] | None = None) -> int:
                      "e.g. h200-2026-11-29 for a run to commit")
     rep.add_argument("--resume", action="store_true",
                      help="keep the notebooks' earlier results so sweeps skip the points done")
-    rep.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
+    rep.add_argument("--cell-timeout", type=_positive(float), default=None, metavar="SECONDS",
                      help="fail a notebook whose cell runs longer than this (> 0; default: no limit)")
     where = rep.add_mutually_exclusive_group()
-    where.add_argument("--workers", type=int, default=None, metavar="N",
+    where.add_argument("--workers", type=_positive(int), default=None, metavar="N",
                        help="run the sweeps on a local Dask cluster: one worker per visible GPU "
                        "(up to N), or N CPU workers with --device cpu or without GPUs")
     where.add_argument("--scheduler", default=None, metavar="ADDRESS",

@@ -288,9 +288,11 @@ def test_cluster_arguments_are_checked_before_running(tmp_path, capsys, monkeypa
     with pytest.raises(ReportError, match="scheduler: no Dask scheduler answers"):
         build_report(device="cpu", scheduler="tcp://127.0.0.1:9",
                      notebooks_dir=tmp_path / "notebooks", reports_dir=tmp_path / "r")
-    assert main(["report", "--workers", "-3", "--notebooks-dir", str(tmp_path / "notebooks"),
-                 "--reports-dir", str(tmp_path / "r")]) == 2
-    assert "workers: must be a positive int" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:       # the command line names its flag
+        main(["report", "--workers", "-3", "--notebooks-dir", str(tmp_path / "notebooks"),
+              "--reports-dir", str(tmp_path / "r")])
+    assert stop.value.code == 2
+    assert "argument --workers: must be > 0, got '-3'" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # one or the other
         main(["report", "--workers", "2", "--scheduler", "tcp://127.0.0.1:9"])
 
@@ -330,8 +332,10 @@ def test_cell_timeout_checked_and_a_run_that_cannot_start_leaves_no_folder(tmp_p
     args = ["report", "--device", "cpu", "--only", "tiny", "--notebooks-dir", str(nbdir),
             "--reports-dir", str(tmp_path / "r")]
     for bad in ("0", "-5", "nan", "inf"):
-        assert main(args + ["--cell-timeout", bad]) == 2
-        assert "cell_timeout: must be > 0" in capsys.readouterr().err
+        with pytest.raises(SystemExit) as stop:
+            main(args + ["--cell-timeout", bad])
+        assert stop.value.code == 2
+        assert f"argument --cell-timeout: must be > 0, got '{bad}'" in capsys.readouterr().err
     for bad in (0, -1.5, True, "10"):
         with pytest.raises(ReportError, match="^cell_timeout: must be > 0"):
             build_report(device="cpu", cell_timeout=bad, notebooks_dir=nbdir,
