@@ -224,6 +224,30 @@ def test_flashinfer_point_catches_a_misread_buffer(monkeypatch):
     E.release()
 
 
+def test_flashinfer_failure_inside_its_launcher_is_named_as_the_peers(monkeypatch):
+    """FlashInfer 0.7.2's K-row kernel raises ZeroDivisionError inside its launcher at head size
+    256 on the H200: the point fails with a message naming the peer, its version and the head
+    size, nothing timed."""
+    E.release()
+    _fake_flashinfer(monkeypatch, Contract())
+    monkeypatch.setattr(E, "flashinfer_supports", lambda head_dim, dtype: True)
+    monkeypatch.setattr(P, "on_cuda", lambda: True)
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("integer division or modulo by zero")
+
+    monkeypatch.setattr(peers, "flashinfer_mtp_runner", broken)
+    timed = []
+    monkeypatch.setattr(P, "time_launch", lambda fn, **kw: timed.append(fn) or {})
+    (pt,) = _fi_points(2, 2, "flashinfer_mtp_frozen")
+    with pytest.raises(RuntimeError, match=r"^flashinfer_mtp_frozen: FlashInfer contract-float64 "
+                                           r"fails inside its own launcher at head size 16 "
+                                           r"\(ZeroDivisionError"):
+        E.gdn_point(pt)
+    assert timed == []
+    E.release()
+
+
 def test_flashinfer_providers_need_a_gpu_and_vk():
     pts = E.points([dict(K=[1, 2], B=[2], head_dim=[128], heads=[(2, 4)], dtype=["bfloat16"],
                          state_layout=["kv"])], fla=True, flashinfer=True)

@@ -157,7 +157,13 @@ def point_flashinfer(c, provider: str) -> list[dict]:
     if c.layout != "vk":
         raise ValueError(f"state_layout: FlashInfer runs V-major states only, got {c.layout!r}")
     name, K, n = provider, c.K, c.n
-    run, bufs, pool = c.flashinfer(provider)                   # pool [S, HV, vd, kd]
+    try:
+        run, bufs, pool = c.flashinfer(provider)               # pool [S, HV, vd, kd]
+    except ZeroDivisionError as exc:       # FlashInfer 0.7.2's K-row kernel at head size 256
+        raise RuntimeError(
+            f"{provider}: FlashInfer {peers.flashinfer_version()} fails inside its own launcher "
+            f"at head size {c.D} (ZeroDivisionError: {exc}); a limit of the peer at this "
+            f"shape, nothing measured") from exc
     o = bufs["o"]
     o_ref, s_ref, i_ref = c.fi_ref()
     o_dec, st_dec, snaps, _ = c.decoded("kv")
