@@ -1,11 +1,12 @@
 """Ours against FlashInfer on the GDN kernels' target rows, in one process (a quick check
-between report runs): the roofline notebook's own point function (``roofline.gdn_point``: checked, then
-timed by do_bench and CUDA-graph replay) for decode (K=1), the K=4 chain with snapshots, the
-lazy exact carry (amortised and its no-write-back row) on V-major states, and FlashInfer's
-decode, ``mtp`` with its snapshot buffer and ``mtp`` frozen, at HK=16, HV=32, kd=vd=128, bf16
-inputs, fp32 and/or bf16 state pools (``--states``); ``--cuda`` adds the CUDA C++ twins of
-decode and chain (``decodes_cuda``, ``chain_snapshots_cuda``). Prints graph-replay medians (µs),
-fractions of the copy roofline and ratios against FlashInfer (and CUDA against Triton);
+between report runs): the roofline notebook's own point function (``roofline.gdn_point``:
+checked, then timed by do_bench and CUDA-graph replay) for decode (K=1), the K=4 chain with
+snapshots, the lazy exact carry (amortised and its no-write-back row) on V-major states, and
+FlashInfer's decode, ``mtp`` with its snapshot buffer and ``mtp`` frozen, at HK=16, HV=32,
+kd=vd=128, bf16 inputs, fp32 and/or bf16 state pools (``--states``); ``--cuda`` adds the CUDA
+C++ twins of decode and chain (``decodes_cuda``, ``chain_snapshots_cuda``). Prints graph-replay
+medians (µs), fractions of the copy roofline and ratios against FlashInfer (and CUDA against
+Triton);
 ``--out`` keeps every row as JSON lines. Usage on a GPU with FlashInfer importable:
 ``python3 scripts/vs_flashinfer.py [--B 64,128,256] [--states float32,bfloat16] [--cuda]
 [--out rows.jsonl]``
@@ -89,7 +90,8 @@ def main():
                 here.add(key)
         for key in sorted(here):
             f = f"  ({frac[key]:.2f} of copy)" if key in frac else ""
-            print(f"{key[0]:28s} {sd:9s} K={p['K']} B={p['B']:4d} {t[key]:8.1f} us{f}", flush=True)
+            print(f"{key[0]:28s} {sd:9s} K={p['K']} B={p['B']:4d} {t[key]:8.1f} us{f}",
+                  flush=True)
     if out:
         out.close()
     pairs = [("decodes", "flashinfer_decode", 1), ("chain_snapshots", "flashinfer_mtp_snapshots", 4),

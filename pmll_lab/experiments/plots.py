@@ -144,7 +144,7 @@ def plot_speed(df: pd.DataFrame, metric: str, shape: Mapping | None, labels: Map
     t = P.at(P.wide(df), shape)
     if t.empty or metric not in t:
         return None
-    # rows without a state layout (the conv's) name none in the legend (wide fills in "kv")
+    # rows without a state layout (the conv's) name none in the legend
     layouts = "state_layout" in df and bool(df["state_layout"].notna().any())
     timer = str(t["timer"].iloc[0])
     roof = P.roofline_gbps(df)
@@ -158,8 +158,8 @@ def plot_speed(df: pd.DataFrame, metric: str, shape: Mapping | None, labels: Map
     for ax, v in zip(axes[0], vals):
         s = t if v is None else t[t["K"] == v]
         for k in order:
-            for lay in sorted(s["state_layout"].dropna().unique()) if layouts else ["kv"]:
-                d = s[(s["kernel"] == k) & (s["state_layout"] == lay if layouts else True)]
+            for lay in sorted(s["state_layout"].unique()):          # wide() fills in "kv"
+                d = s[(s["kernel"] == k) & (s["state_layout"] == lay)]
                 d = d.groupby("B")[metric].median()
                 if not d.empty:
                     where = f", {'K' if lay == 'kv' else 'V'}-major" if layouts else ""

@@ -3,8 +3,9 @@
 SPEC §3b/§3c; the seed's ``gdn_carry_conv`` / ``gdn_carry_conv_f32`` and ``gdn_carry_conv_flush``
 (the source document ``seeds/001_fecc3e4a321ba26f.txt`` of ``../shared``, beside the project).
 Per slot the carry keeps the last verify's input rows in a stash ``[CAP, dim]`` and
-``pend[slot]``, the number of accepted inputs in it not yet shifted into the stored window. A verify first shifts those ``p`` inputs into the window (in registers), writes
-the window back when the protocol says so, runs the K rows and stashes their inputs; the caller's
+``pend[slot]``, the number of accepted inputs in it not yet shifted into the stored window. A
+verify first shifts those ``p`` inputs into the window (in registers), writes the window back
+when the protocol says so, runs the K rows and stashes their inputs; the caller's
 ``carry_accept`` then updates ``pend`` on the device.
 
 Race freedom (SPEC §3b "Shared rows"): the conv is depthwise, so a program owns its channels of
