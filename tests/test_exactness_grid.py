@@ -92,3 +92,41 @@ def test_runner_reports_a_one_bit_difference(monkeypatch, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "bitwise no" in text and "first state diff" in text
     assert "summary: 0 bitwise, 1 differs" in text
+
+
+PACKED = """
+import json, sys
+import pmll_lab
+from pmll_lab.backend import DEVICE
+from pmll_lab.experiments import exactness as E
+from pmll_lab.ops.gdn import recurrence
+assert recurrence.PACKED_STATE_TILE, "PMLL_LAB_PACKED_STATE_TILE=1 did not switch it on"
+size = dict(B=2, steps=4) if DEVICE.type == "cpu" else dict(B=32, steps=12)
+for cfg in json.loads(sys.argv[1]):
+    rec = E.run_config(cfg, seed=5, **size)
+    print(E.config_name(cfg), rec["status"], rec["rows_differing"], rec["max_abs_state_diff"])
+"""
+
+PACKED_GRID = [
+    dict(kd=16, layout="kv", state_dtype="bfloat16", input_dtype="bfloat16", K=4),
+    dict(kd=32, layout="vk", state_dtype="bfloat16", input_dtype="bfloat16", K=3),
+    dict(kd=16, layout="kv", state_dtype="float16", input_dtype="float32", K=8),
+]
+
+
+def test_packed_state_tile_is_bitwise():
+    """With a 2-byte tile held as 2-byte pairs between rows (``packed_state_tile``, switched on
+    in a fresh process: it is fixed at import), every form still equals plain decoding bit for
+    bit: bf16 state in both layouts, fp16 with fp32 inputs past the eager fold limit (K = 8)."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PMLL_LAB_PACKED_STATE_TILE="1")
+    run = subprocess.run([sys.executable, "-c", PACKED, json.dumps(PACKED_GRID)], env=env,
+                         capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.split("\n")
+    got = [ln.split() for ln in lines if ln.strip()]
+    assert [g[0] for g in got] == [E.config_name(c) for c in PACKED_GRID], run.stdout
+    for name, status, rows, diff in got:
+        assert (status, rows, float(diff)) == ("bitwise", "0", 0.0), (name, status, rows, diff)

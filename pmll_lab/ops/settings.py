@@ -16,8 +16,9 @@ across families; nested blocks restore the outer values; not thread-safe)::
     with settings.override(vk_tiles=((1 << 62, 8, 16, 1),), carry_prefetch_rows=False):
         ...
 
-``fma_sums`` and ``default_state_layout`` are fixed when ``pmll_lab`` is imported (a global of
-the jitted ``dot_fma``; the launchers' keyword default): listed here, refused by ``override``.
+``fma_sums``, ``packed_state_tile`` and ``default_state_layout`` are fixed when ``pmll_lab`` is
+imported (globals of the jitted ``recurrence`` functions; the launchers' keyword default): listed
+here, refused by ``override``.
 ``recurrence.EXACT_LAUNCH`` is not a setting: it is what keeps the exact family's rounding alike
 in every kernel.
 """
@@ -114,6 +115,17 @@ class GdnSettings:
         see="perf-notes 'Launch constants: GDN decode and chain'; archive v13")
     """``recurrence.dot_fma`` fuses its products; ``PMLL_LAB_FMA_SUMS=0``/``1`` in the
     environment before ``pmll_lab`` is imported switches it (default: on a GPU)."""
+
+    packed_state_tile: bool = _row(
+        os.environ.get("PMLL_LAB_PACKED_STATE_TILE", "0") != "0", check="flag", when="import",
+        why="a bf16/fp16 tile held as 2-byte pairs between rows takes half the registers (the "
+            "V-major verify, B = 64, sm_90: 233 -> 168, one instruction in a hundred more); same "
+            "bits; not yet timed on a GPU, so off",
+        see="perf-notes 'bf16 state pools'")
+    """The exact family (chain, exact carry verify, folds, flush) holds a 2-byte state tile in
+    its own type between rows (``recurrence.round_to_state``, ``state_tile``);
+    ``PMLL_LAB_PACKED_STATE_TILE=1`` in the environment before ``pmll_lab`` is imported switches
+    it on (default off)."""
 
     default_state_layout: str = _row(
         "kv", check="layout", when="import",
@@ -325,7 +337,8 @@ def override(**changes):
     active values; on exit (also after an error) the values before the block come back.
 
     Raises ``ValueError`` naming the settings, before anything changes: names that are no
-    setting, settings fixed at import (``fma_sums``, ``default_state_layout``), values of the
+    setting, settings fixed at import (``fma_sums``, ``packed_state_tile``,
+    ``default_state_layout``), values of the
     wrong form (flags: bool; counts: int >= 0; powers of two; tables: tuples of int rows of the
     shipped width). Lists are taken as tuples."""
     unknown = sorted(n for n in changes if n not in _FIELD)
@@ -335,7 +348,8 @@ def override(**changes):
     fixed = sorted(n for n in changes if _FIELD[n].metadata["when"] == "import")
     if fixed:
         raise ValueError(f"{', '.join(fixed)}: fixed when pmll_lab is imported, not overridable "
-                         "(fma_sums: PMLL_LAB_FMA_SUMS in the environment; "
+                         "(fma_sums: PMLL_LAB_FMA_SUMS in the environment; packed_state_tile: "
+                         "PMLL_LAB_PACKED_STATE_TILE; "
                          "default_state_layout: pass state_layout=)")
     checked = {n: _checked(n, v) for n, v in changes.items()}
     saved = dict(_active)

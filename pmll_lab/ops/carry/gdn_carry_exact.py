@@ -27,7 +27,8 @@ import triton.language as tl
 from pmll_lab.ops.carry.gdn_carry_skeleton import (  # noqa: F401  (gdn_carry re-exports them)
     _verify_prologue, exact_row, flush_tile, fold_pending, restash_shared_rows, row_ptrs,
     stash_row_ptrs, store_engaged)
-from pmll_lab.ops.gdn.recurrence import head_tile_program, load_gate_params, load_row_inputs
+from pmll_lab.ops.gdn.recurrence import (head_tile_program, load_gate_params, load_row_inputs,
+                                         state_tile)
 
 
 # Row vectors (q, k, v, g, beta, o) and their strides are not specialised on alignment or
@@ -57,7 +58,7 @@ def _folded_block(h_ptr, u_ptr, gs_ptr, ks_ptr, p, wb, rk, mk, rv, mv,
     hp = h_ptr + rk[:, None] * VD + rv[None, :]
     if STATE_VEC > 0:
         hp = tl.max_contiguous(hp, [1, STATE_VEC])
-    h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
+    h = state_tile(tl.load(hp, mask=m2, other=0.0))
     h = fold_pending(h, (), u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, h_ptr, HV, KD, VD,
                      PREFETCH, False)
     tl.debug_barrier()  # every thread's fold loads of u rows done before they are restashed

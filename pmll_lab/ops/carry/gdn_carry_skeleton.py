@@ -16,7 +16,8 @@ import triton.language as tl
 
 from pmll_lab.ops.gdn.decode_vk import load_key_row_vk, vk_tile_index, vk_tile_offsets
 from pmll_lab.ops.gdn.recurrence import (fold_row, fold_row_vk, gdn_gate_g, gdn_row, gdn_row_vk,
-                                         head_tile_program, qk_prepare, qk_prepare_vk, round_like)
+                                         head_tile_program, qk_prepare, qk_prepare_vk,
+                                         round_to_state, state_tile)
 
 
 @triton.jit
@@ -70,9 +71,9 @@ def _fold_one(h, gi, ki, ui, h_ptr, VK: tl.constexpr):
     """One stash row folded into the block (``fold_row``) or tile (``fold_row_vk``), rounded
     to the state's dtype (``h_ptr``'s) as decoding stores it."""
     if VK:
-        h = round_like(fold_row_vk(h, tl.exp(gi), ki, ui), h_ptr)
+        h = round_to_state(fold_row_vk(h, tl.exp(gi), ki, ui), h_ptr)
     else:
-        h = round_like(fold_row(h, tl.exp(gi), ki, ui), h_ptr)
+        h = round_to_state(fold_row(h, tl.exp(gi), ki, ui), h_ptr)
     return h
 
 
@@ -123,7 +124,7 @@ def exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rv, mv, l
     else:
         q, k = qk_prepare(q, k, scale, USE_QK_L2NORM)
         h, o, u = gdn_row(h, q, k, v, g, beta)
-    h = round_like(h, h_ptr)
+    h = round_to_state(h, h_ptr)
     tl.store(orow + t * so_t + rv, tl.where(live, o, 0.0).to(orow.dtype.element_ty), mask=mv)
     tl.store(u_ptr + (first + t) * (HV * VD) + rv, u, mask=mv & live)
     return h
@@ -222,7 +223,7 @@ def flush_tile(state_ptr, stash_ptr, pend_ptr, slot_ptr, state_off_ptr, stash_of
         else:
             ahead = ()
             hp = h_ptr + rk[:, None] * VD + rv[None, :]
-        h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
+        h = state_tile(tl.load(hp, mask=m2, other=0.0))
         if not VK:
             u_ptr, gs_ptr, ks_ptr = stash_row_ptrs(s_ptr, hv, CAP, HV, KD, VD)
         h = fold_pending(h, ahead, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rv, mv, h_ptr, HV, KD, VD,

@@ -43,7 +43,7 @@ from pmll_lab.ops.carry.gdn_carry_skeleton import (_verify_prologue, exact_row, 
                                                    store_engaged)
 from pmll_lab.ops.gdn.decode_vk import (load_row_inputs_vk, row_inputs_vk, rows_ahead_vk,
                                         vk_tile_index, vk_tile_offsets)
-from pmll_lab.ops.gdn.recurrence import head_tile_program, load_gate_params
+from pmll_lab.ops.gdn.recurrence import head_tile_program, load_gate_params, state_tile
 
 
 @triton.jit
@@ -61,7 +61,7 @@ def _fold_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr,
     hp = h_ptr + vk_tile_offsets(rk, rr, KD)
     if STATE_VEC > 0:
         hp = tl.max_contiguous(hp, [1, 1, STATE_VEC])
-    h = tl.load(hp, mask=m2, other=0.0).to(tl.float32)
+    h = state_tile(tl.load(hp, mask=m2, other=0.0))
     h = fold_pending(h, ahead, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr, h_ptr, HV, KD, VD,
                      PREFETCH, True)
     tl.debug_barrier()

@@ -39,7 +39,7 @@ from pmll_lab.ops import settings
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, EXACT_LAUNCH, block_config,
                                          gdn_row, head_tile_program, load_gate_params,
                                          kv_state_vector, load_row_inputs, qk_prepare,
-                                         round_like, vk_chunks,
+                                         round_to_state, state_tile, vk_chunks,
                                          vk_ahead, vk_config, vk_qk_aligned)
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
@@ -79,7 +79,7 @@ def _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
     qt, kt = qk_prepare(qt, kt, scale, USE_QK_L2NORM)
     h, ot, ut = gdn_row(h, qt, kt, vt, gt, bt)
     if K > 1:   # a bf16/fp16 state as a decode would store it (K = 1: the state store rounds)
-        h = round_like(h, inter)
+        h = round_to_state(h, inter)
     tl.store(o + b64 * o_b + t * o_t + hv * o_h + rv,
              tl.where(live, ot, 0.0).to(o.dtype.element_ty), mask=mv)
     if STORE_INTER:
@@ -133,7 +133,7 @@ def gdn_rows_kernel(
     p_h = state + slot * s_slot + hv * s_head + rk[:, None] * s_key + rv[None, :]
     if STATE_VEC > 0:                    # >= 2 key rows per thread (recurrence.kv_state_vector)
         p_h = tl.max_contiguous(p_h, [1, STATE_VEC])
-    h = tl.load(p_h, mask=mh, other=0.0).to(tl.float32)
+    h = state_tile(tl.load(p_h, mask=mh, other=0.0))
 
     q_row = q + b64 * q_b + hk * q_h
     k_row = k + b64 * k_b + hk * k_h

@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 
 from pmll_lab.ops.gdn.recurrence import (gdn_row_vk, head_tile_program, load_gate_params,
-                                         qk_prepare_vk, round_like, row_gates)
+                                         qk_prepare_vk, round_to_state, row_gates,
+                                         state_tile)
 
 # Row vectors and their strides are not specialised (as in decode.py): the register layout of a
 # loaded vector, and so the order of the l2norm and k.q sums, must not depend on what Triton
@@ -140,7 +141,7 @@ def _chain_row_vk(h, t, row, o, inter, b64, hv, o_b, o_t, o_h, i_b, i_t, i_h, i_
     qt, kt = qk_prepare_vk(qt, kt, scale, USE_QK_L2NORM)
     h, ot, ut = gdn_row_vk(h, qt, kt, vt, gt, bt)
     if K > 1:   # a bf16/fp16 state as a decode would store it (K = 1: the state store rounds)
-        h = round_like(h, inter)
+        h = round_to_state(h, inter)
     tl.store(o + b64 * o_b + t * o_t + hv * o_h + rr,
              tl.where(live, ot, 0.0).to(o.dtype.element_ty), mask=mr)
     if STORE_INTER:
@@ -196,7 +197,7 @@ def gdn_rows_vk_kernel(
     slot = tl.maximum(slot, 0)
     mh = mh & live
     p_h = state + slot * s_slot + hv * s_head + vk_tile_offsets(rk, rr, s_row)
-    h = tl.load(p_h, mask=mh, other=0.0).to(tl.float32)
+    h = state_tile(tl.load(p_h, mask=mh, other=0.0))
     if UNROLL:
         for t in tl.static_range(K):
             rows = rows_ahead_vk(rows, t, q_row, k_row, v_row, g_row, beta_row,

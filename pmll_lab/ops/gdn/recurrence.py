@@ -63,10 +63,16 @@ from pmll_lab.backend import INTERPRET
 from pmll_lab.ops import settings
 from pmll_lab.ops.host import next_power_of_2
 
+PACKED_STATE_TILE = tl.constexpr(settings.gdn().packed_state_tile)
+"""The ``packed_state_tile`` setting of ``pmll_lab.ops.settings``, fixed at import (a global of
+the jitted ``round_to_state`` / ``state_tile``): a 2-byte state tile held as 2-byte pairs
+between rows (half the registers) or widened to fp32. Same bits either way."""
+
 PAIRED_ROUNDING = tl.constexpr(not INTERPRET)
-"""On a GPU ``round_like`` rounds two fp32 values per conversion (PTX ``cvt.rn.bf16x2.f32`` /
-``cvt.rn.f16x2.f32``, SASS ``F2FP``) instead of one (``F2F``): fewer issue slots;
-both round to nearest even, so the bits are the same. The interpreter has no inline PTX and casts.
+"""On a GPU ``round_to_state`` rounds two fp32 values per conversion (PTX ``cvt.rn.bf16x2.f32`` /
+``cvt.rn.f16x2.f32``, SASS ``F2FP``) instead of one (``F2F``), and ``state_f32`` widens a bf16
+pair with one shift and one mask: fewer issue slots; both round to nearest even, so the bits are
+the same. The interpreter has no inline PTX and casts.
 The paired form needs an even element count per thread (every state tile has one; a tensor of
 one element does not compile)."""
 
@@ -178,37 +184,73 @@ def qk_prepare(q, k, scale, USE_QK_L2NORM: tl.constexpr):
 
 @triton.jit
 def fold_row(h, e, k, u):
-    """State update with a known row: ``h * e + k u^T`` (``h [BK, BV]``, ``e`` = exp(g))."""
-    return h * e + k[:, None] * u[None, :]
+    """State update with a known row: ``h * e + k u^T`` (``h [BK, BV]`` in the state's type,
+    ``state_f32``; ``e`` = exp(g)); fp32."""
+    return state_f32(h) * e + k[:, None] * u[None, :]
 
 
 @triton.jit
-def round_like(h, state_ptr):
-    """``h`` (fp32) rounded to the element type of ``state_ptr`` and back: the value a bf16 or
-    fp16 state pool stores after a token (round to nearest even), so a kernel that keeps the
-    state in registers across rows (chain, carry verify, folds) rounds where successive
-    decodes store it. A no-op (resolved at compile time) for an fp32 state. On a GPU the
-    rounding is paired (``PAIRED_ROUNDING``): the conversion, not the arithmetic, was the
-    bf16-state carry's extra cost (reports/perf-notes.md, "bf16 state pools")."""
+def round_to_state(h, state_ptr):
+    """``h`` (fp32) rounded to the element type of ``state_ptr`` (round to nearest even): the
+    value a bf16 or fp16 state pool stores after a token, so a kernel that keeps the state in
+    registers across rows (chain, carry verify, folds) rounds where successive decodes store it.
+    Held as the kernels hold a tile between rows (``state_tile``): in the state's type with
+    ``PACKED_STATE_TILE`` (stored as it is: write-back, snapshot, flush), else widened back to
+    fp32. The row functions (``gdn_row``, ``fold_row`` and their ``_vk`` twins) take either
+    (``state_f32``). A no-op for an fp32 state. On a GPU the rounding is paired
+    (``PAIRED_ROUNDING``; reports/perf-notes.md, "bf16 state pools")."""
     if state_ptr.dtype.element_ty == tl.bfloat16:
         if PAIRED_ROUNDING:
-            # two elements per instance: $0, $1 out (bf16 bits in the high half), $2, $3 in
-            h = tl.inline_asm_elementwise(
-                "{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $3, $2; shl.b32 $0, t, 16; "
-                "and.b32 $1, t, 0xffff0000; }",
-                "=r,=r,f,f", [h], dtype=tl.uint32, is_pure=True, pack=2).to(tl.float32,
-                                                                             bitcast=True)
+            if PACKED_STATE_TILE:
+                # two elements per instance: $0 out (the pair, first element in the low
+                # half, as a bf16x2 load or store lays it), $1, $2 in
+                h = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [h],
+                                              dtype=tl.bfloat16, is_pure=True, pack=2)
+            else:
+                # $0, $1 out (bf16 bits in the high half), $2, $3 in
+                h = tl.inline_asm_elementwise(
+                    "{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $3, $2; shl.b32 $0, t, 16; "
+                    "and.b32 $1, t, 0xffff0000; }",
+                    "=r,=r,f,f", [h], dtype=tl.uint32, is_pure=True,
+                    pack=2).to(tl.float32, bitcast=True)
         else:
-            h = h.to(tl.bfloat16).to(tl.float32)
+            h = state_tile(h.to(tl.bfloat16))
     elif state_ptr.dtype.element_ty == tl.float16:
         if PAIRED_ROUNDING:
-            h = tl.inline_asm_elementwise(
-                "{ .reg .b32 t; .reg .b16 a, b; cvt.rn.f16x2.f32 t, $3, $2; mov.b32 {a, b}, t; "
-                "cvt.f32.f16 $0, a; cvt.f32.f16 $1, b; }",
-                "=f,=f,f,f", [h], dtype=tl.float32, is_pure=True, pack=2)
+            if PACKED_STATE_TILE:
+                h = tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [h],
+                                              dtype=tl.float16, is_pure=True, pack=2)
+            else:
+                h = tl.inline_asm_elementwise(
+                    "{ .reg .b32 t; .reg .b16 a, b; cvt.rn.f16x2.f32 t, $3, $2; "
+                    "mov.b32 {a, b}, t; cvt.f32.f16 $0, a; cvt.f32.f16 $1, b; }",
+                    "=f,=f,f,f", [h], dtype=tl.float32, is_pure=True, pack=2)
         else:
-            h = h.to(tl.float16).to(tl.float32)
+            h = state_tile(h.to(tl.float16))
     return h
+
+
+@triton.jit
+def state_tile(h):
+    """A state tile loaded from the pool, as the exact family holds it between rows: as loaded
+    with ``PACKED_STATE_TILE`` (a 2-byte state stays 2 bytes), else widened to fp32."""
+    if not PACKED_STATE_TILE:
+        h = h.to(tl.float32)
+    return h
+
+
+@triton.jit
+def state_f32(h):
+    """A state tile as fp32 (exact): ``h`` as loaded from the pool or returned by
+    ``round_to_state`` (fp32, bf16 or fp16). On a GPU a bf16 pair widens with one shift and one
+    mask (``PAIRED_ROUNDING``) where Triton's cast takes a byte permute and a shift per value."""
+    if h.dtype == tl.bfloat16:
+        if PAIRED_ROUNDING:
+            # $2: the pair (first element in the low half); $0, $1 out
+            h = tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }",
+                                          "=r,=r,r", [h], dtype=tl.uint32, is_pure=True,
+                                          pack=2).to(tl.float32, bitcast=True)
+    return h.to(tl.float32)
 
 
 @triton.jit
@@ -276,10 +318,12 @@ def dot_fma(x, y, axis: tl.constexpr):
 def gdn_row(h, q, k, v, g, beta):
     """One token of the recurrence on a state block. Returns ``(h_new, o [BV], u [BV])``.
 
-    ``h [BK, BV]`` fp32; ``q, k [BK]`` fp32 as returned by ``qk_prepare``; ``v [BV]`` fp32;
+    ``h [BK, BV]`` fp32, or bf16 / fp16 as a 2-byte pool holds it (``state_f32``; ``h_new`` is
+    fp32); ``q, k [BK]`` fp32 as returned by ``qk_prepare``; ``v [BV]`` fp32;
     ``g`` (log decay), ``beta`` fp32 scalars.
     """
     e = tl.exp(g)
+    h = state_f32(h)
     hk = dot_fma(h, k[:, None], 0)
     hq = dot_fma(h, q[:, None], 0)
     u = beta * tl.fma(-e, hk, v)
@@ -321,23 +365,26 @@ def qk_prepare_vk(q, k, scale, USE_QK_L2NORM: tl.constexpr):
 
 @triton.jit
 def fold_row_vk(h, e, k, u):
-    """State update with a known row on a V-major tile ``h [BR, NC, CW]``:
+    """State update with a known row on a V-major tile ``h [BR, NC, CW]`` (state's type, fp32
+    out):
     ``tl.fma(u k^T, 1, h * e)``, the FMA written out. Left to the compiler,
     ``h * e + u * k`` was contracted one way in decode and another in the flush kernel, whose
     folded states then differed from decode's in the last bit (H200, 2026-11-30,
     reports/perf-notes-archive.md v11)."""
-    return tl.fma(u[:, None, None], k[None, :, :], h * e)
+    return tl.fma(u[:, None, None], k[None, :, :], state_f32(h) * e)
 
 
 @triton.jit
 def gdn_row_vk(h, q, k, v, g, beta):
     """One token of the recurrence on a V-major tile. Returns ``(h_new, o [BR], u [BR])``.
 
-    ``h [BR, NC, CW]`` fp32 (value rows x key chunks x chunk width); ``q, k [NC, CW]`` fp32
+    ``h [BR, NC, CW]`` (value rows x key chunks x chunk width) in the state's type, as
+    ``gdn_row`` takes it; ``q, k [NC, CW]`` fp32
     from ``qk_prepare_vk``; ``v [BR]`` fp32 (this tile's value rows); ``g``, ``beta`` fp32
     scalars. Same arithmetic as ``gdn_row`` with the state transposed.
     """
     e = tl.exp(g)
+    h = state_f32(h)
     hk = vk_dot_keys(h, k)
     hq = vk_dot_keys(h, q)
     u = beta * tl.fma(-e, hk, v)
