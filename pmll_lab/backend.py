@@ -111,9 +111,15 @@ def git_commit() -> str:
 
 
 def environment() -> dict[str, str]:
-    """Provenance stamped on every results row: device, versions, commit."""
+    """Provenance stamped on every results row: device, versions, commit, and the kernel
+    switches fixed when ``pmll_lab`` is imported (``import_settings``, e.g.
+    ``"fma_sums=1 packed_state_tile=0"``: they change instructions, not bits, so two runs'
+    times compare only when they agree)."""
     import triton
 
+    from pmll_lab.ops import settings
+
+    gdn = settings.gdn()
     return {
         "device": device_name(),
         "backend": "triton-interpreter" if INTERPRET else "cuda",
@@ -121,4 +127,6 @@ def environment() -> dict[str, str]:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "commit": git_commit(),
+        "import_settings": (f"fma_sums={int(gdn.fma_sums)} "
+                            f"packed_state_tile={int(gdn.packed_state_tile)}"),
     }

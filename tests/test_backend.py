@@ -1,5 +1,6 @@
 """pmll_lab.backend: the one place that picks the GPU or the Triton interpreter."""
 
+import json
 import os
 import subprocess
 import sys
@@ -42,7 +43,12 @@ def test_unknown_device_request_is_refused():
 
 def test_environment_names_device_versions_and_commit():
     env = backend.environment()
-    assert set(env) >= {"device", "backend", "torch", "triton", "python", "commit"}
+    assert set(env) >= {"device", "backend", "torch", "triton", "python", "commit",
+                        "import_settings"}
+    proc = _python("import json, pmll_lab.backend as b; print(json.dumps(b.environment()))",
+                   PMLL_LAB_DEVICE="cpu", PMLL_LAB_FMA_SUMS="0", PMLL_LAB_PACKED_STATE_TILE="1")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["import_settings"] == "fma_sums=0 packed_state_tile=1"
     assert env["backend"] == ("triton-interpreter" if backend.INTERPRET else "cuda")
     assert env["commit"]
 
