@@ -206,3 +206,20 @@ def test_speed_plot_names_a_layout_only_where_the_rows_have_one():
     fig = plots.plot_speed(both, "time_us", None, lab, ["a"], "t", {"time_us": "µs"})
     assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["kernel a, K-major",
                                                                    "kernel a, V-major"]
+
+
+def test_report_table_speaks_to_researchers():
+    """Result columns get words and units, a pivot's keys become columns (no unnamed index
+    column), large numbers stay whole; the data keeps its column names."""
+    import pandas as pd
+
+    df = pd.DataFrame(dict(K=[2, 2, 4], form=["ring", "chain", "ring"],
+                           time_us=[12.345, 2.0, 12345.6], worst_rel_l2=[1e-3, 2e-3, 3e-3]))
+    html = P.table(df).data
+    assert "<th>time (µs)</th>" in html and "<th>worst rel. L2</th>" in html
+    assert "time_us" not in html and "12,346" in html and "12.3" in html and "0.003" in html
+    wide = df.pivot_table(index=["K", "form"], values="time_us")
+    html = P.table(wide).data
+    assert html.count("<th>") == 3 and "<th>K</th>" in html and "<th>form</th>" in html
+    assert "<th></th>" not in html
+    assert list(df.columns) == ["K", "form", "time_us", "worst_rel_l2"]

@@ -423,17 +423,48 @@ def correctness_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
     return out
 
 
+COLUMN_LABELS = {
+    "time_us": "time (µs)", "ours_us": "ours (µs)", "peer_us": "peer (µs)",
+    "step_us": "step (µs)", "do_bench_us": "do_bench (µs)", "cuda_graph_us": "CUDA graph (µs)",
+    "roofline_frac": "fraction of roofline", "median_roofline": "median fraction of roofline",
+    "best_roofline": "best fraction of roofline", "gbps": "GB/s", "median_gbps": "median GB/s",
+    "best_gbps": "best GB/s", "met_cells": "cells met", "worst_rel_l2": "worst rel. L2",
+    "worst_of": "worst in", "rel_l2": "rel. L2", "max_abs": "max abs",
+    "o_rel_l2": "output rel. L2", "state_rel_l2": "state rel. L2",
+    "state_layout": "state layout", "state_dtype": "state dtype", "head_dim": "head dim",
+    "mean_fill": "mean fill before a verify (rows)", "fold_frac": "folds per verify",
+    "write_back_frac": "write-backs per verify", "mean_accept": "mean accepted rows",
+    "ring_length": "ring length", "bytes_moved_step": "bytes moved per step",
+    "bytes_held_seq": "bytes held per sequence", "host_syncs": "host syncs",
+    "lazy_steps": "lazy steps", "eager_steps": "eager steps", "flushed_slots": "flushed slots",
+    "drift_o": "output drift", "drift_state": "state drift",
+}
+"""Headers a report table shows for result columns (``table``, ``details``): words and units
+for researchers; the results files keep the column names."""
+
+
 def _html(df: pd.DataFrame) -> str:
     if not len(df):
         return "<p>(none)</p>"
     df = df.copy()
+    if isinstance(df.index, pd.MultiIndex) or df.index.name is not None:
+        df = df.reset_index()                  # a pivot's or groupby's keys: columns of their own
     df.columns = df.columns.rename(None)       # a pivot's column name would head an empty column
-    return df.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3g}")
+    df = df.rename(columns=lambda c: COLUMN_LABELS.get(c, c) if isinstance(c, str) else c)
+    return df.to_html(index=False, na_rep="", float_format=_number)
+
+
+def _number(v: float) -> str:
+    """3 significant digits; from 1000 up whole numbers with thousands separators (``.3g``
+    would write 12,346 as 1.23e+04)."""
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
 
 
 def table(df: pd.DataFrame):
-    """``df`` as a report table: no index column, blank for a missing value, 3 significant
-    digits (a raw DataFrame shows its index and ``NaN``)."""
+    """``df`` as a report table: no index column (a named index or a pivot's keys become
+    columns), blank for a missing value, 3 significant digits (whole numbers from 1000),
+    result columns headed by
+    ``COLUMN_LABELS`` (a raw DataFrame shows its index, ``NaN`` and the column names)."""
     from IPython.display import HTML
 
     return HTML(_html(df))
