@@ -64,3 +64,14 @@ def test_lower_mode_compiles_and_refuses_the_interpreter():
     proc = subprocess.run([sys.executable, "-c", "import pmll_lab"], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode != 0 and "unset TRITON_INTERPRET" in proc.stderr
+
+
+def test_import_switches_refuse_a_value_other_than_0_or_1():
+    """``PMLL_LAB_PACKED_STATE_TILE=off`` must not read as on: the import fails naming it."""
+    for name in ("PMLL_LAB_PACKED_STATE_TILE", "PMLL_LAB_FMA_SUMS"):
+        proc = _python("import pmll_lab.gdn", PMLL_LAB_DEVICE="cpu", **{name: "off"})
+        assert proc.returncode != 0
+        assert f"{name}: expected 0 or 1 (or unset), got 'off'" in proc.stderr
+    proc = _python("import pmll_lab.ops.settings as s; print(s.gdn().packed_state_tile)",
+                   PMLL_LAB_DEVICE="cpu", PMLL_LAB_PACKED_STATE_TILE="")
+    assert proc.returncode == 0 and proc.stdout.split() == ["False"], proc.stderr

@@ -223,3 +223,16 @@ def test_report_table_speaks_to_researchers():
     assert html.count("<th>") == 3 and "<th>K</th>" in html and "<th>form</th>" in html
     assert "<th></th>" not in html
     assert list(df.columns) == ["K", "form", "time_us", "worst_rel_l2"]
+
+
+def test_report_table_flattens_a_pivot_of_several_values():
+    """A pivot of several quantities (MultiIndex columns) heads each column with the quantity
+    and the key, one header row."""
+    import pandas as pd
+
+    sim = pd.DataFrame(dict(K=[2, 2, 4, 4], mode=["eager", "lazy"] * 2,
+                            mean_accept=[1.5, 1.5, 2.9, 2.9], step_us=[3.0, 4.0, 5.0, 6.0]))
+    wide = sim.pivot_table(index="K", columns="mode", values=["mean_accept", "step_us"])
+    html = P.table(wide).data
+    assert "<th>K</th>" in html and "<th>step (µs) lazy</th>" in html
+    assert "<th>mean accepted rows eager</th>" in html and html.count("<tr") == 3  # 1 + 2 rows

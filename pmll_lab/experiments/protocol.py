@@ -449,8 +449,11 @@ def _html(df: pd.DataFrame) -> str:
     df = df.copy()
     if isinstance(df.index, pd.MultiIndex) or df.index.name is not None:
         df = df.reset_index()                  # a pivot's or groupby's keys: columns of their own
-    df.columns = df.columns.rename(None)       # a pivot's column name would head an empty column
     df = df.rename(columns=lambda c: COLUMN_LABELS.get(c, c) if isinstance(c, str) else c)
+    if isinstance(df.columns, pd.MultiIndex):  # a pivot of several values: "quantity key"
+        df.columns = [" ".join(str(x) for x in col if str(x) != "") for col in df.columns]
+    else:
+        df.columns = df.columns.rename(None)   # a pivot's column name would head an empty column
     return df.to_html(index=False, na_rep="", float_format=_number)
 
 

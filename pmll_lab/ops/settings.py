@@ -33,6 +33,16 @@ from dataclasses import dataclass, field
 from pmll_lab.backend import INTERPRET
 
 
+def _env_flag(name: str, default: bool) -> bool:
+    """A switch fixed at import from the environment: ``"1"`` on, ``"0"`` off, unset or empty
+    the default. Raises ``ValueError`` naming the variable for any other value (``"off"`` or
+    ``"false"`` would otherwise read as on)."""
+    value = os.environ.get(name, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name}: expected 0 or 1 (or unset), got {value!r}")
+    return default if value == "" else value == "1"
+
+
 def _row(value, *, check: str, why: str, see: str, when: str = "launch"):
     return field(default=value, metadata=dict(check=check, why=why, see=see, when=when))
 
@@ -108,7 +118,7 @@ class GdnSettings:
     """Chains of up to this many rows unroll their row loop; longer ones run a runtime loop."""
 
     fma_sums: bool = _row(
-        os.environ.get("PMLL_LAB_FMA_SUMS", "0" if INTERPRET else "1") != "0", check="flag",
+        _env_flag("PMLL_LAB_FMA_SUMS", not INTERPRET), check="flag",
         when="import",
         why="the instruction-bound verify gets its key sums' FMAs back; off in the interpreter, "
             "which computes tl.fma unfused anyway and ran the suite at twice the time",
@@ -117,9 +127,9 @@ class GdnSettings:
     environment before ``pmll_lab`` is imported switches it (default: on a GPU)."""
 
     packed_state_tile: bool = _row(
-        os.environ.get("PMLL_LAB_PACKED_STATE_TILE", "0") != "0", check="flag", when="import",
+        _env_flag("PMLL_LAB_PACKED_STATE_TILE", False), check="flag", when="import",
         why="a bf16/fp16 tile held as 2-byte pairs between rows takes half the registers (the "
-            "V-major verify, B = 64, sm_90: 233 -> 168, one instruction in a hundred more); same "
+            "V-major verify, B = 64, sm_90: 228 -> 168, one instruction in a hundred more); same "
             "bits; not yet timed on a GPU, so off",
         see="perf-notes 'bf16 state pools'")
     """The exact family (chain, exact carry verify, folds, flush) holds a 2-byte state tile in
