@@ -429,7 +429,7 @@ COLUMN_LABELS = {
     "roofline_frac": "fraction of roofline", "median_roofline": "median fraction of roofline",
     "best_roofline": "best fraction of roofline", "gbps": "GB/s", "median_gbps": "median GB/s",
     "best_gbps": "best GB/s", "met_cells": "cells met", "worst_rel_l2": "worst rel. L2",
-    "worst_of": "worst in", "rel_l2": "rel. L2", "max_abs": "max abs",
+    "worst_of": "worst quantity", "what": "quantity", "rel_l2": "rel. L2", "max_abs": "max abs",
     "o_rel_l2": "output rel. L2", "state_rel_l2": "state rel. L2",
     "state_layout": "state layout", "state_dtype": "state dtype", "head_dim": "head dim",
     "mean_fill": "mean fill before a verify (rows)", "fold_frac": "folds per verify",
@@ -446,6 +446,13 @@ for researchers; the results files keep the column names."""
 def _html(df: pd.DataFrame) -> str:
     if not len(df):
         return "<p>(none)</p>"
+    return labelled(df).to_html(index=False, na_rep="", float_format=_number)
+
+
+def labelled(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``df`` as a report shows it: a named index or a pivot's keys as columns,
+    result columns headed by ``COLUMN_LABELS``, a pivot of several quantities under one header
+    row ("quantity key")."""
     df = df.copy()
     if isinstance(df.index, pd.MultiIndex) or df.index.name is not None:
         df = df.reset_index()                  # a pivot's or groupby's keys: columns of their own
@@ -454,7 +461,7 @@ def _html(df: pd.DataFrame) -> str:
         df.columns = [" ".join(str(x) for x in col if str(x) != "") for col in df.columns]
     else:
         df.columns = df.columns.rename(None)   # a pivot's column name would head an empty column
-    return df.to_html(index=False, na_rep="", float_format=_number)
+    return df
 
 
 def _number(v: float) -> str:

@@ -193,11 +193,11 @@ def answer(df: pd.DataFrame, targets: Sequence[Target], name: str,
 
     head = headline(df, targets) if P.on_gpu(df) else checks_headline(df)
     display(Markdown(verdict(df, head, name)))
-    display(HTML(_shown(head).to_html(index=False, classes="headline", na_rep="",
-                                      float_format=lambda v: f"{v:.4g}")))
+    display(HTML(P.labelled(_shown(head)).to_html(index=False, classes="headline", na_rep="",
+                                                  float_format=lambda v: f"{v:.4g}")))
     if findings is not None and len(findings):
-        display(HTML(findings.to_html(index=False, classes="findings", na_rep="",
-                                      float_format=lambda v: f"{v:.4g}")))
+        display(HTML(P.labelled(findings).to_html(index=False, classes="findings", na_rep="",
+                                                  float_format=lambda v: f"{v:.4g}")))
     if results_dir is not None:
         head.to_csv(Path(results_dir) / "headline.csv", index=False)
     return head
