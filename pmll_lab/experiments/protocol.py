@@ -438,6 +438,8 @@ COLUMN_LABELS = {
     "bytes_held_seq": "bytes held per sequence", "host_syncs": "host syncs",
     "lazy_steps": "lazy steps", "eager_steps": "eager steps", "flushed_slots": "flushed slots",
     "drift_o": "output drift", "drift_state": "state drift",
+    "mean_folded": "mean rows folded", "wb_freq": "write-backs per verify",
+    "rel_l2_last": "rel. L2, last token", "top1_agree": "top-1 agreement",
 }
 """Headers a report table shows for result columns (``table``, ``details``): words and units
 for researchers; the results files keep the column names."""
