@@ -140,6 +140,7 @@ def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
         ("Git commit", env.get("commit", "?")),
         ("torch / triton / python",
          f"{env.get('torch', '?')} / {env.get('triton', '?')} / {env.get('python', '?')}"),
+        ("Kernel switches fixed at import", env.get("import_settings", "?")),
         ("Preset", manifest.get("preset", "?")),
         ("Device asked for", manifest.get("device_requested", "?")),
         ("Sweeps ran", cluster_text(manifest.get("cluster"))),
@@ -172,11 +173,14 @@ def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
         met = [v for v in verdicts.values() if v and "targets" in v]
         total = (f"; targets met: {sum(v['met'] for v in met)} of "
                  f"{sum(v['targets'] for v in met)}" if met else "")
+        lost = sum(b.get("failed_points", 0) for b in books)
         out.append(f"<p>{len(books)} notebook(s), "
                    + (f"<span class='failed'>{failed} FAILED</span>" if failed
-                      else "<span class='ok'>none failed</span>" if only
+                      else "<span class='ok'>none failed</span>" if only or lost
                       else "<span class='ok'>all ok</span>")
                    + (f", {only} with results only (no rendered notebook)" if only else "")
+                   + (f", <span class='failed'>{lost} sweep point(s) failed</span>" if lost
+                      else "")
                    + f"{e(total)}.</p>")
         out.append("<table><tr><th>Notebook</th><th>Status</th><th>Time (s)</th>"
                    "<th>Sweeps ran on</th><th>Report</th><th>Executed notebook</th>"
@@ -188,6 +192,9 @@ def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
                           b["status"], "<span class='failed'>FAILED</span>")
             if verdicts.get(b["name"]):
                 status += f"<div><b>{e(verdict_text(verdicts[b['name']]))}</b></div>"
+            if b.get("failed_points"):
+                status += (f"<div class='failed'>{b['failed_points']} of {b.get('points', '?')} "
+                           "sweep points failed (see the report's correctness section)</div>")
             if b.get("error"):
                 status += f"<div class='err'>{e(b['error'])}</div>"
             if b.get("kept_from_earlier"):

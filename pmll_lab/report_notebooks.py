@@ -231,8 +231,11 @@ def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool
     lost = sweeps_all_failed(results)
     if lost and entry["status"] == "ok":
         entry["status"], entry["error"] = "failed", lost
+    entry["failed_points"], entry["points"] = failed_points(results)
+    some = (f" ({entry['failed_points']} of {entry['points']} sweep points failed: see the "
+            "notebook's correctness section)" if entry["failed_points"] else "")
     log(f"  {name}: {'ok' if entry['status'] == 'ok' else 'FAILED'} in {entry['seconds']:.0f} s"
-        + (f" -- {entry['error']}" if entry["error"] else ""))
+        + some + (f" -- {entry['error']}" if entry["error"] else ""))
     return entry
 
 
@@ -250,6 +253,18 @@ def _sweep_frames(results: Path) -> Iterator[tuple[str, "object"]]:
             continue
         if not df.empty and "point_id" in df:
             yield fname.removesuffix(".jsonl"), df
+
+
+def failed_points(results: Path) -> tuple[int, int]:
+    """``(failed, total)`` sweep points over every sweep in ``results`` (a point fails when any
+    of its rows has status failed: its check, its kernel or a peer raised)."""
+    failed = total = 0
+    for _, df in _sweep_frames(results):
+        if "status" not in df:
+            continue
+        bad = df.groupby("point_id")["status"].agg(lambda s: (s == "failed").any())
+        failed, total = failed + int(bad.sum()), total + len(bad)
+    return failed, total
 
 
 def sweeps_all_failed(results: Path) -> str:

@@ -183,6 +183,38 @@ def test_a_notebook_whose_sweep_lost_every_point_is_failed(tmp_path):
     assert sweeps_all_failed(res) == ""                   # a failed point beside one that ran
 
 
+SOME = '''\
+from pmll_lab.sweep import grid, run_sweep
+def point(p):
+    if p["n"] == 2:
+        raise KeyError("float64")
+    return [{"kernel": "k", "metric": "x", "value": float(p["n"])}]
+df = run_sweep("some", grid(n=[1, 2, 3]), point, results_dir=results_dir)
+'''
+
+
+def test_a_notebook_with_some_failed_points_says_so_on_the_index(tmp_path):
+    """One point of three failed, the rest ran: the notebook stays ok, but its entry counts the
+    failed points and the index says so beside it and in the run's summary line."""
+    from pmll_lab.report import index_html
+    from pmll_lab.report_notebooks import failed_points
+
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    _notebook(nbdir / "some.ipynb", [SOME])
+    lines = []
+    manifest = build_report(preset="quick", device="cpu", notebooks_dir=nbdir,
+                            reports_dir=tmp_path / "reports", log=lines.append)
+    (entry,) = manifest["notebooks"]
+    assert entry["status"] == "ok" and (entry["failed_points"], entry["points"]) == (1, 3)
+    assert any("1 of 3 sweep points failed" in ln for ln in lines), lines
+    page = index_html(manifest, run_dir=tmp_path / "reports" / "latest")
+    assert "all ok" not in page and "1 sweep point(s) failed" in page
+    assert "1 of 3 sweep points failed" in page
+    assert "Kernel switches fixed at import" in page and "packed_state_tile=0" in page
+    assert failed_points(tmp_path / "reports" / "latest" / "results" / "some") == (1, 3)
+
+
 def test_index_shows_each_notebooks_headline(tmp_path):
     """A notebook that writes ``results/<name>/headline.csv`` gets that table, whole, on the
     run's index; met / missed are coloured; a notebook without one adds nothing."""
