@@ -32,7 +32,7 @@ from pmll_lab._interpreter import install as _install_interpreter
 
 
 def _decide() -> tuple[torch.device, bool]:
-    wanted = os.environ.get("PMLL_LAB_DEVICE", "auto").strip().lower()
+    wanted = os.environ.get("PMLL_LAB_DEVICE", "").strip().lower() or "auto"   # empty: auto
     if wanted not in ("auto", "cpu", "cuda", "lower"):
         raise RuntimeError(f"PMLL_LAB_DEVICE must be 'auto', 'cpu' or 'cuda' (or 'lower': "
                            f"compile only, for pmll_lab.lowering), not {wanted!r} (a notebook's "

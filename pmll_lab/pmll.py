@@ -182,8 +182,8 @@ def _impl(impl) -> str:
     if impl == "triton":
         return "fused"
     if impl not in IMPLS:
-        raise ValueError(f"impl: must be one of {', '.join(IMPLS)}, 'triton' or None, got "
-                         f"{impl!r}")
+        raise ValueError(f"impl: must be one of {', '.join(repr(i) for i in IMPLS)}, 'triton' or "
+                         f"None, got {impl!r}")
     return impl
 
 

@@ -98,6 +98,15 @@ def _cluster(workers: int | None, scheduler: str | None, device: str,
     from pmll_lab import dist
 
     if scheduler:
+        from distributed.comm.addressing import parse_address, parse_host_port
+
+        try:                                     # before connecting: a malformed address
+            scheme, loc = parse_address(scheduler)
+            if scheme in ("tcp", "tls", "ws", "wss"):
+                parse_host_port(loc)
+        except ValueError as exc:
+            raise ReportError(f"scheduler: {scheduler!r} is not a Dask scheduler address "
+                              f"(e.g. tcp://10.0.0.5:8786): {exc}") from exc
         try:
             with distributed.Client(scheduler, timeout=f"{SCHEDULER_TIMEOUT_S}s",
                                     set_as_default=False) as client:

@@ -82,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="notebooks whose rendered HTML a newer run replaces")
     ap.add_argument("--note", default=None, help="a provenance note for the run's index")
     a = ap.parse_args(argv)
-    archive_run(a.run_dir, drop_html=tuple(a.drop_html), note=a.note)
+    try:
+        archive_run(a.run_dir, drop_html=tuple(a.drop_html), note=a.note)
+    except (FileNotFoundError, ValueError) as exc:
+        ap.error(str(exc))                       # names the argument, exit status 2
     return 0
 
 

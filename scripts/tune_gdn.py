@@ -241,7 +241,10 @@ def tiles_main(argv=None):
                          "carry_prefetch_rows off), e.g. 32x1,16x1,32x1:nopf")
     a = ap.parse_args(argv)
     KERNELS.update(n for n in a.kernels.split(",") if n)
-    tiles = [parse_tile(t) for t in a.tiles.split(",")]
+    try:
+        tiles = [parse_tile(t) for t in a.tiles.split(",")]
+    except ValueError:
+        ap.error(f"--tiles: expected 'default[:cCW]' or 'R[:RC]xW[:cCW]' items, got {a.tiles!r}")
     aheads = [None if s == "default" else tuple(int(n) for n in s.split("-"))
               for s in a.ahead.split(",")]
     blocks = [kv_block_settings(b) for b in a.kv_blocks.split(",") if b]

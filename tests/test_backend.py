@@ -75,3 +75,10 @@ def test_import_switches_refuse_a_value_other_than_0_or_1():
     proc = _python("import pmll_lab.ops.settings as s; print(s.gdn().packed_state_tile)",
                    PMLL_LAB_DEVICE="cpu", PMLL_LAB_PACKED_STATE_TILE="")
     assert proc.returncode == 0 and proc.stdout.split() == ["False"], proc.stderr
+
+
+def test_an_empty_device_request_means_auto():
+    """``PMLL_LAB_DEVICE=`` (set but empty) is the default, as for the 0/1 switches."""
+    proc = _python("import pmll_lab; print(pmll_lab.DEVICE.type)", PMLL_LAB_DEVICE="")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [pmll_lab.DEVICE.type]

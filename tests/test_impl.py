@@ -244,6 +244,6 @@ def test_memory_attention_takes_triton_as_the_fused_kernel():
         with pytest.raises(ValueError, match=r"^impl: the ring attention has no CUDA twin "
                                              r"\(impl='cuda' is taken by pmll_write, pmll_read, "):
             call(*args, impl="cuda")
-        with pytest.raises(ValueError, match=r"^impl: must be one of fused, reference, 'triton' "
+        with pytest.raises(ValueError, match=r"^impl: must be one of 'fused', 'reference', 'triton' "
                                              r"or None, got 'cuda '"):
             call(*args, impl="cuda ")

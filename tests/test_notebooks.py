@@ -19,10 +19,15 @@ def test_the_workbench_has_notebooks():
     assert NOTEBOOKS, "notebooks/ holds no .ipynb: `make report` would run nothing"
 
 
+_NAME: dict = {}
+"""Notebook file stem by ``id`` of the fixture's notebook object."""
+
+
 @pytest.fixture(params=NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def nb(request):
     notebook = nbformat.read(request.param, as_version=4)
     nbformat.validate(notebook)
+    _NAME[id(notebook)] = request.param.stem
     return notebook
 
 
@@ -116,18 +121,46 @@ def test_papermill_reads_the_parameters_cell_without_warnings(nb, caplog):
     assert set(VOCABULARY) <= found
 
 
+def _sweep_points():
+    """The points function each notebook sweep's grids go through, by (notebook, parameter)."""
+    from pmll_lab.experiments import conv, gdn, pmll, pmll_attention, roofline, spec_decode
+    from pmll_lab.experiments import state_drift, step
+
+    def steps(g):
+        return step.points(g, alpha=0.8, seed=0)
+
+    def roof(g):
+        return roofline.points(g, seed=0, fla=False, flashinfer=False)
+
+    return {("carry_protocol", "grids"): lambda g: gdn.points(g, alpha=0.8, p_zero=0.1, seed=0),
+            ("carry_protocol", "step_grids"): steps,
+            ("carry_step", "grids"): steps, ("carry_step", "sensitivity_grids"): steps,
+            ("carry_step", "kernel_grids"): steps,
+            ("gdn_conv", "grids"): conv.points, ("gdn_verify", "grids"): gdn.points,
+            ("pmll_attention", "grids"): pmll_attention.points,
+            ("pmll_attention", "state_grids"): pmll_attention.points,
+            ("pmll_attention", "eviction_grids"): pmll_attention.points,
+            ("pmll_ring", "grids"): pmll.points,
+            ("roofline", "grids"): roof, ("roofline", "ring_grids"): pmll.points,
+            ("roofline", "step_grids"): steps, ("roofline", "drift_grids"): state_drift.points,
+            ("spec_decode", "grids"): spec_decode.points}
+
+
 def test_every_preset_grid_passes_the_axis_checks(nb):
     """Each grid of every preset (the full one too, which only the H200 runs) passes the
-    protocol's axis checks (``protocol.grid_points``: integer axes at or above their least
-    value, every axis a list), so a run on the GPU cannot stop there."""
-    from pmll_lab.experiments import protocol as P
-
+    checks of the points function its notebook sweeps it through (``protocol.grid_points``
+    with that sweep's own axes and dtypes: integer axes at or above their least value, every
+    axis a list, no other notebook's axis), so a run on the GPU cannot stop there; every
+    sweep parameter is mapped to its function here."""
     cell: dict = {}
     exec(_code(nb)[0].source, cell)      # the parameters cell: plain assignments
     params = {name: value for name, value in cell.items()
               if name == "grids" or name.endswith("_grids")}
     assert params
+    fns = _sweep_points()
+    name_of = _NAME[id(nb)]
     for name, presets in params.items():
+        assert (name_of, name) in fns, f"{name_of}: {name} has no points function in this test"
         for preset, grids in presets.items():
             for g in grids:
-                assert P.grid_points([g], {"seed": [0]}), f"{name}[{preset!r}]: no points"
+                assert fns[name_of, name]([g]), f"{name}[{preset!r}]: no points"

@@ -151,11 +151,18 @@ def test_sweep_points_refuse_bad_axes_naming_them_before_any_point():
                                   ("B", 64, r"axis B must be a list of values, got 64"),
                                   ("B", [], r"axis B lists no value"),
                                   ("dtype", ["bf16"], r"axis dtype: 'bf16' is not one of "
-                                                      r"float32, bfloat16, float16, float64"),
-                                  ("k", [2], r"unknown axis k \(known: B, D, H, HK, HV, K, M,")):
+                                                      r"float32, bfloat16, float16$"),
+                                  ("dtype", ["float64"], r"axis dtype: 'float64' is not one"),
+                                  ("k", [2], r"unknown axis k \(this sweep's axes: B, K, d_conv,"),
+                                  ("impl", ["cuda"], r"unknown axis impl \(this sweep's axes: "
+                                                     r".*; impl: another notebook's\)"),
+                                  ("state_layout", ["vk"], r"unknown axis state_layout")):
         with pytest.raises(ValueError, match="^grids: " + message):
             conv.points([{**good, axis: values}])
     assert {p["d_conv"] for p in conv.points([{**good, "d_conv": [3]}])} == {3}
+    from pmll_lab.experiments import spec_decode
+    oracle = {"B": [1], "mode": ["plain"], "arch": ["qwen3_next"], "dtype": ["float64"]}
+    assert spec_decode.points([oracle])[0]["dtype"] == "float64"     # the oracle model's dtype
     for axis, values, message in (("shape", ["qwen3next"], r"axis shape: 'qwen3next' is not one"),
                                   ("K", [9], r"axis K must be in 1\.\.8")):
         with pytest.raises(ValueError, match="^grids: " + message):
@@ -236,3 +243,13 @@ def test_report_table_flattens_a_pivot_of_several_values():
     html = P.table(wide).data
     assert "<th>K</th>" in html and "<th>step (µs) lazy</th>" in html
     assert "<th>mean accepted rows eager</th>" in html and html.count("<tr") == 3  # 1 + 2 rows
+
+
+def test_every_sweeps_axes_are_protocol_axes():
+    """Each experiment module's sweep axes are names of the shared vocabulary (``AXES``), so
+    the README's axis names hold in every notebook."""
+    from pmll_lab.experiments import (conv, gdn, pmll, pmll_attention, roofline, spec_decode,
+                                      state_drift, step)
+
+    for mod in (conv, gdn, pmll, pmll_attention, roofline, spec_decode, state_drift, step):
+        assert set(mod.AXES) <= P.AXES, (mod.__name__, sorted(set(mod.AXES) - P.AXES))

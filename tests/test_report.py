@@ -320,6 +320,11 @@ def test_cluster_arguments_are_checked_before_running(tmp_path, capsys, monkeypa
     with pytest.raises(ReportError, match="scheduler: no Dask scheduler answers"):
         build_report(device="cpu", scheduler="tcp://127.0.0.1:9",
                      notebooks_dir=tmp_path / "notebooks", reports_dir=tmp_path / "r")
+    for bad in ("notanaddress", "tcp://host"):    # malformed: refused before connecting
+        with pytest.raises(ReportError, match=f"^scheduler: '{bad}' is not a Dask scheduler "
+                                              r"address \(e.g. tcp://"):
+            build_report(device="cpu", scheduler=bad, notebooks_dir=tmp_path / "notebooks",
+                         reports_dir=tmp_path / "r")
     with pytest.raises(SystemExit) as stop:       # the command line names its flag
         main(["report", "--workers", "-3", "--notebooks-dir", str(tmp_path / "notebooks"),
               "--reports-dir", str(tmp_path / "r")])

@@ -61,13 +61,18 @@ def test_archive_keeps_results_gzipped_and_the_index_links_only_what_exists(tmp_
         assert len(f.readlines()) == 2
 
 
-def test_archive_errors_name_the_argument(tmp_path):
+def test_archive_errors_name_the_argument(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match="run_dir"):
         archive_run(tmp_path)
     run = _fake_run(tmp_path)
     with pytest.raises(ValueError, match="drop_html"):
         archive_run(run, drop_html=("pmll_ring",))
     assert (run / "roofline.ipynb").is_file()          # nothing pruned before the error
+    for argv, said in (([str(tmp_path / "none")], "run_dir: no manifest.json"),
+                       ([str(run), "--drop-html", "pmll_ring"], "drop_html: ['pmll_ring']")):
+        with pytest.raises(SystemExit) as stop:         # the command line: a message, no traceback
+            main(argv)
+        assert stop.value.code == 2 and said in capsys.readouterr().err
 
 
 def test_a_sweep_file_named_as_written_resolves_in_an_archived_run(tmp_path):

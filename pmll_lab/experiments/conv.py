@@ -50,12 +50,16 @@ TARGETS = (
 )
 
 
+AXES = ("K", "B", "shape", "dtype", "pending", "d_conv", "seed")
+"""The gdn_conv sweep's axes (``protocol.grid_points``)."""
+
+
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
     """The grids' points (axes ``K, B, shape, dtype``, optionally ``pending``, ``d_conv``,
     ``seed`` (default ``seed``)), duplicates dropped. ``ValueError`` naming the axis for a shape
     outside ``SHAPES`` or ``K``/``pending`` outside ``1..CAP``/``0..CAP``, before any point
     runs (and whatever ``protocol.grid_points`` refuses)."""
-    pts = P.grid_points(grids, {"seed": [seed]})
+    pts = P.grid_points(grids, {"seed": [seed]}, axes=AXES, choices={"dtype": P.KERNEL_DTYPES})
     for p in pts:
         if p.get("shape") not in SHAPES:
             raise ValueError(f"grids: axis shape: {p.get('shape')!r} is not one of "

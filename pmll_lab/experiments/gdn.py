@@ -56,11 +56,21 @@ def _heads(p: dict) -> dict:
     return dict(p, HK=int(hk), HV=int(hv))
 
 
-def head_points(grids: Sequence[dict]) -> list[dict]:
+AXES = ("B", "K", "dtype", "head_dim", "heads", "state_layout", "state_dtype", "baselines",
+        "seed")
+"""The gdn_verify and carry_protocol sweeps' axes (``protocol.grid_points``)."""
+
+
+def head_points(grids: Sequence[dict], axes: Sequence[str] = AXES) -> list[dict]:
     """Grids whose ``heads`` axis lists ``(HK, HV)`` pairs -> points with ``HK, HV``;
-    duplicates dropped, order kept."""
+    duplicates dropped, order kept; ``axes``: the sweep's own (``protocol.grid_points``)."""
+    for g in grids:
+        if "heads" not in g:
+            raise ValueError("grids: axis heads: every grid needs (HK, HV) pairs, got a grid "
+                             f"without it: {dict(g)!r}")
     return P.grid_points([{**{k: v for k, v in g.items() if k != "heads"},
-                           "heads": [tuple(h) for h in g["heads"]]} for g in grids], each=_heads)
+                           "heads": [tuple(h) for h in g["heads"]]} for g in grids], each=_heads,
+                         axes=axes, choices={"dtype": P.KERNEL_DTYPES})
 
 
 def points(grids: Sequence[dict], **fixed) -> list[dict]:

@@ -35,10 +35,15 @@ LABELS = {"pmll_read": "read (t_ctx = T)", "pmll_write:none": "write, no gate",
           "pmll_write:bt": "write, gate [B, T]", "pmll_write:bht": "write, gate [B, H, T]"}
 
 
+AXES = ("B", "H", "M", "T", "D", "dtype", "gate", "segments", "impl", "seed")
+"""The PMLL ring sweeps' axes (pmll_ring, roofline's ``ring_grids``; ``protocol.grid_points``)."""
+
+
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
     """The grids' points (axes ``B, H, M, T, D, dtype, gate, segments``; ``seed`` and ``impl``
     "triton" unless a grid names them), duplicates dropped."""
-    return P.grid_points(grids, {"seed": [seed], "impl": ["triton"]})
+    return P.grid_points(grids, {"seed": [seed], "impl": ["triton"]}, axes=AXES,
+                         choices={"dtype": P.KERNEL_DTYPES})
 
 
 def with_impl(df: pd.DataFrame) -> pd.DataFrame:

@@ -49,6 +49,13 @@ def _split_shape(p: dict) -> dict | None:
     return None if p.get("capacity") == 0 and p.get("gate", "none") != "none" else p
 
 
+AXES = ("B", "M", "T", "dtype", "shape", "D", "H", "impl", "providers", "seed",
+        # the GPT-2 eviction sweep's own
+        "batch", "capacity", "gate", "head_dim", "heads", "layers", "segment", "tokens", "vocab")
+"""The pmll_attention sweeps' axes (speed, ring states, GPT-2 eviction;
+``protocol.grid_points``)."""
+
+
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
     """The grids' points (``shape`` pairs split into ``H`` and ``D``; ``seed`` unless a grid has
     its own), duplicates dropped. A GPT-2 point without a ring (``capacity`` 0) keeps only
@@ -56,7 +63,8 @@ def points(grids: list[dict], seed: int = 0) -> list[dict]:
     last = [{**{k: v for k, v in g.items() if k != "shape"},   # the shape axis varies last
              **({"shape": [tuple(x) for x in g["shape"]]} if "shape" in g else {})}
             for g in grids]
-    return P.grid_points(last, {"seed": [seed]}, _split_shape)
+    return P.grid_points(last, {"seed": [seed]}, _split_shape, axes=AXES,
+                         choices={"dtype": P.KERNEL_DTYPES})
 
 
 # ---- ring states ------------------------------------------------------------------------------

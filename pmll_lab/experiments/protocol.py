@@ -52,8 +52,13 @@ AXES = frozenset(INT_AXES) | {
     "state_layout", "steps", "tokens", "vocab"}
 """Every axis name a notebook's grids may use (the kernels' names, README "Notebook
 parameters", and each notebook's own, commented in its parameters cell): a name outside it is a
-misspelling, refused before any point runs. A new axis is added here."""
+misspelling, refused before any point runs. Each sweep takes a subset (the ``AXES`` of its
+experiment module, passed to ``grid_points``). A new axis is added here and there."""
 
+
+KERNEL_DTYPES = ("float32", "bfloat16", "float16")
+"""Input dtypes of the kernels' sweeps (``grid_points(choices={"dtype": KERNEL_DTYPES})``):
+float64 is the references' precision, and spec_decode's oracle model dtype only."""
 
 CHOICE_AXES = {"dtype": ("float32", "bfloat16", "float16", "float64"),
                "state_dtype": ("float32", "bfloat16", "float16"),
@@ -74,18 +79,29 @@ def int_param(name: str, value, minimum: int = 0) -> int:
 
 
 def grid_points(grids: Iterable[Mapping], defaults: Mapping | None = None,
-                each: Callable[[dict], dict | None] | None = None) -> list[dict]:
+                each: Callable[[dict], dict | None] | None = None, *,
+                axes: Iterable[str] | None = None,
+                choices: Mapping[str, tuple] | None = None) -> list[dict]:
     """The points of every grid (the product of its axes, ``defaults`` axes where a grid lacks
     them), each passed through ``each`` (None drops it); duplicates dropped, order kept.
-    Raises ``ValueError`` naming the axis for a name outside ``AXES``, an axis that is not a
-    non-empty list of values, a ``CHOICE_AXES`` value outside its names or an ``INT_AXES``
-    value that is not an int at or above its least value, before any point runs."""
+    ``axes``: the sweep's own axes (a subset of ``AXES``; default every one), so an axis of
+    another notebook is refused rather than ignored and written into the rows; ``choices``:
+    the sweep's names for a ``CHOICE_AXES`` axis where they are fewer (``dtype`` without
+    ``float64`` outside spec_decode).
+    Raises ``ValueError`` naming the axis for a name outside ``axes``, an axis that is not a
+    non-empty list of values, a value outside its choices or an ``INT_AXES`` value that is not
+    an int at or above its least value, before any point runs."""
+    own = AXES if axes is None else frozenset(axes)
+    named = {**CHOICE_AXES, **(choices or {})}
     out, seen, merged = [], set(), []
     for g in grids:
-        unknown = sorted(set(g) - AXES)
+        unknown = sorted(set(g) - own)
         if unknown:
-            raise ValueError(f"grids: unknown axis {', '.join(unknown)} (known: "
-                             f"{', '.join(sorted(AXES))})")
+            other = [u for u in unknown if u in AXES]
+            raise ValueError(f"grids: unknown axis {', '.join(unknown)} (this sweep's axes: "
+                             f"{', '.join(sorted(own))}"
+                             + (f"; {', '.join(other)}: another notebook's" if other else "")
+                             + ")")
         g = {**(defaults or {}), **g}
         for name, values in g.items():
             if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
@@ -93,10 +109,10 @@ def grid_points(grids: Iterable[Mapping], defaults: Mapping | None = None,
             if not list(values):
                 raise ValueError(f"grids: axis {name} lists no value (the grid would have no "
                                  f"point)")
-            bad = [v for v in values if name in CHOICE_AXES and v not in CHOICE_AXES[name]]
+            bad = [v for v in values if name in named and v not in named[name]]
             if bad:
                 raise ValueError(f"grids: axis {name}: {bad[0]!r} is not one of "
-                                 f"{', '.join(CHOICE_AXES[name])}")
+                                 f"{', '.join(named[name])}")
             if name in INT_AXES:
                 for v in values:
                     int_param(f"grids: axis {name}", v, INT_AXES[name])

@@ -70,6 +70,11 @@ def _point(p: dict, fla: bool, flashinfer: bool) -> dict | None:
     return q if sdt == "float32" else dict(q, state_dtype=sdt)
 
 
+AXES = ("B", "K", "dtype", "head_dim", "heads", "provider", "state_dtype", "state_layout", "seed")
+"""The roofline GDN sweep's axes (``providers`` in a grid, ``provider`` on a point;
+``protocol.grid_points``)."""
+
+
 def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept_K: int = 4,
            fla: bool | None = None, flashinfer: bool | None = None) -> list[dict]:
     """Grids (axes ``K, B, head_dim, heads`` as ``(HK, HV)``, ``dtype``; optional
@@ -93,7 +98,8 @@ def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept
                 raise ValueError(f"{name}: unknown {bad}; known {list(known)}")
         rest = {k: v for k, v in g.items() if k not in (*ax, "providers")}
         full.append({**rest, **ax})
-    pts = P.grid_points(full, each=lambda p: _point(p, fla, flashinfer))
+    pts = P.grid_points(full, each=lambda p: _point(p, fla, flashinfer), axes=AXES,
+                        choices={"dtype": P.KERNEL_DTYPES})
 
     def shape_of(p):
         return tuple(p[k] for k in SHAPE_KEYS)

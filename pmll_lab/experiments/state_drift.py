@@ -24,12 +24,16 @@ CHUNK = 256
 METRICS = {"drift_o": "outputs at token t", "drift_state": "state after token t"}
 
 
+AXES = ("T", "B", "head_dim", "heads", "dtype", "state_layout", "state_dtype")
+"""The drift sweep's axes (``protocol.grid_points``)."""
+
+
 def points(grids: list[dict], *, seed: int = 0) -> list[dict]:
     """One point per combination of each grid's axes: ``T`` (tokens), ``B``, ``head_dim``,
     ``heads`` (``(HK, HV)`` pairs), ``dtype`` (inputs), ``state_layout``, ``state_dtype``
     (the pool compared with fp32: ``"bfloat16"`` or ``"float16"``); ``seed`` added."""
     seed = P.int_param("seed", seed)
-    pts = head_points(grids)
+    pts = head_points(grids, AXES)
     for p in pts:
         p["seed"] = seed
     return pts

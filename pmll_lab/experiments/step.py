@@ -58,10 +58,16 @@ TARGETS = (
 """The per-step targets (judged on a GPU only); ``bound=None``: reported, not judged."""
 
 
+AXES = ("B", "HK", "HV", "K", "alpha", "fill", "forms", "head_dim", "ring_length",
+        "state_dtype", "steps", "seed")
+"""The step sweeps' axes (carry_step, the ``step_grids`` of roofline and carry_protocol;
+``protocol.grid_points``)."""
+
+
 def points(grids: list[dict], *, alpha: float, seed: int) -> list[dict]:
     """Step sweep points: every grid's product (``pmll_lab.sweep.grid``) with the acceptance
     probability and the seed (``protocol.grid_points``: axes checked, duplicates dropped)."""
-    return P.grid_points(grids, {"alpha": [alpha], "seed": [seed]})
+    return P.grid_points(grids, {"alpha": [alpha], "seed": [seed]}, axes=AXES)
 
 
 def case_of(p: dict) -> StepCase:
