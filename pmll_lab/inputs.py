@@ -10,14 +10,34 @@ same seed gives the same values on every device.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.nn.functional as F
 
+from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 
 
 def generator(seed: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(int(seed))
+
+
+def _checked(seed, dtype, device, **sizes) -> torch.device:
+    """Arguments of an input maker, checked before anything is drawn: ``seed`` an int >= 0,
+    every size an int >= 1 (a NumPy integer too, as grids give them; ``None`` where the maker
+    has a default), ``dtype`` a
+    floating torch dtype; returns the device (``None``: the session's). ``ValueError`` naming
+    the argument otherwise."""
+    for name, value, least in (("seed", seed, 0), *((n, v, 1) for n, v in sizes.items())):
+        if value is None and name != "seed":
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+            raise ValueError(f"{name}: must be an int >= {least}, got {value!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype: expected a floating torch.dtype (e.g. torch.bfloat16), got "
+                         f"{dtype!r}")
+    return _checks.device("device", device, DEVICE)
 
 
 def _randn(gen, *shape, scale=1.0):
@@ -43,10 +63,13 @@ def gdn_inputs(
     ``g, beta [B, (K,) HV]`` fp32 (``g`` log decay <= 0, ``beta`` in (0, 1));
     ``state [S, HV, kd, vd]`` fp32 with entries of scale ~0.1 (``S = slots or batch``);
     ``state_indices [B]`` int32: a seeded permutation of ``S`` slots, so launches skip and
-    permute slots.
+    permute slots. Raises ``ValueError`` naming the argument for a size that is not an int
+    >= 1, ``slots < batch`` or a ``dtype`` that is not a floating torch dtype (heads that do not
+    group are drawn: the launchers' own check is tested with them).
     """
+    dev = _checked(seed, dtype, device, batch=batch, num_k_heads=num_k_heads,
+                   num_v_heads=num_v_heads, k_dim=k_dim, v_dim=v_dim, rows=rows, slots=slots)
     gen = generator(seed)
-    dev = DEVICE if device is None else torch.device(device)
     lead = (batch,) if rows is None else (batch, rows)
     slots = batch if slots is None else slots
     if slots < batch:
@@ -79,9 +102,13 @@ def conv_inputs(
 ) -> dict[str, torch.Tensor]:
     """Inputs for the causal conv: ``x [B, (K,) dim]``, ``weight [dim, d_conv]`` (scale
     ``d_conv**-0.5``), ``bias [dim]``, ``conv_state [S, dim, state_len]`` (default
-    ``state_len = d_conv - 1``), all in ``dtype``; ``state_indices [B]`` int32 permuted slots."""
+    ``state_len = d_conv - 1``), all in ``dtype``; ``state_indices [B]`` int32 permuted slots.
+    Raises ``ValueError`` naming the argument as ``gdn_inputs`` does."""
+    dev = _checked(seed, dtype, device, batch=batch, dim=dim, rows=rows, d_conv=d_conv,
+                   state_len=state_len, slots=slots)
+    if slots is not None and slots < batch:
+        raise ValueError(f"slots: must be >= batch ({batch}), got {slots}")
     gen = generator(seed)
-    dev = DEVICE if device is None else torch.device(device)
     lead = (batch,) if rows is None else (batch, rows)
     slots = batch if slots is None else slots
     state_len = d_conv - 1 if state_len is None else state_len
@@ -107,9 +134,11 @@ def pmll_inputs(
     device: torch.device | str | None = None,
 ) -> dict[str, torch.Tensor | None]:
     """Inputs for one PMLL segment: ``k_new, v_new, q [B, H, T, D]`` in ``dtype``; ``gate``
-    None, ``"bt"`` -> ``[B, T]`` or ``"bht"`` -> ``[B, H, T]`` fp32 in (0, 1)."""
+    None, ``"bt"`` -> ``[B, T]`` or ``"bht"`` -> ``[B, H, T]`` fp32 in (0, 1). Raises
+    ``ValueError`` naming the argument as ``gdn_inputs`` does."""
+    dev = _checked(seed, dtype, device, batch=batch, heads=heads, tokens=tokens,
+                   head_dim=head_dim)
     gen = generator(seed)
-    dev = DEVICE if device is None else torch.device(device)
     shape = (batch, heads, tokens, head_dim)
     out = dict(k_new=_randn(gen, *shape).to(dtype), v_new=_randn(gen, *shape).to(dtype),
                q=_randn(gen, *shape).to(dtype))
