@@ -116,3 +116,22 @@ def test_reference_matches_fla_naive(l2):
     tol = 1e-5                                       # the peer computes in fp32
     _check_close("o vs peer", o_ref.cpu(), o_p, tol)
     _check_close("state vs peer", s_ref[idx].cpu(), h_p, tol)
+
+
+def test_reference_names_a_misshapen_argument():
+    """The float64 references check shapes first: chain-shaped q to the decode reference (or
+    decode-shaped q to the chain's), a v without the state's heads, a g with a rows axis."""
+    from pmll_lab.reference.gdn import gdn_chain_ref, gdn_decode_ref
+
+    one = gdn_inputs(5, 2, 1, 2, 8, 8)
+    rows = gdn_inputs(5, 2, 1, 2, 8, 8, rows=3)
+    args = lambda x: (x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"])  # noqa: E731
+    with pytest.raises(ValueError, match=r"^q: expected \[B, HK, kd\] .* got \(2, 3, 1, 8\)"):
+        gdn_decode_ref(*args(rows))
+    with pytest.raises(ValueError, match=r"^q: expected \[B, K, HK, kd\]"):
+        gdn_chain_ref(*args(one))
+    st, q, k, v, g, beta = args(one)
+    with pytest.raises(ValueError, match=r"^v: expected \[B, HV, vd\]"):
+        gdn_decode_ref(st, q, k, v[:, :1], g, beta)
+    with pytest.raises(ValueError, match=r"^g: expected \[B, HV\]"):
+        gdn_decode_ref(st, q, k, v, g[:, None], beta)

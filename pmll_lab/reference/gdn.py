@@ -53,6 +53,34 @@ def round_state(H: torch.Tensor, state_dtype) -> torch.Tensor:
     return H.to(state_dtype).to(torch.float64)
 
 
+def _shapes(state, q, k, v, g, beta, rows: bool) -> None:
+    """``ValueError`` naming the first argument whose shape does not fit a decode (``rows``
+    False: ``q, k [B, HK, kd]``, ``v [B, HV, vd]``, ``g, beta [B, HV]``) or a chain (a rows
+    axis after ``B``) on a K-major ``state [S, HV, kd, vd]``."""
+    lead = 2 if rows else 1
+    what = "[B, K, " if rows else "[B, "
+    if not isinstance(state, torch.Tensor) or state.dim() != 4:
+        raise ValueError(f"state: expected a tensor [S, HV, kd, vd], got "
+                         f"{tuple(state.shape) if isinstance(state, torch.Tensor) else state!r}")
+    _, HV, kd, vd = state.shape
+    for name, t, tail in (("q", q, None), ("k", k, None), ("v", v, (HV, vd)), ("g", g, (HV,)),
+                          ("beta", beta, (HV,))):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
+        want = len(tail) if tail is not None else 2
+        if t.dim() != lead + want or t.shape[:lead] != q.shape[:lead] or (
+                tail is not None and tuple(t.shape[lead:]) != tail):
+            dims = {"q": "HK, kd", "k": "HK, kd", "v": "HV, vd", "g": "HV", "beta": "HV"}[name]
+            raise ValueError(f"{name}: expected {what}{dims}] with the state's HV={HV}, "
+                             f"kd={kd}, vd={vd}, got {tuple(t.shape)}")
+    if q.shape[lead + 1] != kd or k.shape != q.shape:
+        raise ValueError(f"k: expected q's shape {tuple(q.shape)} with kd={kd}, got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}")
+    if HV % q.shape[lead]:
+        raise ValueError(f"q: {q.shape[lead]} key heads do not divide the state's {HV} value "
+                         f"heads")
+
+
 def _to_kv(state, state_layout: str):
     """The state as ``[S, HV, kd, vd]`` (a transposed view of a V-major state)."""
     if state_layout not in ("kv", "vk"):
@@ -82,6 +110,7 @@ def gdn_decode_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
                                 state_indices=state_indices, scale=scale,
                                 use_qk_l2norm=use_qk_l2norm, state_dtype=state_dtype)
         return o, new.transpose(-1, -2).contiguous()
+    _shapes(state, q, k, v, g, beta, rows=False)
     B, HK, kd = q.shape
     HV = v.shape[1]
     group = HV // HK
@@ -128,6 +157,7 @@ def gdn_chain_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
                                       state_indices=state_indices, scale=scale,
                                       use_qk_l2norm=use_qk_l2norm, state_dtype=state_dtype)
         return o, new.transpose(-1, -2).contiguous(), inter.transpose(-1, -2).contiguous()
+    _shapes(state, q, k, v, g, beta, rows=True)
     B, K = q.shape[:2]
     HV, kd, vd = state.shape[1:]
     idx = slot_list("state_indices", state_indices, B, state.shape[0])
