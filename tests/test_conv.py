@@ -202,3 +202,40 @@ def test_reference_matches_hf_qwen3_next_conv_update():
         y_ref, _, _ = ref.conv_chain(f64["conv_state"], f64["x"], f64["weight"], None,
                                      activation=None)
         torch.testing.assert_close(y_ref, y_bare.transpose(1, 2), rtol=1e-12, atol=1e-12)
+
+
+def test_conv_budget_table_names_its_unit():
+    """The bytes table's columns carry their unit (KiB), as gdn_verify's carry MiB."""
+    from pmll_lab.experiments import conv as E
+
+    t = E.budget_table(("qwen3-next",), Ks=(1, 4))
+    assert list(t.columns) == ["shape", "dim", "window, KiB", "carry stash (CAP=8), KiB",
+                               "snapshots K=1, KiB", "snapshots K=4, KiB"]
+    assert t.loc[0, "window, KiB"] == 48.0 and t.loc[0, "snapshots K=4, KiB"] == 144.0
+
+
+def test_conv_error_plot_names_kernels_as_its_tables_do():
+    """The error plot's legend uses the notebook's labels for the rows' own kernel names (the
+    conv's ``chain`` shares a colour with the GDN chain, not its name), its x axis says what it
+    lists, and each tolerance dash names the input dtype it holds for."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+
+    from pmll_lab.experiments import conv as E
+
+    rows = [dict(kernel=k, metric="rel_l2", what="y", value=v, tolerance=tol, dtype=dt,
+                 passed=True, point_id=i)
+            for i, (k, v, tol, dt) in enumerate([("chain", 1e-3, 8e-3, "bfloat16"),
+                                                  ("updates", 2e-3, 8e-3, "bfloat16"),
+                                                  ("carry_lazy", 1e-6, 1e-5, "float32")])]
+    fig = E.plot_errors(pd.DataFrame(rows))
+    labels = {t.get_text() for t in fig.legends[0].get_texts()} if fig.legends else {
+        t for ax in fig.axes for t in ax.get_legend_handles_labels()[1]}
+    assert {"chain + window snapshots", "K successive conv_update",
+            "carry verify, lazy"} <= labels, labels
+    assert not labels & {"chain_snapshots", "decodes", "carry_exact_lazy"}
+    texts = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert {"bf16", "fp32"} <= texts, texts
+    assert all(ax.get_xlabel() == "compared quantity" for ax in fig.axes)

@@ -197,9 +197,9 @@ def budget_table(shapes=("qwen3-next",), Ks=(1, 2, 3, 4, 8), dtype=torch.bfloat1
         HK, HV, hd = SHAPES[name]
         dim, _, _ = qwen3_next_conv_dim(HK, HV, hd, hd)
         win = dim * (d_conv - 1) * e
-        row = {"shape": name, "dim": dim, "window": win / 1024,
-               "carry stash (CAP=8)": CAP * dim * e / 1024}
-        row.update({f"snapshots K={K}": (K - 1) * win / 1024 for K in Ks})
+        row = {"shape": name, "dim": dim, "window, KiB": win / 1024,
+               f"carry stash (CAP={CAP}), KiB": CAP * dim * e / 1024}
+        row.update({f"snapshots K={K}, KiB": (K - 1) * win / 1024 for K in Ks})
         rows.append(row)
     return pd.DataFrame(rows).round(1)
 

@@ -50,6 +50,10 @@ FAMILIES = {"decode and chain": ("decodes", "decodes_cuda", "chain_snapshots",
 """The panels of the error plots, by canonical kernel name."""
 
 
+DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
+"""How a tolerance dash names the input dtype it holds for."""
+
+
 def canonical(kernel: str) -> str:
     """A kernel's implementation: ``carry_exact_lazy:nowb:plan`` -> ``carry_exact_lazy``."""
     base = str(kernel).split(":")[0]
@@ -116,17 +120,25 @@ def plot_errors(df: pd.DataFrame, labels: Mapping[str, str] | None = None,
         for j, k in enumerate(kernels):
             s = e[e["kernel"].map(canonical) == k]
             x = [qs.index(q) - 0.35 + step * (j + 0.5) for q in s["q"]]
+            raw = dict.fromkeys(str(r).split(":")[0] for r in s["kernel"])  # the rows' own names
+            label = next((labels[r] for r in raw if r in (labels or {})),
+                         (labels or {}).get(k, k))
             ax.scatter(x, s["value"].astype(float).clip(lower=1e-12), s=10, alpha=0.7,
-                       color=color(k), label=(labels or {}).get(k, k))
+                       color=color(k), label=label)
         for i, q in enumerate(qs):
-            for tol in e.loc[e["q"] == q, "tolerance"].dropna().unique():
-                if tol > 0:
-                    ax.hlines(float(tol), i - 0.4, i + 0.4, colors="k", linestyles="--", lw=0.8)
+            at = e[(e["q"] == q) & (e["tolerance"].astype(float) > 0)]
+            for tol, g in at.groupby(at["tolerance"].astype(float)):
+                ax.hlines(tol, i - 0.4, i + 0.4, colors="k", linestyles="--", lw=0.8)
+                dts = sorted(set(g["dtype"].dropna().astype(str))) if "dtype" in g else []
+                ax.annotate(" ".join(DTYPE_SHORT.get(d, d) for d in dts) or f"{tol:.0e}",
+                            (i + 0.4, tol), fontsize=6, va="center", ha="left")
         ax.set_xticks(range(len(qs)), qs, fontsize=7, rotation=30 if len(qs) > 3 else 0)
+        ax.set_xlabel("compared quantity", fontsize=8)
         ax.set_title(fam, fontsize=9)
         ax.set_yscale("log")
     axes[0][0].set_ylabel("rel. L2 error vs reference")
-    fig.suptitle(f"{title} (-- tolerance; 0 drawn at 1e-12)", fontsize=10)
+    fig.suptitle(f"{title} (-- tolerance, named by input dtype; 0 drawn at 1e-12)",
+                 fontsize=10)
     legend_outside(fig, axes[0])
     return fig
 
