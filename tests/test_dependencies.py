@@ -73,3 +73,22 @@ def test_readme_dependencies_match_pyproject():
             f"{pkg}: core dependency in one file but not the other"
     for pkg, _, _ in rows:
         assert pkg in declared, f"{pkg}: in README's Dependencies, not in pyproject.toml"
+
+
+def test_the_readme_python_example_runs():
+    """The README's Python example runs as written (a fresh Python, this checkout) and its
+    decode agrees with the float64 reference within the bf16 output tolerance."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    blocks = re.findall(r"```python\n(.*?)```", (root / "README.md").read_text(), re.S)
+    assert blocks, "the README has no ```python example"
+    env = {**__import__("os").environ, "PYTHONPATH": str(root), "PMLL_LAB_DEVICE": "cpu"}
+    run = subprocess.run([sys.executable, "-c", blocks[0]], capture_output=True, text=True,
+                         env=env, cwd=root, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rel = [float(v) for v in re.findall(r"'rel_l2': ([0-9.e+-]+)", run.stdout)]
+    assert len(rel) == 2 and rel[0] <= 8e-3 and rel[1] <= 1e-5, run.stdout
