@@ -113,8 +113,8 @@ def git_commit() -> str:
 def environment() -> dict[str, str]:
     """Provenance stamped on every results row: device, versions, commit, and the kernel
     switches fixed when ``pmll_lab`` is imported (``import_settings``, e.g.
-    ``"fma_sums=1 packed_state_tile=0"``: they change instructions, not bits, so two runs'
-    times compare only when they agree)."""
+    ``"fma_sums=1 packed_state_tile=0 compact_qk=0"``: they change instructions, and
+    ``compact_qk`` the last bits of outputs too, so two runs compare only when they agree)."""
     import triton
 
     from pmll_lab.ops import settings
@@ -128,5 +128,6 @@ def environment() -> dict[str, str]:
         "python": platform.python_version(),
         "commit": git_commit(),
         "import_settings": (f"fma_sums={int(gdn.fma_sums)} "
-                            f"packed_state_tile={int(gdn.packed_state_tile)}"),
+                            f"packed_state_tile={int(gdn.packed_state_tile)} "
+                            f"compact_qk={int(gdn.compact_qk)}"),
     }

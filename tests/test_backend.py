@@ -48,7 +48,8 @@ def test_environment_names_device_versions_and_commit():
     proc = _python("import json, pmll_lab.backend as b; print(json.dumps(b.environment()))",
                    PMLL_LAB_DEVICE="cpu", PMLL_LAB_FMA_SUMS="0", PMLL_LAB_PACKED_STATE_TILE="1")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["import_settings"] == "fma_sums=0 packed_state_tile=1"
+    assert json.loads(proc.stdout)["import_settings"] == (
+        "fma_sums=0 packed_state_tile=1 compact_qk=0")
     assert env["backend"] == ("triton-interpreter" if backend.INTERPRET else "cuda")
     assert env["commit"]
 
@@ -68,7 +69,7 @@ def test_lower_mode_compiles_and_refuses_the_interpreter():
 
 def test_import_switches_refuse_a_value_other_than_0_or_1():
     """``PMLL_LAB_PACKED_STATE_TILE=off`` must not read as on: the import fails naming it."""
-    for name in ("PMLL_LAB_PACKED_STATE_TILE", "PMLL_LAB_FMA_SUMS"):
+    for name in ("PMLL_LAB_PACKED_STATE_TILE", "PMLL_LAB_FMA_SUMS", "PMLL_LAB_COMPACT_QK"):
         proc = _python("import pmll_lab.gdn", PMLL_LAB_DEVICE="cpu", **{name: "off"})
         assert proc.returncode != 0
         assert f"{name}: expected 0 or 1 (or unset), got 'off'" in proc.stderr
