@@ -143,8 +143,9 @@ class GdnSettings:
         why="the V-major row's q/k normalisation runs once per key (4 keys a thread) instead "
             "of on every thread of a tile's value rows (32 keys a thread): B = 64, sm_90, bf16 "
             "state: decode 1040 -> 952 SASS instructions (128 -> 153 registers), the chain "
-            "3736 -> 3352, the verify 5240 -> 4840 (228 -> 214 registers); other bits than "
-            "off (the k.q sum's order), alike in every V-major kernel; not yet timed, so off",
+            "3736 -> 3352, the verify 5240 -> 4840 (228 -> 214 registers); last bits can "
+            "differ from off (the k.q sum's order), alike in every V-major kernel; not yet "
+            "timed, so off",
         see="perf-notes 'bf16 state pools'")
     """The V-major kernels form the row's normalised ``q, k [NC, CW]`` on a compact layout and
     broadcast them to the tile (``recurrence.qk_prepare_vk``); ``PMLL_LAB_COMPACT_QK=1`` in
