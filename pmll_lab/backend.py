@@ -111,15 +111,10 @@ def git_commit() -> str:
 
 
 def environment() -> dict[str, str]:
-    """Provenance stamped on every results row: device, versions, commit, and the kernel
-    switches fixed when ``pmll_lab`` is imported (``import_settings``, e.g.
-    ``"fma_sums=1 packed_state_tile=0 compact_qk=0"``: they change instructions, and
-    ``compact_qk`` the last bits of outputs too, so two runs compare only when they agree)."""
+    """Device, versions, commit: the base of every results row's provenance
+    (``pmll_lab.results.provenance`` adds the kernel switches)."""
     import triton
 
-    from pmll_lab.ops import settings
-
-    gdn = settings.gdn()
     return {
         "device": device_name(),
         "backend": "triton-interpreter" if INTERPRET else "cuda",
@@ -127,7 +122,4 @@ def environment() -> dict[str, str]:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "commit": git_commit(),
-        "import_settings": (f"fma_sums={int(gdn.fma_sums)} "
-                            f"packed_state_tile={int(gdn.packed_state_tile)} "
-                            f"compact_qk={int(gdn.compact_qk)}"),
     }

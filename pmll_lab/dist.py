@@ -25,8 +25,8 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
-from pmll_lab.backend import DEVICE, environment
-from pmll_lab.results import now_stamp, point_id, point_rows, stored_rows
+from pmll_lab.backend import DEVICE
+from pmll_lab.results import now_stamp, point_id, point_rows, provenance, stored_rows
 
 RETRIES = 1
 """Times a point whose worker died is submitted again before it is stored as failed."""
@@ -222,7 +222,7 @@ def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn,
                 else:
                     err = (f"{type(result).__name__}: {result} (worker died; {attempt + 1} "
                            f"attempts)")
-                    env = {**environment(), "worker": where or "?", "gpu": "", "gpu_id": ""}
+                    env = {**provenance(), "worker": where or "?", "gpu": "", "gpu_id": ""}
                     rows = stored_rows(point, pid, [], "failed", err, now_stamp(), env)
             fut.release()
             if rows is not None:

@@ -83,9 +83,9 @@ def _kernel_environment(device: str) -> Iterator[dict[str, str]]:
 
 def probe_environment(env: dict[str, str]) -> dict[str, str]:
     """Device name, backend, versions and commit as a notebook kernel started with ``env`` sees
-    them (``pmll_lab.backend.environment()`` run in a child Python). Raises ``ReportError`` if
+    them (``pmll_lab.results.provenance()`` run in a child Python). Raises ``ReportError`` if
     that fails, e.g. ``device="cuda"`` on a machine without CUDA."""
-    code = "import json, pmll_lab.backend as b; print(json.dumps(b.environment()))"
+    code = "import json, pmll_lab.results as r; print(json.dumps(r.provenance()))"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=300)
     if proc.returncode != 0:

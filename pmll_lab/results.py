@@ -28,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from pmll_lab.backend import DEVICE, environment
+from pmll_lab.ops import settings
 
 IN_PROCESS = "in-process"
 """``worker`` of the rows of a sweep run without a Dask client."""
@@ -135,6 +136,13 @@ def now_stamp() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def provenance() -> dict[str, str]:
+    """What every results row is stamped with: ``backend.environment()`` (device, versions,
+    commit) and ``import_settings``, the kernel switches fixed at import
+    (``settings.import_switches``)."""
+    return {**environment(), "import_settings": settings.import_switches()}
+
+
 def point_rows(point_fn: Callable[[dict], list[dict]], point: Mapping, pid: str) -> list[dict]:
     """Run one point where this is called (this process or a Dask worker) and return its rows
     as stored (``stored_rows``), with the provenance and placement of this process. Every
@@ -142,7 +150,7 @@ def point_rows(point_fn: Callable[[dict], list[dict]], point: Mapping, pid: str)
     pass)."""
     global _ENV
     if _ENV is None:
-        _ENV = environment()
+        _ENV = provenance()
     stamp = now_stamp()
     try:
         rows = point_fn(dict(point))

@@ -28,7 +28,8 @@ import torch
 import triton.language as tl
 
 from pmll_lab import step_bench as S
-from pmll_lab.backend import DEVICE, environment
+from pmll_lab.backend import DEVICE
+from pmll_lab.results import provenance
 from pmll_lab.bench import variant_kernel, variant_problem
 from pmll_lab.ops import settings
 from pmll_lab.ops.carry import gdn_ring
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
     if DEVICE.type != "cuda":
         ap.error("needs a GPU: the H200 shape (HK=16, HV=32, kd=vd=128) on the Triton "
                  "interpreter would take hours (pmll_lab.step_bench runs small cases on the CPU)")
-    rows, failed, env = [], 0, environment()
+    rows, failed, env = [], 0, provenance()
     stack = contextlib.ExitStack()
     stack.enter_context(settings.override(**over))      # ValueError naming a bad setting
     for sd in states:

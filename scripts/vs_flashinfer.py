@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pmll_lab  # noqa: E402,F401  (first: GPU or the Triton interpreter)
 
 from pmll_lab import peers  # noqa: E402
-from pmll_lab.backend import environment  # noqa: E402
+from pmll_lab.results import provenance  # noqa: E402
 from pmll_lab.experiments import protocol as P  # noqa: E402
 from pmll_lab.experiments import roofline as R  # noqa: E402
 
@@ -67,7 +67,7 @@ def main():
                                            "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen"],
                          **shape)], fla=False)
     out = open(a.out, "a") if a.out else None
-    env = environment()                               # device, versions, commit on every row
+    env = provenance()              # device, versions, commit, kernel switches on every row
     t, frac = {}, {}
     for p in pts:
         try:

@@ -43,13 +43,13 @@ def test_unknown_device_request_is_refused():
 
 def test_environment_names_device_versions_and_commit():
     env = backend.environment()
-    assert set(env) >= {"device", "backend", "torch", "triton", "python", "commit",
-                        "import_settings"}
-    proc = _python("import json, pmll_lab.backend as b; print(json.dumps(b.environment()))",
+    assert set(env) >= {"device", "backend", "torch", "triton", "python", "commit"}
+    proc = _python("import json, pmll_lab.results as r; print(json.dumps(r.provenance()))",
                    PMLL_LAB_DEVICE="cpu", PMLL_LAB_FMA_SUMS="0", PMLL_LAB_PACKED_STATE_TILE="1")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["import_settings"] == (
-        "fma_sums=0 packed_state_tile=1 compact_qk=0")
+    prov = json.loads(proc.stdout)
+    assert set(prov) >= set(env)        # the results rows' stamp: the environment and the switches
+    assert prov["import_settings"] == "fma_sums=0 packed_state_tile=1 compact_qk=0"
     assert env["backend"] == ("triton-interpreter" if backend.INTERPRET else "cuda")
     assert env["commit"]
 

@@ -355,6 +355,15 @@ def describe() -> list[dict]:
             for fam, table in SHIPPED.items() for f in dataclasses.fields(table)]
 
 
+def import_switches() -> str:
+    """The settings fixed at import that change a kernel's instructions, as one provenance
+    string (``"fma_sums=1 packed_state_tile=0 compact_qk=0"``): two runs' times describe the
+    same kernels only when they agree, and ``compact_qk`` moves the last bits of outputs too."""
+    g = gdn()
+    return " ".join(f"{name}={int(getattr(g, name))}"
+                    for name in ("fma_sums", "packed_state_tile", "compact_qk"))
+
+
 @contextlib.contextmanager
 def override(**changes):
     """Within the block, launchers read ``changes`` (setting name -> value) instead of the
