@@ -103,6 +103,8 @@ def run_sweep(
     compiled once rather than on every worker. Ignored in-process.
     Raises ``ValueError`` naming ``client`` for an unusable client (not a client or address, an
     address that does not parse, no scheduler there, no worker, no GPU resource on a GPU run),
+    ``results_dir`` when the file holds points run under other kernel switches
+    (``import_settings``: ``PMLL_LAB_PACKED_STATE_TILE`` and the like) than this process has,
     ``name`` for a name that is not a plain file name, ``wait_s`` unless positive, ``affinity``
     for a bad affinity, ``point_fn`` when it is not callable, ``points`` when it is not an
     iterable of mappings (parameter dicts). These checks run before anything is created or
@@ -147,6 +149,8 @@ def run_sweep(
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.jsonl"
     done = repair(path)
+    if done:
+        _same_switches(path)
     wanted = {point_id(p) for p in points}
     todo: dict[str, dict] = {}
     for p in points:
@@ -211,6 +215,24 @@ def describe_placement(df: pd.DataFrame) -> str:
         return f"in one process ({kinds})"
     gpus = f"{p['gpus']} GPU{'s' if p['gpus'] != 1 else ''}: " if p["gpus"] else ""
     return f"on {p['workers']} worker{'s' if p['workers'] != 1 else ''} ({gpus}{kinds})"
+
+
+def _same_switches(path: Path) -> None:
+    """``ValueError`` naming the results file when its stored points ran under other kernel
+    switches (``import_settings``) than this process has: a resumed sweep would add points of
+    other kernels to them and the report would label them all with this process's switches.
+    Rows stored before the stamp existed pass."""
+    from pmll_lab.ops import settings
+
+    old = load(path)
+    if "import_settings" not in old:
+        return
+    have = set(old["import_settings"].dropna().astype(str))
+    now = settings.import_switches()
+    if have - {now}:
+        raise ValueError(f"results_dir: {path} holds points run with kernel switches "
+                         f"{', '.join(sorted(have))}; this process has {now}. Resume with the "
+                         f"same PMLL_LAB_* switches, or write to another run folder")
 
 
 def one_device(df: pd.DataFrame, device: str | None = None) -> pd.DataFrame:

@@ -123,8 +123,10 @@ def test_papermill_reads_the_parameters_cell_without_warnings(nb, caplog):
 
 def _sweep_points():
     """The points function each notebook sweep's grids go through, by (notebook, parameter)."""
-    from pmll_lab.experiments import conv, gdn, pmll, pmll_attention, roofline, spec_decode
-    from pmll_lab.experiments import state_drift, step
+    from functools import partial
+
+    from pmll_lab.experiments import carry, conv, gdn, pmll, pmll_attention, roofline
+    from pmll_lab.experiments import spec_decode, state_drift, step
 
     def steps(g):
         return step.points(g, alpha=0.8, seed=0)
@@ -132,14 +134,15 @@ def _sweep_points():
     def roof(g):
         return roofline.points(g, seed=0, fla=False, flashinfer=False)
 
-    return {("carry_protocol", "grids"): lambda g: gdn.points(g, alpha=0.8, p_zero=0.1, seed=0),
+    return {("carry_protocol", "grids"): lambda g: carry.points(g, alpha=0.8, p_zero=0.1, seed=0),
             ("carry_protocol", "step_grids"): steps,
             ("carry_step", "grids"): steps, ("carry_step", "sensitivity_grids"): steps,
             ("carry_step", "kernel_grids"): steps,
             ("gdn_conv", "grids"): conv.points, ("gdn_verify", "grids"): gdn.points,
             ("pmll_attention", "grids"): pmll_attention.points,
-            ("pmll_attention", "state_grids"): pmll_attention.points,
-            ("pmll_attention", "eviction_grids"): pmll_attention.points,
+            ("pmll_attention", "state_grids"): partial(pmll_attention.points, sweep="states"),
+            ("pmll_attention", "eviction_grids"): partial(pmll_attention.points,
+                                                          sweep="eviction"),
             ("pmll_ring", "grids"): pmll.points,
             ("roofline", "grids"): roof, ("roofline", "ring_grids"): pmll.points,
             ("roofline", "step_grids"): steps, ("roofline", "drift_grids"): state_drift.points,

@@ -155,13 +155,13 @@ def test_sweep_points_refuse_bad_axes_naming_them_before_any_point():
                                   ("dtype", ["float64"], r"axis dtype: 'float64' is not one"),
                                   ("k", [2], r"unknown axis k \(this sweep's axes: B, K, d_conv,"),
                                   ("impl", ["cuda"], r"unknown axis impl \(this sweep's axes: "
-                                                     r".*; impl: another notebook's\)"),
+                                                     r".*; impl: another sweep's\)"),
                                   ("state_layout", ["vk"], r"unknown axis state_layout")):
         with pytest.raises(ValueError, match="^grids: " + message):
             conv.points([{**good, axis: values}])
     assert {p["d_conv"] for p in conv.points([{**good, "d_conv": [3]}])} == {3}
     from pmll_lab.experiments import spec_decode
-    oracle = {"B": [1], "mode": ["plain"], "arch": ["qwen3_next"], "dtype": ["float64"]}
+    oracle = {"B": [1], "mode": ["plain"], "arch": ["tiny"], "dtype": ["float64"]}
     assert spec_decode.points([oracle])[0]["dtype"] == "float64"     # the oracle model's dtype
     for axis, values, message in (("shape", ["qwen3next"], r"axis shape: 'qwen3next' is not one"),
                                   ("K", [9], r"axis K must be in 1\.\.8")):
@@ -253,3 +253,43 @@ def test_every_sweeps_axes_are_protocol_axes():
 
     for mod in (conv, gdn, pmll, pmll_attention, roofline, spec_decode, state_drift, step):
         assert set(mod.AXES) <= P.AXES, (mod.__name__, sorted(set(mod.AXES) - P.AXES))
+
+
+def test_a_sweep_refuses_its_sibling_sweeps_axes_and_malformed_axes():
+    """Within one notebook too, each sweep takes its own axes (pmll_attention's speed sweep
+    refuses the eviction sweep's ``impl``; gdn_verify refuses carry_protocol's ``baselines``);
+    roofline names its grid axis ``providers`` and refuses ``provider``; a bare string or a head
+    count where pairs are needed is a ValueError naming the axis, not a TypeError."""
+    from pmll_lab.experiments import carry, gdn, pmll_attention, roofline
+
+    speed = {"B": [1], "shape": [(2, 64)], "M": [0], "T": [16], "dtype": ["bfloat16"]}
+    assert pmll_attention.points([speed])
+    with pytest.raises(ValueError, match=r"^grids: unknown axis impl .*another sweep's"):
+        pmll_attention.points([{**speed, "impl": ["cuda"]}])
+    with pytest.raises(ValueError, match=r"^grids: axis shape must list \(H, D\) pairs"):
+        pmll_attention.points([{**speed, "shape": [(2, 64, 1)]}])
+    heads = {"K": [2], "B": [1], "heads": [(1, 2)], "head_dim": [16], "dtype": ["bfloat16"]}
+    assert carry.points([{**heads, "baselines": [True]}], seed=0)[0]["baselines"] is True
+    with pytest.raises(ValueError, match=r"^grids: unknown axis baselines"):
+        gdn.points([{**heads, "baselines": [True]}], seed=0)
+    for bad, message in (({"provider": ["decodes"]}, r"unknown axis provider \(this sweep's "
+                                                      r"axes: .*providers"),
+                         ({"providers": "decodes"}, r"axis providers must be a list of values"),
+                         ({"state_layout": "vk"}, r"axis state_layout must be a list of values"),
+                         ({"heads": [4]}, r"axis heads must list \(HK, HV\) pairs here, got 4")):
+        with pytest.raises(ValueError, match="^grids: " + message):
+            roofline.points([{**heads, **bad}], fla=False, flashinfer=False)
+    with pytest.raises(ValueError, match=r"^grids: axis heads is missing"):
+        roofline.points([{k: v for k, v in heads.items() if k != "heads"}], fla=False,
+                        flashinfer=False)
+
+
+def test_spec_decode_grids_take_its_models_names():
+    """spec_decode's dtype, mode and arch axes take its model dtypes (float64 the oracle's, no
+    float16), "plain" / "spec" and its architectures, before any model is built."""
+    from pmll_lab.experiments import spec_decode
+
+    base = {"B": [1], "mode": ["plain"], "arch": ["tiny"], "dtype": ["float64"]}
+    for axis, bad in (("dtype", "float16"), ("mode", "plian"), ("arch", "qwen3_next")):
+        with pytest.raises(ValueError, match=f"^grids: axis {axis}: '{bad}' is not one of"):
+            spec_decode.points([{**base, axis: [bad]}])

@@ -121,3 +121,27 @@ def test_replace_text_keeps_the_old_file_when_the_write_fails(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
     replace_text(path, "new é\n")
     assert path.read_text(encoding="utf-8") == "new é\n"
+
+
+def test_resume_refuses_points_run_under_other_kernel_switches(tmp_path):
+    """A results file whose points ran with other import-time kernel switches is not resumed:
+    the new points would be other kernels', and the report would label all of them with this
+    process's switches. Rows of this process's switches resume as before."""
+    import json
+
+    from pmll_lab.ops import settings
+    from pmll_lab.sweep import grid, run_sweep
+
+    def fn(p):
+        return [{"kernel": "k", "metric": "x", "value": float(p["n"])}]
+
+    run_sweep("s", grid(n=[1, 2]), fn, results_dir=tmp_path, progress=False)
+    assert len(run_sweep("s", grid(n=[1, 2, 3]), fn, results_dir=tmp_path, progress=False)) == 3
+    path = tmp_path / "s.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    other = settings.import_switches().replace("packed_state_tile=0", "packed_state_tile=1")
+    assert other != settings.import_switches()
+    path.write_text("".join(json.dumps({**r, "import_settings": other}) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"^results_dir: .*s\.jsonl holds points run with "
+                                         r"kernel switches .*packed_state_tile=1"):
+        run_sweep("s", grid(n=[1, 2, 3, 4]), fn, results_dir=tmp_path, progress=False)

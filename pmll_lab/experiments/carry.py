@@ -10,6 +10,7 @@ its docstring.
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import numpy as np
 import torch
@@ -28,7 +29,10 @@ from pmll_lab.sizes import carry_bytes, chain_bytes
 from pmll_lab.sweep import CheckFailed
 
 CAP = GDN_CARRY_CAP
-COMPILE_KEYS, points = G.COMPILE_KEYS, G.points     # the notebook's sweep: gdn_verify's points
+COMPILE_KEYS = G.COMPILE_KEYS
+AXES = (*G.AXES, "baselines")
+"""The carry_protocol sweep's axes: gdn_verify's and ``baselines``."""
+points = partial(G.points, axes=AXES)    # the notebook's sweep: gdn_verify's points
 FORMS = ("exact",)
 CARRY_KERNELS = tuple(f"carry_{f}_{m}" for f in FORMS for m in MODES)
 KERNELS = CARRY_KERNELS + ("chain_snapshots", "fla_fused_recurrent", "flashinfer_mtp_snapshots",

@@ -56,35 +56,34 @@ def _heads(p: dict) -> dict:
     return dict(p, HK=int(hk), HV=int(hv))
 
 
-AXES = ("B", "K", "dtype", "head_dim", "heads", "state_layout", "state_dtype", "baselines",
-        "seed")
-"""The gdn_verify and carry_protocol sweeps' axes (``protocol.grid_points``)."""
+AXES = ("B", "K", "dtype", "head_dim", "heads", "state_layout", "state_dtype", "seed")
+"""The gdn_verify sweep's axes (``protocol.grid_points``; carry_protocol's add
+``baselines``: ``pmll_lab.experiments.carry.AXES``)."""
 
 
 def head_points(grids: Sequence[dict], axes: Sequence[str] = AXES) -> list[dict]:
     """Grids whose ``heads`` axis lists ``(HK, HV)`` pairs -> points with ``HK, HV``;
     duplicates dropped, order kept; ``axes``: the sweep's own (``protocol.grid_points``)."""
-    for g in grids:
-        if "heads" not in g:
-            raise ValueError("grids: axis heads: every grid needs (HK, HV) pairs, got a grid "
-                             f"without it: {dict(g)!r}")
+    grids = list(grids)
+    P.check_axes(grids, axes)
     return P.grid_points([{**{k: v for k, v in g.items() if k != "heads"},
-                           "heads": [tuple(h) for h in g["heads"]]} for g in grids], each=_heads,
-                         axes=axes, choices={"dtype": P.KERNEL_DTYPES})
+                           "heads": [tuple(h) for h in P.pair_axis(g, "heads")]} for g in grids],
+                         each=_heads, axes=axes, choices={"dtype": P.KERNEL_DTYPES})
 
 
-def points(grids: Sequence[dict], **fixed) -> list[dict]:
+def points(grids: Sequence[dict], *, axes: Sequence[str] = AXES, **fixed) -> list[dict]:
     """``head_points`` with a ``state_layout`` axis (default ``["kv"]``; an unknown layout is a
-    ``ValueError``) and ``fixed`` keys on every point (``seed``)."""
+    ``ValueError``) and ``fixed`` keys on every point (``seed``); ``axes``: the sweep's own."""
+    grids = list(grids)
     for g in grids:
-        bad = [x for x in g.get("state_layout", ["kv"]) if x not in LAYOUTS]
+        bad = [x for x in P.axis_values(g, "state_layout", ["kv"]) if x not in LAYOUTS]
         if bad:
             raise ValueError(f"state_layout: unknown {bad}; known {list(LAYOUTS)}")
     for name, value in fixed.items():
         if name in P.INT_AXES:
             P.int_param(name, value, P.INT_AXES[name])
     full = [{**g, "state_layout": g.get("state_layout", ["kv"])} for g in grids]
-    return [{**fixed, **p} for p in head_points(full)]
+    return [{**fixed, **p} for p in head_points(full, axes)]
 
 
 def verify_case(point: dict, n: int) -> Case:

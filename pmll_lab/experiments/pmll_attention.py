@@ -49,21 +49,32 @@ def _split_shape(p: dict) -> dict | None:
     return None if p.get("capacity") == 0 and p.get("gate", "none") != "none" else p
 
 
-AXES = ("B", "M", "T", "dtype", "shape", "D", "H", "impl", "providers", "seed",
-        # the GPT-2 eviction sweep's own
-        "batch", "capacity", "gate", "head_dim", "heads", "layers", "segment", "tokens", "vocab")
-"""The pmll_attention sweeps' axes (speed, ring states, GPT-2 eviction;
-``protocol.grid_points``)."""
+SWEEP_AXES = {
+    "speed": ("B", "M", "T", "dtype", "shape", "providers", "seed"),
+    "states": ("D", "H", "M", "T", "dtype", "shape", "seed"),
+    "eviction": ("batch", "capacity", "gate", "head_dim", "heads", "impl", "layers", "segment",
+                 "tokens", "vocab", "seed"),
+}
+"""Each pmll_attention sweep's axes (``points(sweep=...)``; ``protocol.grid_points``): a grid's
+``shape`` is ``(H, D)`` pairs, split on the points."""
+AXES = tuple(dict.fromkeys(a for axes in SWEEP_AXES.values() for a in axes))
+"""Every pmll_attention sweep's axes together."""
 
 
-def points(grids: list[dict], seed: int = 0) -> list[dict]:
+def points(grids: list[dict], seed: int = 0, sweep: str = "speed") -> list[dict]:
     """The grids' points (``shape`` pairs split into ``H`` and ``D``; ``seed`` unless a grid has
     its own), duplicates dropped. A GPT-2 point without a ring (``capacity`` 0) keeps only
     ``gate="none"``: without a ring there is nothing to blend."""
     last = [{**{k: v for k, v in g.items() if k != "shape"},   # the shape axis varies last
              **({"shape": [tuple(x) for x in g["shape"]]} if "shape" in g else {})}
             for g in grids]
-    return P.grid_points(last, {"seed": [seed]}, _split_shape, axes=AXES,
+    if sweep not in SWEEP_AXES:
+        raise ValueError(f"sweep: must be one of {', '.join(SWEEP_AXES)}, got {sweep!r}")
+    for g in last:
+        for s in g.get("shape", ()):
+            if len(s) != 2:
+                raise ValueError(f"grids: axis shape must list (H, D) pairs, got {s!r}")
+    return P.grid_points(last, {"seed": [seed]}, _split_shape, axes=SWEEP_AXES[sweep],
                          choices={"dtype": P.KERNEL_DTYPES})
 
 

@@ -48,7 +48,7 @@ waiting in the stash)."""
 AXES = frozenset(INT_AXES) | {
     "alpha", "arch", "baselines", "batch", "capacity", "draft", "dtype", "fill", "form", "forms",
     "gate", "heads", "impl", "layers", "lazy", "lazy_min_seqs", "mode", "new_tokens", "p",
-    "prompt_len", "provider", "providers", "segment", "segments", "shape", "state_dtype",
+    "prompt_len", "providers", "segment", "segments", "shape", "state_dtype",
     "state_layout", "steps", "tokens", "vocab"}
 """Every axis name a notebook's grids may use (the kernels' names, README "Notebook
 parameters", and each notebook's own, commented in its parameters cell): a name outside it is a
@@ -78,6 +78,45 @@ def int_param(name: str, value, minimum: int = 0) -> int:
     return int(value)
 
 
+def axis_values(grid: Mapping, name: str, default=None) -> list:
+    """Axis ``name`` of ``grid`` (``default`` when absent) as a list; ``ValueError`` naming it
+    when it is a bare string or not a list of values (``"vk"`` would read as ``['v', 'k']``)."""
+    values = grid.get(name, default)
+    if values is None:
+        raise ValueError(f"grids: axis {name} is missing from a grid: {dict(grid)!r}")
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise ValueError(f"grids: axis {name} must be a list of values, got {values!r}")
+    return list(values)
+
+
+def pair_axis(grid: Mapping, name: str) -> list:
+    """Axis ``name`` (``heads``) as a list of pairs ``(HK, HV)``; ``ValueError`` naming it for
+    a missing axis or an entry that is not a pair."""
+    out = axis_values(grid, name)
+    for h in out:
+        if isinstance(h, (str, bytes)) or not isinstance(h, Iterable) or len(tuple(h)) != 2:
+            raise ValueError(f"grids: axis {name} must list (HK, HV) pairs here, got {h!r}")
+    return out
+
+
+def check_axes(grids: Iterable[Mapping], axes: Iterable[str] | None = None) -> None:
+    """``ValueError`` naming any axis of ``grids`` outside ``axes`` (default: ``AXES``, every
+    notebook's), saying when it is another sweep's; a grid that is not a mapping is refused
+    too. ``grid_points`` runs it; a points function that renames axes runs it on the grids as
+    written."""
+    own = AXES if axes is None else frozenset(axes)
+    for g in grids:
+        if not isinstance(g, Mapping):
+            raise ValueError(f"grids: each grid must be a dict of axes, got {g!r}")
+        unknown = sorted(set(g) - own)
+        if unknown:
+            other = [u for u in unknown if u in AXES]
+            raise ValueError(f"grids: unknown axis {', '.join(unknown)} (this sweep's axes: "
+                             f"{', '.join(sorted(own))}"
+                             + (f"; {', '.join(other)}: another sweep's" if other else "")
+                             + ")")
+
+
 def grid_points(grids: Iterable[Mapping], defaults: Mapping | None = None,
                 each: Callable[[dict], dict | None] | None = None, *,
                 axes: Iterable[str] | None = None,
@@ -91,17 +130,11 @@ def grid_points(grids: Iterable[Mapping], defaults: Mapping | None = None,
     Raises ``ValueError`` naming the axis for a name outside ``axes``, an axis that is not a
     non-empty list of values, a value outside its choices or an ``INT_AXES`` value that is not
     an int at or above its least value, before any point runs."""
-    own = AXES if axes is None else frozenset(axes)
     named = {**CHOICE_AXES, **(choices or {})}
     out, seen, merged = [], set(), []
+    grids = list(grids)
+    check_axes(grids, axes)
     for g in grids:
-        unknown = sorted(set(g) - own)
-        if unknown:
-            other = [u for u in unknown if u in AXES]
-            raise ValueError(f"grids: unknown axis {', '.join(unknown)} (this sweep's axes: "
-                             f"{', '.join(sorted(own))}"
-                             + (f"; {', '.join(other)}: another notebook's" if other else "")
-                             + ")")
         g = {**(defaults or {}), **g}
         for name, values in g.items():
             if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):

@@ -70,9 +70,10 @@ def _point(p: dict, fla: bool, flashinfer: bool) -> dict | None:
     return q if sdt == "float32" else dict(q, state_dtype=sdt)
 
 
-AXES = ("B", "K", "dtype", "head_dim", "heads", "provider", "state_dtype", "state_layout", "seed")
-"""The roofline GDN sweep's axes (``providers`` in a grid, ``provider`` on a point;
-``protocol.grid_points``)."""
+AXES = ("B", "K", "dtype", "head_dim", "heads", "providers", "state_dtype", "state_layout",
+        "seed")
+"""The roofline GDN sweep's axes as a grid writes them (``protocol.check_axes``; a point
+carries one ``provider``)."""
 
 
 def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept_K: int = 4,
@@ -84,12 +85,14 @@ def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept
     for an unknown provider, layout or state dtype."""
     fla = fla_available() if fla is None else fla
     flashinfer = flashinfer_available() if flashinfer is None else flashinfer
+    grids = list(grids)
+    P.check_axes(grids, AXES)
     full = []
     for g in grids:
-        ax = dict(heads=[tuple(h) for h in g["heads"]],
-                  state_dtype=[str(x) for x in g.get("state_dtype", ["float32"])],
-                  provider=list(g.get("providers", PROVIDERS)),
-                  state_layout=[str(x) for x in g.get("state_layout", ["kv"])])
+        ax = dict(heads=[tuple(h) for h in P.pair_axis(g, "heads")],
+                  state_dtype=[str(x) for x in P.axis_values(g, "state_dtype", ["float32"])],
+                  provider=list(P.axis_values(g, "providers", PROVIDERS)),
+                  state_layout=[str(x) for x in P.axis_values(g, "state_layout", ["kv"])])
         for name, vals, known in (("state_dtype", ax["state_dtype"], STATE_DTYPES),
                                   ("providers", ax["provider"], PROVIDERS),
                                   ("state_layout", ax["state_layout"], LAYOUTS)):
@@ -98,8 +101,8 @@ def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept
                 raise ValueError(f"{name}: unknown {bad}; known {list(known)}")
         rest = {k: v for k, v in g.items() if k not in (*ax, "providers")}
         full.append({**rest, **ax})
-    pts = P.grid_points(full, each=lambda p: _point(p, fla, flashinfer), axes=AXES,
-                        choices={"dtype": P.KERNEL_DTYPES})
+    pts = P.grid_points(full, each=lambda p: _point(p, fla, flashinfer),
+                        axes=(*AXES, "provider"), choices={"dtype": P.KERNEL_DTYPES})
 
     def shape_of(p):
         return tuple(p[k] for k in SHAPE_KEYS)

@@ -40,14 +40,16 @@ def _plain(p: dict) -> dict:
 
 AXES = ("B", "K", "arch", "draft", "dtype", "form", "forms", "lazy", "lazy_min_seqs", "mode",
         "new_tokens", "p", "prompt_len", "state_layout", "seed")
-"""The spec_decode sweep's axes (``protocol.grid_points``; ``dtype`` takes float64 here: the
-oracle model's)."""
+"""The spec_decode sweep's axes (``protocol.grid_points``; ``dtype`` takes the model dtypes of
+``DTYPES``, float64 the oracle's; ``mode`` is "plain" or "spec"; ``arch`` one of ``ARCHS``)."""
 
 
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
     """The grids' points (``seed`` unless a grid has its own; ``mode="plain"`` points drop the
     speculative axes), duplicates dropped."""
-    return P.grid_points(grids, {"seed": [seed]}, _plain, axes=AXES)
+    return P.grid_points(grids, {"seed": [seed]}, _plain, axes=AXES,
+                         choices={"dtype": tuple(DTYPES), "mode": ("plain", "spec"),
+                                  "arch": ARCHS})
 
 
 def kernel_name(p: dict) -> str:
