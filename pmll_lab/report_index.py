@@ -71,8 +71,8 @@ def _figure(v: str) -> str:
 
 def headline_html(path: Path, title: str) -> str:
     """A headline CSV (header row, then one row per target) as an HTML table under ``title``:
-    every row and column (no truncation; decimals to 4 significant digits, ``_figure``); a
-    ``status`` column (met / missed,
+    every row and column (no truncation; decimals to 4 significant digits, ``_figure``), headed
+    as the notebooks head them (``protocol.COLUMN_LABELS``); a ``status`` column (met / missed,
     passed / failed) is coloured. A file that cannot be read gives a one-line note instead."""
     e = html.escape
     try:
@@ -82,10 +82,12 @@ def headline_html(path: Path, title: str) -> str:
         return f"<p class='err'>{e(title)}: cannot read {e(path.name)}: {e(str(exc))}</p>"
     if not rows:
         return f"<p class='note'>{e(title)}: empty headline table.</p>"
+    from pmll_lab.experiments.protocol import COLUMN_LABELS
+
     head, body = rows[0], rows[1:]
     col = head.index("status") if "status" in head else -1
-    out = [f"<h2>{e(title)}</h2>", "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head)
-           + "</tr>"]
+    out = [f"<h2>{e(title)}</h2>", "<table><tr>" + "".join(
+        f"<th>{e(COLUMN_LABELS.get(h, h))}</th>" for h in head) + "</tr>"]
     for r in body:
         cells = []
         for i, v in enumerate(r):

@@ -235,6 +235,7 @@ def test_index_shows_each_notebooks_headline(tmp_path):
     assert page.count("<td class='failed'>missed</td>") == 35
     assert "target number 69" in page and "<td>79.5</td>" in page and "…" not in page
     assert "79.500000001" not in page                      # shown to 4 significant digits
+    assert "<th>ours (µs)</th>" in page and "ours_us" not in page   # headed as in the notebook
     assert "Headline" not in index_html(manifest)          # without run_dir: links only
     assert "35 of 70 targets met" in page and "targets met: 35 of 70" in page   # row, total
 
