@@ -31,6 +31,25 @@ import torch
 from pmll_lab._interpreter import install as _install_interpreter
 
 
+KERNEL_SWITCHES = ("PMLL_LAB_FMA_SUMS", "PMLL_LAB_PACKED_STATE_TILE", "PMLL_LAB_COMPACT_QK")
+"""Environment switches of the kernels' code, read once when ``pmll_lab`` is imported
+(``pmll_lab.ops.settings``: ``fma_sums``, ``packed_state_tile``, ``compact_qk``)."""
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """A switch fixed at import from the environment: ``"1"`` on, ``"0"`` off, unset or empty
+    the default. Raises ``ValueError`` naming the variable for any other value (``"off"`` or
+    ``"false"`` would otherwise read as on)."""
+    value = os.environ.get(name, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name}: expected 0 or 1 (or unset), got {value!r}")
+    return default if value == "" else value == "1"
+
+
+for _name in KERNEL_SWITCHES:      # refused at `import pmll_lab`, before any kernel module loads
+    env_flag(_name, False)
+
+
 def _decide() -> tuple[torch.device, bool]:
     wanted = os.environ.get("PMLL_LAB_DEVICE", "").strip().lower() or "auto"   # empty: auto
     if wanted not in ("auto", "cpu", "cuda", "lower"):

@@ -70,7 +70,7 @@ def test_lower_mode_compiles_and_refuses_the_interpreter():
 def test_import_switches_refuse_a_value_other_than_0_or_1():
     """``PMLL_LAB_PACKED_STATE_TILE=off`` must not read as on: the import fails naming it."""
     for name in ("PMLL_LAB_PACKED_STATE_TILE", "PMLL_LAB_FMA_SUMS", "PMLL_LAB_COMPACT_QK"):
-        proc = _python("import pmll_lab.gdn", PMLL_LAB_DEVICE="cpu", **{name: "off"})
+        proc = _python("import pmll_lab", PMLL_LAB_DEVICE="cpu", **{name: "off"})
         assert proc.returncode != 0
         assert f"{name}: expected 0 or 1 (or unset), got 'off'" in proc.stderr
     proc = _python("import pmll_lab.ops.settings as s; print(s.gdn().packed_state_tile)",

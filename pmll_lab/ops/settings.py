@@ -31,17 +31,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 
-from pmll_lab.backend import INTERPRET
-
-
-def _env_flag(name: str, default: bool) -> bool:
-    """A switch fixed at import from the environment: ``"1"`` on, ``"0"`` off, unset or empty
-    the default. Raises ``ValueError`` naming the variable for any other value (``"off"`` or
-    ``"false"`` would otherwise read as on)."""
-    value = os.environ.get(name, "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"{name}: expected 0 or 1 (or unset), got {value!r}")
-    return default if value == "" else value == "1"
+from pmll_lab.backend import INTERPRET, env_flag
 
 
 def _row(value, *, check: str, why: str, see: str, when: str = "launch"):
@@ -119,7 +109,7 @@ class GdnSettings:
     """Chains of up to this many rows unroll their row loop; longer ones run a runtime loop."""
 
     fma_sums: bool = _row(
-        _env_flag("PMLL_LAB_FMA_SUMS", not INTERPRET), check="flag",
+        env_flag("PMLL_LAB_FMA_SUMS", not INTERPRET), check="flag",
         when="import",
         why="the instruction-bound verify gets its key sums' FMAs back; off in the interpreter, "
             "which computes tl.fma unfused anyway and ran the suite at twice the time",
@@ -128,7 +118,7 @@ class GdnSettings:
     environment before ``pmll_lab`` is imported switches it (default: on a GPU)."""
 
     packed_state_tile: bool = _row(
-        _env_flag("PMLL_LAB_PACKED_STATE_TILE", False), check="flag", when="import",
+        env_flag("PMLL_LAB_PACKED_STATE_TILE", False), check="flag", when="import",
         why="a bf16/fp16 tile held as 2-byte pairs between rows takes half the registers (the "
             "V-major verify, B = 64, sm_90: 228 -> 168, one instruction in a hundred more); same "
             "bits; not yet timed on a GPU, so off",
@@ -139,7 +129,7 @@ class GdnSettings:
     it on (default off)."""
 
     compact_qk: bool = _row(
-        _env_flag("PMLL_LAB_COMPACT_QK", False), check="flag", when="import",
+        env_flag("PMLL_LAB_COMPACT_QK", False), check="flag", when="import",
         why="the V-major row's q/k normalisation runs once per key (4 keys a thread) instead "
             "of on every thread of a tile's value rows (32 keys a thread): B = 64, sm_90, bf16 "
             "state: decode 1040 -> 952 SASS instructions (128 -> 153 registers), the chain "
