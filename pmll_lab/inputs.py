@@ -32,8 +32,9 @@ def _checked(seed, dtype, device, **sizes) -> torch.device:
     for name, value, least in (("seed", seed, 0), *((n, v, 1) for n, v in sizes.items())):
         if value is None and name != "seed":
             continue
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-            raise ValueError(f"{name}: must be an int >= {least}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least \
+                or value >= 2 ** 63:
+            raise ValueError(f"{name}: must be an int >= {least} (and < 2**63), got {value!r}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype: expected a floating torch.dtype (e.g. torch.bfloat16), got "
                          f"{dtype!r}")

@@ -171,16 +171,17 @@ def test_input_makers_name_a_bad_argument():
     base = dict(seed=0, batch=2, num_k_heads=2, num_v_heads=4, k_dim=8, v_dim=8)
     for kw, message in ((dict(dtype="bf16"), "dtype: expected a floating torch.dtype"),
                         (dict(dtype=torch.int32), "dtype: expected a floating torch.dtype"),
-                        (dict(batch=-1), "batch: must be an int >= 1, got -1"),
-                        (dict(rows=0), "rows: must be an int >= 1, got 0"),
-                        (dict(k_dim=2.0), "k_dim: must be an int >= 1, got 2.0"),
+                        (dict(batch=-1), "batch: must be an int >= 1 (and < 2**63), got -1"),
+                        (dict(rows=0), "rows: must be an int >= 1 (and < 2**63), got 0"),
+                        (dict(k_dim=2.0), "k_dim: must be an int >= 1 (and < 2**63), got 2.0"),
                         (dict(slots=1), "slots: must be >= batch"),
-                        (dict(seed=-1), "seed: must be an int >= 0")):
+                        (dict(seed=-1), "seed: must be an int >= 0"),
+                        (dict(seed=2 ** 70), "seed: must be an int >= 0 (and < 2**63)")):
         with pytest.raises(ValueError, match="^" + re.escape(message)):
             gdn_inputs(**{**base, **kw})
     x = gdn_inputs(**{**base, "batch": np.int64(2), "rows": np.int32(3)})
     assert x["q"].shape == (2, 3, 2, 8) and x["q"].abs().sum() > 0
-    with pytest.raises(ValueError, match="^heads: must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"^heads: must be an int >= 1 \(and < 2\*\*63\), got 0"):
         pmll_inputs(0, 1, 0, 4, 8)
     with pytest.raises(ValueError, match=r"^slots: must be >= batch \(2\), got 1"):
         conv_inputs(0, 2, 8, slots=1)

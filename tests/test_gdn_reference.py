@@ -135,3 +135,20 @@ def test_reference_names_a_misshapen_argument():
         gdn_decode_ref(st, q, k, v[:, :1], g, beta)
     with pytest.raises(ValueError, match=r"^g: expected \[B, HV\]"):
         gdn_decode_ref(st, q, k, v, g[:, None], beta)
+
+
+def test_reference_takes_a_named_state_dtype_and_blames_q_for_its_key_size():
+    """``state_dtype`` may be a name ("bfloat16" rounds as torch.bfloat16 does); a nonsense one
+    and a q whose key size is not the state's are ValueErrors naming the argument at fault."""
+    from pmll_lab.reference.gdn import gdn_decode_ref
+
+    x = gdn_inputs(6, 2, 1, 2, 16, 16)
+    args = [x[n] for n in ("state", "q", "k", "v", "g", "beta")]
+    by_name = gdn_decode_ref(*args, state_dtype="bfloat16")[1]
+    assert torch.equal(by_name, gdn_decode_ref(*args, state_dtype=torch.bfloat16)[1])
+    assert not torch.equal(by_name, gdn_decode_ref(*args)[1])
+    with pytest.raises(ValueError, match="^state_dtype: expected None, float32, bfloat16"):
+        gdn_decode_ref(*args, state_dtype="bf16")
+    st, q, k, v, g, beta = args
+    with pytest.raises(ValueError, match=r"^q: expected kd=16"):
+        gdn_decode_ref(st, q[..., :8], k, v, g, beta)

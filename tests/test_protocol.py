@@ -160,6 +160,8 @@ def test_sweep_points_refuse_bad_axes_naming_them_before_any_point():
         with pytest.raises(ValueError, match="^grids: " + message):
             conv.points([{**good, axis: values}])
     assert {p["d_conv"] for p in conv.points([{**good, "d_conv": [3]}])} == {3}
+    with pytest.raises(ValueError, match=r"^grids: axis d_conv: must be an int >= 2, got 1"):
+        conv.points([{**good, "d_conv": [1]}])          # a width-1 conv keeps no window
     from pmll_lab.experiments import spec_decode
     oracle = {"B": [1], "mode": ["plain"], "arch": ["tiny"], "dtype": ["float64"]}
     assert spec_decode.points([oracle])[0]["dtype"] == "float64"     # the oracle model's dtype

@@ -37,7 +37,7 @@ CAP = 8
 KERNELS = ("chain", "updates", "carry_eager", "carry_lazy")
 LABELS = {"chain": "chain + window snapshots", "updates": "K successive conv_update",
           "carry_eager": "carry verify, eager", "carry_lazy": "carry verify, lazy"}
-PARAMS = ("K", "B", "shape", "dtype", "pending")
+PARAMS = ("K", "B", "shape", "dtype", "pending", "d_conv")
 TARGET_SET = "Conv twin verify at Qwen3-Next's conv (dim 8192, bf16), K=4, B=64"
 _AT = dict(shape="qwen3-next", dtype="bfloat16", K=4, B=[64])
 TARGETS = (

@@ -40,9 +40,9 @@ PLAN_SUFFIX = ":plan"
 # ---- the point side ------------------------------------------------------------------------
 
 INT_AXES = {"K": 1, "B": 1, "HK": 1, "HV": 1, "head_dim": 1, "H": 1, "D": 1, "T": 1,
-            "ring_length": 1, "M": 0, "pending": 0, "seed": 0, "d_conv": 1}
+            "ring_length": 1, "M": 0, "pending": 0, "seed": 0, "d_conv": 2}
 """Grid axes that hold integers, with their least value (``M = 0``: no ring; ``pending``: rows
-waiting in the stash)."""
+waiting in the stash; ``d_conv = 2``: a narrower conv keeps no window)."""
 
 
 AXES = frozenset(INT_AXES) | {

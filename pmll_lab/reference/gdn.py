@@ -47,9 +47,16 @@ def _slots(state_indices, batch: int, size: int, device) -> tuple[torch.Tensor, 
 def round_state(H: torch.Tensor, state_dtype) -> torch.Tensor:
     """``H`` (float64) rounded to ``state_dtype`` and back to float64: the rounding point of a
     bf16/fp16 state pool, applied where a decode stores the state (``None`` or float32:
-    unchanged, the fp32 kernels' rounding being below the references' tolerances)."""
+    unchanged, the fp32 kernels' rounding being below the references' tolerances). A dtype
+    may be named (``"bfloat16"``); ``ValueError`` naming ``state_dtype`` for anything else."""
+    if isinstance(state_dtype, str):
+        state_dtype = getattr(torch, state_dtype, None) if state_dtype in (
+            "float32", "float64", "bfloat16", "float16") else state_dtype
     if state_dtype is None or state_dtype in (torch.float32, torch.float64):
         return H
+    if state_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"state_dtype: expected None, float32, bfloat16 or float16, got "
+                         f"{state_dtype!r}")
     return H.to(state_dtype).to(torch.float64)
 
 
@@ -73,9 +80,11 @@ def _shapes(state, q, k, v, g, beta, rows: bool) -> None:
             dims = {"q": "HK, kd", "k": "HK, kd", "v": "HV, vd", "g": "HV", "beta": "HV"}[name]
             raise ValueError(f"{name}: expected {what}{dims}] with the state's HV={HV}, "
                              f"kd={kd}, vd={vd}, got {tuple(t.shape)}")
-    if q.shape[lead + 1] != kd or k.shape != q.shape:
-        raise ValueError(f"k: expected q's shape {tuple(q.shape)} with kd={kd}, got q "
-                         f"{tuple(q.shape)}, k {tuple(k.shape)}")
+    if q.shape[lead + 1] != kd:
+        raise ValueError(f"q: expected kd={kd} (the state's) in its last dim, got "
+                         f"{tuple(q.shape)}")
+    if k.shape != q.shape:
+        raise ValueError(f"k: expected q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
     if HV % q.shape[lead]:
         raise ValueError(f"q: {q.shape[lead]} key heads do not divide the state's {HV} value "
                          f"heads")
