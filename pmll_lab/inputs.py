@@ -23,13 +23,14 @@ def generator(seed: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(int(seed))
 
 
-def _checked(seed, dtype, device, **sizes) -> torch.device:
+def _checked(seed, dtype, device, zero_ok=(), **sizes) -> torch.device:
     """Arguments of an input maker, checked before anything is drawn: ``seed`` an int >= 0,
-    every size an int >= 1 (a NumPy integer too, as grids give them; ``None`` where the maker
-    has a default), ``dtype`` a
+    every size an int >= 1 (>= 0 for the names in ``zero_ok``; a NumPy integer too, as grids
+    give them; ``None`` where the maker has a default), ``dtype`` a
     floating torch dtype; returns the device (``None``: the session's). ``ValueError`` naming
     the argument otherwise."""
-    for name, value, least in (("seed", seed, 0), *((n, v, 1) for n, v in sizes.items())):
+    for name, value, least in (("seed", seed, 0),
+                               *((n, v, 0 if n in zero_ok else 1) for n, v in sizes.items())):
         if value is None and name != "seed":
             continue
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least \
@@ -137,8 +138,8 @@ def pmll_inputs(
     """Inputs for one PMLL segment: ``k_new, v_new, q [B, H, T, D]`` in ``dtype``; ``gate``
     None, ``"bt"`` -> ``[B, T]`` or ``"bht"`` -> ``[B, H, T]`` fp32 in (0, 1). Raises
     ``ValueError`` naming the argument as ``gdn_inputs`` does."""
-    dev = _checked(seed, dtype, device, batch=batch, heads=heads, tokens=tokens,
-                   head_dim=head_dim)
+    dev = _checked(seed, dtype, device, zero_ok=("tokens",), batch=batch, heads=heads,
+                   tokens=tokens, head_dim=head_dim)     # tokens = 0: an empty segment
     gen = generator(seed)
     shape = (batch, heads, tokens, head_dim)
     out = dict(k_new=_randn(gen, *shape).to(dtype), v_new=_randn(gen, *shape).to(dtype),

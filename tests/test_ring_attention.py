@@ -415,6 +415,6 @@ def test_gpt2_bad_input_names_the_argument(gpt2):
 def test_eviction_grid_pairs_no_ring_with_no_gate():
     from pmll_lab.experiments import pmll_attention as ex
 
-    pts = ex.points([dict(capacity=[0, 8], gate=["none", "0.5"], tokens=[16])])
+    pts = ex.points([dict(capacity=[0, 8], gate=["none", "0.5"], tokens=[16])], sweep="eviction")
     assert sorted((p["capacity"], p["gate"]) for p in pts) == [(0, "none"), (8, "0.5"),
                                                                (8, "none")]
