@@ -295,3 +295,26 @@ def test_spec_decode_grids_take_its_models_names():
     for axis, bad in (("dtype", "float16"), ("mode", "plian"), ("arch", "qwen3_next")):
         with pytest.raises(ValueError, match=f"^grids: axis {axis}: '{bad}' is not one of"):
             spec_decode.points([{**base, axis: [bad]}])
+
+
+def test_counts_and_probabilities_are_checked_on_the_grid():
+    """Axes that count (steps, fill, segments, new tokens) and probabilities (alpha, p) are
+    refused on the grid, naming the axis, rather than by each point or not at all."""
+    from pmll_lab.experiments import pmll, spec_decode, step
+
+    st = {"B": [1], "HK": [1], "HV": [2], "K": [2], "head_dim": [16], "steps": [2]}
+    assert step.points([st], alpha=0.8, seed=0)
+    for axis, bad, message in (("alpha", 1.5, r"axis alpha: must be a probability in \[0, 1\]"),
+                               ("fill", -1, r"axis fill: must be an int >= 0"),
+                               ("steps", 0, r"axis steps: must be an int >= 1")):
+        with pytest.raises(ValueError, match="^grids: " + message):
+            step.points([{**st, axis: [bad]}], alpha=0.8, seed=0)
+    sd = {"B": [1], "mode": ["spec"], "arch": ["tiny"], "dtype": ["float32"], "p": [None, 0.8]}
+    assert len(spec_decode.points([sd])) == 2
+    for axis, bad in (("p", 2.0), ("new_tokens", 0)):
+        with pytest.raises(ValueError, match=f"^grids: axis {axis}: must be"):
+            spec_decode.points([{**sd, axis: [bad]}])
+    ring = {"B": [1], "H": [1], "M": [8], "T": [4], "D": [16], "dtype": ["float32"],
+            "gate": ["none"], "segments": [0]}
+    with pytest.raises(ValueError, match=r"^grids: axis segments: must be an int >= 1"):
+        pmll.points([ring])

@@ -40,7 +40,8 @@ PLAN_SUFFIX = ":plan"
 # ---- the point side ------------------------------------------------------------------------
 
 INT_AXES = {"K": 1, "B": 1, "HK": 1, "HV": 1, "head_dim": 1, "H": 1, "D": 1, "T": 1,
-            "ring_length": 1, "M": 0, "pending": 0, "seed": 0, "d_conv": 2}
+            "ring_length": 1, "M": 0, "pending": 0, "seed": 0, "d_conv": 2, "fill": 0,
+            "steps": 1, "segments": 1, "new_tokens": 1, "prompt_len": 1}
 """Grid axes that hold integers, with their least value (``M = 0``: no ring; ``pending``: rows
 waiting in the stash; ``d_conv = 2``: a narrower conv keeps no window)."""
 
@@ -55,6 +56,10 @@ parameters", and each notebook's own, commented in its parameters cell): a name 
 misspelling, refused before any point runs. Each sweep takes a subset (the ``AXES`` of its
 experiment module, passed to ``grid_points``). A new axis is added here and there."""
 
+
+FRACTION_AXES = ("alpha", "p")
+"""Grid axes that hold a probability in [0, 1] (``p`` may also be None: a draft without a
+set acceptance)."""
 
 KERNEL_DTYPES = ("float32", "bfloat16", "float16")
 """Input dtypes of the kernels' sweeps (``grid_points(choices={"dtype": KERNEL_DTYPES})``):
@@ -149,6 +154,13 @@ def grid_points(grids: Iterable[Mapping], defaults: Mapping | None = None,
             if name in INT_AXES:
                 for v in values:
                     int_param(f"grids: axis {name}", v, INT_AXES[name])
+            if name in FRACTION_AXES:
+                for v in values:
+                    if v is None and name == "p":
+                        continue
+                    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                        raise ValueError(f"grids: axis {name}: must be a probability in [0, 1], "
+                                         f"got {v!r}")
             if name == "heads":         # (HK, HV) pairs (GDN) or a head count (GPT-2)
                 for h in values:
                     if isinstance(h, Iterable) and not isinstance(h, (str, bytes)):
