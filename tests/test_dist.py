@@ -387,6 +387,7 @@ def test_a_point_waits_for_its_busy_worker_instead_of_being_stolen(cluster, tmp_
     ran there (the local cluster turns stealing off)."""
     c, client = cluster
     assert "stealing" not in c.scheduler.extensions
+    client.wait_for_workers(2, timeout=WORKER_WAIT_S)   # an earlier test's killed worker is back
     busy = next(iter(client.scheduler_info(n_workers=-1)["workers"]))
     blocker = client.submit(time.sleep, 6, workers=[busy], allow_other_workers=False,
                             pure=False)
