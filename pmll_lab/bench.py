@@ -83,7 +83,7 @@ def time_launch(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: floa
         med, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
                                                 quantiles=[0.5, 0.2, 0.8])
         return {"median_us": med * 1e3, "p20_us": p20 * 1e3, "p80_us": p80 * 1e3,
-                "timer": "do_bench"}
+                "timer": "do_bench", "l2": "flushed"}
     fn()
     samples = []
     for _ in range(max(1, cpu_reps)):
@@ -127,7 +127,9 @@ def _quantiles(samples: list[float]) -> tuple[float, float, float]:
 
 
 def time_cuda_graph(fn: Callable[[], object], *, replays: int = 200, warmup: int = 3,
-                    flush_l2: bool = True) -> dict[str, float | str] | None:
+                    flush_l2: bool = True,
+                    guard: Callable[[Callable[[], None]], dict] | None = None
+                    ) -> dict[str, float | str] | None:
     """GPU time of ``fn`` without the host: ``median_us, p20_us, p80_us, replays, timer``.
 
     ``fn`` runs ``warmup`` times on a side stream, is captured in one CUDA graph, and the graph
@@ -136,11 +138,15 @@ def time_cuda_graph(fn: Callable[[], object], *, replays: int = 200, warmup: int
     outside its events. Returns None on the CPU (interpreter). Raises what capture raises (a
     launcher that synchronises with the host cannot be captured); the caller decides whether
     its other figures stand without this one. ``fn`` must be capturable: no host sync, no
-    allocation that outlives the capture."""
+    allocation that outlives the capture. ``guard(replay)``, given, runs between the capture and
+    the timed replays (``harness.runner.replay_guard``: the graph must rewrite its outputs and
+    advance its cursors) and raises if the graph does not do what ``fn`` does; its dict joins
+    the result. The result's ``l2`` says whether each replay started from a flushed L2."""
     if DEVICE.type != "cuda" or INTERPRET:
         return None
     replays = max(int(replays), GRAPH_MIN_REPLAYS)
     graph = _capture(fn, warmup)
+    proven = guard(graph.replay) if guard is not None else {}
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=DEVICE) if flush_l2 else None
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
              for _ in range(replays)]
@@ -155,7 +161,7 @@ def time_cuda_graph(fn: Callable[[], object], *, replays: int = 200, warmup: int
     del graph, flush
     med, p20, p80 = _quantiles(samples)
     return {"median_us": med, "p20_us": p20, "p80_us": p80, "replays": replays,
-            "timer": "cuda_graph"}
+            "timer": "cuda_graph", "l2": "flushed" if flush_l2 else "warm", **proven}
 
 
 def timings(fn: Callable[[], object], *, graph: bool, warmup_ms: float = 25,

@@ -202,7 +202,46 @@ def frozen_bytes(B: int, K: int, HK: int, HV: int, D: int, dtype,
     return count("batch", B, 0) * (state_bytes(HV, D, D, state_dtype) + K * io + 4)
 
 
+def step_io_bytes(K: int, HK: int, HV: int, D: int, dtype) -> int:
+    """One speculative step's rows per sequence: ``K`` rows of ``q, k, v, a, b`` in ``dtype``
+    and ``K`` bf16 output rows."""
+    i = itemsize("dtype", dtype)
+    return count("K", K) * ((2 * HK * D + HV * D + 2 * HV) * i + HV * D * 2)
+
+
+def carry_step_bytes(K: int, HK: int, HV: int, D: int, dtype, state_dtype, *,
+                     fold_frac: float, mean_fill: float) -> int:
+    """A carried-state step (exact form) per sequence and layer: the state read, written back
+    on ``fold_frac`` of the steps, ``mean_fill`` pending stash rows read and ``K`` written
+    (fp32 ``u, g, k``), and the step's rows."""
+    hb = state_bytes(HV, D, D, state_dtype)
+    return int(hb * (1 + fold_frac) + stash_row_bytes(HV, D, D) * (mean_fill + K)
+               + step_io_bytes(K, HK, HV, D, dtype))
+
+
+def ring_step_bytes(K: int, HK: int, HV: int, D: int, dtype, state_dtype, *, fold_frac: float,
+                    mean_fill: float, ring_dtype=None) -> int:
+    """A ring-form step (SPEC §3d) per sequence and layer: the state read, folded on
+    ``fold_frac`` of the steps, ``mean_fill`` ring rows read and ``K`` written (``k`` per key
+    head and ``u`` per value head in ``ring_dtype``, default the state's; an fp32 log decay),
+    and the step's rows."""
+    hb = state_bytes(HV, D, D, state_dtype)
+    rs = itemsize("ring_dtype", state_dtype if ring_dtype is None else ring_dtype)
+    row = (HK * D + HV * D) * rs + HV * 4
+    return int(hb * (1 + fold_frac) + row * (mean_fill + K) + step_io_bytes(K, HK, HV, D, dtype))
+
+
+def snapshot_step_bytes(K: int, HK: int, HV: int, D: int, dtype, state_dtype, *,
+                        writes: int, restore_frac: float) -> int:
+    """A snapshot step per sequence and layer: the state read, ``writes`` states written (the
+    chain's ``K - 1`` snapshots and its final state, or a frozen verify's ``K`` snapshots), the
+    restore's two state moves on ``restore_frac`` of the steps, and the step's rows."""
+    hb = state_bytes(HV, D, D, state_dtype)
+    return int(hb * (1 + writes) + 2 * hb * restore_frac + step_io_bytes(K, HK, HV, D, dtype))
+
+
 __all__ = ["CARRY_CAP", "state_bytes", "snapshot_bytes", "snapshot_bytes_per_slot",
            "stash_row_bytes", "stash_bytes_per_slot", "carry_stash_bytes", "row_io_bytes",
            "decode_bytes", "chain_bytes", "decodes_bytes", "carry_verify_bytes", "carry_bytes",
-           "fla_bytes", "floor_bytes", "frozen_bytes"]
+           "fla_bytes", "floor_bytes", "frozen_bytes", "step_io_bytes", "carry_step_bytes",
+           "ring_step_bytes", "snapshot_step_bytes"]

@@ -31,11 +31,20 @@ writes and reads are copies: 0."""
 RING_ATTENTION_TOL = ByDtype(float32=1e-5, bfloat16=1.6e-2, float16=2e-3)
 """The fused ring attention: probabilities and output each rounded once to the dtype (as
 FlashAttention and SDPA round), 8 unit roundoffs of a 16-bit dtype."""
+STEP_TOL = ByDtype(float32=8e-3, bfloat16=2e-2, float16=1e-2)
+"""A whole speculative step's accepted outputs (bf16) and effective states against float64
+decoding of the accepted rows, per state dtype: one bf16 rounding of the outputs (8e-3), or the
+2-byte state's own rounding carried over the steps."""
+RING_TOL = ByDtype(float32=1e-4, bfloat16=2e-2, float16=5e-3)
+"""The ring form's outputs and states against the float64 exact protocol, per state dtype. fp32:
+the state's products from a bf16 head and tail, the small ones from three bf16 pieces (~4e-7
+before the outputs' rounding); bf16/fp16: the state's own rounding."""
 MODEL_TOL = 1e-4
 """Logits of a 12-layer fp32 model computed two ways (segmented vs whole sequence)."""
 
 TOLERANCES = {
     "state": STATE_TOL, "output": O_TOL, "half state": HALF_STATE_TOL,
     "ring write": RING_WRITE_TOL, "ring attention": RING_ATTENTION_TOL, "model": MODEL_TOL,
+    "speculative step": STEP_TOL, "ring form": RING_TOL,
 }
 """Every tolerance above by what it bounds."""

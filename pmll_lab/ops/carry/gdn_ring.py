@@ -39,6 +39,7 @@ from pmll_lab.ops.carry.gdn_ring_kernels import (SMALL_PRODUCTS, gdn_ring_flush_
                                                  ring_accept_kernel)
 from pmll_lab.ops.gdn.gating import check_gating, split_gating
 from pmll_lab.ops.host import cdiv, next_power_of_2
+from pmll_lab.tolerances import RING_TOL
 
 RING_LENGTHS = (8, 16, 32)
 """Ring lengths ``R`` (rows a slot holds before a fold) the kernels take."""
@@ -48,11 +49,9 @@ RING_HEAD_DIMS = (16, 256)
 """``kd``/``vd`` range of the kernels (multiples of 16: ``tl.dot`` tiles)."""
 RING_MAX_ROWS = 8
 """Most draft rows per verify: the new rows' keys and queries share one 16-column tile."""
-RING_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
-"""rel L2 of the ring form's outputs and states against the float64 exact protocol, per state
-dtype (tests/test_ring.py). fp32: the state's products from a bf16 head and tail
-(``_split_mma``), the small ones from three bf16 pieces (``_fine_mma``): ~4e-7 before the
-outputs' rounding; bf16/fp16: the state's own rounding."""
+RING_TOLERANCE = RING_TOL
+"""rel L2 of the ring form against the float64 exact protocol, per state dtype
+(``pmll_lab.tolerances.RING_TOL``)."""
 
 
 def _ring_head_dim(name: str, d: int) -> None:

@@ -1,0 +1,3 @@
+"""Every family and implementation the package ships, registered by importing their modules."""
+
+from pmll_lab.harness import step_forms  # noqa: F401

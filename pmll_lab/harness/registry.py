@@ -1,0 +1,235 @@
+"""What is run, as data: every implementation (ours and the peers') registered once by name.
+
+An ``Implementation`` is one way to compute one ``Family``'s answer (a family is one kernel
+contract with a float64 reference: a decode, the whole speculative step, ...). Its ``name`` is
+written only in its registration; labels, support, the row columns, plot styles and the roofline
+of every report come from here. A researcher's own kernel is one more ``register`` call, in a
+notebook cell or in a file named by ``PMLL_LAB_PLUGINS`` (``load_plugins``); see
+``docs/adding-a-kernel.md``.
+
+A family's ``make_case(point)`` turns one workload row into a case; an implementation's
+``build(case)`` gives a ``Run`` (``harness.runner``): the runner checks it against the family's
+reference, then times it, and writes rows of one schema.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROVIDERS = ("pmll_lab", "flashinfer", "sglang", "fla", "torch", "yours")
+"""Who wrote an implementation (the ``provider`` column); ``yours``: registered by a researcher."""
+IMPLS = ("triton", "cuda", "cute-dsl", "torch")
+"""What it is written in (the ``impl`` column)."""
+PLUGINS_ENV = "PMLL_LAB_PLUGINS"
+"""Python files (``os.pathsep``-separated) whose ``register`` calls ``load_plugins`` runs."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kernel contract: ``make_case(point) -> case`` (inputs drawn from the point's seed),
+    ``check(run, case) -> dict`` (``passed``, ``tolerance`` and error figures against the float64
+    reference, before any timing), ``axes`` the workload columns it reads, ``metric`` the
+    timed quantity's name (``time_us`` per call, ``step_us`` per speculative step)."""
+
+    name: str
+    label: str
+    axes: tuple[str, ...]
+    make_case: Callable
+    check: Callable
+    metric: str = "time_us"
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One implementation of ``family``.
+
+    ``build(case) -> Run``; ``supports(case) -> str | None`` (None: runs; else the reason, one
+    ``unsupported`` row); ``available() -> str | None`` (None: importable and usable here; else
+    e.g. ``"FlashInfer: not installed"``); ``version() -> str`` (the peer's package version, the
+    ``peer_version`` column). ``exact``: bitwise equal to plain decoding (SPEC §3b), checked as
+    such. ``layouts``/``state_dtypes``: what it takes (``supports`` adds finer limits).
+    ``bytes(case, facts) -> int``: the fewest bytes a timed unit moves (``pmll_lab.sizes``;
+    ``facts``: what the check run counted). ``plain(case)``: for an exact implementation, the
+    plain decoding it must equal to the bit. ``style``: the plot's ``color``, ``marker``."""
+
+    name: str
+    family: str
+    label: str
+    build: Callable
+    provider: str = "pmll_lab"
+    impl: str = "triton"
+    exact: bool = False
+    layouts: tuple[str, ...] = ("vk",)
+    state_dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+    gpu_only: bool = False
+    supports: Callable | None = None
+    available: Callable | None = None
+    version: Callable | None = None
+    bytes: Callable | None = None
+    plain: Callable | None = None
+    style: dict = field(default_factory=dict)
+    doc: str = ""
+
+    def __post_init__(self):
+        if not self.name or not self.name.replace("_", "").isalnum():
+            raise ValueError(f"name: letters, digits and '_' only, got {self.name!r}")
+        if self.provider not in PROVIDERS:
+            raise ValueError(f"provider: one of {PROVIDERS}, got {self.provider!r}")
+        if self.impl not in IMPLS:
+            raise ValueError(f"impl: one of {IMPLS}, got {self.impl!r}")
+        if not callable(self.build):
+            raise ValueError(f"build: must be callable (case -> run), got {self.build!r}")
+
+    def unavailable(self) -> str | None:
+        """Why it cannot run on this machine (not installed, GPU only), or None."""
+        from pmll_lab.backend import DEVICE, INTERPRET
+
+        reason = self.available() if self.available else None
+        if reason:
+            return reason
+        if self.gpu_only and (DEVICE.type != "cuda" or INTERPRET):
+            return f"{self.label}: GPU only"
+        return None
+
+    def unsupported(self, case) -> str | None:
+        """Why it does not take ``case`` (state dtype, layout, shape), or None."""
+        sd = str(getattr(case, "state_dtype", "")).removeprefix("torch.")
+        if sd and sd not in self.state_dtypes:
+            return f"state_dtype {sd} not taken ({', '.join(self.state_dtypes)})"
+        lay = getattr(case, "state_layout", None)
+        if lay and lay not in self.layouts:
+            return f"state_layout {lay!r} not taken ({', '.join(self.layouts)})"
+        return self.supports(case) if self.supports else None
+
+    def columns(self) -> dict:
+        """The columns every row of this implementation carries."""
+        return {"kernel": self.name, "impl": self.impl, "provider": self.provider,
+                "exact": self.exact,
+                "peer_version": (self.version() or None) if self.version else None}
+
+
+_PLUGINS_LOADED: set[str] = set()
+FAMILIES: dict[str, Family] = {}
+IMPLEMENTATIONS: dict[str, Implementation] = {}
+
+
+def add_family(family: Family) -> Family:
+    """Register a family (``ValueError`` on a second family of the same name)."""
+    if family.name in FAMILIES and FAMILIES[family.name] is not family:
+        raise ValueError(f"family: {family.name!r} is already registered")
+    FAMILIES[family.name] = family
+    return family
+
+
+def register(impl: Implementation, *, replace: bool = False) -> Implementation:
+    """Register ``impl`` under its name. ``ValueError`` for an unknown family, or a name
+    already taken unless ``replace`` (a notebook cell re-run replaces its own kernel)."""
+    if impl.family not in FAMILIES:
+        raise ValueError(f"family: {impl.family!r} is not a registered family "
+                         f"({', '.join(sorted(FAMILIES))})")
+    old = IMPLEMENTATIONS.get(impl.name)
+    if old is not None and not replace:
+        raise ValueError(f"name: {impl.name!r} is already registered ({old.label}); pass "
+                         f"replace=True to replace it")
+    IMPLEMENTATIONS[impl.name] = impl
+    return impl
+
+
+def unregister(name: str) -> None:
+    """Remove a registered implementation (a researcher's, after a try)."""
+    get(name)
+    del IMPLEMENTATIONS[name]
+
+
+def _load_builtin() -> None:
+    """The families and implementations this package ships (imported once, on first lookup)."""
+    from pmll_lab.harness import catalog  # noqa: F401  (registers on import)
+
+
+def get(name: str) -> Implementation:
+    """The implementation registered as ``name``; ``ValueError`` naming it (with the closest
+    registered names) when there is none."""
+    _load_builtin()
+    if name not in IMPLEMENTATIONS:
+        close = difflib.get_close_matches(str(name), list(IMPLEMENTATIONS), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"name: no implementation registered as {name!r}{hint}")
+    return IMPLEMENTATIONS[name]
+
+
+def family(name: str) -> Family:
+    """The family registered as ``name`` (``ValueError`` naming it otherwise)."""
+    _load_builtin()
+    if name not in FAMILIES:
+        raise ValueError(f"family: no family {name!r} ({', '.join(sorted(FAMILIES))})")
+    return FAMILIES[name]
+
+
+def names(family: str | None = None, *, provider: str | None = None,
+          exact: bool | None = None) -> list[str]:
+    """Registered names, in registration order, filtered by family, provider and exactness."""
+    _load_builtin()
+    return [n for n, i in IMPLEMENTATIONS.items()
+            if (family is None or i.family == family)
+            and (provider is None or i.provider == provider)
+            and (exact is None or i.exact == exact)]
+
+
+def resolve(family: str, selection: str | Iterable[str] | None) -> list[str]:
+    """The names a sweep runs: ``None`` or ``"all"``: every implementation of ``family``; a
+    ``"+"``-joined string or a list: those, each checked (``ValueError`` naming ``forms`` for a
+    name not registered or of another family)."""
+    if selection is None or selection == "all":
+        return names(family)
+    chosen = selection.split("+") if isinstance(selection, str) else list(selection)
+    for n in chosen:
+        try:
+            impl = get(n)
+        except ValueError as exc:
+            raise ValueError(f"forms: {exc}") from None
+        if impl.family != family:
+            raise ValueError(f"forms: {n!r} is a {impl.family} implementation, not {family}")
+    return chosen
+
+
+def labels() -> dict[str, str]:
+    """Every registered name's label (plots and tables)."""
+    _load_builtin()
+    return {n: i.label for n, i in IMPLEMENTATIONS.items()}
+
+
+def label(name: str) -> str:
+    """The label of ``name``; an unregistered name (an older run's kernel) is shown as is."""
+    _load_builtin()
+    impl = IMPLEMENTATIONS.get(name)
+    return impl.label if impl else str(name)
+
+
+def load_plugins(paths: str | Iterable[str] | None = None) -> list[str]:
+    """Import each Python file of ``paths`` (default: ``$PMLL_LAB_PLUGINS``, separated by
+    ``os.pathsep``): their ``register`` calls add implementations. Returns the files loaded;
+    ``ValueError`` naming ``PMLL_LAB_PLUGINS`` for a file that does not exist."""
+    _load_builtin()
+    if paths is None:
+        paths = [p for p in os.environ.get(PLUGINS_ENV, "").split(os.pathsep) if p]
+    elif isinstance(paths, str):
+        paths = [paths]
+    loaded = []
+    for p in paths:
+        path = Path(p).expanduser().resolve()
+        if not path.is_file():
+            raise ValueError(f"{PLUGINS_ENV}: no such file {str(p)!r}")
+        if str(path) in _PLUGINS_LOADED:
+            continue
+        spec = importlib.util.spec_from_file_location(f"pmll_lab_plugin_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _PLUGINS_LOADED.add(str(path))
+        loaded.append(str(path))
+    return loaded

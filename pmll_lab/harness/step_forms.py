@@ -1,0 +1,248 @@
+"""Every implementation of the ``gdn_step`` family (``harness.step``), registered once.
+
+Ours: the exact carried state (lazy and eager; its CUDA C++ twin), the ring form, the chain with
+snapshots and the restore. FlashInfer's: its ``mtp`` verify with snapshots + our restore, and its
+ReplaySSM ring (``ucache_flush`` + its cursor commit). Each builder returns a ``StepForm`` over a
+fresh copy of the case's state, V-major (``[B, HV, vd, kd]``: the peers' layout).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pmll_lab import sizes
+from pmll_lab.carry import (GDN_CARRY_CAP, GdnCarry, GdnRing, carry_accept, gdn_carry_flush,
+                            gdn_carry_verify, gdn_ring_verify, ring_accept)
+from pmll_lab.gdn import gdn_chain, gdn_decode
+from pmll_lab.harness.registry import Implementation, register
+from pmll_lab.harness.step import StepCase, StepForm, folds_when_full, folds_when_pending
+from pmll_lab.ops.gdn.restore import gdn_snapshot_restore
+from pmll_lab.peers import (flashinfer_available, flashinfer_mtp_runner, flashinfer_status,
+                            flashinfer_supports, flashinfer_version)
+from pmll_lab.peers_replayssm import (REPLAYSSM_WINDOW, ReplaySSMRing, replayssm_commit,
+                                      replayssm_runner, replayssm_state, replayssm_supports)
+from pmll_lab.reference import ring as ref_ring
+
+
+def dims(case: StepCase) -> dict:
+    """The case's sizes as ``pmll_lab.sizes`` takes them."""
+    return dict(K=case.rows, HK=case.num_k_heads, HV=case.num_v_heads, D=case.head_dim,
+                dtype=case.dtype, state_dtype=case.state_dtype)
+
+
+def _kv64(state, slots):
+    return lambda b: state[int(slots[b])].double().transpose(-1, -2).cpu()
+
+
+def build_exact(case: StepCase, *, lazy: bool, impl: str = "triton", name: str = "") -> StepForm:
+    """``gdn_carry_verify`` (exact form) + ``carry_accept``, lazy or eager."""
+    t = case.tensors
+    state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
+    d = case.head_dim
+    carry = GdnCarry.empty(case.batch, case.num_v_heads, d, d, cap=GDN_CARRY_CAP)
+
+    def step(i, collect):
+        fill = carry.pend[slots.long()].clone() if collect else None
+        o, e = gdn_carry_verify(state, carry, **case.rows_of(i), slot_tab=slots, lazy=lazy,
+                                state_layout="vk", scale=case.scale, impl=impl)
+        carry_accept(carry, slots, e, acc[i])
+        return o, e, fill
+
+    def effective(b):
+        # the slot's pending rows folded by the flush kernel on a copy: what serving holds after
+        # a flush, bitwise plain decoding's
+        folded = state.clone()
+        gdn_carry_flush([folded], [carry], slots[b:b + 1].contiguous(), state_layout="vk",
+                        impl=impl)
+        return folded[int(slots[b])].double().transpose(-1, -2).cpu()
+
+    rule = folds_when_full(GDN_CARRY_CAP) if lazy else folds_when_pending()
+    return StepForm(name, case, step, effective, carry.stash_bytes_per_slot + 4,
+                    folds_when=rule, cursors=lambda: [carry.pend])
+
+
+def build_ring(case: StepCase, name: str = "ring") -> StepForm:
+    """``gdn_ring_verify`` + ``ring_accept`` (SPEC §3d), ring rows in the state's dtype."""
+    t = case.tensors
+    state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
+    d = case.head_dim
+    ring = GdnRing.empty(case.batch, case.num_k_heads, case.num_v_heads, d, d,
+                         length=case.ring_length, dtype=case.state_dtype)
+
+    def step(i, collect):
+        fill = ring.len[slots.long()].clone() if collect else None
+        o, e = gdn_ring_verify(state, ring, **case.rows_of(i), slot_tab=slots, scale=case.scale)
+        ring_accept(ring, slots, e, acc[i], rows=case.rows)
+        return o, e, fill
+
+    kv64 = _kv64(state, slots)
+    return StepForm(name, case, step,
+                    lambda b: ref_ring.ring_state(kv64(b), ref_ring.RefRing.from_ring(ring),
+                                                  int(slots[b])),
+                    ring.bytes_per_slot, folds_when=folds_when_full(case.ring_length),
+                    cursors=lambda: [ring.len, ring.base])
+
+
+def build_chain_restore(case: StepCase, name: str = "chain_restore") -> StepForm:
+    """``gdn_chain`` with ``K - 1`` snapshots + ``gdn_snapshot_restore`` of the accepted one."""
+    t = case.tensors
+    state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
+    K, HV, d = case.rows, case.num_v_heads, case.head_dim
+    inter = torch.empty(case.batch, K - 1, HV, d, d, dtype=state.dtype, device=state.device)
+
+    def step(i, collect):
+        o = gdn_chain(state, **case.rows_of(i), state_indices=slots, intermediate=inter,
+                      state_layout="vk", scale=case.scale)
+        gdn_snapshot_restore(state, inter, slots, acc[i], last_in_place=True)
+        return o, None, None
+
+    return StepForm(name, case, step, _kv64(state, slots),
+                    sizes.snapshot_bytes(K, HV, d, d, case.state_dtype))
+
+
+class PlainDecode:
+    """``gdn_decode`` once per accepted row on its own copy of the state (V-major): plain
+    decoding of the accepted tokens, what the exact forms must equal to the bit. ``impl``: the
+    decode's implementation (a CUDA twin's exact forms answer to the CUDA decode)."""
+
+    def __init__(self, case: StepCase, impl: str = "triton"):
+        self.case, self.impl = case, impl
+        self.state = case.tensors["state"].clone()
+        self.o = torch.zeros(case.batch, case.rows, case.num_v_heads, case.head_dim,
+                             dtype=torch.bfloat16, device=self.state.device)
+
+    def step(self, i: int, collect: bool = False):
+        c, t = self.case, self.case.tensors
+        r = c.rows_of(i)
+        acc = t["accepted"][i]
+        self.o.zero_()
+        for row in range(c.rows):
+            slots = torch.where(acc > row, t["slots"], -1).to(torch.int32)
+            self.o[:, row] = gdn_decode(
+                self.state, r["q"][:, row], r["k"][:, row], r["v"][:, row], A_log=r["A_log"],
+                a=r["a"][:, row], dt_bias=r["dt_bias"], b=r["b"][:, row], state_indices=slots,
+                state_layout="vk", scale=c.scale, impl=self.impl)
+        return self.o
+
+    def effective_state(self, b: int) -> torch.Tensor:
+        s = int(self.case.tensors["slots"][b])
+        return self.state[s].double().transpose(-1, -2).cpu()
+
+
+def build_flashinfer_snapshots(case: StepCase, name: str = "") -> StepForm:
+    """FlashInfer ``mtp`` on a frozen pool with its ``K`` snapshots, + our restore."""
+    t = case.tensors
+    state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
+    B, K, HV, d = case.batch, case.rows, case.num_v_heads, case.head_dim
+    inter = torch.zeros(B, K, HV, d, d, dtype=state.dtype, device=state.device)
+    out = torch.zeros(B, K, HV, d, dtype=torch.bfloat16, device=state.device)
+    runs = []
+    for i in range(case.steps):
+        r = case.rows_of(i)
+        run, _ = flashinfer_mtp_runner(r["q"], r["k"], r["v"], r["A_log"], r["a"], r["dt_bias"],
+                                       r["b"], state, slots, scale=case.scale, snapshots=True,
+                                       frozen=True, out=out, intermediate=inter)
+        runs.append(run)
+
+    def step(i, collect):
+        runs[i]()
+        gdn_snapshot_restore(state, inter, slots, acc[i], last_in_place=False)
+        return out, None, None
+
+    return StepForm(name, case, step, _kv64(state, slots),
+                    sizes.snapshot_bytes(K + 1, HV, d, d, case.state_dtype))
+
+
+def build_flashinfer_replayssm(case: StepCase, name: str = "") -> StepForm:
+    """FlashInfer's ReplaySSM: ``ucache_flush`` (verify, folding a full window first) + its
+    caller-owned cursor commit, one launch each."""
+    t = case.tensors
+    state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
+    B, K, HK, HV, d = case.batch, case.rows, case.num_k_heads, case.num_v_heads, case.head_dim
+    fr = ReplaySSMRing.empty(B, B, HK, HV, d, d, state.device)
+    flush_min = REPLAYSSM_WINDOW - K + 1
+    out = torch.zeros(B, K, HV, d, dtype=torch.bfloat16, device=state.device)
+    runs = []
+    for i in range(case.steps):
+        r = case.rows_of(i)
+        run, _ = replayssm_runner(r["q"], r["k"], r["v"], r["A_log"], r["a"], r["dt_bias"],
+                                  r["b"], state, slots, fr, scale=case.scale,
+                                  flush_min=flush_min, out=out)
+        runs.append(run)
+
+    def step(i, collect):
+        fill = fr.hist_len.clone() if collect else None
+        e = (fill >= flush_min).to(torch.int32) + 1 if collect else None
+        runs[i]()
+        replayssm_commit(fr, acc[i], flush_min)
+        return out, e, fill
+
+    return StepForm(name, case, step, lambda b: replayssm_state(state, fr, b, int(slots[b])),
+                    fr.bytes_per_slot, folds_when=folds_when_full(REPLAYSSM_WINDOW),
+                    cursors=lambda: [fr.hist_len, fr.cache_base])
+
+
+def _carry_bytes(c, f):
+    return sizes.carry_step_bytes(**dims(c), fold_frac=f["fold_frac"], mean_fill=f["mean_fill"])
+
+
+def _cuda_supports(case) -> str | None:
+    from pmll_lab.ops.gdn.decode_cuda import MAX_KD
+
+    return None if case.head_dim <= MAX_KD else f"head_dim {case.head_dim} > {MAX_KD}"
+
+
+def _fi_supports(case) -> str | None:
+    dt, sd = (str(x).removeprefix("torch.") for x in (case.dtype, case.state_dtype))
+    return None if flashinfer_supports(case.head_dim, dt, sd) else "shape or dtype not taken"
+
+
+def _replayssm_supports(case) -> str | None:
+    dt, sd = (str(x).removeprefix("torch.") for x in (case.dtype, case.state_dtype))
+    ok = replayssm_supports(case.head_dim, case.rows, dt, sd)
+    return None if ok else "shape, K or dtype not taken"
+
+
+def _fi_available() -> str | None:
+    return None if flashinfer_available() else flashinfer_status()
+
+
+FAMILY = "gdn_step"
+for lazy in (True, False):
+    mode = "lazy" if lazy else "eager"
+    for impl in ("triton", "cuda"):
+        suffix = "_cuda" if impl == "cuda" else ""
+        name = f"exact_{mode}{suffix}"
+        register(Implementation(
+            name=name, family=FAMILY, exact=True, impl=impl, gpu_only=impl == "cuda",
+            label=f"carry exact, {mode}" + (", CUDA C++ twin" if impl == "cuda" else ""),
+            build=lambda c, lazy=lazy, impl=impl, name=name: build_exact(c, lazy=lazy,
+                                                                        impl=impl, name=name),
+            supports=_cuda_supports if impl == "cuda" else None, bytes=_carry_bytes,
+            plain=lambda c, impl=impl: PlainDecode(c, impl),
+            doc="SPEC §3b: the stash replays pending rows; bitwise plain decoding"))
+register(Implementation(
+    name="ring", family=FAMILY, label="carry ring (tolerance form)", build=build_ring,
+    bytes=lambda c, f: sizes.ring_step_bytes(**dims(c), fold_frac=f["fold_frac"],
+                                             mean_fill=f["mean_fill"]),
+    doc="SPEC §3d: read-only state, accepted rows in a ring, tensor-core correction"))
+register(Implementation(
+    name="chain_restore", family=FAMILY, exact=True, label="chain + snapshots + restore",
+    build=build_chain_restore, plain=PlainDecode,
+    bytes=lambda c, f: sizes.snapshot_step_bytes(
+        **dims(c), writes=c.rows, restore_frac=1 - c.alpha ** (c.rows - 1)),
+    doc="SPEC §3a: the baseline, one snapshot per draft row"))
+register(Implementation(
+    name="flashinfer_snapshot_restore", family=FAMILY, provider="flashinfer", impl="cute-dsl",
+    label="FlashInfer mtp + snapshots + restore", build=build_flashinfer_snapshots,
+    state_dtypes=("float32", "bfloat16"), gpu_only=True, supports=_fi_supports,
+    available=_fi_available, version=flashinfer_version,
+    bytes=lambda c, f: sizes.snapshot_step_bytes(**dims(c), writes=c.rows, restore_frac=1.0)))
+register(Implementation(
+    name="flashinfer_replayssm", family=FAMILY, provider="flashinfer", impl="cute-dsl",
+    label="FlashInfer ReplaySSM (ucache_flush + commit)", build=build_flashinfer_replayssm,
+    state_dtypes=("bfloat16",), gpu_only=True, supports=_replayssm_supports,
+    available=_fi_available, version=flashinfer_version,
+    bytes=lambda c, f: sizes.ring_step_bytes(**dims(c), fold_frac=f["fold_frac"],
+                                             mean_fill=f["mean_fill"],
+                                             ring_dtype=torch.bfloat16)))
