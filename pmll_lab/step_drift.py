@@ -1,7 +1,7 @@
 """What exactness buys: error drift over a long speculative decode (SPEC §3b, §3d).
 
 All forms decode the same token stream: ``steps`` speculative steps of ``K`` rows, the accepted
-counts of the acceptance process (``pmll_lab.step_bench.acceptance_counts``). The reference is
+counts of the acceptance process (``pmll_lab.harness.step.acceptance_counts``). The reference is
 the exact carry on an fp32 state, which is bitwise equal to plain fp32-state decoding. Against
 it, per step, the accepted outputs' rel L2 error, and at ``checkpoints`` steps the error of the
 state each form stands for (its stored state with its pending rows or ring folded in):
@@ -11,7 +11,8 @@ state each form stands for (its stored state with its pending rows or ring folde
 - ``plain_decode`` on a bf16 state: ``gdn_decode`` once per accepted token (padding lanes for
   sequences that accepted fewer rows), the same numbers by that exactness, run here to show it;
 - ``ring`` on a bf16 and on an fp32 state (the tolerance form);
-- ``flashinfer_replayssm`` on a bf16 state where FlashInfer runs (``supports``).
+- ``flashinfer_replayssm`` on a bf16 state where FlashInfer runs, and SGLang's ReplaySSM ring
+  and fold-every-commit carried state where SGLang's kernels load (``DRIFT_FORMS``).
 
 Returns tidy rows (``form, state_dtype, step, tokens, metric, value``).
 """
@@ -23,41 +24,15 @@ import torch
 
 from pmll_lab import _checks
 from pmll_lab.bench import errors
-from pmll_lab.gdn import gdn_decode
-from pmll_lab.step_bench import StepCase, build_form, supports
+from pmll_lab.harness import registry
+from pmll_lab.harness.step import StepCase
 
 DRIFT_FORMS = (("exact_lazy", torch.bfloat16), ("plain_decode", torch.bfloat16),
                ("ring", torch.bfloat16), ("ring", torch.float32),
-               ("flashinfer_replayssm", torch.bfloat16))
-
-
-class _PlainDecode:
-    """``gdn_decode`` per accepted row on its own copy of the state (V-major)."""
-
-    def __init__(self, case: StepCase):
-        self.case = case
-        self.state = case.tensors["state"].clone()
-        K, HV, d = case.rows, case.num_v_heads, case.head_dim
-        self.o = torch.zeros(case.batch, K, HV, d, dtype=torch.bfloat16,
-                             device=self.state.device)
-
-    def step(self, i: int):
-        c, t = self.case, self.case.tensors
-        r = c.rows_of(i)
-        acc = t["accepted"][i]
-        self.o.zero_()
-        for row in range(c.rows):
-            slots = torch.where(acc > row, t["slots"], -1).to(torch.int32)
-            o = gdn_decode(self.state, r["q"][:, row], r["k"][:, row], r["v"][:, row],
-                           A_log=r["A_log"], a=r["a"][:, row], dt_bias=r["dt_bias"],
-                           b=r["b"][:, row], state_indices=slots, state_layout="vk",
-                           scale=c.scale)
-            self.o[:, row] = o
-        return self.o
-
-    def effective_state(self, b: int) -> torch.Tensor:
-        s = int(self.case.tensors["slots"][b])
-        return self.state[s].double().transpose(-1, -2).cpu()
+               ("flashinfer_replayssm", torch.bfloat16), ("sglang_replayssm", torch.bfloat16),
+               ("sglang_replayssm", torch.float32), ("sglang_exact_fold", torch.float32))
+"""``(implementation, state dtype)`` pairs the study runs where registered, available here and
+taking the case (``pmll_lab.harness.registry``)."""
 
 
 def _masked_rel_l2(o, ref, acc) -> float:
@@ -78,14 +53,15 @@ def drift_study(*, batch: int = 4, steps: int = 1390, rows: int = 4, num_k_heads
     kw = dict(batch=batch, rows=rows, num_k_heads=num_k_heads, num_v_heads=num_v_heads,
               head_dim=head_dim, steps=steps, alpha=alpha, seed=seed, ring_length=ring_length)
     ref_case = StepCase(state_dtype=torch.float32, **kw)
-    reference = build_form("exact_lazy", ref_case)
+    reference = registry.get("exact_lazy").build(ref_case)
     runs = []
     for form, sd in forms:
+        if form not in registry.names("gdn_step"):
+            continue
+        impl = registry.get(form)
         case = StepCase(state_dtype=sd, **kw)
-        if form == "plain_decode":
-            runs.append((form, sd, _PlainDecode(case)))
-        elif supports(form, case):
-            runs.append((form, sd, build_form(form, case)))
+        if impl.unavailable() is None and impl.unsupported(case) is None:
+            runs.append((form, sd, impl.build(case)))
     marks = {int(round(steps * (j + 1) / checkpoints)) - 1 for j in range(checkpoints)}
     acc_all = ref_case.tensors["accepted"]
     tokens = torch.cumsum(acc_all.float().mean(1), 0).tolist()

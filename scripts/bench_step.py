@@ -1,10 +1,10 @@
 """The whole speculative step (verify + accept/commit/restore), form by form, between report runs.
 
-The carry_protocol notebook's step harness (``pmll_lab.step_bench``) without the notebook: for
-each form, state dtype and batch, a fresh ``StepCase`` (Qwen3-Next's GDN shape: HK=16, HV=32,
-kd=vd=128, bf16 inputs, K=4, 16 steps, acceptance 0.8), the form checked against float64 decoding
-of the accepted rows (``check_form``), then its 16 steps timed as one CUDA graph
-(``step_timing``). ``--unpaired`` compiles the Triton kernels with one conversion per element
+The notebooks' step sweep without the notebook: for each registered ``gdn_step``
+implementation, state dtype and batch, the one runner (``pmll_lab.harness.runner.run_point``) on
+Qwen3-Next's GDN shape (HK=16, HV=32, kd=vd=128, bf16 inputs, K=4, 16 steps, acceptance 0.8):
+checked against float64 decoding of the accepted rows, then its 16 steps timed as one CUDA
+graph. ``--unpaired`` compiles the Triton kernels with one conversion per element
 where a 2-byte state is rounded (``recurrence.PAIRED_ROUNDING`` off: the kernels before paired
 rounding, for a before/after in one machine session); ``--set NAME=VALUE`` runs under
 ``settings.override(NAME=VALUE)`` (e.g. ``--set ring_fold_chunk=16``); ``--ring-variant SPEC`` (repeatable) runs the ``ring`` form
@@ -27,7 +27,8 @@ import pmll_lab  # noqa: F401  (first: picks the device)
 import torch
 import triton.language as tl
 
-from pmll_lab import step_bench as S
+from pmll_lab.harness import registry
+from pmll_lab.harness.runner import run_point
 from pmll_lab.backend import DEVICE
 from pmll_lab.results import provenance
 from pmll_lab.bench import variant_kernel, variant_problem
@@ -39,7 +40,8 @@ from pmll_lab.ops.gdn import recurrence
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--forms", default="exact_lazy,exact_eager,chain_restore",
-                    help=f"comma-separated, of {', '.join(S.STEP_FORMS)}")
+                    help="comma-separated registered gdn_step implementations "
+                         "(pmll_lab.harness.registry.names('gdn_step'))")
     ap.add_argument("--states", default="bfloat16,float32",
                     help="comma-separated state pool dtypes: float32, bfloat16, float16")
     ap.add_argument("--batches", default="1,64,128", help="comma-separated B, each >= 1")
@@ -75,12 +77,13 @@ def main(argv=None) -> int:
     if a.unpaired:          # before any kernel compiles: Triton keys its cache on the value
         recurrence.PAIRED_ROUNDING = tl.constexpr(False)
     forms = a.forms.split(",")
-    for f in forms:
-        if f not in S.STEP_FORMS:
-            ap.error(f"--forms: {f!r} not in {S.STEP_FORMS}")
+    try:
+        registry.resolve("gdn_step", forms)
+    except ValueError as exc:
+        ap.error(f"--forms: {exc}")
     if DEVICE.type != "cuda":
         ap.error("needs a GPU: the H200 shape (HK=16, HV=32, kd=vd=128) on the Triton "
-                 "interpreter would take hours (pmll_lab.step_bench runs small cases on the CPU)")
+                 "interpreter would take hours (the tests run small cases on the CPU)")
     rows, failed, env = [], 0, provenance()
     stack = contextlib.ExitStack()
     stack.enter_context(settings.override(**over))      # ValueError naming a bad setting
@@ -89,24 +92,28 @@ def main(argv=None) -> int:
             for form, (label, kfile, vover) in [
                     (f, v) for f in forms
                     for v in (variants if f == "ring" else [("lib", "lib", {})])]:
-                row = dict(form=form, impl=S.impl_of(form), state_dtype=sd, B=B,
+                row = dict(form=form, impl=registry.get(form).impl, state_dtype=sd, B=B,
                            paired=not a.unpaired, settings={**over, **vover}, **env)
                 if form == "ring":
                     row["variant"] = label
                 try:
                     with variant_kernel(gdn_ring, "gdn_ring_fused_kernel", kfile), \
                           settings.override(**vover):
-                        case = S.StepCase(batch=B, state_dtype=getattr(torch, sd))
-                        if not S.supports(form, case):
-                            row["status"] = "unsupported"
-                        else:
-                            row.update(S.check_form(S.build_form(form, case)))
-                            if row["passed"]:
-                                row.update(S.step_timing(S.build_form(form, case)) or {})
-                            row["status"] = "ok" if row["passed"] else "check failed"
+                        got = run_point("gdn_step", dict(
+                            B=B, K=4, HK=16, HV=32, head_dim=128, steps=16, alpha=0.8,
+                            state_dtype=sd), [form])
+                    for r in got:
+                        if r["metric"] == "rel_l2":
+                            row[f"{r['what']}_rel_l2"] = r["value"]
+                        elif r["metric"] == "step_us" and r.get("timer") == "cuda_graph":
+                            row.update(step_us=r["value"], p20_us=r["p20"], p80_us=r["p80"])
+                    bad = [r for r in got if r["status"] != "ok"]
+                    row["status"] = (bad[0]["status"] if bad else "ok") + (
+                        f": {bad[0].get('error') or bad[0].get('note')}" if bad else "")
+                    row["status"] = row["status"].replace("unsupported: ", "unsupported ")
                 except Exception as exc:             # one case's failure loses no other
                     row["status"] = f"error: {type(exc).__name__}: {exc}"[:300]
-                failed += not row["status"] in ("ok", "unsupported")
+                failed += not row["status"].startswith(("ok", "unsupported"))
                 rows.append(row)
                 name = form if form != "ring" or len(variants) == 1 else f"ring[{label}]"
                 print(f"{name:22s} {sd:9s} B={B:4d} {row.get('step_us', float('nan')):9.1f} us"

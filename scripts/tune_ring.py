@@ -28,7 +28,7 @@ from pmll_lab.inputs import gdn_inputs
 from pmll_lab.ops import settings
 from pmll_lab.ops.carry import gdn_ring
 from pmll_lab.reference import ring as ref_ring
-from pmll_lab.step_bench import fill_ring
+from pmll_lab.harness.step import fill_ring
 
 HK, HV, KD, VD = 16, 32, 128, 128
 

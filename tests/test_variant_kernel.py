@@ -128,7 +128,7 @@ def test_ring_probes_hold_the_ring_tolerance(probe, state_dtype, fill):
     from pmll_lab.ops import settings
     from pmll_lab.ops.carry import gdn_ring
     from pmll_lab.reference import ring as ref_ring
-    from pmll_lab.step_bench import fill_ring
+    from pmll_lab.harness.step import fill_ring
 
     B, HK, HV, kd, vd, K, R = 2, 1, 2, 32, 32, 4, 16
     sd = getattr(torch, state_dtype)

@@ -16,7 +16,7 @@ from pmll_lab.experiments.acceptance import mean_accept_len
 from pmll_lab.experiments.carry import CAP, FORMS, KERNELS, LABELS
 from pmll_lab.experiments.gdn import QWEN3_NEXT
 from pmll_lab.sizes import stash_row_bytes
-from pmll_lab.experiments.step import step_target
+from pmll_lab.experiments.target_table import PROTO, SETS, for_report
 from pmll_lab.experiments.targets import Target, fact, facts
 
 PARAMS = ("K", "B", "HK", "HV", "head_dim", "dtype", "state_layout", "form")
@@ -33,36 +33,10 @@ TARGETS = (
     Target("carry exact lazy against our chain + K-1 snapshots", "carry_exact_lazy",
            "chain_snapshots", None, where=dict(_AT, B=[64, 128]), per=("B",)),
 )
-STEP_TARGET_SET = ("The speculative step of the carried state at Qwen3-Next's shape "
-                   "(verify + accept, K=4)")
-_FI, _RS, _F32 = "flashinfer_snapshot_restore", "flashinfer_replayssm", "float32"
-STEP_TARGETS = (
-    step_target("carry exact lazy step <= 0.4x FlashInfer's snapshot step (mtp + restore), fp32 "
-                "state", "exact_lazy", _FI, 0.4, _F32),
-    step_target("carry exact lazy step <= 0.4x FlashInfer's snapshot step (mtp + restore), bf16 "
-                "state", "exact_lazy", _FI, 0.4),
-    step_target("carry exact lazy step against our chain + snapshots + restore, fp32 state",
-                "exact_lazy", "chain_restore", None, _F32),
-    step_target("carry exact lazy step against eager, fp32 state", "exact_lazy", "exact_eager",
-                None, _F32),
-    step_target("carry ring step against FlashInfer's snapshot step (mtp + restore), bf16 state",
-                "ring", _FI, None),
-    step_target("carry ring step against our chain + snapshots + restore, bf16 state", "ring",
-                "chain_restore", None),
-    step_target("carry exact lazy step against FlashInfer's ReplaySSM step, bf16 state",
-                "exact_lazy", _RS, None),
-    step_target("CUDA twin's exact lazy step <= 1.5x FlashInfer's ReplaySSM step, bf16 state",
-                "exact_lazy_cuda", _RS, 1.5),
-    step_target("CUDA twin's exact lazy step <= 0.5x the Triton exact lazy step, bf16 state",
-                "exact_lazy_cuda", "exact_lazy", 0.5),
-    step_target("CUDA twin's exact lazy step against the Triton one, fp32 state",
-                "exact_lazy_cuda", "exact_lazy", None, _F32),
-)
-"""The headline: per speculative step (``experiments.step``, the ``step_grids`` sweep); the
-per-verify ``TARGETS`` stay as detail."""
-STEP_FORMS = ("exact_lazy+exact_eager+exact_lazy_cuda+ring+chain_restore"
-              "+flashinfer_snapshot_restore+flashinfer_replayssm")
-"""The forms the notebook's step sweep runs (``step_grids``'s ``forms``)."""
+STEP_TARGETS = for_report(PROTO)
+"""The headline: per speculative step (``experiments.step``, the ``step_grids`` sweep;
+``target_table``); the per-verify ``TARGETS`` stay as detail."""
+STEP_TARGET_SET = SETS[PROTO]
 
 MODEL_CONFIGS = [dict(model="Qwen3-Next-80B-A3B", HK=16, HV=32, kd=128, vd=128, d_conv=4,
                       gdn_layers=36)]

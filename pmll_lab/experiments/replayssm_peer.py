@@ -11,14 +11,15 @@ import torch
 
 from pmll_lab.backend import DEVICE, INTERPRET
 from pmll_lab.bench import error_rows
-from pmll_lab.carry import RING_TOLERANCE
 from pmll_lab.experiments import protocol as P
 from pmll_lab.peers import flashinfer_version, fused_gating
 from pmll_lab.peers_replayssm import (REPLAYSSM_RING_SLOTS, REPLAYSSM_WINDOW, ReplaySSMRing,
                                       replayssm_available, replayssm_commit, replayssm_runner,
                                       replayssm_state, replayssm_supports)
 from pmll_lab.reference import carry as ref_carry
-from pmll_lab.step_bench import OUTPUT_TOL, StepCase, step_bytes
+from pmll_lab.harness.step import StepCase
+from pmll_lab.sizes import ring_step_bytes
+from pmll_lab.tolerances import STEP_TOL
 
 PROVIDER = "flashinfer_replayssm"
 VARIANTS = ("verify", "flush")
@@ -26,7 +27,7 @@ KERNELS = tuple(f"{PROVIDER}:{v}" for v in VARIANTS)
 LABELS = {PROVIDER: "FlashInfer ReplaySSM (ucache_flush)",
           KERNELS[0]: "FlashInfer ReplaySSM verify (ring fill P, no fold)",
           KERNELS[1]: "FlashInfer ReplaySSM verify + fold (flush)"}
-TOLERANCE = max(OUTPUT_TOL["bfloat16"], RING_TOLERANCE["bfloat16"])
+TOLERANCE = STEP_TOL["bfloat16"]
 """rel L2 of outputs and effective states against float64 decoding (bf16 pool and ring)."""
 DEFAULT_FILL = 8
 """Ring fill ``P`` of the verify variant (FlashInfer's window holds 16)."""
@@ -96,7 +97,9 @@ def replayssm_rows(p: dict, *, variants=VARIANTS, timing: dict | None = None) ->
     for v in variants:
         run, state, ring, chk = _checked(case, fills[v], n, f"{PROVIDER}:{v}")
         rows += [dict(r, **_base(v, fills[v])) for r in chk]
-        nbytes = B * step_bytes(PROVIDER, case, 1.0 if v == "flush" else 0.0, fills[v])
+        nbytes = B * ring_step_bytes(K, HK, HV, D, case.dtype, case.state_dtype,
+                                     fold_frac=1.0 if v == "flush" else 0.0,
+                                     mean_fill=fills[v], ring_dtype=torch.bfloat16)
         entries.append((f"{PROVIDER}:{v}", run, nbytes,
                         dict(_base(v, fills[v]), flashinfer_version=flashinfer_version())))
     P.require(rows)

@@ -30,8 +30,20 @@ from pmll_lab.peers import fla_available, flashinfer_available, flashinfer_suppo
 from pmll_lab.sizes import (  # noqa: F401  (for the tests)
     carry_bytes, fla_bytes, floor_bytes, stash_row_bytes,
 )
-from pmll_lab.step_bench import impl_of
 from pmll_lab.sweep import CheckFailed
+
+
+def impl_of(name: str) -> str:
+    """The ``impl`` column of a provider's rows (a ``:variant`` suffix ignored): ``cuda`` for a
+    CUDA C++ twin (``*_cuda``), the peer's name for a peer (``fla``, ``flashinfer``), else
+    ``triton`` (ours)."""
+    base = name.split(":")[0]
+    if base.endswith("_cuda"):
+        return "cuda"
+    if base.startswith("fla_"):
+        return "fla"
+    return "flashinfer" if base.startswith("flashinfer") else "triton"
+
 
 COMPILE_KEYS = ("provider", "K", "head_dim", "dtype", "state_layout", "state_dtype")
 """Point keys that decide which kernels a point compiles (``run_sweep(affinity=...)``)."""

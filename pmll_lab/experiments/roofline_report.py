@@ -16,10 +16,10 @@ from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import acceptance
 from pmll_lab.sizes import fla_bytes, floor_bytes
 from pmll_lab.experiments.roofline_case import L2_BYTES, LABELS, MAIN_SHAPE, PROVIDERS, SHAPE_KEYS
-from pmll_lab.experiments.step import step_target
+from pmll_lab.experiments.target_table import ROOF, SETS, for_report
 from pmll_lab.experiments.targets import Target, fact, facts
 
-__all__ = ["TARGET_SET", "TARGETS", "STEP_TARGET_SET", "STEP_TARGETS", "STEP_FORMS",
+__all__ = ["TARGET_SET", "TARGETS", "STEP_TARGET_SET", "STEP_TARGETS",
            "PLAN_TARGET_US", "PARAMS", "wide_table",
            "correctness_table", "failed_points", "main_shape", "lazy_table", "b1_table",
            "shapes_table", "pmll_table", "state_dtype_table", "findings", "plot_roofline",
@@ -94,27 +94,10 @@ TARGETS = (
 """One target per row (``targets.Target``): a new kernel or target is one more row. Since the
 speculative step is the unit the headline judges (``STEP_TARGETS``), these are its detail."""
 
-STEP_TARGET_SET = ("The speculative step at Qwen3-Next's shape (verify + accept/commit/"
-                   "restore, K=4) against FlashInfer")
-
-
-STEP_TARGETS = (
-    step_target("chain + snapshots + restore step <= FlashInfer mtp + snapshots + restore, fp32 "
-                "state", "chain_restore", "flashinfer_snapshot_restore", 1.0, "float32"),
-    step_target("chain + snapshots + restore step <= FlashInfer mtp + snapshots + restore, bf16 "
-                "state", "chain_restore", "flashinfer_snapshot_restore", 1.0),
-    step_target("carry exact lazy step <= 0.4x FlashInfer's snapshot step, fp32 state",
-                "exact_lazy", "flashinfer_snapshot_restore", 0.4, "float32"),
-    step_target("ring step <= 0.9x FlashInfer's ReplaySSM step, bf16 state", "ring",
-                "flashinfer_replayssm", 0.9),
-    step_target("B=1: ring step <= FlashInfer's ReplaySSM step, bf16 state", "ring",
-                "flashinfer_replayssm", 1.0, Bs=(1,)),
-    step_target("carry exact lazy step against FlashInfer's ReplaySSM step, bf16 state",
-                "exact_lazy", "flashinfer_replayssm", None),
-)
-"""The headline (per step, ``experiments.step`` on the ``step_grids`` sweep)."""
-STEP_FORMS = ("exact_lazy+ring+chain_restore+flashinfer_snapshot_restore+flashinfer_replayssm")
-"""The forms the notebook's step sweep runs (``step_grids``'s ``forms``)."""
+STEP_TARGETS = for_report(ROOF)
+"""The headline (per step, ``experiments.step`` on the ``step_grids`` sweep;
+``target_table``)."""
+STEP_TARGET_SET = SETS[ROOF]
 
 
 wide_table = partial(P.wide, state_dtype="float32")

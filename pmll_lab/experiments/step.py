@@ -1,154 +1,54 @@
-"""The carry_step notebook: the whole speculative step per form, and the drift study.
+"""The carry_step notebook: the whole speculative step per implementation, and the drift study.
 
-A point (``B, K, HK, HV, head_dim, state_dtype, steps, alpha``) checks each form of
-``step_bench.STEP_FORMS`` against float64 decoding, then times its ``steps`` steps in one CUDA
-graph (``step_us``); a form that fails or raises is one failed row, one FlashInfer does not
-take one ``unsupported`` row.
+A point (``B, K, HK, HV, head_dim, state_dtype, steps, alpha``; ``forms``: registry names
+joined by ``"+"``, default every ``gdn_step`` implementation and the conv twin's) goes to the
+one runner (``pmll_lab.harness.runner``): each implementation checked against float64 decoding,
+then timed in one CUDA graph of ``steps`` steps (``step_us``); one that fails or raises is a
+failed row, one that cannot run here or does not take the case an ``unsupported`` row.
 """
 
 from __future__ import annotations
 
 import pandas as pd
-import torch
 
-from pmll_lab.backend import DEVICE, INTERPRET
 from pmll_lab.experiments import protocol as P
-from pmll_lab.experiments.targets import Target, fact, facts
-from pmll_lab.step_bench import (CONV_FORMS, STEP_FORMS, StepCase, build_form, check_conv,
-                                 check_form, conv_step_timing, impl_of, step_bytes, step_timing,
-                                 supports)
+from pmll_lab.experiments.target_table import SETS, STEP, for_report
+from pmll_lab.experiments.targets import fact, facts
+from pmll_lab.harness import registry
+from pmll_lab.harness.runner import run_point
+from pmll_lab.harness.step import make_case
+from pmll_lab.tolerances import STEP_TOL
 
-LABELS = {
-    "exact_lazy": "carry exact, lazy", "exact_eager": "carry exact, eager",
-    "exact_lazy_cuda": "carry exact, lazy, CUDA C++ twin",
-    "exact_eager_cuda": "carry exact, eager, CUDA C++ twin",
-    "ring": "carry ring (tolerance form)", "chain_restore": "chain + snapshots + restore",
-    "flashinfer_snapshot_restore": "FlashInfer mtp + snapshots + restore",
-    "flashinfer_replayssm": "FlashInfer ReplaySSM (ucache_flush + commit)",
-    "conv_carry_lazy": "conv twin: carry, lazy", "conv_chain_restore": "conv twin: chain + restore",
-    "plain_decode": "plain decoding",
-}
-PEER = "flashinfer_replayssm"
-TARGET_SET = "the whole speculative step"
-
-
-def step_target(text: str, ours: str, peer: str, bound: float | None,
-                state_dtype: str = "bfloat16", Bs=(64, 128), ours_dtype: str | None = None):
-    """A per-step target (``step_us`` at ``K = 4``, one row per ``B``): form ``ours`` against
-    ``peer`` at ``state_dtype`` (ours at ``ours_dtype`` where given)."""
-    return Target(text, {"form": ours, "state_dtype": ours_dtype or state_dtype},
-                  {"form": peer, "state_dtype": state_dtype}, bound,
-                  where={"K": 4, "B": list(Bs)}, per=("B",), metric="step_us")
-
-
-TARGETS = (
-    step_target("ring step, bf16 state, <= 0.9x FlashInfer's ReplaySSM step", "ring", PEER, 0.9),
-    step_target("ring step, fp32 state, <= 1.5x the bf16-state ring step", "ring", "ring", 1.5,
-                ours_dtype="float32"),
-    step_target("ring step at B = 1 <= FlashInfer's ReplaySSM step", "ring", PEER, 1.0, Bs=(1,)),
-    step_target("exact lazy carry step, bf16 state, against FlashInfer's ReplaySSM step",
-                "exact_lazy", PEER, None),
-    step_target("CUDA twin's exact lazy step, bf16 state, <= 1.5x FlashInfer's ReplaySSM step",
-                "exact_lazy_cuda", PEER, 1.5),
-    step_target("CUDA twin's exact lazy step, bf16 state, <= 0.5x the Triton exact lazy step",
-                "exact_lazy_cuda", "exact_lazy", 0.5),
-    step_target("FlashInfer's ReplaySSM step against its own snapshot verify + restore", PEER,
-                "flashinfer_snapshot_restore", None),
-)
-"""The per-step targets (judged on a GPU only); ``bound=None``: reported, not judged."""
-
-
+TARGETS = for_report(STEP)
+TARGET_SET = SETS[STEP]
 AXES = ("B", "HK", "HV", "K", "alpha", "fill", "forms", "head_dim", "ring_length",
         "state_dtype", "steps", "seed")
 """The step sweeps' axes (carry_step, the ``step_grids`` of roofline and carry_protocol;
 ``protocol.grid_points``)."""
 
 
+def label(name: str) -> str:
+    """An implementation's label (``registry.label``)."""
+    return registry.label(name)
+
+
 def points(grids: list[dict], *, alpha: float, seed: int) -> list[dict]:
     """Step sweep points: every grid's product (``pmll_lab.sweep.grid``) with the acceptance
-    probability and the seed (``protocol.grid_points``: axes checked, duplicates dropped)."""
-    return P.grid_points(grids, {"alpha": [alpha], "seed": [seed]}, axes=AXES)
-
-
-def case_of(p: dict) -> StepCase:
-    return StepCase(batch=int(p["B"]), rows=int(p["K"]), num_k_heads=int(p["HK"]),
-                    num_v_heads=int(p["HV"]), head_dim=int(p["head_dim"]),
-                    steps=int(p["steps"]), alpha=float(p["alpha"]),
-                    state_dtype=getattr(torch, p["state_dtype"]), seed=int(p.get("seed", 0)),
-                    ring_length=int(p.get("ring_length", 16)))
-
-
-def _graph_row(base: dict, metric: str, value: float, t: dict) -> dict:
-    """A CUDA-graph time (us) of ``t`` (``p20_us``, ``p80_us``) as an ok row."""
-    return dict(base, metric=metric, value=value, p20=t["p20_us"], p80=t["p80_us"], unit="us",
-                timer="cuda_graph", status="ok")
+    probability and the seed (``protocol.grid_points``: axes checked, duplicates dropped); a
+    ``forms`` value is checked against the registry (``ValueError`` naming ``forms``)."""
+    pts = P.grid_points(grids, {"alpha": [alpha], "seed": [seed]}, axes=AXES)
+    for p in pts:
+        if "forms" in p:
+            registry.resolve("gdn_step", p["forms"])
+    return pts
 
 
 def step_point(p: dict) -> list[dict]:
-    """Every form of ``p["forms"]`` (default all) on one configuration: check, then time."""
-    case = case_of(p)
-    mean_accept = float(case.tensors["accepted"].float().mean())
-    rows = []
-    forms = p.get("forms", STEP_FORMS)
-    for form in forms.split("+") if isinstance(forms, str) else forms:
-        base = dict(kernel=form, form=form, impl=impl_of(form), mean_accept=mean_accept,
-                    state_layout="vk")
-        if not supports(form, case) or (form.startswith("flashinfer") and
-                                        (DEVICE.type != "cuda" or INTERPRET)):
-            rows.append(dict(base, metric="unsupported", value=1.0, status="unsupported"))
-            continue
-        try:
-            chk = check_form(build_form(form, case), ref_seqs=int(p.get("ref_seqs", 2)))
-        except Exception as exc:  # noqa: BLE001 - a form that raises is one failed row of it
-            rows.append(P.failed_row(base, "rel_l2", exc, what="o"))
-            continue
-        status = "ok" if chk["passed"] else "failed"
-        for what in ("o", "state"):
-            rows.append(dict(base, metric="rel_l2", what=what, value=chk[f"{what}_rel_l2"],
-                             tolerance=chk["tolerance"], passed=chk["passed"], status=status))
-        for m in ("fold_frac", "mean_fill"):
-            rows.append(dict(base, metric=m, value=chk[m], status=status))
-        sf = build_form(form, case)
-        rows.append(dict(base, metric="bytes_moved_step", unit="B", status=status,
-                         value=step_bytes(form, case, chk["fold_frac"], chk["mean_fill"])))
-        rows.append(dict(base, metric="bytes_held_seq", unit="B", value=sf.bytes_held,
-                         status=status))
-        if not chk["passed"]:
-            continue
-        try:
-            t = step_timing(sf)
-        except Exception as exc:  # noqa: BLE001 - capture failed: its figures stand without
-            rows.append(P.failed_row(base, "step_us", exc))
-            continue
-        if t is not None:
-            rows.append(_graph_row(base, "step_us", t["step_us"], t))
+    """Every implementation of ``p["forms"]`` (default: all, and the conv twin's) on one
+    configuration: check, then time."""
+    rows = run_point("gdn_step", p, registry.resolve("gdn_step", p.get("forms")))
     if "forms" not in p:                   # the conv twin beside the full set of forms only
-        rows += conv_rows(case, mean_accept)
-    return rows
-
-
-def conv_rows(case: StepCase, mean_accept: float) -> list[dict]:
-    """The conv twin's step beside the GDN one: bitwise against ``conv_update`` per accepted
-    row (``bitwise`` 1.0), then µs per step; bytes held per sequence to roll back (the carry's
-    ``CAP`` input rows, the chain's ``K - 1`` windows)."""
-    dim = 2 * case.num_k_heads * case.head_dim + case.num_v_heads * case.head_dim
-    item = torch.finfo(case.dtype).bits // 8
-    held = {"conv_carry_lazy": 8 * dim * item + 4, "conv_chain_restore": (case.rows - 1) * dim * 3 * item}
-    rows = []
-    for form in CONV_FORMS:
-        base = dict(kernel=form, form=form, impl="triton", mean_accept=mean_accept,
-                    state_layout="vk")
-        try:
-            ok = check_conv(form, case)
-        except Exception as exc:  # noqa: BLE001 - one failed row of that form
-            rows.append(P.failed_row(base, "bitwise", exc))
-            continue
-        status = "ok" if ok else "failed"
-        rows.append(dict(base, metric="bitwise", value=float(ok), passed=ok, status=status))
-        rows.append(dict(base, metric="bytes_held_seq", unit="B", value=held[form], status=status))
-        t = conv_step_timing(form, case) if ok else None
-        if t is not None:
-            rows.append(_graph_row(base, "step_us", t["step_us"], t))
+        rows += run_point("conv_step", p, registry.names("conv_step"))
     return rows
 
 
@@ -195,7 +95,7 @@ def sensitivity_findings(sdf: pd.DataFrame) -> pd.DataFrame:
     for (a, f), sel in t[t.ring_length == 16].groupby(["alpha", "form"]):
         if f != "ring" and (a, 16) in ring.index and sel.step_us.notna().all():
             out.append(fact(f"alpha={a} (mean {sel.mean_accept.iloc[0]:.2f} accepted): "
-                            f"{LABELS.get(f, f)} step / ring step",
+                            f"{label(f)} step / ring step",
                             round(float(sel.step_us.iloc[0] / ring[(a, 16)]), 3), "x", "R = 16"))
     return facts(out)
 
@@ -229,9 +129,9 @@ def findings(df: pd.DataFrame, kdf: pd.DataFrame, ddf: pd.DataFrame) -> pd.DataF
     for f in ("ring", "exact_lazy", "chain_restore", "flashinfer_replayssm") if len(b) else ():
         sel = b[(b.form == f) & (b.state_dtype == "bfloat16")]
         if len(sel) and "bytes_moved_step" in sel:
-            out += [fact(f"{LABELS[f]}, bf16: moved per step and sequence",
+            out += [fact(f"{label(f)}, bf16: moved per step and sequence",
                          sel.bytes_moved_step.iloc[-1] / 1e6, "MB", "per layer"),
-                    fact(f"{LABELS[f]}, bf16: held per sequence",
+                    fact(f"{label(f)}, bf16: held per sequence",
                          sel.bytes_held_seq.iloc[-1] / 1024, "KiB", "per layer")]
     if not ddf.empty:
         same = same_drift(ddf, "exact_lazy", "plain_decode")
@@ -240,7 +140,7 @@ def findings(df: pd.DataFrame, kdf: pd.DataFrame, ddf: pd.DataFrame) -> pd.DataF
                             "every step and checkpoint", int(same), "1 = yes",
                             "0: they do not agree to the bit"))
         for (form, sd, m), v in ddf.groupby(["form", "state_dtype", "metric"])["value"]:
-            what = f"drift, {LABELS.get(form, form)} ({sd} state): {m}"
+            what = f"drift, {label(form)} ({sd} state): {m}"
             note = "against the exact fp32 carry (= plain fp32 decoding)"
             out += [fact(f"{what}, mean", v.mean(), "rel. L2", note),
                     fact(f"{what}, worst", v.max(), "rel. L2", note)]
@@ -254,11 +154,11 @@ def kernel_point(p: dict) -> list[dict]:
     from pmll_lab.bench import errors, time_cuda_graph
     from pmll_lab.carry import GdnRing, gdn_ring_verify
     from pmll_lab.peers import fused_gating
-    from pmll_lab.peers_replayssm import ReplaySSMRing, replayssm_available, replayssm_runner
+    from pmll_lab.peers_replayssm import ReplaySSMRing, replayssm_runner
     from pmll_lab.reference import ring as ref_ring
-    from pmll_lab.step_bench import fill_ring
+    from pmll_lab.harness.step import fill_ring
 
-    case = case_of(dict(p, steps=1))
+    case = make_case(dict(p, steps=1))
     t, r = case.tensors, case.rows_of(0)
     B, n = case.batch, min(int(p.get("ref_seqs", 2)), case.batch)
     ring = GdnRing.empty(B, case.num_k_heads, case.num_v_heads, case.head_dim, case.head_dim,
@@ -277,7 +177,8 @@ def kernel_point(p: dict) -> list[dict]:
     rg = GdnRing(ring.k.clone(), ring.u.clone(), ring.G.clone(), ring.len.clone(),
                  ring.base.clone(), 16)
     runs["ring_verify"] = lambda: gdn_ring_verify(st, rg, **r, slot_tab=slots, scale=case.scale)[0]
-    if replayssm_available() and supports(PEER, case):
+    peer = registry.get("flashinfer_replayssm")
+    if peer.unavailable() is None and peer.unsupported(case) is None:
         st2 = t["state"].clone()
         fr = ReplaySSMRing(ring.k.clone(), ring.u.clone(), ring.G.clone(),
                            ring.len[slots.long()].clone(), ring.base[slots.long()].clone())
@@ -293,19 +194,16 @@ def kernel_point(p: dict) -> list[dict]:
         except Exception as exc:  # noqa: BLE001 - a kernel that raises is one failed row
             rows.append(P.failed_row(base, "rel_l2", exc, what="o"))
             continue
-        tol = OUTPUT_TOL_KERNEL
+        tol = STEP_TOL["bfloat16"]
         rows.append(dict(base, metric="rel_l2", what="o", value=err, tolerance=tol,
                          passed=err <= tol, status="ok" if err <= tol else "failed"))
         if err <= tol:
             tm = time_cuda_graph(fn)
             if tm is not None:
-                rows.append(_graph_row(base, "time_us", tm["median_us"], tm))
+                rows.append(dict(base, metric="time_us", value=tm["median_us"], p20=tm["p20_us"],
+                             p80=tm["p80_us"], unit="us", timer="cuda_graph", l2=tm["l2"],
+                             status="ok"))
     return rows
-
-
-OUTPUT_TOL_KERNEL = 2e-2
-"""rel L2 of one verify's bf16 outputs against the float64 ring reference (bf16 state and
-ring rows: the 2-byte state's rounding, as ``RING_TOLERANCE``)."""
 
 
 def drift_point(p: dict) -> list[dict]:

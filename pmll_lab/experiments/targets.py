@@ -27,7 +27,8 @@ class Target:
     """``kind``: ``"ratio"``: ours / peer (``metric``) <= ``bound``; ``"frac"``: our roofline
     fraction >= ``bound``; ``"time"``: ours (us) <= ``bound``; ``bound=None``: the figure is
     reported, not judged (status ``reported``, outside the verdict's count). ``where``: filters
-    both sides (``protocol.at``); ``per``: one headline row per value of these columns (a listed
+    both sides (``protocol.at``); ``reports``: the notebooks whose headline shows it
+    (``target_table.for_report``); ``per``: one headline row per value of these columns (a listed
     ``where`` value gives the rows even where nothing ran); ``over``: cells that must all meet
     the bound (the worst is shown). On each side the fastest row of a cell counts (over
     state layouts). ``show``: columns of our row whose values the note gives (``mean_pend``)."""
@@ -44,6 +45,7 @@ class Target:
     timer: str | None = None
     note: str = ""
     show: tuple = ()
+    reports: tuple = ()
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -1,3 +1,4 @@
 """Every family and implementation the package ships, registered by importing their modules."""
 
 from pmll_lab.harness import step_forms  # noqa: F401
+from pmll_lab.harness import conv_step  # noqa: F401

@@ -146,7 +146,7 @@ def run_point(family: str, point: Mapping, names: Iterable[str]) -> list[dict]:
         impl = registry.get(name)
         base = dict(impl.columns(), family=family,
                     state_layout=getattr(case, "state_layout", None))
-        if fam.name == "gdn_step":
+        if units > 1:                                  # a speculative step: its form
             base.update(form=name, mean_accept=float(case.tensors["accepted"].float().mean()))
         reason = impl.unavailable() or impl.unsupported(case)
         if reason:

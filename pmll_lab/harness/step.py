@@ -97,6 +97,27 @@ class StepCase:
                     A_log=t["A_log"], dt_bias=t["dt_bias"])
 
 
+def fill_ring(ring, fill: int, seed: int) -> None:
+    """``fill`` realistic rows in every slot's window of a ``GdnRing`` at a seeded random
+    ``base``: unit keys, corrections N(0, 0.3^2), cumulative log decays of ``-softplus(N(0, 1))``
+    steps; drawn on the CPU (the same rows on every device). For timing a verify at a given
+    ring fill."""
+    _checks.positive_int("fill", fill, minimum=0, maximum=ring.length)
+    gen = torch.Generator().manual_seed(int(seed))
+    S, ns = ring.slots, 2 * ring.length
+    base = torch.randint(0, ns, (S,), generator=gen, dtype=torch.int32)
+    k = torch.nn.functional.normalize(torch.randn(ring.k.shape, generator=gen), dim=-1)
+    u = torch.randn(ring.u.shape, generator=gen) * 0.3
+    steps = -torch.nn.functional.softplus(torch.randn(S, ring.num_v_heads, ns, generator=gen))
+    G = torch.zeros(S, ring.num_v_heads, ns)
+    for s in range(S):
+        order = [(int(base[s]) + i) % ns for i in range(ns)]
+        G[s, :, order] = torch.cumsum(steps[s], -1)
+    for dst, src in ((ring.k, k), (ring.u, u), (ring.G, G), (ring.base, base)):
+        dst.copy_(src.to(dst))
+    ring.len.fill_(fill)
+
+
 def folds_when_full(capacity: int) -> Callable[[torch.Tensor, int], torch.Tensor]:
     """The fold rule of a window of ``capacity`` rows: a verify of ``K`` rows on ``fill``
     pending rows folds (writes back) when ``fill + K > capacity``; then ``fill = a``."""

@@ -100,33 +100,28 @@ def build_chain_restore(case: StepCase, name: str = "chain_restore") -> StepForm
                     sizes.snapshot_bytes(K, HV, d, d, case.state_dtype))
 
 
-class PlainDecode:
-    """``gdn_decode`` once per accepted row on its own copy of the state (V-major): plain
-    decoding of the accepted tokens, what the exact forms must equal to the bit. ``impl``: the
-    decode's implementation (a CUDA twin's exact forms answer to the CUDA decode)."""
+def build_plain(case: StepCase, impl: str = "triton", name: str = "plain_decode") -> StepForm:
+    """``gdn_decode`` once per accepted row (padding lanes for sequences that accepted fewer) on
+    its own copy of the state: plain decoding of the accepted tokens, what the exact forms must
+    equal to the bit. ``impl``: the decode's (a CUDA twin's exact forms answer to the CUDA
+    decode)."""
+    t = case.tensors
+    state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
+    o = torch.zeros(case.batch, case.rows, case.num_v_heads, case.head_dim,
+                    dtype=torch.bfloat16, device=state.device)
 
-    def __init__(self, case: StepCase, impl: str = "triton"):
-        self.case, self.impl = case, impl
-        self.state = case.tensors["state"].clone()
-        self.o = torch.zeros(case.batch, case.rows, case.num_v_heads, case.head_dim,
-                             dtype=torch.bfloat16, device=self.state.device)
+    def step(i, collect):
+        r = case.rows_of(i)
+        o.zero_()
+        for row in range(case.rows):
+            live = torch.where(acc[i] > row, slots, -1).to(torch.int32)
+            o[:, row] = gdn_decode(
+                state, r["q"][:, row], r["k"][:, row], r["v"][:, row], A_log=r["A_log"],
+                a=r["a"][:, row], dt_bias=r["dt_bias"], b=r["b"][:, row], state_indices=live,
+                state_layout="vk", scale=case.scale, impl=impl)
+        return o, None, None
 
-    def step(self, i: int, collect: bool = False):
-        c, t = self.case, self.case.tensors
-        r = c.rows_of(i)
-        acc = t["accepted"][i]
-        self.o.zero_()
-        for row in range(c.rows):
-            slots = torch.where(acc > row, t["slots"], -1).to(torch.int32)
-            self.o[:, row] = gdn_decode(
-                self.state, r["q"][:, row], r["k"][:, row], r["v"][:, row], A_log=r["A_log"],
-                a=r["a"][:, row], dt_bias=r["dt_bias"], b=r["b"][:, row], state_indices=slots,
-                state_layout="vk", scale=c.scale, impl=self.impl)
-        return self.o
-
-    def effective_state(self, b: int) -> torch.Tensor:
-        s = int(self.case.tensors["slots"][b])
-        return self.state[s].double().transpose(-1, -2).cpu()
+    return StepForm(name, case, step, _kv64(state, slots), 0)
 
 
 def build_flashinfer_snapshots(case: StepCase, name: str = "") -> StepForm:
@@ -219,7 +214,7 @@ for lazy in (True, False):
             build=lambda c, lazy=lazy, impl=impl, name=name: build_exact(c, lazy=lazy,
                                                                         impl=impl, name=name),
             supports=_cuda_supports if impl == "cuda" else None, bytes=_carry_bytes,
-            plain=lambda c, impl=impl: PlainDecode(c, impl),
+            plain=lambda c, impl=impl: build_plain(c, impl),
             doc="SPEC §3b: the stash replays pending rows; bitwise plain decoding"))
 register(Implementation(
     name="ring", family=FAMILY, label="carry ring (tolerance form)", build=build_ring,
@@ -228,10 +223,16 @@ register(Implementation(
     doc="SPEC §3d: read-only state, accepted rows in a ring, tensor-core correction"))
 register(Implementation(
     name="chain_restore", family=FAMILY, exact=True, label="chain + snapshots + restore",
-    build=build_chain_restore, plain=PlainDecode,
+    build=build_chain_restore, plain=build_plain,
     bytes=lambda c, f: sizes.snapshot_step_bytes(
         **dims(c), writes=c.rows, restore_frac=1 - c.alpha ** (c.rows - 1)),
     doc="SPEC §3a: the baseline, one snapshot per draft row"))
+register(Implementation(
+    name="plain_decode", family=FAMILY, exact=True, label="plain decoding",
+    build=build_plain, bytes=lambda c, f: sizes.snapshot_step_bytes(
+        **dims(c), writes=c.rows, restore_frac=0.0) + (c.rows - 1) * sizes.state_bytes(
+        c.num_v_heads, c.head_dim, c.head_dim, c.state_dtype),
+    doc="one decode per accepted token: the answer every form owes, at K state round trips"))
 register(Implementation(
     name="flashinfer_snapshot_restore", family=FAMILY, provider="flashinfer", impl="cute-dsl",
     label="FlashInfer mtp + snapshots + restore", build=build_flashinfer_snapshots,
