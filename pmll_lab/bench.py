@@ -8,7 +8,7 @@ Conventions (SPEC §4; STYLE.md's llm.c and Liger habits):
   reps) with median, p20 and p80 in microseconds, ``timer="do_bench"``: each call as Python issues
   it, host launch included when the GPU waits for the host. On the CPU, the kernels run in the
   Triton interpreter: the wall time of a few calls, ``timer="interpreter-wall"``. The two are
-  never mixed in one plot (``pmll_lab.sweep.speed_rows`` keeps one timer).
+  never mixed in one plot (``pmll_lab.harness.runner.speed_rows`` keeps one timer).
 - ``time_cuda_graph(fn)``: GPU time without the host: ``fn`` captured once in a CUDA graph, then
   ``>= 100`` replays each timed with its own pair of CUDA events (L2 flushed before each, as
   do_bench does); median, p20 and p80 in microseconds, ``timer="cuda_graph"``. None on the CPU.

@@ -235,45 +235,6 @@ def _same_switches(path: Path) -> None:
                          f"same PMLL_LAB_* switches, or write to another run folder")
 
 
-def one_device(df: pd.DataFrame, device: str | None = None) -> pd.DataFrame:
-    """The rows of ``df`` from one kind of device (its ``device`` column: "NVIDIA H200", the
-    CPU interpreter...): ``device`` when given, else the kind with the most points (ties: the
-    first name in sorted order). A sweep spread over a cluster of mixed GPUs thus never puts
-    two kinds in one plot or table; ``df`` without that column or of one kind comes back whole.
-    """
-    if df.empty or "device" not in df:
-        return df
-    kinds = df["device"].dropna()
-    if device is None:
-        if kinds.nunique() <= 1:
-            return df
-        per = (df.drop_duplicates("point_id") if "point_id" in df else df)["device"]
-        counts = per.value_counts()
-        device = sorted(counts[counts == counts.max()].index)[0]
-    return df[df["device"] == device]
-
-
-def speed_rows(df: pd.DataFrame, metric: str = "time_us", device: str | None = None
-               ) -> pd.DataFrame:
-    """Rows of ``metric`` that a speed plot may show: only from points that passed their checks
-    (``status == "ok"`` and no row of the point with ``passed == False``), one timer only (GPU
-    ``do_bench`` if any row has it, else the interpreter's wall time): GPU and interpreter
-    figures are never mixed; and one device kind only (``one_device``: ``device``, else the
-    kind with the most points): rows of two GPU models, say from a mixed cluster, are never
-    mixed either."""
-    if df.empty or "metric" not in df:
-        return df.iloc[0:0]
-    bad = set()
-    if "passed" in df and "point_id" in df:
-        bad = set(df.loc[df["passed"].eq(False), "point_id"])
-    sel = df[(df["metric"] == metric) & (df["status"] == "ok")]
-    if bad:
-        sel = sel[~sel["point_id"].isin(bad)]
-    if "timer" in sel and (sel["timer"] == "do_bench").any():
-        sel = sel[sel["timer"] == "do_bench"]
-    return one_device(sel, device)
-
-
 # ---- the Dask side (its own module) ---------------------------------------------------------
 
 _DIST = ("RETRIES", "THREAD_VARS", "WARM_MODULES", "affinity_group", "cluster_spec",

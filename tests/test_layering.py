@@ -33,6 +33,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
       "pmll_lab.peers", "pmll_lab.peers_*", "pmll_lab.inputs")),
     ("real models driven through the facades (ServingCache, generation loops)",
      ("pmll_lab.models", "pmll_lab.models.*")),
+    ("what is run: the registry of families and implementations, the one runner",
+     ("pmll_lab.harness", "pmll_lab.harness.*")),
     ("checks, experiments, sweeps, reports",
      ("pmll_lab.lowering", "pmll_lab.lowering_ir", "pmll_lab.experiments", "pmll_lab.experiments.*", "pmll_lab.sweep",
       "pmll_lab.dist", "pmll_lab.results", "pmll_lab.report", "pmll_lab.report_*",

@@ -12,6 +12,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from pmll_lab.harness import workloads
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 
 
@@ -164,6 +166,8 @@ def test_every_preset_grid_passes_the_axis_checks(nb):
     name_of = _NAME[id(nb)]
     for name, presets in params.items():
         assert (name_of, name) in fns, f"{name_of}: {name} has no points function in this test"
+        if isinstance(presets, str):           # a workload of harness/workloads.toml
+            presets = {p: workloads.grids(presets, p) for p in ("quick", "full")}
         for preset, grids in presets.items():
             for g in grids:
                 assert fns[name_of, name]([g]), f"{name}[{preset!r}]: no points"

@@ -32,7 +32,8 @@ from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments import roofline as E
 from pmll_lab.experiments import gdn_case as C
 from pmll_lab.gdn import row_io_bytes, state_bytes
-from pmll_lab.sweep import CheckFailed, run_sweep, speed_rows
+from pmll_lab.harness.runner import valid_speed_rows
+from pmll_lab.sweep import CheckFailed, run_sweep
 
 
 # ---- acceptance process and bytes ---------------------------------------------------------------
@@ -311,6 +312,6 @@ def test_failed_providers_are_marked_and_the_rest_runs(monkeypatch, tmp_path):
     # the failed check's rows are kept (marked failed), and never shown as speeds
     chain = df[df["provider"] == "chain_snapshots"]
     assert (chain["passed"] == False).any()  # noqa: E712
-    shown = set(speed_rows(df)["kernel"]) | set(E.wide_table(df)["kernel"])
+    shown = set(valid_speed_rows(df)["kernel"]) | set(E.wide_table(df)["kernel"])
     assert shown == {"decodes", "carry_exact_lazy", "carry_exact_lazy:nowb", "carry_exact_lazy:wb"}
     assert set(E.failed_points(df)["provider"]) == {"chain_snapshots", "carry_exact_eager"}

@@ -13,7 +13,8 @@ import torch
 import pmll_lab  # noqa: F401  (backend first)
 from pmll_lab import bench
 from pmll_lab.backend import DEVICE, INTERPRET
-from pmll_lab.sweep import CheckFailed, grid, load, point_id, run_sweep, speed_rows
+from pmll_lab.harness.runner import valid_speed_rows
+from pmll_lab.sweep import CheckFailed, grid, load, point_id, run_sweep
 
 
 def _rows(point, value=None, timer="interpreter-wall"):
@@ -119,7 +120,7 @@ def test_check_failed_keeps_its_rows_marked_failed(tmp_path):
     assert (df["status"] == "failed").all()
     assert df["error"].str.startswith("check failed: o differs").all()
     assert df.loc[df.metric == "max_abs", "value"].item() == pytest.approx(0.5)
-    assert speed_rows(df).empty
+    assert valid_speed_rows(df).empty
 
 
 def test_speed_rows_excludes_failed_points_and_never_mixes_timers(tmp_path):
@@ -133,13 +134,13 @@ def test_speed_rows_excludes_failed_points_and_never_mixes_timers(tmp_path):
         return rows
 
     df = run_sweep("s", grid(n=[1, 2, 3, 4]), fn, results_dir=tmp_path, progress=False)
-    sel = speed_rows(df)
+    sel = valid_speed_rows(df)
     assert list(sel["n"]) == [1]
     assert set(sel["timer"]) == {"do_bench"}
-    cpu_only = speed_rows(df[df.n == 2])
+    cpu_only = valid_speed_rows(df[df.n == 2])
     assert list(cpu_only["n"]) == [2] and set(cpu_only["timer"]) == {"interpreter-wall"}
-    assert speed_rows(df.iloc[0:0]).empty
-    assert speed_rows(__import__("pandas").DataFrame()).empty
+    assert valid_speed_rows(df.iloc[0:0]).empty
+    assert valid_speed_rows(__import__("pandas").DataFrame()).empty
 
 
 def test_values_from_numpy_torch_and_non_finite_round_trip(tmp_path):
@@ -273,7 +274,7 @@ def test_speed_rows_never_mix_device_kinds():
     points, or the one asked for); a table of one kind passes whole."""
     import pandas as pd
 
-    from pmll_lab.sweep import one_device
+    from pmll_lab.harness.runner import one_device
 
     rows = []
     for n, dev in enumerate(["NVIDIA H200", "NVIDIA H200", "NVIDIA H100 80GB HBM3",
@@ -284,9 +285,9 @@ def test_speed_rows_never_mix_device_kinds():
                  {"n": n, "point_id": pid, "status": "ok", "device": dev, "kernel": "k",
                   "metric": "rel_l2", "value": 1e-7, "passed": True}]
     df = pd.DataFrame(rows)
-    sel = speed_rows(df)
+    sel = valid_speed_rows(df)
     assert list(sel["n"]) == [0, 1, 3] and set(sel["device"]) == {"NVIDIA H200"}
-    h100 = speed_rows(df, device="NVIDIA H100 80GB HBM3")
+    h100 = valid_speed_rows(df, device="NVIDIA H100 80GB HBM3")
     assert list(h100["value"]) == [12.0]
     assert len(one_device(df[df.n != 2])) == 6
     # a tie goes to the first name in sorted order, whatever the row order

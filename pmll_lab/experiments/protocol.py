@@ -22,11 +22,10 @@ from pmll_lab import bench
 from pmll_lab.backend import DEVICE, INTERPRET
 from pmll_lab.bench import copy_bandwidth, throughput_rows, time_cuda_graph, time_launch
 from pmll_lab.dist import on_workers  # noqa: F401  (for the notebooks)
-from pmll_lab.sweep import CheckFailed, grid, one_device, run_sweep
+from pmll_lab.harness.runner import (GPU_TIMERS, TIMERS, base_kernel, best_timer, failed_row,  # noqa: F401
+                                     one_device, valid_speed_rows)
+from pmll_lab.sweep import CheckFailed, grid, run_sweep
 
-TIMERS = ("cuda_graph", "do_bench", "cuda_events", "interpreter-wall")
-"""Timers in order of preference: tables, plots and targets read the first the rows have."""
-GPU_TIMERS = ("cuda_graph", "do_bench", "cuda_events")
 TIMER_LABELS = {"cuda_graph": "CUDA graph replay, median (GPU time)",
                 "do_bench": "do_bench, median (host launch included)",
                 "cuda_events": "CUDA events (GPU time)",
@@ -195,13 +194,6 @@ def probes(n: int) -> list[int]:
     return sorted({0, n - 1})
 
 
-def failed_row(base: Mapping, metric: str, exc: BaseException, **extra) -> dict:
-    """A form or kernel that raised, as one failed row (NaN value, the error's first 300
-    characters)."""
-    return dict(base, metric=metric, **extra, value=float("nan"), status="failed",
-                error=f"{type(exc).__name__}: {exc}"[:300])
-
-
 def on_cuda() -> bool:
     """Whether kernels run on a GPU (not the Triton interpreter)."""
     return DEVICE.type == "cuda" and not INTERPRET
@@ -292,14 +284,6 @@ def timed_rows(entries: Iterable[tuple], **timing) -> list[dict]:
 
 # ---- the tables side -----------------------------------------------------------------------
 
-def best_timer(df: pd.DataFrame, metric: str = "time_us") -> str | None:
-    """The first of ``TIMERS`` that ``df``'s ``metric`` rows have (None without)."""
-    if df.empty or "timer" not in df or "metric" not in df:
-        return None
-    have = set(df.loc[df["metric"] == metric, "timer"].dropna())
-    return next((t for t in TIMERS if t in have), None)
-
-
 def on_gpu(df: pd.DataFrame) -> bool:
     """Whether ``df`` holds GPU timings."""
     return "timer" in df and bool(df["timer"].isin(GPU_TIMERS).any())
@@ -321,28 +305,10 @@ def with_layout(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def base_kernel(kernel: pd.Series) -> pd.Series:
-    """``carry_exact_lazy:nowb:plan`` -> ``carry_exact_lazy``."""
-    return kernel.astype(str).str.split(":").str[0]
-
-
 def timed(df: pd.DataFrame, metric: str = "time_us", timer: str | None = None) -> pd.DataFrame:
-    """Rows of ``metric`` from points that ran (``status == "ok"``), leaving out each kernel of a
-    point that failed one of its checks (a peer that disagreed drops its own times only), of one
-    timer (default ``best_timer``) and one kind of device (``sweep.one_device``)."""
-    if df.empty or "metric" not in df:
-        return df.iloc[0:0]
-    timer = best_timer(df) if timer is None else timer
-    sel = df[(df["metric"] == metric) & (df["status"] == "ok")]
-    if "timer" in sel:
-        sel = sel[sel["timer"] == timer]
-    if "passed" in df:
-        bad = df[df["passed"].eq(False)]
-        bad = set(zip(bad["point_id"], base_kernel(bad["kernel"])))
-        if bad:
-            keys = list(zip(sel["point_id"], base_kernel(sel["kernel"])))
-            sel = sel[[k not in bad for k in keys]]
-    return one_device(with_layout(sel))
+    """``harness.runner.valid_speed_rows`` (the one rule for speed rows) with ``state_layout`` and
+    ``state_dtype`` filled in (``with_layout``)."""
+    return with_layout(valid_speed_rows(df, metric, timer))
 
 
 def wide(df: pd.DataFrame, timer: str | None = None, *, metric: str = "time_us",
@@ -550,8 +516,17 @@ def details(df: pd.DataFrame, summary: str):
     return HTML(f"<details><summary>{html.escape(summary)}</summary>{_html(df)}</details>")
 
 
-def pick(table: Mapping, preset: str, name: str = "grids"):
-    """``table[preset]``; a preset it lacks is a ``ValueError`` naming the valid ones."""
+def pick(table: Mapping | str, preset: str, name: str = "grids"):
+    """``table[preset]``, or for a workload's name (a string) its grids for ``preset``
+    (``harness.workloads.grids``); a preset it lacks is a ``ValueError`` naming the valid
+    ones."""
+    if isinstance(table, str):
+        from pmll_lab.harness import workloads
+
+        return workloads.grids(table, preset)
+    if not isinstance(table, Mapping):
+        raise ValueError(f"{name}: expected a workload's name or a dict of presets, got "
+                         f"{type(table).__name__} {table!r}")
     if preset not in table:
         raise ValueError(f"preset: {preset!r} is not one of {sorted(table)} (the keys of "
                          f"{name} in the parameters cell)")

@@ -6,3 +6,5 @@ and the peers'), each name written once; ``runner``: check, then time, rows of o
 (``step``: the whole speculative step) with its implementations beside it (``step_forms``).
 Adding a kernel: ``docs/adding-a-kernel.md``.
 """
+
+from pmll_lab.harness import catalog  # noqa: E402,F401  (registers the shipped families)

@@ -31,10 +31,13 @@ PLUGINS_ENV = "PMLL_LAB_PLUGINS"
 
 @dataclass(frozen=True)
 class Family:
-    """One kernel contract: ``make_case(point) -> case`` (inputs drawn from the point's seed),
-    ``check(run, case) -> dict`` (``passed``, ``tolerance`` and error figures against the float64
-    reference, before any timing), ``axes`` the workload columns it reads, ``metric`` the
-    timed quantity's name (``time_us`` per call, ``step_us`` per speculative step)."""
+    """One kernel contract: ``make_case(point) -> case`` (inputs drawn from the point's seed);
+    ``check(run, case, plain=None) -> dict``: ``errors`` (rel L2 per compared quantity against
+    the float64 reference), ``tolerance`` (one, or one per quantity), ``passed``, optionally
+    ``bitwise`` (quantity -> equal to ``plain``'s, the plain decoding an exact implementation
+    answers to) and ``facts`` (counted figures), all before any timing; ``axes`` the workload
+    columns it reads; ``metric`` the timed quantity (``time_us`` per call, ``step_us`` per
+    speculative step)."""
 
     name: str
     label: str
@@ -147,15 +150,9 @@ def unregister(name: str) -> None:
     del IMPLEMENTATIONS[name]
 
 
-def _load_builtin() -> None:
-    """The families and implementations this package ships (imported once, on first lookup)."""
-    from pmll_lab.harness import catalog  # noqa: F401  (registers on import)
-
-
 def get(name: str) -> Implementation:
     """The implementation registered as ``name``; ``ValueError`` naming it (with the closest
     registered names) when there is none."""
-    _load_builtin()
     if name not in IMPLEMENTATIONS:
         close = difflib.get_close_matches(str(name), list(IMPLEMENTATIONS), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -165,7 +162,6 @@ def get(name: str) -> Implementation:
 
 def family(name: str) -> Family:
     """The family registered as ``name`` (``ValueError`` naming it otherwise)."""
-    _load_builtin()
     if name not in FAMILIES:
         raise ValueError(f"family: no family {name!r} ({', '.join(sorted(FAMILIES))})")
     return FAMILIES[name]
@@ -174,7 +170,6 @@ def family(name: str) -> Family:
 def names(family: str | None = None, *, provider: str | None = None,
           exact: bool | None = None) -> list[str]:
     """Registered names, in registration order, filtered by family, provider and exactness."""
-    _load_builtin()
     return [n for n, i in IMPLEMENTATIONS.items()
             if (family is None or i.family == family)
             and (provider is None or i.provider == provider)
@@ -200,13 +195,11 @@ def resolve(family: str, selection: str | Iterable[str] | None) -> list[str]:
 
 def labels() -> dict[str, str]:
     """Every registered name's label (plots and tables)."""
-    _load_builtin()
     return {n: i.label for n, i in IMPLEMENTATIONS.items()}
 
 
 def label(name: str) -> str:
     """The label of ``name``; an unregistered name (an older run's kernel) is shown as is."""
-    _load_builtin()
     impl = IMPLEMENTATIONS.get(name)
     return impl.label if impl else str(name)
 
@@ -215,7 +208,6 @@ def load_plugins(paths: str | Iterable[str] | None = None) -> list[str]:
     """Import each Python file of ``paths`` (default: ``$PMLL_LAB_PLUGINS``, separated by
     ``os.pathsep``): their ``register`` calls add implementations. Returns the files loaded;
     ``ValueError`` naming ``PMLL_LAB_PLUGINS`` for a file that does not exist."""
-    _load_builtin()
     if paths is None:
         paths = [p for p in os.environ.get(PLUGINS_ENV, "").split(os.pathsep) if p]
     elif isinstance(paths, str):

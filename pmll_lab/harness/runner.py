@@ -7,8 +7,8 @@ exact implementation, bitwise against plain decoding) as rows; only if every che
 timings: a CUDA graph of the timed unit (GPU time; the graph is first shown to rewrite its
 outputs and advance its cursors, ``replay_guard``) beside ``do_bench`` (host launch included),
 each stating its L2 state, with bytes, GB/s and the fraction of the copy ceiling from the
-implementation's byte formula. ``speed_rows`` is the one rule for which rows a table or plot
-may show as speed.
+implementation's byte formula. ``valid_speed_rows`` is the one rule for which rows a table or
+plot may show as speed.
 
 Row columns: the implementation's (``kernel``, ``impl``, ``provider``, ``exact``,
 ``peer_version``), the case's (``state_layout``), ``status`` (``ok``, ``failed``,
@@ -119,12 +119,15 @@ def time_rows(base: Mapping, metric: str, times: Iterable[dict], nbytes: int | N
 
 
 def check_rows(base: Mapping, chk: Mapping) -> list[dict]:
-    """The check's rows: ``rel_l2`` per compared quantity (``what``) with its tolerance,
+    """The check's rows: ``rel_l2`` per compared quantity (``what``) with its tolerance (one
+    number, or one per quantity),
     ``bitwise`` per exact comparison (1/0), and the counted facts (fold fraction, fill, cursor
     audit)."""
     status = "ok" if chk["passed"] else "failed"
-    rows = [dict(base, metric="rel_l2", what=what, value=v, tolerance=chk["tolerance"],
-                 passed=v <= chk["tolerance"], status=status)
+    tol = chk["tolerance"]
+    tol = tol if isinstance(tol, Mapping) else {what: tol for what in chk["errors"]}
+    rows = [dict(base, metric="rel_l2", what=what, value=v, tolerance=tol[what],
+                 passed=v <= tol[what], status=status)
             for what, v in chk["errors"].items()]
     rows += [dict(base, metric="bitwise", what=what, value=float(ok), passed=bool(ok),
                   status=status) for what, ok in chk.get("bitwise", {}).items()]
@@ -212,7 +215,7 @@ def one_device(df: pd.DataFrame, device: str | None = None) -> pd.DataFrame:
     return df[df["device"] == device]
 
 
-def speed_rows(df: pd.DataFrame, metric: str = "time_us", timer: str | None = None,
+def valid_speed_rows(df: pd.DataFrame, metric: str = "time_us", timer: str | None = None,
                device: str | None = None) -> pd.DataFrame:
     """The one rule for speed: rows of ``metric`` with ``status == "ok"``, leaving out each
     kernel of a point that failed one of its checks (a peer that disagreed drops its own times

@@ -1,0 +1,48 @@
+"""The workloads of ``workloads.toml``: each notebook's sweeps and presets as data.
+
+``grids(name, preset)`` gives a workload's grids for a preset (a list of dicts, each the product
+of its axes), ``family(name)`` the family it runs, ``names()`` every workload. A ``ValueError``
+names the workload or preset that does not exist, with the ones that do.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+
+PATH = Path(__file__).with_name("workloads.toml")
+
+
+@lru_cache(maxsize=1)
+def load() -> dict:
+    """The parsed ``workloads.toml`` (read once per process)."""
+    with PATH.open("rb") as fh:
+        return tomllib.load(fh)
+
+
+def names() -> list[str]:
+    return sorted(load())
+
+
+def _entry(name: str) -> dict:
+    table = load()
+    if name not in table:
+        raise ValueError(f"workload: no workload {name!r} in {PATH.name} "
+                         f"({', '.join(sorted(table))})")
+    return table[name]
+
+
+def family(name: str) -> str:
+    """The family workload ``name`` runs."""
+    return _entry(name)["family"]
+
+
+def grids(name: str, preset: str) -> list[dict]:
+    """Workload ``name``'s grids for ``preset`` (fresh copies: a caller may edit them)."""
+    entry = _entry(name)
+    presets = [k for k, v in entry.items() if isinstance(v, list)]
+    if preset not in presets:
+        raise ValueError(f"preset: {preset!r} is not one of {sorted(presets)} (workload "
+                         f"{name!r})")
+    return [dict(g) for g in entry[preset]]
