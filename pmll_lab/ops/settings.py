@@ -124,7 +124,8 @@ class GdnSettings:
             "bits; not yet timed on a GPU, so off",
         see="perf-notes 'bf16 state pools'")
     """The exact family (chain, exact carry verify, folds, flush) holds a 2-byte state tile in
-    its own type between rows (``recurrence.round_to_state``, ``state_tile``);
+    its own type between rows (``recurrence.round_to_state``, ``state_tile``); a decode (one
+    row) widens its tile once whatever this says;
     ``PMLL_LAB_PACKED_STATE_TILE=1`` in the environment before ``pmll_lab`` is imported switches
     it on (default off)."""
 

@@ -133,7 +133,11 @@ def gdn_rows_kernel(
     p_h = state + slot * s_slot + hv * s_head + rk[:, None] * s_key + rv[None, :]
     if STATE_VEC > 0:                    # >= 2 key rows per thread (recurrence.kv_state_vector)
         p_h = tl.max_contiguous(p_h, [1, STATE_VEC])
-    h = state_tile(tl.load(p_h, mask=mh, other=0.0))
+    h = tl.load(p_h, mask=mh, other=0.0)
+    if K > 1:                            # rows kept in registers: the tile as the family holds it
+        h = state_tile(h)
+    else:                                # a decode: one row, widened once (never packed)
+        h = h.to(tl.float32)
 
     q_row = q + b64 * q_b + hk * q_h
     k_row = k + b64 * k_b + hk * k_h

@@ -197,7 +197,11 @@ def gdn_rows_vk_kernel(
     slot = tl.maximum(slot, 0)
     mh = mh & live
     p_h = state + slot * s_slot + hv * s_head + vk_tile_offsets(rk, rr, s_row)
-    h = state_tile(tl.load(p_h, mask=mh, other=0.0))
+    h = tl.load(p_h, mask=mh, other=0.0)
+    if K > 1:                            # rows kept in registers: the tile as the family holds it
+        h = state_tile(h)
+    else:                                # a decode: one row, widened once (never packed)
+        h = h.to(tl.float32)
     if UNROLL:
         for t in tl.static_range(K):
             rows = rows_ahead_vk(rows, t, q_row, k_row, v_row, g_row, beta_row,
