@@ -9,10 +9,11 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
+from pmll_lab.harness import registry
+
 COLORS = {
     # ours: Gated DeltaNet and the conv twin (a conv kernel takes its GDN twin's colour)
     "carry_exact_lazy": "#1f77b4", "carry_exact_eager": "#aec7e8",
-    "ring": "#17becf",
     "chain_snapshots": "#2ca02c", "chain_nosnap": "#98df8a", "decodes": "#9467bd",
     "decodes_cuda": "#ff7f0e", "chain_snapshots_cuda": "#ffbb78",
     "plain": "#000000",
@@ -26,16 +27,10 @@ COLORS = {
     "sdpa_causal": "#c7c7c7", "reference": "#7f7f7f", "memory_attention": "#7f7f7f",
     "gpt2_pmll": "#7f7f7f",
 }
-ALIASES = {"chain": "chain_snapshots", "chain_restore": "chain_snapshots",
-           "updates": "decodes", "carry_lazy": "carry_exact_lazy",
-           "carry_eager": "carry_exact_eager", "exact_lazy": "carry_exact_lazy",
-           "exact_eager": "carry_exact_eager",
-           "flashinfer_snapshot_restore": "flashinfer_mtp_snapshots",
-           "protocol_exact": "carry_exact_lazy",
-           # a conv kernel takes its GDN twin's colour
-           "conv_carry_lazy": "carry_exact_lazy", "conv_chain_restore": "chain_snapshots",
-           "plain_decode": "plain"}
-"""The same implementation under another notebook's name."""
+ALIASES = {"chain": "chain_snapshots", "updates": "decodes", "carry_lazy": "carry_exact_lazy",
+           "carry_eager": "carry_exact_eager", "protocol_exact": "carry_exact_lazy"}
+"""The same implementation under another notebook's name (a registered implementation's
+colour is its registration's ``style``: ``pmll_lab.harness``)."""
 LAYOUT_LINES = {"kv": "-", "vk": "--"}
 """Line style per state layout: solid K-major, dashed V-major."""
 FAMILIES = {"decode and chain": ("decodes", "decodes_cuda", "chain_snapshots",
@@ -61,6 +56,10 @@ def canonical(kernel: str) -> str:
 
 
 def color(kernel: str) -> str:
+    """The implementation's colour: its registration's ``style["color"]``, else ``COLORS``."""
+    impl = registry.IMPLEMENTATIONS.get(str(kernel).split(":")[0])
+    if impl is not None and "color" in impl.style:
+        return impl.style["color"]
     return COLORS.get(canonical(kernel), "#555555")
 
 

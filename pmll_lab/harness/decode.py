@@ -145,14 +145,16 @@ def _fi_supports(case) -> str | None:
 
 register(Implementation(
     name="decode", family="gdn_decode", label="GDN decode (Triton)", exact=True,
-    build=decode_run(_ours("triton")), bytes=decode_bytes,
+    build=decode_run(_ours("triton")), bytes=decode_bytes, style={"color": "#9467bd"},
     doc="ops/gdn/decode_vk.py: one program per (sequence, value head, row block)"))
 register(Implementation(
     name="decode_cuda", family="gdn_decode", label="GDN decode, CUDA C++ twin", impl="cuda",
     exact=True, gpu_only=True, build=decode_run(_ours("cuda")), supports=_cuda_supports,
+    style={"color": "#ff7f0e"},
     bytes=decode_bytes, doc="kernels/gdn_decode.cu"))
 register(Implementation(
     name="flashinfer_decode", family="gdn_decode", label="FlashInfer decode (pretranspose)",
     provider="flashinfer", impl="cute-dsl", gpu_only=True, state_dtypes=("float32", "bfloat16"),
     build=_fi_build, supports=_fi_supports, version=flashinfer_version, bytes=decode_bytes,
+    style={"color": "#8c564b"},
     available=lambda: None if flashinfer_available() else flashinfer_status()))

@@ -214,21 +214,25 @@ for lazy in (True, False):
             build=lambda c, lazy=lazy, impl=impl, name=name: build_exact(c, lazy=lazy,
                                                                         impl=impl, name=name),
             supports=_cuda_supports if impl == "cuda" else None, bytes=_carry_bytes,
+            style={"color": {"exact_lazy": "#1f77b4", "exact_eager": "#aec7e8",
+                             "exact_lazy_cuda": "#ff7f0e", "exact_eager_cuda": "#ffbb78"}[name]},
             plain=lambda c, impl=impl: build_plain(c, impl),
             doc="SPEC §3b: the stash replays pending rows; bitwise plain decoding"))
 register(Implementation(
     name="ring", family=FAMILY, label="carry ring (tolerance form)", build=build_ring,
+    style={"color": "#17becf"},
     bytes=lambda c, f: sizes.ring_step_bytes(**dims(c), fold_frac=f["fold_frac"],
                                              mean_fill=f["mean_fill"]),
     doc="SPEC §3d: read-only state, accepted rows in a ring, tensor-core correction"))
 register(Implementation(
     name="chain_restore", family=FAMILY, exact=True, label="chain + snapshots + restore",
-    build=build_chain_restore, plain=build_plain,
+    build=build_chain_restore, plain=build_plain, style={"color": "#2ca02c"},
     bytes=lambda c, f: sizes.snapshot_step_bytes(
         **dims(c), writes=c.rows, restore_frac=1 - c.alpha ** (c.rows - 1)),
     doc="SPEC §3a: the baseline, one snapshot per draft row"))
 register(Implementation(
     name="plain_decode", family=FAMILY, exact=True, label="plain decoding",
+    style={"color": "#000000"},
     build=build_plain, bytes=lambda c, f: sizes.snapshot_step_bytes(
         **dims(c), writes=c.rows, restore_frac=0.0) + (c.rows - 1) * sizes.state_bytes(
         c.num_v_heads, c.head_dim, c.head_dim, c.state_dtype),
@@ -236,12 +240,14 @@ register(Implementation(
 register(Implementation(
     name="flashinfer_snapshot_restore", family=FAMILY, provider="flashinfer", impl="cute-dsl",
     label="FlashInfer mtp + snapshots + restore", build=build_flashinfer_snapshots,
+    style={"color": "#e377c2"},
     state_dtypes=("float32", "bfloat16"), gpu_only=True, supports=_fi_supports,
     available=_fi_available, version=flashinfer_version,
     bytes=lambda c, f: sizes.snapshot_step_bytes(**dims(c), writes=c.rows, restore_frac=1.0)))
 register(Implementation(
     name="flashinfer_replayssm", family=FAMILY, provider="flashinfer", impl="cute-dsl",
     label="FlashInfer ReplaySSM (ucache_flush + commit)", build=build_flashinfer_replayssm,
+    style={"color": "#c49c94"},
     state_dtypes=("bfloat16",), gpu_only=True, supports=_replayssm_supports,
     available=_fi_available, version=flashinfer_version,
     bytes=lambda c, f: sizes.ring_step_bytes(**dims(c), fold_frac=f["fold_frac"],
