@@ -57,11 +57,17 @@ def _chunks(block_k: int) -> dict:
     return dict(zip(("NC", "CW"), vk_chunks(block_k)))
 
 
-def check_carry(name: str, carry, state: torch.Tensor | None = None,
-                layout: str = DEFAULT_STATE_LAYOUT) -> None:
-    """``carry`` is a ``GdnCarry`` matching ``state`` (slots, heads, dims) in ``layout``."""
+def check_carry(name: str, carry, state: torch.Tensor | None, layout: str) -> None:
+    """``carry`` is a ``GdnCarry`` made for ``layout`` (its ``state_layout``) and matching
+    ``state`` (slots, heads, dims) read in ``layout``."""
     if not isinstance(carry, GdnCarry):
         raise ValueError(f"{name}: expected a GdnCarry, got {type(carry).__name__}")
+    if carry.state_layout != layout:
+        raise ValueError(
+            f"{name}: made for a state_layout={carry.state_layout!r} pool, but this call reads "
+            f"the state as state_layout={layout!r} (the default when omitted is "
+            f"{DEFAULT_STATE_LAYOUT!r}): pass one state_layout to GdnCarry.empty and to every "
+            "launcher of the pool")
     if state is not None:
         S, HV = state.shape[:2]
         kd, vd = head_dims(state.shape, layout)
@@ -101,7 +107,7 @@ def check_form(name: str, form, options: Sequence[str] = FORMS) -> None:
 
 
 def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
-                  eager_max_pending, layout=DEFAULT_STATE_LAYOUT, gating=None,
+                  eager_max_pending, layout, gating=None,
                   use_qk_l2norm=True):
     """``gdn_carry_verify``'s argument checks; returns ``(B, K, HK, scale)``."""
     check_layout("state_layout", layout)
@@ -178,7 +184,7 @@ def check_host_slots(name: str, slot_tab, carries) -> None:
 
 
 def _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
-                     eager_max_pending, layout=DEFAULT_STATE_LAYOUT, gating=None,
+                     eager_max_pending, layout, gating=None,
                      use_qk_l2norm=True):
     """Checks (``_check_verify``), then the verify's outputs: ``(scale, o [B, K, HV, vd] in v's
     dtype, engaged [B] int32)``, uninitialised."""

@@ -27,6 +27,7 @@ past it, so no program of the launch overwrites a row another still reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -38,6 +39,7 @@ from pmll_lab.ops.carry.gdn_ring_fused import gdn_ring_fused_kernel
 from pmll_lab.ops.carry.gdn_ring_kernels import (SMALL_PRODUCTS, gdn_ring_flush_kernel,
                                                  ring_accept_kernel)
 from pmll_lab.ops.gdn.gating import check_gating, split_gating
+from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT
 from pmll_lab.ops.host import cdiv, next_power_of_2
 
 RING_LENGTHS = (8, 16, 32)
@@ -70,9 +72,11 @@ class GdnRing:
     ``pmll_lab.ops.carry.gdn_ring``.
 
     Build with ``GdnRing.empty(...)`` (zeroed; ``len = base = 0``). ``length`` is ``R``, one of
-    ``RING_LENGTHS`` (8, 16, 32).
+    ``RING_LENGTHS`` (8, 16, 32). ``state_layout`` is ``"vk"`` (class attribute): the ring
+    form runs on V-major states only, every GDN launcher's default layout.
     ``ValueError`` naming the field for a shape, dtype or device that does not fit."""
 
+    state_layout: ClassVar[str] = "vk"
     k: torch.Tensor
     u: torch.Tensor
     G: torch.Tensor
@@ -281,8 +285,8 @@ def ring_tiles(work: int, elem_bytes: int, kd: int, vd: int) -> tuple[int, int, 
 
 
 def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=None,
-                    use_qk_l2norm=True, validate=False, state_layout="vk", A_log=None, a=None,
-                    dt_bias=None, b=None, impl="triton"):
+                    use_qk_l2norm=True, validate=False, state_layout=DEFAULT_STATE_LAYOUT,
+                    A_log=None, a=None, dt_bias=None, b=None, impl="triton"):
     """Ring-form verify of ``K`` draft rows per sequence (SPEC §3d; the ReplaySSM design).
 
     Args:
@@ -303,7 +307,7 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
             ``base < 2R``, the gates' ranges and that ``q, k, v`` are finite. With the slot
             table on the host (every CPU run) the slots and cursors are checked whatever
             ``validate`` says.
-        state_layout: ``"vk"`` only.
+        state_layout: ``"vk"`` only (the default of every GDN launcher).
         impl: ``"triton"`` only (the ring form has no CUDA twin).
 
     Returns ``(o [B, K, HV, vd] in v's dtype, engaged [B] int32)``: 2 where the verify folded.
@@ -401,8 +405,8 @@ def ring_accept(rings, slot_tab, engaged, accepted, *, rows=None, validate=False
             accepted, B, NS=2 * rings[0].length, BLOCK=128)
 
 
-def gdn_ring_flush(states, rings, slot_tab, *, validate=False, state_layout="vk",
-                   impl="triton") -> None:
+def gdn_ring_flush(states, rings, slot_tab, *, validate=False,
+                   state_layout=DEFAULT_STATE_LAYOUT, impl="triton") -> None:
     """Fold every listed slot's ring into its state (``H0 <- H_P``, rounded once), over ``L``
     layers in one launch (SPEC §3d "Flush"). ``states``: ``L`` V-major states (same shape,
     strides and dtype), ``rings``: ``L`` ``GdnRing`` (same length), ``slot_tab [B]``. ``len`` is

@@ -11,14 +11,14 @@ import torch
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.gdn.gating import Gating, check_gating, gate_inputs
-from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout, head_dims
+from pmll_lab.ops.gdn.recurrence import check_layout, head_dims
 
 MAX_ROWS = 8
 """Most rows one chain launch verifies (SPEC §3: ``K <= CAP``, ``CAP = 8``)."""
 
 
 def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtype, validate,
-           *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT, out_state_indices=None,
+           *, rows: bool, layout: str, out_state_indices=None,
            gating: Gating | None = None, use_qk_l2norm=True, carry=None):
     """Validate a decode (``rows=False``) or chain (``rows=True``) call; return its sizes."""
     C = _checks

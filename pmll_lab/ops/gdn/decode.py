@@ -235,9 +235,9 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
     """One Gated DeltaNet decode token per sequence (SPEC §2); updates ``state`` in place.
 
     Args:
-        state: fp32, bf16 or fp16, last dim contiguous: ``[S, HV, kd, vd]`` with
-            ``state_layout="kv"`` (key-major, FLA's) or ``[S, HV, vd, kd]`` with ``"vk"``
-            (value-major, FlashInfer's "pretranspose"); the slots ``state_indices`` are advanced
+        state: fp32, bf16 or fp16, last dim contiguous: ``[S, HV, vd, kd]`` with
+            ``state_layout="vk"`` (value-major, the default; FlashInfer's "pretranspose") or
+            ``[S, HV, kd, vd]`` with ``"kv"`` (key-major, FLA's); the slots ``state_indices`` are advanced
             one token, every other slot is left untouched. A bf16/fp16 state (SGLang's
             ``--mamba-ssm-dtype bfloat16``, FlashInfer's bf16-state kernels; half the state
             bytes) is read into fp32, the token computed in fp32, and the new state rounded to
@@ -262,9 +262,14 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
             ``PAD_SLOT_ID``): its outputs are zeros and no state is read or written for it.
             Slot tables on the host (a CPU run) are range-checked always (free there); on a GPU
             other out-of-range slots are undefined behaviour without ``validate``.
-        state_layout: ``"kv"`` or ``"vk"`` (``pmll_lab.ops.gdn.recurrence.STATE_LAYOUTS``).
-            ``"vk"`` runs ``gdn_rows_vk_kernel`` (a few value rows per program, tile from
-            ``vk_config``), ``"kv"`` the K-major kernel (``block_config``).
+        state_layout: ``"vk"`` (default) or ``"kv"``
+            (``pmll_lab.ops.gdn.recurrence.STATE_LAYOUTS``). ``"vk"`` runs
+            ``gdn_rows_vk_kernel`` (a few value rows per program, tile from ``vk_config``),
+            ``"kv"`` the K-major kernel (``block_config``). The default is V-major in every
+            GDN launcher, reference and input maker (the faster layout for every GDN kernel
+            here, and the ring form's only one), so a call that omits it means the same
+            everywhere; a K-major state (FLA, vLLM, the HF cache) must name ``"kv"``, since
+            with ``kd == vd`` its shape cannot tell (``docs/layouts.md``).
         out_state_indices: ``None`` (the new state overwrites the read slot) or ``[B]``
             int32/int64, contiguous: the slot each sequence's new state is written to, its read
             slot left as it was (FlashInfer's ``output_state_indices``: prefix-cache forks,
