@@ -228,8 +228,8 @@ def test_accept_and_flush_reject_bad_input():
         gdn_carry_flush([st], [c], slots, validate=True, state_layout="kv")
     c.pend.zero_()
     with pytest.raises(ValueError, match="slot_tab"):
-        gdn_carry_flush([st], [c], torch.tensor([1, 1], dtype=torch.int32, device=DEVICE), validate=True,
-                        state_layout="kv")
+        gdn_carry_flush([st], [c], torch.tensor([1, 1], dtype=torch.int32, device=DEVICE),
+                        validate=True, state_layout="kv")
     with pytest.raises(ValueError, match="^slot_tab"):
         gdn_carry_flush([st], [c], strided([2, 0, 1, 0]), state_layout="kv")
     for slots_bad in ([3], [-1], 5, [0.5], None, torch.tensor([1.0])):

@@ -31,7 +31,7 @@ def _good(rows=None, dtype=torch.bfloat16):
 
 
 def _call(x, rows, **kw):
-    args = dict(state_indices=x["state_indices"], validate=True)
+    args = dict(state_indices=x["state_indices"], validate=True, state_layout="kv")
     if rows is not None:
         args["intermediate"] = x.get("intermediate")
     args.update(kw)

@@ -406,7 +406,8 @@ FUSED_SUMS = textwrap.dedent("""
     assert settings.gdn().fma_sums
     for layout, kd in (("vk", 64), ("vk", 16), ("kv", 32)):
         B, K, HK, HV, vd = 2, 3, 1, 2, 16
-        x = gdn_inputs(97 + kd, B, HK, HV, kd, vd, rows=K, slots=3, dtype=torch.bfloat16)
+        x = gdn_inputs(97 + kd, B, HK, HV, kd, vd, rows=K, slots=3, dtype=torch.bfloat16,
+                       state_layout="kv")
         st0 = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
         idx = x["state_indices"]
         o_ref, s_ref, _ = gdn_chain_ref(st0, x["q"], x["k"], x["v"], x["g"], x["beta"],

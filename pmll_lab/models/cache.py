@@ -1,9 +1,9 @@
 """``ServingCache``: every recurrent and attention state of a hybrid GDN model, held in slots.
 
 One object holds, for ``S`` slots (sequences decoded together), what a serving engine keeps per
-sequence: per GDN layer the conv window ``[S, conv_dim, d_conv]`` (the conv's input columns,
-oldest first, as transformers' cache holds them), the recurrent state (fp32, ``[S, HV, vd, kd]``
-with ``state_layout="vk"``, the default, or ``[S, HV, kd, vd]`` with ``"kv"``), the carried-state stashes
+sequence: per GDN layer the conv window ``[S, conv_dim, d_conv]`` (the conv's input columns, oldest
+first, as transformers' cache holds them), the recurrent state (fp32, ``[S, HV, vd, kd]`` with
+``state_layout="vk"``, the default, or ``[S, HV, kd, vd]`` with ``"kv"``), the carried-state stashes
 (``GdnCarry``, ``ConvCarry``) or the snapshot buffers of the chain; per attention layer the keys
 and values ``[S, H_kv, max_len, head_dim]``. It is passed to the transformers model as its
 ``cache``: the attention layers store keys/values through ``update`` (their code unchanged), the

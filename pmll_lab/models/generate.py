@@ -277,12 +277,12 @@ def greedy_generate(model: nn.Module, input_ids, *, max_new_tokens,
     """Greedy decoding, one token per sequence per step through ``conv_update`` +
     ``gdn_decode`` (SPEC §2) in every GDN layer; the model's attention, MLP and norms as they are.
 
-    Args (module docstring: the conventions): ``model`` a transformers Qwen3-Next / Qwen3.5
-    causal LM (random or a checkpoint; patched by ``patch_model``); ``input_ids``,
-    ``attention_mask``, ``max_new_tokens``, ``batch_size``, ``eos_token_id`` (default: the
-    model's ``generation_config``), ``pad_token_id``; ``state_layout`` ``"vk"`` (default, as every GDN launcher's) or ``"kv"``;
-    ``timing`` times each kernel section; ``output_logits`` keeps the logits rows;
-    ``record_gdn_io`` keeps every GDN kernel input/output row; ``return_stats`` returns
+    Args (module docstring: the conventions): ``model`` a transformers Qwen3-Next / Qwen3.5 causal
+    LM (random or a checkpoint; patched by ``patch_model``); ``input_ids``, ``attention_mask``,
+    ``max_new_tokens``, ``batch_size``, ``eos_token_id`` (default: the model's
+    ``generation_config``), ``pad_token_id``; ``state_layout`` ``"vk"`` (default, as every GDN
+    launcher's) or ``"kv"``; ``timing`` times each kernel section; ``output_logits`` keeps the
+    logits rows; ``record_gdn_io`` keeps every GDN kernel input/output row; ``return_stats`` returns
     ``(tokens, GenerationStats)``.
 
     Returns LongTensor ``[N, max(max_new_tokens)]``. Raises ``ValueError``/``TypeError`` naming

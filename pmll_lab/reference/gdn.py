@@ -102,18 +102,18 @@ def gdn_decode_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
                    use_qk_l2norm=True, state_layout="vk", state_dtype=None):
     """One decode token per sequence, in float64.
 
-    Args: ``state [S, HV, vd, kd]`` (``state_layout="vk"``, the default as in every GDN
-    launcher) or ``[S, HV, kd, vd]`` (``"kv"``); ``q, k [B, HK, kd]``; ``v [B, HV, vd]``; ``g, beta [B, HV]``
+    Args: ``state [S, HV, vd, kd]`` (``state_layout="vk"``, the default as in every GDN launcher) or
+    ``[S, HV, kd, vd]`` (``"kv"``); ``q, k [B, HK, kd]``; ``v [B, HV, vd]``; ``g, beta [B, HV]``
     (any float dtypes: values are read exactly, then computed in float64); ``state_indices [B]``
     (default ``arange(B)``; ints or an int tensor) selects each sequence's slot, -1 marking a
     padding lane as in the kernels: its output row is zeros and no slot is read or written for
     it. Any other slot outside ``[0, S)``: ``ValueError`` naming ``state_indices``.
 
-    Returns ``(o [B, HV, vd], new_state)``, both float64: ``new_state`` is a copy of ``state``
-    (same layout) with the addressed slots advanced by one token and every other slot unchanged
-    (the layouts hold the same ``H`` transposed; a layout is only a pair of strides here). ``state_dtype``: a bf16/fp16 state
-    pool's dtype: the new state is rounded to it (and held in float64), where the kernels store
-    it (``round_state``); ``None`` keeps float64.
+    Returns ``(o [B, HV, vd], new_state)``, both float64: ``new_state`` is a copy of ``state`` (same
+    layout) with the addressed slots advanced by one token and every other slot unchanged (the
+    layouts hold the same ``H`` transposed; a layout is only a pair of strides here).
+    ``state_dtype``: a bf16/fp16 state pool's dtype: the new state is rounded to it (and held in
+    float64), where the kernels store it (``round_state``); ``None`` keeps float64.
     """
     if state_layout != "kv":
         o, new = gdn_decode_ref(_to_kv(state, state_layout), q, k, v, g, beta,
@@ -155,13 +155,12 @@ def gdn_chain_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     Args: as ``gdn_decode_ref`` with a rows axis after ``B``: ``q, k [B, K, HK, kd]``,
     ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]``.
 
-    Returns ``(o [B, K, HV, vd], new_state, intermediate [B, K-1, *state.shape[1:]])``
-    (float64, states in ``state_layout``): ``new_state`` holds the state after the last row in the addressed slots;
-    ``intermediate[b, t]`` is sequence ``b``'s state after row ``t`` (``t < K-1``). A padding
-    lane (slot -1) has zero outputs and zero snapshots (the kernels write none: compare live
-    lanes' snapshots only), and touches no slot.
-    ``state_dtype``: the state
-    rounded to it after every row (``gdn_decode_ref``), snapshots included.
+    Returns ``(o [B, K, HV, vd], new_state, intermediate [B, K-1, *state.shape[1:]])`` (float64,
+    states in ``state_layout``): ``new_state`` holds the state after the last row in the addressed
+    slots; ``intermediate[b, t]`` is sequence ``b``'s state after row ``t`` (``t < K-1``). A padding
+    lane (slot -1) has zero outputs and zero snapshots (the kernels write none: compare live lanes'
+    snapshots only), and touches no slot. ``state_dtype``: the state rounded to it after every row
+    (``gdn_decode_ref``), snapshots included.
     """
     if state_layout != "kv":
         o, new, inter = gdn_chain_ref(_to_kv(state, state_layout), q, k, v, g, beta,

@@ -15,7 +15,7 @@ import torch
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
-from pmll_lab.ops.gdn.gating import check_gating, gate_inputs
+from pmll_lab.ops.gdn.gating import check_gating, gate_groups, gate_inputs
 from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout, head_dims, vk_chunks
 
 FORMS = ("exact",)
@@ -163,6 +163,11 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
         if gating is None:        # padding lanes' gates are never used: not checked
             _checks.range_values("g", g[live], float("-inf"), 0.0)
             _checks.range_values("beta", beta[live], 0.0, 1.0)
+        lanes, heads = gate_groups(g, beta, gating)
+        _checks.finite_inputs({"q": q, "k": k, "v": v, **lanes}, live, heads)
+        slots = slot_tab[live].long()
+        _checks.finite_slots("state", state, slots)
+        _checks.finite_pending("carry", {"u": carry.u, "g": carry.g, "k": carry.k}, slots, pend)
 
     return B, K, HK, scale
 

@@ -34,13 +34,14 @@ class GdnCarry:
     Build with ``GdnCarry.empty(...)`` or pass existing tensors (validated here).
     Views for tests and references: ``.u [S, CAP, HV, vd]``, ``.g [S, CAP, HV]``,
     ``.k [S, CAP, HV, kd]``. ``state_layout``: the layout of the state pool this stash serves
-    (default ``"vk"``, every GDN launcher's default). The stash rows are the same in both
-    layouts, but pending rows fold into that pool, so every launcher given this carry refuses
-    another ``state_layout`` (``ValueError`` naming the carry): a layout omitted in one call
-    and named in another cannot read the pool transposed unnoticed, even when ``kd == vd``. A slot with ``pend > 0`` holds accepted rows not in its stored
-    state: a plain ``gdn_decode`` there gives a wrong state (flush first; ``gdn_decode(...,
-    carry=this, validate=True)`` refuses it). ``buf`` and ``pend`` must share no memory with
-    each other or with the state (the launchers refuse it, naming them).
+    (default ``"vk"``, every GDN launcher's default). The stash rows are the same in both layouts,
+    but pending rows fold into that pool, so every launcher given this carry refuses another
+    ``state_layout`` (``ValueError`` naming the carry): a layout omitted in one call and named in
+    another cannot read the pool transposed unnoticed, even when ``kd == vd``. A slot with
+    ``pend > 0`` holds accepted rows not in its stored state: a plain ``gdn_decode`` there gives a
+    wrong state (flush first; ``gdn_decode(..., carry=this, validate=True)`` refuses it). ``buf``
+    and ``pend`` must share no memory with each other or with the state (the launchers refuse it,
+    naming them).
     """
 
     buf: torch.Tensor
