@@ -293,10 +293,10 @@ def pmll_step(mem: RingMemory | None, q: torch.Tensor, k: torch.Tensor, v: torch
     steps' outputs equal causal attention over the whole sequence (SPEC §1; tested on GPT-2 in
     ``tests/test_ring_attention.py``).
 
-    Raises ``ValueError`` naming the argument before any kernel runs: the attention checks
-    (``q``, ``k``, ``v``, ``mem``, ``impl``) and the write checks (``k``/``v`` strides,
-    ``gate`` shape and dtype; ``gate`` given without a ring). ``validate=True`` adds, as on
-    ``pmll_write`` (the rule of every launcher: ``pmll_lab._checks``; docs/layouts.md, "validate=True"), the value checks that
+    Raises ``ValueError`` naming the argument before any kernel runs: the attention checks (``q``,
+    ``k``, ``v``, ``mem``, ``impl``) and the write checks (``k``/``v`` strides, ``gate`` shape and
+    dtype; ``gate`` given without a ring). ``validate=True`` adds, as on ``pmll_write`` (the rule of
+    every launcher: ``pmll_lab._checks``; docs/layouts.md, "validate=True"), the value checks that
     sync with the device: every gate value finite and in ``[0, 1]`` (a gate of 2 would write
     ``2*k``, a NaN would poison the ring), ``q``, ``k``, ``v`` and the ring's rows finite, and
     ``mem.count >= 0``.

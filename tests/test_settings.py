@@ -83,7 +83,7 @@ def test_import_time_settings_are_what_the_modules_bound():
     assert bool(recurrence.FMA_SUMS) == settings.gdn().fma_sums
     assert recurrence.DEFAULT_STATE_LAYOUT == settings.gdn().default_state_layout
     for fn in (gdn_decode, gdn_chain, gdn_carry_verify):
-        assert inspect.signature(fn).parameters["state_layout"].default == "kv"
+        assert inspect.signature(fn).parameters["state_layout"].default == "vk"
 
 
 def test_override_nests_and_restores_also_after_an_error():

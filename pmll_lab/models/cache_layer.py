@@ -2,8 +2,8 @@
 
 ``_GdnLayer`` holds, for every slot, the layer's conv window ``[S, conv_dim, d_conv]`` (conv dtype),
 its recurrent state (fp32, ``[S, HV, vd, kd]`` with ``state_layout="vk"``, the default,
-``[S, HV, kd, vd]`` with ``"kv"``), the conv weights in the conv dtype, and the carried-state stashes or the
-chain's snapshot buffers once the cache sets them; its ``prefill`` / ``decode`` / ``chain`` run a
+``[S, HV, kd, vd]`` with ``"kv"``), the conv weights in the conv dtype, and the carried-state
+stashes or the chain's snapshot buffers once the cache sets them; its ``prefill`` / ``decode`` / ``chain`` run a
 step's conv and delta rule on the slots given (the carried forms run in
 ``pmll_lab.carry.SpecDecodeStep``). ``state_bytes_per_sequence``: what one sequence holds in the
 cache, from the model's config alone. Both are reachable from ``pmll_lab.models.cache``, whose

@@ -113,12 +113,12 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
         lazy: ``False`` = eager (write back whenever ``pend > 0``); ``True`` = write back only
             when ``pend + K > CAP``.
         scale: query scale, default ``kd ** -0.5``. use_qk_l2norm: l2-normalise q and k.
-        validate: also run the checks that sync with the device (``pmll_lab._checks``; docs/layouts.md, "validate=True"): slots
-            distinct and in range, ``0 <= pend <= CAP``, ``g <= 0``, ``beta`` in ``[0, 1]``,
-            the live lanes' inputs, the states read and the pending stash rows finite, and for
-            an eager verify ``pend <= eager_max_pending`` (when that is not ``None``; the kernel
-            itself folds any ``pend <= CAP``). On the host the slots and counts are checked
-            always.
+        validate: also run the checks that sync with the device (``pmll_lab._checks``;
+            docs/layouts.md, "validate=True"): slots distinct and in range, ``0 <= pend <= CAP``,
+            ``g <= 0``, ``beta`` in ``[0, 1]``, the live lanes' inputs, the states read and the
+            pending stash rows finite, and for an eager verify ``pend <= eager_max_pending`` (when
+            that is not ``None``; the kernel itself folds any ``pend <= CAP``). On the host the
+            slots and counts are checked always.
         state_layout: ``"vk"`` (default: V-major kernels, ``pmll_lab.ops.carry.gdn_carry_vk``:
             a tile of value rows per program, bitwise equal to V-major ``gdn_decode`` on q/k
             rows aligned alike, ``recurrence.vk_qk_aligned``) or ``"kv"`` (K-major kernels,

@@ -60,14 +60,14 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     list of ``L`` ``GdnCarry`` (same layout and slot stride); ``slot_tab [B]`` int32/int64,
     contiguous. A slot with ``pend = 0`` is left alone; ``pend`` is not changed (the caller clears
     it). Folding uses ``fold_row`` on ``block_config`` blocks, so the state is bitwise the one plain
-    decoding would hold. ``validate=True`` (``pmll_lab._checks``; docs/layouts.md,
-    "validate=True"): slots distinct and in range, ``0 <= pend <= CAP``, the states and pending
-    stash rows read finite, in every layer. ``state_layout``: ``"vk"`` (V-major tiles; the same bits as V-major decoding) or
-    ``"kv"``; every carry must be made for it. ``impl``: ``"triton"`` or ``"cuda"``: the CUDA C++
-    twin (``kernels/gdn_carry.cu``, ``pmll_lab.ops.carry.gdn_carry_cuda``) after the same checks;
-    V-major, ``kd <= 256``; the bits of ``gdn_decode(impl="cuda")`` launches of the folded rows when
-    the stash was written by ``gdn_carry_verify(impl="cuda")``; ``RuntimeError`` without a CUDA
-    device. Raises ``ValueError`` naming the argument.
+    decoding would hold. ``validate=True`` (``pmll_lab._checks``; docs/layouts.md, "validate=True"):
+    slots distinct and in range, ``0 <= pend <= CAP``, the states and pending stash rows read
+    finite, in every layer. ``state_layout``: ``"vk"`` (V-major tiles; the same bits as V-major
+    decoding) or ``"kv"``; every carry must be made for it. ``impl``: ``"triton"`` or ``"cuda"``:
+    the CUDA C++ twin (``kernels/gdn_carry.cu``, ``pmll_lab.ops.carry.gdn_carry_cuda``) after the
+    same checks; V-major, ``kd <= 256``; the bits of ``gdn_decode(impl="cuda")`` launches of the
+    folded rows when the stash was written by ``gdn_carry_verify(impl="cuda")``; ``RuntimeError``
+    without a CUDA device. Raises ``ValueError`` naming the argument.
     """
     _checks.impl("gdn_carry_flush", impl)
     check_layout("state_layout", state_layout)

@@ -328,11 +328,11 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
         slot_tab: ``[B]`` int32/int64 slots, distinct; -1 marks a padding lane (zero outputs,
             ``engaged`` 1, nothing read or written).
         scale: query scale (default ``kd ** -0.5``); use_qk_l2norm: l2-normalise q and k.
-        validate: also check (with a device sync; ``pmll_lab._checks``; docs/layouts.md, "validate=True") slots (in range,
-            distinct), ``0 <= len <= R``, ``base < 2R``, the gates' ranges, and that the live
-            lanes' inputs, the states read and the rings' live rows are finite. With the slot
-            table on the host (every CPU run) the slots and cursors are checked whatever
-            ``validate`` says.
+        validate: also check (with a device sync; ``pmll_lab._checks``; docs/layouts.md,
+            "validate=True") slots (in range, distinct), ``0 <= len <= R``, ``base < 2R``, the
+            gates' ranges, and that the live lanes' inputs, the states read and the rings' live rows
+            are finite. With the slot table on the host (every CPU run) the slots and cursors are
+            checked whatever ``validate`` says.
         state_layout: ``"vk"`` only (the default of every GDN launcher).
         impl: ``"triton"`` only (the ring form has no CUDA twin).
 
@@ -433,12 +433,13 @@ def ring_accept(rings, slot_tab, engaged, accepted, *, rows=None, validate=False
 
 def gdn_ring_flush(states, rings, slot_tab, *, validate=False,
                    state_layout=DEFAULT_STATE_LAYOUT, impl="triton") -> None:
-    """Fold every listed slot's ring into its state (``H0 <- H_P``, rounded once), over ``L``
-    layers in one launch (SPEC §3d "Flush"). ``states``: ``L`` V-major states (same shape,
-    strides and dtype), ``rings``: ``L`` ``GdnRing`` (same length), ``slot_tab [B]``. ``len`` is
-    left for the caller to clear (``ring.len[slots] = 0``). ``validate=True`` (a sync; ``pmll_lab._checks``; docs/layouts.md, "validate=True"): slots in range and distinct, ``0 <= len <= R``, the states and the rings'
-    live rows read finite. ``impl``: ``"triton"`` only. Raises ``ValueError`` naming the
-    argument."""
+    """Fold every listed slot's ring into its state (``H0 <- H_P``, rounded once), over ``L`` layers
+    in one launch (SPEC §3d "Flush"). ``states``: ``L`` V-major states (same shape, strides and
+    dtype), ``rings``: ``L`` ``GdnRing`` (same length), ``slot_tab [B]``. ``len`` is left for the
+    caller to clear (``ring.len[slots] = 0``). ``validate=True`` (a sync; ``pmll_lab._checks``;
+    docs/layouts.md, "validate=True"): slots in range and distinct, ``0 <= len <= R``, the states
+    and the rings' live rows read finite. ``impl``: ``"triton"`` only. Raises ``ValueError`` naming
+    the argument."""
     _checks.impl("gdn_ring_flush", impl)
     if isinstance(states, torch.Tensor) or isinstance(rings, GdnRing):
         raise ValueError("states, rings: pass lists (one entry per layer)")

@@ -205,9 +205,9 @@ def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *
             rows at ``0..K-1``. True (lazy): write back only when ``p + K > cap`` (then stash at
             ``0..K-1``), else leave the stored window and stash at ``p..p+K-1``.
         activation, qk_channels, head_dim, l2_eps, out_dtype: as in ``conv_update``.
-        validate: also check (a sync; ``pmll_lab._checks``; docs/layouts.md, "validate=True") slot values (in range,
-            distinct), ``0 <= pend <= cap``, and that the live lanes' ``x``, ``weight``,
-            ``bias``, the windows read and the pending stash rows are finite.
+        validate: also check (a sync; ``pmll_lab._checks``; docs/layouts.md, "validate=True") slot
+            values (in range, distinct), ``0 <= pend <= cap``, and that the live lanes' ``x``,
+            ``weight``, ``bias``, the windows read and the pending stash rows are finite.
         impl: ``"triton"`` only (no CUDA twin).
 
     Both forms fold any ``p <= cap`` pending inputs. Returns ``(y [B, K, dim], engaged [B]
@@ -380,8 +380,9 @@ def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False,
             and the windows' dtype).
         slot_tab: ``[B]`` int32/int64 slots to flush (distinct), contiguous, ``B <= S``; -1
             marks a padding lane (nothing read or written).
-        validate: also check (a sync; ``pmll_lab._checks``; docs/layouts.md, "validate=True") slot values, ``0 <= pend <= cap``,
-            and that the windows and pending stash rows read are finite, in every layer.
+        validate: also check (a sync; ``pmll_lab._checks``; docs/layouts.md, "validate=True") slot
+            values, ``0 <= pend <= cap``, and that the windows and pending stash rows read are
+            finite, in every layer.
         impl: ``"triton"`` only (no CUDA twin).
 
     For each layer and ``slot = slot_tab[b]`` with ``p = pend[slot] > 0``: the window becomes its

@@ -119,11 +119,11 @@ def conv_update(conv_state, x, weight, bias=None, *, state_indices=None, activat
             l2-normalised in groups of ``head_dim`` (``x * rsqrt(sum(x*x) + l2_eps)``);
             ``qk_channels`` must be a multiple of ``head_dim``. 0 turns it off.
         out_dtype: dtype of ``y``: ``x.dtype`` (default) or float32.
-        validate: also check (one device sync; ``pmll_lab._checks``; docs/layouts.md, "validate=True") ``state_indices``
-            values (in ``[0, S)`` and distinct, or -1), that ``x`` on the live lanes, ``weight``,
-            ``bias`` and the windows read are finite and, with ``carry``, that no slot updated
-            holds pending carry inputs. Slot tables on the host (a CPU run) are checked always,
-            range and distinct (free there).
+        validate: also check (one device sync; ``pmll_lab._checks``; docs/layouts.md,
+            "validate=True") ``state_indices`` values (in ``[0, S)`` and distinct, or -1), that
+            ``x`` on the live lanes, ``weight``, ``bias`` and the windows read are finite and, with
+            ``carry``, that no slot updated holds pending carry inputs. Slot tables on the host (a
+            CPU run) are checked always, range and distinct (free there).
         carry: ``None`` or the layer's ``ConvCarry`` (anything with ``pend [S]`` int32), for
             ``validate``'s pending check. A slot whose carry holds accepted inputs not yet
             shifted into its window (``pend > 0``) must not run a plain update: it would start

@@ -235,9 +235,10 @@ def pmll_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tensor
     Raises ``ValueError`` naming the argument before launching: wrong rank, batch/heads/head
     size unlike the memory's, dtype, device, strides, gate shape, ``mem.k``, ``mem.v`` and
     ``mem.count`` sharing memory with each other or with ``k_new``, ``v_new``, ``gate``.
-    ``validate=True`` also checks (with a device sync; ``pmll_lab._checks``; docs/layouts.md, "validate=True") that gate values
-    lie in ``[0, 1]``, that ``k_new``, ``v_new`` and the ring's rows are finite, that
-    ``count >= 0`` and that ``count + T`` fits in int64 (counts on the host, a CPU run: always).
+    ``validate=True`` also checks (with a device sync; ``pmll_lab._checks``; docs/layouts.md,
+    "validate=True") that gate values lie in ``[0, 1]``, that ``k_new``, ``v_new`` and the ring's
+    rows are finite, that ``count >= 0`` and that ``count + T`` fits in int64 (counts on the host, a
+    CPU run: always).
 
     ``impl``: ``"triton"`` (these kernels) or ``"cuda"`` (the CUDA C++ twin,
     ``kernels/pmll_ring.cu``: same checks first, same result, ``count += T`` after it on the same
