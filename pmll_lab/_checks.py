@@ -1,12 +1,30 @@
 """Argument checks shared by every public launcher.
 
 Every check raises ``ValueError`` whose message starts with the argument's name, before any
-kernel is launched (SPEC §3 "Bad input"). Checks that would need a device sync (values in range,
-distinct indices) live in the ``*_values`` helpers and run only when a launcher is called with
-``validate=True``; on the host (every CPU run) the range of slot tables costs nothing and is
-checked always (``host_indices``), so a bad slot is an error, never a memory fault. Buffers a
-launch writes must not share memory with each other or with what it reads (``apart``, from
-data pointers, shapes and strides only: no sync).
+kernel is launched (SPEC §3 "Bad input"). Buffers a launch writes must not share memory with
+each other or with what it reads (``apart``, from data pointers, shapes and strides only: no
+sync).
+
+``validate=True`` means one thing in every launcher that takes it (GDN decode, the chain and
+their plans; the carried-state verify, flush and accept; the ring form's verify, accept and
+flush; the conv launchers; ``pmll_write``, ``pmll_step``). It adds the value checks, which on a
+GPU read values back (a device sync):
+
+- finite values (``finite_inputs``, ``finite_slots``, ``finite_pending``): no NaN or infinity
+  in a float input the launch reads (rows, gates and the gating inputs, conv weights, PMLL
+  gates) nor in the state it reads (the live slots' states and conv windows, a carry's pending
+  stash rows, a ring's live rows, a PMLL ring); the one infinity allowed is ``g = -inf``, a row
+  that forgets the history (``exp(g) = 0``). Padding lanes' rows and slots no lane reads are
+  not read, so not checked;
+- ranges (``range_values``): ``g <= 0``, ``beta`` and PMLL gates in ``[0, 1]``, pending counts,
+  ring cursors, accepted counts, ``engaged``; no plain launch on a slot with pending carry rows
+  (``nothing_pending``);
+- slot tables (``indices_values``): entries in ``[0, S)`` or -1 (a padding lane), no live slot
+  twice, no lane writing a slot another lane reads.
+
+Slot tables and the counts that address memory, when in host memory (every CPU run), are
+checked in full whatever ``validate`` says (``host_indices``: free there; a bad slot would be a
+memory fault or a race). The values are checked only under ``validate``.
 """
 
 from __future__ import annotations
@@ -347,12 +365,13 @@ def on_host(t) -> bool:
 
 def host_indices(name: str, idx, size: int, *, padding: bool = True) -> None:
     """When ``idx`` is on the host (``on_host``), its entries lie in ``[0, size)`` (or are -1,
-    a padding lane, with ``padding``): ``ValueError`` naming ``name`` otherwise. A kernel given
-    an out-of-range slot reads or writes outside its buffers (on the CPU a segmentation fault);
-    on the host the check is free, so it runs whatever ``validate`` says. On a GPU the check
-    stays with ``validate=True`` (it would sync). Distinctness is left to ``validate``."""
+    a padding lane, with ``padding``) and no live entry appears twice: ``ValueError`` naming
+    ``name`` otherwise. A kernel given an out-of-range slot reads or writes outside its buffers
+    (on the CPU a segmentation fault), two lanes of one slot race on its state; on the host the
+    check is free, so it runs whatever ``validate`` says. On a GPU the check stays with
+    ``validate=True`` (it would sync)."""
     if on_host(idx):
-        indices_values(name, idx, size, distinct=False, padding=padding)
+        indices_values(name, idx, size, distinct=True, padding=padding)
 
 
 def nothing_pending(name: str, pend: torch.Tensor, state_indices, batch: int) -> None:
@@ -390,3 +409,61 @@ def finite_values(name: str, t: torch.Tensor) -> None:
     if t.numel() and not bool(torch.isfinite(t).all()):
         bad = t[~torch.isfinite(t)].flatten()[0].item()
         raise ValueError(f"{name}: entries must be finite, found {bad}")
+
+
+def finite_inputs(lanes: dict, live: torch.Tensor | None = None,
+                  whole: dict | None = None) -> None:
+    """``validate=True``'s rule for a launch's float inputs (module docstring): ``lanes``
+    (name -> ``[B, ...]`` per-lane tensor) finite on the live lanes (``live [B]`` bool; ``None``:
+    every lane; a padding lane's rows are never read), ``whole`` (name -> tensor: per-head
+    gating parameters, conv weights) finite everywhere. ``None`` entries and integer tensors
+    are skipped; ``ValueError`` naming the first argument that fails (``finite_values``)."""
+    for name, t in lanes.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            finite_values(name, t if live is None else t[live])
+    for name, t in (whole or {}).items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            finite_values(name, t)
+
+
+def live_slots(idx, batch: int, device) -> torch.Tensor:
+    """int64 slots the lanes read: ``idx`` without its padding entries (-1), or
+    ``arange(batch)`` for ``idx=None`` (the launchers' default table)."""
+    if idx is None:
+        return torch.arange(batch, device=device)
+    idx = idx.long()
+    return idx[idx >= 0]
+
+
+def finite_slots(name: str, t: torch.Tensor, slots: torch.Tensor, unit: str = "slot") -> None:
+    """``validate=True``'s rule for the state a launch reads: the rows ``t[slots]`` (int64, the
+    live lanes' slots) hold only finite entries. ``ValueError`` naming ``name``, the slot (or
+    another ``unit``) and the value found: a NaN or an infinity in a state reaches every later
+    output of that slot silently."""
+    if slots.numel() == 0 or t.numel() == 0:
+        return
+    rows = t[slots]
+    bad = ~torch.isfinite(rows.reshape(rows.shape[0], -1)).all(1)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        val = rows[i][~torch.isfinite(rows[i])].flatten()[0].item()
+        raise ValueError(f"{name}: {unit} {int(slots[i])} holds a non-finite value ({val})")
+
+
+def finite_pending(name: str, parts: dict, slots: torch.Tensor, counts: torch.Tensor) -> None:
+    """The rows a launch folds from a stash are finite: for each live slot ``slots[i]`` its
+    first ``counts[i]`` rows of every ``parts`` tensor (``[S, CAP, ...]``; a part named ``"g"``
+    may hold ``-inf``, a row that forgets the history). Rows past them are never read: not
+    checked. ``ValueError`` naming ``name``, the slot and the row."""
+    if slots.numel() == 0:
+        return
+    for part, rows in parts.items():
+        sub = rows[slots].reshape(slots.numel(), rows.shape[1], -1)
+        ok = ~torch.isnan(sub) if part == "g" else torch.isfinite(sub)
+        pending = torch.arange(sub.shape[1], device=sub.device)[None, :] < counts.long()[:, None]
+        bad = ~ok.all(-1) & pending
+        if bool(bad.any()):
+            i, r = (int(v) for v in bad.nonzero()[0])
+            val = sub[i, r][~ok[i, r]][0].item()
+            raise ValueError(f"{name}: slot {int(slots[i])}'s pending row {r} holds a "
+                             f"non-finite value ({val})")

@@ -10,6 +10,12 @@ flush) folds them. Launchers:
   batches: ``pmll_lab.ops.launch.LaunchPlan``), ``gdn_carry_flush`` (``L`` layers, one
   launch): ``pmll_lab.ops.carry.gdn_carry`` (the stash in ``gdn_carry_stash``, the flush and
   accept in ``gdn_carry_pending``).
+- ``GdnRing`` (one layer's ring: the accepted rows' keys, corrections and cumulative decays,
+  ``R`` per slot), ``gdn_ring_verify`` (the ring form, SPEC §3d: the stored state read-only, a
+  tolerance form), ``ring_accept`` (commit ``a`` rows, on the device), ``gdn_ring_flush`` (fold
+  every ring into its state, ``L`` layers in one launch), ``RING_TOLERANCE``:
+  ``pmll_lab.ops.carry.gdn_ring``; a worked example against float64 decoding:
+  ``docs/ring-form.md``.
 - ``ConvCarry``, ``conv_carry_verify``, ``conv_carry_flush``: the conv twin
   (``pmll_lab.ops.conv.carry``, also public through ``pmll_lab.conv``).
 - ``carry_accept``: ``pend = a`` after a write-back (``engaged == 2``), else ``pend + a``, on the

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
+from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout
 
 
 def generator(seed: int) -> torch.Generator:
@@ -58,17 +59,23 @@ def gdn_inputs(
     slots: int | None = None,
     dtype: torch.dtype = torch.bfloat16,
     device: torch.device | str | None = None,
+    state_layout: str = DEFAULT_STATE_LAYOUT,
 ) -> dict[str, torch.Tensor]:
     """Inputs for one GDN decode (``rows=None``) or a K-row verify (``rows=K``).
 
     Returns a dict with ``q, k [B, (K,) HK, kd]`` and ``v [B, (K,) HV, vd]`` in ``dtype``;
     ``g, beta [B, (K,) HV]`` fp32 (``g`` log decay <= 0, ``beta`` in (0, 1));
-    ``state [S, HV, kd, vd]`` fp32 with entries of scale ~0.1 (``S = slots or batch``);
+    ``state`` fp32 with entries of scale ~0.1 (``S = slots or batch``) in ``state_layout``:
+    ``[S, HV, vd, kd]`` for ``"vk"`` (the default, as every GDN launcher's), ``[S, HV, kd, vd]``
+    for ``"kv"``; one seed gives the same ``H`` in both (the V-major state is the K-major draw
+    transposed, contiguous), so the two layouts can be compared on one state;
     ``state_indices [B]`` int32: a seeded permutation of ``S`` slots, so launches skip and
     permute slots. Raises ``ValueError`` naming the argument for a size that is not an int
-    >= 1, ``slots < batch`` or a ``dtype`` that is not a floating torch dtype (heads that do not
-    group are drawn: the launchers' own check is tested with them).
+    >= 1, ``slots < batch``, a ``dtype`` that is not a floating torch dtype or a
+    ``state_layout`` not in ``STATE_LAYOUTS`` (heads that do not group are drawn: the launchers'
+    own check is tested with them).
     """
+    check_layout("state_layout", state_layout)
     dev = _checked(seed, dtype, device, batch=batch, num_k_heads=num_k_heads,
                    num_v_heads=num_v_heads, k_dim=k_dim, v_dim=v_dim, rows=rows, slots=slots)
     gen = generator(seed)
@@ -84,6 +91,8 @@ def gdn_inputs(
     g = -torch.exp(a_log) * F.softplus(a)
     beta = torch.sigmoid(_randn(gen, *lead, num_v_heads))
     state = _randn(gen, slots, num_v_heads, k_dim, v_dim, scale=0.1)
+    if state_layout == "vk":
+        state = state.transpose(-1, -2).contiguous()
     state_indices = torch.randperm(slots, generator=gen)[:batch].to(torch.int32)
     out = dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g, beta=beta,
                state=state, state_indices=state_indices)

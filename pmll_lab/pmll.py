@@ -293,11 +293,12 @@ def pmll_step(mem: RingMemory | None, q: torch.Tensor, k: torch.Tensor, v: torch
     steps' outputs equal causal attention over the whole sequence (SPEC §1; tested on GPT-2 in
     ``tests/test_ring_attention.py``).
 
-    Raises ``ValueError`` naming the argument before any kernel runs: the attention checks
-    (``q``, ``k``, ``v``, ``mem``, ``impl``) and the write checks (``k``/``v`` strides,
-    ``gate`` shape and dtype; ``gate`` given without a ring). ``validate=True`` adds, as on
-    ``pmll_write``, the value checks that sync with the device: every gate value finite and in
-    ``[0, 1]`` (a gate of 2 would write ``2*k``, a NaN would poison the ring) and
+    Raises ``ValueError`` naming the argument before any kernel runs: the attention checks (``q``,
+    ``k``, ``v``, ``mem``, ``impl``) and the write checks (``k``/``v`` strides, ``gate`` shape and
+    dtype; ``gate`` given without a ring). ``validate=True`` adds, as on ``pmll_write`` (the rule of
+    every launcher: ``pmll_lab._checks``; docs/layouts.md, "validate=True"), the value checks that
+    sync with the device: every gate value finite and in ``[0, 1]`` (a gate of 2 would write
+    ``2*k``, a NaN would poison the ring), ``q``, ``k``, ``v`` and the ring's rows finite, and
     ``mem.count >= 0``.
     Two launches on the fused path (attention, write), no host sync (without ``validate``):
     capturable in a CUDA graph. Source: the seed's memory layer (``000_…txt``), its read-attend-write order.
@@ -310,6 +311,8 @@ def pmll_step(mem: RingMemory | None, q: torch.Tensor, k: torch.Tensor, v: torch
                 raise ValueError("gate: given, but mem is None (no ring to write into)")
         else:
             check_write(mem, k, v, gate, validate=validate)
+        if validate:
+            _checks.finite_inputs({"q": q, "k": k, "v": v})
     o = _attend(q, k, v, mem, impl, dims)                 # checked once, above
     if mem is not None:
         launch_write(mem, k, v, gate)

@@ -51,7 +51,7 @@ def _variant(mod, K, st, args, sel, snaps):
 
 
 def _pair(B: int, K: int, sdt: torch.dtype, builds: dict) -> list[dict]:
-    x = gdn_inputs(7 + B, B, HK, HV, D, D, rows=K, dtype=torch.bfloat16)
+    x = gdn_inputs(7 + B, B, HK, HV, D, D, rows=K, dtype=torch.bfloat16, state_layout="kv")
     state0 = x["state"].transpose(-1, -2).contiguous().to(sdt)          # [S, HV, vd, kd]
     sel = x["state_indices"]
     args = [x[n] for n in ("q", "k", "v", "g", "beta")]

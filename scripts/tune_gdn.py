@@ -77,7 +77,7 @@ def vk(state):
 def check_family(HK, HV, kd, K, dtype, B=8, seed=7, layout="vk"):
     """Bitwise family check in ``layout``; returns what differed (empty: agreed)."""
     bad = []
-    x = gdn_inputs(seed, B, HK, HV, kd, kd, rows=K, slots=B + 2, dtype=dtype)
+    x = gdn_inputs(seed, B, HK, HV, kd, kd, rows=K, slots=B + 2, dtype=dtype, state_layout="kv")
     slots = x["state_indices"]
     st0 = vk(x["state"]) if layout == "vk" else x["state"].clone()
     chain = st0.clone()
@@ -95,9 +95,10 @@ def check_family(HK, HV, kd, K, dtype, B=8, seed=7, layout="vk"):
         bad.append("chain state")
     for lazy in (True, False):
         state, plain = st0.clone(), st0.clone()
-        carry = GdnCarry.empty(B + 2, HV, kd, kd, device=DEVICE)
+        carry = GdnCarry.empty(B + 2, HV, kd, kd, device=DEVICE, state_layout=layout)
         for i, acc in enumerate((K, K, 2)):
-            xi = gdn_inputs(seed + 10 + i, B, HK, HV, kd, kd, rows=K, slots=B + 2, dtype=dtype)
+            xi = gdn_inputs(seed + 10 + i, B, HK, HV, kd, kd, rows=K, slots=B + 2, dtype=dtype,
+                            state_layout="kv")
             o, eng = gdn_carry_verify(state, carry, *rows(xi), slot_tab=slots, form="exact",
                                       lazy=lazy, state_layout=layout)
             for t in range(acc):
@@ -135,7 +136,7 @@ def fill_stash(carry, seed):
 
 def timings(B, layout, HK=16, HV=32, D=128, K=4, seed=3):
     """{kernel: (graph_us, bench_us, bytes)} at one batch width in one layout."""
-    x = gdn_inputs(seed, B, HK, HV, D, D, rows=K, slots=B, dtype=torch.bfloat16)
+    x = gdn_inputs(seed, B, HK, HV, D, D, rows=K, slots=B, dtype=torch.bfloat16, state_layout="kv")
     slots = x["state_indices"]
     st = x["state"] if layout == "kv" else vk(x["state"])
     hb, io = state_bytes(HV, D, D), row_io_bytes(HK, HV, D, D)
@@ -148,7 +149,7 @@ def timings(B, layout, HK=16, HV=32, D=128, K=4, seed=3):
     fns["chain_snapshots"] = (lambda: gdn_chain(st, *rows(x), state_indices=slots,
                                                 intermediate=inter, state_layout=layout),
                               B * ((K + 1) * hb + K * io))
-    carry = GdnCarry.empty(B, HV, D, D, device=DEVICE)
+    carry = GdnCarry.empty(B, HV, D, D, device=DEVICE, state_layout=layout)
     fill_stash(carry, seed)
     for name, form, lazy, pend, wb in (("carry_exact_lazy:nowb", "exact", True, 4, False),
                                        ("carry_exact_lazy:wb", "exact", True, 5, True),
@@ -302,8 +303,8 @@ def tiles_main(argv=None):
 
 
 def carry_case(B, K, HK, HV, D, pend, seed=0):
-    x = gdn_inputs(seed, B, HK, HV, D, D, rows=K, slots=B, dtype=torch.bfloat16)
-    carry = GdnCarry.empty(B, HV, D, D, device=DEVICE)
+    x = gdn_inputs(seed, B, HK, HV, D, D, rows=K, slots=B, dtype=torch.bfloat16, state_layout="kv")
+    carry = GdnCarry.empty(B, HV, D, D, device=DEVICE, state_layout="kv")
     gen = generator(seed + 1)
     carry.buf.copy_(torch.randn(carry.buf.shape, generator=gen).mul_(0.1))
     carry.g.copy_(-torch.rand(carry.g.shape, generator=gen))
@@ -328,13 +329,14 @@ def run_variant(x, carry0, lazy):
 
     def f():
         return gdn_carry_verify(state, carry, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                slot_tab=slot, form="exact", lazy=lazy)
+                                slot_tab=slot, form="exact", lazy=lazy, state_layout="kv")
     o, engaged = f()
     return f, o, carry, engaged
 
 
 def _clone(c):
-    out = GdnCarry.empty(c.slots, c.num_v_heads, c.k_dim, c.v_dim, cap=c.cap, device=DEVICE)
+    out = GdnCarry.empty(c.slots, c.num_v_heads, c.k_dim, c.v_dim, cap=c.cap, device=DEVICE,
+                         state_layout=c.state_layout)
     out.buf.copy_(c.buf)
     out.pend.copy_(c.pend)
     return out

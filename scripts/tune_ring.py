@@ -35,7 +35,7 @@ HK, HV, KD, VD = 16, 32, 128, 128
 
 def point(B, K, R, fill, state_dtype, tiles, ref_seqs=4, fold_chunk=0):
     """Check, then time, the verify (and the commit) at ``fill`` rows for every tile."""
-    x = gdn_inputs(B, B, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16)
+    x = gdn_inputs(B, B, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16, state_layout="kv")
     gate = gating_inputs(B + 1, (B, K), HV)
     state = x["state"].transpose(-1, -2).contiguous().to(state_dtype)
     ring = GdnRing.empty(B, HK, HV, KD, VD, length=R, dtype=state_dtype)

@@ -24,7 +24,8 @@ from pmll_lab.pmll import RingMemory, pmll_write
 
 
 def _rows(seed, B=3, K=2, HK=2, HV=4, D=16, slots=5):
-    return gdn_inputs(seed, B, HK, HV, D, D, rows=K, slots=slots, dtype=torch.float32)
+    return gdn_inputs(seed, B, HK, HV, D, D, rows=K, slots=slots, dtype=torch.float32,
+                      state_layout="kv")
 
 
 def _refused(match, fn, *watched):
@@ -48,7 +49,7 @@ def test_snapshots_aliasing_the_state_pool_are_refused():
     v = torch.randn(3, 2, 4, 16).to(DEVICE)
     g, beta = -torch.rand(3, 2, 4).to(DEVICE), torch.rand(3, 2, 4).to(DEVICE)
     _refused(r"^state: shares memory with intermediate", lambda: gdn_chain(
-        st, q, k, v, g, beta, state_indices=sl, intermediate=st[:3, None]), st)
+        st, q, k, v, g, beta, state_indices=sl, intermediate=st[:3, None], state_layout="kv"), st)
 
 
 def test_decode_and_chain_refuse_a_state_over_their_inputs():
@@ -56,33 +57,36 @@ def test_decode_and_chain_refuse_a_state_over_their_inputs():
     st = x["state"]
     q = st.reshape(-1)[:x["q"].numel()].view(x["q"].shape)          # q read from the pool
     _refused(r"^state: shares memory with q", lambda: gdn_chain(
-        st, q, x["k"], x["v"], x["g"], x["beta"], state_indices=x["state_indices"]), st)
-    d = gdn_inputs(2, 3, 2, 4, 16, 16, slots=5, dtype=torch.float32)
+        st, q, x["k"], x["v"], x["g"], x["beta"], state_indices=x["state_indices"],
+        state_layout="kv"), st)
+    d = gdn_inputs(2, 3, 2, 4, 16, 16, slots=5, dtype=torch.float32, state_layout="kv")
     g = d["state"].reshape(-1)[:12].view(3, 4)
     _refused(r"^state: shares memory with g\b", lambda: gdn_decode(
-        d["state"], d["q"], d["k"], d["v"], g, d["beta"], state_indices=d["state_indices"]),
+        d["state"], d["q"], d["k"], d["v"], g, d["beta"], state_indices=d["state_indices"],
+        state_layout="kv"),
         d["state"])
     inter = torch.zeros(3, 1, 4, 16, 16, device=DEVICE)
     v = inter.reshape(-1)[:x["v"].numel()].view(x["v"].shape)
     _refused(r"^intermediate: shares memory with v\b", lambda: gdn_chain(
         x["state"], x["q"], x["k"], v, x["g"], x["beta"], state_indices=x["state_indices"],
-        intermediate=inter), x["state"], inter)
+        intermediate=inter, state_layout="kv"), x["state"], inter)
     sl = x["state"].reshape(-1).view(torch.int32)[:3]              # slots read from the pool
     _refused(r"^state: shares memory with state_indices", lambda: gdn_chain(
-        x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=sl), x["state"])
+        x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=sl,
+        state_layout="kv"), x["state"])
 
 
 def test_gating_inputs_and_plan_outputs_are_checked_too():
-    d = gdn_inputs(3, 2, 1, 2, 16, 16, slots=3, dtype=torch.float32)
+    d = gdn_inputs(3, 2, 1, 2, 16, 16, slots=3, dtype=torch.float32, state_layout="kv")
     st = d["state"]
     A_log = st.reshape(-1)[:2]
     _refused(r"^state: shares memory with A_log", lambda: gdn_decode(
         st, d["q"], d["k"], d["v"], A_log=A_log, a=d["g"], dt_bias=d["beta"][0], b=d["beta"],
-        state_indices=d["state_indices"]), st)
+        state_indices=d["state_indices"], state_layout="kv"), st)
     out = st.reshape(-1)[:2 * 2 * 16].view(2, 2, 16)
     _refused(r"^out: shares memory with state", lambda: gdn_decode_plan(
         st, d["q"], d["k"], d["v"], d["g"], d["beta"], state_indices=d["state_indices"],
-        out=out), st)
+        out=out, state_layout="kv"), st)
 
 
 def test_views_of_one_pool_that_do_not_overlap_give_the_same_bits():
@@ -96,9 +100,9 @@ def test_views_of_one_pool_that_do_not_overlap_give_the_same_bits():
     ref_state, ref_inter = x["state"].clone(), torch.zeros(3, 1, 4, 16, 16, device=DEVICE)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     o_ref = gdn_chain(ref_state, *args, state_indices=x["state_indices"],
-                      intermediate=ref_inter)
+                      intermediate=ref_inter, state_layout="kv")
     o = gdn_chain(pool[:, 0], *args, state_indices=x["state_indices"],
-                  intermediate=snaps[:, 1:2])
+                  intermediate=snaps[:, 1:2], state_layout="kv")
     assert bitwise_equal(o, o_ref) and bitwise_equal(pool[:, 0], ref_state)
     assert bitwise_equal(snaps[:, 1:2], ref_inter) and not snaps[:, 0].any()
     assert bitwise_equal(pool[:, 1], x["state"] * 0.5)          # the other layer untouched
@@ -108,9 +112,11 @@ def test_views_of_one_pool_that_do_not_overlap_give_the_same_bits():
     k = fused[..., 32:64].unflatten(-1, (2, 16))
     v = fused[..., 64:].unflatten(-1, (4, 16))
     st = x["state"].clone()
-    o2 = gdn_chain(st, q, k, v, x["g"], x["beta"], state_indices=x["state_indices"])
+    o2 = gdn_chain(st, q, k, v, x["g"], x["beta"], state_indices=x["state_indices"],
+                   state_layout="kv")
     st_ref = x["state"].clone()
-    assert bitwise_equal(o2, gdn_chain(st_ref, *args, state_indices=x["state_indices"]))
+    assert bitwise_equal(o2, gdn_chain(st_ref, *args, state_indices=x["state_indices"],
+                                       state_layout="kv"))
     assert bitwise_equal(st, st_ref)
 
 
@@ -119,31 +125,35 @@ def test_views_of_one_pool_that_do_not_overlap_give_the_same_bits():
 def test_carry_verify_refuses_a_stash_or_pend_on_the_state():
     x = _rows(5)
     st = x["state"]
-    width = GdnCarry.empty(5, 4, 16, 16).floats_per_slot
+    width = GdnCarry.empty(5, 4, 16, 16, state_layout="kv").floats_per_slot
     flat = st.reshape(-1)
     buf = flat[:5 * width].view(5, width) if flat.numel() >= 5 * width else None
     if buf is None:                                  # the stash is wider: state inside it
         big = torch.zeros(5, width, device=DEVICE)
-        carry = GdnCarry(big, torch.zeros(5, dtype=torch.int32, device=DEVICE), 4, 16, 16)
+        carry = GdnCarry(big, torch.zeros(5, dtype=torch.int32, device=DEVICE), 4, 16, 16,
+                         state_layout="kv")
         st = big.reshape(-1)[:st.numel()].view(st.shape).copy_(x["state"])
     else:
-        carry = GdnCarry(buf, torch.zeros(5, dtype=torch.int32, device=DEVICE), 4, 16, 16)
+        carry = GdnCarry(buf, torch.zeros(5, dtype=torch.int32, device=DEVICE), 4, 16, 16,
+                         state_layout="kv")
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     _refused(r"^state: shares memory with carry\.buf", lambda: gdn_carry_verify(
-        st, carry, *args, slot_tab=x["state_indices"]), st)
-    c = GdnCarry.empty(5, 4, 16, 16)
-    pend_in_buf = GdnCarry(c.buf, c.buf.view(torch.int32)[0, :5], 4, 16, 16)
+        st, carry, *args, slot_tab=x["state_indices"], state_layout="kv"), st)
+    c = GdnCarry.empty(5, 4, 16, 16, state_layout="kv")
+    pend_in_buf = GdnCarry(c.buf, c.buf.view(torch.int32)[0, :5], 4, 16, 16, state_layout="kv")
     _refused(r"^carry\.buf: shares memory with carry\.pend", lambda: gdn_carry_verify(
-        x["state"], pend_in_buf, *args, slot_tab=x["state_indices"]), x["state"], c.buf)
+        x["state"], pend_in_buf, *args, slot_tab=x["state_indices"],
+        state_layout="kv"), x["state"], c.buf)
 
 
 def test_carry_flush_and_accept_refuse_shared_layers():
     x = _rows(6)
     st = x["state"]
-    c0, c1 = GdnCarry.empty(5, 4, 16, 16), GdnCarry.empty(5, 4, 16, 16)
+    c0, c1 = GdnCarry.empty(5, 4, 16, 16,
+                            state_layout="kv"), GdnCarry.empty(5, 4, 16, 16, state_layout="kv")
     sl = x["state_indices"]
     _refused(r"^states\[0\]: shares memory with states\[1\]", lambda: gdn_carry_flush(
-        [st, st], [c0, c1], sl), st)
+        [st, st], [c0, c1], sl, state_layout="kv"), st)
     _refused(r"^carry\.pend\[0\]: shares memory with carry\.pend\[1\]", lambda: carry_accept(
         [c0, c0], sl, torch.full((3,), 2, dtype=torch.int32, device=DEVICE), [1, 1, 1]),
         c0.pend)
@@ -156,11 +166,11 @@ def test_carry_flush_and_accept_refuse_shared_layers():
     st_view = pool[:, :4 * 256].unflatten(1, (4, 16, 16))
     st_view.copy_(x["state"])
     carry = GdnCarry(pool[:, 4 * 256:], torch.zeros(5, dtype=torch.int32, device=DEVICE),
-                     4, 16, 16)
-    ref_st, ref_c = x["state"].clone(), GdnCarry.empty(5, 4, 16, 16)
+                     4, 16, 16, state_layout="kv")
+    ref_st, ref_c = x["state"].clone(), GdnCarry.empty(5, 4, 16, 16, state_layout="kv")
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-    o, e = gdn_carry_verify(st_view, carry, *args, slot_tab=sl)
-    o_ref, e_ref = gdn_carry_verify(ref_st, ref_c, *args, slot_tab=sl)
+    o, e = gdn_carry_verify(st_view, carry, *args, slot_tab=sl, state_layout="kv")
+    o_ref, e_ref = gdn_carry_verify(ref_st, ref_c, *args, slot_tab=sl, state_layout="kv")
     assert bitwise_equal(o, o_ref) and bitwise_equal(carry.buf, ref_c.buf)
 
 
@@ -260,13 +270,17 @@ def test_a_stack_whose_layers_share_a_buffer_is_refused():
 
     x = _rows(10)
     st = x["state"]
-    a = CarryLayer(state=st, carry=GdnCarry.empty(5, 4, 16, 16))
-    b = CarryLayer(state=st, carry=GdnCarry.empty(5, 4, 16, 16))
+    a = CarryLayer(state=st, carry=GdnCarry.empty(5, 4, 16, 16,
+                                                  state_layout="kv"), state_layout="kv")
+    b = CarryLayer(state=st, carry=GdnCarry.empty(5, 4, 16, 16,
+                                                  state_layout="kv"), state_layout="kv")
     with pytest.raises(ValueError, match=r"^layers\[0\]\.state: shares memory with "
                                          r"layers\[1\]\.state"):
         SpecDecodeStep([a, b])
-    c = CarryLayer(state=st.clone(), carry=a.carry)
+    c = CarryLayer(state=st.clone(), carry=a.carry, state_layout="kv")
     with pytest.raises(ValueError, match=r"^layers\[0\]\.carry\.buf: shares memory with "
                                          r"layers\[1\]\.carry\.buf"):
         SpecDecodeStep([a, c])
-    SpecDecodeStep([a, CarryLayer(state=st.clone(), carry=GdnCarry.empty(5, 4, 16, 16))])
+    SpecDecodeStep([a, CarryLayer(state=st.clone(), carry=GdnCarry.empty(5, 4, 16, 16,
+                                                                         state_layout="kv"),
+                                        state_layout="kv")])

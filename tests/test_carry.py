@@ -64,7 +64,7 @@ def _guarded_carry(S, HV, kd, vd, seed):
     W = CAP * (HV * vd + HV + HV * kd)
     big = torch.full((S + 2, W + 7), SENTINEL, dtype=torch.float32, device=DEVICE)
     bigp = torch.full((S + 4,), 77, dtype=torch.int32, device=DEVICE)
-    carry = GdnCarry(big[1:S + 1, 3:3 + W], bigp[2:2 + S], HV, kd, vd)
+    carry = GdnCarry(big[1:S + 1, 3:3 + W], bigp[2:2 + S], HV, kd, vd, state_layout="kv")
     _fill_stash(carry, seed)
     guards = lambda: [big[0].clone(), big[-1].clone(), big[:, :3].clone(), big[:, 3 + W:].clone(),  # noqa: E731
                       bigp[:2].clone(), bigp[2 + S:].clone()]
@@ -124,7 +124,7 @@ VERIFY_CASES = [
 
 
 def _run_verify_case(form, lazy, dtype, B, S, HK, HV, kd, vd, K, pend_batch, seed):
-    x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
+    x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype, state_layout="kv")
     slots = x["state_indices"]
     state, big_state = _guarded_state(x["state"])
     carry, guards = _guarded_carry(S, HV, kd, vd, seed + 1)
@@ -137,7 +137,8 @@ def _run_verify_case(form, lazy, dtype, B, S, HK, HV, kd, vd, K, pend_batch, see
 
     rs, rc = state.double().cpu(), ref.RefCarry.from_carry(carry)
     o, engaged = gdn_carry_verify(state, carry, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                  slot_tab=slots, form=form, lazy=lazy, validate=True)
+                                  slot_tab=slots, form=form, lazy=lazy, validate=True,
+                                  state_layout="kv")
     ro, reng = ref.verify(rs, rc, x["q"].cpu(), x["k"].cpu(), x["v"].cpu(), x["g"].cpu(),
                           x["beta"].cpu(), slots.cpu(), lazy=lazy)
 
@@ -156,7 +157,7 @@ def _run_verify_case(form, lazy, dtype, B, S, HK, HV, kd, vd, K, pend_batch, see
     _close("stash k", carry.k, rc.k, TOL)
     assert bitwise_equal(carry.g.cpu(), rc.g.float()), "stash g rows"
     rows = _written_rows(S, slots.cpu(), p, engaged.cpu(), K).to(DEVICE)
-    before = GdnCarry(stash0, pend0, HV, kd, vd)
+    before = GdnCarry(stash0, pend0, HV, kd, vd, state_layout="kv")
     for name in ("u", "g", "k"):
         assert bitwise_equal(getattr(carry, name)[~rows], getattr(before, name)[~rows]), \
             f"stash {name}: a row outside first..first+K-1 changed"
@@ -211,15 +212,16 @@ def _split_vs_per_head(form, split_columns, seed):
     """One eager verify (several column blocks, write-backs) under ``split_columns(True)`` and
     ``split_columns(False)`` (context managers): returns ``{split: (o, engaged, state,
     stash)}``; the split launch must leave its arrival counts at zero."""
-    x = gdn_inputs(seed, 3, 1, 2, 128, 64, rows=3, slots=4, dtype=torch.bfloat16)
+    x = gdn_inputs(seed, 3, 1, 2, 128, 64, rows=3, slots=4, dtype=torch.bfloat16, state_layout="kv")
     results = {}
     for split in (True, False):
-        st, c = x["state"].clone(), GdnCarry.empty(4, 2, 128, 64)
+        st, c = x["state"].clone(), GdnCarry.empty(4, 2, 128, 64, state_layout="kv")
         _fill_stash(c, seed + 1)
         c.pend.copy_(torch.tensor([2, 6, 0, 7], dtype=torch.int32))
         with split_columns(split):
             o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                    slot_tab=x["state_indices"], form=form, lazy=False)
+                                    slot_tab=x["state_indices"], form=form, lazy=False,
+                                    state_layout="kv")
         results[split] = (o, e, st, c.buf)
         if split:
             assert int(c._arrivals.abs().sum()) == 0, "arrival counts must be left at zero"
@@ -238,12 +240,14 @@ def test_row_prefetch_changes_no_bit(form):
             if not prefetch:
                 _run_verify_case(form, True, torch.float32, 2, 3, 1, 2, 128, 64, 3, [6, 7],
                                  seed=52)
-            x = gdn_inputs(51, 3, 1, 2, 128, 64, rows=3, slots=4, dtype=torch.bfloat16)
-            st, c = x["state"].clone(), GdnCarry.empty(4, 2, 128, 64)
+            x = gdn_inputs(51, 3, 1, 2, 128, 64, rows=3, slots=4, dtype=torch.bfloat16,
+                           state_layout="kv")
+            st, c = x["state"].clone(), GdnCarry.empty(4, 2, 128, 64, state_layout="kv")
             _fill_stash(c, 53)
             c.pend.copy_(torch.tensor([2, 6, 0, 7], dtype=torch.int32))
             o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                    slot_tab=x["state_indices"], form=form, lazy=True)
+                                    slot_tab=x["state_indices"], form=form, lazy=True,
+                                    state_layout="kv")
         results[prefetch] = (o, e, st, c.buf)
     assert results[True][1].tolist() != [1, 1, 1], "the case must write back somewhere"
     for name, a, b_ in zip(("o", "engaged", "state", "stash"), results[True], results[False]):
@@ -258,15 +262,15 @@ def test_exact_runtime_row_loop():
     with settings.override(exact_unroll_max_rows=4):
         _run_verify_case("exact", True, torch.bfloat16, 3, 5, 1, 2, 32, 16, 6, [0, 2, 3],
                          seed=61)
-    x = gdn_inputs(62, 3, 1, 2, 32, 16, rows=6, slots=4, dtype=torch.float32)
+    x = gdn_inputs(62, 3, 1, 2, 32, 16, rows=6, slots=4, dtype=torch.float32, state_layout="kv")
     got = {}
     for unroll_max in (4, 8):
-        st, c = x["state"].clone(), GdnCarry.empty(4, 2, 32, 16)
+        st, c = x["state"].clone(), GdnCarry.empty(4, 2, 32, 16, state_layout="kv")
         _fill_stash(c, 63)
         c.pend.copy_(torch.tensor([1, 3, 0, 2], dtype=torch.int32))
         with settings.override(exact_unroll_max_rows=unroll_max):
             o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                    slot_tab=x["state_indices"], lazy=True)
+                                    slot_tab=x["state_indices"], lazy=True, state_layout="kv")
         got[unroll_max] = (o, e, st, c.buf)
     for a, b_ in zip(*got.values()):
         assert bitwise_equal(a, b_)
@@ -281,7 +285,8 @@ def test_flush_layers_matches_reference():
     states, carries, bigs, guards = [], [], [], []
     for layer in range(L):
         torch.empty(1000 + 333 * layer, device=DEVICE)          # scatter the allocations
-        st = gdn_inputs(50 + layer, 1, 1, HV, kd, vd, slots=S, dtype=torch.float32)["state"]
+        st = gdn_inputs(50 + layer, 1, 1, HV, kd, vd, slots=S, dtype=torch.float32,
+                        state_layout="kv")["state"]
         if layer == 1:
             st, big = _guarded_state(st)
             bigs.append(big)
@@ -298,7 +303,7 @@ def test_flush_layers_matches_reference():
     pend0 = [c.pend.clone() for c in carries]
     g0 = [gd() for gd in guards]
     big0 = (bigs[0][0].clone(), bigs[0][-1].clone())
-    gdn_carry_flush(states, carries, slot_tab, validate=True)
+    gdn_carry_flush(states, carries, slot_tab, validate=True, state_layout="kv")
     ref.flush(rstates, rcarries, slot_tab.cpu())
     for layer in range(L):
         _close(f"state[{layer}]", states[layer], rstates[layer], TOL)

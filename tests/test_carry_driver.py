@@ -31,19 +31,21 @@ DIM = 2 * HK * KD + HV * VD
 def _stack(seed, L=2, conv=False):
     layers = []
     for i in range(L):
-        st = gdn_inputs(seed + i, 1, HK, HV, KD, VD, slots=S, dtype=torch.float32)["state"]
+        st = gdn_inputs(seed + i, 1, HK, HV, KD, VD, slots=S, dtype=torch.float32,
+                        state_layout="kv")["state"]
         kw = {}
         if conv:
             c = conv_inputs(seed + 50 + i, 1, DIM, slots=S, dtype=torch.float32)
             kw = dict(conv_state=c["conv_state"].clone(),
                       conv_carry=ConvCarry.empty(S, DIM, dtype=torch.float32),
                       conv_weight=c["weight"], conv_bias=c["bias"], num_k_heads=HK)
-        layers.append(CarryLayer(st.clone(), GdnCarry.empty(S, HV, KD, VD), **kw))
+        layers.append(CarryLayer(st.clone(), GdnCarry.empty(S, HV, KD, VD, state_layout="kv"),
+                                 state_layout="kv", **kw))
     return layers
 
 
 def _inputs(seed, B, K, conv=False, vd=VD):
-    x = gdn_inputs(seed, B, HK, HV, KD, vd, rows=K, dtype=torch.float32)
+    x = gdn_inputs(seed, B, HK, HV, KD, vd, rows=K, dtype=torch.float32, state_layout="kv")
     if conv:
         return dict(x=conv_inputs(seed + 1, B, DIM, rows=K, dtype=torch.float32)["x"],
                     g=x["g"], beta=x["beta"])

@@ -35,10 +35,10 @@ from _carry_helpers import CAP, O_TOL, _close
 # ---- bad input -------------------------------------------------------------------------------
 
 def _verify_args(K=2, dtype=torch.float32):
-    x = gdn_inputs(1, 2, 1, 2, 16, 16, rows=K, slots=3, dtype=dtype)
-    carry = GdnCarry.empty(3, 2, 16, 16)
+    x = gdn_inputs(1, 2, 1, 2, 16, 16, rows=K, slots=3, dtype=dtype, state_layout="kv")
+    carry = GdnCarry.empty(3, 2, 16, 16, state_layout="kv")
     kw = dict(state=x["state"], carry=carry, q=x["q"], k=x["k"], v=x["v"], g=x["g"],
-              beta=x["beta"], slot_tab=x["state_indices"])
+              beta=x["beta"], slot_tab=x["state_indices"], state_layout="kv")
     return kw
 
 
@@ -67,7 +67,12 @@ BAD = {
     "q strides": (lambda kw: kw.update(q=_randn(2, 2, 1, 32)[..., ::2]), "q"),
     "HV % HK": (lambda kw: kw.update(q=_randn(2, 2, 3, 16), k=_randn(2, 2, 3, 16)), "q"),
     "slot dtype": (lambda kw: kw.update(slot_tab=kw["slot_tab"].float()), "slot_tab"),
-    "carry dims": (lambda kw: kw.update(carry=GdnCarry.empty(3, 2, 16, 8)), "carry"),
+    "carry dims": (lambda kw: kw.update(carry=GdnCarry.empty(3, 2, 16, 8, state_layout="kv")),
+                   "carry"),
+    # a carry made for the default V-major pool given to a call on a K-major one (kd == vd)
+    "carry layout": (lambda kw: kw.update(carry=GdnCarry.empty(3, 2, 16, 16)),
+                     r"carry: made for a state_layout='vk' pool, but this call reads the "
+                     r"state as state_layout='kv'"),
     "carry type": (lambda kw: kw.update(carry=object()), "carry"),
     # read at offset b: a strided view [2, 0] of [2, 1, 0, 1] would address slots [2, 1]
     "slot strided": (lambda kw: kw.update(slot_tab=torch.tensor([2, 1, 0, 1], dtype=torch.int32,
@@ -117,10 +122,10 @@ def test_wy_form_refused_naming_the_ring_form_and_exact_serves_k17():
 
     msg = r"^form: 'wy' is not a form .*the ring form, pmll_lab\.ops\.carry\.gdn_ring"
     S, HV, kd, vd, K = 2, 1, 16, 16, 17
-    x = gdn_inputs(5, S, 1, HV, kd, vd, rows=K, dtype=torch.float32)
+    x = gdn_inputs(5, S, 1, HV, kd, vd, rows=K, dtype=torch.float32, state_layout="kv")
     rows = [x[n] for n in ("q", "k", "v", "g", "beta")]
     for layout in ("kv", "vk"):
-        carry = GdnCarry.empty(S, HV, kd, vd, cap=24)
+        carry = GdnCarry.empty(S, HV, kd, vd, cap=24, state_layout=layout)
         carry.pend.fill_(1)
         st = x["state"].clone() if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
         before = (st.clone(), carry.buf.clone(), carry.pend.clone())
@@ -135,12 +140,13 @@ def test_wy_form_refused_naming_the_ring_form_and_exact_serves_k17():
             SpecDecodeStep([CarryLayer(st, carry, state_layout=layout)], form="wy")
         assert bitwise_equal(st, before[0]) and bitwise_equal(carry.buf, before[1])
         assert bitwise_equal(carry.pend, before[2])
-    carry = GdnCarry.empty(S, HV, kd, vd, cap=24)
+    carry = GdnCarry.empty(S, HV, kd, vd, cap=24, state_layout="kv")
     st = x["state"].clone()
     o, _ = gdn_carry_verify(st, carry, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                            slot_tab=x["state_indices"], form="exact", validate=True)
+                            slot_tab=x["state_indices"], form="exact", validate=True,
+                            state_layout="kv")
     o_ref, _, _ = gdn_chain_ref(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                state_indices=x["state_indices"])
+                                state_indices=x["state_indices"], state_layout="kv")
     _close("o (exact, K=17)", o, o_ref, O_TOL[torch.float32])
 
 
@@ -176,7 +182,7 @@ def test_eager_limit_is_policy_not_kernel():
 
 
 def test_accept_and_flush_reject_bad_input():
-    c = GdnCarry.empty(3, 2, 16, 16)
+    c = GdnCarry.empty(3, 2, 16, 16, state_layout="kv")
     slots = torch.tensor([0, 2], dtype=torch.int32, device=DEVICE)
     eng = torch.tensor([1, 2], dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match="accepted"):
@@ -209,44 +215,48 @@ def test_accept_and_flush_reject_bad_input():
         carry_accept(SimpleNamespace(pend=torch.zeros(6, dtype=torch.int32, device=DEVICE)[::2],
                                      cap=CAP), slots, eng, [1, 1])
     assert torch.equal(c.pend, pend_before)
-    st = gdn_inputs(1, 1, 1, 2, 16, 16, slots=3)["state"]
+    st = gdn_inputs(1, 1, 1, 2, 16, 16, slots=3, state_layout="kv")["state"]
     with pytest.raises(ValueError, match="carries"):
-        gdn_carry_flush([st, st.clone()], [c], slots)
+        gdn_carry_flush([st, st.clone()], [c], slots, state_layout="kv")
     with pytest.raises(ValueError, match="states"):
-        gdn_carry_flush(st, c, slots)
+        gdn_carry_flush(st, c, slots, state_layout="kv")
     with pytest.raises(ValueError, match="carries"):
-        gdn_carry_flush([st], [GdnCarry.empty(3, 2, 16, 8)], slots)
+        gdn_carry_flush([st], [GdnCarry.empty(3, 2, 16, 8,
+                                              state_layout="kv")], slots, state_layout="kv")
     c.pend.fill_(CAP + 1)
     with pytest.raises(ValueError, match="pend"):
-        gdn_carry_flush([st], [c], slots, validate=True)
+        gdn_carry_flush([st], [c], slots, validate=True, state_layout="kv")
     c.pend.zero_()
     with pytest.raises(ValueError, match="slot_tab"):
-        gdn_carry_flush([st], [c], torch.tensor([1, 1], dtype=torch.int32, device=DEVICE), validate=True)
+        gdn_carry_flush([st], [c], torch.tensor([1, 1], dtype=torch.int32, device=DEVICE),
+                        validate=True, state_layout="kv")
     with pytest.raises(ValueError, match="^slot_tab"):
-        gdn_carry_flush([st], [c], strided([2, 0, 1, 0]))
+        gdn_carry_flush([st], [c], strided([2, 0, 1, 0]), state_layout="kv")
     for slots_bad in ([3], [-1], 5, [0.5], None, torch.tensor([1.0])):
         with pytest.raises(ValueError, match="^slots"):
             c.reset(slots_bad)
     with pytest.raises(ValueError, match="^device"):
-        GdnCarry.empty(3, 2, 16, 16, device="bogus")
+        GdnCarry.empty(3, 2, 16, 16, device="bogus", state_layout="kv")
 
 
 def test_spec_decode_step_rejects_bad_input():
     """Bad layers, slots, inputs, layer index and accepts raise ValueError naming the argument
     before any launch; the step stays usable afterwards."""
     S, HV, kd, vd, K = 4, 2, 16, 16, 2
-    st = gdn_inputs(7, 1, 1, HV, kd, vd, slots=S, dtype=torch.float32)["state"]
+    st = gdn_inputs(7, 1, 1, HV, kd, vd, slots=S, dtype=torch.float32, state_layout="kv")["state"]
     with pytest.raises(ValueError, match="^state"):
-        CarryLayer(None, GdnCarry.empty(S, HV, kd, vd))
+        CarryLayer(None, GdnCarry.empty(S, HV, kd, vd, state_layout="kv"), state_layout="kv")
     with pytest.raises(ValueError, match="^carry"):
-        CarryLayer(st, None)
+        CarryLayer(st, None, state_layout="kv")
     with pytest.raises(ValueError, match="^conv_carry"):
-        CarryLayer(st, GdnCarry.empty(S, HV, kd, vd), conv_state=torch.zeros(S, 96, 3))
-    lay = CarryLayer(st, GdnCarry.empty(S, HV, kd, vd))
+        CarryLayer(st, GdnCarry.empty(S, HV, kd, vd,
+                                      state_layout="kv"), conv_state=torch.zeros(S, 96, 3),
+                   state_layout="kv")
+    lay = CarryLayer(st, GdnCarry.empty(S, HV, kd, vd, state_layout="kv"), state_layout="kv")
     lay.carry = None                                  # changed after construction
     with pytest.raises(ValueError, match=r"^layers\[0\].carry"):
         SpecDecodeStep([lay])
-    lay.carry = GdnCarry.empty(S, HV, kd, vd)
+    lay.carry = GdnCarry.empty(S, HV, kd, vd, state_layout="kv")
     with pytest.raises(ValueError, match="^scale"):
         SpecDecodeStep([lay], scale="x")
     with pytest.raises(ValueError, match="^validate: expected a bool"):
@@ -256,7 +266,7 @@ def test_spec_decode_step_rejects_bad_input():
                   torch.tensor([0, 1, 2, 1], dtype=torch.int32, device=DEVICE)[::2]):
         with pytest.raises(ValueError, match="^slots"):
             step.begin(slots, K)
-    x = gdn_inputs(8, 2, 1, HV, kd, vd, rows=K, dtype=torch.float32)
+    x = gdn_inputs(8, 2, 1, HV, kd, vd, rows=K, dtype=torch.float32, state_layout="kv")
     inp = dict(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"])
     with pytest.raises(ValueError, match=r"^inputs\[0\]"):
         step.verify([0, 1], [dict(q=x["q"])])

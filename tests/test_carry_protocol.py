@@ -46,12 +46,14 @@ def test_end_to_end_equals_plain_decoding(dtype):
     rng = random.Random(7)
     layers, plain = [], []
     for layer in range(L):
-        st = gdn_inputs(70 + layer, 1, HK, HV, kd, vd, slots=S, dtype=dtype)["state"]
+        st = gdn_inputs(70 + layer, 1, HK, HV, kd, vd, slots=S, dtype=dtype,
+                        state_layout="kv")["state"]
         ci = conv_inputs(80 + layer, 1, dim, slots=S, dtype=dtype)
-        layers.append(CarryLayer(st.clone(), GdnCarry.empty(S, HV, kd, vd),
+        layers.append(CarryLayer(st.clone(), GdnCarry.empty(S, HV, kd, vd, state_layout="kv"),
                                  conv_state=ci["conv_state"].clone(),
                                  conv_carry=ConvCarry.empty(S, dim, dtype=dtype),
-                                 conv_weight=ci["weight"], conv_bias=ci["bias"], num_k_heads=HK))
+                                 conv_weight=ci["weight"], conv_bias=ci["bias"], num_k_heads=HK,
+                                 state_layout="kv"))
         plain.append((st.clone(), ci["conv_state"].clone()))
     step = SpecDecodeStep(layers, form="exact", lazy_min_seqs=3, eager_max_pending=2, validate=True)
 
@@ -66,7 +68,8 @@ def test_end_to_end_equals_plain_decoding(dtype):
     for n, (B, K) in enumerate(zip(widths, rows)):
         if n == 5:                       # sequence in slot 2 ends; a new one takes the slot
             step.reset([2])
-            fresh = gdn_inputs(90, 1, HK, HV, kd, vd, slots=1, dtype=dtype)["state"][0]
+            fresh = gdn_inputs(90, 1, HK, HV, kd, vd, slots=1, dtype=dtype,
+                               state_layout="kv")["state"][0]
             fresh_conv = conv_inputs(91, 1, dim, slots=1, dtype=dtype)["conv_state"][0]
             for lay, (pst, pcs) in zip(layers, plain):
                 lay.state[2], pst[2] = fresh, fresh
@@ -75,7 +78,7 @@ def test_end_to_end_equals_plain_decoding(dtype):
             step.flush(list(range(S)))
             compare_states("after flush")
         slots = rng.sample(range(S), B)
-        g_in = gdn_inputs(100 + n, B, HK, HV, kd, vd, rows=K, dtype=dtype)
+        g_in = gdn_inputs(100 + n, B, HK, HV, kd, vd, rows=K, dtype=dtype, state_layout="kv")
         xs = [conv_inputs(200 + 10 * n + layer, B, dim, rows=K, dtype=dtype)["x"] for layer in range(L)]
         inputs = [dict(x=xs[layer], g=g_in["g"], beta=g_in["beta"]) for layer in range(L)]
         plan_before = dict(step.stats)
@@ -102,7 +105,7 @@ def test_end_to_end_equals_plain_decoding(dtype):
                                 qk_channels=qk, head_dim=kd)
                 q, k, v = _split(y, HK, HV, kd, vd)
                 o = gdn_decode(pst, q, k, v, g_in["g"][sel_t, t], g_in["beta"][sel_t, t],
-                               state_indices=slot_t[sel_t], use_qk_l2norm=False)
+                               state_indices=slot_t[sel_t], use_qk_l2norm=False, state_layout="kv")
                 got = outs[layer][sel_t, t]
                 assert bitwise_equal(got, o), f"step {n} row {t} layer {layer}: output not bitwise"
     step.flush(list(range(S)))
@@ -117,13 +120,13 @@ def test_policy_syncs_only_when_needed():
     """Lazy steps and eager steps under the bound never sync; the first eager step after lazy
     ones with device-side counts syncs once and flushes the slots holding too many rows."""
     S, HV, kd, vd, K = 4, 2, 16, 16, 2
-    st = gdn_inputs(5, 1, 1, HV, kd, vd, slots=S, dtype=torch.float32)["state"]
-    lay = CarryLayer(st, GdnCarry.empty(S, HV, kd, vd))
+    st = gdn_inputs(5, 1, 1, HV, kd, vd, slots=S, dtype=torch.float32, state_layout="kv")["state"]
+    lay = CarryLayer(st, GdnCarry.empty(S, HV, kd, vd, state_layout="kv"), state_layout="kv")
     step = SpecDecodeStep([lay], lazy_min_seqs=2, eager_max_pending=1)
 
     def run(slots, acc):
         x = gdn_inputs(len(slots) * 7 + step.stats["steps"], len(slots), 1, HV, kd, vd, rows=K,
-                       dtype=torch.float32)
+                       dtype=torch.float32, state_layout="kv")
         plan = step.begin(slots, K)
         step.verify_layer(0, q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"])
         step.accept(acc)

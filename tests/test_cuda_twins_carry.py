@@ -72,7 +72,7 @@ def _case(seed, dtype, state_dtype, B, K, S, HK, HV, kd, vd, pad, gated):
     """Inputs of a V-major verify: ``(x, state, slots, gates, (g, beta))``; ``gates`` the
     launcher's gate arguments (``g, beta`` or ``A_log, a, dt_bias, b``), ``(g, beta)`` what the
     reference takes. ``pad``: lane 1 is a padding lane (slot -1)."""
-    x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
+    x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype, state_layout="kv")
     state = _vk(x["state"]).to(state_dtype)
     slots = x["state_indices"].clone()
     if pad:
@@ -106,7 +106,7 @@ def _row(gates, t):
 
 def _copy(carry: GdnCarry) -> GdnCarry:
     return GdnCarry(carry.buf.clone(), carry.pend.clone(), carry.num_v_heads, carry.k_dim,
-                    carry.v_dim, carry.cap)
+                    carry.v_dim, carry.cap, carry.state_layout)
 
 
 def _written_rows(S, slots, pend, engaged, K):
@@ -149,7 +149,7 @@ def test_verify_vk_against_reference(dtype, state_dtype, B, S, HK, HV, kd, vd, K
     seed = 7 + kd + K + 2 * lazy
     x, state, slots, gates, (g, beta) = _case(seed, dtype, state_dtype, B, K, S, HK, HV, kd,
                                               vd, pad, gated)
-    carry = GdnCarry.empty(S, HV, kd, vd, device=DEVICE)
+    carry = GdnCarry.empty(S, HV, kd, vd, device=DEVICE, state_layout="vk")
     _fill_stash(carry, seed + 1)
     gen = torch.Generator().manual_seed(seed + 2)
     pend = torch.randint(0, CAP + 1, (S,), generator=gen, dtype=torch.int32)
@@ -218,8 +218,9 @@ def test_flush_layers_against_reference(state_dtype):
     states, carries = [], []
     for layer in range(L):
         torch.empty(1000 + 333 * layer, device=DEVICE)          # scatter the allocations
-        st = gdn_inputs(50 + layer, 1, 1, HV, kd, vd, slots=S, dtype=torch.float32)["state"]
-        c = GdnCarry.empty(S, HV, kd, vd, device=DEVICE)
+        st = gdn_inputs(50 + layer, 1, 1, HV, kd, vd, slots=S, dtype=torch.float32,
+                        state_layout="kv")["state"]
+        c = GdnCarry.empty(S, HV, kd, vd, device=DEVICE, state_layout="vk")
         _fill_stash(c, 60 + layer)
         c.pend.copy_(torch.tensor([(layer + 3 * s) % (CAP + 1) for s in range(S)],
                                   dtype=torch.int32))
@@ -270,7 +271,7 @@ def _protocol(impl, state_dtype, kd, K, lazy, gated, seed, *, dtype=torch.bfloat
                                         gated)
     live = (slots >= 0).cpu()
     dec = state.clone()
-    carry = GdnCarry.empty(S, HV, kd, vd, cap=cap, device=DEVICE)
+    carry = GdnCarry.empty(S, HV, kd, vd, cap=cap, device=DEVICE, state_layout="vk")
     wrote_back = folded_only = 0
     for step in range(steps):
         x, _, _, gates, _ = _case(seed + 1 + step, dtype, state_dtype, B, K, S, HK, HV, kd, vd,
@@ -325,7 +326,7 @@ def _refuses(state_dtype, kd, K, lazy, gated, dtype=torch.bfloat16, HK=1, HV=2, 
     ``impl="cuda"``, nothing written."""
     x, state, slots, gates, _ = _case(3, dtype, state_dtype, 4, K, 6, HK, HV, kd, vd, True,
                                       gated)
-    carry, state0 = GdnCarry.empty(6, HV, kd, vd, device=DEVICE), state.clone()
+    carry, state0 = GdnCarry.empty(6, HV, kd, vd, device=DEVICE, state_layout="vk"), state.clone()
     carry.pend.fill_(1)
     stash0 = carry.buf.clone()
     _refused(lambda: gdn_carry_verify(state, carry, x["q"], x["k"], x["v"], slot_tab=slots,
@@ -400,6 +401,7 @@ def test_errors_before_the_cuda_path(monkeypatch):
     x, state, slots, gates, _ = _case(31, torch.float32, torch.float32, 2, 3, 3, 1, 2, 16, 24,
                                       False, False)
     carry = GdnCarry.empty(3, 2, 16, 24, device=DEVICE)
+    kv_carry = GdnCarry.empty(3, 2, 16, 24, device=DEVICE, state_layout="kv")
     rows = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     verify = lambda st, c, *r, **kw: gdn_carry_verify(st, c, *r, slot_tab=slots, **kw)  # noqa: E731
     with monkeypatch.context() as m:
@@ -411,19 +413,20 @@ def test_errors_before_the_cuda_path(monkeypatch):
                 gdn_carry_flush([state], [carry], slots, state_layout="vk", impl=bad)
         with pytest.raises(ValueError,
                            match="^impl: the CUDA twin of the carried-state verify takes V-major"):
-            verify(x["state"], carry, *rows, state_layout="kv", impl="cuda")
+            verify(x["state"], kv_carry, *rows, state_layout="kv", impl="cuda")
         with pytest.raises(ValueError,
                            match="^impl: the CUDA twin of the carried-state flush takes V-major"):
-            gdn_carry_flush([x["state"]], [carry], slots, state_layout="kv", impl="cuda")
+            gdn_carry_flush([x["state"]], [kv_carry], slots, state_layout="kv", impl="cuda")
         with pytest.raises(ValueError, match="^q:"):
             verify(state, carry, x["q"][..., :8], *rows[1:], state_layout="vk", impl="cuda")
-        z = gdn_inputs(34, 2, 1, 2, 16, 24, rows=CAP + 1, slots=3, dtype=torch.float32)
+        z = gdn_inputs(34, 2, 1, 2, 16, 24, rows=CAP + 1, slots=3, dtype=torch.float32,
+                       state_layout="kv")
         with pytest.raises(ValueError, match=r"^q: K = 9 draft rows must lie in \[1, CAP = 8\]"):
             verify(state, carry, z["q"], z["k"], z["v"], z["g"], z["beta"], state_layout="vk",
                    impl="cuda")
         with pytest.raises(ValueError, match="^states, carries: pass lists"):
             gdn_carry_flush(state, carry, slots, state_layout="vk", impl="cuda")
-        y = gdn_inputs(33, 1, 1, 1, 288, 8, rows=2, dtype=torch.float32)
+        y = gdn_inputs(33, 1, 1, 1, 288, 8, rows=2, dtype=torch.float32, state_layout="kv")
         big, big_carry = _vk(y["state"]), GdnCarry.empty(1, 1, 288, 8, device=DEVICE)
         with pytest.raises(ValueError,
                            match="^impl: the CUDA twin of the carried-state verify takes kd <= 256"):

@@ -39,7 +39,7 @@ def _close(name, out, want, tol):
 
 def _case(seed, dtype, state_dtype, B, K, S, HK, HV, kd, vd, pad, gated):
     """Inputs of a V-major chain: ``(x, state, idx, gates, (g, beta) as float64 or fp32)``."""
-    x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
+    x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype, state_layout="kv")
     state = x["state"].transpose(-1, -2).contiguous().to(state_dtype)     # [S, HV, vd, kd]
     idx = x["state_indices"].clone()
     if pad:
@@ -194,11 +194,11 @@ def test_errors_before_the_cuda_path(monkeypatch):
             gdn_chain(state, x["q"][:, :, :, :8], *args[1:], state_layout="vk", impl="cuda")
         with pytest.raises(ValueError, match="^intermediate:"):
             gdn_chain(state, *args, intermediate=inter[:, :1], state_layout="vk", impl="cuda")
-        z = gdn_inputs(34, 2, 1, 1, 16, 16, rows=9, dtype=torch.float32)
+        z = gdn_inputs(34, 2, 1, 1, 16, 16, rows=9, dtype=torch.float32, state_layout="kv")
         with pytest.raises(ValueError, match=r"^q: rows per sequence K \(dim 1\) must lie in"):
             gdn_chain(state, z["q"], z["k"], z["v"], z["g"], z["beta"], state_layout="vk",
                       impl="cuda")
-        y = gdn_inputs(33, 1, 1, 1, 288, 8, rows=2, dtype=torch.float32)
+        y = gdn_inputs(33, 1, 1, 1, 288, 8, rows=2, dtype=torch.float32, state_layout="kv")
         big = y["state"].transpose(-1, -2).contiguous()
         with pytest.raises(ValueError, match="^impl: the CUDA twin of the chain takes kd <= 256"):
             gdn_chain(big, y["q"], y["k"], y["v"], y["g"], y["beta"], state_layout="vk",

@@ -35,7 +35,7 @@ def _close(name, out, want, tol):
 
 
 def _case(seed, dtype, state_dtype, B, S, HK, HV, kd, vd, pad):
-    x = gdn_inputs(seed, B, HK, HV, kd, vd, slots=S, dtype=dtype)
+    x = gdn_inputs(seed, B, HK, HV, kd, vd, slots=S, dtype=dtype, state_layout="kv")
     state = x["state"].transpose(-1, -2).contiguous().to(state_dtype)     # [S, HV, vd, kd]
     idx = x["state_indices"].clone()
     if pad:
@@ -138,7 +138,7 @@ def test_errors_before_the_cuda_path(monkeypatch):
             gdn_decode(x["state"], *args, state_layout="kv", impl="cuda")
         with pytest.raises(ValueError, match="^q:"):
             gdn_decode(state, x["q"][:, :, :8], *args[1:], state_layout="vk", impl="cuda")
-        y = gdn_inputs(12, 1, 1, 1, 288, 8, dtype=torch.float32)
+        y = gdn_inputs(12, 1, 1, 1, 288, 8, dtype=torch.float32, state_layout="kv")
         big = y["state"].transpose(-1, -2).contiguous()
         with pytest.raises(ValueError, match="^impl: the CUDA twin of the decode takes kd <= 256"):
             gdn_decode(big, y["q"], y["k"], y["v"], y["g"], y["beta"], state_layout="vk",

@@ -61,7 +61,7 @@ def test_gdn_gating_matches_float64():
 @pytest.mark.parametrize("layout", ["kv", "vk"])
 @pytest.mark.parametrize("K", [1, 3])
 def test_fused_decode_and_chain_are_bitwise_gating_then_unfused(layout, K):
-    x = gdn_inputs(11, 3, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16, slots=4)
+    x = gdn_inputs(11, 3, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16, slots=4, state_layout="kv")
     lead = (3, K) if K > 1 else (3,)
     gv = _gating(12, lead, torch.float32 if K == 1 else torch.bfloat16)
     q, k, v = (x[n] if K > 1 else x[n][:, 0].contiguous() for n in ("q", "k", "v"))
@@ -87,21 +87,21 @@ def test_fused_decode_and_chain_are_bitwise_gating_then_unfused(layout, K):
 @pytest.mark.parametrize("layout,form", [("kv", "exact"), ("vk", "exact")])
 def test_fused_carry_verify_is_bitwise_gating_then_unfused(layout, form):
     K = 3
-    x = gdn_inputs(21, 2, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16)
+    x = gdn_inputs(21, 2, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16, state_layout="kv")
     gv = _gating(22, (2, K))
     g, beta = gdn_gating(**gv)
     st = _state(x, layout)
     rows = [x[n] for n in ("q", "k", "v")]
     slots = torch.tensor([1, 0], dtype=torch.int32, device=DEVICE)
     gen = torch.Generator().manual_seed(23)
-    stash = GdnCarry.empty(2, HV, KD, VD)
+    stash = GdnCarry.empty(2, HV, KD, VD, state_layout=layout)
     stash.u.copy_(torch.randn(stash.u.shape, generator=gen))
     stash.g.copy_(-torch.rand(stash.g.shape, generator=gen))
     stash.k.copy_(torch.nn.functional.normalize(torch.randn(stash.k.shape, generator=gen), dim=-1))
     stash.pend.fill_(2)                               # eager: fold two rows, write back
     res = []
     for fused in (False, True):
-        c = GdnCarry(stash.buf.clone(), stash.pend.clone(), HV, KD, VD)
+        c = GdnCarry(stash.buf.clone(), stash.pend.clone(), HV, KD, VD, state_layout=layout)
         s = st.clone()
         gates = gv if fused else dict(g=g, beta=beta)
         o, eng = gdn_carry_verify(s, c, *rows, **gates, slot_tab=slots, form=form,
@@ -109,7 +109,7 @@ def test_fused_carry_verify_is_bitwise_gating_then_unfused(layout, form):
         res.append((o, eng, s, c.buf.clone()))
     for want, got, what in zip(res[0], res[1], ("outputs", "engaged", "state", "stash")):
         assert bitwise_equal(want, got), what
-    c = GdnCarry(stash.buf.clone(), stash.pend.clone(), HV, KD, VD)
+    c = GdnCarry(stash.buf.clone(), stash.pend.clone(), HV, KD, VD, state_layout=layout)
     o, _ = gdn_carry_verify_plan(st.clone(), c, *rows, **gv, slot_tab=slots, form=form,
                                  state_layout=layout)()
     assert bitwise_equal(o, res[0][0]), "plan"
@@ -118,14 +118,14 @@ def test_fused_carry_verify_is_bitwise_gating_then_unfused(layout, form):
 
 def test_spec_decode_step_takes_gating_inputs():
     K = 2
-    x = gdn_inputs(31, 2, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16)
+    x = gdn_inputs(31, 2, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16, state_layout="kv")
     gv = _gating(32, (2, K))
     g, beta = gdn_gating(**gv)
     outs = []
     for fused in (False, True):
-        lay = CarryLayer(x["state"].clone(), GdnCarry.empty(2, HV, KD, VD),
+        lay = CarryLayer(x["state"].clone(), GdnCarry.empty(2, HV, KD, VD, state_layout="kv"),
                          A_log=gv["A_log"] if fused else None,
-                         dt_bias=gv["dt_bias"] if fused else None)
+                         dt_bias=gv["dt_bias"] if fused else None, state_layout="kv")
         step = SpecDecodeStep([lay], validate=True)
         inp = dict(q=x["q"], k=x["k"], v=x["v"])
         inp.update(dict(a=gv["a"], b=gv["b"]) if fused else dict(g=g, beta=beta))
@@ -135,7 +135,7 @@ def test_spec_decode_step_takes_gating_inputs():
 
 
 def test_gating_errors_name_the_argument():
-    x = gdn_inputs(41, 2, HK, HV, KD, VD, dtype=torch.float32)
+    x = gdn_inputs(41, 2, HK, HV, KD, VD, dtype=torch.float32, state_layout="kv")
     q, k, v, st = x["q"], x["k"], x["v"], x["state"]
     gv = _gating(42, (2,), torch.float32)
     cases = [
@@ -153,15 +153,16 @@ def test_gating_errors_name_the_argument():
     ]
     for name, kw in cases:
         with pytest.raises(ValueError, match=f"^{name}:"):
-            gdn_decode(st, q, k, v, **kw)
+            gdn_decode(st, q, k, v, **kw, state_layout="kv")
     # fp32 inputs: a may be fp32 (their dtype or fp32), said once
     with pytest.raises(ValueError, match="^a: dtype must be one of float32, got float64$"):
-        gdn_decode(st, q, k, v, **dict(gv, a=gv["a"].double()))
-    c = GdnCarry.empty(2, HV, KD, VD)
+        gdn_decode(st, q, k, v, **dict(gv, a=gv["a"].double()), state_layout="kv")
+    c = GdnCarry.empty(2, HV, KD, VD, state_layout="kv")
     slots = torch.arange(2, dtype=torch.int32, device=DEVICE)
-    xr = gdn_inputs(43, 2, HK, HV, KD, VD, rows=2, dtype=torch.float32)
+    xr = gdn_inputs(43, 2, HK, HV, KD, VD, rows=2, dtype=torch.float32, state_layout="kv")
     with pytest.raises(ValueError, match="^b:"):
         gdn_carry_verify(st, c, xr["q"], xr["k"], xr["v"], A_log=gv["A_log"],
-                         a=_gating(44, (2, 2))["a"], dt_bias=gv["dt_bias"], slot_tab=slots)
+                         a=_gating(44, (2, 2))["a"], dt_bias=gv["dt_bias"], slot_tab=slots,
+                         state_layout="kv")
     with pytest.raises(ValueError, match="^a:"):
         gdn_gating(gv["A_log"], gv["a"][0], gv["dt_bias"], gv["b"][0])

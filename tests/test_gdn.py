@@ -58,14 +58,14 @@ DECODE_CASES = [
 
 @pytest.mark.parametrize("dtype,B,S,HK,HV,kd,vd", DECODE_CASES)
 def test_decode_matches_reference(dtype, B, S, HK, HV, kd, vd):
-    x = gdn_inputs(11 + kd + vd, B, HK, HV, kd, vd, slots=S, dtype=dtype)
+    x = gdn_inputs(11 + kd + vd, B, HK, HV, kd, vd, slots=S, dtype=dtype, state_layout="kv")
     idx = x["state_indices"]
     before = x["state"].clone()
     o_ref, s_ref = gdn_decode_ref(before, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                  state_indices=idx)
+                                  state_indices=idx, state_layout="kv")
     state = before.clone()
     o = gdn_decode(state, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
-                   validate=True)
+                   validate=True, state_layout="kv")
     assert o.dtype == dtype and o.shape == (B, HV, vd)
     _check_close("o", o, o_ref, O_TOL[dtype])
     _check_close("state", state[idx.long()], s_ref[idx.long()], STATE_TOL)
@@ -73,7 +73,7 @@ def test_decode_matches_reference(dtype, B, S, HK, HV, kd, vd):
     # fp32 outputs from the same inputs: only fp32 arithmetic separates them from the reference.
     state2 = before.clone()
     o32 = gdn_decode(state2, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
-                     out_dtype=torch.float32)
+                     out_dtype=torch.float32, state_layout="kv")
     assert o32.dtype == torch.float32
     _check_close("o (fp32 out)", o32, o_ref, O_TOL[torch.float32])
     assert bitwise_equal(state2, state), "out_dtype changed the state"
@@ -82,14 +82,14 @@ def test_decode_matches_reference(dtype, B, S, HK, HV, kd, vd):
 def test_decode_default_slots_and_options():
     """state_indices=None addresses slots 0..B-1; scale and use_qk_l2norm=False are honoured."""
     B, S, HK, HV, kd, vd = 2, 4, 1, 2, 16, 32
-    x = gdn_inputs(5, B, HK, HV, kd, vd, slots=S, dtype=torch.float32)
+    x = gdn_inputs(5, B, HK, HV, kd, vd, slots=S, dtype=torch.float32, state_layout="kv")
     before = x["state"].clone()
     for scale, l2 in [(None, True), (0.37, True), (0.21, False)]:
         o_ref, s_ref = gdn_decode_ref(before, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                      scale=scale, use_qk_l2norm=l2)
+                                      scale=scale, use_qk_l2norm=l2, state_layout="kv")
         state = before.clone()
         o = gdn_decode(state, x["q"], x["k"], x["v"], x["g"], x["beta"], scale=scale,
-                       use_qk_l2norm=l2, validate=True)
+                       use_qk_l2norm=l2, validate=True, state_layout="kv")
         _check_close(f"o scale={scale} l2={l2}", o, o_ref, 1e-5)
         _check_close("state", state[:B], s_ref[:B], STATE_TOL)
         assert bitwise_equal(state[B:], before[B:])
@@ -109,15 +109,16 @@ CHAIN_CASES = [
 
 @pytest.mark.parametrize("dtype,K,B,S,HK,HV,kd,vd", CHAIN_CASES)
 def test_chain_matches_reference(dtype, K, B, S, HK, HV, kd, vd):
-    x = gdn_inputs(100 + K * kd + vd, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
+    x = gdn_inputs(100 + K * kd + vd, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype,
+                   state_layout="kv")
     idx = x["state_indices"]
     before = x["state"].clone()
     o_ref, s_ref, i_ref = gdn_chain_ref(before, x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                        state_indices=idx)
+                                        state_indices=idx, state_layout="kv")
     state = before.clone()
     inter = torch.full((B, K - 1, HV, kd, vd), float("nan"), device=DEVICE)
     o = gdn_chain(state, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
-                  intermediate=inter, validate=True)
+                  intermediate=inter, validate=True, state_layout="kv")
     assert o.dtype == dtype and o.shape == (B, K, HV, vd)
     _check_close("o", o, o_ref, O_TOL[dtype])
     _check_close("state", state[idx.long()], s_ref[idx.long()], STATE_TOL)
@@ -142,20 +143,21 @@ BITWISE_CASES = [
 @pytest.mark.parametrize("dtype,K,HK,HV,kd,vd", BITWISE_CASES)
 def test_chain_bitwise_equals_successive_decodes(dtype, K, HK, HV, kd, vd):
     B, S = 3, 5
-    x = gdn_inputs(200 + K, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
+    x = gdn_inputs(200 + K, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype, state_layout="kv")
     idx = x["state_indices"]
     before = x["state"].clone()
 
     s_chain = before.clone()
     inter = torch.full((B, K - 1, HV, kd, vd), float("nan"), device=DEVICE)
     o_chain = gdn_chain(s_chain, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
-                        intermediate=inter, validate=True)
+                        intermediate=inter, validate=True, state_layout="kv")
 
     s_dec = before.clone()
     outs, snaps = [], []
     for t in range(K):
         outs.append(gdn_decode(s_dec, x["q"][:, t], x["k"][:, t], x["v"][:, t], x["g"][:, t],
-                               x["beta"][:, t], state_indices=idx, validate=True))
+                               x["beta"][:, t], state_indices=idx, validate=True,
+                               state_layout="kv"))
         if t < K - 1:
             snaps.append(s_dec[idx.long()].clone())
     assert bitwise_equal(o_chain, torch.stack(outs, dim=1)), "outputs differ"
@@ -165,7 +167,8 @@ def test_chain_bitwise_equals_successive_decodes(dtype, K, HK, HV, kd, vd):
 
     # Without a snapshot buffer the chain computes the same outputs and final state.
     s_plain = before.clone()
-    o_plain = gdn_chain(s_plain, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx)
+    o_plain = gdn_chain(s_plain, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
+                        state_layout="kv")
     assert bitwise_equal(o_plain, o_chain) and bitwise_equal(s_plain, s_chain)
 
 
@@ -176,11 +179,11 @@ def _chain_and_decodes(x):
     s_chain, s_dec = x["state"].clone(), x["state"].clone()
     inter = torch.full((B, K - 1, HV, kd, vd), float("nan"), device=DEVICE)
     o_chain = gdn_chain(s_chain, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
-                        intermediate=inter)
+                        intermediate=inter, state_layout="kv")
     outs, snaps = [], []
     for t in range(K):
         outs.append(gdn_decode(s_dec, x["q"][:, t], x["k"][:, t], x["v"][:, t], x["g"][:, t],
-                               x["beta"][:, t], state_indices=idx))
+                               x["beta"][:, t], state_indices=idx, state_layout="kv"))
         if t < K - 1:
             snaps.append(s_dec[idx.long()].clone())
     return (o_chain, s_chain, inter), (torch.stack(outs, 1), s_dec, torch.stack(snaps, 1))
@@ -192,7 +195,8 @@ def test_chain_runtime_row_loop_equals_unrolled(K):
     for every row; perf-notes-archive v10): with the loop forced on and forced off, outputs, final
     states and snapshots are bit for bit those of K decodes, and within tolerance of the
     float64 reference."""
-    x = gdn_inputs(230 + K, 3, 1, 2, 64, 32, rows=K, slots=5, dtype=torch.bfloat16)
+    x = gdn_inputs(230 + K, 3, 1, 2, 64, 32, rows=K, slots=5, dtype=torch.bfloat16,
+                   state_layout="kv")
     got = {}
     for unroll_max in (0, 8):
         with settings.override(chain_unroll_max_rows=unroll_max):
@@ -202,7 +206,7 @@ def test_chain_runtime_row_loop_equals_unrolled(K):
     for a, b_ in zip(got[0][0], got[8][0]):
         assert bitwise_equal(a, b_)
     o_ref = gdn_chain_ref(x["state"].double(), x["q"], x["k"], x["v"], x["g"], x["beta"],
-                          state_indices=x["state_indices"])[0]
+                          state_indices=x["state_indices"], state_layout="kv")[0]
     _check_close("o", got[0][0][0], o_ref, O_TOL[torch.bfloat16])
 
 
@@ -217,7 +221,7 @@ def test_block_config_override():
         return settings.override(kv_block=(block_v, num_warps))
 
     default = block_config(128, 64)
-    x = gdn_inputs(231, 2, 1, 2, 64, 64, rows=3, slots=3, dtype=torch.float32)
+    x = gdn_inputs(231, 2, 1, 2, 64, 64, rows=3, slots=3, dtype=torch.float32, state_layout="kv")
     with block_config_override(16, 2):
         assert block_config(64, 64) == (64, 16, 2) and block_config(128, 8) == (128, 8, 2)
         chain, dec = _chain_and_decodes(x)
@@ -225,7 +229,8 @@ def test_block_config_override():
         assert bitwise_equal(a, b_)
     _check_close("state", chain[1], gdn_chain_ref(x["state"].double(), x["q"], x["k"], x["v"],
                                                   x["g"], x["beta"],
-                                                  state_indices=x["state_indices"])[1], STATE_TOL)
+                                                  state_indices=x["state_indices"],
+                                                  state_layout="kv")[1], STATE_TOL)
     assert block_config(128, 64) == default
     assert block_config(64, 64) == (64, 64, 1), "a config cached inside the block leaked out"
     with block_config_override(32, 4):
@@ -248,7 +253,7 @@ def _fused_views(seed, B, K, HK, HV, kd, vd, dtype):
     (C odd, q starting at column 3: batch, row and head strides are all non-standard and the
     views are not 16-byte aligned), g and beta as slices of an fp32 [B, K, 2*HV + 3] gate
     buffer; plus the same values as contiguous tensors."""
-    x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=B + 2, dtype=dtype)
+    x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=B + 2, dtype=dtype, state_layout="kv")
     nq, nv, q0 = HK * kd, HV * vd, 3
     C = q0 + 2 * nq + nv + 6
     gen = torch.Generator().manual_seed(seed)
@@ -280,17 +285,17 @@ def test_input_views_read_in_place(dtype):
     i_c = torch.empty(B, K - 1, HV, kd, vd, device=DEVICE)
     i_v = torch.empty_like(i_c)
     o_c = gdn_chain(s_c, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
-                    intermediate=i_c)
+                    intermediate=i_c, state_layout="kv")
     o_v = gdn_chain(s_v, views["q"], views["k"], views["v"], views["g"], views["beta"],
-                    state_indices=idx, intermediate=i_v, validate=True)
+                    state_indices=idx, intermediate=i_v, validate=True, state_layout="kv")
     assert bitwise_equal(o_v, o_c) and bitwise_equal(s_v, s_c) and bitwise_equal(i_v, i_c)
     # Decode reads the row-t views in place too.
     d_c, d_v = x["state"].clone(), x["state"].clone()
     for t in range(K):
         o1 = gdn_decode(d_c, *(x[n][:, t] for n in ("q", "k", "v", "g", "beta")),
-                        state_indices=idx)
+                        state_indices=idx, state_layout="kv")
         o2 = gdn_decode(d_v, *(views[n][:, t] for n in ("q", "k", "v", "g", "beta")),
-                        state_indices=idx, validate=True)
+                        state_indices=idx, validate=True, state_layout="kv")
         assert bitwise_equal(o1, o2) and bitwise_equal(d_c, d_v)
     assert bitwise_equal(d_v, s_v)
 
@@ -307,7 +312,7 @@ def test_state_and_snapshot_views(dtype):
     idx = x["state_indices"]
     S = x["state"].shape[0]
     o_ref, s_ref, i_ref = gdn_chain_ref(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                        state_indices=idx)
+                                        state_indices=idx, state_layout="kv")
 
     def state_view():
         big = torch.randn(S, HV, kd + 3, vd + 5, device=DEVICE)
@@ -320,7 +325,7 @@ def test_state_and_snapshot_views(dtype):
     inter_big = torch.zeros(B, K - 1, HV, kd, vd + 7, device=DEVICE)
     iv = inter_big[..., :vd]
     o = gdn_chain(sv, views["q"], views["k"], views["v"], views["g"], views["beta"],
-                  state_indices=idx, intermediate=iv, validate=True)
+                  state_indices=idx, intermediate=iv, validate=True, state_layout="kv")
     _check_close("o", o, o_ref, O_TOL[dtype])
     _check_close("state", sv[idx.long()], s_ref[idx.long()], STATE_TOL)
     _check_close("intermediate", iv, i_ref, STATE_TOL)
@@ -336,7 +341,7 @@ def test_state_and_snapshot_views(dtype):
     outs = []
     for t in range(K):
         outs.append(gdn_decode(sd, *(views[n][:, t] for n in ("q", "k", "v", "g", "beta")),
-                               state_indices=idx, validate=True))
+                               state_indices=idx, validate=True, state_layout="kv"))
         if t < K - 1:
             assert bitwise_equal(sd[idx.long()], iv[:, t])
     assert bitwise_equal(torch.stack(outs, 1), o) and bitwise_equal(sd, sv)
@@ -346,17 +351,17 @@ def test_gva_reads_key_head_h_div_group():
     """HV = 2*HK equals HK = HV with q, k repeat_interleaved (bitwise): value head h reads key
     head h // 2, not h % HK."""
     B, K, HK, HV, kd, vd = 2, 2, 2, 4, 16, 16
-    x = gdn_inputs(41, B, HK, HV, kd, vd, rows=K, slots=B, dtype=torch.bfloat16)
+    x = gdn_inputs(41, B, HK, HV, kd, vd, rows=K, slots=B, dtype=torch.bfloat16, state_layout="kv")
     s1, s2 = x["state"].clone(), x["state"].clone()
-    o1 = gdn_chain(s1, x["q"], x["k"], x["v"], x["g"], x["beta"])
+    o1 = gdn_chain(s1, x["q"], x["k"], x["v"], x["g"], x["beta"], state_layout="kv")
     qr = x["q"].repeat_interleave(2, dim=2)
     kr = x["k"].repeat_interleave(2, dim=2)
-    o2 = gdn_chain(s2, qr, kr, x["v"], x["g"], x["beta"])
+    o2 = gdn_chain(s2, qr, kr, x["v"], x["g"], x["beta"], state_layout="kv")
     assert bitwise_equal(o1, o2) and bitwise_equal(s1, s2)
     # and a different mapping (h % HK) would give different outputs
     qm = x["q"].repeat(1, 1, 2, 1)
     km = x["k"].repeat(1, 1, 2, 1)
-    o3 = gdn_chain(x["state"].clone(), qm, km, x["v"], x["g"], x["beta"])
+    o3 = gdn_chain(x["state"].clone(), qm, km, x["v"], x["g"], x["beta"], state_layout="kv")
     assert not torch.equal(o1, o3)
 
 
@@ -381,14 +386,15 @@ def test_bytes_moved_per_spec():
 
 def test_decode_and_chain_take_int64_slots():
     """Slot indices as int64 (the dtype torch indexing produces) give the same bits as int32."""
-    x = gdn_inputs(77, 3, 1, 2, 16, 16, rows=2, slots=5, dtype=torch.bfloat16)
+    x = gdn_inputs(77, 3, 1, 2, 16, 16, rows=2, slots=5, dtype=torch.bfloat16, state_layout="kv")
     idx32 = x["state_indices"]
     a, b = x["state"].clone(), x["state"].clone()
-    o32 = gdn_chain(a, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx32)
+    o32 = gdn_chain(a, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx32,
+                    state_layout="kv")
     o64 = gdn_chain(b, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx32.long(),
-                    validate=True)
+                    validate=True, state_layout="kv")
     assert bitwise_equal(o32, o64) and bitwise_equal(a, b)
     q1, k1, v1, g1, b1 = (x[n][:, 0].contiguous() for n in ("q", "k", "v", "g", "beta"))
-    d32 = gdn_decode(a, q1, k1, v1, g1, b1, state_indices=idx32)
-    d64 = gdn_decode(b, q1, k1, v1, g1, b1, state_indices=idx32.long())
+    d32 = gdn_decode(a, q1, k1, v1, g1, b1, state_indices=idx32, state_layout="kv")
+    d64 = gdn_decode(b, q1, k1, v1, g1, b1, state_indices=idx32.long(), state_layout="kv")
     assert bitwise_equal(d32, d64) and bitwise_equal(a, b)

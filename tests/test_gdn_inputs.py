@@ -24,14 +24,14 @@ from pmll_lab.inputs import gdn_inputs
 
 def _good(rows=None, dtype=torch.bfloat16):
     B, HK, HV, kd, vd = 2, 1, 2, 16, 16
-    x = gdn_inputs(71, B, HK, HV, kd, vd, rows=rows, slots=4, dtype=dtype)
+    x = gdn_inputs(71, B, HK, HV, kd, vd, rows=rows, slots=4, dtype=dtype, state_layout="kv")
     if rows is not None:
         x["intermediate"] = torch.empty(B, rows - 1, HV, kd, vd, device=DEVICE)
     return x
 
 
 def _call(x, rows, **kw):
-    args = dict(state_indices=x["state_indices"], validate=True)
+    args = dict(state_indices=x["state_indices"], validate=True, state_layout="kv")
     if rows is not None:
         args["intermediate"] = x.get("intermediate")
     args.update(kw)
@@ -56,7 +56,8 @@ def _bad_cases():
         ("g shape", None, setx("g", lambda x: x["g"][:, :1]), "g"),
         ("beta dtype", None, setx("beta", lambda x: x["beta"].bfloat16()), "beta"),
         ("g dtype", 2, setx("g", lambda x: x["g"].double()), "g"),
-        ("HV % HK", None, lambda x: x.update(gdn_inputs(72, 2, 2, 3, 16, 16, slots=4)), "q"),
+        ("HV % HK", None, lambda x: x.update(gdn_inputs(72, 2, 2, 3, 16, 16, slots=4,
+                                                        state_layout="kv")), "q"),
         ("K > 8", 9, None, "q"),
         ("k dtype", None, setx("k", lambda x: x["k"].float()), "k"),
         ("v dtype", 2, setx("v", lambda x: x["v"].half()), "v"),

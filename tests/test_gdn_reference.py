@@ -22,12 +22,12 @@ from _gdn_helpers import _check_close
 
 
 def test_reference_does_not_mutate_inputs():
-    x = gdn_inputs(3, 2, 1, 2, 16, 16, rows=3, slots=3, dtype=torch.bfloat16)
+    x = gdn_inputs(3, 2, 1, 2, 16, 16, rows=3, slots=3, dtype=torch.bfloat16, state_layout="kv")
     copies = {n: t.clone() for n, t in x.items()}
     gdn_chain_ref(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"],
-                  state_indices=x["state_indices"])
+                  state_indices=x["state_indices"], state_layout="kv")
     gdn_decode_ref(x["state"], x["q"][:, 0], x["k"][:, 0], x["v"][:, 0], x["g"][:, 0],
-                   x["beta"][:, 0], state_indices=x["state_indices"])
+                   x["beta"][:, 0], state_indices=x["state_indices"], state_layout="kv")
     for n, t in x.items():
         assert bitwise_equal(t, copies[n]), n
 
@@ -69,10 +69,10 @@ def _heads_matched(x, K, HK, HV, scale=None, l2=True):
 
 def test_reference_matches_triangular_solve_closed_form():
     B, K, HK, HV, kd, vd = 3, 8, 2, 4, 16, 24
-    x = gdn_inputs(51, B, HK, HV, kd, vd, rows=K, slots=4, dtype=torch.float32)
+    x = gdn_inputs(51, B, HK, HV, kd, vd, rows=K, slots=4, dtype=torch.float32, state_layout="kv")
     idx = x["state_indices"].long()
     o_ref, s_ref, i_ref = gdn_chain_ref(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                        state_indices=x["state_indices"])
+                                        state_indices=x["state_indices"], state_layout="kv")
     q, k = _heads_matched(x, K, HK, HV)
     flat = lambda t: t.transpose(1, 2).reshape(B * HV, K, *t.shape[3:])  # noqa: E731
     o_cf, h_cf = _solve_chain(x["state"][idx].double().reshape(B * HV, kd, vd), flat(q), flat(k),
@@ -101,10 +101,12 @@ def test_reference_matches_fla_naive(l2):
     peer oracle; the test fails if fla-core is missing (the triangular-solve closed form is checked on its own
     in ``test_reference_matches_triangular_solve_closed_form``)."""
     B, K, HK, HV, kd, vd = 2, 6, 1, 2, 16, 32
-    x = gdn_inputs(61 + l2, B, HK, HV, kd, vd, rows=K, slots=3, dtype=torch.float32)
+    x = gdn_inputs(61 + l2, B, HK, HV, kd, vd, rows=K, slots=3, dtype=torch.float32,
+                   state_layout="kv")
     idx = x["state_indices"].long()
     o_ref, s_ref, _ = gdn_chain_ref(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                    state_indices=x["state_indices"], use_qk_l2norm=l2)
+                                    state_indices=x["state_indices"], use_qk_l2norm=l2,
+                                    state_layout="kv")
     q, k = _heads_matched(x, K, HK, HV, l2=l2)
     h0 = x["state"][idx].double()
     naive = _fla_naive()
@@ -123,18 +125,18 @@ def test_reference_names_a_misshapen_argument():
     decode-shaped q to the chain's), a v without the state's heads, a g with a rows axis."""
     from pmll_lab.reference.gdn import gdn_chain_ref, gdn_decode_ref
 
-    one = gdn_inputs(5, 2, 1, 2, 8, 8)
-    rows = gdn_inputs(5, 2, 1, 2, 8, 8, rows=3)
+    one = gdn_inputs(5, 2, 1, 2, 8, 8, state_layout="kv")
+    rows = gdn_inputs(5, 2, 1, 2, 8, 8, rows=3, state_layout="kv")
     args = lambda x: (x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"])  # noqa: E731
     with pytest.raises(ValueError, match=r"^q: expected \[B, HK, kd\] .* got \(2, 3, 1, 8\)"):
-        gdn_decode_ref(*args(rows))
+        gdn_decode_ref(*args(rows), state_layout="kv")
     with pytest.raises(ValueError, match=r"^q: expected \[B, K, HK, kd\]"):
-        gdn_chain_ref(*args(one))
+        gdn_chain_ref(*args(one), state_layout="kv")
     st, q, k, v, g, beta = args(one)
     with pytest.raises(ValueError, match=r"^v: expected \[B, HV, vd\]"):
-        gdn_decode_ref(st, q, k, v[:, :1], g, beta)
+        gdn_decode_ref(st, q, k, v[:, :1], g, beta, state_layout="kv")
     with pytest.raises(ValueError, match=r"^g: expected \[B, HV\]"):
-        gdn_decode_ref(st, q, k, v, g[:, None], beta)
+        gdn_decode_ref(st, q, k, v, g[:, None], beta, state_layout="kv")
 
 
 def test_reference_takes_a_named_state_dtype_and_blames_q_for_its_key_size():
@@ -142,13 +144,14 @@ def test_reference_takes_a_named_state_dtype_and_blames_q_for_its_key_size():
     and a q whose key size is not the state's are ValueErrors naming the argument at fault."""
     from pmll_lab.reference.gdn import gdn_decode_ref
 
-    x = gdn_inputs(6, 2, 1, 2, 16, 16)
+    x = gdn_inputs(6, 2, 1, 2, 16, 16, state_layout="kv")
     args = [x[n] for n in ("state", "q", "k", "v", "g", "beta")]
-    by_name = gdn_decode_ref(*args, state_dtype="bfloat16")[1]
-    assert torch.equal(by_name, gdn_decode_ref(*args, state_dtype=torch.bfloat16)[1])
-    assert not torch.equal(by_name, gdn_decode_ref(*args)[1])
+    by_name = gdn_decode_ref(*args, state_dtype="bfloat16", state_layout="kv")[1]
+    assert torch.equal(by_name, gdn_decode_ref(*args, state_dtype=torch.bfloat16,
+                                               state_layout="kv")[1])
+    assert not torch.equal(by_name, gdn_decode_ref(*args, state_layout="kv")[1])
     with pytest.raises(ValueError, match="^state_dtype: expected None, float32, bfloat16"):
-        gdn_decode_ref(*args, state_dtype="bf16")
+        gdn_decode_ref(*args, state_dtype="bf16", state_layout="kv")
     st, q, k, v, g, beta = args
     with pytest.raises(ValueError, match=r"^q: expected kd=16"):
-        gdn_decode_ref(st, q[..., :8], k, v, g, beta)
+        gdn_decode_ref(st, q[..., :8], k, v, g, beta, state_layout="kv")

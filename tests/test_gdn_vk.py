@@ -56,7 +56,7 @@ CASES = [
 
 @pytest.mark.parametrize("dtype,B,S,HK,HV,kd,vd", CASES)
 def test_decode_vk_matches_reference(dtype, B, S, HK, HV, kd, vd):
-    x = gdn_inputs(5 + kd, B, HK, HV, kd, vd, slots=S, dtype=dtype)
+    x = gdn_inputs(5 + kd, B, HK, HV, kd, vd, slots=S, dtype=dtype, state_layout="kv")
     idx = x["state_indices"]
     before = _vk(x["state"])
     o_ref, s_ref = gdn_decode_ref(before, x["q"], x["k"], x["v"], x["g"], x["beta"],
@@ -74,7 +74,7 @@ def test_decode_vk_matches_reference(dtype, B, S, HK, HV, kd, vd):
     # reduction order)
     kv = x["state"].clone()
     o_kv = gdn_decode(kv, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=idx,
-                      out_dtype=torch.float32)
+                      out_dtype=torch.float32, state_layout="kv")
     o_vk = gdn_decode(before.clone(), x["q"], x["k"], x["v"], x["g"], x["beta"],
                       state_indices=idx, out_dtype=torch.float32, state_layout="vk")
     _close("vk vs kv", o_vk, o_kv, O_TOL[torch.float32])
@@ -92,7 +92,7 @@ def _check_chain_vs_decodes(K, dtype, seed, ahead=None):
     ``ahead = (rows, verify rows, stash rows)``, the chain launches under that ``vk_ahead`` and
     the decodes under the shipped table."""
     B, S, HK, HV, kd, vd = 3, 4, 1, 2, 32, 24
-    x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
+    x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype, state_layout="kv")
     idx = x["state_indices"]
     st0 = _vk(x["state"])
     o_ref, s_ref, i_ref = gdn_chain_ref(st0, x["q"], x["k"], x["v"], x["g"], x["beta"],
@@ -159,15 +159,17 @@ def test_vk_stash_ahead_past_small_stash_with_padding():
     live = [0, 2]
     for ahead in ((3, 1, 7), (8, 8, 8)):
         gen = torch.Generator().manual_seed(63)
-        st = [_vk(gdn_inputs(64 + n, 1, HK, HV, kd, vd, slots=S)["state"]).to(torch.bfloat16)
+        st = [_vk(gdn_inputs(64 + n, 1, HK, HV, kd, vd, slots=S,
+                             state_layout="kv")["state"]).to(torch.bfloat16)
               for n in range(layers)]
         plain = [s.clone() for s in st]
-        carries = [GdnCarry.empty(S, HV, kd, vd, cap=cap) for _ in range(layers)]
+        carries = [GdnCarry.empty(S, HV, kd, vd, cap=cap, state_layout="vk") for _ in range(layers)]
         cases = set()                                   # (pending, engaged) of live lanes
         for step in range(4):
             acc = torch.randint(1, K + 1, (B,), generator=gen, dtype=torch.int32)
             for n in range(layers):
-                x = gdn_inputs(70 + 10 * step + n, B, HK, HV, kd, vd, rows=K, slots=S)
+                x = gdn_inputs(70 + 10 * step + n, B, HK, HV, kd, vd, rows=K, slots=S,
+                               state_layout="kv")
                 gv = dict(A_log=torch.rand(HV, generator=gen).to(DEVICE) * 2 - 1,
                           dt_bias=torch.randn(HV, generator=gen).to(DEVICE),
                           a=(torch.randn(B, K, HV, generator=gen) * 3).to(x["q"]),
@@ -197,7 +199,7 @@ def test_vk_stash_ahead_past_small_stash_with_padding():
 
 def test_plans_vk_bitwise_equal_launchers():
     B, S, HK, HV, kd, vd, K = 2, 3, 1, 2, 16, 24, 3
-    x = gdn_inputs(71, B, HK, HV, kd, vd, rows=K, slots=S, dtype=torch.bfloat16)
+    x = gdn_inputs(71, B, HK, HV, kd, vd, rows=K, slots=S, dtype=torch.bfloat16, state_layout="kv")
     idx = x["state_indices"]
     st0 = _vk(x["state"])
     a, b = st0.clone(), st0.clone()
@@ -234,7 +236,7 @@ def test_qk_hint_switch():
     """``vk_qk_hint`` off turns the hint off for every launch (read at launch time): the
     launch gets ``QK_ALIGNED=False`` for contiguous rows and still matches the reference."""
     B, S, K, HK, HV, kd, vd = 2, 3, 2, 1, 2, 16, 8
-    x = gdn_inputs(89, B, HK, HV, kd, vd, rows=K, slots=S, dtype=torch.bfloat16)
+    x = gdn_inputs(89, B, HK, HV, kd, vd, rows=K, slots=S, dtype=torch.bfloat16, state_layout="kv")
     assert vk_qk_aligned(kd, x["q"], x["k"])
     st0 = _vk(x["state"])
     state = st0.clone()
@@ -261,7 +263,7 @@ def test_vk_views_read_in_place(dtype):
     the reference, and equals V-major decodes of the same views bit for bit; contiguous
     copies launch with the hint."""
     B, S, K, HK, HV, kd, vd = 2, 3, 3, 1, 2, 16, 24
-    x = gdn_inputs(83, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
+    x = gdn_inputs(83, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype, state_layout="kv")
     idx = x["state_indices"]
     nq = HK * kd
     buf = torch.randn(B, K, 2 * nq + 1, device=DEVICE).to(dtype)
@@ -291,7 +293,7 @@ def test_vk_views_read_in_place(dtype):
 
 
 def test_layout_errors_name_the_argument():
-    x = gdn_inputs(3, 2, 1, 2, 16, 24, dtype=torch.float32)
+    x = gdn_inputs(3, 2, 1, 2, 16, 24, dtype=torch.float32, state_layout="kv")
     with pytest.raises(ValueError, match="state_layout"):
         gdn_decode(x["state"].clone(), x["q"], x["k"], x["v"], x["g"], x["beta"],
                    state_layout="kvx")
@@ -300,7 +302,7 @@ def test_layout_errors_name_the_argument():
         gdn_decode(x["state"].clone(), x["q"], x["k"], x["v"], x["g"], x["beta"],
                    state_layout="vk")
     carry = GdnCarry.empty(2, 2, 16, 24)
-    xr = gdn_inputs(3, 2, 1, 2, 16, 24, rows=2, dtype=torch.float32)
+    xr = gdn_inputs(3, 2, 1, 2, 16, 24, rows=2, dtype=torch.float32, state_layout="kv")
     with pytest.raises(ValueError, match="carry"):
         gdn_carry_verify(xr["state"].clone(), carry, xr["q"], xr["k"], xr["v"], xr["g"],
                          xr["beta"], slot_tab=xr["state_indices"], state_layout="vk")
@@ -344,14 +346,15 @@ def _run_protocol(form, lazy, dtype, seed, *, B=3, S=5, HK=1, HV=2, kd=16, vd=40
     """``steps`` verifies + accepts of ``form`` on a V-major state (``state_dtype``), each
     accepted output and the flushed states bitwise against plain V-major decoding."""
     gen = torch.Generator().manual_seed(seed)
-    x0 = gdn_inputs(seed, B, HK, HV, kd, vd, slots=S, dtype=dtype)
+    x0 = gdn_inputs(seed, B, HK, HV, kd, vd, slots=S, dtype=dtype, state_layout="kv")
     slots = x0["state_indices"]
     state = _vk(x0["state"]).to(state_dtype)
     plain = state.clone()
-    carry = GdnCarry.empty(S, HV, kd, vd)
+    carry = GdnCarry.empty(S, HV, kd, vd, state_layout="vk")
     wrote_back = 0
     for step in range(steps):
-        x = gdn_inputs(seed + 100 + step, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype)
+        x = gdn_inputs(seed + 100 + step, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype,
+                       state_layout="kv")
         o, eng = gdn_carry_verify(state, carry, x["q"], x["k"], x["v"], x["g"], x["beta"],
                                   slot_tab=slots, form=form, lazy=lazy, validate=True,
                                   state_layout="vk")
@@ -403,7 +406,8 @@ FUSED_SUMS = textwrap.dedent("""
     assert settings.gdn().fma_sums
     for layout, kd in (("vk", 64), ("vk", 16), ("kv", 32)):
         B, K, HK, HV, vd = 2, 3, 1, 2, 16
-        x = gdn_inputs(97 + kd, B, HK, HV, kd, vd, rows=K, slots=3, dtype=torch.bfloat16)
+        x = gdn_inputs(97 + kd, B, HK, HV, kd, vd, rows=K, slots=3, dtype=torch.bfloat16,
+                       state_layout="kv")
         st0 = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
         idx = x["state_indices"]
         o_ref, s_ref, _ = gdn_chain_ref(st0, x["q"], x["k"], x["v"], x["g"], x["beta"],

@@ -35,7 +35,8 @@ S, B, HK, HV, D, K = 4, 3, 1, 2, 16, 3
 
 
 def _gdn(seed, rows=None, vk=False):
-    x = gdn_inputs(seed, B, HK, HV, D, D, rows=rows, slots=S, dtype=torch.float32)
+    x = gdn_inputs(seed, B, HK, HV, D, D, rows=rows, slots=S, dtype=torch.float32,
+                   state_layout="kv")
     if vk:
         x["state"] = x["state"].transpose(-1, -2).contiguous()
     return x

@@ -166,18 +166,20 @@ def test_gdn_kernels_launch_without_contraction(monkeypatch):
 
 
     monkeypatch.setattr(kind, "run", record)
-    x = gdn_inputs(3, 2, 1, 2, 16, 16, slots=3, dtype=torch.float32)
-    r = gdn_inputs(4, 2, 1, 2, 16, 16, rows=2, slots=3, dtype=torch.float32)
+    x = gdn_inputs(3, 2, 1, 2, 16, 16, slots=3, dtype=torch.float32, state_layout="kv")
+    r = gdn_inputs(4, 2, 1, 2, 16, 16, rows=2, slots=3, dtype=torch.float32, state_layout="kv")
     sl = x["state_indices"]
-    gdn_decode(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=sl)
-    gdn_chain(x["state"], r["q"], r["k"], r["v"], r["g"], r["beta"], state_indices=sl)
+    gdn_decode(x["state"], x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=sl,
+               state_layout="kv")
+    gdn_chain(x["state"], r["q"], r["k"], r["v"], r["g"], r["beta"], state_indices=sl,
+              state_layout="kv")
     gdn_gating(torch.zeros(2, device=DEVICE), r["g"], torch.zeros(2, device=DEVICE), r["beta"])
     vk_state = x["state"].transpose(-1, -2).contiguous()
     gdn_decode(vk_state, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=sl,
                state_layout="vk")
     for layout in ("kv", "vk"):
         st = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
-        c = GdnCarry.empty(3, 2, 16, 16)
+        c = GdnCarry.empty(3, 2, 16, 16, state_layout=layout)
         gdn_carry_verify(st, c, r["q"], r["k"], r["v"], r["g"], r["beta"], slot_tab=sl,
                          form="exact", state_layout=layout)
         gdn_carry_flush([st], [c], sl, state_layout=layout)

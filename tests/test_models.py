@@ -318,7 +318,8 @@ def test_perfect_draft_is_always_accepted():
     ref, _ = _greedy(0, "kv")
     assert budgets[0] == 12                      # prompt 0 has the long budget
     out, st = speculative_generate(model, prompts[:1], max_new_tokens=10, draft="noisy",
-                                   draft_accept=1.0, reference=ref[:1], K=3, return_stats=True)
+                                   draft_accept=1.0, reference=ref[:1], K=3, return_stats=True,
+                                   state_layout="kv")
     assert st.accept_lengths and all(a == 3 for a in st.accept_lengths), st.accept_lengths
     assert torch.equal(out, ref[:1, :10])
 
@@ -358,12 +359,13 @@ def test_prompts_outside_the_vocabulary_and_short_references_are_refused():
     vocab = model.get_output_embeddings().weight.shape[0]
     for bad in ([[1, vocab]], [[-1, 2]]):
         with pytest.raises(ValueError, match=r"^input_ids: prompt 0 has token ids"):
-            greedy_generate(model, bad, max_new_tokens=1)
+            greedy_generate(model, bad, max_new_tokens=1, state_layout="kv")
         with pytest.raises(ValueError, match=r"^input_ids: prompt 0 has token ids"):
-            speculative_generate(model, bad, max_new_tokens=1, draft="ngram", K=2)
+            speculative_generate(model, bad, max_new_tokens=1, draft="ngram", K=2,
+                                 state_layout="kv")
     with pytest.raises(ValueError, match=r"^reference: 1 continuation\(s\) for 2 prompts"):
         speculative_generate(model, [[1, 2], [3, 4]], max_new_tokens=2, draft="noisy",
-                             draft_accept=1.0, reference=[[5, 6]], K=2)
+                             draft_accept=1.0, reference=[[5, 6]], K=2, state_layout="kv")
 
 
 def test_throughput_table_pairs_each_run_with_its_own_plain_run():

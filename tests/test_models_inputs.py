@@ -116,7 +116,7 @@ def test_noisy_draft_arguments_only_with_the_noisy_draft(model, kwargs, name, no
 def test_draft_returning_a_non_sequence_is_named(model, ret):
     with pytest.raises(ValueError, match=r"^draft: sequence 0's proposals must be a list"):
         speculative_generate(model, PROMPTS[:1], max_new_tokens=3, K=3,
-                             draft=lambda c, n: [ret for _ in c])
+                             draft=lambda c, n: [ret for _ in c], state_layout="kv")
 
 
 def test_pad_token_id_fills_after_a_sequences_end(model):
@@ -124,10 +124,10 @@ def test_pad_token_id_fills_after_a_sequences_end(model):
     before it are those of the default (-1) run; greedy and speculative agree (float64, exact
     form)."""
     budgets = [1, 3, 2]
-    ref = greedy_generate(model, PROMPTS, max_new_tokens=budgets)
-    out = greedy_generate(model, PROMPTS, max_new_tokens=budgets, pad_token_id=0)
+    ref = greedy_generate(model, PROMPTS, max_new_tokens=budgets, state_layout="kv")
+    out = greedy_generate(model, PROMPTS, max_new_tokens=budgets, pad_token_id=0, state_layout="kv")
     spec = speculative_generate(model, PROMPTS, max_new_tokens=budgets, draft="ngram", K=2,
-                                pad_token_id=0)
+                                pad_token_id=0, state_layout="kv")
     assert ref.shape == out.shape == (3, 3)
     for i, n in enumerate(budgets):
         assert (ref[i, n:] == -1).all() and (out[i, n:] == 0).all()

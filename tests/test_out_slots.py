@@ -26,7 +26,8 @@ def _idx(slots, dtype=torch.int32):
 
 
 def _guarded_state(seed, layout):
-    st = gdn_inputs(seed, 1, HK, HV, KD, VD, slots=S, dtype=torch.float32)["state"]
+    st = gdn_inputs(seed, 1, HK, HV, KD, VD, slots=S, dtype=torch.float32,
+                    state_layout="kv")["state"]
     st = st if layout == "kv" else st.transpose(-1, -2).contiguous()
     big = torch.full((S + 2, *st.shape[1:]), 777.0, device=DEVICE)
     big[1:-1] = st
@@ -34,7 +35,7 @@ def _guarded_state(seed, layout):
 
 
 def _rows(K):
-    x = gdn_inputs(61, len(READ), HK, HV, KD, VD, rows=K, dtype=torch.bfloat16)
+    x = gdn_inputs(61, len(READ), HK, HV, KD, VD, rows=K, dtype=torch.bfloat16, state_layout="kv")
     rows = [x[n] for n in ("q", "k", "v", "g", "beta")]
     return rows if K > 1 else [t[:, 0].contiguous() for t in rows]
 
@@ -106,15 +107,17 @@ def test_validate_refuses_cross_lane_overlaps():
         before = st.clone()
         with pytest.raises(ValueError, match="out_state_indices"):
             gdn_decode(st, *rows, state_indices=_idx(READ), out_state_indices=_idx(write),
-                       validate=True)
+                       validate=True, state_layout="kv")
         assert bitwise_equal(st, before), why
     with pytest.raises(ValueError, match="out_state_indices"):
-        gdn_decode(st, *rows, state_indices=_idx(READ), out_state_indices=_idx(WRITE[:3]))
+        gdn_decode(st, *rows, state_indices=_idx(READ), out_state_indices=_idx(WRITE[:3]),
+                   state_layout="kv")
     with pytest.raises(ValueError, match="out_state_indices"):
         gdn_chain(st, *_rows(2), state_indices=_idx(READ),
-                  out_state_indices=_idx(WRITE).float(), validate=True)
+                  out_state_indices=_idx(WRITE).float(), validate=True, state_layout="kv")
     # a write slot equal to the lane's own read slot, and swaps are fine only lane-to-itself
-    gdn_decode(st, *rows, state_indices=_idx(READ), out_state_indices=_idx(READ), validate=True)
+    gdn_decode(st, *rows, state_indices=_idx(READ), out_state_indices=_idx(READ), validate=True,
+               state_layout="kv")
     with pytest.raises(ValueError, match="out_state_indices"):
         gdn_decode(st, *rows, state_indices=_idx(READ), out_state_indices=_idx([0, 2, 4, -1]),
-                   validate=True)
+                   validate=True, state_layout="kv")

@@ -32,7 +32,8 @@ def _guarded(t: torch.Tensor):
 
 
 def _state(seed, layout):
-    st = gdn_inputs(seed, 1, HK, HV, KD, VD, slots=S, dtype=torch.float32)["state"]
+    st = gdn_inputs(seed, 1, HK, HV, KD, VD, slots=S, dtype=torch.float32,
+                    state_layout="kv")["state"]
     return st if layout == "kv" else st.transpose(-1, -2).contiguous()
 
 
@@ -48,7 +49,7 @@ def _idx(slots):
 @pytest.mark.parametrize("layout", ["kv", "vk"])
 @pytest.mark.parametrize("K", [1, 3])
 def test_decode_and_chain_padding_lane(layout, K):
-    x = gdn_inputs(21, 3, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16)
+    x = gdn_inputs(21, 3, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16, state_layout="kv")
     st0 = _state(22, layout)
     a, big = _guarded(st0)
     b = st0.clone()
@@ -72,12 +73,13 @@ def test_decode_and_chain_padding_lane(layout, K):
     assert bool((big[0] == 777.0).all()) and bool((big[-1] == 777.0).all()), "guard written"
 
 
-def _carry(seed):
-    """A GdnCarry with random stash rows and pend, inside sentinel buffers."""
+def _carry(seed, layout):
+    """A GdnCarry for a ``layout`` pool with random stash rows and pend, inside sentinel
+    buffers."""
     W = 8 * (HV * VD + HV + HV * KD)
     big = torch.full((S + 2, W), 555.0, device=DEVICE)
     bigp = torch.full((S + 2,), 99, dtype=torch.int32, device=DEVICE)
-    c = GdnCarry(big[1:-1], bigp[1:-1], HV, KD, VD)
+    c = GdnCarry(big[1:-1], bigp[1:-1], HV, KD, VD, state_layout=layout)
     gen = torch.Generator().manual_seed(seed)
     c.u.copy_(torch.randn(c.u.shape, generator=gen) * 0.3)
     c.g.copy_(-F.softplus(torch.randn(c.g.shape, generator=gen)))
@@ -91,12 +93,12 @@ def _carry(seed):
 @pytest.mark.parametrize("form,lazy", [("exact", False), ("exact", True)])
 def test_carry_verify_accept_flush_padding_lane(layout, form, lazy):
     K = 4                        # lazy: slot 2 (pend 5) writes back, slot 0 (pend 3) does not
-    x = gdn_inputs(31, 3, HK, HV, KD, VD, rows=K, dtype=torch.float32)
+    x = gdn_inputs(31, 3, HK, HV, KD, VD, rows=K, dtype=torch.float32, state_layout="kv")
     st0 = _state(32, layout)
     a, big = _guarded(st0)
     b = st0.clone()
-    ca, cbig, cpbig = _carry(33)
-    cb = GdnCarry(ca.buf.clone(), ca.pend.clone(), HV, KD, VD)
+    ca, cbig, cpbig = _carry(33, layout)
+    cb = GdnCarry(ca.buf.clone(), ca.pend.clone(), HV, KD, VD, state_layout=layout)
     o, eng = gdn_carry_verify(a, ca, *_rows(x, [0, 1, 2]), slot_tab=_idx(SLOTS_PAD), form=form,
                               lazy=lazy, validate=True, state_layout=layout)
     live_idx = _idx([SLOTS_PAD[i] for i in LIVE])
@@ -117,14 +119,14 @@ def test_carry_verify_accept_flush_padding_lane(layout, form, lazy):
 
 
 def test_only_minus_one_is_padding():
-    x = gdn_inputs(41, 2, HK, HV, KD, VD, dtype=torch.float32)
+    x = gdn_inputs(41, 2, HK, HV, KD, VD, dtype=torch.float32, state_layout="kv")
     st = _state(42, "kv")
     for bad in ([-2, 0], [0, S]):
         with pytest.raises(ValueError, match="state_indices"):
             gdn_decode(st, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=_idx(bad),
-                       validate=True)
+                       validate=True, state_layout="kv")
     with pytest.raises(ValueError, match="state_indices"):      # live slots stay distinct
         gdn_decode(st, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=_idx([1, 1]),
-                   validate=True)
+                   validate=True, state_layout="kv")
     gdn_decode(st, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=_idx([-1, -1]),
-               validate=True)     # several padding lanes are fine
+               validate=True, state_layout="kv")     # several padding lanes are fine

@@ -81,7 +81,8 @@ class Contract:
         g, beta = peers.fused_gating(A_log, a, dt_bias, b)
         h0 = pool[slots].transpose(-1, -2).double()            # V-major pool -> [B, HV, kd, vd]
         half = pool.dtype if pool.dtype != torch.float32 else None   # a bf16 pool's rounding
-        o, h, inter = gdn_chain_ref(h0, q, k, v, g, beta, scale=scale, state_dtype=half)
+        o, h, inter = gdn_chain_ref(h0, q, k, v, g, beta, scale=scale, state_dtype=half,
+                                    state_layout="kv")
         output.copy_(o.to(output.dtype))
         if buf is not None:
             K = q.shape[1]
@@ -137,7 +138,7 @@ def test_runners_follow_the_contract(monkeypatch):
     slots = torch.tensor([4, 0, 2], dtype=torch.int32)
     g, beta = peers.fused_gating(A_log, a, dt_bias, b)
     o_ref, h_ref, i_ref = gdn_chain_ref(pool0[slots.long()].transpose(-1, -2).double(),
-                                        q, k, v, g, beta, scale=D ** -0.5)
+                                        q, k, v, g, beta, scale=D ** -0.5, state_layout="kv")
     pool = pool0.clone()
     run, bufs = peers.flashinfer_mtp_runner(q, k, v, A_log, a, dt_bias, b, pool, slots,
                                             scale=D ** -0.5, snapshots=True, frozen=True)
@@ -159,7 +160,7 @@ def test_runners_follow_the_contract(monkeypatch):
                                                dt_bias, b[:, :1], pool, slots, scale=D ** -0.5)
     run()
     o1, h1, _ = gdn_chain_ref(pool0[slots.long()].transpose(-1, -2).double(), q[:, :1], k[:, :1],
-                              v[:, :1], g[:, :1], beta[:, :1], scale=D ** -0.5)
+                              v[:, :1], g[:, :1], beta[:, :1], scale=D ** -0.5, state_layout="kv")
     torch.testing.assert_close(pool[slots.long()].double(), h1.transpose(-1, -2), rtol=1e-5,
                                atol=1e-6)
     untouched = torch.ones(S, dtype=torch.bool)

@@ -64,7 +64,7 @@ def _gdn_rows(x):
 @pytest.mark.parametrize("K", [1, 3])
 def test_gdn_decode_and_chain_reference_padding(layout, K):
     x = gdn_inputs(101 + K, 3, HK, HV, KD, VD, rows=None if K == 1 else K, slots=S,
-                   dtype=torch.float32)
+                   dtype=torch.float32, state_layout="kv")
     st0 = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
     st = st0.clone()
     rows = _gdn_rows(x)
@@ -91,7 +91,7 @@ def test_gdn_decode_and_chain_reference_padding(layout, K):
 
 
 def _random_carry(seed):
-    c = GdnCarry.empty(S, HV, KD, VD, device=DEVICE)
+    c = GdnCarry.empty(S, HV, KD, VD, device=DEVICE, state_layout="kv")
     gen = torch.Generator().manual_seed(seed)
     c.u.copy_(torch.randn(c.u.shape, generator=gen) * 0.3)
     c.g.copy_(-F.softplus(torch.randn(c.g.shape, generator=gen)))
@@ -105,13 +105,13 @@ def test_carry_reference_padding(lazy):
     """verify, accept and flush: with lazy, slot 2 (pend 5) writes back and slot 0 (pend 3)
     does not; eager writes both back."""
     K = 4
-    x = gdn_inputs(111, 3, HK, HV, KD, VD, rows=K, slots=S, dtype=torch.float32)
+    x = gdn_inputs(111, 3, HK, HV, KD, VD, rows=K, slots=S, dtype=torch.float32, state_layout="kv")
     st0 = x["state"].clone()
     st, carry = x["state"].clone(), _random_carry(112)
     rs, rc = st0.double().cpu(), ref_carry.RefCarry.from_carry(carry)
     rc0 = ref_carry.RefCarry.from_carry(carry)
     o, eng = gdn_carry_verify(st, carry, *_gdn_rows(x), slot_tab=_idx(SLOTS_PAD), lazy=lazy,
-                              validate=True)
+                              validate=True, state_layout="kv")
     ro, reng = ref_carry.verify(rs, rc, *[t.cpu() for t in _gdn_rows(x)],
                                 torch.tensor(SLOTS_PAD), lazy=lazy)
     assert bool((ro[PAD_LANE] == 0).all()) and int(reng[PAD_LANE]) == 1
@@ -134,7 +134,7 @@ def test_carry_reference_padding(lazy):
     assert carry.pend.cpu().tolist() == rc.pend.tolist()
 
     before = rs.clone()
-    gdn_carry_flush([st], [carry], _idx(SLOTS_PAD), validate=True)
+    gdn_carry_flush([st], [carry], _idx(SLOTS_PAD), validate=True, state_layout="kv")
     ref_carry.flush([rs], [rc], SLOTS_PAD)
     for s in UNTOUCHED:
         assert torch.equal(rs[s], before[s]), f"flush changed slot {s}"
@@ -205,15 +205,18 @@ def test_conv_carry_reference_padding(lazy):
 def test_references_reject_other_slots():
     """-2 (and S) are no padding lane: ValueError naming the argument, as ``validate=True``
     gives in the kernels."""
-    x = gdn_inputs(141, 2, HK, HV, KD, VD, rows=2, slots=S, dtype=torch.float32, device="cpu")
+    x = gdn_inputs(141, 2, HK, HV, KD, VD, rows=2, slots=S, dtype=torch.float32, device="cpu",
+                   state_layout="kv")
     c = conv_inputs(142, 2, DIM, rows=2, slots=S, dtype=torch.float32, device="cpu")
     rc = ref_carry.RefCarry.zeros(S, HV, KD, VD)
     st = x["state"].double()
     for bad in ([-2, 0], [0, S]):
         with pytest.raises(ValueError, match="state_indices"):
-            gdn_decode_ref(x["state"], *[t[:, 0] for t in _gdn_rows(x)], state_indices=bad)
+            gdn_decode_ref(x["state"], *[t[:, 0] for t in _gdn_rows(x)], state_indices=bad,
+                           state_layout="kv")
         with pytest.raises(ValueError, match="state_indices"):
-            gdn_chain_ref(x["state"], *_gdn_rows(x), state_indices=torch.tensor(bad))
+            gdn_chain_ref(x["state"], *_gdn_rows(x), state_indices=torch.tensor(bad),
+                          state_layout="kv")
         with pytest.raises(ValueError, match="slot_tab"):
             ref_carry.verify(st.clone(), rc, *_gdn_rows(x), bad)
         with pytest.raises(ValueError, match="slot_tab"):

@@ -37,7 +37,7 @@ def _run(seed, *, B=3, S=5, HK=2, HV=4, kd=16, vd=32, K=4, length=8, steps=6,
     """Drive kernel, ring reference and plain decoding through ``steps`` verify/accept steps;
     assert each step's outputs and the ring's state against both references."""
     gen = torch.Generator().manual_seed(seed + 1000)
-    base = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=in_dtype)
+    base = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=in_dtype, state_layout="kv")
     state = base["state"].transpose(-1, -2).contiguous().to(state_dtype)     # V-major pool
     slots = base["state_indices"].clone()
     if padding:
@@ -48,7 +48,8 @@ def _run(seed, *, B=3, S=5, HK=2, HV=4, kd=16, vd=32, K=4, length=8, steps=6,
     plain = kv.clone()
     folds = 0
     for step in range(steps):
-        x = gdn_inputs(seed * 31 + step, B, HK, HV, kd, vd, rows=K, slots=S, dtype=in_dtype)
+        x = gdn_inputs(seed * 31 + step, B, HK, HV, kd, vd, rows=K, slots=S, dtype=in_dtype,
+                       state_layout="kv")
         if gating:
             A_log = torch.rand(HV, generator=gen).to(DEVICE) * 2 - 1
             dt_bias = torch.randn(HV, generator=gen).to(DEVICE) * 0.1
@@ -134,7 +135,7 @@ def test_ring_fold_chunk_moves_no_bit(chunk):
 
 
 def test_ring_fused_gating_is_bitwise_gdn_gating():
-    x = gdn_inputs(3, 2, 2, 4, 16, 16, rows=4, slots=2, dtype=torch.bfloat16)
+    x = gdn_inputs(3, 2, 2, 4, 16, 16, rows=4, slots=2, dtype=torch.bfloat16, state_layout="kv")
     gen = torch.Generator().manual_seed(4)
     A_log = (torch.rand(4, generator=gen) * 2 - 1).to(DEVICE)
     dt_bias = torch.randn(4, generator=gen).to(DEVICE)
@@ -166,13 +167,15 @@ def test_ring_fully_forgetting_rows(g_forget):
     included."""
     B, S, HK, HV, kd, vd, K = 2, 3, 1, 2, 16, 16, 4
     gen = torch.Generator().manual_seed(77)
-    base = gdn_inputs(77, B, HK, HV, kd, vd, rows=K, slots=S, dtype=torch.float32)
+    base = gdn_inputs(77, B, HK, HV, kd, vd, rows=K, slots=S, dtype=torch.float32,
+                      state_layout="kv")
     state = base["state"].transpose(-1, -2).contiguous()
     slots = base["state_indices"]
     ring = GdnRing.empty(S, HK, HV, kd, vd, length=8)
     plain = state.double().transpose(-1, -2).contiguous().cpu()
     for step in range(4):
-        x = gdn_inputs(500 + step, B, HK, HV, kd, vd, rows=K, slots=S, dtype=torch.float32)
+        x = gdn_inputs(500 + step, B, HK, HV, kd, vd, rows=K, slots=S, dtype=torch.float32,
+                       state_layout="kv")
         g = x["g"].clone()
         g[:, 1 + step % 2, :] = g_forget                  # one forgetting row per verify
         o, eng = gdn_ring_verify(state, ring, x["q"], x["k"], x["v"], g, x["beta"],
@@ -197,7 +200,7 @@ def test_ring_padding_lane_and_other_slots_untouched():
     """A padding lane reads and writes nothing; slots not in the launch keep every bit."""
     state, ring, slots, *_ = _run(21, steps=3)
     before = state.clone(), ring.u.clone(), ring.k.clone(), ring.G.clone()
-    x = gdn_inputs(99, 3, 2, 4, 16, 32, rows=4, slots=5, dtype=torch.float32)
+    x = gdn_inputs(99, 3, 2, 4, 16, 32, rows=4, slots=5, dtype=torch.float32, state_layout="kv")
     pad = torch.full((3,), -1, dtype=torch.int32, device=DEVICE)
     o, e = gdn_ring_verify(state, ring, x["q"], x["k"], x["v"], x["g"], x["beta"], slot_tab=pad)
     assert bool((o == 0).all()) and e.tolist() == [1, 1, 1]
@@ -249,7 +252,7 @@ def test_ring_reference_equals_plain_decoding():
 def test_ring_bad_input_named_before_any_launch():
     """Out-of-range slots on the host, head sizes tl.dot cannot tile, a K-major state, K > R,
     a ring in another dtype: each a ValueError naming the argument."""
-    x = gdn_inputs(0, 2, 1, 2, 16, 32, rows=3, slots=4, dtype=torch.float32)
+    x = gdn_inputs(0, 2, 1, 2, 16, 32, rows=3, slots=4, dtype=torch.float32, state_layout="kv")
     st = x["state"].transpose(-1, -2).contiguous()
     ring = GdnRing.empty(4, 1, 2, 16, 32, length=8)
     rows = (x["q"], x["k"], x["v"], x["g"], x["beta"])
@@ -277,7 +280,7 @@ def test_ring_bad_input_named_before_any_launch():
     with pytest.raises(ValueError, match="^ring: ring rows are"):
         gdn_ring_verify(st, GdnRing.empty(4, 1, 2, 16, 32, dtype=torch.bfloat16), *rows,
                         slot_tab=x["state_indices"])
-    x9 = gdn_inputs(0, 2, 1, 2, 16, 32, rows=9, slots=4, dtype=torch.float32)
+    x9 = gdn_inputs(0, 2, 1, 2, 16, 32, rows=9, slots=4, dtype=torch.float32, state_layout="kv")
     with pytest.raises(ValueError, match="^q: K = 9"):
         gdn_ring_verify(st, GdnRing.empty(4, 1, 2, 16, 32, length=16), x9["q"], x9["k"],
                         x9["v"], x9["g"], x9["beta"], slot_tab=x9["state_indices"])
@@ -292,7 +295,7 @@ def test_ring_checks_found_by_a_fresh_trial():
     """A ring with no key heads, duplicate slots, an accept that would leave the window's length
     out of [0, R], more lanes than slots, non-finite rows under ``validate``: ValueErrors naming
     the argument before any launch (on the host whatever ``validate`` says, on a GPU with it)."""
-    x = gdn_inputs(1, 2, 1, 2, 16, 32, rows=3, slots=4, dtype=torch.float32)
+    x = gdn_inputs(1, 2, 1, 2, 16, 32, rows=3, slots=4, dtype=torch.float32, state_layout="kv")
     st = x["state"].transpose(-1, -2).contiguous()
     rows = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     z = lambda *s, dt=torch.float32: torch.zeros(*s, dtype=dt, device=DEVICE)  # noqa: E731

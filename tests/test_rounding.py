@@ -61,7 +61,7 @@ def test_rne_helper_matches_torch():
 @pytest.mark.parametrize("layout", ["kv", "vk"])
 @pytest.mark.parametrize("dtype", HALF)
 def test_gdn_decode_and_chain_outputs_round_to_nearest_even(layout, dtype):
-    x = gdn_inputs(3, 3, 2, 4, 32, 32, rows=3, dtype=dtype)
+    x = gdn_inputs(3, 3, 2, 4, 32, 32, rows=3, dtype=dtype, state_layout="kv")
     st = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()
     rows = [x[n] for n in ("q", "k", "v", "g", "beta")]
     a, b = st.clone(), st.clone()
@@ -78,13 +78,13 @@ def test_gdn_decode_and_chain_outputs_round_to_nearest_even(layout, dtype):
 def test_carry_verify_outputs_round_to_nearest_even():
     """The verify stores in v's dtype. Its fp32 outputs are the chain's (one family, bitwise), so
     its bf16 outputs are the RNE rounding of the chain's fp32 ones."""
-    x = gdn_inputs(5, 2, 1, 2, 16, 16, rows=3, dtype=torch.bfloat16)
+    x = gdn_inputs(5, 2, 1, 2, 16, 16, rows=3, dtype=torch.bfloat16, state_layout="kv")
     rows = [x[n] for n in ("q", "k", "v", "g", "beta")]
-    carry = GdnCarry.empty(2, 2, 16, 16)
+    carry = GdnCarry.empty(2, 2, 16, 16, state_layout="kv")
     o16, _ = gdn_carry_verify(x["state"].clone(), carry, *rows,
                               slot_tab=torch.arange(2, dtype=torch.int32, device=DEVICE),
-                              form="exact")
-    want32 = gdn_chain(x["state"].clone(), *rows, out_dtype=torch.float32)
+                              form="exact", state_layout="kv")
+    want32 = gdn_chain(x["state"].clone(), *rows, out_dtype=torch.float32, state_layout="kv")
     _check_rounded(o16, want32)
 
 

@@ -70,7 +70,7 @@ def test_wy_form_is_refused_naming_the_ring_form():
         _cache("wy")
     with pytest.raises(ValueError, match=msg):
         speculative_generate(_model(), [[1, 2, 3]], max_new_tokens=2, draft="ngram", K=2,
-                             form="wy")
+                             form="wy", state_layout="kv")
 
 
 @pytest.mark.parametrize("form", ["chain", "exact"])

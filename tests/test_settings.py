@@ -68,7 +68,7 @@ def test_shipped_values_are_the_measured_ones():
     assert settings.SHIPPED["ring_form"].ring_fold_chunk == 32
     assert settings.SHIPPED["ring_form"].ring_coefficients_first == 2
     assert g.vk_ahead == ((32, 4, 4, 4, 8), (512, 4, 4, 4, 4), (1 << 62, 0, 2, 1, 4))
-    assert g.chain_unroll_max_rows == 4 and g.default_state_layout == "kv"
+    assert g.chain_unroll_max_rows == 4 and g.default_state_layout == "vk"
     assert (c.exact_split_columns, c.exact_unroll_max_rows, c.carry_prefetch_rows,
             c.accept_block) == (True, 8, True, 128)
     assert c.exact_unroll_max_rows == GDN_CARRY_CAP
@@ -83,7 +83,7 @@ def test_import_time_settings_are_what_the_modules_bound():
     assert bool(recurrence.FMA_SUMS) == settings.gdn().fma_sums
     assert recurrence.DEFAULT_STATE_LAYOUT == settings.gdn().default_state_layout
     for fn in (gdn_decode, gdn_chain, gdn_carry_verify):
-        assert inspect.signature(fn).parameters["state_layout"].default == "kv"
+        assert inspect.signature(fn).parameters["state_layout"].default == "vk"
 
 
 def test_override_nests_and_restores_also_after_an_error():
@@ -160,11 +160,11 @@ def test_launchers_read_the_active_settings():
         assert (t["BLOCK_M"], t["BLOCK_N"], t["num_warps"], t["num_stages"]) == (32, 32, 2, 2)
         assert tile_for(128, torch.bfloat16, 4096)["BLOCK_N"] == 32, "default tile when missing"
 
-    x = gdn_inputs(3, 2, 1, 2, 32, 16, rows=3, slots=3, dtype=torch.float32)
-    carry = GdnCarry.empty(3, 2, 32, 16)
+    x = gdn_inputs(3, 2, 1, 2, 32, 16, rows=3, slots=3, dtype=torch.float32, state_layout="kv")
+    carry = GdnCarry.empty(3, 2, 32, 16, state_layout="kv")
     o, e = torch.empty(2, 3, 2, 16, device=DEVICE), torch.empty(2, dtype=torch.int32, device=DEVICE)
     args = (x["state"], carry, x["q"], x["k"], x["v"], x["g"], x["beta"], o, e,
-            x["state_indices"], "exact", True, 1.0, True)
+            x["state_indices"], "exact", True, 1.0, True, "kv")
     kern, _, _, kw = C._verify_launch_args(*args)
     assert kern is C._gdn_carry_exact_split_kernel and kw["PREFETCH"] and kw["UNROLL"]
     with settings.override(exact_split_columns=False, carry_prefetch_rows=False,
@@ -176,15 +176,16 @@ def test_launchers_read_the_active_settings():
 def test_a_plan_keeps_the_settings_it_was_made_with():
     """``LaunchPlan`` reads the settings when it is made: a chain plan made under a runtime row
     loop keeps it after the override ends, and gives the unrolled launch's bits."""
-    x = gdn_inputs(5, 2, 1, 2, 32, 16, rows=3, slots=3, dtype=torch.bfloat16)
+    x = gdn_inputs(5, 2, 1, 2, 32, 16, rows=3, slots=3, dtype=torch.bfloat16, state_layout="kv")
     rows = [x[n] for n in ("q", "k", "v", "g", "beta")]
     a, b = x["state"].clone(), x["state"].clone()
     with settings.override(chain_unroll_max_rows=0):
-        plan = gdn_chain_plan(a, *rows, state_indices=x["state_indices"])
+        plan = gdn_chain_plan(a, *rows, state_indices=x["state_indices"], state_layout="kv")
     assert plan.kwargs["UNROLL"] is False
-    assert gdn_chain_plan(b.clone(), *rows, state_indices=x["state_indices"]).kwargs["UNROLL"]
+    assert gdn_chain_plan(b.clone(), *rows, state_indices=x["state_indices"],
+                          state_layout="kv").kwargs["UNROLL"]
     o_plan = plan().clone()
-    o = gdn_chain(b, *rows, state_indices=x["state_indices"])
+    o = gdn_chain(b, *rows, state_indices=x["state_indices"], state_layout="kv")
     assert bitwise_equal(o_plan, o) and bitwise_equal(a, b)
     assert plan.kwargs["UNROLL"] is False
 

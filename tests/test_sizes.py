@@ -50,11 +50,11 @@ def test_state_and_snapshot_bytes_are_what_the_buffers_hold(dtype):
 
 
 def test_the_snapshot_shape_counted_is_the_one_the_chain_takes():
-    x = gdn_inputs(1, 2, 1, 2, 16, 16, rows=3, slots=2, dtype=torch.float32)
+    x = gdn_inputs(1, 2, 1, 2, 16, 16, rows=3, slots=2, dtype=torch.float32, state_layout="kv")
     st = x["state"].to(torch.bfloat16)
     inter = torch.zeros(2, 2, 2, 16, 16, dtype=torch.bfloat16, device=DEVICE)
     gdn_chain(st, x["q"], x["k"], x["v"], x["g"], x["beta"], state_indices=x["state_indices"],
-              intermediate=inter)
+              intermediate=inter, state_layout="kv")
     assert nbytes(inter) == 2 * C.snapshot_bytes_per_slot(2, 16, 16, 3, torch.bfloat16)
 
 
@@ -72,12 +72,13 @@ def test_carry_verify_bytes_count_the_tensors_a_verify_touches(state_dtype):
     slots' states read, one written, the ``p`` pending and ``K`` new stash rows, the rows'
     inputs and outputs, and slot / pend / engaged, summed from the tensors themselves."""
     B, K, HK, HV, D = 3, 2, 1, 2, 16
-    x = gdn_inputs(3, B, HK, HV, D, D, rows=K, slots=4, dtype=torch.bfloat16)
+    x = gdn_inputs(3, B, HK, HV, D, D, rows=K, slots=4, dtype=torch.bfloat16, state_layout="kv")
     st = x["state"].to(state_dtype)
-    c = GdnCarry.empty(4, HV, D, D)
+    c = GdnCarry.empty(4, HV, D, D, state_layout="kv")
     sl = x["state_indices"]
     pend, wb = np.array([0, 3, 7]), np.array([False, False, True])
-    o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"], slot_tab=sl)
+    o, e = gdn_carry_verify(st, c, x["q"], x["k"], x["v"], x["g"], x["beta"], slot_tab=sl,
+                            state_layout="kv")
     touched = sum(nbytes(st[s]) for s in sl.tolist()) + nbytes(st[0]) * int(wb.sum())
     rows = int(pend.sum()) + B * K
     touched += rows * nbytes(c.u[0, 0], c.g[0, 0], c.k[0, 0])
@@ -90,7 +91,7 @@ def test_carry_verify_bytes_count_the_tensors_a_verify_touches(state_dtype):
 
 def test_decode_and_chain_bytes_count_their_tensors():
     B, K, HK, HV, D = 2, 3, 1, 2, 16
-    x = gdn_inputs(4, B, HK, HV, D, D, rows=K, slots=2, dtype=torch.bfloat16)
+    x = gdn_inputs(4, B, HK, HV, D, D, rows=K, slots=2, dtype=torch.bfloat16, state_layout="kv")
     st = x["state"]
     o = torch.empty(B, K, HV, D, dtype=torch.bfloat16)
     inter = torch.empty(B, K - 1, HV, D, D)

@@ -37,7 +37,7 @@ def test_decode_and_chain_match_reference_with_rounding_points(layout, sdt):
     rounds the state to ``sdt`` at the same points (the state to 1 ulp of ``sdt``: a rounding
     boundary may fall between the two), and farther from the unrounded reference."""
     K = 4
-    x = gdn_inputs(3, 3, HK, HV, KD, VD, rows=K, slots=4, dtype=torch.bfloat16)
+    x = gdn_inputs(3, 3, HK, HV, KD, VD, rows=K, slots=4, dtype=torch.bfloat16, state_layout="kv")
     st = _state(x, layout, sdt)
     rows = [x[n] for n in NAMES]
     a = st.clone()
@@ -68,7 +68,8 @@ def test_decode_and_chain_match_reference_with_rounding_points(layout, sdt):
                                         ("kv", torch.float16)])
 def test_chain_bitwise_equals_decodes_on_a_half_state(layout, sdt):
     for K in (3, 6):               # unrolled, and the runtime row loop (K > 4)
-        x = gdn_inputs(5 + K, 3, HK, HV, KD, VD, rows=K, slots=4, dtype=torch.bfloat16)
+        x = gdn_inputs(5 + K, 3, HK, HV, KD, VD, rows=K, slots=4, dtype=torch.bfloat16,
+                       state_layout="kv")
         st = _state(x, layout, sdt)
         rows = [x[n] for n in NAMES]
         kw = dict(state_indices=x["state_indices"], state_layout=layout)
@@ -108,16 +109,17 @@ def test_carry_protocol_bitwise_equals_plain_decoding_on_a_bf16_state(layout, la
     carried on), and the stash stays fp32."""
     B, S, K, steps, sdt = 3, 5, 3, 5, torch.bfloat16
     gen = torch.Generator().manual_seed(41)
-    x0 = gdn_inputs(40, B, HK, HV, KD, VD, slots=S, dtype=torch.bfloat16)
+    x0 = gdn_inputs(40, B, HK, HV, KD, VD, slots=S, dtype=torch.bfloat16, state_layout="kv")
     slots = x0["state_indices"]
     state = _state(x0, layout, sdt)
     plain = state.clone()
     ref_state = R_kv(state, layout)
-    carry = GdnCarry.empty(S, HV, KD, VD)
+    carry = GdnCarry.empty(S, HV, KD, VD, state_layout=layout)
     ref_carry = R.RefCarry.zeros(S, HV, KD, VD)
     wrote_back = 0
     for step in range(steps):
-        x = gdn_inputs(42 + step, B, HK, HV, KD, VD, rows=K, slots=S, dtype=torch.bfloat16)
+        x = gdn_inputs(42 + step, B, HK, HV, KD, VD, rows=K, slots=S, dtype=torch.bfloat16,
+                       state_layout="kv")
         o, eng = gdn_carry_verify(state, carry, *[x[n] for n in NAMES], slot_tab=slots,
                                   lazy=lazy, validate=True, state_layout=layout)
         o_r, eng_r = R.verify(ref_state, ref_carry, *[x[n].cpu() for n in NAMES], slots.cpu(),
@@ -144,22 +146,24 @@ def R_kv(state, layout):
 
 def test_spec_decode_step_on_bf16_states_and_refusals():
     K = 2
-    x = gdn_inputs(51, 2, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16)
+    x = gdn_inputs(51, 2, HK, HV, KD, VD, rows=K, dtype=torch.bfloat16, state_layout="kv")
     st = x["state"].to(torch.bfloat16)
-    lay = CarryLayer(st.clone(), GdnCarry.empty(2, HV, KD, VD))
+    lay = CarryLayer(st.clone(), GdnCarry.empty(2, HV, KD, VD,
+                                                state_layout="kv"), state_layout="kv")
     step = SpecDecodeStep([lay], validate=True, lazy_min_seqs=None)
     o = step.verify([0, 1], [{n: x[n] for n in NAMES}])[0]
     plain = st.clone()
-    o2 = gdn_chain(plain, *[x[n] for n in NAMES])
+    o2 = gdn_chain(plain, *[x[n] for n in NAMES], state_layout="kv")
     assert bitwise_equal(o, o2)
     step.accept([K, K])
     step.flush([0, 1])
     assert bitwise_equal(lay.state, plain)
     with pytest.raises(ValueError, match="^intermediate"):
         gdn_chain(st.clone(), *[x[n] for n in NAMES],
-                  intermediate=torch.empty(2, K - 1, *st.shape[1:], device=DEVICE))
+                  intermediate=torch.empty(2, K - 1, *st.shape[1:], device=DEVICE),
+                  state_layout="kv")
     with pytest.raises(ValueError, match=r"^states\[1\]"):
-        gdn_carry_flush([st, st.float()], [GdnCarry.empty(2, HV, KD, VD)] * 2,
-                        x["state_indices"])
+        gdn_carry_flush([st, st.float()], [GdnCarry.empty(2, HV, KD, VD, state_layout="kv")] * 2,
+                        x["state_indices"], state_layout="kv")
     with pytest.raises(ValueError, match="^state"):
-        gdn_decode(st.double(), *[x[n][:, 0].contiguous() for n in NAMES])
+        gdn_decode(st.double(), *[x[n][:, 0].contiguous() for n in NAMES], state_layout="kv")

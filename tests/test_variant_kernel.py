@@ -133,7 +133,8 @@ def test_ring_probes_hold_the_ring_tolerance(probe, state_dtype, fill):
     B, HK, HV, kd, vd, K, R = 2, 1, 2, 32, 32, 4, 16
     sd = getattr(torch, state_dtype)
     tol = gdn_ring.RING_TOLERANCE[state_dtype]
-    x = gdn_inputs(11, B, HK, HV, kd, vd, rows=K, dtype=sd)     # fp32 outputs beside fp32 states
+    x = gdn_inputs(11, B, HK, HV, kd, vd, rows=K, dtype=sd,
+                   state_layout="kv")     # fp32 outputs beside fp32 states
     gate = gating_inputs(12, (B, K), HV)
     state = x["state"].transpose(-1, -2).contiguous().to(sd)
     ring = GdnRing.empty(B, HK, HV, kd, vd, length=R, dtype=sd)

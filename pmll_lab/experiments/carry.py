@@ -54,7 +54,7 @@ def verify_point(point: dict) -> list[dict]:
     alpha, p_zero = float(point.get("alpha", 0.875)), float(point.get("p_zero", 0.0))
     seed = int(point.get("seed", 0))
     rng = np.random.default_rng(seed + 1)
-    c.stash = GdnCarry.empty(B, HV, D, D)
+    c.stash = GdnCarry.empty(B, HV, D, D, state_layout=c.layout)
     fill_stash(c.stash, seed + 2)
     rows: list[dict] = []
     runs = {}
@@ -123,11 +123,12 @@ def protocol_point(point: dict) -> list[dict]:
     pyrng = random.Random(seed)
     layers, plain = [], []
     for layer in range(L):
-        st = gdn_inputs(seed + 100 + layer, 1, HK, HV, D, D, slots=S, dtype=dtype)["state"]
+        st = gdn_inputs(seed + 100 + layer, 1, HK, HV, D, D, slots=S, dtype=dtype,
+                        state_layout="kv")["state"]
         if layout == "vk":
             st = st.transpose(-1, -2).contiguous()
         ci = conv_inputs(seed + 200 + layer, 1, dim, slots=S, dtype=dtype)
-        layers.append(CarryLayer(st.clone(), GdnCarry.empty(S, HV, D, D),
+        layers.append(CarryLayer(st.clone(), GdnCarry.empty(S, HV, D, D, state_layout=layout),
                                  conv_state=ci["conv_state"].clone(),
                                  conv_carry=ConvCarry.empty(S, dim, dtype=dtype),
                                  conv_weight=ci["weight"], conv_bias=ci["bias"], num_k_heads=HK,
@@ -142,7 +143,7 @@ def protocol_point(point: dict) -> list[dict]:
     for n in range(steps):
         B = widths[n % len(widths)]
         slots = pyrng.sample(range(S), B)
-        g_in = gdn_inputs(seed + 1000 + n, B, HK, HV, D, D, rows=K, dtype=dtype)
+        g_in = gdn_inputs(seed + 1000 + n, B, HK, HV, D, D, rows=K, dtype=dtype, state_layout="kv")
         xs = [conv_inputs(seed + 5000 + 7 * n + layer, B, dim, rows=K, dtype=dtype)["x"]
               for layer in range(L)]
         plan = step.begin(slots, K)

@@ -138,7 +138,7 @@ class _Run:
 
 
 def _draw(seed, n, B, HK, HV, d, K, dtype):
-    return gdn_inputs(seed + 1000 + n, B, HK, HV, d, d, rows=K, dtype=dtype)
+    return gdn_inputs(seed + 1000 + n, B, HK, HV, d, d, rows=K, dtype=dtype, state_layout="kv")
 
 
 def _plain_rows(pst, x, t, sel, slot_t, layout):
@@ -158,7 +158,8 @@ def _setup(cfg, *, B, seed, heads, progress):
     d, K, layout = cfg["kd"], cfg["K"], cfg["layout"]
     sdt, idt = getattr(torch, cfg["state_dtype"]), getattr(torch, cfg["input_dtype"])
     S = B + B // 4 + 1
-    st = gdn_inputs(seed + 7, 1, HK, HV, d, d, slots=S, dtype=torch.float32)["state"]
+    st = gdn_inputs(seed + 7, 1, HK, HV, d, d, slots=S, dtype=torch.float32,
+                    state_layout="kv")["state"]
     if layout == "vk":
         st = st.transpose(-1, -2).contiguous()
     return ({} if progress is None else progress, HK, HV, d, K, layout, sdt, idt, S,
@@ -172,7 +173,8 @@ def run_carry(cfg: dict, mode: str, *, B: int, steps: int, seed: int, heads=(1, 
     is set once the first verify has run."""
     progress, HK, HV, d, K, layout, sdt, idt, S, st, rng, pyrng = _setup(
         cfg, B=B, seed=seed, heads=heads, progress=progress)
-    lay = CarryLayer(st.clone(), GdnCarry.empty(S, HV, d, d), state_layout=layout)
+    lay = CarryLayer(st.clone(), GdnCarry.empty(S, HV, d, d, state_layout=layout),
+                     state_layout=layout)
     pst = st.clone()
     lazy_min = {"eager": None, "lazy": 1, "policy": B}[mode]
     step = SpecDecodeStep([lay], form="exact", lazy_min_seqs=lazy_min, validate=True)

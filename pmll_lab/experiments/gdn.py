@@ -95,7 +95,7 @@ def verify_case(point: dict, n: int) -> Case:
     P.check_layout(layout)
     seed = int(point.get("seed", 0))
     x = gdn_inputs(seed, B, HK, HV, D, D, rows=K,
-                   dtype=getattr(torch, point.get("dtype", "bfloat16")))
+                   dtype=getattr(torch, point.get("dtype", "bfloat16")), state_layout="kv")
     gate = gating_inputs(seed + 11, (B, K), HV)
     x["g"], x["beta"] = gate["g"], gate["beta"]
     state0 = x["state"] if layout == "kv" else x["state"].transpose(-1, -2).contiguous()

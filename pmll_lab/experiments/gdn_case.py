@@ -26,9 +26,11 @@ CAP = GDN_CARRY_CAP
 ROWS = ("q", "k", "v", "g", "beta")
 
 
-def clone_carry(c: GdnCarry) -> GdnCarry:
-    """A copy of ``c`` (stash rows and pending counts) a launch may write."""
-    return GdnCarry(c.buf.clone(), c.pend.clone(), c.num_v_heads, c.k_dim, c.v_dim, c.cap)
+def clone_carry(c: GdnCarry, state_layout: str | None = None) -> GdnCarry:
+    """A copy of ``c`` (stash rows and pending counts) a launch may write, for a pool in
+    ``state_layout`` (default ``c``'s: the stash rows are the same in both layouts)."""
+    return GdnCarry(c.buf.clone(), c.pend.clone(), c.num_v_heads, c.k_dim, c.v_dim, c.cap,
+                    c.state_layout if state_layout is None else state_layout)
 
 
 class Case:
@@ -135,7 +137,7 @@ class Case:
         protocol on ``n`` sequences (``o_ref``, ``state_ref`` K-major, ``u_ref``)."""
         if key not in self._carry:
             wb = (pend + self.K > CAP) if lazy else (pend > 0)
-            carry = clone_carry(self.stash)
+            carry = clone_carry(self.stash, self.layout)
             carry.pend[self.lsel] = torch.as_tensor(pend, dtype=torch.int32).to(DEVICE)
             st = self.state0.clone()
             gdn_carry_flush([st], [carry], self.sel, validate=True, **self.lay)

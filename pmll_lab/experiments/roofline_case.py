@@ -86,7 +86,8 @@ def _shape(point: dict) -> dict:
         _CASE.clear()
         S, Kmax, HK, HV, D = (int(point[n]) for n in ("slots", "rows_max", "HK", "HV", "head_dim"))
         seed = int(point["seed"])
-        x = gdn_inputs(seed, S, HK, HV, D, D, rows=Kmax, dtype=getattr(torch, point["dtype"]))
+        x = gdn_inputs(seed, S, HK, HV, D, D, rows=Kmax, dtype=getattr(torch, point["dtype"]),
+                       state_layout="kv")
         gate = gating_inputs(seed + 11, (S, Kmax), HV)
         x["g"], x["beta"] = gate["g"], gate["beta"]
         stash = GdnCarry.empty(S, HV, D, D, cap=CAP)
@@ -120,7 +121,8 @@ class _Case(Case):
                               seed=self.seed)
         sub = self.state_kv[self.lsel[:self.n]].to("cpu", torch.float64)
         self.o_ref, self.s_ref, self.i_ref = gdn_chain_ref(sub, *self.cpu_args,
-                                                           state_dtype=self.ref_sdt)
+                                                           state_dtype=self.ref_sdt,
+                                                           state_layout="kv")
 
     def variant(self, variant: str) -> dict:
         """``carry_case`` of pending counts for ``variant`` (``eager``, ``nowb``, ``wb``) drawn

@@ -62,7 +62,7 @@ def drift_point(point: dict) -> list[dict]:
     layout = point.get("state_layout", "kv")
     dtype = getattr(torch, point["dtype"])
     seed = int(point["seed"])
-    st = gdn_inputs(seed, B, HK, HV, D, D, dtype=dtype)["state"]
+    st = gdn_inputs(seed, B, HK, HV, D, D, dtype=dtype, state_layout="kv")["state"]
     st = st if layout == "kv" else st.transpose(-1, -2).contiguous()
     half = st.to(sdt)
     full = half.float()                        # the same start: every difference is rounding's
@@ -73,7 +73,7 @@ def drift_point(point: dict) -> list[dict]:
         j = (t - 1) % CHUNK
         if j == 0:
             x = gdn_inputs(seed + 1 + (t - 1) // CHUNK, B, HK, HV, D, D,
-                           rows=min(CHUNK, T - t + 1), dtype=dtype)
+                           rows=min(CHUNK, T - t + 1), dtype=dtype, state_layout="kv")
         args = [x[n][:, j] for n in ("q", "k", "v", "g", "beta")]
         o_full = gdn_decode(full, *args, out_dtype=torch.float32, state_layout=layout)
         o_half = gdn_decode(half, *args, out_dtype=torch.float32, state_layout=layout)

@@ -1,9 +1,9 @@
 """``ServingCache``: every recurrent and attention state of a hybrid GDN model, held in slots.
 
 One object holds, for ``S`` slots (sequences decoded together), what a serving engine keeps per
-sequence: per GDN layer the conv window ``[S, conv_dim, d_conv]`` (the conv's input columns,
-oldest first, as transformers' cache holds them), the recurrent state (fp32, ``[S, HV, kd, vd]``
-with ``state_layout="kv"`` or ``[S, HV, vd, kd]`` with ``"vk"``), the carried-state stashes
+sequence: per GDN layer the conv window ``[S, conv_dim, d_conv]`` (the conv's input columns, oldest
+first, as transformers' cache holds them), the recurrent state (fp32, ``[S, HV, vd, kd]`` with
+``state_layout="vk"``, the default, or ``[S, HV, kd, vd]`` with ``"kv"``), the carried-state stashes
 (``GdnCarry``, ``ConvCarry``) or the snapshot buffers of the chain; per attention layer the keys
 and values ``[S, H_kv, max_len, head_dim]``. It is passed to the transformers model as its
 ``cache``: the attention layers store keys/values through ``update`` (their code unchanged), the
@@ -60,7 +60,7 @@ from pmll_lab.models.cache_layer import (  # noqa: F401  (state_bytes_per_sequen
 from pmll_lab.models.common import GdnCache, vocab_size
 from pmll_lab.models.qwen3_next import GdnDims, finish, gating, patch_model, project
 from pmll_lab.models.timing import StepTimer
-from pmll_lab.ops.gdn.recurrence import STATE_LAYOUTS
+from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, STATE_LAYOUTS
 
 FORMS = ("exact", "chain")
 """Verify forms: the carried state's exact form (SPEC §3b), the snapshot chain (§3a)."""
@@ -76,7 +76,9 @@ class ServingCache(_StepChecks, GdnCache):
             conv window and stash, others fp32; GDN states are fp32 always).
         slots: sequences held at once (``S``). max_len: positions per slot (prompt + generated +
             draft rows); a step past it raises ``ValueError``.
-        state_layout: ``"kv"`` or ``"vk"`` for every GDN state, snapshot and kernel.
+        state_layout: ``"vk"`` (default, as every GDN launcher's) or ``"kv"`` for every GDN
+            state, snapshot, stash and kernel; recorded (``self.layout``), and the Hugging
+            Face cache's K-major states are transposed into it when loaded.
         form: verify form, ``"exact"`` or ``"chain"``. rows: the largest ``K`` verify
             will be given (sizes the chain's snapshot buffers).
         lazy_min_seqs: carried forms run lazy from this many sequences in a step (``None``:
@@ -90,7 +92,8 @@ class ServingCache(_StepChecks, GdnCache):
     refuses).
     """
 
-    def __init__(self, model: nn.Module, *, slots: int, max_len: int, state_layout: str = "kv",
+    def __init__(self, model: nn.Module, *, slots: int, max_len: int,
+                 state_layout: str = DEFAULT_STATE_LAYOUT,
                  form: str = "exact", rows: int = 1,
                  lazy_min_seqs: int | None = GDN_CARRY_LAZY_MIN_SEQS,
                  eager_max_pending: int | None = GDN_CARRY_EAGER_MAX_PENDING,
@@ -146,7 +149,7 @@ class ServingCache(_StepChecks, GdnCache):
         for lay in self.gdn:
             d = lay.dims
             lay.carry = GdnCarry.empty(self.slots, d.num_v_heads, d.k_dim, d.v_dim, cap=self.cap,
-                                       device=self.device)
+                                       device=self.device, state_layout=self.layout)
             lay.conv_carry = ConvCarry.empty(self.slots, d.conv_dim, cap=self.cap,
                                              dtype=self.conv_dtype, device=self.device)
             layers.append(CarryLayer(lay.state, lay.carry, lay.conv_state, lay.conv_carry,

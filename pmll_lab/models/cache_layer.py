@@ -1,9 +1,9 @@
 """One GDN layer of a ``ServingCache``: its buffers, the kernels a step runs on them, their size.
 
-``_GdnLayer`` holds, for every slot, the layer's conv window ``[S, conv_dim, d_conv]`` (conv
-dtype), its recurrent state (fp32, ``[S, HV, kd, vd]`` with ``state_layout="kv"``, ``[S, HV, vd,
-kd]`` with ``"vk"``), the conv weights in the conv dtype, and the carried-state stashes or the
-chain's snapshot buffers once the cache sets them; its ``prefill`` / ``decode`` / ``chain`` run a
+``_GdnLayer`` holds, for every slot, the layer's conv window ``[S, conv_dim, d_conv]`` (conv dtype),
+its recurrent state (fp32, ``[S, HV, vd, kd]`` with ``state_layout="vk"``, the default,
+``[S, HV, kd, vd]`` with ``"kv"``), the conv weights in the conv dtype, and the carried-state
+stashes or the chain's snapshot buffers once the cache sets them; its ``prefill`` / ``decode`` / ``chain`` run a
 step's conv and delta rule on the slots given (the carried forms run in
 ``pmll_lab.carry.SpecDecodeStep``). ``state_bytes_per_sequence``: what one sequence holds in the
 cache, from the model's config alone. Both are reachable from ``pmll_lab.models.cache``, whose

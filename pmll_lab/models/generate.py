@@ -48,6 +48,7 @@ from pmll_lab.models.cache import FORMS, ServingCache
 from pmll_lab.models.common import vocab_size
 from pmll_lab.models.timing import StepTimer
 from pmll_lab.models.drafts import DraftContext, check_draft_args, make_draft
+from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT
 
 
 @dataclass
@@ -268,19 +269,20 @@ def _batch(batch_size, n):
 
 
 @torch.no_grad()
-def greedy_generate(model: nn.Module, input_ids, *, max_new_tokens, state_layout: str = "kv",
+def greedy_generate(model: nn.Module, input_ids, *, max_new_tokens,
+                    state_layout: str = DEFAULT_STATE_LAYOUT,
                     attention_mask=None, batch_size: int | None = None, eos_token_id=None,
                     pad_token_id: int = -1, timing: bool = False, output_logits: bool = False,
                     record_gdn_io: bool = False, return_stats: bool = False):
     """Greedy decoding, one token per sequence per step through ``conv_update`` +
     ``gdn_decode`` (SPEC §2) in every GDN layer; the model's attention, MLP and norms as they are.
 
-    Args (module docstring: the conventions): ``model`` a transformers Qwen3-Next / Qwen3.5
-    causal LM (random or a checkpoint; patched by ``patch_model``); ``input_ids``,
-    ``attention_mask``, ``max_new_tokens``, ``batch_size``, ``eos_token_id`` (default: the
-    model's ``generation_config``), ``pad_token_id``; ``state_layout`` ``"kv"`` or ``"vk"``;
-    ``timing`` times each kernel section; ``output_logits`` keeps the logits rows;
-    ``record_gdn_io`` keeps every GDN kernel input/output row; ``return_stats`` returns
+    Args (module docstring: the conventions): ``model`` a transformers Qwen3-Next / Qwen3.5 causal
+    LM (random or a checkpoint; patched by ``patch_model``); ``input_ids``, ``attention_mask``,
+    ``max_new_tokens``, ``batch_size``, ``eos_token_id`` (default: the model's
+    ``generation_config``), ``pad_token_id``; ``state_layout`` ``"vk"`` (default, as every GDN
+    launcher's) or ``"kv"``; ``timing`` times each kernel section; ``output_logits`` keeps the
+    logits rows; ``record_gdn_io`` keeps every GDN kernel input/output row; ``return_stats`` returns
     ``(tokens, GenerationStats)``.
 
     Returns LongTensor ``[N, max(max_new_tokens)]``. Raises ``ValueError``/``TypeError`` naming
@@ -306,7 +308,8 @@ def greedy_generate(model: nn.Module, input_ids, *, max_new_tokens, state_layout
 
 @torch.no_grad()
 def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, K: int,
-                         form: str = "exact", lazy: bool = True, state_layout: str = "kv",
+                         form: str = "exact", lazy: bool = True,
+                         state_layout: str = DEFAULT_STATE_LAYOUT,
                          draft_accept: float | None = None, reference=None, draft_seed: int = 0,
                          lazy_min_seqs: int = GDN_CARRY_LAZY_MIN_SEQS,
                          eager_max_pending: int | None = GDN_CARRY_EAGER_MAX_PENDING,

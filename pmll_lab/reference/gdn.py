@@ -2,8 +2,9 @@
 
 Written for clarity, not speed (SPEC §2, §3a): every kernel in ``pmll_lab.ops.gdn`` answers to
 these. One token of one value head ``h`` (key head ``h // (HV // HK)``, as ``repeat_interleave``
-does in Qwen3-Next), state ``H [kd, vd]`` (FLA's layout; ``state_layout="vk"`` reads and
-returns the same ``H`` stored ``[vd, kd]``)::
+does in Qwen3-Next), state ``H [kd, vd]`` (FLA's layout, ``state_layout="kv"``); the default
+``state_layout="vk"`` (every GDN launcher's) reads and returns the same ``H`` stored
+``[vd, kd]``::
 
     q, k <- l2norm(q), l2norm(k)        if use_qk_l2norm   (x * rsqrt(sum(x*x) + 1e-6))
     q    <- q * scale                                          (scale = kd**-0.5 unless given)
@@ -98,26 +99,27 @@ def _to_kv(state, state_layout: str):
 
 
 def gdn_decode_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
-                   use_qk_l2norm=True, state_layout="kv", state_dtype=None):
+                   use_qk_l2norm=True, state_layout="vk", state_dtype=None):
     """One decode token per sequence, in float64.
 
-    Args: ``state [S, HV, kd, vd]``; ``q, k [B, HK, kd]``; ``v [B, HV, vd]``; ``g, beta [B, HV]``
+    Args: ``state [S, HV, vd, kd]`` (``state_layout="vk"``, the default as in every GDN launcher) or
+    ``[S, HV, kd, vd]`` (``"kv"``); ``q, k [B, HK, kd]``; ``v [B, HV, vd]``; ``g, beta [B, HV]``
     (any float dtypes: values are read exactly, then computed in float64); ``state_indices [B]``
     (default ``arange(B)``; ints or an int tensor) selects each sequence's slot, -1 marking a
     padding lane as in the kernels: its output row is zeros and no slot is read or written for
     it. Any other slot outside ``[0, S)``: ``ValueError`` naming ``state_indices``.
 
-    Returns ``(o [B, HV, vd], new_state [S, HV, kd, vd])``, both float64: ``new_state`` is a copy
-    of ``state`` with the addressed slots advanced by one token and every other slot unchanged.
-    ``state_layout="vk"``: ``state`` and ``new_state`` are ``[S, HV, vd, kd]`` (the same ``H``
-    transposed; a layout is only a pair of strides here). ``state_dtype``: a bf16/fp16 state
-    pool's dtype: the new state is rounded to it (and held in float64), where the kernels store
-    it (``round_state``); ``None`` keeps float64.
+    Returns ``(o [B, HV, vd], new_state)``, both float64: ``new_state`` is a copy of ``state`` (same
+    layout) with the addressed slots advanced by one token and every other slot unchanged (the
+    layouts hold the same ``H`` transposed; a layout is only a pair of strides here).
+    ``state_dtype``: a bf16/fp16 state pool's dtype: the new state is rounded to it (and held in
+    float64), where the kernels store it (``round_state``); ``None`` keeps float64.
     """
     if state_layout != "kv":
         o, new = gdn_decode_ref(_to_kv(state, state_layout), q, k, v, g, beta,
                                 state_indices=state_indices, scale=scale,
-                                use_qk_l2norm=use_qk_l2norm, state_dtype=state_dtype)
+                                use_qk_l2norm=use_qk_l2norm, state_layout="kv",
+                                state_dtype=state_dtype)
         return o, new.transpose(-1, -2).contiguous()
     _shapes(state, q, k, v, g, beta, rows=False)
     B, HK, kd = q.shape
@@ -147,24 +149,24 @@ def gdn_decode_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
 
 
 def gdn_chain_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
-                  use_qk_l2norm=True, state_layout="kv", state_dtype=None):
+                  use_qk_l2norm=True, state_layout="vk", state_dtype=None):
     """K rows per sequence: the decode reference applied row by row, in float64.
 
     Args: as ``gdn_decode_ref`` with a rows axis after ``B``: ``q, k [B, K, HK, kd]``,
     ``v [B, K, HV, vd]``, ``g, beta [B, K, HV]``.
 
-    Returns ``(o [B, K, HV, vd], new_state [S, HV, kd, vd], intermediate [B, K-1, HV, kd, vd])``
-    (float64): ``new_state`` holds the state after the last row in the addressed slots;
-    ``intermediate[b, t]`` is sequence ``b``'s state after row ``t`` (``t < K-1``). A padding
-    lane (slot -1) has zero outputs and zero snapshots (the kernels write none: compare live
-    lanes' snapshots only), and touches no slot.
-    ``state_layout="vk"``: states and snapshots are ``[..., vd, kd]``. ``state_dtype``: the state
-    rounded to it after every row (``gdn_decode_ref``), snapshots included.
+    Returns ``(o [B, K, HV, vd], new_state, intermediate [B, K-1, *state.shape[1:]])`` (float64,
+    states in ``state_layout``): ``new_state`` holds the state after the last row in the addressed
+    slots; ``intermediate[b, t]`` is sequence ``b``'s state after row ``t`` (``t < K-1``). A padding
+    lane (slot -1) has zero outputs and zero snapshots (the kernels write none: compare live lanes'
+    snapshots only), and touches no slot. ``state_dtype``: the state rounded to it after every row
+    (``gdn_decode_ref``), snapshots included.
     """
     if state_layout != "kv":
         o, new, inter = gdn_chain_ref(_to_kv(state, state_layout), q, k, v, g, beta,
                                       state_indices=state_indices, scale=scale,
-                                      use_qk_l2norm=use_qk_l2norm, state_dtype=state_dtype)
+                                      use_qk_l2norm=use_qk_l2norm, state_layout="kv",
+                                      state_dtype=state_dtype)
         return o, new.transpose(-1, -2).contiguous(), inter.transpose(-1, -2).contiguous()
     _shapes(state, q, k, v, g, beta, rows=True)
     B, K = q.shape[:2]
@@ -176,7 +178,7 @@ def gdn_chain_ref(state, q, k, v, g, beta, *, state_indices=None, scale=None,
     for t in range(K):
         o_t, cur = gdn_decode_ref(cur, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t],
                                   state_indices=idx, scale=scale, use_qk_l2norm=use_qk_l2norm,
-                                  state_dtype=state_dtype)
+                                  state_layout="kv", state_dtype=state_dtype)
         outs.append(o_t)
         if t < K - 1:
             snap = torch.zeros(B, HV, kd, vd, dtype=torch.float64, device=state.device)

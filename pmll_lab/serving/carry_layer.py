@@ -26,16 +26,17 @@ from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout
 class CarryLayer:
     """One GDN layer of a stack driven by ``SpecDecodeStep``.
 
-    ``state`` (fp32, bf16 or fp16) in ``state_layout`` (``[S, HV, kd, vd]`` for ``"kv"``, ``[S, HV, vd, kd]`` for
-    ``"vk"``) and its ``carry`` (``GdnCarry``, the same for both layouts). Optionally the causal conv
+    ``state`` (fp32, bf16 or fp16) in ``state_layout`` (``[S, HV, vd, kd]`` for ``"vk"``, the
+    default, ``[S, HV, kd, vd]`` for ``"kv"``) and its ``carry`` (``GdnCarry`` made for the same
+    ``state_layout``: refused otherwise, naming ``carry``). Optionally the causal conv
     that feeds it (SPEC §3c): ``conv_state [S, dim, state_len]``, ``conv_carry`` (``ConvCarry``),
     ``conv_weight [dim, d_conv]``, ``conv_bias [dim]`` or None, with
     ``dim = 2*HK*kd + HV*vd`` (``num_k_heads`` = HK required). With a conv the layer's input is
     ``x [B, K, dim]`` and q, k, v are views of the conv output's channels ``[q | k | v]``
     (Qwen3-Next's order). ``qk_l2norm_in_conv``: the conv l2-normalises the q and k channels
     (the seed's fused conv) and the GDN kernel does not; else the GDN kernel does.
-    Without a conv, ``use_qk_l2norm`` is passed to the GDN kernel. ``state_layout``: ``"kv"``
-    (``state [S, HV, kd, vd]``) or ``"vk"`` (``[S, HV, vd, kd]``), passed to every launch.
+    Without a conv, ``use_qk_l2norm`` is passed to the GDN kernel. ``state_layout`` is passed
+    to every launch of the layer.
     ``A_log``, ``dt_bias``: optional ``[HV]`` gating parameters of the layer, used when a step
     passes ``a, b`` instead of ``g, beta`` (the gating computed in the verify kernel).
 

@@ -20,9 +20,10 @@ so that the verify and the flush round as decode does.
 
 Buffers (all fp32 unless said):
 
-- ``state [S, HV, kd, vd]``: the stored recurrent states (FLA layout, ``state_layout="kv"``),
-  inner three dims contiguous, any slot stride; ``[S, HV, vd, kd]`` with ``state_layout="vk"``,
-  whose kernels live in ``pmll_lab.ops.carry.gdn_carry_vk`` (this module's launchers pick them).
+- ``state [S, HV, vd, kd]``: the stored recurrent states (V-major, ``state_layout="vk"``, the
+  default of every GDN launcher; kernels in ``pmll_lab.ops.carry.gdn_carry_vk``), inner three
+  dims contiguous, any slot stride; ``[S, HV, kd, vd]`` with ``state_layout="kv"`` (FLA's
+  layout; this module's kernels). The launchers pick the kernels by ``state_layout``.
 - ``GdnCarry.buf [S, W]`` with ``W = CAP*(HV*vd + HV + HV*kd)`` floats per slot (the seed's
   ``gdn_carry_seq_floats``), laid out as the seed's ``vn[CAP][HV][vd] | g[CAP][HV] |
   sk[CAP][HV][kd]``: row ``r`` of the stash holds ``u_r`` (the delta-rule correction, ``vn``),
@@ -88,12 +89,13 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
     ``gdn_exact_carry`` and its ``_lazy`` form).
 
     Args:
-        state: ``[S, HV, kd, vd]`` (``state_layout="kv"``) or ``[S, HV, vd, kd]`` (``"vk"``),
-            fp32, bf16 or fp16, inner dims contiguous. Read; written only on a write-back
-            (``engaged == 2``), with the slot's pending rows folded in. A bf16/fp16 state is
-            computed on in fp32 and rounded to its dtype after every folded and verified row,
+        state: ``[S, HV, vd, kd]`` (``state_layout="vk"``, the default) or ``[S, HV, kd, vd]``
+            (``"kv"``), fp32, bf16 or fp16, inner dims contiguous. Read; written only on a
+            write-back (``engaged == 2``), with the slot's pending rows folded in. A bf16/fp16 state
+            is computed on in fp32 and rounded to its dtype after every folded and verified row,
             where decoding stores it (bitwise equal to decoding); the stash stays fp32.
-        carry: the layer's ``GdnCarry`` (``S`` slots, ``HV``, ``kd``, ``vd``, ``CAP``). Its stash
+        carry: the layer's ``GdnCarry`` (``S`` slots, ``HV``, ``kd``, ``vd``, ``CAP``, made for
+            this ``state_layout``: another is refused, naming ``carry``). Its stash
             rows ``first..first+K-1`` of each slot are written (``first = 0`` after a
             write-back, else ``pend``); ``pend`` is read, never written (``carry_accept`` does).
         q, k: ``[B, K, HK, kd]``; v: ``[B, K, HV, vd]`` — fp32, bf16 or fp16, one dtype, last dim
@@ -111,14 +113,17 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
         lazy: ``False`` = eager (write back whenever ``pend > 0``); ``True`` = write back only
             when ``pend + K > CAP``.
         scale: query scale, default ``kd ** -0.5``. use_qk_l2norm: l2-normalise q and k.
-        validate: also run the checks that sync with the device: slots distinct and in range,
-            ``0 <= pend <= CAP``, ``g <= 0``, ``beta`` in ``[0, 1]``, and for an eager verify
-            ``pend <= eager_max_pending`` (when that is not ``None``; the kernel itself folds
-            any ``pend <= CAP``).
-        state_layout: ``"kv"`` (K-major kernels, this module) or ``"vk"`` (V-major kernels,
-            ``pmll_lab.ops.carry.gdn_carry_vk``: a tile of value rows per program, bitwise
-            equal to V-major ``gdn_decode`` on q/k rows aligned alike,
-            ``recurrence.vk_qk_aligned``). The stash is the same for both.
+        validate: also run the checks that sync with the device (``pmll_lab._checks``;
+            docs/layouts.md, "validate=True"): slots distinct and in range, ``0 <= pend <= CAP``,
+            ``g <= 0``, ``beta`` in ``[0, 1]``, the live lanes' inputs, the states read and the
+            pending stash rows finite, and for an eager verify ``pend <= eager_max_pending`` (when
+            that is not ``None``; the kernel itself folds any ``pend <= CAP``). On the host the
+            slots and counts are checked always.
+        state_layout: ``"vk"`` (default: V-major kernels, ``pmll_lab.ops.carry.gdn_carry_vk``:
+            a tile of value rows per program, bitwise equal to V-major ``gdn_decode`` on q/k
+            rows aligned alike, ``recurrence.vk_qk_aligned``) or ``"kv"`` (K-major kernels,
+            this module). The same default as every GDN launcher (``gdn_decode``:
+            why); the stash is the same for both.
         impl: ``"triton"`` or ``"cuda"``: the CUDA C++ twin (``kernels/gdn_carry.cu``,
             ``pmll_lab.ops.carry.gdn_carry_cuda``) after the same checks; V-major,
             ``kd <= 256``; bitwise ``gdn_decode(impl="cuda")`` launches of the rows (within
@@ -165,7 +170,7 @@ def _arrivals(carry, num_v_heads: int) -> torch.Tensor:
 
 
 def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
-                        use_qk_l2norm, layout=DEFAULT_STATE_LAYOUT, gating=None):
+                        use_qk_l2norm, layout, gating=None):
     """``(kernel, grid, args, kwargs)`` of the (exact) verify launch for ``layout`` and the
     launch settings (``pmll_lab.ops.settings``); ``form`` is checked by the caller."""
     B, K, HK = q.shape[:3]

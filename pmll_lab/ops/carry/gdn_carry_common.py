@@ -15,7 +15,7 @@ import torch
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
-from pmll_lab.ops.gdn.gating import check_gating, gate_inputs
+from pmll_lab.ops.gdn.gating import check_gating, gate_groups, gate_inputs
 from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout, head_dims, vk_chunks
 
 FORMS = ("exact",)
@@ -57,11 +57,17 @@ def _chunks(block_k: int) -> dict:
     return dict(zip(("NC", "CW"), vk_chunks(block_k)))
 
 
-def check_carry(name: str, carry, state: torch.Tensor | None = None,
-                layout: str = DEFAULT_STATE_LAYOUT) -> None:
-    """``carry`` is a ``GdnCarry`` matching ``state`` (slots, heads, dims) in ``layout``."""
+def check_carry(name: str, carry, state: torch.Tensor | None, layout: str) -> None:
+    """``carry`` is a ``GdnCarry`` made for ``layout`` (its ``state_layout``) and matching
+    ``state`` (slots, heads, dims) read in ``layout``."""
     if not isinstance(carry, GdnCarry):
         raise ValueError(f"{name}: expected a GdnCarry, got {type(carry).__name__}")
+    if carry.state_layout != layout:
+        raise ValueError(
+            f"{name}: made for a state_layout={carry.state_layout!r} pool, but this call reads "
+            f"the state as state_layout={layout!r} (the default when omitted is "
+            f"{DEFAULT_STATE_LAYOUT!r}): pass one state_layout to GdnCarry.empty and to every "
+            "launcher of the pool")
     if state is not None:
         S, HV = state.shape[:2]
         kd, vd = head_dims(state.shape, layout)
@@ -101,7 +107,7 @@ def check_form(name: str, form, options: Sequence[str] = FORMS) -> None:
 
 
 def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
-                  eager_max_pending, layout=DEFAULT_STATE_LAYOUT, gating=None,
+                  eager_max_pending, layout, gating=None,
                   use_qk_l2norm=True):
     """``gdn_carry_verify``'s argument checks; returns ``(B, K, HK, scale)``."""
     check_layout("state_layout", layout)
@@ -157,6 +163,11 @@ def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, v
         if gating is None:        # padding lanes' gates are never used: not checked
             _checks.range_values("g", g[live], float("-inf"), 0.0)
             _checks.range_values("beta", beta[live], 0.0, 1.0)
+        lanes, heads = gate_groups(g, beta, gating)
+        _checks.finite_inputs({"q": q, "k": k, "v": v, **lanes}, live, heads)
+        slots = slot_tab[live].long()
+        _checks.finite_slots("state", state, slots)
+        _checks.finite_pending("carry", {"u": carry.u, "g": carry.g, "k": carry.k}, slots, pend)
 
     return B, K, HK, scale
 
@@ -178,7 +189,7 @@ def check_host_slots(name: str, slot_tab, carries) -> None:
 
 
 def _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
-                     eager_max_pending, layout=DEFAULT_STATE_LAYOUT, gating=None,
+                     eager_max_pending, layout, gating=None,
                      use_qk_l2norm=True):
     """Checks (``_check_verify``), then the verify's outputs: ``(scale, o [B, K, HV, vd] in v's
     dtype, engaged [B] int32)``, uninitialised."""

@@ -54,19 +54,20 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     """Fold every listed slot's pending rows into its state, over ``L`` layers in one launch
     (SPEC §3b "Flush"; the seed's ``gdn_carry_flush``).
 
-    ``states``: list of ``L`` states in ``state_layout`` (``[S, HV, kd, vd]`` for ``"kv"``,
-    ``[S, HV, vd, kd]`` for ``"vk"``; separately allocated is fine; same
-    shape, strides and dtype: fp32, or bf16/fp16 rounded after every folded row); ``carries``: list of ``L`` ``GdnCarry`` (same layout and slot stride);
-    ``slot_tab [B]`` int32/int64, contiguous. A slot with ``pend = 0`` is left alone; ``pend`` is not changed
-    (the caller clears it). Folding uses ``fold_row`` on ``block_config`` blocks, so the state is
-    bitwise the one plain decoding would hold. ``validate=True``: slots distinct and in range,
-    ``0 <= pend <= CAP`` in every layer. ``state_layout``: ``"kv"`` (states
-    ``[S, HV, kd, vd]``) or ``"vk"`` (``[S, HV, vd, kd]``, V-major tiles; the same bits as
-    V-major decoding). ``impl``: ``"triton"`` or ``"cuda"``: the CUDA C++ twin
-    (``kernels/gdn_carry.cu``, ``pmll_lab.ops.carry.gdn_carry_cuda``) after the same checks;
-    V-major, ``kd <= 256``; the bits of ``gdn_decode(impl="cuda")`` launches of the folded rows
-    when the stash was written by ``gdn_carry_verify(impl="cuda")``; ``RuntimeError`` without
-    a CUDA device. Raises ``ValueError`` naming the argument.
+    ``states``: list of ``L`` states in ``state_layout`` (``[S, HV, vd, kd]`` for ``"vk"``, the
+    default of every GDN launcher, ``[S, HV, kd, vd]`` for ``"kv"``; separately allocated is fine;
+    same shape, strides and dtype: fp32, or bf16/fp16 rounded after every folded row); ``carries``:
+    list of ``L`` ``GdnCarry`` (same layout and slot stride); ``slot_tab [B]`` int32/int64,
+    contiguous. A slot with ``pend = 0`` is left alone; ``pend`` is not changed (the caller clears
+    it). Folding uses ``fold_row`` on ``block_config`` blocks, so the state is bitwise the one plain
+    decoding would hold. ``validate=True`` (``pmll_lab._checks``; docs/layouts.md, "validate=True"):
+    slots distinct and in range, ``0 <= pend <= CAP``, the states and pending stash rows read
+    finite, in every layer. ``state_layout``: ``"vk"`` (V-major tiles; the same bits as V-major
+    decoding) or ``"kv"``; every carry must be made for it. ``impl``: ``"triton"`` or ``"cuda"``:
+    the CUDA C++ twin (``kernels/gdn_carry.cu``, ``pmll_lab.ops.carry.gdn_carry_cuda``) after the
+    same checks; V-major, ``kd <= 256``; the bits of ``gdn_decode(impl="cuda")`` launches of the
+    folded rows when the stash was written by ``gdn_carry_verify(impl="cuda")``; ``RuntimeError``
+    without a CUDA device. Raises ``ValueError`` naming the argument.
     """
     _checks.impl("gdn_carry_flush", impl)
     check_layout("state_layout", state_layout)
@@ -103,6 +104,10 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
         live = slot_tab[slot_tab >= 0].long()
         for i, ca in enumerate(carries):
             _checks.range_values(f"carries[{i}].pend", ca.pend[live], 0, ca.cap)
+        for i, (st, ca) in enumerate(zip(states, carries)):
+            _checks.finite_slots(f"states[{i}]", st, live)
+            _checks.finite_pending(f"carries[{i}]", {"u": ca.u, "g": ca.g, "k": ca.k}, live,
+                                   ca.pend[live])
     if impl == "cuda":
         gdn_carry_cuda.check_cuda(states[0], kd, state_layout, "carried-state flush")
         gdn_carry_cuda.launch_flush(states, carries, slot_tab)

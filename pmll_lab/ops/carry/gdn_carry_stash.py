@@ -16,6 +16,7 @@ import torch
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
+from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout
 from pmll_lab.sizes import CARRY_CAP, snapshot_bytes_per_slot, stash_bytes_per_slot  # noqa: F401
 
 GDN_CARRY_CAP = CARRY_CAP
@@ -32,10 +33,15 @@ class GdnCarry:
     so a view into a larger buffer works); ``pend [S]`` int32 on the same device, contiguous.
     Build with ``GdnCarry.empty(...)`` or pass existing tensors (validated here).
     Views for tests and references: ``.u [S, CAP, HV, vd]``, ``.g [S, CAP, HV]``,
-    ``.k [S, CAP, HV, kd]``. A slot with ``pend > 0`` holds accepted rows not in its stored
-    state: a plain ``gdn_decode`` there gives a wrong state (flush first; ``gdn_decode(...,
-    carry=this, validate=True)`` refuses it). ``buf`` and ``pend`` must share no memory with
-    each other or with the state (the launchers refuse it, naming them).
+    ``.k [S, CAP, HV, kd]``. ``state_layout``: the layout of the state pool this stash serves
+    (default ``"vk"``, every GDN launcher's default). The stash rows are the same in both layouts,
+    but pending rows fold into that pool, so every launcher given this carry refuses another
+    ``state_layout`` (``ValueError`` naming the carry): a layout omitted in one call and named in
+    another cannot read the pool transposed unnoticed, even when ``kd == vd``. A slot with
+    ``pend > 0`` holds accepted rows not in its stored state: a plain ``gdn_decode`` there gives a
+    wrong state (flush first; ``gdn_decode(..., carry=this, validate=True)`` refuses it). ``buf``
+    and ``pend`` must share no memory with each other or with the state (the launchers refuse it,
+    naming them).
     """
 
     buf: torch.Tensor
@@ -44,10 +50,12 @@ class GdnCarry:
     k_dim: int
     v_dim: int
     cap: int = GDN_CARRY_CAP
+    state_layout: str = DEFAULT_STATE_LAYOUT
 
     def __post_init__(self):
         for name in ("num_v_heads", "k_dim", "v_dim", "cap"):
             _checks.positive_int(name, getattr(self, name))
+        check_layout("state_layout", self.state_layout)
         width = self.floats_per_slot
         _checks.tensor("buf", self.buf, ndim=2, shape=(None, width), dtype=torch.float32,
                        last_contiguous=True)
@@ -56,10 +64,13 @@ class GdnCarry:
 
     @classmethod
     def empty(cls, slots: int, num_v_heads: int, k_dim: int, v_dim: int, *,
-              cap: int = GDN_CARRY_CAP, device=None) -> "GdnCarry":
+              cap: int = GDN_CARRY_CAP, device=None,
+              state_layout: str = DEFAULT_STATE_LAYOUT) -> "GdnCarry":
         """A zeroed stash with ``pend = 0`` for ``slots`` slots on ``device`` (default
-        ``pmll_lab.DEVICE``). Raises ``ValueError`` naming a bad size or ``device``."""
+        ``pmll_lab.DEVICE``), serving a state pool in ``state_layout`` (``"vk"`` or ``"kv"``).
+        Raises ``ValueError`` naming a bad size, ``device`` or ``state_layout``."""
         _checks.positive_int("slots", slots)
+        check_layout("state_layout", state_layout)
         for name, val in (("num_v_heads", num_v_heads), ("k_dim", k_dim), ("v_dim", v_dim),
                           ("cap", cap)):
             _checks.positive_int(name, val)
@@ -69,12 +80,13 @@ class GdnCarry:
                      f"a stash [{slots}, {width}] fp32 and pend [{slots}]")
         return cls(buf=torch.zeros(slots, width, dtype=torch.float32, device=dev),
                    pend=torch.zeros(slots, dtype=torch.int32, device=dev),
-                   num_v_heads=num_v_heads, k_dim=k_dim, v_dim=v_dim, cap=cap)
+                   num_v_heads=num_v_heads, k_dim=k_dim, v_dim=v_dim, cap=cap,
+                   state_layout=state_layout)
 
     def __repr__(self) -> str:
         return (f"GdnCarry(slots={self.slots}, num_v_heads={self.num_v_heads}, "
                 f"k_dim={self.k_dim}, v_dim={self.v_dim}, cap={self.cap}, "
-                f"device={self.device})")
+                f"state_layout={self.state_layout!r}, device={self.device})")
 
     # -- sizes ------------------------------------------------------------------------------
     @property

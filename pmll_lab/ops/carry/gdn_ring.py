@@ -27,6 +27,7 @@ past it, so no program of the launch overwrites a row another still reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -37,7 +38,8 @@ from pmll_lab.ops.carry.gdn_carry_common import INDEX_DTYPES, _device_guard, che
 from pmll_lab.ops.carry.gdn_ring_fused import gdn_ring_fused_kernel
 from pmll_lab.ops.carry.gdn_ring_kernels import (SMALL_PRODUCTS, gdn_ring_flush_kernel,
                                                  ring_accept_kernel)
-from pmll_lab.ops.gdn.gating import check_gating, split_gating
+from pmll_lab.ops.gdn.gating import check_gating, gate_groups, split_gating
+from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT
 from pmll_lab.ops.host import cdiv, next_power_of_2
 from pmll_lab.tolerances import RING_TOL
 
@@ -69,9 +71,11 @@ class GdnRing:
     ``pmll_lab.ops.carry.gdn_ring``.
 
     Build with ``GdnRing.empty(...)`` (zeroed; ``len = base = 0``). ``length`` is ``R``, one of
-    ``RING_LENGTHS`` (8, 16, 32).
+    ``RING_LENGTHS`` (8, 16, 32). ``state_layout`` is ``"vk"`` (class attribute): the ring
+    form runs on V-major states only, every GDN launcher's default layout.
     ``ValueError`` naming the field for a shape, dtype or device that does not fit."""
 
+    state_layout: ClassVar[str] = "vk"
     k: torch.Tensor
     u: torch.Tensor
     G: torch.Tensor
@@ -240,15 +244,40 @@ def _check_verify(state, ring, q, k, v, g, beta, slot_tab, scale, validate, stat
     scale = _checks.optional_float("scale", scale)
     if validate:
         _checks.indices_values("slot_tab", slot_tab, S, padding=True)
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            _checks.finite_values(name, t)
-        live = slot_tab[slot_tab >= 0].long()
+        lanes = slot_tab >= 0
+        live = slot_tab[lanes].long()
         _checks.range_values("ring.len", ring.len[live], 0, ring.length)
         _checks.range_values("ring.base", ring.base[live], 0, 2 * ring.length - 1)
-        if gating is None:
-            _checks.range_values("g", g, float("-inf"), 0.0)
-            _checks.range_values("beta", beta, 0.0, 1.0)
+        if gating is None:        # padding lanes' gates are never used: not checked
+            _checks.range_values("g", g[lanes], float("-inf"), 0.0)
+            _checks.range_values("beta", beta[lanes], 0.0, 1.0)
+        rows, heads = gate_groups(g, beta, gating)
+        _checks.finite_inputs({"q": q, "k": k, "v": v, **rows}, lanes, heads)
+        _checks.finite_slots("state", state, live)
+        _finite_window("ring", ring, live)
     return B, K, kd ** -0.5 if scale is None else scale
+
+
+def _finite_window(name: str, ring: GdnRing, slots: torch.Tensor) -> None:
+    """``validate=True``'s finite rule on the rows a launch reads from a ring: each listed
+    slot's window (``len`` rows from ``base``, mod ``2R``): ``k`` and ``u`` finite, ``G`` not
+    NaN (``-inf`` after a row that forgets the history). ``ValueError`` naming ``name``, the
+    slot and the row of the window."""
+    if slots.numel() == 0:
+        return
+    ns = 2 * ring.length
+    pos = (torch.arange(ns, device=slots.device)[None, :] - ring.base[slots].long()[:, None]) % ns
+    in_window = pos < ring.len[slots].long()[:, None]                       # [n, NS]
+    for part, t in (("k", ring.k), ("u", ring.u), ("G", ring.G)):
+        sub = t[slots]
+        sub = sub[..., None] if part == "G" else sub                        # [n, H, NS, d]
+        ok = ~torch.isnan(sub) if part == "G" else torch.isfinite(sub)
+        bad = ~ok.all(-1).all(1) & in_window
+        if bool(bad.any()):
+            i, j = (int(x) for x in bad.nonzero()[0])
+            val = sub[i, :, j][~ok[i, :, j]][0].item()
+            raise ValueError(f"{name}: slot {int(slots[i])}'s row {int(pos[i, j])} holds a "
+                             f"non-finite value ({val})")
 
 
 def _host_slots(slot_tab, S: int) -> None:
@@ -280,8 +309,8 @@ def ring_tiles(work: int, elem_bytes: int, kd: int, vd: int) -> tuple[int, int, 
 
 
 def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=None,
-                    use_qk_l2norm=True, validate=False, state_layout="vk", A_log=None, a=None,
-                    dt_bias=None, b=None, impl="triton"):
+                    use_qk_l2norm=True, validate=False, state_layout=DEFAULT_STATE_LAYOUT,
+                    A_log=None, a=None, dt_bias=None, b=None, impl="triton"):
     """Ring-form verify of ``K`` draft rows per sequence (SPEC §3d; the ReplaySSM design).
 
     Args:
@@ -298,11 +327,12 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
         slot_tab: ``[B]`` int32/int64 slots, distinct; -1 marks a padding lane (zero outputs,
             ``engaged`` 1, nothing read or written).
         scale: query scale (default ``kd ** -0.5``); use_qk_l2norm: l2-normalise q and k.
-        validate: also check (with a device sync) slots (in range, distinct), ``0 <= len <= R``,
-            ``base < 2R``, the gates' ranges and that ``q, k, v`` are finite. With the slot
-            table on the host (every CPU run) the slots and cursors are checked whatever
-            ``validate`` says.
-        state_layout: ``"vk"`` only.
+        validate: also check (with a device sync; ``pmll_lab._checks``; docs/layouts.md,
+            "validate=True") slots (in range, distinct), ``0 <= len <= R``, ``base < 2R``, the
+            gates' ranges, and that the live lanes' inputs, the states read and the rings' live rows
+            are finite. With the slot table on the host (every CPU run) the slots and cursors are
+            checked whatever ``validate`` says.
+        state_layout: ``"vk"`` only (the default of every GDN launcher).
         impl: ``"triton"`` only (the ring form has no CUDA twin).
 
     Returns ``(o [B, K, HV, vd] in v's dtype, engaged [B] int32)``: 2 where the verify folded.
@@ -400,13 +430,15 @@ def ring_accept(rings, slot_tab, engaged, accepted, *, rows=None, validate=False
             accepted, B, NS=2 * rings[0].length, BLOCK=128)
 
 
-def gdn_ring_flush(states, rings, slot_tab, *, validate=False, state_layout="vk",
-                   impl="triton") -> None:
-    """Fold every listed slot's ring into its state (``H0 <- H_P``, rounded once), over ``L``
-    layers in one launch (SPEC §3d "Flush"). ``states``: ``L`` V-major states (same shape,
-    strides and dtype), ``rings``: ``L`` ``GdnRing`` (same length), ``slot_tab [B]``. ``len`` is
-    left for the caller to clear (``ring.len[slots] = 0``). ``impl``: ``"triton"`` only. Raises
-    ``ValueError`` naming the argument."""
+def gdn_ring_flush(states, rings, slot_tab, *, validate=False,
+                   state_layout=DEFAULT_STATE_LAYOUT, impl="triton") -> None:
+    """Fold every listed slot's ring into its state (``H0 <- H_P``, rounded once), over ``L`` layers
+    in one launch (SPEC §3d "Flush"). ``states``: ``L`` V-major states (same shape, strides and
+    dtype), ``rings``: ``L`` ``GdnRing`` (same length), ``slot_tab [B]``. ``len`` is left for the
+    caller to clear (``ring.len[slots] = 0``). ``validate=True`` (a sync; ``pmll_lab._checks``;
+    docs/layouts.md, "validate=True"): slots in range and distinct, ``0 <= len <= R``, the states
+    and the rings' live rows read finite. ``impl``: ``"triton"`` only. Raises ``ValueError`` naming
+    the argument."""
     _checks.impl("gdn_ring_flush", impl)
     if isinstance(states, torch.Tensor) or isinstance(rings, GdnRing):
         raise ValueError("states, rings: pass lists (one entry per layer)")
@@ -432,9 +464,12 @@ def gdn_ring_flush(states, rings, slot_tab, *, validate=False, state_layout="vk"
         _host_cursors(r, slot_tab)
     if validate:
         _checks.indices_values("slot_tab", slot_tab, S, padding=True)
+        live = slot_tab[slot_tab >= 0].long()
         for i, r in enumerate(rings):
-            _checks.range_values(f"rings[{i}].len", r.len[slot_tab[slot_tab >= 0].long()], 0,
-                                 r.length)
+            _checks.range_values(f"rings[{i}].len", r.len[live], 0, r.length)
+        for i, (st, r) in enumerate(zip(states, rings)):
+            _checks.finite_slots(f"states[{i}]", st, live)
+            _finite_window(f"rings[{i}]", r, live)
     if B == 0:
         return
     BV, BK, warps, stages = ring_tiles(B * HV, states[0].element_size(), kd, vd)

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from pmll_lab import _checks
 from pmll_lab.ops.conv.common import (
+    check_values,
     INPUT_DTYPES,
     check_conv_args,
     check_device,
@@ -204,7 +205,9 @@ def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *
             rows at ``0..K-1``. True (lazy): write back only when ``p + K > cap`` (then stash at
             ``0..K-1``), else leave the stored window and stash at ``p..p+K-1``.
         activation, qk_channels, head_dim, l2_eps, out_dtype: as in ``conv_update``.
-        validate: also check slot values (in range, distinct) and ``0 <= pend <= cap`` (a sync).
+        validate: also check (a sync; ``pmll_lab._checks``; docs/layouts.md, "validate=True") slot
+            values (in range, distinct), ``0 <= pend <= cap``, and that the live lanes' ``x``,
+            ``weight``, ``bias``, the windows read and the pending stash rows are finite.
         impl: ``"triton"`` only (no CUDA twin).
 
     Both forms fold any ``p <= cap`` pending inputs. Returns ``(y [B, K, dim], engaged [B]
@@ -268,6 +271,9 @@ def check_verify_args(conv_state, conv_carry, x, weight, bias=None, *, slot_tab,
         # the batch's slots only, as the GDN verify checks: other slots are not read
         live = slot_tab[slot_tab >= 0].long()
         _checks.range_values("conv_carry.pend", conv_carry.pend[live], 0, conv_carry.cap)
+        check_values(conv_state, x, weight, bias, slot_tab, B)
+        _checks.finite_pending("conv_carry", {"stash": conv_carry.stash}, live,
+                               conv_carry.pend[live])
     return B, K, dim, d_conv, state_len, out_dtype
 
 
@@ -374,7 +380,9 @@ def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False,
             and the windows' dtype).
         slot_tab: ``[B]`` int32/int64 slots to flush (distinct), contiguous, ``B <= S``; -1
             marks a padding lane (nothing read or written).
-        validate: also check slot values and ``0 <= pend <= cap`` in every layer (a sync).
+        validate: also check (a sync; ``pmll_lab._checks``; docs/layouts.md, "validate=True") slot
+            values, ``0 <= pend <= cap``, and that the windows and pending stash rows read are
+            finite, in every layer.
         impl: ``"triton"`` only (no CUDA twin).
 
     For each layer and ``slot = slot_tab[b]`` with ``p = pend[slot] > 0``: the window becomes its
@@ -421,6 +429,10 @@ def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False,
         live = slot_tab[slot_tab >= 0].long()
         for i, carry in enumerate(conv_carries):
             _checks.range_values(f"conv_carries[{i}].pend", carry.pend[live], 0, carry.cap)
+        for i, (cs, carry) in enumerate(zip(conv_states, conv_carries)):
+            _checks.finite_slots(f"conv_states[{i}]", cs, live)
+            _checks.finite_pending(f"conv_carries[{i}]", {"stash": carry.stash}, live,
+                                   carry.pend[live])
     if B == 0:
         return
     L = len(conv_states)

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from pmll_lab import _checks
 from pmll_lab.ops.conv.common import (
+    check_values,
     MAX_ROWS,
     check_conv_args,
     check_indices,
@@ -118,9 +119,11 @@ def conv_update(conv_state, x, weight, bias=None, *, state_indices=None, activat
             l2-normalised in groups of ``head_dim`` (``x * rsqrt(sum(x*x) + l2_eps)``);
             ``qk_channels`` must be a multiple of ``head_dim``. 0 turns it off.
         out_dtype: dtype of ``y``: ``x.dtype`` (default) or float32.
-        validate: also check ``state_indices`` values (in ``[0, S)`` and distinct, or -1) and,
-            with ``carry``, that no slot updated holds pending carry inputs: one device sync.
-            Slot tables on the host (a CPU run) are range-checked always (free there).
+        validate: also check (one device sync; ``pmll_lab._checks``; docs/layouts.md,
+            "validate=True") ``state_indices`` values (in ``[0, S)`` and distinct, or -1), that
+            ``x`` on the live lanes, ``weight``, ``bias`` and the windows read are finite and, with
+            ``carry``, that no slot updated holds pending carry inputs. Slot tables on the host (a
+            CPU run) are checked always, range and distinct (free there).
         carry: ``None`` or the layer's ``ConvCarry`` (anything with ``pend [S]`` int32), for
             ``validate``'s pending check. A slot whose carry holds accepted inputs not yet
             shifted into its window (``pend > 0``) must not run a plain update: it would start
@@ -143,6 +146,8 @@ def conv_update(conv_state, x, weight, bias=None, *, state_indices=None, activat
         conv_state, x, weight, bias, rows=False, activation=activation,
         qk_channels=qk_channels, head_dim=head_dim, l2_eps=l2_eps, out_dtype=out_dtype)
     _check_slots(conv_state, state_indices, B, validate, carry)
+    if validate:
+        check_values(conv_state, x, weight, bias, state_indices, B)
     _check_apart(conv_state, None, x, weight, bias, state_indices)
     y = torch.empty(B, dim, dtype=out_dtype, device=x.device)
     if B == 0:
@@ -180,6 +185,8 @@ def conv_chain(conv_state, x, weight, bias=None, *, state_indices=None, intermed
                        dtype=conv_state.dtype, device=conv_state.device)
         _checks.no_overlap("intermediate", intermediate)
     _check_slots(conv_state, state_indices, B, validate, carry)
+    if validate:
+        check_values(conv_state, x, weight, bias, state_indices, B)
     _check_apart(conv_state, intermediate, x, weight, bias, state_indices)
     y = torch.empty(B, K, dim, dtype=out_dtype, device=x.device)
     if B == 0:

@@ -197,6 +197,16 @@ def check_conv_args(conv_state, x, weight, bias, *, rows: bool, activation, qk_c
     return B, K, dim, d_conv, state_len, out_dtype
 
 
+def check_values(conv_state, x, weight, bias, slot_tab, B) -> None:
+    """``validate=True``'s finite rule (``pmll_lab._checks``): ``x`` on the live lanes,
+    ``weight`` and ``bias``, and the windows of the slots the lanes read. ``ValueError`` naming
+    the argument (a window: ``conv_state`` and the slot)."""
+    live = None if slot_tab is None else slot_tab >= 0
+    _checks.finite_inputs({"x": x}, live, {"weight": weight, "bias": bias})
+    _checks.finite_slots("conv_state", conv_state,
+                         _checks.live_slots(slot_tab, B, conv_state.device))
+
+
 def check_indices(name: str, idx, batch: int, slots: int, dev) -> torch.Tensor:
     """``idx [batch]`` int32/int64 on ``dev``, contiguous (the kernels read entry ``b`` at offset
     ``b``), and ``batch <= slots`` (distinct slots cannot be more than the slots). Shape, dtype,

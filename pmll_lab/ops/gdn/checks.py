@@ -10,15 +10,15 @@ import torch
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
-from pmll_lab.ops.gdn.gating import Gating, check_gating, gate_inputs
-from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout, head_dims
+from pmll_lab.ops.gdn.gating import Gating, check_gating, gate_groups, gate_inputs
+from pmll_lab.ops.gdn.recurrence import check_layout, head_dims
 
 MAX_ROWS = 8
 """Most rows one chain launch verifies (SPEC §3: ``K <= CAP``, ``CAP = 8``)."""
 
 
 def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtype, validate,
-           *, rows: bool, layout: str = DEFAULT_STATE_LAYOUT, out_state_indices=None,
+           *, rows: bool, layout: str, out_state_indices=None,
            gating: Gating | None = None, use_qk_l2norm=True, carry=None):
     """Validate a decode (``rows=False``) or chain (``rows=True``) call; return its sizes."""
     C = _checks
@@ -85,6 +85,8 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
     # says (the kernel would address memory outside the state); free there, a sync on a GPU
     C.host_indices("state_indices", state_indices, S)
     C.host_indices("out_state_indices", out_state_indices, S)
+    if C.on_host(out_state_indices) and (state_indices is None or C.on_host(state_indices)):
+        _check_write_slots(state_indices, out_state_indices, B, S)
     if carry is not None:
         C.tensor("carry.pend", getattr(carry, "pend", None), shape=(S,), dtype=torch.int32,
                  device=state.device)
@@ -97,6 +99,9 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
         if gating is None:        # padding lanes' gates are never used: not checked
             C.range_values("g", g if live is None else g[live], -float("inf"), 0.0)
             C.range_values("beta", beta if live is None else beta[live], 0.0, 1.0)
+        lanes, heads = gate_groups(g, beta, gating)
+        C.finite_inputs({"q": q, "k": k, "v": v, **lanes}, live, heads)
+        C.finite_slots("state", state, C.live_slots(state_indices, B, state.device))
         if carry is not None:
             C.nothing_pending("carry.pend", carry.pend, state_indices, B)
     return B, (lead[1] if rows else 1), HK, HV, kd, vd

@@ -239,13 +239,13 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
     """One Gated DeltaNet decode token per sequence (SPEC §2); updates ``state`` in place.
 
     Args:
-        state: fp32, bf16 or fp16, last dim contiguous: ``[S, HV, kd, vd]`` with
-            ``state_layout="kv"`` (key-major, FLA's) or ``[S, HV, vd, kd]`` with ``"vk"``
-            (value-major, FlashInfer's "pretranspose"); the slots ``state_indices`` are advanced
-            one token, every other slot is left untouched. A bf16/fp16 state (SGLang's
-            ``--mamba-ssm-dtype bfloat16``, FlashInfer's bf16-state kernels; half the state
-            bytes) is read into fp32, the token computed in fp32, and the new state rounded to
-            the state's dtype (nearest even) once, when stored.
+        state: fp32, bf16 or fp16, last dim contiguous: ``[S, HV, vd, kd]`` with
+            ``state_layout="vk"`` (value-major, the default; FlashInfer's "pretranspose") or
+            ``[S, HV, kd, vd]`` with ``"kv"`` (key-major, FLA's); the slots ``state_indices`` are
+            advanced one token, every other slot is left untouched. A bf16/fp16 state (SGLang's
+            ``--mamba-ssm-dtype bfloat16``, FlashInfer's bf16-state kernels; half the state bytes)
+            is read into fp32, the token computed in fp32, and the new state rounded to the state's
+            dtype (nearest even) once, when stored.
         q, k: ``[B, HK, kd]``, fp32/bf16/fp16 (same dtype), last dim contiguous, any other
             strides (views of a fused projection buffer are read in place, never copied).
         v: ``[B, HV, vd]``, q's dtype; value head ``h`` reads key head ``h // (HV // HK)``.
@@ -259,16 +259,23 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
         scale: query scale (default ``kd ** -0.5``). use_qk_l2norm: l2-normalise q and k
             (eps 1e-6) first.
         out_dtype: ``None`` (v's dtype) or a float dtype (``torch.float32`` for fp32 outputs).
-        validate: also check values (device sync): ``state_indices`` in ``[0, S)`` and distinct,
-            or -1, ``g <= 0`` and ``beta`` in ``[0, 1]`` on the lanes that are not padding
-            (a padding lane's gates are never used), and with ``carry`` that no slot decoded
-            holds pending carry rows. A slot of -1 marks a padding lane (vLLM's
-            ``PAD_SLOT_ID``): its outputs are zeros and no state is read or written for it.
-            Slot tables on the host (a CPU run) are range-checked always (free there); on a GPU
-            other out-of-range slots are undefined behaviour without ``validate``.
-        state_layout: ``"kv"`` or ``"vk"`` (``pmll_lab.ops.gdn.recurrence.STATE_LAYOUTS``).
-            ``"vk"`` runs ``gdn_rows_vk_kernel`` (a few value rows per program, tile from
-            ``vk_config``), ``"kv"`` the K-major kernel (``block_config``).
+        validate: also check values (device sync; the rule of every launcher: ``pmll_lab._checks``;
+            docs/layouts.md, "validate=True"): ``state_indices`` in ``[0, S)`` and distinct, or -1;
+            on the lanes that are not padding (a padding lane's rows are never read) ``q, k, v``,
+            ``beta`` and the gating inputs finite, ``g <= 0`` (``-inf`` allowed) and ``beta`` in
+            ``[0, 1]``; the states read finite; and with ``carry`` that no slot decoded holds
+            pending carry rows. A slot of -1 marks a padding lane (vLLM's ``PAD_SLOT_ID``): its
+            outputs are zeros and no state is read or written for it. Slot tables on the host (a CPU
+            run) are checked always, range and distinct (free there); on a GPU a bad slot table is
+            undefined behaviour without ``validate``.
+        state_layout: ``"vk"`` (default) or ``"kv"``
+            (``pmll_lab.ops.gdn.recurrence.STATE_LAYOUTS``). ``"vk"`` runs
+            ``gdn_rows_vk_kernel`` (a few value rows per program, tile from ``vk_config``),
+            ``"kv"`` the K-major kernel (``block_config``). The default is V-major in every
+            GDN launcher, reference and input maker (the faster layout for every GDN kernel
+            here, and the ring form's only one), so a call that omits it means the same
+            everywhere; a K-major state (FLA, vLLM, the HF cache) must name ``"kv"``, since
+            with ``kd == vd`` its shape cannot tell (``docs/layouts.md``).
         out_state_indices: ``None`` (the new state overwrites the read slot) or ``[B]``
             int32/int64, contiguous: the slot each sequence's new state is written to, its read
             slot left as it was (FlashInfer's ``output_state_indices``: prefix-cache forks,

@@ -77,6 +77,15 @@ def gate_inputs(g, beta, gating: Gating | None) -> dict:
     return dict(gating._asdict())
 
 
+def gate_groups(g, beta, gating: Gating | None) -> tuple[dict, dict]:
+    """``validate=True``'s finite rule (``pmll_lab._checks.finite_inputs``) over a launch's gate
+    tensors: ``(per-lane, per-head)`` dicts by the caller's names. ``g`` is left to its range
+    check (``[-inf, 0]``: ``-inf`` is a row that forgets the history)."""
+    if gating is None:
+        return {"beta": beta}, {}
+    return {"a": gating.a, "b": gating.b}, {"A_log": gating.A_log, "dt_bias": gating.dt_bias}
+
+
 def check_gating(gating: Gating, lead: tuple, num_v_heads: int, input_dtype: torch.dtype,
                  device: torch.device) -> None:
     """``A_log, dt_bias [HV]`` (fp32, bf16 or fp16, contiguous) and ``a, b [*lead, HV]`` (the

@@ -94,8 +94,10 @@ state key-major, ``[S, HV, kd, vd]`` (FLA, vLLM); ``"vk"`` value-major, ``[S, HV
 (FlashInfer, SGLang "pretranspose"). Both hold the same ``H``; exactness holds within one."""
 
 DEFAULT_STATE_LAYOUT = settings.gdn().default_state_layout
-"""The layout every launcher takes when ``state_layout`` is not given (``pmll_lab.ops.settings``:
-K-major, the layout of FLA, vLLM and the Hugging Face cache)."""
+"""The layout every GDN launcher, reference, input maker and state holder takes when
+``state_layout`` is not given: ``"vk"``, V-major (the faster layout for every GDN kernel here,
+FlashInfer's and SGLang's, and the only one of the ring form and the CUDA twins; why and the
+rules for K-major states: ``docs/layouts.md``, ``pmll_lab.ops.settings``)."""
 
 
 def check_layout(name: str, layout) -> str:

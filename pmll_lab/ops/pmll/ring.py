@@ -207,6 +207,10 @@ def check_write(mem, k_new, v_new, gate=None, *, validate: bool = False) -> tupl
             _checks.range_values("gate", gate, 0.0, 1.0)
         if bool((mem.count < 0).any()):
             raise ValueError(f"mem.count: must be >= 0, got {mem.count.tolist()}")
+        _checks.finite_inputs({"k_new": k_new, "v_new": v_new})
+        every = torch.arange(batch, device=dev)
+        _checks.finite_slots("mem.k", mem.k, every, unit="sequence")
+        _checks.finite_slots("mem.v", mem.v, every, unit="sequence")
     if (validate or _checks.on_host(mem.count)) and tokens and bool(
             (mem.count > torch.iinfo(torch.int64).max - tokens).any()):
         # count += T would wrap past int64 (free to check on the host)
@@ -231,9 +235,10 @@ def pmll_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tensor
     Raises ``ValueError`` naming the argument before launching: wrong rank, batch/heads/head
     size unlike the memory's, dtype, device, strides, gate shape, ``mem.k``, ``mem.v`` and
     ``mem.count`` sharing memory with each other or with ``k_new``, ``v_new``, ``gate``.
-    ``validate=True`` also checks (with a device sync) that gate values lie in ``[0, 1]``,
-    that ``count >= 0`` and that ``count + T`` fits in int64 (counts on the host, a CPU run:
-    always).
+    ``validate=True`` also checks (with a device sync; ``pmll_lab._checks``; docs/layouts.md,
+    "validate=True") that gate values lie in ``[0, 1]``, that ``k_new``, ``v_new`` and the ring's
+    rows are finite, that ``count >= 0`` and that ``count + T`` fits in int64 (counts on the host, a
+    CPU run: always).
 
     ``impl``: ``"triton"`` (these kernels) or ``"cuda"`` (the CUDA C++ twin,
     ``kernels/pmll_ring.cu``: same checks first, same result, ``count += T`` after it on the same
