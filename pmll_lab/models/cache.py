@@ -232,12 +232,17 @@ class ServingCache(_StepChecks, GdnCache):
         """Start sequence ``ids [T]`` (LongTensor, ``T >= 1``) in ``slot``: the prompt through
         the model; returns the last position's logits ``[V]``. ``tag`` names the sequence in
         ``gdn_io``. ``ValueError`` naming ``ids`` for ids outside the vocabulary, ``slot`` out of
-        range, and while a verify waits for its ``accept``."""
+        range, ``max_len`` for a prompt longer than the cache's positions, and while a verify
+        waits for its ``accept``; a refused prefill leaves the cache as it was (a sequence
+        live in ``slot`` goes on)."""
         self._check_idle("prefill")
         if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.numel() < 1:
             raise ValueError(f"ids: expected a non-empty 1-D LongTensor, got "
                              f"{tuple(ids.shape) if isinstance(ids, torch.Tensor) else ids!r}")
         self._check_ids("ids", ids, (None,), "[T]")
+        if ids.numel() > self.max_len:          # before the slot is reset: a refusal keeps it
+            raise ValueError(f"max_len: a step needs {ids.numel()} positions, the cache holds "
+                             f"{self.max_len}")
         self._reset_slot(slot)
         self._tags[slot] = tag
         self._bind([slot], ids.numel())
