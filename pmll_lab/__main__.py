@@ -1,7 +1,8 @@
 """Command line: ``python -m pmll_lab report ...`` (see ``pmll_lab.report``).
 
     python -m pmll_lab report --preset quick|full --device auto|cpu|cuda [--only NAME ...]
-                              [--run NAME] [--resume] [--cell-timeout SECONDS]
+                              [--run NAME] [--resume [--keep-other-commits]]
+                              [--cell-timeout SECONDS]
                               [--workers N | --scheduler ADDRESS]
 
 ``--workers N`` runs the notebooks' sweeps on a Dask LocalCluster started for the report: one
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
                      "e.g. h200-2026-11-29 for a run to commit")
     rep.add_argument("--resume", action="store_true",
                      help="keep the notebooks' earlier results so sweeps skip the points done")
+    rep.add_argument("--keep-other-commits", action="store_true",
+                     help="with --resume: reuse stored points of another git commit instead of "
+                     "running them again (the pages and the index name their commit)")
     rep.add_argument("--cell-timeout", type=_positive(float), default=None, metavar="SECONDS",
                      help="fail a notebook whose cell runs longer than this (> 0; default: no limit)")
     where = rep.add_mutually_exclusive_group()
@@ -67,10 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--reports-dir", default="reports",
                      help="folder the run folder is written under (default: reports)")
     args = parser.parse_args(argv)
+    if args.keep_other_commits and not args.resume:
+        rep.error("--keep-other-commits: only with --resume (it keeps stored points of "
+                  "another commit)")
 
     try:
         manifest = build_report(preset=args.preset, device=args.device, run=args.run,
                                 only=args.only or None, resume=args.resume,
+                                keep_other_commits=args.keep_other_commits,
                                 cell_timeout=args.cell_timeout,
                                 workers=args.workers, scheduler=args.scheduler,
                                 notebooks_dir=args.notebooks_dir, reports_dir=args.reports_dir,

@@ -467,3 +467,18 @@ def finite_pending(name: str, parts: dict, slots: torch.Tensor, counts: torch.Te
             val = sub[i, r][~ok[i, r]][0].item()
             raise ValueError(f"{name}: slot {int(slots[i])}'s pending row {r} holds a "
                              f"non-finite value ({val})")
+
+
+def copy_indices(src, dst, slots: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(src, dst)`` as int64 index tensors on ``device`` for a copy of slots: each in
+    ``[0, slots)``, as many of one as of the other, ``dst`` distinct and apart from ``src``
+    (a slot both read and written in one copy would depend on the order). ``ValueError``
+    naming ``src`` or ``dst``."""
+    s_idx = index_tensor("src", src, slots, device=device)
+    d_idx = index_tensor("dst", dst, slots, distinct=True, device=device)
+    if s_idx.shape != d_idx.shape:
+        raise ValueError(f"dst: {d_idx.numel()} slots for {s_idx.numel()} in src")
+    both = set(s_idx.tolist()) & set(d_idx.tolist())
+    if both:
+        raise ValueError(f"dst: slot {min(both)} is also in src")
+    return s_idx, d_idx

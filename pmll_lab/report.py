@@ -28,7 +28,10 @@ index, and the other notebooks still run.
 
 A notebook's results folder is emptied before it runs, so a report never mixes results from two
 code versions; ``resume=True`` keeps it, and the sweeps then skip the points already stored
-(``pmll_lab.sweep``), which is how a killed long run on a GPU is finished.
+(``pmll_lab.sweep``), which is how a killed long run on a GPU is finished. Points stored at
+another commit are run again, unless ``keep_other_commits=True`` (``--keep-other-commits``):
+then they are reused, and the notebook's page and its index entry say how many, and at which
+commit (``other_commits``).
 
 Here: the checks, the order of the run and the Dask cluster of its sweeps (``build_report``);
 one notebook's run in ``pmll_lab.report_notebooks``, the index page in ``pmll_lab.report_index``
@@ -40,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -49,8 +53,18 @@ from pmll_lab.report_index import (  # noqa: F401  (re-exported: pmll_lab.report
     ran_on_text)
 from pmll_lab.report_notebooks import (  # noqa: F401  (re-exported, as above)
     KERNEL_NAME, REPO_ROOT, ReportError, _ensure_nbconvert_templates, _kernel_environment,
-    _run_one, _short_error, _utc_now, probe_environment, render_html, results_placement)
+    _run_one, _short_error, _utc_now, other_commits, other_commits_text, probe_environment,
+    render_html, results_placement)
 
+RUN_FILES = ("index", "manifest")
+"""Stems of the run folder's own files (``index.html``, ``manifest.json``): no notebook may
+take them (``index.html`` would overwrite its report and link to itself)."""
+NAME_CHARS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+"""A notebook's name (file stem): it names ``<name>.html`` and ``results/<name>/``, and the
+index links to them, so only characters a link takes as they are (no ``#``, ``?``, ``%``,
+spaces)."""
+INJECTED = ("preset", "device", "results_dir")
+"""The parameters the report gives every notebook (papermill)."""
 PRESETS = ("quick", "full")
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULER_TIMEOUT_S = 10.0
@@ -77,6 +91,48 @@ def select(notebooks: Sequence[Path], only: Sequence[str]) -> list[Path]:
         raise ReportError(f"only: no notebook named {', '.join(unknown)} "
                           f"(available: {', '.join(by_name) or 'none'})")
     return [by_name[n] for n in dict.fromkeys(wanted)]
+
+
+def check_notebooks(paths: Sequence[Path]) -> None:
+    """``ReportError`` naming the notebook, before anything runs, when a notebook cannot make
+    a report page: a name that clashes with the run's own files (``RUN_FILES``, any case: a
+    case-insensitive disk would mix them) or has characters a link does not take as they are
+    (``NAME_CHARS``); a notebook without a code cell tagged ``parameters`` assigning the
+    parameters every notebook is given (``INJECTED``), whose results would land beside the
+    notebook rather than in the run, unlisted (``scheduler`` is injected too when the sweeps
+    run on a cluster; a notebook that ignores it runs them in its own process). A file that
+    is not a notebook is left to its run, which fails it while the others run."""
+    import nbformat
+
+    want = INJECTED
+    for path in paths:
+        name = path.stem
+        if name.casefold() in RUN_FILES:
+            raise ReportError(f"notebooks: {path.name} is named like one of the run's own "
+                              f"files (index.html, manifest.json: {', '.join(RUN_FILES)} are "
+                              f"taken, in any case); rename the notebook")
+        if not NAME_CHARS.fullmatch(name):
+            raise ReportError(f"notebooks: {path.name!r}: a notebook's name may hold letters, "
+                              f"digits, '_', '.' and '-' only (it names {name}.html and "
+                              f"results/{name}/, which the index links to); rename it")
+        try:
+            nb = nbformat.read(path, as_version=4)
+        except Exception:  # noqa: BLE001 - not a notebook: its run fails, the others run
+            continue
+        from papermill.translators import PythonTranslator
+
+        tagged = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+        if not tagged or tagged[0].cell_type != "code":    # papermill takes the first
+            raise ReportError(f"notebooks: {path.name} has no code cell tagged 'parameters' "
+                              f"(the report injects {', '.join(want)} after it; without it the "
+                              f"notebook's own values win and its results miss the run)")
+        assigned = {prm.name for prm in PythonTranslator.inspect(tagged[0])}
+        missing = [w for w in want if w not in assigned]
+        if missing:
+            raise ReportError(f"notebooks: the parameters cell of {path.name} does not assign "
+                              f"{', '.join(missing)} (the report injects "
+                              f"{', '.join(want)}; a name it does not assign there may be set "
+                              f"again later and the injected value lost)")
 
 
 @contextlib.contextmanager
@@ -155,6 +211,7 @@ def build_report(
     notebooks_dir: str | Path = "notebooks",
     only: Sequence[str] | None = None,
     resume: bool = False,
+    keep_other_commits: bool = False,
     cell_timeout: float | None = None,
     workers: int | None = None,
     scheduler: str | None = None,
@@ -171,13 +228,19 @@ def build_report(
     ``scheduler``: on the Dask cluster at that address (both None: in the notebooks' own
     process). Each notebook gets ``scheduler`` as a parameter.
 
+    ``resume``: keep the notebooks' stored results (the sweeps skip the points done);
+    ``keep_other_commits`` (with ``resume`` only): reuse stored points of another commit too,
+    instead of running them again (each entry's ``other_commits`` counts them per commit).
+
     Returns the manifest (``manifest["ok"]`` is False when a notebook of this call failed).
     When some notebooks are chosen (``notebooks`` or ``only``), the entries of the run's earlier
     manifest for the other notebooks are kept in the index, each with its own date and preset.
     Raises ``ReportError`` for an unknown preset, device, run name or notebook name, a
     ``notebooks_dir`` that is not a folder (when ``notebooks`` is not given), a bad
     ``workers`` (not a positive int, more than the GPUs visible) or ``cell_timeout``,
-    ``workers`` and ``scheduler`` both given, a scheduler that does not answer, or when the
+    ``workers`` and ``scheduler`` both given, a notebook that cannot make a page of the run
+    (``check_notebooks``: its name, its parameters cell), a scheduler that does not answer, or
+    when the
     kernel environment cannot import ``pmll_lab`` with that device (checked before any notebook
     runs, and before the run folder is created: a run that cannot start leaves nothing behind).
     """
@@ -198,6 +261,9 @@ def build_report(
             or not (math.isfinite(cell_timeout) and cell_timeout > 0)):
         raise ReportError(f"cell_timeout: must be > 0 seconds (None: no limit), not "
                           f"{cell_timeout!r}")
+    if not isinstance(keep_other_commits, bool) or (keep_other_commits and not resume):
+        raise ReportError(f"keep_other_commits: True only with resume (it keeps stored points "
+                          f"of another commit), got {keep_other_commits!r} with resume={resume!r}")
     chosen = notebooks is not None or bool(only)
     if notebooks is None and not Path(notebooks_dir).is_dir():
         raise ReportError(f"notebooks_dir: no such folder: {notebooks_dir}")
@@ -207,6 +273,7 @@ def build_report(
         raise ReportError(f"notebooks: not found: {', '.join(missing)}")
     if only:
         paths = select(paths, only)
+    check_notebooks(paths)
 
     run_dir = Path(reports_dir) / run
     previous = []
@@ -220,7 +287,8 @@ def build_report(
     manifest = {"run": run, "preset": preset, "device_requested": device,
                 "started_utc": _utc_now(), "notebooks_dir": str(notebooks_dir),
                 "environment": {}, "notebooks": []}
-    with _kernel_environment(device) as env, _cluster(workers, scheduler, device, log) as (
+    with _kernel_environment(device, keep_other_commits) as env, _cluster(
+            workers, scheduler, device, log) as (
             address, cluster_desc):
         manifest["cluster"] = cluster_desc
         manifest["environment"] = env_info = probe_environment(env)

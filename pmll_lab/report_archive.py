@@ -15,17 +15,37 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import shutil
 from pathlib import Path
 
 from pmll_lab.report_index import HEADLINE_FILE, index_html
+from pmll_lab.results import compact_text
 
 
 def _gzip(path: Path) -> Path:
+    """``<name>.jsonl`` -> ``<name>.jsonl.gz`` (same bytes every time: no time stamp). Where the
+    ``.gz`` is already there (a run archived, then resumed), the two are merged: every point
+    stored whole in either, once (``results.compact_text``: the later copy where both hold one),
+    written to a temporary file and moved over the ``.gz`` before the ``.jsonl`` is deleted,
+    so a kill at any moment leaves every point in one of the two files."""
     out = path.with_name(path.name + ".gz")
-    with open(path, "rb") as src, open(out, "wb") as raw, \
-            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:   # same bytes every time
-        shutil.copyfileobj(src, dst)
+    if out.is_file():
+        data = compact_text(path).encode("utf-8")
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as raw:
+                with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:
+                    dst.write(data)
+                raw.flush()
+                os.fsync(raw.fileno())
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
+    else:
+        with open(path, "rb") as src, open(out, "wb") as raw, \
+                gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:
+            shutil.copyfileobj(src, dst)
     path.unlink()
     return out
 
@@ -33,7 +53,9 @@ def _gzip(path: Path) -> Path:
 def archive_run(run_dir: str | Path, *, drop_html: tuple[str, ...] = (),
                 note: str | None = None) -> dict:
     """Prune ``run_dir`` (a run folder with ``manifest.json``) in place: delete every executed
-    notebook (``.ipynb``) and every results CSV except ``headline.csv``, gzip every ``.jsonl``,
+    notebook (``.ipynb``) and every results CSV except ``headline.csv``, gzip every ``.jsonl``
+    (merged into the ``.jsonl.gz`` already there, if any: a resumed archived run keeps the
+    points of both),
     delete the rendered HTML of the notebooks named in ``drop_html``, and rewrite the manifest's
     file lists and ``index.html`` to match (a file already gone is no longer listed). ``note`` is added to the manifest's notes (shown on
     the index). Idempotent. Returns the new manifest. Raises ``FileNotFoundError`` when

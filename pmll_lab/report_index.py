@@ -12,6 +12,8 @@ import csv
 import html
 from pathlib import Path
 
+from pmll_lab.report_notebooks import other_commits_text
+
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
 max-width:70em;padding:0 1em;color:#222}
@@ -199,6 +201,10 @@ def index_html(manifest: dict, run_dir: str | Path | None = None) -> str:
                            "sweep points failed (see the report's correctness section)</div>")
             if b.get("error"):
                 status += f"<div class='err'>{e(b['error'])}</div>"
+            if b.get("other_commits"):
+                said = other_commits_text(b["other_commits"], b.get("points"),
+                                          b.get("commit", "?"))
+                status += f"<div class='note'>{e(said)}</div>"
             if b.get("kept_from_earlier"):
                 when = (b.get("started_utc") or "?").replace("T", " ").replace("+00:00", " UTC")
                 status += (f"<div class='note'>from an earlier call: {e(when)}"

@@ -38,12 +38,16 @@ def _utc_now() -> str:
 
 
 @contextlib.contextmanager
-def _kernel_environment(device: str) -> Iterator[dict[str, str]]:
+def _kernel_environment(device: str, keep_other_commits: bool = False
+                        ) -> Iterator[dict[str, str]]:
     """Environment the notebook kernels inherit while the report runs (restored afterwards).
 
     - ``PMLL_LAB_DEVICE=device`` for ``pmll_lab.backend``; ``TRITON_INTERPRET`` dropped when the
       GPU is asked for (the builder's own import may have set it).
     - ``PMLL_LAB_REPORT=1``: sweeps draw no progress bar (``pmll_lab.sweep``).
+    - ``PMLL_LAB_KEEP_OTHER_COMMITS``: ``1`` with ``keep_other_commits``, else ``0`` (a value
+      left in the caller's shell does not decide it): whether resumed sweeps reuse points
+      stored at another commit (``pmll_lab.sweep.run_sweep``).
     - ``MPLBACKEND`` unset, so that figures are inline outputs of the notebook.
     - ``PYTHONPATH`` starts with this checkout, so the notebooks import this ``pmll_lab``.
     - ``JUPYTER_PATH`` starts with a throwaway folder holding a ``python3`` kernelspec that runs
@@ -64,6 +68,7 @@ def _kernel_environment(device: str) -> Iterator[dict[str, str]]:
         (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
         os.environ["PMLL_LAB_DEVICE"] = device
         os.environ["PMLL_LAB_REPORT"] = "1"  # sweeps print a summary line instead of a bar
+        os.environ["PMLL_LAB_KEEP_OTHER_COMMITS"] = "1" if keep_other_commits else "0"
         # ipykernel makes figures inline outputs only when MPLBACKEND is unset (CI often sets
         # Agg): with it set, plt.show() would leave every plot out of the report.
         os.environ.pop("MPLBACKEND", None)
@@ -164,15 +169,21 @@ def _with_alts(body: str, alts: dict[str, str]) -> str:
     return str(soup)
 
 
-def render_html(executed: Path, target: Path, *, failure: str | None = None) -> None:
+def render_html(executed: Path, target: Path, *, failure: str | None = None,
+                note: str | None = None) -> None:
     """Render an executed notebook to HTML without input cells (nbconvert ``HTMLExporter``,
-    ``exclude_input=True``). A failed notebook gets a banner cell on top naming the error; a
-    plot gets its cell's ``alt`` metadata as its alt text (``image_alts``)."""
+    ``exclude_input=True``). A failed notebook gets a banner cell on top naming the error;
+    ``note`` (e.g. ``other_commits_text``) goes on top as a framed paragraph; a plot gets its
+    cell's ``alt`` metadata as its alt text (``image_alts``)."""
     import nbformat
     from nbconvert import HTMLExporter
 
     _ensure_nbconvert_templates()
     nb = nbformat.read(executed, as_version=4)
+    if note:
+        nb.cells.insert(0, nbformat.v4.new_markdown_cell(
+            "<div style='border:2px solid #a60;padding:0.6em;color:#630'>"
+            f"{html.escape(note)}</div>"))
     if failure is not None:
         banner = nbformat.v4.new_markdown_cell(
             "<div style='border:2px solid #c00;padding:0.6em;color:#c00'>"
@@ -215,10 +226,13 @@ def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool
     except Exception as exc:  # noqa: BLE001 - a failed notebook must not stop the others
         entry["status"], entry["error"] = "failed", _short_error(exc)
     entry["seconds"] = round(time.perf_counter() - t0, 1)
+    entry["other_commits"], total = other_commits(results, entry["commit"])
     if out_nb.exists():
         try:
             render_html(out_nb, out_html,
-                        failure=entry["error"] if entry["status"] == "failed" else None)
+                        failure=entry["error"] if entry["status"] == "failed" else None,
+                        note=other_commits_text(entry["other_commits"], total,
+                                                entry["commit"]))
         except Exception as exc:  # noqa: BLE001
             entry["status"] = "failed"
             entry["error"] = (entry["error"] + "; " if entry["error"] else "") + \
@@ -240,19 +254,49 @@ def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool
 
 
 def _sweep_frames(results: Path) -> Iterator[tuple[str, "object"]]:
-    """(sweep name, rows) of every sweep in ``results`` (``*.jsonl``, or ``*.jsonl.gz`` in an
-    archived run; a plain file wins over its gzipped copy); unreadable files are skipped."""
+    """(sweep name, rows) of every sweep in ``results`` (``*.jsonl`` and, in an archived run,
+    ``*.jsonl.gz``: both files of one sweep read as one, ``pmll_lab.results.load``);
+    unreadable files are skipped."""
     from pmll_lab.sweep import load
 
-    paths = {p.name.removesuffix(".gz"): p for p in sorted(Path(results).glob("*.jsonl.gz"))}
-    paths.update({p.name: p for p in Path(results).glob("*.jsonl")})
-    for fname, path in sorted(paths.items()):
+    names = {p.name.removesuffix(".gz") for p in Path(results).glob("*.jsonl.gz")}
+    names |= {p.name for p in Path(results).glob("*.jsonl")}
+    for fname in sorted(names):
         try:
-            df = load(path)
+            df = load(Path(results) / fname)
         except (OSError, ValueError, EOFError):
             continue
         if not df.empty and "point_id" in df:
             yield fname.removesuffix(".jsonl"), df
+
+
+def other_commits(results: Path, commit: str) -> tuple[dict[str, int], int]:
+    """``({commit: points}, points)``: the sweep points in ``results`` stored at a commit other
+    than ``commit`` (kept by a resume with ``--keep-other-commits``, or left from a grid that
+    has changed since), per commit, and every point there."""
+    counts: dict[str, int] = {}
+    total = 0
+    for stem, df in _sweep_frames(results):
+        first = df.drop_duplicates("point_id")
+        total += len(first)
+        if "commit" not in first:
+            continue
+        for c in first["commit"].dropna().astype(str):
+            if c != commit:
+                counts[c] = counts.get(c, 0) + 1
+    return dict(sorted(counts.items())), total
+
+
+def other_commits_text(counts: dict[str, int] | None, total: int | None, commit: str) -> str:
+    """``other_commits`` in words for the notebook's page and the index ("" when none)."""
+    if not counts:
+        return ""
+    n = sum(counts.values())
+    which = ", ".join(f"{c} ({k} point{'s' if k != 1 else ''})" for c, k in counts.items())
+    of = f" of {total}" if total else ""
+    return (f"{n}{of} sweep point{'s' if n != 1 else ''} are from an earlier call at another "
+            f"commit: {which}, kept by a resumed run (--resume --keep-other-commits): they "
+            f"measure that commit's code, not this run's ({commit}).")
 
 
 def failed_points(results: Path) -> tuple[int, int]:

@@ -11,6 +11,11 @@ mid-write leaves a torn last line, or a short last write that ended on a line bo
 way the point is incomplete, its rows are cut away by ``repair`` (the next run's first step), and
 it runs again. Rows written before ``point_rows`` existed (the committed runs under
 ``reports/``) count as stored whenever they parse, as they always did.
+
+An archived run (``pmll_lab.report_archive``) holds ``<name>.jsonl.gz``; a sweep resumed there
+appends to ``<name>.jsonl`` beside it. Both files are one results file: ``load`` and the resume
+read the ``.gz`` first, then the ``.jsonl``, and where both hold a point the later copy counts
+(``_parse``), so no stored point is run again or lost, whichever file holds it.
 """
 
 from __future__ import annotations
@@ -143,14 +148,32 @@ def provenance() -> dict[str, str]:
     return {**environment(), "import_settings": settings.import_switches()}
 
 
+def provenance_here() -> dict[str, str]:
+    """``provenance()`` of this process, computed once (the commit and switches are fixed)."""
+    global _ENV
+    if _ENV is None:
+        _ENV = provenance()
+    return _ENV
+
+
+ROW_KEYS = ("kernel", "metric", "value")
+"""The keys every row of a point function has."""
+
+
+def stored_columns() -> tuple[str, ...]:
+    """The columns ``stored_rows`` writes over a point's parameters: the row's own keys
+    (``ROW_KEYS``), the point's identity and outcome, its provenance (``provenance``) and
+    placement: a grid axis of one of these names would be overwritten in every row."""
+    return (*ROW_KEYS, "point_id", "status", "error", "timestamp", ROW_COUNT,
+            *provenance_here(), *PLACEMENT_COLUMNS)
+
+
 def point_rows(point_fn: Callable[[dict], list[dict]], point: Mapping, pid: str) -> list[dict]:
     """Run one point where this is called (this process or a Dask worker) and return its rows
     as stored (``stored_rows``), with the provenance and placement of this process. Every
     exception of ``point_fn`` becomes a failed row (``KeyboardInterrupt`` and ``SystemExit``
     pass)."""
-    global _ENV
-    if _ENV is None:
-        _ENV = provenance()
+    env = provenance_here()
     stamp = now_stamp()
     try:
         rows = point_fn(dict(point))
@@ -165,7 +188,7 @@ def point_rows(point_fn: Callable[[dict], list[dict]], point: Mapping, pid: str)
         rows, status, err = [], "failed", f"{type(exc).__name__}: {exc}"
         tb = traceback.format_exc(limit=3)
         err = err + "\n" + tb[-1500:]
-    return stored_rows(point, pid, rows, status, err, stamp, {**_ENV, **placement_here()})
+    return stored_rows(point, pid, rows, status, err, stamp, {**env, **placement_here()})
 
 
 # ---- the file -------------------------------------------------------------------------------
@@ -188,9 +211,10 @@ def write_rows(path: Path, rows: list[dict]) -> None:
 
 
 def _parse(text: str) -> tuple[list[tuple[str, dict]], bool]:
-    """``(kept, clean)``: the ``(line, row)`` pairs of every point stored whole, first copy of
-    each point only, in file order; ``clean`` when that is every line of ``text`` and
-    ``text`` ends with a newline (nothing to repair).
+    """``(kept, clean)``: the ``(line, row)`` pairs of every point stored whole, one copy of
+    each point (the last complete one in the file: a point run again, at another commit or
+    after its file was archived, replaces its earlier copy), in file order; ``clean`` when that
+    is every line of ``text`` and ``text`` ends with a newline (nothing to repair).
 
     A run is a stretch of consecutive rows of one point; with ``point_rows`` it closes when it
     holds that many rows (complete) or when another point's row, an unreadable line or the
@@ -198,8 +222,8 @@ def _parse(text: str) -> tuple[list[tuple[str, dict]], bool]:
     files) make one run per stretch of their point, complete; rows without a ``point_id``
     (not a sweep's) are kept as they are."""
     lines = text.splitlines()
-    kept: list[tuple[str, dict]] = []
-    seen: set[str] = set()
+    entries: list[list[tuple[str, dict]] | None] = []    # one per kept run or loose row
+    where: dict[str, int] = {}                            # point -> its entry
     run: list[tuple[str, dict]] = []
     dropped = bool(text) and not text.endswith("\n")
 
@@ -207,9 +231,12 @@ def _parse(text: str) -> tuple[list[tuple[str, dict]], bool]:
         nonlocal dropped, run
         if run:
             pid = run[0][1]["point_id"]
-            if complete and pid not in seen:
-                seen.add(pid)
-                kept.extend(run)
+            if complete:
+                if pid in where:                          # an earlier copy: replaced
+                    entries[where[pid]] = None
+                    dropped = True
+                where[pid] = len(entries)
+                entries.append(run)
             else:
                 dropped = True
         run = []
@@ -226,7 +253,7 @@ def _parse(text: str) -> tuple[list[tuple[str, dict]], bool]:
         pid = row.get("point_id")
         if not isinstance(pid, str):            # not a sweep row: kept as it is
             close(complete=not run or ROW_COUNT not in run[0][1])
-            kept.append((line, row))
+            entries.append([(line, row)])
             continue
         if run and (run[0][1]["point_id"] != pid or
                     (ROW_COUNT in run[0][1]) != (ROW_COUNT in row)):
@@ -236,22 +263,41 @@ def _parse(text: str) -> tuple[list[tuple[str, dict]], bool]:
         if want is not None and len(run) >= want:
             close(complete=len(run) == want)
     close(complete=not run or ROW_COUNT not in run[0][1])
+    kept = [pair for entry in entries if entry is not None for pair in entry]
     return kept, not dropped
 
 
 def repair(path: Path) -> set[str]:
     """``point_id`` of every point stored whole in ``path`` (none when it does not exist). If
     the file holds anything else (a torn last line, the first rows of a point whose other
-    rows never arrived, a second copy of a point), it is rewritten without it: to a temporary
-    file beside it, flushed to disk, then moved over it (``os.replace``), so a kill during the
-    repair leaves the old file or the new one, never a mix."""
-    path = Path(path)
+    rows never arrived, an earlier copy of a point stored again), it is rewritten without it:
+    to a temporary file beside it, flushed to disk, then moved over it (``os.replace``), so a
+    kill during the repair leaves the old file or the new one, never a mix. Only ``path``
+    itself is read and rewritten (an archived ``.gz`` beside it is left alone)."""
+    return {row["point_id"] for _, row in _repair(Path(path)) if "point_id" in row}
+
+
+def _repair(path: Path) -> list[tuple[str, dict]]:
+    """``repair``'s work: the kept ``(line, row)`` pairs of ``path`` (rewritten if unclean)."""
     if not path.exists():
-        return set()
-    kept, clean = _parse(path.read_text())
+        return []
+    kept, clean = _parse(path.read_text(encoding="utf-8"))
     if not clean:
         replace_text(path, "".join(line + "\n" for line, _ in kept))
-    return {row["point_id"] for _, row in kept}
+    return kept
+
+
+def stored_points(path: str | Path) -> dict[str, dict]:
+    """What a resumed sweep finds in its results file ``path`` (``<name>.jsonl``): ``path``
+    repaired first (``repair``), then for every point stored whole in it or in the archived
+    ``<name>.jsonl.gz`` beside it, ``{point_id: a row of the copy load returns}`` (the rows of
+    one copy share their provenance: ``commit``, ``import_settings``). Each file is read once."""
+    plain, gz = _pair(Path(path))
+    kept = []
+    if gz.is_file():
+        kept, _ = _parse(gzip.decompress(gz.read_bytes()).decode("utf-8"))
+    kept = kept + _repair(plain)                     # the .jsonl is the later of the two
+    return {row["point_id"]: row for _, row in kept if isinstance(row.get("point_id"), str)}
 
 
 def replace_text(path: Path, text: str) -> None:
@@ -271,26 +317,48 @@ def replace_text(path: Path, text: str) -> None:
             tmp.unlink()
 
 
+def compact_text(path: str | Path) -> str:
+    """The rows ``load`` reads from ``path`` (``<name>.jsonl`` and its ``.jsonl.gz``), as the
+    text of one results file: every point stored whole, once; torn lines and cut-off points
+    left out (the archive's merge of the two files)."""
+    kept, _ = _parse(read_jsonl_text(path))
+    return "".join(line + "\n" for line, _ in kept)
+
+
+def _pair(path: Path) -> tuple[Path, Path]:
+    """``(<name>.jsonl, <name>.jsonl.gz)`` for either name."""
+    if path.suffix == ".gz":
+        return path.with_name(path.name[:-3]), path
+    return path, path.with_name(path.name + ".gz")
+
+
 def read_jsonl_text(path: str | Path) -> str:
-    """The text of a results file ``<name>.jsonl`` or its archived form ``<name>.jsonl.gz``
-    (``pmll_lab.report_archive``): a ``.gz`` path is decompressed, and a ``.jsonl`` path that
-    is missing is read from ``<path>.gz`` beside it, so a name a sweep or report prints
-    resolves in a committed run too. Raises ``FileNotFoundError`` naming ``path`` when
-    neither exists."""
+    """The text of a results file ``<name>.jsonl`` with its archived form ``<name>.jsonl.gz``
+    (``pmll_lab.report_archive``): the ``.gz`` decompressed first, then the ``.jsonl`` (a
+    sweep resumed in an archived run appends there), whichever of the two names is given and
+    whichever of the two files exists, so a name a sweep or report prints resolves in a
+    committed run too and no stored row is missed. Raises ``FileNotFoundError`` naming
+    ``path`` when neither exists."""
     path = Path(path)
-    gz = path if path.suffix == ".gz" else path.with_name(path.name + ".gz")
-    if path.suffix != ".gz" and path.is_file():
-        return path.read_text(encoding="utf-8")
+    plain, gz = _pair(path)
+    parts = []
     if gz.is_file():
-        return gzip.decompress(gz.read_bytes()).decode("utf-8")
-    raise FileNotFoundError(f"path: no results file {path}"
-                            + ("" if path.suffix == ".gz" else f" (nor {gz.name})"))
+        parts.append(gzip.decompress(gz.read_bytes()).decode("utf-8"))
+    if plain.is_file():
+        if parts and parts[0] and not parts[0].endswith("\n"):
+            parts.append("\n")                   # a torn last line stays a line of its own
+        parts.append(plain.read_text(encoding="utf-8"))
+    if not parts:
+        other = gz if path == plain else plain
+        raise FileNotFoundError(f"path: no results file {path} (nor {other.name})")
+    return "".join(parts)
 
 
 def load(path: str | Path) -> pd.DataFrame:
-    """Read a results JSONL file (``.jsonl``, or gzipped ``.jsonl.gz``: ``read_jsonl_text``)
-    into a DataFrame: the rows of every point stored whole (a torn line, and the rows of a
-    point cut short, are left out; a point stored twice counts once); ``value`` stored as
+    """Read a results JSONL file (``.jsonl`` and its archived ``.jsonl.gz``, either name:
+    ``read_jsonl_text``) into a DataFrame: the rows of every point stored whole (a torn line,
+    and the rows of a point cut short, are left out; a point stored twice counts once, its
+    later copy); ``value`` stored as
     "inf"/"nan" comes back as a float."""
     kept, _ = _parse(read_jsonl_text(path))
     df = pd.DataFrame([row for _, row in kept])
@@ -311,4 +379,5 @@ def frame_to_csv(df: pd.DataFrame, path: Path) -> None:
 
 __all__ = ["IN_PROCESS", "PLACEMENT_COLUMNS", "ROW_COUNT", "CheckFailed", "point_id",
            "placement_here", "stored_rows", "point_rows", "append", "write_rows", "repair",
+           "stored_points", "compact_text", "stored_columns", "provenance_here", "ROW_KEYS",
            "replace_text", "read_jsonl_text", "load", "frame_to_csv", "now_stamp"]

@@ -35,10 +35,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from pmll_lab.backend import DEVICE
+from pmll_lab.backend import DEVICE, env_flag
 from pmll_lab.results import (  # noqa: F401  (the runner's names, importable from here)
     IN_PROCESS, PLACEMENT_COLUMNS, ROW_COUNT, CheckFailed, frame_to_csv, load, point_id,
-    point_rows, repair, write_rows)
+    point_rows, provenance_here, repair, stored_columns, stored_points, write_rows)
+
+KEEP_OTHER_COMMITS_ENV = "PMLL_LAB_KEEP_OTHER_COMMITS"
+"""``1``: ``run_sweep``'s ``keep_other_commits`` default (``report --resume
+--keep-other-commits`` sets it for the notebooks' kernels)."""
+NAME_MAX_BYTES = 200
+"""Longest sweep name (UTF-8 bytes): ``<name>.jsonl.gz`` and the temporary files of its
+atomic writes (``.<name>.jsonl.<pid>.tmp``) must fit a file name (255 bytes)."""
 
 
 def grid(**axes: Iterable) -> list[dict]:
@@ -80,6 +87,7 @@ def run_sweep(
     gpu: bool | None = None,
     wait_s: float = 120.0,
     affinity=None,
+    keep_other_commits: bool | None = None,
 ) -> pd.DataFrame:
     """Run ``point_fn`` on every point not already in ``<results_dir>/<name>.jsonl``.
 
@@ -101,14 +109,29 @@ def run_sweep(
     function of the point) that decide which kernels a point compiles; on a cluster, points
     that share them run on one worker where possible (``affinity_group``), so each kernel is
     compiled once rather than on every worker. Ignored in-process.
+    An archived run's ``<name>.jsonl.gz`` (``pmll_lab.report_archive``) counts as stored too:
+    its points are not run again, new rows go to ``<name>.jsonl`` beside it, and the rows
+    returned come from both (``pmll_lab.results``).
+
+    Stored points of another git commit (their rows' ``commit``) are run again by default, as
+    the code that made them is not this code; their new rows replace the old in what ``load``
+    returns. ``keep_other_commits=True`` keeps them instead (they keep their own ``commit``,
+    and the summary line names it); ``None`` reads ``PMLL_LAB_KEEP_OTHER_COMMITS`` (``1``:
+    keep; ``report --resume --keep-other-commits`` sets it). Rows stored before rows named
+    their commit count as this commit's.
+
     Raises ``ValueError`` naming ``client`` for an unusable client (not a client or address, an
     address that does not parse, no scheduler there, no worker, no GPU resource on a GPU run),
     ``results_dir`` when the file holds points run under other kernel switches
     (``import_settings``: ``PMLL_LAB_PACKED_STATE_TILE`` and the like) than this process has,
-    ``name`` for a name that is not a plain file name, ``wait_s`` unless positive, ``affinity``
-    for a bad affinity, ``point_fn`` when it is not callable, ``points`` when it is not an
-    iterable of mappings (parameter dicts). These checks run before anything is created or
-    stored. A ``point_fn`` that returns something other than a list of row dicts gets a failed
+    ``name`` for a name that is not a plain file name (a path, a leading dot, a NUL or other
+    control character, more than ``NAME_MAX_BYTES`` bytes), ``wait_s`` unless positive,
+    ``affinity`` for a bad affinity, ``point_fn`` when it is not callable, ``points`` when it
+    is not an iterable of mappings (parameter dicts) or a point has an axis named like a
+    column every stored row has (``device``, ``timestamp``, ``commit``, ``status``...:
+    ``results.stored_columns``; the axis would be overwritten in its rows),
+    ``keep_other_commits`` unless None or a bool. These checks run before anything is created
+    or stored. A ``point_fn`` that returns something other than a list of row dicts gets a failed
     row saying so. On a cluster, ``point_fn`` and the points must pickle (cloudpickle; a function
     defined in a script needs the script's ``if __name__ == "__main__":`` guard around the
     cluster's start, as every multiprocessing program does).
@@ -116,9 +139,7 @@ def run_sweep(
     Returns the rows of the requested ``points`` (run now or found from an earlier run) as a
     DataFrame, and writes the same as ``<name>.csv`` beside the JSONL.
     """
-    if not isinstance(name, str) or not name or Path(name).name != name or name.startswith("."):
-        raise ValueError(f"name: must be a plain file name (the results go to "
-                         f"<results_dir>/<name>.jsonl), not {name!r}")
+    _check_name(name)
     if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not wait_s > 0:
         raise ValueError(f"wait_s: must be a positive number of seconds, not {wait_s!r}")
     if not callable(point_fn):
@@ -132,10 +153,21 @@ def run_sweep(
     except TypeError:
         raise ValueError(f"points: must be an iterable of points (parameter dicts), not "
                          f"{type(points).__name__}") from None
+    reserved = set(stored_columns())
     for i, p in enumerate(points):
         if not isinstance(p, Mapping):
             raise ValueError(f"points: entry {i} is {type(p).__name__} {p!r}, not a mapping of "
                              f"parameters (build points with grid(...) or as dicts)")
+        clash = sorted(str(k) for k in p if k in reserved)
+        if clash:
+            raise ValueError(f"points: axis {clash[0]!r} (entry {i}) is named like a column "
+                             f"every stored row has ({', '.join(sorted(reserved))}): it would "
+                             f"be overwritten in the rows; rename the axis")
+    if keep_other_commits is None:
+        keep_other_commits = env_flag(KEEP_OTHER_COMMITS_ENV, False)
+    elif not isinstance(keep_other_commits, bool):
+        raise ValueError(f"keep_other_commits: must be None, True or False, not "
+                         f"{keep_other_commits!r}")
     if not (affinity is None or callable(affinity) or (
             isinstance(affinity, (list, tuple)) and all(isinstance(k, str) for k in affinity))):
         raise ValueError(f"affinity: must be None, a function of the point or a list of point "
@@ -148,9 +180,12 @@ def run_sweep(
     results_dir = Path(results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.jsonl"
-    done = repair(path)
-    if done:
-        _same_switches(path)
+    stored = stored_points(path)             # the .jsonl repaired, and the archived .gz
+    _same_switches(path, stored)
+    commit = provenance_here()["commit"]
+    other = {pid: str(row["commit"]) for pid, row in stored.items()
+             if row.get("commit") not in (None, commit)}
+    done = set(stored) if keep_other_commits else set(stored) - set(other)
     wanted = {point_id(p) for p in points}
     todo: dict[str, dict] = {}
     for p in points:
@@ -181,11 +216,28 @@ def run_sweep(
     frame_to_csv(df, results_dir / f"{name}.csv")
     if progress:
         ran = df[df["point_id"].isin(todo)] if "point_id" in df else df
+        rerun = sorted({c for pid, c in other.items() if pid in todo})
+        kept = sorted({c for pid, c in other.items() if pid in wanted and pid not in todo})
         print(f"sweep {name}: {len(points)} points, {len(todo)} run now "
               f"({failed} failed) in {time.perf_counter() - t0:.1f} s "
-              f"{describe_placement(ran)}, {len(points) - len(todo)} from earlier runs; "
-              f"results in {path}")
+              f"{describe_placement(ran)}, {len(points) - len(todo)} from earlier runs"
+              + (f" ({sum(pid in wanted for pid in other)} kept from other commits: "
+                 f"{', '.join(kept)}; this is {commit})" if kept else "")
+              + (f"; points stored at commit {', '.join(rerun)} ran again at {commit}"
+                 if rerun else "")
+              + f"; results in {path}")
     return df
+
+
+def _check_name(name) -> None:
+    """``ValueError`` naming ``name`` unless it is a plain file name for the results."""
+    if (not isinstance(name, str) or not name or Path(name).name != name
+            or name.startswith(".") or any(ord(c) < 32 or ord(c) == 127 for c in name)):
+        raise ValueError(f"name: must be a plain file name without control characters (the "
+                         f"results go to <results_dir>/<name>.jsonl), not {name!r}")
+    if len(name.encode("utf-8", "surrogatepass")) > NAME_MAX_BYTES:
+        raise ValueError(f"name: at most {NAME_MAX_BYTES} bytes (it names the results files), "
+                         f"got {len(name.encode('utf-8', 'surrogatepass'))}: {name[:40]!r}...")
 
 
 def placement(df: pd.DataFrame) -> dict:
@@ -217,18 +269,15 @@ def describe_placement(df: pd.DataFrame) -> str:
     return f"on {p['workers']} worker{'s' if p['workers'] != 1 else ''} ({gpus}{kinds})"
 
 
-def _same_switches(path: Path) -> None:
-    """``ValueError`` naming the results file when its stored points ran under other kernel
-    switches (``import_settings``) than this process has: a resumed sweep would add points of
-    other kernels to them and the report would label them all with this process's switches.
-    Rows stored before the stamp existed pass."""
-    from pmll_lab.ops import settings
-
-    old = load(path)
-    if "import_settings" not in old:
-        return
-    have = set(old["import_settings"].dropna().astype(str))
-    now = settings.import_switches()
+def _same_switches(path: Path, stored: dict[str, dict]) -> None:
+    """``ValueError`` naming the results file when its stored points (``stored``:
+    ``results.stored_points``) ran under other kernel switches (``import_settings``) than this
+    process has: a resumed sweep would add points of other kernels to them and the report
+    would label them all with this process's switches. Rows stored before the stamp existed
+    pass."""
+    have = {str(r["import_settings"]) for r in stored.values()
+            if r.get("import_settings") is not None}
+    now = provenance_here()["import_settings"]
     if have - {now}:
         raise ValueError(f"results_dir: {path} holds points run with kernel switches "
                          f"{', '.join(sorted(have))}; this process has {now}. Resume with the "

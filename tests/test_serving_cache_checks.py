@@ -183,3 +183,29 @@ def test_token_count_must_match_slots():
     with pytest.raises(ValueError, match=r"^rows: expected shape"):
         c.verify([0], _ids(46, 3))
     assert _same(before, _snapshot(c))
+
+
+@pytest.mark.parametrize("form", ["exact", "chain"])
+def test_prefill_refused_for_max_len_leaves_the_live_slot_as_it_was(form):
+    """A prompt longer than ``max_len`` for a slot that holds a running sequence (with carried
+    rows pending, in the exact form): refused naming ``max_len``, the cache unchanged, stash
+    included, and the sequence's next step equal to a run that never asked."""
+    p0, rows, nxt = _ids(51, 3), _ids(52, 1, 3), _ids(53, 1)
+
+    def run(refused: bool):
+        c = _cache(form, lazy_min_seqs=1)
+        c.prefill(0, p0)
+        c.verify([0], rows)
+        c.accept([2])
+        if refused:
+            before = _snapshot(c) + [lay.carry.buf.clone() for lay in c.gdn
+                                     if lay.carry is not None]
+            with pytest.raises(ValueError, match=r"^max_len: a step needs 17 positions, the "
+                                                 r"cache holds 16"):
+                c.prefill(0, _ids(54, 17))
+            after = _snapshot(c) + [lay.carry.buf.clone() for lay in c.gdn
+                                    if lay.carry is not None]
+            assert _same(before, after)
+        return c.decode([0], nxt)
+
+    assert torch.equal(run(True), run(False))

@@ -55,3 +55,30 @@ def test_bad_point_fn_and_points_refused_before_anything_is_stored(tmp_path):
     assert not out.exists(), "a refused sweep created its results folder"
     df = run_sweep("x", grid(B=[1, 2]), fn, results_dir=out, progress=False)
     assert (df["status"] == "ok").all() and len(df) == 2      # nothing stored as failed before
+
+
+@pytest.mark.parametrize("axis", ["device", "timestamp", "commit", "status", "point_rows",
+                                  "worker", "import_settings", "value"])
+def test_an_axis_named_like_a_stored_column_is_refused(tmp_path, axis):
+    """Every stored row carries its point's provenance and outcome under fixed names; an axis
+    of one of those names would be overwritten in each row (the parameter lost), so it is
+    refused, naming the axis, before the results folder exists."""
+    out = tmp_path / "r"
+    with pytest.raises(ValueError, match=rf"^points: axis '{axis}' \(entry 0\) is named like "
+                                         rf"a column every stored row has"):
+        run_sweep("x", grid(B=[1], **{axis: ["H200"]}), _fn([]), results_dir=out,
+                  progress=False)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "a\nb", "x" * 201, "é" * 101])
+def test_a_name_no_file_can_take_is_refused_before_the_folder_exists(tmp_path, name):
+    """A NUL or other control character, or a name longer than a file name may be with its
+    suffixes, fails naming ``name`` before ``results_dir`` is created; 200 bytes still run."""
+    out = tmp_path / "r"
+    with pytest.raises(ValueError, match=r"^name: "):
+        run_sweep(name, grid(B=[1]), _fn([]), results_dir=out, progress=False)
+    assert not out.exists()
+    df = run_sweep("y" * 200, grid(B=[1, 2]), _fn([]), results_dir=out, progress=False)
+    assert sorted(df["value"]) == [2.0, 4.0]
+    assert (out / ("y" * 200 + ".jsonl")).is_file()

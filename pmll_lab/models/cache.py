@@ -28,7 +28,9 @@ Misuse is refused with ``ValueError`` before any kernel runs (nothing changes): 
 ``verify`` of a slot that holds no sequence (never prefilled, or released); token ids outside the
 model's vocabulary; ``tokens`` / ``rows`` not one entry / row per slot; ``accept`` with no verify
 waiting; and any step but ``accept`` while a verify waits (a rejected ``accept`` leaves the verify
-waiting: accept it with valid counts).
+waiting: accept it with valid counts). A verify stopped part-way (Ctrl-C in the interpreter)
+is abandoned; a slot whose state it may have half written back (``SpecDecodeStep.abort``) then
+holds no sequence until its next prefill.
 
 Attention: keys of slot ``s`` sit at positions ``0 .. length[s]-1``; a step's queries see
 positions up to their own through an additive mask over all ``max_len`` positions, so rejected
@@ -235,12 +237,17 @@ class ServingCache(_StepChecks, GdnCache):
         """Start sequence ``ids [T]`` (LongTensor, ``T >= 1``) in ``slot``: the prompt through
         the model; returns the last position's logits ``[V]``. ``tag`` names the sequence in
         ``gdn_io``. ``ValueError`` naming ``ids`` for ids outside the vocabulary, ``slot`` out of
-        range, and while a verify waits for its ``accept``."""
+        range, ``max_len`` for a prompt longer than the cache's positions, and while a verify
+        waits for its ``accept``; a refused prefill leaves the cache as it was (a sequence
+        live in ``slot`` goes on)."""
         self._check_idle("prefill")
         if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.numel() < 1:
             raise ValueError(f"ids: expected a non-empty 1-D LongTensor, got "
                              f"{tuple(ids.shape) if isinstance(ids, torch.Tensor) else ids!r}")
         self._check_ids("ids", ids, (None,), "[T]")
+        if ids.numel() > self.max_len:          # before the slot is reset: a refusal keeps it
+            raise ValueError(f"max_len: a step needs {ids.numel()} positions, the cache holds "
+                             f"{self.max_len}")
         self._reset_slot(slot)
         self._tags[slot] = tag
         self._bind([slot], ids.numel())
@@ -307,8 +314,11 @@ class ServingCache(_StepChecks, GdnCache):
         try:
             logits = self._forward(rows.to(self.device))
         except BaseException:
-            if self._spec is not None:
-                self._spec.abort()          # the carried step is abandoned, not left half-open
+            if self._spec is not None:      # the carried step is abandoned, not left half-open
+                for s in self._spec.abort():    # a slot whose state a stopped verify lost:
+                    self._live.discard(s)       # no sequence until its next prefill
+                    self._dirty.discard(s)
+                    self.lengths[s] = 0
             raise
         finally:
             self._mode = None

@@ -72,7 +72,12 @@ class SpecDecodeStep:
 
     Aborting a step: when ``verify_layer`` fails part-way through a stack (or the caller gives
     up on a step), ``abort()`` (also called by ``reset``) puts every layer back in step, so the
-    driver is usable again (see ``abort``).
+    driver is usable again (see ``abort``). A layer is verified once per step: a second
+    ``verify_layer(i)`` (a retry after an error in the caller's code) is refused, as it would
+    fold the layer's pending rows a second time.
+
+    Forks: ``copy_slots(src, dst)`` copies slots whole (states, conv windows, stashes and
+    ``pend``), so a slot forked while it holds pending rows holds them too.
     """
 
     def __init__(self, layers: Sequence[CarryLayer], *, form: str = "exact",
@@ -102,6 +107,8 @@ class SpecDecodeStep:
         self._engaged: list[torch.Tensor | None] = [None] * len(layers)
         self._conv_engaged: list[torch.Tensor | None] = [None] * len(layers)
         self._rows: int | None = None
+        self._cut: set[tuple[int, str]] = set()    # (layer, "conv"/"gdn"): launch stopped
+        self._lost: set[int] = set()               # slots to set anew, then reset()
         self.stats = dict(steps=0, lazy_steps=0, eager_steps=0, flushes=0, flushed_slots=0,
                           host_syncs=0)
 
@@ -140,17 +147,69 @@ class SpecDecodeStep:
                 c.pend.index_fill_(0, idx, 0)
         self._bound[host_slots] = 0
 
+    def _check_kept(self, host: torch.Tensor, what: str) -> None:
+        """``ValueError`` naming ``slots`` when one of ``host`` lost its state (``abort``)."""
+        lost = sorted(self._lost & set(host.tolist()))
+        if lost:
+            raise ValueError(f"slots: slot(s) {lost} lost their state when a verify stopped "
+                             f"part-way through its write-back ({what} refused): set their "
+                             "states anew (a prefill) and reset() them first")
+
+    @contextlib.contextmanager
+    def _launch(self, i: int, kind: str, name: str):
+        """A verify launch of layer ``i`` (``kind``: ``"conv"`` or ``"gdn"``) in the timer's
+        section ``name``. A ``ValueError`` is an argument check (raised before the launch); any
+        other exception (``KeyboardInterrupt`` in the interpreter, a CUDA error) may have
+        stopped the kernel part-way, which ``abort`` must know."""
+        try:
+            with self._section(name):
+                yield
+        except ValueError:
+            raise
+        except BaseException:
+            self._cut.add((i, kind))
+            raise
+
     # -- the protocol -------------------------------------------------------------------------
     def reset(self, slots) -> None:
-        """A slot starts a new sequence: ``pend = 0`` in every carry (its states are the
-        caller's to set). A step in progress (begun, maybe partly verified, not accepted) is
-        aborted first (``abort``), so the driver is usable again after a failed step."""
+        """A slot starts a new sequence: ``pend = 0`` in every carry and the GDN verify's
+        arrival counts zeroed (``GdnCarry.clear_arrivals``); its states are the caller's to set.
+        A step in progress (begun, maybe partly verified, not accepted) is aborted first
+        (``abort``), so the driver is usable again after a failed step; a slot ``abort`` found
+        lost is usable again once reset."""
         host, dev_tab = self._slots(slots)
         self.abort()
         self._clear_pend(host, dev_tab)
+        for lay in self.layers:
+            lay.carry.clear_arrivals(dev_tab.long())
+        self._lost.difference_update(host.tolist())
 
-    def abort(self) -> None:
-        """Abandon the step in progress (no-op without one), leaving every layer consistent.
+    def copy_slots(self, src, dst) -> None:
+        """Fork slots: every layer's state, conv window, GDN stash, conv stash and ``pend`` of
+        slots ``src`` copied to slots ``dst`` (ints or index tensors; ``dst`` distinct, none in
+        ``src``), so a slot forked while its source holds pending rows (prefix caching, a
+        forked request) continues as its source would, bitwise. Copying only the states would
+        leave the pending rows behind (and the fork's own stale ones in place). ``ValueError``
+        naming the argument, or while a step is in progress (accept or abort it first), or for
+        a ``src`` slot ``abort`` found lost."""
+        if self._cur is not None:
+            raise ValueError("copy_slots: a step is in progress (accept() or abort() it first)")
+        S = self._bound.shape[0]
+        s_idx, d_idx = _checks.copy_indices(src, dst, S, "cpu")
+        self._check_kept(s_idx, "copy_slots")
+        s_dev, d_dev = s_idx.to(self.device), d_idx.to(self.device)
+        for lay in self.layers:
+            lay.state[d_dev] = lay.state[s_dev]
+            lay.carry.copy_slots(s_dev, d_dev)
+            if lay.has_conv:
+                lay.conv_state[d_dev] = lay.conv_state[s_dev]
+                lay.conv_carry.copy_slots(s_dev, d_dev)
+        self._bound[d_idx] = self._bound[s_idx]
+        self._lost.difference_update(d_idx.tolist())
+
+    def abort(self) -> list[int]:
+        """Abandon the step in progress (no-op without one), leaving every layer consistent;
+        returns the slots whose state could not be kept (usually none, see below).
 
         Each carry already verified in this step (GDN or conv) accepts 0 rows with its own
         ``engaged``: after a write-back its state already holds the folded rows and ``pend``
@@ -159,21 +218,40 @@ class SpecDecodeStep:
         disagree on ``pend``, so the step's slots are then flushed in every layer
         (``flush``: all pending rows folded, ``pend = 0``). The verified rows' outputs are
         discarded; the next step starts from the states as if those rows were never drafted.
+
+        A verify stopped part-way through its kernel (an exception other than an argument
+        check's ``ValueError``: Ctrl-C in the interpreter, which the notebooks use on the CPU;
+        a CUDA error) left some of its programs run and others not. Where that verify could
+        not write back (lazy, ``pend + K <= CAP``) it wrote only stash rows past ``pend``, so
+        the slot is kept as above. Where it could (eager with ``pend > 0``, or lazy with
+        ``pend + K > CAP``), some blocks of the state may hold the folded rows and others not,
+        and no record tells which: those slots are lost. They are reset in every carry and
+        returned (one read of ``pend``, a sync); until the caller sets their states anew and
+        calls ``reset`` for them, ``begin``, ``verify``, ``flush`` and ``copy_slots`` refuse
+        them. The GDN verify's arrival counts of the step's slots are zeroed in every case
+        (``GdnCarry.clear_arrivals``), so the next verify's shared stash rows are right.
         """
         if self._cur is None:
-            return
+            return []
         host, dev_tab, lazy = self._cur
+        idx = dev_tab.long()
+        lost = torch.zeros_like(host, dtype=torch.bool)
+        if self._cut:                            # which slots a stopped launch may have written
+            p = self.layers[0].carry.pend[idx].to("cpu", torch.int64)
+            self.stats["host_syncs"] += 1
+            lost = p + self._rows > self.cap if lazy else p > 0
         verified, total = 0, 0
         zeros = None
         for i, lay in enumerate(self.layers):
-            pairs = [(lay.carry, self._engaged[i])]
+            lay.carry.clear_arrivals(idx)
+            pairs = [(lay.carry, self._engaged[i], (i, "gdn"))]
             if lay.has_conv:
-                pairs.append((lay.conv_carry, self._conv_engaged[i]))
-            for carry, eng in pairs:
+                pairs.append((lay.conv_carry, self._conv_engaged[i], (i, "conv")))
+            for carry, eng, key in pairs:
                 total += 1
+                verified += eng is not None or key in self._cut   # stopped: engaged 1 where kept
                 if eng is None:
                     continue
-                verified += 1
                 if zeros is None:
                     zeros = torch.zeros(eng.shape[0], dtype=torch.int32, device=eng.device)
                 with self._section("accept"):
@@ -181,10 +259,21 @@ class SpecDecodeStep:
         self._cur = None
         self._engaged = [None] * len(self.layers)
         self._conv_engaged = [None] * len(self.layers)
+        self._cut = set()
+        gone = host[lost]
+        if gone.numel():
+            for lay in self.layers:
+                for c in lay.carries():
+                    c.reset(gone.to(self.device))
+            self._bound[gone] = 0
+            self._lost.update(gone.tolist())
+        kept = host[~lost]
         if 0 < verified < total:
-            self.flush(host)                     # pend 0 for these slots in every carry
+            if kept.numel():
+                self.flush(kept)                 # pend 0 for these slots in every carry
         elif verified and not lazy:
             self._bound[host] = 0                # eager: pend was 0 or written back
+        return sorted(gone.tolist())
 
     def flush(self, slots) -> None:
         """Fold the pending rows of ``slots`` into every layer's state (GDN and conv, one launch
@@ -192,6 +281,7 @@ class SpecDecodeStep:
         host, dev_tab = self._slots(slots)
         if host.numel() == 0:
             return
+        self._check_kept(host, "flush")
         with self._section("gdn_flush"):
             gdn_carry_flush([lay.state for lay in self.layers],
                             [lay.carry for lay in self.layers], dev_tab, validate=self.validate,
@@ -206,8 +296,8 @@ class SpecDecodeStep:
         self.stats["flushed_slots"] += int(host.numel())
 
     def _check_idle(self) -> None:
-        if self._cur is not None and any(
-                e is not None for e in self._engaged + self._conv_engaged):
+        if self._cur is not None and (self._cut or any(
+                e is not None for e in self._engaged + self._conv_engaged)):
             raise ValueError("begin: the previous step was verified but not accepted "
                              "(accept it, or abort() / reset() to abandon it)")
 
@@ -220,6 +310,7 @@ class SpecDecodeStep:
         self._check_idle()
         _checks.positive_int("rows", rows, maximum=self.cap)
         host, dev_tab = self._slots(slots)
+        self._check_kept(host, "begin")
         return self._begin(host, dev_tab, rows)
 
     def _begin(self, host: torch.Tensor, dev_tab: torch.Tensor, rows: int) -> dict:
@@ -252,11 +343,21 @@ class SpecDecodeStep:
         ``v [B, K, HV, vd]``; with one: ``x [B, K, dim]`` (the conv runs first, q, k, v are views
         of its output). ``g, beta [B, K, HV]`` fp32, or ``a, b [B, K, HV]`` with the gating
         computed in the kernel (``A_log``, ``dt_bias [HV]`` default to the layer's fields).
-        Returns ``o [B, K, HV, vd]``."""
+        Returns ``o [B, K, HV, vd]``. ``ValueError`` naming ``i`` for a layer already verified
+        in this step, or whose verify failed part-way (its conv verified, or its launch
+        stopped): a second verify would fold its pending rows again; ``abort()`` the step and
+        begin again."""
         if self._cur is None:
             raise ValueError("verify_layer: call begin() first")
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.layers):
             raise ValueError(f"i: layer index must be an int in [0, {len(self.layers)}), got {i!r}")
+        if self._engaged[i] is not None:
+            raise ValueError(f"i: layer {i} was already verified in this step (a second verify "
+                             "would fold its pending rows again); accept() the step, or "
+                             "abort() it and begin again")
+        if self._conv_engaged[i] is not None or {(i, "conv"), (i, "gdn")} & self._cut:
+            raise ValueError(f"i: layer {i}'s verify failed part-way in this step (its conv "
+                             "verified or a launch stopped); abort() the step and begin again")
         _, dev_tab, lazy = self._cur
         lay = self.layers[i]
         gates = layer_gates(lay, g, beta, A_log, a, dt_bias, b)
@@ -267,7 +368,7 @@ class SpecDecodeStep:
                 raise ValueError("x: a conv layer takes x [B, K, dim], not q/k/v")
             kd = lay.carry.k_dim
             qk = 2 * lay.num_k_heads * kd
-            with self._section("conv_verify"):
+            with self._launch(i, "conv", "conv_verify"):
                 y, eng_c = conv_carry_verify(
                     lay.conv_state, lay.conv_carry, x, lay.conv_weight, lay.conv_bias,
                     slot_tab=dev_tab, lazy=lazy, qk_channels=qk if lay.qk_l2norm_in_conv else 0,
@@ -279,7 +380,7 @@ class SpecDecodeStep:
             raise ValueError("q: a layer without conv takes q, k, v")
         if q.shape[1] != self._rows:
             raise ValueError(f"q: {q.shape[1]} rows, but begin() was told {self._rows}")
-        with self._section("gdn_verify"):
+        with self._launch(i, "gdn", "gdn_verify"):
             o, eng = gdn_carry_verify(lay.state, lay.carry, q, k, v, **gates, slot_tab=dev_tab,
                                       form=self.form, lazy=lazy, scale=self.scale,
                                       use_qk_l2norm=use_l2, validate=self.validate,
@@ -309,6 +410,7 @@ class SpecDecodeStep:
         self._check_idle()
         _checks.positive_int("rows", rows, maximum=self.cap)
         host, dev_tab = self._slots(slots)
+        self._check_kept(host, "verify")
         lazy = self._lazy(int(host.numel()))
         for i, inp in enumerate(inputs):        # every layer checked before the first launch
             try:

@@ -139,7 +139,34 @@ class GdnCarry:
         ``slots``: one int, a sequence of ints or an integer index tensor, each in ``[0, S)``
         (repeats allowed). Raises ``ValueError`` naming ``slots`` otherwise (checking a device
         tensor's values syncs; reset is not on the decode path). Use when a slot is freed or
-        handed to a new sequence (its state is the caller's)."""
+        handed to a new sequence (its state is the caller's). The verify's arrival counts of
+        those slots (``arrivals``) are zeroed too, so a slot whose verify was stopped part-way
+        (Ctrl-C in the interpreter, a killed kernel) is new again."""
         idx = _checks.index_tensor("slots", slots, self.slots, device=self.pend.device)
         self.pend.index_fill_(0, idx, 0)
         self.buf.index_fill_(0, idx, 0.0)
+        self.clear_arrivals(idx)
+
+    def clear_arrivals(self, idx: torch.Tensor) -> None:
+        """Zero the arrival counts of slots ``idx`` (an int64 index tensor on the carry's
+        device). The split verify kernels count, per (slot, value head), the programs that have
+        folded the pending rows (``[S, HV]`` int32, kept on the carry by
+        ``pmll_lab.ops.carry.gdn_carry._arrivals``); the last to arrive restashes the shared
+        ``g``/``k`` rows and sets the count back to 0. A launch stopped part-way leaves counts
+        above 0, and the next write-back verify of the slot would then take the wrong program
+        for the last (a wrong stash): zeroing them makes the counts right again."""
+        arrive = getattr(self, "_arrivals", None)
+        if arrive is not None:
+            arrive.index_fill_(0, idx.to(arrive.device), 0)
+
+    def copy_slots(self, src, dst) -> None:
+        """Copy the carry of slots ``src`` to slots ``dst`` (``[n]`` ints or index tensors in
+        ``[0, S)``; ``dst`` distinct and none of them in ``src``): their stash rows and
+        ``pend``, so a slot forked from another (prefix caching, a forked request) holds the
+        same pending rows as its source; copy the states alongside
+        (``SpecDecodeStep.copy_slots`` does both). ``ValueError`` naming the argument."""
+        s_idx, d_idx = _checks.copy_indices(src, dst, self.slots, self.pend.device)
+        self.buf[d_idx] = self.buf[s_idx]
+        self.pend[d_idx] = self.pend[s_idx]
+        self.clear_arrivals(d_idx)
+

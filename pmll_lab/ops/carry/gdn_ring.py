@@ -180,6 +180,15 @@ class GdnRing:
         for t in (self.len, self.base, self.k, self.u, self.G):
             t.index_fill_(0, idx, 0)
 
+    def copy_slots(self, src, dst) -> None:
+        """Copy the ring of slots ``src`` to slots ``dst`` (rows, ``G``, ``len``, ``base``;
+        ``dst`` distinct, none in ``src``): a slot forked from another (prefix caching, a
+        forked request) holds the same accepted rows over the same stored state; copy the
+        states alongside (``state[dst] = state[src]``). ``ValueError`` naming the argument."""
+        s_idx, d_idx = _checks.copy_indices(src, dst, self.slots, self.device)
+        for t in (self.len, self.base, self.k, self.u, self.G):
+            t[d_idx] = t[s_idx]
+
 
 def check_ring(name: str, ring, state: torch.Tensor) -> None:
     """``ring`` is a ``GdnRing`` for the V-major ``state [S, HV, vd, kd]`` (slots, heads, dims,

@@ -119,6 +119,14 @@ class ConvCarry:
         self.pend.index_fill_(0, idx, 0)
         self.stash.index_fill_(0, idx, 0)
 
+    def copy_slots(self, src, dst) -> None:
+        """Copy the carry of slots ``src`` to slots ``dst`` (stash rows and ``pend``; ``dst``
+        distinct, none in ``src``), as ``GdnCarry.copy_slots``: a forked slot holds its source's
+        pending inputs; copy the windows alongside. ``ValueError`` naming the argument."""
+        s_idx, d_idx = _checks.copy_indices(src, dst, self.slots, self.pend.device)
+        self.stash[d_idx] = self.stash[s_idx]
+        self.pend[d_idx] = self.pend[s_idx]
+
     @property
     def stash_bytes_per_slot(self) -> int:
         """``CAP * dim * element size``: the stash one slot owns."""
