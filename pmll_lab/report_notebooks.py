@@ -33,6 +33,26 @@ class ReportError(RuntimeError):
     """A report could not be started (bad notebook name, device not available...)."""
 
 
+def _quiet_kernel_manager():
+    """The kernel manager papermill runs each notebook's kernel with: jupyter_client's own,
+    except that shutting a kernel down sends no SIGINT first.
+
+    Why: ``AsyncKernelManager.shutdown_kernel`` interrupts the kernel before it asks it to shut
+    down; a kernel still inside a message handler then logs ``[IPKernelApp] ERROR |
+    KeyboardInterrupt caught in kernel.`` under a notebook that ran to its end. By then every
+    cell has run (or failed, or timed out), so nothing is left to interrupt: the shutdown request
+    follows, and a kernel that does not stop is killed as before."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class QuietShutdownKernelManager(AsyncKernelManager):
+        async def _async_interrupt_kernel(self) -> None:
+            if self.shutting_down:
+                return
+            await super()._async_interrupt_kernel()
+
+    return QuietShutdownKernelManager
+
+
 def _utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -211,6 +231,7 @@ def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool
             parameters=parameters,
             kernel_name=KERNEL_NAME, language="python", cwd=str(src.parent.resolve()),
             progress_bar=False, log_output=False, execution_timeout=cell_timeout,
+            kernel_manager_class=_quiet_kernel_manager(),
         )
     except Exception as exc:  # noqa: BLE001 - a failed notebook must not stop the others
         entry["status"], entry["error"] = "failed", _short_error(exc)

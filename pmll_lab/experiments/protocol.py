@@ -551,7 +551,11 @@ def details(df: pd.DataFrame, summary: str):
 
 
 def pick(table: Mapping, preset: str, name: str = "grids"):
-    """``table[preset]``; a preset it lacks is a ``ValueError`` naming the valid ones."""
+    """``table[preset]``; a ``table`` that is not a dict (``-p grids 3``) or a preset it lacks
+    is a ``ValueError`` naming ``name`` (and the valid presets)."""
+    if not isinstance(table, Mapping):
+        raise ValueError(f"{name}: must be a dict of presets ({{preset: [grid, ...]}}), got "
+                         f"{type(table).__name__} {table!r}")
     if preset not in table:
         raise ValueError(f"preset: {preset!r} is not one of {sorted(table)} (the keys of "
                          f"{name} in the parameters cell)")

@@ -244,9 +244,16 @@ def facts(rows: list[dict]) -> pd.DataFrame:
 
 
 def setup() -> None:
-    """A notebook's display settings: tables shown whole; the import-time warnings of tqdm
-    (no ipywidgets) and of FLA on a machine without a GPU kept out of the report."""
+    """A notebook's first call: the parameters papermill injected checked against its
+    parameters cell (``parameters.check_notebook``: a misspelt name or a grid that is not a dict
+    is a ``ValueError`` naming it, before anything runs); display settings: tables shown whole;
+    the import-time warnings of tqdm (no ipywidgets) and of FLA on a machine without a GPU kept
+    out of the report."""
     import warnings
+
+    from pmll_lab.experiments.parameters import check_notebook
+
+    check_notebook()
 
     for opt, val in (("display.max_rows", None), ("display.max_columns", None),
                      ("display.width", 250), ("display.max_colwidth", None)):
