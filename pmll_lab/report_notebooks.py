@@ -184,10 +184,12 @@ def _with_alts(body: str, alts: dict[str, str]) -> str:
     return str(soup)
 
 
-def render_html(executed: Path, target: Path, *, failure: str | None = None) -> None:
+def render_html(executed: Path, target: Path, *, failure: str | None = None,
+                title: str = "FAILED") -> None:
     """Render an executed notebook to HTML without input cells (nbconvert ``HTMLExporter``,
-    ``exclude_input=True``). A failed notebook gets a banner cell on top naming the error; a
-    plot gets its cell's ``alt`` metadata as its alt text (``image_alts``)."""
+    ``exclude_input=True``). A notebook that failed or was stopped (``failure``: why) gets a
+    banner cell on top, ``title`` then the reason; a plot gets its cell's ``alt`` metadata as
+    its alt text (``image_alts``)."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -196,8 +198,8 @@ def render_html(executed: Path, target: Path, *, failure: str | None = None) -> 
     if failure is not None:
         banner = nbformat.v4.new_markdown_cell(
             "<div style='border:2px solid #c00;padding:0.6em;color:#c00'>"
-            f"<b>FAILED</b> while running this notebook: {html.escape(failure)}. "
-            "The outputs below stop where it failed.</div>")
+            f"<b>{html.escape(title)}</b> while running this notebook: {html.escape(failure)}. "
+            "The outputs below stop where it ended.</div>")
         nb.cells.insert(0, banner)
     exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
                             exclude_output_prompt=True)
@@ -233,13 +235,18 @@ def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool
             progress_bar=False, log_output=False, execution_timeout=cell_timeout,
             kernel_manager_class=_quiet_kernel_manager(),
         )
+    except KeyboardInterrupt:       # Ctrl-C or SIGTERM: recorded, then the report stops
+        entry["status"] = "interrupted"
+        entry["error"] = (f"stopped by an interrupt after {time.perf_counter() - t0:.0f} s; "
+                          "the notebooks after it did not run")
     except Exception as exc:  # noqa: BLE001 - a failed notebook must not stop the others
         entry["status"], entry["error"] = "failed", _short_error(exc)
     entry["seconds"] = round(time.perf_counter() - t0, 1)
     if out_nb.exists():
         try:
             render_html(out_nb, out_html,
-                        failure=entry["error"] if entry["status"] == "failed" else None)
+                        failure=entry["error"] if entry["status"] != "ok" else None,
+                        title="STOPPED" if entry["status"] == "interrupted" else "FAILED")
         except Exception as exc:  # noqa: BLE001
             entry["status"] = "failed"
             entry["error"] = (entry["error"] + "; " if entry["error"] else "") + \
@@ -255,7 +262,8 @@ def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool
     entry["failed_points"], entry["points"] = failed_points(results)
     some = (f" ({entry['failed_points']} of {entry['points']} sweep points failed: see the "
             "notebook's correctness section)" if entry["failed_points"] else "")
-    log(f"  {name}: {'ok' if entry['status'] == 'ok' else 'FAILED'} in {entry['seconds']:.0f} s"
+    said = {"ok": "ok", "interrupted": "STOPPED"}.get(entry["status"], "FAILED")
+    log(f"  {name}: {said} in {entry['seconds']:.0f} s"
         + some + (f" -- {entry['error']}" if entry["error"] else ""))
     return entry
 

@@ -213,8 +213,9 @@ def detail(df: pd.DataFrame, targets: Sequence[Target], summary: str) -> None:
         display(HTML(P.details(head, summary).data))
 
 
-_FIRST = ("status", "target", "kernel", "B", "K", "ratio", "bound", "ours_us", "peer_us",
-          "roofline_frac")
+SHOWN_FIRST = ("status", "target", "kernel", "B", "K", "ratio", "bound", "ours_us", "peer_us",
+               "roofline_frac")
+"""The columns a headline shows first (in the report and on the run's index), in order."""
 
 
 def _shown(head: pd.DataFrame) -> pd.DataFrame:
@@ -224,7 +225,7 @@ def _shown(head: pd.DataFrame) -> pd.DataFrame:
     if head.empty:
         return head
     keep = [c for c in head.columns if head[c].replace("", pd.NA).notna().any()]
-    first = [c for c in _FIRST if c in keep]
+    first = [c for c in SHOWN_FIRST if c in keep]
     return head[first + [c for c in keep if c not in first]]
 
 
