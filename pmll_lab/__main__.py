@@ -11,7 +11,8 @@ workers with ``--device cpu`` or without GPUs. ``--scheduler ADDRESS`` runs them
 cluster. Without either, each notebook runs its sweeps in its own process.
 
 Exit status: 0 when every notebook ran, 1 when one failed (the others still ran and the index
-marks it), 2 when the report could not start (unknown notebook, device not available...).
+marks it), 2 when the report could not start (unknown notebook, device not available...), 130
+when Ctrl-C or SIGTERM stopped it (the index names the notebook stopped and those not run).
 """
 
 from __future__ import annotations
@@ -86,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as exc:
         print(f"pmll_lab report: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        print(f"pmll_lab report: stopped ({exc or 'interrupt'}); the index says which notebook "
+              f"was stopped: {args.reports_dir}/{args.run}/index.html", file=sys.stderr,
+              flush=True)
+        return 130
     index = f"{args.reports_dir}/{args.run}/index.html"
     failed = [b["name"] for b in manifest["notebooks"]
               if b["status"] != "ok" and not b.get("kept_from_earlier")]

@@ -19,11 +19,26 @@ It also wraps ``create_dot``: the interpreter keeps bf16 tensors as their uint16
 multiplied those patterns as integers in ``tl.dot`` (the ring form's bf16 products came out as
 inf/NaN). bf16 operands are widened to the fp32 values they hold first, the products a GPU's
 bf16 MMA forms exactly before its fp32 accumulation.
+
+And it silences one warning of the interpreter's own: NumPy's "Conversion of an array with
+ndim > 0 to a scalar" ``DeprecationWarning``, which Triton 3.6 raises in its ``__index__`` of a
+one-element tensor on every interpreted program (thousands per test run); only warnings issued
+from ``triton.runtime.interpreter`` with that message are dropped (``INTERPRETER_WARNINGS``).
 """
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+
+INTERPRETER_WARNINGS = (
+    ("Conversion of an array with ndim > 0 to a scalar", DeprecationWarning,
+     r"triton\.runtime\.interpreter"),
+)
+"""(message start, category, module regex) of the warnings the interpreter itself raises and
+``install`` filters; ``pyproject.toml``'s pytest ``filterwarnings`` names the same one (pytest
+resets the filters for every test)."""
 
 
 def rne_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -43,9 +58,14 @@ def bf16_values(bits: np.ndarray) -> np.ndarray:
 
 def install() -> None:
     """Patch ``triton.runtime.interpreter.InterpreterBuilder.cast_impl`` (fp32 -> bf16 rounds
-    to nearest even). Call only with ``TRITON_INTERPRET=1`` set (``pmll_lab.backend`` does)."""
+    to nearest even), wraps ``create_dot`` (bf16 operands as their values) and filters
+    ``INTERPRETER_WARNINGS``. Call only with ``TRITON_INTERPRET=1`` set (``pmll_lab.backend``
+    does)."""
     import triton.language as tl
     from triton.runtime import interpreter
+
+    for message, category, module in INTERPRETER_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
 
     builder = interpreter.InterpreterBuilder
     if getattr(builder.cast_impl, "_pmll_lab_rne", False):

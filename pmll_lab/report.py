@@ -4,11 +4,14 @@ One *run* is a folder ``reports/<run>/`` (``latest`` by default; it is git-ignor
 keeping, such as ``h200-2026-11-29``, are committed under their own names)::
 
     reports/<run>/
-        index.html            device, date (UTC), commit, versions and preset on top; one row per
-                              notebook: status (ok / FAILED) with its verdict (targets met of
-                              total; on the CPU the checks), its HTML report, the executed
-                              notebook and its results files; then each notebook's headline
-                              table (``results/<name>/headline.csv``, written by the notebook)
+        index.html            device, date (UTC), commit, versions and preset on top; while the
+                              run goes, the notebook running and those still to run (after an
+                              interrupt: the notebook stopped); one row per notebook: how it
+                              ended (ran to the end / FAILED / STOPPED) with its verdict
+                              (targets met of total; on the CPU the checks), its HTML report,
+                              the executed notebook and its results files; then each notebook's
+                              headline table (``results/<name>/headline.csv``, written by the
+                              notebook)
         manifest.json         the same, machine-readable
         <name>.html           the executed notebook rendered without input cells (nbconvert)
         <name>.ipynb          the executed notebook, outputs included (papermill)
@@ -24,7 +27,10 @@ kernelspec named ``python3`` a user may have registered elsewhere, and it import
 of this checkout; ``PMLL_LAB_DEVICE`` is set to ``device`` in its environment, so the library's
 backend (``pmll_lab.backend``) makes the same decision as the notebook's own parameter.
 A notebook that fails still gets its partial executed notebook rendered, is marked FAILED in the
-index, and the other notebooks still run.
+index, and the other notebooks still run. Ctrl-C or SIGTERM stops the run: the notebook stopped
+gets its partial report (STOPPED), and the index names it and those not run. An earlier call's
+report of a notebook this call has not run yet stays linked, marked with its own date and
+commit (``--only``: every other notebook's); one of a notebook the run no longer has is removed.
 
 A notebook's results folder is emptied before it runs, so a report never mixes results from two
 code versions; ``resume=True`` keeps it, and the sweeps then skip the points already stored
@@ -44,6 +50,7 @@ import contextlib
 import json
 import math
 import re
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -278,7 +285,7 @@ def build_report(
     run_dir = Path(reports_dir) / run
     previous = []
     manifest_path = run_dir / "manifest.json"
-    if chosen and manifest_path.exists():
+    if manifest_path.exists():
         try:
             previous = json.loads(manifest_path.read_text()).get("notebooks", [])
         except (json.JSONDecodeError, AttributeError):
@@ -303,26 +310,88 @@ def build_report(
                 log("warning: the full preset is the H200 grid; in the Triton interpreter on "
                     "the CPU it runs for many hours. The CPU-sized preset: --preset quick "
                     "(make report PRESET=quick)")
+        plan = [p.stem for p in paths]
+        manifest["plan"] = plan
+        if not chosen:                     # a whole run: reports of notebooks it no longer has
+            _drop_files(run_dir, [e for e in previous if e.get("name") not in plan])
         ran: list[dict] = []
-        _write_index(run_dir, manifest, ran, previous, complete=not paths)
-        for i, src in enumerate(paths, 1):
-            log(f"[{i}/{len(paths)}] {src.stem} ...")
-            ran.append(_run_one(src, run_dir, preset=preset, device=device, resume=resume,
-                                cell_timeout=cell_timeout, env_info=env_info, log=log,
-                                scheduler=address))
-            # Written after every notebook: a long run cut short still has its index.
-            _write_index(run_dir, manifest, ran, previous, complete=i == len(paths))
+        with _interrupt_on_sigterm():
+            for i, src in enumerate(paths, 1):
+                log(f"[{i}/{len(paths)}] {src.stem} ...")
+                manifest["running"] = {"name": src.stem, "number": i, "of": len(paths),
+                                       "started_utc": _utc_now()}
+                manifest["to_run"] = plan[i:]
+                # Written as each notebook starts: the page says what runs, and a long run cut
+                # short keeps its index.
+                _write_index(run_dir, manifest, ran, previous, complete=False, keep_all=chosen)
+                t0 = time.perf_counter()
+                try:
+                    entry = _run_one(src, run_dir, preset=preset, device=device,
+                                     resume=resume, cell_timeout=cell_timeout,
+                                     env_info=env_info, log=log, scheduler=address)
+                except KeyboardInterrupt:      # outside the notebook's cells (rendering...)
+                    entry = None
+                if entry is not None:
+                    ran.append(entry)
+                if entry is None or entry["status"] == "interrupted":
+                    manifest["running"] = None
+                    manifest["interrupted"] = {"name": src.stem, "at_utc": _utc_now(),
+                                               "seconds": round(time.perf_counter() - t0, 1)}
+                    _write_index(run_dir, manifest, ran, previous, complete=False,
+                                 keep_all=chosen)
+                    raise KeyboardInterrupt(f"report '{run}' stopped while {src.stem} ran")
+        manifest["running"], manifest["to_run"] = None, []
+        _write_index(run_dir, manifest, ran, previous, complete=True, keep_all=chosen)
     return manifest
 
 
+@contextlib.contextmanager
+def _interrupt_on_sigterm() -> Iterator[None]:
+    """SIGTERM (``kill``, a batch system's stop) raises ``KeyboardInterrupt`` as Ctrl-C does,
+    so a run stopped either way names the notebook it stopped in its index. Main thread only
+    (elsewhere a no-op); the earlier handler is restored afterwards."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _drop_files(run_dir: Path, entries: list[dict]) -> None:
+    """Delete the rendered report and executed notebook of each manifest entry (results stay)."""
+    for e in entries:
+        for key in ("html", "ipynb"):
+            if e.get(key) and Path(e[key]).name == e[key]:
+                (run_dir / e[key]).unlink(missing_ok=True)
+
+
 def _write_index(run_dir: Path, manifest: dict, ran: list[dict], previous: list[dict], *,
-                 complete: bool) -> None:
-    """Fill ``manifest`` with the notebooks run so far (plus the earlier entries kept) and write
-    ``manifest.json`` and ``index.html``."""
+                 complete: bool, keep_all: bool) -> None:
+    """Fill ``manifest`` with the notebooks run so far plus the earlier entries kept, and write
+    ``manifest.json`` and ``index.html``. Kept (``kept_from_earlier``, with their own date,
+    preset and commit), while their report exists: with ``keep_all`` (some notebooks chosen)
+    every earlier notebook this call has not run; otherwise those still to run in this call, so
+    a run cut short links the earlier reports it did not replace instead of leaving them in the
+    folder unlisted."""
     names = {e["name"] for e in ran}
+    waiting = set(manifest.get("to_run") or [])
     kept = [dict(e, kept_from_earlier=True) for e in previous
-            if e.get("name") not in names and e.get("html") and (run_dir / e["html"]).exists()]
+            if e.get("name") not in names and (keep_all or e.get("name") in waiting)
+            and e.get("html") and (run_dir / e["html"]).exists()]
+    if not keep_all and complete:       # nothing left to replace them: unlisted, so removed
+        _drop_files(run_dir, [e for e in previous if e.get("name") not in names])
     manifest["notebooks"] = sorted(ran + kept, key=lambda e: e["name"])
+    manifest["updated_utc"] = _utc_now()
     manifest["finished_utc"] = _utc_now() if complete else None
     manifest["complete"] = complete
     manifest["ok"] = all(e["status"] == "ok" for e in ran)

@@ -33,6 +33,26 @@ class ReportError(RuntimeError):
     """A report could not be started (bad notebook name, device not available...)."""
 
 
+def _quiet_kernel_manager():
+    """The kernel manager papermill runs each notebook's kernel with: jupyter_client's own,
+    except that shutting a kernel down sends no SIGINT first.
+
+    Why: ``AsyncKernelManager.shutdown_kernel`` interrupts the kernel before it asks it to shut
+    down; a kernel still inside a message handler then logs ``[IPKernelApp] ERROR |
+    KeyboardInterrupt caught in kernel.`` under a notebook that ran to its end. By then every
+    cell has run (or failed, or timed out), so nothing is left to interrupt: the shutdown request
+    follows, and a kernel that does not stop is killed as before."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class QuietShutdownKernelManager(AsyncKernelManager):
+        async def _async_interrupt_kernel(self) -> None:
+            if self.shutting_down:
+                return
+            await super()._async_interrupt_kernel()
+
+    return QuietShutdownKernelManager
+
+
 def _utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -170,11 +190,12 @@ def _with_alts(body: str, alts: dict[str, str]) -> str:
 
 
 def render_html(executed: Path, target: Path, *, failure: str | None = None,
-                note: str | None = None) -> None:
+                title: str = "FAILED", note: str | None = None) -> None:
     """Render an executed notebook to HTML without input cells (nbconvert ``HTMLExporter``,
-    ``exclude_input=True``). A failed notebook gets a banner cell on top naming the error;
-    ``note`` (e.g. ``other_commits_text``) goes on top as a framed paragraph; a plot gets its
-    cell's ``alt`` metadata as its alt text (``image_alts``)."""
+    ``exclude_input=True``). A notebook that failed or was stopped (``failure``: why) gets a
+    banner cell on top, ``title`` then the reason; ``note`` (e.g. ``other_commits_text``) goes
+    on top as a framed paragraph; a plot gets its cell's ``alt`` metadata as its alt text
+    (``image_alts``)."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -187,8 +208,8 @@ def render_html(executed: Path, target: Path, *, failure: str | None = None,
     if failure is not None:
         banner = nbformat.v4.new_markdown_cell(
             "<div style='border:2px solid #c00;padding:0.6em;color:#c00'>"
-            f"<b>FAILED</b> while running this notebook: {html.escape(failure)}. "
-            "The outputs below stop where it failed.</div>")
+            f"<b>{html.escape(title)}</b> while running this notebook: {html.escape(failure)}. "
+            "The outputs below stop where it ended.</div>")
         nb.cells.insert(0, banner)
     exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
                             exclude_output_prompt=True)
@@ -222,7 +243,12 @@ def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool
             parameters=parameters,
             kernel_name=KERNEL_NAME, language="python", cwd=str(src.parent.resolve()),
             progress_bar=False, log_output=False, execution_timeout=cell_timeout,
+            kernel_manager_class=_quiet_kernel_manager(),
         )
+    except KeyboardInterrupt:       # Ctrl-C or SIGTERM: recorded, then the report stops
+        entry["status"] = "interrupted"
+        entry["error"] = (f"stopped by an interrupt after {time.perf_counter() - t0:.0f} s; "
+                          "the notebooks after it did not run")
     except Exception as exc:  # noqa: BLE001 - a failed notebook must not stop the others
         entry["status"], entry["error"] = "failed", _short_error(exc)
     entry["seconds"] = round(time.perf_counter() - t0, 1)
@@ -230,7 +256,8 @@ def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool
     if out_nb.exists():
         try:
             render_html(out_nb, out_html,
-                        failure=entry["error"] if entry["status"] == "failed" else None,
+                        failure=entry["error"] if entry["status"] != "ok" else None,
+                        title="STOPPED" if entry["status"] == "interrupted" else "FAILED",
                         note=other_commits_text(entry["other_commits"], total,
                                                 entry["commit"]))
         except Exception as exc:  # noqa: BLE001
@@ -248,7 +275,8 @@ def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool
     entry["failed_points"], entry["points"] = failed_points(results)
     some = (f" ({entry['failed_points']} of {entry['points']} sweep points failed: see the "
             "notebook's correctness section)" if entry["failed_points"] else "")
-    log(f"  {name}: {'ok' if entry['status'] == 'ok' else 'FAILED'} in {entry['seconds']:.0f} s"
+    said = {"ok": "ok", "interrupted": "STOPPED"}.get(entry["status"], "FAILED")
+    log(f"  {name}: {said} in {entry['seconds']:.0f} s"
         + some + (f" -- {entry['error']}" if entry["error"] else ""))
     return entry
 

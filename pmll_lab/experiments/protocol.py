@@ -469,7 +469,27 @@ COLUMN_LABELS = {
     "rel_l2_last": "rel. L2, last token", "top1_agree": "top-1 agreement",
 }
 """Headers a report table shows for result columns (``table``, ``details``): words and units
-for researchers; the results files keep the column names."""
+for researchers; the results files keep the column names. Other names: ``header``."""
+
+UNIT_SUFFIXES = (("_per_s", "/s"), ("_us", " (µs)"), ("_ms", " (ms)"), ("_kib", " (KiB)"),
+                 ("_mib", " (MiB)"), ("_gbps", " (GB/s)"))
+"""Column-name endings that carry a unit, and how a header writes it (``tokens_per_s``:
+"tokens/s", ``step_ms``: "step (ms)")."""
+
+
+def header(name) -> str:
+    """The header a report shows for column ``name``: ``COLUMN_LABELS``, else the name with its
+    unit ending written out (``UNIT_SUFFIXES``) and underscores as spaces; a name without an
+    underscore (``K``, ``B``, ``eps``) as it is."""
+    if not isinstance(name, str):
+        return name
+    if name in COLUMN_LABELS:
+        return COLUMN_LABELS[name]
+    name = name.replace("rel_l2", "rel. L2")
+    for end, unit in UNIT_SUFFIXES:
+        if name.lower().endswith(end) and len(name) > len(end):
+            return name[:-len(end)].replace("_", " ") + unit
+    return name.replace("_", " ")
 
 
 def _html(df: pd.DataFrame) -> str:
@@ -480,12 +500,12 @@ def _html(df: pd.DataFrame) -> str:
 
 def labelled(df: pd.DataFrame) -> pd.DataFrame:
     """A copy of ``df`` as a report shows it: a named index or a pivot's keys as columns,
-    result columns headed by ``COLUMN_LABELS``, a pivot of several quantities under one header
+    result columns headed by ``header`` (``COLUMN_LABELS``, units written out), a pivot of several quantities under one header
     row ("quantity key")."""
     df = df.copy()
     if isinstance(df.index, pd.MultiIndex) or df.index.name is not None:
         df = df.reset_index()                  # a pivot's or groupby's keys: columns of their own
-    df = df.rename(columns=lambda c: COLUMN_LABELS.get(c, c) if isinstance(c, str) else c)
+    df = df.rename(columns=header)
     if isinstance(df.columns, pd.MultiIndex):  # a pivot of several values: "quantity key"
         df.columns = [" ".join(str(x) for x in col if str(x) != "") for col in df.columns]
     else:

@@ -215,8 +215,9 @@ def detail(df: pd.DataFrame, targets: Sequence[Target], summary: str) -> None:
         display(HTML(P.details(head, summary).data))
 
 
-_FIRST = ("status", "target", "kernel", "B", "K", "ratio", "bound", "ours_us", "peer_us",
-          "roofline_frac")
+SHOWN_FIRST = ("status", "target", "kernel", "B", "K", "ratio", "bound", "ours_us", "peer_us",
+               "roofline_frac")
+"""The columns a headline shows first (in the report and on the run's index), in order."""
 
 
 def _shown(head: pd.DataFrame) -> pd.DataFrame:
@@ -226,7 +227,7 @@ def _shown(head: pd.DataFrame) -> pd.DataFrame:
     if head.empty:
         return head
     keep = [c for c in head.columns if head[c].replace("", pd.NA).notna().any()]
-    first = [c for c in _FIRST if c in keep]
+    first = [c for c in SHOWN_FIRST if c in keep]
     return head[first + [c for c in keep if c not in first]]
 
 
@@ -246,9 +247,16 @@ def facts(rows: list[dict]) -> pd.DataFrame:
 
 
 def setup() -> None:
-    """A notebook's display settings: tables shown whole; the import-time warnings of tqdm
-    (no ipywidgets) and of FLA on a machine without a GPU kept out of the report."""
+    """A notebook's first call: the parameters papermill injected checked against its
+    parameters cell (``parameters.check_notebook``: a misspelt name or a grid that is not a dict
+    is a ``ValueError`` naming it, before anything runs); display settings: tables shown whole;
+    the import-time warnings of tqdm (no ipywidgets) and of FLA on a machine without a GPU kept
+    out of the report."""
     import warnings
+
+    from pmll_lab.experiments.parameters import check_notebook
+
+    check_notebook()
 
     for opt, val in (("display.max_rows", None), ("display.max_columns", None),
                      ("display.width", 250), ("display.max_colwidth", None)):
