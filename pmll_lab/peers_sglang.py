@@ -358,31 +358,59 @@ def _layered(t):
     return None if t is None else t.unsqueeze(0)
 
 
-def fold_verify(kern: SglangKernels, state, slots, window: SglangFoldWindow, q, k, v, a, b,
-                A_log, dt_bias, *, scale: float, query_start_loc) -> torch.Tensor:
-    """(a)'s verify on one layer: ``q, k [B, K, HK, kd]``, ``v [B, K, HV, vd]``, ``a, b
-    [B, K, HV]`` (contiguous), ``state [S, HV, vd, kd]`` (read only), ``slots [B]`` int32 (-1: a
-    padding lane), ``query_start_loc [B+1]`` int32. Returns ``o [B, K, HV, vd]`` in q's dtype."""
-    B, K, HK, kd = q.shape
+def _recurrent(kern: SglangKernels, state, slots, q, k, v, a, b, A_log, dt_bias, *, scale,
+               query_start_loc, use_qk_l2norm, **ring) -> torch.Tensor:
+    """SGLang's recurrent kernel over ``T`` rows per sequence (``q, k [B, T, HK, kd]``, ...),
+    varlen as its backend calls it; returns ``o [B, T, HV, vd]`` in q's dtype."""
+    B, T, HK, kd = q.shape
     HV, vd = v.shape[2:]
     o = kern.recurrent.fused_sigmoid_gating_delta_rule_update(
-        A_log=A_log, dt_bias=dt_bias, q=q.reshape(1, B * K, HK, kd),
-        k=k.reshape(1, B * K, HK, kd), v=v.reshape(1, B * K, HV, vd),
-        a=a.reshape(B * K, HV), b=b.reshape(B * K, HV), initial_state_source=state,
+        A_log=A_log, dt_bias=dt_bias, q=q.reshape(1, B * T, HK, kd),
+        k=k.reshape(1, B * T, HK, kd), v=v.reshape(1, B * T, HV, vd),
+        a=a.reshape(B * T, HV), b=b.reshape(B * T, HV), initial_state_source=state,
         initial_state_indices=slots, cu_seqlens=query_start_loc, scale=scale,
-        use_qk_l2norm_in_kernel=True, softplus_beta=1.0, softplus_threshold=20.0, is_kda=False,
-        disable_state_update=True, cache_ring=True, replayssm_rawv=window.v,
-        replayssm_rawk=window.k, replayssm_g=window.g, replayssm_beta=window.beta)
-    return o.reshape(B, K, HV, vd)
+        use_qk_l2norm_in_kernel=use_qk_l2norm, softplus_beta=1.0, softplus_threshold=20.0,
+        is_kda=False, **ring)
+    return o.reshape(B, T, HV, vd)
 
 
-def fold_commit(kern: SglangKernels, state, window: SglangFoldWindow, slots, accepted) -> None:
+def fold_verify(kern: SglangKernels, state, slots, window: SglangFoldWindow, q, k, v, a, b,
+                A_log, dt_bias, *, scale: float, query_start_loc,
+                use_qk_l2norm: bool = True) -> torch.Tensor:
+    """(a)'s verify on one layer: ``q, k [B, K, HK, kd]``, ``v [B, K, HV, vd]``, ``a, b
+    [B, K, HV]`` (contiguous), ``state [S, HV, vd, kd]`` (read only), ``slots [B]`` int32 (-1: a
+    padding lane), ``query_start_loc [B+1]`` int32 (``arange(0, B*K+1, K)``). Returns ``o [B,
+    K, HV, vd]`` in q's dtype. ``use_qk_l2norm=False``: a diagnostic (SGLang normalises)."""
+    return _recurrent(kern, state, slots, q, k, v, a, b, A_log, dt_bias, scale=scale,
+                      query_start_loc=query_start_loc, use_qk_l2norm=use_qk_l2norm,
+                      disable_state_update=True, cache_ring=True, replayssm_rawv=window.v,
+                      replayssm_rawk=window.k, replayssm_g=window.g,
+                      replayssm_beta=window.beta)
+
+
+def fold_commit(kern: SglangKernels, state, window: SglangFoldWindow, slots, accepted, *,
+                use_qk_l2norm: bool = True) -> None:
     """(a)'s commit: rows ``0..a-1`` of each slot's window replayed into ``state`` (one layer;
     ``accepted [B]`` int32, the accepted rows with the bonus token)."""
     kern.fold.commit_gdn_replayssm_fold_all_layers(
         state.unsqueeze(0), window.v.unsqueeze(0), window.k.unsqueeze(0),
         window.g.unsqueeze(0), window.beta.unsqueeze(0), slots, accepted,
-        max_cache_len=window.v.shape[2], num_k_heads=window.k.shape[1], null_block_id=-1)
+        max_cache_len=window.v.shape[2], num_k_heads=window.k.shape[1],
+        use_qk_l2norm_in_kernel=use_qk_l2norm, null_block_id=-1)
+
+
+def recurrent_decode(kern: SglangKernels, state, slots, q, k, v, a, b, A_log, dt_bias, *,
+                     scale: float, use_qk_l2norm: bool = True) -> torch.Tensor:
+    """SGLang's decode of one token per sequence with the recurrent kernel (its
+    ``TritonGDNKernel.decode``, the kernel its fold clones), ``state`` updated in place: ``q,
+    k [B, HK, kd]``, ``v [B, HV, vd]``, ``a, b [B, HV]``; ``slots [B]`` int32 (-1: nothing read
+    or written, the row's output meaningless). Returns ``o [B, HV, vd]``. (Its CUDA serving
+    decode is another kernel, ``fused_recurrent_gated_delta_rule_packed_decode``.)"""
+    qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+    one = lambda x: x.unsqueeze(1).contiguous()  # noqa: E731
+    return _recurrent(kern, state, slots, one(q), one(k), one(v), one(a), one(b), A_log,
+                      dt_bias, scale=scale, query_start_loc=qsl,
+                      use_qk_l2norm=use_qk_l2norm)[:, 0]
 
 
 def ring_verify(kern: SglangKernels, state, slots, replay, ring: SglangRing, q, k, v, a, b,
