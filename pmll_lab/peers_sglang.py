@@ -24,8 +24,8 @@ of a window keyed by the state slot. After acceptance, once for all layers,
 ``commit_gdn_replayssm_fold_all_layers(temporal, rawv, rawk, g, beta, slots, accept_lens,
 max_cache_len=K, num_k_heads, null_block_id=-1)`` replays rows ``0..a-1`` into the state
 (``gdn_replayssm_exact_fold_kernel``, one program per 32 columns of a (sequence, head)). No
-cursor: every verify starts from the committed state. Its docstring calls the fold a bitwise
-clone of the recurrent kernel's update. In 0.5.23 ``MambaPool`` sets ``replayssm_spec_fold`` for
+cursor: every verify starts from the committed state. Its docstring states the fold equals the
+recurrent kernel's update bit for bit. In 0.5.23 ``MambaPool`` sets ``replayssm_spec_fold`` for
 KDA models only, so a GDN model never reaches this path (the flag's help text still describes
 it); we drive its code as written. The verify keeps the state in fp32 registers across the
 ``K`` rows and the fold rounds it to the pool's dtype once per commit: a bf16 pool is taken,
@@ -56,12 +56,13 @@ fp32 pool folds once the window holds more than ``L - 2K`` rows (every ``L - 2K 
 
 (c) **The ring with its exact fold**, ``form="sglang_replayssm_rawfold"``: the same module's
 own default, ``launch_mode="both"``, with raw ``v``, pre-norm ``k`` and ``beta`` stored beside
-``d, k, g`` (its docstring: "closed loop -- no accumulating state error"): three launches per
-layer, (1) requests flagged by the previous commit get the window replayed row by row into the
-checkpoint (``gdn_replayssm_exact_fold_kernel``, bitwise the recurrence, rounded once), (2) the
-verify of the others, (3) the flagged ones' verify from the folded checkpoint; the commit is
-``commit_gdn_replayssm_spec(..., fold_every_commit=False)`` alone (the flagged requests restart
-their window at ``cache_base + write_pos``). 0.5.23's GDN backend does not drive this one.
+``d, k, g`` (so, by its docstring, no error is carried from one window to the next): three
+launches per layer, (1) the requests flagged by the previous commit get their window replayed
+row by row into the checkpoint (that module's ``gdn_replayssm_exact_fold_kernel``, the replay of
+(a)'s fold, rounded once), (2) the verify of the others, (3) the flagged ones' verify from the
+folded checkpoint; the commit is ``commit_gdn_replayssm_spec(..., fold_every_commit=False)``
+alone (a flagged request's window restarts at ``cache_base + write_pos``). 0.5.23's GDN
+backend does not drive this one.
 
 Loading: from ``$PMLL_LAB_SGLANG_DIR`` (a directory holding the three files and a ``VERSION``
 line, as ``scripts/fetch-sglang.sh`` writes it into ``.sgl/``), else an installed ``sglang``
@@ -402,9 +403,9 @@ def fold_commit(kern: SglangKernels, state, window: SglangFoldWindow, slots, acc
 def recurrent_decode(kern: SglangKernels, state, slots, q, k, v, a, b, A_log, dt_bias, *,
                      scale: float, use_qk_l2norm: bool = True) -> torch.Tensor:
     """SGLang's decode of one token per sequence with the recurrent kernel (its
-    ``TritonGDNKernel.decode``, the kernel its fold clones), ``state`` updated in place: ``q,
-    k [B, HK, kd]``, ``v [B, HV, vd]``, ``a, b [B, HV]``; ``slots [B]`` int32 (-1: nothing read
-    or written, the row's output meaningless). Returns ``o [B, HV, vd]``. (Its CUDA serving
+    ``TritonGDNKernel.decode``, the kernel its fold claims to equal), ``state`` updated in place:
+    ``q, k [B, HK, kd]``, ``v [B, HV, vd]``, ``a, b [B, HV]``; ``slots [B]`` int32 (-1: nothing
+    read or written, the row's output meaningless). Returns ``o [B, HV, vd]``. (Its CUDA serving
     decode is another kernel, ``fused_recurrent_gated_delta_rule_packed_decode``.)"""
     qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
     one = lambda x: x.unsqueeze(1).contiguous()  # noqa: E731

@@ -11,7 +11,14 @@ state each form stands for (its stored state with its pending rows or ring folde
 - ``plain_decode`` on a bf16 state: ``gdn_decode`` once per accepted token (padding lanes for
   sequences that accepted fewer rows), the same numbers by that exactness, run here to show it;
 - ``ring`` on a bf16 and on an fp32 state (the tolerance form);
-- ``flashinfer_replayssm`` on a bf16 state where FlashInfer runs (``supports``).
+- ``flashinfer_replayssm`` on a bf16 state where FlashInfer runs (``supports``);
+- SGLang's forms where its kernels load (``pmll_lab.step_sglang``), on a bf16 and an fp32 state:
+  ``sglang_replayssm`` (its ring, materialised from compact rows), ``sglang_replayssm_rawfold``
+  (its ring with the exact fold of the raw rows at a flush: the stored state is the
+  recurrence's own, rounded once per flush) and ``sglang_exact_fold`` (its fold-every-commit).
+
+Each form runs on its own copy of the case's inputs, so adding or dropping a form leaves the
+others' rows as they were.
 
 Returns tidy rows (``form, state_dtype, step, tokens, metric, value``).
 """
@@ -21,14 +28,17 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from pmll_lab import _checks
+from pmll_lab import _checks, step_sglang
 from pmll_lab.bench import errors
 from pmll_lab.gdn import gdn_decode
 from pmll_lab.step_bench import StepCase, build_form, supports
 
 DRIFT_FORMS = (("exact_lazy", torch.bfloat16), ("plain_decode", torch.bfloat16),
                ("ring", torch.bfloat16), ("ring", torch.float32),
-               ("flashinfer_replayssm", torch.bfloat16))
+               ("flashinfer_replayssm", torch.bfloat16),
+               *((f, sd) for f in ("sglang_replayssm", "sglang_replayssm_rawfold",
+                                   "sglang_exact_fold")
+                 for sd in (torch.bfloat16, torch.float32)))
 
 
 class _PlainDecode:
@@ -60,6 +70,19 @@ class _PlainDecode:
         return self.state[s].double().transpose(-1, -2).cpu()
 
 
+def _runner(form: str, state_dtype: torch.dtype, kw: dict):
+    """The form's steps on a ``StepCase(state_dtype=state_dtype, **kw)``, or None where it does
+    not run here (a shape or dtype it does not take; SGLang's kernels absent: no case drawn)."""
+    if form in step_sglang.FORMS and not step_sglang.available():
+        return None
+    case = StepCase(state_dtype=state_dtype, **kw)
+    if form == "plain_decode":
+        return _PlainDecode(case)
+    if form in step_sglang.FORMS:
+        return step_sglang.build_form(form, case) if step_sglang.supports(form, case) else None
+    return build_form(form, case) if supports(form, case) else None
+
+
 def _masked_rel_l2(o, ref, acc) -> float:
     """rel L2 over the accepted rows (``t < a``) only."""
     m = (torch.arange(o.shape[1], device=o.device)[None, :] < acc[:, None])[..., None, None]
@@ -81,11 +104,9 @@ def drift_study(*, batch: int = 4, steps: int = 1390, rows: int = 4, num_k_heads
     reference = build_form("exact_lazy", ref_case)
     runs = []
     for form, sd in forms:
-        case = StepCase(state_dtype=sd, **kw)
-        if form == "plain_decode":
-            runs.append((form, sd, _PlainDecode(case)))
-        elif supports(form, case):
-            runs.append((form, sd, build_form(form, case)))
+        run = _runner(form, sd, kw)
+        if run is not None:
+            runs.append((form, sd, run))
     marks = {int(round(steps * (j + 1) / checkpoints)) - 1 for j in range(checkpoints)}
     acc_all = ref_case.tensors["accepted"]
     tokens = torch.cumsum(acc_all.float().mean(1), 0).tolist()

@@ -1,7 +1,7 @@
 """SGLang's bitwise claim, checked: its fold-every-commit against its own decode, over a grid.
 
-SGLang 0.5.23 documents its exact fold (``gdn_replayssm_exact_fold_kernel``) as a bitwise clone
-of its recurrent kernel's update. Per configuration (head size ``kd = vd``, pool dtype, input
+SGLang 0.5.23 documents its exact fold (``gdn_replayssm_exact_fold_kernel``) as equal, bit for
+bit, to its recurrent kernel's update. Per configuration (head size ``kd = vd``, pool dtype, input
 dtype, ``K``; V-major pools, SGLang's only layout), ``steps`` steps of ``B`` sequences on
 ``S = B + B // 4 + 1`` slots with seeded rows and acceptance counts in ``1..K`` (the bonus token
 always accepted): the verify (``peers_sglang.fold_verify``) and the fold of the accepted prefix
