@@ -170,13 +170,14 @@ def _stand_ins_installed():
 
 
 def _locate() -> tuple[Path, str, str] | str:
-    """``(directory, version, source)`` of the kernel files, or why there are none."""
+    """``(directory, version, source)`` of the kernel files, or the status line saying why
+    there are none."""
     env = os.environ.get(SGLANG_DIR_ENV, "").strip()
     if env:
         d = Path(env)
         missing = [f for f in KERNEL_FILES.values() if not (d / f).is_file()]
         if missing:
-            return f"{SGLANG_DIR_ENV}={env} lacks {', '.join(missing)}"
+            return f"SGLang: {SGLANG_DIR_ENV}={env} lacks {', '.join(missing)}"
         return d, _dir_version(d), f"{SGLANG_DIR_ENV}={env}"
     try:
         dist = importlib.metadata.distribution("sglang")
@@ -188,7 +189,7 @@ def _locate() -> tuple[Path, str, str] | str:
             return d, dist.version, f"installed sglang ({d})"
     if all((PROJECT_DIR / f).is_file() for f in KERNEL_FILES.values()):
         return PROJECT_DIR, _dir_version(PROJECT_DIR), f"{PROJECT_DIR}"
-    return "not installed"
+    return "SGLang: not installed"
 
 
 def _dir_version(d: Path) -> str:
@@ -244,20 +245,19 @@ def sglang_version() -> str:
 
 
 def sglang_status() -> str:
-    """One line for a report: ``"SGLang <version>"``, ``"SGLang: not installed"`` or why its
-    kernels do not load."""
+    """One line for a report: ``"SGLang <version>"``, ``"SGLang: not installed"``, or why its
+    kernels do not load (``"SGLang: $PMLL_LAB_SGLANG_DIR=... lacks ..."``, ``"SGLang <version>:
+    its kernel modules do not import (...)"``)."""
     k, why = _load()
-    if k is None:
-        return "SGLang: not installed" if why == "not installed" else f"SGLang: {why}"
-    return f"SGLang {k.version}"
+    return why if k is None else f"SGLang {k.version}"
 
 
 def require() -> SglangKernels:
     """``sglang_kernels()``, or ``RuntimeError`` saying why not and how to install it."""
     k, why = _load()
     if k is None:
-        raise RuntimeError(f"sglang: {why} (pip install --no-deps sglang=={SGLANG_VERSION}, or "
-                           f"scripts/fetch-sglang.sh and {SGLANG_DIR_ENV}=.sgl)")
+        raise RuntimeError(f"{why} (pip install --no-deps sglang=={SGLANG_VERSION}, or "
+                           f"scripts/fetch-sglang.sh into .sgl/)")
     return k
 
 

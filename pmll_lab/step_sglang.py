@@ -16,7 +16,8 @@ docstring gives the calls):
                                 three-launch mode): raw rows replayed into the state at a flush
 ==============================  ================================================================
 
-``check_form`` and ``step_timing`` of ``step_bench`` take these forms as they are. A fold (the
+``check_form`` and ``step_timing`` of ``step_bench`` take these forms as they are; each also
+carries its buffers for inspection (``window``: ``SglangFoldWindow``; ``ring``: ``SglangRing``). A fold (the
 harness's ``fold_frac``) is a step whose commit folds (every step for the exact fold); the fill
 (``mean_fill``) is the ring's ``write_pos`` before the verify (0 for the exact fold).
 """
@@ -98,7 +99,9 @@ def _exact_fold(kern, case: StepCase) -> StepForm:
     def eff(b):
         return state[int(slots[b])].double().transpose(-1, -2).cpu()
 
-    return StepForm("sglang_exact_fold", case, step, eff, window.bytes_per_slot)
+    sf = StepForm("sglang_exact_fold", case, step, eff, window.bytes_per_slot)
+    sf.window = window
+    return sf
 
 
 def _ring(kern, case: StepCase, form: str) -> StepForm:
@@ -129,7 +132,9 @@ def _ring(kern, case: StepCase, form: str) -> StepForm:
     def eff(b):
         return ring_state(state, ring, b, int(slots[b]))
 
-    return StepForm(form, case, step, eff, ring.bytes_per_slot)
+    sf = StepForm(form, case, step, eff, ring.bytes_per_slot)
+    sf.ring = ring
+    return sf
 
 
 def step_bytes(form: str, case: StepCase, fold_frac: float, mean_fill: float) -> int:
