@@ -24,11 +24,16 @@ And it silences one warning of the interpreter's own: NumPy's "Conversion of an 
 ndim > 0 to a scalar" ``DeprecationWarning``, which Triton 3.6 raises in its ``__index__`` of a
 one-element tensor on every interpreted program (thousands per test run); only warnings issued
 from ``triton.runtime.interpreter`` with that message are dropped (``INTERPRETER_WARNINGS``).
+
+``tensor_loop_variables(fn)`` is opt-in, per kernel: the interpreter hands a ``range`` loop's
+body a Python int where compiled Triton has an int32 tensor, so a peer's kernel that calls
+``t.to(...)`` on it runs on a GPU but not here (SGLang's exact fold does).
 """
 
 from __future__ import annotations
 
 import warnings
+from functools import lru_cache
 
 import numpy as np
 
@@ -88,3 +93,52 @@ def install() -> None:
         return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     builder.create_dot = create_dot
+
+
+
+def tensor_loop_variables(fn) -> None:
+    """Run the interpreted kernel ``fn`` with the variable of every ``for x in range(...)`` loop
+    held as an int32 tensor, as compiled Triton holds it (an ``scf.for`` induction variable):
+    the interpreter iterates a Python ``range`` and hands the body a Python int, so a body that
+    calls a tensor method on it (``t.to(tl.int64)``) fails on the CPU only. ``tl.static_range``
+    loops keep their ints (constexpr when compiled too). Applies to ``fn`` alone (a
+    ``triton.runtime.interpreter.InterpretedFunction`` not yet launched) through its own AST
+    rewriter, so every other kernel is interpreted as before. Idempotent; ``ValueError`` naming
+    ``fn`` for anything else or a kernel already launched."""
+    from triton.runtime import interpreter
+
+    if not isinstance(fn, interpreter.InterpretedFunction):
+        raise ValueError(f"fn: expected an interpreted Triton kernel, got {type(fn).__name__}")
+    cls = _loop_variable_rewriter()
+    if isinstance(fn.rewriter.ast_transformer, cls):
+        return
+    if fn.fn in interpreter.InterpretedFunction.rewritten_fn:
+        raise ValueError(f"fn: {fn.__name__} was already launched; rewrite it before its first "
+                         "launch")
+    fn.rewriter.ast_transformer = cls()
+
+
+@lru_cache(maxsize=1)
+def _loop_variable_rewriter():
+    """The interpreter's AST rewriter plus ``x = to_tensor(x)`` at the head of the body of each
+    ``for x in range(...)`` (the builtin ``range`` only)."""
+    import ast
+
+    from triton.runtime import interpreter
+
+    class LoopVariableRewriter(interpreter.ASTTransformer):
+        def visit_For(self, node):
+            self.generic_visit(node)
+            it, target = node.iter, node.target
+            if (isinstance(it, ast.Call) and isinstance(it.func, ast.Name)
+                    and it.func.id == "range" and isinstance(target, ast.Name)):
+                semantic = ast.Name(id="interpreter_semantic", ctx=ast.Load())
+                value = ast.Call(func=ast.Attribute(value=semantic, attr="to_tensor",
+                                                    ctx=ast.Load()),
+                                 args=[ast.Name(id=target.id, ctx=ast.Load()),
+                                       ast.Constant(value=False)], keywords=[])
+                node.body.insert(0, ast.Assign(targets=[ast.Name(id=target.id, ctx=ast.Store())],
+                                               value=value))
+            return node
+
+    return LoopVariableRewriter

@@ -7,7 +7,10 @@ state's stash, ``CAP`` rows of ``u, g, k``, fp32 whatever the state's dtype), ``
 (one of those rows). What a launch moves, the fewest bytes it must read and write (for GB/s and
 the roofline): ``decode_bytes``, ``decodes_bytes``, ``chain_bytes`` and the carried-state verify,
 ``carry_verify_bytes`` (``carry_bytes`` at ``kd = vd``; beside it the roofline's references at
-``kd = vd``: ``fla_bytes``, ``floor_bytes``, ``frozen_bytes``).
+``kd = vd``: ``fla_bytes``, ``floor_bytes``, ``frozen_bytes``). SGLang's speculative steps
+(``pmll_lab.peers_sglang``): held per sequence ``sglang_fold_bytes_per_seq`` (its fold-every-commit
+window) and ``sglang_ring_bytes_per_seq`` (its ReplaySSM ring), moved per step
+``sglang_fold_step_bytes`` and ``sglang_ring_step_bytes``, from their rows (``sglang_*_row_bytes``).
 
 Every helper checks its arguments and raises ``ValueError`` naming the one at fault: sizes are
 ints (numpy ints too) ``>= 1`` (a batch ``>= 0``), dtypes one of fp32, bf16, fp16. Tested against
@@ -240,8 +243,139 @@ def snapshot_step_bytes(K: int, HK: int, HV: int, D: int, dtype, state_dtype, *,
     return int(hb * (1 + writes) + 2 * hb * restore_frac + step_io_bytes(K, HK, HV, D, dtype))
 
 
+# ---- SGLang's speculative steps (pmll_lab.peers_sglang) --------------------------------------
+
+SGLANG_RING_LAYOUTS = ("compact", "raw")
+"""What SGLang's ReplaySSM ring stores per row beside ``d``, the normalised ``k`` and ``g``:
+``compact`` the low parts of ``d`` and ``k`` (where the activation dtype is not fp32; its
+serving path), ``raw`` the raw ``v``, pre-norm ``k`` and ``beta`` for its exact fold."""
+
+SGLANG_CURSOR_BYTES = 9
+"""The ring's cursors per request: ``write_pos``, ``cache_base`` (int32) and ``is_flush`` (int8)."""
+
+
+def _fraction(name: str, value, maximum: float | None = None) -> float:
+    """A float ``>= 0`` (and ``<= maximum``); ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
+    if not 0.0 <= float(value) <= (float("inf") if maximum is None else maximum):
+        bound = "" if maximum is None else f" and <= {maximum}"
+        raise ValueError(f"{name}: must be >= 0{bound}, got {value}")
+    return float(value)
+
+
+def gated_row_io_bytes(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int,
+                       dtype: torch.dtype = torch.bfloat16,
+                       out_dtype: torch.dtype | None = None) -> int:
+    """Input and output bytes of one row of a launcher that forms ``g`` and ``beta`` in the
+    kernel (SGLang's, FlashInfer's): ``q, k [HK, kd]``, ``v [HV, vd]`` and the gating inputs
+    ``a, b [HV]`` in ``dtype``, ``o [HV, vd]`` in ``out_dtype`` (default ``dtype``)."""
+    hk = count("num_k_heads", num_k_heads)
+    hv, kd, vd = _heads(num_v_heads, k_dim, v_dim)
+    es = itemsize("dtype", dtype)
+    eo = itemsize("out_dtype", dtype if out_dtype is None else out_dtype)
+    return (2 * hk * kd + hv * vd + 2 * hv) * es + hv * vd * eo
+
+
+def sglang_fold_row_bytes(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int,
+                          dtype: torch.dtype = torch.bfloat16) -> int:
+    """One raw row of SGLang's fold-every-commit window (what its exact folds replay): ``v
+    [HV, vd]`` and the pre-norm ``k [HK, kd]`` in the activation ``dtype``, ``g, beta [HV]``
+    fp32."""
+    hk = count("num_k_heads", num_k_heads)
+    hv, kd, vd = _heads(num_v_heads, k_dim, v_dim)
+    return (hk * kd + hv * vd) * itemsize("dtype", dtype) + 2 * hv * 4
+
+
+def sglang_history_row_bytes(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int,
+                             dtype: torch.dtype = torch.bfloat16) -> int:
+    """One ring row as SGLang's ReplaySSM verify reads it: ``d [HV, vd]`` and the normalised
+    ``k [HK, kd]`` in the activation ``dtype``, ``g [HV]`` fp32."""
+    hk = count("num_k_heads", num_k_heads)
+    hv, kd, vd = _heads(num_v_heads, k_dim, v_dim)
+    return (hk * kd + hv * vd) * itemsize("dtype", dtype) + hv * 4
+
+
+def sglang_ring_row_bytes(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int,
+                          dtype: torch.dtype = torch.bfloat16, layout: str = "compact") -> int:
+    """One stored row of SGLang's ReplaySSM ring: the history row
+    (``sglang_history_row_bytes``) and, by ``layout`` (``SGLANG_RING_LAYOUTS``), ``compact``:
+    the low parts of ``d`` and ``k`` in ``dtype`` unless it is fp32; ``raw``: raw ``v``,
+    pre-norm ``k`` in ``dtype`` and ``beta [HV]`` fp32."""
+    if layout not in SGLANG_RING_LAYOUTS:
+        raise ValueError(f"layout: must be one of {SGLANG_RING_LAYOUTS}, got {layout!r}")
+    row = sglang_history_row_bytes(num_k_heads, num_v_heads, k_dim, v_dim, dtype)
+    lows = (int(num_k_heads) * int(k_dim) + int(num_v_heads) * int(v_dim)) * itemsize("dtype",
+                                                                                      dtype)
+    if layout == "raw":
+        return row + lows + int(num_v_heads) * 4
+    return row + (0 if dtype == torch.float32 else lows)
+
+
+def sglang_fold_bytes_per_seq(rows: int, num_k_heads: int, num_v_heads: int, k_dim: int,
+                              v_dim: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """What SGLang's fold-every-commit holds per sequence and layer beside the state: a window
+    of ``K`` raw rows (``sglang_fold_row_bytes``)."""
+    return count("rows", rows) * sglang_fold_row_bytes(num_k_heads, num_v_heads, k_dim, v_dim,
+                                                       dtype)
+
+
+def sglang_ring_bytes_per_seq(length: int, num_k_heads: int, num_v_heads: int, k_dim: int,
+                              v_dim: int, dtype: torch.dtype = torch.bfloat16,
+                              layout: str = "compact") -> int:
+    """What SGLang's ReplaySSM ring holds per sequence and layer beside the state: ``L`` rows
+    (``sglang_ring_row_bytes``) and its cursors (``SGLANG_CURSOR_BYTES``, shared by the
+    layers but counted here once per layer, as ``pend``)."""
+    return (count("length", length) * sglang_ring_row_bytes(num_k_heads, num_v_heads, k_dim,
+                                                            v_dim, dtype, layout)
+            + SGLANG_CURSOR_BYTES)
+
+
+def sglang_fold_step_bytes(rows: int, mean_accept: float, num_k_heads: int, num_v_heads: int,
+                           k_dim: int, v_dim: int, dtype: torch.dtype = torch.bfloat16,
+                           state_dtype: torch.dtype = torch.float32) -> int:
+    """The fewest bytes one step of SGLang's fold-every-commit moves per sequence and layer:
+    the state read by the verify and read and written by the fold (``3 Hb``), ``K`` raw rows
+    written and the ``mean_accept`` accepted ones read back, ``K`` rows of inputs and outputs
+    (``gated_row_io_bytes``). ``mean_accept`` in ``[0, K]``."""
+    rows = count("rows", rows)
+    acc = _fraction("mean_accept", mean_accept, rows)
+    hb = state_bytes(num_v_heads, k_dim, v_dim, state_dtype)
+    row = sglang_fold_row_bytes(num_k_heads, num_v_heads, k_dim, v_dim, dtype)
+    io = gated_row_io_bytes(num_k_heads, num_v_heads, k_dim, v_dim, dtype)
+    return int(3 * hb + row * (rows + acc) + rows * io)
+
+
+def sglang_ring_step_bytes(rows: int, fold_frac: float, mean_fill: float, mean_accept: float,
+                           num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int,
+                           dtype: torch.dtype = torch.bfloat16,
+                           state_dtype: torch.dtype = torch.float32,
+                           layout: str = "compact") -> int:
+    """The fewest bytes one step of SGLang's ReplaySSM ring moves per sequence and layer: the
+    verify reads the state and ``mean_fill`` history rows (``sglang_history_row_bytes``) and
+    writes ``K`` rows (``sglang_ring_row_bytes``); a fold (``fold_frac`` of the steps) reads
+    and writes the state once more and reads its rows, ``mean_accept`` per step on average
+    (every committed row is folded once: stored rows, or raw rows for the ``raw`` layout's exact
+    fold); ``K`` rows of inputs and outputs. ``fold_frac`` in ``[0, 1]``, ``mean_fill >= 0``,
+    ``mean_accept`` in ``[0, K]``."""
+    rows = count("rows", rows)
+    frac = _fraction("fold_frac", fold_frac, 1.0)
+    fill = _fraction("mean_fill", mean_fill)
+    acc = _fraction("mean_accept", mean_accept, rows)
+    hb = state_bytes(num_v_heads, k_dim, v_dim, state_dtype)
+    hist = sglang_history_row_bytes(num_k_heads, num_v_heads, k_dim, v_dim, dtype)
+    row = sglang_ring_row_bytes(num_k_heads, num_v_heads, k_dim, v_dim, dtype, layout)
+    folded = (sglang_fold_row_bytes(num_k_heads, num_v_heads, k_dim, v_dim, dtype)
+              if layout == "raw" else row)
+    io = gated_row_io_bytes(num_k_heads, num_v_heads, k_dim, v_dim, dtype)
+    return int(hb * (1 + 2 * frac) + hist * fill + row * rows + folded * acc + rows * io)
+
+
 __all__ = ["CARRY_CAP", "state_bytes", "snapshot_bytes", "snapshot_bytes_per_slot",
            "stash_row_bytes", "stash_bytes_per_slot", "carry_stash_bytes", "row_io_bytes",
            "decode_bytes", "chain_bytes", "decodes_bytes", "carry_verify_bytes", "carry_bytes",
            "fla_bytes", "floor_bytes", "frozen_bytes", "step_io_bytes", "carry_step_bytes",
-           "ring_step_bytes", "snapshot_step_bytes"]
+           "ring_step_bytes", "snapshot_step_bytes", "SGLANG_RING_LAYOUTS",
+           "SGLANG_CURSOR_BYTES", "gated_row_io_bytes", "sglang_fold_row_bytes",
+           "sglang_history_row_bytes", "sglang_ring_row_bytes", "sglang_fold_bytes_per_seq",
+           "sglang_ring_bytes_per_seq", "sglang_fold_step_bytes", "sglang_ring_step_bytes"]

@@ -11,8 +11,15 @@ state each form stands for (its stored state with its pending rows or ring folde
 - ``plain_decode`` on a bf16 state: ``gdn_decode`` once per accepted token (padding lanes for
   sequences that accepted fewer rows), the same numbers by that exactness, run here to show it;
 - ``ring`` on a bf16 and on an fp32 state (the tolerance form);
-- ``flashinfer_replayssm`` on a bf16 state where FlashInfer runs, and SGLang's ReplaySSM ring
-  and fold-every-commit carried state where SGLang's kernels load (``DRIFT_FORMS``).
+- ``flashinfer_replayssm`` on a bf16 state where FlashInfer runs;
+- SGLang's forms where its kernels load (``pmll_lab.harness.step_sglang``), on a bf16 and an
+  fp32 state: ``sglang_replayssm`` (its ring, materialised from compact rows),
+  ``sglang_replayssm_rawfold`` (its ring with the exact fold of the raw rows at a flush: the
+  stored state is the recurrence's own, rounded once per flush) and ``sglang_exact_fold`` (its
+  fold-every-commit).
+
+Each form runs on its own copy of the case's inputs, so adding or dropping a form leaves the
+others' rows as they were.
 
 Returns tidy rows (``form, state_dtype, step, tokens, metric, value``).
 """
@@ -29,8 +36,10 @@ from pmll_lab.harness.step import StepCase
 
 DRIFT_FORMS = (("exact_lazy", torch.bfloat16), ("plain_decode", torch.bfloat16),
                ("ring", torch.bfloat16), ("ring", torch.float32),
-               ("flashinfer_replayssm", torch.bfloat16), ("sglang_replayssm", torch.bfloat16),
-               ("sglang_replayssm", torch.float32), ("sglang_exact_fold", torch.float32))
+               ("flashinfer_replayssm", torch.bfloat16),
+               *((f, sd) for f in ("sglang_replayssm", "sglang_replayssm_rawfold",
+                                   "sglang_exact_fold")
+                 for sd in (torch.bfloat16, torch.float32)))
 """``(implementation, state dtype)`` pairs the study runs where registered, available here and
 taking the case (``pmll_lab.harness.registry``)."""
 
@@ -59,8 +68,10 @@ def drift_study(*, batch: int = 4, steps: int = 1390, rows: int = 4, num_k_heads
         if form not in registry.names("gdn_step"):
             continue
         impl = registry.get(form)
+        if impl.unavailable() is not None:         # not here (SGLang absent): no case drawn
+            continue
         case = StepCase(state_dtype=sd, **kw)
-        if impl.unavailable() is None and impl.unsupported(case) is None:
+        if impl.unsupported(case) is None:
             runs.append((form, sd, impl.build(case)))
     marks = {int(round(steps * (j + 1) / checkpoints)) - 1 for j in range(checkpoints)}
     acc_all = ref_case.tensors["accepted"]

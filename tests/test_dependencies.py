@@ -4,7 +4,9 @@ declared there and explained in README).
 For every package: the same version bounds wherever ``pyproject.toml`` lists it (a bound in
 ``models`` but none in ``dev`` would let ``make test`` install an untested major version), the
 README row states those bounds, and the row's extras are the ones that carry the package (a row
-with no extra: the core dependencies).
+with no extra: the core dependencies). A row whose notes say ``--no-deps`` is a package installed
+by hand without its dependencies (pip's extras cannot say that): it must not be in
+``pyproject.toml`` and must name its exact version.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def _declared():
 
 
 def _readme_rows(extras):
-    """``[(package, spec or None, {extras named in the row})]`` from the README table."""
+    """``[(package, spec or None, {extras named in the row}, installed by hand with
+    --no-deps)]`` from the README table."""
     text = (ROOT / "README.md").read_text()
     section = text.split("## Dependencies", 1)[1].split("\n## ", 1)[0]
     rows = []
@@ -48,13 +51,18 @@ def _readme_rows(extras):
         assert not item.sub("", names).strip(" ,"), f"README Dependencies: cannot read {cell!r}"
         for m in item.finditer(names):
             pkg = canonicalize_name(Requirement(m.group(1)).name)
-            rows.append((pkg, m.group(2), named))
+            rows.append((pkg, m.group(2), named, "--no-deps" in notes))
     return rows
 
 
 def test_readme_dependencies_match_pyproject():
     declared, extras = _declared()
     rows = _readme_rows(extras)
+    for pkg, spec, named, by_hand in [r for r in rows if r[3]]:
+        assert pkg not in declared, f"{pkg}: README says --no-deps, but pyproject.toml lists it"
+        assert spec and spec.startswith("==") and not named, \
+            f"{pkg}: a --no-deps row names its exact version and no extra"
+    rows = [r[:3] for r in rows if not r[3]]
     for pkg, d in declared.items():
         assert len(d["specs"]) == 1, f"{pkg}: different bounds in pyproject.toml: {d['specs']}"
         spec = next(iter(d["specs"]))

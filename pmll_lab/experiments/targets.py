@@ -267,8 +267,8 @@ def setup() -> None:
 
 
 def about(peers: bool = False) -> str:
-    """One line of provenance: device, versions, commit; with ``peers`` what FLA and
-    FlashInfer are here."""
+    """One line of provenance: device, versions, commit; with ``peers`` what FLA, FlashInfer
+    and SGLang are here."""
     from pmll_lab.backend import environment
 
     env = environment()
@@ -276,7 +276,8 @@ def about(peers: bool = False) -> str:
             f"commit {env['commit']}.")
     if peers:
         from pmll_lab.peers import fla_available, flashinfer_status
+        from pmll_lab.peers_sglang import sglang_status
 
-        line += (f" {flashinfer_status()}; FLA fused_recurrent: "
+        line += (f" {flashinfer_status()}; {sglang_status()}; FLA fused_recurrent: "
                  f"{'yes' if fla_available() else 'no (needs a GPU and fla-core)'}.")
     return line
