@@ -405,3 +405,19 @@ def copy_indices(src, dst, slots: int, device) -> tuple[torch.Tensor, torch.Tens
     if both:
         raise ValueError(f"dst: slot {min(both)} is also in src")
     return s_idx, d_idx
+
+
+def engaged_flags(batch: int, rows: int, device) -> torch.Tensor:
+    """The ``engaged [batch]`` int32 flags of a verify of ``rows`` draft rows (uninitialised:
+    its kernel writes them), tagged with ``rows`` (``verify_rows``): an accept given these
+    flags bounds the accepted counts by the verify's ``K`` even when not told ``rows=``
+    (``accepted_bound``), so a count above ``K`` never reaches the commit unseen."""
+    flags = torch.empty(batch, dtype=torch.int32, device=device)
+    flags.verify_rows = rows
+    return flags
+
+
+def accepted_bound(rows, engaged):
+    """The most rows an accept may take: ``rows`` as given, else the ``K`` of the verify that
+    returned ``engaged`` (``engaged_flags``), else None (the caller's capacity bound)."""
+    return rows if rows is not None else getattr(engaged, "verify_rows", None)
