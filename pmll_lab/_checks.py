@@ -355,19 +355,28 @@ def host_indices(name: str, idx, size: int, *, padding: bool = True) -> None:
         indices_values(name, idx, size, distinct=False, padding=padding)
 
 
-def nothing_pending(name: str, pend: torch.Tensor, state_indices, batch: int) -> None:
+def nothing_pending(name: str, pend: torch.Tensor, state_indices, batch: int, *,
+                    written: bool = False) -> None:
     """No lane of a plain launch (decode, chain, conv update) reads a slot whose carried-state
     stash still holds accepted rows not folded into the stored state (``pend [S] > 0``;
     ``state_indices``: the lanes' slots, -1 padding, ``None`` for ``arange(batch)``). Such a
     slot's stored state lags its sequence by those rows, so a plain launch on it starts from
-    a stale state and silently gives wrong outputs and a wrong state. ``ValueError`` naming
-    ``name``; one device sync (``validate=True`` only)."""
+    a stale state and silently gives wrong outputs and a wrong state. ``written``: the slots
+    are the launch's write slots (``out_state_indices``: a fork's target), whose pending rows
+    belong to the state about to be replaced: the next verify would fold them into the new
+    one. ``ValueError`` naming ``name``; one device sync (``validate=True`` only)."""
     read = (torch.arange(batch, device=pend.device) if state_indices is None
             else state_indices.long().to(pend.device))
     slots = read[read >= 0]
     held = pend[slots]
     if bool((held > 0).any()):
         i = int((held > 0).nonzero()[0])
+        if written:
+            raise ValueError(
+                f"{name}: write slot {int(slots[i])} holds {int(held[i])} accepted carry rows of "
+                "the state this launch replaces: the next verify would fold them into the new "
+                "state; reset that slot's carry first (GdnCarry.reset), or fork whole slots "
+                "with SpecDecodeStep.copy_slots")
         raise ValueError(
             f"{name}: slot {int(slots[i])} holds {int(held[i])} accepted carry rows not yet "
             "folded into its state: a plain launch there would start from a stale state; fold "

@@ -277,6 +277,27 @@ def test_a_slot_forked_while_it_holds_pending_rows_continues_as_its_source(layou
     plain.check(step, [0, 1, 3], "end")
 
 
+def test_a_decode_forking_into_a_slot_with_pending_rows_is_refused():
+    """``gdn_decode(out_state_indices=...)`` (a fork through a decode) into a slot whose carry
+    holds pending rows of the state it would replace: refused with ``carry=`` and
+    ``validate=True``, naming ``carry.pend`` and the slot, nothing written; into a slot with
+    none it runs."""
+    x = gdn_inputs(735, 1, HK, HV, KD, VD, slots=S, dtype=F32)
+    carry = GdnCarry.empty(S, HV, KD, VD)
+    carry.pend[3] = 2
+    state = x["state"].clone()
+    args = (state, x["q"], x["k"], x["v"], x["g"], x["beta"])
+    src = torch.tensor([0], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^carry\.pend: write slot 3 holds 2 accepted carry "
+                                         r"rows of the state this launch replaces"):
+        gdn_decode(*args, state_indices=src, carry=carry, validate=True,
+                   out_state_indices=torch.tensor([3], dtype=torch.int32, device=DEVICE))
+    assert bitwise_equal(state, x["state"])
+    gdn_decode(*args, state_indices=src, carry=carry, validate=True,
+               out_state_indices=torch.tensor([4], dtype=torch.int32, device=DEVICE))
+    assert not bitwise_equal(state[4], x["state"][4]) and bitwise_equal(state[0], x["state"][0])
+
+
 def test_a_ring_slot_forked_while_it_holds_rows_verifies_as_its_source():
     """The ring form: slot 1 holds accepted ring rows (``len > 0``); ``GdnRing.copy_slots``
     with the state copied beside it gives slot 4 the same window, so one verify of both on the

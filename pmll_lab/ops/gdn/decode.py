@@ -258,7 +258,8 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
         validate: also check values (device sync): ``state_indices`` in ``[0, S)`` and distinct,
             or -1, ``g <= 0`` and ``beta`` in ``[0, 1]`` on the lanes that are not padding
             (a padding lane's gates are never used), and with ``carry`` that no slot decoded
-            holds pending carry rows. A slot of -1 marks a padding lane (vLLM's
+            (read, or written through ``out_state_indices``) holds pending carry rows. A slot
+            of -1 marks a padding lane (vLLM's
             ``PAD_SLOT_ID``): its outputs are zeros and no state is read or written for it.
             Slot tables on the host (a CPU run) are range-checked always (free there); on a GPU
             other out-of-range slots are undefined behaviour without ``validate``.
