@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="run folder under reports/ (default latest, git-ignored); "
                      "e.g. h200-2026-11-29 for a run to commit")
     rep.add_argument("--resume", action="store_true",
-                     help="keep the notebooks' earlier results so sweeps skip the points done")
+                     help="keep the notebooks' earlier results so sweeps skip the points done "
+                     "(points stored at another commit run again, unless --keep-other-commits)")
     rep.add_argument("--keep-other-commits", action="store_true",
                      help="with --resume: reuse stored points of another git commit instead of "
                      "running them again (the pages and the index name their commit)")

@@ -374,19 +374,28 @@ def host_indices(name: str, idx, size: int, *, padding: bool = True) -> None:
         indices_values(name, idx, size, distinct=True, padding=padding)
 
 
-def nothing_pending(name: str, pend: torch.Tensor, state_indices, batch: int) -> None:
+def nothing_pending(name: str, pend: torch.Tensor, state_indices, batch: int, *,
+                    written: bool = False) -> None:
     """No lane of a plain launch (decode, chain, conv update) reads a slot whose carried-state
     stash still holds accepted rows not folded into the stored state (``pend [S] > 0``;
     ``state_indices``: the lanes' slots, -1 padding, ``None`` for ``arange(batch)``). Such a
     slot's stored state lags its sequence by those rows, so a plain launch on it starts from
-    a stale state and silently gives wrong outputs and a wrong state. ``ValueError`` naming
-    ``name``; one device sync (``validate=True`` only)."""
+    a stale state and silently gives wrong outputs and a wrong state. ``written``: the slots
+    are the launch's write slots (``out_state_indices``: a fork's target), whose pending rows
+    belong to the state about to be replaced: the next verify would fold them into the new
+    one. ``ValueError`` naming ``name``; one device sync (``validate=True`` only)."""
     read = (torch.arange(batch, device=pend.device) if state_indices is None
             else state_indices.long().to(pend.device))
     slots = read[read >= 0]
     held = pend[slots]
     if bool((held > 0).any()):
         i = int((held > 0).nonzero()[0])
+        if written:
+            raise ValueError(
+                f"{name}: write slot {int(slots[i])} holds {int(held[i])} accepted carry rows of "
+                "the state this launch replaces: the next verify would fold them into the new "
+                "state; reset that slot's carry first (GdnCarry.reset), or fork whole slots "
+                "with SpecDecodeStep.copy_slots")
         raise ValueError(
             f"{name}: slot {int(slots[i])} holds {int(held[i])} accepted carry rows not yet "
             "folded into its state: a plain launch there would start from a stale state; fold "
@@ -482,3 +491,19 @@ def copy_indices(src, dst, slots: int, device) -> tuple[torch.Tensor, torch.Tens
     if both:
         raise ValueError(f"dst: slot {min(both)} is also in src")
     return s_idx, d_idx
+
+
+def engaged_flags(batch: int, rows: int, device) -> torch.Tensor:
+    """The ``engaged [batch]`` int32 flags of a verify of ``rows`` draft rows (uninitialised:
+    its kernel writes them), tagged with ``rows`` (``verify_rows``): an accept given these
+    flags bounds the accepted counts by the verify's ``K`` even when not told ``rows=``
+    (``accepted_bound``), so a count above ``K`` never reaches the commit unseen."""
+    flags = torch.empty(batch, dtype=torch.int32, device=device)
+    flags.verify_rows = rows
+    return flags
+
+
+def accepted_bound(rows, engaged):
+    """The most rows an accept may take: ``rows`` as given, else the ``K`` of the verify that
+    returned ``engaged`` (``engaged_flags``), else None (the caller's capacity bound)."""
+    return rows if rows is not None else getattr(engaged, "verify_rows", None)

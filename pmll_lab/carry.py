@@ -36,6 +36,16 @@ first (``gdn_carry_flush`` / ``conv_carry_flush``, then clear ``pend``; ``SpecDe
 does both) or keep verifying with the carry. Passed as ``carry=`` with ``validate=True``, those
 launchers refuse such a slot.
 
+**A fork copies the pending rows too.** A slot copied for prefix caching or a forked request
+while it holds pending rows needs its stash and ``pend`` copied with its state:
+``SpecDecodeStep.copy_slots`` copies every layer's slot whole (``GdnCarry``, ``ConvCarry`` and
+``GdnRing`` each have ``copy_slots`` for their part); a decode forking into a slot
+(``out_state_indices``) is refused by ``validate=True`` where that slot still holds rows.
+
+**A verify stopped part-way** (Ctrl-C in the interpreter, a killed kernel) leaves the split
+verify's arrival counts above zero: ``GdnCarry.reset`` and ``SpecDecodeStep.abort`` / ``reset``
+zero them; ``abort`` says which slots it could not keep (a write-back half done).
+
 The float64 reference of the protocol is ``pmll_lab.reference.carry``.
 """
 

@@ -277,6 +277,27 @@ def test_a_slot_forked_while_it_holds_pending_rows_continues_as_its_source(layou
     plain.check(step, [0, 1, 3], "end")
 
 
+def test_a_decode_forking_into_a_slot_with_pending_rows_is_refused():
+    """``gdn_decode(out_state_indices=...)`` (a fork through a decode) into a slot whose carry
+    holds pending rows of the state it would replace: refused with ``carry=`` and
+    ``validate=True``, naming ``carry.pend`` and the slot, nothing written; into a slot with
+    none it runs."""
+    x = gdn_inputs(735, 1, HK, HV, KD, VD, slots=S, dtype=F32)
+    carry = GdnCarry.empty(S, HV, KD, VD)
+    carry.pend[3] = 2
+    state = x["state"].clone()
+    args = (state, x["q"], x["k"], x["v"], x["g"], x["beta"])
+    src = torch.tensor([0], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^carry\.pend: write slot 3 holds 2 accepted carry "
+                                         r"rows of the state this launch replaces"):
+        gdn_decode(*args, state_indices=src, carry=carry, validate=True,
+                   out_state_indices=torch.tensor([3], dtype=torch.int32, device=DEVICE))
+    assert bitwise_equal(state, x["state"])
+    gdn_decode(*args, state_indices=src, carry=carry, validate=True,
+               out_state_indices=torch.tensor([4], dtype=torch.int32, device=DEVICE))
+    assert not bitwise_equal(state[4], x["state"][4]) and bitwise_equal(state[0], x["state"][0])
+
+
 def test_a_ring_slot_forked_while_it_holds_rows_verifies_as_its_source():
     """The ring form: slot 1 holds accepted ring rows (``len > 0``); ``GdnRing.copy_slots``
     with the state copied beside it gives slot 4 the same window, so one verify of both on the
@@ -304,6 +325,8 @@ def test_a_ring_slot_forked_while_it_holds_rows_verifies_as_its_source():
                              both["beta"], slot_tab=pair)
     assert eng.cpu().tolist() == [2, 2]                        # 6 + 3 > 8: both fold
     assert bitwise_equal(o[0], o[1]) and bitwise_equal(state[1], state[4])
+    with pytest.raises(ValueError, match=r"^accepted: .*\[0, 3\]"):      # a > K = 3, untold
+        ring_accept(ring, pair, eng, torch.tensor([4, 1], dtype=torch.int32, device=DEVICE))
 
 
 @LAYOUTS
@@ -338,9 +361,10 @@ def test_a_partial_reject_then_full_accepts_and_plain_decodes_equal_plain_decodi
 def test_accepted_counts_above_k_never_reach_the_commit():
     """``a > K`` after a K = 2 verify: the driver refuses host ints and CPU tensors always and
     a device tensor with ``validate=True`` (without it a device tensor's values would need a
-    sync per step: the documented choice), naming ``accepted``, with every ``pend`` unchanged;
-    ``carry_accept`` refuses it whenever told ``rows=K``. The step then accepts valid counts.
-    (This held before these checks were added.)"""
+    sync per step: the documented choice), naming ``accepted``, with every ``pend`` unchanged
+    (this held before). ``carry_accept`` refuses it told ``rows=K``, and now also untold: the
+    verify's ``engaged`` flags carry its ``K`` (before, only ``a <= CAP`` was checked there).
+    The step then accepts valid counts."""
     step, _ = _stack(770, "kv", lazy_min_seqs=None)
     step.verify([1, 2], _inputs(771, 2, 4))
     step.accept([4, 4])
@@ -356,6 +380,9 @@ def test_accepted_counts_above_k_never_reach_the_commit():
     slot_t = torch.tensor([1, 2], dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match=r"^accepted: entries must lie in \[0, 2\]"):
         carry_accept(carries, slot_t, step.engaged[0], [3, 0], rows=2)
+    with pytest.raises(ValueError, match=r"^accepted: entries must lie in \[0, 2\]"):
+        carry_accept(carries, slot_t, step.engaged[0], [3, 0])
+    assert all(bitwise_equal(c.pend, p) for c, p in zip(carries, pends))
     step.accept([2, 1])
     assert [int(c.pend[1]) for c in carries] == [2] * len(carries)
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
+from pmll_lab.backend import INTERPRET
 
 pytest.importorskip("transformers", reason="the models extra needs transformers")
 
@@ -209,3 +210,54 @@ def test_prefill_refused_for_max_len_leaves_the_live_slot_as_it_was(form):
         return c.decode([0], nxt)
 
     assert torch.equal(run(True), run(False))
+
+
+@pytest.mark.skipif(not INTERPRET, reason="a verify stopped part-way: the Triton interpreter "
+                    "runs a kernel's programs one by one (on a GPU the process dies)")
+def test_a_verify_stopped_part_way_drops_only_the_sequences_it_may_have_broken(monkeypatch):
+    """Ctrl-C inside the first GDN layer's verify of an eager step, after its first program (a
+    block of slot 0's state written back): slot 0 (pending rows, a write-back half done) holds
+    no sequence afterwards until its next prefill, then runs as new; slot 1 (nothing pending:
+    nothing of its state written) decodes on, bitwise as in a run never interrupted."""
+    from triton.runtime import interpreter
+
+    from pmll_lab.serving import spec_decode_step
+
+    p0, p1, rows0, rows, nxt = _ids(61, 3), _ids(62, 2), _ids(63, 1, 3), _ids(64, 2, 3), \
+        _ids(65, 1)
+    real, builder = spec_decode_step.gdn_carry_verify, interpreter.interpreter_builder
+
+    def stopped(*args, **kw):
+        ran = []
+
+        def stop(*idx):                          # Ctrl-C once the first program has run
+            if ran:
+                raise KeyboardInterrupt
+            ran.append(idx)
+            return run_program(*idx)
+
+        run_program, builder.set_grid_idx = builder.set_grid_idx, stop
+        try:
+            return real(*args, **kw)
+        finally:
+            del builder.set_grid_idx
+
+    def run(stop: bool):
+        c = _cache("exact", slots=2, lazy_min_seqs=None)
+        c.prefill(0, p0)
+        c.verify([0], rows0)
+        c.accept([2])                                   # slot 0: 2 rows pending
+        c.prefill(1, p1)
+        if stop:
+            monkeypatch.setattr(spec_decode_step, "gdn_carry_verify", stopped)
+            with pytest.raises(KeyboardInterrupt):
+                c.verify([0, 1], rows)
+            monkeypatch.undo()
+            with pytest.raises(ValueError, match=r"^slots: slot\(s\) \[0\] hold no sequence"):
+                c.decode([0], nxt)
+        out = c.decode([1], nxt)
+        c.prefill(0, p0)                                # the dropped sequence starts again
+        return out, c.decode([0], nxt)
+
+    (got1, got0), (ref1, ref0) = run(True), run(False)
+    assert torch.equal(got1, ref1) and torch.equal(got0, ref0)

@@ -197,5 +197,5 @@ def _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale
                                    validate, eager_max_pending, layout, gating, use_qk_l2norm)
     HV, vd = state.shape[1], head_dims(state.shape, layout)[1]
     o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
-    return scale, o, torch.empty(B, dtype=torch.int32, device=v.device)
+    return scale, o, _checks.engaged_flags(B, K, v.device)
 

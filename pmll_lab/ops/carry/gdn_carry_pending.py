@@ -149,9 +149,10 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
     int32/int64; ``engaged [B]`` int32 as the verify returned it; ``accepted [B]`` int32/int64
     on the same device, or a list of ints (copied to the device; floats are rejected). The three
     index tensors must be contiguous (read at offset ``b``). Raises ``ValueError`` naming the
-    argument. ``rows``: the verify's ``K``. Host ints are always checked to lie in ``[0, K]``
-    (``[0, CAP]`` without ``rows``): no sync needed, and an ``a > K`` would count stale stash
-    rows of an earlier step as pending. That check does not bound the sum: ``pend + a`` past
+    argument. ``rows``: the verify's ``K``; default: the ``K`` of the verify that returned
+    ``engaged`` (the launchers' flags carry it; ``CAP`` for flags made otherwise). Host ints
+    are always checked to lie in ``[0, K]``: no sync needed, and an ``a > K`` would count
+    stale stash rows of an earlier step as pending. That check does not bound the sum: ``pend + a`` past
     ``CAP`` (a lazy verify accepted on a carry that was not flushed when it should have been)
     goes unseen without ``validate``, and the next verify would fold more rows than the stash
     holds; ``SpecDecodeStep`` keeps every slot within ``CAP`` by its flushes.
@@ -176,6 +177,7 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
     B = slot_tab.shape[0]
     if rows is not None:
         _checks.positive_int("rows", rows)
+    rows = _checks.accepted_bound(rows, engaged)
     if not isinstance(accepted, torch.Tensor):
         # host ints: their range costs no sync, so it is checked whatever ``validate`` says
         acc = _checks.int_list("accepted", accepted)

@@ -357,7 +357,7 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
                                 state_layout, gating, use_qk_l2norm)
     S, HV, vd, kd = state.shape
     o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
-    engaged = torch.empty(B, dtype=torch.int32, device=v.device)
+    engaged = _checks.engaged_flags(B, K, v.device)
     if B == 0:
         return o, engaged
     gate = (gating.A_log, gating.dt_bias) if gating is not None else (state, state)
@@ -400,8 +400,9 @@ def ring_accept(rings, slot_tab, engaged, accepted, *, rows=None, validate=False
 
     ``slot_tab [B]``, ``engaged [B]`` int32 as the verify returned it, ``accepted [B]``
     int32/int64 (``0 <= a <= K``), all contiguous on the rings' device. ``rows``: the verify's
-    ``K``; given, ``a <= K`` is checked with the rest (without it only ``a <= R`` can be: an
-    ``a`` above ``K`` would take rows the verify never wrote into the window). ``validate=True``
+    ``K``; default: the ``K`` of the verify that returned ``engaged`` (its flags carry it), so
+    ``a <= K`` is checked with the rest (with neither only ``a <= R`` can be: an ``a`` above
+    ``K`` would take rows the verify never wrote into the window). ``validate=True``
     checks slots, ``engaged`` in {1, 2}, the accepted counts and that no ``len`` leaves
     ``[0, R]`` (a sync); with every table on the host (every CPU run) the same checks run
     whatever ``validate`` says. ``impl``: ``"triton"`` only. Raises ``ValueError`` naming the
@@ -417,6 +418,7 @@ def ring_accept(rings, slot_tab, engaged, accepted, *, rows=None, validate=False
     _checks.flag("validate", validate)
     if rows is not None:
         _checks.positive_int("rows", rows, maximum=rings[0].length)
+    rows = _checks.accepted_bound(rows, engaged)
     if B > rings[0].slots:
         raise ValueError(f"slot_tab: {B} sequences but only {rings[0].slots} slots")
     _host_slots(slot_tab, rings[0].slots)

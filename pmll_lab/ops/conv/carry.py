@@ -232,7 +232,7 @@ def conv_carry_verify(conv_state, conv_carry: ConvCarry, x, weight, bias=None, *
         activation=activation, qk_channels=qk_channels, head_dim=head_dim, l2_eps=l2_eps,
         out_dtype=out_dtype, validate=validate)
     y = torch.empty(B, K, dim, dtype=out_dtype, device=x.device)
-    engaged = torch.empty(B, dtype=torch.int32, device=x.device)
+    engaged = _checks.engaged_flags(B, K, x.device)
     if B == 0:
         return y, engaged
     W, WP, ROWS, num_warps = conv_block_config(dim, head_dim)

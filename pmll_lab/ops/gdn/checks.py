@@ -104,6 +104,8 @@ def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtyp
         C.finite_slots("state", state, C.live_slots(state_indices, B, state.device))
         if carry is not None:
             C.nothing_pending("carry.pend", carry.pend, state_indices, B)
+            if out_state_indices is not None:     # a fork's target: its own rows are stale
+                C.nothing_pending("carry.pend", carry.pend, out_state_indices, B, written=True)
     return B, (lead[1] if rows else 1), HK, HV, kd, vd
 
 
