@@ -263,11 +263,12 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
             docs/layouts.md, "validate=True"): ``state_indices`` in ``[0, S)`` and distinct, or -1;
             on the lanes that are not padding (a padding lane's rows are never read) ``q, k, v``,
             ``beta`` and the gating inputs finite, ``g <= 0`` (``-inf`` allowed) and ``beta`` in
-            ``[0, 1]``; the states read finite; and with ``carry`` that no slot decoded
-            (read, or written through ``out_state_indices``) holds pending carry rows. A slot of -1 marks a padding lane (vLLM's ``PAD_SLOT_ID``): its
-            outputs are zeros and no state is read or written for it. Slot tables on the host (a CPU
-            run) are checked always, range and distinct (free there); on a GPU a bad slot table is
-            undefined behaviour without ``validate``.
+            ``[0, 1]``; the states read finite; and with ``carry`` that no slot decoded (read,
+            or written through ``out_state_indices``) holds pending carry rows. A slot of -1
+            marks a padding lane (vLLM's ``PAD_SLOT_ID``): its outputs are zeros and no state is
+            read or written for it. Slot tables on the host (a CPU run) are checked always,
+            range and distinct (free there); on a GPU a bad slot table is undefined behaviour
+            without ``validate``.
         state_layout: ``"vk"`` (default) or ``"kv"``
             (``pmll_lab.ops.gdn.recurrence.STATE_LAYOUTS``). ``"vk"`` runs
             ``gdn_rows_vk_kernel`` (a few value rows per program, tile from ``vk_config``),
