@@ -75,7 +75,7 @@ def test_import_switches_refuse_a_value_other_than_0_or_1():
         assert f"{name}: expected 0 or 1 (or unset), got 'off'" in proc.stderr
     proc = _python("import pmll_lab.ops.settings as s; print(s.gdn().packed_state_tile)",
                    PMLL_LAB_DEVICE="cpu", PMLL_LAB_PACKED_STATE_TILE="")
-    assert proc.returncode == 0 and proc.stdout.split() == ["False"], proc.stderr
+    assert proc.returncode == 0 and proc.stdout.split() == ["True"], proc.stderr   # the default
 
 
 def test_an_empty_device_request_means_auto():

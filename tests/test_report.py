@@ -211,7 +211,7 @@ def test_a_notebook_with_some_failed_points_says_so_on_the_index(tmp_path):
     page = index_html(manifest, run_dir=tmp_path / "reports" / "latest")
     assert "all ok" not in page and "1 sweep point(s) failed" in page
     assert "1 of 3 sweep points failed" in page
-    assert "Kernel switches fixed at import" in page and "packed_state_tile=0" in page
+    assert "Kernel switches fixed at import" in page and "packed_state_tile=1" in page
     assert failed_points(tmp_path / "reports" / "latest" / "results" / "some") == (1, 3)
 
 

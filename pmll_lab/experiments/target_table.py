@@ -1,8 +1,9 @@
 """The one table of speculative-step targets, keyed by registry names (``pmll_lab.harness``).
 
 Each row is a ``targets.Target`` over the step sweeps' rows (``metric="step_us"``, ``K = 4``,
-one headline row per ``B``) with the notebooks whose headline shows it (``reports``); a report
-takes its rows with ``for_report(notebook)``. ``bound=None``: the figure is reported, not judged.
+one headline row per ``B``) with the notebooks whose headline shows it (``reports``; carry_step,
+the step's own notebook, shows every one); a report takes its rows with
+``for_report(notebook)``. ``bound=None``: the figure is reported, not judged.
 Every target compares rows of one run on one device; a peer's row is the fastest of its
 versions in that run.
 """
@@ -23,7 +24,8 @@ def step_target(text: str, ours: str, peer: str, bound: float | None, *, reports
     against ``peer`` at ``state_dtype`` (ours at ``ours_dtype`` where given)."""
     return Target(text, {"form": ours, "state_dtype": ours_dtype or state_dtype},
                   {"form": peer, "state_dtype": state_dtype}, bound,
-                  where={"K": 4, "B": list(Bs)}, per=("B",), metric="step_us", reports=reports)
+                  where={"K": 4, "B": list(Bs)}, per=("B",), metric="step_us",
+                  reports=tuple(dict.fromkeys(reports + (STEP,))))
 
 
 F32 = "float32"

@@ -118,16 +118,16 @@ class GdnSettings:
     environment before ``pmll_lab`` is imported switches it (default: on a GPU)."""
 
     packed_state_tile: bool = _row(
-        env_flag("PMLL_LAB_PACKED_STATE_TILE", False), check="flag", when="import",
+        env_flag("PMLL_LAB_PACKED_STATE_TILE", True), check="flag", when="import",
         why="a bf16/fp16 tile held as 2-byte pairs between rows takes half the registers (the "
-            "V-major verify, B = 64, sm_90: 228 -> 168, one instruction in a hundred more); same "
-            "bits; not yet timed on a GPU, so off",
+            "V-major verify, B = 64, sm_90: 228 -> 168); the exact lazy step 8 % faster at "
+            "B = 64 and 128 (bf16 pool, H100); a decode never packs (it lost 3.4 -> 5.1 us at "
+            "B = 1 when it did); same bits",
         see="perf-notes 'bf16 state pools'")
     """The exact family (chain, exact carry verify, folds, flush) holds a 2-byte state tile in
     its own type between rows (``recurrence.round_to_state``, ``state_tile``); a decode (one
-    row) widens its tile once whatever this says;
-    ``PMLL_LAB_PACKED_STATE_TILE=1`` in the environment before ``pmll_lab`` is imported switches
-    it on (default off)."""
+    row) widens its tile once whatever this says; ``PMLL_LAB_PACKED_STATE_TILE=0`` in the
+    environment before ``pmll_lab`` is imported switches it off (default on)."""
 
     compact_qk: bool = _row(
         env_flag("PMLL_LAB_COMPACT_QK", False), check="flag", when="import",
