@@ -50,8 +50,9 @@ def failed_row(base: Mapping, metric: str, exc: BaseException, **extra) -> dict:
 def replay_guard(run) -> callable:
     """A ``bench.time_cuda_graph`` guard for ``run`` (``outputs()``, ``cursors()``): before the
     timed replays, poison every float output with NaN, replay once, and require every output
-    finite again (the graph rewrote it) and, where the run has cursors, at least one cursor
-    changed (the captured steps advanced them: a ring whose cursor never moves times no fold).
+    finite again (the graph rewrote it) and, where the run names what it advances (cursors, its
+    state pool), at least one of them changed (the captured steps ran: a ring whose cursor and
+    state never move times no commit and no fold).
     Raises ``RuntimeError`` saying which; returns ``{"outputs_rewritten": n, "cursors_advanced":
     True/None}``."""
     def guard(replay):
@@ -69,7 +70,7 @@ def replay_guard(run) -> callable:
         if before:
             moved = any(not torch.equal(b, c) for b, c in zip(before, run.cursors()))
             if not moved:
-                raise RuntimeError("the captured steps did not advance the cursors")
+                raise RuntimeError("the captured steps advanced neither cursor nor state")
         return {"outputs_rewritten": len(outs), "cursors_advanced": moved}
     return guard
 

@@ -136,8 +136,8 @@ class StepForm:
     ``N`` (graph-capturable: the timed unit). ``effective_state(b)``: the float64 K-major state
     ``[HV, kd, vd]`` that sequence ``b``'s slot stands for. ``folds_when(fill, K)``: the fold or
     write-back rule the cursors must follow (None: no cursor), audited in the check run against
-    the accepted counts; ``cursors()``: the tensors a step advances (a timed graph replay must
-    change them). ``bytes_held``: bytes held per sequence to roll back or replay."""
+    the accepted counts; ``cursors()``: what a step advances, its cursors and its state pool (a
+    timed graph replay must change at least one of them). ``bytes_held``: bytes held per sequence to roll back or replay."""
 
     def __init__(self, name: str, case: StepCase, step: Callable, effective_state: Callable,
                  bytes_held: int, *, folds_when: Callable | None = None,

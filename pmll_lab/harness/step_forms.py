@@ -58,7 +58,7 @@ def build_exact(case: StepCase, *, lazy: bool, impl: str = "triton", name: str =
 
     rule = folds_when_full(GDN_CARRY_CAP) if lazy else folds_when_pending()
     return StepForm(name, case, step, effective, carry.stash_bytes_per_slot + 4,
-                    folds_when=rule, cursors=lambda: [carry.pend])
+                    folds_when=rule, cursors=lambda: [carry.pend, state])
 
 
 def build_ring(case: StepCase, name: str = "ring") -> StepForm:
@@ -80,7 +80,7 @@ def build_ring(case: StepCase, name: str = "ring") -> StepForm:
                     lambda b: ref_ring.ring_state(kv64(b), ref_ring.RefRing.from_ring(ring),
                                                   int(slots[b])),
                     ring.bytes_per_slot, folds_when=folds_when_full(case.ring_length),
-                    cursors=lambda: [ring.len, ring.base])
+                    cursors=lambda: [ring.len, ring.base, state])
 
 
 def build_chain_restore(case: StepCase, name: str = "chain_restore") -> StepForm:
@@ -97,7 +97,7 @@ def build_chain_restore(case: StepCase, name: str = "chain_restore") -> StepForm
         return o, None, None
 
     return StepForm(name, case, step, _kv64(state, slots),
-                    sizes.snapshot_bytes(K, HV, d, d, case.state_dtype))
+                    sizes.snapshot_bytes(K, HV, d, d, case.state_dtype), cursors=lambda: [state])
 
 
 def build_plain(case: StepCase, impl: str = "triton", name: str = "plain_decode") -> StepForm:
@@ -121,7 +121,7 @@ def build_plain(case: StepCase, impl: str = "triton", name: str = "plain_decode"
                 state_layout="vk", scale=case.scale, impl=impl)
         return o, None, None
 
-    return StepForm(name, case, step, _kv64(state, slots), 0)
+    return StepForm(name, case, step, _kv64(state, slots), 0, cursors=lambda: [state])
 
 
 def build_flashinfer_snapshots(case: StepCase, name: str = "") -> StepForm:
@@ -145,7 +145,8 @@ def build_flashinfer_snapshots(case: StepCase, name: str = "") -> StepForm:
         return out, None, None
 
     return StepForm(name, case, step, _kv64(state, slots),
-                    sizes.snapshot_bytes(K + 1, HV, d, d, case.state_dtype))
+                    sizes.snapshot_bytes(K + 1, HV, d, d, case.state_dtype),
+                    cursors=lambda: [state])
 
 
 def build_flashinfer_replayssm(case: StepCase, name: str = "") -> StepForm:
@@ -174,7 +175,7 @@ def build_flashinfer_replayssm(case: StepCase, name: str = "") -> StepForm:
 
     return StepForm(name, case, step, lambda b: replayssm_state(state, fr, b, int(slots[b])),
                     fr.bytes_per_slot, folds_when=folds_when_full(REPLAYSSM_WINDOW),
-                    cursors=lambda: [fr.hist_len, fr.cache_base])
+                    cursors=lambda: [fr.hist_len, fr.cache_base, state])
 
 
 def _carry_bytes(c, f):

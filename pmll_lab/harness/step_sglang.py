@@ -102,7 +102,8 @@ def _exact_fold(kern, case: StepCase) -> StepForm:
     def eff(b):
         return state[int(slots[b])].double().transpose(-1, -2).cpu()
 
-    sf = StepForm("sglang_exact_fold", case, step, eff, window.bytes_per_slot)
+    sf = StepForm("sglang_exact_fold", case, step, eff, window.bytes_per_slot,
+                  cursors=lambda: [state])
     sf.window = window
     return sf
 
@@ -136,7 +137,7 @@ def _ring(kern, case: StepCase, form: str) -> StepForm:
         return ring_state(state, ring, b, int(slots[b]))
 
     sf = StepForm(form, case, step, eff, ring.bytes_per_slot,
-                  cursors=lambda: [ring.write_pos, ring.cache_base])
+                  cursors=lambda: [ring.write_pos, ring.cache_base, state])
     sf.ring = ring
     return sf
 
