@@ -194,3 +194,34 @@ def test_report_headers_write_units_out():
     assert P.header("conv_verify_ms") == "conv verify (ms)"
     assert P.header("equal_to_greedy") == "equal to greedy" and P.header("K") == "K"
     assert P.header("time_us") == "time (µs)"                       # COLUMN_LABELS first
+
+
+def test_notebooks_show_tables_through_the_report_helpers():
+    """Every ``display(...)`` in the committed notebooks shows a report table (``P.table``,
+    ``P.details``), Markdown or HTML, and no cell ends in a bare expression that Jupyter would
+    show as a raw DataFrame (an index column, every digit, ``16.0`` for an integer)."""
+    import ast
+
+    import nbformat
+
+    from pmll_lab.report import REPO_ROOT
+
+    allowed = {"table", "details", "Markdown", "HTML"}
+    bad = []
+    for path in sorted((REPO_ROOT / "notebooks").glob("*.ipynb")):
+        for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            if cell.cell_type != "code":
+                continue
+            tree = ast.parse(cell.source)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "display":
+                    arg = node.args[0] if node.args else None
+                    f = arg.func if isinstance(arg, ast.Call) else None
+                    name = getattr(f, "attr", None) or getattr(f, "id", None)
+                    if name not in allowed:
+                        bad.append(f"{path.stem} cell {i}: display({ast.unparse(arg)[:60]})")
+            last = tree.body[-1] if tree.body else None
+            if isinstance(last, ast.Expr) and isinstance(last.value, (ast.Name, ast.Subscript,
+                                                                       ast.Attribute)):
+                bad.append(f"{path.stem} cell {i}: ends in {ast.unparse(last)}")
+    assert not bad, bad
