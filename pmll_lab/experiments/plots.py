@@ -157,6 +157,10 @@ def plot_errors(df: pd.DataFrame, labels: Mapping[str, str] | None = None,
         ax.set_xlabel("compared quantity", fontsize=8)
         ax.set_title(fam, fontsize=9)
         ax.set_yscale("log")
+    tols = err["tolerance"].astype(float)
+    if (tols > 0).any():                      # room above the highest dash for its label
+        lo, hi = axes[0][0].get_ylim()
+        axes[0][0].set_ylim(lo, max(hi, float(tols.max()) * 8))
     axes[0][0].set_ylabel("rel. L2 error vs reference")
     fig.suptitle(f"{title} (-- tolerance, named by input dtype; 0 drawn at 1e-12)",
                  fontsize=10)
@@ -166,28 +170,31 @@ def plot_errors(df: pd.DataFrame, labels: Mapping[str, str] | None = None,
 
 
 def apart(fig, texts, pad: float = 1.0) -> None:
-    """Move annotations (``textcoords="offset points"``) up until no two overlap: the figure is
-    drawn once for their sizes, then each text that meets one placed before it (lowest first)
-    rises above it by the overlap plus ``pad`` points."""
+    """Keep annotations (each above its point, ``textcoords="offset points"``, ``va="bottom"``)
+    from overlapping: the figure is drawn once for their sizes, then from the highest down each
+    text that meets one placed before it goes below its point instead (a label under its own
+    dash), and lower still, by the overlap plus ``pad`` points, if it meets one there too."""
     if len(texts) < 2:
         return
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     to_px = fig.dpi / 72.0
     placed = []
-    for t in sorted(texts, key=lambda t: t.get_window_extent(renderer).y0):
+    for t in sorted(texts, key=lambda t: -t.get_window_extent(renderer).y1):
         box = t.get_window_extent(renderer)
-        rise = 0.0
-        hit = True
-        while hit:
-            moved = box.translated(0, rise)
-            hit = next((o for o in placed if moved.overlaps(o)), None)
-            if hit is not None:
-                rise += hit.y1 - moved.y0 + pad * to_px
-        if rise:
+        if any(box.overlaps(o) for o in placed):
             dx, dy = t.xyann
-            t.xyann = (dx, dy + rise / to_px)
-            box = box.translated(0, rise)
+            t.xyann, _ = (dx, -dy), t.set_va("top")
+            box = t.get_window_extent(renderer)
+        drop = 0.0
+        hit = next((o for o in placed if box.overlaps(o)), None)
+        while hit is not None:
+            drop += box.y1 - hit.y0 + pad * to_px
+            hit = next((o for o in placed if box.translated(0, -drop).overlaps(o)), None)
+        if drop:
+            dx, dy = t.xyann
+            t.xyann = (dx, dy - drop / to_px)
+            box = box.translated(0, -drop)
         placed.append(box)
 
 
