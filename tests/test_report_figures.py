@@ -225,3 +225,23 @@ def test_notebooks_show_tables_through_the_report_helpers():
                                                                        ast.Attribute)):
                 bad.append(f"{path.stem} cell {i}: ends in {ast.unparse(last)}")
     assert not bad, bad
+
+
+def test_notebook_headline_gives_no_met_count_to_reported_rows():
+    """In a report's headline a reported figure (no bound) shows no "cells met" (a 0 there
+    reads as a miss); with every target one cell the cells columns go; a target over several
+    cells keeps them, for its judged rows only."""
+    from pmll_lab.experiments import targets as T
+
+    row = dict(target="t", ours="a", peer="b", ratio=1.2, bound=1.0, ours_us=2.0, peer_us=1.0,
+               layout="vk", timer="cuda_graph", note="")
+    one = pd.DataFrame([dict(row, status="missed", cells=1, met_cells=0),
+                        dict(row, status="reported", bound=float("nan"), cells=1, met_cells=0)])
+    assert "met_cells" not in T._shown(one) and "cells" not in T._shown(one)
+    many = pd.DataFrame([dict(row, status="missed", cells=4, met_cells=3),
+                         dict(row, status="reported", bound=float("nan"), cells=1,
+                              met_cells=0)])
+    shown = T._shown(many)
+    assert shown["met_cells"].iloc[0] == 3 and pd.isna(shown["met_cells"].iloc[1])
+    html = P.table(shown).data
+    assert "<th>cells met</th>" in html
