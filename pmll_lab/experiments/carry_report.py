@@ -326,8 +326,8 @@ def plot_crossover(cross: pd.DataFrame, lazy_min_seqs: int = 8):
         return None
     fig, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
     for (lay, form, K), g in cross.groupby(["state_layout", "form", "K"]):
-        ax.plot(g["B"], g["lazy_over_eager"], ls=plots.LAYOUT_LINES[lay], marker="o",
-                ms=3 + K / 2, color=plots.color(f"carry_{form}_lazy"),
+        ax.plot(g["B"], g["lazy_over_eager"], ls=plots.LAYOUT_LINES[lay],
+                **plots.LAYOUT_MARKERS[lay], ms=3 + K / 2, color=plots.color(f"carry_{form}_lazy"),
                 label=f"{form}, K={K}, {P.LAYOUT_NAMES[lay]}")
     ax.axhline(1.0, color="k", lw=1)
     ax.axvline(lazy_min_seqs, color="grey", ls=":", label=f"policy: lazy from B={lazy_min_seqs}")
