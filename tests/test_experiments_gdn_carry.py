@@ -78,7 +78,7 @@ def test_carry_vs_snapshots_time_and_bytes():
     held = CR.rollback_bytes(4, 32, 128, 128)
     assert held["FlashInfer K snapshots"] == 4 * hb
     assert held["carry stash + pend"] == 8 * 4 * (32 * 128 + 32 + 32 * 128) + 4
-    assert np.allclose(t["FlashInfer holds KiB/seq"], 4 * hb / 1024)
+    assert np.allclose(t["FlashInfer holds KiB/seq (GDN states)"], 4 * hb / 1024)
 
 
 @pytest.mark.parametrize("layout", ["kv", "vk"])

@@ -50,6 +50,18 @@ plot_errors = partial(plots.plot_errors, labels=LABELS,
                       title="Carry, chain and peers against their references")
 
 
+def held_bytes(c: dict, cap: int = CAP, conv_dtype=torch.bfloat16) -> dict:
+    """Bytes per sequence and layer of configuration ``c`` (``HK, HV, kd, vd, d_conv``): the
+    fp32 GDN ``state``, the conv ``window`` (``d_conv - 1`` columns of ``conv_dtype``), the
+    carried state's ``gdn_stash`` (``cap`` rows of ``u, g, k``, fp32) and ``conv_stash`` (``cap``
+    input rows of ``conv_dtype``), and its pending count ``pend`` (int32)."""
+    dim = 2 * c["HK"] * c["kd"] + c["HV"] * c["vd"]
+    es = torch.empty((), dtype=conv_dtype).element_size()
+    return {"state": 4 * c["HV"] * c["kd"] * c["vd"], "window": dim * (c["d_conv"] - 1) * es,
+            "gdn_stash": cap * stash_row_bytes(c["HV"], c["kd"], c["vd"]),
+            "conv_stash": cap * dim * es, "pend": 4}
+
+
 def budget_table(configs=MODEL_CONFIGS, Ks=(2, 3, 4, 8), cap: int = CAP,
                  conv_dtype=torch.bfloat16) -> pd.DataFrame:
     """Per slot and layer (KiB): the fp32 state, the conv window, the carried-state stash (GDN
@@ -57,14 +69,12 @@ def budget_table(configs=MODEL_CONFIGS, Ks=(2, 3, 4, 8), cap: int = CAP,
     windows; both over all GDN layers of the model (MiB)."""
     rows = []
     for c in configs:
-        dim = 2 * c["HK"] * c["kd"] + c["HV"] * c["vd"]
-        es = torch.empty((), dtype=conv_dtype).element_size()
-        hb, win = 4 * c["HV"] * c["kd"] * c["vd"], dim * (c["d_conv"] - 1) * es
-        stash = cap * stash_row_bytes(c["HV"], c["kd"], c["vd"]) + cap * dim * es
+        h = held_bytes(c, cap, conv_dtype)
+        stash = h["gdn_stash"] + h["conv_stash"]
         for K in Ks:
-            snap = (K - 1) * (hb + win)
-            rows.append({"model": c["model"], "K": K, "state KiB": hb / 1024,
-                         "conv window KiB": win / 1024, "carry stash KiB": stash / 1024,
+            snap = (K - 1) * (h["state"] + h["window"])
+            rows.append({"model": c["model"], "K": K, "state KiB": h["state"] / 1024,
+                         "conv window KiB": h["window"] / 1024, "carry stash KiB": stash / 1024,
                          "snapshots KiB": snap / 1024, "snapshots / stash": snap / stash,
                          "stash MiB (all layers)": stash * c["gdn_layers"] / 2**20,
                          "snapshots MiB (all layers)": snap * c["gdn_layers"] / 2**20})
@@ -72,12 +82,38 @@ def budget_table(configs=MODEL_CONFIGS, Ks=(2, 3, 4, 8), cap: int = CAP,
 
 
 def rollback_bytes(K: int, HV: int, kd: int, vd: int, cap: int = CAP) -> dict:
-    """Bytes per sequence and layer each design holds to roll back a K-row verify: the stash
+    """Bytes per sequence and layer each design holds to roll back a K-row GDN verify: the stash
     (``cap`` rows of ``u, g, k``) and pending count; FlashInfer's ``K`` fp32 states; our chain's
-    ``K-1``."""
-    hb = 4 * HV * kd * vd
-    return {"carry stash + pend": cap * stash_row_bytes(HV, kd, vd) + 4,
-            "FlashInfer K snapshots": K * hb, "chain K-1 snapshots": (K - 1) * hb}
+    ``K-1`` (GDN only: the conv twin's parts in ``rollback_table``)."""
+    h = held_bytes(dict(HK=1, HV=HV, kd=kd, vd=vd, d_conv=2), cap)
+    return {"carry stash + pend": h["gdn_stash"] + h["pend"],
+            "FlashInfer K snapshots": K * h["state"], "chain K-1 snapshots": (K - 1) * h["state"]}
+
+
+def rollback_table(K: int = 4, config: dict | None = None, cap: int = CAP) -> pd.DataFrame:
+    """What each design holds per sequence and layer to roll back a ``K``-row verify of
+    ``config`` (default the first of ``MODEL_CONFIGS``), in KiB, one part per row: the carried
+    state's GDN stash, its pending count, the conv twin's stash and their sum (the findings'
+    "carry stash", §4's table), FlashInfer's ``K`` GDN states and our chain's ``K-1``, each with
+    what it counts."""
+    c = MODEL_CONFIGS[0] if config is None else config
+    h = held_bytes(c, cap)
+    dim = 2 * c["HK"] * c["kd"] + c["HV"] * c["vd"]
+    snap = (K - 1) * (h["state"] + h["window"])
+    rows = [("carry: GDN stash", h["gdn_stash"], f"CAP={cap} rows of u, g, k, fp32"),
+            ("carry: pending count pend", h["pend"], "one int32 per slot"),
+            ("carry: conv twin's stash", h["conv_stash"],
+             f"CAP={cap} input rows of the conv (dim {dim}), bf16"),
+            ("carry: whole stash (GDN + conv)", h["gdn_stash"] + h["conv_stash"],
+             "the findings' carry stash and section 4's table (pend not counted)"),
+            (f"FlashInfer mtp: K={K} GDN states", K * h["state"],
+             "its snapshot buffer, fp32; conv windows not counted"),
+            (f"our chain: K-1={K - 1} GDN states", (K - 1) * h["state"],
+             f"fp32; with the {K - 1} conv windows {snap / 1024:.0f} KiB, section 4's snapshots")]
+    out = pd.DataFrame(rows, columns=["held to roll back", "bytes", "what it counts"])
+    out.insert(1, "KiB per sequence and layer", out.pop("bytes") / 1024)
+    out.insert(0, "model", c["model"])
+    return out
 
 
 def crossover_table(df: pd.DataFrame, shape: dict | None = None) -> pd.DataFrame:
@@ -155,8 +191,8 @@ def carry_vs_snapshots(df: pd.DataFrame, K: int = 4, shape: dict | None = None) 
              "carry lazy moved KiB/seq": get("carry_exact_lazy", "bytes") / B / 1024,
              "FlashInfer moved KiB/seq": float(fi.loc[B, "bytes"]) / B / 1024 if B in fi.index
              else float("nan"),
-             "carry holds KiB/seq": hold["carry stash + pend"] / 1024,
-             "FlashInfer holds KiB/seq": hold["FlashInfer K snapshots"] / 1024,
+             "carry holds KiB/seq (GDN stash + pend)": hold["carry stash + pend"] / 1024,
+             "FlashInfer holds KiB/seq (GDN states)": hold["FlashInfer K snapshots"] / 1024,
              "timer": str(g["timer"].iloc[0])}
         if P.on_gpu(g):
             r["lazy / FlashInfer"] = r["carry exact lazy us"] / r["FlashInfer mtp + snapshots us"]
@@ -201,18 +237,24 @@ def findings(df: pd.DataFrame, sim: pd.DataFrame, budget: pd.DataFrame,
 
 # ---- plots ---------------------------------------------------------------------------------
 
+SIM_MODES = {"eager": dict(ls="--", marker="s", mfc="white", mew=1.0),
+             "lazy": dict(ls="-", marker="o")}
+"""How the simulation plot draws each mode (the colour is K's)."""
+
+
 def plot_simulation(sim: pd.DataFrame, mark_alpha: float | None = None):
     """Write-back frequency and rows folded per verify against the acceptance length, one
-    colour per K, eager dashed, lazy solid."""
+    colour per K, each mode its own line and marker (``SIM_MODES``: eager dashed with hollow
+    squares, lazy solid with filled circles)."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
     for i, K in enumerate(sorted(sim["K"].unique())):
-        for mode, ls in (("eager", "--"), ("lazy", "-")):
+        for mode, kw in SIM_MODES.items():
             s = sim[(sim["K"] == K) & (sim["mode"] == mode)].sort_values("mean_accept")
-            axes[0].plot(s["mean_accept"], s["wb_freq"], ls, marker="o", ms=3, color=f"C{i}",
-                         label=f"K={K}, {mode}")
-            axes[1].plot(s["mean_accept"], s["mean_folded"], ls, marker="o", ms=3, color=f"C{i}")
+            kw = dict(kw, ms=4, color=f"C{i}")
+            axes[0].plot(s["mean_accept"], s["wb_freq"], label=f"K={K}, {mode}", **kw)
+            axes[1].plot(s["mean_accept"], s["mean_folded"], **kw)
     axes[0].set_ylabel("write-backs per verify")
     axes[1].set_ylabel("pending rows folded per verify")
     for ax in axes:
@@ -258,8 +300,8 @@ def plot_crossover(cross: pd.DataFrame, lazy_min_seqs: int = 8):
         return None
     fig, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
     for (lay, form, K), g in cross.groupby(["state_layout", "form", "K"]):
-        ax.plot(g["B"], g["lazy_over_eager"], ls=plots.LAYOUT_LINES[lay], marker="o",
-                ms=3 + K / 2, color=plots.color(f"carry_{form}_lazy"),
+        ax.plot(g["B"], g["lazy_over_eager"], ls=plots.LAYOUT_LINES[lay],
+                **plots.LAYOUT_MARKERS[lay], ms=3 + K / 2, color=plots.color(f"carry_{form}_lazy"),
                 label=f"{form}, K={K}, {P.LAYOUT_NAMES[lay]}")
     ax.axhline(1.0, color="k", lw=1)
     ax.axvline(lazy_min_seqs, color="grey", ls=":", label=f"policy: lazy from B={lazy_min_seqs}")

@@ -50,16 +50,21 @@ def _kind(value) -> str | None:
 
 def check_injected(cells: Sequence[str], namespace: Mapping) -> None:
     """``cells``: the sources the kernel has run, in order (IPython's ``In``). When one of them
-    is papermill's injected cell (it starts with ``INJECTED_MARK``), the cell run before it is
-    the parameters cell. Raises ``ValueError`` naming a parameter the parameters cell does not
-    define (with the names it does), or one whose default is written as a dict or a list and
-    whose value (in ``namespace``, the notebook's globals) is not one. Without an injected cell
-    it does nothing."""
+    is papermill's injected cell (it starts with ``INJECTED_MARK``), the cells run before it
+    define the parameters (in a papermill run: the parameters cell alone). Raises
+    ``ValueError`` naming an injected parameter none of them defines (with the names they do),
+    or one whose default is written as a dict or a list and whose value (in ``namespace``, the
+    notebook's globals) is not one. Without an injected cell it does nothing."""
     marks = [i for i, c in enumerate(cells) if isinstance(c, str) and c.startswith(INJECTED_MARK)]
-    if not marks or marks[-1] == 0:
+    if not marks:
         return
     i = marks[-1]
-    defaults = assigned(cells[i - 1])
+    defaults: dict[str, str | None] = {}
+    for c in cells[:i]:
+        if isinstance(c, str) and not c.startswith(INJECTED_MARK):
+            defaults.update(assigned(c))
+    if not defaults:
+        return
     injected = assigned(cells[i])
     unknown = [n for n in injected if n not in defaults]
     if unknown:

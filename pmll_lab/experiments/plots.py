@@ -23,8 +23,8 @@ COLORS = {
     "flashinfer_replayssm": "#c49c94",
     # the PMLL ring and its attention
     "pmll_read": "#bcbd22", "pmll_write": "#6b6b00", "fused": "#0b3d91",
-    "pmll_step": "#c5b0d5", "gather_sdpa_mask": "#ff9896", "sdpa_contiguous": "#9edae5",
-    "sdpa_causal": "#c7c7c7", "reference": "#7f7f7f", "memory_attention": "#7f7f7f",
+    "pmll_step": "#756bb1", "gather_sdpa_mask": "#e6550d", "sdpa_contiguous": "#31a354",
+    "sdpa_causal": "#636363", "reference": "#7f7f7f", "memory_attention": "#7f7f7f",
     "gpt2_pmll": "#7f7f7f",
 }
 ALIASES = {"chain": "chain_snapshots", "updates": "decodes", "carry_lazy": "carry_exact_lazy",
@@ -33,6 +33,9 @@ ALIASES = {"chain": "chain_snapshots", "updates": "decodes", "carry_lazy": "carr
 colour is its registration's ``style``: ``pmll_lab.harness``)."""
 LAYOUT_LINES = {"kv": "-", "vk": "--"}
 """Line style per state layout: solid K-major, dashed V-major."""
+LAYOUT_MARKERS = {"kv": dict(marker="o"), "vk": dict(marker="s", mfc="white", mew=1.0)}
+"""Marker per state layout, so that a legend entry and a lone point tell them apart too:
+filled circles K-major, hollow squares V-major."""
 FAMILIES = {"decode and chain": ("decodes", "decodes_cuda", "chain_snapshots",
                                  "chain_snapshots_cuda", "chain_nosnap", "plain"),
             "carried state": ("carry_exact_lazy", "carry_exact_eager", "ring"),
@@ -69,8 +72,23 @@ def family(kernel: str) -> str:
 
 
 def style(kernel: str, layout: str = "kv") -> dict:
-    """Line keywords: the implementation's colour, the layout's line style."""
-    return dict(color=color(kernel), ls=LAYOUT_LINES.get(layout, "-"), marker="o", ms=3)
+    """Line keywords: the implementation's colour, the layout's line style and marker."""
+    return dict(color=color(kernel), ls=LAYOUT_LINES.get(layout, "-"), ms=3.5,
+                **LAYOUT_MARKERS.get(layout, LAYOUT_MARKERS["kv"]))
+
+
+def plain_log_ticks(ax, axis: str = "y") -> None:
+    """On a log ``axis`` spanning less than a decade, ticks written as plain numbers (``4``,
+    ``6``, ``8``, not ``4×10^0``); a wider span keeps matplotlib's powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
+    if lo <= 0 or hi / lo >= 10:
+        return
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)))
+    target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    target.set_minor_formatter(NullFormatter())
 
 
 def legend_outside(fig, axes=None) -> None:
@@ -111,6 +129,7 @@ def plot_errors(df: pd.DataFrame, labels: Mapping[str, str] | None = None,
     fig, axes = plt.subplots(1, len(fams), figsize=(min(2.0 + 1.1 * sum(width), 15), 3.4),
                              sharey=True, squeeze=False, layout="constrained",
                              width_ratios=width)
+    tags = []
     for ax, fam in zip(axes[0], fams):
         e = err[err["family"] == fam]
         qs = list(dict.fromkeys(e["q"]))
@@ -129,17 +148,53 @@ def plot_errors(df: pd.DataFrame, labels: Mapping[str, str] | None = None,
             for tol, g in at.groupby(at["tolerance"].astype(float)):
                 ax.hlines(tol, i - 0.4, i + 0.4, colors="k", linestyles="--", lw=0.8)
                 dts = sorted(set(g["dtype"].dropna().astype(str))) if "dtype" in g else []
-                ax.annotate(" ".join(DTYPE_SHORT.get(d, d) for d in dts) or f"{tol:.0e}",
-                            (i + 0.4, tol), fontsize=6, va="center", ha="left")
+                tags.append(ax.annotate(" ".join(DTYPE_SHORT.get(d, d) for d in dts)
+                                        or f"{tol:.0e}", (i, tol), xytext=(0, 1),
+                                        textcoords="offset points", fontsize=6, ha="center",
+                                        va="bottom"))
         ax.set_xticks(range(len(qs)), qs, fontsize=7, rotation=30 if len(qs) > 3 else 0)
         ax.set_xlabel("compared quantity", fontsize=8)
         ax.set_title(fam, fontsize=9)
         ax.set_yscale("log")
+    tols = err["tolerance"].astype(float)
+    if (tols > 0).any():                      # room above the highest dash for its label
+        lo, hi = axes[0][0].get_ylim()
+        axes[0][0].set_ylim(lo, max(hi, float(tols.max()) * 8))
     axes[0][0].set_ylabel("rel. L2 error vs reference")
     fig.suptitle(f"{title} (-- tolerance, named by input dtype; 0 drawn at 1e-12)",
                  fontsize=10)
     legend_outside(fig, axes[0])
+    apart(fig, tags)
     return fig
+
+
+def apart(fig, texts, pad: float = 1.0) -> None:
+    """Keep annotations (each above its point, ``textcoords="offset points"``, ``va="bottom"``)
+    from overlapping: the figure is drawn once for their sizes, then from the highest down each
+    text that meets one placed before it goes below its point instead (a label under its own
+    dash), and lower still, by the overlap plus ``pad`` points, if it meets one there too."""
+    if len(texts) < 2:
+        return
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    to_px = fig.dpi / 72.0
+    placed = []
+    for t in sorted(texts, key=lambda t: -t.get_window_extent(renderer).y1):
+        box = t.get_window_extent(renderer)
+        if any(box.overlaps(o) for o in placed):
+            dx, dy = t.xyann
+            t.xyann, _ = (dx, -dy), t.set_va("top")
+            box = t.get_window_extent(renderer)
+        drop = 0.0
+        hit = next((o for o in placed if box.overlaps(o)), None)
+        while hit is not None:
+            drop += box.y1 - hit.y0 + pad * to_px
+            hit = next((o for o in placed if box.translated(0, -drop).overlaps(o)), None)
+        if drop:
+            dx, dy = t.xyann
+            t.xyann = (dx, dy - drop / to_px)
+            box = box.translated(0, -drop)
+        placed.append(box)
 
 
 def plot_speed(df: pd.DataFrame, metric: str, shape: Mapping | None, labels: Mapping[str, str],

@@ -39,6 +39,12 @@ STATE_COUNTS = {"empty (0)": lambda m: 0, "partial (3)": lambda m: 3, "full (M)"
 """Ring states of ``state_point``, one sequence each: label -> ``count`` at capacity ``M``
 (empty, partly filled, exactly full, wrapped by one row, wrapped twice, and the oldest row late
 in the ring so that the chronological order wraps inside a block of keys)."""
+RUNS_ON_CPU = {"fused": "Triton interpreter", "pmll_step": "Triton interpreter",
+               "gather_sdpa_mask": "Triton interpreter (read) + PyTorch SDPA",
+               "reference": "Triton interpreter (read) + PyTorch", "sdpa_contiguous": "PyTorch",
+               "sdpa_causal": "PyTorch"}
+"""Where each provider runs without a GPU: ours in the Triton interpreter, PyTorch's SDPA
+natively, so their wall times compare nothing (no plot, no ratio on the CPU)."""
 TIMING = dict(warmup_ms=25, rep_ms=100, cpu_reps=2, replays=200)
 """do_bench windows (ms), interpreter calls timed, graph replays."""
 
@@ -290,23 +296,37 @@ times = P.wide
 
 
 def wide_times(df: pd.DataFrame) -> pd.DataFrame:
-    """Times (us) with one column per provider, one row per (shape, M, T); on a GPU the
-    providers timed by do_bench only (the reference path) follow as ``<provider> (do_bench)``."""
+    """On a GPU: times (µs) with one column per provider, one row per (shape, M, T), the
+    providers timed by do_bench only (the reference path) after them as ``<provider>
+    (do_bench)``, and the timer. On the CPU: one row per provider and (M, T), where it ran
+    (``RUNS_ON_CPU``), its wall time (ms) and the timer: a record, not a comparison."""
     t = times(df)
     if t.empty:
         return t
     idx = ["B", "H", "D", "dtype", "M", "T"]
+    if not P.on_gpu(t):
+        out = t.assign(provider=t["kernel"].map(LABELS).fillna(t["kernel"]),
+                       runs_in=t["kernel"].map(RUNS_ON_CPU), wall_time_ms=t["time_us"] / 1e3,
+                       timer=f"CPU wall clock, median of {TIMING['cpu_reps']} calls; "
+                             "not GPU speed")
+        order = {k: i for i, k in enumerate(PROVIDERS)}
+        out = out.sort_values(idx, kind="stable").sort_values(
+            "kernel", key=lambda k: k.map(order), kind="stable")
+        return out[["provider", "runs_in", *idx, "wall_time_ms", "timer"]].reset_index(drop=True)
     w = t.pivot_table(index=idx, columns="kernel", values="time_us")
     w = w[[p for p in PROVIDERS if p in w.columns]]
+    graphed = set(w.columns)
+    w = w.rename(columns=lambda k: f"{k} (µs)")
     if t["timer"].iloc[0] == "cuda_graph":
         db = times(df, "do_bench")
-        db = db[~db["kernel"].isin(w.columns)]
+        db = db[~db["kernel"].isin(graphed)] if len(db) else db
         if len(db):
             w = w.join(db.pivot_table(index=idx, columns="kernel", values="time_us")
-                       .rename(columns=lambda k: f"{k} (do_bench)"), how="left")
+                       .rename(columns=lambda k: f"{k} (µs, do_bench)"), how="left")
     w = w.reset_index()
     w.columns.name = None
-    return w.round(2)
+    timer = str(t["timer"].iloc[0])
+    return w.round(2).assign(timer=P.TIMER_LABELS.get(timer, timer))
 
 
 def ratio_table(df: pd.DataFrame, ours: str, peer: str) -> pd.DataFrame:
@@ -330,11 +350,13 @@ plot_state_errors = partial(plots.plot_errors, labels=LABELS,
 
 
 def plot_times(df: pd.DataFrame):
-    """Time per segment against ``T``, one panel per (shape, M), one line per provider."""
+    """Time per segment against ``T``, one panel per (shape, M), one line per provider: GPU
+    timings only (on the CPU ours run in the interpreter, PyTorch natively: ``wide_times``
+    lists them). None otherwise."""
     import matplotlib.pyplot as plt
 
     t = times(df)
-    if t.empty:
+    if t.empty or not P.on_gpu(t):
         return None
     shapes = sorted(t.groupby(["H", "D"]).groups)
     Ms = sorted(t["M"].unique())

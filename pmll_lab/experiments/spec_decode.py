@@ -244,9 +244,14 @@ def wide(df: pd.DataFrame) -> pd.DataFrame:
         .reset_index(drop=True)
 
 
+GPU_TIMER = "GPU time (CUDA events), per step"
+CPU_TIMER = "CPU wall time (GDN kernels in the Triton interpreter), not GPU speed"
+"""How the tables and plots name the timer: on a GPU the kernel sections' CUDA events, on the
+CPU the wall clock of a run whose GDN kernels ran in the interpreter (no result about a GPU)."""
+
+
 def timer_label(df: pd.DataFrame) -> str:
-    return ("GPU time (CUDA events), per step" if P.on_gpu(df)
-            else "Triton interpreter wall time (CPU), not GPU speed")
+    return GPU_TIMER if P.on_gpu(df) else CPU_TIMER
 
 
 TARGET_SET = "Speculative decoding on the Qwen3-Next-sized stack, B=64, K=4, noisy draft p=0.8"
@@ -336,7 +341,8 @@ def plot_split(t: pd.DataFrame, label: str):
 def throughput_table(w: pd.DataFrame, K: int, p: float) -> pd.DataFrame:
     """Tokens/s of each kernel, and on a GPU its ratio to plain decoding at the same (B,
     layout): the plain run of its own process (``plain_tokens_per_s``) where the row has one
-    (workers differ more than the forms), else the plain row."""
+    (workers differ more than the forms), else the plain row; ``timer``: ``timer_label`` (on the
+    CPU the interpreter's wall time, and no ratio)."""
     m = _main(w, K, p)
     plain = m[m.kernel == "plain"].set_index(["B", "state_layout"])["tokens_per_s"]
     rows = []
@@ -354,11 +360,16 @@ def throughput_table(w: pd.DataFrame, K: int, p: float) -> pd.DataFrame:
         return out
     if not P.on_gpu(w):         # no ratios of interpreter times
         out = out.drop(columns=["speedup_vs_plain"])
+    out["timer"] = timer_label(w)
     return out.sort_values(["B", "state_layout", "kernel"]).reset_index(drop=True)
 
 
 def plot_throughput(t: pd.DataFrame, label: str):
-    """Tokens/s against B per kernel and layout, and on a GPU the ratio to plain decoding."""
+    """Tokens/s against B per kernel and layout, and the ratio to plain decoding: GPU timings
+    only (``t["timer"]`` is ``GPU_TIMER``; interpreter tokens/s are no result, the table gives
+    them labelled). None otherwise."""
+    if t.empty or "timer" not in t or (t["timer"] != GPU_TIMER).any():
+        return None
     ratio = "speedup_vs_plain" in t
     fig, axes = plt.subplots(1, 2 if ratio else 1, figsize=(12 if ratio else 7, 3.8),
                              squeeze=False, layout="constrained")
@@ -371,6 +382,7 @@ def plot_throughput(t: pd.DataFrame, label: str):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("B (sequences decoded together)")
     axes[0][0].set(yscale="log", ylabel=f"tokens/s (all sequences)\n{label}")
+    plots.plain_log_ticks(axes[0][0])
     if ratio:
         axes[0][1].axhline(1.0, color="k", lw=0.8)
         axes[0][1].set_ylabel("speculative / plain tokens/s")
@@ -381,7 +393,7 @@ def plot_throughput(t: pd.DataFrame, label: str):
 def forms_table(w: pd.DataFrame, K: int, p: float) -> pd.DataFrame:
     """The verify forms side by side per (B, layout): verify kernel time per step (conv + GDN
     verify or chain, accept, flushes, snapshot copy-back), write-backs and restored snapshots
-    per verify step, flushes, acceptance and tokens/s."""
+    per verify step, flushes, acceptance and tokens/s, and the ``timer`` of the times."""
     m = _main(w, K, p)
     m = m[m["mode"] == "spec"] if len(m) else m
     rows = []
@@ -394,7 +406,7 @@ def forms_table(w: pd.DataFrame, K: int, p: float) -> pd.DataFrame:
                          restored_per_step=r.restored / n, flushes=r.flushes,
                          flushed_slots=r.flushed_slots, lazy_steps=r.lazy_steps,
                          verify_steps=r.verify_steps, mean_accept=r.mean_accept,
-                         tokens_per_s=r.tokens_per_s))
+                         tokens_per_s=r.tokens_per_s, timer=timer_label(w)))
     out = pd.DataFrame(rows)
     return out.sort_values(["B", "state_layout", "kernel"]).reset_index(drop=True) if len(out) \
         else out

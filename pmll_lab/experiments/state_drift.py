@@ -118,7 +118,8 @@ def plot_drift(df: pd.DataFrame):
             for i, metric in enumerate(METRICS):
                 if metric in gl:
                     ax.plot(gl["t"], gl[metric].clip(lower=1e-12), ls=plots.LAYOUT_LINES[lay],
-                            marker=".", color=f"C{i}", label=f"{METRICS[metric]}, "
+                            **plots.LAYOUT_MARKERS[lay], ms=3, color=f"C{i}",
+                            label=f"{METRICS[metric]}, "
                             f"{'K' if lay == 'kv' else 'V'}-major")
         ax.set(xscale="log", yscale="log", xlabel="tokens decoded t")
         ax.set_xscale("log", base=2)

@@ -223,9 +223,16 @@ SHOWN_FIRST = ("status", "target", "kernel", "B", "K", "ratio", "bound", "ours_u
 def _shown(head: pd.DataFrame) -> pd.DataFrame:
     """The headline as a report shows it (``headline.csv`` keeps every column): the verdict's
     columns first (status, what, the cell, ratio and bound, the two times), then the rest;
-    columns empty in every row left out."""
+    cells met only for judged rows (a reported figure met nothing and missed nothing), cells and
+    cells met left out when every judged target is one cell; columns empty in every row left
+    out."""
     if head.empty:
         return head
+    if {"cells", "met_cells", "status"} <= set(head.columns):
+        judged = head["status"].isin(["met", "missed"])
+        head = head.assign(met_cells=head["met_cells"].where(judged))
+        if (pd.to_numeric(head.loc[judged, "cells"], errors="coerce").fillna(1) <= 1).all():
+            head = head.drop(columns=["cells", "met_cells"])
     keep = [c for c in head.columns if head[c].replace("", pd.NA).notna().any()]
     first = [c for c in SHOWN_FIRST if c in keep]
     return head[first + [c for c in keep if c not in first]]
