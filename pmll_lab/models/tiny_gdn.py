@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pmll_lab.backend import environment
 from pmll_lab.models import stdlib_corpus as C
 
 CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
@@ -43,12 +44,13 @@ _COMMON = dict(vocab_size=C.VOCAB_SIZE, linear_conv_kernel_dim=4, num_experts=0,
                max_position_embeddings=8192, attn_implementation="eager", bos_token_id=C.BOS,
                eos_token_id=None, pad_token_id=None)
 SIZES = {
-    # CPU sibling: trains in minutes on two cores, decodes fast in the Triton interpreter.
-    # kd != vd (a transposed state cannot pass unnoticed), both multiples of 16 (the ring form's
-    # tl.dot tiles).
+    # CPU sibling: trains in minutes on two cores; one value head per GDN layer, since the
+    # Triton interpreter runs a kernel's programs one after another (B * HV of them). kd != vd
+    # (a transposed state cannot pass unnoticed), both multiples of 16 (the ring form's tl.dot
+    # tiles).
     "cpu": dict(hidden_size=64, intermediate_size=192, layer_types=[_L, _L, _F],
                 num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=32,
+                linear_num_key_heads=1, linear_num_value_heads=1, linear_key_head_dim=32,
                 linear_value_head_dim=16),
     # GPU model: Qwen3-Next's GDN head size (kd = vd = 128, also FlashInfer ReplaySSM's) and its
     # 3:1 GDN:attention pattern, at most ~8 MB of bf16 weights.
@@ -60,7 +62,7 @@ SIZES = {
 """Config fields per size (on top of ``_COMMON``)."""
 
 TRAINING = {
-    "cpu": dict(steps=1200, batch=16, seq_len=128, lr=3e-3, warmup=60, weight_decay=0.1,
+    "cpu": dict(steps=800, batch=16, seq_len=128, lr=3e-3, warmup=60, weight_decay=0.1,
                 clip=1.0, eval_len=256, eval_tokens=65536, threads=1),
     "gpu": dict(steps=3000, batch=64, seq_len=512, lr=2e-3, warmup=150, weight_decay=0.1,
                 clip=1.0, eval_len=1024, eval_tokens=None, threads=None),
@@ -267,7 +269,8 @@ def train(size: str = "cpu", *, seed: int = 0, device=None, corpus: C.Corpus | N
             heldout_bits_per_byte=C.nats_to_bits(held), unigram_nats=uni,
             unigram_bits_per_byte=C.nats_to_bits(uni), heldout_tokens_scored=scored,
             train_seconds=round(train_s, 1), device=_device_name(dev),
-            gdn_kernel=gdn_kernel(model, dev), versions=_versions(), corpus=corpus.manifest,
+            gdn_kernel=gdn_kernel(model, dev), versions=_versions(),
+            commit=environment()["commit"], corpus=corpus.manifest,
             log_columns=["step", "loss", "lr", "seconds"], log=log)
         return model, prov
     finally:
