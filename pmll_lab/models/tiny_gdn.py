@@ -264,7 +264,8 @@ def train(size: str = "cpu", *, seed: int = 0, device=None, corpus: C.Corpus | N
         prov = dict(
             size=size, seed=seed, script="scripts/train_tiny_gdn.py",
             command=f"python scripts/train_tiny_gdn.py --size {size} --seed {seed}",
-            config=model.config.to_dict(), training=hp, params=n_params(model),
+            config=dict(model.config.to_dict(),
+                        attn_implementation=model.config._attn_implementation), training=hp, params=n_params(model),
             weights_dtype="bfloat16", heldout_loss_nats=held,
             heldout_bits_per_byte=C.nats_to_bits(held), unigram_nats=uni,
             unigram_bits_per_byte=C.nats_to_bits(uni), heldout_tokens_scored=scored,
@@ -321,7 +322,7 @@ def load_model(path, *, dtype: torch.dtype = torch.float64, device=None):
 
     p = checkpoint_dir(path) if isinstance(path, str) and path in SIZES else Path(path)
     prov = load_provenance(p)
-    cfg = Qwen3NextConfig.from_dict(prov["config"])
+    cfg = Qwen3NextConfig.from_dict({"attn_implementation": "eager", **prov["config"]})
     dev = torch.device(device) if device is not None else torch.device("cpu")
     with dev:
         model = Qwen3NextForCausalLM(cfg)
