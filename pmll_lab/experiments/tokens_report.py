@@ -163,7 +163,10 @@ def plot_divergence(df: pd.DataFrame, K: int | None = None):
                     label=f"{LABELS.get(form, form)}, {pool} pool"
                           + (", drafts rejected" if fr else ""))
         ax.set(xlabel="tokens generated", title=title, ylim=(-0.02, 1.05))
-        ax.set_xscale("symlog", linthresh=10)
+        ax.set_xscale("symlog", linthresh=8)
+        ticks = [t for t in (0, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+                 if t <= tokens]
+        ax.set_xticks(ticks, [str(t) for t in ticks], fontsize=7)
     axes[0].set_ylabel(f"fraction of prompts not yet diverged\n(K = {K}; {len(w.prompt.unique())}"
                        " prompts)")
     fig.legend(*_legend(axes), loc="outside right center", fontsize=7, frameon=False)
@@ -187,7 +190,9 @@ def acceptance_table(df: pd.DataFrame) -> pd.DataFrame:
     if s.empty:
         return s
     t = s.groupby(["K", "form", "state_dtype"], sort=False)[["accept_rate", "tokens_per_step"]]
-    return t.mean().reset_index().sort_values(["K", "form", "state_dtype"]).reset_index(drop=True)
+    t = t.mean().reset_index().sort_values(["K", "form", "state_dtype"]).reset_index(drop=True)
+    t["form"] = t["form"].map(LABELS).fillna(t["form"])
+    return t.rename(columns={"accept_rate": "accept rate", "tokens_per_step": "tokens / step"})
 
 
 def exactness(df: pd.DataFrame) -> tuple[int, int, int]:
