@@ -76,7 +76,7 @@ def test_committed_checkpoint_beats_the_byte_unigram_baseline(corpus):
     assert len(prov["log"]) == prov["training"]["steps"]
     model = T.load_model("cpu", dtype=torch.float32)
     toks = corpus.heldout[:1025]
-    loss, n = T.heldout_loss(model, toks, window=256)
+    loss, n = T.heldout_loss(model, toks, window=128)
     base = C.unigram_entropy(toks[1:n + 1])
     print(f"held-out loss here {loss:.3f} nats, byte-unigram {base:.3f} nats over {n} tokens")
     assert loss < base - 1.0

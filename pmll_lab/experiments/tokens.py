@@ -56,6 +56,7 @@ _SPEC = {  # form -> (ServingCache form, speculative_generate keywords)
                                    eager_max_pending=GDN_CARRY_EAGER_MAX_PENDING)),
     "chain_restore": ("chain", {}),
     "ring": ("ring", {}),
+    "flashinfer_replayssm": ("replayssm", {}),
 }
 DRAFTERS = ("ngram",)
 """Draft sources: ``ngram`` is prompt lookup over the prompt and the tokens generated so far."""
@@ -201,11 +202,6 @@ def _generate(p: dict, prompts: list, tokens: int):
         return greedy_generate(model, prompts, max_new_tokens=tokens,
                                state_layout=p["state_layout"], state_dtype=sd,
                                return_stats=True)
-    if p["form"] == "flashinfer_replayssm":
-        from pmll_lab.models.replayssm_stack import replayssm_generate
-
-        return replayssm_generate(model, prompts, max_new_tokens=tokens, K=int(p["K"]),
-                                  forced_reject=bool(p["forced_reject"]))
     form, kw = _SPEC[p["form"]]
     if form == "ring":
         kw = dict(kw, ring_length=int(p.get("ring_length", 16)))

@@ -181,14 +181,3 @@ class ReplaySSMStep:
             for t in (ring.k, ring.u, ring.g):
                 t.index_fill_(0, idx, 0)
 
-
-def replayssm_generate(model, prompts, *, max_new_tokens: int, K: int, forced_reject: bool,
-                       draft="ngram"):
-    """``speculative_generate`` with ``form="replayssm"`` on a bf16 V-major pool:
-    ``(tokens, stats)``."""
-    from pmll_lab.models.generate import speculative_generate
-
-    return speculative_generate(model, prompts, max_new_tokens=max_new_tokens, draft=draft, K=K,
-                                form="replayssm", state_layout="vk",
-                                state_dtype=torch.bfloat16, forced_reject=forced_reject,
-                                return_stats=True)
