@@ -9,7 +9,8 @@ and tokenizer are ``pmll_lab.models.stdlib_corpus``'s; the training ``TRAINING``
 - ``train(size, seed=...)``: AdamW, linear warm-up then cosine decay, gradient clipping, random
   windows of the training stream; transformers picks the GDN kernel (FLA's
   ``chunk_gated_delta_rule`` on a GPU where fla-core is installed, its torch chunk path
-  otherwise; ``provenance["gdn_kernel"]`` records which was bound). The weights are stored in
+  otherwise; ``provenance["gdn_kernel"]`` records which was bound, and on a GPU
+  ``gdn_kernels_seen`` the chunk kernels a profiled step launched). The weights are stored in
   bf16 (``model.safetensors``) and the held-out loss is that of the stored weights.
 - ``save`` / ``load_model``: the checkpoint directory holds ``model.safetensors`` and
   ``provenance.json`` (config, training settings and per-step loss, held-out loss, byte-unigram
@@ -141,6 +142,25 @@ def gdn_kernel(model, device) -> str:
     return f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__name__', type(impl).__name__)}"
 
 
+def gdn_kernels_seen(model, device) -> list[str] | None:
+    """On a GPU, the device kernels one training forward and backward of ``model`` launches
+    whose names contain ``chunk`` (FLA's chunked delta rule names its Triton kernels so; the
+    torch path launches ATen kernels only): a measurement of which path ran, whatever the
+    transformers version's dispatch looks like. None on the CPU or where the profiler fails."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    try:
+        x = torch.randint(0, C.VOCAB_SIZE, (1, 128), device=dev)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            model(input_ids=x, use_cache=False).logits.float().sum().backward()
+            torch.cuda.synchronize()
+        model.zero_grad(set_to_none=True)
+        return sorted({e.name for e in prof.events() if "chunk" in e.name.lower()})[:12]
+    except Exception:  # noqa: BLE001 - a record, not a requirement
+        return None
+
+
 def n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -226,6 +246,7 @@ def train(size: str = "cpu", *, seed: int = 0, device=None, corpus: C.Corpus | N
     try:
         corpus = corpus if corpus is not None else C.load_corpus()
         model = build(size, seed, dev)
+        seen = gdn_kernels_seen(model, dev)
         decay = [p for p in model.parameters() if p.dim() >= 2]
         rest = [p for p in model.parameters() if p.dim() < 2]
         opt = torch.optim.AdamW([dict(params=decay, weight_decay=hp["weight_decay"]),
@@ -272,7 +293,7 @@ def train(size: str = "cpu", *, seed: int = 0, device=None, corpus: C.Corpus | N
             heldout_bits_per_byte=C.nats_to_bits(held), unigram_nats=uni,
             unigram_bits_per_byte=C.nats_to_bits(uni), heldout_tokens_scored=scored,
             train_seconds=round(train_s, 1), device=_device_name(dev),
-            gdn_kernel=gdn_kernel(model, dev), versions=_versions(),
+            gdn_kernel=gdn_kernel(model, dev), gdn_kernels_seen=seen, versions=_versions(),
             commit=environment()["commit"], corpus=corpus.manifest,
             log_columns=["step", "loss", "lr", "seconds"], log=log)
         return model, prov
