@@ -231,3 +231,24 @@ def test_bad_grids_and_forms_are_refused():
     with pytest.raises(ValueError, match="^form: 'replayssm' unsupported"):
         ServingCache(model, slots=1, max_len=8, form="replayssm", state_layout="vk",
                      state_dtype=torch.bfloat16)
+
+
+def test_summary_censors_prompts_that_never_diverged():
+    """Quantiles are the sample's own values with "never" (-1 in the rows) above every index."""
+    import pandas as pd
+
+    rows = []
+    for prompt, (same, fp32) in enumerate([(-1, 3), (5, 5), (10, 2), (-1, -1)]):
+        for metric, value in (("first_divergent_token", same), ("first_divergent_token_fp32", fp32),
+                              ("accept_rate", 0.5), ("tokens_per_step", 1.5)):
+            rows.append(dict(form="ring", state_dtype="bfloat16", K=4, drafter="ngram",
+                             forced_reject=False, prompt=prompt, tokens=16, metric=metric,
+                             value=float(value), status="ok"))
+    t = R.summary(pd.DataFrame(rows)).iloc[0]
+    assert (t["never_same"], t["q25_same"], t["q50_same"], t["q75_same"]) == \
+        (0.5, 5.0, 10.0, math.inf)
+    assert (t["never_fp32"], t["q10_fp32"], t["q50_fp32"]) == (0.25, 2.0, 3.0)
+    shown = R.shown(R.summary(pd.DataFrame(rows))).iloc[0]
+    assert shown["q75 (same pool)"] == "never" and shown["q50 (same pool)"] == "10"
+    n, frac = R.survival(R.prompt_rows(pd.DataFrame(rows)), "first_divergent_token", 16)
+    assert list(frac[[0, 5, 6, 11, 16]]) == [1.0, 1.0, 0.75, 0.5, 0.5]

@@ -162,7 +162,7 @@ def plot_divergence(df: pd.DataFrame, K: int | None = None):
                     ls="--" if fr else ("-" if pool == "fp32" else "-."), lw=1.3,
                     label=f"{LABELS.get(form, form)}, {pool} pool"
                           + (", drafts rejected" if fr else ""))
-        ax.set(xlabel="tokens generated", title=title, ylim=(-0.02, 1.05))
+        ax.set(xlabel="tokens generated", title=title, ylim=(-0.02, 1.05), xlim=(0, tokens))
         ax.set_xscale("symlog", linthresh=8)
         ticks = [t for t in (0, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
                  if t <= tokens]
