@@ -66,7 +66,7 @@ TRAINING = {
     "cpu": dict(steps=800, batch=16, seq_len=128, lr=3e-3, warmup=60, weight_decay=0.1,
                 clip=1.0, eval_len=128, eval_tokens=65536, threads=1),
     # windows of 2048 tokens: the tokens notebook generates 2048 tokens after a 256-byte prompt
-    "gpu": dict(steps=3000, batch=16, seq_len=2048, lr=2e-3, warmup=150, weight_decay=0.1,
+    "gpu": dict(steps=2000, batch=16, seq_len=2048, lr=2e-3, warmup=100, weight_decay=0.1,
                 clip=1.0, eval_len=2048, eval_tokens=None, threads=None),
 }
 """Training settings per size: ``eval_len`` the held-out windows (the training length);
@@ -318,8 +318,15 @@ def save(model, provenance: dict, out_dir) -> Path:
              for k, v in model.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"size": provenance["size"]})
     prov = dict(provenance, bytes=(out / "model.safetensors").stat().st_size)
-    (out / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
+    (out / "provenance.json").write_text(provenance_text(prov))
     return out
+
+
+def provenance_text(prov: dict) -> str:
+    """``prov`` as JSON: indented, the training log one step per line."""
+    head = json.dumps({k: v for k, v in prov.items() if k != "log"}, indent=1)
+    log = ",\n".join("  " + json.dumps(r) for r in prov.get("log", []))
+    return head[:-2] + ',\n "log": [\n' + log + "\n ]\n}\n"
 
 
 def load_provenance(path) -> dict:
