@@ -141,21 +141,28 @@ def nats_to_bits(x: float) -> float:
 
 
 def heldout_prompts(corpus: Corpus, n: int, length: int, seed: int) -> list[list[int]]:
-    """``n`` prompts of ``length`` tokens from ``n`` distinct held-out files (those long enough
-    for the prompt and 4096 tokens after it, or else the longest), each starting at a
-    seeded line start. ``ValueError`` naming ``n`` when there are fewer such files."""
+    """``n`` prompts of ``length`` tokens from the held-out files, each starting at a seeded
+    line start: one per file, the longest files first, and where ``n`` exceeds the files
+    long enough for a prompt, further prompts from the longest files again at other line
+    starts. ``ValueError`` naming ``n`` / ``length`` when they are below 1 or the held-out split
+    has too few line starts."""
     if n < 1 or length < 1:
         raise ValueError(f"n, length: expected ints >= 1, got {n}, {length}")
     rng = np.random.default_rng(seed)
-    files = sorted(corpus.heldout_files, key=lambda f: (-min(f[2], length + 4096), f[0]))
-    if len(files) < n:
-        raise ValueError(f"n: {n} prompts asked, the held-out split has {len(files)} files")
-    chosen = sorted(files[:n], key=lambda f: f[0])
+    files = [f for f in sorted(corpus.heldout_files, key=lambda f: (-f[2], f[0]))
+             if f[2] > length]
+    starts = []
+    for _, start, size in files:
+        toks = corpus.heldout[start:start + size - length]
+        lines = [start + i + 1 for i in np.flatnonzero(toks == ord("\n"))]
+        starts.append([int(x) for x in rng.permutation(lines)] if lines else [start])
     out = []
-    for _, start, size in chosen:
-        toks = corpus.heldout[start:start + size]
-        room = max(size - length, 1)
-        lines = [i + 1 for i in np.flatnonzero(toks[:room] == ord("\n"))]
-        pos = int(rng.choice(lines)) if lines else 0
-        out.append(toks[pos:pos + length].tolist())
+    while len(out) < n and any(starts):
+        for s in starts:
+            if s and len(out) < n:
+                pos = s.pop()
+                out.append(corpus.heldout[pos:pos + length].tolist())
+    if len(out) < n:
+        raise ValueError(f"n: {n} prompts of {length} tokens asked, the held-out split has "
+                         f"{len(out)} line starts for them")
     return out
