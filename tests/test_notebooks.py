@@ -128,7 +128,7 @@ def _sweep_points():
     from functools import partial
 
     from pmll_lab.experiments import carry, conv, gdn, pmll, pmll_attention, roofline
-    from pmll_lab.experiments import spec_decode, state_drift, step
+    from pmll_lab.experiments import spec_decode, state_drift, step, tokens
 
     def steps(g):
         return step.points(g, alpha=0.8, seed=0)
@@ -148,7 +148,7 @@ def _sweep_points():
             ("pmll_ring", "grids"): pmll.points,
             ("roofline", "grids"): roof, ("roofline", "ring_grids"): pmll.points,
             ("roofline", "step_grids"): steps, ("roofline", "drift_grids"): state_drift.points,
-            ("spec_decode", "grids"): spec_decode.points}
+            ("spec_decode", "grids"): spec_decode.points, ("tokens", "grids"): tokens.points}
 
 
 def test_every_preset_grid_passes_the_axis_checks(nb):

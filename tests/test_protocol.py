@@ -251,9 +251,10 @@ def test_every_sweeps_axes_are_protocol_axes():
     """Each experiment module's sweep axes are names of the shared vocabulary (``AXES``), so
     the README's axis names hold in every notebook."""
     from pmll_lab.experiments import (conv, gdn, pmll, pmll_attention, roofline, spec_decode,
-                                      state_drift, step)
+                                      state_drift, step, tokens)
 
-    for mod in (conv, gdn, pmll, pmll_attention, roofline, spec_decode, state_drift, step):
+    for mod in (conv, gdn, pmll, pmll_attention, roofline, spec_decode, state_drift, step,
+                tokens):
         assert set(mod.AXES) <= P.AXES, (mod.__name__, sorted(set(mod.AXES) - P.AXES))
 
 

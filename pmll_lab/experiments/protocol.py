@@ -40,14 +40,15 @@ PLAN_SUFFIX = ":plan"
 
 INT_AXES = {"K": 1, "B": 1, "HK": 1, "HV": 1, "head_dim": 1, "H": 1, "D": 1, "T": 1,
             "ring_length": 1, "M": 0, "pending": 0, "seed": 0, "d_conv": 2, "fill": 0,
-            "steps": 1, "segments": 1, "new_tokens": 1, "prompt_len": 1}
+            "steps": 1, "segments": 1, "new_tokens": 1, "prompt_len": 1, "tokens": 1}
 """Grid axes that hold integers, with their least value (``M = 0``: no ring; ``pending``: rows
 waiting in the stash; ``d_conv = 2``: a narrower conv keeps no window)."""
 
 
 AXES = frozenset(INT_AXES) | {
-    "alpha", "arch", "baselines", "batch", "capacity", "draft", "dtype", "fill", "form", "forms",
-    "gate", "heads", "impl", "layers", "lazy", "lazy_min_seqs", "mode", "new_tokens", "p",
+    "alpha", "arch", "baselines", "batch", "capacity", "draft", "drafter", "dtype", "fill",
+    "forced_reject", "form", "forms", "gate", "heads", "impl", "layers", "lazy",
+    "lazy_min_seqs", "mode", "model", "new_tokens", "p",
     "prompt_len", "providers", "segment", "segments", "shape", "state_dtype",
     "state_layout", "steps", "tokens", "vocab"}
 """Every axis name a notebook's grids may use (the kernels' names, README "Notebook

@@ -19,4 +19,8 @@ One module per architecture family, plus the pieces they share; import what you 
   ``GdnCache`` base the patched layers recognise), importing none of them.
 - ``pmll_lab.models.gpt2_pmll``: GPT-2's attention layers run segment by segment through the
   PMLL ring (``pmll_lab.pmll.pmll_step``).
+- ``pmll_lab.models.tiny_gdn``: a small Qwen3-Next-style model trained from a seed on the Python
+  standard library's sources (``stdlib_corpus``: the data, byte tokens, held-out split), its
+  committed checkpoints and their provenance; the tokens notebook's model.
+- ``pmll_lab.models.replayssm_stack``: FlashInfer's ReplaySSM as a ``ServingCache`` form (GPU).
 """

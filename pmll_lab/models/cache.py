@@ -1,10 +1,11 @@
 """``ServingCache``: every recurrent and attention state of a hybrid GDN model, held in slots.
 
 One object holds, for ``S`` slots (sequences decoded together), what a serving engine keeps per
-sequence: per GDN layer the conv window ``[S, conv_dim, d_conv]`` (the conv's input columns, oldest
-first, as transformers' cache holds them), the recurrent state (fp32, ``[S, HV, vd, kd]`` with
-``state_layout="vk"``, the default, or ``[S, HV, kd, vd]`` with ``"kv"``), the carried-state stashes
-(``GdnCarry``, ``ConvCarry``) or the snapshot buffers of the chain; per attention layer the keys
+sequence: per GDN layer the conv window ``[S, conv_dim, d_conv]`` (the conv's input columns,
+oldest first, as transformers' cache holds them), the recurrent state (``state_dtype``,
+``[S, HV, vd, kd]`` with ``state_layout="vk"``, the default, or ``[S, HV, kd, vd]`` with
+``"kv"``), the carried-state stashes (``GdnCarry``, ``ConvCarry``), the ring form's rings or the
+snapshot buffers of the chain; per attention layer the keys
 and values ``[S, H_kv, max_len, head_dim]``. It is passed to the transformers model as its
 ``cache``: the attention layers store keys/values through ``update`` (their code unchanged), the
 GDN layers (redirected by ``pmll_lab.models.qwen3_next.patch_model``) call ``gdn_forward``.
@@ -19,8 +20,10 @@ A step is one of:
 - ``verify(slots, rows)`` then ``accept(accepted)``: ``K`` rows per sequence; the form is
   ``"exact"`` (carried state, ``pmll_lab.carry.SpecDecodeStep``: lazy from
   ``lazy_min_seqs`` sequences, eager below, a slot over ``eager_max_pending`` flushed before an
-  eager verify) or ``"chain"`` (``conv_chain`` + ``gdn_chain`` with snapshots, the snapshot of
-  row ``a-1`` copied back for a sequence that accepts ``a < K`` rows).
+  eager verify), ``"chain"`` (``conv_chain`` + ``gdn_chain`` with snapshots, the snapshot of
+  row ``a-1`` copied back for a sequence that accepts ``a < K`` rows) or ``"ring"`` (the ring
+  form, SPEC §3d, a tolerance form: ``pmll_lab.serving.ring_step.RingStep``, V-major states
+  only; the conv keeps the exact conv carry, lazy from ``lazy_min_seqs`` sequences).
 - ``release(slot)``: the sequence ended; its carries are reset and the slot is free for the next
   prompt (its states are overwritten by that prompt's prefill).
 
@@ -55,17 +58,20 @@ from torch import nn
 
 from pmll_lab import _checks
 from pmll_lab.carry import (GDN_CARRY_CAP, GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS,
-                            CarryLayer, ConvCarry, GdnCarry, SpecDecodeStep, check_form)
+                            RING_DEFAULT_LENGTH, RING_LENGTHS, CarryLayer, ConvCarry, GdnCarry,
+                            SpecDecodeStep, check_form)
 from pmll_lab.models.cache_checks import _StepChecks
 from pmll_lab.models.cache_layer import (  # noqa: F401  (state_bytes_per_sequence: re-exported)
-    _GdnLayer, state_bytes_per_sequence)
+    _GdnLayer, ring_stack, state_bytes_per_sequence)
 from pmll_lab.models.common import GdnCache, vocab_size
 from pmll_lab.models.qwen3_next import GdnDims, finish, gating, patch_model, project
 from pmll_lab.models.timing import StepTimer
 from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, STATE_LAYOUTS
 
-FORMS = ("exact", "chain")
-"""Verify forms: the carried state's exact form (SPEC §3b), the snapshot chain (§3a)."""
+FORMS = ("exact", "chain", "ring", "replayssm")
+"""Verify forms: the carried state's exact form (SPEC §3b), the snapshot chain (§3a), the
+ring form (§3d), and FlashInfer's ReplaySSM as a peer (GPU only,
+``pmll_lab.models.replayssm_stack``)."""
 
 
 class ServingCache(_StepChecks, GdnCache):
@@ -75,14 +81,18 @@ class ServingCache(_StepChecks, GdnCache):
     Args:
         model: a transformers causal LM with Qwen3-Next / Qwen3.5 GDN layers (patched here with
             ``patch_model``); its parameters' dtype and device are used (bf16 models get a bf16
-            conv window and stash, others fp32; GDN states are fp32 always).
+            conv window and stash, others fp32).
+        state_dtype: the GDN state pool's dtype (fp32, bf16 or fp16; SPEC §2 "State dtype"),
+            also the chain's snapshots' and the ring's rows'.
         slots: sequences held at once (``S``). max_len: positions per slot (prompt + generated +
             draft rows); a step past it raises ``ValueError``.
         state_layout: ``"vk"`` (default, as every GDN launcher's) or ``"kv"`` for every GDN
             state, snapshot, stash and kernel; recorded (``self.layout``), and the Hugging
             Face cache's K-major states are transposed into it when loaded.
-        form: verify form, ``"exact"`` or ``"chain"``. rows: the largest ``K`` verify
-            will be given (sizes the chain's snapshot buffers).
+        form: verify form, ``"exact"``, ``"chain"``, ``"ring"`` (needs ``state_layout="vk"``
+            and head sizes the ring kernels take) or ``"replayssm"`` (FlashInfer's peer: a GPU,
+            ``kd = vd = 128``, a bf16 V-major pool). rows: the largest ``K`` verify will be
+            given (sizes the chain's snapshot buffers). ring_length: the ring form's ``R``.
         lazy_min_seqs: carried forms run lazy from this many sequences in a step (``None``:
             always eager); eager_max_pending: as in ``SpecDecodeStep``. cap: stash rows (CAP).
         timer: a ``StepTimer`` (default: a disabled one).
@@ -100,12 +110,18 @@ class ServingCache(_StepChecks, GdnCache):
                  lazy_min_seqs: int | None = GDN_CARRY_LAZY_MIN_SEQS,
                  eager_max_pending: int | None = GDN_CARRY_EAGER_MAX_PENDING,
                  cap: int = GDN_CARRY_CAP, timer: StepTimer | None = None,
-                 record: bool = False):
+                 record: bool = False, state_dtype: torch.dtype = torch.float32,
+                 ring_length: int = RING_DEFAULT_LENGTH):
         _checks.positive_int("slots", slots)
         _checks.positive_int("max_len", max_len)
         _checks.choice("state_layout", state_layout, STATE_LAYOUTS)
         check_form("form", form, FORMS)
         _checks.positive_int("rows", rows, maximum=cap)
+        _checks.choice("state_dtype", state_dtype, _checks.FLOAT_DTYPES)
+        _checks.choice("ring_length", ring_length, RING_LENGTHS)
+        if form == "ring" and state_layout != "vk":
+            raise ValueError(f"state_layout: the ring form runs on V-major states ('vk'), got "
+                             f"{state_layout!r}")
         self.model = model
         modules = patch_model(model)
         param = next(model.parameters())
@@ -114,8 +130,9 @@ class ServingCache(_StepChecks, GdnCache):
         self.slots, self.max_len, self.layout, self.form, self.cap = slots, max_len, \
             state_layout, form, cap
         self.lazy_min_seqs, self.eager_max_pending = lazy_min_seqs, eager_max_pending
-        self.gdn = [_GdnLayer(m, GdnDims.of(m), slots, state_layout, self.conv_dtype, self.device)
-                    for m in modules]
+        self.state_dtype, self.ring_length = state_dtype, ring_length
+        self.gdn = [_GdnLayer(m, GdnDims.of(m), slots, state_layout, self.conv_dtype, self.device,
+                              state_dtype) for m in modules]
         self._index = {id(m): i for i, m in enumerate(modules)}
         cfg = model.config.get_text_config()
         gdn_idx = {lay.dims.layer_idx for lay in self.gdn}
@@ -139,7 +156,7 @@ class ServingCache(_StepChecks, GdnCache):
         if form == "chain" and rows > 1:
             for lay in self.gdn:
                 lay.inter = torch.zeros(slots, rows - 1, *lay.state.shape[1:],
-                                        dtype=torch.float32, device=self.device)
+                                        dtype=state_dtype, device=self.device)
                 lay.conv_inter = torch.zeros(slots, rows - 1, *lay.conv_state.shape[1:],
                                              dtype=self.conv_dtype, device=self.device)
         elif form != "chain":
@@ -147,6 +164,14 @@ class ServingCache(_StepChecks, GdnCache):
 
     # -- set-up ---------------------------------------------------------------------------------
     def _make_carries(self):
+        if self.form == "ring":
+            self._spec = ring_stack(self)
+            return
+        if self.form == "replayssm":
+            from pmll_lab.models.replayssm_stack import ReplaySSMStep
+
+            self._spec = ReplaySSMStep(self)
+            return
         layers = []
         for lay in self.gdn:
             d = lay.dims
@@ -188,6 +213,8 @@ class ServingCache(_StepChecks, GdnCache):
                                   self.timer)[:, None]
             elif self.form == "chain":
                 core = lay.chain(x, g, beta, self._slot_tab, self.timer)
+            elif getattr(self._spec, "raw_gating", False):     # the peer gates in its kernel
+                core = self._spec.verify_layer(i, x=x, a=a, b=b)
             else:
                 core = self._spec.verify_layer(i, x=x, g=g, beta=beta)
             if self.gdn_io is not None:

@@ -1,11 +1,13 @@
 """One GDN layer of a ``ServingCache``: its buffers, the kernels a step runs on them, their size.
 
-``_GdnLayer`` holds, for every slot, the layer's conv window ``[S, conv_dim, d_conv]`` (conv dtype),
-its recurrent state (fp32, ``[S, HV, vd, kd]`` with ``state_layout="vk"``, the default,
-``[S, HV, kd, vd]`` with ``"kv"``), the conv weights in the conv dtype, and the carried-state
-stashes or the chain's snapshot buffers once the cache sets them; its ``prefill`` / ``decode`` / ``chain`` run a
+``_GdnLayer`` holds, for every slot, the layer's conv window ``[S, conv_dim, d_conv]`` (conv
+dtype), its recurrent state (the pool's dtype, ``[S, HV, vd, kd]`` with ``state_layout="vk"``,
+the default, ``[S, HV, kd, vd]`` with ``"kv"``), the conv weights in the conv dtype, and the
+carried-state stashes or the chain's snapshot buffers once the cache sets them; its ``prefill`` /
+``decode`` / ``chain`` run a
 step's conv and delta rule on the slots given (the carried forms run in
-``pmll_lab.carry.SpecDecodeStep``). ``state_bytes_per_sequence``: what one sequence holds in the
+``pmll_lab.carry.SpecDecodeStep``; the ring form's stack, ``ring_stack``, in
+``pmll_lab.serving.ring_step.RingStep``). ``state_bytes_per_sequence``: what one sequence holds in the
 cache, from the model's config alone. Both are reachable from ``pmll_lab.models.cache``, whose
 docstring describes the steps.
 """
@@ -16,11 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pmll_lab.carry import GDN_CARRY_CAP, snapshot_bytes_per_slot, stash_bytes_per_slot
+from pmll_lab.carry import (GDN_CARRY_CAP, ConvCarry, GdnRing, snapshot_bytes_per_slot,
+                            stash_bytes_per_slot)
 from pmll_lab.conv import conv_chain, conv_update
 from pmll_lab.gdn import gdn_chain, gdn_decode
 from pmll_lab.models.qwen3_next import GdnDims, torch_functions
 from pmll_lab.models.timing import StepTimer
+from pmll_lab.serving.ring_step import RingLayer, RingStep
 
 
 class _GdnLayer:
@@ -28,12 +32,13 @@ class _GdnLayer:
     the kernels of a step on them: ``slot`` / ``slot_tab`` (int32 on the device) name the slots
     of the step's sequences, ``timer`` times the kernel sections."""
 
-    def __init__(self, module, dims: GdnDims, slots, layout, conv_dtype, device):
+    def __init__(self, module, dims: GdnDims, slots, layout, conv_dtype, device,
+                 state_dtype=torch.float32):
         self.module, self.dims = module, dims
         self.layout, self.conv_dtype = layout, conv_dtype
         HV, kd, vd = dims.num_v_heads, dims.k_dim, dims.v_dim
         shape = (slots, HV, kd, vd) if layout == "kv" else (slots, HV, vd, kd)
-        self.state = torch.zeros(shape, dtype=torch.float32, device=device)
+        self.state = torch.zeros(shape, dtype=state_dtype, device=device)
         self.conv_state = torch.zeros(slots, dims.conv_dim, dims.d_conv, dtype=conv_dtype,
                                       device=device)
         w = module.conv1d.weight.detach()
@@ -95,6 +100,24 @@ class _GdnLayer:
             return gdn_chain(self.state, q, k, v, g, beta, state_indices=slot_tab,
                              intermediate=self.inter[:B, :K - 1] if K > 1 else None,
                              use_qk_l2norm=True, state_layout=self.layout)
+
+
+def ring_stack(cache) -> RingStep:
+    """The ring form's driver over ``cache``'s GDN layers (``cache.gdn``, V-major states): a
+    ``GdnRing`` of ``cache.ring_length`` rows in the state pool's dtype and a conv carry per
+    layer (stored on the layer as ``ring`` / ``conv_carry``); the conv carry is lazy unless
+    ``cache.lazy_min_seqs`` is None (always eager)."""
+    layers = []
+    for lay in cache.gdn:
+        d = lay.dims
+        lay.ring = GdnRing.empty(cache.slots, d.num_k_heads, d.num_v_heads, d.k_dim, d.v_dim,
+                                 length=cache.ring_length, dtype=lay.state.dtype,
+                                 device=cache.device)
+        lay.conv_carry = ConvCarry.empty(cache.slots, d.conv_dim, cap=cache.cap,
+                                         dtype=cache.conv_dtype, device=cache.device)
+        layers.append(RingLayer(lay.state, lay.ring, lay.conv_state, lay.conv_carry,
+                                lay.conv_weight, lay.conv_bias, d.num_k_heads))
+    return RingStep(layers, conv_lazy=cache.lazy_min_seqs is not None, timer=cache.timer)
 
 
 def state_bytes_per_sequence(model_or_config, *, rows: int, cap: int = GDN_CARRY_CAP,

@@ -2,8 +2,9 @@
 
 ``greedy_generate`` decodes one token per sequence per step (``conv_update`` + ``gdn_decode``);
 ``speculative_generate`` verifies ``K`` rows per sequence per step (the last accepted token and
-``K - 1`` draft tokens) with the carried state (``form="exact"``) or the snapshot
-chain (``"chain"``), accepts the longest prefix of drafts that equals the target's greedy choice
+``K - 1`` draft tokens) with the carried state (``form="exact"``), the snapshot
+chain (``"chain"``), the ring form (``"ring"``) or FlashInfer's ReplaySSM (``"replayssm"``, a
+peer, GPU only), accepts the longest prefix of drafts that equals the target's greedy choice
 plus the target's next token, as serving engines do (Leviathan et al. 2023, greedy case). Both
 run continuous batching over a ``ServingCache`` (``pmll_lab.models.cache``).
 
@@ -43,7 +44,7 @@ from torch import nn
 
 from pmll_lab import _checks
 from pmll_lab.carry import (GDN_CARRY_CAP, GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS,
-                            check_form)
+                            RING_DEFAULT_LENGTH, check_form)
 from pmll_lab.models.cache import FORMS, ServingCache
 from pmll_lab.models.common import vocab_size
 from pmll_lab.models.timing import StepTimer
@@ -59,7 +60,10 @@ class GenerationStats:
     lengths ``a``), ``write_backs``, ``restored``, ``flushes``, ``flushed_slots``, ``step_ms``
     (wall), ``draft_ms``, and ``<section>_ms`` per kernel section with ``timing=True``).
     ``prefills``: one dict per prompt (``index``, ``slot``, ``tokens``, ``ms``).
-    ``accept_lengths``: every sequence's ``a`` of every verify step. ``logits``: per prompt a
+    ``accept_lengths``: every sequence's ``a`` of every verify step. ``seq_steps``: one
+    ``(prompt index, rows, drafted, a, emitted)`` per sequence and step (``rows``: K, 1 for a
+    decode step; ``drafted``: draft tokens proposed before padding to ``K - 1``; ``a``: rows
+    accepted; ``emitted``: tokens kept, fewer than ``a`` where the budget ended). ``logits``: per prompt a
     ``[n_i, V]`` tensor (``output_logits=True``), else None. ``gdn_io``: with
     ``record_gdn_io=True`` every GDN layer's kernel input and output per accepted token,
     ``{(prompt index, layer, position): (x, o)}`` (``ServingCache``'s ``record``), else None.
@@ -68,6 +72,7 @@ class GenerationStats:
     steps: list = field(default_factory=list)
     prefills: list = field(default_factory=list)
     accept_lengths: list = field(default_factory=list)
+    seq_steps: list = field(default_factory=list)
     logits: list | None = None
     gdn_io: dict | None = None
     device: str = ""
@@ -245,20 +250,24 @@ class _Run:
         logits = self.cache.decode(slots, last)
         nxt = logits.argmax(-1).tolist()
         for b, i in enumerate(idx):
+            n0 = len(self.out[i])
             self.emit(i, [nxt[b]], logits[b:b + 1])
+            self.stats.seq_steps.append((i, 1, 0, 1, len(self.out[i]) - n0))
         self.record(dict(kind="decode", batch=len(slots), rows=1, form=None, lazy=None,
                          emitted=len(slots), accepted=0, write_backs=0, restored=0,
                          draft_ms=draft_ms), t0, counts0)
 
 
 def _make_cache(model, prompts, budgets, rows, batch_size, state_layout, form, lazy_min_seqs,
-                eager_max_pending, timing, record=False):
+                eager_max_pending, timing, record=False, state_dtype=torch.float32,
+                ring_length=RING_DEFAULT_LENGTH):
     param = next(model.parameters())
     timer = StepTimer(param.device, enabled=timing)
     max_len = max(len(p) for p in prompts) + max(budgets) + rows + 1
     cache = ServingCache(model, slots=batch_size, max_len=max_len, state_layout=state_layout,
                          form=form, rows=rows, lazy_min_seqs=lazy_min_seqs,
-                         eager_max_pending=eager_max_pending, timer=timer, record=record)
+                         eager_max_pending=eager_max_pending, timer=timer, record=record,
+                         state_dtype=state_dtype, ring_length=ring_length)
     return cache, timer
 
 
@@ -273,16 +282,18 @@ def greedy_generate(model: nn.Module, input_ids, *, max_new_tokens,
                     state_layout: str = DEFAULT_STATE_LAYOUT,
                     attention_mask=None, batch_size: int | None = None, eos_token_id=None,
                     pad_token_id: int = -1, timing: bool = False, output_logits: bool = False,
-                    record_gdn_io: bool = False, return_stats: bool = False):
+                    record_gdn_io: bool = False, return_stats: bool = False,
+                    state_dtype: torch.dtype = torch.float32):
     """Greedy decoding, one token per sequence per step through ``conv_update`` +
     ``gdn_decode`` (SPEC §2) in every GDN layer; the model's attention, MLP and norms as they are.
 
-    Args (module docstring: the conventions): ``model`` a transformers Qwen3-Next / Qwen3.5 causal
-    LM (random or a checkpoint; patched by ``patch_model``); ``input_ids``, ``attention_mask``,
-    ``max_new_tokens``, ``batch_size``, ``eos_token_id`` (default: the model's
-    ``generation_config``), ``pad_token_id``; ``state_layout`` ``"vk"`` (default, as every GDN
-    launcher's) or ``"kv"``; ``timing`` times each kernel section; ``output_logits`` keeps the
-    logits rows; ``record_gdn_io`` keeps every GDN kernel input/output row; ``return_stats`` returns
+    Args (module docstring: the conventions): ``model`` a transformers Qwen3-Next / Qwen3.5
+    causal LM (random or a checkpoint; patched by ``patch_model``); ``input_ids``,
+    ``attention_mask``, ``max_new_tokens``, ``batch_size``, ``eos_token_id`` (default: the
+    model's ``generation_config``), ``pad_token_id``; ``state_layout`` ``"vk"`` (default, as
+    every GDN launcher's) or ``"kv"``; ``state_dtype`` the GDN state pool's dtype (fp32, bf16,
+    fp16); ``timing`` times each kernel section; ``output_logits`` keeps the logits rows;
+    ``record_gdn_io`` keeps every GDN kernel input/output row; ``return_stats`` returns
     ``(tokens, GenerationStats)``.
 
     Returns LongTensor ``[N, max(max_new_tokens)]``. Raises ``ValueError``/``TypeError`` naming
@@ -295,7 +306,7 @@ def greedy_generate(model: nn.Module, input_ids, *, max_new_tokens,
     bs = _batch(batch_size, len(prompts))
     pad = _pad(pad_token_id)
     cache, timer = _make_cache(model, prompts, budgets, 1, bs, state_layout, "exact", None, None,
-                               timing, record_gdn_io)
+                               timing, record_gdn_io, state_dtype)
     run = _Run(model, prompts, budgets, batch_size=bs, eos=_eos(model, eos_token_id),
                cache=cache, timer=timer, output_logits=output_logits)
     run.admit()
@@ -316,7 +327,8 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
                          attention_mask=None, batch_size: int | None = None, eos_token_id=None,
                          pad_token_id: int = -1, timing: bool = False,
                          output_logits: bool = False, record_gdn_io: bool = False,
-                         return_stats: bool = False):
+                         return_stats: bool = False, state_dtype: torch.dtype = torch.float32,
+                         ring_length: int = RING_DEFAULT_LENGTH, forced_reject: bool = False):
     """Speculative decoding with a greedy target: per step ``K`` rows per sequence verified in
     every GDN layer, the longest agreeing draft prefix accepted (module docstring).
 
@@ -326,7 +338,13 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
             ``draft(contexts, n) -> list[list[int]]`` (``pmll_lab.models.drafts``).
         K: rows per verify, ``2 <= K <= 8``.
         form: ``"exact"`` (carried state, bitwise equal to decoding: the same tokens as
-            ``greedy_generate``) or ``"chain"`` (snapshot chain, bitwise equal to decoding).
+            ``greedy_generate``), ``"chain"`` (snapshot chain, bitwise equal to decoding) or
+            ``"ring"`` (the ring form of ``ring_length`` rows, a tolerance form; needs
+            ``state_layout="vk"``) or ``"replayssm"`` (FlashInfer's ReplaySSM, a peer:
+            ``pmll_lab.models.replayssm_stack``).
+        state_dtype: the GDN state pool's dtype (fp32, bf16, fp16).
+        forced_reject: every verify accepts one row (the target's own next token) whatever
+            the drafts: the state is rolled back on every step (SGLang's rollback test).
         lazy: carried forms: lazy write-back from ``lazy_min_seqs`` sequences in a step, eager
             below (``False``: always eager); ``eager_max_pending`` as in ``SpecDecodeStep``.
         draft_accept, reference, draft_seed: the noisy draft's ``p``, the greedy tokens it
@@ -345,6 +363,7 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
     _checks.positive_int("K", K, minimum=2, maximum=GDN_CARRY_CAP)
     check_form("form", form, FORMS)
     _checks.flag("lazy", lazy)
+    _checks.flag("forced_reject", forced_reject)
     vocab = vocab_size(model)
     if reference is not None and len(reference) < len(prompts):
         raise ValueError(f"reference: {len(reference)} continuation(s) for {len(prompts)} "
@@ -357,7 +376,7 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
                          vocab_size=vocab, seed=draft_seed)
     cache, timer = _make_cache(model, prompts, budgets, K, bs, state_layout, form,
                                lazy_min_seqs if lazy else None, eager_max_pending, timing,
-                               record_gdn_io)
+                               record_gdn_io, state_dtype, ring_length)
     run = _Run(model, prompts, budgets, batch_size=bs, eos=_eos(model, eos_token_id),
                cache=cache, timer=timer, output_logits=output_logits)
     run.admit()
@@ -371,7 +390,7 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
         if not any(props):
             run.decode_step(slots, t0, draft_ms)
         else:
-            _verify_step(run, slots, idx, props, K, form, t0, draft_ms)
+            _verify_step(run, slots, idx, props, K, form, t0, draft_ms, forced_reject)
         run.retire()
         run.admit()
     return run.result(pad, return_stats)
@@ -393,7 +412,8 @@ def _proposals(props, B: int, n: int, vocab: int) -> list[list[int]]:
     return out
 
 
-def _verify_step(run: _Run, slots, idx, props, K, form, t0, draft_ms) -> None:
+def _verify_step(run: _Run, slots, idx, props, K, form, t0, draft_ms,
+                 forced_reject=False) -> None:
     counts0 = run.cache.counts
     rows = torch.tensor([[run.out[i][-1]] + p + [run.out[i][-1]] * (K - 1 - len(p))
                          for i, p in zip(idx, props)])
@@ -403,16 +423,19 @@ def _verify_step(run: _Run, slots, idx, props, K, form, t0, draft_ms) -> None:
     acc = []
     for b in range(len(slots)):
         a = 1
-        while a < K and rows_l[b][a] == pred[b][a - 1]:
+        while a < K and rows_l[b][a] == pred[b][a - 1] and not forced_reject:
             a += 1
         acc.append(a)
     res = run.cache.accept(acc)
+    before = [len(run.out[i]) for i in idx]
     emitted = 0
     for b, (i, a) in enumerate(zip(idx, acc)):
         n0 = len(run.out[i])
         run.emit(i, rows_l[b][1:a] + [pred[b][a - 1]], logits[b])
         emitted += len(run.out[i]) - n0
     run.stats.accept_lengths.extend(acc)
+    run.stats.seq_steps.extend((i, K, len(p), a, len(run.out[i]) - n0)
+                               for i, a, p, n0 in zip(idx, acc, props, before))
     run.record(dict(kind="verify", batch=len(slots), rows=K, form=form, lazy=info["lazy"],
                     emitted=emitted, accepted=sum(acc), write_backs=res.get("write_backs", 0),
                     restored=res.get("restored", 0), draft_ms=draft_ms), t0, counts0)
