@@ -171,8 +171,8 @@ def check_layer_inputs(lay: CarryLayer, dev_tab, lazy, rows, form, scale, valida
                        dt_bias=None, b=None) -> None:
     """``SpecDecodeStep.verify_layer``'s launches' argument checks for layer ``lay``, with
     nothing launched: the conv verify's (``check_verify_args``), then the GDN verify's on a
-    stand-in for the conv output (an uninitialised ``[B, K, dim]`` tensor of its dtype; never
-    read)."""
+    stand-in for the conv output (a zero ``[B, K, dim]`` tensor of its dtype: finite, so
+    ``validate``'s value checks hold the real inputs, the conv's ``x`` and the states, not it)."""
     g, beta, gating = split_gating(**layer_gates(lay, g, beta, A_log, a, dt_bias, b))
     if lay.has_conv:
         kd = lay.carry.k_dim
@@ -181,7 +181,7 @@ def check_layer_inputs(lay: CarryLayer, dev_tab, lazy, rows, form, scale, valida
             lay.conv_state, lay.conv_carry, x, lay.conv_weight, lay.conv_bias,
             slot_tab=dev_tab, lazy=lazy, qk_channels=qk if lay.qk_l2norm_in_conv else 0,
             head_dim=kd, validate=validate)
-        q, k, v = conv_qkv(lay, torch.empty(B, K, dim, dtype=out_dtype, device=x.device))
+        q, k, v = conv_qkv(lay, torch.zeros(B, K, dim, dtype=out_dtype, device=x.device))
         lead = "x"
     else:
         lead = "q"
