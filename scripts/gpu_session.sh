@@ -13,6 +13,8 @@
 #           snapshot steps (one process per release, our ring in both) on a quiet GPU; then, side
 #           by side (correctness and training, not timed): the exactness grid of the 2-byte pools
 #           with the shipped switches, SGLang's bitwise claim, the tokens notebook's GPU model
+# With less device time, three calls: first (part-a: the exactness grid of the 2-byte pools and
+# SGLang's bitwise claim), second (part-b: the A/B, exact lazy and plain decoding, bf16), steps.
 # Usage (device machine, repo root): PMLL_LAB_COMMIT=<sha> bash scripts/gpu_session.sh PART [RUN]
 set -u
 part=${1:?ab, exact, steps or next}
@@ -29,16 +31,31 @@ export JUPYTER_PATH=/tmp/site/share/jupyter PATH=/tmp/site/bin:$PATH
 mkdir -p "$OUT/logs"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/logs/device.txt"
 ab() {   # $1: packed_state_tile
-  PMLL_LAB_PACKED_STATE_TILE=$1 timeout 200 python3 scripts/bench_step.py \
-    --forms exact_lazy,exact_eager,chain_restore,plain_decode --states bfloat16,float32 \
-    --batches 1,64,128 --out "$OUT/logs/ab-step-p$1.jsonl" 2>&1 | tee "$OUT/logs/ab-step-p$1.log"
+  PMLL_LAB_PACKED_STATE_TILE=$1 timeout 100 python3 scripts/bench_step.py \
+    --forms exact_lazy,plain_decode --states bfloat16 --batches 1,64,128 \
+    --out "$OUT/logs/ab-step-p$1.jsonl" 2>&1 | tee "$OUT/logs/ab-step-p$1.log"
+}
+exactness() {   # the 2-byte pools with the shipped switches, and SGLang's bitwise claim
+  for d in 64 128 256; do
+    for l in kv vk; do
+      timeout 200 python3 -m pmll_lab.experiments.exactness --head-dims $d --layouts $l \
+        --state-dtypes bfloat16,float16 --batch 32 --steps 8 \
+        --out "$OUT/logs/exactness-kd$d-$l.jsonl" > "$OUT/logs/exactness-kd$d-$l.log" 2>&1 &
+    done
+  done
+  timeout 200 python3 -m pmll_lab.experiments.sglang_exactness --head-dims 128 \
+    --out "$OUT/logs/sglang-exactness.jsonl" > "$OUT/logs/sglang-exactness.log" 2>&1 &
+  wait
+  tail -n 1 "$OUT"/logs/exactness-*.log; tail -n 3 "$OUT/logs/sglang-exactness.log"
 }
 case $part in
   ab0) ab 0 ;;
   ab1) ab 1 ;;
+  first) exactness ;;
+  second) ab 0; ab 1 ;;
   steps)
     python3 -m ipykernel install --user --name python3 >/dev/null
-    bash scripts/h200_reports.sh "$run" 430 carry_step:430 ;;
+    bash scripts/h200_reports.sh "$run" 400 carry_step:400 ;;
   last)
     [ -f .fi/fi-unpack-next.sh ] && bash .fi/fi-unpack-next.sh
     for site in /tmp/site /tmp/site-next; do
@@ -63,5 +80,5 @@ case $part in
     tail -n 1 "$OUT"/logs/exactness-*.log; tail -n 3 "$OUT/logs/sglang-exactness.log"
     tail -n 5 "$OUT/logs/train_gpu.log"
     (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs) ;;
-  *) echo "part: expected ab0, ab1, steps or last, got $part" >&2; exit 2 ;;
+  *) echo "part: expected first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
 esac
