@@ -13,7 +13,8 @@
 #           snapshot steps (one process per release, our ring in both) on a quiet GPU; then, side
 #           by side (correctness and training, not timed): the exactness grid of the 2-byte pools
 #           with the shipped switches, SGLang's bitwise claim, the tokens notebook's GPU model
-# With less device time, three calls: first (part-a: the exactness grid of the 2-byte pools and
+# With less device time, one call without FlashInfer (one: the exactness grid, SGLang's bitwise
+# claim, every other step form, then the packed tile off), or three calls: first (part-a: the exactness grid of the 2-byte pools and
 # SGLang's bitwise claim), second (part-b: the A/B, exact lazy and plain decoding, bf16), steps.
 # Usage (device machine, repo root): PMLL_LAB_COMMIT=<sha> bash scripts/gpu_session.sh PART [RUN]
 set -u
@@ -52,6 +53,13 @@ case $part in
   ab0) ab 0 ;;
   ab1) ab 1 ;;
   first) exactness ;;
+  one)        # a single call, no FlashInfer: bits first, then every form on a quiet GPU
+    exactness
+    timeout 260 python3 scripts/bench_step.py --forms \
+      exact_lazy,exact_eager,ring,chain_restore,sglang_exact_fold,sglang_replayssm,sglang_replayssm_rawfold \
+      --states bfloat16,float32 --batches 1,8,64,128,256 --out "$OUT/logs/steps.jsonl" 2>&1 \
+      | tee "$OUT/logs/steps.log"
+    ab 0 ;;
   second) ab 0; ab 1 ;;
   steps)
     python3 -m ipykernel install --user --name python3 >/dev/null
@@ -80,5 +88,5 @@ case $part in
     tail -n 1 "$OUT"/logs/exactness-*.log; tail -n 3 "$OUT/logs/sglang-exactness.log"
     tail -n 5 "$OUT/logs/train_gpu.log"
     (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs) ;;
-  *) echo "part: expected first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
+  *) echo "part: expected one, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
 esac
