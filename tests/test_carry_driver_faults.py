@@ -65,7 +65,8 @@ class Plain:
     def fresh(self, step, slot, seed):
         """A new sequence in ``slot``: the same new state and window in both."""
         for i, lay in enumerate(step.layers):
-            st = gdn_inputs(seed + i, 1, HK, HV, KD, VD, slots=1, dtype=F32)["state"][0]
+            st = gdn_inputs(seed + i, 1, HK, HV, KD, VD, slots=1, dtype=F32,
+                            state_layout=self.layout)["state"][0]
             cs = conv_inputs(seed + 20 + i, 1, DIM, slots=1, dtype=F32)["conv_state"][0]
             lay.state[slot], self.st[i][slot] = st, st
             lay.conv_state[slot], self.cs[i][slot] = cs, cs
@@ -82,9 +83,10 @@ class Plain:
 def _stack(seed, layout, **kw):
     layers = []
     for i in range(L):
-        st = gdn_inputs(seed + i, 1, HK, HV, KD, VD, slots=S, dtype=F32)["state"]
+        st = gdn_inputs(seed + i, 1, HK, HV, KD, VD, slots=S, dtype=F32,
+                        state_layout=layout)["state"]
         c = conv_inputs(seed + 50 + i, 1, DIM, slots=S, dtype=F32)
-        layers.append(CarryLayer(st.clone(), GdnCarry.empty(S, HV, KD, VD),
+        layers.append(CarryLayer(st.clone(), GdnCarry.empty(S, HV, KD, VD, state_layout=layout),
                                  conv_state=c["conv_state"].clone(),
                                  conv_carry=ConvCarry.empty(S, DIM, dtype=torch.float32),
                                  conv_weight=c["weight"], conv_bias=c["bias"], num_k_heads=HK,
@@ -306,7 +308,7 @@ def test_a_ring_slot_forked_while_it_holds_rows_verifies_as_its_source():
 
     HKr, HVr, kd, vd, K = 1, 2, 16, 32, 3
     x = gdn_inputs(720, 2, HKr, HVr, kd, vd, rows=K, slots=6, dtype=F32)
-    state = x["state"].transpose(-1, -2).contiguous()
+    state = x["state"].contiguous()                       # V-major, the ring form's layout
     ring = GdnRing.empty(6, HKr, HVr, kd, vd, length=8)
     slots = torch.tensor([1, 2], dtype=torch.int32, device=DEVICE)
     for n in range(2):

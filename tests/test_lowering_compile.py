@@ -193,8 +193,8 @@ def test_gdn_kernels_launch_without_contraction(monkeypatch):
 
 ROUNDING = textwrap.dedent("""
     import json, os, sys
-    if sys.argv[1] == "packed":     # before pmll_lab is imported: the setting is fixed then
-        os.environ["PMLL_LAB_PACKED_STATE_TILE"] = "1"
+    # before pmll_lab is imported: the setting is fixed then
+    os.environ["PMLL_LAB_PACKED_STATE_TILE"] = "1" if sys.argv[1] == "packed" else "0"
     import triton.language as tl
     from pmll_lab.lowering import gdn_exact_family
     from pmll_lab.ops.gdn import recurrence as R

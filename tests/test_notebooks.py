@@ -95,8 +95,13 @@ def test_one_parameter_vocabulary(nb):
             assert name == "grids" or (name.endswith("_grids") and name == name.lower()), \
                 f"{name}: call it grids or <part>_grids"
         if name == "grids" or name.endswith(("_grids", "_points")):
+            if isinstance(value, ast.Constant) and name.endswith("grids"):
+                # a workload of harness/workloads.toml, with both presets
+                assert {"quick", "full"} <= {p for p in ("quick", "full")
+                                             if workloads.grids(value.value, p)}, name
+                continue
             assert isinstance(value, ast.Dict) and {ast.literal_eval(k) for k in value.keys} == \
-                {"quick", "full"}, f"{name}: a dict with the presets quick and full"
+                {"quick", "full"}, f"{name}: a dict with the presets quick and full, or a workload"
 
 
 def test_readme_names_every_part_parameter(nb):
@@ -128,7 +133,7 @@ def _sweep_points():
     from functools import partial
 
     from pmll_lab.experiments import carry, conv, gdn, pmll, pmll_attention, roofline
-    from pmll_lab.experiments import spec_decode, state_drift, step, tokens
+    from pmll_lab.experiments import kernels, spec_decode, state_drift, step, tokens
 
     def steps(g):
         return step.points(g, alpha=0.8, seed=0)
@@ -148,7 +153,8 @@ def _sweep_points():
             ("pmll_ring", "grids"): pmll.points,
             ("roofline", "grids"): roof, ("roofline", "ring_grids"): pmll.points,
             ("roofline", "step_grids"): steps, ("roofline", "drift_grids"): state_drift.points,
-            ("spec_decode", "grids"): spec_decode.points, ("tokens", "grids"): tokens.points}
+            ("spec_decode", "grids"): spec_decode.points, ("tokens", "grids"): tokens.points,
+            ("kernels", "grids"): lambda g: kernels.points(g, "gdn_decode", seed=0)}
 
 
 def test_every_preset_grid_passes_the_axis_checks(nb):

@@ -546,7 +546,8 @@ def pick(table: Mapping | str, preset: str, name: str = "grids"):
 
         return workloads.grids(table, preset)
     if not isinstance(table, Mapping):
-        raise ValueError(f"{name}: expected a workload's name or a dict of presets, got "
+        raise ValueError(f"{name}: must be a dict of presets ({{preset: [grid, ...]}}) or a "
+                         f"workload's name (harness/workloads.toml), got "
                          f"{type(table).__name__} {table!r}")
     if preset not in table:
         raise ValueError(f"preset: {preset!r} is not one of {sorted(table)} (the keys of "
