@@ -31,9 +31,9 @@ import torch
 from pmll_lab._interpreter import install as _install_interpreter
 
 
-KERNEL_SWITCHES = ("PMLL_LAB_FMA_SUMS", "PMLL_LAB_PACKED_STATE_TILE", "PMLL_LAB_COMPACT_QK")
+KERNEL_SWITCHES = ("PMLL_LAB_FMA_SUMS", "PMLL_LAB_PACKED_STATE_TILE")
 """Environment switches of the kernels' code, read once when ``pmll_lab`` is imported
-(``pmll_lab.ops.settings``: ``fma_sums``, ``packed_state_tile``, ``compact_qk``)."""
+(``pmll_lab.ops.settings``: ``fma_sums``, ``packed_state_tile``)."""
 
 
 def env_flag(name: str, default: bool) -> bool:

@@ -49,7 +49,7 @@ def test_environment_names_device_versions_and_commit():
     assert proc.returncode == 0, proc.stderr
     prov = json.loads(proc.stdout)
     assert set(prov) >= set(env)        # the results rows' stamp: the environment and the switches
-    assert prov["import_settings"] == "fma_sums=0 packed_state_tile=1 compact_qk=0"
+    assert prov["import_settings"] == "fma_sums=0 packed_state_tile=1"
     assert env["backend"] == ("triton-interpreter" if backend.INTERPRET else "cuda")
     assert env["commit"]
 
@@ -69,7 +69,7 @@ def test_lower_mode_compiles_and_refuses_the_interpreter():
 
 def test_import_switches_refuse_a_value_other_than_0_or_1():
     """``PMLL_LAB_PACKED_STATE_TILE=off`` must not read as on: the import fails naming it."""
-    for name in ("PMLL_LAB_PACKED_STATE_TILE", "PMLL_LAB_FMA_SUMS", "PMLL_LAB_COMPACT_QK"):
+    for name in ("PMLL_LAB_PACKED_STATE_TILE", "PMLL_LAB_FMA_SUMS"):
         proc = _python("import pmll_lab", PMLL_LAB_DEVICE="cpu", **{name: "off"})
         assert proc.returncode != 0
         assert f"{name}: expected 0 or 1 (or unset), got 'off'" in proc.stderr

@@ -102,7 +102,6 @@ from pmll_lab.experiments import exactness as E
 from pmll_lab.ops.gdn import recurrence
 import os
 assert recurrence.PACKED_STATE_TILE, "PMLL_LAB_PACKED_STATE_TILE=1 did not switch it on"
-assert bool(recurrence.COMPACT_QK) == (os.environ.get("PMLL_LAB_COMPACT_QK") == "1")
 size = dict(B=2, steps=4) if DEVICE.type == "cpu" else dict(B=32, steps=12)
 for cfg in json.loads(sys.argv[1]):
     rec = E.run_config(cfg, seed=5, **size)
@@ -116,16 +115,14 @@ PACKED_GRID = [
 ]
 
 
-@pytest.mark.parametrize("compact_qk", ["0", "1"])
-def test_packed_state_tile_is_bitwise(compact_qk):
-    """With a 2-byte tile held as 2-byte pairs between rows (``packed_state_tile``, switched on
-    in a fresh process: it is fixed at import), alone and with ``compact_qk``, every form still
-    equals plain decoding bit for bit: bf16 state in both layouts, fp16 with fp32 inputs past
-    the eager fold limit (K = 8)."""
+def test_packed_state_tile_is_bitwise():
+    """With a 2-byte tile held as 2-byte pairs between rows (``packed_state_tile``, set in a
+    fresh process: it is fixed at import), every form still equals plain decoding bit for bit:
+    bf16 state in both layouts, fp16 with fp32 inputs past the eager fold limit (K = 8)."""
     import os
     import subprocess
     import sys
-    env = dict(os.environ, PMLL_LAB_PACKED_STATE_TILE="1", PMLL_LAB_COMPACT_QK=compact_qk)
+    env = dict(os.environ, PMLL_LAB_PACKED_STATE_TILE="1")
     run = subprocess.run([sys.executable, "-c", PACKED, json.dumps(PACKED_GRID)], env=env,
                          capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]

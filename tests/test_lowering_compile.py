@@ -239,33 +239,3 @@ def test_two_byte_states_round_two_values_per_conversion():
         assert got["paired"][st][verify]["registers"] > fp32, (st, got["paired"][st][verify])
     unpaired = got["unpaired"]["bf16"][verify]
     assert unpaired.get("F2F", 0) >= 128, unpaired     # one per value: 64 a thread, 3 rows
-
-
-COMPACT = textwrap.dedent("""
-    import json, os, sys
-    os.environ["PMLL_LAB_COMPACT_QK"] = sys.argv[1]      # before pmll_lab: fixed at import
-    from pmll_lab.lowering import gdn_exact_family
-    out = {}
-    for st in ("fp32", "bf16"):
-        res = {}
-        lay = gdn_exact_family(layout="vk", state_type=st, gate=True, batch=64, resources=res)
-        out[st] = {"agree": all(v == next(iter(lay.values())) for v in lay.values()),
-                   **{name: r["instructions"] for name, r in res.items()}}
-    json.dump(out, sys.stdout)
-""")
-
-
-def test_compact_qk_keeps_one_reduction_order_with_fewer_instructions():
-    """``compact_qk`` (the row's q/k formed on their compact layout, then broadcast): every
-    V-major kernel still reduces on decode's layouts (so the family stays bitwise), and on a
-    bf16 state decode, the chain and the verify each compile to fewer SASS instructions than
-    without it (952 / 3352 / 4840 against 1040 / 3736 / 5240 with Triton 3.6)."""
-    got = {}
-    for mode in ("0", "1"):
-        run = run_lowered(COMPACT, mode)
-        assert run.returncode == 0, run.stderr[-4000:]
-        got[mode] = json.loads(run.stdout)
-    for st in ("fp32", "bf16"):
-        assert got["1"][st]["agree"] and got["0"][st]["agree"], st
-    for name in ("gdn_rows_vk_kernel", "gdn_rows_vk_kernel[chain]", "gdn_carry_exact_vk_kernel"):
-        assert got["1"]["bf16"][name] < got["0"]["bf16"][name], (name, got)

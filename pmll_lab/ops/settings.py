@@ -16,7 +16,7 @@ across families; nested blocks restore the outer values; not thread-safe)::
     with settings.override(vk_tiles=((1 << 62, 8, 16, 1),), carry_prefetch_rows=False):
         ...
 
-``fma_sums``, ``packed_state_tile``, ``compact_qk`` and ``default_state_layout`` are fixed when
+``fma_sums``, ``packed_state_tile`` and ``default_state_layout`` are fixed when
 ``pmll_lab`` is
 imported (globals of the jitted ``recurrence`` functions; the launchers' keyword default): listed
 here, refused by ``override``.
@@ -128,19 +128,6 @@ class GdnSettings:
     its own type between rows (``recurrence.round_to_state``, ``state_tile``); a decode (one
     row) widens its tile once whatever this says; ``PMLL_LAB_PACKED_STATE_TILE=0`` in the
     environment before ``pmll_lab`` is imported switches it off (default on)."""
-
-    compact_qk: bool = _row(
-        env_flag("PMLL_LAB_COMPACT_QK", False), check="flag", when="import",
-        why="the V-major row's q/k normalisation runs once per key (4 keys a thread) instead "
-            "of on every thread of a tile's value rows (32 keys a thread): B = 64, sm_90, bf16 "
-            "state: decode 1040 -> 952 SASS instructions (128 -> 153 registers), the chain "
-            "3736 -> 3352, the verify 5240 -> 4840 (228 -> 214 registers); last bits can "
-            "differ from off (the k.q sum's order), alike in every V-major kernel; not yet "
-            "timed, so off",
-        see="perf-notes 'bf16 state pools'")
-    """The V-major kernels form the row's normalised ``q, k [NC, CW]`` on a compact layout and
-    broadcast them to the tile (``recurrence.qk_prepare_vk``); ``PMLL_LAB_COMPACT_QK=1`` in
-    the environment before ``pmll_lab`` is imported switches it on (default off)."""
 
     default_state_layout: str = _row(
         "vk", check="layout", when="import",
@@ -350,11 +337,11 @@ def describe() -> list[dict]:
 
 def import_switches() -> str:
     """The settings fixed at import that change a kernel's instructions, as one provenance
-    string (``"fma_sums=1 packed_state_tile=0 compact_qk=0"``): two runs' times describe the
-    same kernels only when they agree, and ``compact_qk`` moves the last bits of outputs too."""
+    string (``"fma_sums=1 packed_state_tile=1"``): two runs' times describe the same kernels
+    only when they agree."""
     g = gdn()
     return " ".join(f"{name}={int(getattr(g, name))}"
-                    for name in ("fma_sums", "packed_state_tile", "compact_qk"))
+                    for name in ("fma_sums", "packed_state_tile"))
 
 
 @contextlib.contextmanager
@@ -363,7 +350,7 @@ def override(**changes):
     active values; on exit (also after an error) the values before the block come back.
 
     Raises ``ValueError`` naming the settings, before anything changes: names that are no
-    setting, settings fixed at import (``fma_sums``, ``packed_state_tile``, ``compact_qk``,
+    setting, settings fixed at import (``fma_sums``, ``packed_state_tile``,
     ``default_state_layout``), values of the
     wrong form (flags: bool; counts: int >= 0; powers of two; tables: tuples of int rows of the
     shipped width). Lists are taken as tuples."""
@@ -375,7 +362,7 @@ def override(**changes):
     if fixed:
         raise ValueError(f"{', '.join(fixed)}: fixed when pmll_lab is imported, not overridable "
                          "(fma_sums: PMLL_LAB_FMA_SUMS in the environment; packed_state_tile: "
-                         "PMLL_LAB_PACKED_STATE_TILE; compact_qk: PMLL_LAB_COMPACT_QK; "
+                         "PMLL_LAB_PACKED_STATE_TILE; "
                          "default_state_layout: pass state_layout=)")
     checked = {n: _checked(n, v) for n, v in changes.items()}
     saved = dict(_active)

@@ -68,8 +68,6 @@ PACKED_STATE_TILE = tl.constexpr(settings.gdn().packed_state_tile)
 the jitted ``round_to_state`` / ``state_tile``): a 2-byte state tile held as 2-byte pairs
 between rows (half the registers) or widened to fp32. Same bits either way."""
 
-COMPACT_QK = tl.constexpr(settings.gdn().compact_qk)
-"""The ``compact_qk`` setting, fixed at import (a global of the jitted ``qk_prepare_vk``)."""
 
 PAIRED_ROUNDING = tl.constexpr(not INTERPRET)
 """On a GPU ``round_to_state`` rounds two fp32 values per conversion (PTX ``cvt.rn.bf16x2.f32`` /
@@ -360,20 +358,11 @@ def vk_dot_keys(h, k):
 
 @triton.jit
 def qk_prepare_vk(q, k, scale, USE_QK_L2NORM: tl.constexpr):
-    """``qk_prepare`` for chunked ``q, k [NC, CW]`` fp32 (padding lanes zero).
-
-    With ``COMPACT_QK`` the results pass through a sum over a new axis of one element (exact:
-    the values are unchanged): the compiler cannot move that reduction, so it forms ``q, k`` on
-    the compact layout they were loaded and reduced on and converts the results to the tile's,
-    where otherwise it converts the loaded rows and repeats the scaling on every thread of the
-    tile's value rows (32 keys a thread instead of 4 on a 2-byte state's tile)."""
+    """``qk_prepare`` for chunked ``q, k [NC, CW]`` fp32 (padding lanes zero)."""
     if USE_QK_L2NORM:
         q = q * tl.math.rsqrt(tl.sum(tl.sum(q * q, 1), 0) + 1e-6)
         k = k * tl.math.rsqrt(tl.sum(tl.sum(k * k, 1), 0) + 1e-6)
     q = q * scale
-    if COMPACT_QK:
-        q = tl.sum(q[:, :, None], 2)
-        k = tl.sum(k[:, :, None], 2)
     return q, k
 
 
