@@ -53,6 +53,21 @@ case $part in
   ab0) ab 0 ;;
   ab1) ab 1 ;;
   first) exactness ;;
+  lite)       # the least: the 2-byte pools' bits at kd 128, SGLang's claim, the exact and ring
+              # forms against SGLang's at B = 1, 64, 128 (about 5 minutes)
+    for l in kv vk; do
+      timeout 120 python3 -m pmll_lab.experiments.exactness --head-dims 128 --layouts $l \
+        --state-dtypes bfloat16,float16 --batch 32 --steps 8 \
+        --out "$OUT/logs/exactness-kd128-$l.jsonl" > "$OUT/logs/exactness-kd128-$l.log" 2>&1 &
+    done
+    timeout 120 python3 -m pmll_lab.experiments.sglang_exactness --head-dims 128 --rows 4 \
+      --out "$OUT/logs/sglang-exactness.jsonl" > "$OUT/logs/sglang-exactness.log" 2>&1 &
+    wait
+    tail -n 1 "$OUT"/logs/exactness-*.log; tail -n 3 "$OUT/logs/sglang-exactness.log"
+    timeout 170 python3 scripts/bench_step.py --forms \
+      exact_lazy,ring,chain_restore,sglang_exact_fold,sglang_replayssm \
+      --states bfloat16,float32 --batches 1,64,128 --out "$OUT/logs/steps.jsonl" 2>&1 \
+      | tee "$OUT/logs/steps.log" ;;
   one)        # a single call, no FlashInfer: bits first, then every form on a quiet GPU
     exactness
     timeout 260 python3 scripts/bench_step.py --forms \
