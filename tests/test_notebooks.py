@@ -177,3 +177,30 @@ def test_every_preset_grid_passes_the_axis_checks(nb):
         for preset, grids in presets.items():
             for g in grids:
                 assert fns[name_of, name]([g]), f"{name}[{preset!r}]: no points"
+
+def test_every_library_name_a_notebook_uses_exists(nb):
+    """Each ``alias.name`` a notebook's code reads from a ``pmll_lab`` module it imports
+    (``from pmll_lab.experiments import step as S`` ... ``S.label``) exists in that module, so
+    a name moved or removed in the library fails here, not in the middle of ``make report``."""
+    import importlib
+
+    src = "\n".join(c.source for c in _code(nb)[1:])
+    tree = ast.parse(src)
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pmll_lab"):
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                try:
+                    aliases[a.asname or a.name] = importlib.import_module(full)
+                except ModuleNotFoundError:
+                    pass                                     # a name, not a module
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("pmll_lab") and a.asname:
+                    aliases[a.asname] = importlib.import_module(a.name)
+    assert aliases or _NAME[id(nb)] == "", "no pmll_lab module imported"
+    missing = sorted({f"{n.value.id}.{n.attr}" for n in ast.walk(tree)
+                      if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                      and n.value.id in aliases and not hasattr(aliases[n.value.id], n.attr)})
+    assert not missing, f"{_NAME[id(nb)]}: names the library no longer has: {missing}"
