@@ -18,6 +18,7 @@ when Ctrl-C or SIGTERM stopped it (the index names the notebook stopped and thos
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from pmll_lab.report import DEVICES, PRESETS, ReportError, build_report
@@ -76,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep_other_commits and not args.resume:
         rep.error("--keep-other-commits: only with --resume (it keeps stored points of "
                   "another commit)")
+    plugins = [p for p in os.environ.get("PMLL_LAB_PLUGINS", "").split(os.pathsep) if p]
+    if plugins:          # the notebooks run in their own folder: paths from here, made absolute
+        missing = [p for p in plugins if not os.path.isfile(p)]
+        if missing:
+            rep.error(f"PMLL_LAB_PLUGINS: no such file {missing[0]!r} (from {os.getcwd()})")
+        os.environ["PMLL_LAB_PLUGINS"] = os.pathsep.join(os.path.abspath(p) for p in plugins)
 
     try:
         manifest = build_report(preset=args.preset, device=args.device, run=args.run,

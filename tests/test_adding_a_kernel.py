@@ -22,8 +22,8 @@ DOC = ROOT / "docs" / "adding-a-kernel.md"
 
 def test_the_example_runs_as_written(tmp_path):
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
-    assert len(blocks) == 2, "the page has a plugin file and a script"
-    plugin, script = blocks
+    assert len(blocks) == 4, "the page has two plugin files and a script for each"
+    plugin, script = blocks[:2]
     assert plugin.startswith("# my_decode.py")
     (tmp_path / "my_decode.py").write_text(plugin)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PMLL_LAB_DEVICE": "cpu"}
@@ -82,7 +82,45 @@ def test_registry_refuses_with_the_argument_named(tmp_path):
         Implementation(name="x", family="gdn_decode", label="x", build=len, provider="me")
     with pytest.raises(ValueError, match="name"):
         Implementation(name="my decode", family="gdn_decode", label="x", build=len)
-    with pytest.raises(ValueError, match="PMLL_LAB_PLUGINS: no such file"):
+    with pytest.raises(ValueError, match="plugins: no such file"):
         registry.load_plugins(str(tmp_path / "missing.py"))
+    raising = tmp_path / "raising.py"
+    raising.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(RuntimeError, match=r"plugins: .*raising\.py raised RuntimeError: boom"):
+        registry.load_plugins(str(raising))
+    with pytest.raises(ValueError, match="name: 'decode' is GDN decode .*choose another name"):
+        registry.register(Implementation(name="decode", family="gdn_decode", label="mine",
+                                         provider="yours", impl="torch", build=len),
+                          replace=True)
+    with pytest.raises(ValueError, match="state_dtypes"):
+        Implementation(name="x", family="gdn_decode", label="x", build=len,
+                       state_dtypes=("bf16",))
+    from pmll_lab.harness import runner
+    with pytest.raises(ValueError, match="names: 'ring' is a gdn_step implementation"):
+        runner.run_point("gdn_decode", dict(B=2, HK=1, HV=2, head_dim=16,
+                                            state_dtype="float32"), ["ring"])
+    with pytest.raises(ValueError, match="point: sead not an axis of the gdn_decode family"):
+        runner.run_point("gdn_decode", dict(B=2, HK=1, HV=2, head_dim=16, sead=3,
+                                            state_dtype="float32"), "decode")
     with pytest.raises(ValueError, match="did you mean exact_lazy"):
         registry.get("exact_lazzy")
+
+
+def test_the_step_example_runs_as_written(tmp_path):
+    """The page's step form of one's own (the chain, the accepted snapshot put back) passes
+    the step check beside ours; the same form that ignores the accepted counts fails it."""
+    plugin, script = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)[2:]
+    assert plugin.startswith("# my_step.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PMLL_LAB_DEVICE": "cpu"}
+    env.pop("PMLL_LAB_PLUGINS", None)
+    broken = plugin.replace("torch.where((a < K)[:, None, None, None], kept, state[slots])",
+                            "state[slots]")
+    assert broken != plugin
+    for text, want in ((plugin, "passed"), (broken, "FAILED")):
+        (tmp_path / "my_step.py").write_text(text)
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             env=env, cwd=tmp_path, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        got = {tuple(line.split()[:2]): line.split() for line in run.stdout.splitlines()}
+        assert got[("chain_restore", "state")][3] == "passed", run.stdout
+        assert got[("my_step", "state")][3] == want, run.stdout

@@ -130,7 +130,7 @@ def test_step_point_rows_and_targets_on_the_cpu():
 
     from pmll_lab.experiments import step as S
 
-    p = dict(B=2, K=2, HK=1, HV=2, head_dim=16, state_dtype="float32", steps=2, alpha=0.8,
+    p = dict(B=2, K=2, HK=1, HV=2, head_dim=16, state_dtype="float32", steps=2, alpha=0.5,
              ring_length=8)
     rows = S.step_point(p)
     by = {(r["form"], r["metric"] if r["metric"] != "rel_l2" else f"{r['what']}_rel_l2"): r

@@ -17,12 +17,19 @@ from pmll_lab.harness import registry
 from pmll_lab.harness.runner import run_point
 
 
-def setup(family: str, implementations, plugins=()) -> tuple[list[str], list[str]]:
-    """Load ``plugins`` (and ``$PMLL_LAB_PLUGINS``), then ``(names, loaded files)``: the
-    implementations of ``family`` to run (``"all"`` or a ``"+"``-joined string or a list;
-    ``ValueError`` naming ``implementations`` for a name not registered)."""
+def setup(family: str, implementations, plugins=(), grids=None) -> tuple[list[str], list[str]]:
+    """Load ``plugins`` (a file or a list; and ``$PMLL_LAB_PLUGINS``), then ``(names, loaded
+    files)``: the implementations of ``family`` to run (``"all"`` or a ``"+"``-joined string or
+    a list; ``ValueError`` naming ``implementations`` for a name not registered, or ``grids``
+    for a workload of another family)."""
+    from pmll_lab.harness import workloads
+
     registry.family(family)
-    loaded = registry.load_plugins() + registry.load_plugins(list(plugins))
+    if isinstance(grids, str) and workloads.family(grids) != family:
+        raise ValueError(f"grids: workload {grids!r} runs the {workloads.family(grids)} family, "
+                         f"not {family}")
+    plugins = [plugins] if isinstance(plugins, str) else list(plugins)
+    loaded = registry.load_plugins() + registry.load_plugins(plugins)
     try:
         names = registry.resolve(family, implementations)
     except ValueError as exc:
@@ -30,9 +37,17 @@ def setup(family: str, implementations, plugins=()) -> tuple[list[str], list[str
     return names, loaded
 
 
+DEFAULTS = {"alpha": 0.8}
+"""Axis values a grid may leave out (the step families' acceptance probability)."""
+
+
 def points(grids: list[dict], family: str, *, seed: int) -> list[dict]:
-    """Every grid's product with the seed; axes checked against the family's."""
-    return P.grid_points(grids, {"seed": [seed]}, axes=registry.family(family).axes)
+    """Every grid's product with the seed (and ``DEFAULTS`` of the family's axes); axes checked
+    against the family's (``forms`` belongs to the step notebooks: this one runs its
+    ``implementations``)."""
+    axes = registry.family(family).axes
+    fill = {"seed": [seed], **{k: [v] for k, v in DEFAULTS.items() if k in axes}}
+    return P.grid_points(grids, fill, axes=axes)
 
 
 def _point(p: dict, *, family: str, names: tuple, plugins: tuple) -> list[dict]:
@@ -42,6 +57,7 @@ def _point(p: dict, *, family: str, names: tuple, plugins: tuple) -> list[dict]:
 
 def point_fn(family: str, names, plugins=()):
     """The sweep's point function (picklable: a worker loads the same plugin files)."""
+    plugins = [plugins] if isinstance(plugins, str) else list(plugins)
     return partial(_point, family=family, names=tuple(names), plugins=tuple(plugins))
 
 

@@ -398,7 +398,8 @@ def failed_points(df: pd.DataFrame, params: Sequence[str]) -> pd.DataFrame:
 
 
 def point_failures(df: pd.DataFrame) -> tuple[int, pd.DataFrame]:
-    """``(points that failed as a whole, failed rows of peers inside points that ran)``."""
+    """``(points that failed as a whole, failed rows of single kernels inside points that ran:
+    a peer that raised, or an implementation that failed its check or raised)``."""
     if df.empty or "status" not in df:
         return 0, pd.DataFrame()
     bad = df["status"] == "failed"

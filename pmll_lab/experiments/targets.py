@@ -177,7 +177,10 @@ def verdict(df: pd.DataFrame, head: pd.DataFrame, name: str) -> str:
     n_fail, peers = P.point_failures(df)
     tail = f"; {n_fail} point(s) failed" if n_fail else ""
     if len(peers):
-        tail += f"; a peer raised in {peers['point_id'].nunique()} point(s)"
+        kernels = ", ".join(sorted(peers["kernel"].astype(str).unique())) if "kernel" in peers \
+            else "?"
+        tail += (f"; {kernels} failed (a check or an error) in "
+                 f"{peers['point_id'].nunique()} point(s)")
     if not P.on_gpu(df):
         return (f"**{name}: judged on a GPU only; no speed verdict on the CPU.** Checks of "
                 f"this run's shapes on {dev}: {n_ok} of {n_chk} passed{tail}.")

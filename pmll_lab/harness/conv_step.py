@@ -108,7 +108,8 @@ def check(form: ConvStep, case: StepCase, plain=None) -> dict:
 
 FAMILY = add_family(Family(
     name="conv_step", label="the conv twin's speculative step", axes=(
-        "B", "K", "HK", "HV", "head_dim", "steps", "alpha", "state_dtype", "seed", "dtype"),
+        "B", "K", "HK", "HV", "head_dim", "steps", "alpha", "state_dtype", "seed", "dtype",
+        "ring_length"),
     make_case=make_case, check=check, metric="step_us",
     doc="SPEC §3c: the causal conv's window carried like the GDN state"))
 register(Implementation(

@@ -25,6 +25,8 @@ PROVIDERS = ("pmll_lab", "flashinfer", "sglang", "fla", "torch", "yours")
 """Who wrote an implementation (the ``provider`` column); ``yours``: registered by a researcher."""
 IMPLS = ("triton", "cuda", "cute-dsl", "torch")
 """What it is written in (the ``impl`` column)."""
+STATE_DTYPES = ("float32", "bfloat16", "float16")
+LAYOUTS = ("vk", "kv")
 PLUGINS_ENV = "PMLL_LAB_PLUGINS"
 """Python files (``os.pathsep``-separated) whose ``register`` calls ``load_plugins`` runs."""
 
@@ -88,6 +90,11 @@ class Implementation:
             raise ValueError(f"impl: one of {IMPLS}, got {self.impl!r}")
         if not callable(self.build):
             raise ValueError(f"build: must be callable (case -> run), got {self.build!r}")
+        for name, values, known in (("state_dtypes", self.state_dtypes, STATE_DTYPES),
+                                    ("layouts", self.layouts, LAYOUTS)):
+            bad = [v for v in values if v not in known]
+            if isinstance(values, str) or bad or not values:
+                raise ValueError(f"{name}: a tuple of {', '.join(known)}, got {values!r}")
 
     def unavailable(self) -> str | None:
         """Why it cannot run on this machine (not installed, GPU only), or None."""
@@ -132,7 +139,8 @@ def add_family(family: Family) -> Family:
 
 def register(impl: Implementation, *, replace: bool = False) -> Implementation:
     """Register ``impl`` under its name. ``ValueError`` for an unknown family, or a name
-    already taken unless ``replace`` (a notebook cell re-run replaces its own kernel)."""
+    already taken unless ``replace`` (a notebook cell re-run replaces its own kernel; only an
+    implementation of provider ``"yours"`` can be replaced)."""
     if impl.family not in FAMILIES:
         raise ValueError(f"family: {impl.family!r} is not a registered family "
                          f"({', '.join(sorted(FAMILIES))})")
@@ -140,6 +148,9 @@ def register(impl: Implementation, *, replace: bool = False) -> Implementation:
     if old is not None and not replace:
         raise ValueError(f"name: {impl.name!r} is already registered ({old.label}); pass "
                          f"replace=True to replace it")
+    if old is not None and old.provider != "yours":
+        raise ValueError(f"name: {impl.name!r} is {old.label} ({old.provider}'s); choose "
+                         "another name for yours (replace=True replaces only your own)")
     IMPLEMENTATIONS[impl.name] = impl
     return impl
 
@@ -150,9 +161,18 @@ def unregister(name: str) -> None:
     del IMPLEMENTATIONS[name]
 
 
+def _env_plugins() -> None:
+    """The files of ``$PMLL_LAB_PLUGINS``, loaded at the first lookup (and again when the
+    variable names a file not yet loaded)."""
+    if os.environ.get(PLUGINS_ENV):
+        load_plugins()
+
+
 def get(name: str) -> Implementation:
     """The implementation registered as ``name``; ``ValueError`` naming it (with the closest
     registered names) when there is none."""
+    if name not in IMPLEMENTATIONS:
+        _env_plugins()
     if name not in IMPLEMENTATIONS:
         close = difflib.get_close_matches(str(name), list(IMPLEMENTATIONS), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -169,7 +189,9 @@ def family(name: str) -> Family:
 
 def names(family: str | None = None, *, provider: str | None = None,
           exact: bool | None = None) -> list[str]:
-    """Registered names, in registration order, filtered by family, provider and exactness."""
+    """Registered names, in registration order, filtered by family, provider and exactness
+    (``$PMLL_LAB_PLUGINS``'s files loaded first)."""
+    _env_plugins()
     return [n for n, i in IMPLEMENTATIONS.items()
             if (family is None or i.family == family)
             and (provider is None or i.provider == provider)
@@ -182,12 +204,15 @@ def resolve(family: str, selection: str | Iterable[str] | None) -> list[str]:
     name not registered or of another family)."""
     if selection is None or selection == "all":
         return names(family)
+    if not isinstance(selection, str) and not all(isinstance(n, str) for n in selection):
+        raise ValueError(f"forms: registry names, a '+'-joined string or a list, got "
+                         f"{selection!r}")
     chosen = selection.split("+") if isinstance(selection, str) else list(selection)
     for n in chosen:
         try:
             impl = get(n)
         except ValueError as exc:
-            raise ValueError(f"forms: {exc}") from None
+            raise ValueError(f"forms: {str(exc).removeprefix('name: ')}") from None
         if impl.family != family:
             raise ValueError(f"forms: {n!r} is a {impl.family} implementation, not {family}")
     return chosen
@@ -208,6 +233,7 @@ def load_plugins(paths: str | Iterable[str] | None = None) -> list[str]:
     """Import each Python file of ``paths`` (default: ``$PMLL_LAB_PLUGINS``, separated by
     ``os.pathsep``): their ``register`` calls add implementations. Returns the files loaded;
     ``ValueError`` naming ``PMLL_LAB_PLUGINS`` for a file that does not exist."""
+    what = PLUGINS_ENV if paths is None else "plugins"
     if paths is None:
         paths = [p for p in os.environ.get(PLUGINS_ENV, "").split(os.pathsep) if p]
     elif isinstance(paths, str):
@@ -216,12 +242,15 @@ def load_plugins(paths: str | Iterable[str] | None = None) -> list[str]:
     for p in paths:
         path = Path(p).expanduser().resolve()
         if not path.is_file():
-            raise ValueError(f"{PLUGINS_ENV}: no such file {str(p)!r}")
+            raise ValueError(f"{what}: no such file {str(p)!r} (from {os.getcwd()})")
         if str(path) in _PLUGINS_LOADED:
             continue
         spec = importlib.util.spec_from_file_location(f"pmll_lab_plugin_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _PLUGINS_LOADED.add(str(path))
+        _PLUGINS_LOADED.add(str(path))             # once, even if it raises below
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise RuntimeError(f"{what}: {path} raised {type(exc).__name__}: {exc}") from exc
         loaded.append(str(path))
     return loaded

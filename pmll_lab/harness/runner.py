@@ -140,10 +140,42 @@ def check_rows(base: Mapping, chk: Mapping) -> list[dict]:
     return rows
 
 
-def run_point(family: str, point: Mapping, names: Iterable[str]) -> list[dict]:
-    """Every implementation of ``names`` on the case of ``point``: check, then time (above)."""
+SWEEP_KEYS = ("forms", "fill", "ref_seqs")
+"""Point keys a sweep may carry beside a family's axes (the forms it runs, a kernel detail's
+ring fill, the sequences checked against float64)."""
+
+
+def case_of(fam, point: Mapping):
+    """``fam.make_case(point)``; ``ValueError`` naming a key that is none of the family's axes
+    (a typo), a missing axis, or a dtype name torch does not have."""
+    unknown = sorted(set(point) - set(fam.axes) - set(SWEEP_KEYS))
+    if unknown:
+        raise ValueError(f"point: {', '.join(unknown)} not an axis of the {fam.name} family "
+                         f"({', '.join(fam.axes)})")
+    try:
+        return fam.make_case(dict(point))
+    except KeyError as exc:
+        raise ValueError(f"point: the {fam.name} family needs axis {exc.args[0]!r} "
+                         f"({', '.join(fam.axes)})") from None
+    except AttributeError as exc:
+        bad = [k for k in ("state_dtype", "dtype") if k in point
+               and not isinstance(getattr(torch, str(point[k]), None), torch.dtype)]
+        if bad:
+            raise ValueError(f"{bad[0]}: not a torch dtype name, got {point[bad[0]]!r} "
+                             "(float32, bfloat16, float16)") from None
+        raise
+
+
+def run_point(family: str, point: Mapping, names: Iterable[str] | str) -> list[dict]:
+    """Every implementation of ``names`` (a list, or registry names joined by ``"+"``) on the
+    case of ``point``: check, then time (above). ``ValueError`` naming ``names`` for an
+    implementation not registered or of another family, or the point's axis at fault."""
     fam = registry.family(family)
-    case = fam.make_case(dict(point))
+    try:
+        names = registry.resolve(family, names)
+    except ValueError as exc:
+        raise ValueError(f"names: {str(exc).removeprefix('forms: ')}") from None
+    case = case_of(fam, point)
     units = int(getattr(case, "steps", 1)) if fam.metric == "step_us" else 1
     rows: list[dict] = []
     for name in names:

@@ -203,7 +203,9 @@ def cursor_audit(sf: StepForm) -> dict:
 
 def check(sf: StepForm, case: StepCase, *, ref_seqs: int = 4, plain: Callable | None = None
           ) -> dict:
-    """Run ``sf``'s steps without a graph and check the first ``ref_seqs`` sequences: every
+    """Run ``sf``'s steps without a graph and check the first ``ref_seqs`` sequences (their
+    accepted counts must hold at least one rejection, else ``ValueError`` naming ``accepted``:
+    a form that ignores the counts would pass): every
     step's accepted outputs and the final effective states against float64 decoding of the
     accepted rows (``errors["o"]``, ``errors["state"]``: worst step / slot, within
     ``STEP_TOL``); the cursor audit (``cursor_audit``); with ``plain`` (a ``StepForm``-like
@@ -212,6 +214,11 @@ def check(sf: StepForm, case: StepCase, *, ref_seqs: int = 4, plain: Callable | 
     ``mean_fill`` (pending rows before a verify). Call it on a fresh ``build``."""
     t = case.tensors
     n = min(ref_seqs, case.batch)
+    if not bool((t["accepted"][:, :n] < case.rows).any()):
+        raise ValueError(
+            f"accepted: every step of the {n} checked sequences accepted all K = {case.rows} "
+            f"rows (alpha {case.alpha}, {case.steps} steps, seed {case.seed}), so no rejected "
+            "draft would be checked; take more steps or a lower alpha")
     sd = str(case.state_dtype).removeprefix("torch.")
     ref = t["state"][:].double().transpose(-1, -2).cpu()
     slots = t["slots"][:n].cpu()

@@ -140,9 +140,13 @@ def nats_to_bits(x: float) -> float:
     return x / math.log(2)
 
 
+WHITESPACE = frozenset(b" \t\n\r")
+"""Byte values a prompt does not end in."""
+
+
 def heldout_prompts(corpus: Corpus, n: int, length: int, seed: int) -> list[list[int]]:
     """``n`` prompts of ``length`` tokens from the held-out files, each starting at a seeded
-    line start: one per file, the longest files first, and where ``n`` exceeds the files
+    line start and ending in a character that is not whitespace: one per file, the longest files first, and where ``n`` exceeds the files
     long enough for a prompt, further prompts from the longest files again at other line
     starts. ``ValueError`` naming ``n`` / ``length`` when they are below 1 or the held-out split
     has too few line starts."""
@@ -155,6 +159,9 @@ def heldout_prompts(corpus: Corpus, n: int, length: int, seed: int) -> list[list
     for _, start, size in files:
         toks = corpus.heldout[start:start + size - length]
         lines = [start + i + 1 for i in np.flatnonzero(toks == ord("\n"))]
+        # a prompt that ends in a word, not in indentation: a small model continues spaces
+        # with spaces, which tells nothing of where forms diverge
+        lines = [x for x in lines if int(corpus.heldout[x + length - 1]) not in WHITESPACE]
         starts.append([int(x) for x in rng.permutation(lines)] if lines else [start])
     out = []
     while len(out) < n and any(starts):
