@@ -155,7 +155,7 @@ def test_a_peer_that_raises_loses_none_of_our_rows(module, where, monkeypatch, t
     text = T.verdict(df, T.checks_headline(df), report.TARGET_SET)
     bad = report.failed_points(df)
     assert "point(s) failed" not in text
-    assert "a peer raised in 1 point(s)" in text
+    assert "failed (a check or an error) in 1 point(s)" in text
     assert list(bad["kernel"]) == ["flashinfer_mtp_snapshots"]
     assert bad["error"].iloc[0] == "ZeroDivisionError: integer division or modulo by zero"
 
