@@ -31,45 +31,43 @@ export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD PYTHO
 export JUPYTER_PATH=/tmp/site/share/jupyter PATH=/tmp/site/bin:$PATH
 mkdir -p "$OUT/logs"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/logs/device.txt"
+train() {   # the tokens notebook's GPU model (scripts/train_tiny_gdn.py)
+  timeout 280 python3 scripts/train_tiny_gdn.py --size gpu --seed 0 --steps 1000 \
+    --out "$OUT/tiny_gdn_gpu" --log-every 100 > "$OUT/logs/train_gpu.log" 2>&1
+}
 ab() {   # $1: packed_state_tile
   PMLL_LAB_PACKED_STATE_TILE=$1 timeout 100 python3 scripts/bench_step.py \
     --forms exact_lazy,plain_decode --states bfloat16 --batches 1,64,128 \
     --out "$OUT/logs/ab-step-p$1.jsonl" 2>&1 | tee "$OUT/logs/ab-step-p$1.log"
 }
-exactness() {   # the 2-byte pools with the shipped switches, and SGLang's bitwise claim
-  for d in 64 128 256; do
+exactness() {   # $1 head sizes (comma-separated), $2 seconds: the 2-byte pools with the
+                # shipped switches, and SGLang's bitwise claim at kd 128, side by side
+  for d in ${1//,/ }; do
     for l in kv vk; do
-      timeout 200 python3 -m pmll_lab.experiments.exactness --head-dims $d --layouts $l \
+      timeout "$2" python3 -m pmll_lab.experiments.exactness --head-dims $d --layouts $l \
         --state-dtypes bfloat16,float16 --batch 32 --steps 8 \
         --out "$OUT/logs/exactness-kd$d-$l.jsonl" > "$OUT/logs/exactness-kd$d-$l.log" 2>&1 &
     done
   done
-  timeout 200 python3 -m pmll_lab.experiments.sglang_exactness --head-dims 128 \
+  timeout "$2" python3 -m pmll_lab.experiments.sglang_exactness --head-dims 128 \
     --out "$OUT/logs/sglang-exactness.jsonl" > "$OUT/logs/sglang-exactness.log" 2>&1 &
+  ${3:-true} &                          # a third job beside them (the model's training)
   wait
   tail -n 1 "$OUT"/logs/exactness-*.log; tail -n 3 "$OUT/logs/sglang-exactness.log"
 }
 case $part in
   ab0) ab 0 ;;
   ab1) ab 1 ;;
-  first) exactness ;;
+  first) exactness 64,128,256 200 ;;
   lite)       # the least: the 2-byte pools' bits at kd 128, SGLang's claim, the exact and ring
               # forms against SGLang's at B = 1, 64, 128 (about 5 minutes)
-    for l in kv vk; do
-      timeout 120 python3 -m pmll_lab.experiments.exactness --head-dims 128 --layouts $l \
-        --state-dtypes bfloat16,float16 --batch 32 --steps 8 \
-        --out "$OUT/logs/exactness-kd128-$l.jsonl" > "$OUT/logs/exactness-kd128-$l.log" 2>&1 &
-    done
-    timeout 120 python3 -m pmll_lab.experiments.sglang_exactness --head-dims 128 --rows 4 \
-      --out "$OUT/logs/sglang-exactness.jsonl" > "$OUT/logs/sglang-exactness.log" 2>&1 &
-    wait
-    tail -n 1 "$OUT"/logs/exactness-*.log; tail -n 3 "$OUT/logs/sglang-exactness.log"
+    exactness 128 120
     timeout 170 python3 scripts/bench_step.py --forms \
       exact_lazy,ring,chain_restore,sglang_exact_fold,sglang_replayssm \
       --states bfloat16,float32 --batches 1,64,128 --out "$OUT/logs/steps.jsonl" 2>&1 \
       | tee "$OUT/logs/steps.log" ;;
   one)        # a single call, no FlashInfer: bits first, then every form on a quiet GPU
-    exactness
+    exactness 64,128,256 200
     timeout 260 python3 scripts/bench_step.py --forms \
       exact_lazy,exact_eager,ring,chain_restore,sglang_exact_fold,sglang_replayssm,sglang_replayssm_rawfold \
       --states bfloat16,float32 --batches 1,8,64,128,256 --out "$OUT/logs/steps.jsonl" 2>&1 \
@@ -88,19 +86,7 @@ case $part in
         --forms ring,flashinfer_replayssm,flashinfer_snapshot_restore --states bfloat16 \
         --batches 1,8,64,128,256 --out "$OUT/logs/fi-$tag.jsonl" 2>&1 | tee "$OUT/logs/fi-$tag.log"
     done
-    for d in 16 32 64 128 256; do
-      for l in kv vk; do
-        timeout 280 python3 -m pmll_lab.experiments.exactness --head-dims $d --layouts $l \
-          --state-dtypes bfloat16,float16 --batch 32 --steps 12 \
-          --out "$OUT/logs/exactness-kd$d-$l.jsonl" > "$OUT/logs/exactness-kd$d-$l.log" 2>&1 &
-      done
-    done
-    timeout 280 python3 -m pmll_lab.experiments.sglang_exactness --head-dims 64,128 \
-      --out "$OUT/logs/sglang-exactness.jsonl" > "$OUT/logs/sglang-exactness.log" 2>&1 &
-    timeout 280 python3 scripts/train_tiny_gdn.py --size gpu --seed 0 --steps 1000 --out "$OUT/tiny_gdn_gpu" \
-      --log-every 100 > "$OUT/logs/train_gpu.log" 2>&1 &
-    wait
-    tail -n 1 "$OUT"/logs/exactness-*.log; tail -n 3 "$OUT/logs/sglang-exactness.log"
+    exactness 16,32,64,128,256 280 train
     tail -n 5 "$OUT/logs/train_gpu.log"
     (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs) ;;
   *) echo "part: expected one, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;

@@ -60,7 +60,7 @@ def config_name(cfg: dict) -> str:
             f"-K{cfg['K']}")
 
 
-def _rows_differ(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+def rows_differ(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     """``[n]`` bool on the host: which rows (first dim) of two equal-dtype tensors differ in
     any bit."""
     size = {2: torch.int16, 4: torch.int32}[got.element_size()]
@@ -68,7 +68,7 @@ def _rows_differ(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     return ne.flatten(1).any(1).cpu()
 
 
-def _first_element(got: torch.Tensor, want: torch.Tensor) -> dict:
+def first_element(got: torch.Tensor, want: torch.Tensor) -> dict:
     """Index (as a list), count and values of the first differing element of two tensors."""
     size = {2: torch.int16, 4: torch.int32}[got.element_size()]
     ne = (got.contiguous().view(size) != want.contiguous().view(size)).cpu()
@@ -96,7 +96,7 @@ class _Run:
 
     def rows_check(self, step, t, got, want, sel, slots, extra):
         """Compare output rows ``got[i] == want[i]`` for the sequences ``sel`` at row ``t``."""
-        bad = _rows_differ(got, want)
+        bad = rows_differ(got, want)
         self.rows += len(sel)
         self.differ += int(bad.sum())
         for i in bad.nonzero().flatten().tolist():
@@ -104,7 +104,7 @@ class _Run:
                 b = sel[i]
                 self.details.append(dict(what="output", step=step, b=b, slot=int(slots[b]),
                                          t=t, **{k: v[b] for k, v in extra.items()},
-                                         **_first_element(got[i], want[i])))
+                                         **first_element(got[i], want[i])))
 
     def accepted(self, step, acc, o, pst, x, slot_t, layout, slots, extra):
         """Decode each row ``t`` of the sequences that accepted it on the plain state ``pst``
@@ -123,7 +123,7 @@ class _Run:
         if not bitwise_equal(got, want):
             self.state_bitwise = False
             if self.first_state_diff is None:
-                e = _first_element(got, want)
+                e = first_element(got, want)
                 self.first_state_diff = dict(what="final state" if final else "folded state",
                                              step=step, slot=e["element"][0], **e)
 
@@ -320,11 +320,11 @@ def run_grid(cfgs, *, B: int, steps: int, seed: int, heads=(1, 2), forms=FORMS, 
     return recs
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def int_list(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(","))
 
 
-def _names(allowed):
+def name_list(allowed):
     def parse(text: str) -> tuple[str, ...]:
         names = tuple(text.split(","))
         bad = [n for n in names if n not in allowed]
@@ -341,16 +341,16 @@ def main(argv=None) -> int:
                                  description="The exact carry (eager, lazy, serving policy) and "
                                              "the chain against plain GDN decoding, bitwise, "
                                              "over a grid of configurations.")
-    ap.add_argument("--head-dims", type=_ints, default=HEAD_DIMS, help="kd = vd values")
-    ap.add_argument("--layouts", type=_names(LAYOUTS), default=LAYOUTS)
-    ap.add_argument("--state-dtypes", type=_names(STATE_DTYPES), default=STATE_DTYPES)
-    ap.add_argument("--input-dtypes", type=_names(INPUT_DTYPES), default=INPUT_DTYPES)
-    ap.add_argument("--rows", type=_ints, default=ROWS, help="K values")
-    ap.add_argument("--forms", type=_names(FORMS), default=FORMS)
+    ap.add_argument("--head-dims", type=int_list, default=HEAD_DIMS, help="kd = vd values")
+    ap.add_argument("--layouts", type=name_list(LAYOUTS), default=LAYOUTS)
+    ap.add_argument("--state-dtypes", type=name_list(STATE_DTYPES), default=STATE_DTYPES)
+    ap.add_argument("--input-dtypes", type=name_list(INPUT_DTYPES), default=INPUT_DTYPES)
+    ap.add_argument("--rows", type=int_list, default=ROWS, help="K values")
+    ap.add_argument("--forms", type=name_list(FORMS), default=FORMS)
     ap.add_argument("--batch", type=int, default=32, help="B, sequences per step")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--heads", type=_ints, default=(1, 2), help="HK,HV (default 1,2)")
+    ap.add_argument("--heads", type=int_list, default=(1, 2), help="HK,HV (default 1,2)")
     ap.add_argument("--out", default=None, help="JSON-lines file, one record per configuration "
                                                  "(appended)")
     args = ap.parse_args(argv)

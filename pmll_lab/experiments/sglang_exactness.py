@@ -30,7 +30,8 @@ import torch
 
 from pmll_lab.backend import DEVICE
 from pmll_lab.experiments.acceptance import accept_counts
-from pmll_lab.experiments.exactness import _first_element, _rows_differ, summary_line
+from pmll_lab.experiments.exactness import (first_element, int_list, name_list, rows_differ,
+                                            summary_line)
 from pmll_lab.peers_sglang import (STATE_DTYPES, SglangFoldWindow, fold_commit, fold_verify,
                                    recurrent_decode, require, sglang_status, sglang_version)
 
@@ -121,19 +122,19 @@ def _run(kern, cfg, rec, *, B, steps, seed, heads, alpha, use_qk_l2norm):
             if not sel:
                 break
             idx = torch.tensor(sel, device=DEVICE)
-            bad = _rows_differ(o[idx, t], want[idx])
+            bad = rows_differ(o[idx, t], want[idx])
             rec["rows_compared"] += len(sel)
             rec["rows_differing"] += int(bad.sum())
             for i in bad.nonzero().flatten().tolist()[:max(0, 8 - len(rec["details"]))]:
                 b = sel[i]
                 rec["details"].append(dict(what="output", step=n, b=b, slot=int(slots[b]), t=t,
-                                           **_first_element(o[b, t], want[b])))
+                                           **first_element(o[b, t], want[b])))
         diff = float((folded.double() - plain.double()).abs().max())
         rec["max_abs_state_diff"] = max(rec["max_abs_state_diff"], diff)
         if not torch.equal(folded, plain):
             rec["states_differing"] += 1
             if "first_state_diff" not in rec:
-                e = _first_element(folded, plain)
+                e = first_element(folded, plain)
                 rec["first_state_diff"] = dict(step=n, slot=e["element"][0], **e)
 
 
@@ -156,33 +157,20 @@ def run_grid(cfgs, *, B: int, steps: int, seed: int, heads=(1, 2), out=None,
     return recs
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(","))
-
-
-def _names(allowed):
-    def parse(text: str) -> tuple[str, ...]:
-        names = tuple(text.split(","))
-        if any(n not in allowed for n in names):
-            raise argparse.ArgumentTypeError(f"{names} not all in {allowed}")
-        return names
-    return parse
-
-
 def main(argv=None) -> int:
     """The command line (``--help``); exit 0 when every configuration is bitwise, 1 when one
     differs or fails, 2 when SGLang's kernels do not load."""
     ap = argparse.ArgumentParser(prog="python -m pmll_lab.experiments.sglang_exactness",
                                  description="SGLang's fold-every-commit against its own "
                                              "recurrent decode, bitwise, over a grid.")
-    ap.add_argument("--head-dims", type=_ints, default=HEAD_DIMS, help="kd = vd values")
-    ap.add_argument("--state-dtypes", type=_names(STATE_DTYPES), default=STATE_DTYPES)
-    ap.add_argument("--input-dtypes", type=_names(INPUT_DTYPES), default=INPUT_DTYPES)
-    ap.add_argument("--rows", type=_ints, default=ROWS, help="K values")
+    ap.add_argument("--head-dims", type=int_list, default=HEAD_DIMS, help="kd = vd values")
+    ap.add_argument("--state-dtypes", type=name_list(STATE_DTYPES), default=STATE_DTYPES)
+    ap.add_argument("--input-dtypes", type=name_list(INPUT_DTYPES), default=INPUT_DTYPES)
+    ap.add_argument("--rows", type=int_list, default=ROWS, help="K values")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--heads", type=_ints, default=(1, 2), help="HK,HV (default 1,2)")
+    ap.add_argument("--heads", type=int_list, default=(1, 2), help="HK,HV (default 1,2)")
     ap.add_argument("--out", default=None, help="JSON-lines file (appended)")
     args = ap.parse_args(argv)
     if args.batch < 1 or args.steps < 1 or len(args.heads) != 2:
