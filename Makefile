@@ -16,7 +16,8 @@
 # adds that python's own site-packages, for images whose python3 is itself a virtualenv (its
 # packages are not "system site packages" then). Otherwise torch is installed first from
 # $(TORCH_PIP) (the CPU build, which lies on local disk on this project's machines). Then the
-# package in editable mode with its dev and dist (Dask distributed) extras.
+# package in editable mode with its dev and dist (Dask distributed) extras, and SGLang's three
+# GDN kernel files (the peer; scripts/fetch-sglang.sh, .sgl/, git-ignored) where pip can download.
 #
 # Variables: PRESET=quick|full  DEVICE=auto|cpu|cuda  RUN=latest  ONLY="name ..."
 #            WORKERS=N  SCHEDULER=ADDRESS  REPORT_ARGS="--resume ..."  PYTEST_ARGS="-x -q ..."
@@ -80,6 +81,11 @@ $(STAMP): pyproject.toml
 	fi; \
 	echo "bootstrap: pip install -e '.[dev,dist]'"; \
 	$(PIP) install -q $(PINS) -e '.[dev,dist]'; \
+	if [ ! -f .sgl/VERSION ]; then \
+	  echo "bootstrap: SGLang's three kernel files into .sgl (scripts/fetch-sglang.sh)"; \
+	  PYTHON=$(PY) bash scripts/fetch-sglang.sh >/dev/null || \
+	    echo "bootstrap: SGLang's kernels not fetched: its rows say 'SGLang: not installed'"; \
+	fi; \
 	touch $@
 
 $(LAB_STAMP): $(STAMP)
