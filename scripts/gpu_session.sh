@@ -55,7 +55,19 @@ exactness() {   # $1 head sizes (comma-separated), $2 seconds: the 2-byte pools 
   wait
   tail -n 1 "$OUT"/logs/exactness-*.log; tail -n 3 "$OUT/logs/sglang-exactness.log"
 }
+smoke() {   # every step form that needs no FlashInfer, B = 64, both pools: checked, then timed
+  timeout 90 python3 scripts/bench_step.py --forms \
+    exact_lazy,exact_eager,ring,chain_restore,plain_decode,sglang_exact_fold,sglang_replayssm,sglang_replayssm_rawfold \
+    --states bfloat16,float32 --batches 64 --out "$OUT/logs/smoke.jsonl" 2>&1 | tee "$OUT/logs/smoke.log"
+}
 case $part in
+  a)          # first of four calls (part-a): the bits, every form once, the packed-tile A/B
+    exactness 64,128,256 180; smoke; ab 0; ab 1 ;;
+  b)          # second (part-b, .whl): the carry_step notebook's quick preset on the GPU
+    python3 -m ipykernel install --user --name python3 >/dev/null
+    timeout 150 python3 -m pmll_lab report --preset quick --device cuda --run "$run-quick" \
+      --only carry_step --reports-dir /tmp/pr 2>&1 | tail -n 30
+    (cd /tmp/pr && tar czf "$OUT/quick.tgz" "$run-quick") ;;
   ab0) ab 0 ;;
   ab1) ab 1 ;;
   first) exactness 64,128,256 200 ;;
@@ -87,7 +99,8 @@ case $part in
         --batches 1,8,64,128,256 --out "$OUT/logs/fi-$tag.jsonl" 2>&1 | tee "$OUT/logs/fi-$tag.log"
     done
     exactness 16,32,64,128,256 280 train
-    tail -n 5 "$OUT/logs/train_gpu.log"
-    (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs) ;;
-  *) echo "part: expected one, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
+    tail -n 5 "$OUT/logs/train_gpu.log" ;;
+  *) echo "part: expected a, b, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
 esac
+# at most 8 files come back from $OUT: the logs travel as one archive
+(cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)
