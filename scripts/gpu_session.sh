@@ -68,6 +68,10 @@ case $part in
     timeout 150 python3 -m pmll_lab report --preset quick --device cuda --run "$run-quick" \
       --only carry_step --reports-dir /tmp/pr 2>&1 | tail -n 30
     (cd /tmp/pr && tar czf "$OUT/quick.tgz" "$run-quick") ;;
+  fill)       # one call, no FlashInfer: every other form at B = 1, 8 and 64, both pools
+    timeout 400 python3 scripts/bench_step.py --forms \
+      exact_lazy,exact_eager,ring,chain_restore,plain_decode,sglang_exact_fold,sglang_replayssm,sglang_replayssm_rawfold \
+      --states bfloat16,float32 --batches 1,8,64 --out "$OUT/logs/fill.jsonl" 2>&1 | tee "$OUT/logs/fill.log" ;;
   ab0) ab 0 ;;
   ab1) ab 1 ;;
   first) exactness 64,128,256 200 ;;
@@ -100,7 +104,7 @@ case $part in
     done
     exactness 16,32,256 200 train
     tail -n 5 "$OUT/logs/train_gpu.log" ;;
-  *) echo "part: expected a, b, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
+  *) echo "part: expected a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
 esac
 # at most 8 files come back from $OUT: the logs travel as one archive
 (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)
