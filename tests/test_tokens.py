@@ -69,6 +69,33 @@ def test_training_lowers_the_loss_and_repeats_from_its_seed(corpus, tmp_path):
             "the stored bf16 weights are not the weights the held-out loss was measured with"
 
 
+def test_training_falls_back_to_the_torch_path_when_the_kernel_refuses(corpus, monkeypatch):
+    """A GDN kernel that refuses (as FLA's gated chunked backward does on Hopper with Triton
+    < 3.7.1) hands the step to transformers' PyTorch path: same losses as that path from the same
+    seed, and the refusal quoted in the provenance."""
+    from pmll_lab.models.qwen3_next import gdn_layers, modeling_module
+
+    kw = dict(steps=3, batch=2, seq_len=16, warmup=1, eval_len=16, eval_tokens=64, corpus=corpus)
+    _, plain = T.train("cpu", seed=5, **kw)
+    assert plain["gdn_fallback"] is None
+    mod = modeling_module(gdn_layers(T.build("cpu", 0, torch.device("cpu")))[0])
+    torch_fn = mod.torch_chunk_gated_delta_rule
+
+    def refusing(*args, **kwargs):
+        raise RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results")
+    refusing.__wrapped__ = torch_fn
+    monkeypatch.setattr(mod, "torch_chunk_gated_delta_rule", refusing)
+    _, prov = T.train("cpu", seed=5, **kw)
+    assert prov["gdn_fallback"].startswith("Triton >= 3.4.0")
+    assert [r[1] for r in prov["log"]] == [r[1] for r in plain["log"]]
+    assert prov["heldout_loss_nats"] == plain["heldout_loss_nats"]
+    assert mod.torch_chunk_gated_delta_rule is refusing      # restored after training
+    monkeypatch.setattr(mod, "torch_chunk_gated_delta_rule",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
+    with pytest.raises(RuntimeError, match="shape mismatch"):   # other errors are not swallowed
+        T.train("cpu", seed=5, **kw)
+
+
 def test_committed_checkpoint_beats_the_byte_unigram_baseline(corpus):
     prov = T.load_provenance("cpu")
     assert prov["heldout_loss_nats"] < 0.6 * prov["unigram_nats"], prov["heldout_loss_nats"]

@@ -22,6 +22,7 @@ and tokenizer are ``pmll_lab.models.stdlib_corpus``'s; the training ``TRAINING``
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
@@ -228,7 +229,10 @@ def train(size: str = "cpu", *, seed: int = 0, device=None, corpus: C.Corpus | N
     ``lr``, ``warmup``, ``weight_decay``, ``clip``, ``eval_len``, ``eval_tokens``, ``threads``;
     another name is a ``ValueError``). ``log_every`` > 0 prints the loss every so many steps.
     Returns ``(model, provenance)``: the model with its weights rounded to bf16 (as stored),
-    fp32, eval mode; ``provenance`` as ``save`` writes it (without the file's size)."""
+    fp32, eval mode; ``provenance`` as ``save`` writes it (without the file's size).
+    Where the GDN kernel package refuses a step on this GPU (FLA's gated chunked backward on
+    Hopper with Triton >= 3.4, < 3.7.1), that step and the rest run transformers' PyTorch path
+    and ``provenance["gdn_fallback"]`` quotes the refusal (None otherwise)."""
     if size not in TRAINING:
         raise ValueError(f"size: expected one of {tuple(TRAINING)}, got {size!r}")
     unknown = set(overrides) - set(TRAINING[size])
@@ -243,6 +247,9 @@ def train(size: str = "cpu", *, seed: int = 0, device=None, corpus: C.Corpus | N
         torch.set_num_threads(hp["threads"])
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
+    from pmll_lab.models.qwen3_next import hf_torch_path
+
+    paths = contextlib.ExitStack()
     try:
         corpus = corpus if corpus is not None else C.load_corpus()
         model = build(size, seed, dev)
@@ -256,6 +263,7 @@ def train(size: str = "cpu", *, seed: int = 0, device=None, corpus: C.Corpus | N
         data = torch.as_tensor(corpus.train, dtype=torch.long)
         L, Bt = hp["seq_len"], hp["batch"]
         log, t0 = [], time.perf_counter()
+        fallback = None
         for step in range(hp["steps"]):
             lr = _lr(step, hp["steps"], hp["lr"], hp["warmup"])
             for g in opt.param_groups:
@@ -263,14 +271,17 @@ def train(size: str = "cpu", *, seed: int = 0, device=None, corpus: C.Corpus | N
             starts = torch.as_tensor(rng.integers(0, len(data) - L - 1, Bt))
             idx = starts[:, None] + torch.arange(L + 1)
             batch = data[idx].to(dev, non_blocking=True)
-            logits = model(input_ids=batch[:, :-1], use_cache=False).logits.float()
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                   batch[:, 1:].reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+            try:
+                loss = _loss_and_grads(model, opt, batch)
+            except RuntimeError as exc:
+                if fallback is not None or not _kernel_refused(exc):
+                    raise
+                fallback = str(exc).strip().splitlines()[-1][:300]
+                paths.enter_context(hf_torch_path(model))
+                loss = _loss_and_grads(model, opt, batch)
             torch.nn.utils.clip_grad_norm_(model.parameters(), hp["clip"])
             opt.step()
-            log.append([step, round(float(loss), 5), lr, round(time.perf_counter() - t0, 3)])
+            log.append([step, round(float(loss.detach()), 5), lr, round(time.perf_counter() - t0, 3)])
             if log_every and (step % log_every == 0 or step == hp["steps"] - 1):
                 print(f"step {step:5d}  loss {log[-1][1]:.4f}  lr {lr:.2e}  "
                       f"{log[-1][3]:.0f} s", flush=True)
@@ -293,12 +304,31 @@ def train(size: str = "cpu", *, seed: int = 0, device=None, corpus: C.Corpus | N
             heldout_bits_per_byte=C.nats_to_bits(held), unigram_nats=uni,
             unigram_bits_per_byte=C.nats_to_bits(uni), heldout_tokens_scored=scored,
             train_seconds=round(train_s, 1), device=_device_name(dev),
-            gdn_kernel=gdn_kernel(model, dev), gdn_kernels_seen=seen, versions=_versions(),
+            gdn_kernel=gdn_kernel(model, dev), gdn_kernels_seen=seen, gdn_fallback=fallback,
+            versions=_versions(),
             commit=environment()["commit"], corpus=corpus.manifest,
             log_columns=["step", "loss", "lr", "seconds"], log=log)
         return model, prov
     finally:
+        paths.close()
         torch.set_num_threads(threads)
+
+
+def _loss_and_grads(model, opt, batch: torch.Tensor) -> torch.Tensor:
+    """One training step's next-token cross-entropy on ``batch [Bt, L + 1]`` and its gradients
+    (the optimiser's earlier ones cleared)."""
+    logits = model(input_ids=batch[:, :-1], use_cache=False).logits.float()
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    return loss
+
+
+def _kernel_refused(exc: RuntimeError) -> bool:
+    """Whether ``exc`` is a GDN kernel package refusing this Triton on this GPU (FLA refuses its
+    gated chunked backward on Hopper with Triton >= 3.4, < 3.7.1: wrong results there), which
+    transformers' PyTorch path can stand in for."""
+    return "Triton" in str(exc)
 
 
 def _device_name(dev: torch.device) -> str:
