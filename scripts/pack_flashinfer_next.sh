@@ -4,9 +4,10 @@
 # into .fi/part-d.tar, and .fi/fi-unpack-next.sh, which unpacks it into /tmp/site-next. The
 # CuTe-DSL library and the rest come from the first release's parts (/tmp/site), so a process
 # run with PYTHONPATH=/tmp/site-next:/tmp/site:... imports the second release.
-# Usage, from the project root:  FI_NEXT=0.7.4 bash scripts/pack_flashinfer_next.sh
+# Usage, from the project root:  FI_NEXT=0.7.2.post1 bash scripts/pack_flashinfer_next.sh
+# (FI_NEXT: the release to time beside the default peer; required)
 set -euo pipefail
-FI_NEXT=${FI_NEXT:-0.7.4}
+FI_NEXT=${FI_NEXT:?the FlashInfer release to pack beside the one fetch-flashinfer.sh packs, e.g. 0.7.2.post1}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p .fi "$tmp/pkg"
