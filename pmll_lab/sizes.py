@@ -234,6 +234,16 @@ def ring_step_bytes(K: int, HK: int, HV: int, D: int, dtype, state_dtype, *, fol
     return int(hb * (1 + fold_frac) + row * (mean_fill + K) + step_io_bytes(K, HK, HV, D, dtype))
 
 
+def raw_row_bytes(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int,
+                  dtype: torch.dtype = torch.bfloat16) -> int:
+    """One raw row as a step receives it and an exact fold replays it (the ring form with an
+    exact fold, ``harness.step_ring_exact_fold``): ``k [HK, kd]``, ``v [HV, vd]`` and the gating
+    inputs ``a, b [HV]``, all in the activation ``dtype``."""
+    hk = count("num_k_heads", num_k_heads)
+    hv, kd, vd = _heads(num_v_heads, k_dim, v_dim)
+    return (hk * kd + hv * vd + 2 * hv) * itemsize("dtype", dtype)
+
+
 def snapshot_step_bytes(K: int, HK: int, HV: int, D: int, dtype, state_dtype, *,
                         writes: int, restore_frac: float) -> int:
     """A snapshot step per sequence and layer: the state read, ``writes`` states written (the
@@ -371,7 +381,7 @@ def sglang_ring_step_bytes(rows: int, fold_frac: float, mean_fill: float, mean_a
     return int(hb * (1 + 2 * frac) + hist * fill + row * rows + folded * acc + rows * io)
 
 
-__all__ = ["CARRY_CAP", "state_bytes", "snapshot_bytes", "snapshot_bytes_per_slot",
+__all__ = ["CARRY_CAP", "raw_row_bytes", "state_bytes", "snapshot_bytes", "snapshot_bytes_per_slot",
            "stash_row_bytes", "stash_bytes_per_slot", "carry_stash_bytes", "row_io_bytes",
            "decode_bytes", "chain_bytes", "decodes_bytes", "carry_verify_bytes", "carry_bytes",
            "fla_bytes", "floor_bytes", "frozen_bytes", "step_io_bytes", "carry_step_bytes",

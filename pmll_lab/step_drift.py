@@ -10,7 +10,8 @@ state each form stands for (its stored state with its pending rows or ring folde
   so its drift is the bf16 state's own;
 - ``plain_decode`` on a bf16 state: ``gdn_decode`` once per accepted token (padding lanes for
   sequences that accepted fewer rows), the same numbers by that exactness, run here to show it;
-- ``ring`` on a bf16 and on an fp32 state (the tolerance form);
+- ``ring`` on a bf16 and on an fp32 state (the tolerance form), and ``ring_exact_fold`` (its
+  window folded by decoding the raw rows: the stored state is plain decoding's);
 - ``flashinfer_replayssm`` on a bf16 state where FlashInfer runs;
 - SGLang's forms where its kernels load (``pmll_lab.harness.step_sglang``), on a bf16 and an
   fp32 state: ``sglang_replayssm`` (its ring, materialised from compact rows),
@@ -36,6 +37,7 @@ from pmll_lab.harness.step import StepCase
 
 DRIFT_FORMS = (("exact_lazy", torch.bfloat16), ("plain_decode", torch.bfloat16),
                ("ring", torch.bfloat16), ("ring", torch.float32),
+               ("ring_exact_fold", torch.bfloat16), ("ring_exact_fold", torch.float32),
                ("flashinfer_replayssm", torch.bfloat16),
                *((f, sd) for f in ("sglang_replayssm", "sglang_replayssm_rawfold",
                                    "sglang_exact_fold")

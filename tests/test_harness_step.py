@@ -35,13 +35,13 @@ def _check(form, case, **kw):
     return check(impl.build(case), case, ref_seqs=3, plain=plain, **kw)
 
 
-@pytest.mark.parametrize("form", ["exact_lazy", "exact_eager", "ring", "chain_restore",
-                                  "plain_decode"])
+@pytest.mark.parametrize("form", ["exact_lazy", "exact_eager", "ring", "ring_exact_fold",
+                                  "chain_restore", "plain_decode"])
 def test_step_forms_match_plain_decoding(form):
     r = _check(form, _case())
     assert r["passed"], r
     assert r["errors"]["state"] < 1e-5, r      # fp32 state: the accepted rows stick exactly
-    if form in ("exact_lazy", "ring"):
+    if form in ("exact_lazy", "ring", "ring_exact_fold"):
         assert 0 < r["facts"]["fold_frac"] < 1 and r["facts"]["mean_fill"] > 0
         assert r["facts"]["cursor_mismatches"] == 0 and r["facts"]["cursor_steps"] == 6
     if registry.get(form).plain is not None:
@@ -51,6 +51,29 @@ def test_step_forms_match_plain_decoding(form):
 def test_step_ring_bf16_state():
     r = _check("ring", _case(torch.bfloat16, seed=9))
     assert r["passed"], r
+
+
+def test_ring_exact_fold_keeps_plain_decodings_bf16_state(monkeypatch):
+    """The ring with an exact fold, bf16 pool: its state is plain bf16 decoding's to the bit
+    (the ring's own fold is not: a bf16 tensor-core fold rounds once per fold), its outputs
+    the ring's; a fold that replays one raw row too few breaks the bits."""
+    from pmll_lab.harness import step_ring_exact_fold as ref_form
+
+    case = _case(torch.bfloat16, seed=9)
+    r = _check("ring_exact_fold", case)
+    assert r["passed"] and r["bitwise"] == {"state vs plain decoding": True}, r
+    assert r["facts"]["fold_frac"] > 0 and r["facts"]["cursor_mismatches"] == 0, r
+    ring = _check("ring", case)
+    assert r["errors"]["o"] == pytest.approx(ring["errors"]["o"], rel=0.25)
+    plain = _check("plain_decode", case)
+    assert r["errors"]["state"] == plain["errors"]["state"]   # the same bits, the same error
+
+    replay = ref_form.RawWindow.replay
+    monkeypatch.setattr(ref_form.RawWindow, "replay",
+                        lambda self, state, slots, count, c, length:
+                        replay(self, state, slots, (count - 1).clamp(min=0), c, length))
+    short = _check("ring_exact_fold", case)
+    assert short["bitwise"] == {"state vs plain decoding": False} and not short["passed"]
 
 
 def test_cursor_audit_catches_a_commit_that_never_advances():

@@ -4,3 +4,4 @@ from pmll_lab.harness import step_forms  # noqa: F401
 from pmll_lab.harness import conv_step  # noqa: F401
 from pmll_lab.harness import decode  # noqa: F401
 from pmll_lab.harness import step_sglang  # noqa: F401
+from pmll_lab.harness import step_ring_exact_fold  # noqa: F401
