@@ -57,7 +57,7 @@ exactness() {   # $1 head sizes (comma-separated), $2 seconds: the 2-byte pools 
 }
 smoke() {   # every step form that needs no FlashInfer, B = 64, both pools: checked, then timed
   timeout 90 python3 scripts/bench_step.py --forms \
-    exact_lazy,exact_eager,ring,chain_restore,plain_decode,sglang_exact_fold,sglang_replayssm,sglang_replayssm_rawfold \
+    exact_lazy,exact_eager,ring,ring_exact_fold,chain_restore,plain_decode,sglang_exact_fold,sglang_replayssm,sglang_replayssm_rawfold \
     --states bfloat16,float32 --batches 64 --out "$OUT/logs/smoke.jsonl" 2>&1 | tee "$OUT/logs/smoke.log"
 }
 case $part in
@@ -70,7 +70,7 @@ case $part in
     (cd /tmp/pr && tar czf "$OUT/quick.tgz" "$run-quick") ;;
   fill)       # one call, no FlashInfer: every other form at B = 1, 8 and 64, both pools
     timeout 400 python3 scripts/bench_step.py --forms \
-      exact_lazy,exact_eager,ring,chain_restore,plain_decode,sglang_exact_fold,sglang_replayssm,sglang_replayssm_rawfold \
+      exact_lazy,exact_eager,ring,ring_exact_fold,chain_restore,plain_decode,sglang_exact_fold,sglang_replayssm,sglang_replayssm_rawfold \
       --states bfloat16,float32 --batches 1,8,64 --out "$OUT/logs/fill.jsonl" 2>&1 | tee "$OUT/logs/fill.log" ;;
   ab0) ab 0 ;;
   ab1) ab 1 ;;
@@ -85,7 +85,7 @@ case $part in
   one)        # a single call, no FlashInfer: bits first, then every form on a quiet GPU
     exactness 64,128,256 200
     timeout 260 python3 scripts/bench_step.py --forms \
-      exact_lazy,exact_eager,ring,chain_restore,sglang_exact_fold,sglang_replayssm,sglang_replayssm_rawfold \
+      exact_lazy,exact_eager,ring,ring_exact_fold,chain_restore,sglang_exact_fold,sglang_replayssm,sglang_replayssm_rawfold \
       --states bfloat16,float32 --batches 1,8,64,128,256 --out "$OUT/logs/steps.jsonl" 2>&1 \
       | tee "$OUT/logs/steps.log"
     ab 0 ;;
