@@ -463,14 +463,15 @@ def vk_chunks(block_k: int) -> tuple[int, int]:
 
 def vk_state_vector(k_dim: int, v_dim: int, work: int, state_dtype) -> int:
     """Contiguous keys per thread in which decode's V-major tile (``vk_config`` for ``work =
-    B * HV`` and a state pool of ``state_dtype``) lies in registers: a 16-byte vector of the state's elements, at most a key chunk,
-    and at most the tile's share per thread (Triton's coalescing rule for a load of
-    ``BR x BK`` elements on ``32 * warps`` threads). The exact carry verify loads its tile
-    (which may hold more value rows, ``vk_tiles``' ``carry_value_rows``) with at most this many (``STATE_VEC``), so
-    its sums over keys run on decode's thread layout. Why: a 2-byte state at ``kd = 16`` gave
-    decode's 8-row tile 4 keys per thread and the carry's 16-row tile 8, another reduction
-    order (``pmll_lab.lowering``). Raises ``ValueError`` naming ``state_dtype`` for a dtype
-    other than ``settings.STATE_DTYPES``' (float32, bfloat16, float16)."""
+    B * HV`` and a state pool of ``state_dtype``) lies in registers: a 16-byte vector of the
+    state's elements, at most a key chunk, and at most the tile's share per thread (Triton's
+    coalescing rule for a load of ``BR x BK`` elements on ``32 * warps`` threads). The exact
+    carry verify loads its tile (which may hold more value rows, ``vk_tiles``'
+    ``carry_value_rows``) with at most this many (``STATE_VEC``), so its sums over keys run on
+    decode's thread layout. Why: a 2-byte state at ``kd = 16`` gave decode's 8-row tile 4 keys
+    per thread and the carry's 16-row tile 8, another reduction order
+    (``pmll_lab.lowering``). Raises ``ValueError`` naming ``state_dtype`` for a dtype other
+    than ``settings.STATE_DTYPES``' (float32, bfloat16, float16)."""
     size = settings.state_bytes(state_dtype)
     bk, br, warps = vk_config(k_dim, v_dim, work, state_dtype=state_dtype)
     return max(1, min(16 // size, vk_chunks(bk)[1], br * bk // (32 * warps)))
