@@ -176,7 +176,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     ``lane_split`` is filled with each kernel's ``lane_split_fma_sums`` (should be empty:
     lanes that round a key sum differently break replay even on decode's layouts). Raises
     ``ValueError`` for ``rows`` outside ``1..8``, ``head_dim < 1``, value heads not a
-    multiple of key heads, or ``resources`` with a ``stage`` before ``"cubin"``, and
+    multiple of key heads, a ``state_type`` not in ``STATE_TYPES``, or ``resources`` with a
+    ``stage`` before ``"cubin"``, and
     ``RuntimeError`` as :func:`lower` does."""
     from pmll_lab.ops.carry import gdn_carry as C
 
@@ -186,6 +187,9 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         raise ValueError(f"head_dim: must be >= 1, got {head_dim}")
     if heads[0] < 1 or heads[1] % heads[0]:
         raise ValueError(f"heads: value heads {heads[1]} must be a multiple of key heads {heads[0]}")
+    if state_type not in _STATE_DTYPES:
+        raise ValueError(f"state_type: expected one of {', '.join(_STATE_DTYPES)}, got "
+                         f"{state_type!r}")
     if resources is not None and stage != "cubin":
         raise ValueError(f"resources: SASS statistics need stage='cubin', got stage={stage!r}")
     if INTERPRET:
@@ -193,18 +197,18 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     from pmll_lab.ops import settings
     from pmll_lab.ops.gdn import decode as D
     from pmll_lab.ops.gdn.recurrence import (EXACT_LAUNCH, block_config, check_layout,
-                                             kv_state_vector, vk_ahead, vk_chunks, vk_config,
+                                             kv_state_vector, vk_chunks, vk_config,
                                              vk_qk_rows_fit, vk_state_vector)
 
     check_layout("layout", layout)
     HK, HV = heads
+    state_dtype = _STATE_DTYPES[state_type]
     if layout == "vk":
         from pmll_lab.ops.carry import gdn_carry_vk as VK
         from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
 
-        state_size = {"bf16": 2, "fp16": 2}.get(state_type, 4)
-        BK, BV, warps = vk_config(head_dim, head_dim, batch * HV, state_itemsize=state_size)
-        BV_carry = vk_config(head_dim, head_dim, batch * HV, "carry")[1]
+        BK, BV, warps = vk_config(head_dim, head_dim, batch * HV, state_dtype=state_dtype)
+        BV_carry = vk_config(head_dim, head_dim, batch * HV, "carry", state_dtype=state_dtype)[1]
         rows_kernel, carry_kernels = gdn_rows_vk_kernel, (VK.gdn_carry_exact_vk_kernel,)
         chunks = dict(zip(("NC", "CW"), vk_chunks(BK)))
     else:
@@ -223,14 +227,15 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     # V-major: the value-row strides are constexprs and q/k rows carry the alignment hint
     # (``recurrence.vk_qk_aligned``), as the launchers pass them.
     itemsize = {"bf16": 2, "fp16": 2, "fp32": 4}.get(input_type, 4)
-    vk_meta = (dict(s_row=head_dim, i_r=head_dim, AHEAD=vk_ahead(batch * HV)[0],
+    ahead = settings.vk_ahead_row(batch * HV)
+    vk_meta = (dict(s_row=head_dim, i_r=head_dim, AHEAD=ahead.rows_ahead,
                     QK_ALIGNED=vk_qk_rows_fit(head_dim, itemsize)) if layout == "vk" else {})
-    state_size = {"bf16": 2, "fp16": 2}.get(state_type, 4)
     if layout == "kv":              # decode's state vector cap, in every K-major exact kernel
-        vk_meta = dict(STATE_VEC=kv_state_vector(head_dim, head_dim, state_size))
-    vk_carry = (dict(zip(("AHEAD", "STASH_AHEAD"), vk_ahead(batch * HV, "carry", state_size)),
-                     QK_ALIGNED=vk_meta["QK_ALIGNED"],
-                     STATE_VEC=vk_state_vector(head_dim, head_dim, batch * HV, state_size))
+        vk_meta = dict(STATE_VEC=kv_state_vector(head_dim, head_dim,
+                                                 settings.state_bytes(state_dtype)))
+    vk_carry = (dict(AHEAD=ahead.verify_rows_ahead(state_dtype),
+                     STASH_AHEAD=ahead.stash_rows_ahead, QK_ALIGNED=vk_meta["QK_ALIGNED"],
+                     STATE_VEC=vk_state_vector(head_dim, head_dim, batch * HV, state_dtype))
                 if layout == "vk" else dict(vk_meta))
     rows_values = dict(HV=HV, GROUP=HV // HK, s_slot=HV * head_dim * head_dim,
                        s_head=head_dim * head_dim,
@@ -293,7 +298,10 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
 HEAD_DIMS = (16, 32, 64, 128, 256)
 """Head sizes (``kd = vd``) the launch-table check (``launch_cases``) lowers: every size
 Qwen3-Next-style models and the notebooks' grids use."""
-STATE_TYPES = ("fp32", "bf16", "fp16")
+_STATE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""The state pool types the launch tables have rows for, Triton's names to torch's
+(``settings.STATE_DTYPES``)."""
+STATE_TYPES = tuple(_STATE_DTYPES)
 
 
 def table_batches(num_v_heads: int = 32) -> tuple[int, ...]:
@@ -305,8 +313,8 @@ def table_batches(num_v_heads: int = 32) -> tuple[int, ...]:
     from pmll_lab.ops import settings
 
     gdn = settings.gdn()
-    bounds = sorted({row[0] for row in gdn.vk_tiles} | {row[0] for row in gdn.vk_ahead}
-                    | {row[0] for row in gdn.vk_rows_half})
+    bounds = sorted({row.max_work for table in (gdn.vk_tiles, gdn.vk_ahead, gdn.vk_rows_half)
+                     for row in table})
     out, lo = [], 0
     for hi in bounds:
         if hi == bounds[-1]:                  # the open last row: past every closed bound

@@ -28,7 +28,6 @@ from pmll_lab.inputs import gdn_inputs
 from pmll_lab.ops import settings
 from pmll_lab.ops.carry import gdn_carry as C
 from pmll_lab.ops.gdn import decode as D
-from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import vk_config, vk_qk_aligned
 
 from pmll_lab.tolerances import O_TOL, STATE_TOL
@@ -136,15 +135,15 @@ def test_vk_loads_ahead_change_no_bit(ahead):
     """The ``vk_ahead`` setting moves loads, never arithmetic: under each table the chain
     equals decodes run under the shipped table, and the exact carry protocol (lazy, pending
     counts up to the stash's 8 rows) equals plain decoding, bitwise."""
-    assert recurrence.vk_ahead(1 << 40, "carry") == (2, 4)
-    assert recurrence.vk_ahead(1 << 40, "carry", state_itemsize=2) == (1, 4)
+    big = settings.vk_ahead_row(1 << 40)
+    assert (big.verify_rows_ahead(torch.float32), big.verify_rows_ahead(torch.bfloat16),
+            big.stash_rows_ahead) == (2, 1, 4)
     _check_chain_vs_decodes(3, torch.bfloat16, seed=61, ahead=ahead)
     with settings.override(vk_ahead=_ahead_table(ahead)):
-        assert recurrence.vk_ahead(6, "carry") == ahead[1:]
-        assert recurrence.vk_ahead(6) == (ahead[0], 0)
+        row = settings.vk_ahead_row(6)
+        assert (row.rows_ahead, row.verify_rows_ahead(torch.float32),
+                row.stash_rows_ahead) == ahead
         _run_protocol("exact", True, torch.float32, seed=62, steps=6)
-    with pytest.raises(ValueError, match="kind"):
-        recurrence.vk_ahead(6, "decode")
 
 
 def test_vk_stash_ahead_past_small_stash_with_padding():
@@ -336,7 +335,7 @@ def test_carry_vk_exact_bitwise_equals_plain_decoding(lazy, dtype):
     accepted rows: every accepted output bitwise; after a flush, every state bitwise. vd = 40
     with 8-row tiles gives several tiles per head, so write-backs that restart the stash at row
     0 exercise the shared-row rule (the interpreter runs the tiles in order)."""
-    _, BR, _ = vk_config(16, 40, 3 * 2)
+    _, BR, _ = vk_config(16, 40, 3 * 2, state_dtype=torch.float32)
     assert 40 > BR, "the case must have several tiles per head"
     _run_protocol("exact", lazy, dtype, seed=7 if lazy else 8)
 
@@ -373,10 +372,11 @@ def test_carry_vk_tile_larger_than_decode_tile():
     """``vk_tiles`` may give the verify and flush more value rows per program than decode (as
     shipped above B*HV = 128); the protocol stays bitwise equal to plain decoding."""
     with settings.override(vk_tiles=((1 << 62, 8, 16, 1),)):
-        assert vk_config(16, 40, 6, "carry")[1] == 16 and vk_config(16, 40, 6)[1] == 8
+        assert vk_config(16, 40, 6, "carry", state_dtype="float32")[1] == 16
+        assert vk_config(16, 40, 6, state_dtype="float32")[1] == 8
         _run_protocol("exact", True, torch.float32, seed=12, vd=40)
         with pytest.raises(ValueError, match="kind"):
-            vk_config(16, 40, 6, "decode")
+            vk_config(16, 40, 6, "decode", state_dtype="float32")
 
 
 def test_two_byte_decode_tile_larger_than_carry_tile():
@@ -384,11 +384,12 @@ def test_two_byte_decode_tile_larger_than_carry_tile():
     as shipped above B*HV = 256, for heads of 32 to 128 keys) while the carry keeps
     ``vk_tiles``'; the protocol on a bf16 state stays bitwise equal to plain decoding."""
     with settings.override(vk_rows_half=((1 << 62, 16),), vk_tiles=((1 << 62, 8, 8, 1),)):
-        assert vk_config(32, 40, 6, state_itemsize=2)[1] == 16
-        assert vk_config(32, 40, 6)[1] == 8
-        assert vk_config(32, 40, 6, "carry", state_itemsize=2)[1] == 8
-        assert vk_config(16, 40, 6, state_itemsize=2)[1] == 8       # 16 keys: vk_tiles' rows
-        assert vk_config(256, 256, 6, state_itemsize=2)[1] == 8     # 256 keys: not measured
+        for half in (torch.bfloat16, torch.float16):
+            assert vk_config(32, 40, 6, state_dtype=half)[1] == 16
+            assert vk_config(32, 40, 6, "carry", state_dtype=half)[1] == 8
+            assert vk_config(16, 40, 6, state_dtype=half)[1] == 8       # 16 keys: vk_tiles'
+            assert vk_config(256, 256, 6, state_dtype=half)[1] == 8     # 256: not measured
+        assert vk_config(32, 40, 6, state_dtype=torch.float32)[1] == 8
         _run_protocol("exact", True, torch.bfloat16, seed=13, kd=32, vd=40,
                       state_dtype=torch.bfloat16)
 

@@ -247,17 +247,22 @@ def test_launch_cases_follow_the_tables_and_the_check_sees_the_small_head_carry(
 
 def test_vk_state_vector_is_decodes_per_thread_width():
     """``vk_state_vector``: 16 bytes of state per thread, at most a key chunk, at most the
-    decode tile's share of 32 threads; only 2- and 4-byte states."""
+    decode tile's share of 32 threads; only the states of ``settings.STATE_DTYPES`` (a float8,
+    float64 or integer state is refused, naming ``state_dtype``)."""
+    import torch
+
     from pmll_lab.ops.gdn.recurrence import vk_config, vk_state_vector
 
 
-    assert vk_config(16, 16, 2048) == (16, 8, 1)
-    assert vk_state_vector(16, 16, 2048, 2) == 4         # 8 x 16 keys / 32 threads
-    assert vk_state_vector(16, 16, 2048, 4) == 4
-    assert vk_state_vector(128, 128, 2048, 2) == 8       # a 16-byte vector of bf16
-    assert vk_state_vector(128, 128, 2048, 4) == 4
-    assert vk_state_vector(32, 32, 64, 2) == 8
-    assert vk_state_vector(16, 4, 64, 4) == 2            # 4 value rows x 16 keys / 32
-    for bad in (1, 8, 3):
-        with pytest.raises(ValueError, match="state_itemsize"):
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert vk_config(16, 16, 2048, state_dtype=fp32) == (16, 8, 1)
+    assert vk_state_vector(16, 16, 2048, bf16) == 4      # 8 x 16 keys / 32 threads
+    assert vk_state_vector(16, 16, 2048, fp32) == 4
+    assert vk_state_vector(128, 128, 2048, bf16) == 8    # a 16-byte vector of bf16
+    assert vk_state_vector(128, 128, 2048, "float16") == 8
+    assert vk_state_vector(128, 128, 2048, fp32) == 4
+    assert vk_state_vector(32, 32, 64, bf16) == 8
+    assert vk_state_vector(16, 4, 64, fp32) == 2         # 4 value rows x 16 keys / 32
+    for bad in ("float8_e4m3fn", torch.float64, torch.int8):
+        with pytest.raises(ValueError, match="^state_dtype: "):
             vk_state_vector(16, 16, 64, bad)

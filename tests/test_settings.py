@@ -136,18 +136,71 @@ def test_override_refuses_bad_names_and_values_before_changing_anything(changes,
     assert all(r["value"] == r["shipped"] for r in settings.describe())
 
 
+def test_table_rows_have_named_columns_and_plain_tuples_become_rows():
+    """Every table holds rows of its row type, shipped or overridden with plain tuples (or
+    lists); a row of the wrong width is refused naming the setting, the row and the columns."""
+    g, a = settings.SHIPPED["gdn"], settings.SHIPPED["attention"]
+    for rows, row_type in ((g.vk_tiles, settings.VkTile), (g.vk_rows_half, settings.VkRowsHalf),
+                           (g.vk_ahead, settings.VkAhead),
+                           (a.attention_tiles, settings.AttentionTileRow),
+                           (settings.SHIPPED["ring_form"].ring_form_tiles,
+                            settings.RingFormTile)):
+        assert rows and all(type(r) is row_type for r in rows), row_type
+    assert type(a.attention_default_tile) is settings.AttentionTile
+    with settings.override(vk_tiles=[[1 << 62, 4, 4, 1]], kv_block=(16, 2),
+                           attention_tiles={(64, 2): (32, 32, 2, 2)}):
+        (tile,) = settings.gdn().vk_tiles
+        assert type(tile) is settings.VkTile and tile.carry_value_rows == 4
+        assert settings.gdn().kv_block.block_v == 16
+        (row,) = settings.attention().attention_tiles
+        assert row.case.block_d == 64 and row.tile.num_warps == 2
+    with pytest.raises(ValueError, match=r"^vk_ahead: row 1: expected a row of 5 columns "
+                                         r"\(VkAhead: max_work, rows_ahead, "):
+        with settings.override(vk_ahead=((32, 4, 4, 4, 8), (1 << 62, 0, 2, 4))):
+            pass
+    with pytest.raises(ValueError, match=r"^vk_tiles: row 0: num_warps must be a power of two"):
+        with settings.override(vk_tiles=((1 << 62, 8, 16, 3),)):
+            pass
+
+
+def test_lookups_refuse_a_state_dtype_without_rows():
+    """A state dtype the tables have no rows for (a 1-byte float8, float64) is refused with
+    the argument named, never given another dtype's settings (a float8 state would otherwise
+    take the 2-byte columns by its size); the supported ones take their rows."""
+    from pmll_lab.ops.carry.gdn_ring import ring_tiles
+
+    assert set(settings.STATE_DTYPES) == {"float32", "bfloat16", "float16"}
+    for bad in (torch.float8_e4m3fn, "float8_e5m2", torch.float64):
+        with pytest.raises(ValueError, match="^state_dtype: .* has no rows"):
+            recurrence.vk_config(64, 64, 8, state_dtype=bad)
+        with pytest.raises(ValueError, match="^state_dtype: "):
+            recurrence.vk_config(64, 64, 8, "carry", state_dtype=bad)
+        with pytest.raises(ValueError, match="^state_dtype: "):
+            settings.vk_ahead_row(8).verify_rows_ahead(bad)
+        with pytest.raises(ValueError, match="^state_dtype: "):
+            ring_tiles(8, bad, 64, 64)
+    assert recurrence.vk_config(64, 64, 1 << 20, state_dtype=torch.float16)[1] == 16
+    assert recurrence.vk_config(64, 64, 1 << 20, state_dtype="bfloat16")[1] == 16
+    assert recurrence.vk_config(64, 64, 1 << 20, state_dtype=torch.float32)[1] == 8
+    assert ring_tiles(1, torch.float32, 64, 64) == (64, 32, 2, 3)
+    assert ring_tiles(1, torch.float16, 64, 64) == (64, 32, 2, 4)
+
+
 def test_launchers_read_the_active_settings():
     """Each family's launch arguments follow an override and come back after it."""
     assert recurrence.block_config(64, 64) == (64, 64, 1)
     with settings.override(kv_block=(16, 2)):
         assert recurrence.block_config(64, 64) == (64, 16, 2)
     assert recurrence.block_config(64, 64) == (64, 64, 1)
-    assert recurrence.vk_config(128, 128, 1 << 20, "carry") == (128, 16, 1)
+    assert recurrence.vk_config(128, 128, 1 << 20, "carry", state_dtype="float32") == (128, 16, 1)
     with settings.override(vk_tiles=((1 << 62, 8, 4, 1),)):
-        assert recurrence.vk_config(128, 128, 1 << 20, "carry") == (128, 4, 1)
-    assert recurrence.vk_ahead(1, "carry") == (4, 8)
+        assert recurrence.vk_config(128, 128, 1 << 20, "carry",
+                                    state_dtype="float32") == (128, 4, 1)
+    assert settings.vk_ahead_row(1).verify_rows_ahead(torch.float32) == 4
+    assert settings.vk_ahead_row(1).stash_rows_ahead == 8
     with settings.override(vk_ahead=((1 << 62, 1, 2, 3, 5),)):
-        assert recurrence.vk_ahead(1, "carry", 2) == (3, 5)
+        row = settings.vk_ahead_row(1)
+        assert (row.verify_rows_ahead(torch.bfloat16), row.stash_rows_ahead) == (3, 5)
     assert conv_block_config(512, None) == (64, 64, 4, 2)
     with settings.override(conv_block_channels=128, conv_num_warps=4, conv_row_width=32):
         assert conv_block_config(512, None) == (32, 32, 4, 4)

@@ -10,6 +10,13 @@ carry shares with them for bitwise agreement), ``carry()`` (the carried-state ex
 flush and accept), ``conv()``, ``ring()`` (the PMLL ring's read and write), ``attention()``
 (attention over the ring), ``ring_form()`` (the carried state's ring form, SPEC §3d).
 
+A table setting is a tuple of rows with named columns, one row type per table (``VkTile``,
+``VkRowsHalf``, ``VkAhead``, ``AttentionTileRow``, ``RingFormTile``; the row types' columns
+carry their rules), and the function that picks a table's row for a case sits beside it
+(``vk_tiles_row``, ``vk_rows_half_row``, ``vk_ahead_row``, ``attention_tile``,
+``ring_form_tiles_row``). Rows that differ by state dtype are picked by the dtype's name,
+among ``STATE_DTYPES`` only (:func:`state_bytes` refuses the rest).
+
 Scripts and tests change settings only inside ``override`` (names are the fields', unique
 across families; nested blocks restore the outer values; not thread-safe)::
 
@@ -28,13 +35,182 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
+import functools
+import typing
 from dataclasses import dataclass, field
+from typing import Annotated, Callable, NamedTuple
 
 from pmll_lab.backend import INTERPRET, env_flag
 
 
-def _row(value, *, check: str, why: str, see: str, when: str = "launch"):
+class Rule(NamedTuple):
+    """What a setting's value, or a column of a row, must be: ``test`` of the value, and
+    ``text`` saying it in an error message."""
+
+    test: Callable[[object], bool]
+    text: str
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_pow2(v) -> bool:
+    return _is_int(v) and v >= 1 and not v & (v - 1)
+
+
+FLAG = Rule(lambda v: isinstance(v, bool), "a bool")
+COUNT = Rule(lambda v: _is_int(v) and v >= 0, "an int >= 0")
+POSITIVE = Rule(lambda v: _is_int(v) and v >= 1, "an int >= 1")
+POW2 = Rule(_is_pow2, "a power of two")
+POW2_16 = Rule(lambda v: _is_pow2(v) and v >= 16, "a power of two >= 16")
+VALUE_ROWS = Rule(lambda v: _is_pow2(v) and v >= 2,
+                  "a power of two >= 2 (a warp's 4 x 8 threads must see two rows)")
+CHUNK = Rule(lambda v: _is_int(v) and (v == 0 or (v >= 16 and _is_pow2(v))),
+             "0 or a power of two >= 16")
+LAYOUT = Rule(lambda v: v in ("kv", "vk"), "'kv' or 'vk'")
+
+
+STATE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
+"""The state pools' element types the launch tables have rows for, by ``torch`` dtype name,
+with their bytes per element: a 4-byte state reads the tables' fp32 columns, a 2-byte one
+their ``half`` columns and rows. The one list: any other dtype is refused
+(:func:`state_bytes`), never given another dtype's settings."""
+
+
+def state_bytes(state_dtype, arg: str = "state_dtype") -> int:
+    """Bytes per element of a state pool of ``state_dtype`` (a ``torch.dtype`` or its name,
+    ``"bfloat16"``), one of ``STATE_DTYPES``. Raises ``ValueError`` naming ``arg`` for any
+    other dtype (a 1-byte float8 state has no rows of its own and takes no other's)."""
+    name = str(state_dtype).removeprefix("torch.")
+    if name not in STATE_DTYPES:
+        raise ValueError(f"{arg}: {name} has no rows in the launch settings (state dtypes: "
+                         f"{', '.join(STATE_DTYPES)})")
+    return STATE_DTYPES[name]
+
+
+class KvBlock(NamedTuple):
+    """The ``kv_block`` setting: one K-major block for every head size."""
+
+    block_v: Annotated[int, POW2]
+    """``BV``: value columns per program (capped at ``vd`` padded to a power of two)."""
+    num_warps: Annotated[int, POW2]
+    """Warps per program."""
+
+
+class VkTile(NamedTuple):
+    """A row of ``vk_tiles``: the V-major tile for work up to ``max_work``."""
+
+    max_work: Annotated[int, COUNT]
+    """Largest work ``B*HV`` (sequences x value heads) the row applies to."""
+    value_rows: Annotated[int, VALUE_ROWS]
+    """Value rows per program (``BR``) of decode and the chain."""
+    carry_value_rows: Annotated[int, VALUE_ROWS]
+    """Value rows per program of the carried-state verify and flush."""
+    num_warps: Annotated[int, POW2]
+    """Warps per program (every launch of the family)."""
+
+
+class VkRowsHalf(NamedTuple):
+    """A row of ``vk_rows_half``: decode's and the chain's value rows on a 2-byte state."""
+
+    max_work: Annotated[int, COUNT]
+    """Largest work ``B*HV`` (sequences x value heads) the row applies to."""
+    value_rows: Annotated[int, VALUE_ROWS]
+    """Value rows per program (``BR``) of decode and the chain, in place of ``VkTile``'s."""
+
+
+class VkAhead(NamedTuple):
+    """A row of ``vk_ahead``: what V-major launches load ahead for work up to ``max_work``.
+    Input rows ahead (unrolled rows): row ``t + AHEAD``'s inputs load before row ``t`` runs;
+    stash rows ahead: that many pending rows load with the state, the rest one ahead."""
+
+    max_work: Annotated[int, COUNT]
+    """Largest work ``B*HV`` (sequences x value heads) the row applies to."""
+    rows_ahead: Annotated[int, COUNT]
+    """Input rows (tokens) ahead of decode and the chain (``AHEAD``)."""
+    verify_rows_ahead_fp32: Annotated[int, COUNT]
+    """Input rows ahead of the exact carry verify on a 4-byte (float32) state."""
+    verify_rows_ahead_half: Annotated[int, COUNT]
+    """Input rows ahead of the exact carry verify on a 2-byte (bfloat16, float16) state."""
+    stash_rows_ahead: Annotated[int, COUNT]
+    """Pending stash rows loaded with the state by the exact verify and the flush
+    (``STASH_AHEAD``)."""
+
+    def verify_rows_ahead(self, state_dtype) -> int:
+        """Input rows ahead of the exact carry verify on a state of ``state_dtype`` (one of
+        ``STATE_DTYPES``; ``ValueError`` naming ``state_dtype`` for another)."""
+        if state_bytes(state_dtype) == 4:
+            return self.verify_rows_ahead_fp32
+        return self.verify_rows_ahead_half
+
+
+class AttentionTile(NamedTuple):
+    """A ring-attention tile (``attention_tiles``' tiles, ``attention_default_tile``)."""
+
+    block_m: Annotated[int, POSITIVE]
+    """Queries per program (``BLOCK_M``; capped at the segment's length)."""
+    block_n: Annotated[int, POSITIVE]
+    """Ring rows per step (``BLOCK_N``)."""
+    num_warps: Annotated[int, POSITIVE]
+    """Warps per program."""
+    num_stages: Annotated[int, POSITIVE]
+    """Software pipeline stages."""
+
+
+class AttentionCase(NamedTuple):
+    """The case an ``attention_tiles`` row is for."""
+
+    block_d: Annotated[int, POSITIVE]
+    """Head size padded to a power of two (at least 16), ``BLOCK_D``."""
+    element_bytes: Annotated[int, POSITIVE]
+    """Bytes per element of q and the ring (2: bf16/fp16, 4: fp32)."""
+
+
+class AttentionTileRow(NamedTuple):
+    """A row of ``attention_tiles``: the tile of one case."""
+
+    case: AttentionCase
+    tile: AttentionTile
+
+
+class RingFormTile(NamedTuple):
+    """A row of ``ring_form_tiles``: the tile of the ring verify and flush for work up to
+    ``max_work`` on a state of up to ``max_state_bytes`` per element."""
+
+    max_work: Annotated[int, COUNT]
+    """Largest work ``B*HV`` (sequences x value heads) the row applies to."""
+    max_state_bytes: Annotated[int, POSITIVE]
+    """Largest state element size, in bytes, the row applies to."""
+    block_v: Annotated[int, POW2_16]
+    """``BV``: value rows per program (capped at ``vd`` padded to a power of two)."""
+    block_k: Annotated[int, POW2_16]
+    """``BK``: keys per chunk (capped at ``kd`` padded to a power of two)."""
+    num_warps: Annotated[int, POW2]
+    """Warps per program."""
+    num_stages: Annotated[int, POSITIVE]
+    """Software pipeline stages."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """The check of a table setting: a tuple of ``row`` rows (plain tuples or lists of its
+    columns are taken), non-empty unless ``may_be_empty``."""
+
+    row: type
+    may_be_empty: bool = False
+
+
+@dataclass(frozen=True)
+class OneRow:
+    """The check of a setting holding one ``row`` (a plain tuple is taken), or ``None`` where
+    ``may_be_none``."""
+
+    row: type
+    may_be_none: bool = False
+
+
+def _row(value, *, check: Rule | Table | OneRow, why: str, see: str, when: str = "launch"):
     return field(default=value, metadata=dict(check=check, why=why, see=see, when=when))
 
 
@@ -43,57 +219,63 @@ class GdnSettings:
     """Decode, the chain, and the tiles the carried-state kernels share with them (one tile
     rule for all, so that their sums run in one order)."""
 
-    kv_block: tuple[int, int] | None = _row(
-        None, check="kv_block",
+    kv_block: KvBlock | None = _row(
+        None, check=OneRow(KvBlock, may_be_none=True),
         why="one warp keeps the key sums in a warp; BK*BV = 4096 fp32: decode 78 % of the copy "
             "roofline, the 4-row chain the best of BV 8-64 x 1-8 warps",
         see="perf-notes 'Launch constants: GDN decode and chain'; "
             "archive v0 (reports/h200-2026-11-29/logs/tune-gdn-layout.log)")
-    """K-major ``(BV, num_warps)`` for every head size, or None: ``block_config``'s rule
-    (``BV = min(vd, max(16, 4096 // BK))``, 1 warp). Powers of two."""
+    """K-major block (``KvBlock``: ``BV``, warps) for every head size, or None:
+    ``block_config``'s rule (``BV = min(vd, max(16, 4096 // BK))``, 1 warp)."""
 
-    vk_tiles: tuple = _row(
-        ((128, 8, 8, 1), (1 << 62, 8, 16, 1)), check="vk_table",
+    vk_tiles: tuple[VkTile, ...] = _row(
+        (VkTile(max_work=128, value_rows=8, carry_value_rows=8, num_warps=1),
+         VkTile(max_work=1 << 62, value_rows=8, carry_value_rows=16, num_warps=1)),
+        check=Table(VkTile),
         why="8 value rows per program stream decode and the chain best; the verify's folds gain "
             "from 16 above B*HV = 128; 2 warps or 4 rows were slower everywhere",
         see="perf-notes 'Launch constants: GDN decode and chain'; archive v11")
-    """V-major tiles by work ``B*HV``, rows ``(max B*HV, value rows per program for decode and
-    the chain, for the carry verify and flush, warps)``; the first row whose bound is
-    ``>= B*HV`` applies (else the last)."""
+    """V-major tiles by work ``B*HV`` (``VkTile`` rows: value rows per program of decode and
+    the chain, of the carry verify and flush, warps); :func:`vk_tiles_row` picks one."""
 
-    vk_rows_half: tuple = _row(
-        ((256, 8), (1 << 62, 16)), check="vk_table",
+    vk_rows_half: tuple[VkRowsHalf, ...] = _row(
+        (VkRowsHalf(max_work=256, value_rows=8), VkRowsHalf(max_work=1 << 62, value_rows=16)),
+        check=Table(VkRowsHalf),
         why="16 rows: the chain 8-9 % faster at B*HV = 2048-8192 and decode 3 % at 8192, decode "
             "level at 2048 (45.5 against 45.0 us); 8 rows at 256 and below (B=1 chain 9.1 against "
             "10.6 us); B*HV 257-2047 not measured",
         see="perf-notes 'Launch constants: GDN decode and chain'; "
             "reports/h200-2026-12-04/logs/tile-bf16.log")
     """Value rows per program of V-major decode and the chain on a 2-byte state, by work
-    ``B*HV``: rows ``(max B*HV, value rows)`` (first row whose bound holds, else the last), in
-    place of ``vk_tiles``' decode column; warps and the carry's rows stay ``vk_tiles``'. Heads
+    ``B*HV`` (``VkRowsHalf`` rows; :func:`vk_rows_half_row` picks one), in place of
+    ``vk_tiles``' ``value_rows``; warps and the carry's rows stay ``vk_tiles``'. Heads
     whose padded key block (``next_power_of_2(kd)``) is under 32 or over 128 keep ``vk_tiles``'
     rows (``recurrence.vk_config``)."""
 
-    vk_ahead: tuple = _row(
-        ((32, 4, 4, 4, 8), (512, 4, 4, 4, 4), (1 << 62, 0, 2, 1, 4)), check="table",
+    vk_ahead: tuple[VkAhead, ...] = _row(
+        (VkAhead(max_work=32, rows_ahead=4, verify_rows_ahead_fp32=4, verify_rows_ahead_half=4,
+                 stash_rows_ahead=8),
+         VkAhead(max_work=512, rows_ahead=4, verify_rows_ahead_fp32=4, verify_rows_ahead_half=4,
+                 stash_rows_ahead=4),
+         VkAhead(max_work=1 << 62, rows_ahead=0, verify_rows_ahead_fp32=2,
+                 verify_rows_ahead_half=1, stash_rows_ahead=4)),
+        check=Table(VkAhead),
         why="a row loaded in the loop adds a dependent memory round trip at small batches; rows "
             "ahead cost registers, so resident programs at large ones",
         see="perf-notes 'Launch constants: GDN decode and chain'; archive v14")
-    """V-major loads ahead by work ``B*HV`` (rows as ``vk_tiles``): ``(max B*HV, input rows
-    ahead for decode and the chain, for the exact verify on an fp32 state, on a bf16/fp16
-    state, stash rows ahead)``. Input rows ahead (unrolled rows): row ``t + AHEAD``'s inputs
-    load before row ``t`` runs; stash rows ahead: that many pending rows load with the state,
-    the rest one ahead. Loads move, arithmetic does not: every bit is the same."""
+    """V-major loads ahead by work ``B*HV`` (``VkAhead`` rows: input rows ahead of decode and
+    the chain, of the exact verify on a 4-byte and on a 2-byte state, stash rows ahead);
+    :func:`vk_ahead_row` picks one. Loads move, arithmetic does not: every bit is the same."""
 
     vk_chunk: int = _row(
-        32, check="pow2",
+        32, check=POW2,
         why="a key sum is register adds over chunks plus a 3-step shuffle tree; one 128-key "
             "chunk was much slower",
         see="perf-notes 'Launch constants: GDN decode and chain'; archive v11, v12")
     """Keys per chunk (``CW``) of a V-major tile ``[BR, NC, CW]``; narrower heads: one chunk."""
 
     vk_qk_hint: bool = _row(
-        True, check="flag",
+        True, check=FLAG,
         why="vector loads of aligned q/k rows: the V-major verify ~8 % faster; off, q/k views of "
             "any alignment agree bitwise (views 8 bytes off 16 differed from their decodes)",
         see="perf-notes 'Launch constants: GDN decode and chain'; archive v12, v13")
@@ -101,7 +283,7 @@ class GdnSettings:
     (``recurrence.vk_qk_aligned``)."""
 
     chain_unroll_max_rows: int = _row(
-        4, check="count",
+        4, check=COUNT,
         why="unrolled at K = 8 the chain's last row was 1 ulp off decodes at kd = 64; the runtime "
             "loop is bitwise and faster at K = 8, slower at K = 4",
         see="perf-notes 'Launch constants: GDN decode and chain'; archive v10 "
@@ -109,7 +291,7 @@ class GdnSettings:
     """Chains of up to this many rows unroll their row loop; longer ones run a runtime loop."""
 
     fma_sums: bool = _row(
-        env_flag("PMLL_LAB_FMA_SUMS", not INTERPRET), check="flag",
+        env_flag("PMLL_LAB_FMA_SUMS", not INTERPRET), check=FLAG,
         when="import",
         why="the instruction-bound verify gets its key sums' FMAs back; off in the interpreter, "
             "which computes tl.fma unfused anyway and ran the suite at twice the time",
@@ -118,7 +300,7 @@ class GdnSettings:
     environment before ``pmll_lab`` is imported switches it (default: on a GPU)."""
 
     packed_state_tile: bool = _row(
-        env_flag("PMLL_LAB_PACKED_STATE_TILE", True), check="flag", when="import",
+        env_flag("PMLL_LAB_PACKED_STATE_TILE", True), check=FLAG, when="import",
         why="a bf16/fp16 tile held as 2-byte pairs between rows takes half the registers (the "
             "V-major verify, B = 64, sm_90: 228 -> 168); the exact lazy step 8 % faster at "
             "B = 64 and 128 (bf16 pool, H100); a decode never packs (it lost 3.4 -> 5.1 us at "
@@ -130,7 +312,7 @@ class GdnSettings:
     environment before ``pmll_lab`` is imported switches it off (default on)."""
 
     default_state_layout: str = _row(
-        "vk", check="layout", when="import",
+        "vk", check=LAYOUT, when="import",
         why="V-major is faster for every GDN kernel (decode 0.95x, the K=4 chain 0.75x, the lazy "
             "exact verify 0.83x the K-major time at B=64), FlashInfer's and SGLang's layout, "
             "and the only one of the ring form and the CUDA twins: one default for all; "
@@ -140,12 +322,35 @@ class GdnSettings:
     by default (``"vk"``: ``[S, HV, vd, kd]``; ``docs/layouts.md``)."""
 
 
+def _by_work(rows: tuple, work: int):
+    """The first of ``rows`` whose ``max_work`` is ``>= work``, else the last."""
+    return next((row for row in rows if work <= row.max_work), rows[-1])
+
+
+def vk_tiles_row(work: int) -> VkTile:
+    """The active ``vk_tiles`` row for ``work = B * HV`` (sequences x value heads): the first
+    whose ``max_work`` is ``>= work``, else the last."""
+    return _by_work(gdn().vk_tiles, work)
+
+
+def vk_rows_half_row(work: int) -> VkRowsHalf:
+    """The active ``vk_rows_half`` row for ``work = B * HV``, picked as :func:`vk_tiles_row`
+    picks."""
+    return _by_work(gdn().vk_rows_half, work)
+
+
+def vk_ahead_row(work: int) -> VkAhead:
+    """The active ``vk_ahead`` row for ``work = B * HV``, picked as :func:`vk_tiles_row`
+    picks; ``VkAhead.verify_rows_ahead(state_dtype)`` gives the verify's column."""
+    return _by_work(gdn().vk_ahead, work)
+
+
 @dataclass(frozen=True)
 class CarrySettings:
     """The carried-state verify's exact form, the flush and the accept."""
 
     exact_split_columns: bool = _row(
-        True, check="flag",
+        True, check=FLAG,
         why="a head's column blocks across programs (arrival count, last restashes): 1.8-2.2x "
             "the per-head loop at B = 64 and 128, bitwise equal to it",
         see="perf-notes 'Launch constants: carried state (exact form)'; "
@@ -154,7 +359,7 @@ class CarrySettings:
     program per (sequence, head) loops over them (grid ``(B, HV)``)."""
 
     exact_unroll_max_rows: int = _row(
-        8, check="count",
+        8, check=COUNT,
         why="every K <= CAP unrolls; the runtime loop (the chain's fix for 1-ulp rows at fp32 "
             "kd = 64, K = 8) has not run on a GPU",
         see="perf-notes 'Launch constants: carried state (exact form)'; archive v10 "
@@ -163,7 +368,7 @@ class CarrySettings:
     longer ones run a runtime loop without prefetch."""
 
     carry_prefetch_rows: bool = _row(
-        True, check="flag",
+        True, check=FLAG,
         why="row t+1's loads issued before row t's stores hide one memory latency per row: "
             "6-9 % on the K-major verify; loads only, bitwise the same",
         see="perf-notes 'Launch constants: carried state (exact form)'; archive v7, v14")
@@ -171,7 +376,7 @@ class CarrySettings:
     load the next row before running the current one."""
 
     accept_block: int = _row(
-        128, check="pow2", why="a handful of int32 loads and stores per sequence; not tuned",
+        128, check=POW2, why="a handful of int32 loads and stores per sequence; not tuned",
         see="not measured")
     """Sequences per program of the accept kernel (``carry_accept``)."""
 
@@ -181,17 +386,17 @@ class ConvSettings:
     """The causal depthwise conv's kernels (update, chain, carried verify and flush)."""
 
     conv_block_channels: int = _row(
-        256, check="pow2", why="initial choice, not tuned: a window tile stays <= 1024 elements",
+        256, check=POW2, why="initial choice, not tuned: a window tile stays <= 1024 elements",
         see="notebooks/gdn_conv.ipynb measures at this setting")
     """Channels a program covers (rounded to whole rows)."""
 
     conv_num_warps: int = _row(
-        2, check="pow2", why="64 threads over 256 channels, 4 contiguous (8 bytes of bf16) each; "
+        2, check=POW2, why="64 threads over 256 channels, 4 contiguous (8 bytes of bf16) each; "
         "not tuned", see="notebooks/gdn_conv.ipynb")
     """Warps per conv program."""
 
     conv_row_width: int = _row(
-        64, check="count", why="a row width when no l2norm group (head size) is given",
+        64, check=COUNT, why="a row width when no l2norm group (head size) is given",
         see="not measured")
     """Row width ``W`` when ``qk_channels == 0`` and no ``head_dim`` is given."""
 
@@ -201,7 +406,7 @@ class RingSettings:
     """The PMLL ring's read and write kernels."""
 
     ring_tile_elems: int = _row(
-        8192, check="pow2",
+        8192, check=POW2,
         why="read 90-91 % and write 88-95 % of the copy roofline, within 2 % of the best tile; "
             "16384 lost up to 40 points on gated writes",
         see="perf-notes 'Launch constants: PMLL ring and ring attention'; "
@@ -210,7 +415,7 @@ class RingSettings:
     """Elements per ``[BLOCK_S, BLOCK_D]`` tile and tensor (64 slots at D = 128)."""
 
     ring_num_warps: int = _row(
-        8, check="pow2", why="4 warps lost 6-30 points on gated writes (32 elements per thread)",
+        8, check=POW2, why="4 warps lost 6-30 points on gated writes (32 elements per thread)",
         see="perf-notes 'Launch constants: PMLL ring and ring attention'; "
             "archive 'Launch settings as data' "
             "(same log)")
@@ -221,44 +426,65 @@ class RingSettings:
 class AttentionSettings:
     """Attention of a segment over the ring (``ring_attention``)."""
 
-    attention_tiles: tuple = _row(
-        (((64, 2), (64, 64, 4, 3)), ((128, 2), (64, 64, 4, 3)),
-         ((64, 4), (32, 16, 4, 2)), ((128, 4), (32, 16, 4, 2))), check="tiles",
+    attention_tiles: tuple[AttentionTileRow, ...] = _row(
+        (AttentionTileRow(AttentionCase(64, 2), AttentionTile(64, 64, 4, 3)),
+         AttentionTileRow(AttentionCase(128, 2), AttentionTile(64, 64, 4, 3)),
+         AttentionTileRow(AttentionCase(64, 4), AttentionTile(32, 16, 4, 2)),
+         AttentionTileRow(AttentionCase(128, 4), AttentionTile(32, 16, 4, 2))),
+        check=Table(AttentionTileRow, may_be_empty=True),
         why="16-bit: 64 x 64, 4 warps, 3 stages the fastest of 8 tiles at D = 64 and 128; fp32 "
             "(checks, not speed): 32 x 16 spills least",
         see="perf-notes 'Launch constants: PMLL ring and ring attention'; "
             "archive 'Ring attention from the ring in place' "
             "(reports/h200-2026-11-30b/logs/tune-ring-attention.log)")
-    """``((padded head size, bytes per element), (BLOCK_M, BLOCK_N, num_warps, num_stages))``
-    pairs."""
+    """``AttentionTileRow`` rows: ``(AttentionCase(padded head size, bytes per element),
+    AttentionTile(BLOCK_M, BLOCK_N, num_warps, num_stages))``; a dict of such pairs is taken;
+    :func:`attention_tile` picks the tile of a case."""
 
-    attention_default_tile: tuple[int, int, int, int] = _row(
-        (64, 32, 4, 2), check="tile", why="head and element sizes the table lacks; capped at "
+    attention_default_tile: AttentionTile = _row(
+        AttentionTile(block_m=64, block_n=32, num_warps=4, num_stages=2),
+        check=OneRow(AttentionTile), why="head and element sizes the table lacks; capped at "
         "64 x 32 above D = 128",
         see="perf-notes 'Launch constants: PMLL ring and ring attention'; "
             "archive 'Launch settings as data'")
     """Tile of a head size and element size missing from ``attention_tiles``."""
 
 
+def attention_tile(block_d: int, element_bytes: int) -> AttentionTile:
+    """The active ring-attention tile of a padded head size ``block_d`` and ``element_bytes``
+    per element: ``attention_tiles``' tile of that case, else ``attention_default_tile``
+    (``block_m`` and ``block_n`` capped at 64 x 32 above ``block_d = 128``)."""
+    s = attention()
+    tile = dict(s.attention_tiles).get((block_d, element_bytes))
+    if tile is not None:
+        return tile
+    tile = s.attention_default_tile
+    if block_d > 128:
+        tile = tile._replace(block_m=min(tile.block_m, 64), block_n=min(tile.block_n, 32))
+    return tile
+
+
 @dataclass(frozen=True)
 class RingFormSettings:
     """The ring form of the carried state (``pmll_lab.ops.carry.gdn_ring``, SPEC §3d)."""
 
-    ring_form_tiles: tuple = _row(
-        ((32, 2, 64, 32, 2, 4), (32, 4, 64, 32, 2, 3), (256, 4, 64, 32, 1, 3),
-         (1 << 62, 2, 128, 64, 2, 2), (1 << 62, 4, 64, 32, 1, 3)), check="ring_tiles",
+    ring_form_tiles: tuple[RingFormTile, ...] = _row(
+        (RingFormTile(32, 2, 64, 32, 2, 4), RingFormTile(32, 4, 64, 32, 2, 3),
+         RingFormTile(256, 4, 64, 32, 1, 3), RingFormTile(1 << 62, 2, 128, 64, 2, 2),
+         RingFormTile(1 << 62, 4, 64, 32, 1, 3)),
+        check=Table(RingFormTile),
         why="the fastest per step (13 verifies at ring fill 4 and 3 folds at fill 13 per 16) of "
             "7 tiles (bf16 state) and 4 (fp32): B = 1 64 x 32 x 2 warps x 4 stages (fp32: 3), "
             "B = 8 64 x 32 x 1 x 3, B >= 64 128 x 64 x 2 x 2 (fp32: 64 x 32 x 1 x 3)",
         see="perf-notes 'Launch constants: ring form'; "
             "reports/h200-2026-12-03/logs/tune-ring-onelaunch-3.log")
-    """Tiles of the ring verify and flush (``gdn_ring_fused``, ``gdn_ring_flush_kernel``): rows
-    ``(max B*HV, max state element bytes, value rows per program BV, keys per chunk BK, warps,
-    pipeline stages)``; the first row whose two bounds hold applies (else the last); ``BV`` is
-    capped at ``vd`` and ``BK`` at ``kd``."""
+    """Tiles of the ring verify and flush (``gdn_ring_fused``, ``gdn_ring_flush_kernel``):
+    ``RingFormTile`` rows (max ``B*HV``, max state element bytes, ``BV``, ``BK``, warps,
+    pipeline stages); :func:`ring_form_tiles_row` picks one; ``BV`` is capped at ``vd`` and
+    ``BK`` at ``kd`` (``gdn_ring.ring_tiles``)."""
 
     ring_fold_chunk: int = _row(
-        32, check="chunk",
+        32, check=CHUNK,
         why="the fold's [BV, chunk] fp32 output sets the verify's registers; per step (16 "
             "steps, K = 4, bf16 state) 32-key chunks of the B >= 64 tile (BK = 64) took "
             "44.1 / 74.1 us at B = 64 / 128 against 47.2 / 83.1 with 64 (verify at fill 4: "
@@ -272,7 +498,7 @@ class RingFormSettings:
 
 
     ring_coefficients_first: int = _row(
-        2, check="count",
+        2, check=COUNT,
         why="a bf16 verify at B >= 64 (128 x 64 x 2 x 2) took 37.4 / 60.7 us at B = 64 / 128 "
             "with the coefficients first against 39.5 / 64.1 (fold steps 67.1 / 120.1 against "
             "70.5 / 132.1); fp32 (64-row tiles) 74.2 against 70.9, whole-head fp32 tiles no "
@@ -284,6 +510,16 @@ class RingFormSettings:
     (the Grams of the new rows and the window's keys, the gates, ``Bt``, ``P2``) before its
     state product, where the tile holds a whole head (``BV >= vd``); 0 = never. The Grams then
     run over all keys at once instead of per chunk: a tolerance form either way."""
+
+
+def ring_form_tiles_row(work: int, state_dtype) -> RingFormTile:
+    """The active ``ring_form_tiles`` row for ``work = B * HV`` on a state of ``state_dtype``
+    (one of ``STATE_DTYPES``; ``ValueError`` naming ``state_dtype`` for another): the first
+    whose ``max_work`` and ``max_state_bytes`` both hold, else the last."""
+    size, rows = state_bytes(state_dtype), ring_form().ring_form_tiles
+    return next((row for row in rows if work <= row.max_work and size <= row.max_state_bytes),
+                rows[-1])
+
 
 SHIPPED = {"gdn": GdnSettings(), "carry": CarrySettings(), "conv": ConvSettings(),
            "ring": RingSettings(), "attention": AttentionSettings(),
@@ -351,9 +587,10 @@ def override(**changes):
 
     Raises ``ValueError`` naming the settings, before anything changes: names that are no
     setting, settings fixed at import (``fma_sums``, ``packed_state_tile``,
-    ``default_state_layout``), values of the
-    wrong form (flags: bool; counts: int >= 0; powers of two; tables: tuples of int rows of the
-    shipped width). Lists are taken as tuples."""
+    ``default_state_layout``), values of the wrong form (each setting's ``check``: a ``Rule``,
+    or rows whose every column passes its row type's rule, see :func:`_as_row`). Rows may be
+    given as plain tuples or lists of their columns: they become the table's row type
+    (``VkTile``, ``VkAhead``, ...)."""
     unknown = sorted(n for n in changes if n not in _FIELD)
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not a launch setting (known: "
@@ -377,87 +614,55 @@ def override(**changes):
         _active.update(saved)
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_pow2(v) -> bool:
-    return _is_int(v) and v >= 1 and not v & (v - 1)
-
-
-def _rows(value) -> tuple:
-    return tuple(tuple(r) if isinstance(r, (list, tuple)) else r for r in value)
-
-
 def _checked(name: str, value):
-    """``value`` in the form ``name``'s table holds it; ``ValueError`` naming ``name``."""
-    kind, shipped = _FIELD[name].metadata["check"], _FIELD[name].default
-    try:
-        value, ok = _check_kind(kind, value, shipped)
-    except (TypeError, IndexError):
-        ok = False
-    if not ok:
-        raise ValueError(f"{name}: expected {_KIND_TEXT[kind]} (shipped: {shipped!r}), got "
-                         f"{value!r}")
-    return value
+    """``value`` in the form ``name``'s table holds it (rows as their row type, lists as
+    tuples); ``ValueError`` naming ``name`` (and the row and column at fault)."""
+    check = _FIELD[name].metadata["check"]
+    if isinstance(check, Rule):
+        if not check.test(value):
+            raise ValueError(f"{name}: expected {check.text} (shipped: "
+                             f"{_FIELD[name].default!r}), got {value!r}")
+        return value
+    if isinstance(check, OneRow):
+        return None if value is None and check.may_be_none else _as_row(check.row, value, name)
+    if isinstance(value, dict):                      # attention_tiles: {case: tile}
+        value = tuple(value.items())
+    if not isinstance(value, (tuple, list)) or not (value or check.may_be_empty):
+        raise ValueError(f"{name}: expected a {'' if check.may_be_empty else 'non-empty '}"
+                         f"tuple of {check.row.__name__} rows ({', '.join(check.row._fields)}), "
+                         f"got {value!r}")
+    return tuple(_as_row(check.row, row, f"{name}: row {i}") for i, row in enumerate(value))
 
 
-_KIND_TEXT = dict(
-    flag="a bool", count="an int >= 0", pow2="a power of two", layout="'kv' or 'vk'",
-    kv_block="None or (BV, num_warps), powers of two",
-    table="a non-empty tuple of rows of ints >= 0, each as wide as the shipped rows",
-    chunk="0 or a power of two >= 16",
-    ring_tiles="a non-empty tuple of rows (max B*HV >= 0, max element bytes >= 1, BV and BK "
-               "powers of two >= 16, warps a power of two, stages >= 1)",
-    vk_table="a non-empty tuple of rows as wide as the shipped rows: a bound >= 0, then value "
-             "rows per program, powers of two >= 2 (a warp's 4 x 8 threads must see two rows), "
-             "and warps, a power of two",
-    tile="4 ints >= 1", tiles="((head size, element size), (BLOCK_M, BLOCK_N, warps, stages)) "
-    "pairs of ints >= 1")
+@functools.cache
+def _column_rules(row_type: type) -> dict:
+    """``{column: Rule or nested row type}`` from ``row_type``'s annotations."""
+    hints = typing.get_type_hints(row_type, include_extras=True)
+    return {c: (hints[c].__metadata__[0] if hasattr(hints[c], "__metadata__") else hints[c])
+            for c in row_type._fields}
 
 
-def _check_kind(kind: str, value, shipped) -> tuple[object, bool]:
-    if isinstance(value, list):
-        value = tuple(value)
-    if kind == "flag":
-        return value, isinstance(value, bool)
-    if kind == "count":
-        return value, _is_int(value) and value >= 0
-    if kind == "pow2":
-        return value, _is_pow2(value)
-    if kind == "vk_table":
-        value = _rows(value)
-        width = len(shipped[0])
-        rows_cols = range(1, width - 1) if width == 4 else range(1, width)   # vk_tiles: warps last
-        return value, len(value) > 0 and all(
-            isinstance(r, tuple) and len(r) == width and _is_int(r[0]) and r[0] >= 0
-            and all(_is_pow2(r[c]) and r[c] >= 2 for c in rows_cols)
-            and (width != 4 or _is_pow2(r[3])) for r in value)
-    if kind == "chunk":
-        return value, _is_int(value) and (value == 0 or (value >= 16 and _is_pow2(value)))
-    if kind == "kv_block":
-        return value, value is None or (isinstance(value, tuple) and len(value) == 2
-                                        and all(_is_pow2(v) for v in value))
-    if kind == "table":
-        value = _rows(value)
-        return value, len(value) > 0 and all(
-            isinstance(r, tuple) and len(r) == len(shipped[0])
-            and all(_is_int(v) and v >= 0 for v in r) for r in value)
-    if kind == "ring_tiles":
-        value = _rows(value)
-        return value, len(value) > 0 and all(
-            isinstance(r, tuple) and len(r) == 6 and all(_is_int(v) for v in r)
-            and r[0] >= 0 and r[1] >= 1 and all(_is_pow2(v) and v >= 16 for v in r[2:4])
-            and _is_pow2(r[4]) and r[5] >= 1 for r in value)
-    if kind == "tile":
-        return value, (isinstance(value, tuple) and len(value) == 4
-                       and all(_is_int(v) and v >= 1 for v in value))
-    if kind == "tiles":
-        value = tuple(value.items()) if isinstance(value, dict) else value
-        value = tuple(_rows(p) for p in value)
-        return value, all(len(p) == 2 and len(p[0]) == 2 and len(p[1]) == 4
-                          and all(_is_int(v) and v >= 1 for v in p[0] + p[1]) for p in value)
-    raise AssertionError(kind)
+def _as_row(row_type: type, value, where: str):
+    """``value`` (a ``row_type``, or a plain tuple or list of its columns in order) as a
+    ``row_type`` whose every column passes its rule (``Rule`` in the column's annotation, or
+    a nested row type). Raises ``ValueError`` starting with ``where``: a row of the wrong
+    number of columns (naming them), or the column at fault and its rule."""
+    columns = row_type._fields
+    if not isinstance(value, (tuple, list)) or len(value) != len(columns):
+        got = f"{len(value)} columns " if isinstance(value, (tuple, list)) else ""
+        raise ValueError(f"{where}: expected a row of {len(columns)} columns "
+                         f"({row_type.__name__}: {', '.join(columns)}), got {got}{value!r}")
+    out = []
+    for column, v in zip(columns, value):
+        rule = _column_rules(row_type)[column]
+        if isinstance(rule, Rule):
+            if not rule.test(v):
+                raise ValueError(f"{where}: {column} must be {rule.text}, got {v!r} in "
+                                 f"{tuple(value)!r}")
+        else:
+            v = _as_row(rule, v, f"{where} {column}")
+        out.append(v)
+    return row_type(*out)
 
 
 def parse_overrides(items) -> dict:

@@ -64,7 +64,7 @@ from pmll_lab.ops import settings
 from pmll_lab.ops.carry import gdn_carry_cuda
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, head_dims,
-                                         vk_ahead, vk_config)
+                                         vk_config)
 from pmll_lab.ops.gdn.gating import split_gating
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
@@ -231,15 +231,15 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
     meta = dict(K=K, CAP=carry.cap, HV=HV, GROUP=HV // HK, KD=kd, VD=vd, LAZY=lazy,
                 USE_QK_L2NORM=bool(use_qk_l2norm), PREFETCH=cs.carry_prefetch_rows,
                 GATE=gating is not None)
-    BK, BR, num_warps = vk_config(kd, vd, B * HV, "carry")
+    BK, BR, num_warps = vk_config(kd, vd, B * HV, "carry", state_dtype=state.dtype)
+    ahead = settings.vk_ahead_row(B * HV)
     NT = cdiv(vd, BR)
     return (VK.gdn_carry_exact_vk_kernel, (B * HV * NT,), args,
             dict(BK=BK, BV=BR, NV=NT, num_warps=num_warps,
                  UNROLL=K <= cs.exact_unroll_max_rows, **_chunks(BK), **meta,
                  QK_ALIGNED=recurrence.vk_qk_aligned(kd, q, k),
-                 STATE_VEC=recurrence.vk_state_vector(kd, vd, B * HV, state.element_size()),
-                 **dict(zip(("AHEAD", "STASH_AHEAD"),
-                          vk_ahead(B * HV, "carry", state.element_size()))),
+                 STATE_VEC=recurrence.vk_state_vector(kd, vd, B * HV, state.dtype),
+                 AHEAD=ahead.verify_rows_ahead(state.dtype), STASH_AHEAD=ahead.stash_rows_ahead,
                  **recurrence.EXACT_LAUNCH))
 
 

@@ -118,8 +118,8 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     if state_layout == "vk":
         from pmll_lab.ops.carry.gdn_carry_vk import gdn_carry_flush_vk_kernel as kernel
 
-        BK, BV, num_warps = vk_config(kd, vd, B * HV, "carry")
-        extra = dict(_chunks(BK), STASH_AHEAD=recurrence.vk_ahead(B * HV, "carry")[1])
+        BK, BV, num_warps = vk_config(kd, vd, B * HV, "carry", state_dtype=states[0].dtype)
+        extra = dict(_chunks(BK), STASH_AHEAD=settings.vk_ahead_row(B * HV).stash_rows_ahead)
     else:
         extra = {}
         kernel = _gdn_carry_flush_kernel

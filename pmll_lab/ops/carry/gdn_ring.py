@@ -307,14 +307,15 @@ def _host_cursors(ring: GdnRing, slot_tab) -> None:
         _checks.range_values("ring.base", ring.base[live], 0, 2 * ring.length - 1)
 
 
-def ring_tiles(work: int, elem_bytes: int, kd: int, vd: int) -> tuple[int, int, int, int]:
+def ring_tiles(work: int, state_dtype, kd: int, vd: int) -> tuple[int, int, int, int]:
     """``(BV, BK, num_warps, stages)`` of the ring kernels for ``work = B * HV`` heads of a state
-    of ``elem_bytes`` per element, from ``pmll_lab.ops.settings.ring_form().ring_form_tiles``
-    (the measurement behind each row there); ``BV`` capped at ``vd``, ``BK`` at ``kd``."""
-    rows = settings.ring_form().ring_form_tiles
-    row = next((r for r in rows if r[0] >= work and r[1] >= elem_bytes), rows[-1])
-    return (min(row[2], next_power_of_2(vd)), min(row[3], next_power_of_2(kd)), row[4],
-            max(row[5], 1))
+    of ``state_dtype``, from the ``ring_form_tiles`` setting's row
+    (``pmll_lab.ops.settings.ring_form_tiles_row``, the measurement behind each row there);
+    ``BV`` capped at ``vd``, ``BK`` at ``kd``. ``ValueError`` naming ``state_dtype`` for a
+    dtype the table has no rows for."""
+    row = settings.ring_form_tiles_row(work, state_dtype)
+    return (min(row.block_v, next_power_of_2(vd)), min(row.block_k, next_power_of_2(kd)),
+            row.num_warps, row.num_stages)
 
 
 def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=None,
@@ -361,7 +362,7 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
     if B == 0:
         return o, engaged
     gate = (gating.A_log, gating.dt_bias) if gating is not None else (state, state)
-    BV, BK, warps, stages = ring_tiles(B * HV, state.element_size(), kd, vd)
+    BV, BK, warps, stages = ring_tiles(B * HV, state.dtype, kd, vd)
     early = BV >= vd and state.element_size() <= settings.ring_form().ring_coefficients_first
     with _device_guard(state):
         gdn_ring_fused_kernel[(B * HV * cdiv(vd, BV),)](
@@ -483,7 +484,7 @@ def gdn_ring_flush(states, rings, slot_tab, *, validate=False,
             _finite_window(f"rings[{i}]", r, live)
     if B == 0:
         return
-    BV, BK, warps, stages = ring_tiles(B * HV, states[0].element_size(), kd, vd)
+    BV, BK, warps, stages = ring_tiles(B * HV, states[0].dtype, kd, vd)
     r0 = rings[0]
     with _device_guard(states[0]):
         gdn_ring_flush_kernel[(B * HV * cdiv(vd, BV), len(states))](

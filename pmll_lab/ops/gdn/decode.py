@@ -40,7 +40,7 @@ from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, EXACT_LAUNCH, blo
                                          gdn_row, head_tile_program, load_gate_params,
                                          kv_state_vector, load_row_inputs, qk_prepare,
                                          round_to_state, state_tile, vk_chunks,
-                                         vk_ahead, vk_config, vk_qk_aligned)
+                                         vk_config, vk_qk_aligned)
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan
 
@@ -172,10 +172,10 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
     tile's value rows)."""
     extra = {}
     if layout == "vk":
-        BK, BV, num_warps = vk_config(kd, vd, B * HV, state_itemsize=state.element_size())
+        BK, BV, num_warps = vk_config(kd, vd, B * HV, state_dtype=state.dtype)
         kernel = gdn_rows_vk_kernel
         extra = dict(zip(("NC", "CW"), vk_chunks(BK)), QK_ALIGNED=vk_qk_aligned(kd, q, k),
-                     AHEAD=vk_ahead(B * HV)[0])
+                     AHEAD=settings.vk_ahead_row(B * HV).rows_ahead)
     else:
         BK, BV, num_warps = block_config(kd, vd)
         kernel = gdn_rows_kernel

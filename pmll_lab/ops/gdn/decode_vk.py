@@ -114,7 +114,7 @@ def load_row_inputs_vk(q_row, k_row, v_row, g_row, beta_row, rk, mk, rr, mr, ga,
 def rows_ahead_vk(rows, t, q_row, k_row, v_row, g_row, beta_row, q_t, k_t, v_t, g_t, beta_t,
                   rk, mk, rr, mr, K: tl.constexpr, AHEAD: tl.constexpr,
                   QK_ALIGNED: tl.constexpr):
-    """Rows loaded ahead of their use (``recurrence.vk_ahead``): ``rows`` is the tuple of
+    """Rows loaded ahead of their use (``settings.vk_ahead_row``): ``rows`` is the tuple of
     ``load_row_vk`` rows ``0 ..`` loaded so far; returns it with every row up to ``t + AHEAD``
     (and below ``K``) loaded, so row ``t`` is ``rows[t]``. Call with ``t = -1`` before the
     row loop (rows ``0 .. AHEAD-1``), then with each ``t`` before row ``t`` runs. ``AHEAD = 0``

@@ -396,50 +396,33 @@ def gdn_row_vk(h, q, k, v, g, beta):
     return h, o, u
 
 
-def vk_ahead(work: int, kind: str = "rows", state_itemsize: int = 4) -> tuple[int, int]:
-    """``(input rows ahead, stash rows ahead)`` from the ``vk_ahead`` setting for ``work = B * HV``,
-    ``kind`` ``"rows"`` (decode, the chain: no stash) or ``"carry"``, and the state pool's
-    element size in bytes (4: fp32; 2: bf16/fp16). Raises ``ValueError`` for an unknown
-    ``kind``."""
+def vk_config(k_dim: int, v_dim: int, work: int, kind: str = "rows", *,
+              state_dtype) -> tuple[int, int, int]:
+    """``(BK, BR, num_warps)`` of the V-major family for a head of ``k_dim x v_dim``, ``work =
+    B * HV`` (sequences x value heads) and a state pool of ``state_dtype`` (a ``torch.dtype``
+    or its name, one of ``settings.STATE_DTYPES``). ``kind``: ``"rows"`` (decode, the chain)
+    or ``"carry"`` (the carried-state verify and flush). ``BK`` covers the whole key dim
+    (padded to a power of two), ``BR`` value rows per program from the ``vk_tiles`` setting's
+    row (``pmll_lab.ops.settings.vk_tiles_row``; for ``"rows"`` on a 2-byte state from
+    ``vk_rows_half`` when ``32 <= BK <= 128``; at most ``v_dim`` padded, and at most
+    ``8192 // BK`` so a one-warp tile stays <= 64 fp32 per thread). The key axis is held in
+    ``vk_chunks(BK)`` chunks. Every shipped tile is one warp with its threads over 4 value rows
+    x 8 key lanes, so the per-row sums run in one order whatever the tile's row count: decode,
+    the chain, the exact carry and the flush agree to the bit. Why ``32 <= BK <= 128``: a
+    16-key tile of 16 rows would give each thread 8 keys of a 2-byte state
+    (``vk_state_vector``), another reduction order; 256 keys were not measured (twice the
+    registers). Raises ``ValueError`` for an unknown ``kind``, or naming ``state_dtype`` for
+    a dtype the tables have no rows for (a float8 state takes no other dtype's tile)."""
     if kind not in ("rows", "carry"):
         raise ValueError(f"kind: expected 'rows' or 'carry', got {kind!r}")
-    for bound, rows, carry_rows, carry_rows_narrow, stash in settings.gdn().vk_ahead:
-        if work <= bound:
-            break
-    if kind == "rows":
-        return rows, 0
-    return (carry_rows if state_itemsize >= 4 else carry_rows_narrow), stash
-
-
-def vk_config(k_dim: int, v_dim: int, work: int, kind: str = "rows",
-              state_itemsize: int = 4) -> tuple[int, int, int]:
-    """``(BK, BR, num_warps)`` of the V-major family for a head of ``k_dim x v_dim`` and
-    ``work = B * HV`` (sequences x value heads). ``kind``: ``"rows"`` (decode, the chain) or
-    ``"carry"`` (the carried-state verify and flush). ``BK`` covers the whole key dim (padded
-    to a power of two), ``BR`` value rows per program from the ``vk_tiles`` setting
-    (``pmll_lab.ops.settings``; for ``"rows"`` on a 2-byte state, ``state_itemsize = 2``, from
-    ``vk_rows_half`` when ``32 <= BK <= 128``; at most ``v_dim`` padded, and at most ``8192 // BK`` so
-    a one-warp tile stays <= 64 fp32 per thread). The key axis is held in ``vk_chunks(BK)``
-    chunks. Every shipped tile is one warp with its threads over 4 value rows x 8 key lanes, so
-    the per-row sums run in one order whatever the tile's row count: decode, the chain, the
-    exact carry and the flush agree to the bit. Why ``32 <= BK <= 128``: a 16-key tile of 16
-    rows would give each thread 8 keys of a 2-byte state (``vk_state_vector``), another
-    reduction order; 256 keys were not measured (twice the registers). Raises ``ValueError`` for an unknown ``kind``."""
-    if kind not in ("rows", "carry"):
-        raise ValueError(f"kind: expected 'rows' or 'carry', got {kind!r}")
+    half = settings.state_bytes(state_dtype) == 2
     bk = next_power_of_2(k_dim)
-    gdn = settings.gdn()
-    for bound, br_rows, br_carry, warps in gdn.vk_tiles:
-        if work <= bound:
-            break
-    br = br_rows if kind == "rows" else br_carry
-    if kind == "rows" and state_itemsize == 2 and 32 <= bk <= 128:
-        for bound, br_half in gdn.vk_rows_half:
-            if work <= bound:
-                break
-        br = br_half
+    tile = settings.vk_tiles_row(work)
+    br = tile.value_rows if kind == "rows" else tile.carry_value_rows
+    if kind == "rows" and half and 32 <= bk <= 128:
+        br = settings.vk_rows_half_row(work).value_rows
     br = max(1, min(br, next_power_of_2(v_dim), max(1, 8192 // bk)))
-    return bk, br, warps
+    return bk, br, tile.num_warps
 
 
 def vk_qk_aligned(k_dim: int, q, k) -> bool:
@@ -478,21 +461,20 @@ def vk_chunks(block_k: int) -> tuple[int, int]:
     return block_k // cw, cw
 
 
-def vk_state_vector(k_dim: int, v_dim: int, work: int, state_itemsize: int) -> int:
+def vk_state_vector(k_dim: int, v_dim: int, work: int, state_dtype) -> int:
     """Contiguous keys per thread in which decode's V-major tile (``vk_config`` for ``work =
-    B * HV``) lies in registers: a 16-byte vector of the state's elements, at most a key chunk,
-    and at most the tile's share per thread (Triton's coalescing rule for a load of
-    ``BR x BK`` elements on ``32 * warps`` threads). The exact carry verify loads its tile
-    (which may hold more value rows, ``VK_TILES``) with at most this many (``STATE_VEC``), so
-    its sums over keys run on decode's thread layout. Why: a 2-byte state at ``kd = 16`` gave
-    decode's 8-row tile 4 keys per thread and the carry's 16-row tile 8, another reduction
-    order (``pmll_lab.lowering``). Raises ``ValueError`` for a state element size other than
-    2 or 4 bytes."""
-    if state_itemsize not in (2, 4):
-        raise ValueError(f"state_itemsize: expected 2 (bf16/fp16) or 4 (fp32), got "
-                         f"{state_itemsize!r}")
-    bk, br, warps = vk_config(k_dim, v_dim, work, state_itemsize=state_itemsize)
-    return max(1, min(16 // state_itemsize, vk_chunks(bk)[1], br * bk // (32 * warps)))
+    B * HV`` and a state pool of ``state_dtype``) lies in registers: a 16-byte vector of the
+    state's elements, at most a key chunk, and at most the tile's share per thread (Triton's
+    coalescing rule for a load of ``BR x BK`` elements on ``32 * warps`` threads). The exact
+    carry verify loads its tile (which may hold more value rows, ``vk_tiles``'
+    ``carry_value_rows``) with at most this many (``STATE_VEC``), so its sums over keys run on
+    decode's thread layout. Why: a 2-byte state at ``kd = 16`` gave decode's 8-row tile 4 keys
+    per thread and the carry's 16-row tile 8, another reduction order
+    (``pmll_lab.lowering``). Raises ``ValueError`` naming ``state_dtype`` for a dtype other
+    than ``settings.STATE_DTYPES``' (float32, bfloat16, float16)."""
+    size = settings.state_bytes(state_dtype)
+    bk, br, warps = vk_config(k_dim, v_dim, work, state_dtype=state_dtype)
+    return max(1, min(16 // size, vk_chunks(bk)[1], br * bk // (32 * warps)))
 
 
 def kv_state_vector(k_dim: int, v_dim: int, state_itemsize: int) -> int:
@@ -541,7 +523,6 @@ def block_config(k_dim: int, v_dim: int) -> tuple[int, int, int]:
 def _block_config(k_dim: int, v_dim: int, kv_block) -> tuple[int, int, int]:
     bk = next_power_of_2(k_dim)
     if kv_block is not None:
-        bv, warps = kv_block
-        return bk, min(next_power_of_2(v_dim), bv), warps
+        return bk, min(next_power_of_2(v_dim), kv_block.block_v), kv_block.num_warps
     bv = min(next_power_of_2(v_dim), max(16, 4096 // bk))
     return bk, bv, 1

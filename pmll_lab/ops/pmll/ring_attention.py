@@ -202,14 +202,10 @@ def tile_for(head_dim: int, dtype: torch.dtype, tokens: int) -> dict:
     lacks, at most 64 x 32 above ``D = 128``)."""
     block_d = max(16, next_power_of_2(head_dim))
     el = torch.empty((), dtype=dtype).element_size()
-    s = settings.attention()
-    tiles = dict(s.attention_tiles)
-    bm, bn, warps, stages = tiles.get((block_d, el), s.attention_default_tile)
-    if block_d > 128 and (block_d, el) not in tiles:
-        bm, bn = min(bm, 64), min(bn, 32)
-    bm = min(bm, max(16, next_power_of_2(tokens)))
-    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=min(bn, bm), BLOCK_D=block_d,
-                num_warps=warps, num_stages=stages)
+    tile = settings.attention_tile(block_d, el)
+    bm = min(tile.block_m, max(16, next_power_of_2(tokens)))
+    return dict(BLOCK_M=bm, BLOCK_N=tile.block_n, BLOCK_C=min(tile.block_n, bm), BLOCK_D=block_d,
+                num_warps=tile.num_warps, num_stages=tile.num_stages)
 
 
 def ring_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, mem=None, *,
