@@ -32,11 +32,12 @@ from pmll_lab.carry import CarryLayer, GdnCarry, SpecDecodeStep, gdn_carry_flush
 from pmll_lab.experiments.acceptance import accept_counts
 from pmll_lab.gdn import gdn_chain, gdn_decode
 from pmll_lab.inputs import gdn_inputs
+from pmll_lab.ops import settings
 from pmll_lab.ops.gdn.restore import gdn_snapshot_restore
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 LAYOUTS = ("kv", "vk")
-STATE_DTYPES = ("float32", "bfloat16", "float16")
+STATE_DTYPES = tuple(settings.STATE_DTYPES)
 INPUT_DTYPES = ("bfloat16", "float32")
 ROWS = (2, 3, 4, 8)
 MODES = ("eager", "lazy", "policy")

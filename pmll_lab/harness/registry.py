@@ -21,11 +21,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pmll_lab.ops import settings
+
 PROVIDERS = ("pmll_lab", "flashinfer", "sglang", "fla", "torch", "yours")
 """Who wrote an implementation (the ``provider`` column); ``yours``: registered by a researcher."""
 IMPLS = ("triton", "cuda", "cute-dsl", "torch")
 """What it is written in (the ``impl`` column)."""
-STATE_DTYPES = ("float32", "bfloat16", "float16")
+STATE_DTYPES = tuple(settings.STATE_DTYPES)
+"""The state dtypes an implementation may take: those the launch tables have rows for."""
 LAYOUTS = ("vk", "kv")
 PLUGINS_ENV = "PMLL_LAB_PLUGINS"
 """Python files (``os.pathsep``-separated) whose ``register`` calls ``load_plugins`` runs."""
