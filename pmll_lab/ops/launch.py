@@ -22,9 +22,20 @@ the roofline notebook's B=1 rows (measured: reports/perf-notes-archive.md v9).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
+import torch
+
 from pmll_lab.backend import INTERPRET
+
+
+def device_guard(t: torch.Tensor):
+    """The context to launch a kernel on ``t``'s device in: ``torch.cuda.device(t.device)`` for a
+    CUDA tensor, else a no-op context (the CPU interpreter). Why: Triton launches on the
+    current device, and a tensor on another GPU than the current one would be read from the
+    wrong device. ``t``: any tensor (only its ``device`` is read); raises nothing itself."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
 class LaunchPlan:
@@ -71,8 +82,6 @@ class LaunchPlan:
             return self.outputs
         on_gpu = self.device is not None and getattr(self.device, "type", None) == "cuda"
         if on_gpu:
-            import torch
-
             with torch.cuda.device(self.device):
                 compiled = self.kernel[self.grid](*self.args, **self.kwargs)
                 self._remember(compiled)
