@@ -152,9 +152,9 @@ def test_launchers_read_the_active_settings():
     assert conv_block_config(512, None) == (64, 64, 4, 2)
     with settings.override(conv_block_channels=128, conv_num_warps=4, conv_row_width=32):
         assert conv_block_config(512, None) == (32, 32, 4, 4)
-    assert ring._tile(128, 1000) == (64, 128)
+    assert ring.ring_tile(128, 1000) == (64, 128)
     with settings.override(ring_tile_elems=2048):
-        assert ring._tile(128, 1000) == (16, 128)
+        assert ring.ring_tile(128, 1000) == (16, 128)
     assert tile_for(64, torch.bfloat16, 4096)["num_stages"] == 3
     with settings.override(attention_tiles=(((64, 2), (32, 32, 2, 2)),)):
         t = tile_for(64, torch.bfloat16, 4096)

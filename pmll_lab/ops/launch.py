@@ -74,7 +74,7 @@ class LaunchPlan:
     def __call__(self):
         if self.kernel is None:
             return self.outputs
-        if (self._compiled is not None and _no_launch_hooks()
+        if (self._compiled is not None and no_launch_hooks()
                 and self._current_device() == self._device_index):
             c = self._compiled
             c.run(*self.grid, self._get_stream(self._device_index), c.function,
@@ -103,10 +103,12 @@ class LaunchPlan:
         self._compiled = compiled
 
 
-def _no_launch_hooks() -> bool:
+def no_launch_hooks() -> bool:
     """No profiler or tool has registered a Triton launch hook. Triton 3.6 keeps them as
     ``knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``, ``HookChain`` objects whose
-    ``calls`` list is empty when unused (older versions: ``None``)."""
+    ``calls`` list is empty when unused (older versions: ``None``). Returns ``False`` when the
+    hooks cannot be read (no ``triton.knobs``); raises nothing. Why: ``LaunchPlan``'s direct
+    path skips the hooks, so it is taken only while this is ``True``."""
     rt = _knobs.runtime if _knobs is not None else None
     if rt is None:
         return False

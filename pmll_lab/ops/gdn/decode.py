@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from pmll_lab import _checks
-from pmll_lab.ops.gdn.checks import MAX_ROWS, _check, _check_write_slots  # noqa: F401
+from pmll_lab.ops.gdn.checks import check_decode_args
 from pmll_lab.ops.gdn import decode_cuda
 from pmll_lab.ops.gdn.decode_vk import ROW_PTRS, ROW_STRIDES, gdn_rows_vk_kernel
 from pmll_lab.ops.gdn.gating import Gating, gate_inputs, split_gating
@@ -303,10 +303,10 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
     """
     _checks.impl("gdn_decode", impl)
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
-    B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, None, scale,
-                                  out_dtype, validate, rows=False, layout=state_layout,
-                                  out_state_indices=out_state_indices, gating=gating,
-                                  use_qk_l2norm=use_qk_l2norm, carry=carry)
+    B, K, HK, HV, kd, vd = check_decode_args(
+        state, q, k, v, g, beta, state_indices, None, scale, out_dtype, validate, rows=False,
+        layout=state_layout, out_state_indices=out_state_indices, gating=gating,
+        use_qk_l2norm=use_qk_l2norm, carry=carry)
     if impl == "cuda":
         decode_cuda.check_cuda(state, kd, state_layout)
     o = torch.empty(B, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
@@ -356,10 +356,10 @@ def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermed
     """
     _checks.impl("gdn_chain", impl)
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
-    B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
-                                  out_dtype, validate, rows=True, layout=state_layout,
-                                  out_state_indices=out_state_indices, gating=gating,
-                                  use_qk_l2norm=use_qk_l2norm, carry=carry)
+    B, K, HK, HV, kd, vd = check_decode_args(
+        state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtype, validate, rows=True,
+        layout=state_layout, out_state_indices=out_state_indices, gating=gating,
+        use_qk_l2norm=use_qk_l2norm, carry=carry)
     if impl == "cuda":
         decode_cuda.check_cuda(state, kd, state_layout, "chain")
     o = torch.empty(B, K, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
@@ -421,10 +421,10 @@ def _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2
           gating=(None, None, None, None), carry=None) -> LaunchPlan:
     """Check once, take or allocate ``o`` (``out``, checked), bind the launch."""
     g, beta, gating = split_gating(g, beta, *gating)
-    B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
-                                  out_dtype, validate, rows=rows, layout=layout,
-                                  out_state_indices=out_state_indices, gating=gating,
-                                  use_qk_l2norm=use_qk_l2norm, carry=carry)
+    B, K, HK, HV, kd, vd = check_decode_args(
+        state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtype, validate, rows=rows,
+        layout=layout, out_state_indices=out_state_indices, gating=gating,
+        use_qk_l2norm=use_qk_l2norm, carry=carry)
     shape = (B, K, HV, vd) if rows else (B, HV, vd)
     dtype = out_dtype or v.dtype
     if out is None:
