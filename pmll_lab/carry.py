@@ -51,28 +51,18 @@ The float64 reference of the protocol is ``pmll_lab.reference.carry``.
 
 from __future__ import annotations
 
-from pmll_lab.ops.carry.gdn_carry import (  # noqa: F401
-    FORMS,
-    GDN_CARRY_CAP,
-    _check_verify,
-    INDEX_DTYPES,
-    GdnCarry,
-    carry_accept,
-    check_carry,
-    check_form,
-    check_state,
-    gdn_carry_flush,
-    gdn_carry_verify,
-    gdn_carry_verify_plan,
-    snapshot_bytes_per_slot,
-    stash_bytes_per_slot,
-)
+from pmll_lab.ops.carry.gdn_carry import gdn_carry_verify, gdn_carry_verify_plan
+from pmll_lab.ops.carry.gdn_carry_common import (  # noqa: F401
+    FORMS, INDEX_DTYPES, check_carry, check_form, check_state)
+from pmll_lab.ops.carry.gdn_carry_pending import carry_accept, gdn_carry_flush
+from pmll_lab.ops.carry.gdn_carry_stash import (GDN_CARRY_CAP, GdnCarry, snapshot_bytes_per_slot,
+                                                stash_bytes_per_slot)
 from pmll_lab.ops.carry.gdn_ring import (  # noqa: F401
     RING_DEFAULT_LENGTH, RING_LENGTHS, RING_TOLERANCE, GdnRing, gdn_ring_flush, gdn_ring_verify,
     ring_accept)
 from pmll_lab.ops.conv.carry import ConvCarry, conv_carry_flush, conv_carry_verify
 from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, STATE_LAYOUTS  # noqa: F401
-from pmll_lab.serving.carry_layer import CarryLayer, _check_layer  # noqa: F401
+from pmll_lab.serving.carry_layer import CarryLayer
 from pmll_lab.serving.spec_decode_step import (  # noqa: F401
     GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS, SpecDecodeStep)
 

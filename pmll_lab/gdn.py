@@ -24,7 +24,8 @@ All sizes in bytes; ``Hb = HV * kd * vd * 4`` is one sequence's fp32 state for o
 
 from __future__ import annotations
 
-from pmll_lab.ops.gdn.decode import MAX_ROWS, gdn_chain, gdn_chain_plan, gdn_decode, gdn_decode_plan
+from pmll_lab.ops.gdn.checks import MAX_ROWS
+from pmll_lab.ops.gdn.decode import gdn_chain, gdn_chain_plan, gdn_decode, gdn_decode_plan
 from pmll_lab.ops.gdn.gating import gdn_gating
 from pmll_lab.reference.gdn import gdn_chain_ref, gdn_decode_ref, gdn_gating_ref
 # the byte counts live with their siblings in pmll_lab.sizes (checked, dtype-aware)

@@ -179,10 +179,11 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     multiple of key heads, a ``state_type`` not in ``STATE_TYPES``, or ``resources`` with a
     ``stage`` before ``"cubin"``, and
     ``RuntimeError`` as :func:`lower` does."""
-    from pmll_lab.ops.carry import gdn_carry as C
+    from pmll_lab.ops.carry import gdn_carry_exact as E
+    from pmll_lab.ops.carry.gdn_carry_stash import GDN_CARRY_CAP
 
-    if not 1 <= rows <= C.GDN_CARRY_CAP:
-        raise ValueError(f"rows: must lie in 1..{C.GDN_CARRY_CAP}, got {rows}")
+    if not 1 <= rows <= GDN_CARRY_CAP:
+        raise ValueError(f"rows: must lie in 1..{GDN_CARRY_CAP}, got {rows}")
     if head_dim < 1:
         raise ValueError(f"head_dim: must be >= 1, got {head_dim}")
     if heads[0] < 1 or heads[1] % heads[0]:
@@ -197,7 +198,7 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     from pmll_lab.ops import settings
     from pmll_lab.ops.gdn import decode as D
     from pmll_lab.ops.gdn.recurrence import (EXACT_LAUNCH, block_config, check_layout,
-                                             kv_state_vector, vk_chunks, vk_config,
+                                             kv_state_vector, vk_chunk_meta, vk_config,
                                              vk_qk_rows_fit, vk_state_vector)
 
     check_layout("layout", layout)
@@ -210,13 +211,13 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         BK, BV, warps = vk_config(head_dim, head_dim, batch * HV, state_dtype=state_dtype)
         BV_carry = vk_config(head_dim, head_dim, batch * HV, "carry", state_dtype=state_dtype)[1]
         rows_kernel, carry_kernels = gdn_rows_vk_kernel, (VK.gdn_carry_exact_vk_kernel,)
-        chunks = dict(zip(("NC", "CW"), vk_chunks(BK)))
+        chunks = vk_chunk_meta(BK)
     else:
         BK, BV, warps = block_config(head_dim, head_dim)
         BV_carry = BV
         chunks = {}
         rows_kernel = D.gdn_rows_kernel
-        carry_kernels = (C._gdn_carry_exact_kernel, C._gdn_carry_exact_split_kernel)
+        carry_kernels = (E.gdn_carry_exact_kernel, E.gdn_carry_exact_split_kernel)
     gate_t = f"*{input_type}" if gate else "*fp32"
     rows_t = {n: f"*{input_type}" for n in ("q", "k", "v", "o")} | {"g": gate_t, "beta": gate_t}
     dec_types = {"state": f"*{state_type}", "inter": f"*{state_type}", "slot_idx": "*i32",
@@ -262,7 +263,7 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
         "state_ptr": f"*{state_type}", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
         "engaged_ptr": "*i32", "arrive_ptr": "*i32", "alog_ptr": "*fp32", "dtb_ptr": "*fp32",
         "scale": "fp32"}
-    meta = dict(K=rows, CAP=C.GDN_CARRY_CAP, HV=HV, GROUP=HV // HK, KD=head_dim, VD=head_dim,
+    meta = dict(K=rows, CAP=GDN_CARRY_CAP, HV=HV, GROUP=HV // HK, KD=head_dim, VD=head_dim,
                 BK=BK, BV=BV_carry, NV=-(-head_dim // BV_carry), LAZY=True, USE_QK_L2NORM=True,
                 PREFETCH=settings.carry().carry_prefetch_rows,
                 UNROLL=rows <= settings.carry().exact_unroll_max_rows, GATE=gate,

@@ -26,14 +26,15 @@ import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal
 from pmll_lab.carry import (
+    FORMS,
     GdnCarry,
     carry_accept,
     gdn_carry_flush,
     gdn_carry_verify,
+    stash_bytes_per_slot,
 )
 from pmll_lab.inputs import gdn_inputs
 from pmll_lab.ops import settings
-from pmll_lab.ops.carry.gdn_carry import FORMS, stash_bytes_per_slot
 from pmll_lab.ops.gdn.recurrence import block_config
 from pmll_lab.reference import carry as ref
 

@@ -118,10 +118,7 @@ def test_carry_sequence_equals_plain_decoding(dtype):
         carry = ConvCarry.empty(S, dim, cap=cap, dtype=dtype)
         layers.append(dict(w=d["weight"], b=d["bias"], state=d["conv_state"].clone(),
                            plain=d["conv_state"].clone(), carry=carry))
-    try:
-        from pmll_lab.carry import carry_accept as shared_accept
-    except ImportError:
-        from pmll_lab.ops.carry.gdn_carry import carry_accept as shared_accept
+    from pmll_lab.carry import carry_accept as shared_accept
     steps = 9
     for step in range(steps):
         B = int(torch.randint(1, S + 1, (1,), generator=gen))

@@ -28,6 +28,7 @@ from pmll_lab.inputs import gdn_inputs
 from pmll_lab.ops import settings
 from pmll_lab.ops.carry import gdn_carry as C
 from pmll_lab.ops.gdn import decode as D
+from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import vk_config, vk_qk_aligned
 
 from pmll_lab.tolerances import O_TOL, STATE_TOL
@@ -241,11 +242,9 @@ def test_qk_hint_switch():
     state = st0.clone()
     with settings.override(vk_qk_hint=False):
         assert not vk_qk_aligned(kd, x["q"], x["k"])
-        o = torch.empty(B, K, HV, vd, dtype=torch.bfloat16, device=DEVICE)
-        _, _, _, kw = D._launch_args(st0, x["q"], x["k"], x["v"], x["g"], x["beta"], o, None,
-                                     x["state_indices"], None, True, B, K, HK, HV, kd, vd,
-                                     rows=True, layout="vk")
-        assert kw["QK_ALIGNED"] is False
+        plan = gdn_chain_plan(st0, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                              state_indices=x["state_indices"], state_layout="vk")
+        assert plan.kwargs["QK_ALIGNED"] is False
         o = gdn_chain(state, x["q"], x["k"], x["v"], x["g"], x["beta"],
                       state_indices=x["state_indices"], state_layout="vk")
     assert vk_qk_aligned(kd, x["q"], x["k"]), "the shipped hint must come back"
@@ -286,9 +285,9 @@ def test_vk_views_read_in_place(dtype):
         assert bitwise_equal(o[:, t], o_t), f"row {t}: chain output != decode on the views"
     assert bitwise_equal(state, dec)
     for qq, kk, want in ((q, k, False), (x["q"], x["k"], True)):
-        _, _, _, kw = D._launch_args(state, qq, kk, x["v"], x["g"], x["beta"], o, None, idx,
-                                     None, True, B, K, HK, HV, kd, vd, rows=True, layout="vk")
-        assert kw["QK_ALIGNED"] is want
+        plan = gdn_chain_plan(state, qq, kk, x["v"], x["g"], x["beta"], state_indices=idx,
+                              state_layout="vk")
+        assert plan.kwargs["QK_ALIGNED"] is want
 
 
 def test_layout_errors_name_the_argument():

@@ -137,14 +137,14 @@ def test_direct_path_only_without_launch_hooks():
 
     from pmll_lab.ops import launch
 
-    assert launch._no_launch_hooks()
+    assert launch.no_launch_hooks()
     hook = lambda metadata: None  # noqa: E731
     knobs.runtime.launch_enter_hook.add(hook)
     try:
-        assert not launch._no_launch_hooks()
+        assert not launch.no_launch_hooks()
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
-    assert launch._no_launch_hooks()
+    assert launch.no_launch_hooks()
 
 
 def test_direct_call_passes_every_parameter_in_order():

@@ -21,14 +21,18 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     import triton
     from pmll_lab.lowering import family_mismatches, gdn_exact_family
-    from pmll_lab.ops.carry import gdn_carry as C
+    from pmll_lab.ops.carry import gdn_carry_exact as C
+    from pmll_lab.ops.carry.gdn_carry_vk import gdn_carry_exact_vk_kernel
     CHAIN16 = dict(layout="kv", head_dim=16, state_type="bf16", input_type="fp32", rows=2)
     out = {}
     from pmll_lab.ops.gdn import decode as D
-    names = set(C._ROW_PTRS + C._ROW_STRIDES)
-    for kern in (C._gdn_carry_exact_kernel, C._gdn_carry_exact_split_kernel):
+    from pmll_lab.ops.gdn.decode_vk import ROW_PTRS, ROW_STRIDES, gdn_rows_vk_kernel
+    names = set(C.ROW_PTRS + C.ROW_STRIDES)
+    for kern in (C.gdn_carry_exact_kernel, C.gdn_carry_exact_split_kernel,
+                 gdn_carry_exact_vk_kernel):
         assert names <= set(kern.arg_names), (kern.__name__, names - set(kern.arg_names))
-    assert set(D._ROW_PTRS + D._ROW_STRIDES) <= set(D.gdn_rows_kernel.arg_names)
+    for kern in (D.gdn_rows_kernel, gdn_rows_vk_kernel):
+        assert set(ROW_PTRS + ROW_STRIDES) <= set(kern.arg_names), kern.__name__
     for head_dim, input_type, rows in ((128, "bf16", 4), (64, "fp32", 1), (256, "bf16", 8)):
         fam = gdn_exact_family(head_dim=head_dim, input_type=input_type, rows=rows)
         out[f"{head_dim}-{input_type}-{rows}"] = {k: sorted(v) for k, v in fam.items()}
@@ -50,15 +54,15 @@ SCRIPT = textwrap.dedent("""
     # the chain with snapshots at kd = 16, bf16 state, fp32 inputs (the H200's 1-ulp outputs)
     out["16-bf16-chain"] = {"fixed": family_mismatches(CHAIN16)}
     # mutation: the snapshot store without decode's state vector cap
-    real_row = D._chain_row
+    real_row = D.chain_row
     mutant = triton.JITFunction(real_row.fn)
     src = mutant.src
     cap = "            if STATE_VEC > 0:"
     assert cap in src, "the snapshot cap moved: update the mutation"
     mutant._unsafe_update_src(src.replace(cap, "            if False:"))
-    D._chain_row = mutant
+    D.chain_row = mutant
     out["16-bf16-chain"]["uncapped"] = family_mismatches(CHAIN16)
-    D._chain_row = real_row
+    D.chain_row = real_row
     for head_dim, input_type, rows, batch in ((128, "bf16", 4, 64), (64, "fp32", 8, 1)):
         fam = gdn_exact_family(head_dim=head_dim, input_type=input_type, rows=rows,
                                layout="vk", batch=batch)
@@ -68,7 +72,7 @@ SCRIPT = textwrap.dedent("""
                            carry_constexprs={"QK_ALIGNED": False})
     out["vk-mutant"] = {k: sorted(v) for k, v in fam.items()}
     # mutation: the exact kernel specialised on every argument (no do_not_specialize lists)
-    C._gdn_carry_exact_kernel = triton.JITFunction(C._gdn_carry_exact_kernel.fn)
+    C.gdn_carry_exact_kernel = triton.JITFunction(C.gdn_carry_exact_kernel.fn)
     fam = gdn_exact_family(head_dim=128, input_type="bf16", rows=4)
     out["mutant"] = {k: sorted(v) for k, v in fam.items()}
     # the exact family's launch option: no multiply-add contracted by the compiler
@@ -105,7 +109,7 @@ def test_exact_family_reduces_on_decode_layouts(lowered, case):
     assert shapes == [1, 2], decode
     chain = ("gdn_rows_kernel[chain]",) if not case.endswith("-1") else ()
     assert ("gdn_rows_kernel[chain]" in fam) == bool(chain), sorted(fam)
-    for name in chain + ("_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"):
+    for name in chain + ("gdn_carry_exact_kernel", "gdn_carry_exact_split_kernel"):
         assert fam[name] == decode, (name, fam[name], decode)
 
 
@@ -129,8 +133,8 @@ def test_tiny_heads_sum_keys_alike_on_every_lane(lowered, state):
     got = lowered[f"16-{state}"]
     assert got["split"] and not any(got["split"].values()), got["split"]
     decode = got["layouts"]["gdn_rows_kernel"]
-    for name in ("gdn_rows_kernel[chain]", "_gdn_carry_exact_kernel",
-                 "_gdn_carry_exact_split_kernel"):
+    for name in ("gdn_rows_kernel[chain]", "gdn_carry_exact_kernel",
+                 "gdn_carry_exact_split_kernel"):
         assert got["layouts"][name] == decode, (name, got["layouts"][name], decode)
 
 
@@ -139,7 +143,7 @@ def test_check_sees_lane_split_sums(lowered):
     exact verify kernels start their key sums across lanes, and the check says so."""
     split = lowered["16-bf16-uncapped"]
     assert set(split) == {"gdn_rows_kernel", "gdn_rows_kernel[chain]",
-                          "_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"}, split
+                          "gdn_carry_exact_kernel", "gdn_carry_exact_split_kernel"}, split
     assert all(split.values()), split
 
 
@@ -183,8 +187,8 @@ def test_check_sees_an_unhinted_vk_kernel(lowered):
 
 def test_check_sees_a_specialised_kernel(lowered):
     fam = lowered["mutant"]
-    assert fam["_gdn_carry_exact_split_kernel"] == fam["gdn_rows_kernel"]
-    extra = set(fam["_gdn_carry_exact_kernel"]) - set(fam["gdn_rows_kernel"])
+    assert fam["gdn_carry_exact_split_kernel"] == fam["gdn_rows_kernel"]
+    extra = set(fam["gdn_carry_exact_kernel"]) - set(fam["gdn_rows_kernel"])
     assert extra, "the specialised exact kernel must reduce on a layout decode does not use"
 
 

@@ -15,7 +15,8 @@ from _lowering_helpers import run_lowered
 
 COMPILE_ALL = textwrap.dedent("""
     from pmll_lab.lowering import lower
-    from pmll_lab.ops.carry import gdn_carry as C
+    from pmll_lab.ops.carry.gdn_carry_exact import gdn_carry_flush_kernel
+    from pmll_lab.ops.carry.gdn_carry_pending import carry_accept_kernel
     rows = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "o": "*bf16", "g": "*fp32", "beta": "*fp32"}
     types = {f"{n}_ptr": t for n, t in rows.items()} | {
         "state_ptr": "*fp32", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
@@ -29,10 +30,10 @@ COMPILE_ALL = textwrap.dedent("""
                 USE_QK_L2NORM=True, BLOCK=128, PREFETCH=True, GATE=False, BH=32)
     vk = dict(BV=16, NV=8, NC=4, CW=32, STASH_AHEAD=4)
     for kern, extra, warps in (
-            (C._gdn_carry_flush_kernel, {}, 1),
-            (C._carry_accept_kernel, {}, 4),
+            (gdn_carry_flush_kernel, {}, 1),
+            (carry_accept_kernel, {}, 4),
             (VK.gdn_carry_flush_vk_kernel, vk, 1),
-            (G._gdn_gating_kernel, {}, 1)):
+            (G.gdn_gating_kernel, {}, 1)):
         t = {p.name: types.get(p.name, "i32") for p in kern.params if not p.is_constexpr}
         m = {p.name: (extra | meta)[p.name] for p in kern.params if p.is_constexpr}
         ptx = lower(kern, t, m, num_warps=warps).asm["ptx"]
@@ -47,8 +48,8 @@ def test_other_carry_kernels_compile_for_sm90():
     for sm_90 here, so a kernel that only the GPU would reject fails in CI."""
     run = run_lowered(COMPILE_ALL)
     assert run.returncode == 0, run.stderr[-4000:]
-    assert run.stdout.split() == ["_gdn_carry_flush_kernel", "ok", "_carry_accept_kernel", "ok",
-                                  "gdn_carry_flush_vk_kernel", "ok", "_gdn_gating_kernel", "ok"]
+    assert run.stdout.split() == ["gdn_carry_flush_kernel", "ok", "carry_accept_kernel", "ok",
+                                  "gdn_carry_flush_vk_kernel", "ok", "gdn_gating_kernel", "ok"]
 
 
 COMPILE_RING = textwrap.dedent("""
@@ -185,10 +186,10 @@ def test_gdn_kernels_launch_without_contraction(monkeypatch):
         gdn_carry_flush([st], [c], sl, state_layout=layout)
     fused = {name for name, opts in seen.items() if True in opts}
     assert not fused, f"launched with contraction: {sorted(fused)}"
-    assert {"gdn_rows_kernel", "gdn_rows_vk_kernel", "_gdn_gating_kernel",
+    assert {"gdn_rows_kernel", "gdn_rows_vk_kernel", "gdn_gating_kernel",
             "gdn_carry_exact_vk_kernel", "gdn_carry_flush_vk_kernel",
-            "_gdn_carry_flush_kernel"} <= set(seen), sorted(seen)
-    assert set(seen) & {"_gdn_carry_exact_kernel", "_gdn_carry_exact_split_kernel"}, seen
+            "gdn_carry_flush_kernel"} <= set(seen), sorted(seen)
+    assert set(seen) & {"gdn_carry_exact_kernel", "gdn_carry_exact_split_kernel"}, seen
 
 
 ROUNDING = textwrap.dedent("""

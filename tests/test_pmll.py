@@ -446,7 +446,7 @@ def test_sizes_past_the_device_memory_refused_before_any_allocation(monkeypatch)
     assert k_out.abs().sum() > 0
     monkeypatch.setattr(torch, "empty", never)
     monkeypatch.setattr(torch, "zeros", never)
-    monkeypatch.setattr(ring, "_ring_read_kernel", None)
+    monkeypatch.setattr(ring, "ring_read_kernel", None)
     monkeypatch.setattr(cuda_ext, "require_gpu", never)
     for impl in ("triton", "cuda"):
         with pytest.raises(ValueError, match=rf"^t_ctx: .* would take 9,216 bytes, more than "

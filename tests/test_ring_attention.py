@@ -286,7 +286,7 @@ for dim in (64, 128):
     types.update({n: "i32" for n in ("H", "T", "M", "D", "s_qb", "s_qh", "s_qt", "s_kb", "s_kh",
                                      "s_kt", "s_vb", "s_vh", "s_vt")})
     types.update(count="*i64", qk_scale="fp32")
-    k = lower(ra._ring_attention_kernel, types,
+    k = lower(ra.ring_attention_kernel, types,
               dict(HAS_MEM=True, PRECISION="tf32", UPCAST=False,
                    **{n: t[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_C", "BLOCK_D")}),
               num_warps=t["num_warps"], values={"D": dim})

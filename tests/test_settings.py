@@ -13,12 +13,13 @@ import torch
 import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal
-from pmll_lab.carry import GDN_CARRY_CAP, GdnCarry, carry_accept, gdn_carry_verify
+from pmll_lab.carry import (GDN_CARRY_CAP, GdnCarry, carry_accept, gdn_carry_verify,
+                            gdn_carry_verify_plan)
 from pmll_lab.conv import conv_block_config
 from pmll_lab.gdn import gdn_chain, gdn_chain_plan, gdn_decode
 from pmll_lab.inputs import gdn_inputs
 from pmll_lab.ops import settings
-from pmll_lab.ops.carry import gdn_carry as C
+from pmll_lab.ops.carry.gdn_carry_exact import gdn_carry_exact_kernel, gdn_carry_exact_split_kernel
 from pmll_lab.ops.gdn import decode as D
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.pmll import ring
@@ -204,9 +205,9 @@ def test_launchers_read_the_active_settings():
     assert conv_block_config(512, None) == (64, 64, 4, 2)
     with settings.override(conv_block_channels=128, conv_num_warps=4, conv_row_width=32):
         assert conv_block_config(512, None) == (32, 32, 4, 4)
-    assert ring._tile(128, 1000) == (64, 128)
+    assert ring.ring_tile(128, 1000) == (64, 128)
     with settings.override(ring_tile_elems=2048):
-        assert ring._tile(128, 1000) == (16, 128)
+        assert ring.ring_tile(128, 1000) == (16, 128)
     assert tile_for(64, torch.bfloat16, 4096)["num_stages"] == 3
     with settings.override(attention_tiles=(((64, 2), (32, 32, 2, 2)),)):
         t = tile_for(64, torch.bfloat16, 4096)
@@ -215,15 +216,20 @@ def test_launchers_read_the_active_settings():
 
     x = gdn_inputs(3, 2, 1, 2, 32, 16, rows=3, slots=3, dtype=torch.float32, state_layout="kv")
     carry = GdnCarry.empty(3, 2, 32, 16, state_layout="kv")
-    o, e = torch.empty(2, 3, 2, 16, device=DEVICE), torch.empty(2, dtype=torch.int32, device=DEVICE)
-    args = (x["state"], carry, x["q"], x["k"], x["v"], x["g"], x["beta"], o, e,
-            x["state_indices"], "exact", True, 1.0, True, "kv")
-    kern, _, _, kw = C._verify_launch_args(*args)
-    assert kern is C._gdn_carry_exact_split_kernel and kw["PREFETCH"] and kw["UNROLL"]
+
+    def verify_plan():        # the launch a verify makes, read off its plan (launches nothing)
+        return gdn_carry_verify_plan(x["state"], carry, x["q"], x["k"], x["v"], x["g"],
+                                     x["beta"], slot_tab=x["state_indices"], lazy=True,
+                                     scale=1.0, state_layout="kv")
+
+    plan = verify_plan()
+    assert plan.kernel is gdn_carry_exact_split_kernel
+    assert plan.kwargs["PREFETCH"] and plan.kwargs["UNROLL"]
     with settings.override(exact_split_columns=False, carry_prefetch_rows=False,
                            exact_unroll_max_rows=2):
-        kern, _, _, kw = C._verify_launch_args(*args)
-        assert kern is C._gdn_carry_exact_kernel and not kw["PREFETCH"] and not kw["UNROLL"]
+        plan = verify_plan()
+        assert plan.kernel is gdn_carry_exact_kernel
+        assert not plan.kwargs["PREFETCH"] and not plan.kwargs["UNROLL"]
 
 
 def test_a_plan_keeps_the_settings_it_was_made_with():
@@ -271,10 +277,12 @@ OLD_GLOBALS = ("VK_TILES", "VK_AHEAD", "VK_CHUNK", "VK_QK_HINT", "CARRY_PREFETCH
 def test_no_script_or_test_sets_a_launch_setting_as_a_module_global():
     """The launchers read ``settings``, so assigning the old globals would change nothing:
     neither they nor a monkeypatch of them may come back."""
+    from pmll_lab.ops.carry import gdn_carry, gdn_carry_exact, gdn_carry_pending
     from pmll_lab.ops.conv import common
     from pmll_lab.ops.pmll import ring_attention
 
-    for mod in (recurrence, D, C, common, ring, ring_attention):
+    for mod in (recurrence, D, gdn_carry, gdn_carry_exact, gdn_carry_pending, common, ring,
+                ring_attention):
         assert not [n for n in OLD_GLOBALS if hasattr(mod, n)], mod.__name__
     names = "|".join(OLD_GLOBALS + ("NUM_WARPS",))
     assign = re.compile(rf"\.({names})\s*(,[^=\n]*)?=(?!=)|setattr\([^)]*[\"']({names})[\"']")

@@ -22,9 +22,20 @@ the roofline notebook's B=1 rows (measured: reports/perf-notes-archive.md v9).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
+import torch
+
 from pmll_lab.backend import INTERPRET
+
+
+def device_guard(t: torch.Tensor):
+    """The context to launch a kernel on ``t``'s device in: ``torch.cuda.device(t.device)`` for a
+    CUDA tensor, else a no-op context (the CPU interpreter). Why: Triton launches on the
+    current device, and a tensor on another GPU than the current one would be read from the
+    wrong device. ``t``: any tensor (only its ``device`` is read); raises nothing itself."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
 class LaunchPlan:
@@ -63,7 +74,7 @@ class LaunchPlan:
     def __call__(self):
         if self.kernel is None:
             return self.outputs
-        if (self._compiled is not None and _no_launch_hooks()
+        if (self._compiled is not None and no_launch_hooks()
                 and self._current_device() == self._device_index):
             c = self._compiled
             c.run(*self.grid, self._get_stream(self._device_index), c.function,
@@ -71,8 +82,6 @@ class LaunchPlan:
             return self.outputs
         on_gpu = self.device is not None and getattr(self.device, "type", None) == "cuda"
         if on_gpu:
-            import torch
-
             with torch.cuda.device(self.device):
                 compiled = self.kernel[self.grid](*self.args, **self.kwargs)
                 self._remember(compiled)
@@ -94,10 +103,12 @@ class LaunchPlan:
         self._compiled = compiled
 
 
-def _no_launch_hooks() -> bool:
+def no_launch_hooks() -> bool:
     """No profiler or tool has registered a Triton launch hook. Triton 3.6 keeps them as
     ``knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``, ``HookChain`` objects whose
-    ``calls`` list is empty when unused (older versions: ``None``)."""
+    ``calls`` list is empty when unused (older versions: ``None``). Returns ``False`` when the
+    hooks cannot be read (no ``triton.knobs``); raises nothing. Why: ``LaunchPlan``'s direct
+    path skips the hooks, so it is taken only while this is ``True``."""
     rt = _knobs.runtime if _knobs is not None else None
     if rt is None:
         return False

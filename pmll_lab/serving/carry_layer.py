@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from pmll_lab import _checks
-from pmll_lab.ops.carry.gdn_carry_common import (_check_verify, check_carry, check_form,
-                                                check_state)
+from pmll_lab.ops.carry.gdn_carry_common import (check_carry, check_form, check_state,
+                                                check_verify)
 from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
 from pmll_lab.ops.conv.carry import ConvCarry, check_verify_args
 from pmll_lab.ops.gdn.gating import split_gating
@@ -185,7 +185,7 @@ def check_layer_inputs(lay: CarryLayer, dev_tab, lazy, rows, form, scale, valida
         lead = "x"
     else:
         lead = "q"
-    _check_verify(lay.state, lay.carry, q, k, v, g, beta, dev_tab, form, lazy, scale, validate,
-                  None, lay.state_layout, gating)
+    check_verify(lay.state, lay.carry, q, k, v, g, beta, dev_tab, form, lazy, scale, validate,
+                 None, lay.state_layout, gating)
     if q.shape[1] != rows:
         raise ValueError(f"{lead}: {q.shape[1]} rows, but inputs[0] has {rows}")

@@ -12,8 +12,8 @@ overview of the carried-state family, split by topic:
 The tolerance form of the carried state, the ring form, has its own launchers:
 ``pmll_lab.ops.carry.gdn_ring`` (SPEC §3d).
 
-Every name this module exported before the split stays importable from it (the stash, flush,
-accept, checks and the K-major kernels; the V-major kernels are in ``gdn_carry_vk``). The
+Each name is imported from the module that defines it (the facade ``pmll_lab.carry`` gathers
+the public API); this module defines the verify's launchers only. The
 launch settings are the ``carry`` table of ``pmll_lab.ops.settings``. Every kernel of the
 family launches with ``recurrence.EXACT_LAUNCH`` (no multiply-add contracted by the compiler),
 so that the verify and the flush round as decode does.
@@ -64,21 +64,12 @@ from pmll_lab.ops import settings
 from pmll_lab.ops.carry import gdn_carry_cuda
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, head_dims,
-                                         vk_config)
+                                         vk_chunk_meta, vk_config)
 from pmll_lab.ops.gdn.gating import split_gating
 from pmll_lab.ops.host import cdiv
-from pmll_lab.ops.launch import LaunchPlan
-# the family's names, re-exported here where the launchers, tests and tools find them
-from pmll_lab.ops.carry.gdn_carry_common import (  # noqa: F401
-    _TABLES, FORMS, INDEX_DTYPES, _check_verify, _checked_outputs, _chunks, _device_guard,
-    check_carry, check_form, check_state, offsets_table)
-from pmll_lab.ops.carry.gdn_carry_exact import (  # noqa: F401
-    _ROW_PTRS, _ROW_STRIDES, _ROW_UNSPECIALIZED, _gdn_carry_exact_kernel,
-    _gdn_carry_exact_split_kernel, _gdn_carry_flush_kernel, _verify_prologue)
-from pmll_lab.ops.carry.gdn_carry_pending import (  # noqa: F401
-    _carry_accept_kernel, carry_accept, gdn_carry_flush)
-from pmll_lab.ops.carry.gdn_carry_stash import (  # noqa: F401
-    GDN_CARRY_CAP, GdnCarry, snapshot_bytes_per_slot, stash_bytes_per_slot)
+from pmll_lab.ops.launch import LaunchPlan, device_guard
+from pmll_lab.ops.carry.gdn_carry_common import checked_verify_outputs
+from pmll_lab.ops.carry.gdn_carry_exact import gdn_carry_exact_kernel, gdn_carry_exact_split_kernel
 
 
 def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form="exact",
@@ -141,9 +132,9 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
     """
     _checks.impl("gdn_carry_verify", impl)
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
-    scale, o, engaged = _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy,
-                                         scale, validate, eager_max_pending, state_layout,
-                                         gating, use_qk_l2norm)
+    scale, o, engaged = checked_verify_outputs(state, carry, q, k, v, g, beta, slot_tab, form,
+                                               lazy, scale, validate, eager_max_pending,
+                                               state_layout, gating, use_qk_l2norm)
     if impl == "cuda":
         gdn_carry_cuda.check_cuda(state, head_dims(state.shape, state_layout)[0], state_layout,
                                   "carried-state verify")
@@ -153,7 +144,7 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
         return o, engaged
     if o.shape[0] == 0:
         return o, engaged
-    with _device_guard(state):
+    with device_guard(state):
         _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
                        use_qk_l2norm, state_layout, gating)
     return o, engaged
@@ -195,11 +186,11 @@ def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, fo
     meta["STATE_VEC"] = recurrence.kv_state_vector(kd, vd, state.element_size())
     if cs.exact_split_columns:
         NV = cdiv(vd, BV)
-        return (_gdn_carry_exact_split_kernel, (B * HV * NV,),
+        return (gdn_carry_exact_split_kernel, (B * HV * NV,),
                 (*args[:4], _arrivals(carry, HV), *args[4:]),
                 dict(BK=BK, BV=BV, NV=NV, num_warps=num_warps, UNROLL=unroll, **meta,
                      **recurrence.EXACT_LAUNCH))
-    return (_gdn_carry_exact_kernel, (B, HV), args,
+    return (gdn_carry_exact_kernel, (B, HV), args,
             dict(BK=BK, BV=BV, NV=cdiv(vd, BV), num_warps=num_warps, UNROLL=unroll, **meta,
                  **recurrence.EXACT_LAUNCH))
 
@@ -236,7 +227,7 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
     NT = cdiv(vd, BR)
     return (VK.gdn_carry_exact_vk_kernel, (B * HV * NT,), args,
             dict(BK=BK, BV=BR, NV=NT, num_warps=num_warps,
-                 UNROLL=K <= cs.exact_unroll_max_rows, **_chunks(BK), **meta,
+                 UNROLL=K <= cs.exact_unroll_max_rows, **vk_chunk_meta(BK), **meta,
                  QK_ALIGNED=recurrence.vk_qk_aligned(kd, q, k),
                  STATE_VEC=recurrence.vk_state_vector(kd, vd, B * HV, state.dtype),
                  AHEAD=ahead.verify_rows_ahead(state.dtype), STASH_AHEAD=ahead.stash_rows_ahead,
@@ -269,9 +260,9 @@ def gdn_carry_verify_plan(state, carry, q, k, v, g=None, beta=None, *, slot_tab,
     """
     _checks.impl("gdn_carry_verify_plan", impl)
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
-    scale, o, engaged = _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy,
-                                         scale, validate, eager_max_pending, state_layout,
-                                         gating, use_qk_l2norm)
+    scale, o, engaged = checked_verify_outputs(state, carry, q, k, v, g, beta, slot_tab, form,
+                                               lazy, scale, validate, eager_max_pending,
+                                               state_layout, gating, use_qk_l2norm)
     if o.shape[0] == 0:
         return LaunchPlan(None, (1,), (), {}, outputs=(o, engaged))
     kernel, grid, args, kw = _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged,

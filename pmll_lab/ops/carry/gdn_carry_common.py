@@ -1,13 +1,12 @@
 """Pieces shared by the carried-state GDN launchers (verify, flush, accept; SPEC §3b): the
-argument checks, the per-layer offset tables of the multi-layer launches, the device guard and
-the V-major kernels' key chunks.
+argument checks and the per-layer offset tables of the multi-layer launches (the device guard is
+``pmll_lab.ops.launch.device_guard``, the V-major key chunks ``recurrence.vk_chunk_meta``).
 
 Every check raises ``ValueError`` naming the argument, before any kernel runs.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -16,7 +15,7 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
 from pmll_lab.ops.gdn.gating import check_gating, gate_groups, gate_inputs
-from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout, head_dims, vk_chunks
+from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout, head_dims
 
 FORMS = ("exact",)
 """Forms of ``gdn_carry_verify``: the exact form only (bitwise equal to decoding). The tolerance
@@ -45,16 +44,6 @@ def offsets_table(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
             _TABLES.clear()
         table = _TABLES[key] = torch.tensor(offs, dtype=torch.int64, device=t0.device)
     return table
-
-
-def _device_guard(t: torch.Tensor):
-    """Launch on ``t``'s GPU (Triton launches on the current device)."""
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
-
-
-def _chunks(block_k: int) -> dict:
-    """The V-major kernels' ``NC``, ``CW`` constexprs for a key block of ``block_k``."""
-    return dict(zip(("NC", "CW"), vk_chunks(block_k)))
 
 
 def check_carry(name: str, carry, state: torch.Tensor | None, layout: str) -> None:
@@ -106,10 +95,18 @@ def check_form(name: str, form, options: Sequence[str] = FORMS) -> None:
     _checks.choice(name, form, options)
 
 
-def _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
-                  eager_max_pending, layout, gating=None,
-                  use_qk_l2norm=True):
-    """``gdn_carry_verify``'s argument checks; returns ``(B, K, HK, scale)``."""
+def check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
+                 eager_max_pending, layout, gating=None,
+                 use_qk_l2norm=True):
+    """``gdn_carry_verify``'s argument checks; returns ``(B, K, HK, scale)`` (``scale`` the
+    given float or ``kd ** -0.5``).
+
+    Arguments as ``gdn_carry_verify`` takes them (``layout`` its ``state_layout``, ``gating``
+    the fused gating of ``split_gating`` or ``None``), checked in the same order. Raises
+    ``ValueError`` naming the argument (shapes, dtypes, devices, strides, ``HV % HK``,
+    ``1 <= K <= CAP``, the form; the value checks with ``validate=True``). Shared with
+    ``pmll_lab.serving.carry_layer``, which checks a layer's verify before launching any layer
+    of a stack, so a bad argument fails with the same message there."""
     check_layout("state_layout", layout)
     check_state("state", state)
     check_carry("carry", carry, state, layout)
@@ -188,13 +185,15 @@ def check_host_slots(name: str, slot_tab, carries) -> None:
             _checks.range_values(label, c.pend[live], 0, c.cap)
 
 
-def _checked_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
-                     eager_max_pending, layout, gating=None,
-                     use_qk_l2norm=True):
-    """Checks (``_check_verify``), then the verify's outputs: ``(scale, o [B, K, HV, vd] in v's
-    dtype, engaged [B] int32)``, uninitialised."""
-    B, K, _, scale = _check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
-                                   validate, eager_max_pending, layout, gating, use_qk_l2norm)
+def checked_verify_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
+                           validate, eager_max_pending, layout, gating=None,
+                           use_qk_l2norm=True):
+    """Checks (``check_verify``; its ``ValueError``), then the verify's outputs: ``(scale,
+    o [B, K, HV, vd] in v's dtype on v's device, engaged [B] int32)``, uninitialised. One
+    place for ``gdn_carry_verify`` and ``gdn_carry_verify_plan``, so a plan allocates and
+    checks exactly as a call does."""
+    B, K, _, scale = check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
+                                  validate, eager_max_pending, layout, gating, use_qk_l2norm)
     HV, vd = state.shape[1], head_dims(state.shape, layout)[1]
     o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
     return scale, o, _checks.engaged_flags(B, K, v.device)

@@ -24,9 +24,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.carry.gdn_carry_skeleton import (  # noqa: F401  (gdn_carry re-exports them)
-    _verify_prologue, exact_row, flush_tile, fold_pending, restash_shared_rows, row_ptrs,
-    stash_row_ptrs, store_engaged)
+from pmll_lab.ops.carry.gdn_carry_skeleton import (exact_row, flush_tile, fold_pending,
+                                                   restash_shared_rows, row_ptrs, store_engaged,
+                                                   verify_prologue)
 from pmll_lab.ops.gdn.recurrence import (head_tile_program, load_gate_params, load_row_inputs,
                                          state_tile)
 
@@ -40,11 +40,15 @@ from pmll_lab.ops.gdn.recurrence import (head_tile_program, load_gate_params, lo
 # too: its key rows are loaded on the same ``rk`` lanes as q/k, and the compiler propagates a
 # wide layout from those aligned loads to the q/k loads (seen in the sm_90 TTGIR). Stash rows
 # are a few hundred bytes per row; the state stays specialised (wide loads, as in decode).
-_ROW_PTRS = ["q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "o_ptr", "stash_ptr"]
-_ROW_STRIDES = ["sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b", "sv_t", "sv_h",
-                "sg_b", "sg_t", "sb_b", "sb_t", "so_b", "so_t", "so_h", "stride_stash"]
-_ROW_UNSPECIALIZED = dict(do_not_specialize=_ROW_STRIDES,
-                          do_not_specialize_on_alignment=_ROW_PTRS)
+# ``ROW_PTRS`` / ``ROW_STRIDES``: the exact verify kernels' row pointer and stride parameters
+# (names, as in the kernels' signatures; every K-major and V-major exact verify kernel has them),
+# and ``ROW_UNSPECIALIZED`` the ``triton.jit`` options that keep them unspecialised; public
+# because ``gdn_carry_vk`` builds its kernel with them and tests/test_lowering.py checks them.
+ROW_PTRS = ["q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "o_ptr", "stash_ptr"]
+ROW_STRIDES = ["sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b", "sv_t", "sv_h",
+               "sg_b", "sg_t", "sb_b", "sb_t", "so_b", "so_t", "so_h", "stride_stash"]
+ROW_UNSPECIALIZED = dict(do_not_specialize=ROW_STRIDES,
+                         do_not_specialize_on_alignment=ROW_PTRS)
 
 
 @triton.jit
@@ -130,8 +134,8 @@ def _restash_shared_rows(gs_ptr, ks_ptr, qrow, krow, g_ptr, b, hv, first, scale,
                         sg_b, sg_t, rk, mk, ga, gd, K, HV, KD, USE_QK_L2NORM, GATE, False, False)
 
 
-@triton.jit(**_ROW_UNSPECIALIZED)
-def _gdn_carry_exact_kernel(
+@triton.jit(**ROW_UNSPECIALIZED)
+def gdn_carry_exact_kernel(
     state_ptr, stash_ptr, pend_ptr, slot_ptr,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr, alog_ptr, dtb_ptr,
     scale, stride_state, stride_stash,
@@ -144,11 +148,17 @@ def _gdn_carry_exact_kernel(
 ):
     """The exact form, one program per (sequence, head) looping over the head's column
     blocks (grid ``(B, HV)``); the shared g/k rows are restashed after the last block.
-    ``STATE_VEC``: decode's state vector cap (``recurrence.kv_state_vector``)."""
+    ``STATE_VEC``: decode's state vector cap (``recurrence.kv_state_vector``).
+
+    Buffers and meaning as ``gdn_carry_verify`` documents them (K-major ``state [S, HV, kd,
+    vd]`` fp32/bf16/fp16, stash fp32, ``pend`` and ``engaged`` int32); launched by it, after its
+    checks, with ``exact_split_columns`` off (``gdn_carry._verify_launch_args``), so the kernel
+    itself raises nothing. Public because ``pmll_lab.lowering`` compiles it for sm_90 to check
+    that its reductions lie as decode's do."""
     b = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     hk = hv // GROUP
-    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
     ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
@@ -169,8 +179,8 @@ def _gdn_carry_exact_kernel(
     store_engaged(engaged_ptr, b, hv, 0, wb)
 
 
-@triton.jit(**_ROW_UNSPECIALIZED)
-def _gdn_carry_exact_split_kernel(
+@triton.jit(**ROW_UNSPECIALIZED)
+def gdn_carry_exact_split_kernel(
     state_ptr, stash_ptr, pend_ptr, slot_ptr, arrive_ptr,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr, alog_ptr, dtb_ptr,
     scale, stride_state, stride_stash,
@@ -185,10 +195,14 @@ def _gdn_carry_exact_split_kernel(
     ``(B * HV * NV,)``, decode's own split and program order, ``head_tile_program``). Shared
     rows: each program counts itself in ``arrive[slot, hv]`` after its fold (an acq_rel
     atomic); the last one to arrive restashes the g/k rows, once every other block has folded
-    the old ones, and sets the count back to 0."""
+    the old ones, and sets the count back to 0.
+
+    ``arrive [S, HV]`` int32, zero between launches; the other buffers as in
+    ``gdn_carry_exact_kernel``. Launched by ``gdn_carry_verify`` (K-major, the default
+    ``exact_split_columns``) after its checks; public for ``pmll_lab.lowering``'s check."""
     b, hv, j = head_tile_program(HV, NV)
     hk = hv // GROUP
-    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
     ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
@@ -211,13 +225,17 @@ def _gdn_carry_exact_split_kernel(
 
 
 @triton.jit
-def _gdn_carry_flush_kernel(
+def gdn_carry_flush_kernel(
     state_ptr, stash_ptr, pend_ptr, slot_ptr, state_off_ptr, stash_off_ptr, pend_off_ptr,
     stride_state, stride_stash,
     CAP: tl.constexpr, HV: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    """The flush on K-major blocks (``BV`` value columns): ``flush_tile``."""
+    """The flush on K-major blocks (``BV`` value columns): ``flush_tile``. Grid
+    ``(B * HV * NV, L)``; ``state``/stash/``pend`` of layer ``l`` at the layer-0 pointers plus
+    ``*_off[l]`` (int64 ``[L]`` element offsets). Launched by ``gdn_carry_flush``
+    (``pmll_lab.ops.carry.gdn_carry_pending``) after its checks; public for that launcher and
+    the sm_90 compile check."""
     flush_tile(state_ptr, stash_ptr, pend_ptr, slot_ptr, state_off_ptr, stash_off_ptr,
                pend_off_ptr, stride_state, stride_stash, CAP, HV, KD, VD, BK, BV, NV, PREFETCH,
                1, 1, 0, False)

@@ -23,21 +23,29 @@ import triton
 import triton.language as tl
 
 from pmll_lab import _checks
-from pmll_lab.ops.carry.gdn_carry_common import (INDEX_DTYPES, _chunks, _device_guard,
-                                                 check_host_slots,
-                                                 check_carry, check_state, offsets_table)
+from pmll_lab.ops.carry.gdn_carry_common import (INDEX_DTYPES, check_carry, check_host_slots,
+                                                 check_state, offsets_table)
 from pmll_lab.ops.carry import gdn_carry_cuda
-from pmll_lab.ops.carry.gdn_carry_exact import _gdn_carry_flush_kernel
+from pmll_lab.ops.carry.gdn_carry_exact import gdn_carry_flush_kernel
 from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
 from pmll_lab.ops import settings
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
-                                         head_dims, vk_config)
+                                         head_dims, vk_chunk_meta, vk_config)
 from pmll_lab.ops.host import cdiv
+from pmll_lab.ops.launch import device_guard
+
 
 @triton.jit
-def _carry_accept_kernel(pend_ptr, pend_off_ptr, slot_ptr, engaged_ptr, acc_ptr, B,
-                         BLOCK: tl.constexpr):
+def carry_accept_kernel(pend_ptr, pend_off_ptr, slot_ptr, engaged_ptr, acc_ptr, B,
+                        BLOCK: tl.constexpr):
+    """Accept, grid ``(cdiv(B, BLOCK), L)``: for carry ``l = program_id(1)`` (its ``pend`` int32
+    ``[S]`` at ``pend_ptr + pend_off[l]``, ``pend_off`` int64 ``[L]`` element offsets) and each
+    lane ``i < B`` of ``slot [B]`` (int32/int64; -1, a padding lane, is skipped),
+    ``pend[slot] = acc[i]`` if ``engaged[i] == 2`` (int32; a write-back restarted the stash),
+    else ``pend[slot] + acc[i]`` (``acc [B]`` int32/int64, the accepted rows). Launched by
+    ``carry_accept``, which checks the arguments (a kernel raises nothing); public for the
+    sm_90 compile check (tests/test_lowering_compile.py)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < B
     pend = pend_ptr + tl.load(pend_off_ptr + tl.program_id(1))
@@ -119,14 +127,14 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
         from pmll_lab.ops.carry.gdn_carry_vk import gdn_carry_flush_vk_kernel as kernel
 
         BK, BV, num_warps = vk_config(kd, vd, B * HV, "carry", state_dtype=states[0].dtype)
-        extra = dict(_chunks(BK), STASH_AHEAD=settings.vk_ahead_row(B * HV).stash_rows_ahead)
+        extra = dict(vk_chunk_meta(BK), STASH_AHEAD=settings.vk_ahead_row(B * HV).stash_rows_ahead)
     else:
         extra = {}
-        kernel = _gdn_carry_flush_kernel
+        kernel = gdn_carry_flush_kernel
         BK, BV, num_warps = block_config(kd, vd)
     NV = cdiv(vd, BV)
     pends = [c.pend for c in carries]
-    with _device_guard(states[0]):
+    with device_guard(states[0]):
         # a head's tiles on consecutive programs (recurrence.head_tile_program)
         grid = (B * HV * NV, L)
         kernel[grid](
@@ -211,7 +219,7 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
     if B == 0:
         return
     pends = [c.pend for c in carries]
-    with _device_guard(pends[0]):
+    with device_guard(pends[0]):
         block = settings.carry().accept_block
-        _carry_accept_kernel[(cdiv(B, block), len(pends))](
+        carry_accept_kernel[(cdiv(B, block), len(pends))](
             pends[0], offsets_table(pends), slot_tab, engaged, accepted, B, BLOCK=block)

@@ -31,15 +31,18 @@ def stash_row_ptrs(s_ptr, hv, CAP: tl.constexpr, HV: tl.constexpr, KD: tl.conste
 
 
 @triton.jit
-def _verify_prologue(state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state,
-                     stride_stash, K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr,
-                     KD: tl.constexpr, VD: tl.constexpr, LAZY: tl.constexpr):
+def verify_prologue(state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state,
+                    stride_stash, K: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr,
+                    KD: tl.constexpr, VD: tl.constexpr, LAZY: tl.constexpr):
     """Sequence ``b``, value head ``hv``: its slot, whether it is a live lane (slot -1 marks a
     padding lane: nothing of it is read or written but its zero outputs; its slot is taken as 0
     for address arithmetic only), pending count ``p`` (0 for padding), the write-back rule
     (eager: ``p > 0``; lazy: ``p + K > CAP``), the first stash row of this verify (0 after a
     write-back, else ``p``), and pointers to the head's state and to its ``u``, ``g``, ``k``
-    stash rows (row 0). Both layouts store a head's state as ``KD * VD`` contiguous values."""
+    stash rows (row 0). Both layouts store a head's state as ``KD * VD`` contiguous values.
+    ``slot_ptr`` int32/int64, ``pend_ptr`` int32; the launcher has checked ``pend`` in
+    ``[0, CAP]``. Shared by the K-major (``gdn_carry_exact``) and V-major (``gdn_carry_vk``)
+    verify kernels, so both read a slot the same way."""
     slot = tl.load(slot_ptr + b).to(tl.int64)
     live = slot >= 0
     slot = tl.maximum(slot, 0)

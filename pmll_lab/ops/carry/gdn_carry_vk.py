@@ -36,11 +36,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.carry.gdn_carry_exact import _ROW_UNSPECIALIZED
-from pmll_lab.ops.carry.gdn_carry_skeleton import (_verify_prologue, exact_row, flush_tile,
-                                                   fold_pending, restash_shared_rows,
-                                                   row_ptrs, stash_rows_ahead_vk,
-                                                   store_engaged)
+from pmll_lab.ops.carry.gdn_carry_exact import ROW_UNSPECIALIZED
+from pmll_lab.ops.carry.gdn_carry_skeleton import (exact_row, flush_tile, fold_pending,
+                                                   restash_shared_rows, row_ptrs,
+                                                   stash_rows_ahead_vk, store_engaged,
+                                                   verify_prologue)
 from pmll_lab.ops.gdn.decode_vk import (load_row_inputs_vk, row_inputs_vk, rows_ahead_vk,
                                         vk_tile_index, vk_tile_offsets)
 from pmll_lab.ops.gdn.recurrence import head_tile_program, load_gate_params, state_tile
@@ -68,7 +68,7 @@ def _fold_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr,
     return h, hp, m2
 
 
-@triton.jit(**_ROW_UNSPECIALIZED)
+@triton.jit(**ROW_UNSPECIALIZED)
 def gdn_carry_exact_vk_kernel(
     state_ptr, stash_ptr, pend_ptr, slot_ptr, arrive_ptr,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr, alog_ptr, dtb_ptr,
@@ -97,7 +97,7 @@ def gdn_carry_exact_vk_kernel(
         rows = rows_ahead_vk((), -1, qrow, krow, vrow, grow, brow, sq_t, sk_t, sv_t, sg_t, sb_t,
                              rk, mk, rr, mr, K, AHEAD, QK_ALIGNED)
     ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
-    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = _verify_prologue(
+    slot, live, p, wb, first, h_ptr, u_ptr, gs_ptr, ks_ptr = verify_prologue(
         state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_state, stride_stash,
         K, CAP, HV, KD, VD, LAZY)
     h, hp, m2 = _fold_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr & live, HV, KD, VD,

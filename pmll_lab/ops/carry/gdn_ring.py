@@ -34,13 +34,14 @@ import torch
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops import settings
-from pmll_lab.ops.carry.gdn_carry_common import INDEX_DTYPES, _device_guard, check_state, offsets_table
+from pmll_lab.ops.carry.gdn_carry_common import INDEX_DTYPES, check_state, offsets_table
 from pmll_lab.ops.carry.gdn_ring_fused import gdn_ring_fused_kernel
 from pmll_lab.ops.carry.gdn_ring_kernels import (SMALL_PRODUCTS, gdn_ring_flush_kernel,
                                                  ring_accept_kernel)
 from pmll_lab.ops.gdn.gating import check_gating, gate_groups, split_gating
 from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT
 from pmll_lab.ops.host import cdiv, next_power_of_2
+from pmll_lab.ops.launch import device_guard
 from pmll_lab.tolerances import RING_TOL
 
 RING_LENGTHS = (8, 16, 32)
@@ -364,7 +365,7 @@ def gdn_ring_verify(state, ring, q, k, v, g=None, beta=None, *, slot_tab, scale=
     gate = (gating.A_log, gating.dt_bias) if gating is not None else (state, state)
     BV, BK, warps, stages = ring_tiles(B * HV, state.dtype, kd, vd)
     early = BV >= vd and state.element_size() <= settings.ring_form().ring_coefficients_first
-    with _device_guard(state):
+    with device_guard(state):
         gdn_ring_fused_kernel[(B * HV * cdiv(vd, BV),)](
             state, ring.k, ring.u, ring.G, ring.len, ring.base, slot_tab, q, k, v, o, g, beta,
             engaged, *gate, scale, state.stride(0), ring.k.stride(0), ring.u.stride(0),
@@ -436,7 +437,7 @@ def ring_accept(rings, slot_tab, engaged, accepted, *, rows=None, validate=False
     if B == 0:
         return
     lens, bases = [r.len for r in rings], [r.base for r in rings]
-    with _device_guard(lens[0]):
+    with device_guard(lens[0]):
         ring_accept_kernel[(cdiv(B, 128), len(rings))](
             lens[0], bases[0], offsets_table(lens), offsets_table(bases), slot_tab, engaged,
             accepted, B, NS=2 * rings[0].length, BLOCK=128)
@@ -486,7 +487,7 @@ def gdn_ring_flush(states, rings, slot_tab, *, validate=False,
         return
     BV, BK, warps, stages = ring_tiles(B * HV, states[0].dtype, kd, vd)
     r0 = rings[0]
-    with _device_guard(states[0]):
+    with device_guard(states[0]):
         gdn_ring_flush_kernel[(B * HV * cdiv(vd, BV), len(states))](
             states[0], r0.k, r0.u, r0.G, r0.len, r0.base, slot_tab,
             offsets_table(states), offsets_table([r.k for r in rings]),

@@ -17,10 +17,17 @@ MAX_ROWS = 8
 """Most rows one chain launch verifies (SPEC §3: ``K <= CAP``, ``CAP = 8``)."""
 
 
-def _check(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtype, validate,
-           *, rows: bool, layout: str, out_state_indices=None,
-           gating: Gating | None = None, use_qk_l2norm=True, carry=None):
-    """Validate a decode (``rows=False``) or chain (``rows=True``) call; return its sizes."""
+def check_decode_args(state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtype,
+                      validate, *, rows: bool, layout: str, out_state_indices=None,
+                      gating: Gating | None = None, use_qk_l2norm=True, carry=None):
+    """Validate a decode (``rows=False``) or chain (``rows=True``) call; return its sizes
+    ``(B, K, HK, HV, kd, vd)`` (``K = 1`` for a decode).
+
+    Arguments as ``gdn_decode`` / ``gdn_chain`` take them (``layout`` their ``state_layout``,
+    ``gating`` the fused gating of ``split_gating`` or ``None``): shapes, dtypes, devices,
+    strides, buffers apart, host slot tables, and the value checks with ``validate=True``.
+    Raises ``ValueError`` naming the argument. One place for the calls and their plans
+    (``pmll_lab.ops.gdn.decode``), so a plan refuses exactly what a call refuses."""
     C = _checks
     C.flag("use_qk_l2norm", use_qk_l2norm)
     C.flag("validate", validate)

@@ -31,18 +31,18 @@ import triton
 import triton.language as tl
 
 from pmll_lab import _checks
-from pmll_lab.ops.gdn.checks import MAX_ROWS, _check, _check_write_slots  # noqa: F401
+from pmll_lab.ops.gdn.checks import check_decode_args
 from pmll_lab.ops.gdn import decode_cuda
-from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
+from pmll_lab.ops.gdn.decode_vk import ROW_PTRS, ROW_STRIDES, gdn_rows_vk_kernel
 from pmll_lab.ops.gdn.gating import Gating, gate_inputs, split_gating
 from pmll_lab.ops import settings
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, EXACT_LAUNCH, block_config,
                                          gdn_row, head_tile_program, load_gate_params,
                                          kv_state_vector, load_row_inputs, qk_prepare,
-                                         round_to_state, state_tile, vk_chunks,
+                                         round_to_state, state_tile, vk_chunk_meta,
                                          vk_config, vk_qk_aligned)
 from pmll_lab.ops.host import cdiv
-from pmll_lab.ops.launch import LaunchPlan
+from pmll_lab.ops.launch import LaunchPlan, device_guard
 
 
 
@@ -54,25 +54,28 @@ from pmll_lab.ops.launch import LaunchPlan
 # hundred bytes per row, so the vector width does not matter for speed. The state and snapshot
 # buffers stay specialised (wide loads): bitwise agreement across kernels needs them to be the
 # same buffers, or buffers of the same alignment (any torch allocation with kd, vd multiples of
-# 16 qualifies).
-_ROW_PTRS = ["q", "k", "v", "g", "beta", "o"]
-_ROW_STRIDES = ["q_b", "q_t", "q_h", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h", "g_b", "g_t",
-                "beta_b", "beta_t", "o_b", "o_t", "o_h"]
+# 16 qualifies). The lists (``ROW_PTRS``, ``ROW_STRIDES``) are ``decode_vk``'s, shared by both
+# layouts' kernels.
 
 
 @triton.jit
-def _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
-               q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
-               rk, mk, rv, mv, mh, live, scale, ga, gd, K: tl.constexpr,
-               STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr,
-               STATE_VEC: tl.constexpr):
+def chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
+              q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
+              rk, mk, rv, mv, mh, live, scale, ga, gd, K: tl.constexpr,
+              STORE_INTER: tl.constexpr, USE_QK_L2NORM: tl.constexpr, GATE: tl.constexpr,
+              STATE_VEC: tl.constexpr):
     """Row ``t`` of ``gdn_rows_kernel``: load, ``qk_prepare``, ``gdn_row``, store ``o`` (and
     the snapshot after the row when ``STORE_INTER`` and ``t < K-1``). Returns the new block.
 
     The snapshot store takes the state load's ``STATE_VEC`` cap too: Triton lays the whole block
     out for its widest access, so an uncapped 16-byte snapshot store (8 columns of a 2-byte
     state at kd = 16: one key row per thread) would move the chain's sums over keys off
-    decode's layout (``pmll_lab.lowering`` compares decode with the chain with snapshots)."""
+    decode's layout (``pmll_lab.lowering`` compares decode with the chain with snapshots).
+
+    ``h``: the fp32 ``[BK, BV]`` state block (key rows ``rk``, value columns ``rv``, masks
+    ``mk``, ``mv``, ``mh``); ``o``/``inter``: the output and snapshot tensors (their dtypes);
+    a device function, it raises nothing. Public (a module attribute the kernel looks up when it
+    compiles) so tests/test_lowering.py can swap in an uncapped mutant and see the check fail."""
     qt, kt, vt, gt, bt = load_row_inputs(q_row + t * q_t, k_row + t * k_t, v_row + t * v_t,
                                          g_row + t * g_t, beta_row + t * beta_t, rk, mk, rv, mv,
                                          ga, gd, GATE)
@@ -91,7 +94,7 @@ def _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
     return h
 
 
-@triton.jit(do_not_specialize=_ROW_STRIDES, do_not_specialize_on_alignment=_ROW_PTRS)
+@triton.jit(do_not_specialize=ROW_STRIDES, do_not_specialize_on_alignment=ROW_PTRS)
 def gdn_rows_kernel(
     state, q, k, v, g, beta, o, inter, slot_idx, out_idx, A_log, dt_bias,
     scale,
@@ -147,13 +150,13 @@ def gdn_rows_kernel(
     ga, gd = load_gate_params(A_log, dt_bias, hv, GATE)
     if UNROLL:
         for t in tl.static_range(K):
-            h = _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
+            h = chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                            q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
                            rk, mk, rv, mv, mh, live, scale, ga, gd, K, STORE_INTER,
                            USE_QK_L2NORM, GATE, STATE_VEC)
     else:
         for t in range(K):
-            h = _chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
+            h = chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
                            q_t, k_t, v_t, g_t, beta_t, o_b, o_t, o_h, i_b, i_t, i_h, i_k,
                            rk, mk, rv, mv, mh, live, scale, ga, gd, K, STORE_INTER,
                            USE_QK_L2NORM, GATE, STATE_VEC)
@@ -174,7 +177,7 @@ def _launch_args(state, q, k, v, g, beta, o, intermediate, state_indices, scale,
     if layout == "vk":
         BK, BV, num_warps = vk_config(kd, vd, B * HV, state_dtype=state.dtype)
         kernel = gdn_rows_vk_kernel
-        extra = dict(zip(("NC", "CW"), vk_chunks(BK)), QK_ALIGNED=vk_qk_aligned(kd, q, k),
+        extra = dict(vk_chunk_meta(BK), QK_ALIGNED=vk_qk_aligned(kd, q, k),
                      AHEAD=settings.vk_ahead_row(B * HV).rows_ahead)
     else:
         BK, BV, num_warps = block_config(kd, vd)
@@ -223,13 +226,6 @@ def _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_
                                               kd, vd, rows=rows, layout=layout,
                                               out_state_indices=out_state_indices, gating=gating)
     kernel[grid](*args, **kwargs)
-
-
-def _device_guard(t: torch.Tensor):
-    if t.device.type == "cuda":
-        return torch.cuda.device(t.device)
-    import contextlib
-    return contextlib.nullcontext()
 
 
 def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=None,
@@ -307,17 +303,17 @@ def gdn_decode(state, q, k, v, g=None, beta=None, *, state_indices=None, scale=N
     """
     _checks.impl("gdn_decode", impl)
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
-    B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, None, scale,
-                                  out_dtype, validate, rows=False, layout=state_layout,
-                                  out_state_indices=out_state_indices, gating=gating,
-                                  use_qk_l2norm=use_qk_l2norm, carry=carry)
+    B, K, HK, HV, kd, vd = check_decode_args(
+        state, q, k, v, g, beta, state_indices, None, scale, out_dtype, validate, rows=False,
+        layout=state_layout, out_state_indices=out_state_indices, gating=gating,
+        use_qk_l2norm=use_qk_l2norm, carry=carry)
     if impl == "cuda":
         decode_cuda.check_cuda(state, kd, state_layout)
     o = torch.empty(B, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
     if impl == "cuda":
         return decode_cuda.launch(state, q, k, v, g, beta, o, gating, state_indices,
                                   out_state_indices, scale, use_qk_l2norm, kd)
-    with _device_guard(state):
+    with device_guard(state):
         _launch(state, q, k, v, g, beta, o, None, state_indices, scale, use_qk_l2norm,
                 B, K, HK, HV, kd, vd, rows=False, layout=state_layout,
                 out_state_indices=out_state_indices, gating=gating)
@@ -360,10 +356,10 @@ def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermed
     """
     _checks.impl("gdn_chain", impl)
     g, beta, gating = split_gating(g, beta, A_log, a, dt_bias, b)
-    B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
-                                  out_dtype, validate, rows=True, layout=state_layout,
-                                  out_state_indices=out_state_indices, gating=gating,
-                                  use_qk_l2norm=use_qk_l2norm, carry=carry)
+    B, K, HK, HV, kd, vd = check_decode_args(
+        state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtype, validate, rows=True,
+        layout=state_layout, out_state_indices=out_state_indices, gating=gating,
+        use_qk_l2norm=use_qk_l2norm, carry=carry)
     if impl == "cuda":
         decode_cuda.check_cuda(state, kd, state_layout, "chain")
     o = torch.empty(B, K, HV, vd, dtype=out_dtype or v.dtype, device=state.device)
@@ -371,7 +367,7 @@ def gdn_chain(state, q, k, v, g=None, beta=None, *, state_indices=None, intermed
         return decode_cuda.launch_chain(state, q, k, v, g, beta, o, intermediate, gating,
                                         state_indices, out_state_indices, scale, use_qk_l2norm,
                                         kd)
-    with _device_guard(state):
+    with device_guard(state):
         _launch(state, q, k, v, g, beta, o, intermediate, state_indices, scale, use_qk_l2norm,
                 B, K, HK, HV, kd, vd, rows=True, layout=state_layout,
                 out_state_indices=out_state_indices, gating=gating)
@@ -425,10 +421,10 @@ def _plan(state, q, k, v, g, beta, state_indices, intermediate, scale, use_qk_l2
           gating=(None, None, None, None), carry=None) -> LaunchPlan:
     """Check once, take or allocate ``o`` (``out``, checked), bind the launch."""
     g, beta, gating = split_gating(g, beta, *gating)
-    B, K, HK, HV, kd, vd = _check(state, q, k, v, g, beta, state_indices, intermediate, scale,
-                                  out_dtype, validate, rows=rows, layout=layout,
-                                  out_state_indices=out_state_indices, gating=gating,
-                                  use_qk_l2norm=use_qk_l2norm, carry=carry)
+    B, K, HK, HV, kd, vd = check_decode_args(
+        state, q, k, v, g, beta, state_indices, intermediate, scale, out_dtype, validate, rows=rows,
+        layout=layout, out_state_indices=out_state_indices, gating=gating,
+        use_qk_l2norm=use_qk_l2norm, carry=carry)
     shape = (B, K, HV, vd) if rows else (B, HV, vd)
     dtype = out_dtype or v.dtype
     if out is None:

@@ -32,13 +32,15 @@ from pmll_lab.ops.gdn.recurrence import (gdn_row_vk, head_tile_program, load_gat
                                          qk_prepare_vk, round_to_state, row_gates,
                                          state_tile)
 
-# Row vectors and their strides are not specialised (as in decode.py): the register layout of a
-# loaded vector, and so the order of the l2norm and k.q sums, must not depend on what Triton
-# infers from where a view starts; q/k rows get their alignment from ``QK_ALIGNED`` instead,
-# which the launcher decides from the whole tensor (``recurrence.vk_qk_aligned``).
-_ROW_PTRS = ["q", "k", "v", "g", "beta", "o"]
-_ROW_STRIDES = ["q_b", "q_t", "q_h", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h", "g_b", "g_t",
-                "beta_b", "beta_t", "o_b", "o_t", "o_h"]
+# Row vectors and their strides are not specialised (as in decode.py, which takes these lists
+# from here): the register layout of a loaded vector, and so the order of the l2norm and k.q
+# sums, must not depend on what Triton infers from where a view starts; q/k rows get their
+# alignment from ``QK_ALIGNED`` instead, which the launcher decides from the whole tensor
+# (``recurrence.vk_qk_aligned``). ``ROW_PTRS`` / ``ROW_STRIDES``: the decode kernels' (K-major
+# and V-major) row pointer and stride parameter names; tests/test_lowering.py checks them.
+ROW_PTRS = ["q", "k", "v", "g", "beta", "o"]
+ROW_STRIDES = ["q_b", "q_t", "q_h", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h", "g_b", "g_t",
+               "beta_b", "beta_t", "o_b", "o_t", "o_h"]
 
 
 @triton.jit
@@ -151,7 +153,7 @@ def _chain_row_vk(h, t, row, o, inter, b64, hv, o_b, o_t, o_h, i_b, i_t, i_h, i_
     return h
 
 
-@triton.jit(do_not_specialize=_ROW_STRIDES, do_not_specialize_on_alignment=_ROW_PTRS)
+@triton.jit(do_not_specialize=ROW_STRIDES, do_not_specialize_on_alignment=ROW_PTRS)
 def gdn_rows_vk_kernel(
     state, q, k, v, g, beta, o, inter, slot_idx, out_idx, A_log, dt_bias,
     scale,

@@ -28,6 +28,7 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops.gdn.recurrence import EXACT_LAUNCH, gdn_gate
 from pmll_lab.ops.host import next_power_of_2
+from pmll_lab.ops.launch import device_guard
 
 GATING_NAMES = ("A_log", "a", "dt_bias", "b")
 
@@ -100,9 +101,14 @@ def check_gating(gating: Gating, lead: tuple, num_v_heads: int, input_dtype: tor
 
 
 @triton.jit
-def _gdn_gating_kernel(A_log, a, dt_bias, b, g, beta, HV, a_b, a_t, b_b, b_t, o_b, o_t,
-                       BH: tl.constexpr):
-    """Program ``(i, t)``: the ``HV`` gates of row ``t`` of sequence ``i`` (``gdn_gate``)."""
+def gdn_gating_kernel(A_log, a, dt_bias, b, g, beta, HV, a_b, a_t, b_b, b_t, o_b, o_t,
+                      BH: tl.constexpr):
+    """Program ``(i, t)``: the ``HV`` gates of row ``t`` of sequence ``i`` (``gdn_gate``).
+
+    ``A_log, dt_bias [HV]`` and ``a, b [B, K, HV]`` (last dim contiguous, strides ``a_b, a_t``,
+    ``b_b, b_t``) fp32/bf16/fp16, read as fp32; writes ``g, beta [B, K, HV]`` fp32 (strides
+    ``o_b, o_t``); ``BH >= HV`` a power of two; grid ``(B, K)``. Launched by ``gdn_gating``
+    after its checks (a kernel raises nothing); public for the sm_90 compile check."""
     i = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1)
     h = tl.arange(0, BH)
@@ -149,17 +155,10 @@ def gdn_gating(A_log, a, dt_bias, b, *, impl="triton") -> tuple[torch.Tensor, to
         return g, beta
     a3, b3, g3, beta3 = (t if t.dim() == 3 else t[:, None] for t in (a, b, g, beta))
     B, K = a3.shape[:2]
-    with _device_guard(a):
-        _gdn_gating_kernel[(B, K)](A_log, a3, dt_bias, b3, g3, beta3, HV,
-                                   a3.stride(0), a3.stride(1), b3.stride(0), b3.stride(1),
-                                   g3.stride(0), g3.stride(1), BH=next_power_of_2(HV),
-                                   **EXACT_LAUNCH)
+    with device_guard(a):
+        gdn_gating_kernel[(B, K)](A_log, a3, dt_bias, b3, g3, beta3, HV,
+                                  a3.stride(0), a3.stride(1), b3.stride(0), b3.stride(1),
+                                  g3.stride(0), g3.stride(1), BH=next_power_of_2(HV),
+                                  **EXACT_LAUNCH)
     return g, beta
 
-
-def _device_guard(t: torch.Tensor):
-    if t.device.type == "cuda":
-        return torch.cuda.device(t.device)
-    import contextlib
-
-    return contextlib.nullcontext()

@@ -461,6 +461,14 @@ def vk_chunks(block_k: int) -> tuple[int, int]:
     return block_k // cw, cw
 
 
+def vk_chunk_meta(block_k: int) -> dict[str, int]:
+    """``vk_chunks(block_k)`` as the V-major kernels' constexprs: ``{"NC": NC, "CW": CW}``
+    (ints) for a key block of ``block_k`` (a power of two). One spelling for every V-major
+    launch (decode, the carry's verify and flush, ``pmll_lab.lowering``), so their key chunks,
+    and so their sums' order, cannot drift apart."""
+    return dict(zip(("NC", "CW"), vk_chunks(block_k)))
+
+
 def vk_state_vector(k_dim: int, v_dim: int, work: int, state_dtype) -> int:
     """Contiguous keys per thread in which decode's V-major tile (``vk_config`` for ``work =
     B * HV`` and a state pool of ``state_dtype``) lies in registers: a 16-byte vector of the

@@ -46,10 +46,12 @@ from pmll_lab.backend import DEVICE
 from pmll_lab.ops import settings
 from pmll_lab.ops.host import cdiv, next_power_of_2
 
-def _tile(head_dim: int, rows: int) -> tuple[int, int]:
+def ring_tile(head_dim: int, rows: int) -> tuple[int, int]:
     """``(BLOCK_S, BLOCK_D)``: the head size padded to a power of two, and enough slots per
     program to make a tile of ``ring_tile_elems`` elements (``pmll_lab.ops.settings``; fewer
-    when there are fewer rows)."""
+    when there are fewer rows). ``head_dim >= 1`` and ``rows >= 0`` ints (the launchers have
+    checked them); both results are powers of two, ``BLOCK_S >= 1``. The ring write and read
+    launches' block shape, read at launch time so a settings override takes effect."""
     block_d = next_power_of_2(head_dim)
     elems = settings.ring().ring_tile_elems
     block_s = max(1, min(next_power_of_2(max(rows, 1)), elems // block_d))
@@ -109,12 +111,17 @@ def _ring_write_kernel(
 
 
 @triton.jit
-def _ring_read_kernel(
+def ring_read_kernel(
     k_mem, v_mem, count, k_out, v_out,
     H, M, R, D,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    """``pmll_read``'s copy: ``k_mem, v_mem [B, H, M, D]`` (contiguous) and ``count [B]`` (rows
+    written so far) into ``k_out, v_out [B, H, R, D]`` (``R = M + t_ctx``, the memory's dtype):
+    rows ``M - length .. M - 1`` the live ring rows oldest first, every other row zero. Grid
+    ``(B * H, cdiv(R, BLOCK_S))`` (``ring_tile``); launched by ``pmll_read`` after its checks (a
+    kernel raises nothing). Public so a test can make sure no launch precedes the checks."""
     pid_bh = tl.program_id(0).to(tl.int64)
     b = pid_bh // H
     n = tl.load(count + b)
@@ -270,7 +277,7 @@ def launch_write(mem, k_new: torch.Tensor, v_new: torch.Tensor, gate: torch.Tens
     tokens = k_new.shape[2]
     if tokens == 0:
         return mem
-    block_s, block_d = _tile(head_dim, min(tokens, capacity))
+    block_s, block_d = ring_tile(head_dim, min(tokens, capacity))
     grid = (batch * heads, cdiv(min(tokens, capacity), block_s))
     if gate is None:
         g, sg = k_new, (0, 0, 0)                 # never read (HAS_GATE=False)
@@ -315,9 +322,9 @@ def pmll_read(mem, t_ctx: int = 0, *, impl: str = "triton") -> tuple[torch.Tenso
     v_out = torch.empty_like(k_out)
     if k_out.numel() == 0:
         return k_out, v_out
-    block_s, block_d = _tile(head_dim, rows)
+    block_s, block_d = ring_tile(head_dim, rows)
     grid = (batch * heads, cdiv(rows, block_s))
-    _ring_read_kernel[grid](
+    ring_read_kernel[grid](
         mem.k, mem.v, mem.count, k_out, v_out,
         heads, capacity, rows, head_dim,
         BLOCK_S=block_s, BLOCK_D=block_d, num_warps=settings.ring().ring_num_warps,

@@ -76,7 +76,7 @@ def _step(acc, l_i, m_i, qt, kt, vt, visible, qk_scale,
 
 
 @triton.jit
-def _ring_attention_kernel(
+def ring_attention_kernel(
     q, k_ctx, v_ctx, k_mem, v_mem, count, out,
     H, T, M, D,
     s_qb, s_qh, s_qt,
@@ -91,6 +91,10 @@ def _ring_attention_kernel(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
+    """The fused attention of the module docstring (its buffers, dtypes and arithmetic): grid
+    ``(cdiv(T, BLOCK_M), B * H)``, heaviest query block first; ``HAS_MEM`` False skips the ring.
+    Launched by ``launch_ring_attention`` (tile from ``tile_for``) after ``check_attention``
+    (a kernel raises nothing); public for the sm_90 compile check (tests/test_ring_attention.py)."""
     start = tl.num_programs(0) - 1 - tl.program_id(0)           # heaviest query block first
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // H
@@ -249,7 +253,7 @@ def launch_ring_attention(q, k_ctx, v_ctx, mem, dims: tuple[int, int, int, int],
     else:
         k_mem, v_mem, count, capacity = mem.k, mem.v, mem.count, mem.k.shape[2]
     grid = (cdiv(tokens, cfg["BLOCK_M"]), batch * heads)
-    _ring_attention_kernel[grid](
+    ring_attention_kernel[grid](
         q, k_ctx, v_ctx, k_mem, v_mem, count, out,
         heads, tokens, capacity, head_dim,
         *q.stride()[:3], *k_ctx.stride()[:3], *v_ctx.stride()[:3],
