@@ -19,6 +19,7 @@ from pmll_lab.carry import (
 )
 from pmll_lab.experiments import protocol as P
 from pmll_lab.gdn import gdn_chain, gdn_chain_ref, gdn_decode, gdn_decode_plan
+from pmll_lab.harness.decode import FLASHINFER_DECODE
 from pmll_lab.reference import carry as ref_carry
 from pmll_lab.tolerances import HALF_STATE_TOL, O_TOL, STATE_TOL
 
@@ -220,7 +221,7 @@ class Case:
         pool, (q, k, v) = self.state0.clone(), self.args[:3]
         A_log, a, dt_bias, b = self.gate
         gate = (A_log, a[:self.B, :self.K], dt_bias, b[:self.B, :self.K])
-        if provider == "flashinfer_decode":
+        if provider == FLASHINFER_DECODE.name:
             run, bufs = peers.flashinfer_decode_runner(q, k, v, *gate, pool, self.sel,
                                                        scale=self.D ** -0.5)
         else:

@@ -10,25 +10,20 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 
 from pmll_lab.harness import registry
+from pmll_lab.harness import verify as V
 
 COLORS = {
-    # ours: Gated DeltaNet and the conv twin (a conv kernel takes its GDN twin's colour)
-    "carry_exact_lazy": "#1f77b4", "carry_exact_eager": "#aec7e8",
-    "chain_snapshots": "#2ca02c", "chain_nosnap": "#98df8a", "decodes": "#9467bd",
-    "decodes_cuda": "#ff7f0e", "chain_snapshots_cuda": "#ffbb78",
-    "plain": "#000000",
-    # peers
-    "fla_fused_recurrent": "#d62728", "flashinfer_decode": "#8c564b",
-    "flashinfer_mtp_snapshots": "#e377c2", "flashinfer_mtp_frozen": "#f7b6d2",
-    "flashinfer_replayssm": "#c49c94",
+    # ours not registered (a registered implementation's colour is its registration's ``style``)
+    "chain_nosnap": "#98df8a", "plain": "#000000",
     # the PMLL ring and its attention
     "pmll_read": "#bcbd22", "pmll_write": "#6b6b00", "fused": "#0b3d91",
     "pmll_step": "#756bb1", "gather_sdpa_mask": "#e6550d", "sdpa_contiguous": "#31a354",
     "sdpa_causal": "#636363", "reference": "#7f7f7f", "memory_attention": "#7f7f7f",
     "gpt2_pmll": "#7f7f7f",
 }
-ALIASES = {"chain": "chain_snapshots", "updates": "decodes", "carry_lazy": "carry_exact_lazy",
-           "carry_eager": "carry_exact_eager", "protocol_exact": "carry_exact_lazy"}
+"""Colours of kernels no registration names (the conv twins take their GDN twin's)."""
+ALIASES = {"chain": V.CHAIN.name, "updates": V.DECODES.name, "carry_lazy": V.CARRY_LAZY.name,
+           "carry_eager": V.CARRY_EAGER.name, "protocol_exact": V.CARRY_LAZY.name}
 """The same implementation under another notebook's name (a registered implementation's
 colour is its registration's ``style``: ``pmll_lab.harness``)."""
 LAYOUT_LINES = {"kv": "-", "vk": "--"}
@@ -36,16 +31,15 @@ LAYOUT_LINES = {"kv": "-", "vk": "--"}
 LAYOUT_MARKERS = {"kv": dict(marker="o"), "vk": dict(marker="s", mfc="white", mew=1.0)}
 """Marker per state layout, so that a legend entry and a lone point tell them apart too:
 filled circles K-major, hollow squares V-major."""
-FAMILIES = {"decode and chain": ("decodes", "decodes_cuda", "chain_snapshots",
-                                 "chain_snapshots_cuda", "chain_nosnap", "plain"),
-            "carried state": ("carry_exact_lazy", "carry_exact_eager", "ring"),
-            "peers": ("fla_fused_recurrent", "flashinfer_decode", "flashinfer_mtp_snapshots",
-                      "flashinfer_mtp_frozen", "flashinfer_replayssm"),
+FAMILIES = {"decode and chain": ("chain_nosnap", "plain"),
+            "carried state": ("ring",),
+            "peers": (),
             "PMLL ring": ("pmll_read", "pmll_write", "memory_attention"),
             "ring attention": ("fused", "reference", "pmll_step", "gather_sdpa_mask",
                                "sdpa_contiguous", "sdpa_causal"),
             "model": ("gpt2_pmll",)}
-"""The panels of the error plots, by canonical kernel name."""
+"""The panels of the error plots, in order, and the canonical kernel names of each that no
+registration places (a registered implementation's panel is its ``style["panel"]``)."""
 
 
 DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
@@ -59,15 +53,22 @@ def canonical(kernel: str) -> str:
 
 
 def color(kernel: str) -> str:
-    """The implementation's colour: its registration's ``style["color"]``, else ``COLORS``."""
-    impl = registry.IMPLEMENTATIONS.get(str(kernel).split(":")[0])
-    if impl is not None and "color" in impl.style:
-        return impl.style["color"]
+    """The implementation's colour: its registration's ``style["color"]`` (under its own or its
+    canonical name), else ``COLORS``."""
+    for name in dict.fromkeys((str(kernel).split(":")[0], canonical(kernel))):
+        impl = registry.IMPLEMENTATIONS.get(name)
+        if impl is not None and "color" in impl.style:
+            return impl.style["color"]
     return COLORS.get(canonical(kernel), "#555555")
 
 
 def family(kernel: str) -> str:
+    """The error plot's panel of ``kernel``: its registration's ``style["panel"]``, else the
+    ``FAMILIES`` entry naming it, else ``"other"``."""
     k = canonical(kernel)
+    impl = registry.IMPLEMENTATIONS.get(k)
+    if impl is not None and "panel" in impl.style:
+        return impl.style["panel"]
     return next((f for f, ks in FAMILIES.items() if k in ks), "other")
 
 

@@ -18,10 +18,12 @@ from pmll_lab.peers_replayssm import (REPLAYSSM_RING_SLOTS, REPLAYSSM_WINDOW, Re
                                       replayssm_state, replayssm_supports)
 from pmll_lab.reference import carry as ref_carry
 from pmll_lab.harness.step import StepCase
+from pmll_lab.harness.step_forms import REPLAYSSM
 from pmll_lab.sizes import ring_step_bytes
 from pmll_lab.tolerances import STEP_TOL
 
-PROVIDER = "flashinfer_replayssm"
+PROVIDER = REPLAYSSM.name
+"""The registered name (``harness.step_forms``) its rows carry."""
 VARIANTS = ("verify", "flush")
 KERNELS = tuple(f"{PROVIDER}:{v}" for v in VARIANTS)
 LABELS = {PROVIDER: "FlashInfer ReplaySSM (ucache_flush)",

@@ -9,12 +9,14 @@ write-back frequency; launch plans (``<kernel>:plan``) at ``B <= PLAN_MAX_B``. P
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from pmll_lab.backend import DEVICE
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments import replayssm_peer
-from pmll_lab.experiments import roofline_providers as RP
+from pmll_lab.experiments import roofline_providers  # noqa: F401  (binds the point functions)
 from pmll_lab.experiments import roofline_case as C
 from pmll_lab.experiments.acceptance import (  # noqa: F401  (for the notebook and tests)
     acceptance, acceptance_table, alpha_for_mean, draw_pending, mean_accept_len,
@@ -25,6 +27,8 @@ from pmll_lab.experiments.roofline_case import (  # noqa: F401
     release,
 )
 from pmll_lab.experiments.roofline_report import *  # noqa: F401,F403  (tables, targets, plots)
+from pmll_lab.harness import registry
+from pmll_lab.harness import verify as V
 from pmll_lab.ops.gdn.decode_cuda import MAX_KD as CUDA_MAX_KD
 from pmll_lab.peers import fla_available, flashinfer_available, flashinfer_supports
 from pmll_lab.sizes import (  # noqa: F401  (for the tests)
@@ -34,10 +38,15 @@ from pmll_lab.sweep import CheckFailed
 
 
 def impl_of(name: str) -> str:
-    """The ``impl`` column of a provider's rows (a ``:variant`` suffix ignored): ``cuda`` for a
-    CUDA C++ twin (``*_cuda``), the peer's name for a peer (``fla``, ``flashinfer``), else
-    ``triton`` (ours)."""
+    """The ``impl`` column of a provider's rows (a ``:variant`` suffix ignored), from its
+    registration: ``cuda`` for a CUDA C++ twin, the peer's ``provider`` for a peer (``fla``,
+    ``flashinfer``), else ``triton`` (ours). An unregistered name (an older run's) by its
+    spelling: ``*_cuda``, ``fla_*``, ``flashinfer*``."""
     base = name.split(":")[0]
+    impl = registry.IMPLEMENTATIONS.get(base)
+    if impl is not None:
+        return "cuda" if impl.impl == "cuda" else (
+            impl.provider if impl.provider != "pmll_lab" else "triton")
     if base.endswith("_cuda"):
         return "cuda"
     if base.startswith("fla_"):
@@ -50,24 +59,33 @@ COMPILE_KEYS = ("provider", "K", "head_dim", "dtype", "state_layout", "state_dty
 
 
 def _wanted(prov: str, base: dict, fla: bool, flashinfer: bool, sdt: str) -> bool:
-    """Whether ``prov`` runs at this ``(K, shape)`` and state dtype."""
+    """Whether ``prov`` runs at this ``(K, shape)`` and state dtype, from its registration
+    (``harness.verify``): a state dtype it takes; a peer where available (``fla``,
+    ``flashinfer``); a ``gdn_decode`` implementation (FlashInfer's decode) at ``K = 1`` only; a
+    CUDA C++ twin on a GPU at ``kd <= 256``; FlashInfer's head sizes and dtypes
+    (``flashinfer_supports``); then the ``supports`` of one registered in ``gdn_verify`` (the
+    chain and FlashInfer's mtp need ``K > 1``). FlashInfer's ReplaySSM runs at every shape where
+    FlashInfer does: its point writes ``unsupported`` rows itself."""
     K, D, dt = base["K"], base["head_dim"], base["dtype"]
+    impl = registry.get(prov)
     if sdt != "float32" and prov not in HALF_STATE_PROVIDERS:
         return False
-    if (prov.startswith("chain_snapshots") or prov.startswith("flashinfer_mtp")) and K == 1:
-        return False           # the chain at K = 1 is one decode; FlashInfer's mtp takes T > 1
-    if prov == "flashinfer_decode" and K != 1:
-        return False
-    if prov == "fla_fused_recurrent":
+    if impl.provider == "fla":
         return fla
-    if prov in CUDA_TWINS:     # a CUDA C++ twin: a GPU, kd <= 256
-        return DEVICE.type == "cuda" and D <= CUDA_MAX_KD
+    if impl.provider == "flashinfer" and not flashinfer:
+        return False
+    if impl.family == "gdn_decode" and K != 1:
+        return False           # a decode verifies one row
+    if impl.impl == "cuda" and not (DEVICE.type == "cuda" and D <= CUDA_MAX_KD):
+        return False           # a CUDA C++ twin: a GPU, kd <= 256
     if prov in REPLAYSSM:      # shapes it does not take: its point's "unsupported" rows
-        return flashinfer
-    if prov in FLASHINFER:
-        return flashinfer and flashinfer_supports(D, dt) and (
-            sdt == "float32" or flashinfer_supports(D, dt, sdt))
-    return True
+        return True
+    if prov in FLASHINFER and not (flashinfer_supports(D, dt) and (
+            sdt == "float32" or flashinfer_supports(D, dt, sdt))):
+        return False           # FlashInfer's head sizes and dtypes
+    if impl.family != V.FAMILY or impl.supports is None:
+        return True            # a joined implementation's supports takes its own family's case
+    return impl.supports(SimpleNamespace(rows=K, head_dim=D, dtype=dt, state_dtype=sdt)) is None
 
 
 def _point(p: dict, fla: bool, flashinfer: bool) -> dict | None:
@@ -171,7 +189,7 @@ def gdn_point(point: dict) -> list[dict]:
     try:
         c = C.case(point)
         try:
-            rows = RP.POINTS[prov](c)
+            rows = V.point(prov)(c)
         except CheckFailed as exc:
             _tag_state(exc.rows, sdt)
             raise

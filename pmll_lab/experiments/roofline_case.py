@@ -13,8 +13,11 @@ from pmll_lab.carry import GDN_CARRY_CAP, GdnCarry
 from pmll_lab.experiments.acceptance import acceptance, draw_pending
 from pmll_lab.experiments.gdn import QWEN3_NEXT, fill_stash, gating_inputs
 from pmll_lab.experiments.gdn_case import Case
+from pmll_lab.experiments.replayssm_peer import KERNELS as REPLAYSSM_KERNELS
 from pmll_lab.experiments.replayssm_peer import LABELS as REPLAYSSM_LABELS
+from pmll_lab.experiments.replayssm_peer import PROVIDER as REPLAYSSM_PROVIDER
 from pmll_lab.gdn import gdn_chain_ref
+from pmll_lab.harness import registry, verify
 from pmll_lab.inputs import gdn_inputs
 
 CAP = GDN_CARRY_CAP
@@ -30,39 +33,38 @@ PLAN_MAX_B = 1
 L2_BYTES = H200_L2_BYTES
 STATE_DTYPES = ("float32", "bfloat16", "float16")
 LAYOUTS = ("kv", "vk")
-OURS = ("decodes", "decodes_cuda", "chain_snapshots", "chain_snapshots_cuda", "carry_exact_eager",
-        "carry_exact_lazy")
-CUDA_TWINS = ("decodes_cuda", "chain_snapshots_cuda")
+PROVIDERS = tuple(registry.names(verify.FAMILY))
+"""Every implementation of the ``gdn_verify`` family (``harness.verify``), in its order: ours,
+then the peers."""
+OURS = tuple(registry.names(verify.FAMILY, provider="pmll_lab"))
+PEERS = tuple(p for p in PROVIDERS if p not in OURS)
+CUDA_TWINS = tuple(p for p in PROVIDERS if registry.get(p).impl == "cuda")
 """Providers that run a CUDA C++ twin (``impl="cuda"``): a GPU only, V-major, kd <= 256."""
-FLASHINFER = ("flashinfer_decode", "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen")
-REPLAYSSM = ("flashinfer_replayssm",)
+REPLAYSSM = (REPLAYSSM_PROVIDER,)
 """FlashInfer's ReplaySSM verify and flush (``replayssm_peer``; rows ``<provider>:verify`` and
 ``:flush``), on its own bf16 pool and ring whatever the point's state dtype."""
-PEERS = ("fla_fused_recurrent",) + FLASHINFER + REPLAYSSM
-PROVIDERS = OURS + PEERS
-HALF_STATE_PROVIDERS = tuple(p for p in PROVIDERS if p != "fla_fused_recurrent")
-"""Providers that run a bf16/fp16 state (FLA runs fp32 only)."""
-NATIVE_LAYOUT = {"fla_fused_recurrent": "kv", **{p: "vk" for p in CUDA_TWINS},
-                 **{p: "vk" for p in FLASHINFER + REPLAYSSM}}
-LABELS = {
-    "decodes": "K x decode", "decodes_cuda": "K x decode, CUDA twin",
-    "chain_snapshots": "chain + snapshots", "chain_snapshots_cuda": "chain + snapshots, CUDA twin",
-    "carry_exact_eager": "carry exact, eager", "carry_exact_lazy": "carry exact, lazy (amortised)",
-    "fla_fused_recurrent": "FLA fused_recurrent", "flashinfer_decode": "FlashInfer decode",
-    "flashinfer_mtp_snapshots": "FlashInfer mtp + snapshots",
-    "flashinfer_mtp_frozen": "FlashInfer mtp, frozen (no buffer)",
-    **REPLAYSSM_LABELS,
-}
+FLASHINFER = tuple(p for p in PEERS if registry.get(p).provider == "flashinfer"
+                   and p not in REPLAYSSM)
+"""FlashInfer's providers that ``roofline_providers.point_flashinfer`` runs."""
+HALF_STATE_PROVIDERS = tuple(p for p in PROVIDERS
+                             if set(registry.get(p).state_dtypes) - {"float32"})
+"""Providers that run a bf16/fp16 state (their registrations' ``state_dtypes``; FLA: fp32)."""
+NATIVE_LAYOUT = {p: registry.get(p).layouts[0] for p in PROVIDERS
+                 if len(registry.get(p).layouts) == 1}
+"""The one layout of a provider that runs only one (its registration's ``layouts``)."""
+LABELS = {**{p: registry.label(p) for p in PROVIDERS},
+          **{k: REPLAYSSM_LABELS[k] for k in REPLAYSSM_KERNELS}}
+"""Each provider's registered label, and the ReplaySSM variants' (``replayssm_peer``)."""
 MAIN_SHAPE = dict(QWEN3_NEXT)
 SHAPE_KEYS = ("HK", "HV", "head_dim", "dtype")
 
 
 def layout_support(provider: str, layout: str) -> bool:
-    """Whether ``provider`` runs with states in ``layout``: a peer in its own layout only, ours
-    in both (every launcher takes ``state_layout``)."""
+    """Whether ``provider`` runs with states in ``layout`` (its registration's ``layouts``: a
+    peer and a CUDA twin in their own layout only, ours in both)."""
     if layout not in LAYOUTS:
         raise ValueError(f"state_layout: must be one of {LAYOUTS}, got {layout!r}")
-    return NATIVE_LAYOUT.get(provider, layout) == layout
+    return layout in registry.get(provider).layouts
 
 
 _SHAPE: dict = {}

@@ -2,6 +2,10 @@
 bitwise against the decodes, peers (GPU only, ``RuntimeError`` otherwise) against float64 on
 ``N_REF`` sequences and our decodes within the tolerances; a frozen verify must leave the pool
 as it was. Launchers are called through ``gdn_case`` (a test replaces them there).
+
+Each point function takes the ``_Case`` and the provider's registered ``name`` (its rows'
+``kernel``); importing this module binds them to the ``gdn_verify`` registrations
+(``harness.verify.bind``; ``harness.verify.point(name)`` gives one back).
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from pmll_lab.bench import bitwise_equal, error_rows
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments import gdn_case as GC
 from pmll_lab.experiments import roofline_case as C
+from pmll_lab.harness import registry
+from pmll_lab.harness import verify as V
+from pmll_lab.harness.decode import FLASHINFER_DECODE
 from pmll_lab.sizes import (carry_bytes, chain_bytes, decode_bytes, decodes_bytes, fla_bytes,
                             frozen_bytes)
 
@@ -27,9 +34,10 @@ def _time(fn, graph: bool = True) -> list[dict]:
     return P.timings(fn, graph=graph, **C.TIMING)
 
 
-def point_decodes(c: C._Case) -> list[dict]:
+def point_decodes(c: C._Case, name: str) -> list[dict]:
+    """``K`` launches of the Triton decode (and, at ``B <= PLAN_MAX_B``, through launch plans:
+    ``<name>:plan``), checked against the float64 chain; rows named ``name``."""
     o_dec, st_sel, _, _ = c.decoded()
-    name = "decodes"
     rows = c.ref_rows(name, o_dec, st_sel)
     plans = None
     if c.B <= C.PLAN_MAX_B:             # the same decodes through launch plans
@@ -48,23 +56,23 @@ def point_decodes(c: C._Case) -> list[dict]:
     return rows
 
 
-def point_decodes_cuda(c: C._Case) -> list[dict]:
+def point_decodes_cuda(c: C._Case, name: str) -> list[dict]:
     """``K`` launches of the decode's CUDA C++ twin (``gdn_decode(impl="cuda")``, V-major),
-    checked against the float64 chain (not bitwise against Triton: another order of sums)."""
+    checked against the float64 chain (not bitwise against Triton: another order of sums); rows
+    named ``name``."""
     st = c.state0.clone()
     o = torch.stack([GC.gdn_decode(st, *c.row_args[r], state_indices=c.sel, impl="cuda",
                                   **c.lay) for r in range(c.K)], 1)
-    rows = c.ref_rows("decodes_cuda", o, st[c.lsel])
+    rows = c.ref_rows(name, o, st[c.lsel])
     P.require(rows)
-    return rows + P.speed_rows("decodes_cuda", _time(c.decodes_run(c.state0.clone(), impl="cuda")),
+    return rows + P.speed_rows(name, _time(c.decodes_run(c.state0.clone(), impl="cuda")),
                                decodes_bytes(c.B, c.K, **c.io()), variant="")
 
 
-def point_chain(c: C._Case, impl: str = "triton") -> list[dict]:
+def point_chain(c: C._Case, name: str, impl: str = "triton") -> list[dict]:
     """The chain with its ``K-1`` snapshots against the float64 chain; the Triton one also
     bitwise against the decodes (the CUDA twin sums in another order: bitwise only within its
-    family, which its own tests check)."""
-    name = "chain_snapshots" + ("_cuda" if impl == "cuda" else "")
+    family, which its own tests check); rows named ``name``."""
     kw = {"impl": "cuda"} if impl == "cuda" else {}
     rows, o, st, inter = c.check_chain(name, **(kw or {"validate": True}))
     if impl == "triton":
@@ -95,8 +103,10 @@ def _check_carry(c: C._Case, name: str, form: str, lazy: bool, var: str, rows: l
     return st, carry, nbytes, float(np.mean(cc["pend"])), float(np.mean(wb)), plan
 
 
-def point_carry(c: C._Case, form: str, lazy: bool) -> list[dict]:
-    name = f"carry_{form}_{'lazy' if lazy else 'eager'}"
+def point_carry(c: C._Case, name: str, form: str, lazy: bool) -> list[dict]:
+    """The carried-state verify of ``form``, eager, or lazy timed without (``<name>:nowb``) and
+    with (``:wb``) a write-back and amortised at the acceptance process's write-back frequency;
+    each variant checked first; rows named ``name``."""
     rows: list[dict] = []
     ready = {var: _check_carry(c, name, form, lazy, var, rows)
              for var in (("nowb", "wb") if lazy else ("eager",))}
@@ -125,11 +135,10 @@ def point_carry(c: C._Case, form: str, lazy: bool) -> list[dict]:
 
 # ---- peers ------------------------------------------------------------------------------------
 
-def point_fla(c) -> list[dict]:
-    """FLA over the case's ``K`` rows (K-major only); rows named ``fla_fused_recurrent``."""
-    name = "fla_fused_recurrent"
+def point_fla(c, name: str) -> list[dict]:
+    """FLA over the case's ``K`` rows (K-major only); rows named ``name``."""
     if peers.fla_fused_recurrent() is None or not P.on_cuda():
-        raise RuntimeError("fla_fused_recurrent: needs a GPU and an importable fla-core")
+        raise RuntimeError(f"{name}: needs a GPU and an importable fla-core")
     if c.layout != "kv":
         raise ValueError(f"state_layout: FLA runs K-major states only, got {c.layout!r}")
     q, k, v, g, beta = (t.contiguous() for t in c.args)
@@ -170,7 +179,7 @@ def point_flashinfer(c, provider: str) -> list[dict]:
     vk = c.to_layout                                            # K-major -> V-major views
     rows = (error_rows(name, o[:n], o_ref, tol=c.otol, what="o")
             + error_rows(name, o, o_dec, tol=c.otol, what="o vs decode"))
-    if provider == "flashinfer_decode":
+    if provider == FLASHINFER_DECODE.name:            # one decode: it advances the pool
         st = pool[c.lsel]
         rows += (error_rows(name, st[:n], vk(s_ref), tol=c.stol, what="state")
                  + error_rows(name, st, vk(st_dec), tol=c.stol, what="state vs decode"))
@@ -195,10 +204,12 @@ def point_flashinfer(c, provider: str) -> list[dict]:
                                flashinfer_version=peers.flashinfer_version())
 
 
-POINTS = {"decodes": point_decodes, "decodes_cuda": point_decodes_cuda,
-          "chain_snapshots": point_chain, "chain_snapshots_cuda": partial(point_chain, impl="cuda"),
-          "fla_fused_recurrent": point_fla,
-          **{f"carry_exact_{m}": partial(point_carry, form="exact", lazy=m == "lazy")
-             for m in ("eager", "lazy")},
-          **{p: partial(point_flashinfer, provider=p) for p in C.FLASHINFER}}
-"""The check-then-time function of each provider but FlashInfer's ReplaySSM, of a ``_Case``."""
+for _impl, _fn in ((V.DECODES, point_decodes), (V.DECODES_CUDA, point_decodes_cuda),
+                   (V.CHAIN, point_chain), (V.CHAIN_CUDA, partial(point_chain, impl="cuda")),
+                   (V.CARRY_EAGER, partial(point_carry, form="exact", lazy=False)),
+                   (V.CARRY_LAZY, partial(point_carry, form="exact", lazy=True)),
+                   (V.FLA, point_fla)):
+    V.bind(_impl, partial(_fn, name=_impl.name))
+for _p in C.FLASHINFER:
+    V.bind(registry.get(_p), partial(point_flashinfer, provider=_p))
+# FlashInfer's ReplaySSM runs on the point itself (``replayssm_peer.replayssm_rows``), no _Case.

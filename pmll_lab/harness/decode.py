@@ -152,9 +152,9 @@ register(Implementation(
     exact=True, gpu_only=True, build=decode_run(_ours("cuda")), supports=_cuda_supports,
     style={"color": "#ff7f0e"},
     bytes=decode_bytes, doc="kernels/gdn_decode.cu"))
-register(Implementation(
+FLASHINFER_DECODE = register(Implementation(
     name="flashinfer_decode", family="gdn_decode", label="FlashInfer decode (pretranspose)",
     provider="flashinfer", impl="cute-dsl", gpu_only=True, state_dtypes=("float32", "bfloat16"),
     build=_fi_build, supports=_fi_supports, version=flashinfer_version, bytes=decode_bytes,
-    style={"color": "#8c564b"},
+    style={"color": "#8c564b", "panel": "peers"},
     available=lambda: None if flashinfer_available() else flashinfer_status()))

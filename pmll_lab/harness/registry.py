@@ -64,7 +64,8 @@ class Implementation:
     such. ``layouts``/``state_dtypes``: what it takes (``supports`` adds finer limits).
     ``bytes(case, facts) -> int``: the fewest bytes a timed unit moves (``pmll_lab.sizes``;
     ``facts``: what the check run counted). ``plain(case)``: for an exact implementation, the
-    plain decoding it must equal to the bit. ``style``: the plot's ``color``, ``marker``."""
+    plain decoding it must equal to the bit. ``style``: the plot's ``color``, ``marker``, and
+    ``panel`` (the error plot's panel, ``experiments.plots.family``)."""
 
     name: str
     family: str
@@ -130,6 +131,8 @@ class Implementation:
 _PLUGINS_LOADED: set[str] = set()
 FAMILIES: dict[str, Family] = {}
 IMPLEMENTATIONS: dict[str, Implementation] = {}
+MEMBERS: dict[str, list[str]] = {}
+"""Each family's names in the order they were registered or joined (``join``)."""
 
 
 def add_family(family: Family) -> Family:
@@ -137,6 +140,7 @@ def add_family(family: Family) -> Family:
     if family.name in FAMILIES and FAMILIES[family.name] is not family:
         raise ValueError(f"family: {family.name!r} is already registered")
     FAMILIES[family.name] = family
+    MEMBERS.setdefault(family.name, [])
     return family
 
 
@@ -154,14 +158,36 @@ def register(impl: Implementation, *, replace: bool = False) -> Implementation:
     if old is not None and old.provider != "yours":
         raise ValueError(f"name: {impl.name!r} is {old.label} ({old.provider}'s); choose "
                          "another name for yours (replace=True replaces only your own)")
+    if old is not None and old.family != impl.family:
+        MEMBERS[old.family].remove(impl.name)
+    if impl.name not in MEMBERS[impl.family]:
+        MEMBERS[impl.family].append(impl.name)
     IMPLEMENTATIONS[impl.name] = impl
     return impl
 
 
+def join(family: str, impl: Implementation | str) -> Implementation:
+    """List an implementation registered in another family under ``family`` too, by the same
+    name: the same kernel, run there by ``family``'s own runner (e.g. FlashInfer's decode, a
+    ``gdn_decode`` implementation, is the roofline's one-row verify). Its registration (label,
+    provider, impl, layouts, state dtypes, style) holds in both; its ``build`` stays its own
+    family's. ``ValueError`` for an unknown family or name; joining twice is a no-op."""
+    if family not in FAMILIES:
+        raise ValueError(f"family: no family {family!r} ({', '.join(sorted(FAMILIES))})")
+    impl = get(impl if isinstance(impl, str) else impl.name)
+    if impl.name not in MEMBERS[family]:
+        MEMBERS[family].append(impl.name)
+    return impl
+
+
 def unregister(name: str) -> None:
-    """Remove a registered implementation (a researcher's, after a try)."""
+    """Remove a registered implementation (a researcher's, after a try), from every family it
+    was registered in or joined."""
     get(name)
     del IMPLEMENTATIONS[name]
+    for members in MEMBERS.values():
+        if name in members:
+            members.remove(name)
 
 
 def _env_plugins() -> None:
@@ -192,13 +218,14 @@ def family(name: str) -> Family:
 
 def names(family: str | None = None, *, provider: str | None = None,
           exact: bool | None = None) -> list[str]:
-    """Registered names, in registration order, filtered by family, provider and exactness
+    """Registered names, in registration order, filtered by family (its own and those it
+    ``join``ed, in the order they were registered or joined), provider and exactness
     (``$PMLL_LAB_PLUGINS``'s files loaded first)."""
     _env_plugins()
-    return [n for n, i in IMPLEMENTATIONS.items()
-            if (family is None or i.family == family)
-            and (provider is None or i.provider == provider)
-            and (exact is None or i.exact == exact)]
+    pool = IMPLEMENTATIONS if family is None else MEMBERS.get(family, [])
+    return [n for n in pool
+            if (provider is None or IMPLEMENTATIONS[n].provider == provider)
+            and (exact is None or IMPLEMENTATIONS[n].exact == exact)]
 
 
 def resolve(family: str, selection: str | Iterable[str] | None) -> list[str]:
@@ -216,7 +243,7 @@ def resolve(family: str, selection: str | Iterable[str] | None) -> list[str]:
             impl = get(n)
         except ValueError as exc:
             raise ValueError(f"forms: {str(exc).removeprefix('name: ')}") from None
-        if impl.family != family:
+        if n not in MEMBERS.get(family, ()):
             raise ValueError(f"forms: {n!r} is a {impl.family} implementation, not {family}")
     return chosen
 

@@ -245,10 +245,10 @@ register(Implementation(
     state_dtypes=("float32", "bfloat16"), gpu_only=True, supports=_fi_supports,
     available=_fi_available, version=flashinfer_version,
     bytes=lambda c, f: sizes.snapshot_step_bytes(**dims(c), writes=c.rows, restore_frac=1.0)))
-register(Implementation(
+REPLAYSSM = register(Implementation(
     name="flashinfer_replayssm", family=FAMILY, provider="flashinfer", impl="cute-dsl",
     label="FlashInfer ReplaySSM (ucache_flush + commit)", build=build_flashinfer_replayssm,
-    style={"color": "#c49c94"},
+    style={"color": "#c49c94", "panel": "peers"},
     state_dtypes=("bfloat16",), gpu_only=True, supports=_replayssm_supports,
     available=_fi_available, version=flashinfer_version,
     bytes=lambda c, f: sizes.ring_step_bytes(**dims(c), fold_frac=f["fold_frac"],
