@@ -30,10 +30,7 @@ def setup(family: str, implementations, plugins=(), grids=None) -> tuple[list[st
                          f"not {family}")
     plugins = [plugins] if isinstance(plugins, str) else list(plugins)
     loaded = registry.load_plugins() + registry.load_plugins(plugins)
-    try:
-        names = registry.resolve(family, implementations)
-    except ValueError as exc:
-        raise ValueError(f"implementations: {exc}") from None
+    names = registry.resolve(family, implementations, arg="implementations")
     return names, loaded
 
 
@@ -43,10 +40,12 @@ DEFAULTS = {"alpha": 0.8}
 
 def points(grids: list[dict], family: str, *, seed: int) -> list[dict]:
     """Every grid's product with the seed (and ``DEFAULTS`` of the family's axes); axes checked
-    against the family's (``forms`` belongs to the step notebooks: this one runs its
-    ``implementations``)."""
+    against the family's. A step workload's ``forms`` axis (what the step notebooks run at its
+    points) is left out: this notebook runs its ``implementations`` at them."""
     axes = registry.family(family).axes
     fill = {"seed": [seed], **{k: [v] for k, v in DEFAULTS.items() if k in axes}}
+    grids = [{k: v for k, v in g.items() if k != "forms"} if isinstance(g, dict) else g
+             for g in grids]
     return P.grid_points(grids, fill, axes=axes)
 
 

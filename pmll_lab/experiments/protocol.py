@@ -24,6 +24,7 @@ from pmll_lab.bench import copy_bandwidth, throughput_rows, time_cuda_graph, tim
 from pmll_lab.dist import on_workers  # noqa: F401  (for the notebooks)
 from pmll_lab.harness.runner import (GPU_TIMERS, TIMERS, base_kernel, best_timer, failed_row,  # noqa: F401
                                      one_device, valid_speed_rows)
+from pmll_lab.harness.workloads import INT_AXES, int_param  # noqa: F401  (the axis rules)
 from pmll_lab.sweep import CheckFailed, grid, run_sweep
 
 TIMER_LABELS = {"cuda_graph": "CUDA graph replay, median (GPU time)",
@@ -37,13 +38,6 @@ PLAN_SUFFIX = ":plan"
 
 
 # ---- the point side ------------------------------------------------------------------------
-
-INT_AXES = {"K": 1, "B": 1, "HK": 1, "HV": 1, "head_dim": 1, "H": 1, "D": 1, "T": 1,
-            "ring_length": 1, "M": 0, "pending": 0, "seed": 0, "d_conv": 2, "fill": 0,
-            "steps": 1, "segments": 1, "new_tokens": 1, "prompt_len": 1, "tokens": 1}
-"""Grid axes that hold integers, with their least value (``M = 0``: no ring; ``pending``: rows
-waiting in the stash; ``d_conv = 2``: a narrower conv keeps no window)."""
-
 
 AXES = frozenset(INT_AXES) | {
     "alpha", "arch", "baselines", "batch", "capacity", "draft", "drafter", "dtype", "fill",
@@ -71,16 +65,6 @@ CHOICE_AXES = {"dtype": ("float32", "bfloat16", "float16", "float64"),
 """Grid axes that take the same names in every notebook, with those names (a misspelt
 ``"bf16"`` or ``"VK"`` is refused before any point runs, not by every point; ``float64`` is the
 model dtype of spec_decode's oracle runs)."""
-
-
-def int_param(name: str, value, minimum: int = 0) -> int:
-    """``value`` as an int (a Python or NumPy integer, not a bool or a string) ``>= minimum``;
-    ``ValueError`` naming ``name`` otherwise."""
-    import numbers
-
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name}: must be an int >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def axis_values(grid: Mapping, name: str, default=None) -> list:

@@ -228,23 +228,30 @@ def names(family: str | None = None, *, provider: str | None = None,
             and (exact is None or IMPLEMENTATIONS[n].exact == exact)]
 
 
-def resolve(family: str, selection: str | Iterable[str] | None) -> list[str]:
+def resolve(family: str, selection: str | Iterable[str] | None, *, arg: str = "forms"
+            ) -> list[str]:
     """The names a sweep runs: ``None`` or ``"all"``: every implementation of ``family``; a
-    ``"+"``-joined string or a list: those, each checked (``ValueError`` naming ``forms`` for a
-    name not registered or of another family)."""
+    ``"+"``-joined string or a list: those, each checked (``ValueError`` naming ``arg``, the
+    caller's argument, for an empty selection, a name given twice, a name not registered or
+    one of another family)."""
     if selection is None or selection == "all":
         return names(family)
     if not isinstance(selection, str) and not all(isinstance(n, str) for n in selection):
-        raise ValueError(f"forms: registry names, a '+'-joined string or a list, got "
+        raise ValueError(f"{arg}: registry names, a '+'-joined string or a list, got "
                          f"{selection!r}")
     chosen = selection.split("+") if isinstance(selection, str) else list(selection)
+    if not chosen or chosen == [""]:
+        raise ValueError(f"{arg}: no implementation named (\"all\" runs every one of {family})")
+    twice = sorted({n for n in chosen if chosen.count(n) > 1})
+    if twice:
+        raise ValueError(f"{arg}: {', '.join(twice)} named twice")
     for n in chosen:
         try:
             impl = get(n)
         except ValueError as exc:
-            raise ValueError(f"forms: {str(exc).removeprefix('name: ')}") from None
+            raise ValueError(f"{arg}: {str(exc).removeprefix('name: ')}") from None
         if n not in MEMBERS.get(family, ()):
-            raise ValueError(f"forms: {n!r} is a {impl.family} implementation, not {family}")
+            raise ValueError(f"{arg}: {n!r} is a {impl.family} implementation, not {family}")
     return chosen
 
 

@@ -27,6 +27,7 @@ import torch
 from pmll_lab.backend import DEVICE, INTERPRET
 from pmll_lab.bench import copy_bandwidth, time_cuda_graph, time_launch
 from pmll_lab.harness import registry
+from pmll_lab.harness.workloads import INT_AXES, int_param
 
 TIMERS = ("cuda_graph", "do_bench", "cuda_events", "interpreter-wall")
 """Timers in order of preference: a table or plot shows the first one its rows have."""
@@ -155,11 +156,15 @@ ring fill, the sequences checked against float64)."""
 
 def case_of(fam, point: Mapping):
     """``fam.make_case(point)``; ``ValueError`` naming a key that is none of the family's axes
-    (a typo), a missing axis, or a dtype name torch does not have."""
+    (a typo), a missing axis, an integer axis (``workloads.INT_AXES``) that is not an int at or
+    above its least value, or a dtype name torch does not have."""
     unknown = sorted(set(point) - set(fam.axes) - set(SWEEP_KEYS))
     if unknown:
         raise ValueError(f"point: {', '.join(unknown)} not an axis of the {fam.name} family "
                          f"({', '.join(fam.axes)})")
+    for name, value in point.items():
+        if name in INT_AXES and name in fam.axes:
+            int_param(name, value, INT_AXES[name])
     try:
         return fam.make_case(dict(point))
     except KeyError as exc:
@@ -179,10 +184,7 @@ def run_point(family: str, point: Mapping, names: Iterable[str] | str) -> list[d
     case of ``point``: check, then time (above). ``ValueError`` naming ``names`` for an
     implementation not registered or of another family, or the point's axis at fault."""
     fam = registry.family(family)
-    try:
-        names = registry.resolve(family, names)
-    except ValueError as exc:
-        raise ValueError(f"names: {str(exc).removeprefix('forms: ')}") from None
+    names = registry.resolve(family, names, arg="names")
     case = case_of(fam, point)
     units = int(getattr(case, "steps", 1)) if fam.metric == "step_us" else 1
     rows: list[dict] = []

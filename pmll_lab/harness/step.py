@@ -26,6 +26,8 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal, errors
 from pmll_lab.harness.registry import Family, add_family
+from pmll_lab.ops.carry.gdn_ring import RING_LENGTHS
+from pmll_lab.ops.gdn.checks import MAX_ROWS
 from pmll_lab.peers import fused_gating
 from pmll_lab.reference import carry as ref_carry
 from pmll_lab.tolerances import STEP_TOL
@@ -254,7 +256,19 @@ def check(sf: StepForm, case: StepCase, *, ref_seqs: int = 4, plain: Callable | 
 
 def make_case(p: dict) -> StepCase:
     """A ``StepCase`` of a workload row (``B, K, HK, HV, head_dim, steps, alpha, state_dtype``;
-    ``seed``, ``ring_length``, ``dtype`` optional)."""
+    ``seed``, ``ring_length``, ``dtype`` optional). ``ValueError`` naming the axis for ``K``
+    above the verify kernels' ``MAX_ROWS`` (8), a ``ring_length`` outside ``RING_LENGTHS``
+    (8, 16, 32: the ring's window, which also bounds ``K``), ``HV`` not a multiple of ``HK``
+    or ``alpha`` outside ``(0, 1]``, before any tensor is drawn."""
+    if int(p["K"]) > MAX_ROWS:
+        raise ValueError(f"K: at most {MAX_ROWS} draft rows per verify, got {p['K']!r}")
+    if int(p.get("ring_length", 16)) not in RING_LENGTHS:
+        raise ValueError(f"ring_length: must be one of {RING_LENGTHS}, got {p['ring_length']!r}")
+    if int(p["HV"]) % int(p["HK"]):
+        raise ValueError(f"HV: must be a multiple of HK = {p['HK']}, got {p['HV']!r}")
+    if not 0 < float(p["alpha"]) <= 1:
+        raise ValueError(f"alpha: the per-draft acceptance probability lies in (0, 1], got "
+                         f"{p['alpha']!r}")
     return StepCase(batch=int(p["B"]), rows=int(p["K"]), num_k_heads=int(p["HK"]),
                     num_v_heads=int(p["HV"]), head_dim=int(p["head_dim"]),
                     steps=int(p["steps"]), alpha=float(p["alpha"]),

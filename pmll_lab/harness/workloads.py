@@ -11,6 +11,23 @@ import tomllib
 from functools import lru_cache
 from pathlib import Path
 
+INT_AXES = {"K": 1, "B": 1, "HK": 1, "HV": 1, "head_dim": 1, "H": 1, "D": 1, "T": 1,
+            "ring_length": 1, "M": 0, "pending": 0, "seed": 0, "d_conv": 2, "fill": 0,
+            "steps": 1, "segments": 1, "new_tokens": 1, "prompt_len": 1, "tokens": 1}
+"""Grid axes that hold integers, with their least value (``M = 0``: no ring; ``pending``: rows
+waiting in the stash; ``d_conv = 2``: a narrower conv keeps no window)."""
+
+
+def int_param(name: str, value, minimum: int = 0) -> int:
+    """``value`` as an int (a Python or NumPy integer, not a bool or a string) ``>= minimum``;
+    ``ValueError`` naming ``name`` otherwise."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name}: must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
 PATH = Path(__file__).with_name("workloads.toml")
 
 

@@ -1,0 +1,73 @@
+"""Bad input to the one runner (``harness.runner.run_point``) and the kernels notebook's points
+is refused with an error naming the argument, before any kernel runs (a point, an axis value,
+an implementation list)."""
+
+import pytest
+
+import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
+from pmll_lab.experiments import kernels
+from pmll_lab.harness import registry, workloads
+from pmll_lab.harness.runner import run_point
+
+STEP = dict(B=3, K=3, HK=1, HV=2, head_dim=16, steps=4, alpha=0.5, state_dtype="float32")
+DECODE = dict(B=2, HK=1, HV=2, head_dim=16, state_dtype="float32")
+
+
+@pytest.fixture
+def no_build(monkeypatch):
+    """Every implementation's build raises: a refusal must come before any is built."""
+    def refuse(*a, **k):
+        raise AssertionError("an implementation was built")
+    for name in registry.names():
+        impl = registry.get(name)
+        monkeypatch.setitem(registry.IMPLEMENTATIONS, name,
+                            type(impl)(**{**impl.__dict__, "build": refuse}))
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(B=-2), r"^B: must be an int >= 1, got -2"),
+    (dict(B=0), r"^B: must be an int >= 1, got 0"),
+    (dict(B=2.5), r"^B: must be an int >= 1, got 2.5"),
+    (dict(B="2"), r"^B: must be an int >= 1, got '2'"),
+    (dict(B=True), r"^B: must be an int >= 1, got True"),
+    (dict(head_dim=0), r"^head_dim: must be an int >= 1"),
+    (dict(K=0), r"^K: must be an int >= 1"),
+    (dict(K=9), r"^K: at most 8 draft rows per verify, got 9"),
+    (dict(ring_length=2), r"^ring_length: must be one of \(8, 16, 32\), got 2"),
+    (dict(HK=2, HV=3), r"^HV: must be a multiple of HK = 2, got 3"),
+    (dict(alpha=1.5), r"^alpha: the per-draft acceptance probability lies in \(0, 1\]"),
+])
+def test_a_bad_step_point_is_refused_naming_its_axis(no_build, change, message):
+    with pytest.raises(ValueError, match=message):
+        run_point("gdn_step", {**STEP, **change}, "ring+ring_exact_fold")
+
+
+def test_a_bad_decode_point_is_refused_naming_its_axis(no_build):
+    with pytest.raises(ValueError, match=r"^B: must be an int >= 1, got 0"):
+        run_point("gdn_decode", {**DECODE, "B": 0}, "decode")
+
+
+@pytest.mark.parametrize("names, message", [
+    ("", r"^names: no implementation named"),
+    ([], r"^names: no implementation named"),
+    ("ring+ring", r"^names: ring named twice"),
+    ("ring+rign", r"^names: no implementation registered as 'rign'"),
+])
+def test_a_bad_implementation_list_is_refused(no_build, names, message):
+    with pytest.raises(ValueError, match=message):
+        run_point("gdn_step", STEP, names)
+
+
+def test_kernels_notebook_runs_its_implementations_at_a_step_workloads_points():
+    """A step workload names the forms the step notebooks run; the kernels notebook runs its
+    own implementations at the same points (its ``forms`` axis left out), and names its
+    argument when one is not registered."""
+    grids = workloads.grids("roofline_step", "quick")
+    assert all("forms" in g for g in grids)
+    pts = kernels.points(grids, "gdn_step", seed=3)
+    assert pts and all("forms" not in p and p["seed"] == 3 for p in pts)
+    assert {p["state_dtype"] for p in pts} == {"float32", "bfloat16"}
+    names, _ = kernels.setup("gdn_step", "ring+ring_exact_fold", grids="roofline_step")
+    assert names == ["ring", "ring_exact_fold"]
+    with pytest.raises(ValueError, match=r"^implementations: no implementation registered"):
+        kernels.setup("gdn_decode", "my_decod")
