@@ -126,18 +126,16 @@ FLA = register(Implementation(
     gpu_only=True, available=_fla_available, version=fla_version,
     style={"color": "#d62728", "panel": "peers"}, doc="fla-core's fused_recurrent, K-major"))
 registry.join(FAMILY, FLASHINFER_DECODE)           # the one-row verify (K = 1 only)
-MTP_SNAPSHOTS = register(Implementation(
-    name="flashinfer_mtp_snapshots", family=FAMILY, label="FlashInfer mtp + snapshots",
-    provider="flashinfer", impl="cute-dsl", build=_build("flashinfer_mtp_snapshots"),
-    state_dtypes=("float32", "bfloat16"), gpu_only=True, supports=_multi_row,
-    available=_fi_available, version=flashinfer_version,
-    style={"color": "#e377c2", "panel": "peers"},
-    doc="FlashInfer's mtp verify on a frozen pool, writing its K snapshots"))
-MTP_FROZEN = register(Implementation(
-    name="flashinfer_mtp_frozen", family=FAMILY, label="FlashInfer mtp, frozen (no buffer)",
-    provider="flashinfer", impl="cute-dsl", build=_build("flashinfer_mtp_frozen"),
-    state_dtypes=("float32", "bfloat16"), gpu_only=True, supports=_multi_row,
-    available=_fi_available, version=flashinfer_version,
-    style={"color": "#f7b6d2", "panel": "peers"},
-    doc="FlashInfer's mtp verify on a frozen pool, no snapshot buffer"))
+def _fi_mtp(name: str, label: str, color: str, doc: str) -> Implementation:
+    return register(Implementation(
+        name=name, family=FAMILY, label=label, provider="flashinfer", impl="cute-dsl",
+        build=_build(name), state_dtypes=("float32", "bfloat16"), gpu_only=True,
+        supports=_multi_row, available=_fi_available, version=flashinfer_version,
+        style={"color": color, "panel": "peers"}, doc=doc))
+
+
+MTP_SNAPSHOTS = _fi_mtp("flashinfer_mtp_snapshots", "FlashInfer mtp + snapshots", "#e377c2",
+                        "FlashInfer's mtp verify on a frozen pool, writing its K snapshots")
+MTP_FROZEN = _fi_mtp("flashinfer_mtp_frozen", "FlashInfer mtp, frozen (no buffer)", "#f7b6d2",
+                     "FlashInfer's mtp verify on a frozen pool, no snapshot buffer")
 registry.join(FAMILY, REPLAYSSM)                   # its verify and flush (replayssm_peer)
