@@ -13,7 +13,7 @@ No GPU needed; about 10 s for the ring on one core.
 ``--binding`` also checks the torch bindings (``kernels/*_torch.cpp``) with the host compiler:
 ``c++ -fsyntax-only`` against the installed torch's headers (a CPU build has them, less one
 generated CUDA header that this script stands in for). Off by default: 40-50 s per binding,
-too slow for every CI run; ``tests/test_kernels_build.py`` runs the nvcc part.
+too slow for every CI run; ``tests/cuda/test_kernels_build.py`` runs the nvcc part.
 
 Why a script and not only the test: ``-Xptxas -v`` output is what a kernel author reads after
 an edit; the test asserts the same verdict on CI.

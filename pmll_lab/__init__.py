@@ -1,7 +1,7 @@
 """pmll_lab: a workbench for the GPU kernels that keep a model's recurrent memory while decoding.
 
 Families (each: float64 reference in ``pmll_lab.reference``, Triton kernels in ``pmll_lab.ops``,
-public launchers in the top-level module, tests in ``tests/``, a notebook in ``notebooks/``):
+public launchers in the top-level module, tests in ``tests/<family>/``, a notebook in ``notebooks/``):
 
 - ``pmll_lab.pmll``: the PMLL persistent key/value memory ring and the attention that reads it
   in place, ``pmll_step`` (SPEC §1); ``pmll_lab.models.gpt2_pmll`` runs GPT-2 through it.

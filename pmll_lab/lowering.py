@@ -12,7 +12,7 @@ compares the layouts of every reduction (``tt.reduce``) in the Triton GPU IR (TT
 Seen on an NVIDIA H200, 2026-11-29 (reports/h200-2026-11-29b): the exact carry kernels, then
 specialised on the row pointers, loaded ``q``/``k`` with 4 elements per thread where decode has 1,
 so the l2norm and ``k.q`` sums ran in another order and outputs differed from decode in the last
-bits. ``python -m pmll_lab.lowering`` prints the comparison; tests/test_lowering.py asserts it.
+bits. ``python -m pmll_lab.lowering`` prints the comparison; tests/cuda/test_lowering.py asserts it.
 
 Run with ``PMLL_LAB_DEVICE=lower`` set before ``pmll_lab`` is imported (kernels are then compiled,
 never interpreted); :func:`lower` raises ``RuntimeError`` otherwise.

@@ -49,7 +49,7 @@ MEMORY_ATTENTION_IMPL = "fused" if DEVICE.type == "cuda" else "reference"
 NVIDIA H200 it took 0.35-0.45x the time of gather + masked SDPA over the whole grid of
 notebook ``pmll_attention``'s full preset; reports/perf-notes.md, "Ring attention"), the
 reference path on the CPU, where the Triton interpreter is far slower than PyTorch. The fused
-path is checked against the reference in ``tests/test_ring_attention.py`` either way."""
+path is checked against the reference in ``tests/pmll/test_ring_attention.py`` either way."""
 
 
 @dataclass
@@ -291,7 +291,7 @@ def pmll_step(mem: RingMemory | None, q: torch.Tensor, k: torch.Tensor, v: torch
     causally), after which the segment is in the ring for the next step. With ``gate=None``,
     ``M`` at least the tokens seen and segments fed in order with continuing positions, the
     steps' outputs equal causal attention over the whole sequence (SPEC §1; tested on GPT-2 in
-    ``tests/test_ring_attention.py``).
+    ``tests/pmll/test_ring_attention.py``).
 
     Raises ``ValueError`` naming the argument before any kernel runs: the attention checks (``q``,
     ``k``, ``v``, ``mem``, ``impl``) and the write checks (``k``/``v`` strides, ``gate`` shape and

@@ -14,7 +14,7 @@ window) and ``sglang_ring_bytes_per_seq`` (its ReplaySSM ring), moved per step
 
 Every helper checks its arguments and raises ``ValueError`` naming the one at fault: sizes are
 ints (numpy ints too) ``>= 1`` (a batch ``>= 0``), dtypes one of fp32, bf16, fp16. Tested against
-the bytes real tensors hold (``tests/test_sizes.py``). Re-exported where they were first defined
+the bytes real tensors hold (``tests/launchers/test_sizes.py``). Re-exported where they were first defined
 (``pmll_lab.gdn``, ``pmll_lab.carry``, ``pmll_lab.experiments.roofline``).
 """
 

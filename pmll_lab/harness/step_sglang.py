@@ -20,7 +20,7 @@ The runner (``harness.runner``) checks and times these forms as it does ours; ea
 carries its buffers for inspection (``window``: ``SglangFoldWindow``; ``ring``: ``SglangRing``). A fold (the
 runner's ``fold_frac``) is a step whose commit folds (every step for the exact fold); the fill
 (``mean_fill``) is the ring's ``write_pos`` before the verify (0 for the exact fold). Their
-cursors follow SGLang's own rules (tests/test_peers_sglang.py replays them), not the
+cursors follow SGLang's own rules (tests/experiments/test_peers_sglang.py replays them), not the
 ``folds_when`` rule the runner audits ours with; a timed graph must still advance them.
 """
 

@@ -15,7 +15,7 @@ argument is the same object: the pointers' alignment and the integers' specialis
 
 On the CPU interpreter, or with a Triton launch hook set (profilers), or when called with
 another device current than the plan's, a call goes through Triton's normal path. The CPU tests
-(tests/test_launch.py) check the plans' results on that path and the direct call's arguments
+(tests/launchers/test_launch.py) check the plans' results on that path and the direct call's arguments
 against a stand-in compiled kernel; the direct path's results are checked bitwise on the GPU by
 the roofline notebook's B=1 rows (measured: reports/perf-notes-archive.md v9).
 """

@@ -6,7 +6,7 @@ written, the oldest live row sits in slot ``(count - length) % M``.
 
 Every function takes tensors of any float dtype and device, computes in float64 on the CPU, and
 returns new float64 tensors (CPU); nothing is modified in place. The Triton kernels in
-``pmll_lab.ops.pmll.ring`` answer to these functions (tests/test_pmll.py).
+``pmll_lab.ops.pmll.ring`` answer to these functions (tests/pmll/test_pmll.py).
 """
 
 from __future__ import annotations

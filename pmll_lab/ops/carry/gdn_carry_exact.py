@@ -36,14 +36,14 @@ from pmll_lab.ops.gdn.recurrence import (head_tile_program, load_gate_params, lo
 # loaded vector, and so the order of the l2norm and ``k.q`` sums, from what it knows of the
 # pointer. Specialised, these kernels loaded q/k 4 elements per thread where decode loads 1, and
 # on the H200 their outputs differed from decode in the last bits (2026-11-29). Checked on the CPU
-# for sm_90 by ``pmll_lab.lowering`` (tests/test_lowering.py). The stash is left unspecialised
+# for sm_90 by ``pmll_lab.lowering`` (tests/cuda/test_lowering.py). The stash is left unspecialised
 # too: its key rows are loaded on the same ``rk`` lanes as q/k, and the compiler propagates a
 # wide layout from those aligned loads to the q/k loads (seen in the sm_90 TTGIR). Stash rows
 # are a few hundred bytes per row; the state stays specialised (wide loads, as in decode).
 # ``ROW_PTRS`` / ``ROW_STRIDES``: the exact verify kernels' row pointer and stride parameters
 # (names, as in the kernels' signatures; every K-major and V-major exact verify kernel has them),
 # and ``ROW_UNSPECIALIZED`` the ``triton.jit`` options that keep them unspecialised; public
-# because ``gdn_carry_vk`` builds its kernel with them and tests/test_lowering.py checks them.
+# because ``gdn_carry_vk`` builds its kernel with them and tests/cuda/test_lowering.py checks them.
 ROW_PTRS = ["q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "o_ptr", "stash_ptr"]
 ROW_STRIDES = ["sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b", "sv_t", "sv_h",
                "sg_b", "sg_t", "sb_b", "sb_t", "so_b", "so_t", "so_h", "stride_stash"]

@@ -45,7 +45,7 @@ def carry_accept_kernel(pend_ptr, pend_off_ptr, slot_ptr, engaged_ptr, acc_ptr, 
     ``pend[slot] = acc[i]`` if ``engaged[i] == 2`` (int32; a write-back restarted the stash),
     else ``pend[slot] + acc[i]`` (``acc [B]`` int32/int64, the accepted rows). Launched by
     ``carry_accept``, which checks the arguments (a kernel raises nothing); public for the
-    sm_90 compile check (tests/test_lowering_compile.py)."""
+    sm_90 compile check (tests/cuda/test_lowering_compile.py)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < B
     pend = pend_ptr + tl.load(pend_off_ptr + tl.program_id(1))

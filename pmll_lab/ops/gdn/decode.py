@@ -75,7 +75,7 @@ def chain_row(h, t, q_row, k_row, v_row, g_row, beta_row, o, inter, b64, hv,
     ``h``: the fp32 ``[BK, BV]`` state block (key rows ``rk``, value columns ``rv``, masks
     ``mk``, ``mv``, ``mh``); ``o``/``inter``: the output and snapshot tensors (their dtypes);
     a device function, it raises nothing. Public (a module attribute the kernel looks up when it
-    compiles) so tests/test_lowering.py can swap in an uncapped mutant and see the check fail."""
+    compiles) so tests/cuda/test_lowering.py can swap in an uncapped mutant and see the check fail."""
     qt, kt, vt, gt, bt = load_row_inputs(q_row + t * q_t, k_row + t * k_t, v_row + t * v_t,
                                          g_row + t * g_t, beta_row + t * beta_t, rk, mk, rv, mv,
                                          ga, gd, GATE)

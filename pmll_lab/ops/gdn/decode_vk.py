@@ -37,7 +37,7 @@ from pmll_lab.ops.gdn.recurrence import (gdn_row_vk, head_tile_program, load_gat
 # sums, must not depend on what Triton infers from where a view starts; q/k rows get their
 # alignment from ``QK_ALIGNED`` instead, which the launcher decides from the whole tensor
 # (``recurrence.vk_qk_aligned``). ``ROW_PTRS`` / ``ROW_STRIDES``: the decode kernels' (K-major
-# and V-major) row pointer and stride parameter names; tests/test_lowering.py checks them.
+# and V-major) row pointer and stride parameter names; tests/cuda/test_lowering.py checks them.
 ROW_PTRS = ["q", "k", "v", "g", "beta", "o"]
 ROW_STRIDES = ["q_b", "q_t", "q_h", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h", "g_b", "g_t",
                "beta_b", "beta_t", "o_b", "o_t", "o_h"]

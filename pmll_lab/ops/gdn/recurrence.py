@@ -42,7 +42,7 @@ snapshots) at most ``kv_state_vector`` columns per thread so that never happens 
 Same block shapes are necessary, not sufficient: on a GPU the compiler picks the register
 layout of a loaded block (and so the order of the sums above) from what it knows of the
 pointer's alignment and strides (Triton specialises pointers on 16-byte alignment and integer
-arguments on divisibility by 16). Seen on an H200 (2026-11-29, tests/test_gdn.py): a state read
+arguments on divisibility by 16). Seen on an H200 (2026-11-29, tests/gdn/test_gdn.py): a state read
 through a misaligned strided view gave results that differ in the last bits from the same
 values in a contiguous buffer. So kernels that must agree bitwise should (a) read the state from
 the same buffers, or buffers of the same alignment, and (b) not specialise the small per-row

@@ -94,7 +94,7 @@ def ring_attention_kernel(
     """The fused attention of the module docstring (its buffers, dtypes and arithmetic): grid
     ``(cdiv(T, BLOCK_M), B * H)``, heaviest query block first; ``HAS_MEM`` False skips the ring.
     Launched by ``launch_ring_attention`` (tile from ``tile_for``) after ``check_attention``
-    (a kernel raises nothing); public for the sm_90 compile check (tests/test_ring_attention.py)."""
+    (a kernel raises nothing); public for the sm_90 compile check (tests/pmll/test_ring_attention.py)."""
     start = tl.num_programs(0) - 1 - tl.program_id(0)           # heaviest query block first
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // H

@@ -1,0 +1,125 @@
+"""docs/adding-a-kernel.md runs as written: its plugin file registers a decode of one's own,
+and the runner checks it beside ours against the float64 reference (a fresh Python, the CPU);
+the registry refuses what a researcher would get wrong (a taken name, an unknown family, a
+missing plugin file)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from pmll_lab.harness import registry
+from pmll_lab.harness.registry import Implementation
+from _paths import ROOT
+
+DOC = ROOT / "docs" / "adding-a-kernel.md"
+
+
+def test_the_example_runs_as_written(tmp_path):
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    assert len(blocks) == 4, "the page has two plugin files and a script for each"
+    plugin, script = blocks[:2]
+    assert plugin.startswith("# my_decode.py")
+    (tmp_path / "my_decode.py").write_text(plugin)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PMLL_LAB_DEVICE": "cpu"}
+    env.pop("PMLL_LAB_PLUGINS", None)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = {tuple(line.split()[:2]): line.split() for line in run.stdout.splitlines()}
+    for kernel in ("decode", "my_decode"):
+        for what, tol in (("o", 8e-3), ("state", 1e-5)):
+            _, _, value, verdict = got[(kernel, what)]
+            assert verdict == "passed" and float(value) <= tol, run.stdout
+
+
+def test_a_wrong_decode_of_ones_own_fails_its_check():
+    """The runner is not fooled: a decode that forgets the decay is refused by the check and
+    never timed."""
+    import pmll_lab.harness.decode as D
+    from pmll_lab.harness import runner
+
+    def no_decay(state, *, q, k, v, a, b, A_log, dt_bias, state_indices, scale):
+        import torch.nn.functional as F
+
+        s = state_indices.long()
+        group = v.shape[1] // q.shape[1]
+        qn = F.normalize(q.float(), dim=-1).repeat_interleave(group, 1) * scale
+        kn = F.normalize(k.float(), dim=-1).repeat_interleave(group, 1)
+        H = state[s].float()
+        u = b.float().sigmoid()[..., None] * (v.float() - (H @ kn[..., None])[..., 0])
+        H = H + u[..., None] * kn[..., None, :]
+        state[s] = H.to(state.dtype)
+        return (H @ qn[..., None])[..., 0].bfloat16()
+
+    registry.register(Implementation(name="test_no_decay", family="gdn_decode",
+                                     label="no decay", provider="yours", impl="torch",
+                                     build=D.decode_run(no_decay)), replace=True)
+    try:
+        rows = runner.run_point("gdn_decode", dict(B=3, HK=1, HV=2, head_dim=16,
+                                                   state_dtype="float32", seed=4),
+                                ["test_no_decay"])
+    finally:
+        registry.unregister("test_no_decay")
+    checks = [r for r in rows if r["metric"] == "rel_l2"]
+    assert checks and all(r["status"] == "failed" for r in checks), rows
+    assert not any(r["passed"] for r in checks if r["what"] == "state")
+    assert not any(r["metric"] == "time_us" for r in rows)
+
+
+def test_registry_refuses_with_the_argument_named(tmp_path):
+    impl = registry.get("decode")
+    with pytest.raises(ValueError, match="name: 'decode' is already registered"):
+        registry.register(impl)
+    with pytest.raises(ValueError, match="family: 'nope' is not a registered family"):
+        registry.register(Implementation(name="x", family="nope", label="x", build=len))
+    with pytest.raises(ValueError, match="provider"):
+        Implementation(name="x", family="gdn_decode", label="x", build=len, provider="me")
+    with pytest.raises(ValueError, match="name"):
+        Implementation(name="my decode", family="gdn_decode", label="x", build=len)
+    with pytest.raises(ValueError, match="plugins: no such file"):
+        registry.load_plugins(str(tmp_path / "missing.py"))
+    raising = tmp_path / "raising.py"
+    raising.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(RuntimeError, match=r"plugins: .*raising\.py raised RuntimeError: boom"):
+        registry.load_plugins(str(raising))
+    with pytest.raises(ValueError, match="name: 'decode' is GDN decode .*choose another name"):
+        registry.register(Implementation(name="decode", family="gdn_decode", label="mine",
+                                         provider="yours", impl="torch", build=len),
+                          replace=True)
+    with pytest.raises(ValueError, match="state_dtypes"):
+        Implementation(name="x", family="gdn_decode", label="x", build=len,
+                       state_dtypes=("bf16",))
+    from pmll_lab.harness import runner
+    with pytest.raises(ValueError, match="names: 'ring' is a gdn_step implementation"):
+        runner.run_point("gdn_decode", dict(B=2, HK=1, HV=2, head_dim=16,
+                                            state_dtype="float32"), ["ring"])
+    with pytest.raises(ValueError, match="point: sead not an axis of the gdn_decode family"):
+        runner.run_point("gdn_decode", dict(B=2, HK=1, HV=2, head_dim=16, sead=3,
+                                            state_dtype="float32"), "decode")
+    with pytest.raises(ValueError, match="did you mean exact_lazy"):
+        registry.get("exact_lazzy")
+
+
+def test_the_step_example_runs_as_written(tmp_path):
+    """The page's step form of one's own (the chain, the accepted snapshot put back) passes
+    the step check beside ours; the same form that ignores the accepted counts fails it."""
+    plugin, script = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)[2:]
+    assert plugin.startswith("# my_step.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PMLL_LAB_DEVICE": "cpu"}
+    env.pop("PMLL_LAB_PLUGINS", None)
+    broken = plugin.replace("torch.where((a < K)[:, None, None, None], kept, state[slots])",
+                            "state[slots]")
+    assert broken != plugin
+    for text, want in ((plugin, "passed"), (broken, "FAILED")):
+        (tmp_path / "my_step.py").write_text(text)
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             env=env, cwd=tmp_path, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        got = {tuple(line.split()[:2]): line.split() for line in run.stdout.splitlines()}
+        assert got[("chain_restore", "state")][3] == "passed", run.stdout
+        assert got[("my_step", "state")][3] == want, run.stdout
