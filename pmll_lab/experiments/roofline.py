@@ -63,7 +63,7 @@ def _wanted(prov: str, base: dict, fla: bool, flashinfer: bool, sdt: str) -> boo
     (``harness.verify``): a state dtype it takes; a peer where available (``fla``,
     ``flashinfer``); a ``gdn_decode`` implementation (FlashInfer's decode) at ``K = 1`` only; a
     CUDA C++ twin on a GPU at ``kd <= 256``; FlashInfer's head sizes and dtypes
-    (``flashinfer_supports``); then the ``supports`` of one registered in ``gdn_verify`` (the
+    (``flashinfer_supports``); then the ``supports`` of one registered in ``roofline_verify`` (the
     chain and FlashInfer's mtp need ``K > 1``). FlashInfer's ReplaySSM runs at every shape where
     FlashInfer does: its point writes ``unsupported`` rows itself."""
     K, D, dt = base["K"], base["head_dim"], base["dtype"]

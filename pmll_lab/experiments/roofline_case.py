@@ -34,7 +34,7 @@ L2_BYTES = H200_L2_BYTES
 STATE_DTYPES = ("float32", "bfloat16", "float16")
 LAYOUTS = ("kv", "vk")
 PROVIDERS = tuple(registry.names(verify.FAMILY))
-"""Every implementation of the ``gdn_verify`` family (``harness.verify``), in its order: ours,
+"""Every implementation of the ``roofline_verify`` family (``harness.verify``), in its order: ours,
 then the peers."""
 OURS = tuple(registry.names(verify.FAMILY, provider="pmll_lab"))
 PEERS = tuple(p for p in PROVIDERS if p not in OURS)

@@ -4,7 +4,7 @@ bitwise against the decodes, peers (GPU only, ``RuntimeError`` otherwise) agains
 as it was. Launchers are called through ``gdn_case`` (a test replaces them there).
 
 Each point function takes the ``_Case`` and the provider's registered ``name`` (its rows'
-``kernel``); importing this module binds them to the ``gdn_verify`` registrations
+``kernel``); importing this module binds them to the ``roofline_verify`` registrations
 (``harness.verify.bind``; ``harness.verify.point(name)`` gives one back).
 """
 

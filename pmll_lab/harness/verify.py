@@ -1,4 +1,4 @@
-"""The ``gdn_verify`` family: ``K`` draft rows verified on one state (the roofline notebook).
+"""The ``roofline_verify`` family: ``K`` draft rows verified on one state (the roofline notebook).
 
 Its implementations are the roofline's providers: ours (``K`` decodes, the chain with its
 snapshots, the exact carried state eager and lazy; the CUDA C++ twins of decode and chain) and
@@ -39,11 +39,11 @@ from pmll_lab.harness.step_forms import REPLAYSSM
 from pmll_lab.peers import (fla_available, fla_version, flashinfer_available, flashinfer_status,
                             flashinfer_version)
 
-FAMILY = "gdn_verify"
+FAMILY = "roofline_verify"
 AXES = ("K", "B", "HK", "HV", "head_dim", "dtype", "state_layout", "state_dtype", "provider",
         "seed", "slots", "rows_max", "mean_accept", "accept_K")
 """The keys of a roofline point (``experiments.roofline.points``)."""
-NOT_RUN_POINT = ("gdn_verify: the roofline runs these through its own point functions "
+NOT_RUN_POINT = ("roofline_verify: the roofline runs these through its own point functions "
                  "(pmll_lab.experiments.roofline.gdn_point), not harness.runner.run_point")
 
 
