@@ -16,9 +16,11 @@
 # With less device time, one call without FlashInfer (one: the exactness grid, SGLang's bitwise
 # claim, every other step form, then the packed tile off), or three calls: first (part-a: the exactness grid of the 2-byte pools and
 # SGLang's bitwise claim), second (part-b: the A/B, exact lazy and plain decoding, bf16), steps.
+# The notebooks' full preset in one run folder: n1 (part-a, .whl: the exactness grid's fp32 third,
+# then the notebooks that need no FlashInfer), n2 (part-b), n3 (part-c.tar: carry_step), n4.
 # Usage (device machine, repo root): PMLL_LAB_COMMIT=<sha> bash scripts/gpu_session.sh PART [RUN]
 set -u
-part=${1:?ab, exact, steps or next}
+part=${1:?a session part: n1-n4, a, b, steps, last, ...}
 run=${2:-h200-$(date -u +%Y-%m-%d)}
 [ -f .fi/fi-unpack.sh ] && bash .fi/fi-unpack.sh
 for w in .whl .whlm; do
@@ -40,12 +42,13 @@ ab() {   # $1: packed_state_tile
     --forms exact_lazy,plain_decode --states bfloat16 --batches 1,64,128 \
     --out "$OUT/logs/ab-step-p$1.jsonl" 2>&1 | tee "$OUT/logs/ab-step-p$1.log"
 }
-exactness() {   # $1 head sizes (comma-separated), $2 seconds: the 2-byte pools with the
-                # shipped switches, and SGLang's bitwise claim at kd 128, side by side
+exactness() {   # $1 head sizes (comma-separated), $2 seconds, [$3 a job beside them,
+                # $4 state dtypes, default the 2-byte pools]: the exactness grid with the shipped
+                # switches, and SGLang's bitwise claim at kd 128, side by side
   for d in ${1//,/ }; do
     for l in kv vk; do
       timeout "$2" python3 -m pmll_lab.experiments.exactness --head-dims $d --layouts $l \
-        --state-dtypes bfloat16,float16 --batch 32 --steps 8 \
+        --state-dtypes "${4:-bfloat16,float16}" --batch 32 --steps 8 \
         --out "$OUT/logs/exactness-kd$d-$l.jsonl" > "$OUT/logs/exactness-kd$d-$l.log" 2>&1 &
     done
   done
@@ -60,7 +63,18 @@ smoke() {   # every step form that needs no FlashInfer, B = 64, both pools: chec
     exact_lazy,exact_eager,ring,ring_exact_fold,chain_restore,plain_decode,sglang_exact_fold,sglang_replayssm,sglang_replayssm_rawfold \
     --states bfloat16,float32 --batches 64 --out "$OUT/logs/smoke.jsonl" 2>&1 | tee "$OUT/logs/smoke.log"
 }
+notebooks() {   # the notebooks' full preset into one run folder kept across the calls
+  REPORTS_DIR=/tmp/pmll-reports bash scripts/h200_reports.sh "$run" 150 "$@" 2>&1 \
+    | tee -a "$OUT/logs/notebooks.log"
+}
 case $part in
+  n1)         # four calls, back to back (FlashInfer parts a, b, c; .whl in the first): the
+              # fp32 third of the exactness grid, then the notebooks that need no FlashInfer
+    exactness 16,32,64,128,256 150 true float32
+    notebooks pmll_ring:150 gdn_conv:100 kernels:120 ;;
+  n2) notebooks pmll_attention:150 spec_decode:220 ;;          # part-b
+  n3) notebooks carry_step:560 ;;                               # part-c: FlashInfer unpacked
+  n4) notebooks gdn_verify:150 carry_protocol:200 roofline:220 ;;  # what time is left
   a)          # first of four calls (part-a): the bits, every form once, the packed-tile A/B
     exactness 64,128,256 180; smoke; ab 0; ab 1 ;;
   b)          # second (part-b, .whl): the carry_step notebook's quick preset on the GPU
@@ -104,7 +118,7 @@ case $part in
     done
     exactness 16,32,256 200 train
     tail -n 5 "$OUT/logs/train_gpu.log" ;;
-  *) echo "part: expected a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
+  *) echo "part: expected n1-n4, a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
 esac
 # at most 8 files come back from $OUT: the logs travel as one archive
 (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)
