@@ -325,10 +325,12 @@ def _loss_and_grads(model, opt, batch: torch.Tensor) -> torch.Tensor:
 
 
 def _kernel_refused(exc: RuntimeError) -> bool:
-    """Whether ``exc`` is a GDN kernel package refusing this Triton on this GPU (FLA refuses its
-    gated chunked backward on Hopper with Triton >= 3.4, < 3.7.1: wrong results there), which
-    transformers' PyTorch path can stand in for."""
-    return "Triton" in str(exc)
+    """Whether ``exc`` is a GDN kernel package refusing this Triton on this GPU, which
+    transformers' PyTorch path can stand in for: FLA (0.5.x) refuses its gated chunked backward on
+    Hopper with Triton >= 3.4, < 3.7.1 ("... produces incorrect results for gated
+    chunk_bwd_dqkwg ..."). Any other error, Triton's own included, is not a refusal."""
+    text = str(exc)
+    return "Triton" in text and "incorrect results" in text
 
 
 def _device_name(dev: torch.device) -> str:

@@ -82,7 +82,8 @@ def test_training_falls_back_to_the_torch_path_when_the_kernel_refuses(corpus, m
     torch_fn = mod.torch_chunk_gated_delta_rule
 
     def refusing(*args, **kwargs):
-        raise RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results")
+        raise RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results "
+                           "for gated chunk_bwd_dqkwg")
     refusing.__wrapped__ = torch_fn
     monkeypatch.setattr(mod, "torch_chunk_gated_delta_rule", refusing)
     _, prov = T.train("cpu", seed=5, **kw)
@@ -93,6 +94,10 @@ def test_training_falls_back_to_the_torch_path_when_the_kernel_refuses(corpus, m
     monkeypatch.setattr(mod, "torch_chunk_gated_delta_rule",
                         lambda *a, **k: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
     with pytest.raises(RuntimeError, match="shape mismatch"):   # other errors are not swallowed
+        T.train("cpu", seed=5, **kw)
+    monkeypatch.setattr(mod, "torch_chunk_gated_delta_rule", lambda *a, **k: (_ for _ in ()).throw(
+        RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")))
+    with pytest.raises(RuntimeError, match="illegal memory access"):   # nor Triton's own
         T.train("cpu", seed=5, **kw)
 
 
