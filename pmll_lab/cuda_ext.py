@@ -96,7 +96,7 @@ def load(name: str = "pmll_ring", *, verbose: bool = False, defines: tuple[str, 
     if missing:
         raise RuntimeError(f"CUDA twin {name!r}: sources {missing} not found in {KERNELS_DIR} "
                            "(the CUDA path needs the repository's kernels/ directory)")
-    return _build(name, arch(torch.cuda.get_device_capability(device)), verbose, defines)
+    return build_extension(name, arch(torch.cuda.get_device_capability(device)), verbose, defines)
 
 
 def check_defines(defines) -> tuple[str, ...]:
@@ -111,7 +111,7 @@ def check_defines(defines) -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=None)
-def _build(name: str, sm: str, verbose: bool, defines: tuple[str, ...] = ()):
+def build_extension(name: str, sm: str, verbose: bool, defines: tuple[str, ...] = ()):
     from torch.utils import cpp_extension  # imported here: it is slow and needs no GPU until now
 
     tag = "".join("_" + "".join(ch if ch.isalnum() else "_" for ch in d) for d in defines)

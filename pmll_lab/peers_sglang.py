@@ -198,7 +198,7 @@ def _dir_version(d: Path) -> str:
 
 
 @lru_cache(maxsize=1)
-def _load() -> tuple[SglangKernels | None, str]:
+def load_kernels() -> tuple[SglangKernels | None, str]:
     where = _locate()
     if isinstance(where, str):
         return None, where
@@ -230,7 +230,7 @@ def _load() -> tuple[SglangKernels | None, str]:
 
 def sglang_kernels() -> SglangKernels | None:
     """The loaded kernel modules, or None where they are absent or do not import."""
-    return _load()[0]
+    return load_kernels()[0]
 
 
 def sglang_available() -> bool:
@@ -248,13 +248,13 @@ def sglang_status() -> str:
     """One line for a report: ``"SGLang <version>"``, ``"SGLang: not installed"``, or why its
     kernels do not load (``"SGLang: $PMLL_LAB_SGLANG_DIR=... lacks ..."``, ``"SGLang <version>:
     its kernel modules do not import (...)"``)."""
-    k, why = _load()
+    k, why = load_kernels()
     return why if k is None else f"SGLang {k.version}"
 
 
 def require() -> SglangKernels:
     """``sglang_kernels()``, or ``RuntimeError`` saying why not and how to install it."""
-    k, why = _load()
+    k, why = load_kernels()
     if k is None:
         raise RuntimeError(f"{why} (pip install --no-deps sglang=={SGLANG_VERSION}, or "
                            f"scripts/fetch-sglang.sh into .sgl/)")

@@ -55,13 +55,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from pmll_lab.results import replace_text
-from pmll_lab.report_index import (  # noqa: F401  (re-exported: pmll_lab.report keeps its names)
-    _CSS, _STATUS_CLASS, HEADLINE_FILE, _link, cluster_text, headline_html, index_html,
-    ran_on_text)
-from pmll_lab.report_notebooks import (  # noqa: F401  (re-exported, as above)
-    KERNEL_NAME, REPO_ROOT, ReportError, _ensure_nbconvert_templates, _kernel_environment,
-    _run_one, _short_error, _utc_now, other_commits, other_commits_text, probe_environment,
-    render_html, results_placement)
+from pmll_lab.report_index import index_html
+from pmll_lab.report_notebooks import (  # noqa: F401  (REPO_ROOT: public here too)
+    REPO_ROOT, ReportError, kernel_environment, probe_environment, run_notebook, utc_now)
 
 RUN_FILES = ("index", "manifest")
 """Stems of the run folder's own files (``index.html``, ``manifest.json``): no notebook may
@@ -292,9 +288,9 @@ def build_report(
             previous = []
 
     manifest = {"run": run, "preset": preset, "device_requested": device,
-                "started_utc": _utc_now(), "notebooks_dir": str(notebooks_dir),
+                "started_utc": utc_now(), "notebooks_dir": str(notebooks_dir),
                 "environment": {}, "notebooks": []}
-    with _kernel_environment(device, keep_other_commits) as env, _cluster(
+    with kernel_environment(device, keep_other_commits) as env, _cluster(
             workers, scheduler, device, log) as (
             address, cluster_desc):
         manifest["cluster"] = cluster_desc
@@ -319,14 +315,14 @@ def build_report(
             for i, src in enumerate(paths, 1):
                 log(f"[{i}/{len(paths)}] {src.stem} ...")
                 manifest["running"] = {"name": src.stem, "number": i, "of": len(paths),
-                                       "started_utc": _utc_now()}
+                                       "started_utc": utc_now()}
                 manifest["to_run"] = plan[i:]
                 # Written as each notebook starts: the page says what runs, and a long run cut
                 # short keeps its index.
                 _write_index(run_dir, manifest, ran, previous, complete=False, keep_all=chosen)
                 t0 = time.perf_counter()
                 try:
-                    entry = _run_one(src, run_dir, preset=preset, device=device,
+                    entry = run_notebook(src, run_dir, preset=preset, device=device,
                                      resume=resume, cell_timeout=cell_timeout,
                                      env_info=env_info, log=log, scheduler=address)
                 except KeyboardInterrupt:      # outside the notebook's cells (rendering...)
@@ -335,7 +331,7 @@ def build_report(
                     ran.append(entry)
                 if entry is None or entry["status"] == "interrupted":
                     manifest["running"] = None
-                    manifest["interrupted"] = {"name": src.stem, "at_utc": _utc_now(),
+                    manifest["interrupted"] = {"name": src.stem, "at_utc": utc_now(),
                                                "seconds": round(time.perf_counter() - t0, 1)}
                     _write_index(run_dir, manifest, ran, previous, complete=False,
                                  keep_all=chosen)
@@ -391,8 +387,8 @@ def _write_index(run_dir: Path, manifest: dict, ran: list[dict], previous: list[
     if not keep_all and complete:       # nothing left to replace them: unlisted, so removed
         _drop_files(run_dir, [e for e in previous if e.get("name") not in names])
     manifest["notebooks"] = sorted(ran + kept, key=lambda e: e["name"])
-    manifest["updated_utc"] = _utc_now()
-    manifest["finished_utc"] = _utc_now() if complete else None
+    manifest["updated_utc"] = utc_now()
+    manifest["finished_utc"] = utc_now() if complete else None
     manifest["complete"] = complete
     manifest["ok"] = all(e["status"] == "ok" for e in ran)
     # atomic (temp file + os.replace): a run killed mid-write keeps the index it had, so

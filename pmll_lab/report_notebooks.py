@@ -1,9 +1,9 @@
 """Running one notebook of a report: the kernels' environment, papermill, nbconvert.
 
 What ``pmll_lab.report.build_report`` does for each notebook: the environment the notebook
-kernels inherit (``_kernel_environment``: device, ``PYTHONPATH``, a ``python3`` kernelspec for
+kernels inherit (``kernel_environment``: device, ``PYTHONPATH``, a ``python3`` kernelspec for
 this Python), the check that it can start ``pmll_lab`` (``probe_environment``), the run itself
-(``_run_one``: papermill, then ``render_html`` with nbconvert, then ``results_placement``) and
+(``run_notebook``: papermill, then ``render_html`` with nbconvert, then ``results_placement``) and
 the manifest entry it returns. ``ReportError``, the error of every part of the builder, is
 defined here (the lowest layer); ``pmll_lab.report`` re-exports every name. The run folder's
 layout and the parameters a notebook gets: ``pmll_lab.report``.
@@ -53,12 +53,13 @@ def _quiet_kernel_manager():
     return QuietShutdownKernelManager
 
 
-def _utc_now() -> str:
+def utc_now() -> str:
+    """The time now, UTC, ISO 8601 to the second (the manifest's timestamps)."""
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 @contextlib.contextmanager
-def _kernel_environment(device: str, keep_other_commits: bool = False
+def kernel_environment(device: str, keep_other_commits: bool = False
                         ) -> Iterator[dict[str, str]]:
     """Environment the notebook kernels inherit while the report runs (restored afterwards).
 
@@ -172,7 +173,7 @@ def image_alts(nb) -> dict[str, str]:
     return alts
 
 
-def _with_alts(body: str, alts: dict[str, str]) -> str:
+def with_alts(body: str, alts: dict[str, str]) -> str:
     """``body`` with each inline image whose data ``alts`` holds given that alt text (nbconvert
     has put a placeholder on every image without one)."""
     if not alts:
@@ -214,12 +215,12 @@ def render_html(executed: Path, target: Path, *, failure: str | None = None,
     exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
                             exclude_output_prompt=True)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": executed.stem}})
-    target.write_text(_with_alts(body, image_alts(nb)), encoding="utf-8")
+    target.write_text(with_alts(body, image_alts(nb)), encoding="utf-8")
 
 
-def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool,
-             cell_timeout: float | None, env_info: dict, log: Callable[[str], None],
-             scheduler: str | None = None) -> dict:
+def run_notebook(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool,
+                 cell_timeout: float | None, env_info: dict, log: Callable[[str], None],
+                 scheduler: str | None = None) -> dict:
     import papermill
 
     name = src.stem
@@ -231,7 +232,7 @@ def _run_one(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool
         shutil.rmtree(results)
     results.mkdir(parents=True, exist_ok=True)
     entry = {"name": name, "source": str(src), "status": "ok", "error": "",
-             "started_utc": _utc_now(), "preset": preset, "device_requested": device,
+             "started_utc": utc_now(), "preset": preset, "device_requested": device,
              "device": env_info.get("device", ""), "commit": env_info.get("commit", "")}
     t0 = time.perf_counter()
     parameters = {"preset": preset, "device": device, "results_dir": str(results.resolve())}

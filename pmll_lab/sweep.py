@@ -69,7 +69,7 @@ def _bar(total: int, desc: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit="point")
 
 
-def _write(path: Path, rows: list[dict]) -> None:
+def write_point(path: Path, rows: list[dict]) -> None:
     """Store one point's rows (``results.write_rows``); looked up at each point, so a test can
     replace it."""
     write_rows(path, rows)
@@ -199,13 +199,13 @@ def run_sweep(
         if client is None:
             for pid, point in todo.items():
                 rows = point_rows(point_fn, point, pid)
-                _write(path, rows)
+                write_point(path, rows)
                 failed += all(r.get("status") == "failed" for r in rows)  # the point itself
                 if bar is not None:
                     bar.update(1)
         else:
             failed = dist._run_on_cluster(client, name, [(p, pid) for pid, p in todo.items()],
-                                          point_fn, lambda rows: _write(path, rows), bar, gpu,
+                                          point_fn, lambda rows: write_point(path, rows), bar, gpu,
                                           wait_s, affinity)
     finally:
         if bar is not None:

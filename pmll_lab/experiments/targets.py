@@ -198,7 +198,7 @@ def answer(df: pd.DataFrame, targets: Sequence[Target], name: str,
 
     head = headline(df, targets) if P.on_gpu(df) else checks_headline(df)
     display(Markdown(verdict(df, head, name)))
-    display(HTML(P.labelled(_shown(head)).to_html(index=False, classes="headline", na_rep="",
+    display(HTML(P.labelled(as_shown(head)).to_html(index=False, classes="headline", na_rep="",
                                                   float_format=lambda v: f"{v:.4g}")))
     if findings is not None and len(findings):
         display(HTML(P.labelled(findings).to_html(index=False, classes="findings", na_rep="",
@@ -214,7 +214,7 @@ def detail(df: pd.DataFrame, targets: Sequence[Target], summary: str) -> None:
     from IPython.display import HTML, display
 
     if P.on_gpu(df):
-        head = _shown(headline(df, targets))
+        head = as_shown(headline(df, targets))
         display(HTML(P.details(head, summary).data))
 
 
@@ -223,7 +223,7 @@ SHOWN_FIRST = ("status", "target", "kernel", "B", "K", "ratio", "bound", "ours_u
 """The columns a headline shows first (in the report and on the run's index), in order."""
 
 
-def _shown(head: pd.DataFrame) -> pd.DataFrame:
+def as_shown(head: pd.DataFrame) -> pd.DataFrame:
     """The headline as a report shows it (``headline.csv`` keeps every column): the verdict's
     columns first (status, what, the cell, ratio and bound, the two times), then the rest;
     cells met only for judged rows (a reported figure met nothing and missed nothing), cells and

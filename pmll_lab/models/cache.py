@@ -60,9 +60,9 @@ from pmll_lab import _checks
 from pmll_lab.carry import (GDN_CARRY_CAP, GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS,
                             RING_DEFAULT_LENGTH, RING_LENGTHS, CarryLayer, ConvCarry, GdnCarry,
                             SpecDecodeStep, check_form)
-from pmll_lab.models.cache_checks import _StepChecks
+from pmll_lab.models.cache_checks import StepChecks
 from pmll_lab.models.cache_layer import (  # noqa: F401  (state_bytes_per_sequence: re-exported)
-    _GdnLayer, ring_stack, state_bytes_per_sequence)
+    GdnLayer, ring_stack, state_bytes_per_sequence)
 from pmll_lab.models.common import GdnCache, vocab_size
 from pmll_lab.models.qwen3_next import GdnDims, finish, gating, patch_model, project
 from pmll_lab.models.timing import StepTimer
@@ -74,7 +74,7 @@ ring form (§3d), and FlashInfer's ReplaySSM as a peer (GPU only,
 ``pmll_lab.models.replayssm_stack``)."""
 
 
-class ServingCache(_StepChecks, GdnCache):
+class ServingCache(StepChecks, GdnCache):
     """Conv windows, GDN states, carry stashes / snapshots and attention KV of ``slots``
     sequences of one model (module docstring: the steps).
 
@@ -131,7 +131,7 @@ class ServingCache(_StepChecks, GdnCache):
             state_layout, form, cap
         self.lazy_min_seqs, self.eager_max_pending = lazy_min_seqs, eager_max_pending
         self.state_dtype, self.ring_length = state_dtype, ring_length
-        self.gdn = [_GdnLayer(m, GdnDims.of(m), slots, state_layout, self.conv_dtype, self.device,
+        self.gdn = [GdnLayer(m, GdnDims.of(m), slots, state_layout, self.conv_dtype, self.device,
                               state_dtype) for m in modules]
         self._index = {id(m): i for i, m in enumerate(modules)}
         cfg = model.config.get_text_config()

@@ -1,4 +1,4 @@
-"""What a ``ServingCache`` step checks before any kernel runs (``_StepChecks``).
+"""What a ``ServingCache`` step checks before any kernel runs (``StepChecks``).
 
 The refusals listed in ``pmll_lab.models.cache``'s docstring, as methods the cache inherits:
 slots distinct and in range, slots holding a sequence, no verify waiting for its ``accept``, token
@@ -13,7 +13,7 @@ import torch
 from pmll_lab import _checks
 
 
-class _StepChecks:
+class StepChecks:
     """Checks of a step's inputs against the cache's state; they read the ``ServingCache``
     attributes ``slots`` (``S``), ``_live`` (slots holding a sequence), ``_waiting`` (slots of a
     verify not yet accepted, or None) and ``vocab``."""

@@ -1,6 +1,6 @@
 """One GDN layer of a ``ServingCache``: its buffers, the kernels a step runs on them, their size.
 
-``_GdnLayer`` holds, for every slot, the layer's conv window ``[S, conv_dim, d_conv]`` (conv
+``GdnLayer`` holds, for every slot, the layer's conv window ``[S, conv_dim, d_conv]`` (conv
 dtype), its recurrent state (the pool's dtype, ``[S, HV, vd, kd]`` with ``state_layout="vk"``,
 the default, ``[S, HV, kd, vd]`` with ``"kv"``), the conv weights in the conv dtype, and the
 carried-state stashes or the chain's snapshot buffers once the cache sets them; its ``prefill`` /
@@ -27,7 +27,7 @@ from pmll_lab.models.timing import StepTimer
 from pmll_lab.serving.ring_step import RingLayer, RingStep
 
 
-class _GdnLayer:
+class GdnLayer:
     """One GDN layer's buffers in the cache (``layout`` and ``conv_dtype`` as the cache's), and
     the kernels of a step on them: ``slot`` / ``slot_tab`` (int32 on the device) name the slots
     of the step's sequences, ``timer`` times the kernel sections."""

@@ -108,7 +108,7 @@ def _pad(pad_token_id) -> int:
     return int(pad_token_id)
 
 
-def _prompts(input_ids, attention_mask, vocab: int | None = None) -> list[torch.Tensor]:
+def check_prompts(input_ids, attention_mask, vocab: int | None = None) -> list[torch.Tensor]:
     """1-D int64 CPU tensors, one per prompt (module docstring: the convention); with
     ``vocab``, every token id must lie in ``[0, vocab)``."""
     out = _prompt_rows(input_ids, attention_mask)
@@ -258,7 +258,7 @@ class _Run:
                          draft_ms=draft_ms), t0, counts0)
 
 
-def _make_cache(model, prompts, budgets, rows, batch_size, state_layout, form, lazy_min_seqs,
+def make_cache(model, prompts, budgets, rows, batch_size, state_layout, form, lazy_min_seqs,
                 eager_max_pending, timing, record=False, state_dtype=torch.float32,
                 ring_length=RING_DEFAULT_LENGTH):
     param = next(model.parameters())
@@ -301,11 +301,11 @@ def greedy_generate(model: nn.Module, input_ids, *, max_new_tokens,
     layers, ``max_new_tokens`` not an int >= 1 (or one per prompt), ``pad_token_id`` not an int
     (``TypeError``), bad prompts, mask, layout or batch. Prompts are prefilled with transformers' own torch path.
     """
-    prompts = _prompts(input_ids, attention_mask, vocab_size(model))
+    prompts = check_prompts(input_ids, attention_mask, vocab_size(model))
     budgets = _budgets(max_new_tokens, len(prompts))
     bs = _batch(batch_size, len(prompts))
     pad = _pad(pad_token_id)
-    cache, timer = _make_cache(model, prompts, budgets, 1, bs, state_layout, "exact", None, None,
+    cache, timer = make_cache(model, prompts, budgets, 1, bs, state_layout, "exact", None, None,
                                timing, record_gdn_io, state_dtype)
     run = _Run(model, prompts, budgets, batch_size=bs, eos=_eos(model, eos_token_id),
                cache=cache, timer=timer, output_logits=output_logits)
@@ -355,7 +355,7 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
     Returns LongTensor ``[N, max(max_new_tokens)]`` (or ``(tokens, GenerationStats)``). Raises
     ``ValueError``/``TypeError`` naming the argument.
     """
-    prompts = _prompts(input_ids, attention_mask, vocab_size(model))
+    prompts = check_prompts(input_ids, attention_mask, vocab_size(model))
     budgets = _budgets(max_new_tokens, len(prompts))
     bs = _batch(batch_size, len(prompts))
     pad = _pad(pad_token_id)
@@ -374,7 +374,7 @@ def speculative_generate(model: nn.Module, input_ids, *, max_new_tokens, draft, 
                                     eos_token_id=eos_token_id)
     drafter = make_draft(draft, draft_accept=draft_accept, reference=reference,
                          vocab_size=vocab, seed=draft_seed)
-    cache, timer = _make_cache(model, prompts, budgets, K, bs, state_layout, form,
+    cache, timer = make_cache(model, prompts, budgets, K, bs, state_layout, form,
                                lazy_min_seqs if lazy else None, eager_max_pending, timing,
                                record_gdn_io, state_dtype, ring_length)
     run = _Run(model, prompts, budgets, batch_size=bs, eos=_eos(model, eos_token_id),

@@ -211,7 +211,7 @@ def _layer_types(gdn_per_attention: int, groups: int) -> list[str]:
 _LOADING_KWARGS = ("attn_implementation", "experts_implementation")
 
 
-def _with_overrides(config_cls, base: dict, overrides: dict) -> dict:
+def with_overrides(config_cls, base: dict, overrides: dict) -> dict:
     """``base`` updated with ``overrides``, ``num_hidden_layers`` set to ``len(layer_types)``.
 
     Why: transformers keeps an unknown keyword as an extra attribute that nothing reads (a typo
@@ -263,7 +263,7 @@ def tiny_config(kind: str = "qwen3_next", **overrides):
         from transformers import Qwen3_5TextConfig as Config
     else:
         raise ValueError(f"kind: expected 'qwen3_next' or 'qwen3_5', got {kind!r}")
-    return Config(**_with_overrides(Config, base, overrides))
+    return Config(**with_overrides(Config, base, overrides))
 
 
 def qwen3_next_sized_config(*, gdn_layers: int = 9, gdn_per_attention: int = 3,
@@ -290,7 +290,7 @@ def qwen3_next_sized_config(*, gdn_layers: int = 9, gdn_per_attention: int = 3,
                 linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
                 linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=0,
                 max_position_embeddings=4096)
-    return Qwen3NextConfig(**_with_overrides(Qwen3NextConfig, base, overrides))
+    return Qwen3NextConfig(**with_overrides(Qwen3NextConfig, base, overrides))
 
 
 def build_model(config, *, seed: int = 0, dtype: torch.dtype = torch.float32, device=None):

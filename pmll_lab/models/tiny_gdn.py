@@ -80,11 +80,11 @@ def config(size: str):
     ``size`` otherwise."""
     from transformers import Qwen3NextConfig
 
-    from pmll_lab.models.qwen3_next import _with_overrides
+    from pmll_lab.models.qwen3_next import with_overrides
 
     if size not in SIZES:
         raise ValueError(f"size: expected one of {tuple(SIZES)}, got {size!r}")
-    return Qwen3NextConfig(**_with_overrides(Qwen3NextConfig, _COMMON, SIZES[size]))
+    return Qwen3NextConfig(**with_overrides(Qwen3NextConfig, _COMMON, SIZES[size]))
 
 
 def checkpoint_dir(size: str) -> Path:

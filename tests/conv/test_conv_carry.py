@@ -221,13 +221,13 @@ def test_flush_offset_table_keyed_on_element_size():
     """The conv flush's cached offset table must not be reused for tensors of another dtype at
     the same addresses (a caching allocator does that): element offsets differ by the element
     size."""
-    from pmll_lab.ops.conv.carry import _offset_table
+    from pmll_lab.ops.conv.carry import offset_table
 
     arena = torch.empty(4096, dtype=torch.uint8, device=DEVICE)
     f32 = [arena[0:1024].view(torch.float32), arena[2048:3072].view(torch.float32)]
     b16 = [arena[0:1024].view(torch.bfloat16), arena[2048:3072].view(torch.bfloat16)]
-    t32 = _offset_table([f32, f32, f32], DEVICE)
-    t16 = _offset_table([b16, b16, b16], DEVICE)
+    t32 = offset_table([f32, f32, f32], DEVICE)
+    t16 = offset_table([b16, b16, b16], DEVICE)
     assert t32.tolist() == [0, 512] * 3
     assert t16.tolist() == [0, 1024] * 3
 

@@ -210,7 +210,7 @@ def test_no_gpu_runtime_error_before_compiling(monkeypatch):
     def never(*a, **k):
         raise AssertionError("compiled without a GPU")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(cuda_ext, "_build", never)
+    monkeypatch.setattr(cuda_ext, "build_extension", never)
     mem = _memory(6, 2, 2, 4, 16, torch.float32, [1, 6])
     x = pmll_inputs(11, 2, 2, 3, 16, gate="bt")
     before = mem.clone()

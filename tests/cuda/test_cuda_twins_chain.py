@@ -204,7 +204,7 @@ def test_errors_before_the_cuda_path(monkeypatch):
             gdn_chain(big, y["q"], y["k"], y["v"], y["g"], y["beta"], state_layout="vk",
                       impl="cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(cuda_ext, "_build", reached)
+    monkeypatch.setattr(cuda_ext, "build_extension", reached)
     before, inter0 = state.clone(), inter.clone()
     with pytest.raises(RuntimeError, match="needs an NVIDIA GPU.*impl='triton'"):
         gdn_chain(state, *args, intermediate=inter, state_layout="vk", impl="cuda")

@@ -144,7 +144,7 @@ def test_errors_before_the_cuda_path(monkeypatch):
             gdn_decode(big, y["q"], y["k"], y["v"], y["g"], y["beta"], state_layout="vk",
                        impl="cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(cuda_ext, "_build", reached)
+    monkeypatch.setattr(cuda_ext, "build_extension", reached)
     before = state.clone()
     with pytest.raises(RuntimeError, match="needs an NVIDIA GPU"):
         gdn_decode(state, *args, state_layout="vk", impl="cuda")

@@ -48,9 +48,9 @@ NEEDS_SGLANG = pytest.mark.skipif(
 @pytest.fixture
 def fresh_loader():
     """The loader's cache cleared before and after (the test changes where it looks)."""
-    PS._load.cache_clear()
+    PS.load_kernels.cache_clear()
     yield
-    PS._load.cache_clear()
+    PS.load_kernels.cache_clear()
 
 
 def _case(state_dtype=torch.float32, **kw):
@@ -127,7 +127,7 @@ def test_loader_reports_a_broken_directory(monkeypatch, tmp_path, fresh_loader):
     monkeypatch.setenv(PS.SGLANG_DIR_ENV, str(tmp_path))
     assert PS.sglang_status() == (f"SGLang: {PS.SGLANG_DIR_ENV}={tmp_path} lacks "
                                   + ", ".join(PS.KERNEL_FILES.values()))
-    PS._load.cache_clear()
+    PS.load_kernels.cache_clear()
     for name in PS.KERNEL_FILES.values():
         (tmp_path / name).write_text("from sglang.srt.utils import is_not_there\n")
     status = PS.sglang_status()

@@ -125,7 +125,7 @@ def test_headline_shows_the_verdict_columns_first_and_no_empty_column():
                               peer="form=fi", ratio=1.4, roofline_frac=float("nan"),
                               ours_us=46.9, peer_us=33.6, bound=0.9, cells=1, met_cells=0,
                               layout="vk", timer="cuda_graph", note="", B=64)])
-    shown = T._shown(head)
+    shown = T.as_shown(head)
     assert list(shown.columns[:7]) == ["status", "target", "B", "ratio", "bound", "ours_us",
                                        "peer_us"]
     assert "roofline_frac" not in shown and "note" not in shown and "ours" in shown

@@ -322,7 +322,7 @@ def test_interrupted_client_cancels_its_tasks_and_resumes(cluster, tmp_path, mon
 
     _, client = cluster
     calls = tmp_path / "calls"
-    real_write, writes = sweep._write, []
+    real_write, writes = sweep.write_point, []
 
     def interrupt_after_three(path, rows):
         if len(writes) == 3:
@@ -337,11 +337,11 @@ def test_interrupted_client_cancels_its_tasks_and_resumes(cluster, tmp_path, mon
             return [{"kernel": "k", "metric": "v", "value": p["n"] + 0.5}]
         return fn
 
-    monkeypatch.setattr(sweep, "_write", interrupt_after_three)
+    monkeypatch.setattr(sweep, "write_point", interrupt_after_three)
     with pytest.raises(KeyboardInterrupt):
         run_sweep("s", grid(n=range(10)), tagged("A"), results_dir=tmp_path, progress=False,
                   client=client)
-    monkeypatch.setattr(sweep, "_write", real_write)
+    monkeypatch.setattr(sweep, "write_point", real_write)
     stored = load(tmp_path / "s.jsonl")
     assert len(stored) == 3
     df = run_sweep("s", grid(n=range(10)), tagged("B"), results_dir=tmp_path, progress=False,

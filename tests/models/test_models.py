@@ -43,7 +43,7 @@ from transformers.activations import ACT2FN  # noqa: E402
 
 from pmll_lab.models.cache import ServingCache, state_bytes_per_sequence  # noqa: E402
 from pmll_lab.models.drafts import DraftContext, NgramDraft, NoisyDraft  # noqa: E402
-from pmll_lab.models.generate import _prompts, greedy_generate, speculative_generate  # noqa: E402
+from pmll_lab.models.generate import check_prompts, greedy_generate, speculative_generate  # noqa: E402
 from pmll_lab.models.oracle import compare_to_hf, hf_greedy  # noqa: E402
 from pmll_lab.models.qwen3_next import (  # noqa: E402
     TORCH_PATH_FUNCTIONS, build_model, gdn_layers, hf_torch_path, modeling_module, tiny_config)
@@ -291,11 +291,11 @@ def test_qwen3_5_greedy_matches_transformers_generate():
 def test_prompt_conventions():
     rows = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 0, 0, 0]])
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 0, 0, 0]])
-    got = _prompts(rows, mask)
+    got = check_prompts(rows, mask)
     assert [p.tolist() for p in got] == [[5, 6, 7], [8, 9]]
-    assert [p.tolist() for p in _prompts([[1, 2], torch.tensor([3])], None)] == [[1, 2], [3]]
+    assert [p.tolist() for p in check_prompts([[1, 2], torch.tensor([3])], None)] == [[1, 2], [3]]
     with pytest.raises(ValueError, match="attention_mask"):
-        _prompts(rows, torch.tensor([[1, 0, 1, 1, 1], [1, 1, 0, 0, 0]]))
+        check_prompts(rows, torch.tensor([[1, 0, 1, 1, 1], [1, 1, 0, 0, 0]]))
 
 
 def test_drafts():

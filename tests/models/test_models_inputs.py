@@ -33,7 +33,7 @@ def no_steps(monkeypatch):
     """Any attempt to build the serving cache (the first thing before a prefill) fails."""
     def refuse(*args, **kwargs):
         raise AssertionError("reached the serving cache: the argument was not checked up front")
-    monkeypatch.setattr(G, "_make_cache", refuse)
+    monkeypatch.setattr(G, "make_cache", refuse)
 
 
 # ---- configs ----------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def corpus():
-    return E._corpus()
+    return C.load_corpus()
 
 
 # ---- the model ---------------------------------------------------------------------------------

@@ -190,26 +190,9 @@ def test_the_graph_reader_sees_lazy_relative_and_dynamic_imports(tmp_path, monke
 ALLOWED_PRIVATE = {"_checks", "_interpreter"}
 """Private modules of the base layer a test may import (the shared argument checks)."""
 
-KNOWN_PRIVATE_USES: set[str] = {
-    # each one still to be given a public name or rewritten through the public API
-    "tests/conv/test_conv_carry.py: pmll_lab.ops.conv.carry._offset_table",
-    "tests/cuda/test_cuda_twins.py: pmll_lab.cuda_ext._build",
-    "tests/cuda/test_cuda_twins_carry.py: pmll_lab.cuda_ext._build",
-    "tests/cuda/test_cuda_twins_chain.py: pmll_lab.cuda_ext._build",
-    "tests/cuda/test_cuda_twins_gdn.py: pmll_lab.cuda_ext._build",
-    "tests/experiments/test_peers_sglang.py: pmll_lab.peers_sglang._load",
-    "tests/experiments/test_protocol.py: pmll_lab.experiments.targets._shown",
-    "tests/harness/test_dist.py: pmll_lab.sweep._write",
-    "tests/models/test_models.py: pmll_lab.models.generate._prompts",
-    "tests/models/test_models_inputs.py: pmll_lab.models.generate._make_cache",
-    "tests/models/test_tokens.py: pmll_lab.experiments.tokens._corpus",
-    "tests/project/test_quiet_runs.py: pmll_lab.report_notebooks._kernel_environment",
-    "tests/reports/test_report_figures.py: pmll_lab.experiments.targets._shown",
-    "tests/reports/test_report_render.py: pmll_lab.report_notebooks._kernel_environment",
-    "tests/reports/test_report_render.py: pmll_lab.report_notebooks._with_alts",
-}
-"""Private names of the library that tests still reach (``file: module.name``): the list may
-only shrink (a use fixed must leave it, a new one fails the test)."""
+KNOWN_PRIVATE_USES: set[str] = set()
+"""Private names of the library that tests still reach (``file: module.name``): none; a new one
+fails the test."""
 
 
 def _private_uses(path: Path) -> set[str]:
@@ -267,7 +250,7 @@ def _private_uses(path: Path) -> set[str]:
 
 def test_tests_reach_no_private_library_name():
     """Tests and scripts go through the library's public names (a private one is free to
-    change), apart from the private checks module and the known uses still to be fixed."""
+    change), apart from the private checks module."""
     uses = {f"{p.relative_to(ROOT).as_posix()}: {name}"
             for folder in ("tests", "scripts") for p in sorted((ROOT / folder).rglob("*.py"))
             if p.resolve() != Path(__file__).resolve()      # this file's examples below

@@ -104,9 +104,9 @@ def _params_notebook(path, body: str) -> None:
 def _papermill(src, out, parameters, tmp_path):
     import papermill
 
-    from pmll_lab.report_notebooks import KERNEL_NAME, _kernel_environment
+    from pmll_lab.report_notebooks import KERNEL_NAME, kernel_environment
 
-    with _kernel_environment("cpu"):
+    with kernel_environment("cpu"):
         papermill.execute_notebook(str(src), str(out), parameters=parameters,
                                    kernel_name=KERNEL_NAME, language="python",
                                    progress_bar=False, log_output=False, cwd=str(tmp_path))

@@ -237,11 +237,11 @@ def test_notebook_headline_gives_no_met_count_to_reported_rows():
                layout="vk", timer="cuda_graph", note="")
     one = pd.DataFrame([dict(row, status="missed", cells=1, met_cells=0),
                         dict(row, status="reported", bound=float("nan"), cells=1, met_cells=0)])
-    assert "met_cells" not in T._shown(one) and "cells" not in T._shown(one)
+    assert "met_cells" not in T.as_shown(one) and "cells" not in T.as_shown(one)
     many = pd.DataFrame([dict(row, status="missed", cells=4, met_cells=3),
                          dict(row, status="reported", bound=float("nan"), cells=1,
                               met_cells=0)])
-    shown = T._shown(many)
+    shown = T.as_shown(many)
     assert shown["met_cells"].iloc[0] == 3 and pd.isna(shown["met_cells"].iloc[1])
     html = P.table(shown).data
     assert "<th>cells met</th>" in html

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import pmll_lab  # noqa: F401  (backend first)
-from pmll_lab.report_notebooks import REPO_ROOT, _kernel_environment, render_html
+from pmll_lab.report_notebooks import REPO_ROOT, kernel_environment, render_html
 
 NOTEBOOK = REPO_ROOT / "notebooks" / "gdn_conv.ipynb"
 TINY = {"quick": [{"K": [2], "B": [1, 2], "shape": ["hk2-hv4-32"], "dtype": ["bfloat16"],
@@ -26,7 +26,7 @@ def _execute(tmp_path: Path, **parameters):
     import papermill
 
     out = tmp_path / "out.ipynb"
-    with _kernel_environment("cpu"):
+    with kernel_environment("cpu"):
         papermill.execute_notebook(str(NOTEBOOK), str(out), kernel_name="python3",
                                    language="python", cwd=str(NOTEBOOK.parent),
                                    progress_bar=False, log_output=False,
@@ -100,9 +100,9 @@ def test_every_plot_carries_its_cells_alt_text(report):
 
 def test_alt_text_goes_to_its_own_image_only():
     """``image_alts`` keys alt text by the image's data (output metadata before cell metadata);
-    ``_with_alts`` sets it on that image and leaves an image without one as nbconvert left it."""
+    ``with_alts`` sets it on that image and leaves an image without one as nbconvert left it."""
     import nbformat
-    from pmll_lab.report_notebooks import _with_alts, image_alts
+    from pmll_lab.report_notebooks import with_alts, image_alts
 
     nb = nbformat.v4.new_notebook()
     png = lambda d, md=None: nbformat.v4.new_output(  # noqa: E731
@@ -114,7 +114,7 @@ def test_alt_text_goes_to_its_own_image_only():
     assert alts == {"QUFB": "cell a", "QkJC": "own"}
     body = ('<p><img src="data:image/png;base64,QUFB" alt="x"><img src="data:image/png;base64,QkJC">'
             '<img src="data:image/png;base64,Q0ND" alt="placeholder"></p>')
-    out = _with_alts(body, alts)
+    out = with_alts(body, alts)
     assert re.findall(r'alt="([^"]*)"', out) == ["cell a", "own", "placeholder"]
 
 

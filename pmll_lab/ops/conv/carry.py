@@ -354,7 +354,7 @@ _OFFSET_TABLES: dict = {}
 _OFFSET_TABLES_MAX = 64
 
 
-def _offset_table(groups, device):
+def offset_table(groups, device):
     """int64 ``[3 * L]`` element offsets of each layer's tensors from the first layer's, cached
     by what they depend on: the tensors' addresses and element sizes (a caching allocator hands
     the same addresses to tensors of another dtype), so a steady-state flush does no
@@ -446,7 +446,7 @@ def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False,
     L = len(conv_states)
     stashes = [c.stash for c in conv_carries]
     pends = [c.pend for c in conv_carries]
-    table = _offset_table((list(conv_states), stashes, pends), first.device)
+    table = offset_table((list(conv_states), stashes, pends), first.device)
     W, WP, ROWS, num_warps = conv_block_config(dim, None)
     grid = (cdiv(cdiv(dim, W), ROWS), B, L)
     c0 = conv_carries[0]
