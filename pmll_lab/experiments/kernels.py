@@ -26,7 +26,7 @@ def setup(family: str, implementations, plugins=(), grids=None) -> tuple[list[st
 
     registry.family(family)
     if isinstance(grids, str) and workloads.family(grids) != family:
-        raise ValueError(f"grids: workload {grids!r} runs the {workloads.family(grids)} family, "
+        raise ValueError(f"grids: workload {grids!r} runs the {workloads.family(grids) or 'no registry'} family, "
                          f"not {family}")
     plugins = [plugins] if isinstance(plugins, str) else list(plugins)
     loaded = registry.load_plugins() + registry.load_plugins(plugins)

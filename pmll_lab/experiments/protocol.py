@@ -522,14 +522,18 @@ def details(df: pd.DataFrame, summary: str):
     return HTML(f"<details><summary>{html.escape(summary)}</summary>{_html(df)}</details>")
 
 
-def pick(table: Mapping | str, preset: str, name: str = "grids"):
+def pick(table: Mapping | str, preset: str, name: str = "grids", *, fallback: str | None = None):
     """``table[preset]``, or for a workload's name (a string) its grids for ``preset``
     (``harness.workloads.grids``); a preset it lacks is a ``ValueError`` naming the valid
-    ones."""
+    ones, unless ``fallback`` names a preset it has (then that one's)."""
     if isinstance(table, str):
         from pmll_lab.harness import workloads
 
+        if fallback is not None and preset not in workloads.presets(table):
+            preset = fallback
         return workloads.grids(table, preset)
+    if fallback is not None and isinstance(table, Mapping) and preset not in table:
+        preset = fallback
     if not isinstance(table, Mapping):
         raise ValueError(f"{name}: must be a dict of presets ({{preset: [grid, ...]}}) or a "
                          f"workload's name (harness/workloads.toml), got "

@@ -1,7 +1,10 @@
 """The workloads of ``workloads.toml``: each notebook's sweeps and presets as data.
 
+A workload is either a sweep of a registry family (``family = ...``: the runner's axes) or a
+notebook's own sweep (``notebook = ...``: the axes that notebook's ``points`` reads).
 ``grids(name, preset)`` gives a workload's grids for a preset (a list of dicts, each the product
-of its axes), ``family(name)`` the family it runs, ``names()`` every workload. A ``ValueError``
+of its axes; TOML arrays: a pair such as ``heads = [[16, 32]]`` comes back as a list),
+``family(name)`` the registry family it runs, ``names()`` every workload. A ``ValueError``
 names the workload or preset that does not exist, with the ones that do.
 """
 
@@ -50,9 +53,14 @@ def _entry(name: str) -> dict:
     return table[name]
 
 
-def family(name: str) -> str:
-    """The family workload ``name`` runs."""
-    return _entry(name)["family"]
+def family(name: str) -> str | None:
+    """The registry family workload ``name`` runs (None: a notebook's own sweep)."""
+    return _entry(name).get("family")
+
+
+def presets(name: str) -> list[str]:
+    """The presets workload ``name`` defines."""
+    return sorted(k for k, v in _entry(name).items() if isinstance(v, list))
 
 
 def grids(name: str, preset: str) -> list[dict]:
