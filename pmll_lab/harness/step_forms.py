@@ -215,17 +215,18 @@ EXACT_LAZY, EXACT_LAZY_CUDA, EXACT_EAGER, EXACT_EAGER_CUDA = (
         build=lambda c, lazy=lazy, impl=impl, name=name: build_exact(c, lazy=lazy,
                                                                     impl=impl, name=name),
         supports=_cuda_supports if impl == "cuda" else None, bytes=_carry_bytes,
-        style={"color": color},
+        style={"color": color}, drift=drift,
         plain=lambda c, impl=impl: build_plain(c, impl),
         doc="SPEC §3b: the stash replays pending rows; bitwise plain decoding"))
-    for name, lazy, impl, color in (("exact_lazy", True, "triton", "#1f77b4"),
-                                    ("exact_lazy_cuda", True, "cuda", "#ff7f0e"),
-                                    ("exact_eager", False, "triton", "#aec7e8"),
-                                    ("exact_eager_cuda", False, "cuda", "#ffbb78")))
+    for name, lazy, impl, color, drift in (
+        ("exact_lazy", True, "triton", "#1f77b4", ("bfloat16",)),
+        ("exact_lazy_cuda", True, "cuda", "#ff7f0e", ()),
+        ("exact_eager", False, "triton", "#aec7e8", ()),
+        ("exact_eager_cuda", False, "cuda", "#ffbb78", ())))
 """The exact forms (SPEC §3b), lazy and eager, Triton and their CUDA C++ twins."""
 RING = register(Implementation(
     name="ring", family=FAMILY, label="carry ring (tolerance form)", build=build_ring,
-    style={"color": "#17becf"},
+    style={"color": "#17becf"}, drift=("bfloat16", "float32"),
     bytes=lambda c, f: sizes.ring_step_bytes(**dims(c), fold_frac=f["fold_frac"],
                                              mean_fill=f["mean_fill"]),
     doc="SPEC §3d: read-only state, accepted rows in a ring, tensor-core correction"))
@@ -237,7 +238,7 @@ CHAIN_RESTORE = register(Implementation(
     doc="SPEC §3a: the baseline, one snapshot per draft row"))
 PLAIN = register(Implementation(
     name="plain_decode", family=FAMILY, exact=True, label="plain decoding",
-    style={"color": "#000000"},
+    style={"color": "#000000"}, drift=("bfloat16",),
     build=build_plain, bytes=lambda c, f: sizes.snapshot_step_bytes(
         **dims(c), writes=c.rows, restore_frac=0.0) + (c.rows - 1) * sizes.state_bytes(
         c.num_v_heads, c.head_dim, c.head_dim, c.state_dtype),
@@ -252,7 +253,7 @@ SNAPSHOT_RESTORE = register(Implementation(
 REPLAYSSM = register(Implementation(
     name="flashinfer_replayssm", family=FAMILY, provider="flashinfer", impl="cute-dsl",
     label="FlashInfer ReplaySSM (ucache_flush + commit)", build=build_flashinfer_replayssm,
-    style={"color": "#c49c94", "panel": "peers"},
+    style={"color": "#c49c94", "panel": "peers"}, drift=("bfloat16",),
     state_dtypes=("bfloat16",), gpu_only=True, supports=_replayssm_supports,
     available=_fi_available, version=flashinfer_version,
     bytes=lambda c, f: sizes.ring_step_bytes(**dims(c), fold_frac=f["fold_frac"],

@@ -180,4 +180,4 @@ for _form in FORMS:
         available=lambda: None if sglang_available() else sglang_status(),
         version=sglang_version, state_dtypes=("float32", "bfloat16"),
         bytes=lambda c, facts, f=_form: step_bytes(f, c, facts["fold_frac"], facts["mean_fill"]),
-        style={"color": COLORS[_form]}))
+        style={"color": COLORS[_form]}, drift=("bfloat16", "float32")))
