@@ -34,16 +34,13 @@ from pmll_lab import _checks
 from pmll_lab.bench import errors
 from pmll_lab.harness import registry
 from pmll_lab.harness.step import StepCase
+from pmll_lab.harness.step_forms import EXACT_LAZY
 
-DRIFT_FORMS = (("exact_lazy", torch.bfloat16), ("plain_decode", torch.bfloat16),
-               ("ring", torch.bfloat16), ("ring", torch.float32),
-               ("ring_exact_fold", torch.bfloat16), ("ring_exact_fold", torch.float32),
-               ("flashinfer_replayssm", torch.bfloat16),
-               *((f, sd) for f in ("sglang_replayssm", "sglang_replayssm_rawfold",
-                                   "sglang_exact_fold")
-                 for sd in (torch.bfloat16, torch.float32)))
+DRIFT_FORMS = tuple((name, getattr(torch, sd)) for name in registry.names("gdn_step")
+                    for sd in registry.get(name).drift)
 """``(implementation, state dtype)`` pairs the study runs where registered, available here and
-taking the case (``pmll_lab.harness.registry``)."""
+taking the case: each ``gdn_step`` implementation at the state dtypes of its registration's
+``drift`` (``pmll_lab.harness.registry``), in registration order."""
 
 
 def _masked_rel_l2(o, ref, acc) -> float:
@@ -64,7 +61,7 @@ def drift_study(*, batch: int = 4, steps: int = 1390, rows: int = 4, num_k_heads
     kw = dict(batch=batch, rows=rows, num_k_heads=num_k_heads, num_v_heads=num_v_heads,
               head_dim=head_dim, steps=steps, alpha=alpha, seed=seed, ring_length=ring_length)
     ref_case = StepCase(state_dtype=torch.float32, **kw)
-    reference = registry.get("exact_lazy").build(ref_case)
+    reference = EXACT_LAZY.build(ref_case)
     runs = []
     for form, sd in forms:
         if form not in registry.names("gdn_step"):

@@ -35,6 +35,7 @@ from pmll_lab.bench import variant_kernel, variant_problem
 from pmll_lab.ops import settings
 from pmll_lab.ops.carry import gdn_ring
 from pmll_lab.ops.gdn import recurrence
+from pmll_lab.harness import step_forms as SF
 
 
 def main(argv=None) -> int:
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
         if problem:                         # loaded once here: a bad file stops the run now
             ap.error(f"--ring-variant: {problem}")
         variants.append((spec, kfile, _settings(ap, "--ring-variant", items)))
-    if a.ring_variant and "ring" not in a.forms.split(","):
+    if a.ring_variant and SF.RING.name not in a.forms.split(","):
         ap.error("--ring-variant: applies to the ring form, which --forms does not list")
     states = a.states.split(",")
     for sd in states:
@@ -91,10 +92,10 @@ def main(argv=None) -> int:
         for B in batches:
             for form, (label, kfile, vover) in [
                     (f, v) for f in forms
-                    for v in (variants if f == "ring" else [("lib", "lib", {})])]:
+                    for v in (variants if f == SF.RING.name else [("lib", "lib", {})])]:
                 row = dict(form=form, impl=registry.get(form).impl, state_dtype=sd, B=B,
                            paired=not a.unpaired, settings={**over, **vover}, **env)
-                if form == "ring":
+                if form == SF.RING.name:
                     row["variant"] = label
                 try:
                     with variant_kernel(gdn_ring, "gdn_ring_fused_kernel", kfile), \
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
                     row["status"] = f"error: {type(exc).__name__}: {exc}"[:300]
                 failed += not row["status"].startswith(("ok", "unsupported"))
                 rows.append(row)
-                name = form if form != "ring" or len(variants) == 1 else f"ring[{label}]"
+                name = form if form != SF.RING.name or len(variants) == 1 else f"ring[{label}]"
                 print(f"{name:22s} {sd:9s} B={B:4d} {row.get('step_us', float('nan')):9.1f} us"
                       f"  o_rel_l2 {row.get('o_rel_l2', float('nan')):.2e}  {row['status']}",
                       flush=True)

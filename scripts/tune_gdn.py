@@ -61,6 +61,7 @@ from pmll_lab.gdn import gdn_chain, gdn_decode, row_io_bytes, state_bytes  # noq
 from pmll_lab.inputs import gdn_inputs, generator  # noqa: E402
 from pmll_lab.ops import settings  # noqa: E402
 from pmll_lab.peers import fla_available, fla_fused_recurrent, fla_runner  # noqa: E402
+from pmll_lab.harness import verify as V  # noqa: E402
 
 
 DT = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
@@ -146,14 +147,14 @@ def timings(B, layout, HK=16, HV=32, D=128, K=4, seed=3):
     fns = {"decode": (lambda: gdn_decode(st, *x1, state_indices=slots, state_layout=layout),
                       B * (2 * hb + io))}
     inter = torch.empty(B, K - 1, *st.shape[1:], device=DEVICE)
-    fns["chain_snapshots"] = (lambda: gdn_chain(st, *rows(x), state_indices=slots,
-                                                intermediate=inter, state_layout=layout),
-                              B * ((K + 1) * hb + K * io))
+    fns[V.CHAIN.name] = (lambda: gdn_chain(st, *rows(x), state_indices=slots,
+                                           intermediate=inter, state_layout=layout),
+                         B * ((K + 1) * hb + K * io))
     carry = GdnCarry.empty(B, HV, D, D, device=DEVICE, state_layout=layout)
     fill_stash(carry, seed)
-    for name, form, lazy, pend, wb in (("carry_exact_lazy:nowb", "exact", True, 4, False),
-                                       ("carry_exact_lazy:wb", "exact", True, 5, True),
-                                       ("carry_exact_eager", "exact", False, 3, True)):
+    for name, form, lazy, pend, wb in ((f"{V.CARRY_LAZY.name}:nowb", "exact", True, 4, False),
+                                       (f"{V.CARRY_LAZY.name}:wb", "exact", True, 5, True),
+                                       (V.CARRY_EAGER.name, "exact", False, 3, True)):
         def run(form=form, lazy=lazy, pend=pend):
             carry.pend.fill_(pend)
             return gdn_carry_verify(st, carry, *rows(x), slot_tab=slots, form=form, lazy=lazy,
@@ -162,7 +163,7 @@ def timings(B, layout, HK=16, HV=32, D=128, K=4, seed=3):
     if layout == "kv" and fla_fused_recurrent() is not None:
         q, k, v, g, beta = (t.contiguous() for t in rows(x))
         r, _ = fla_runner(q, k, v, g, beta, st[slots.long()].contiguous(), scale=D ** -0.5)
-        fns["fla_fused_recurrent"] = (r, B * (2 * hb + K * io))
+        fns[V.FLA.name] = (r, B * (2 * hb + K * io))
     for name, (fn, nbytes) in fns.items():
         if KERNELS and name not in KERNELS:
             continue

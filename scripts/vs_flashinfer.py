@@ -24,6 +24,7 @@ from pmll_lab import peers  # noqa: E402
 from pmll_lab.results import provenance  # noqa: E402
 from pmll_lab.experiments import protocol as P  # noqa: E402
 from pmll_lab.experiments import roofline as R  # noqa: E402
+from pmll_lab.harness import verify as V  # noqa: E402
 
 
 def _widths(text: str) -> list[int]:
@@ -61,10 +62,11 @@ def main():
         ap.error("FlashInfer is not importable here (flashinfer-python 0.7.2, the 'peers' extra)")
     shape = dict(B=Bs, head_dim=[128], heads=[(16, 32)], dtype=["bfloat16"], state_layout=["vk"],
                  state_dtype=states)
-    twins = (["decodes_cuda"], ["chain_snapshots_cuda"]) if a.cuda else ([], [])
-    pts = R.points([dict(K=[1], providers=["decodes", *twins[0], "flashinfer_decode"], **shape),
-                    dict(K=[4], providers=["chain_snapshots", *twins[1], "carry_exact_lazy",
-                                           "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen"],
+    twins = ([V.DECODES_CUDA.name], [V.CHAIN_CUDA.name]) if a.cuda else ([], [])
+    pts = R.points([dict(K=[1], providers=[V.DECODES.name, *twins[0], V.FLASHINFER_DECODE.name],
+                         **shape),
+                    dict(K=[4], providers=[V.CHAIN.name, *twins[1], V.CARRY_LAZY.name,
+                                           V.MTP_SNAPSHOTS.name, V.MTP_FROZEN.name],
                          **shape)], fla=False)
     out = open(a.out, "a") if a.out else None
     env = provenance()              # device, versions, commit, kernel switches on every row
@@ -94,12 +96,13 @@ def main():
                   flush=True)
     if out:
         out.close()
-    pairs = [("decodes", "flashinfer_decode", 1), ("chain_snapshots", "flashinfer_mtp_snapshots", 4),
-             ("decodes_cuda", "flashinfer_decode", 1),
-             ("chain_snapshots_cuda", "flashinfer_mtp_snapshots", 4),
-             ("decodes_cuda", "decodes", 1), ("chain_snapshots_cuda", "chain_snapshots", 4),
-             ("carry_exact_lazy", "flashinfer_mtp_snapshots", 4),
-             ("carry_exact_lazy:nowb", "flashinfer_mtp_frozen", 4)]
+    pairs = [(V.DECODES.name, V.FLASHINFER_DECODE.name, 1),
+             (V.CHAIN.name, V.MTP_SNAPSHOTS.name, 4),
+             (V.DECODES_CUDA.name, V.FLASHINFER_DECODE.name, 1),
+             (V.CHAIN_CUDA.name, V.MTP_SNAPSHOTS.name, 4),
+             (V.DECODES_CUDA.name, V.DECODES.name, 1), (V.CHAIN_CUDA.name, V.CHAIN.name, 4),
+             (V.CARRY_LAZY.name, V.MTP_SNAPSHOTS.name, 4),
+             (f"{V.CARRY_LAZY.name}:nowb", V.MTP_FROZEN.name, 4)]
     for sd in states:
         for ours, fi, K in pairs:
             for B in Bs:

@@ -27,6 +27,7 @@ from pmll_lab.inputs import conv_inputs, gdn_inputs
 from pmll_lab.reference import carry as ref
 from pmll_lab.sizes import carry_bytes, chain_bytes
 from pmll_lab.sweep import CheckFailed
+from pmll_lab.harness import verify as V
 
 CAP = GDN_CARRY_CAP
 COMPILE_KEYS = G.COMPILE_KEYS
@@ -34,13 +35,14 @@ AXES = (*G.AXES, "baselines")
 """The carry_protocol sweep's axes: gdn_verify's and ``baselines``."""
 points = partial(G.points, axes=AXES)    # the notebook's sweep: gdn_verify's points
 FORMS = ("exact",)
-CARRY_KERNELS = tuple(f"carry_{f}_{m}" for f in FORMS for m in MODES)
-KERNELS = CARRY_KERNELS + ("chain_snapshots", "fla_fused_recurrent", "flashinfer_mtp_snapshots",
+CARRY_KERNELS = (V.CARRY_EAGER.name, V.CARRY_LAZY.name)
+"""One per form of ``FORMS`` and mode of ``MODES`` (``carry_{form}_{mode}``)."""
+KERNELS = CARRY_KERNELS + (V.CHAIN.name, V.FLA.name, V.MTP_SNAPSHOTS.name,
                            *RS.KERNELS)
 LABELS = {
-    "carry_exact_eager": "carry exact, eager", "carry_exact_lazy": "carry exact, lazy",
-    "chain_snapshots": "chain + K-1 snapshots", "fla_fused_recurrent": "FLA fused_recurrent",
-    "flashinfer_mtp_snapshots": "FlashInfer mtp + K snapshots",
+    V.CARRY_EAGER.name: "carry exact, eager", V.CARRY_LAZY.name: "carry exact, lazy",
+    V.CHAIN.name: "chain + K-1 snapshots", V.FLA.name: "FLA fused_recurrent",
+    V.MTP_SNAPSHOTS.name: "FlashInfer mtp + K snapshots",
     **RS.LABELS,
 }
 
@@ -76,12 +78,12 @@ def verify_point(point: dict) -> list[dict]:
         o_c, st_c, inter = c.chain()
         o_plain = ref.decode_tokens(c.state_kv[c.lsel[:n]].double().cpu(), *c.cpu_args,
                                     torch.arange(n))       # float64 plain decoding, no pending
-        rows += error_rows("chain_snapshots", o_c[:n], o_plain, tol=c.otol, what="o")
+        rows += error_rows(V.CHAIN.name, o_c[:n], o_plain, tol=c.otol, what="o")
         P.require(rows)
-        entries.append(("chain_snapshots", c.chain_run(st_c, inter),
+        entries.append((V.CHAIN.name, c.chain_run(st_c, inter),
                         chain_bytes(B, K, HK, HV, D, D, c.dtype), {}))
         peer_rows, peer_entries = G.peers_checked(c, o_c, st_c, inter, lambda o, h: error_rows(
-            "fla_fused_recurrent", o[:n], o_plain, tol=c.otol, what="o"))
+            V.FLA.name, o[:n], o_plain, tol=c.otol, what="o"))
         rows += peer_rows
         entries += peer_entries
         if c.layout == "vk":

@@ -18,20 +18,21 @@ from pmll_lab.experiments.gdn import QWEN3_NEXT
 from pmll_lab.sizes import stash_row_bytes
 from pmll_lab.experiments.target_table import PROTO, SETS, for_report
 from pmll_lab.experiments.targets import Target, fact, facts
+from pmll_lab.harness import verify as V
 
 PARAMS = ("K", "B", "HK", "HV", "head_dim", "dtype", "state_layout", "form")
 TARGET_SET = "Carried-state verify at Qwen3-Next's shape (HK=16, HV=32, kd=vd=128), K=4"
 _AT = dict(QWEN3_NEXT, K=4)
 TARGETS = (
-    Target("carry exact lazy <= 0.4x FlashInfer's snapshot verify", "carry_exact_lazy",
-           "flashinfer_mtp_snapshots", 0.4, where=dict(_AT, B=[64, 128]), per=("B",)),
+    Target("carry exact lazy <= 0.4x FlashInfer's snapshot verify", V.CARRY_LAZY.name,
+           V.MTP_SNAPSHOTS.name, 0.4, where=dict(_AT, B=[64, 128]), per=("B",)),
     Target("carry exact lazy >= 2.5x faster than FLA fused_recurrent (same K rows)",
-           "carry_exact_lazy", "fla_fused_recurrent", 0.4, where=dict(_AT, B=[64, 128]),
+           V.CARRY_LAZY.name, V.FLA.name, 0.4, where=dict(_AT, B=[64, 128]),
            per=("B",)),
-    Target("carry exact lazy >= 50% of the copy roofline", "carry_exact_lazy", kind="frac",
+    Target("carry exact lazy >= 50% of the copy roofline", V.CARRY_LAZY.name, kind="frac",
            bound=0.5, where=dict(_AT, B=[64, 128]), per=("B",)),
-    Target("carry exact lazy against our chain + K-1 snapshots", "carry_exact_lazy",
-           "chain_snapshots", None, where=dict(_AT, B=[64, 128]), per=("B",)),
+    Target("carry exact lazy against our chain + K-1 snapshots", V.CARRY_LAZY.name,
+           V.CHAIN.name, None, where=dict(_AT, B=[64, 128]), per=("B",)),
 )
 STEP_TARGETS = for_report(PROTO)
 """The headline: per speculative step (``experiments.step``, the ``step_grids`` sweep;
@@ -174,7 +175,7 @@ def carry_vs_snapshots(df: pd.DataFrame, K: int = 4, shape: dict | None = None) 
     w = P.at(P.wide(df), dict(shape, K=K))
     if w.empty:
         return pd.DataFrame()
-    fi = w[w["kernel"] == "flashinfer_mtp_snapshots"].groupby("B")[["time_us", "bytes"]].median()
+    fi = w[w["kernel"] == V.MTP_SNAPSHOTS.name].groupby("B")[["time_us", "bytes"]].median()
     hold = rollback_bytes(K, int(shape["HV"]), int(shape["head_dim"]), int(shape["head_dim"]))
     rows = []
     for (lay, B), g in w.groupby(["state_layout", "B"]):
@@ -183,12 +184,12 @@ def carry_vs_snapshots(df: pd.DataFrame, K: int = 4, shape: dict | None = None) 
             return float(s.median()) if len(s) else float("nan")
 
         r = {"state_layout": lay, "B": int(B), "K": K,
-             "carry exact lazy us": get("carry_exact_lazy"),
-             "carry exact eager us": get("carry_exact_eager"),
-             "chain + snapshots us": get("chain_snapshots"),
+             "carry exact lazy us": get(V.CARRY_LAZY.name),
+             "carry exact eager us": get(V.CARRY_EAGER.name),
+             "chain + snapshots us": get(V.CHAIN.name),
              "FlashInfer mtp + snapshots us": float(fi.loc[B, "time_us"]) if B in fi.index
              else float("nan"),
-             "carry lazy moved KiB/seq": get("carry_exact_lazy", "bytes") / B / 1024,
+             "carry lazy moved KiB/seq": get(V.CARRY_LAZY.name, "bytes") / B / 1024,
              "FlashInfer moved KiB/seq": float(fi.loc[B, "bytes"]) / B / 1024 if B in fi.index
              else float("nan"),
              "carry holds KiB/seq (GDN stash + pend)": hold["carry stash + pend"] / 1024,

@@ -32,6 +32,7 @@ from pmll_lab.peers import (
 from pmll_lab.reference import carry as ref_carry
 from pmll_lab.sizes import fla_bytes
 from pmll_lab.tolerances import STATE_TOL
+from pmll_lab.harness import verify as V
 
 if TYPE_CHECKING:
     from pmll_lab.carry import GdnCarry
@@ -43,10 +44,10 @@ COMPILE_KEYS = ("K", "head_dim", "dtype", "state_layout")
 """Point keys that decide which kernels a point compiles (``run_sweep(affinity=...)``)."""
 N_REF = 4
 """Sequences a peer is checked on against the float64 reference with its own gating."""
-KERNELS = ("chain", "chain_nosnap", "decodes", "fla_fused_recurrent", "flashinfer_mtp_snapshots")
+KERNELS = ("chain", "chain_nosnap", V.DECODES.name, V.FLA.name, V.MTP_SNAPSHOTS.name)
 LABELS = {"chain": "chain + snapshots", "chain_nosnap": "chain, no snapshots",
-          "decodes": "K x decode", "fla_fused_recurrent": "FLA fused_recurrent (no snapshots)",
-          "flashinfer_mtp_snapshots": "FlashInfer mtp + snapshots"}
+          V.DECODES.name: "K x decode", V.FLA.name: "FLA fused_recurrent (no snapshots)",
+          V.MTP_SNAPSHOTS.name: "FlashInfer mtp + snapshots"}
 
 
 # ---- inputs shared with the carry and roofline points ---------------------------------------
@@ -136,7 +137,7 @@ def fla_run_once(args, h0: torch.Tensor, D: int):
 def fla_check(args, h0: torch.Tensor, D: int, check) -> tuple[list[dict], object]:
     """FLA from ``h0`` (K-major), its ``(o, h)`` checked by ``check`` (error rows): ``(rows,
     run)``, ``run`` None when a check failed; FLA raising gives its failure row."""
-    fla, failed = P.peer_call("fla_fused_recurrent", fla_run_once, args, h0, D)
+    fla, failed = P.peer_call(V.FLA.name, fla_run_once, args, h0, D)
     if failed:
         return failed, None
     run, (o, h) = fla
@@ -150,7 +151,7 @@ def flashinfer_snapshot_check(c: Case, o_c: torch.Tensor, st_final: torch.Tensor
     chain with its own gating on ``N_REF`` sequences, against our chain's ``o_c [B, K, HV, vd]``,
     final states and snapshots ``inter [B, K-1, HV, vd, kd]`` over all ``B``, and for a pool left
     as it was. ``(rows, run)``; ``run`` (the call to time) is None when a check failed."""
-    name, K, n = "flashinfer_mtp_snapshots", c.K, min(c.B, N_REF)
+    name, K, n = V.MTP_SNAPSHOTS.name, c.K, min(c.B, N_REF)
     run, bufs, pool = c.flashinfer(name)
     o, buf = bufs["o"], bufs["intermediate"]
     o_r, s_r, i_r = c.fi_ref(n, "vk")
@@ -168,7 +169,7 @@ def flashinfer_snapshot_check(c: Case, o_c: torch.Tensor, st_final: torch.Tensor
 
 def peer_snapshot_check(*args) -> tuple[list[dict], object]:
     """``flashinfer_snapshot_check(*args)``, or its failure row when FlashInfer raises."""
-    out, failed = P.peer_call("flashinfer_mtp_snapshots", flashinfer_snapshot_check, *args)
+    out, failed = P.peer_call(V.MTP_SNAPSHOTS.name, flashinfer_snapshot_check, *args)
     return out if failed is None else (failed, None)
 
 
@@ -182,14 +183,14 @@ def peers_checked(c: Case, o_c, st_c, inter, fla_rows) -> tuple[list[dict], list
         frows, run = fla_check(c.args, c.state0[c.lsel].contiguous(), c.D, fla_rows)
         rows += frows
         if run is not None:
-            entries.append(("fla_fused_recurrent", run,
+            entries.append((V.FLA.name, run,
                             fla_bytes(c.B, c.K, c.HK, c.HV, c.D, c.dtype), {}))
     if c.layout == "vk" and c.K >= 2 and flashinfer_available() and \
             flashinfer_supports(c.D, c.dname):
         firows, run = peer_snapshot_check(c, o_c, st_c[c.lsel], inter)
         rows += firows
         if run is not None:     # K states to the buffer, the pool read once: (K+1)*Hb
-            entries.append(("flashinfer_mtp_snapshots", run, chain_bytes(c.B, c.K, **c.io()),
+            entries.append((V.MTP_SNAPSHOTS.name, run, chain_bytes(c.B, c.K, **c.io()),
                             {"flashinfer_version": flashinfer_version()}))
     return rows, entries
 
@@ -208,7 +209,7 @@ def verify_point(point: dict) -> list[dict]:
     st_n = c.state0.clone()
     o_n = gdn_chain(st_n, *args, state_indices=idx, validate=True, **lay)
     o_d, st_sel, snaps, st_d = c.decoded()
-    rows += c.ref_rows("decodes", o_d, st_sel)
+    rows += c.ref_rows(V.DECODES.name, o_d, st_sel)
     for what, ok in (("o", bitwise_equal(o_c, o_d)), ("state", bitwise_equal(st_c, st_d)),
                      ("snapshots", all(bitwise_equal(s, inter[:, r]) for r, s in enumerate(snaps))),
                      ("no-snapshot chain", bitwise_equal(o_n, o_c) and bitwise_equal(st_n, st_c))):
@@ -216,12 +217,12 @@ def verify_point(point: dict) -> list[dict]:
     P.require(rows)
 
     peer_rows, peer_entries = peers_checked(c, o_c, st_c, inter,
-                                            lambda o, h: c.ref_rows("fla_fused_recurrent", o, h))
+                                            lambda o, h: c.ref_rows(V.FLA.name, o, h))
     rows += peer_rows
     nosnap = fla_bytes(B, K, c.HK, c.HV, c.D, c.dtype)
     entries = [("chain", c.chain_run(st_c, inter), chain_bytes(B, K, **c.io()), {}),
                ("chain_nosnap", c.chain_run(st_n), nosnap + 4 * B, {}),
-               ("decodes", c.decodes_run(st_d), decodes_bytes(B, K, **c.io()), {})]
+               (V.DECODES.name, c.decodes_run(st_d), decodes_bytes(B, K, **c.io()), {})]
     for r in P.timed_rows(entries + peer_entries):
         if r["metric"] == "time_us":
             r["time_per_row_us"] = r["value"] / K
@@ -236,12 +237,12 @@ PARAMS = ("K", "B", "HK", "HV", "head_dim", "dtype", "state_layout")
 TARGET_SET = "Snapshot verify at Qwen3-Next's shape (HK=16, HV=32, kd=vd=128, bf16 inputs)"
 TARGETS = (
     Target("chain + K-1 snapshots <= FlashInfer mtp with its snapshot buffer, K=4", "chain",
-           "flashinfer_mtp_snapshots", 1.0, where=dict(QWEN3_NEXT, K=4, B=[64, 128, 256]),
+           V.MTP_SNAPSHOTS.name, 1.0, where=dict(QWEN3_NEXT, K=4, B=[64, 128, 256]),
            per=("B",)),
     Target("chain + K-1 snapshots >= 75% of the copy roofline, K=4", "chain", kind="frac",
            bound=0.75, where=dict(QWEN3_NEXT, K=4, B=[64, 128]), per=("B",)),
     Target("chain + K-1 snapshots against FLA fused_recurrent (no snapshots), K=4", "chain",
-           "fla_fused_recurrent", None, where=dict(QWEN3_NEXT, K=4, B=[64]), per=("B",)),
+           V.FLA.name, None, where=dict(QWEN3_NEXT, K=4, B=[64]), per=("B",)),
 )
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 
 from pmll_lab.harness import registry
 from pmll_lab.harness import verify as V
+from pmll_lab.harness import step_forms as SF
 
 COLORS = {
     # ours not registered (a registered implementation's colour is its registration's ``style``)
@@ -32,7 +33,7 @@ LAYOUT_MARKERS = {"kv": dict(marker="o"), "vk": dict(marker="s", mfc="white", me
 """Marker per state layout, so that a legend entry and a lone point tell them apart too:
 filled circles K-major, hollow squares V-major."""
 FAMILIES = {"decode and chain": ("chain_nosnap", "plain"),
-            "carried state": ("ring",),
+            "carried state": (SF.RING.name,),
             "peers": (),
             "PMLL ring": ("pmll_read", "pmll_write", "memory_attention"),
             "ring attention": ("fused", "reference", "pmll_step", "gather_sdpa_mask",

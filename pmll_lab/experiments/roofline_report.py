@@ -18,6 +18,7 @@ from pmll_lab.sizes import fla_bytes, floor_bytes
 from pmll_lab.experiments.roofline_case import L2_BYTES, LABELS, MAIN_SHAPE, PROVIDERS, SHAPE_KEYS
 from pmll_lab.experiments.target_table import ROOF, SETS, for_report
 from pmll_lab.experiments.targets import Target, fact, facts
+from pmll_lab.harness import verify as V
 
 __all__ = ["TARGET_SET", "TARGETS", "STEP_TARGET_SET", "STEP_TARGETS",
            "PLAN_TARGET_US", "PARAMS", "wide_table",
@@ -49,45 +50,46 @@ def _ring(kernel: str, label: str) -> Target:
 
 
 TARGETS = (
-    _t("decode K=1: ours <= FlashInfer decode", "decodes", "flashinfer_decode", K=1, Bs=_B3),
-    _t("decode K=1 >= 85% of the copy roofline", "decodes", kind="frac", bound=0.85, K=1,
+    _t("decode K=1: ours <= FlashInfer decode", V.DECODES.name, V.FLASHINFER_DECODE.name, K=1,
        Bs=_B3),
-    _t("decode K=1 faster than FLA", "decodes", "fla_fused_recurrent", K=1, Bs=_B3),
+    _t("decode K=1 >= 85% of the copy roofline", V.DECODES.name, kind="frac", bound=0.85, K=1,
+       Bs=_B3),
+    _t("decode K=1 faster than FLA", V.DECODES.name, V.FLA.name, K=1, Bs=_B3),
     _t("snapshot verify K=4: chain + K-1 snapshots <= FlashInfer mtp with its snapshot buffer",
-       "chain_snapshots", "flashinfer_mtp_snapshots", Bs=_B3),
-    _t("snapshot chain K=4 >= 75% of the copy roofline", "chain_snapshots", kind="frac",
+       V.CHAIN.name, V.MTP_SNAPSHOTS.name, Bs=_B3),
+    _t("snapshot chain K=4 >= 75% of the copy roofline", V.CHAIN.name, kind="frac",
        bound=0.75),
     _t("carry lazy exact K=4, amortised: <= 0.4x FlashInfer's snapshot verify",
-       "carry_exact_lazy", "flashinfer_mtp_snapshots", 0.4),
+       V.CARRY_LAZY.name, V.MTP_SNAPSHOTS.name, 0.4),
     _t("carry lazy exact K=4 without write-back <= FlashInfer mtp frozen, no buffer",
-       "carry_exact_lazy:nowb", "flashinfer_mtp_frozen", show=("mean_pend",)),
-    _t("carry lazy exact K=4, amortised: >= 50% of the copy roofline", "carry_exact_lazy",
+       f"{V.CARRY_LAZY.name}:nowb", V.MTP_FROZEN.name, show=("mean_pend",)),
+    _t("carry lazy exact K=4, amortised: >= 50% of the copy roofline", V.CARRY_LAZY.name,
        kind="frac", bound=0.5),
-    _t("carry lazy exact K=4: >= 2.5x faster than FLA (same K rows)", "carry_exact_lazy",
-       "fla_fused_recurrent", 0.4),
+    _t("carry lazy exact K=4: >= 2.5x faster than FLA (same K rows)", V.CARRY_LAZY.name,
+       V.FLA.name, 0.4),
     _t("B=1, K=4 verify, graph replay: carry lazy exact <= FlashInfer mtp with buffer",
-       "carry_exact_lazy", "flashinfer_mtp_snapshots", Bs=[1], timer="cuda_graph"),
+       V.CARRY_LAZY.name, V.MTP_SNAPSHOTS.name, Bs=[1], timer="cuda_graph"),
     _t(f"B=1, K=4: launch-plan call of the lazy exact verify <= {PLAN_TARGET_US:.0f} us "
-       "(host included, amortised)", "carry_exact_lazy:plan", kind="time",
+       "(host included, amortised)", f"{V.CARRY_LAZY.name}:plan", kind="time",
        bound=PLAN_TARGET_US, Bs=[1], timer="do_bench"),
     _t(f"B=1, K=4: lazy exact verify call <= {PLAN_TARGET_US:.0f} us (host included)",
-       "carry_exact_lazy", kind="time", bound=PLAN_TARGET_US, Bs=[1], timer="do_bench"),
-    _t("bf16 state: decode K=1 <= FlashInfer decode", "decodes", "flashinfer_decode", K=1,
+       V.CARRY_LAZY.name, kind="time", bound=PLAN_TARGET_US, Bs=[1], timer="do_bench"),
+    _t("bf16 state: decode K=1 <= FlashInfer decode", V.DECODES.name, V.FLASHINFER_DECODE.name, K=1,
        Bs=_B4, sd="bfloat16"),
     _t("bf16 state: chain K=4 + snapshots <= FlashInfer mtp with its snapshot buffer",
-       "chain_snapshots", "flashinfer_mtp_snapshots", Bs=_B4, sd="bfloat16"),
+       V.CHAIN.name, V.MTP_SNAPSHOTS.name, Bs=_B4, sd="bfloat16"),
     _t("bf16 state: carry lazy exact K=4 without write-back <= 1.2x FlashInfer mtp frozen",
-       "carry_exact_lazy:nowb", "flashinfer_mtp_frozen", 1.2, Bs=_B4, sd="bfloat16"),
-    _t("decode K=1, CUDA C++ twin <= FlashInfer decode, fp32 state", "decodes_cuda",
-       "flashinfer_decode", K=1, Bs=_B5),
-    _t("decode K=1, CUDA C++ twin <= FlashInfer decode, bf16 state", "decodes_cuda",
-       "flashinfer_decode", K=1, Bs=_B5, sd="bfloat16"),
-    _t("decode K=1, CUDA C++ twin / Triton decode (reported)", "decodes_cuda", "decodes", None,
-       K=1, Bs=_B5),
+       f"{V.CARRY_LAZY.name}:nowb", V.MTP_FROZEN.name, 1.2, Bs=_B4, sd="bfloat16"),
+    _t("decode K=1, CUDA C++ twin <= FlashInfer decode, fp32 state", V.DECODES_CUDA.name,
+       V.FLASHINFER_DECODE.name, K=1, Bs=_B5),
+    _t("decode K=1, CUDA C++ twin <= FlashInfer decode, bf16 state", V.DECODES_CUDA.name,
+       V.FLASHINFER_DECODE.name, K=1, Bs=_B5, sd="bfloat16"),
+    _t("decode K=1, CUDA C++ twin / Triton decode (reported)", V.DECODES_CUDA.name,
+       V.DECODES.name, None, K=1, Bs=_B5),
     _t("chain K=4 + snapshots, CUDA C++ twin / FlashInfer mtp + buffer (reported)",
-       "chain_snapshots_cuda", "flashinfer_mtp_snapshots", None, Bs=_B5),
-    _t("chain K=4 + snapshots, CUDA C++ twin / Triton chain (reported)", "chain_snapshots_cuda",
-       "chain_snapshots", None, Bs=_B5),
+       V.CHAIN_CUDA.name, V.MTP_SNAPSHOTS.name, None, Bs=_B5),
+    _t("chain K=4 + snapshots, CUDA C++ twin / Triton chain (reported)", V.CHAIN_CUDA.name,
+       V.CHAIN.name, None, Bs=_B5),
     _ring("pmll_read", "PMLL read"),
     _ring("pmll_write", "PMLL write"),
 )
@@ -184,8 +186,8 @@ def pmll_table(pdf: pd.DataFrame, min_bytes: float = 4 * L2_BYTES) -> pd.DataFra
     return w[cols].reset_index(drop=True).round({"MB": 1, "time_us": 2, "roofline_frac": 3})
 
 
-STATE_TABLE_KERNELS = ("decodes", "chain_snapshots", "carry_exact_eager", "carry_exact_lazy",
-                       "flashinfer_decode", "flashinfer_mtp_snapshots", "flashinfer_mtp_frozen")
+STATE_TABLE_KERNELS = (V.DECODES.name, V.CHAIN.name, V.CARRY_EAGER.name, V.CARRY_LAZY.name,
+                       V.FLASHINFER_DECODE.name, V.MTP_SNAPSHOTS.name, V.MTP_FROZEN.name)
 
 
 def state_dtype_table(df: pd.DataFrame, shape: dict | None = None, Bs=(1, 64, 256),
@@ -234,7 +236,7 @@ def findings(df: pd.DataFrame, pdf: pd.DataFrame | None = None, *, mean_accept: 
         rows.append(fact("PMLL ring points run", pdf["point_id"].nunique(), "points"))
     t = state_dtype_table(df, Bs=(64,))
     if "ratio" in t:
-        for kern, K in (("decodes", 1), ("chain_snapshots", 4), ("carry_exact_lazy", 4)):
+        for kern, K in ((V.DECODES.name, 1), (V.CHAIN.name, 4), (V.CARRY_LAZY.name, 4)):
             r = t[(t["kernel"] == kern) & (t["K"] == K)].dropna(subset=["ratio"])
             if len(r):
                 r = r.loc[r["bfloat16 state us"].idxmin()]

@@ -34,11 +34,12 @@ from pmll_lab.experiments.exactness import (first_element, int_list, name_list, 
                                             summary_line)
 from pmll_lab.peers_sglang import (STATE_DTYPES, SglangFoldWindow, fold_commit, fold_verify,
                                    recurrent_decode, require, sglang_status, sglang_version)
+from pmll_lab.harness import step_sglang as SG
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 INPUT_DTYPES = ("bfloat16", "float32")
 ROWS = (2, 3, 4, 8)
-FORM = "sglang_exact_fold"
+FORM = SG.EXACT_FOLD
 
 
 def configs(head_dims=HEAD_DIMS, state_dtypes=STATE_DTYPES, input_dtypes=INPUT_DTYPES,

@@ -18,6 +18,7 @@ from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.targets import Target, fact, facts
 from pmll_lab.sweep import CheckFailed
+from pmll_lab.harness import step_forms as SF
 
 ARCHS = ("tiny", "qwen3_next_sized")
 """``tiny_config("qwen3_next")`` / ``qwen3_next_sized_config()`` (``pmll_lab.models``)."""
@@ -26,8 +27,8 @@ SECTIONS = ("conv_verify", "gdn_verify", "accept", "gdn_flush", "conv_flush", "c
             "gdn_chain", "snapshot_restore", "conv_update", "gdn_decode")
 """Kernel sections a step is split into (``StepTimer`` names; summed over the GDN layers)."""
 
-LABELS = {"plain": "plain decoding", "exact_lazy": "carry exact, lazy",
-          "exact_eager": "carry exact, eager", "chain": "snapshot chain"}
+LABELS = {"plain": "plain decoding", SF.EXACT_LAZY.name: "carry exact, lazy",
+          SF.EXACT_EAGER.name: "carry exact, eager", "chain": "snapshot chain"}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
@@ -260,8 +261,8 @@ TARGETS = tuple(
     Target(f"step time: {LABELS[k]} / {LABELS[peer]} (tokens per step: the acceptance length)",
            dict(_SPEC, kernel=k), {"kernel": peer}, None, metric="step_us",
            where=dict(B=[64], arch="qwen3_next_sized"), per=("B",))
-    for k, peer in (("exact_lazy", "plain"), ("exact_eager", "plain"), ("chain", "plain"),
-                    ("exact_lazy", "chain")))
+    for k, peer in ((SF.EXACT_LAZY.name, "plain"), (SF.EXACT_EAGER.name, "plain"),
+                    ("chain", "plain"), (SF.EXACT_LAZY.name, "chain")))
 """Reported figures (no bounds): whole speculative steps against plain decoding's."""
 
 
@@ -455,7 +456,7 @@ def findings(w: pd.DataFrame, oracle: pd.DataFrame, K: int, p: float) -> pd.Data
                       f"of {int(r.divergences)} divergences", f"eps {r.eps:.1e}"),
                  fact(f"{what}: equal to our greedy tokens", int(r.equal_to_greedy), "1 = yes")]
     t = throughput_table(w, K, p)
-    for r in t[t["kernel"] == "exact_lazy"].itertuples() if len(t) else []:
+    for r in t[t["kernel"] == SF.EXACT_LAZY.name].itertuples() if len(t) else []:
         rows.append(fact(f"acceptance length, carry exact lazy, B={r.B}, K={K}, p={p}, "
                          f"{r.state_layout}", round(r.mean_accept, 3), "rows per verify"))
     return facts(rows)

@@ -18,6 +18,7 @@ from pmll_lab.harness import registry
 from pmll_lab.harness.runner import run_point
 from pmll_lab.harness.step import make_case
 from pmll_lab.tolerances import STEP_TOL
+from pmll_lab.harness import step_forms as SF
 
 TARGETS = for_report(STEP)
 TARGET_SET = SETS[STEP]
@@ -87,13 +88,13 @@ def sensitivity_findings(sdf: pd.DataFrame) -> pd.DataFrame:
     out = []
     if t.empty or "step_us" not in t:
         return facts(out)
-    ring = t[t.form == "ring"].set_index(["alpha", "ring_length"])["step_us"]
+    ring = t[t.form == SF.RING.name].set_index(["alpha", "ring_length"])["step_us"]
     for (a, R), v in ring.items():
         if R != 16 and (a, 16) in ring.index:
             out.append(fact(f"alpha={a}: ring step with R={R} / with R=16",
                             round(float(v / ring[(a, 16)]), 3), "x", "same B, K, state dtype"))
     for (a, f), sel in t[t.ring_length == 16].groupby(["alpha", "form"]):
-        if f != "ring" and (a, 16) in ring.index and sel.step_us.notna().all():
+        if f != SF.RING.name and (a, 16) in ring.index and sel.step_us.notna().all():
             out.append(fact(f"alpha={a} (mean {sel.mean_accept.iloc[0]:.2f} accepted): "
                             f"{label(f)} step / ring step",
                             round(float(sel.step_us.iloc[0] / ring[(a, 16)]), 3), "x", "R = 16"))
@@ -109,7 +110,8 @@ def findings(df: pd.DataFrame, kdf: pd.DataFrame, ddf: pd.DataFrame) -> pd.DataF
     at = lambda f, sd, B, m: tab[(tab.form == f) & (tab.state_dtype == sd) & (tab.B == B)  # noqa
                                  & (tab.K == 4)][m]
     for B in sorted(tab.B.unique()) if "step_us" in tab else []:
-        r, e, c = (at(f, "bfloat16", B, "step_us") for f in ("ring", "exact_lazy", "chain_restore"))
+        r, e, c = (at(f, "bfloat16", B, "step_us")
+                   for f in (SF.RING.name, SF.EXACT_LAZY.name, SF.CHAIN_RESTORE.name))
         if len(r) and len(e) and len(c):
             out += [fact(f"B={B}, bf16 state: exact lazy step / ring step",
                          float(e.iloc[0] / r.iloc[0]), "x"),
@@ -126,7 +128,8 @@ def findings(df: pd.DataFrame, kdf: pd.DataFrame, ddf: pd.DataFrame) -> pd.DataF
                                 "identical ring rows" + ("; this fill folds" if fill + K > 16
                                                          else "")))
     b = tab[(tab.K == tab.K.max())] if len(tab) else tab
-    for f in ("ring", "exact_lazy", "chain_restore", "flashinfer_replayssm") if len(b) else ():
+    shown = (SF.RING.name, SF.EXACT_LAZY.name, SF.CHAIN_RESTORE.name, SF.REPLAYSSM.name)
+    for f in shown if len(b) else ():
         sel = b[(b.form == f) & (b.state_dtype == "bfloat16")]
         if len(sel) and "bytes_moved_step" in sel:
             out += [fact(f"{label(f)}, bf16: moved per step and sequence",
@@ -134,7 +137,7 @@ def findings(df: pd.DataFrame, kdf: pd.DataFrame, ddf: pd.DataFrame) -> pd.DataF
                     fact(f"{label(f)}, bf16: held per sequence",
                          sel.bytes_held_seq.iloc[-1] / 1024, "KiB", "per layer")]
     if not ddf.empty:
-        same = same_drift(ddf, "exact_lazy", "plain_decode")
+        same = same_drift(ddf, SF.EXACT_LAZY.name, SF.PLAIN.name)
         if same is not None:
             out.append(fact("drift, bf16 state: exact lazy carry's errors == plain decoding's at "
                             "every step and checkpoint", int(same), "1 = yes",
@@ -177,7 +180,7 @@ def kernel_point(p: dict) -> list[dict]:
     rg = GdnRing(ring.k.clone(), ring.u.clone(), ring.G.clone(), ring.len.clone(),
                  ring.base.clone(), 16)
     runs["ring_verify"] = lambda: gdn_ring_verify(st, rg, **r, slot_tab=slots, scale=case.scale)[0]
-    peer = registry.get("flashinfer_replayssm")
+    peer = registry.get(SF.REPLAYSSM.name)
     if peer.unavailable() is None and peer.unsupported(case) is None:
         st2 = t["state"].clone()
         fr = ReplaySSMRing(ring.k.clone(), ring.u.clone(), ring.G.clone(),

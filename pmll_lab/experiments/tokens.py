@@ -43,20 +43,21 @@ from pmll_lab.backend import DEVICE
 from pmll_lab.carry import GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS
 from pmll_lab.experiments import protocol as P
 from pmll_lab.sweep import CheckFailed
+from pmll_lab.harness import step_forms as SF
 
-FORMS = ("plain", "exact_eager", "exact_lazy", "exact_policy", "chain_restore", "ring",
-         "flashinfer_replayssm")
+FORMS = ("plain", SF.EXACT_EAGER.name, SF.EXACT_LAZY.name, "exact_policy", SF.CHAIN_RESTORE.name,
+         SF.RING.name, SF.REPLAYSSM.name)
 """The forms compared (module docstring)."""
-EXACT_FORMS = ("exact_eager", "exact_lazy", "exact_policy", "chain_restore")
+EXACT_FORMS = (SF.EXACT_EAGER.name, SF.EXACT_LAZY.name, "exact_policy", SF.CHAIN_RESTORE.name)
 """Forms bitwise equal to plain decoding: their first divergence must be -1."""
 _SPEC = {  # form -> (ServingCache form, speculative_generate keywords)
-    "exact_eager": ("exact", dict(lazy=False)),
-    "exact_lazy": ("exact", dict(lazy=True, lazy_min_seqs=1)),
+    SF.EXACT_EAGER.name: ("exact", dict(lazy=False)),
+    SF.EXACT_LAZY.name: ("exact", dict(lazy=True, lazy_min_seqs=1)),
     "exact_policy": ("exact", dict(lazy=True, lazy_min_seqs=GDN_CARRY_LAZY_MIN_SEQS,
                                    eager_max_pending=GDN_CARRY_EAGER_MAX_PENDING)),
-    "chain_restore": ("chain", {}),
-    "ring": ("ring", {}),
-    "flashinfer_replayssm": ("replayssm", {}),
+    SF.CHAIN_RESTORE.name: ("chain", {}),
+    SF.RING.name: ("ring", {}),
+    SF.REPLAYSSM.name: ("replayssm", {}),
 }
 DRAFTERS = ("ngram",)
 """Draft sources: ``ngram`` is prompt lookup over the prompt and the tokens generated so far."""
@@ -79,7 +80,7 @@ def _each(p: dict) -> dict | None:
     if p["form"] == "plain":
         for k in _SPEC_AXES:
             p.pop(k, None)
-    elif p["form"] != "ring":
+    elif p["form"] != SF.RING.name:
         p.pop("ring_length", None)
     if p.get("forced_reject") not in (None, True, False):
         raise ValueError(f"grids: axis forced_reject: expected True or False, got "
@@ -203,7 +204,7 @@ def _generate(p: dict, prompts: list, tokens: int):
                                state_layout=p["state_layout"], state_dtype=sd,
                                return_stats=True)
     form, kw = _SPEC[p["form"]]
-    if form == "ring":
+    if form == "ring":                       # ServingCache's form
         kw = dict(kw, ring_length=int(p.get("ring_length", 16)))
     return speculative_generate(model, prompts, max_new_tokens=tokens, draft=p["drafter"],
                                 K=int(p["K"]), form=form, state_layout=p["state_layout"],
@@ -213,7 +214,7 @@ def _generate(p: dict, prompts: list, tokens: int):
 
 def _unsupported(p: dict) -> str | None:
     """Why point ``p`` cannot run here (None: it can)."""
-    if p["form"] == "flashinfer_replayssm":
+    if p["form"] == SF.REPLAYSSM.name:
         from pmll_lab.models.replayssm_stack import replayssm_why_not
 
         return replayssm_why_not(model_for(p["model"], p["dtype"]), p)

@@ -17,11 +17,12 @@ import pandas as pd
 
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.tokens import EXACT_FORMS, FORMS
+from pmll_lab.harness import step_forms as SF
 
-LABELS = {"plain": "plain decoding", "exact_eager": "exact carry, eager",
-          "exact_lazy": "exact carry, lazy", "exact_policy": "exact carry, serving policy",
-          "chain_restore": "chain + restore", "ring": "ring form (tolerance)",
-          "flashinfer_replayssm": "FlashInfer ReplaySSM"}
+LABELS = {"plain": "plain decoding", SF.EXACT_EAGER.name: "exact carry, eager",
+          SF.EXACT_LAZY.name: "exact carry, lazy", "exact_policy": "exact carry, serving policy",
+          SF.CHAIN_RESTORE.name: "chain + restore", SF.RING.name: "ring form (tolerance)",
+          SF.REPLAYSSM.name: "FlashInfer ReplaySSM"}
 DIVERGENCE = {"first_divergent_token": "vs plain, same pool",
               "first_divergent_token_fp32": "vs plain, fp32 pool"}
 QUANTILES = (0.1, 0.25, 0.5, 0.75)

@@ -112,11 +112,11 @@ FAMILY = add_family(Family(
         "ring_length"),
     make_case=make_case, check=check, metric="step_us",
     doc="SPEC §3c: the causal conv's window carried like the GDN state"))
-register(Implementation(
+CARRY_LAZY = register(Implementation(
     name="conv_carry_lazy", family="conv_step", label="conv twin: carry, lazy", exact=True,
     build=lambda c: ConvStep(c, lazy_carry=True), style={"color": "#1f77b4"},
     doc="bitwise conv_update per accepted row"))
-register(Implementation(
+CHAIN_RESTORE = register(Implementation(
     name="conv_chain_restore", family="conv_step", label="conv twin: chain + restore",
     exact=True, build=lambda c: ConvStep(c, lazy_carry=False), style={"color": "#2ca02c"},
     doc="window snapshots + the restore; bitwise conv_update"))

@@ -143,11 +143,11 @@ def _fi_supports(case) -> str | None:
     return None if flashinfer_supports(case.head_dim, dt, sd) else "shape or dtype not taken"
 
 
-register(Implementation(
+DECODE = register(Implementation(
     name="decode", family="gdn_decode", label="GDN decode (Triton)", exact=True,
     build=decode_run(_ours("triton")), bytes=decode_bytes, style={"color": "#9467bd"},
     doc="ops/gdn/decode_vk.py: one program per (sequence, value head, row block)"))
-register(Implementation(
+DECODE_CUDA = register(Implementation(
     name="decode_cuda", family="gdn_decode", label="GDN decode, CUDA C++ twin", impl="cuda",
     exact=True, gpu_only=True, build=decode_run(_ours("cuda")), supports=_cuda_supports,
     style={"color": "#ff7f0e"},

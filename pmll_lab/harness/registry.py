@@ -65,7 +65,8 @@ class Implementation:
     ``bytes(case, facts) -> int``: the fewest bytes a timed unit moves (``pmll_lab.sizes``;
     ``facts``: what the check run counted). ``plain(case)``: for an exact implementation, the
     plain decoding it must equal to the bit. ``style``: the plot's ``color``, ``marker``, and
-    ``panel`` (the error plot's panel, ``experiments.plots.family``)."""
+    ``panel`` (the error plot's panel, ``experiments.plots.family``). ``drift``: the state
+    dtypes the drift study (``pmll_lab.step_drift``) runs it on (none: not in the study)."""
 
     name: str
     family: str
@@ -84,6 +85,7 @@ class Implementation:
     plain: Callable | None = None
     style: dict = field(default_factory=dict)
     doc: str = ""
+    drift: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.name or not self.name.replace("_", "").isalnum():
@@ -99,6 +101,10 @@ class Implementation:
             bad = [v for v in values if v not in known]
             if isinstance(values, str) or bad or not values:
                 raise ValueError(f"{name}: a tuple of {', '.join(known)}, got {values!r}")
+        bad = [v for v in self.drift if v not in self.state_dtypes]
+        if isinstance(self.drift, str) or bad:
+            raise ValueError(f"drift: a tuple of its state_dtypes ({', '.join(self.state_dtypes)})"
+                             f", got {self.drift!r}")
 
     def unavailable(self) -> str | None:
         """Why it cannot run on this machine (not installed, GPU only), or None."""

@@ -61,8 +61,9 @@ def build_exact(case: StepCase, *, lazy: bool, impl: str = "triton", name: str =
                     folds_when=rule, cursors=lambda: [carry.pend, state])
 
 
-def build_ring(case: StepCase, name: str = "ring") -> StepForm:
+def build_ring(case: StepCase, name: str | None = None) -> StepForm:
     """``gdn_ring_verify`` + ``ring_accept`` (SPEC §3d), ring rows in the state's dtype."""
+    name = RING.name if name is None else name
     t = case.tensors
     state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
     d = case.head_dim
@@ -83,8 +84,9 @@ def build_ring(case: StepCase, name: str = "ring") -> StepForm:
                     cursors=lambda: [ring.len, ring.base, state])
 
 
-def build_chain_restore(case: StepCase, name: str = "chain_restore") -> StepForm:
+def build_chain_restore(case: StepCase, name: str | None = None) -> StepForm:
     """``gdn_chain`` with ``K - 1`` snapshots + ``gdn_snapshot_restore`` of the accepted one."""
+    name = CHAIN_RESTORE.name if name is None else name
     t = case.tensors
     state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
     K, HV, d = case.rows, case.num_v_heads, case.head_dim
@@ -100,11 +102,12 @@ def build_chain_restore(case: StepCase, name: str = "chain_restore") -> StepForm
                     sizes.snapshot_bytes(K, HV, d, d, case.state_dtype), cursors=lambda: [state])
 
 
-def build_plain(case: StepCase, impl: str = "triton", name: str = "plain_decode") -> StepForm:
+def build_plain(case: StepCase, impl: str = "triton", name: str | None = None) -> StepForm:
     """``gdn_decode`` once per accepted row (padding lanes for sequences that accepted fewer) on
     its own copy of the state: plain decoding of the accepted tokens, what the exact forms must
     equal to the bit. ``impl``: the decode's (a CUDA twin's exact forms answer to the CUDA
     decode)."""
+    name = PLAIN.name if name is None else name
     t = case.tensors
     state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
     o = torch.zeros(case.batch, case.rows, case.num_v_heads, case.head_dim,
@@ -204,41 +207,43 @@ def _fi_available() -> str | None:
 
 
 FAMILY = "gdn_step"
-for lazy in (True, False):
-    mode = "lazy" if lazy else "eager"
-    for impl in ("triton", "cuda"):
-        suffix = "_cuda" if impl == "cuda" else ""
-        name = f"exact_{mode}{suffix}"
-        register(Implementation(
-            name=name, family=FAMILY, exact=True, impl=impl, gpu_only=impl == "cuda",
-            label=f"carry exact, {mode}" + (", CUDA C++ twin" if impl == "cuda" else ""),
-            build=lambda c, lazy=lazy, impl=impl, name=name: build_exact(c, lazy=lazy,
-                                                                        impl=impl, name=name),
-            supports=_cuda_supports if impl == "cuda" else None, bytes=_carry_bytes,
-            style={"color": {"exact_lazy": "#1f77b4", "exact_eager": "#aec7e8",
-                             "exact_lazy_cuda": "#ff7f0e", "exact_eager_cuda": "#ffbb78"}[name]},
-            plain=lambda c, impl=impl: build_plain(c, impl),
-            doc="SPEC §3b: the stash replays pending rows; bitwise plain decoding"))
-register(Implementation(
+EXACT_LAZY, EXACT_LAZY_CUDA, EXACT_EAGER, EXACT_EAGER_CUDA = (
+    register(Implementation(
+        name=name, family=FAMILY, exact=True, impl=impl, gpu_only=impl == "cuda",
+        label=f"carry exact, {'lazy' if lazy else 'eager'}"
+              + (", CUDA C++ twin" if impl == "cuda" else ""),
+        build=lambda c, lazy=lazy, impl=impl, name=name: build_exact(c, lazy=lazy,
+                                                                    impl=impl, name=name),
+        supports=_cuda_supports if impl == "cuda" else None, bytes=_carry_bytes,
+        style={"color": color}, drift=drift,
+        plain=lambda c, impl=impl: build_plain(c, impl),
+        doc="SPEC §3b: the stash replays pending rows; bitwise plain decoding"))
+    for name, lazy, impl, color, drift in (
+        ("exact_lazy", True, "triton", "#1f77b4", ("bfloat16",)),
+        ("exact_lazy_cuda", True, "cuda", "#ff7f0e", ()),
+        ("exact_eager", False, "triton", "#aec7e8", ()),
+        ("exact_eager_cuda", False, "cuda", "#ffbb78", ())))
+"""The exact forms (SPEC §3b), lazy and eager, Triton and their CUDA C++ twins."""
+RING = register(Implementation(
     name="ring", family=FAMILY, label="carry ring (tolerance form)", build=build_ring,
-    style={"color": "#17becf"},
+    style={"color": "#17becf"}, drift=("bfloat16", "float32"),
     bytes=lambda c, f: sizes.ring_step_bytes(**dims(c), fold_frac=f["fold_frac"],
                                              mean_fill=f["mean_fill"]),
     doc="SPEC §3d: read-only state, accepted rows in a ring, tensor-core correction"))
-register(Implementation(
+CHAIN_RESTORE = register(Implementation(
     name="chain_restore", family=FAMILY, exact=True, label="chain + snapshots + restore",
     build=build_chain_restore, plain=build_plain, style={"color": "#2ca02c"},
     bytes=lambda c, f: sizes.snapshot_step_bytes(
         **dims(c), writes=c.rows, restore_frac=1 - c.alpha ** (c.rows - 1)),
     doc="SPEC §3a: the baseline, one snapshot per draft row"))
-register(Implementation(
+PLAIN = register(Implementation(
     name="plain_decode", family=FAMILY, exact=True, label="plain decoding",
-    style={"color": "#000000"},
+    style={"color": "#000000"}, drift=("bfloat16",),
     build=build_plain, bytes=lambda c, f: sizes.snapshot_step_bytes(
         **dims(c), writes=c.rows, restore_frac=0.0) + (c.rows - 1) * sizes.state_bytes(
         c.num_v_heads, c.head_dim, c.head_dim, c.state_dtype),
     doc="one decode per accepted token: the answer every form owes, at K state round trips"))
-register(Implementation(
+SNAPSHOT_RESTORE = register(Implementation(
     name="flashinfer_snapshot_restore", family=FAMILY, provider="flashinfer", impl="cute-dsl",
     label="FlashInfer mtp + snapshots + restore", build=build_flashinfer_snapshots,
     style={"color": "#e377c2"},
@@ -248,7 +253,7 @@ register(Implementation(
 REPLAYSSM = register(Implementation(
     name="flashinfer_replayssm", family=FAMILY, provider="flashinfer", impl="cute-dsl",
     label="FlashInfer ReplaySSM (ucache_flush + commit)", build=build_flashinfer_replayssm,
-    style={"color": "#c49c94", "panel": "peers"},
+    style={"color": "#c49c94", "panel": "peers"}, drift=("bfloat16",),
     state_dtypes=("bfloat16",), gpu_only=True, supports=_replayssm_supports,
     available=_fi_available, version=flashinfer_version,
     bytes=lambda c, f: sizes.ring_step_bytes(**dims(c), fold_frac=f["fold_frac"],

@@ -119,5 +119,6 @@ def _bytes(c: StepCase, f: dict) -> int:
 register(Implementation(
     name=NAME, family="gdn_step", exact=True, label="carry ring, exact fold",
     build=build_ring_exact_fold, plain=build_plain, style={"color": "#9edae5"}, bytes=_bytes,
+    drift=("bfloat16", "float32"),
     doc="SPEC §3d's ring for the outputs; its window folded by decoding the raw rows, so the "
         "state is plain decoding's to the bit (SGLang's closed-loop fold, on our ring)"))

@@ -36,11 +36,14 @@ from pmll_lab.peers_sglang import (SglangFoldWindow, SglangRing, exact_fold_supp
 from pmll_lab.harness.registry import Implementation, register
 from pmll_lab.harness.step import StepCase, StepForm
 
-FORMS = ("sglang_exact_fold", "sglang_replayssm", "sglang_replayssm_rawfold")
-LABELS = {"sglang_exact_fold": "SGLang fold-every-commit (exact carried state)",
-          "sglang_replayssm": "SGLang ReplaySSM ring (verify + commit)",
-          "sglang_replayssm_rawfold": "SGLang ReplaySSM ring, exact fold at flush"}
-RING_LAYOUT = {"sglang_replayssm": "compact", "sglang_replayssm_rawfold": "raw"}
+EXACT_FOLD, REPLAYSSM, REPLAYSSM_RAWFOLD = (
+    "sglang_exact_fold", "sglang_replayssm", "sglang_replayssm_rawfold")
+"""The three forms' registry names, written here only (registered at the end of the module)."""
+FORMS = (EXACT_FOLD, REPLAYSSM, REPLAYSSM_RAWFOLD)
+LABELS = {EXACT_FOLD: "SGLang fold-every-commit (exact carried state)",
+          REPLAYSSM: "SGLang ReplaySSM ring (verify + commit)",
+          REPLAYSSM_RAWFOLD: "SGLang ReplaySSM ring, exact fold at flush"}
+RING_LAYOUT = {REPLAYSSM: "compact", REPLAYSSM_RAWFOLD: "raw"}
 
 
 def available() -> bool:
@@ -57,7 +60,7 @@ def supports(form: str, case: StepCase) -> bool:
     """Whether ``form`` takes this case's shape and dtypes (not whether SGLang is installed:
     ``available``). ``ValueError`` naming ``form`` for one not in ``FORMS``."""
     _checks.choice("form", form, FORMS)
-    if form == "sglang_exact_fold":
+    if form == EXACT_FOLD:
         return exact_fold_supports(case.head_dim, case.rows, case.dtype, case.state_dtype)
     return ring_supports(case.head_dim, case.rows, case.dtype, case.state_dtype,
                          case.ring_length)
@@ -73,7 +76,7 @@ def build_form(form: str, case: StepCase) -> StepForm:
                          f"K={case.rows}, dtype={case.dtype}, state_dtype={case.state_dtype}, "
                          f"ring_length={case.ring_length})")
     kern = require()
-    if form == "sglang_exact_fold":
+    if form == EXACT_FOLD:
         return _exact_fold(kern, case)
     return _ring(kern, case, form)
 
@@ -102,7 +105,7 @@ def _exact_fold(kern, case: StepCase) -> StepForm:
     def eff(b):
         return state[int(slots[b])].double().transpose(-1, -2).cpu()
 
-    sf = StepForm("sglang_exact_fold", case, step, eff, window.bytes_per_slot,
+    sf = StepForm(EXACT_FOLD, case, step, eff, window.bytes_per_slot,
                   cursors=lambda: [state])
     sf.window = window
     return sf
@@ -149,7 +152,7 @@ def step_bytes(form: str, case: StepCase, fold_frac: float, mean_fill: float) ->
     _checks.choice("form", form, FORMS)
     mean_accept = float(case.tensors["accepted"].float().mean())
     shape = (case.num_k_heads, case.num_v_heads, case.head_dim, case.head_dim)
-    if form == "sglang_exact_fold":
+    if form == EXACT_FOLD:
         return sizes.sglang_fold_step_bytes(case.rows, mean_accept, *shape, case.dtype,
                                             case.state_dtype)
     return sizes.sglang_ring_step_bytes(case.rows, fold_frac, mean_fill, mean_accept, *shape,
@@ -161,14 +164,13 @@ def bytes_held(form: str, case: StepCase) -> int:
     ``sglang_fold_bytes_per_seq``, ``sglang_ring_bytes_per_seq``), without building it."""
     _checks.choice("form", form, FORMS)
     shape = (case.num_k_heads, case.num_v_heads, case.head_dim, case.head_dim)
-    if form == "sglang_exact_fold":
+    if form == EXACT_FOLD:
         return sizes.sglang_fold_bytes_per_seq(case.rows, *shape, case.dtype)
     return sizes.sglang_ring_bytes_per_seq(case.ring_length, *shape, case.dtype,
                                            RING_LAYOUT[form])
 
 
-COLORS = {"sglang_exact_fold": "#393b79", "sglang_replayssm": "#8c6d31",
-          "sglang_replayssm_rawfold": "#bd9e39"}
+COLORS = {EXACT_FOLD: "#393b79", REPLAYSSM: "#8c6d31", REPLAYSSM_RAWFOLD: "#bd9e39"}
 for _form in FORMS:
     register(Implementation(
         name=_form, family="gdn_step", label=LABELS[_form], provider="sglang", impl="triton",
@@ -178,4 +180,4 @@ for _form in FORMS:
         available=lambda: None if sglang_available() else sglang_status(),
         version=sglang_version, state_dtypes=("float32", "bfloat16"),
         bytes=lambda c, facts, f=_form: step_bytes(f, c, facts["fold_frac"], facts["mean_fill"]),
-        style={"color": COLORS[_form]}))
+        style={"color": COLORS[_form]}, drift=("bfloat16", "float32")))

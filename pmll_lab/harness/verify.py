@@ -120,9 +120,10 @@ CARRY_EAGER = _ours("carry_exact_eager", "carry exact, eager", "#aec7e8", "carri
 CARRY_LAZY = _ours("carry_exact_lazy", "carry exact, lazy (amortised)", "#1f77b4",
                    "carried state", doc="gdn_carry_verify, exact form, lazy: timed without "
                    "(:nowb) and with (:wb) a write-back, amortised")
+_FLA_NAME = "fla_fused_recurrent"
 FLA = register(Implementation(
-    name="fla_fused_recurrent", family=FAMILY, label="FLA fused_recurrent", provider="fla",
-    build=_build("fla_fused_recurrent"), layouts=("kv",), state_dtypes=("float32",),
+    name=_FLA_NAME, family=FAMILY, label="FLA fused_recurrent", provider="fla",
+    build=_build(_FLA_NAME), layouts=("kv",), state_dtypes=("float32",),
     gpu_only=True, available=_fla_available, version=fla_version,
     style={"color": "#d62728", "panel": "peers"}, doc="fla-core's fused_recurrent, K-major"))
 registry.join(FAMILY, FLASHINFER_DECODE)           # the one-row verify (K = 1 only)
