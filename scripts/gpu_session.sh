@@ -72,9 +72,9 @@ case $part in
               # fp32 third of the exactness grid, then the notebooks that need no FlashInfer
     exactness 16,32,64,128,256 150 true float32
     notebooks pmll_ring:150 gdn_conv:100 kernels:120 ;;
-  n2) notebooks pmll_attention:150 spec_decode:220 ;;          # part-b
+  n2) notebooks pmll_attention:150 ;;                           # part-b
   n3) notebooks carry_step:560 ;;                               # part-c: FlashInfer unpacked
-  n4) notebooks gdn_verify:150 carry_protocol:200 roofline:220 ;;  # what time is left
+  n4) notebooks spec_decode:200 gdn_verify:150 carry_protocol:200 ;;  # what time is left
   a)          # first of four calls (part-a): the bits, every form once, the packed-tile A/B
     exactness 64,128,256 180; smoke; ab 0; ab 1 ;;
   b)          # second (part-b, .whl): the carry_step notebook's quick preset on the GPU
