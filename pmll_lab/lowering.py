@@ -179,8 +179,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     multiple of key heads, a ``state_type`` not in ``STATE_TYPES``, or ``resources`` with a
     ``stage`` before ``"cubin"``, and
     ``RuntimeError`` as :func:`lower` does."""
-    from pmll_lab.ops.carry import gdn_carry_exact as E
-    from pmll_lab.ops.carry.gdn_carry_stash import GDN_CARRY_CAP
+    from pmll_lab.ops.carry import exact_kernels as E
+    from pmll_lab.ops.carry.stash import GDN_CARRY_CAP
 
     if not 1 <= rows <= GDN_CARRY_CAP:
         raise ValueError(f"rows: must lie in 1..{GDN_CARRY_CAP}, got {rows}")

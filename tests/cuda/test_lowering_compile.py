@@ -15,7 +15,7 @@ from _lowering_helpers import run_lowered
 
 COMPILE_ALL = textwrap.dedent("""
     from pmll_lab.lowering import lower
-    from pmll_lab.ops.carry.gdn_carry_exact import gdn_carry_flush_kernel
+    from pmll_lab.ops.carry.exact_kernels import gdn_carry_flush_kernel
     from pmll_lab.ops.carry.gdn_carry_pending import carry_accept_kernel
     rows = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "o": "*bf16", "g": "*fp32", "beta": "*fp32"}
     types = {f"{n}_ptr": t for n, t in rows.items()} | {
@@ -55,8 +55,8 @@ def test_other_carry_kernels_compile_for_sm90():
 COMPILE_RING = textwrap.dedent("""
     import sys
     from pmll_lab.lowering import lower
-    from pmll_lab.ops.carry.gdn_ring_fused import gdn_ring_fused_kernel
-    from pmll_lab.ops.carry.gdn_ring_kernels import (SMALL_PRODUCTS, gdn_ring_flush_kernel,
+    from pmll_lab.ops.carry.ring_verify import gdn_ring_fused_kernel
+    from pmll_lab.ops.carry.ring_kernels import (SMALL_PRODUCTS, gdn_ring_flush_kernel,
                                                      ring_accept_kernel)
     ints = {"len_ptr", "base_ptr", "slot_ptr", "engaged_ptr", "acc_ptr"}
     def types(kern, state):

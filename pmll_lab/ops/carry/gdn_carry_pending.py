@@ -1,5 +1,5 @@
 """Carried-state GDN flush and accept: the pending rows folded into the states, and counted
-after a verify (SPEC §3b). The flush kernels are in ``pmll_lab.ops.carry.gdn_carry_exact``
+after a verify (SPEC §3b). The flush kernels are in ``pmll_lab.ops.carry.exact_kernels``
 (K-major) and ``pmll_lab.ops.carry.gdn_carry_vk`` (V-major); the accept kernel is here.
 
 Flush (``gdn_carry_flush``), grid ``(B * HV * NV, L)`` (a head's blocks on consecutive
@@ -23,11 +23,11 @@ import triton
 import triton.language as tl
 
 from pmll_lab import _checks
-from pmll_lab.ops.carry.gdn_carry_common import (INDEX_DTYPES, check_carry, check_host_slots,
+from pmll_lab.ops.carry.common import (INDEX_DTYPES, check_carry, check_host_slots,
                                                  check_state, offsets_table)
-from pmll_lab.ops.carry import gdn_carry_cuda
-from pmll_lab.ops.carry.gdn_carry_exact import gdn_carry_flush_kernel
-from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
+from pmll_lab.ops.carry import cuda
+from pmll_lab.ops.carry.exact_kernels import gdn_carry_flush_kernel
+from pmll_lab.ops.carry.stash import GdnCarry
 from pmll_lab.ops import settings
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
@@ -72,7 +72,7 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     slots distinct and in range, ``0 <= pend <= CAP``, the states and pending stash rows read
     finite, in every layer. ``state_layout``: ``"vk"`` (V-major tiles; the same bits as V-major
     decoding) or ``"kv"``; every carry must be made for it. ``impl``: ``"triton"`` or ``"cuda"``:
-    the CUDA C++ twin (``kernels/gdn_carry.cu``, ``pmll_lab.ops.carry.gdn_carry_cuda``) after the
+    the CUDA C++ twin (``kernels/gdn_carry.cu``, ``pmll_lab.ops.carry.cuda``) after the
     same checks; V-major, ``kd <= 256``; the bits of ``gdn_decode(impl="cuda")`` launches of the
     folded rows when the stash was written by ``gdn_carry_verify(impl="cuda")``; ``RuntimeError``
     without a CUDA device. Raises ``ValueError`` naming the argument.
@@ -117,8 +117,8 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
             _checks.finite_pending(f"carries[{i}]", {"u": ca.u, "g": ca.g, "k": ca.k}, live,
                                    ca.pend[live])
     if impl == "cuda":
-        gdn_carry_cuda.check_cuda(states[0], kd, state_layout, "carried-state flush")
-        gdn_carry_cuda.launch_flush(states, carries, slot_tab)
+        cuda.check_cuda(states[0], kd, state_layout, "carried-state flush")
+        cuda.launch_flush(states, carries, slot_tab)
         return
     if B == 0:
         return

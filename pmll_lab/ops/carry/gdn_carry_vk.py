@@ -1,7 +1,7 @@
 """Carried-state GDN verify and flush on a V-major state (``state_layout="vk"``; SPEC §3b).
 
 The state is ``[S, HV, vd, kd]`` (inner three dims contiguous); the stash (``GdnCarry``) is the
-same as for the K-major kernels (``pmll_lab.ops.carry.gdn_carry``): ``u`` rows per value row,
+same as for the K-major kernels (``pmll_lab.ops.carry.exact``): ``u`` rows per value row,
 ``g`` and normalised ``k`` rows per head. These kernels use the V-major decomposition of
 ``pmll_lab.ops.gdn.decode_vk``: a program owns a tile of ``BR`` value rows of one
 (sequence, value head), ``h [BR, NC, CW]`` (keys in chunks), on the tile ``vk_config`` gives decode for the same
@@ -28,7 +28,7 @@ stores the post-row state), so the compiler drops that row's state update.
 Flush, grid ``(B * HV * NT, L)``: as the K-major flush (``pmll_lab.ops.carry.gdn_carry_pending``,
 per-layer offset tables), on V-major tiles.
 The exact verify and the flush are built from the layout-generic pieces of
-``pmll_lab.ops.carry.gdn_carry_skeleton`` (``VK=True`` here), shared with the K-major kernels.
+``pmll_lab.ops.carry.exact_rows`` (``VK=True`` here), shared with the K-major kernels.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.carry.gdn_carry_exact import ROW_UNSPECIALIZED
-from pmll_lab.ops.carry.gdn_carry_skeleton import (exact_row, flush_tile, fold_pending,
+from pmll_lab.ops.carry.exact_kernels import ROW_UNSPECIALIZED
+from pmll_lab.ops.carry.exact_rows import (exact_row, flush_tile, fold_pending,
                                                    restash_shared_rows, row_ptrs,
                                                    stash_rows_ahead_vk, store_engaged,
                                                    verify_prologue)

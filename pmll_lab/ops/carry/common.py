@@ -13,13 +13,13 @@ import torch
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
-from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
+from pmll_lab.ops.carry.stash import GdnCarry
 from pmll_lab.ops.gdn.gating import check_gating, gate_groups, gate_inputs
 from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout, head_dims
 
 FORMS = ("exact",)
 """Forms of ``gdn_carry_verify``: the exact form only (bitwise equal to decoding). The tolerance
-form of the carried state is the ring form, ``pmll_lab.ops.carry.gdn_ring``."""
+form of the carried state is the ring form, ``pmll_lab.ops.carry.ring``."""
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 _TABLES: dict[tuple, torch.Tensor] = {}
@@ -87,11 +87,11 @@ def check_state(name: str, state) -> torch.Tensor:
 
 def check_form(name: str, form, options: Sequence[str] = FORMS) -> None:
     """``form`` is one of ``options``; ``"wy"`` gets its own message: the tolerance form of the
-    carried state is the ring form (``pmll_lab.ops.carry.gdn_ring``), a launcher of its own."""
+    carried state is the ring form (``pmll_lab.ops.carry.ring``), a launcher of its own."""
     if form == "wy":
         raise ValueError(f"{name}: 'wy' is not a form of the carried-state verify (forms: "
                          f"{list(options)}); the tolerance form is the ring form, "
-                         "pmll_lab.ops.carry.gdn_ring (GdnRing, gdn_ring_verify)")
+                         "pmll_lab.ops.carry.ring (GdnRing, gdn_ring_verify)")
     _checks.choice(name, form, options)
 
 

@@ -1,16 +1,16 @@
 """Carried-state GDN verify: the launchers and their launch-time settings (SPEC §3b), and the
 overview of the carried-state family, split by topic:
 
-- the stash ``GdnCarry`` and the sizes per slot: ``pmll_lab.ops.carry.gdn_carry_stash``;
+- the stash ``GdnCarry`` and the sizes per slot: ``pmll_lab.ops.carry.stash``;
 - flush and accept (the pending rows folded and counted):
   ``pmll_lab.ops.carry.gdn_carry_pending``;
 - the argument checks and the helpers every launcher shares:
-  ``pmll_lab.ops.carry.gdn_carry_common``;
-- the kernels: the exact form and the flush in ``pmll_lab.ops.carry.gdn_carry_exact``, the
+  ``pmll_lab.ops.carry.common``;
+- the kernels: the exact form and the flush in ``pmll_lab.ops.carry.exact_kernels``, the
   V-major state's in ``pmll_lab.ops.carry.gdn_carry_vk``.
 
 The tolerance form of the carried state, the ring form, has its own launchers:
-``pmll_lab.ops.carry.gdn_ring`` (SPEC §3d).
+``pmll_lab.ops.carry.ring`` (SPEC §3d).
 
 Each name is imported from the module that defines it (the facade ``pmll_lab.carry`` gathers
 the public API); this module defines the verify's launchers only. The
@@ -61,15 +61,15 @@ import torch
 
 from pmll_lab import _checks
 from pmll_lab.ops import settings
-from pmll_lab.ops.carry import gdn_carry_cuda
+from pmll_lab.ops.carry import cuda
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, head_dims,
                                          vk_chunk_meta, vk_config)
 from pmll_lab.ops.gdn.gating import split_gating
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan, device_guard
-from pmll_lab.ops.carry.gdn_carry_common import checked_verify_outputs
-from pmll_lab.ops.carry.gdn_carry_exact import gdn_carry_exact_kernel, gdn_carry_exact_split_kernel
+from pmll_lab.ops.carry.common import checked_verify_outputs
+from pmll_lab.ops.carry.exact_kernels import gdn_carry_exact_kernel, gdn_carry_exact_split_kernel
 
 
 def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form="exact",
@@ -99,7 +99,7 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
             for a padding lane (zero outputs, ``engaged`` 1; no state, stash or ``pend``
             access), contiguous.
         form: ``"exact"`` (bitwise equal to decoding the rows one at a time), the only form;
-            the tolerance form is the ring form (``pmll_lab.ops.carry.gdn_ring``), and
+            the tolerance form is the ring form (``pmll_lab.ops.carry.ring``), and
             ``"wy"`` raises a ``ValueError`` that says so.
         lazy: ``False`` = eager (write back whenever ``pend > 0``); ``True`` = write back only
             when ``pend + K > CAP``.
@@ -116,7 +116,7 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
             this module). The same default as every GDN launcher (``gdn_decode``:
             why); the stash is the same for both.
         impl: ``"triton"`` or ``"cuda"``: the CUDA C++ twin (``kernels/gdn_carry.cu``,
-            ``pmll_lab.ops.carry.gdn_carry_cuda``) after the same checks; V-major,
+            ``pmll_lab.ops.carry.cuda``) after the same checks; V-major,
             ``kd <= 256``; bitwise ``gdn_decode(impl="cuda")`` launches of the rows (within
             the float64 reference's tolerance of the Triton carry, not bitwise it).
             ``RuntimeError`` without a CUDA device, ``ValueError`` naming ``impl`` for a
@@ -136,9 +136,9 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
                                                lazy, scale, validate, eager_max_pending,
                                                state_layout, gating, use_qk_l2norm)
     if impl == "cuda":
-        gdn_carry_cuda.check_cuda(state, head_dims(state.shape, state_layout)[0], state_layout,
+        cuda.check_cuda(state, head_dims(state.shape, state_layout)[0], state_layout,
                                   "carried-state verify")
-        gdn_carry_cuda.launch_verify(state, carry, _arrivals(carry, state.shape[1]), q, k, v,
+        cuda.launch_verify(state, carry, _arrivals(carry, state.shape[1]), q, k, v,
                                      g, beta, o, engaged, slot_tab, lazy, scale, use_qk_l2norm,
                                      gating)
         return o, engaged

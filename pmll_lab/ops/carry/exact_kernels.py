@@ -1,5 +1,5 @@
 """Carried-state GDN verify, exact form, and the flush: Triton kernels on the K-major state
-(``state_layout="kv"``; SPEC §3b). Launched by ``pmll_lab.ops.carry.gdn_carry`` (verify; its
+(``state_layout="kv"``; SPEC §3b). Launched by ``pmll_lab.ops.carry.exact`` (verify; its
 module docstring gives the buffers, grids and the protocol) and
 ``pmll_lab.ops.carry.gdn_carry_pending`` (flush).
 
@@ -15,7 +15,7 @@ write-back that restarts the stash can never overwrite a row still to be folded 
 (per-layer offset tables). Source: the carried-state protocol of the seeds (``SPEC §3b``);
 the row is FLA's fused recurrent Gated DeltaNet step (Yang et al. 2024, "Gated Delta Networks").
 The prologue, the fold loop, the row, the restash and the flush body are the layout-generic
-pieces of ``pmll_lab.ops.carry.gdn_carry_skeleton`` (``VK=False`` here), shared with the
+pieces of ``pmll_lab.ops.carry.exact_rows`` (``VK=False`` here), shared with the
 V-major kernels.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.carry.gdn_carry_skeleton import (exact_row, flush_tile, fold_pending,
+from pmll_lab.ops.carry.exact_rows import (exact_row, flush_tile, fold_pending,
                                                    restash_shared_rows, row_ptrs, store_engaged,
                                                    verify_prologue)
 from pmll_lab.ops.gdn.recurrence import (head_tile_program, load_gate_params, load_row_inputs,
@@ -152,7 +152,7 @@ def gdn_carry_exact_kernel(
 
     Buffers and meaning as ``gdn_carry_verify`` documents them (K-major ``state [S, HV, kd,
     vd]`` fp32/bf16/fp16, stash fp32, ``pend`` and ``engaged`` int32); launched by it, after its
-    checks, with ``exact_split_columns`` off (``gdn_carry._verify_launch_args``), so the kernel
+    checks, with ``exact_split_columns`` off (``exact._verify_launch_args``), so the kernel
     itself raises nothing. Public because ``pmll_lab.lowering`` compiles it for sm_90 to check
     that its reductions lie as decode's do."""
     b = tl.program_id(0).to(tl.int64)

@@ -4,7 +4,7 @@ per slot of the stash and of the snapshot chain it replaces (SPEC §3a) are
 
 The stash layout (the seed's ``vn | g | sk`` rows, ``CAP`` of them per slot) is given on
 ``GdnCarry``; how the verify, flush and accept kernels read and write it is in the module
-docstrings of ``pmll_lab.ops.carry.gdn_carry`` (verify) and
+docstrings of ``pmll_lab.ops.carry.exact`` (verify) and
 ``pmll_lab.ops.carry.gdn_carry_pending`` (flush, accept).
 """
 
@@ -151,7 +151,7 @@ class GdnCarry:
         """Zero the arrival counts of slots ``idx`` (an int64 index tensor on the carry's
         device). The split verify kernels count, per (slot, value head), the programs that have
         folded the pending rows (``[S, HV]`` int32, kept on the carry by
-        ``pmll_lab.ops.carry.gdn_carry._arrivals``); the last to arrive restashes the shared
+        ``pmll_lab.ops.carry.exact._arrivals``); the last to arrive restashes the shared
         ``g``/``k`` rows and sets the count back to 0. A launch stopped part-way leaves counts
         above 0, and the next write-back verify of the slot would then take the wrong program
         for the last (a wrong stash): zeroing them makes the counts right again."""

@@ -2,7 +2,7 @@
 share (SPEC §3b): the prologue, the fold loop of the pending rows, the verified row, the
 restash of the shared ``g``/``k`` stash rows and the ``engaged`` store, each written once with
 the layout as a ``tl.constexpr`` flag ``VK`` (``False``: K-major blocks ``h [BK, BV]``,
-``pmll_lab.ops.carry.gdn_carry_exact``; ``True``: V-major tiles ``h [BR, NC, CW]``,
+``pmll_lab.ops.carry.exact_kernels``; ``True``: V-major tiles ``h [BR, NC, CW]``,
 ``pmll_lab.ops.carry.gdn_carry_vk``). Why one skeleton: the protocol (which rows fold, where
 the new rows go, who restashes) is the same for both layouts; only the tile shape and the row
 arithmetic (``recurrence.gdn_row`` / ``gdn_row_vk``) differ. Each layout's branch emits the
@@ -41,7 +41,7 @@ def verify_prologue(state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_stat
     write-back, else ``p``), and pointers to the head's state and to its ``u``, ``g``, ``k``
     stash rows (row 0). Both layouts store a head's state as ``KD * VD`` contiguous values.
     ``slot_ptr`` int32/int64, ``pend_ptr`` int32; the launcher has checked ``pend`` in
-    ``[0, CAP]``. Shared by the K-major (``gdn_carry_exact``) and V-major (``gdn_carry_vk``)
+    ``[0, CAP]``. Shared by the K-major (``exact_kernels``) and V-major (``gdn_carry_vk``)
     verify kernels, so both read a slot the same way."""
     slot = tl.load(slot_ptr + b).to(tl.int64)
     live = slot >= 0
