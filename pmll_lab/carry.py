@@ -8,8 +8,8 @@ flush) folds them. Launchers:
 
 - ``GdnCarry`` (one layer's stash + ``pend``), ``gdn_carry_verify`` (exact form, eager or lazy), ``gdn_carry_verify_plan`` (the same bound to fixed buffers, a lean call for small
   batches: ``pmll_lab.ops.launch.LaunchPlan``), ``gdn_carry_flush`` (``L`` layers, one
-  launch): ``pmll_lab.ops.carry.exact`` (the stash in ``stash``, the flush and
-  accept in ``gdn_carry_pending``).
+  launch): ``pmll_lab.ops.carry.exact`` (the stash, the flush and accept in
+  ``pmll_lab.ops.carry.stash``).
 - ``GdnRing`` (one layer's ring: the accepted rows' keys, corrections and cumulative decays,
   ``R`` per slot), ``gdn_ring_verify`` (the ring form, SPEC §3d: the stored state read-only, a
   tolerance form), ``ring_accept`` (commit ``a`` rows, on the device), ``gdn_ring_flush`` (fold
@@ -52,11 +52,10 @@ The float64 reference of the protocol is ``pmll_lab.reference.carry``.
 from __future__ import annotations
 
 from pmll_lab.ops.carry.exact import gdn_carry_verify, gdn_carry_verify_plan
-from pmll_lab.ops.carry.common import (  # noqa: F401
-    FORMS, INDEX_DTYPES, check_carry, check_form, check_state)
-from pmll_lab.ops.carry.gdn_carry_pending import carry_accept, gdn_carry_flush
-from pmll_lab.ops.carry.stash import (GDN_CARRY_CAP, GdnCarry, snapshot_bytes_per_slot,
-                                                stash_bytes_per_slot)
+from pmll_lab.ops.carry.common import FORMS, INDEX_DTYPES, check_form, check_state  # noqa: F401
+from pmll_lab.ops.carry.stash import (GDN_CARRY_CAP, GdnCarry, carry_accept,  # noqa: F401
+                                      check_carry, gdn_carry_flush, snapshot_bytes_per_slot,
+                                      stash_bytes_per_slot)
 from pmll_lab.ops.carry.ring import (  # noqa: F401
     RING_DEFAULT_LENGTH, RING_LENGTHS, RING_TOLERANCE, GdnRing, gdn_ring_flush, gdn_ring_verify,
     ring_accept)

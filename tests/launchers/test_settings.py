@@ -275,11 +275,11 @@ OLD_GLOBALS = ("VK_TILES", "VK_AHEAD", "VK_CHUNK", "VK_QK_HINT", "CARRY_PREFETCH
 def test_no_script_or_test_sets_a_launch_setting_as_a_module_global():
     """The launchers read ``settings``, so assigning the old globals would change nothing:
     neither they nor a monkeypatch of them may come back."""
-    from pmll_lab.ops.carry import exact, exact_kernels, gdn_carry_pending
+    from pmll_lab.ops.carry import exact, exact_kernels, stash
     from pmll_lab.ops.conv import common
     from pmll_lab.ops.pmll import ring_attention
 
-    for mod in (recurrence, D, exact, exact_kernels, gdn_carry_pending, common, ring,
+    for mod in (recurrence, D, exact, exact_kernels, stash, common, ring,
                 ring_attention):
         assert not [n for n in OLD_GLOBALS if hasattr(mod, n)], mod.__name__
     names = "|".join(OLD_GLOBALS + ("NUM_WARPS",))

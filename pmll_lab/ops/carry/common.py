@@ -1,6 +1,9 @@
-"""Pieces shared by the carried-state GDN launchers (verify, flush, accept; SPEC §3b): the
-argument checks and the per-layer offset tables of the multi-layer launches (the device guard is
-``pmll_lab.ops.launch.device_guard``, the V-major key chunks ``recurrence.vk_chunk_meta``).
+"""Pieces shared by every carried-state GDN launcher, exact and ring forms alike (SPEC §3b, §3d):
+the state's and the form's checks, the host-side slot check and the per-layer offset tables of the
+multi-layer launches (the device guard is ``pmll_lab.ops.launch.device_guard``, the V-major key
+chunks ``recurrence.vk_chunk_meta``). The stash's own check (``check_carry``) is with
+``GdnCarry`` in ``pmll_lab.ops.carry.stash``; the exact verify's argument checks
+(``check_verify``) with its launchers in ``pmll_lab.ops.carry.exact``.
 
 Every check raises ``ValueError`` naming the argument, before any kernel runs.
 """
@@ -13,9 +16,6 @@ import torch
 
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
-from pmll_lab.ops.carry.stash import GdnCarry
-from pmll_lab.ops.gdn.gating import check_gating, gate_groups, gate_inputs
-from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout, head_dims
 
 FORMS = ("exact",)
 """Forms of ``gdn_carry_verify``: the exact form only (bitwise equal to decoding). The tolerance
@@ -46,29 +46,6 @@ def offsets_table(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return table
 
 
-def check_carry(name: str, carry, state: torch.Tensor | None, layout: str) -> None:
-    """``carry`` is a ``GdnCarry`` made for ``layout`` (its ``state_layout``) and matching
-    ``state`` (slots, heads, dims) read in ``layout``."""
-    if not isinstance(carry, GdnCarry):
-        raise ValueError(f"{name}: expected a GdnCarry, got {type(carry).__name__}")
-    if carry.state_layout != layout:
-        raise ValueError(
-            f"{name}: made for a state_layout={carry.state_layout!r} pool, but this call reads "
-            f"the state as state_layout={layout!r} (the default when omitted is "
-            f"{DEFAULT_STATE_LAYOUT!r}): pass one state_layout to GdnCarry.empty and to every "
-            "launcher of the pool")
-    if state is not None:
-        S, HV = state.shape[:2]
-        kd, vd = head_dims(state.shape, layout)
-        if (carry.slots, carry.num_v_heads, carry.k_dim, carry.v_dim) != (S, HV, kd, vd):
-            raise ValueError(
-                f"{name}: stash for (slots, HV, kd, vd) = {(carry.slots, carry.num_v_heads, carry.k_dim, carry.v_dim)}"
-                f" does not match state {tuple(state.shape)} read as state_layout={layout!r} "
-                f"(slots, HV, kd, vd) = {(S, HV, kd, vd)}: is state_layout right?")
-        _checks.same_device("state", state, **{f"{name}.buf": carry.buf, f"{name}.pend": carry.pend})
-    _checks.no_overlap(f"{name}.buf", carry.buf)
-
-
 def check_state(name: str, state) -> torch.Tensor:
     """fp32, bf16 or fp16 ``[S, HV, kd, vd]`` (or ``[S, HV, vd, kd]``) on the kernels' device
     type, inner three dims contiguous (any slot stride that keeps slots apart)."""
@@ -95,80 +72,6 @@ def check_form(name: str, form, options: Sequence[str] = FORMS) -> None:
     _checks.choice(name, form, options)
 
 
-def check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
-                 eager_max_pending, layout, gating=None,
-                 use_qk_l2norm=True):
-    """``gdn_carry_verify``'s argument checks; returns ``(B, K, HK, scale)`` (``scale`` the
-    given float or ``kd ** -0.5``).
-
-    Arguments as ``gdn_carry_verify`` takes them (``layout`` its ``state_layout``, ``gating``
-    the fused gating of ``split_gating`` or ``None``), checked in the same order. Raises
-    ``ValueError`` naming the argument (shapes, dtypes, devices, strides, ``HV % HK``,
-    ``1 <= K <= CAP``, the form; the value checks with ``validate=True``). Shared with
-    ``pmll_lab.serving.carry_layer``, which checks a layer's verify before launching any layer
-    of a stack, so a bad argument fails with the same message there."""
-    check_layout("state_layout", layout)
-    check_state("state", state)
-    check_carry("carry", carry, state, layout)
-    check_form("form", form)
-    _checks.flag("lazy", lazy)
-    _checks.flag("validate", validate)
-    _checks.flag("use_qk_l2norm", use_qk_l2norm)
-    if eager_max_pending is not None:
-        _checks.positive_int("eager_max_pending", eager_max_pending, minimum=0)
-    S, HV = state.shape[:2]
-    kd, vd = head_dims(state.shape, layout)
-    _checks.tensor("q", q, ndim=4, dtype=_checks.FLOAT_DTYPES, device=state.device, last_contiguous=True)
-    B, K, HK = q.shape[:3]
-    _checks.tensor("q", q, shape=(B, K, HK, kd))
-    _checks.tensor("k", k, shape=(B, K, HK, kd), dtype=q.dtype, like="q", device=state.device, last_contiguous=True)
-    _checks.tensor("v", v, shape=(B, K, HV, vd), dtype=q.dtype, like="q", device=state.device, last_contiguous=True)
-    if gating is None:
-        _checks.tensor("g", g, shape=(B, K, HV), dtype=torch.float32, device=state.device,
-                       last_contiguous=True)
-        _checks.tensor("beta", beta, shape=(B, K, HV), dtype=torch.float32, device=state.device,
-                       last_contiguous=True)
-    else:
-        check_gating(gating, (B, K), HV, q.dtype, state.device)
-    # contiguous: the kernels read entry b at offset b (a strided view would address other slots)
-    _checks.tensor("slot_tab", slot_tab, shape=(B,), dtype=INDEX_DTYPES, device=state.device,
-                   contiguous=True)
-    if HK < 1 or HV % HK:
-        raise ValueError(f"q: HV ({HV}) must be a multiple of HK ({HK})")
-    if K < 1 or K > carry.cap:
-        raise ValueError(f"q: K = {K} draft rows must lie in [1, CAP = {carry.cap}]")
-    if B > S:
-        raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
-    scale = _checks.optional_float("scale", scale)
-    scale = kd ** -0.5 if scale is None else scale
-    # the state (on a write-back) and the stash are written while the rows, the pending
-    # counts and the slot table are still read
-    _checks.apart({"state": state, "carry.buf": carry.buf},
-                  {"carry.pend": carry.pend, "slot_tab": slot_tab, "q": q, "k": k, "v": v,
-                   **gate_inputs(g, beta, gating)})
-    check_host_slots("slot_tab", slot_tab, [("carry.pend", carry)])
-    if validate:
-        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
-        live = slot_tab >= 0
-        pend = carry.pend[slot_tab[live].long()]
-        _checks.range_values("carry.pend", pend, 0, carry.cap)
-        if not lazy and eager_max_pending is not None and pend.numel() \
-                and int(pend.max()) > eager_max_pending:
-            raise ValueError(
-                f"carry.pend: an eager verify folds at most eager_max_pending = {eager_max_pending}"
-                f" rows, a slot holds {int(pend.max())}: flush first (gdn_carry_flush)")
-        if gating is None:        # padding lanes' gates are never used: not checked
-            _checks.range_values("g", g[live], float("-inf"), 0.0)
-            _checks.range_values("beta", beta[live], 0.0, 1.0)
-        lanes, heads = gate_groups(g, beta, gating)
-        _checks.finite_inputs({"q": q, "k": k, "v": v, **lanes}, live, heads)
-        slots = slot_tab[live].long()
-        _checks.finite_slots("state", state, slots)
-        _checks.finite_pending("carry", {"u": carry.u, "g": carry.g, "k": carry.k}, slots, pend)
-
-    return B, K, HK, scale
-
-
 def check_host_slots(name: str, slot_tab, carries) -> None:
     """On the host (every CPU run; free there, a sync on a GPU, where ``validate=True`` runs
     the same checks): ``slot_tab`` entries in ``[0, S)`` or -1, and the pending count of each
@@ -183,18 +86,3 @@ def check_host_slots(name: str, slot_tab, carries) -> None:
     for label, c in carries:
         if _checks.on_host(c.pend):
             _checks.range_values(label, c.pend[live], 0, c.cap)
-
-
-def checked_verify_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
-                           validate, eager_max_pending, layout, gating=None,
-                           use_qk_l2norm=True):
-    """Checks (``check_verify``; its ``ValueError``), then the verify's outputs: ``(scale,
-    o [B, K, HV, vd] in v's dtype on v's device, engaged [B] int32)``, uninitialised. One
-    place for ``gdn_carry_verify`` and ``gdn_carry_verify_plan``, so a plan allocates and
-    checks exactly as a call does."""
-    B, K, _, scale = check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
-                                  validate, eager_max_pending, layout, gating, use_qk_l2norm)
-    HV, vd = state.shape[1], head_dims(state.shape, layout)[1]
-    o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
-    return scale, o, _checks.engaged_flags(B, K, v.device)
-
