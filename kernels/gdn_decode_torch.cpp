@@ -1,7 +1,7 @@
 // gdn_decode_torch.cpp: torch binding of the GDN decode's, chain's and carried-state verify's and
 // flush's CUDA twins (gdn_decode.cu, gdn_chain.cu, gdn_carry.cu), one module. Built on a GPU
 // machine by pmll_lab/cuda_ext.py. The Python launchers (pmll_lab/ops/gdn/decode.py,
-// pmll_lab/ops/carry/gdn_carry.py and gdn_carry_pending.py, impl="cuda") check every argument
+// pmll_lab/ops/carry/exact.py and stash.py, impl="cuda") check every argument
 // first; the checks here are the last line (TORCH_CHECK raises RuntimeError) against a call
 // that skipped them.
 #include <torch/extension.h>

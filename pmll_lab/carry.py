@@ -8,20 +8,20 @@ flush) folds them. Launchers:
 
 - ``GdnCarry`` (one layer's stash + ``pend``), ``gdn_carry_verify`` (exact form, eager or lazy), ``gdn_carry_verify_plan`` (the same bound to fixed buffers, a lean call for small
   batches: ``pmll_lab.ops.launch.LaunchPlan``), ``gdn_carry_flush`` (``L`` layers, one
-  launch): ``pmll_lab.ops.carry.gdn_carry`` (the stash in ``gdn_carry_stash``, the flush and
-  accept in ``gdn_carry_pending``).
+  launch): ``pmll_lab.ops.carry.exact`` (the stash, the flush and accept in
+  ``pmll_lab.ops.carry.stash``).
 - ``GdnRing`` (one layer's ring: the accepted rows' keys, corrections and cumulative decays,
   ``R`` per slot), ``gdn_ring_verify`` (the ring form, SPEC §3d: the stored state read-only, a
   tolerance form), ``ring_accept`` (commit ``a`` rows, on the device), ``gdn_ring_flush`` (fold
   every ring into its state, ``L`` layers in one launch), ``RING_TOLERANCE``:
-  ``pmll_lab.ops.carry.gdn_ring``; a worked example against float64 decoding:
+  ``pmll_lab.ops.carry.ring``; a worked example against float64 decoding:
   ``docs/ring-form.md``.
 - ``ConvCarry``, ``conv_carry_verify``, ``conv_carry_flush``: the conv twin
   (``pmll_lab.ops.conv.carry``, also public through ``pmll_lab.conv``).
 - ``carry_accept``: ``pend = a`` after a write-back (``engaged == 2``), else ``pend + a``, on the
   device, for one carry or a whole stack in one launch (GDN and conv carries alike).
 - ``gdn_carry_verify(..., impl="cuda")`` and ``gdn_carry_flush(..., impl="cuda")``: the CUDA C++
-  twins on a V-major state (``kernels/gdn_carry.cu``, ``pmll_lab.ops.carry.gdn_carry_cuda``),
+  twins on a V-major state (``kernels/gdn_carry.cu``, ``pmll_lab.ops.carry.cuda``),
   bitwise the CUDA decode twin's launches of the accepted rows; ``RuntimeError`` without a GPU.
 - ``SpecDecodeStep``: a host-side driver for a stack of layers that applies the seed's policy
   (lazy from ``lazy_min_seqs`` sequences; an eager verify folds at most ``eager_max_pending``
@@ -51,13 +51,12 @@ The float64 reference of the protocol is ``pmll_lab.reference.carry``.
 
 from __future__ import annotations
 
-from pmll_lab.ops.carry.gdn_carry import gdn_carry_verify, gdn_carry_verify_plan
-from pmll_lab.ops.carry.gdn_carry_common import (  # noqa: F401
-    FORMS, INDEX_DTYPES, check_carry, check_form, check_state)
-from pmll_lab.ops.carry.gdn_carry_pending import carry_accept, gdn_carry_flush
-from pmll_lab.ops.carry.gdn_carry_stash import (GDN_CARRY_CAP, GdnCarry, snapshot_bytes_per_slot,
-                                                stash_bytes_per_slot)
-from pmll_lab.ops.carry.gdn_ring import (  # noqa: F401
+from pmll_lab.ops.carry.exact import gdn_carry_verify, gdn_carry_verify_plan
+from pmll_lab.ops.carry.common import FORMS, INDEX_DTYPES, check_form, check_state  # noqa: F401
+from pmll_lab.ops.carry.stash import (GDN_CARRY_CAP, GdnCarry, carry_accept,  # noqa: F401
+                                      check_carry, gdn_carry_flush, snapshot_bytes_per_slot,
+                                      stash_bytes_per_slot)
+from pmll_lab.ops.carry.ring import (  # noqa: F401
     RING_DEFAULT_LENGTH, RING_LENGTHS, RING_TOLERANCE, GdnRing, gdn_ring_flush, gdn_ring_verify,
     ring_accept)
 from pmll_lab.ops.conv.carry import ConvCarry, conv_carry_flush, conv_carry_verify

@@ -6,7 +6,7 @@
 ``gdn_carry_flush_vk``: ``kernels/gdn_decode.cu``, ``kernels/gdn_chain.cu``,
 ``kernels/gdn_carry.cu``, one binding ``gdn_decode_torch.cpp``). The launchers call it for
 ``impl="cuda"`` (``pmll_lab.ops.pmll.ring``, ``pmll_lab.ops.gdn.decode_cuda``, which
-``pmll_lab.ops.carry.gdn_carry_cuda`` goes through); nothing else imports it.
+``pmll_lab.ops.carry.cuda`` goes through); nothing else imports it.
 
 Build: ``torch.utils.cpp_extension.load`` (it drives ``ninja``, which is why ninja is a
 dependency of the CUDA path) with ``-O3`` for both compilers and one ``-gencode`` for the

@@ -179,8 +179,8 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     multiple of key heads, a ``state_type`` not in ``STATE_TYPES``, or ``resources`` with a
     ``stage`` before ``"cubin"``, and
     ``RuntimeError`` as :func:`lower` does."""
-    from pmll_lab.ops.carry import gdn_carry_exact as E
-    from pmll_lab.ops.carry.gdn_carry_stash import GDN_CARRY_CAP
+    from pmll_lab.ops.carry import exact_kernels as E
+    from pmll_lab.ops.carry.stash import GDN_CARRY_CAP
 
     if not 1 <= rows <= GDN_CARRY_CAP:
         raise ValueError(f"rows: must lie in 1..{GDN_CARRY_CAP}, got {rows}")
@@ -205,12 +205,11 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     HK, HV = heads
     state_dtype = _STATE_DTYPES[state_type]
     if layout == "vk":
-        from pmll_lab.ops.carry import gdn_carry_vk as VK
         from pmll_lab.ops.gdn.decode_vk import gdn_rows_vk_kernel
 
         BK, BV, warps = vk_config(head_dim, head_dim, batch * HV, state_dtype=state_dtype)
         BV_carry = vk_config(head_dim, head_dim, batch * HV, "carry", state_dtype=state_dtype)[1]
-        rows_kernel, carry_kernels = gdn_rows_vk_kernel, (VK.gdn_carry_exact_vk_kernel,)
+        rows_kernel, carry_kernels = gdn_rows_vk_kernel, (E.gdn_carry_exact_vk_kernel,)
         chunks = vk_chunk_meta(BK)
     else:
         BK, BV, warps = block_config(head_dim, head_dim)

@@ -33,7 +33,7 @@ from pmll_lab.backend import DEVICE
 from pmll_lab.results import provenance
 from pmll_lab.bench import variant_kernel, variant_problem
 from pmll_lab.ops import settings
-from pmll_lab.ops.carry import gdn_ring
+from pmll_lab.ops.carry import ring as ring_form
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.harness import step_forms as SF
 
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     variants = []
     for spec in a.ring_variant or ["lib"]:
         kfile, *items = spec.split("+")
-        problem = variant_problem(gdn_ring, "gdn_ring_fused_kernel", kfile)
+        problem = variant_problem(ring_form, "gdn_ring_fused_kernel", kfile)
         if problem:                         # loaded once here: a bad file stops the run now
             ap.error(f"--ring-variant: {problem}")
         variants.append((spec, kfile, _settings(ap, "--ring-variant", items)))
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
                 if form == SF.RING.name:
                     row["variant"] = label
                 try:
-                    with variant_kernel(gdn_ring, "gdn_ring_fused_kernel", kfile), \
+                    with variant_kernel(ring_form, "gdn_ring_fused_kernel", kfile), \
                           settings.override(**vover):
                         got = run_point("gdn_step", dict(
                             B=B, K=4, HK=16, HV=32, head_dim=128, steps=16, alpha=0.8,

@@ -1,4 +1,4 @@
-"""Tune and check the ring form's kernels on a GPU (SPEC §3d; pmll_lab.ops.carry.gdn_ring).
+"""Tune and check the ring form's kernels on a GPU (SPEC §3d; pmll_lab.ops.carry.ring).
 
 Qwen3-Next's GDN shape (HK=16, HV=32, kd=vd=128), bf16 inputs, K draft rows, ring length R.
 For each state dtype, batch and ring fill ``P`` (``P + K > R`` folds): first a check of the
@@ -26,7 +26,7 @@ from pmll_lab.carry import GdnRing, gdn_ring_verify, ring_accept
 from pmll_lab.experiments.gdn import gating_inputs
 from pmll_lab.inputs import gdn_inputs
 from pmll_lab.ops import settings
-from pmll_lab.ops.carry import gdn_ring
+from pmll_lab.ops.carry import ring as ring_form
 from pmll_lab.reference import ring as ref_ring
 from pmll_lab.harness.step import fill_ring
 
@@ -125,7 +125,7 @@ def main():
                      "warps a power of two and stages >= 1")
         tiles.append(tile)
     for kfile in args.kernels:
-        problem = variant_problem(gdn_ring, "gdn_ring_fused_kernel", kfile)
+        problem = variant_problem(ring_form, "gdn_ring_fused_kernel", kfile)
         if problem:                         # loaded once here: a bad file stops the run now
             ap.error(f"--kernels: {problem}")
     for fc in args.fold_chunk:
@@ -139,7 +139,7 @@ def main():
     rows = []
     for kfile in args.kernels:
         tag = "" if kfile == "lib" else "/" + kfile.rsplit("/", 1)[-1].removesuffix(".py")
-        with variant_kernel(gdn_ring, "gdn_ring_fused_kernel", kfile), \
+        with variant_kernel(ring_form, "gdn_ring_fused_kernel", kfile), \
                 settings.override(**over):
             for sd in args.state:
                 for B in args.batch:

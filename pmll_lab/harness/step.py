@@ -26,7 +26,7 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal, errors
 from pmll_lab.harness.registry import Family, add_family
-from pmll_lab.ops.carry.gdn_ring import RING_LENGTHS
+from pmll_lab.ops.carry.ring import RING_LENGTHS
 from pmll_lab.ops.gdn.checks import MAX_ROWS
 from pmll_lab.peers import fused_gating
 from pmll_lab.reference import carry as ref_carry

@@ -466,7 +466,7 @@ def attention_tile(block_d: int, element_bytes: int) -> AttentionTile:
 
 @dataclass(frozen=True)
 class RingFormSettings:
-    """The ring form of the carried state (``pmll_lab.ops.carry.gdn_ring``, SPEC §3d)."""
+    """The ring form of the carried state (``pmll_lab.ops.carry.ring``, SPEC §3d)."""
 
     ring_form_tiles: tuple[RingFormTile, ...] = _row(
         (RingFormTile(32, 2, 64, 32, 2, 4), RingFormTile(32, 4, 64, 32, 2, 3),
@@ -478,10 +478,10 @@ class RingFormSettings:
             "B = 8 64 x 32 x 1 x 3, B >= 64 128 x 64 x 2 x 2 (fp32: 64 x 32 x 1 x 3)",
         see="perf-notes 'Launch constants: ring form'; "
             "reports/h200-2026-12-03/logs/tune-ring-onelaunch-3.log")
-    """Tiles of the ring verify and flush (``gdn_ring_fused``, ``gdn_ring_flush_kernel``):
+    """Tiles of the ring verify and flush (``ring_verify``, ``gdn_ring_flush_kernel``):
     ``RingFormTile`` rows (max ``B*HV``, max state element bytes, ``BV``, ``BK``, warps,
     pipeline stages); :func:`ring_form_tiles_row` picks one; ``BV`` is capped at ``vd`` and
-    ``BK`` at ``kd`` (``gdn_ring.ring_tiles``)."""
+    ``BK`` at ``kd`` (``ring.ring_tiles``)."""
 
     ring_fold_chunk: int = _row(
         32, check=CHUNK,
@@ -492,7 +492,7 @@ class RingFormSettings:
             "lose the fold (80.2); tiles with BK <= 32 (fp32, B <= 8) unchanged",
         see="perf-notes 'Launch constants: ring form'; "
             "reports/h200-2026-12-04b/logs/bench-step-fi.log, tune-ring-chunk.log")
-    """Keys per chunk of the verify's fold loop (``gdn_ring_fused``'s second pass, which only
+    """Keys per chunk of the verify's fold loop (``ring_verify``'s second pass, which only
     a folding sequence runs): 0 for the tile's ``BK``, else a power of two >= 16 (capped at
     ``BK``). The fold's sums run over the window's rows, so the chunk moves no bit."""
 

@@ -16,7 +16,7 @@ FlashInfer (``gated_delta_rule_mtp_ucache_flush``), SGLang and TensorRT-LLM ship
 
 This module answers to ``pmll_lab.reference.carry`` (the exact protocol): over any acceptance
 history the ring's outputs and its state ``H_P`` equal plain decoding up to float64 rounding
-(tests/carry/test_ring.py). The kernels (``pmll_lab.ops.carry.gdn_ring``) answer to both.
+(tests/carry/test_ring.py). The kernels (``pmll_lab.ops.carry.ring``) answer to both.
 
 States here are K-major float64 ``[S, HV, kd, vd]`` as in ``reference.carry``; the ring is
 ``RefRing`` (``k [S, HK, NS, kd]``, ``u [S, HV, NS, vd]``, ``G [S, HV, NS]``, ``len, base [S]``).

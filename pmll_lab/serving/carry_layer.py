@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from pmll_lab import _checks
-from pmll_lab.ops.carry.gdn_carry_common import (check_carry, check_form, check_state,
-                                                check_verify)
-from pmll_lab.ops.carry.gdn_carry_stash import GdnCarry
+from pmll_lab.ops.carry.common import check_form, check_state
+from pmll_lab.ops.carry.exact import check_verify
+from pmll_lab.ops.carry.stash import GdnCarry, check_carry
 from pmll_lab.ops.conv.carry import ConvCarry, check_verify_args
 from pmll_lab.ops.gdn.gating import split_gating
 from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT, check_layout

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from pmll_lab import _checks
-from pmll_lab.ops.carry.gdn_carry_common import check_state
-from pmll_lab.ops.carry.gdn_carry_pending import carry_accept
-from pmll_lab.ops.carry.gdn_ring import (RING_MAX_ROWS, GdnRing, check_ring, gdn_ring_flush,
+from pmll_lab.ops.carry.common import check_state
+from pmll_lab.ops.carry.stash import carry_accept
+from pmll_lab.ops.carry.ring import (RING_MAX_ROWS, GdnRing, check_ring, gdn_ring_flush,
                                          gdn_ring_verify, ring_accept)
 from pmll_lab.ops.conv.carry import ConvCarry, conv_carry_flush, conv_carry_verify
 

@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from pmll_lab import _checks
-from pmll_lab.ops.carry.gdn_carry import gdn_carry_verify
-from pmll_lab.ops.carry.gdn_carry_common import INDEX_DTYPES
-from pmll_lab.ops.carry.gdn_carry_pending import carry_accept, gdn_carry_flush
+from pmll_lab.ops.carry.exact import gdn_carry_verify
+from pmll_lab.ops.carry.common import INDEX_DTYPES
+from pmll_lab.ops.carry.stash import carry_accept, gdn_carry_flush
 from pmll_lab.ops.conv.carry import conv_carry_flush, conv_carry_verify
 from pmll_lab.ops.gdn.gating import split_gating
 from pmll_lab.serving.carry_layer import (CarryLayer, check_input_keys, check_layer_inputs,

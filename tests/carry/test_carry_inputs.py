@@ -115,12 +115,12 @@ def test_verify_rejects_unknown_form_and_lazy():
 
 def test_wy_form_refused_naming_the_ring_form_and_exact_serves_k17():
     """``form="wy"`` is refused before any kernel runs, naming ``form`` and the ring form
-    (``pmll_lab.ops.carry.gdn_ring``), by the verify in both layouts, its launch plan and
+    (``pmll_lab.ops.carry.ring``), by the verify in both layouts, its launch plan and
     ``SpecDecodeStep``, state and stash left as they were; an unknown form lists the forms. The
     exact form serves K = 17 (a CAP of 24) against the float64 chain reference."""
     from pmll_lab.carry import gdn_carry_verify_plan
 
-    msg = r"^form: 'wy' is not a form .*the ring form, pmll_lab\.ops\.carry\.gdn_ring"
+    msg = r"^form: 'wy' is not a form .*the ring form, pmll_lab\.ops\.carry\.ring\b"
     S, HV, kd, vd, K = 2, 1, 16, 16, 17
     x = gdn_inputs(5, S, 1, HV, kd, vd, rows=K, dtype=torch.float32, state_layout="kv")
     rows = [x[n] for n in ("q", "k", "v", "g", "beta")]

@@ -21,8 +21,8 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     import triton
     from pmll_lab.lowering import family_mismatches, gdn_exact_family
-    from pmll_lab.ops.carry import gdn_carry_exact as C
-    from pmll_lab.ops.carry.gdn_carry_vk import gdn_carry_exact_vk_kernel
+    from pmll_lab.ops.carry import exact_kernels as C
+    from pmll_lab.ops.carry.exact_kernels import gdn_carry_exact_vk_kernel
     CHAIN16 = dict(layout="kv", head_dim=16, state_type="bf16", input_type="fp32", rows=2)
     out = {}
     from pmll_lab.ops.gdn import decode as D

@@ -15,8 +15,8 @@ from _lowering_helpers import run_lowered
 
 COMPILE_ALL = textwrap.dedent("""
     from pmll_lab.lowering import lower
-    from pmll_lab.ops.carry.gdn_carry_exact import gdn_carry_flush_kernel
-    from pmll_lab.ops.carry.gdn_carry_pending import carry_accept_kernel
+    from pmll_lab.ops.carry.exact_kernels import gdn_carry_flush_kernel, gdn_carry_flush_vk_kernel
+    from pmll_lab.ops.carry.stash import carry_accept_kernel
     rows = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "o": "*bf16", "g": "*fp32", "beta": "*fp32"}
     types = {f"{n}_ptr": t for n, t in rows.items()} | {
         "state_ptr": "*fp32", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
@@ -24,7 +24,6 @@ COMPILE_ALL = textwrap.dedent("""
         "stash_off_ptr": "*i64", "pend_off_ptr": "*i64", "acc_ptr": "*i32", "alog_ptr": "*fp32",
         "dtb_ptr": "*fp32", "A_log": "*fp32", "dt_bias": "*fp32", "a": "*bf16", "b": "*bf16",
         "g": "*fp32", "beta": "*fp32"}
-    from pmll_lab.ops.carry import gdn_carry_vk as VK
     from pmll_lab.ops.gdn import gating as G
     meta = dict(K=4, CAP=8, HV=32, GROUP=2, KD=128, VD=128, BK=128, BV=32, NV=4, LAZY=True,
                 USE_QK_L2NORM=True, BLOCK=128, PREFETCH=True, GATE=False, BH=32)
@@ -32,7 +31,7 @@ COMPILE_ALL = textwrap.dedent("""
     for kern, extra, warps in (
             (gdn_carry_flush_kernel, {}, 1),
             (carry_accept_kernel, {}, 4),
-            (VK.gdn_carry_flush_vk_kernel, vk, 1),
+            (gdn_carry_flush_vk_kernel, vk, 1),
             (G.gdn_gating_kernel, {}, 1)):
         t = {p.name: types.get(p.name, "i32") for p in kern.params if not p.is_constexpr}
         m = {p.name: (extra | meta)[p.name] for p in kern.params if p.is_constexpr}
@@ -55,8 +54,8 @@ def test_other_carry_kernels_compile_for_sm90():
 COMPILE_RING = textwrap.dedent("""
     import sys
     from pmll_lab.lowering import lower
-    from pmll_lab.ops.carry.gdn_ring_fused import gdn_ring_fused_kernel
-    from pmll_lab.ops.carry.gdn_ring_kernels import (SMALL_PRODUCTS, gdn_ring_flush_kernel,
+    from pmll_lab.ops.carry.ring_verify import gdn_ring_fused_kernel
+    from pmll_lab.ops.carry.ring_kernels import (SMALL_PRODUCTS, gdn_ring_flush_kernel,
                                                      ring_accept_kernel)
     ints = {"len_ptr", "base_ptr", "slot_ptr", "engaged_ptr", "acc_ptr"}
     def types(kern, state):

@@ -26,7 +26,7 @@ from pmll_lab.gdn import (gdn_chain, gdn_chain_plan, gdn_chain_ref, gdn_decode,
                           gdn_decode_plan, gdn_decode_ref)
 from pmll_lab.inputs import gdn_inputs
 from pmll_lab.ops import settings
-from pmll_lab.ops.carry import gdn_carry as C
+from pmll_lab.ops.carry import exact as C
 from pmll_lab.ops.gdn import decode as D
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import vk_config, vk_qk_aligned

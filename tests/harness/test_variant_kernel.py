@@ -104,7 +104,7 @@ def test_tune_ring_refuses_missing_kernel_files(monkeypatch, capsys):
     assert "neither 'lib' nor a file" in capsys.readouterr().err
 
 # the library's own kernel file, as a variant, beside every probe awaiting GPU timing
-PROBES = [ROOT / "pmll_lab" / "ops" / "carry" / "gdn_ring_fused.py",
+PROBES = [ROOT / "pmll_lab" / "ops" / "carry" / "ring_verify.py",
           *sorted((ROOT / "scripts" / "probes").glob("ring_*.py"))]
 
 
@@ -124,13 +124,13 @@ def test_ring_probes_hold_the_ring_tolerance(probe, state_dtype, fill):
     from pmll_lab.experiments.gdn import gating_inputs
     from pmll_lab.inputs import gdn_inputs
     from pmll_lab.ops import settings
-    from pmll_lab.ops.carry import gdn_ring
+    from pmll_lab.ops.carry import ring as ring_form
     from pmll_lab.reference import ring as ref_ring
     from pmll_lab.harness.step import fill_ring
 
     B, HK, HV, kd, vd, K, R = 2, 1, 2, 32, 32, 4, 16
     sd = getattr(torch, state_dtype)
-    tol = gdn_ring.RING_TOLERANCE[state_dtype]
+    tol = ring_form.RING_TOLERANCE[state_dtype]
     x = gdn_inputs(11, B, HK, HV, kd, vd, rows=K, dtype=sd,
                    state_layout="kv")     # fp32 outputs beside fp32 states
     gate = gating_inputs(12, (B, K), HV)
@@ -148,7 +148,7 @@ def test_ring_probes_hold_the_ring_tolerance(probe, state_dtype, fill):
         st = state.clone()
         rg = GdnRing(ring.k.clone(), ring.u.clone(), ring.G.clone(), ring.len.clone(),
                      ring.base.clone(), R)
-        with variant_kernel(gdn_ring, "gdn_ring_fused_kernel", path), \
+        with variant_kernel(ring_form, "gdn_ring_fused_kernel", path), \
                 settings.override(ring_form_tiles=((1 << 62, 4) + tile,)):
             o, e = gdn_ring_verify(st, rg, x["q"], x["k"], x["v"], **kw)
         return o, st, rg.u, e

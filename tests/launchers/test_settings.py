@@ -18,7 +18,7 @@ from pmll_lab.conv import conv_block_config
 from pmll_lab.gdn import gdn_chain, gdn_chain_plan, gdn_decode
 from pmll_lab.inputs import gdn_inputs
 from pmll_lab.ops import settings
-from pmll_lab.ops.carry.gdn_carry_exact import gdn_carry_exact_kernel, gdn_carry_exact_split_kernel
+from pmll_lab.ops.carry.exact_kernels import gdn_carry_exact_kernel, gdn_carry_exact_split_kernel
 from pmll_lab.ops.gdn import decode as D
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.pmll import ring
@@ -166,7 +166,7 @@ def test_lookups_refuse_a_state_dtype_without_rows():
     """A state dtype the tables have no rows for (a 1-byte float8, float64) is refused with
     the argument named, never given another dtype's settings (a float8 state would otherwise
     take the 2-byte columns by its size); the supported ones take their rows."""
-    from pmll_lab.ops.carry.gdn_ring import ring_tiles
+    from pmll_lab.ops.carry.ring import ring_tiles
 
     assert set(settings.STATE_DTYPES) == {"float32", "bfloat16", "float16"}
     for bad in (torch.float8_e4m3fn, "float8_e5m2", torch.float64):
@@ -275,11 +275,11 @@ OLD_GLOBALS = ("VK_TILES", "VK_AHEAD", "VK_CHUNK", "VK_QK_HINT", "CARRY_PREFETCH
 def test_no_script_or_test_sets_a_launch_setting_as_a_module_global():
     """The launchers read ``settings``, so assigning the old globals would change nothing:
     neither they nor a monkeypatch of them may come back."""
-    from pmll_lab.ops.carry import gdn_carry, gdn_carry_exact, gdn_carry_pending
+    from pmll_lab.ops.carry import exact, exact_kernels, stash
     from pmll_lab.ops.conv import common
     from pmll_lab.ops.pmll import ring_attention
 
-    for mod in (recurrence, D, gdn_carry, gdn_carry_exact, gdn_carry_pending, common, ring,
+    for mod in (recurrence, D, exact, exact_kernels, stash, common, ring,
                 ring_attention):
         assert not [n for n in OLD_GLOBALS if hasattr(mod, n)], mod.__name__
     names = "|".join(OLD_GLOBALS + ("NUM_WARPS",))

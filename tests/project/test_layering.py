@@ -269,9 +269,9 @@ def test_the_private_use_reader_sees_each_form(tmp_path):
         from pmll_lab import _checks
         from pmll_lab.ops.gdn.checks import _live_lanes, check_decode_args
         from pmll_lab.ops import launch as L
-        import pmll_lab.ops.carry.gdn_ring
+        import pmll_lab.ops.carry.ring
         L._hidden()
-        pmll_lab.ops.carry.gdn_ring._check_verify
+        pmll_lab.ops.carry.ring._check_verify
         def test(monkeypatch):
             monkeypatch.setattr(L, "_other", None)
         SCRIPT = textwrap.dedent("""
@@ -281,5 +281,5 @@ def test_the_private_use_reader_sees_each_form(tmp_path):
     '''))
     assert _private_uses(src) == {
         "pmll_lab.ops.gdn.checks._live_lanes", "pmll_lab.ops.launch._hidden",
-        "pmll_lab.ops.launch._other", "pmll_lab.ops.carry.gdn_ring._check_verify",
+        "pmll_lab.ops.launch._other", "pmll_lab.ops.carry.ring._check_verify",
         "pmll_lab.ops.gdn.decode._in_a_script"}

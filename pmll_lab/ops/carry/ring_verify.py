@@ -51,7 +51,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.carry.gdn_ring_kernels import (_row_gates, _slot_cursor, _small_mm, _small_mma,
+from pmll_lab.ops.carry.ring_kernels import (_row_gates, _slot_cursor, _small_mm, _small_mma,
                                                  _state_mma)
 from pmll_lab.ops.gdn.recurrence import head_tile_program, load_gate_params
 

@@ -1,6 +1,6 @@
 """Triton pieces of the ring form (SPEC §3d) shared by its kernels, the flush and the commit.
 
-The verify is ``pmll_lab.ops.carry.gdn_ring_fused``; here: the products it and the flush use
+The verify is ``pmll_lab.ops.carry.ring_verify``; here: the products it and the flush use
 (``_split_mma``, ``_fine_mma``, ``_small_mma``, ``_state_mma``: the operand precisions by state
 dtype, see ``SMALL_PRODUCTS``), the window and cursor loads, the new rows' gates, the flush kernel (fold
 every listed slot's window into its state, several layers in one launch) and the cursor commit

@@ -6,7 +6,7 @@ ReplaySSM verify (FlashInfer 0.7.2's ``gated_delta_rule_mtp_ucache_flush``, SGLa
 written here from SPEC §3d. A tolerance form: outputs and folded states answer to the float64
 exact protocol (``pmll_lab.reference.carry``) within ``RING_TOLERANCE``, not bitwise; the float64
 restatement of its algebra is ``pmll_lab.reference.ring``. Kernels:
-``pmll_lab.ops.carry.gdn_ring_fused`` (the verify) and ``gdn_ring_kernels`` (flush, commit).
+``pmll_lab.ops.carry.ring_verify`` (the verify) and ``ring_kernels`` (flush, commit).
 
 Buffers (``GdnRing``), per layer, ``NS = 2 R`` physical rows per head (``R`` = ``length``):
 
@@ -34,9 +34,9 @@ import torch
 from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops import settings
-from pmll_lab.ops.carry.gdn_carry_common import INDEX_DTYPES, check_state, offsets_table
-from pmll_lab.ops.carry.gdn_ring_fused import gdn_ring_fused_kernel
-from pmll_lab.ops.carry.gdn_ring_kernels import (SMALL_PRODUCTS, gdn_ring_flush_kernel,
+from pmll_lab.ops.carry.common import INDEX_DTYPES, check_state, offsets_table
+from pmll_lab.ops.carry.ring_verify import gdn_ring_fused_kernel
+from pmll_lab.ops.carry.ring_kernels import (SMALL_PRODUCTS, gdn_ring_flush_kernel,
                                                  ring_accept_kernel)
 from pmll_lab.ops.gdn.gating import check_gating, gate_groups, split_gating
 from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT
@@ -69,7 +69,7 @@ def _ring_head_dim(name: str, d: int) -> None:
 @dataclass(eq=False)
 class GdnRing:
     """One layer's ring for ``S`` slots (SPEC §3d); its fields are tabled in the docstring of
-    ``pmll_lab.ops.carry.gdn_ring``.
+    ``pmll_lab.ops.carry.ring``.
 
     Build with ``GdnRing.empty(...)`` (zeroed; ``len = base = 0``). ``length`` is ``R``, one of
     ``RING_LENGTHS`` (8, 16, 32). ``state_layout`` is ``"vk"`` (class attribute): the ring

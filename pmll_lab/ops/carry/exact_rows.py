@@ -1,12 +1,13 @@
 """The pieces of the exact carried-state GDN verify and of the flush that both state layouts
 share (SPEC §3b): the prologue, the fold loop of the pending rows, the verified row, the
-restash of the shared ``g``/``k`` stash rows and the ``engaged`` store, each written once with
-the layout as a ``tl.constexpr`` flag ``VK`` (``False``: K-major blocks ``h [BK, BV]``,
-``pmll_lab.ops.carry.gdn_carry_exact``; ``True``: V-major tiles ``h [BR, NC, CW]``,
-``pmll_lab.ops.carry.gdn_carry_vk``). Why one skeleton: the protocol (which rows fold, where
-the new rows go, who restashes) is the same for both layouts; only the tile shape and the row
-arithmetic (``recurrence.gdn_row`` / ``gdn_row_vk``) differ. Each layout's branch emits the
-operations its kernels emitted before, in the same order, so the compiled code is unchanged.
+restash of the shared ``g``/``k`` stash rows, the ``engaged`` store and the flush's body, each
+written once with the layout as a ``tl.constexpr`` flag ``VK`` (``False``: K-major blocks
+``h [BK, BV]``; ``True``: V-major tiles ``h [BR, NC, CW]``). The kernels built on them, both
+layouts', are in ``pmll_lab.ops.carry.exact_kernels``. Why one set of pieces: the protocol
+(which rows fold, where the new rows go, who restashes) is the same for both layouts; only the
+tile shape and the row arithmetic (``recurrence.gdn_row`` / ``gdn_row_vk``) differ. Each
+layout's branch emits the operations its kernels emitted before, in the same order, so the
+compiled code is unchanged.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def verify_prologue(state_ptr, stash_ptr, pend_ptr, slot_ptr, b, hv, stride_stat
     write-back, else ``p``), and pointers to the head's state and to its ``u``, ``g``, ``k``
     stash rows (row 0). Both layouts store a head's state as ``KD * VD`` contiguous values.
     ``slot_ptr`` int32/int64, ``pend_ptr`` int32; the launcher has checked ``pend`` in
-    ``[0, CAP]``. Shared by the K-major (``gdn_carry_exact``) and V-major (``gdn_carry_vk``)
-    verify kernels, so both read a slot the same way."""
+    ``[0, CAP]``. Shared by the K-major and V-major verify kernels (``exact_kernels``),
+    so both read a slot the same way."""
     slot = tl.load(slot_ptr + b).to(tl.int64)
     live = slot >= 0
     slot = tl.maximum(slot, 0)

@@ -1,19 +1,19 @@
-"""Carried-state GDN verify: the launchers and their launch-time settings (SPEC §3b), and the
-overview of the carried-state family, split by topic:
+"""Carried-state GDN verify, exact form: the launchers, their launch-time settings and their
+argument checks (SPEC §3b), and the overview of ``pmll_lab.ops.carry``, arranged by form:
 
-- the stash ``GdnCarry`` and the sizes per slot: ``pmll_lab.ops.carry.gdn_carry_stash``;
-- flush and accept (the pending rows folded and counted):
-  ``pmll_lab.ops.carry.gdn_carry_pending``;
-- the argument checks and the helpers every launcher shares:
-  ``pmll_lab.ops.carry.gdn_carry_common``;
-- the kernels: the exact form and the flush in ``pmll_lab.ops.carry.gdn_carry_exact``, the
-  V-major state's in ``pmll_lab.ops.carry.gdn_carry_vk``.
-
-The tolerance form of the carried state, the ring form, has its own launchers:
-``pmll_lab.ops.carry.gdn_ring`` (SPEC §3d).
+- exact form (this module: ``gdn_carry_verify``, ``gdn_carry_verify_plan``): its kernels for
+  both state layouts in ``pmll_lab.ops.carry.exact_kernels``, on the pieces both layouts share
+  (behind the ``tl.constexpr`` flag ``VK``) in ``pmll_lab.ops.carry.exact_rows``;
+- the stash and its bookkeeping: ``GdnCarry``, ``carry_accept`` (the pending rows counted) and
+  ``gdn_carry_flush`` (folded): ``pmll_lab.ops.carry.stash``;
+- ring form, the tolerance form of the carried state (SPEC §3d): launchers and ``GdnRing`` in
+  ``pmll_lab.ops.carry.ring``, its verify kernel in ``ring_verify``, flush and commit kernels in
+  ``ring_kernels``;
+- the checks and helpers every launcher shares: ``pmll_lab.ops.carry.common``; the CUDA C++
+  twins' launch (``impl="cuda"``): ``pmll_lab.ops.carry.cuda``.
 
 Each name is imported from the module that defines it (the facade ``pmll_lab.carry`` gathers
-the public API); this module defines the verify's launchers only. The
+the public API). The
 launch settings are the ``carry`` table of ``pmll_lab.ops.settings``. Every kernel of the
 family launches with ``recurrence.EXACT_LAUNCH`` (no multiply-add contracted by the compiler),
 so that the verify and the flush round as decode does.
@@ -21,9 +21,9 @@ so that the verify and the flush round as decode does.
 Buffers (all fp32 unless said):
 
 - ``state [S, HV, vd, kd]``: the stored recurrent states (V-major, ``state_layout="vk"``, the
-  default of every GDN launcher; kernels in ``pmll_lab.ops.carry.gdn_carry_vk``), inner three
-  dims contiguous, any slot stride; ``[S, HV, kd, vd]`` with ``state_layout="kv"`` (FLA's
-  layout; this module's kernels). The launchers pick the kernels by ``state_layout``.
+  default of every GDN launcher), inner three dims contiguous, any slot stride;
+  ``[S, HV, kd, vd]`` with ``state_layout="kv"`` (FLA's layout). The launchers pick the
+  kernels (``exact_kernels``) by ``state_layout``.
 - ``GdnCarry.buf [S, W]`` with ``W = CAP*(HV*vd + HV + HV*kd)`` floats per slot (the seed's
   ``gdn_carry_seq_floats``), laid out as the seed's ``vn[CAP][HV][vd] | g[CAP][HV] |
   sk[CAP][HV][kd]``: row ``r`` of the stash holds ``u_r`` (the delta-rule correction, ``vn``),
@@ -52,7 +52,7 @@ Each row runs through ``qk_prepare`` + ``gdn_row`` of ``pmll_lab.ops.gdn.recurre
 ``block_config``'s block shapes and warps, the same code as plain decode, so outputs and folded
 states are bitwise equal to decoding the rows one by one.
 
-Flush (``gdn_carry_flush``) and accept (``carry_accept``): ``pmll_lab.ops.carry.gdn_carry_pending``.
+Flush (``gdn_carry_flush``) and accept (``carry_accept``): ``pmll_lab.ops.carry.stash``.
 """
 
 from __future__ import annotations
@@ -61,15 +61,17 @@ import torch
 
 from pmll_lab import _checks
 from pmll_lab.ops import settings
-from pmll_lab.ops.carry import gdn_carry_cuda
+from pmll_lab.ops.carry import cuda
+from pmll_lab.ops.carry.common import INDEX_DTYPES, check_form, check_host_slots, check_state
+from pmll_lab.ops.carry.exact_kernels import (gdn_carry_exact_kernel, gdn_carry_exact_split_kernel,
+                                              gdn_carry_exact_vk_kernel)
+from pmll_lab.ops.carry.stash import check_carry
 from pmll_lab.ops.gdn import recurrence
-from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, head_dims,
-                                         vk_chunk_meta, vk_config)
-from pmll_lab.ops.gdn.gating import split_gating
+from pmll_lab.ops.gdn.gating import check_gating, gate_groups, gate_inputs, split_gating
+from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
+                                         head_dims, vk_chunk_meta, vk_config)
 from pmll_lab.ops.host import cdiv
 from pmll_lab.ops.launch import LaunchPlan, device_guard
-from pmll_lab.ops.carry.gdn_carry_common import checked_verify_outputs
-from pmll_lab.ops.carry.gdn_carry_exact import gdn_carry_exact_kernel, gdn_carry_exact_split_kernel
 
 
 def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form="exact",
@@ -99,7 +101,7 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
             for a padding lane (zero outputs, ``engaged`` 1; no state, stash or ``pend``
             access), contiguous.
         form: ``"exact"`` (bitwise equal to decoding the rows one at a time), the only form;
-            the tolerance form is the ring form (``pmll_lab.ops.carry.gdn_ring``), and
+            the tolerance form is the ring form (``pmll_lab.ops.carry.ring``), and
             ``"wy"`` raises a ``ValueError`` that says so.
         lazy: ``False`` = eager (write back whenever ``pend > 0``); ``True`` = write back only
             when ``pend + K > CAP``.
@@ -110,13 +112,13 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
             pending stash rows finite, and for an eager verify ``pend <= eager_max_pending`` (when
             that is not ``None``; the kernel itself folds any ``pend <= CAP``). On the host the
             slots and counts are checked always.
-        state_layout: ``"vk"`` (default: V-major kernels, ``pmll_lab.ops.carry.gdn_carry_vk``:
+        state_layout: ``"vk"`` (default: V-major kernels, ``pmll_lab.ops.carry.exact_kernels``:
             a tile of value rows per program, bitwise equal to V-major ``gdn_decode`` on q/k
             rows aligned alike, ``recurrence.vk_qk_aligned``) or ``"kv"`` (K-major kernels,
             this module). The same default as every GDN launcher (``gdn_decode``:
             why); the stash is the same for both.
         impl: ``"triton"`` or ``"cuda"``: the CUDA C++ twin (``kernels/gdn_carry.cu``,
-            ``pmll_lab.ops.carry.gdn_carry_cuda``) after the same checks; V-major,
+            ``pmll_lab.ops.carry.cuda``) after the same checks; V-major,
             ``kd <= 256``; bitwise ``gdn_decode(impl="cuda")`` launches of the rows (within
             the float64 reference's tolerance of the Triton carry, not bitwise it).
             ``RuntimeError`` without a CUDA device, ``ValueError`` naming ``impl`` for a
@@ -136,9 +138,9 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
                                                lazy, scale, validate, eager_max_pending,
                                                state_layout, gating, use_qk_l2norm)
     if impl == "cuda":
-        gdn_carry_cuda.check_cuda(state, head_dims(state.shape, state_layout)[0], state_layout,
+        cuda.check_cuda(state, head_dims(state.shape, state_layout)[0], state_layout,
                                   "carried-state verify")
-        gdn_carry_cuda.launch_verify(state, carry, _arrivals(carry, state.shape[1]), q, k, v,
+        cuda.launch_verify(state, carry, _arrivals(carry, state.shape[1]), q, k, v,
                                      g, beta, o, engaged, slot_tab, lazy, scale, use_qk_l2norm,
                                      gating)
         return o, engaged
@@ -212,10 +214,8 @@ def _row_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, scale, gatin
 
 def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy,
                            scale, use_qk_l2norm, B, K, HK, HV, kd, vd, gating=None):
-    """The V-major verify launch (``pmll_lab.ops.carry.gdn_carry_vk``): tiles of value rows
+    """The V-major verify launch (``gdn_carry_exact_vk_kernel``): tiles of value rows
     from ``vk_config`` for ``B * HV``."""
-    from pmll_lab.ops.carry import gdn_carry_vk as VK
-
     args = (state, carry.buf, carry.pend, slot_tab, _arrivals(carry, HV),
             *_row_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, scale, gating))
     cs = settings.carry()
@@ -225,7 +225,7 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
     BK, BR, num_warps = vk_config(kd, vd, B * HV, "carry", state_dtype=state.dtype)
     ahead = settings.vk_ahead_row(B * HV)
     NT = cdiv(vd, BR)
-    return (VK.gdn_carry_exact_vk_kernel, (B * HV * NT,), args,
+    return (gdn_carry_exact_vk_kernel, (B * HV * NT,), args,
             dict(BK=BK, BV=BR, NV=NT, num_warps=num_warps,
                  UNROLL=K <= cs.exact_unroll_max_rows, **vk_chunk_meta(BK), **meta,
                  QK_ALIGNED=recurrence.vk_qk_aligned(kd, q, k),
@@ -269,3 +269,93 @@ def gdn_carry_verify_plan(state, carry, q, k, v, g=None, beta=None, *, slot_tab,
                                                  slot_tab, form, lazy, scale, use_qk_l2norm,
                                                  state_layout, gating)
     return LaunchPlan(kernel, grid, args, kw, outputs=(o, engaged), device=state.device)
+
+
+# -- the verify's argument checks ------------------------------------------------------------
+
+def check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale, validate,
+                 eager_max_pending, layout, gating=None,
+                 use_qk_l2norm=True):
+    """``gdn_carry_verify``'s argument checks; returns ``(B, K, HK, scale)`` (``scale`` the
+    given float or ``kd ** -0.5``).
+
+    Arguments as ``gdn_carry_verify`` takes them (``layout`` its ``state_layout``, ``gating``
+    the fused gating of ``split_gating`` or ``None``), checked in the same order. Raises
+    ``ValueError`` naming the argument (shapes, dtypes, devices, strides, ``HV % HK``,
+    ``1 <= K <= CAP``, the form; the value checks with ``validate=True``). Shared with
+    ``pmll_lab.serving.carry_layer``, which checks a layer's verify before launching any layer
+    of a stack, so a bad argument fails with the same message there."""
+    check_layout("state_layout", layout)
+    check_state("state", state)
+    check_carry("carry", carry, state, layout)
+    check_form("form", form)
+    _checks.flag("lazy", lazy)
+    _checks.flag("validate", validate)
+    _checks.flag("use_qk_l2norm", use_qk_l2norm)
+    if eager_max_pending is not None:
+        _checks.positive_int("eager_max_pending", eager_max_pending, minimum=0)
+    S, HV = state.shape[:2]
+    kd, vd = head_dims(state.shape, layout)
+    _checks.tensor("q", q, ndim=4, dtype=_checks.FLOAT_DTYPES, device=state.device, last_contiguous=True)
+    B, K, HK = q.shape[:3]
+    _checks.tensor("q", q, shape=(B, K, HK, kd))
+    _checks.tensor("k", k, shape=(B, K, HK, kd), dtype=q.dtype, like="q", device=state.device, last_contiguous=True)
+    _checks.tensor("v", v, shape=(B, K, HV, vd), dtype=q.dtype, like="q", device=state.device, last_contiguous=True)
+    if gating is None:
+        _checks.tensor("g", g, shape=(B, K, HV), dtype=torch.float32, device=state.device,
+                       last_contiguous=True)
+        _checks.tensor("beta", beta, shape=(B, K, HV), dtype=torch.float32, device=state.device,
+                       last_contiguous=True)
+    else:
+        check_gating(gating, (B, K), HV, q.dtype, state.device)
+    # contiguous: the kernels read entry b at offset b (a strided view would address other slots)
+    _checks.tensor("slot_tab", slot_tab, shape=(B,), dtype=INDEX_DTYPES, device=state.device,
+                   contiguous=True)
+    if HK < 1 or HV % HK:
+        raise ValueError(f"q: HV ({HV}) must be a multiple of HK ({HK})")
+    if K < 1 or K > carry.cap:
+        raise ValueError(f"q: K = {K} draft rows must lie in [1, CAP = {carry.cap}]")
+    if B > S:
+        raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
+    scale = _checks.optional_float("scale", scale)
+    scale = kd ** -0.5 if scale is None else scale
+    # the state (on a write-back) and the stash are written while the rows, the pending
+    # counts and the slot table are still read
+    _checks.apart({"state": state, "carry.buf": carry.buf},
+                  {"carry.pend": carry.pend, "slot_tab": slot_tab, "q": q, "k": k, "v": v,
+                   **gate_inputs(g, beta, gating)})
+    check_host_slots("slot_tab", slot_tab, [("carry.pend", carry)])
+    if validate:
+        _checks.indices_values("slot_tab", slot_tab, S, padding=True)
+        live = slot_tab >= 0
+        pend = carry.pend[slot_tab[live].long()]
+        _checks.range_values("carry.pend", pend, 0, carry.cap)
+        if not lazy and eager_max_pending is not None and pend.numel() \
+                and int(pend.max()) > eager_max_pending:
+            raise ValueError(
+                f"carry.pend: an eager verify folds at most eager_max_pending = {eager_max_pending}"
+                f" rows, a slot holds {int(pend.max())}: flush first (gdn_carry_flush)")
+        if gating is None:        # padding lanes' gates are never used: not checked
+            _checks.range_values("g", g[live], float("-inf"), 0.0)
+            _checks.range_values("beta", beta[live], 0.0, 1.0)
+        lanes, heads = gate_groups(g, beta, gating)
+        _checks.finite_inputs({"q": q, "k": k, "v": v, **lanes}, live, heads)
+        slots = slot_tab[live].long()
+        _checks.finite_slots("state", state, slots)
+        _checks.finite_pending("carry", {"u": carry.u, "g": carry.g, "k": carry.k}, slots, pend)
+
+    return B, K, HK, scale
+
+
+def checked_verify_outputs(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
+                           validate, eager_max_pending, layout, gating=None,
+                           use_qk_l2norm=True):
+    """Checks (``check_verify``; its ``ValueError``), then the verify's outputs: ``(scale,
+    o [B, K, HV, vd] in v's dtype on v's device, engaged [B] int32)``, uninitialised. One
+    place for ``gdn_carry_verify`` and ``gdn_carry_verify_plan``, so a plan allocates and
+    checks exactly as a call does."""
+    B, K, _, scale = check_verify(state, carry, q, k, v, g, beta, slot_tab, form, lazy, scale,
+                                  validate, eager_max_pending, layout, gating, use_qk_l2norm)
+    HV, vd = state.shape[1], head_dims(state.shape, layout)[1]
+    o = torch.empty(B, K, HV, vd, dtype=v.dtype, device=v.device)
+    return scale, o, _checks.engaged_flags(B, K, v.device)

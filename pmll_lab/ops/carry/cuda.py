@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from pmll_lab.ops.carry.gdn_carry_common import offsets_table
+from pmll_lab.ops.carry.common import offsets_table
 from pmll_lab.ops.gdn import decode_cuda
 
 
