@@ -2,7 +2,7 @@
 workers' warm-up and the local cluster that ``python -m pmll_lab report --workers N`` starts.
 
 ``pmll_lab.sweep.run_sweep`` with a Dask ``client`` (a ``distributed.Client`` or a scheduler
-address) runs the points here (``_run_on_cluster``): as tasks on the cluster's workers, at most
+address) runs the points here (``run_on_cluster``): as tasks on the cluster's workers, at most
 one per worker slot (a ``GPU`` resource of 1 per point on GPU runs, one thread per worker
 otherwise), and their rows stream back into the sweep's file as they finish; only the calling
 process writes it. A worker that dies costs its in-flight point only: that point is submitted
@@ -12,7 +12,7 @@ N CPU workers. Why Dask and not our own process pool: README, "Dependencies".
 
 The rows, the point identities and the results file come from ``pmll_lab.results``, which
 ``pmll_lab.sweep`` imports too; this module does not import ``pmll_lab.sweep`` (the sweep hands
-``_run_on_cluster`` the function that stores a point's rows). Every name here is reachable as an
+``run_on_cluster`` the function that stores a point's rows). Every name here is reachable as an
 attribute of ``pmll_lab.sweep`` too (``sweep.local_cluster``), imported on first use.
 ``distributed`` itself is imported only when a cluster is used.
 """
@@ -49,7 +49,7 @@ def _worker_point_rows(point_fn: Callable[[dict], list[dict]], point: Mapping,
 _CLIENTS: dict[str, object] = {}
 
 
-def _as_client(client, wait_s: float = 30.0):
+def as_client(client, wait_s: float = 30.0):
     """``client`` as a ``distributed.Client``: one given is used as it is; a scheduler address
     (``"tcp://host:8786"``) gets a client of this process, kept for later sweeps. Raises
     ``ValueError`` naming ``client`` for anything else, or when nothing answers there."""
@@ -81,7 +81,7 @@ def _as_client(client, wait_s: float = 30.0):
                      f"not {type(client).__name__}")
 
 
-def _workers(client) -> dict[str, dict]:
+def cluster_workers(client) -> dict[str, dict]:
     """Scheduler's view of the workers now: ``{address: {"name", "nthreads", "resources"}}``."""
     info = client.scheduler_info(n_workers=-1) if _takes_n_workers(client) \
         else client.scheduler_info()
@@ -136,9 +136,9 @@ def next_point(pending: Sequence[tuple], group: Mapping[str, str], owner: Mappin
     return fresh if fresh is not None else anyone
 
 
-def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn,
-                    store: Callable[[list[dict]], None], bar, gpu: bool, wait_s: float,
-                    affinity=None) -> int:
+def run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn,
+                   store: Callable[[list[dict]], None], bar, gpu: bool, wait_s: float,
+                   affinity=None) -> int:
     """Run ``todo`` on the cluster, storing each point's rows as it finishes (``store(rows)``,
     in this process: the sweep's append of one point's rows in one write, so a point counts
     as done only when all its rows are stored); returns the number of failed points. At most one point per slot is in flight, so a worker that dies
@@ -159,7 +159,7 @@ def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn,
         client.wait_for_workers(1, timeout=wait_s)
     except TimeoutError as exc:
         raise ValueError(f"client: the Dask scheduler has no worker after {wait_s:.0f} s") from exc
-    if gpu and not slots(_workers(client), gpu=True):
+    if gpu and not slots(cluster_workers(client), gpu=True):
         raise ValueError("client: a GPU run needs workers with a GPU resource (start them with "
                          "`--resources GPU=1`, one per GPU, or `python -m pmll_lab report "
                          "--workers N`); this cluster's workers have none")
@@ -175,7 +175,7 @@ def _run_on_cluster(client, name: str, todo: list[tuple[dict, str]], point_fn,
 
     def fill():
         nonlocal submitted
-        workers = _workers(client)
+        workers = cluster_workers(client)
         live = set(workers)
         busy: dict[str, int] = {}
         for _, _, _, addr in inflight.values():
@@ -312,7 +312,7 @@ def warm_up(client, modules: Sequence[str] = WARM_MODULES, gpu: bool | None = No
 
     gpu = DEVICE.type == "cuda" if gpu is None else bool(gpu)
     futures = []
-    for addr in _workers(client):
+    for addr in cluster_workers(client):
         fut = client.submit(_warm, tuple(modules), pure=False, workers=[addr],
                             allow_other_workers=False, resources={"GPU": 1} if gpu else None)
         fire_and_forget(fut)
@@ -327,7 +327,7 @@ def on_workers(fn: Callable[[], object], client=None) -> None:
     ``client`` as ``run_sweep`` does."""
     fn()
     if client is not None:
-        _as_client(client).run(fn)
+        as_client(client).run(fn)
 
 
 def visible_gpus() -> list[str]:

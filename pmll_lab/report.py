@@ -169,7 +169,7 @@ def _cluster(workers: int | None, scheduler: str | None, device: str,
         try:
             with distributed.Client(scheduler, timeout=f"{SCHEDULER_TIMEOUT_S}s",
                                     set_as_default=False) as client:
-                info = dist._workers(client)
+                info = dist.cluster_workers(client)
         except (OSError, TimeoutError) as exc:
             raise ReportError(f"scheduler: no Dask scheduler answers at {scheduler!r}: "
                               f"{exc}") from exc

@@ -175,7 +175,7 @@ def run_sweep(
     if client is not None:
         from pmll_lab import dist
 
-        client = dist._as_client(client, wait_s)
+        client = dist.as_client(client, wait_s)
     gpu = DEVICE.type == "cuda" if gpu is None else bool(gpu)
     results_dir = Path(results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -204,7 +204,7 @@ def run_sweep(
                 if bar is not None:
                     bar.update(1)
         else:
-            failed = dist._run_on_cluster(client, name, [(p, pid) for pid, p in todo.items()],
+            failed = dist.run_on_cluster(client, name, [(p, pid) for pid, p in todo.items()],
                                           point_fn, lambda rows: write_point(path, rows), bar, gpu,
                                           wait_s, affinity)
     finally:
@@ -288,8 +288,8 @@ def _same_switches(path: Path, stored: dict[str, dict]) -> None:
 
 _DIST = ("RETRIES", "THREAD_VARS", "WARM_MODULES", "affinity_group", "cluster_spec",
          "local_cluster", "next_point", "on_workers", "slots", "visible_gpus", "warm_up",
-         "worker_threads", "_CLIENTS", "_as_client", "_run_on_cluster", "_takes_n_workers",
-         "_warm", "_worker_point_rows", "_workers")
+         "worker_threads", "_CLIENTS", "as_client", "run_on_cluster", "_takes_n_workers",
+         "_warm", "_worker_point_rows", "cluster_workers")
 """``pmll_lab.dist``'s names, reachable as attributes of this module (imported on first use)."""
 
 

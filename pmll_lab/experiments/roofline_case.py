@@ -1,5 +1,5 @@
 """The roofline notebook's providers, settings and shared inputs: one input draw per shape, a
-``_Case`` per ``(shape, K, B, state_layout, state_dtype)`` (inputs, float64 references) every
+``RooflineCase`` per ``(shape, K, B, state_layout, state_dtype)`` (inputs, float64 references) every
 provider checks against; ``release()`` drops them."""
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def _state_in(shape: dict, layout: str, state_dtype: torch.dtype = torch.float32
     return shape[key]
 
 
-class _Case(Case):
+class RooflineCase(Case):
     """One ``(shape, K, B, state_layout, state_dtype)`` (``gdn_case.Case``): views of the
     shape's inputs, float64 references on ``N_REF`` sequences, the acceptance process, and the
     carry references per pending-count variant (``variant``)."""
@@ -138,13 +138,13 @@ class _Case(Case):
         return self.carry_case(variant, pend, lazy)
 
 
-def case(point: dict) -> _Case:
-    """The ``_Case`` of ``point`` (one kept at a time)."""
+def case(point: dict) -> RooflineCase:
+    """The ``RooflineCase`` of ``point`` (one kept at a time)."""
     shape = _shape(point)
     key = tuple(point.get(n, "kv") for n in ("seed", "slots", "rows_max", "HK", "HV", "head_dim",
                                               "dtype", "K", "B", "mean_accept", "accept_K",
                                               "state_layout")) + (point.get("state_dtype"),)
     if key not in _CASE:
         _CASE.clear()
-        _CASE[key] = _Case(point, shape)
+        _CASE[key] = RooflineCase(point, shape)
     return _CASE[key]

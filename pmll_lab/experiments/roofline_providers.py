@@ -1,9 +1,9 @@
-"""The roofline's providers, each checked, then timed, on a ``roofline_case._Case``; ours
+"""The roofline's providers, each checked, then timed, on a ``roofline_case.RooflineCase``; ours
 bitwise against the decodes, peers (GPU only, ``RuntimeError`` otherwise) against float64 on
 ``N_REF`` sequences and our decodes within the tolerances; a frozen verify must leave the pool
 as it was. Launchers are called through ``gdn_case`` (a test replaces them there).
 
-Each point function takes the ``_Case`` and the provider's registered ``name`` (its rows'
+Each point function takes the ``RooflineCase`` and the provider's registered ``name`` (its rows'
 ``kernel``); importing this module binds them to the ``roofline_verify`` registrations
 (``harness.verify.bind``; ``harness.verify.point(name)`` gives one back).
 """
@@ -34,7 +34,7 @@ def _time(fn, graph: bool = True) -> list[dict]:
     return P.timings(fn, graph=graph, **C.TIMING)
 
 
-def point_decodes(c: C._Case, name: str) -> list[dict]:
+def point_decodes(c: C.RooflineCase, name: str) -> list[dict]:
     """``K`` launches of the Triton decode (and, at ``B <= PLAN_MAX_B``, through launch plans:
     ``<name>:plan``), checked against the float64 chain; rows named ``name``."""
     o_dec, st_sel, _, _ = c.decoded()
@@ -56,7 +56,7 @@ def point_decodes(c: C._Case, name: str) -> list[dict]:
     return rows
 
 
-def point_decodes_cuda(c: C._Case, name: str) -> list[dict]:
+def point_decodes_cuda(c: C.RooflineCase, name: str) -> list[dict]:
     """``K`` launches of the decode's CUDA C++ twin (``gdn_decode(impl="cuda")``, V-major),
     checked against the float64 chain (not bitwise against Triton: another order of sums); rows
     named ``name``."""
@@ -69,7 +69,7 @@ def point_decodes_cuda(c: C._Case, name: str) -> list[dict]:
                                decodes_bytes(c.B, c.K, **c.io()), variant="")
 
 
-def point_chain(c: C._Case, name: str, impl: str = "triton") -> list[dict]:
+def point_chain(c: C.RooflineCase, name: str, impl: str = "triton") -> list[dict]:
     """The chain with its ``K-1`` snapshots against the float64 chain; the Triton one also
     bitwise against the decodes (the CUDA twin sums in another order: bitwise only within its
     family, which its own tests check); rows named ``name``."""
@@ -87,7 +87,7 @@ def point_chain(c: C._Case, name: str, impl: str = "triton") -> list[dict]:
                                chain_bytes(c.B, c.K, **c.io()), variant="")
 
 
-def _check_carry(c: C._Case, name: str, form: str, lazy: bool, var: str, rows: list[dict]):
+def _check_carry(c: C.RooflineCase, name: str, form: str, lazy: bool, var: str, rows: list[dict]):
     """Run and check one pending-count variant; returns ``(state, carry, bytes, mean pend,
     write-back fraction, plan)`` for the timing."""
     cc = c.variant(var)
@@ -103,7 +103,7 @@ def _check_carry(c: C._Case, name: str, form: str, lazy: bool, var: str, rows: l
     return st, carry, nbytes, float(np.mean(cc["pend"])), float(np.mean(wb)), plan
 
 
-def point_carry(c: C._Case, name: str, form: str, lazy: bool) -> list[dict]:
+def point_carry(c: C.RooflineCase, name: str, form: str, lazy: bool) -> list[dict]:
     """The carried-state verify of ``form``, eager, or lazy timed without (``<name>:nowb``) and
     with (``:wb``) a write-back and amortised at the acceptance process's write-back frequency;
     each variant checked first; rows named ``name``."""
@@ -212,4 +212,4 @@ for _impl, _fn in ((V.DECODES, point_decodes), (V.DECODES_CUDA, point_decodes_cu
     V.bind(_impl, partial(_fn, name=_impl.name))
 for _p in C.FLASHINFER:
     V.bind(registry.get(_p), partial(point_flashinfer, provider=_p))
-# FlashInfer's ReplaySSM runs on the point itself (``replayssm_peer.replayssm_rows``), no _Case.
+# FlashInfer's ReplaySSM runs on the point itself (``replayssm_peer.replayssm_rows``), no RooflineCase.

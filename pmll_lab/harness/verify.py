@@ -21,7 +21,7 @@ What each registration says, as the roofline reads it:
 - ``style``: its plot colour and error-plot panel.
 
 The roofline checks and times each implementation through its own point function
-(``experiments.roofline_providers.point_*``: a ``roofline_case._Case`` -> rows), not through
+(``experiments.roofline_providers.point_*``: a ``roofline_case.RooflineCase`` -> rows), not through
 ``harness.runner.run_point``: this family's ``make_case`` and ``check`` raise ``ValueError``
 saying so. ``build(case)`` of an implementation registered here is its bound point function
 (``point(name)``), which ``experiments.roofline_providers`` binds (``bind``) when it is imported
@@ -58,11 +58,11 @@ add_family(Family(
         "roofline, checked and timed by experiments.roofline_providers"))
 
 POINTS: dict[str, Callable] = {}
-"""The point function of each name (``bind``): ``point(case: roofline_case._Case) -> rows``."""
+"""The point function of each name (``bind``): ``point(case: roofline_case.RooflineCase) -> rows``."""
 
 
 def bind(impl: Implementation, fn: Callable) -> None:
-    """Make ``fn`` (a ``roofline_case._Case`` -> rows: check, then time) the roofline point of
+    """Make ``fn`` (a ``roofline_case.RooflineCase`` -> rows: check, then time) the roofline point of
     ``impl`` (registered here or joined); ``ValueError`` for one of another family."""
     if impl.name not in registry.names(FAMILY):
         raise ValueError(f"provider: {impl.name!r} is not a {FAMILY} implementation")

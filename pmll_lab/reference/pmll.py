@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 
-def _f64(t: torch.Tensor) -> torch.Tensor:
+def as_f64(t: torch.Tensor) -> torch.Tensor:
+    """A detached float64 CPU copy of ``t`` (what every reference computes in)."""
     return t.detach().to("cpu", torch.float64).clone()
 
 
@@ -38,16 +39,16 @@ def ring_write(
     ``slot = (count + t) % M``; ``mem[slot] = g * new[t] + (1 - g) * mem[slot]``. Then
     ``count += T``. ``T > M`` simply wraps more than once. Returns ``(k, v, count)``.
     """
-    k, v, n = _f64(k_mem), _f64(v_mem), count.detach().to("cpu", torch.int64).clone()
-    kn, vn = _f64(k_new), _f64(v_new)
+    k, v, n = as_f64(k_mem), as_f64(v_mem), count.detach().to("cpu", torch.int64).clone()
+    kn, vn = as_f64(k_new), as_f64(v_new)
     batch, heads, capacity, _ = k.shape
     tokens = kn.shape[2]
     if gate is None:
         g = torch.ones(batch, heads, tokens, dtype=torch.float64)
     elif gate.dim() == 2:
-        g = _f64(gate)[:, None, :].expand(batch, heads, tokens)
+        g = as_f64(gate)[:, None, :].expand(batch, heads, tokens)
     else:
-        g = _f64(gate)
+        g = as_f64(gate)
     for b in range(batch):
         for t in range(tokens):
             slot = int((n[b] + t) % capacity)
@@ -66,7 +67,7 @@ def ring_read(
     rows oldest first (row ``M - length + i`` is slot ``(count - length + i) % M``), every other
     row (those before, and the ``t_ctx`` rows from ``M`` on) is zero.
     """
-    k, v = _f64(k_mem), _f64(v_mem)
+    k, v = as_f64(k_mem), as_f64(v_mem)
     batch, heads, capacity, dim = k.shape
     k_out = torch.zeros(batch, heads, capacity + t_ctx, dim, dtype=torch.float64)
     v_out = torch.zeros_like(k_out)
@@ -87,7 +88,7 @@ def ring_reset(
     ``seqs``: None (every sequence), a bool mask ``[B]``, or a list/tensor of sequence indices.
     Returns ``(k, v, count)``.
     """
-    k, v, n = _f64(k_mem), _f64(v_mem), count.detach().to("cpu", torch.int64).clone()
+    k, v, n = as_f64(k_mem), as_f64(v_mem), count.detach().to("cpu", torch.int64).clone()
     batch = k.shape[0]
     if seqs is None:
         chosen = list(range(batch))
@@ -103,7 +104,7 @@ def ring_reset(
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Vanilla causal softmax attention, ``[B, H, T, D]`` each, scale ``D**-0.5``; float64."""
-    q, k, v = _f64(q), _f64(k), _f64(v)
+    q, k, v = as_f64(q), as_f64(k), as_f64(v)
     tokens, dim = q.shape[2], q.shape[3]
     scores = q @ k.transpose(-1, -2) * dim ** -0.5
     future = torch.ones(tokens, tokens, dtype=torch.bool).triu(1)
@@ -129,7 +130,7 @@ def memory_attention(
     """
     if k_mem is None:
         return causal_attention(q, k_ctx, v_ctx)
-    q, kc, vc = _f64(q), _f64(k_ctx), _f64(v_ctx)
+    q, kc, vc = as_f64(q), as_f64(k_ctx), as_f64(v_ctx)
     batch, heads, tokens, dim = q.shape
     capacity = k_mem.shape[2]
     km, vm = ring_read(k_mem, v_mem, count, 0)                      # [B, H, M, D] chronological

@@ -54,7 +54,7 @@ RACES = ("overlap_last", "overlap_first", "serial")
 
 
 # the reference's own conversion and blend, so the cases where the two agree agree to the bit
-_f64, _blend = ref._f64, ref.blend
+as_f64, _blend = ref.as_f64, ref.blend
 
 
 class SeedRing:
@@ -93,13 +93,13 @@ class SeedRing:
         heads, capacity, dim = self.k.shape
         if not isinstance(h, int) or not 0 <= h < heads:
             raise ValueError(f"h: must be an int in [0, {heads}), got {h!r}")
-        kn, vn = _f64(k_new), _f64(v_new)
+        kn, vn = as_f64(k_new), as_f64(v_new)
         if kn.dim() != 2 or kn.shape[1] != dim:
             raise ValueError(f"k_new: expected [Tctx, {dim}], got {tuple(kn.shape)}")
         if vn.shape != kn.shape:
             raise ValueError(f"v_new: expected {tuple(kn.shape)}, got {tuple(vn.shape)}")
         tokens = kn.shape[0]
-        g = torch.ones(tokens, dtype=torch.float64) if gate is None else _f64(gate)
+        g = torch.ones(tokens, dtype=torch.float64) if gate is None else as_f64(gate)
         if g.shape != (tokens,):
             raise ValueError(f"gate: expected [{tokens}], got {tuple(g.shape)}")
         owners: dict[int, list[int]] = {}
@@ -133,11 +133,11 @@ def race_outcomes(old: torch.Tensor, new: torch.Tensor,
     sequential result is the chain ``(0, 1, ..., n-1)``). float64. Raises ``ValueError`` naming
     ``new`` when ``n`` is 0 or above 6 (the set grows factorially).
     """
-    o, nw = _f64(old), _f64(new)
+    o, nw = as_f64(old), as_f64(new)
     n = nw.shape[0]
     if not 1 <= n <= 6:
         raise ValueError(f"new: 1 to 6 racing rows, got {n}")
-    g = torch.ones(n, dtype=torch.float64) if gate is None else _f64(gate)
+    g = torch.ones(n, dtype=torch.float64) if gate is None else as_f64(gate)
     out = []
     for k in range(1, n + 1):
         for chain in permutations(range(n), k):

@@ -261,6 +261,17 @@ def test_tests_reach_no_private_library_name():
     assert not fixed, f"no longer used: take them off KNOWN_PRIVATE_USES: {fixed}"
 
 
+def test_library_modules_reach_no_other_modules_private_names():
+    """A module's ``_``-prefixed names are its own: no other library module imports or reaches
+    them (what two modules share has a public name)."""
+    uses = []
+    for p in sorted(LIB.rglob("*.py")):
+        parts = p.relative_to(ROOT).with_suffix("").parts
+        mod = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        uses += [f"{mod}: {u}" for u in sorted(_private_uses(p)) if u.rpartition(".")[0] != mod]
+    assert not uses, "private names reached across library modules:\n" + "\n".join(uses)
+
+
 def test_the_private_use_reader_sees_each_form(tmp_path):
     """The check above can fail: each form of reaching a private name is seen."""
     src = tmp_path / "t.py"

@@ -36,7 +36,7 @@ UNRELATED: dict[tuple[str, str], tuple[int, str]] = {
     ("pmll_lab/experiments/spec_decode.py", "decode"): (2, "a step's kind in the stats"),
     ("pmll_lab/experiments/tokens.py", "ring"): (2, "the ServingCache form a tokens form uses"),
     ("pmll_lab/ops/gdn/decode_cuda.py", "decode"): (1, "the launcher named in an error"),
-    ("pmll_lab/ops/carry/gdn_ring.py", "ring"): (2, "an argument named in an error"),
+    ("pmll_lab/ops/carry/ring.py", "ring"): (2, "an argument named in an error"),
     ("pmll_lab/ops/settings.py", "ring"): (2, "a settings section"),
     ("pmll_lab/serving/ring_step.py", "ring"): (1, "an argument named in an error"),
     ("scripts/tune_pmll.py", "ring"): (1, "a subcommand"),

@@ -1,7 +1,7 @@
 """Triton pieces of the ring form (SPEC §3d) shared by its kernels, the flush and the commit.
 
 The verify is ``pmll_lab.ops.carry.ring_verify``; here: the products it and the flush use
-(``_split_mma``, ``_fine_mma``, ``_small_mma``, ``_state_mma``: the operand precisions by state
+(``_split_mma``, ``_fine_mma``, ``small_mma``, ``state_mma``: the operand precisions by state
 dtype, see ``SMALL_PRODUCTS``), the window and cursor loads, the new rows' gates, the flush kernel (fold
 every listed slot's window into its state, several layers in one launch) and the cursor commit
 (``ring_accept_kernel``).
@@ -74,7 +74,7 @@ def _fine_mma(a, b, acc):
 
 
 @triton.jit
-def _small_mma(a, b, acc, SMALL: tl.constexpr):
+def small_mma(a, b, acc, SMALL: tl.constexpr):
     """``acc + a @ b`` for the coefficient and ``[BV, 16]`` products, at ``SMALL``."""
     if SMALL == "split":
         return _fine_mma(a, b, acc)
@@ -84,12 +84,12 @@ def _small_mma(a, b, acc, SMALL: tl.constexpr):
 
 
 @triton.jit
-def _small_mm(a, b, SMALL: tl.constexpr):
-    return _small_mma(a, b, tl.zeros((a.shape[0], b.shape[1]), tl.float32), SMALL)
+def small_mm(a, b, SMALL: tl.constexpr):
+    return small_mma(a, b, tl.zeros((a.shape[0], b.shape[1]), tl.float32), SMALL)
 
 
 @triton.jit
-def _state_mma(h, xt, acc, SMALL: tl.constexpr):
+def state_mma(h, xt, acc, SMALL: tl.constexpr):
     """``acc + h @ xt`` with a block ``h`` of the state (or the ring's rows, in its dtype):
     split for an fp32 state, else in the state's dtype with fp32 accumulation (bf16 inputs
     stay exact)."""
@@ -126,7 +126,7 @@ every ``RING_TOLERANCE``."""
 
 
 @triton.jit
-def _row_gates(g_ptr, beta_ptr, b, hv, m1, ga, gd, g_b, g_t, beta_b, beta_t, tr,
+def ring_row_gates(g_ptr, beta_ptr, b, hv, m1, ga, gd, g_b, g_t, beta_b, beta_t, tr,
                GATE: tl.constexpr):
     """The new rows' ``g, beta [XP]`` fp32 (rows from ``K`` on, and a padding lane's, zero;
     ``g`` no lower than ``LOG_DECAY_FLOOR``)."""
@@ -140,7 +140,7 @@ def _row_gates(g_ptr, beta_ptr, b, hv, m1, ga, gd, g_b, g_t, beta_b, beta_t, tr,
 
 
 @triton.jit
-def _slot_cursor(slot_ptr, len_ptr, base_ptr, b):
+def slot_cursor(slot_ptr, len_ptr, base_ptr, b):
     """``(slot, live, P, base)`` of sequence ``b`` (slot -1: a padding lane, read as slot 0
     for address arithmetic, ``P = 0``)."""
     slot = tl.load(slot_ptr + b).to(tl.int64)
@@ -192,7 +192,7 @@ def gdn_ring_flush_kernel(
             kc = tl.load(kr + phys[:, None] * KD + rk[None, :], mask=valid[:, None] & mk[None, :],
                          other=0.0)
             kw = (kc.to(tl.float32) * w[:, None]).to(dt)
-            hf = _state_mma(uring_t, kw, efold * h.to(tl.float32), SMALL)
+            hf = state_mma(uring_t, kw, efold * h.to(tl.float32), SMALL)
             tl.store(hrow + rk[None, :], hf.to(dt), mask=m2)
 
 

@@ -51,8 +51,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pmll_lab.ops.carry.ring_kernels import (_row_gates, _slot_cursor, _small_mm, _small_mma,
-                                                 _state_mma)
+from pmll_lab.ops.carry.ring_kernels import (ring_row_gates, slot_cursor, small_mm, small_mma,
+                                                 state_mma)
 from pmll_lab.ops.gdn.recurrence import head_tile_program, load_gate_params
 
 @triton.jit
@@ -63,11 +63,11 @@ def _unit_upper_inverse(N, K: tl.constexpr, SMALL: tl.constexpr):
     eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
     inv = eye - N
     if K > 2:
-        n2 = _small_mm(N, N, SMALL)
-        inv = _small_mm(inv, eye + n2, SMALL)
+        n2 = small_mm(N, N, SMALL)
+        inv = small_mm(inv, eye + n2, SMALL)
         if K > 4:
-            n4 = _small_mm(n2, n2, SMALL)
-            inv = _small_mm(inv, eye + n4, SMALL)
+            n4 = small_mm(n2, n2, SMALL)
+            inv = small_mm(inv, eye + n4, SMALL)
     return inv
 
 
@@ -90,7 +90,7 @@ def gdn_ring_fused_kernel(
     the coefficients before the state product (module docstring)."""
     b, hv, j = head_tile_program(HV, NT)
     hk = hv // (HV // HK)
-    slot, live, p, base = _slot_cursor(slot_ptr, len_ptr, base_ptr, b)
+    slot, live, p, base = slot_cursor(slot_ptr, len_ptr, base_ptr, b)
     rr = j * BV + tl.arange(0, BV)
     mr = rr < VD
     x = tl.arange(0, 16)
@@ -122,11 +122,11 @@ def gdn_ring_fused_kernel(
         mkd = kk < KD
         xw = tl.load(xrow + kk[None, :], mask=mx[:, None] & mkd[None, :], other=0.0)  # [16, KP]
         kw_ = tl.load(krow + kk[None, :], mask=valid[:, None] & mkd[None, :], other=0.0)
-        krx = _state_mma(kw_, tl.trans(xw), tl.zeros((RW, 16), tl.float32), SMALL)
+        krx = state_mma(kw_, tl.trans(xw), tl.zeros((RW, 16), tl.float32), SMALL)
         if xw.dtype == tl.bfloat16:
             gram = tl.dot(xw, tl.trans(xw))                                 # exact products
         else:
-            gram = _small_mm(xw, tl.trans(xw), SMALL)
+            gram = small_mm(xw, tl.trans(xw), SMALL)
         xf = xw.to(tl.float32)
         ss = tl.sum(xf * xf, 1)
     else:
@@ -141,12 +141,12 @@ def gdn_ring_fused_kernel(
             h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :] & live, other=0.0)
             xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
             kc = tl.load(krow + rk[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
-            acc = _state_mma(h, tl.trans(xc), acc, SMALL)
-            krx = _state_mma(kc, tl.trans(xc), krx, SMALL)
+            acc = state_mma(h, tl.trans(xc), acc, SMALL)
+            krx = state_mma(kc, tl.trans(xc), krx, SMALL)
             if xc.dtype == tl.bfloat16:
                 gram = tl.dot(xc, tl.trans(xc), gram)                    # exact products
             else:
-                gram = _small_mma(xc, tl.trans(xc), gram, SMALL)
+                gram = small_mma(xc, tl.trans(xc), gram, SMALL)
             xf = xc.to(tl.float32)
             ss += tl.sum(xf * xf, 1)
 
@@ -158,7 +158,7 @@ def gdn_ring_fused_kernel(
         n = tl.full((16,), 1.0, tl.float32)
     n = tl.where(mx, tl.where(is_k, n, n * scale), 0.0)
     ga, gd = load_gate_params(alog_ptr, dtb_ptr, hv, GATE)
-    g, beta = _row_gates(g_ptr, beta_ptr, b, hv, mx, ga, gd, g_b, g_t, beta_b, beta_t, t, GATE)
+    g, beta = ring_row_gates(g_ptr, beta_ptr, b, hv, mx, ga, gd, g_b, g_t, beta_b, beta_t, t, GATE)
     ck = tl.cumsum(tl.where(is_k, g, 0.0), 0)
     cq = tl.cumsum(tl.where(is_k, 0.0, g), 0)
     cx = g_last + tl.where(is_k, ck, cq)                                   # c_{t(x)}
@@ -181,10 +181,10 @@ def gdn_ring_fused_kernel(
             mk = rk < KD
             h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :] & live, other=0.0)
             xc = tl.load(xrow + rk[None, :], mask=mx[:, None] & mk[None, :], other=0.0)
-            acc = _state_mma(h, tl.trans(xc), acc, SMALL)
-    w_all = _small_mma(uring_t, dm, acc * colscale[None, :], SMALL)
-    ut = _small_mm(vt.to(tl.float32) - w_all, bt, SMALL)
-    ot = _small_mma(ut, p2, w_all, SMALL)
+            acc = state_mma(h, tl.trans(xc), acc, SMALL)
+    w_all = small_mma(uring_t, dm, acc * colscale[None, :], SMALL)
+    ut = small_mm(vt.to(tl.float32) - w_all, bt, SMALL)
+    ot = small_mma(ut, p2, w_all, SMALL)
     mo = ((x >= 8) & (t < K))[None, :] & mr[:, None]            # a padding lane's zeros too
     tl.store(o_ptr + b * o_b + t[None, :] * o_t + hv * o_h + rr[:, None],
              ot.to(o_ptr.dtype.element_ty), mask=mo)
@@ -219,6 +219,6 @@ def gdn_ring_fused_kernel(
             h = tl.load(hrow + rk[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
             kc = tl.load(krow + rk[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
             kw = (kc.to(tl.float32) * w[:, None]).to(dt)
-            hf = _state_mma(uring_t, kw, efold * h.to(tl.float32), SMALL)
+            hf = state_mma(uring_t, kw, efold * h.to(tl.float32), SMALL)
             cs = tl.multiple_of(c, FBK) + tl.arange(0, FBK)
             tl.store(srow + cs[None, :], hf.to(dt), mask=(cs < KD)[None, :] & (rr < VD)[:, None])
