@@ -70,10 +70,10 @@ notebooks() {   # the notebooks' full preset into one run folder kept across the
 case $part in
   n1)         # four calls, back to back (FlashInfer parts a, b, c; .whl in the first): the
               # fp32 third of the exactness grid, then the notebooks that need no FlashInfer
-    exactness 16,32,64,128,256 150 true float32
-    notebooks pmll_ring:150 gdn_conv:100 kernels:120 ;;
-  n2) notebooks pmll_attention:150 ;;                           # part-b
-  n3) notebooks carry_step:560 ;;                               # part-c: FlashInfer unpacked
+    exactness 16,32,64,128,256 120 true float32
+    notebooks pmll_ring:130 gdn_conv:90 kernels:60 ;;
+  n2) notebooks pmll_attention:130 ;;                           # part-b
+  n3) notebooks carry_step:540 ;;                               # part-c: FlashInfer unpacked
   n4) notebooks spec_decode:200 gdn_verify:150 carry_protocol:200 ;;  # what time is left
   a)          # first of four calls (part-a): the bits, every form once, the packed-tile A/B
     exactness 64,128,256 180; smoke; ab 0; ab 1 ;;
