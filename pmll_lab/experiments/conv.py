@@ -22,6 +22,7 @@ from pmll_lab.conv import (
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.targets import Target, fact, facts
+from pmll_lab.ops.conv.common import INPUT_DTYPES
 from pmll_lab.inputs import conv_inputs, generator
 from pmll_lab.reference import conv as ref
 from pmll_lab.tolerances import O_TOL as Y_TOL
@@ -51,15 +52,18 @@ TARGETS = (
 
 
 AXES = ("K", "B", "shape", "dtype", "pending", "d_conv", "seed")
+CONV_DTYPES = tuple(str(d).removeprefix("torch.") for d in INPUT_DTYPES)
+"""The dtypes the conv kernels take (``ops.conv.common.INPUT_DTYPES``, by name)."""
 """The gdn_conv sweep's axes (``protocol.grid_points``)."""
 
 
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
     """The grids' points (axes ``K, B, shape, dtype``, optionally ``pending``, ``d_conv``,
-    ``seed`` (default ``seed``)), duplicates dropped. ``ValueError`` naming the axis for a shape
+    ``seed`` (default ``seed``)), duplicates dropped. ``ValueError`` naming the axis for a dtype
+    outside ``CONV_DTYPES`` (the conv kernels' inputs), a shape
     outside ``SHAPES`` or ``K``/``pending`` outside ``1..CAP``/``0..CAP``, before any point
     runs (and whatever ``protocol.grid_points`` refuses)."""
-    pts = P.grid_points(grids, {"seed": [seed]}, axes=AXES, choices={"dtype": P.KERNEL_DTYPES})
+    pts = P.grid_points(grids, {"seed": [seed]}, axes=AXES, choices={"dtype": CONV_DTYPES})
     for p in pts:
         if p.get("shape") not in SHAPES:
             raise ValueError(f"grids: axis shape: {p.get('shape')!r} is not one of "

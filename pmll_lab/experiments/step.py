@@ -16,7 +16,7 @@ from pmll_lab.experiments.target_table import SETS, STEP, for_report
 from pmll_lab.experiments.targets import fact, facts
 from pmll_lab.harness import registry
 from pmll_lab.harness.runner import run_point
-from pmll_lab.harness.step import make_case
+from pmll_lab.harness.step import check_point, make_case
 from pmll_lab.tolerances import STEP_TOL
 from pmll_lab.harness import step_forms as SF
 
@@ -36,11 +36,16 @@ def label(name: str) -> str:
 def points(grids: list[dict], *, alpha: float, seed: int) -> list[dict]:
     """Step sweep points: every grid's product (``pmll_lab.sweep.grid``) with the acceptance
     probability and the seed (``protocol.grid_points``: axes checked, duplicates dropped); a
-    ``forms`` value is checked against the registry (``ValueError`` naming ``forms``)."""
+    ``forms`` value is checked against the registry (``ValueError`` naming ``forms``), and every
+    point against what no form can run (``harness.step.check_point``), before any point runs."""
     pts = P.grid_points(grids, {"alpha": [alpha], "seed": [seed]}, axes=AXES)
     for p in pts:
         if "forms" in p:
             registry.resolve("gdn_step", p["forms"])
+        try:
+            check_point(p)
+        except ValueError as exc:
+            raise ValueError(f"grids: {exc}") from None
     return pts
 
 

@@ -256,10 +256,22 @@ def check(sf: StepForm, case: StepCase, *, ref_seqs: int = 4, plain: Callable | 
 
 def make_case(p: dict) -> StepCase:
     """A ``StepCase`` of a workload row (``B, K, HK, HV, head_dim, steps, alpha, state_dtype``;
-    ``seed``, ``ring_length``, ``dtype`` optional). ``ValueError`` naming the axis for ``K``
-    above the verify kernels' ``MAX_ROWS`` (8), a ``ring_length`` outside ``RING_LENGTHS``
-    (8, 16, 32: the ring's window, which also bounds ``K``), ``HV`` not a multiple of ``HK``
-    or ``alpha`` outside ``(0, 1]``, before any tensor is drawn."""
+    ``seed``, ``ring_length``, ``dtype`` optional), after ``check_point(p)``."""
+    check_point(p)
+    return StepCase(batch=int(p["B"]), rows=int(p["K"]), num_k_heads=int(p["HK"]),
+                    num_v_heads=int(p["HV"]), head_dim=int(p["head_dim"]),
+                    steps=int(p["steps"]), alpha=float(p["alpha"]),
+                    dtype=getattr(torch, p.get("dtype", "bfloat16")),
+                    state_dtype=getattr(torch, p["state_dtype"]), seed=int(p.get("seed", 0)),
+                    ring_length=int(p.get("ring_length", 16)))
+
+
+def check_point(p: dict) -> None:
+    """``ValueError`` naming the axis for ``K`` above the verify kernels' ``MAX_ROWS`` (8), a
+    ``ring_length`` outside ``RING_LENGTHS`` (8, 16, 32: the ring's window, which also bounds
+    ``K``), ``HV`` not a multiple of ``HK`` or ``alpha`` outside ``(0, 1]``: what no form of
+    the step can run, refused before any tensor is drawn (a sweep refuses it before any point
+    runs)."""
     if int(p["K"]) > MAX_ROWS:
         raise ValueError(f"K: at most {MAX_ROWS} draft rows per verify, got {p['K']!r}")
     if int(p.get("ring_length", 16)) not in RING_LENGTHS:
@@ -269,12 +281,6 @@ def make_case(p: dict) -> StepCase:
     if not 0 < float(p["alpha"]) <= 1:
         raise ValueError(f"alpha: the per-draft acceptance probability lies in (0, 1], got "
                          f"{p['alpha']!r}")
-    return StepCase(batch=int(p["B"]), rows=int(p["K"]), num_k_heads=int(p["HK"]),
-                    num_v_heads=int(p["HV"]), head_dim=int(p["head_dim"]),
-                    steps=int(p["steps"]), alpha=float(p["alpha"]),
-                    dtype=getattr(torch, p.get("dtype", "bfloat16")),
-                    state_dtype=getattr(torch, p["state_dtype"]), seed=int(p.get("seed", 0)),
-                    ring_length=int(p.get("ring_length", 16)))
 
 
 FAMILY = add_family(Family(

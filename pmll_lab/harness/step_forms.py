@@ -16,6 +16,7 @@ from pmll_lab.carry import (GDN_CARRY_CAP, GdnCarry, GdnRing, carry_accept, gdn_
 from pmll_lab.gdn import gdn_chain, gdn_decode
 from pmll_lab.harness.registry import Implementation, register
 from pmll_lab.harness.step import StepCase, StepForm, folds_when_full, folds_when_pending
+from pmll_lab.ops.carry.ring import RING_HEAD_DIMS
 from pmll_lab.ops.gdn.restore import gdn_snapshot_restore
 from pmll_lab.peers import (flashinfer_available, flashinfer_mtp_runner, flashinfer_status,
                             flashinfer_supports, flashinfer_version)
@@ -224,9 +225,18 @@ EXACT_LAZY, EXACT_LAZY_CUDA, EXACT_EAGER, EXACT_EAGER_CUDA = (
         ("exact_eager", False, "triton", "#aec7e8", ()),
         ("exact_eager_cuda", False, "cuda", "#ffbb78", ())))
 """The exact forms (SPEC §3b), lazy and eager, Triton and their CUDA C++ twins."""
+def ring_supports(case) -> str | None:
+    """Why the ring form cannot run ``case`` (None: it can): its ``tl.dot`` tiles take head
+    sizes that are multiples of 16 in ``RING_HEAD_DIMS``."""
+    lo, hi = RING_HEAD_DIMS
+    d = case.head_dim
+    return None if d % 16 == 0 and lo <= d <= hi else \
+        f"head size {d}: the ring form takes multiples of 16 in [{lo}, {hi}]"
+
+
 RING = register(Implementation(
     name="ring", family=FAMILY, label="carry ring (tolerance form)", build=build_ring,
-    style={"color": "#17becf"}, drift=("bfloat16", "float32"),
+    style={"color": "#17becf"}, drift=("bfloat16", "float32"), supports=ring_supports,
     bytes=lambda c, f: sizes.ring_step_bytes(**dims(c), fold_frac=f["fold_frac"],
                                              mean_fill=f["mean_fill"]),
     doc="SPEC §3d: read-only state, accepted rows in a ring, tensor-core correction"))

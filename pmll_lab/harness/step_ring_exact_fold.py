@@ -27,7 +27,7 @@ from pmll_lab.carry import GdnRing, gdn_ring_verify, ring_accept
 from pmll_lab.gdn import gdn_decode
 from pmll_lab.harness.registry import Implementation, register
 from pmll_lab.harness.step import StepCase, StepForm, folds_when_full
-from pmll_lab.harness.step_forms import build_plain, dims
+from pmll_lab.harness.step_forms import build_plain, dims, ring_supports
 
 NAME = "ring_exact_fold"
 
@@ -119,6 +119,7 @@ def _bytes(c: StepCase, f: dict) -> int:
 register(Implementation(
     name=NAME, family="gdn_step", exact=True, label="carry ring, exact fold",
     build=build_ring_exact_fold, plain=build_plain, style={"color": "#9edae5"}, bytes=_bytes,
+    supports=ring_supports,
     drift=("bfloat16", "float32"),
     doc="SPEC §3d's ring for the outputs; its window folded by decoding the raw rows, so the "
         "state is plain decoding's to the bit (SGLang's closed-loop fold, on our ring)"))

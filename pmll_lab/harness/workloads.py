@@ -36,9 +36,13 @@ PATH = Path(__file__).with_name("workloads.toml")
 
 @lru_cache(maxsize=1)
 def load() -> dict:
-    """The parsed ``workloads.toml`` (read once per process)."""
+    """The parsed ``workloads.toml`` (read once per process); a syntax error is a
+    ``ValueError`` naming the file and the place."""
     with PATH.open("rb") as fh:
-        return tomllib.load(fh)
+        try:
+            return tomllib.load(fh)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"workloads: {PATH}: {exc}") from None
 
 
 def names() -> list[str]:

@@ -71,3 +71,45 @@ def test_kernels_notebook_runs_its_implementations_at_a_step_workloads_points():
     assert names == ["ring", "ring_exact_fold"]
     with pytest.raises(ValueError, match=r"^implementations: no implementation registered"):
         kernels.setup("gdn_decode", "my_decod")
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(ring_length=[2]), r"^grids: ring_length: must be one of \(8, 16, 32\), got 2"),
+    (dict(HK=[2], HV=[3]), r"^grids: HV: must be a multiple of HK = 2, got 3"),
+])
+def test_a_step_sweep_refuses_what_no_form_runs_before_any_point(no_build, change, message):
+    """The sweep's grid expansion refuses it (the whole sweep), not each point as it runs."""
+    from pmll_lab.experiments import step
+
+    grid = {k: [v] for k, v in STEP.items() if k != "alpha"}
+    with pytest.raises(ValueError, match=message):
+        step.points([{**grid, **change}], alpha=0.5, seed=0)
+
+
+def test_a_head_size_the_ring_cannot_tile_is_an_unsupported_row(no_build):
+    """Head size 20 (not a multiple of 16): the ring forms give "unsupported" rows naming the
+    head size; nothing is built."""
+    rows = run_point("gdn_step", {**STEP, "head_dim": 20}, "ring+ring_exact_fold")
+    assert {r["status"] for r in rows} == {"unsupported"}
+    assert {r["form"] for r in rows} == {"ring", "ring_exact_fold"}
+    assert all("head size 20" in r["note"] for r in rows)
+
+
+def test_a_conv_sweep_refuses_a_dtype_the_conv_kernels_do_not_take():
+    from pmll_lab.experiments import conv
+
+    with pytest.raises(ValueError, match=r"^grids: axis dtype: 'float16' is not one of "
+                                         r"float32, bfloat16"):
+        conv.points([{"K": [1], "B": [1], "shape": ["hk2-hv4-32"], "dtype": ["float16"]}])
+
+
+def test_a_syntax_error_in_workloads_toml_names_the_file(tmp_path, monkeypatch):
+    bad = tmp_path / "workloads.toml"
+    bad.write_text("[gdn_decode]\nfamily = \"gdn_decode\"\n[[gdn_decode.quick]]\nB = [1,\n")
+    monkeypatch.setattr(workloads, "PATH", bad)
+    workloads.load.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"^workloads: .*workloads\.toml: "):
+            workloads.grids("gdn_decode", "quick")
+    finally:
+        workloads.load.cache_clear()
