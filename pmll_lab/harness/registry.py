@@ -261,6 +261,16 @@ def resolve(family: str, selection: str | Iterable[str] | None, *, arg: str = "f
     return chosen
 
 
+def table() -> list[dict]:
+    """One row per registered implementation: ``name, family, label, provider, impl, exact,
+    gpu_only, module`` (the module its ``build`` lives in: where it is registered), in
+    registration order; ``python -m pmll_lab.harness`` prints it."""
+    return [dict(name=i.name, family=i.family, label=i.label, provider=i.provider,
+                 impl=i.impl, exact=i.exact, gpu_only=i.gpu_only,
+                 module=getattr(i.build, "__module__", "?"))
+            for i in IMPLEMENTATIONS.values()]
+
+
 def labels() -> dict[str, str]:
     """Every registered name's label (plots and tables)."""
     return {n: i.label for n, i in IMPLEMENTATIONS.items()}

@@ -113,3 +113,22 @@ def test_a_syntax_error_in_workloads_toml_names_the_file(tmp_path, monkeypatch):
             workloads.grids("gdn_decode", "quick")
     finally:
         workloads.load.cache_clear()
+
+
+def test_the_catalog_says_where_each_name_is_registered():
+    """``registry.table()`` (printed by ``python -m pmll_lab.harness``): every registered name
+    once, with the module whose ``register`` call made it."""
+    import subprocess
+    import sys
+
+    rows = registry.table()
+    assert sorted(r["name"] for r in rows) == sorted(registry.names())
+    where = {r["name"]: r["module"] for r in rows}
+    assert where["ring"] == "pmll_lab.harness.step_forms"
+    assert where["ring_exact_fold"] == "pmll_lab.harness.step_ring_exact_fold"
+    assert where["sglang_exact_fold"] == "pmll_lab.harness.step_sglang"
+    out = subprocess.run([sys.executable, "-m", "pmll_lab.harness"], capture_output=True,
+                         text=True, check=True, env={**__import__("os").environ,
+                                                     "PMLL_LAB_DEVICE": "cpu"}).stdout
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["name", "family"] and len(lines) == len(rows) + 1
