@@ -151,7 +151,8 @@ def test_sweep_points_refuse_bad_axes_naming_them_before_any_point():
                                   ("B", 64, r"axis B must be a list of values, got 64"),
                                   ("B", [], r"axis B lists no value"),
                                   ("dtype", ["bf16"], r"axis dtype: 'bf16' is not one of "
-                                                      r"float32, bfloat16, float16$"),
+                                                      r"float32, bfloat16$"),
+                                  ("dtype", ["float16"], r"axis dtype: 'float16' is not one"),
                                   ("dtype", ["float64"], r"axis dtype: 'float64' is not one"),
                                   ("k", [2], r"unknown axis k \(this sweep's axes: B, K, d_conv,"),
                                   ("impl", ["cuda"], r"unknown axis impl \(this sweep's axes: "
