@@ -19,6 +19,7 @@
 # The notebooks' full preset in one run folder: n1 (part-a, .whl: the exactness grid's fp32 third,
 # then the notebooks that need no FlashInfer), n2 (part-b), n3 (part-c.tar: carry_step), n4.
 # Usage (device machine, repo root): PMLL_LAB_COMMIT=<sha> bash scripts/gpu_session.sh PART [RUN]
+#   or ... gpu_session.sh nb RUN NB[:SECONDS]... (those notebooks' full preset into RUN)
 set -u
 part=${1:?a session part: n1-n4, a, b, steps, last, ...}
 run=${2:-h200-$(date -u +%Y-%m-%d)}
@@ -75,6 +76,7 @@ case $part in
   n2) notebooks pmll_attention:130 ;;                           # part-b
   n3) notebooks carry_step:540 ;;                               # part-c: FlashInfer unpacked
   n4) notebooks spec_decode:200 gdn_verify:150 carry_protocol:200 ;;  # what time is left
+  nb) shift 2; notebooks "$@" ;;   # any notebooks: nb RUN NB[:SECONDS]...
   a)          # first of four calls (part-a): the bits, every form once, the packed-tile A/B
     exactness 64,128,256 180; smoke; ab 0; ab 1 ;;
   b)          # second (part-b, .whl): the carry_step notebook's quick preset on the GPU
