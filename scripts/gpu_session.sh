@@ -77,6 +77,8 @@ case $part in
   n3) notebooks carry_step:540 ;;                               # part-c: FlashInfer unpacked
   n4) notebooks spec_decode:200 gdn_verify:150 carry_protocol:200 ;;  # what time is left
   nb) shift 2; notebooks "$@" ;;   # any notebooks: nb RUN NB[:SECONDS]...
+  xnb)        # the whole exactness grid (every state dtype) and SGLang's claim, then notebooks
+    shift 2; exactness 16,32,64,128,256 200 true float32,bfloat16,float16; notebooks "$@" ;;
   a)          # first of four calls (part-a): the bits, every form once, the packed-tile A/B
     exactness 64,128,256 180; smoke; ab 0; ab 1 ;;
   b)          # second (part-b, .whl): the carry_step notebook's quick preset on the GPU
