@@ -544,6 +544,18 @@ def pick(table: Mapping | str, preset: str, name: str = "grids", *, fallback: st
     return table[preset]
 
 
+def pick_points(table: Mapping | str, preset: str, name: str = "points") -> list[dict]:
+    """Runs listed one by one: for a workload's name (a string) the points of its grids for
+    ``preset`` (``harness.workloads.points``); for a dict of presets, ``table[preset]`` (a
+    point or a list of points). A preset it lacks is a ``ValueError`` naming the valid ones."""
+    if isinstance(table, str):
+        from pmll_lab.harness import workloads
+
+        return workloads.points(table, preset)
+    chosen = pick(table, preset, name)
+    return [dict(chosen)] if isinstance(chosen, Mapping) else [dict(p) for p in chosen]
+
+
 def sweep(name: str, points: list[dict], point_fn: Callable, *, results_dir, client=None,
           affinity=None) -> pd.DataFrame:
     """``run_sweep``: a progress bar in a Lab session, silent inside a report (the HTML shows

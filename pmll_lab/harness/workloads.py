@@ -4,12 +4,16 @@ A workload is either a sweep of a registry family (``family = ...``: the runner'
 notebook's own sweep (``notebook = ...``: the axes that notebook's ``points`` reads).
 ``grids(name, preset)`` gives a workload's grids for a preset (a list of dicts, each the product
 of its axes; TOML arrays: a pair such as ``heads = [[16, 32]]`` comes back as a list),
-``family(name)`` the registry family it runs, ``names()`` every workload. A ``ValueError``
-names the workload or preset that does not exist, with the ones that do.
+``points(name, preset)`` the points they expand to (for runs listed one by one),
+``family(name)`` the registry family it runs, ``names()`` every workload. A grid may give an
+axis as a string naming a list of the workload's ``sets`` table (``providers = "lean"``), so a
+list several grids share is written once. A ``ValueError`` names the workload, preset or set
+that does not exist, with the ones that do.
 """
 
 from __future__ import annotations
 
+import itertools
 import tomllib
 from functools import lru_cache
 from pathlib import Path
@@ -74,4 +78,22 @@ def grids(name: str, preset: str) -> list[dict]:
     if preset not in presets:
         raise ValueError(f"preset: {preset!r} is not one of {sorted(presets)} (workload "
                          f"{name!r})")
-    return [dict(g) for g in entry[preset]]
+    sets = entry.get("sets", {})
+    out = []
+    for g in entry[preset]:
+        g = dict(g)
+        for axis, value in g.items():
+            if isinstance(value, str):
+                if value not in sets:
+                    raise ValueError(f"workload {name!r}, preset {preset!r}: axis {axis} names "
+                                     f"set {value!r}, not in its sets table "
+                                     f"({', '.join(sorted(sets)) or 'none'})")
+                g[axis] = list(sets[value])
+        out.append(g)
+    return out
+
+
+def points(name: str, preset: str) -> list[dict]:
+    """The points of workload ``name``'s grids for ``preset`` (each grid's product, in order)."""
+    return [dict(zip(g, combo)) for g in grids(name, preset)
+            for combo in itertools.product(*g.values())]

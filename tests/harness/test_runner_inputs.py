@@ -132,3 +132,60 @@ def test_the_catalog_says_where_each_name_is_registered():
                                                      "PMLL_LAB_DEVICE": "cpu"}).stdout
     lines = out.splitlines()
     assert lines[0].split()[:2] == ["name", "family"] and len(lines) == len(rows) + 1
+
+
+def _with_toml(tmp_path, monkeypatch, text):
+    path = tmp_path / "workloads.toml"
+    path.write_text(text)
+    monkeypatch.setattr(workloads, "PATH", path)
+    workloads.load.cache_clear()
+
+
+def test_a_grid_names_a_set_of_its_workload(tmp_path, monkeypatch):
+    """``providers = "few"`` takes the list of the workload's ``sets`` table; a set it lacks is
+    a ``ValueError`` naming the set and the ones there are."""
+    _with_toml(tmp_path, monkeypatch, '[w]\nnotebook = "x"\n[w.sets]\nfew = ["a", "b"]\n'
+               '[[w.quick]]\nB = [1, 2]\nproviders = "few"\n[[w.full]]\nproviders = "many"\n')
+    try:
+        assert workloads.grids("w", "quick") == [{"B": [1, 2], "providers": ["a", "b"]}]
+        assert workloads.points("w", "quick") == [
+            {"B": 1, "providers": "a"}, {"B": 1, "providers": "b"},
+            {"B": 2, "providers": "a"}, {"B": 2, "providers": "b"}]
+        with pytest.raises(ValueError, match=r"axis providers names set 'many', not in its "
+                                             r"sets table \(few\)"):
+            workloads.grids("w", "full")
+        assert workloads.presets("w") == ["full", "quick"]
+    finally:
+        workloads.load.cache_clear()
+
+
+def test_the_roofline_grids_take_the_provider_set_as_a_list():
+    grids = workloads.grids("roofline", "full")
+    named = [g["providers"] for g in grids if "providers" in g]
+    assert all(isinstance(p, list) and p for p in named)
+    assert named.count(workloads.load()["roofline"]["sets"]["extra_shapes"]) == 3
+
+
+def test_points_listed_one_by_one_are_the_runs_they_were():
+    """The runs the carry_protocol, carry_step and spec_decode notebooks list one by one, as
+    their parameters cells wrote them before they moved into workloads.toml."""
+    from pmll_lab.experiments.protocol import pick_points
+
+    full = [{"form": "exact", "L": 2, "S": 64, "HK": 4, "HV": 8, "head_dim": 128, "dtype": dtype,
+             "K": 4, "steps": 8, "widths": [2, 16, 4, 32, 8, 1], "p_zero": 0.05,
+             "state_layout": layout}
+            for layout in ("kv", "vk") for dtype in ("bfloat16", "float32")]
+    assert pick_points("carry_protocol_runs", "full") == full
+    quick = pick_points("carry_protocol_runs", "quick")
+    assert [(p["dtype"], p["K"], p["widths"], p["state_layout"]) for p in quick] == [
+        ("bfloat16", 4, [1, 4, 2, 5, 3], "kv"), ("float32", 4, [4, 5, 1, 5, 4, 2], "kv"),
+        ("bfloat16", 3, [1, 3, 2], "vk")]
+    assert pick_points("carry_drift", "full") == [
+        {"batch": 4, "steps": 1390, "rows": 4, "num_k_heads": 16, "num_v_heads": 32,
+         "head_dim": 128, "checkpoints": 8, "ring_length": 16}]
+    oracle, = pick_points("spec_decode_oracle", "full")
+    assert oracle["forms"] == ["exact", "chain"] and oracle["arch"] == "qwen3_next_sized"
+    # a dict in the parameters cell: a point or a list of points per preset
+    assert pick_points({"quick": {"B": 1}, "full": []}, "quick") == [{"B": 1}]
+    with pytest.raises(ValueError, match=r"^preset: 'huge' is not one of \['full', 'quick'\]"):
+        pick_points({"quick": [], "full": []}, "huge", "drift_points")

@@ -95,7 +95,7 @@ def test_one_parameter_vocabulary(nb):
             assert name == "grids" or (name.endswith("_grids") and name == name.lower()), \
                 f"{name}: call it grids or <part>_grids"
         if name == "grids" or name.endswith(("_grids", "_points")):
-            if isinstance(value, ast.Constant) and name.endswith("grids"):
+            if isinstance(value, ast.Constant):
                 # a workload of harness/workloads.toml, with both presets
                 assert {"quick", "full"} <= {p for p in ("quick", "full")
                                              if workloads.grids(value.value, p)}, name
