@@ -11,8 +11,8 @@ flush and accept), ``conv()``, ``ring()`` (the PMLL ring's read and write), ``at
 (attention over the ring), ``ring_form()`` (the carried state's ring form, SPEC §3d).
 
 A table setting is a tuple of rows with named columns, one row type per table (``VkTile``,
-``VkRowsHalf``, ``VkAhead``, ``AttentionTileRow``, ``RingFormTile``; the row types' columns
-carry their rules), and the function that picks a table's row for a case sits beside it
+``VkRowsHalf``, ``VkAhead``, ``AttentionTileRow``, ``RingFormTile``, in ``setting_rows``; the
+row types' columns carry their rules), and the function that picks a table's row for a case sits beside it
 (``vk_tiles_row``, ``vk_rows_half_row``, ``vk_ahead_row``, ``attention_tile``,
 ``ring_form_tiles_row``). Rows that differ by state dtype are picked by the dtype's name,
 among ``STATE_DTYPES`` only (:func:`state_bytes` refuses the rest).
@@ -35,183 +35,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import typing
-from dataclasses import dataclass, field
-from typing import Annotated, Callable, NamedTuple
+from dataclasses import dataclass
 
 from pmll_lab.backend import INTERPRET, env_flag
-
-
-class Rule(NamedTuple):
-    """What a setting's value, or a column of a row, must be: ``test`` of the value, and
-    ``text`` saying it in an error message."""
-
-    test: Callable[[object], bool]
-    text: str
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_pow2(v) -> bool:
-    return _is_int(v) and v >= 1 and not v & (v - 1)
-
-
-FLAG = Rule(lambda v: isinstance(v, bool), "a bool")
-COUNT = Rule(lambda v: _is_int(v) and v >= 0, "an int >= 0")
-POSITIVE = Rule(lambda v: _is_int(v) and v >= 1, "an int >= 1")
-POW2 = Rule(_is_pow2, "a power of two")
-POW2_16 = Rule(lambda v: _is_pow2(v) and v >= 16, "a power of two >= 16")
-VALUE_ROWS = Rule(lambda v: _is_pow2(v) and v >= 2,
-                  "a power of two >= 2 (a warp's 4 x 8 threads must see two rows)")
-CHUNK = Rule(lambda v: _is_int(v) and (v == 0 or (v >= 16 and _is_pow2(v))),
-             "0 or a power of two >= 16")
-LAYOUT = Rule(lambda v: v in ("kv", "vk"), "'kv' or 'vk'")
-
-
-STATE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
-"""The state pools' element types the launch tables have rows for, by ``torch`` dtype name,
-with their bytes per element: a 4-byte state reads the tables' fp32 columns, a 2-byte one
-their ``half`` columns and rows. The one list: any other dtype is refused
-(:func:`state_bytes`), never given another dtype's settings."""
-
-
-def state_bytes(state_dtype, arg: str = "state_dtype") -> int:
-    """Bytes per element of a state pool of ``state_dtype`` (a ``torch.dtype`` or its name,
-    ``"bfloat16"``), one of ``STATE_DTYPES``. Raises ``ValueError`` naming ``arg`` for any
-    other dtype (a 1-byte float8 state has no rows of its own and takes no other's)."""
-    name = str(state_dtype).removeprefix("torch.")
-    if name not in STATE_DTYPES:
-        raise ValueError(f"{arg}: {name} has no rows in the launch settings (state dtypes: "
-                         f"{', '.join(STATE_DTYPES)})")
-    return STATE_DTYPES[name]
-
-
-class KvBlock(NamedTuple):
-    """The ``kv_block`` setting: one K-major block for every head size."""
-
-    block_v: Annotated[int, POW2]
-    """``BV``: value columns per program (capped at ``vd`` padded to a power of two)."""
-    num_warps: Annotated[int, POW2]
-    """Warps per program."""
-
-
-class VkTile(NamedTuple):
-    """A row of ``vk_tiles``: the V-major tile for work up to ``max_work``."""
-
-    max_work: Annotated[int, COUNT]
-    """Largest work ``B*HV`` (sequences x value heads) the row applies to."""
-    value_rows: Annotated[int, VALUE_ROWS]
-    """Value rows per program (``BR``) of decode and the chain."""
-    carry_value_rows: Annotated[int, VALUE_ROWS]
-    """Value rows per program of the carried-state verify and flush."""
-    num_warps: Annotated[int, POW2]
-    """Warps per program (every launch of the family)."""
-
-
-class VkRowsHalf(NamedTuple):
-    """A row of ``vk_rows_half``: decode's and the chain's value rows on a 2-byte state."""
-
-    max_work: Annotated[int, COUNT]
-    """Largest work ``B*HV`` (sequences x value heads) the row applies to."""
-    value_rows: Annotated[int, VALUE_ROWS]
-    """Value rows per program (``BR``) of decode and the chain, in place of ``VkTile``'s."""
-
-
-class VkAhead(NamedTuple):
-    """A row of ``vk_ahead``: what V-major launches load ahead for work up to ``max_work``.
-    Input rows ahead (unrolled rows): row ``t + AHEAD``'s inputs load before row ``t`` runs;
-    stash rows ahead: that many pending rows load with the state, the rest one ahead."""
-
-    max_work: Annotated[int, COUNT]
-    """Largest work ``B*HV`` (sequences x value heads) the row applies to."""
-    rows_ahead: Annotated[int, COUNT]
-    """Input rows (tokens) ahead of decode and the chain (``AHEAD``)."""
-    verify_rows_ahead_fp32: Annotated[int, COUNT]
-    """Input rows ahead of the exact carry verify on a 4-byte (float32) state."""
-    verify_rows_ahead_half: Annotated[int, COUNT]
-    """Input rows ahead of the exact carry verify on a 2-byte (bfloat16, float16) state."""
-    stash_rows_ahead: Annotated[int, COUNT]
-    """Pending stash rows loaded with the state by the exact verify and the flush
-    (``STASH_AHEAD``)."""
-
-    def verify_rows_ahead(self, state_dtype) -> int:
-        """Input rows ahead of the exact carry verify on a state of ``state_dtype`` (one of
-        ``STATE_DTYPES``; ``ValueError`` naming ``state_dtype`` for another)."""
-        if state_bytes(state_dtype) == 4:
-            return self.verify_rows_ahead_fp32
-        return self.verify_rows_ahead_half
-
-
-class AttentionTile(NamedTuple):
-    """A ring-attention tile (``attention_tiles``' tiles, ``attention_default_tile``)."""
-
-    block_m: Annotated[int, POSITIVE]
-    """Queries per program (``BLOCK_M``; capped at the segment's length)."""
-    block_n: Annotated[int, POSITIVE]
-    """Ring rows per step (``BLOCK_N``)."""
-    num_warps: Annotated[int, POSITIVE]
-    """Warps per program."""
-    num_stages: Annotated[int, POSITIVE]
-    """Software pipeline stages."""
-
-
-class AttentionCase(NamedTuple):
-    """The case an ``attention_tiles`` row is for."""
-
-    block_d: Annotated[int, POSITIVE]
-    """Head size padded to a power of two (at least 16), ``BLOCK_D``."""
-    element_bytes: Annotated[int, POSITIVE]
-    """Bytes per element of q and the ring (2: bf16/fp16, 4: fp32)."""
-
-
-class AttentionTileRow(NamedTuple):
-    """A row of ``attention_tiles``: the tile of one case."""
-
-    case: AttentionCase
-    tile: AttentionTile
-
-
-class RingFormTile(NamedTuple):
-    """A row of ``ring_form_tiles``: the tile of the ring verify and flush for work up to
-    ``max_work`` on a state of up to ``max_state_bytes`` per element."""
-
-    max_work: Annotated[int, COUNT]
-    """Largest work ``B*HV`` (sequences x value heads) the row applies to."""
-    max_state_bytes: Annotated[int, POSITIVE]
-    """Largest state element size, in bytes, the row applies to."""
-    block_v: Annotated[int, POW2_16]
-    """``BV``: value rows per program (capped at ``vd`` padded to a power of two)."""
-    block_k: Annotated[int, POW2_16]
-    """``BK``: keys per chunk (capped at ``kd`` padded to a power of two)."""
-    num_warps: Annotated[int, POW2]
-    """Warps per program."""
-    num_stages: Annotated[int, POSITIVE]
-    """Software pipeline stages."""
-
-
-@dataclass(frozen=True)
-class Table:
-    """The check of a table setting: a tuple of ``row`` rows (plain tuples or lists of its
-    columns are taken), non-empty unless ``may_be_empty``."""
-
-    row: type
-    may_be_empty: bool = False
-
-
-@dataclass(frozen=True)
-class OneRow:
-    """The check of a setting holding one ``row`` (a plain tuple is taken), or ``None`` where
-    ``may_be_none``."""
-
-    row: type
-    may_be_none: bool = False
-
-
-def _row(value, *, check: Rule | Table | OneRow, why: str, see: str, when: str = "launch"):
-    return field(default=value, metadata=dict(check=check, why=why, see=see, when=when))
+from pmll_lab.ops.setting_rows import (  # noqa: F401  (the row types and rules, read from here)
+    CHUNK, COUNT, FLAG, LAYOUT, POSITIVE, POW2, POW2_16, STATE_DTYPES, VALUE_ROWS,
+    AttentionCase, AttentionTile, AttentionTileRow, KvBlock, OneRow, RingFormTile, Rule, Table,
+    VkAhead, VkRowsHalf, VkTile, as_row, setting, state_bytes)
 
 
 @dataclass(frozen=True)
@@ -219,7 +49,7 @@ class GdnSettings:
     """Decode, the chain, and the tiles the carried-state kernels share with them (one tile
     rule for all, so that their sums run in one order)."""
 
-    kv_block: KvBlock | None = _row(
+    kv_block: KvBlock | None = setting(
         None, check=OneRow(KvBlock, may_be_none=True),
         why="one warp keeps the key sums in a warp; BK*BV = 4096 fp32: decode 78 % of the copy "
             "roofline, the 4-row chain the best of BV 8-64 x 1-8 warps",
@@ -228,7 +58,7 @@ class GdnSettings:
     """K-major block (``KvBlock``: ``BV``, warps) for every head size, or None:
     ``block_config``'s rule (``BV = min(vd, max(16, 4096 // BK))``, 1 warp)."""
 
-    vk_tiles: tuple[VkTile, ...] = _row(
+    vk_tiles: tuple[VkTile, ...] = setting(
         (VkTile(max_work=128, value_rows=8, carry_value_rows=8, num_warps=1),
          VkTile(max_work=1 << 62, value_rows=8, carry_value_rows=16, num_warps=1)),
         check=Table(VkTile),
@@ -238,7 +68,7 @@ class GdnSettings:
     """V-major tiles by work ``B*HV`` (``VkTile`` rows: value rows per program of decode and
     the chain, of the carry verify and flush, warps); :func:`vk_tiles_row` picks one."""
 
-    vk_rows_half: tuple[VkRowsHalf, ...] = _row(
+    vk_rows_half: tuple[VkRowsHalf, ...] = setting(
         (VkRowsHalf(max_work=256, value_rows=8), VkRowsHalf(max_work=1 << 62, value_rows=16)),
         check=Table(VkRowsHalf),
         why="16 rows: the chain 8-9 % faster at B*HV = 2048-8192 and decode 3 % at 8192, decode "
@@ -252,7 +82,7 @@ class GdnSettings:
     whose padded key block (``next_power_of_2(kd)``) is under 32 or over 128 keep ``vk_tiles``'
     rows (``recurrence.vk_config``)."""
 
-    vk_ahead: tuple[VkAhead, ...] = _row(
+    vk_ahead: tuple[VkAhead, ...] = setting(
         (VkAhead(max_work=32, rows_ahead=4, verify_rows_ahead_fp32=4, verify_rows_ahead_half=4,
                  stash_rows_ahead=8),
          VkAhead(max_work=512, rows_ahead=4, verify_rows_ahead_fp32=4, verify_rows_ahead_half=4,
@@ -267,14 +97,14 @@ class GdnSettings:
     the chain, of the exact verify on a 4-byte and on a 2-byte state, stash rows ahead);
     :func:`vk_ahead_row` picks one. Loads move, arithmetic does not: every bit is the same."""
 
-    vk_chunk: int = _row(
+    vk_chunk: int = setting(
         32, check=POW2,
         why="a key sum is register adds over chunks plus a 3-step shuffle tree; one 128-key "
             "chunk was much slower",
         see="perf-notes 'Launch constants: GDN decode and chain'; archive v11, v12")
     """Keys per chunk (``CW``) of a V-major tile ``[BR, NC, CW]``; narrower heads: one chunk."""
 
-    vk_qk_hint: bool = _row(
+    vk_qk_hint: bool = setting(
         True, check=FLAG,
         why="vector loads of aligned q/k rows: the V-major verify ~8 % faster; off, q/k views of "
             "any alignment agree bitwise (views 8 bytes off 16 differed from their decodes)",
@@ -282,7 +112,7 @@ class GdnSettings:
     """Whether V-major launches may load q/k rows as aligned vectors
     (``recurrence.vk_qk_aligned``)."""
 
-    chain_unroll_max_rows: int = _row(
+    chain_unroll_max_rows: int = setting(
         4, check=COUNT,
         why="unrolled at K = 8 the chain's last row was 1 ulp off decodes at kd = 64; the runtime "
             "loop is bitwise and faster at K = 8, slower at K = 4",
@@ -290,7 +120,7 @@ class GdnSettings:
             "(reports/h200-2026-11-29s3/logs/bitwise-probe-rolled.log)")
     """Chains of up to this many rows unroll their row loop; longer ones run a runtime loop."""
 
-    fma_sums: bool = _row(
+    fma_sums: bool = setting(
         env_flag("PMLL_LAB_FMA_SUMS", not INTERPRET), check=FLAG,
         when="import",
         why="the instruction-bound verify gets its key sums' FMAs back; off in the interpreter, "
@@ -299,7 +129,7 @@ class GdnSettings:
     """``recurrence.dot_fma`` fuses its products; ``PMLL_LAB_FMA_SUMS=0``/``1`` in the
     environment before ``pmll_lab`` is imported switches it (default: on a GPU)."""
 
-    packed_state_tile: bool = _row(
+    packed_state_tile: bool = setting(
         env_flag("PMLL_LAB_PACKED_STATE_TILE", True), check=FLAG, when="import",
         why="a bf16/fp16 tile held as 2-byte pairs between rows takes half the registers (the "
             "V-major verify, B = 64, sm_90: 228 -> 168); the exact lazy step 8 % faster at "
@@ -311,7 +141,7 @@ class GdnSettings:
     row) widens its tile once whatever this says; ``PMLL_LAB_PACKED_STATE_TILE=0`` in the
     environment before ``pmll_lab`` is imported switches it off (default on)."""
 
-    default_state_layout: str = _row(
+    default_state_layout: str = setting(
         "vk", check=LAYOUT, when="import",
         why="V-major is faster for every GDN kernel (decode 0.95x, the K=4 chain 0.75x, the lazy "
             "exact verify 0.83x the K-major time at B=64), FlashInfer's and SGLang's layout, "
@@ -349,7 +179,7 @@ def vk_ahead_row(work: int) -> VkAhead:
 class CarrySettings:
     """The carried-state verify's exact form, the flush and the accept."""
 
-    exact_split_columns: bool = _row(
+    exact_split_columns: bool = setting(
         True, check=FLAG,
         why="a head's column blocks across programs (arrival count, last restashes): 1.8-2.2x "
             "the per-head loop at B = 64 and 128, bitwise equal to it",
@@ -358,7 +188,7 @@ class CarrySettings:
     """Split the exact verify's column blocks across programs (grid ``B*HV*NV``); off: one
     program per (sequence, head) loops over them (grid ``(B, HV)``)."""
 
-    exact_unroll_max_rows: int = _row(
+    exact_unroll_max_rows: int = setting(
         8, check=COUNT,
         why="every K <= CAP unrolls; the runtime loop (the chain's fix for 1-ulp rows at fp32 "
             "kd = 64, K = 8) has not run on a GPU",
@@ -367,7 +197,7 @@ class CarrySettings:
     """Exact verifies of up to this many rows unroll their row loop (``GDN_CARRY_CAP`` = 8);
     longer ones run a runtime loop without prefetch."""
 
-    carry_prefetch_rows: bool = _row(
+    carry_prefetch_rows: bool = setting(
         True, check=FLAG,
         why="row t+1's loads issued before row t's stores hide one memory latency per row: "
             "6-9 % on the K-major verify; loads only, bitwise the same",
@@ -375,7 +205,7 @@ class CarrySettings:
     """The K-major exact verify and flush, and the V-major folds past ``vk_ahead``'s rows,
     load the next row before running the current one."""
 
-    accept_block: int = _row(
+    accept_block: int = setting(
         128, check=POW2, why="a handful of int32 loads and stores per sequence; not tuned",
         see="not measured")
     """Sequences per program of the accept kernel (``carry_accept``)."""
@@ -385,17 +215,17 @@ class CarrySettings:
 class ConvSettings:
     """The causal depthwise conv's kernels (update, chain, carried verify and flush)."""
 
-    conv_block_channels: int = _row(
+    conv_block_channels: int = setting(
         256, check=POW2, why="initial choice, not tuned: a window tile stays <= 1024 elements",
         see="notebooks/gdn_conv.ipynb measures at this setting")
     """Channels a program covers (rounded to whole rows)."""
 
-    conv_num_warps: int = _row(
+    conv_num_warps: int = setting(
         2, check=POW2, why="64 threads over 256 channels, 4 contiguous (8 bytes of bf16) each; "
         "not tuned", see="notebooks/gdn_conv.ipynb")
     """Warps per conv program."""
 
-    conv_row_width: int = _row(
+    conv_row_width: int = setting(
         64, check=COUNT, why="a row width when no l2norm group (head size) is given",
         see="not measured")
     """Row width ``W`` when ``qk_channels == 0`` and no ``head_dim`` is given."""
@@ -405,7 +235,7 @@ class ConvSettings:
 class RingSettings:
     """The PMLL ring's read and write kernels."""
 
-    ring_tile_elems: int = _row(
+    ring_tile_elems: int = setting(
         8192, check=POW2,
         why="read 90-91 % and write 88-95 % of the copy roofline, within 2 % of the best tile; "
             "16384 lost up to 40 points on gated writes",
@@ -414,7 +244,7 @@ class RingSettings:
             "(reports/h200-2026-11-29/logs/tune-pmll-ring.log)")
     """Elements per ``[BLOCK_S, BLOCK_D]`` tile and tensor (64 slots at D = 128)."""
 
-    ring_num_warps: int = _row(
+    ring_num_warps: int = setting(
         8, check=POW2, why="4 warps lost 6-30 points on gated writes (32 elements per thread)",
         see="perf-notes 'Launch constants: PMLL ring and ring attention'; "
             "archive 'Launch settings as data' "
@@ -426,7 +256,7 @@ class RingSettings:
 class AttentionSettings:
     """Attention of a segment over the ring (``ring_attention``)."""
 
-    attention_tiles: tuple[AttentionTileRow, ...] = _row(
+    attention_tiles: tuple[AttentionTileRow, ...] = setting(
         (AttentionTileRow(AttentionCase(64, 2), AttentionTile(64, 64, 4, 3)),
          AttentionTileRow(AttentionCase(128, 2), AttentionTile(64, 64, 4, 3)),
          AttentionTileRow(AttentionCase(64, 4), AttentionTile(32, 16, 4, 2)),
@@ -441,7 +271,7 @@ class AttentionSettings:
     AttentionTile(BLOCK_M, BLOCK_N, num_warps, num_stages))``; a dict of such pairs is taken;
     :func:`attention_tile` picks the tile of a case."""
 
-    attention_default_tile: AttentionTile = _row(
+    attention_default_tile: AttentionTile = setting(
         AttentionTile(block_m=64, block_n=32, num_warps=4, num_stages=2),
         check=OneRow(AttentionTile), why="head and element sizes the table lacks; capped at "
         "64 x 32 above D = 128",
@@ -468,7 +298,7 @@ def attention_tile(block_d: int, element_bytes: int) -> AttentionTile:
 class RingFormSettings:
     """The ring form of the carried state (``pmll_lab.ops.carry.ring``, SPEC §3d)."""
 
-    ring_form_tiles: tuple[RingFormTile, ...] = _row(
+    ring_form_tiles: tuple[RingFormTile, ...] = setting(
         (RingFormTile(32, 2, 64, 32, 2, 4), RingFormTile(32, 4, 64, 32, 2, 3),
          RingFormTile(256, 4, 64, 32, 1, 3), RingFormTile(1 << 62, 2, 128, 64, 2, 2),
          RingFormTile(1 << 62, 4, 64, 32, 1, 3)),
@@ -483,7 +313,7 @@ class RingFormSettings:
     pipeline stages); :func:`ring_form_tiles_row` picks one; ``BV`` is capped at ``vd`` and
     ``BK`` at ``kd`` (``ring.ring_tiles``)."""
 
-    ring_fold_chunk: int = _row(
+    ring_fold_chunk: int = setting(
         32, check=CHUNK,
         why="the fold's [BV, chunk] fp32 output sets the verify's registers; per step (16 "
             "steps, K = 4, bf16 state) 32-key chunks of the B >= 64 tile (BK = 64) took "
@@ -497,7 +327,7 @@ class RingFormSettings:
     ``BK``). The fold's sums run over the window's rows, so the chunk moves no bit."""
 
 
-    ring_coefficients_first: int = _row(
+    ring_coefficients_first: int = setting(
         2, check=COUNT,
         why="a bf16 verify at B >= 64 (128 x 64 x 2 x 2) took 37.4 / 60.7 us at B = 64 / 128 "
             "with the coefficients first against 39.5 / 64.1 (fold steps 67.1 / 120.1 against "
@@ -624,45 +454,14 @@ def _checked(name: str, value):
                              f"{_FIELD[name].default!r}), got {value!r}")
         return value
     if isinstance(check, OneRow):
-        return None if value is None and check.may_be_none else _as_row(check.row, value, name)
+        return None if value is None and check.may_be_none else as_row(check.row, value, name)
     if isinstance(value, dict):                      # attention_tiles: {case: tile}
         value = tuple(value.items())
     if not isinstance(value, (tuple, list)) or not (value or check.may_be_empty):
         raise ValueError(f"{name}: expected a {'' if check.may_be_empty else 'non-empty '}"
                          f"tuple of {check.row.__name__} rows ({', '.join(check.row._fields)}), "
                          f"got {value!r}")
-    return tuple(_as_row(check.row, row, f"{name}: row {i}") for i, row in enumerate(value))
-
-
-@functools.cache
-def _column_rules(row_type: type) -> dict:
-    """``{column: Rule or nested row type}`` from ``row_type``'s annotations."""
-    hints = typing.get_type_hints(row_type, include_extras=True)
-    return {c: (hints[c].__metadata__[0] if hasattr(hints[c], "__metadata__") else hints[c])
-            for c in row_type._fields}
-
-
-def _as_row(row_type: type, value, where: str):
-    """``value`` (a ``row_type``, or a plain tuple or list of its columns in order) as a
-    ``row_type`` whose every column passes its rule (``Rule`` in the column's annotation, or
-    a nested row type). Raises ``ValueError`` starting with ``where``: a row of the wrong
-    number of columns (naming them), or the column at fault and its rule."""
-    columns = row_type._fields
-    if not isinstance(value, (tuple, list)) or len(value) != len(columns):
-        got = f"{len(value)} columns " if isinstance(value, (tuple, list)) else ""
-        raise ValueError(f"{where}: expected a row of {len(columns)} columns "
-                         f"({row_type.__name__}: {', '.join(columns)}), got {got}{value!r}")
-    out = []
-    for column, v in zip(columns, value):
-        rule = _column_rules(row_type)[column]
-        if isinstance(rule, Rule):
-            if not rule.test(v):
-                raise ValueError(f"{where}: {column} must be {rule.text}, got {v!r} in "
-                                 f"{tuple(value)!r}")
-        else:
-            v = _as_row(rule, v, f"{where} {column}")
-        out.append(v)
-    return row_type(*out)
+    return tuple(as_row(check.row, row, f"{name}: row {i}") for i, row in enumerate(value))
 
 
 def parse_overrides(items) -> dict:
