@@ -61,18 +61,21 @@ def config_name(cfg: dict) -> str:
             f"-K{cfg['K']}")
 
 
+def _bits_differ(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Elementwise: whether two equal-dtype (2- or 4-byte) tensors differ in any bit."""
+    size = {2: torch.int16, 4: torch.int32}[got.element_size()]
+    return got.contiguous().view(size) != want.contiguous().view(size)
+
+
 def rows_differ(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     """``[n]`` bool on the host: which rows (first dim) of two equal-dtype tensors differ in
     any bit."""
-    size = {2: torch.int16, 4: torch.int32}[got.element_size()]
-    ne = got.contiguous().view(size) != want.contiguous().view(size)
-    return ne.flatten(1).any(1).cpu()
+    return _bits_differ(got, want).flatten(1).any(1).cpu()
 
 
 def first_element(got: torch.Tensor, want: torch.Tensor) -> dict:
     """Index (as a list), count and values of the first differing element of two tensors."""
-    size = {2: torch.int16, 4: torch.int32}[got.element_size()]
-    ne = (got.contiguous().view(size) != want.contiguous().view(size)).cpu()
+    ne = _bits_differ(got, want).cpu()
     idx = ne.nonzero()
     first = idx[0].tolist()
     return {"element": first, "elements_differing": int(ne.sum()),

@@ -44,7 +44,6 @@ COMPILE_KEYS = ("K", "head_dim", "dtype", "state_layout")
 """Point keys that decide which kernels a point compiles (``run_sweep(affinity=...)``)."""
 N_REF = 4
 """Sequences a peer is checked on against the float64 reference with its own gating."""
-KERNELS = ("chain", "chain_nosnap", V.DECODES.name, V.FLA.name, V.MTP_SNAPSHOTS.name)
 LABELS = {"chain": "chain + snapshots", "chain_nosnap": "chain, no snapshots",
           V.DECODES.name: "K x decode", V.FLA.name: "FLA fused_recurrent (no snapshots)",
           V.MTP_SNAPSHOTS.name: "FlashInfer mtp + snapshots"}

@@ -22,8 +22,8 @@ from pmll_lab import bench
 from pmll_lab.backend import DEVICE, INTERPRET
 from pmll_lab.bench import copy_bandwidth, throughput_rows, time_cuda_graph, time_launch
 from pmll_lab.dist import on_workers  # noqa: F401  (for the notebooks)
-from pmll_lab.harness.runner import (GPU_TIMERS, TIMERS, base_kernel, best_timer, failed_row,  # noqa: F401
-                                     one_device, valid_speed_rows)
+from pmll_lab.harness.runner import (GPU_TIMERS, base_kernel, best_timer,  # noqa: F401
+                                     failed_row, valid_speed_rows)
 from pmll_lab.harness.workloads import INT_AXES, int_param  # noqa: F401  (the axis rules)
 from pmll_lab.experiments.table_html import (  # noqa: F401  (the notebooks' table helpers)
     COLUMN_LABELS, UNIT_SUFFIXES, details, header, labelled, table)
@@ -184,6 +184,14 @@ def probes(n: int) -> list[int]:
 def on_cuda() -> bool:
     """Whether kernels run on a GPU (not the Triton interpreter)."""
     return DEVICE.type == "cuda" and not INTERPRET
+
+
+def one_cpu_thread() -> None:
+    """One intra-op thread on the CPU: tiny matrices, shared cores (7x faster measured)."""
+    if DEVICE.type == "cpu":
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def timings(fn: Callable[[], object], *, graph: bool = True, warmup_ms: float = 10,

@@ -87,7 +87,7 @@ def point_chain(c: C.RooflineCase, name: str, impl: str = "triton") -> list[dict
                                chain_bytes(c.B, c.K, **c.io()), variant="")
 
 
-def _check_carry(c: C.RooflineCase, name: str, form: str, lazy: bool, var: str, rows: list[dict]):
+def _check_carry(c: C.RooflineCase, name: str, form: str, var: str, rows: list[dict]):
     """Run and check one pending-count variant; returns ``(state, carry, bytes, mean pend,
     write-back fraction, plan)`` for the timing."""
     cc = c.variant(var)
@@ -108,7 +108,7 @@ def point_carry(c: C.RooflineCase, name: str, form: str, lazy: bool) -> list[dic
     with (``:wb``) a write-back and amortised at the acceptance process's write-back frequency;
     each variant checked first; rows named ``name``."""
     rows: list[dict] = []
-    ready = {var: _check_carry(c, name, form, lazy, var, rows)
+    ready = {var: _check_carry(c, name, form, var, rows)
              for var in (("nowb", "wb") if lazy else ("eager",))}
     P.require(rows)
     timed, plans = {}, {}

@@ -30,8 +30,8 @@ import torch
 
 from pmll_lab.backend import DEVICE
 from pmll_lab.experiments.acceptance import accept_counts
-from pmll_lab.experiments.exactness import (first_element, int_list, name_list, rows_differ,
-                                            summary_line)
+from pmll_lab.experiments.exactness import (MAX_DETAILS, first_element, int_list, name_list,
+                                            rows_differ, summary_line)
 from pmll_lab.peers_sglang import (STATE_DTYPES, SglangFoldWindow, fold_commit, fold_verify,
                                    recurrent_decode, require, sglang_status, sglang_version)
 from pmll_lab.harness import step_sglang as SG
@@ -126,7 +126,7 @@ def _run(kern, cfg, rec, *, B, steps, seed, heads, alpha, use_qk_l2norm):
             bad = rows_differ(o[idx, t], want[idx])
             rec["rows_compared"] += len(sel)
             rec["rows_differing"] += int(bad.sum())
-            for i in bad.nonzero().flatten().tolist()[:max(0, 8 - len(rec["details"]))]:
+            for i in bad.nonzero().flatten().tolist()[:max(0, MAX_DETAILS - len(rec["details"]))]:
                 b = sel[i]
                 rec["details"].append(dict(what="output", step=n, b=b, slot=int(slots[b]), t=t,
                                            **first_element(o[b, t], want[b])))

@@ -81,12 +81,6 @@ def prompts_for(seed: int, B: int, prompt_len: int, vocab: int) -> list[torch.Te
     return [torch.randint(0, vocab, (prompt_len,), generator=g) for _ in range(B)]
 
 
-def _threads():
-    """One intra-op thread on the CPU: tiny matrices, shared cores (7x faster measured)."""
-    if DEVICE.type == "cpu":
-        torch.set_num_threads(1)
-
-
 def _runs() -> int:
     return 2 if DEVICE.type == "cuda" else 1
 
@@ -155,7 +149,7 @@ def generation_point(point: dict) -> list[dict]:
     round differently at ``B*K`` rows)."""
     from pmll_lab.models.generate import speculative_generate
 
-    _threads()
+    P.one_cpu_thread()
     p = point
     key = (p["arch"], p["dtype"], p["seed"], p["B"], p["prompt_len"], p["new_tokens"],
            p["state_layout"])
@@ -199,7 +193,7 @@ def oracle_point(point: dict) -> list[dict]:
     from pmll_lab.models.generate import greedy_generate, speculative_generate
     from pmll_lab.models.oracle import compare_to_hf, hf_greedy
 
-    _threads()
+    P.one_cpu_thread()
     p = point
     model = model_for(p["arch"], p["dtype"], p["seed"])
     prompts = prompts_for(p["seed"] + 1, p["B"], p["prompt_len"], model.config.vocab_size)

@@ -114,12 +114,6 @@ def points(grids: list[dict], seed: int = 0) -> list[dict]:
 
 # ---- the model, the prompts and the references ------------------------------------------------
 
-def _threads():
-    """One intra-op thread on the CPU: tiny matrices, shared cores."""
-    if DEVICE.type == "cpu":
-        torch.set_num_threads(1)
-
-
 @functools.lru_cache(maxsize=2)
 def model_for(model: str, dtype: str):
     """The checkpoint ``model`` (``tiny_gdn.load_model``) in ``dtype`` on ``DEVICE``.
@@ -227,7 +221,7 @@ def token_point(p: dict) -> list[dict]:
     GPU a short warm-up run (two prompts, 8 tokens) compiles the kernels first. A plain point's
     run is the reference itself (cached per process: the first point of a pool dtype computes
     it). Raises ``CheckFailed`` (rows kept) when an exact form leaves plain decoding."""
-    _threads()
+    P.one_cpu_thread()
     base = dict(kernel=p["form"], state_layout=p["state_layout"])
     why = _unsupported(p)
     if why is not None:
