@@ -103,6 +103,16 @@ def replayssm_point(point: dict) -> list[dict]:
 
 # ---- protocol runs ----------------------------------------------------------------------------
 
+PROTOCOL_KEYS = {
+    "form": FORMS, "L": 1, "S": 1, "HK": 1, "HV": 1, "head_dim": 1, "K": 1, "steps": 1,
+    "widths": list, "dtype": P.optional(P.KERNEL_DTYPES), "p_zero": P.optional(float),
+    "lazy_min_seqs": P.optional(0), "eager_max_pending": P.optional(0),
+    "state_layout": P.optional(P.LAYOUTS)}
+"""A protocol run's keys and their rules (``protocol.check_points``); the notebook adds the
+policy's ``alpha``, ``seed``, ``lazy_min_seqs`` and ``eager_max_pending`` where a run leaves
+them out."""
+
+
 def protocol_point(point: dict) -> list[dict]:
     """A stack of ``L`` layers (conv twin + GDN) through ``steps`` steps of ``SpecDecodeStep``.
     Keys: ``form`` ("exact"), ``L, S, HK, HV, head_dim, dtype, steps, widths`` (batch widths

@@ -123,6 +123,9 @@ def grid_points(grids: Iterable[Mapping], defaults: Mapping | None = None,
     an int at or above its least value, before any point runs."""
     named = {**CHOICE_AXES, **(choices or {})}
     out, seen, merged = [], set(), []
+    if isinstance(grids, (str, bytes, Mapping)) or not isinstance(grids, Iterable):
+        raise ValueError(f"grids: must be a list of grids (dicts of axes), got "
+                         f"{type(grids).__name__} {grids!r}")
     grids = list(grids)
     check_axes(grids, axes)
     for g in grids:
@@ -161,6 +164,10 @@ def grid_points(grids: Iterable[Mapping], defaults: Mapping | None = None,
         merged.append(g)
     for g in merged:
         for p in grid(**g):
+            hk, hv = (p.get("HK"), p.get("HV")) if "heads" not in p or not isinstance(
+                p["heads"], (tuple, list)) else p["heads"]
+            if hk and hv and hv % hk:
+                raise ValueError(f"grids: HV: must be a multiple of HK = {hk}, got {hv}")
             p = each(p) if each else p
             key = None if p is None else tuple(sorted(p.items()))
             if key is not None and key not in seen:
@@ -468,16 +475,69 @@ def pick(table: Mapping | str, preset: str, name: str = "grids", *, fallback: st
     return table[preset]
 
 
-def pick_points(table: Mapping | str, preset: str, name: str = "points") -> list[dict]:
+def pick_points(table: Mapping | str, preset: str, name: str = "points",
+                keys: Mapping[str, object] | None = None) -> list[dict]:
     """Runs listed one by one: for a workload's name (a string) the points of its grids for
     ``preset`` (``harness.workloads.points``); for a dict of presets, ``table[preset]`` (a
-    point or a list of points). A preset it lacks is a ``ValueError`` naming the valid ones."""
+    point or a list of points). A preset it lacks is a ``ValueError`` naming the valid ones;
+    with ``keys`` (the point function's, see ``check_points``) each point is checked before
+    any runs."""
     if isinstance(table, str):
         from pmll_lab.harness import workloads
 
-        return workloads.points(table, preset)
-    chosen = pick(table, preset, name)
-    return [dict(chosen)] if isinstance(chosen, Mapping) else [dict(p) for p in chosen]
+        chosen = workloads.points(table, preset)
+    else:
+        chosen = pick(table, preset, name)
+        if isinstance(chosen, Mapping):
+            chosen = [chosen]
+        if not isinstance(chosen, (list, tuple)):
+            raise ValueError(f"{name}[{preset!r}]: must be a point (a dict) or a list of "
+                             f"points, got {chosen!r}")
+    if keys is not None:
+        check_points(chosen, keys, name)
+    return [dict(p) for p in chosen]
+
+
+def check_points(points, keys: Mapping[str, object], name: str = "points") -> None:
+    """Each point a dict whose keys are ``keys``' and whose values pass their rule: an int
+    (the least value of an integer key), ``float``, ``str``, ``list`` (a non-empty list), or a
+    tuple of choices. A key whose rule is wrapped as ``optional(rule)`` may be left out; every
+    other is required. Raises ``ValueError`` naming ``name``, the point and the key: an unknown
+    key (a typo would fall back to the point function's full-size default), a missing one, or
+    a value against its rule (a grid's list where one value belongs)."""
+    rules = {k: getattr(r, "rule", r) for k, r in keys.items()}
+    required = {k for k, r in keys.items() if not isinstance(r, optional)}
+    for i, p in enumerate(points):
+        where = f"{name}: point {i}"
+        if not isinstance(p, Mapping):
+            raise ValueError(f"{where}: must be a dict, got {p!r}")
+        unknown = sorted(set(p) - set(rules))
+        missing = sorted(required - set(p))
+        if unknown or missing:
+            what = (f"unknown key {', '.join(unknown)}" if unknown
+                    else f"missing key {', '.join(missing)}")
+            raise ValueError(f"{where}: {what} (its keys: {', '.join(rules)})")
+        for k, v in p.items():
+            rule = rules[k]
+            if isinstance(rule, int) and not isinstance(rule, bool):
+                int_param(f"{where}: {k}", v, rule)
+            elif rule is float:
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise ValueError(f"{where}: {k} must be a number, got {v!r}")
+            elif rule is str or rule is list:
+                if not isinstance(v, rule) or (rule is list and not v):
+                    kind = "non-empty list" if rule is list else "string"
+                    raise ValueError(f"{where}: {k} must be a {kind}, got {v!r}")
+            elif isinstance(rule, tuple) and v not in rule:
+                raise ValueError(f"{where}: {k} must be one of {', '.join(map(str, rule))}, "
+                                 f"got {v!r}")
+
+
+class optional:
+    """A ``check_points`` rule for a key a point may leave out."""
+
+    def __init__(self, rule):
+        self.rule = rule
 
 
 def sweep(name: str, points: list[dict], point_fn: Callable, *, results_dir, client=None,

@@ -184,6 +184,12 @@ def generation_point(point: dict) -> list[dict]:
     return rows
 
 
+ORACLE_KEYS = {"arch": ARCHS, "dtype": tuple(DTYPES), "B": 1, "prompt_len": 1, "new_tokens": 1,
+               "state_layout": P.LAYOUTS, "K": 1, "p": float, "forms": list}
+"""An oracle run's keys and their rules (``protocol.check_points``); the notebook adds
+``seed``."""
+
+
 def oracle_point(point: dict) -> list[dict]:
     """Greedy and speculative tokens (forms ``point["forms"]``, ``K``, noisy draft ``p``)
     against transformers' ``generate`` on its torch path and against our greedy tokens: per

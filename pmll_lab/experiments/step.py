@@ -214,6 +214,12 @@ def kernel_point(p: dict) -> list[dict]:
     return rows
 
 
+DRIFT_KEYS = {"batch": 1, "steps": 1, "rows": 1, "num_k_heads": 1, "num_v_heads": 1,
+              "head_dim": 1, "checkpoints": 1, "ring_length": 1}
+"""A drift point's keys and their least values (``protocol.check_points``); the notebook adds
+``seed`` and ``alpha``."""
+
+
 def drift_point(p: dict) -> list[dict]:
     """The drift study as one sweep point (``pmll_lab.step_drift.drift_study`` with the point's
     ``batch, steps, rows, num_k_heads, num_v_heads, head_dim, checkpoints, ring_length, seed,

@@ -158,6 +158,9 @@ def case_of(fam, point: Mapping):
     """``fam.make_case(point)``; ``ValueError`` naming a key that is none of the family's axes
     (a typo), a missing axis, an integer axis (``workloads.INT_AXES``) that is not an int at or
     above its least value, or a dtype name torch does not have."""
+    if not isinstance(point, Mapping):
+        raise ValueError(f"point: must be a dict of the {fam.name} family's axes "
+                         f"({', '.join(fam.axes)}), got {type(point).__name__} {point!r}")
     unknown = sorted(set(point) - set(fam.axes) - set(SWEEP_KEYS))
     if unknown:
         raise ValueError(f"point: {', '.join(unknown)} not an axis of the {fam.name} family "
@@ -165,18 +168,17 @@ def case_of(fam, point: Mapping):
     for name, value in point.items():
         if name in INT_AXES and name in fam.axes:
             int_param(name, value, INT_AXES[name])
+        if name in ("state_dtype", "dtype") and not (
+                isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)):
+            raise ValueError(f"{name}: a torch dtype's name (float32, bfloat16, float16), got "
+                             f"{value!r}")
+    if "HK" in point and "HV" in point and point["HV"] % point["HK"]:
+        raise ValueError(f"HV: must be a multiple of HK = {point['HK']}, got {point['HV']}")
     try:
         return fam.make_case(dict(point))
     except KeyError as exc:
         raise ValueError(f"point: the {fam.name} family needs axis {exc.args[0]!r} "
                          f"({', '.join(fam.axes)})") from None
-    except AttributeError as exc:
-        bad = [k for k in ("state_dtype", "dtype") if k in point
-               and not isinstance(getattr(torch, str(point[k]), None), torch.dtype)]
-        if bad:
-            raise ValueError(f"{bad[0]}: not a torch dtype name, got {point[bad[0]]!r} "
-                             "(float32, bfloat16, float16)") from None
-        raise
 
 
 def run_point(family: str, point: Mapping, names: Iterable[str] | str) -> list[dict]:

@@ -53,12 +53,33 @@ def names() -> list[str]:
     return sorted(load())
 
 
+PRESETS = ("quick", "full")
+"""The presets a workload defines (``python -m pmll_lab report --preset``)."""
+KEYS = ("family", "notebook", "sets") + PRESETS
+"""What a workload's table may hold: ``family`` or ``notebook`` (one of them), ``sets``, and a
+list of grids per preset."""
+
+
 def _entry(name: str) -> dict:
+    """Workload ``name``'s table; ``ValueError`` naming the workload that does not exist, or a
+    key of its table that is none of ``KEYS`` (a misspelt preset would drop its grids
+    silently)."""
     table = load()
-    if name not in table:
+    if not isinstance(name, str) or name not in table:
         raise ValueError(f"workload: no workload {name!r} in {PATH.name} "
                          f"({', '.join(sorted(table))})")
-    return table[name]
+    entry = table[name]
+    unknown = sorted(set(entry) - set(KEYS))
+    if unknown or ("family" in entry) == ("notebook" in entry):
+        what = (f"unknown key {', '.join(unknown)}" if unknown
+                else "needs one of family = ... or notebook = ...")
+        raise ValueError(f"workload {name!r} in {PATH.name}: {what} (a workload's keys: "
+                         f"{', '.join(KEYS)})")
+    for preset in PRESETS:
+        if not isinstance(entry.get(preset, []), list):
+            raise ValueError(f"workload {name!r} in {PATH.name}: {preset} must be a list of "
+                             f"grids ([[{name}.{preset}]] tables)")
+    return entry
 
 
 def family(name: str) -> str | None:
@@ -85,9 +106,11 @@ def grids(name: str, preset: str) -> list[dict]:
         for axis, value in g.items():
             if isinstance(value, str):
                 if value not in sets:
-                    raise ValueError(f"workload {name!r}, preset {preset!r}: axis {axis} names "
-                                     f"set {value!r}, not in its sets table "
-                                     f"({', '.join(sorted(sets)) or 'none'})")
+                    raise ValueError(f"workload {name!r}, preset {preset!r}: axis {axis} is a "
+                                     f"string, so it names a list of the workload's sets table, "
+                                     f"which has no {value!r} "
+                                     f"({', '.join(sorted(sets)) or 'no sets table'}); "
+                                     f"values are written as a list: {axis} = [{value!r}]")
                 g[axis] = list(sets[value])
         out.append(g)
     return out

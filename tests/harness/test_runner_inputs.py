@@ -3,6 +3,7 @@ is refused with an error naming the argument, before any kernel runs (a point, a
 an implementation list)."""
 
 import pytest
+import torch
 
 import pmll_lab  # noqa: F401  (first: picks GPU or the Triton interpreter)
 from pmll_lab.experiments import kernels
@@ -151,8 +152,9 @@ def test_a_grid_names_a_set_of_its_workload(tmp_path, monkeypatch):
         assert workloads.points("w", "quick") == [
             {"B": 1, "providers": "a"}, {"B": 1, "providers": "b"},
             {"B": 2, "providers": "a"}, {"B": 2, "providers": "b"}]
-        with pytest.raises(ValueError, match=r"axis providers names set 'many', not in its "
-                                             r"sets table \(few\)"):
+        with pytest.raises(ValueError, match=r"axis providers is a string, so it names a list "
+                                             r"of the workload's sets table, which has no "
+                                             r"'many' \(few\)"):
             workloads.grids("w", "full")
         assert workloads.presets("w") == ["full", "quick"]
     finally:
@@ -189,3 +191,52 @@ def test_points_listed_one_by_one_are_the_runs_they_were():
     assert pick_points({"quick": {"B": 1}, "full": []}, "quick") == [{"B": 1}]
     with pytest.raises(ValueError, match=r"^preset: 'huge' is not one of \['full', 'quick'\]"):
         pick_points({"quick": [], "full": []}, "huge", "drift_points")
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[w]\nnotebook = "x"\n[[w.quik]]\nB = [1]\n', r"unknown key quik"),
+    ('[w]\nnotebok = "x"\n[[w.quick]]\nB = [1]\n', r"unknown key notebok"),
+    ('[w]\n[[w.quick]]\nB = [1]\n', r"needs one of family = \.\.\. or notebook"),
+    ('[w]\nnotebook = "x"\nquick = 3\n', r"quick must be a list of grids"),
+])
+def test_a_misspelt_workload_key_is_refused(tmp_path, monkeypatch, text, message):
+    """A misspelt preset (``[[w.quik]]``) or key would drop its grids without a word."""
+    _with_toml(tmp_path, monkeypatch, text)
+    try:
+        with pytest.raises(ValueError, match=r"^workload 'w' in workloads\.toml: " + message):
+            workloads.grids("w", "quick")
+    finally:
+        workloads.load.cache_clear()
+
+
+def test_points_refuse_a_typo_a_bad_value_and_a_grid_before_any_run():
+    from pmll_lab.experiments import carry, step
+    from pmll_lab.experiments.protocol import pick_points
+
+    drift = {"batch": 2, "steps": 4, "rows": 3, "num_k_heads": 1, "num_v_heads": 2,
+             "head_dim": 16, "checkpoints": 2, "ring_length": 8}
+    with pytest.raises(ValueError, match=r"^drift_points: point 0: unknown key setps"):
+        pick_points({"quick": dict(drift, setps=4)}, "quick", "drift_points", step.DRIFT_KEYS)
+    with pytest.raises(ValueError, match=r"^drift_points: point 0: steps: must be an int >= 1"):
+        pick_points({"quick": dict(drift, steps=-3)}, "quick", "drift_points", step.DRIFT_KEYS)
+    run, = pick_points("carry_protocol_runs", "full", "p", carry.PROTOCOL_KEYS)[:1]
+    with pytest.raises(ValueError, match=r"^protocol_points: point 0: K: must be an int >= 1, "
+                                         r"got \[4\]"):
+        pick_points({"quick": [dict(run, K=[4])]}, "quick", "protocol_points",
+                    carry.PROTOCOL_KEYS)
+    with pytest.raises(ValueError, match=r"^protocol_points: point 0: missing key widths"):
+        pick_points({"quick": [{k: v for k, v in run.items() if k != "widths"}]}, "quick",
+                    "protocol_points", carry.PROTOCOL_KEYS)
+
+
+def test_grids_and_points_refuse_value_heads_that_key_heads_do_not_divide():
+    from pmll_lab.experiments.protocol import grid_points
+
+    with pytest.raises(ValueError, match=r"^grids: HV: must be a multiple of HK = 2, got 3"):
+        grid_points([{"HK": [2], "HV": [3]}])
+    with pytest.raises(ValueError, match=r"^HV: must be a multiple of HK = 2, got 3"):
+        run_point("gdn_decode", dict(DECODE, HK=2, HV=3), ["decode"])
+    with pytest.raises(ValueError, match=r"^state_dtype: a torch dtype's name"):
+        run_point("gdn_decode", dict(DECODE, state_dtype=torch.float32), ["decode"])
+    with pytest.raises(ValueError, match=r"^point: must be a dict"):
+        run_point("gdn_decode", [1, 2], ["decode"])

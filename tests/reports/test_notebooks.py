@@ -204,3 +204,22 @@ def test_every_library_name_a_notebook_uses_exists(nb):
                       if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
                       and n.value.id in aliases and not hasattr(aliases[n.value.id], n.attr)})
     assert not missing, f"{_NAME[id(nb)]}: names the library no longer has: {missing}"
+
+
+def test_every_preset_point_passes_its_point_functions_checks(nb):
+    """Each run a notebook lists one by one (``<part>_points``), in both presets, passes the
+    key and value rules of the point function it is run through (``protocol.check_points``),
+    so a typo there is refused before any run instead of falling back to a full-size default."""
+    from pmll_lab.experiments import carry, spec_decode, step
+    from pmll_lab.experiments.protocol import pick_points
+
+    keys = {("carry_protocol", "protocol_points"): carry.PROTOCOL_KEYS,
+            ("carry_step", "drift_points"): step.DRIFT_KEYS,
+            ("spec_decode", "oracle_points"): spec_decode.ORACLE_KEYS}
+    cell: dict = {}
+    exec(_code(nb)[0].source, cell)
+    name_of = _NAME[id(nb)]
+    for name in (n for n in cell if n.endswith("_points")):
+        assert (name_of, name) in keys, f"{name_of}: {name} has no point rules in this test"
+        for preset in ("quick", "full"):
+            assert pick_points(cell[name], preset, name, keys[name_of, name]), (name, preset)
