@@ -41,8 +41,12 @@ DEFAULTS = {"alpha": 0.8}
 def points(grids: list[dict], family: str, *, seed: int) -> list[dict]:
     """Every grid's product with the seed (and ``DEFAULTS`` of the family's axes); axes checked
     against the family's. A step workload's ``forms`` axis (what the step notebooks run at its
-    points) is left out: this notebook runs its ``implementations`` at them."""
+    points) is left out: this notebook runs its ``implementations`` at them; its names are
+    still checked (``ValueError`` naming ``forms``)."""
     axes = registry.family(family).axes
+    for g in grids:
+        for selection in (g.get("forms", ()) if isinstance(g, dict) else ()):
+            registry.resolve(family, selection, arg="forms")
     fill = {"seed": [seed], **{k: [v] for k, v in DEFAULTS.items() if k in axes}}
     grids = [{k: v for k, v in g.items() if k != "forms"} if isinstance(g, dict) else g
              for g in grids]

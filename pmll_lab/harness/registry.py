@@ -228,6 +228,8 @@ def names(family: str | None = None, *, provider: str | None = None,
     ``join``ed, in the order they were registered or joined), provider and exactness
     (``$PMLL_LAB_PLUGINS``'s files loaded first)."""
     _env_plugins()
+    if family is not None and family not in FAMILIES:
+        raise ValueError(f"family: no family {family!r} ({', '.join(sorted(FAMILIES))})")
     pool = IMPLEMENTATIONS if family is None else MEMBERS.get(family, [])
     return [n for n in pool
             if (provider is None or IMPLEMENTATIONS[n].provider == provider)
@@ -252,10 +254,14 @@ def resolve(family: str, selection: str | Iterable[str] | None, *, arg: str = "f
     if twice:
         raise ValueError(f"{arg}: {', '.join(twice)} named twice")
     for n in chosen:
-        try:
-            impl = get(n)
-        except ValueError as exc:
-            raise ValueError(f"{arg}: {str(exc).removeprefix('name: ')}") from None
+        if n not in IMPLEMENTATIONS:
+            _env_plugins()
+        if n not in IMPLEMENTATIONS:
+            close = difflib.get_close_matches(str(n), names(family), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"{arg}: no implementation registered as {n!r}{hint} "
+                             f"({family}: {', '.join(names(family))})")
+        impl = IMPLEMENTATIONS[n]
         if n not in MEMBERS.get(family, ()):
             raise ValueError(f"{arg}: {n!r} is a {impl.family} implementation, not {family}")
     return chosen
@@ -289,8 +295,11 @@ def load_plugins(paths: str | Iterable[str] | None = None) -> list[str]:
     what = PLUGINS_ENV if paths is None else "plugins"
     if paths is None:
         paths = [p for p in os.environ.get(PLUGINS_ENV, "").split(os.pathsep) if p]
-    elif isinstance(paths, str):
+    elif isinstance(paths, (str, os.PathLike)):
         paths = [paths]
+    elif not isinstance(paths, Iterable) or not all(isinstance(p, (str, os.PathLike))
+                                                    for p in paths):
+        raise ValueError(f"{what}: a file's path or a list of them, got {paths!r}")
     loaded = []
     for p in paths:
         path = Path(p).expanduser().resolve()
@@ -301,9 +310,13 @@ def load_plugins(paths: str | Iterable[str] | None = None) -> list[str]:
         spec = importlib.util.spec_from_file_location(f"pmll_lab_plugin_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         _PLUGINS_LOADED.add(str(path))             # once, even if it raises below
+        before = len(IMPLEMENTATIONS) + len(FAMILIES)
         try:
             spec.loader.exec_module(module)
         except Exception as exc:
             raise RuntimeError(f"{what}: {path} raised {type(exc).__name__}: {exc}") from exc
+        if len(IMPLEMENTATIONS) + len(FAMILIES) == before:
+            raise ValueError(f"{what}: {path} registered nothing (a plugin calls "
+                             "pmll_lab.harness.registry.register; docs/adding-a-kernel.md)")
         loaded.append(str(path))
     return loaded
