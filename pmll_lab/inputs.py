@@ -119,6 +119,9 @@ def conv_inputs(
                    state_len=state_len, slots=slots)
     if slots is not None and slots < batch:
         raise ValueError(f"slots: must be >= batch ({batch}), got {slots}")
+    if state_len is not None and state_len < d_conv - 1:
+        raise ValueError(f"state_len: must be >= d_conv - 1 = {d_conv - 1} (the window the conv "
+                         f"keeps), got {state_len}")
     gen = generator(seed)
     lead = (batch,) if rows is None else (batch, rows)
     slots = batch if slots is None else slots
