@@ -472,6 +472,9 @@ def pick(table: Mapping | str, preset: str, name: str = "grids", *, fallback: st
     if preset not in table:
         raise ValueError(f"preset: {preset!r} is not one of {sorted(table)} (the keys of "
                          f"{name} in the parameters cell)")
+    if name.endswith("grids") and isinstance(table[preset], Mapping):
+        raise ValueError(f"{name}[{preset!r}]: must be a list of grids, got one dict "
+                         f"(write [{{...}}] around it)")
     return table[preset]
 
 

@@ -240,3 +240,11 @@ def test_grids_and_points_refuse_value_heads_that_key_heads_do_not_divide():
         run_point("gdn_decode", dict(DECODE, state_dtype=torch.float32), ["decode"])
     with pytest.raises(ValueError, match=r"^point: must be a dict"):
         run_point("gdn_decode", [1, 2], ["decode"])
+
+
+def test_a_preset_given_one_grid_instead_of_a_list_is_refused():
+    from pmll_lab.experiments.protocol import pick
+
+    with pytest.raises(ValueError, match=r"^grids\['quick'\]: must be a list of grids, got one "
+                                         r"dict"):
+        pick({"quick": {"K": [2]}, "full": []}, "quick")
