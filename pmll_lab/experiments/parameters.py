@@ -7,12 +7,18 @@ inside a sweep). ``check_injected`` refuses both, naming the parameter, before a
 ``targets.setup()``, the first call of every notebook after its imports, runs it on the cells
 the kernel has run (``check_notebook``). A notebook run by hand (no injected cell) is not
 checked.
+
+The sweep parameters' values, as the notebooks read them: ``pick`` (a workload's name or a dict
+of presets: the grids of one preset), ``pick_points`` (runs listed one by one, each checked
+against its point function's keys by ``check_points``); ``protocol`` re-exports them.
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Mapping, Sequence
+
+from pmll_lab.harness.workloads import int_param
 
 INJECTED_MARK = "# Parameters"
 """How papermill's injected cell starts (its Python translator's comment line)."""
@@ -87,3 +93,93 @@ def check_notebook() -> None:
     if ip is None:
         return
     check_injected(list(ip.user_ns.get("In", [])), ip.user_ns)
+
+
+def pick(table: Mapping | str, preset: str, name: str = "grids", *, fallback: str | None = None):
+    """``table[preset]``, or for a workload's name (a string) its grids for ``preset``
+    (``harness.workloads.grids``); a preset it lacks is a ``ValueError`` naming the valid
+    ones, unless ``fallback`` names a preset it has (then that one's)."""
+    if isinstance(table, str):
+        from pmll_lab.harness import workloads
+
+        if fallback is not None and preset not in workloads.presets(table):
+            preset = fallback
+        return workloads.grids(table, preset)
+    if fallback is not None and isinstance(table, Mapping) and preset not in table:
+        preset = fallback
+    if not isinstance(table, Mapping):
+        raise ValueError(f"{name}: must be a dict of presets ({{preset: [grid, ...]}}) or a "
+                         f"workload's name (harness/workloads.toml), got "
+                         f"{type(table).__name__} {table!r}")
+    if preset not in table:
+        raise ValueError(f"preset: {preset!r} is not one of {sorted(table)} (the keys of "
+                         f"{name} in the parameters cell)")
+    if name.endswith("grids") and isinstance(table[preset], Mapping):
+        raise ValueError(f"{name}[{preset!r}]: must be a list of grids, got one dict "
+                         f"(write [{{...}}] around it)")
+    return table[preset]
+
+
+def pick_points(table: Mapping | str, preset: str, name: str = "points",
+                keys: Mapping[str, object] | None = None) -> list[dict]:
+    """Runs listed one by one: for a workload's name (a string) the points of its grids for
+    ``preset`` (``harness.workloads.points``); for a dict of presets, ``table[preset]`` (a
+    point or a list of points). A preset it lacks is a ``ValueError`` naming the valid ones;
+    with ``keys`` (the point function's, see ``check_points``) each point is checked before
+    any runs."""
+    if isinstance(table, str):
+        from pmll_lab.harness import workloads
+
+        chosen = workloads.points(table, preset)
+    else:
+        chosen = pick(table, preset, name)
+        if isinstance(chosen, Mapping):
+            chosen = [chosen]
+        if not isinstance(chosen, (list, tuple)):
+            raise ValueError(f"{name}[{preset!r}]: must be a point (a dict) or a list of "
+                             f"points, got {chosen!r}")
+    if keys is not None:
+        check_points(chosen, keys, name)
+    return [dict(p) for p in chosen]
+
+
+def check_points(points, keys: Mapping[str, object], name: str = "points") -> None:
+    """Each point a dict whose keys are ``keys``' and whose values pass their rule: an int
+    (the least value of an integer key), ``float``, ``str``, ``list`` (a non-empty list), or a
+    tuple of choices. A key whose rule is wrapped as ``optional(rule)`` may be left out; every
+    other is required. Raises ``ValueError`` naming ``name``, the point and the key: an unknown
+    key (a typo would fall back to the point function's full-size default), a missing one, or
+    a value against its rule (a grid's list where one value belongs)."""
+    rules = {k: getattr(r, "rule", r) for k, r in keys.items()}
+    required = {k for k, r in keys.items() if not isinstance(r, optional)}
+    for i, p in enumerate(points):
+        where = f"{name}: point {i}"
+        if not isinstance(p, Mapping):
+            raise ValueError(f"{where}: must be a dict, got {p!r}")
+        unknown = sorted(set(p) - set(rules))
+        missing = sorted(required - set(p))
+        if unknown or missing:
+            what = (f"unknown key {', '.join(unknown)}" if unknown
+                    else f"missing key {', '.join(missing)}")
+            raise ValueError(f"{where}: {what} (its keys: {', '.join(rules)})")
+        for k, v in p.items():
+            rule = rules[k]
+            if isinstance(rule, int) and not isinstance(rule, bool):
+                int_param(f"{where}: {k}", v, rule)
+            elif rule is float:
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise ValueError(f"{where}: {k} must be a number, got {v!r}")
+            elif rule is str or rule is list:
+                if not isinstance(v, rule) or (rule is list and not v):
+                    kind = "non-empty list" if rule is list else "string"
+                    raise ValueError(f"{where}: {k} must be a {kind}, got {v!r}")
+            elif isinstance(rule, tuple) and v not in rule:
+                raise ValueError(f"{where}: {k} must be one of {', '.join(map(str, rule))}, "
+                                 f"got {v!r}")
+
+
+class optional:
+    """A ``check_points`` rule for a key a point may leave out."""
+
+    def __init__(self, rule):
+        self.rule = rule
