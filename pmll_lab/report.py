@@ -69,6 +69,7 @@ spaces)."""
 INJECTED = ("preset", "device", "results_dir")
 """The parameters the report gives every notebook (papermill)."""
 PRESETS = ("quick", "full")
+"""The presets every notebook and every workload of ``workloads.toml`` define."""
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULER_TIMEOUT_S = 10.0
 """Seconds ``--scheduler ADDRESS`` may take to answer before the report gives up."""

@@ -6,8 +6,8 @@ notebook's own sweep (``notebook = ...``: the axes that notebook's ``points`` re
 of its axes; TOML arrays: a pair such as ``heads = [[16, 32]]`` comes back as a list),
 ``points(name, preset)`` the points they expand to (for runs listed one by one),
 ``family(name)`` the registry family it runs, ``names()`` every workload. A grid may give an
-axis as a string naming a list of the workload's ``sets`` table (``providers = "lean"``), so a
-list several grids share is written once. A ``ValueError`` names the workload, preset or set
+axis as a string naming a list of the workload's ``sets`` table
+(``providers = "extra_shapes"``), so a list several grids share is written once. A ``ValueError`` names the workload, preset or set
 that does not exist, with the ones that do.
 """
 
@@ -17,6 +17,8 @@ import itertools
 import tomllib
 from functools import lru_cache
 from pathlib import Path
+
+from pmll_lab.report import PRESETS  # the presets a workload defines (report --preset)
 
 INT_AXES = {"K": 1, "B": 1, "HK": 1, "HV": 1, "head_dim": 1, "H": 1, "D": 1, "T": 1,
             "ring_length": 1, "M": 0, "pending": 0, "seed": 0, "d_conv": 2, "fill": 0,
@@ -53,8 +55,6 @@ def names() -> list[str]:
     return sorted(load())
 
 
-PRESETS = ("quick", "full")
-"""The presets a workload defines (``python -m pmll_lab report --preset``)."""
 KEYS = ("family", "notebook", "sets") + PRESETS
 """What a workload's table may hold: ``family`` or ``notebook`` (one of them), ``sets``, and a
 list of grids per preset."""
