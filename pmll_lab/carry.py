@@ -20,6 +20,9 @@ flush) folds them. Launchers:
   (``pmll_lab.ops.conv.carry``, also public through ``pmll_lab.conv``).
 - ``carry_accept``: ``pend = a`` after a write-back (``engaged == 2``), else ``pend + a``, on the
   device, for one carry or a whole stack in one launch (GDN and conv carries alike).
+- ``carry_accept_spec``: the commit of a verify with the speculative store
+  (``gdn_carry_verify(..., spec_slot_tab=...)``): a sequence that accepted all ``K`` rows swaps
+  to its spare slot, which holds that state, and has nothing pending.
 - ``gdn_carry_verify(..., impl="cuda")`` and ``gdn_carry_flush(..., impl="cuda")``: the CUDA C++
   twins on a V-major state (``kernels/gdn_carry.cu``, ``pmll_lab.ops.carry.cuda``),
   bitwise the CUDA decode twin's launches of the accepted rows; ``RuntimeError`` without a GPU.
@@ -54,6 +57,7 @@ from __future__ import annotations
 from pmll_lab.ops.carry.exact import gdn_carry_verify, gdn_carry_verify_plan
 from pmll_lab.ops.carry.common import FORMS, INDEX_DTYPES, check_form, check_state  # noqa: F401
 from pmll_lab.ops.carry.stash import (GDN_CARRY_CAP, GdnCarry, carry_accept,  # noqa: F401
+                                      carry_accept_spec,
                                       check_carry, gdn_carry_flush, snapshot_bytes_per_slot,
                                       stash_bytes_per_slot)
 from pmll_lab.ops.carry.ring import (  # noqa: F401
@@ -68,6 +72,7 @@ from pmll_lab.serving.spec_decode_step import (  # noqa: F401
 __all__ = [
     "GDN_CARRY_CAP", "GDN_CARRY_LAZY_MIN_SEQS", "STATE_LAYOUTS", "GDN_CARRY_EAGER_MAX_PENDING",
     "GdnCarry", "gdn_carry_verify", "gdn_carry_verify_plan", "gdn_carry_flush", "carry_accept",
+    "carry_accept_spec",
     "ConvCarry", "conv_carry_verify", "conv_carry_flush",
     "GdnRing", "gdn_ring_verify", "ring_accept", "gdn_ring_flush", "RING_TOLERANCE",
     "CarryLayer", "SpecDecodeStep", "stash_bytes_per_slot", "snapshot_bytes_per_slot",

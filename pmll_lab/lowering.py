@@ -260,13 +260,13 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
     chain = lower_rows(rows, True) if rows > 1 else None
     carry_types = {f"{n}_ptr": t for n, t in rows_t.items()} | {
         "state_ptr": f"*{state_type}", "stash_ptr": "*fp32", "pend_ptr": "*i32", "slot_ptr": "*i32",
-        "engaged_ptr": "*i32", "arrive_ptr": "*i32", "alog_ptr": "*fp32", "dtb_ptr": "*fp32",
+        "engaged_ptr": "*i32", "arrive_ptr": "*i32", "spec_slot_ptr": "*i32", "alog_ptr": "*fp32", "dtb_ptr": "*fp32",
         "scale": "fp32"}
     meta = dict(K=rows, CAP=GDN_CARRY_CAP, HV=HV, GROUP=HV // HK, KD=head_dim, VD=head_dim,
                 BK=BK, BV=BV_carry, NV=-(-head_dim // BV_carry), LAZY=True, USE_QK_L2NORM=True,
                 PREFETCH=settings.carry().carry_prefetch_rows,
                 UNROLL=rows <= settings.carry().exact_unroll_max_rows, GATE=gate,
-                **chunks, **vk_carry)
+                **chunks, **vk_carry, **({"SPEC_STORE": False} if layout == "vk" else {}))
     meta.update(carry_constexprs or {})
     def layouts_of(low) -> set[str]:
         # V-major tiles may differ in their row count (vk_tiles: decode and the carry), never in

@@ -213,12 +213,14 @@ def step_io_bytes(K: int, HK: int, HV: int, D: int, dtype) -> int:
 
 
 def carry_step_bytes(K: int, HK: int, HV: int, D: int, dtype, state_dtype, *,
-                     fold_frac: float, mean_fill: float) -> int:
+                     fold_frac: float, mean_fill: float, spec_store: bool = False) -> int:
     """A carried-state step (exact form) per sequence and layer: the state read, written back
     on ``fold_frac`` of the steps, ``mean_fill`` pending stash rows read and ``K`` written
-    (fp32 ``u, g, k``), and the step's rows."""
+    (fp32 ``u, g, k``), and the step's rows; ``spec_store``: the full-acceptance state written
+    to the spare slot too, every step."""
     hb = state_bytes(HV, D, D, state_dtype)
-    return int(hb * (1 + fold_frac) + stash_row_bytes(HV, D, D) * (mean_fill + K)
+    return int(hb * (1 + fold_frac + bool(spec_store))
+               + stash_row_bytes(HV, D, D) * (mean_fill + K)
                + step_io_bytes(K, HK, HV, D, dtype))
 
 

@@ -97,6 +97,12 @@ case $part in
     timeout 400 python3 scripts/bench_step.py --forms \
       exact_lazy,exact_eager,ring,ring_exact_fold,chain_restore,plain_decode,sglang_exact_fold,sglang_replayssm,sglang_replayssm_rawfold \
       --states bfloat16,float32 --batches 1,8,64 --out "$OUT/logs/fill.jsonl" 2>&1 | tee "$OUT/logs/fill.log" ;;
+  spec)       # the exact forms beside SGLang's fold-every-commit and the ring, every B, both
+              # pools: the speculative store (exact_spec) against exact lazy and eager
+    timeout "${3:-300}" python3 scripts/bench_step.py --forms \
+      exact_lazy,exact_eager,exact_spec,plain_decode,sglang_exact_fold,ring \
+      --states bfloat16,float32 --batches 1,8,64,128,256 --out "$OUT/logs/spec.jsonl" 2>&1 \
+      | tee "$OUT/logs/spec.log" ;;
   ab0) ab 0 ;;
   ab1) ab 1 ;;
   first) exactness 64,128,256 200 ;;
@@ -129,7 +135,7 @@ case $part in
     done
     exactness 16,32,256 200 train
     tail -n 5 "$OUT/logs/train_gpu.log" ;;
-  *) echo "part: expected n1-n4, nb, xnb, quick, a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
+  *) echo "part: expected n1-n4, nb, xnb, quick, spec, a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
 esac
 # at most 8 files come back from $OUT: the logs travel as one archive
 (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)

@@ -45,15 +45,21 @@ def accept_counts(rng: np.random.Generator, n: int, K: int, alpha: float,
     return a
 
 
-def protocol_step(p: np.ndarray, a: np.ndarray, K: int, lazy: bool, cap: int = CAP):
-    """One verify + accept on host pending counts: returns ``(write_back, p_new)``."""
+def protocol_step(p: np.ndarray, a: np.ndarray, K: int, lazy: bool, cap: int = CAP,
+                  spec: bool = False):
+    """One verify + accept on host pending counts: returns ``(write_back, p_new)``; ``spec``:
+    with the speculative store (SPEC §3b), a full acceptance (``a == K``) leaves nothing
+    pending."""
     wb = (p + K > cap) if lazy else (p > 0)
-    return wb, np.where(wb, a, p + a)
+    p_new = np.where(wb, a, p + a)
+    return wb, (np.where(a == K, 0, p_new) if spec else p_new)
 
 
 def simulate(K: int, alpha: float, lazy: bool, *, steps: int = 4000, seqs: int = 64,
-             p_zero: float = 0.0, cap: int = CAP, seed=0, burn_in: int = 50) -> dict:
-    """Run ``seqs`` independent slots through ``steps`` verifies (``seed``: ``default_rng``'s);
+             p_zero: float = 0.0, cap: int = CAP, seed=0, burn_in: int = 50,
+             spec: bool = False) -> dict:
+    """Run ``seqs`` independent slots through ``steps`` verifies (``seed``: ``default_rng``'s;
+    ``spec``: with the speculative store, ``protocol_step``);
     statistics after ``burn_in``: ``wb_freq`` (write-backs per verify; ``wb_count`` of them),
     ``mean_folded`` (pending rows folded per verify), ``mean_accept``, ``hist`` / ``p_hist``
     (counts / distribution of ``p`` before a verify, ``[cap+1]``)."""
@@ -63,7 +69,7 @@ def simulate(K: int, alpha: float, lazy: bool, *, steps: int = 4000, seqs: int =
     hist = np.zeros(cap + 1)
     for step in range(steps + burn_in):
         a = accept_counts(rng, seqs, K, alpha, p_zero)
-        wb, p_new = protocol_step(p, a, K, lazy, cap)
+        wb, p_new = protocol_step(p, a, K, lazy, cap, spec)
         if step >= burn_in:
             wbs.append(wb.mean())
             wb_count += int(wb.sum())
@@ -88,12 +94,14 @@ def steady_pending(rng: np.random.Generator, B: int, K: int, alpha: float, lazy:
 
 def simulation_table(Ks, alphas, *, p_zero: float = 0.0, steps: int = 2000, seed: int = 0) -> pd.DataFrame:
     """One row per ``(K, alpha, mode)``: mean acceptance length, write-back frequency, rows
-    folded per verify."""
+    folded per verify; modes ``MODES`` and ``"lazy+spec"`` (lazy with the speculative
+    store)."""
     rows = []
     for K in Ks:
         for alpha in alphas:
-            for mode in MODES:
-                s = simulate(K, alpha, mode == "lazy", steps=steps, p_zero=p_zero, seed=seed)
+            for mode in MODES + ("lazy+spec",):
+                s = simulate(K, alpha, mode != "eager", steps=steps, p_zero=p_zero, seed=seed,
+                             spec=mode == "lazy+spec")
                 rows.append(dict(K=K, alpha=alpha, mode=mode, mean_accept=s["mean_accept"],
                                  wb_freq=s["wb_freq"], mean_folded=s["mean_folded"]))
     return pd.DataFrame(rows)

@@ -215,7 +215,8 @@ def findings(df: pd.DataFrame, sim: pd.DataFrame, budget: pd.DataFrame,
             rows.append(fact(f"exact form == plain decoding bitwise, {P.LAYOUT_NAMES[lay]}",
                              int(bit["passed"].sum()), f"of {len(bit)} checks"))
     d = sim[sim["K"] == 4] if len(sim) else sim
-    for r in d.iloc[(d["mean_accept"] - mean_accept).abs().argsort()[:2]].itertuples() \
+    near = (d["mean_accept"] - mean_accept).abs().argsort(kind="stable")[:len(SIM_MODES)]
+    for r in d.iloc[near].itertuples() \
             if len(d) else []:
         what = f"simulation, K=4, acceptance length {r.mean_accept:.2f}, {r.mode}"
         rows += [fact(f"{what}: write-backs per verify", r.wb_freq, "per verify"),
@@ -239,14 +240,16 @@ def findings(df: pd.DataFrame, sim: pd.DataFrame, budget: pd.DataFrame,
 # ---- plots ---------------------------------------------------------------------------------
 
 SIM_MODES = {"eager": dict(ls="--", marker="s", mfc="white", mew=1.0),
-             "lazy": dict(ls="-", marker="o")}
+             "lazy": dict(ls="-", marker="o"),
+             "lazy+spec": dict(ls=":", marker="^")}
 """How the simulation plot draws each mode (the colour is K's)."""
 
 
 def plot_simulation(sim: pd.DataFrame, mark_alpha: float | None = None):
     """Write-back frequency and rows folded per verify against the acceptance length, one
     colour per K, each mode its own line and marker (``SIM_MODES``: eager dashed with hollow
-    squares, lazy solid with filled circles)."""
+    squares, lazy solid with filled circles, lazy with the speculative store dotted with
+    triangles)."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")

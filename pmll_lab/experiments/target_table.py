@@ -53,6 +53,18 @@ TARGETS = (
                 reports=(PROTO,)),
     step_target("exact lazy step <= 2.5x the ring step, bf16 state", "exact_lazy", "ring", 2.5,
                 reports=(PROTO, STEP)),
+    # the exact form with the speculative store (the full-acceptance state in a spare slot)
+    step_target("exact step with the speculative store <= 0.5x SGLang's fold-every-commit "
+                "step, fp32 state", "exact_spec", "sglang_exact_fold", 0.5, state_dtype=F32,
+                Bs=B_ALL, reports=(PROTO,)),
+    step_target("exact step with the speculative store, bf16 state, <= 0.8x SGLang's "
+                "fold-every-commit step on its bf16 pool", "exact_spec", "sglang_exact_fold",
+                0.8, Bs=B_ALL, reports=(PROTO,)),
+    step_target("exact step with the speculative store, bf16 state, <= 0.8x the same step with "
+                "an fp32 state", "exact_spec", "exact_spec", 0.8, state_dtype=F32,
+                ours_dtype="bfloat16", reports=(PROTO,)),
+    step_target("exact step with the speculative store <= 2.5x the ring step, bf16 state",
+                "exact_spec", "ring", 2.5, reports=(PROTO,)),
     step_target("exact lazy step <= 0.4x FlashInfer's snapshot step (mtp + restore), fp32 state",
                 "exact_lazy", "flashinfer_snapshot_restore", 0.4, state_dtype=F32,
                 reports=(ROOF, PROTO)),
@@ -77,6 +89,10 @@ TARGETS = (
                 "exact_lazy", "chain_restore", None, state_dtype=F32, reports=(PROTO,)),
     step_target("exact lazy step against eager, fp32 state", "exact_lazy", "exact_eager", None,
                 state_dtype=F32, reports=(PROTO,)),
+    step_target("exact step with the speculative store against exact lazy, bf16 state",
+                "exact_spec", "exact_lazy", None, Bs=B_ALL, reports=(PROTO,)),
+    step_target("exact step with the speculative store against exact lazy, fp32 state",
+                "exact_spec", "exact_lazy", None, state_dtype=F32, Bs=B_ALL, reports=(PROTO,)),
     step_target("ring step against FlashInfer's snapshot step (mtp + restore), bf16 state",
                 "ring", "flashinfer_snapshot_restore", None, reports=(PROTO,)),
     step_target("ring step against our chain + snapshots + restore, bf16 state", "ring",

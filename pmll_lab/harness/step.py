@@ -138,13 +138,17 @@ class StepForm:
     ``N`` (graph-capturable: the timed unit). ``effective_state(b)``: the float64 K-major state
     ``[HV, kd, vd]`` that sequence ``b``'s slot stands for. ``folds_when(fill, K)``: the fold or
     write-back rule the cursors must follow (None: no cursor), audited in the check run against
-    the accepted counts; ``cursors()``: what a step advances, its cursors and its state pool (a
-    timed graph replay must change at least one of them). ``bytes_held``: bytes held per sequence to roll back or replay."""
+    the accepted counts; ``full_resets``: a step that accepts all ``K`` rows leaves nothing
+    pending (the speculative store); ``cursors()``: what a step advances, its cursors and its
+    state pool (a timed graph replay must change at least one of them). ``bytes_held``: bytes
+    held per sequence to roll back or replay."""
 
     def __init__(self, name: str, case: StepCase, step: Callable, effective_state: Callable,
                  bytes_held: int, *, folds_when: Callable | None = None,
-                 cursors: Callable[[], list[torch.Tensor]] | None = None):
+                 cursors: Callable[[], list[torch.Tensor]] | None = None,
+                 full_resets: bool = False):
         self.name, self.case = name, case
+        self.full_resets = full_resets
         self._step, self._effective = step, effective_state
         self.bytes_held = int(bytes_held)
         self.folds_when = folds_when
@@ -200,6 +204,8 @@ def cursor_audit(sf: StepForm) -> dict:
         if got_e is not None:
             bad += int(((got_e == 2) != fold).sum())
         fill = torch.where(fold, acc[i], fill + acc[i])
+        if sf.full_resets:
+            fill = torch.where(acc[i] == sf.case.rows, 0, fill)
     return {"cursor_steps": len(sf.fills), "cursor_mismatches": bad}
 
 

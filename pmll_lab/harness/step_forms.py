@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from pmll_lab import sizes
-from pmll_lab.carry import (GDN_CARRY_CAP, GdnCarry, GdnRing, carry_accept, gdn_carry_flush,
-                            gdn_carry_verify, gdn_ring_verify, ring_accept)
+from pmll_lab.carry import (GDN_CARRY_CAP, GdnCarry, GdnRing, carry_accept, carry_accept_spec,
+                            gdn_carry_flush, gdn_carry_verify, gdn_ring_verify, ring_accept)
 from pmll_lab.gdn import gdn_chain, gdn_decode
 from pmll_lab.harness.registry import Implementation, register
 from pmll_lab.harness.step import StepCase, StepForm, folds_when_full, folds_when_pending
@@ -60,6 +60,38 @@ def build_exact(case: StepCase, *, lazy: bool, impl: str = "triton", name: str =
     rule = folds_when_full(GDN_CARRY_CAP) if lazy else folds_when_pending()
     return StepForm(name, case, step, effective, carry.stash_bytes_per_slot + 4,
                     folds_when=rule, cursors=lambda: [carry.pend, state])
+
+
+def build_exact_spec(case: StepCase, name: str = "") -> StepForm:
+    """The exact lazy form with the speculative store: each verify also writes the state after
+    all ``K`` rows to a spare slot (``spec_slot_tab``), and ``carry_accept_spec`` swaps to it
+    when all ``K`` rows are accepted, so the next verify replays nothing. Two slots (state and
+    stash) per sequence: the pool is doubled, the spares after the case's slots."""
+    t = case.tensors
+    S = t["state"].shape[0]
+    state = torch.cat([t["state"], t["state"]]).contiguous()
+    slots = t["slots"].clone()
+    spare = slots + S
+    acc = t["accepted"]
+    d = case.head_dim
+    carry = GdnCarry.empty(2 * S, case.num_v_heads, d, d, cap=GDN_CARRY_CAP)
+
+    def step(i, collect):
+        fill = carry.pend[slots.long()].clone() if collect else None
+        o, e = gdn_carry_verify(state, carry, **case.rows_of(i), slot_tab=slots, lazy=True,
+                                state_layout="vk", scale=case.scale, spec_slot_tab=spare)
+        carry_accept_spec(carry, slots, spare, e, acc[i], rows=case.rows)
+        return o, e, fill
+
+    def effective(b):
+        folded = state.clone()
+        gdn_carry_flush([folded], [carry], slots[b:b + 1].contiguous(), state_layout="vk")
+        return folded[int(slots[b])].double().transpose(-1, -2).cpu()
+
+    held = 2 * carry.stash_bytes_per_slot + 8 + sizes.state_bytes(
+        case.num_v_heads, d, d, case.state_dtype)
+    return StepForm(name, case, step, effective, held, folds_when=folds_when_full(GDN_CARRY_CAP),
+                    cursors=lambda: [carry.pend, state, slots], full_resets=True)
 
 
 def build_ring(case: StepCase, name: str | None = None) -> StepForm:
@@ -182,8 +214,9 @@ def build_flashinfer_replayssm(case: StepCase, name: str = "") -> StepForm:
                     cursors=lambda: [fr.hist_len, fr.cache_base, state])
 
 
-def _carry_bytes(c, f):
-    return sizes.carry_step_bytes(**dims(c), fold_frac=f["fold_frac"], mean_fill=f["mean_fill"])
+def _carry_bytes(c, f, spec_store=False):
+    return sizes.carry_step_bytes(**dims(c), fold_frac=f["fold_frac"], mean_fill=f["mean_fill"],
+                                  spec_store=spec_store)
 
 
 def _cuda_supports(case) -> str | None:
@@ -225,6 +258,12 @@ EXACT_LAZY, EXACT_LAZY_CUDA, EXACT_EAGER, EXACT_EAGER_CUDA = (
         ("exact_eager", False, "triton", "#aec7e8", ()),
         ("exact_eager_cuda", False, "cuda", "#ffbb78", ())))
 """The exact forms (SPEC §3b), lazy and eager, Triton and their CUDA C++ twins."""
+EXACT_SPEC = register(Implementation(
+    name="exact_spec", family=FAMILY, exact=True, label="carry exact, lazy + speculative store",
+    build=build_exact_spec, style={"color": "#393b79"}, plain=build_plain,
+    bytes=lambda c, f: _carry_bytes(c, f, spec_store=True),
+    doc="SPEC §3b with the full-acceptance state stored ahead in a spare slot: bitwise plain "
+        "decoding, fewer rows replayed, one more state write per step and a second slot"))
 def ring_supports(case) -> str | None:
     """Why the ring form cannot run ``case`` (None: it can): its ``tl.dot`` tiles take head
     sizes that are multiples of 16 in ``RING_HEAD_DIMS``."""

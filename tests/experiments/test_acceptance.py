@@ -25,7 +25,8 @@ def _digest(values) -> str:
 
 def test_figures_are_pinned_bit_for_bit():
     sim = A.simulation_table(SIM_KS, SIM_ALPHAS, p_zero=0.0, seed=0)
-    assert len(sim) == 48 and sim["wb_freq"].between(0, 1).all()
+    assert len(sim) == 72 and sim["wb_freq"].between(0, 1).all()
+    sim = sim[sim["mode"] != "lazy+spec"]          # the eager and lazy rows, pinned before it
     assert _digest(sim[["mean_accept", "wb_freq", "mean_folded"]].to_numpy()) == \
         "e65319a6266c1a82f2b613aae90d7a2a276a2ef8246438173b24200768355de5"
     vals = []
@@ -54,3 +55,20 @@ def test_acceptance_is_simulate_seeded_per_form(K):
         assert np.array_equal(s["p_hist"], np.asarray(a[f"{form}_hist"]))
         assert s["mean_folded"] == pytest.approx(a[f"{form}_mean_pend"], rel=1e-12)
     assert 0 < a["lazy_wb"] <= a["eager_wb"] <= 1
+
+
+def test_speculative_store_clears_pending_on_full_acceptance():
+    """``protocol_step(spec=True)``: a full acceptance leaves nothing pending, any other commit
+    is the lazy one; over the process it folds fewer rows than lazy or eager."""
+    p = np.array([0, 3, 5, 6])
+    a = np.array([4, 2, 4, 1])
+    wb, new = A.protocol_step(p, a, 4, True, 8, spec=True)
+    assert wb.tolist() == [False, False, True, True]
+    assert new.tolist() == [0, 5, 0, 1]
+    assert A.protocol_step(p, a, 4, True, 8)[1].tolist() == [4, 5, 4, 1]
+    spec = A.simulate(4, 0.8, True, steps=300, spec=True)
+    lazy = A.simulate(4, 0.8, True, steps=300)
+    eager = A.simulate(4, 0.8, False, steps=300)
+    assert spec["mean_accept"] == lazy["mean_accept"]               # the same draws
+    assert spec["mean_folded"] < 0.5 * eager["mean_folded"] < lazy["mean_folded"]
+    assert 1.2 < spec["mean_folded"] < 1.6, spec

@@ -77,7 +77,7 @@ from pmll_lab.ops.launch import LaunchPlan, device_guard
 def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form="exact",
                      lazy=False, scale=None, use_qk_l2norm=True, validate=False,
                      eager_max_pending=None, state_layout=DEFAULT_STATE_LAYOUT, A_log=None,
-                     a=None, dt_bias=None, b=None, impl="triton"):
+                     a=None, dt_bias=None, b=None, impl="triton", spec_slot_tab=None):
     """Carried-state verify of ``K`` draft rows per sequence, exact form (SPEC §3b; seed
     ``gdn_exact_carry`` and its ``_lazy`` form).
 
@@ -123,6 +123,14 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
             the float64 reference's tolerance of the Triton carry, not bitwise it).
             ``RuntimeError`` without a CUDA device, ``ValueError`` naming ``impl`` for a
             K-major state or ``kd > 256``.
+        spec_slot_tab: ``None``, or ``[B]`` int32/int64 (contiguous, -1 for padding lanes): the
+            speculative store. Each live sequence's state after all ``K`` rows (its
+            full-acceptance state, rounded as decoding stores it) is also written to slot
+            ``spec_slot_tab[b]`` of ``state`` (a spare slot, distinct from every slot of
+            ``slot_tab``), so that a commit accepting all ``K`` rows swaps the two slots and
+            leaves nothing pending (``carry_accept_spec``) instead of replaying the ``K`` rows
+            at the next verify. V-major, ``impl="triton"`` only (else ``ValueError`` naming
+            ``spec_slot_tab``).
 
     Returns:
         ``(o, engaged)``: ``o [B, K, HV, vd]`` in ``v``'s dtype; ``engaged [B]`` int32, 2 if the
@@ -137,6 +145,8 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
     scale, o, engaged = checked_verify_outputs(state, carry, q, k, v, g, beta, slot_tab, form,
                                                lazy, scale, validate, eager_max_pending,
                                                state_layout, gating, use_qk_l2norm)
+    if spec_slot_tab is not None:
+        check_spec_slots(spec_slot_tab, slot_tab, state, state_layout, impl, validate)
     if impl == "cuda":
         cuda.check_cuda(state, head_dims(state.shape, state_layout)[0], state_layout,
                                   "carried-state verify")
@@ -148,8 +158,26 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
         return o, engaged
     with device_guard(state):
         _launch_verify(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
-                       use_qk_l2norm, state_layout, gating)
+                       use_qk_l2norm, state_layout, gating, spec_slot_tab)
     return o, engaged
+
+
+def check_spec_slots(spec_slot_tab, slot_tab, state, layout, impl, validate) -> None:
+    """``gdn_carry_verify``'s checks of ``spec_slot_tab`` (its docstring); ``ValueError``
+    naming it. With ``validate``: its live entries in range, distinct, and apart from every
+    slot of ``slot_tab`` (a sync)."""
+    if layout != "vk" or impl != "triton":
+        raise ValueError("spec_slot_tab: the speculative store is V-major (state_layout='vk') "
+                         f"with impl='triton', got state_layout={layout!r}, impl={impl!r}")
+    _checks.tensor("spec_slot_tab", spec_slot_tab, shape=tuple(slot_tab.shape),
+                   dtype=INDEX_DTYPES, device=state.device, contiguous=True)
+    if spec_slot_tab.data_ptr() == slot_tab.data_ptr():
+        raise ValueError("spec_slot_tab: must be another tensor than slot_tab (spare slots)")
+    if validate:
+        _checks.indices_values("spec_slot_tab", spec_slot_tab, state.shape[0], padding=True)
+        spare = spec_slot_tab[spec_slot_tab >= 0]
+        if bool(torch.isin(spare, slot_tab[slot_tab >= 0].to(spare.dtype)).any()):
+            raise ValueError("spec_slot_tab: a spare slot is also a slot of slot_tab")
 
 
 def _arrivals(carry, num_v_heads: int) -> torch.Tensor:
@@ -163,7 +191,7 @@ def _arrivals(carry, num_v_heads: int) -> torch.Tensor:
 
 
 def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy, scale,
-                        use_qk_l2norm, layout, gating=None):
+                        use_qk_l2norm, layout, gating=None, spec_slot_tab=None):
     """``(kernel, grid, args, kwargs)`` of the (exact) verify launch for ``layout`` and the
     launch settings (``pmll_lab.ops.settings``); ``form`` is checked by the caller."""
     B, K, HK = q.shape[:3]
@@ -171,7 +199,8 @@ def _verify_launch_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, fo
     kd, vd = head_dims(state.shape, layout)
     if layout == "vk":
         return _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form,
-                                      lazy, scale, use_qk_l2norm, B, K, HK, HV, kd, vd, gating)
+                                      lazy, scale, use_qk_l2norm, B, K, HK, HV, kd, vd, gating,
+                                      spec_slot_tab)
     gate_ptrs = _gate_ptrs(state, gating)
     BK, BV, num_warps = block_config(kd, vd)
     args = (state, carry.buf, carry.pend, slot_tab, q, k, v, g, beta, o, engaged, *gate_ptrs,
@@ -213,10 +242,12 @@ def _row_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, scale, gatin
 
 
 def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab, form, lazy,
-                           scale, use_qk_l2norm, B, K, HK, HV, kd, vd, gating=None):
+                           scale, use_qk_l2norm, B, K, HK, HV, kd, vd, gating=None,
+                           spec_slot_tab=None):
     """The V-major verify launch (``gdn_carry_exact_vk_kernel``): tiles of value rows
-    from ``vk_config`` for ``B * HV``."""
-    args = (state, carry.buf, carry.pend, slot_tab, _arrivals(carry, HV),
+    from ``vk_config`` for ``B * HV``; ``spec_slot_tab`` given: the speculative store."""
+    spec = slot_tab if spec_slot_tab is None else spec_slot_tab   # unread without SPEC_STORE
+    args = (state, carry.buf, carry.pend, slot_tab, _arrivals(carry, HV), spec,
             *_row_args(state, carry, q, k, v, g, beta, o, engaged, slot_tab, scale, gating))
     cs = settings.carry()
     meta = dict(K=K, CAP=carry.cap, HV=HV, GROUP=HV // HK, KD=kd, VD=vd, LAZY=lazy,
@@ -231,7 +262,7 @@ def _verify_launch_args_vk(state, carry, q, k, v, g, beta, o, engaged, slot_tab,
                  QK_ALIGNED=recurrence.vk_qk_aligned(kd, q, k),
                  STATE_VEC=recurrence.vk_state_vector(kd, vd, B * HV, state.dtype),
                  AHEAD=ahead.verify_rows_ahead(state.dtype), STASH_AHEAD=ahead.stash_rows_ahead,
-                 **recurrence.EXACT_LAUNCH))
+                 SPEC_STORE=spec_slot_tab is not None, **recurrence.EXACT_LAUNCH))
 
 
 def _launch_verify(*args):

@@ -276,7 +276,7 @@ def _fold_tile(h_ptr, u_ptr, gs_ptr, ks_ptr, p, rk, mk, rr, mr,
 
 @triton.jit(**ROW_UNSPECIALIZED)
 def gdn_carry_exact_vk_kernel(
-    state_ptr, stash_ptr, pend_ptr, slot_ptr, arrive_ptr,
+    state_ptr, stash_ptr, pend_ptr, slot_ptr, arrive_ptr, spec_slot_ptr,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, engaged_ptr, alog_ptr, dtb_ptr,
     scale, stride_state, stride_stash,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
@@ -286,11 +286,13 @@ def gdn_carry_exact_vk_kernel(
     LAZY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, PREFETCH: tl.constexpr,
     UNROLL: tl.constexpr, NC: tl.constexpr, CW: tl.constexpr, GATE: tl.constexpr,
     QK_ALIGNED: tl.constexpr, AHEAD: tl.constexpr, STASH_AHEAD: tl.constexpr,
-    STATE_VEC: tl.constexpr,
+    STATE_VEC: tl.constexpr, SPEC_STORE: tl.constexpr,
 ):
     """Exact verify on V-major tiles of ``BV`` value rows (``NV`` tiles per head), keys in
     ``NC`` chunks of ``CW``; the state tile loaded ``STATE_VEC`` keys per thread, as decode's
-    (``recurrence.vk_state_vector``)."""
+    (``recurrence.vk_state_vector``). ``SPEC_STORE``: the tile after all ``K`` rows (the
+    full-acceptance state, rounded as decode stores it) is also stored in slot
+    ``spec_slot_ptr[b]`` of the pool."""
     b, hv, j = head_tile_program(HV, NV)
     hk = hv // GROUP
     qrow, krow, vrow, orow = row_ptrs(q_ptr, k_ptr, v_ptr, o_ptr, b, hv, hk, sq_b, sq_h, sk_b,
@@ -329,6 +331,10 @@ def gdn_carry_exact_vk_kernel(
                                                   GATE, QK_ALIGNED)
             h = exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
                               live, h_ptr, HV, VD, USE_QK_L2NORM, True)
+    if SPEC_STORE:                       # the full-acceptance state, into the spare slot
+        spec = tl.maximum(tl.load(spec_slot_ptr + b).to(tl.int64), 0)
+        tl.store(state_ptr + spec * stride_state + hv * (KD * VD) + vk_tile_offsets(rk, rr, KD),
+                 h, mask=m2)
     # After a write-back the new rows overwrite rows 0..: the last tile to count itself
     # restashes, once every tile has folded; else rows p.., which no tile reads: tile 0.
     if live & tl.where(wb, arrived == NV - 1, j == 0):

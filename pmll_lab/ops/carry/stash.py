@@ -323,6 +323,47 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
             pends[0], offsets_table(pends), slot_tab, engaged, accepted, B, BLOCK=block)
 
 
+@triton.jit
+def carry_swap_kernel(pend_ptr, slot_ptr, spare_ptr, acc_ptr, B, K, BLOCK: tl.constexpr):
+    """For each live lane ``i < B`` whose ``acc[i] == K``: swap ``slot[i]`` and ``spare[i]``
+    (int32/int64 ``[B]``) and set ``pend`` (int32) of the new slot to 0. Each lane reads and
+    writes only its own entries and its new slot. Launched by ``carry_accept_spec``."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < B
+    slot = tl.load(slot_ptr + offs, mask=m, other=-1)
+    spare = tl.load(spare_ptr + offs, mask=m, other=-1)
+    a = tl.load(acc_ptr + offs, mask=m, other=0).to(tl.int32)
+    full = m & (slot >= 0) & (a == K)
+    tl.store(slot_ptr + offs, spare, mask=full)
+    tl.store(spare_ptr + offs, slot, mask=full)
+    tl.store(pend_ptr + spare.to(tl.int64), tl.zeros_like(a), mask=full)
+
+
+def carry_accept_spec(carry, slot_tab, spec_slot_tab, engaged, accepted, *, rows: int,
+                      validate=False) -> None:
+    """The commit after a verify with the speculative store (``gdn_carry_verify(...,
+    spec_slot_tab=...)``), on the device with no host sync: ``carry_accept``, then for each
+    sequence that accepted all ``rows`` (= ``K``) rows, ``slot_tab[b]`` and
+    ``spec_slot_tab[b]`` swap (the spare slot holds the full-acceptance state) and the new
+    slot's ``pend`` is 0. Both tables are updated in place, so a captured graph and a later
+    verify read the new slots. ``carry``: one ``GdnCarry``; ``rows``: the verify's ``K``.
+    Raises ``ValueError`` naming the argument (``carry_accept``'s checks, ``spec_slot_tab``
+    ``[B]`` of ``slot_tab``'s device, contiguous)."""
+    _checks.positive_int("rows", rows)
+    _checks.tensor("spec_slot_tab", spec_slot_tab, shape=tuple(slot_tab.shape),
+                   dtype=INDEX_DTYPES, device=carry.pend.device, contiguous=True)
+    carry_accept(carry, slot_tab, engaged, accepted, rows=rows, validate=validate)
+    if not isinstance(accepted, torch.Tensor):
+        accepted = torch.tensor(accepted, dtype=torch.int32).to(slot_tab.device)
+    B = slot_tab.shape[0]
+    if B == 0:
+        return
+    with device_guard(carry.pend):
+        block = settings.carry().accept_block
+        carry_swap_kernel[(cdiv(B, block),)](carry.pend, slot_tab, spec_slot_tab, accepted, B,
+                                             rows, BLOCK=block)
+
+
 # -- flush: the pending rows folded into the states ------------------------------------------
 
 def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
