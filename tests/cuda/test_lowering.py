@@ -67,6 +67,11 @@ SCRIPT = textwrap.dedent("""
         fam = gdn_exact_family(head_dim=head_dim, input_type=input_type, rows=rows,
                                layout="vk", batch=batch)
         out[f"vk-{head_dim}-{input_type}-{rows}-{batch}"] = {k: sorted(v) for k, v in fam.items()}
+    # the speculative store (the full-acceptance state to a spare slot), fp32 and bf16 pools
+    for st in ("fp32", "bf16"):
+        fam = gdn_exact_family(head_dim=128, input_type="bf16", rows=4, layout="vk",
+                               state_type=st, carry_constexprs={"SPEC_STORE": True})
+        out[f"vk-spec-{st}"] = {k: sorted(v) for k, v in fam.items()}
     # mutation: the V-major verify loading q/k without the alignment hint decode has
     fam = gdn_exact_family(head_dim=128, input_type="bf16", rows=4, layout="vk",
                            carry_constexprs={"QK_ALIGNED": False})
@@ -122,6 +127,15 @@ def test_vk_family_reduces_on_decode_layouts(lowered, case):
     assert decode, "decode lost its reductions"
     for name in ("gdn_rows_vk_kernel[chain]", "gdn_carry_exact_vk_kernel"):
         assert fam[name] == decode, (name, fam[name], decode)
+
+
+@pytest.mark.parametrize("state", ["fp32", "bf16"])
+def test_speculative_store_keeps_decode_layouts(lowered, state):
+    """The V-major verify with ``SPEC_STORE`` (one more store of the tile after its rows) sums
+    on decode's layouts and compiles for sm_90 (ptxas), fp32 and bf16 pools."""
+    fam = lowered[f"vk-spec-{state}"]
+    decode = fam["gdn_rows_vk_kernel"]
+    assert decode and fam["gdn_carry_exact_vk_kernel"] == decode, fam
 
 
 @pytest.mark.parametrize("state", ["bf16", "fp16"])
