@@ -345,6 +345,8 @@ def throughput_table(w: pd.DataFrame, K: int, p: float) -> pd.DataFrame:
     (workers differ more than the forms), else the plain row; ``timer``: ``timer_label`` (on the
     CPU the interpreter's wall time, and no ratio)."""
     m = _main(w, K, p)
+    if m.empty or "tokens_per_s" not in m:      # no point ran (the failed-points table says why)
+        return pd.DataFrame()
     plain = m[m.kernel == "plain"].set_index(["B", "state_layout"])["tokens_per_s"]
     rows = []
     for _, r in m.iterrows():

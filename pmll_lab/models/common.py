@@ -5,14 +5,43 @@ the base class of the cache the patched GDN layers hand their forward to. ``qwen
 from __future__ import annotations
 
 import abc
+import re
+from functools import lru_cache
 
 import torch
 from torch import nn
+
+TRANSFORMERS_RANGE = ((5, 24), (6, 0))
+"""The transformers releases these modules run on, ``[low, high)`` (pyproject's ``models``
+extra says the same: a test holds them equal): the cache and attention-mask interfaces they
+drive changed across 5.x (5.17, the GPU image's, builds masks that do not match the cache)."""
+
+
+@lru_cache(maxsize=1)
+def check_transformers() -> str:
+    """The installed transformers version, if within ``TRANSFORMERS_RANGE``; else
+    ``RuntimeError`` naming it and the range (``ImportError`` when not installed), so a model
+    run fails with the reason before any step, not with a shape error inside one."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise ImportError("pmll_lab.models needs transformers (pip install 'pmll_lab[models]')"
+                          ) from e
+    found = transformers.__version__
+    parts = tuple(int(x) for x in re.findall(r"\d+", found)[:2])
+    (lo, hi) = TRANSFORMERS_RANGE
+    if not lo <= parts < hi:
+        raise RuntimeError(
+            f"transformers {found}: pmll_lab.models needs >={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]} "
+            "(pip install 'pmll_lab[models]'; on the GPU machine carry the .whlm wheels, "
+            "docs/h200-runs.md)")
+    return found
 
 
 def vocab_size(model) -> int:
     """The LM head's vocabulary size. Raises ``TypeError`` naming ``model`` when it is not a
     transformers causal LM (a torch module with an output embedding), before any step runs."""
+    check_transformers()
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a transformers Qwen3-Next / Qwen3.5 causal LM, got "
                         f"{type(model).__name__}")

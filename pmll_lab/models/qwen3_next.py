@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pmll_lab.models.common import GdnCache
+from pmll_lab.models.common import GdnCache, check_transformers
 
 TORCH_PATH_FUNCTIONS = ("torch_recurrent_gated_delta_rule", "torch_chunk_gated_delta_rule",
                         "causal_conv1d_update", "causal_conv1d_fn")
@@ -255,11 +255,13 @@ def tiny_config(kind: str = "qwen3_next", **overrides):
                 linear_value_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=512,
                 attn_implementation="eager")
     if kind == "qwen3_next":
+        check_transformers()
         from transformers import Qwen3NextConfig as Config
 
         base.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                     shared_expert_intermediate_size=32, experts_implementation="eager")
     elif kind == "qwen3_5":
+        check_transformers()
         from transformers import Qwen3_5TextConfig as Config
     else:
         raise ValueError(f"kind: expected 'qwen3_next' or 'qwen3_5', got {kind!r}")
@@ -278,6 +280,7 @@ def qwen3_next_sized_config(*, gdn_layers: int = 9, gdn_per_attention: int = 3,
     is ``len(layer_types)``). Raises ``ValueError`` for ``gdn_layers`` not a multiple of
     ``gdn_per_attention``, an override that is not a field, or a ``num_hidden_layers`` that
     disagrees with ``layer_types``."""
+    check_transformers()
     from transformers import Qwen3NextConfig
 
     if gdn_layers % gdn_per_attention:
@@ -300,6 +303,7 @@ def build_model(config, *, seed: int = 0, dtype: torch.dtype = torch.float32, de
     Why random: no weights can be downloaded here; ``A_log`` and ``dt_bias`` keep
     transformers' initialisation (decays of real magnitude). A real checkpoint goes through
     ``patch_model(AutoModelForCausalLM.from_pretrained(...))`` instead."""
+    check_transformers()
     from transformers import Qwen3_5ForCausalLM, Qwen3NextForCausalLM
 
     cls = Qwen3NextForCausalLM if config.model_type == "qwen3_next" else Qwen3_5ForCausalLM
