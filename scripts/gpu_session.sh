@@ -20,7 +20,8 @@
 # then the notebooks that need no FlashInfer), n2 (part-b), n3 (part-c.tar: carry_step), n4.
 # Usage (device machine, repo root): PMLL_LAB_COMMIT=<sha> bash scripts/gpu_session.sh PART [RUN]
 #   or ... gpu_session.sh nb RUN NB[:SECONDS]... (those notebooks' full preset into RUN)
-#   or ... gpu_session.sh quick RUN [SECONDS] (every notebook's quick preset on the GPU)
+#   or ... gpu_session.sh quick RUN [SECONDS [NB...]] (every notebook's, or those NBs', quick
+#   preset on the GPU)
 set -u
 part=${1:?a session part: n1-n4, a, b, steps, last, ...}
 run=${2:-h200-$(date -u +%Y-%m-%d)}
@@ -78,11 +79,12 @@ case $part in
   n3) notebooks carry_step:540 ;;                               # part-c: FlashInfer unpacked
   n4) notebooks spec_decode:200 gdn_verify:150 carry_protocol:200 ;;  # what time is left
   nb) shift 2; notebooks "$@" ;;   # any notebooks: nb RUN NB[:SECONDS]...
-  quick)      # every notebook's quick preset on the GPU, one run folder: the workbench end to
-              # end on this card at this commit (quick RUN [SECONDS])
+  quick)      # every notebook's quick preset on the GPU (or those named), one run folder: the
+              # workbench end to end on this card at this commit (quick RUN [SECONDS [NB...]])
     python3 -m ipykernel install --user --name python3 >/dev/null
+    only=(); [ $# -gt 3 ] && only=(--only "${@:4}")
     timeout "${3:-480}" python3 -m pmll_lab report --preset quick --device cuda --run "$run" \
-      --reports-dir /tmp/pmll-reports 2>&1 | tail -n 60 | tee "$OUT/logs/quick.log"
+      --reports-dir /tmp/pmll-reports "${only[@]}" 2>&1 | tail -n 60 | tee "$OUT/logs/quick.log"
     tar czf "$OUT/$run.tgz" -C /tmp/pmll-reports "$run" ;;
   xnb)        # the whole exactness grid (every state dtype) and SGLang's claim, then notebooks
     shift 2; exactness 16,32,64,128,256 200 true float32,bfloat16,float16; notebooks "$@" ;;
