@@ -17,3 +17,8 @@ from pmll_lab import backend  # noqa: F401  (must come first: sets TRITON_INTERP
 from pmll_lab.backend import DEVICE, INTERPRET  # noqa: F401
 
 __version__ = "0.1.0"
+
+PRESETS = ("quick", "full")
+"""The presets every notebook and every workload of ``pmll_lab/harness/workloads.toml`` define
+(``python -m pmll_lab report --preset``): here, below the harness and the report builder that
+both read them."""

@@ -54,6 +54,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from pmll_lab import PRESETS
 from pmll_lab.results import replace_text
 from pmll_lab.report_index import index_html
 from pmll_lab.report_notebooks import (  # noqa: F401  (REPO_ROOT: public here too)
@@ -68,8 +69,6 @@ index links to them, so only characters a link takes as they are (no ``#``, ``?`
 spaces)."""
 INJECTED = ("preset", "device", "results_dir")
 """The parameters the report gives every notebook (papermill)."""
-PRESETS = ("quick", "full")
-"""The presets every notebook and every workload of ``workloads.toml`` define."""
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULER_TIMEOUT_S = 10.0
 """Seconds ``--scheduler ADDRESS`` may take to answer before the report gives up."""

@@ -18,7 +18,7 @@ import tomllib
 from functools import lru_cache
 from pathlib import Path
 
-from pmll_lab.report import PRESETS  # the presets a workload defines (report --preset)
+from pmll_lab import PRESETS  # the presets a workload defines (report --preset)
 
 INT_AXES = {"K": 1, "B": 1, "HK": 1, "HV": 1, "head_dim": 1, "H": 1, "D": 1, "T": 1,
             "ring_length": 1, "M": 0, "pending": 0, "seed": 0, "d_conv": 2, "fill": 0,
