@@ -80,7 +80,11 @@ def _verify_args(layout="vk"):
     (dict(spec="same"), "another tensor"),
     (dict(spec=torch.tensor([2, 3, 0], dtype=torch.int32)), "spec_slot_tab"),
     (dict(spec=torch.tensor([2.0, 3.0])), "spec_slot_tab"),
-    (dict(spec=torch.tensor([1, 3], dtype=torch.int32), validate=True), "also a slot"),
+    # on the host the values are checked whatever validate says
+    (dict(spec=torch.tensor([1, 3], dtype=torch.int32)), "also a slot"),
+    (dict(spec=torch.tensor([2, 4], dtype=torch.int32)), "must lie in"),
+    (dict(spec=torch.tensor([3, 3], dtype=torch.int32)), "distinct"),
+    (dict(spec=torch.tensor([3, -2], dtype=torch.int32), validate=True), "must lie in"),
 ])
 def test_spec_store_refuses_bad_spare_slots(bad, match):
     layout = bad.get("state_layout", "vk")
@@ -105,5 +109,46 @@ def test_carry_accept_spec_swaps_only_full_acceptances():
     carry_accept_spec(carry, slots, spare, e, torch.tensor([2, 1]), rows=2)
     assert slots.tolist() == [2, 1] and spare.tolist() == [0, 3]
     assert carry.pend[2] == 0 and carry.pend[1] == 1
-    with pytest.raises(ValueError, match="spec_slot_tab"):
-        carry_accept_spec(carry, slots, spare[:1], e, torch.tensor([2, 1]), rows=2)
+
+
+def _committed(spare_values, **kw):
+    state, carry, rows, slots = _verify_args()
+    spare = torch.tensor(spare_values, dtype=torch.int32)
+    _, e = gdn_carry_verify(state, carry, *rows, slot_tab=slots, lazy=True, spec_slot_tab=spare)
+    return state, carry, slots, spare, e
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(spare=[2, 4]), "spec_slot_tab: entries must lie in"),
+    (dict(spare=[1, 3]), "spec_slot_tab: a spare slot is also a slot"),
+    (dict(spare="same"), "spec_slot_tab: must be another tensor"),
+    (dict(spare=[2]), "spec_slot_tab"),
+    (dict(rows=1), "rows: 1, but the verify"),
+    (dict(plain_flags=True), "engaged: not the flags of a verify with spec_slot_tab"),
+    (dict(carry=[]), "carry: expected one GdnCarry"),
+    (dict(slots=[0, 1]), "slot_tab"),
+])
+def test_carry_accept_spec_refuses_before_writing(change, match):
+    """Every refusal comes before ``pend`` or a table is written."""
+    state, carry, slots, spare, e = _committed([2, 3])
+    if "spare" in change:
+        spare = slots if change["spare"] == "same" else torch.tensor(change["spare"],
+                                                                      dtype=torch.int32)
+    if change.get("plain_flags"):
+        e = e.clone()                     # a tensor without the verify's tags
+    c = [carry] if "carry" in change else carry
+    s = change.get("slots", slots)
+    before = (carry.pend.clone(), slots.clone(), spare.clone())
+    with pytest.raises(ValueError, match=match):
+        carry_accept_spec(c, s, spare, e, [2, 2], rows=change.get("rows", 2))
+    assert all(torch.equal(a, b) for a, b in zip(before, (carry.pend, slots, spare)))
+
+
+def test_a_lane_without_a_spare_commits_as_lazy():
+    """Spare -1 on a live lane: nothing stored, no swap; that lane counts its rows as the lazy
+    form does, the other lane swaps; slot 0's neighbours are untouched."""
+    state, carry, slots, spare, e = _committed([-1, 3])
+    assert torch.equal(state[2], _verify_args()[0][2])       # no store into another slot
+    carry_accept_spec(carry, slots, spare, e, [2, 2], rows=2)
+    assert slots.tolist() == [0, 3] and spare.tolist() == [-1, 1]
+    assert carry.pend[0] == 2 and carry.pend[3] == 0

@@ -102,17 +102,18 @@ def _entry(line):
 
 
 def test_simulation_legend_tells_eager_from_lazy():
-    """Each K has one colour; eager and lazy differ in marker, fill and line style, so no two
-    legend entries look alike."""
+    """Each K has one colour; eager, lazy and lazy with the speculative store differ in marker
+    and line style, so no two legend entries look alike."""
     sim = simulation_table([2, 4], [0.4, 0.8], p_zero=0.0, seed=0, steps=200)
     fig = R.plot_simulation(sim)
     handles = fig.legends[0].legend_handles
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert labels == ["K=2, eager", "K=2, lazy", "K=4, eager", "K=4, lazy"]
+    assert labels == [f"K={K}, {m}" for K in (2, 4) for m in ("eager", "lazy", "lazy+spec")]
     looks = [_entry(h) for h in handles]
     assert len(set(looks)) == len(looks), looks
-    eager, lazy = looks[0], looks[1]
-    assert eager[0] == lazy[0] and eager[1:] != lazy[1:] and eager[1] != lazy[1]
+    eager, lazy, spec = looks[:3]
+    assert eager[0] == lazy[0] == spec[0]                       # one colour per K
+    assert len({eager[1], lazy[1], spec[1]}) == 3                # three markers
 
 
 def test_layouts_differ_in_marker_and_fill_not_only_in_dashes():

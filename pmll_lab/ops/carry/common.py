@@ -86,3 +86,23 @@ def check_host_slots(name: str, slot_tab, carries) -> None:
     for label, c in carries:
         if _checks.on_host(c.pend):
             _checks.range_values(label, c.pend[live], 0, c.cap)
+
+
+def check_spare_slots(name: str, spec_slot_tab, slot_tab, slots: int, validate: bool) -> None:
+    """The speculative store's spare slots (``gdn_carry_verify(spec_slot_tab=...)``,
+    ``carry_accept_spec``): ``[B]`` int32/int64 like ``slot_tab``, contiguous, another tensor;
+    and, with ``validate`` or both tables on the host (free there), entries in ``[0, slots)``
+    or -1 (no spare: that lane stores nothing and commits as the lazy form), distinct, none of
+    them a live slot of ``slot_tab`` (the store would overwrite a live state). ``ValueError``
+    naming ``name``."""
+    _checks.tensor(name, spec_slot_tab, shape=tuple(slot_tab.shape), dtype=INDEX_DTYPES,
+                   device=slot_tab.device, contiguous=True)
+    if spec_slot_tab.data_ptr() == slot_tab.data_ptr():
+        raise ValueError(f"{name}: must be another tensor than slot_tab (the spare slots)")
+    if not (validate or (_checks.on_host(spec_slot_tab) and _checks.on_host(slot_tab))):
+        return
+    _checks.indices_values(name, spec_slot_tab, slots, padding=True)
+    live = slot_tab >= 0
+    spare = spec_slot_tab[spec_slot_tab >= 0]
+    if bool(torch.isin(spare, slot_tab[live].to(spare.dtype)).any()):
+        raise ValueError(f"{name}: a spare slot is also a slot of slot_tab")

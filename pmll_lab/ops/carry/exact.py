@@ -62,7 +62,8 @@ import torch
 from pmll_lab import _checks
 from pmll_lab.ops import settings
 from pmll_lab.ops.carry import cuda
-from pmll_lab.ops.carry.common import INDEX_DTYPES, check_form, check_host_slots, check_state
+from pmll_lab.ops.carry.common import (INDEX_DTYPES, check_form, check_host_slots,
+                                       check_spare_slots, check_state)
 from pmll_lab.ops.carry.exact_kernels import (gdn_carry_exact_kernel, gdn_carry_exact_split_kernel,
                                               gdn_carry_exact_vk_kernel)
 from pmll_lab.ops.carry.stash import check_carry
@@ -129,8 +130,12 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
             ``spec_slot_tab[b]`` of ``state`` (a spare slot, distinct from every slot of
             ``slot_tab``), so that a commit accepting all ``K`` rows swaps the two slots and
             leaves nothing pending (``carry_accept_spec``) instead of replaying the ``K`` rows
-            at the next verify. V-major, ``impl="triton"`` only (else ``ValueError`` naming
-            ``spec_slot_tab``).
+            at the next verify. A spare of -1 stores nothing: that lane commits as the lazy
+            form. The spares are distinct and none is a live slot of ``slot_tab`` (checked
+            always on the host, with ``validate=True`` on a GPU). One layer's carry: a stack of layers
+            that share ``slot_tab`` would swap it once per layer (not supported; nor is the
+            conv twin). V-major, ``impl="triton"`` only, not in ``gdn_carry_verify_plan``
+            (else ``ValueError`` naming ``spec_slot_tab``).
 
     Returns:
         ``(o, engaged)``: ``o [B, K, HV, vd]`` in ``v``'s dtype; ``engaged [B]`` int32, 2 if the
@@ -147,6 +152,7 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
                                                state_layout, gating, use_qk_l2norm)
     if spec_slot_tab is not None:
         check_spec_slots(spec_slot_tab, slot_tab, state, state_layout, impl, validate)
+        engaged.spec_store = True          # carry_accept_spec takes only these flags
     if impl == "cuda":
         cuda.check_cuda(state, head_dims(state.shape, state_layout)[0], state_layout,
                                   "carried-state verify")
@@ -163,21 +169,12 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
 
 
 def check_spec_slots(spec_slot_tab, slot_tab, state, layout, impl, validate) -> None:
-    """``gdn_carry_verify``'s checks of ``spec_slot_tab`` (its docstring); ``ValueError``
-    naming it. With ``validate``: its live entries in range, distinct, and apart from every
-    slot of ``slot_tab`` (a sync)."""
+    """``gdn_carry_verify``'s checks of ``spec_slot_tab`` (its docstring;
+    ``common.check_spare_slots``); ``ValueError`` naming it."""
     if layout != "vk" or impl != "triton":
         raise ValueError("spec_slot_tab: the speculative store is V-major (state_layout='vk') "
                          f"with impl='triton', got state_layout={layout!r}, impl={impl!r}")
-    _checks.tensor("spec_slot_tab", spec_slot_tab, shape=tuple(slot_tab.shape),
-                   dtype=INDEX_DTYPES, device=state.device, contiguous=True)
-    if spec_slot_tab.data_ptr() == slot_tab.data_ptr():
-        raise ValueError("spec_slot_tab: must be another tensor than slot_tab (spare slots)")
-    if validate:
-        _checks.indices_values("spec_slot_tab", spec_slot_tab, state.shape[0], padding=True)
-        spare = spec_slot_tab[spec_slot_tab >= 0]
-        if bool(torch.isin(spare, slot_tab[slot_tab >= 0].to(spare.dtype)).any()):
-            raise ValueError("spec_slot_tab: a spare slot is also a slot of slot_tab")
+    check_spare_slots("spec_slot_tab", spec_slot_tab, slot_tab, state.shape[0], validate)
 
 
 def _arrivals(carry, num_v_heads: int) -> torch.Tensor:

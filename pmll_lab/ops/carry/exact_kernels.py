@@ -332,9 +332,9 @@ def gdn_carry_exact_vk_kernel(
             h = exact_row(h, q, k, v, g, beta, t, scale, orow, so_t, u_ptr, first, rr, mr,
                               live, h_ptr, HV, VD, USE_QK_L2NORM, True)
     if SPEC_STORE:                       # the full-acceptance state, into the spare slot
-        spec = tl.maximum(tl.load(spec_slot_ptr + b).to(tl.int64), 0)
-        tl.store(state_ptr + spec * stride_state + hv * (KD * VD) + vk_tile_offsets(rk, rr, KD),
-                 h, mask=m2)
+        spec = tl.load(spec_slot_ptr + b).to(tl.int64)
+        tl.store(state_ptr + tl.maximum(spec, 0) * stride_state + hv * (KD * VD)
+                 + vk_tile_offsets(rk, rr, KD), h, mask=m2 & (spec >= 0))
     # After a write-back the new rows overwrite rows 0..: the last tile to count itself
     # restashes, once every tile has folded; else rows p.., which no tile reads: tile 0.
     if live & tl.where(wb, arrived == NV - 1, j == 0):

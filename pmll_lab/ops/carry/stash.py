@@ -37,7 +37,8 @@ from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.ops import settings
 from pmll_lab.ops.carry import cuda
-from pmll_lab.ops.carry.common import INDEX_DTYPES, check_host_slots, check_state, offsets_table
+from pmll_lab.ops.carry.common import (INDEX_DTYPES, check_host_slots, check_spare_slots,
+                                       check_state, offsets_table)
 from pmll_lab.ops.carry.exact_kernels import gdn_carry_flush_kernel, gdn_carry_flush_vk_kernel
 from pmll_lab.ops.gdn import recurrence
 from pmll_lab.ops.gdn.recurrence import (DEFAULT_STATE_LAYOUT, block_config, check_layout,
@@ -325,15 +326,16 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
 
 @triton.jit
 def carry_swap_kernel(pend_ptr, slot_ptr, spare_ptr, acc_ptr, B, K, BLOCK: tl.constexpr):
-    """For each live lane ``i < B`` whose ``acc[i] == K``: swap ``slot[i]`` and ``spare[i]``
-    (int32/int64 ``[B]``) and set ``pend`` (int32) of the new slot to 0. Each lane reads and
-    writes only its own entries and its new slot. Launched by ``carry_accept_spec``."""
+    """For each live lane ``i < B`` with a spare (``>= 0``) whose ``acc[i] == K``: swap
+    ``slot[i]`` and ``spare[i]`` (int32/int64 ``[B]``) and set ``pend`` (int32) of the new
+    slot to 0. Each lane reads and writes only its own entries and its new slot. Launched by
+    ``carry_accept_spec``."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < B
     slot = tl.load(slot_ptr + offs, mask=m, other=-1)
     spare = tl.load(spare_ptr + offs, mask=m, other=-1)
     a = tl.load(acc_ptr + offs, mask=m, other=0).to(tl.int32)
-    full = m & (slot >= 0) & (a == K)
+    full = m & (slot >= 0) & (spare >= 0) & (a == K)
     tl.store(slot_ptr + offs, spare, mask=full)
     tl.store(spare_ptr + offs, slot, mask=full)
     tl.store(pend_ptr + spare.to(tl.int64), tl.zeros_like(a), mask=full)
@@ -346,12 +348,24 @@ def carry_accept_spec(carry, slot_tab, spec_slot_tab, engaged, accepted, *, rows
     sequence that accepted all ``rows`` (= ``K``) rows, ``slot_tab[b]`` and
     ``spec_slot_tab[b]`` swap (the spare slot holds the full-acceptance state) and the new
     slot's ``pend`` is 0. Both tables are updated in place, so a captured graph and a later
-    verify read the new slots. ``carry``: one ``GdnCarry``; ``rows``: the verify's ``K``.
-    Raises ``ValueError`` naming the argument (``carry_accept``'s checks, ``spec_slot_tab``
-    ``[B]`` of ``slot_tab``'s device, contiguous)."""
+    verify read the new slots. ``carry``: one ``GdnCarry`` (one layer: a stack sharing the
+    tables would swap them once per layer); ``engaged``: the flags that verify returned (flags
+    of a verify without ``spec_slot_tab`` are refused: its spares hold no new state); ``rows``:
+    that verify's ``K``. Raises ``ValueError`` naming the argument, before anything is written:
+    ``carry_accept``'s checks, and ``spec_slot_tab``'s (``common.check_spare_slots``: values
+    always on the host, with ``validate=True`` on a GPU)."""
+    if not isinstance(carry, GdnCarry):
+        raise ValueError(f"carry: expected one GdnCarry, got {type(carry).__name__}")
+    _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=carry.pend.device,
+                   contiguous=True)
     _checks.positive_int("rows", rows)
-    _checks.tensor("spec_slot_tab", spec_slot_tab, shape=tuple(slot_tab.shape),
-                   dtype=INDEX_DTYPES, device=carry.pend.device, contiguous=True)
+    if not getattr(engaged, "spec_store", False):
+        raise ValueError("engaged: not the flags of a verify with spec_slot_tab (its spare "
+                         "slots hold no full-acceptance state)")
+    if getattr(engaged, "verify_rows", rows) != rows:
+        raise ValueError(f"rows: {rows}, but the verify that returned engaged ran "
+                         f"K = {engaged.verify_rows} rows")
+    check_spare_slots("spec_slot_tab", spec_slot_tab, slot_tab, carry.pend.shape[0], validate)
     carry_accept(carry, slot_tab, engaged, accepted, rows=rows, validate=validate)
     if not isinstance(accepted, torch.Tensor):
         accepted = torch.tensor(accepted, dtype=torch.int32).to(slot_tab.device)
