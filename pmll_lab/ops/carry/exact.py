@@ -132,10 +132,10 @@ def gdn_carry_verify(state, carry, q, k, v, g=None, beta=None, *, slot_tab, form
             leaves nothing pending (``carry_accept_spec``) instead of replaying the ``K`` rows
             at the next verify. A spare of -1 stores nothing: that lane commits as the lazy
             form. The spares are distinct and none is a live slot of ``slot_tab`` (checked
-            always on the host, with ``validate=True`` on a GPU). One layer's carry: a stack of layers
-            that share ``slot_tab`` would swap it once per layer (not supported; nor is the
-            conv twin). V-major, ``impl="triton"`` only, not in ``gdn_carry_verify_plan``
-            (else ``ValueError`` naming ``spec_slot_tab``).
+            always on the host, with ``validate=True`` on a GPU). One layer's carry: a stack
+            of layers that share ``slot_tab`` would swap it once per layer (not supported;
+            nor is the conv twin). V-major, ``impl="triton"`` only, not in
+            ``gdn_carry_verify_plan`` (else ``ValueError`` naming ``spec_slot_tab``).
 
     Returns:
         ``(o, engaged)``: ``o [B, K, HV, vd]`` in ``v``'s dtype; ``engaged [B]`` int32, 2 if the
