@@ -20,9 +20,9 @@ import torch
 
 from pmll_lab import carry as carry_api, conv as conv_api, cuda_ext, gdn as gdn_api
 from pmll_lab import pmll as pmll_api
-from pmll_lab.carry import (ConvCarry, GdnCarry, GdnRing, carry_accept, conv_carry_flush,
-                            conv_carry_verify, gdn_carry_verify_plan, gdn_ring_flush,
-                            gdn_ring_verify, ring_accept)
+from pmll_lab.carry import (ConvCarry, GdnCarry, GdnRing, carry_accept, carry_accept_spec,
+                            conv_carry_flush, conv_carry_verify, gdn_carry_verify_plan,
+                            gdn_ring_flush, gdn_ring_verify, ring_accept)
 from pmll_lab.conv import conv_chain, conv_update
 from pmll_lab.gdn import gdn_chain_plan, gdn_decode_plan, gdn_gating
 from pmll_lab.inputs import conv_inputs, gdn_inputs, generator, pmll_inputs
@@ -76,6 +76,21 @@ def _carry_plan(seed):
     return (lambda **kw: gdn_carry_verify_plan(x["state"], carry, x["q"], x["k"], x["v"], x["g"],
                                                x["beta"], slot_tab=x["state_indices"], **kw)(),
             [x["state"], carry.buf])
+
+
+def _carry_accept_spec(seed):
+    carry = GdnCarry.empty(2 * S, HV, D, D)
+    slots = _gdn(seed)["state_indices"]
+    spare = slots + S
+    carry.pend[slots.long()] = _ints(seed, 0, 3)
+    engaged = _ints(seed + 1, 1, 2).to(torch.int32)
+    engaged.verify_rows, engaged.spec_store = K, True      # as a verify with the store tags them
+    accepted = torch.tensor([K, 1, K], dtype=torch.int32)  # two full acceptances: two swaps
+
+    def call(**kw):
+        carry_accept_spec(carry, slots, spare, engaged, accepted, rows=K, **kw)
+        return carry.pend, slots, spare
+    return call, [carry.pend, slots, spare]
 
 
 def _carry_accept(seed):
@@ -176,6 +191,7 @@ def _conv_carry_flush(seed):
 NO_TWIN = {
     "gdn_decode_plan": _decode_plan, "gdn_chain_plan": _chain_plan, "gdn_gating": _gating,
     "gdn_carry_verify_plan": _carry_plan, "carry_accept": _carry_accept,
+    "carry_accept_spec": _carry_accept_spec,
     "gdn_ring_verify": _ring_verify, "ring_accept": _ring_accept, "gdn_ring_flush": _ring_flush,
     "conv_update": _conv_update, "conv_chain": _conv_chain,
     "conv_carry_verify": _conv_carry_verify, "conv_carry_flush": _conv_carry_flush,

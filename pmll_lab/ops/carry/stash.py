@@ -342,7 +342,7 @@ def carry_swap_kernel(pend_ptr, slot_ptr, spare_ptr, acc_ptr, B, K, BLOCK: tl.co
 
 
 def carry_accept_spec(carry, slot_tab, spec_slot_tab, engaged, accepted, *, rows: int,
-                      validate=False) -> None:
+                      validate=False, impl="triton") -> None:
     """The commit after a verify with the speculative store (``gdn_carry_verify(...,
     spec_slot_tab=...)``), on the device with no host sync: ``carry_accept``, then for each
     sequence that accepted all ``rows`` (= ``K``) rows, ``slot_tab[b]`` and
@@ -353,7 +353,9 @@ def carry_accept_spec(carry, slot_tab, spec_slot_tab, engaged, accepted, *, rows
     of a verify without ``spec_slot_tab`` are refused: its spares hold no new state); ``rows``:
     that verify's ``K``. Raises ``ValueError`` naming the argument, before anything is written:
     ``carry_accept``'s checks, and ``spec_slot_tab``'s (``common.check_spare_slots``: values
-    always on the host, with ``validate=True`` on a GPU)."""
+    always on the host, with ``validate=True`` on a GPU). ``impl``: ``"triton"`` only (no CUDA
+    twin)."""
+    _checks.impl("carry_accept_spec", impl)
     if not isinstance(carry, GdnCarry):
         raise ValueError(f"carry: expected one GdnCarry, got {type(carry).__name__}")
     _checks.tensor("slot_tab", slot_tab, ndim=1, dtype=INDEX_DTYPES, device=carry.pend.device,
