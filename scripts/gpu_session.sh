@@ -20,6 +20,8 @@
 # then the notebooks that need no FlashInfer), n2 (part-b), n3 (part-c.tar: carry_step), n4.
 # Usage (device machine, repo root): PMLL_LAB_COMMIT=<sha> bash scripts/gpu_session.sh PART [RUN]
 #   or ... gpu_session.sh nb RUN NB[:SECONDS]... (those notebooks' full preset into RUN)
+#   or ... gpu_session.sh fiver RUN [SECONDS [NB[:SECONDS]...]] (after parts a-c, with part-d:
+#   FlashInfer's two releases, SECONDS each, then those notebooks' full preset into RUN)
 #   or ... gpu_session.sh quick RUN [SECONDS [NB...]] (every notebook's, or those NBs', quick
 #   preset on the GPU)
 set -u
@@ -70,6 +72,17 @@ notebooks() {   # the notebooks' full preset into one run folder kept across the
   REPORTS_DIR=/tmp/pmll-reports bash scripts/h200_reports.sh "$run" 150 "$@" 2>&1 \
     | tee -a "$OUT/logs/notebooks.log"
 }
+fi_releases() {   # FlashInfer's two releases (part-d beside parts a-c) on the ring and snapshot
+                  # steps, one process per release, our ring in both ($1: seconds per release)
+  [ -f .fi/fi-unpack-next.sh ] && bash .fi/fi-unpack-next.sh
+  for site in /tmp/site /tmp/site-next; do
+    tag=$(PYTHONPATH=$site:$PYTHONPATH python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null)
+    echo "== FlashInfer $tag $(date -u +%H:%M:%S)"
+    PYTHONPATH=$site:$PYTHONPATH timeout "${1:-150}" python3 scripts/bench_step.py \
+      --forms ring,flashinfer_replayssm,flashinfer_snapshot_restore --states bfloat16 \
+      --batches 1,8,64,128,256 --out "$OUT/logs/fi-$tag.jsonl" 2>&1 | tee "$OUT/logs/fi-$tag.log"
+  done
+}
 case $part in
   n1)         # four calls, back to back (FlashInfer parts a, b, c; .whl in the first): the
               # fp32 third of the exactness grid, then the notebooks that need no FlashInfer
@@ -105,6 +118,8 @@ case $part in
       exact_lazy,exact_eager,exact_spec,plain_decode,sglang_exact_fold,ring \
       --states bfloat16,float32 --batches 1,8,64,128,256 --out "$OUT/logs/spec.jsonl" 2>&1 \
       | tee "$OUT/logs/spec.log" ;;
+  fiver)      # carry .fi/part-d.tar after parts a-c: FlashInfer's two releases, then notebooks
+    fi_releases "${3:-120}"; shift 3 2>/dev/null && [ $# -gt 0 ] && notebooks "$@" ;;
   ab0) ab 0 ;;
   ab1) ab 1 ;;
   first) exactness 64,128,256 200 ;;
@@ -126,18 +141,9 @@ case $part in
   steps)
     python3 -m ipykernel install --user --name python3 >/dev/null
     bash scripts/h200_reports.sh "$run" 400 carry_step:400 ;;
-  last)
-    [ -f .fi/fi-unpack-next.sh ] && bash .fi/fi-unpack-next.sh
-    for site in /tmp/site /tmp/site-next; do
-      tag=$(PYTHONPATH=$site:$PYTHONPATH python3 -c "import flashinfer; print(flashinfer.__version__)" 2>/dev/null)
-      echo "== FlashInfer $tag $(date -u +%H:%M:%S)"
-      PYTHONPATH=$site:$PYTHONPATH timeout 150 python3 scripts/bench_step.py \
-        --forms ring,flashinfer_replayssm,flashinfer_snapshot_restore --states bfloat16 \
-        --batches 1,8,64,128,256 --out "$OUT/logs/fi-$tag.jsonl" 2>&1 | tee "$OUT/logs/fi-$tag.log"
-    done
-    exactness 16,32,256 200 train
+  last) fi_releases; exactness 16,32,256 200 train
     tail -n 5 "$OUT/logs/train_gpu.log" ;;
-  *) echo "part: expected n1-n4, nb, xnb, quick, spec, a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
+  *) echo "part: expected n1-n4, nb, xnb, quick, spec, fiver, a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
 esac
 # at most 8 files come back from $OUT: the logs travel as one archive
 (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)
