@@ -4,11 +4,14 @@ bitwise, over head sizes x layouts x state dtypes x input dtypes x K (SPEC §2, 
 Per configuration, ``steps`` steps of ``B`` sequences from ``S = B + B // 4 + 1`` slots with
 seeded rows and acceptance counts in ``0..K``: the carry through ``SpecDecodeStep`` ``eager``,
 ``lazy`` and ``policy`` (widths ``B`` and ``B // 2`` across ``lazy_min_seqs = B``; every slot
-flushed at mid-run and at the end), and the chain with snapshots + restore. Every accepted
+flushed at mid-run and at the end), the lazy carry with the speculative store (``spec``: one
+layer, each sequence's live slot moving within its pair of slots as full acceptances swap
+them; V-major only), and the chain with snapshots + restore. Every accepted
 output row and the final state are compared bitwise with ``gdn_decode`` one token at a time;
 the carry's state with its pending rows folded (on clones) is compared every step, so the first
-differing step, slot and element are recorded. A launcher's refusal before any launch is
-``unsupported``, not a difference. Why a grid: a bitwise defect may sit in one corner only.
+differing step, slot and element are recorded. A launcher's refusal before a form's first
+launch makes that form ``unsupported`` (and the configuration, when every form is), not a
+difference. Why a grid: a bitwise defect may sit in one corner only.
 ``python -m pmll_lab.experiments.exactness --out exactness.jsonl``: exit 1 when one differs.
 """
 
@@ -28,7 +31,8 @@ import torch
 
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal
-from pmll_lab.carry import CarryLayer, GdnCarry, SpecDecodeStep, gdn_carry_flush
+from pmll_lab.carry import (CarryLayer, GdnCarry, SpecDecodeStep, carry_accept_spec,
+                            gdn_carry_flush, gdn_carry_verify)
 from pmll_lab.experiments.acceptance import accept_counts
 from pmll_lab.gdn import gdn_chain, gdn_decode
 from pmll_lab.inputs import gdn_inputs
@@ -41,7 +45,7 @@ STATE_DTYPES = tuple(settings.STATE_DTYPES)
 INPUT_DTYPES = ("bfloat16", "float32")
 ROWS = (2, 3, 4, 8)
 MODES = ("eager", "lazy", "policy")
-FORMS = tuple(f"carry_{m}" for m in MODES) + ("chain",)
+FORMS = tuple(f"carry_{m}" for m in MODES) + ("carry_spec", "chain")
 MAX_DETAILS = 8
 """Differing rows recorded per run (the count is always complete)."""
 
@@ -214,6 +218,59 @@ def run_carry(cfg: dict, mode: str, *, B: int, steps: int, seed: int, heads=(1, 
     return dict(run.result(), stats=dict(step.stats))
 
 
+def _flush_all(state, carry, live, layout) -> None:
+    """Fold every live slot's pending rows into ``state`` and clear their ``pend``."""
+    gdn_carry_flush([state], [carry], live, state_layout=layout, validate=True)
+    carry.pend.index_fill_(0, live.long(), 0)
+
+
+def run_spec(cfg: dict, *, B: int, steps: int, seed: int, heads=(1, 2), alpha: float = 0.75,
+             p_zero: float = 0.15, progress: dict | None = None) -> dict:
+    """The lazy carry with the speculative store against plain decoding (one layer:
+    ``gdn_carry_verify(..., spec_slot_tab=...)`` + ``carry_accept_spec``). Sequence ``s`` owns
+    slots ``s`` and ``s + S`` of a ``2 S`` pool; a commit accepting all ``K`` rows swaps them,
+    so its live slot moves (tracked from the updated ``slot_tab``). Every slot flushed at
+    mid-run and at the end, the folded state compared every step, as in ``run_carry``. A
+    K-major configuration is refused before any launch. Returns ``_Run.result()`` plus
+    ``stats`` (``steps``, ``swaps``: full acceptances that moved a sequence)."""
+    progress, HK, HV, d, K, layout, sdt, idt, S, st, rng, pyrng = _setup(
+        cfg, B=B, seed=seed, heads=heads, progress=progress)
+    state = torch.cat([st, st]).contiguous()
+    carry = GdnCarry.empty(2 * S, HV, d, d, state_layout=layout)
+    live = torch.arange(S, dtype=torch.int32, device=st.device)   # sequence -> its live slot
+    pst = st.clone()
+    run = _Run("carry_spec")
+    swaps = 0
+    for n in range(steps):
+        if n == steps // 2:
+            _flush_all(state, carry, live, layout)
+        seqs = pyrng.sample(range(S), B)
+        seq_t = torch.tensor(seqs, dtype=torch.int32, device=st.device)
+        slot_tab = live[seq_t.long()].contiguous()
+        spare = torch.where(slot_tab < S, slot_tab + S, slot_tab - S).contiguous()
+        x = _draw(seed, n, B, HK, HV, d, K, idt)
+        pend = carry.pend[slot_tab.long()].cpu().tolist()
+        o, eng = gdn_carry_verify(state, carry, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                  slot_tab=slot_tab, lazy=True, state_layout=layout,
+                                  validate=True, spec_slot_tab=spare)
+        progress["launched"] = True
+        acc = accept_counts(rng, B, K, alpha, p_zero)
+        extra = dict(pend=pend, write_back=(eng.cpu() == 2).tolist(), lazy=[True] * B,
+                     flushed_this_step=[int(n == steps // 2)] * B)
+        carry_accept_spec(carry, slot_tab, spare, eng, acc.tolist(), rows=K, validate=True)
+        live[seq_t.long()] = slot_tab                 # the commit swapped full acceptances
+        swaps += int((acc == K).sum())
+        run.accepted(n, acc, o, pst, x, seq_t, layout, seqs, extra)
+        if run.first_state_diff is None:
+            c = dataclasses.replace(carry, buf=carry.buf.clone(), pend=carry.pend.clone())
+            folded = state.clone()
+            gdn_carry_flush([folded], [c], live, state_layout=layout)
+            run.state_check(n, folded[live.long()], pst)
+    _flush_all(state, carry, live, layout)
+    run.state_check(steps, state[live.long()], pst, final=True)
+    return dict(run.result(), stats=dict(steps=steps, swaps=swaps))
+
+
 def run_chain(cfg: dict, *, B: int, steps: int, seed: int, heads=(1, 2), alpha: float = 0.75,
               p_zero: float = 0.15, progress: dict | None = None) -> dict:
     """The chain with ``K-1`` snapshots and the restore against plain decoding, state
@@ -248,34 +305,44 @@ def run_chain(cfg: dict, *, B: int, steps: int, seed: int, heads=(1, 2), alpha: 
 def run_config(cfg: dict, *, B: int = 32, steps: int = 12, seed: int = 0, heads=(1, 2),
                forms=FORMS) -> dict:
     """Every form of ``forms`` at one configuration: the config, ``status`` (``"bitwise"``,
-    ``"differs"``, ``"unsupported"`` (refused before any launch) or ``"error"``), the totals
-    (``rows_compared``, ``rows_differing``, ``max_abs_state_diff``, ``bitwise``), per-form
-    results and the seconds taken."""
+    ``"differs"``, ``"unsupported"`` (every form refused before its first launch) or
+    ``"error"``), the totals over the forms that ran (``rows_compared``, ``rows_differing``,
+    ``max_abs_state_diff``, ``bitwise``), per-form results (a refused form as
+    ``{form, status: "unsupported", error}``) and the seconds taken."""
     t0 = time.perf_counter()
     rec = dict(config=config_name(cfg), **cfg, B=B, steps=steps, seed=seed, heads=list(heads))
     results = []
-    progress = {"launched": False}
-    try:
-        for form in forms:
+    size = dict(B=B, steps=steps, seed=seed, heads=heads)
+    for form in forms:
+        progress = {"launched": False}
+        try:
             if form == "chain":
-                results.append(run_chain(cfg, B=B, steps=steps, seed=seed, heads=heads,
-                                         progress=progress))
+                results.append(run_chain(cfg, **size, progress=progress))
+            elif form == "carry_spec":
+                results.append(run_spec(cfg, **size, progress=progress))
             else:
-                results.append(run_carry(cfg, form.removeprefix("carry_"), B=B, steps=steps,
-                                         seed=seed, heads=heads, progress=progress))
-    except ValueError as exc:
-        # a launcher's documented refusal comes before its first launch; a ValueError later
-        # (validate=True finding a bad pend, say) is a failure
-        status = "error" if progress["launched"] else "unsupported"
-        rec.update(status=status, error=f"{type(exc).__name__}: {exc}")
-    except Exception as exc:             # anything else is a failure of the grid
-        rec.update(status="error", error=f"{type(exc).__name__}: {exc}")
+                results.append(run_carry(cfg, form.removeprefix("carry_"), **size,
+                                         progress=progress))
+        except ValueError as exc:
+            # a launcher's documented refusal comes before its first launch; a ValueError later
+            # (validate=True finding a bad pend, say) is a failure
+            if progress["launched"]:
+                rec.update(status="error", error=f"{form}: {type(exc).__name__}: {exc}")
+                break
+            results.append(dict(form=form, status="unsupported",
+                                error=f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:             # anything else is a failure of the grid
+            rec.update(status="error", error=f"{form}: {type(exc).__name__}: {exc}")
+            break
+    ran = [r for r in results if r.get("status") != "unsupported"]
     if "status" not in rec:
-        ok = all(r["bitwise"] for r in results)
-        rec.update(status="bitwise" if ok else "differs")
-    rec.update(rows_compared=sum(r["rows_compared"] for r in results),
-               rows_differing=sum(r["rows_differing"] for r in results),
-               max_abs_state_diff=max([r["max_abs_state_diff"] for r in results], default=0.0),
+        if not ran:
+            rec.update(status="unsupported", error=results[0]["error"] if results else "")
+        else:
+            rec.update(status="bitwise" if all(r["bitwise"] for r in ran) else "differs")
+    rec.update(rows_compared=sum(r["rows_compared"] for r in ran),
+               rows_differing=sum(r["rows_differing"] for r in ran),
+               max_abs_state_diff=max([r["max_abs_state_diff"] for r in ran], default=0.0),
                bitwise=rec["status"] == "bitwise", forms=results,
                seconds=round(time.perf_counter() - t0, 3))
     return rec
@@ -296,7 +363,7 @@ def detail_lines(rec: dict) -> list[str]:
     where its folded state leaves plain decoding, and its first differing rows."""
     out = []
     for r in rec["forms"]:
-        if r["bitwise"]:
+        if r.get("status") == "unsupported" or r["bitwise"]:
             continue
         out.append(f"    {r['form']}: rows differ {r['rows_differing']} of {r['rows_compared']},"
                    f" state bitwise {r['state_bitwise']}, max abs {r['max_abs_state_diff']:.3e}")
@@ -342,8 +409,8 @@ def main(argv=None) -> int:
     """The command line (``--help``); exit 0 when every configuration run is bitwise or
     unsupported, 1 otherwise."""
     ap = argparse.ArgumentParser(prog="python -m pmll_lab.experiments.exactness",
-                                 description="The exact carry (eager, lazy, serving policy) and "
-                                             "the chain against plain GDN decoding, bitwise, "
+                                 description="The exact carry (eager, lazy, serving policy, "
+                                             "speculative store) and the chain against plain GDN decoding, bitwise, "
                                              "over a grid of configurations.")
     ap.add_argument("--head-dims", type=int_list, default=HEAD_DIMS, help="kd = vd values")
     ap.add_argument("--layouts", type=name_list(LAYOUTS), default=LAYOUTS)
