@@ -100,7 +100,8 @@ case $part in
       --reports-dir /tmp/pmll-reports "${only[@]}" 2>&1 | tail -n 60 | tee "$OUT/logs/quick.log"
     tar czf "$OUT/$run.tgz" -C /tmp/pmll-reports "$run" ;;
   xnb)        # the whole exactness grid (every state dtype) and SGLang's claim, then notebooks
-    shift 2; exactness 16,32,64,128,256 200 true float32,bfloat16,float16; notebooks "$@" ;;
+    shift 2; exactness 16,32,64,128,256 "${EXACT_S:-200}" true float32,bfloat16,float16
+    notebooks "$@" ;;
   a)          # first of four calls (part-a): the bits, every form once, the packed-tile A/B
     exactness 64,128,256 180; smoke; ab 0; ab 1 ;;
   b)          # second (part-b, .whl): the carry_step notebook's quick preset on the GPU
