@@ -16,6 +16,8 @@ from pmll_lab.carry import GDN_CARRY_CAP
 
 CAP = GDN_CARRY_CAP
 MODES = ("eager", "lazy")
+SIM_MODES = MODES + ("lazy+spec",)
+"""The simulation's modes: ``MODES`` and lazy with the speculative store (SPEC §3b)."""
 
 
 def mean_accept_len(alpha: float, K: int) -> float:
@@ -94,14 +96,13 @@ def steady_pending(rng: np.random.Generator, B: int, K: int, alpha: float, lazy:
 
 def simulation_table(Ks, alphas, *, p_zero: float = 0.0, steps: int = 2000, seed: int = 0) -> pd.DataFrame:
     """One row per ``(K, alpha, mode)``: mean acceptance length, write-back frequency, rows
-    folded per verify; modes ``MODES`` and ``"lazy+spec"`` (lazy with the speculative
-    store)."""
+    folded per verify; modes ``SIM_MODES``."""
     rows = []
     for K in Ks:
         for alpha in alphas:
-            for mode in MODES + ("lazy+spec",):
+            for mode in SIM_MODES:
                 s = simulate(K, alpha, mode != "eager", steps=steps, p_zero=p_zero, seed=seed,
-                             spec=mode == "lazy+spec")
+                             spec=mode == SIM_MODES[2])
                 rows.append(dict(K=K, alpha=alpha, mode=mode, mean_accept=s["mean_accept"],
                                  wb_freq=s["wb_freq"], mean_folded=s["mean_folded"]))
     return pd.DataFrame(rows)

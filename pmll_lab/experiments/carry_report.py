@@ -12,7 +12,7 @@ import torch
 
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
-from pmll_lab.experiments.acceptance import mean_accept_len
+from pmll_lab.experiments.acceptance import SIM_MODES, mean_accept_len
 from pmll_lab.experiments.carry import CAP, FORMS, KERNELS, LABELS
 from pmll_lab.experiments.gdn import QWEN3_NEXT
 from pmll_lab.sizes import stash_row_bytes
@@ -239,22 +239,22 @@ def findings(df: pd.DataFrame, sim: pd.DataFrame, budget: pd.DataFrame,
 
 # ---- plots ---------------------------------------------------------------------------------
 
-SIM_MODES = {"eager": dict(ls="--", marker="s", mfc="white", mew=1.0),
-             "lazy": dict(ls="-", marker="o"),
-             "lazy+spec": dict(ls=":", marker="^")}
-"""How the simulation plot draws each mode (the colour is K's)."""
+SIM_STYLES = dict(zip(SIM_MODES, [dict(ls="--", marker="s", mfc="white", mew=1.0),
+                                   dict(ls="-", marker="o"), dict(ls=":", marker="^")],
+                      strict=True))
+"""How the simulation plot draws each mode of ``acceptance.SIM_MODES`` (the colour is K's)."""
 
 
 def plot_simulation(sim: pd.DataFrame, mark_alpha: float | None = None):
     """Write-back frequency and rows folded per verify against the acceptance length, one
-    colour per K, each mode its own line and marker (``SIM_MODES``: eager dashed with hollow
+    colour per K, each mode its own line and marker (``SIM_STYLES``: eager dashed with hollow
     squares, lazy solid with filled circles, lazy with the speculative store dotted with
     triangles)."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
     for i, K in enumerate(sorted(sim["K"].unique())):
-        for mode, kw in SIM_MODES.items():
+        for mode, kw in SIM_STYLES.items():
             s = sim[(sim["K"] == K) & (sim["mode"] == mode)].sort_values("mean_accept")
             kw = dict(kw, ms=4, color=f"C{i}")
             axes[0].plot(s["mean_accept"], s["wb_freq"], label=f"K={K}, {mode}", **kw)
