@@ -374,16 +374,17 @@ def detail_lines(rec: dict) -> list[str]:
 
 
 def run_grid(cfgs, *, B: int, steps: int, seed: int, heads=(1, 2), forms=FORMS, out=None,
-             echo=print) -> list[dict]:
-    """``run_config`` for every configuration, one summary line each through ``echo`` (and
-    the detail lines of a differing one); each record appended to the JSON-lines file ``out``
-    as it completes. Returns the records."""
+             echo=print, run=run_config, lines=None) -> list[dict]:
+    """``run`` (``run_config``) for every configuration, its ``lines`` (a summary line and the
+    detail lines of a differing one) through ``echo``; each record appended to the JSON-lines
+    file ``out`` as it completes. Returns the records."""
     recs = []
+    kw = dict(forms=forms) if run is run_config else {}
     with open(out, "a") if out else contextlib.nullcontext() as fh:
         for cfg in cfgs:
-            rec = run_config(cfg, B=B, steps=steps, seed=seed, heads=heads, forms=forms)
+            rec = run(cfg, B=B, steps=steps, seed=seed, heads=heads, **kw)
             recs.append(rec)
-            for line in [summary_line(rec), *detail_lines(rec)]:
+            for line in (lines or (lambda r: [summary_line(r), *detail_lines(r)]))(rec):
                 echo(line)
             if fh:
                 fh.write(json.dumps(rec) + "\n")

@@ -9,6 +9,9 @@ without an NVIDIA GPU is one ``unavailable`` row.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+
 import pandas as pd
 import torch
 
@@ -211,20 +214,14 @@ def plot_wraparound(capacity: int = 8, segments=(5, 6, 3, 11)):
     from matplotlib.patches import Rectangle
 
     states = wraparound_states(capacity, segments)
-    bounds = [0]
-    for s in segments:
-        bounds.append(bounds[-1] + s)
-
-    def seg_of(tok):
-        return next(i for i in range(len(segments)) if bounds[i] <= tok < bounds[i + 1])
-
+    bounds = [0, *itertools.accumulate(segments)]     # segment of token t: bisect_right - 1
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.55 * len(states) + 1.6))
     cmap = plt.get_cmap("tab10")
     for ax, key, title in ((axes[0], "slots", "ring storage: token in each slot"),
                            (axes[1], "read", "pmll_read: chronological, right-aligned")):
         for r, st in enumerate(states):
             for c, tok in enumerate(st[key]):
-                color = "white" if tok < 0 else cmap(seg_of(tok) % 10)
+                color = "white" if tok < 0 else cmap((bisect.bisect_right(bounds, tok) - 1) % 10)
                 ax.add_patch(Rectangle((c, -r - 1), 1, 1, facecolor=color, edgecolor="grey",
                                        alpha=0.55 if tok >= 0 else 1.0))
                 if tok >= 0:

@@ -18,8 +18,6 @@ configuration differs or fails, 2 when SGLang's kernels do not load.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import itertools
 import json
 import random
 import sys
@@ -30,30 +28,21 @@ import torch
 
 from pmll_lab.backend import DEVICE
 from pmll_lab.experiments.acceptance import accept_counts
-from pmll_lab.experiments.exactness import (MAX_DETAILS, first_element, int_list, name_list,
+from pmll_lab.experiments import exactness as EX
+from pmll_lab.experiments.exactness import (HEAD_DIMS, INPUT_DTYPES, MAX_DETAILS, ROWS,
+                                            config_name, first_element, int_list, name_list,
                                             rows_differ, summary_line)
 from pmll_lab.peers_sglang import (STATE_DTYPES, SglangFoldWindow, fold_commit, fold_verify,
                                    recurrent_decode, require, sglang_status, sglang_version)
 from pmll_lab.harness import step_sglang as SG
 
-HEAD_DIMS = (16, 32, 64, 128, 256)
-INPUT_DTYPES = ("bfloat16", "float32")
-ROWS = (2, 3, 4, 8)
 FORM = SG.EXACT_FOLD
 
 
 def configs(head_dims=HEAD_DIMS, state_dtypes=STATE_DTYPES, input_dtypes=INPUT_DTYPES,
             rows=ROWS) -> list[dict]:
-    """The grid, the product of the axes, as dicts ``{kd, layout, state_dtype, input_dtype,
-    K}`` (``kd = vd``, ``layout = "vk"``)."""
-    return [dict(kd=d, layout="vk", state_dtype=sd, input_dtype=i, K=K)
-            for d, sd, i, K in itertools.product(head_dims, state_dtypes, input_dtypes, rows)]
-
-
-def config_name(cfg: dict) -> str:
-    """``kd16-vk-state_float32-in_bfloat16-K4``."""
-    return (f"kd{cfg['kd']}-vk-state_{cfg['state_dtype']}-in_{cfg['input_dtype']}"
-            f"-K{cfg['K']}")
+    """``exactness.configs`` with ``layout = "vk"`` (SGLang's only layout)."""
+    return EX.configs(head_dims, ("vk",), state_dtypes, input_dtypes, rows)
 
 
 def _inputs(gen, B, K, HK, HV, d, dtype):
@@ -141,21 +130,13 @@ def _run(kern, cfg, rec, *, B, steps, seed, heads, alpha, use_qk_l2norm):
 
 def run_grid(cfgs, *, B: int, steps: int, seed: int, heads=(1, 2), out=None,
              echo=print) -> list[dict]:
-    """``run_config`` for every configuration, one summary line each through ``echo``; each
-    record appended to the JSON-lines file ``out`` as it completes. Returns the records."""
-    recs = []
-    with open(out, "a") if out else contextlib.nullcontext() as fh:
-        for cfg in cfgs:
-            rec = run_config(cfg, B=B, steps=steps, seed=seed, heads=heads)
-            recs.append(rec)
-            line = summary_line(rec) + f"  states differ {rec['states_differing']}"
-            echo(line)
-            if rec.get("first_state_diff"):
-                echo(f"    first state diff: {json.dumps(rec['first_state_diff'])}")
-            if fh:
-                fh.write(json.dumps(rec) + "\n")
-                fh.flush()
-    return recs
+    """``exactness.run_grid`` of ``run_config``: a summary line per configuration (and its
+    first state difference) through ``echo``, each record appended to ``out``."""
+    return EX.run_grid(cfgs, B=B, steps=steps, seed=seed, heads=heads, out=out, echo=echo,
+                       run=run_config, lines=lambda r: [
+                           summary_line(r) + f"  states differ {r['states_differing']}"] + (
+                           [f"    first state diff: {json.dumps(r['first_state_diff'])}"]
+                           if r.get("first_state_diff") else []))
 
 
 def main(argv=None) -> int:

@@ -104,9 +104,7 @@ def agreement(tokens: torch.Tensor, ref: torch.Tensor) -> float:
     fr = []
     for a, b in zip(tokens.tolist(), ref.tolist()):
         b = [t for t in b if t >= 0]
-        n = 0
-        while n < len(b) and n < len(a) and a[n] == b[n]:
-            n += 1
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         fr.append(n / max(len(b), 1))
     return sum(fr) / len(fr)
 

@@ -41,11 +41,7 @@ def points(grids: list[dict], *, seed: int = 0) -> list[dict]:
 
 def checkpoints(T: int) -> list[int]:
     """Tokens ``1, 2, 4, ... <= T`` and ``T`` itself."""
-    out, t = [], 1
-    while t < T:
-        out.append(t)
-        t *= 2
-    return out + [int(T)]
+    return [1 << i for i in range((int(T) - 1).bit_length())] + [int(T)]
 
 
 def drift_point(point: dict) -> list[dict]:

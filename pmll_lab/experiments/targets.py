@@ -91,16 +91,12 @@ def _rows_of(w: pd.DataFrame, t: Target, timer: str) -> list[dict]:
     p = _side(w, t.peer, t, cell) if t.peer is not None else None
     base = {"target": t.text, "ours": _name(t.ours), "peer": _name(t.peer) if t.peer else "",
             "bound": t.bound, "timer": timer, "note": t.note}
-    groups = []
+    groups = [()]
     if t.per:
         want = [t.where[c] for c in t.per if isinstance(t.where.get(c), (list, tuple))]
         keys = (list(zip(*want)) if len(want) == 1 and len(t.per) == 1 else None)
         seen = list(o[list(t.per)].drop_duplicates().itertuples(index=False)) if len(o) else []
-        for k in (keys or []) + [tuple(s) for s in seen]:
-            if k not in groups:
-                groups.append(tuple(k))
-    else:
-        groups = [()]
+        groups = list(dict.fromkeys(tuple(k) for k in (keys or []) + seen))
     out = []
     for g in groups:
         at = dict(zip(t.per, g))

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.tokens import EXACT_FORMS, FORMS
 from pmll_lab.harness import step_forms as SF
@@ -38,14 +39,15 @@ def prompt_rows(df: pd.DataFrame) -> pd.DataFrame:
            & (df["prompt"] >= 0)].copy()
     if d.empty:
         return d
-    for c in ("K", "drafter", "forced_reject"):
-        d[c] = d[c] if c in d else np.nan
-    d["K"] = d["K"].fillna(1).astype(int)
-    d["drafter"] = d["drafter"].fillna("none")
-    d["forced_reject"] = d["forced_reject"].fillna(False).astype(bool)
-    keys = SETTING + ["prompt", "tokens"]
-    return d.pivot_table(index=keys, columns="metric", values="value",
-                         aggfunc="first").reset_index()
+    return _setting(d).pivot_table(index=SETTING + ["prompt", "tokens"], columns="metric",
+                                   values="value", aggfunc="first").reset_index()
+
+
+def _setting(d: pd.DataFrame) -> pd.DataFrame:
+    """``d`` with the draft setting filled in where a plain point has none."""
+    for c, fill in (("K", 1), ("drafter", "none"), ("forced_reject", False)):
+        d[c] = d[c].fillna(fill) if c in d else fill
+    return d.astype({"K": int, "forced_reject": bool})
 
 
 def _censored(v: pd.Series) -> np.ndarray:
@@ -94,12 +96,7 @@ def _per_point(df: pd.DataFrame, metric: str) -> pd.DataFrame:
         d = d[d["timer"] == "step-wall"]          # GPU wall time only, no interpreter times
     if d.empty:
         return pd.DataFrame()
-    for c, fill in (("K", 1), ("drafter", "none"), ("forced_reject", False)):
-        d[c] = (d[c] if c in d else np.nan)
-        d[c] = d[c].fillna(fill)
-    d["K"] = d["K"].astype(int)
-    d["forced_reject"] = d["forced_reject"].astype(bool)
-    return d.groupby(SETTING, sort=False)["value"].first().rename(metric).reset_index()
+    return _setting(d).groupby(SETTING, sort=False)["value"].first().rename(metric).reset_index()
 
 
 def shown(t: pd.DataFrame) -> pd.DataFrame:
@@ -170,16 +167,8 @@ def plot_divergence(df: pd.DataFrame, K: int | None = None):
         ax.set_xticks(ticks, [str(t) for t in ticks], fontsize=7)
     axes[0].set_ylabel(f"fraction of prompts not yet diverged\n(K = {K}; {len(w.prompt.unique())}"
                        " prompts)")
-    fig.legend(*_legend(axes), loc="outside right center", fontsize=7, frameon=False)
+    plots.legend_outside(fig, axes)
     return fig
-
-
-def _legend(axes):
-    seen = {}
-    for ax in axes:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            seen.setdefault(lab, h)
-    return list(seen.values()), list(seen)
 
 
 def acceptance_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -23,8 +23,8 @@ from pmll_lab.bench import errors
 from pmll_lab.gdn import gdn_decode
 from pmll_lab.harness.registry import Family, Implementation, add_family, register
 from pmll_lab.harness.step import StepCase
-from pmll_lab.peers import (flashinfer_available, flashinfer_decode_runner, flashinfer_status,
-                            flashinfer_supports, flashinfer_version, fused_gating)
+from pmll_lab.harness.step_forms import cuda_supports, fi_available, fi_supports
+from pmll_lab.peers import flashinfer_decode_runner, flashinfer_version, fused_gating
 from pmll_lab.reference.gdn import gdn_decode_ref
 from pmll_lab.tolerances import HALF_STATE_TOL, O_TOL, STATE_TOL
 
@@ -132,29 +132,18 @@ def _fi_build(case: DecodeCase) -> DecodeRun:
     return run
 
 
-def _cuda_supports(case) -> str | None:
-    from pmll_lab.ops.gdn.decode_cuda import MAX_KD
-
-    return None if case.head_dim <= MAX_KD else f"head_dim {case.head_dim} > {MAX_KD}"
-
-
-def _fi_supports(case) -> str | None:
-    dt, sd = (str(x).removeprefix("torch.") for x in (case.dtype, case.state_dtype))
-    return None if flashinfer_supports(case.head_dim, dt, sd) else "shape or dtype not taken"
-
-
 DECODE = register(Implementation(
     name="decode", family="gdn_decode", label="GDN decode (Triton)", exact=True,
     build=decode_run(_ours("triton")), bytes=decode_bytes, style={"color": "#9467bd"},
     doc="ops/gdn/decode_vk.py: one program per (sequence, value head, row block)"))
 DECODE_CUDA = register(Implementation(
     name="decode_cuda", family="gdn_decode", label="GDN decode, CUDA C++ twin", impl="cuda",
-    exact=True, gpu_only=True, build=decode_run(_ours("cuda")), supports=_cuda_supports,
+    exact=True, gpu_only=True, build=decode_run(_ours("cuda")), supports=cuda_supports,
     style={"color": "#ff7f0e"},
     bytes=decode_bytes, doc="kernels/gdn_decode.cu"))
 FLASHINFER_DECODE = register(Implementation(
     name="flashinfer_decode", family="gdn_decode", label="FlashInfer decode (pretranspose)",
     provider="flashinfer", impl="cute-dsl", gpu_only=True, state_dtypes=("float32", "bfloat16"),
-    build=_fi_build, supports=_fi_supports, version=flashinfer_version, bytes=decode_bytes,
+    build=_fi_build, supports=fi_supports, version=flashinfer_version, bytes=decode_bytes,
     style={"color": "#8c564b", "panel": "peers"},
-    available=lambda: None if flashinfer_available() else flashinfer_status()))
+    available=fi_available))

@@ -31,14 +31,30 @@ def dims(case: StepCase) -> dict:
                 dtype=case.dtype, state_dtype=case.state_dtype)
 
 
-def _kv64(state, slots):
+def kv64(state, slots):
     return lambda b: state[int(slots[b])].double().transpose(-1, -2).cpu()
+
+
+def fresh(case: StepCase):
+    """A copy of the case's state pool, its slots and accepted counts."""
+    t = case.tensors
+    return t["state"].clone(), t["slots"], t["accepted"]
+
+
+def _flushed(state, carry, slots, impl: str = "triton"):
+    """The effective state of an exact form: the slot's pending rows folded by the flush kernel
+    on a copy (what serving holds after a flush, bitwise plain decoding's)."""
+    def effective(b):
+        folded = state.clone()
+        gdn_carry_flush([folded], [carry], slots[b:b + 1].contiguous(), state_layout="vk",
+                        impl=impl)
+        return kv64(folded, slots)(b)
+    return effective
 
 
 def build_exact(case: StepCase, *, lazy: bool, impl: str = "triton", name: str = "") -> StepForm:
     """``gdn_carry_verify`` (exact form) + ``carry_accept``, lazy or eager."""
-    t = case.tensors
-    state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
+    state, slots, acc = fresh(case)
     d = case.head_dim
     carry = GdnCarry.empty(case.batch, case.num_v_heads, d, d, cap=GDN_CARRY_CAP)
 
@@ -49,16 +65,9 @@ def build_exact(case: StepCase, *, lazy: bool, impl: str = "triton", name: str =
         carry_accept(carry, slots, e, acc[i])
         return o, e, fill
 
-    def effective(b):
-        # the slot's pending rows folded by the flush kernel on a copy: what serving holds after
-        # a flush, bitwise plain decoding's
-        folded = state.clone()
-        gdn_carry_flush([folded], [carry], slots[b:b + 1].contiguous(), state_layout="vk",
-                        impl=impl)
-        return folded[int(slots[b])].double().transpose(-1, -2).cpu()
-
     rule = folds_when_full(GDN_CARRY_CAP) if lazy else folds_when_pending()
-    return StepForm(name, case, step, effective, carry.stash_bytes_per_slot + 4,
+    return StepForm(name, case, step, _flushed(state, carry, slots, impl),
+                    carry.stash_bytes_per_slot + 4,
                     folds_when=rule, cursors=lambda: [carry.pend, state])
 
 
@@ -83,22 +92,17 @@ def build_exact_spec(case: StepCase, name: str = "") -> StepForm:
         carry_accept_spec(carry, slots, spare, e, acc[i], rows=case.rows)
         return o, e, fill
 
-    def effective(b):
-        folded = state.clone()
-        gdn_carry_flush([folded], [carry], slots[b:b + 1].contiguous(), state_layout="vk")
-        return folded[int(slots[b])].double().transpose(-1, -2).cpu()
-
     held = 2 * carry.stash_bytes_per_slot + 8 + sizes.state_bytes(
         case.num_v_heads, d, d, case.state_dtype)
-    return StepForm(name, case, step, effective, held, folds_when=folds_when_full(GDN_CARRY_CAP),
+    return StepForm(name, case, step, _flushed(state, carry, slots), held,
+                    folds_when=folds_when_full(GDN_CARRY_CAP),
                     cursors=lambda: [carry.pend, state, slots], full_resets=True)
 
 
 def build_ring(case: StepCase, name: str | None = None) -> StepForm:
     """``gdn_ring_verify`` + ``ring_accept`` (SPEC §3d), ring rows in the state's dtype."""
     name = RING.name if name is None else name
-    t = case.tensors
-    state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
+    state, slots, acc = fresh(case)
     d = case.head_dim
     ring = GdnRing.empty(case.batch, case.num_k_heads, case.num_v_heads, d, d,
                          length=case.ring_length, dtype=case.state_dtype)
@@ -109,9 +113,9 @@ def build_ring(case: StepCase, name: str | None = None) -> StepForm:
         ring_accept(ring, slots, e, acc[i], rows=case.rows)
         return o, e, fill
 
-    kv64 = _kv64(state, slots)
+    start64 = kv64(state, slots)
     return StepForm(name, case, step,
-                    lambda b: ref_ring.ring_state(kv64(b), ref_ring.RefRing.from_ring(ring),
+                    lambda b: ref_ring.ring_state(start64(b), ref_ring.RefRing.from_ring(ring),
                                                   int(slots[b])),
                     ring.bytes_per_slot, folds_when=folds_when_full(case.ring_length),
                     cursors=lambda: [ring.len, ring.base, state])
@@ -120,8 +124,7 @@ def build_ring(case: StepCase, name: str | None = None) -> StepForm:
 def build_chain_restore(case: StepCase, name: str | None = None) -> StepForm:
     """``gdn_chain`` with ``K - 1`` snapshots + ``gdn_snapshot_restore`` of the accepted one."""
     name = CHAIN_RESTORE.name if name is None else name
-    t = case.tensors
-    state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
+    state, slots, acc = fresh(case)
     K, HV, d = case.rows, case.num_v_heads, case.head_dim
     inter = torch.empty(case.batch, K - 1, HV, d, d, dtype=state.dtype, device=state.device)
 
@@ -131,7 +134,7 @@ def build_chain_restore(case: StepCase, name: str | None = None) -> StepForm:
         gdn_snapshot_restore(state, inter, slots, acc[i], last_in_place=True)
         return o, None, None
 
-    return StepForm(name, case, step, _kv64(state, slots),
+    return StepForm(name, case, step, kv64(state, slots),
                     sizes.snapshot_bytes(K, HV, d, d, case.state_dtype), cursors=lambda: [state])
 
 
@@ -141,8 +144,7 @@ def build_plain(case: StepCase, impl: str = "triton", name: str | None = None) -
     equal to the bit. ``impl``: the decode's (a CUDA twin's exact forms answer to the CUDA
     decode)."""
     name = PLAIN.name if name is None else name
-    t = case.tensors
-    state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
+    state, slots, acc = fresh(case)
     o = torch.zeros(case.batch, case.rows, case.num_v_heads, case.head_dim,
                     dtype=torch.bfloat16, device=state.device)
 
@@ -157,13 +159,12 @@ def build_plain(case: StepCase, impl: str = "triton", name: str | None = None) -
                 state_layout="vk", scale=case.scale, impl=impl)
         return o, None, None
 
-    return StepForm(name, case, step, _kv64(state, slots), 0, cursors=lambda: [state])
+    return StepForm(name, case, step, kv64(state, slots), 0, cursors=lambda: [state])
 
 
 def build_flashinfer_snapshots(case: StepCase, name: str = "") -> StepForm:
     """FlashInfer ``mtp`` on a frozen pool with its ``K`` snapshots, + our restore."""
-    t = case.tensors
-    state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
+    state, slots, acc = fresh(case)
     B, K, HV, d = case.batch, case.rows, case.num_v_heads, case.head_dim
     inter = torch.zeros(B, K, HV, d, d, dtype=state.dtype, device=state.device)
     out = torch.zeros(B, K, HV, d, dtype=torch.bfloat16, device=state.device)
@@ -180,7 +181,7 @@ def build_flashinfer_snapshots(case: StepCase, name: str = "") -> StepForm:
         gdn_snapshot_restore(state, inter, slots, acc[i], last_in_place=False)
         return out, None, None
 
-    return StepForm(name, case, step, _kv64(state, slots),
+    return StepForm(name, case, step, kv64(state, slots),
                     sizes.snapshot_bytes(K + 1, HV, d, d, case.state_dtype),
                     cursors=lambda: [state])
 
@@ -188,8 +189,7 @@ def build_flashinfer_snapshots(case: StepCase, name: str = "") -> StepForm:
 def build_flashinfer_replayssm(case: StepCase, name: str = "") -> StepForm:
     """FlashInfer's ReplaySSM: ``ucache_flush`` (verify, folding a full window first) + its
     caller-owned cursor commit, one launch each."""
-    t = case.tensors
-    state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
+    state, slots, acc = fresh(case)
     B, K, HK, HV, d = case.batch, case.rows, case.num_k_heads, case.num_v_heads, case.head_dim
     fr = ReplaySSMRing.empty(B, B, HK, HV, d, d, state.device)
     flush_min = REPLAYSSM_WINDOW - K + 1
@@ -219,13 +219,13 @@ def _carry_bytes(c, f, spec_store=False):
                                   spec_store=spec_store)
 
 
-def _cuda_supports(case) -> str | None:
+def cuda_supports(case) -> str | None:
     from pmll_lab.ops.gdn.decode_cuda import MAX_KD
 
     return None if case.head_dim <= MAX_KD else f"head_dim {case.head_dim} > {MAX_KD}"
 
 
-def _fi_supports(case) -> str | None:
+def fi_supports(case) -> str | None:
     dt, sd = (str(x).removeprefix("torch.") for x in (case.dtype, case.state_dtype))
     return None if flashinfer_supports(case.head_dim, dt, sd) else "shape or dtype not taken"
 
@@ -236,7 +236,8 @@ def _replayssm_supports(case) -> str | None:
     return None if ok else "shape, K or dtype not taken"
 
 
-def _fi_available() -> str | None:
+def fi_available() -> str | None:
+    """Why FlashInfer does not run here (None: it does)."""
     return None if flashinfer_available() else flashinfer_status()
 
 
@@ -248,7 +249,7 @@ EXACT_LAZY, EXACT_LAZY_CUDA, EXACT_EAGER, EXACT_EAGER_CUDA = (
               + (", CUDA C++ twin" if impl == "cuda" else ""),
         build=lambda c, lazy=lazy, impl=impl, name=name: build_exact(c, lazy=lazy,
                                                                     impl=impl, name=name),
-        supports=_cuda_supports if impl == "cuda" else None, bytes=_carry_bytes,
+        supports=cuda_supports if impl == "cuda" else None, bytes=_carry_bytes,
         style={"color": color}, drift=drift,
         plain=lambda c, impl=impl: build_plain(c, impl),
         doc="SPEC §3b: the stash replays pending rows; bitwise plain decoding"))
@@ -296,15 +297,15 @@ SNAPSHOT_RESTORE = register(Implementation(
     name="flashinfer_snapshot_restore", family=FAMILY, provider="flashinfer", impl="cute-dsl",
     label="FlashInfer mtp + snapshots + restore", build=build_flashinfer_snapshots,
     style={"color": "#e377c2"},
-    state_dtypes=("float32", "bfloat16"), gpu_only=True, supports=_fi_supports,
-    available=_fi_available, version=flashinfer_version,
+    state_dtypes=("float32", "bfloat16"), gpu_only=True, supports=fi_supports,
+    available=fi_available, version=flashinfer_version,
     bytes=lambda c, f: sizes.snapshot_step_bytes(**dims(c), writes=c.rows, restore_frac=1.0)))
 REPLAYSSM = register(Implementation(
     name="flashinfer_replayssm", family=FAMILY, provider="flashinfer", impl="cute-dsl",
     label="FlashInfer ReplaySSM (ucache_flush + commit)", build=build_flashinfer_replayssm,
     style={"color": "#c49c94", "panel": "peers"}, drift=("bfloat16",),
     state_dtypes=("bfloat16",), gpu_only=True, supports=_replayssm_supports,
-    available=_fi_available, version=flashinfer_version,
+    available=fi_available, version=flashinfer_version,
     bytes=lambda c, f: sizes.ring_step_bytes(**dims(c), fold_frac=f["fold_frac"],
                                              mean_fill=f["mean_fill"],
                                              ring_dtype=torch.bfloat16)))

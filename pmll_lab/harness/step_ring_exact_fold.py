@@ -27,7 +27,7 @@ from pmll_lab.carry import GdnRing, gdn_ring_verify, ring_accept
 from pmll_lab.gdn import gdn_decode
 from pmll_lab.harness.registry import Implementation, register
 from pmll_lab.harness.step import StepCase, StepForm, folds_when_full
-from pmll_lab.harness.step_forms import build_plain, dims, ring_supports
+from pmll_lab.harness.step_forms import build_plain, dims, fresh, kv64, ring_supports
 
 NAME = "ring_exact_fold"
 
@@ -40,10 +40,7 @@ class RawWindow:
     def __init__(self, case: StepCase):
         t = case.tensors
         S, n = t["state"].shape[0], case.ring_length + case.rows
-        self.k = torch.zeros(S, n, *t["k"].shape[3:], dtype=t["k"].dtype, device=t["k"].device)
-        self.v = torch.zeros(S, n, *t["v"].shape[3:], dtype=t["v"].dtype, device=t["v"].device)
-        self.a = torch.zeros(S, n, *t["a"].shape[3:], dtype=t["a"].dtype, device=t["a"].device)
-        self.b = torch.zeros(S, n, *t["b"].shape[3:], dtype=t["b"].dtype, device=t["b"].device)
+        self.k, self.v, self.a, self.b = (t[x].new_zeros(S, n, *t[x].shape[3:]) for x in "kvab")
         self.rows = case.rows
 
     def keep(self, slots: torch.Tensor, start: torch.Tensor, r: dict) -> None:
@@ -76,8 +73,7 @@ class RawWindow:
 def build_ring_exact_fold(case: StepCase, name: str = NAME) -> StepForm:
     """``gdn_ring_verify`` + ``ring_accept`` with the window folded by decoding its raw rows
     (module docstring); ring rows in the state's dtype, V-major pool."""
-    t = case.tensors
-    state, slots, acc = t["state"].clone(), t["slots"], t["accepted"]
+    state, slots, acc = fresh(case)
     d, R, K = case.head_dim, case.ring_length, case.rows
     ring = GdnRing.empty(case.batch, case.num_k_heads, case.num_v_heads, d, d, length=R,
                          dtype=case.state_dtype)
@@ -98,11 +94,9 @@ def build_ring_exact_fold(case: StepCase, name: str = NAME) -> StepForm:
         return o, engaged, fill if collect else None
 
     def effective(b):
-        folded = state.clone()
-        one = slots[b:b + 1].contiguous()
-        raw_one = ring.len[one.long()]
-        raw.replay(folded, one, raw_one, case, R)
-        return folded[int(slots[b])].double().transpose(-1, -2).cpu()
+        folded, one = state.clone(), slots[b:b + 1].contiguous()
+        raw.replay(folded, one, ring.len[one.long()], case, R)
+        return kv64(folded, slots)(b)
 
     return StepForm(name, case, step, effective, ring.bytes_per_slot + raw.bytes_per_slot(),
                     folds_when=folds_when_full(R),

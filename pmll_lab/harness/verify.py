@@ -35,9 +35,8 @@ from collections.abc import Callable
 from pmll_lab.harness import registry
 from pmll_lab.harness.decode import FLASHINFER_DECODE
 from pmll_lab.harness.registry import Family, Implementation, add_family, register
-from pmll_lab.harness.step_forms import REPLAYSSM
-from pmll_lab.peers import (fla_available, fla_version, flashinfer_available, flashinfer_status,
-                            flashinfer_version)
+from pmll_lab.harness.step_forms import REPLAYSSM, fi_available
+from pmll_lab.peers import fla_available, fla_version, flashinfer_version
 
 FAMILY = "roofline_verify"
 AXES = ("K", "B", "HK", "HV", "head_dim", "dtype", "state_layout", "state_dtype", "provider",
@@ -89,10 +88,6 @@ def _multi_row(case) -> str | None:
     return "K = 1: a one-row verify is one decode" if int(case.rows) == 1 else None
 
 
-def _fi_available() -> str | None:
-    return None if flashinfer_available() else flashinfer_status()
-
-
 def _fla_available() -> str | None:
     return None if fla_available() else "FLA: fla-core not importable here (GPU only)"
 
@@ -131,7 +126,7 @@ def _fi_mtp(name: str, label: str, color: str, doc: str) -> Implementation:
     return register(Implementation(
         name=name, family=FAMILY, label=label, provider="flashinfer", impl="cute-dsl",
         build=_build(name), state_dtypes=("float32", "bfloat16"), gpu_only=True,
-        supports=_multi_row, available=_fi_available, version=flashinfer_version,
+        supports=_multi_row, available=fi_available, version=flashinfer_version,
         style={"color": color, "panel": "peers"}, doc=doc))
 
 
