@@ -6,12 +6,12 @@ seeded rows and acceptance counts in ``0..K``: the carry through ``SpecDecodeSte
 ``lazy`` and ``policy`` (widths ``B`` and ``B // 2`` across ``lazy_min_seqs = B``; every slot
 flushed at mid-run and at the end), the lazy carry with the speculative store (``spec``: one
 layer, each sequence's live slot moving within its pair of slots as full acceptances swap
-them; V-major only), and the chain with snapshots + restore. Every accepted
+them; V-major only: ``n/a`` on a K-major state, not run), and the chain with snapshots +
+restore. Every accepted
 output row and the final state are compared bitwise with ``gdn_decode`` one token at a time;
 the carry's state with its pending rows folded (on clones) is compared every step, so the first
-differing step, slot and element are recorded. A launcher's refusal before a form's first
-launch makes that form ``unsupported`` (and the configuration, when every form is), not a
-difference. Why a grid: a bitwise defect may sit in one corner only.
+differing step, slot and element are recorded. A launcher's refusal before any launch is
+``unsupported``, not a difference. Why a grid: a bitwise defect may sit in one corner only.
 ``python -m pmll_lab.experiments.exactness --out exactness.jsonl``: exit 1 when one differs.
 """
 
@@ -46,6 +46,9 @@ INPUT_DTYPES = ("bfloat16", "float32")
 ROWS = (2, 3, 4, 8)
 MODES = ("eager", "lazy", "policy")
 FORMS = tuple(f"carry_{m}" for m in MODES) + ("carry_spec", "chain")
+FORM_LAYOUTS = {"carry_spec": ("vk",)}
+"""The layouts a form takes where not all (the speculative store is V-major): elsewhere it is
+``n/a`` and not run."""
 MAX_DETAILS = 8
 """Differing rows recorded per run (the count is always complete)."""
 
@@ -101,6 +104,7 @@ class _Run:
         self.state_bitwise = True
         self.details: list[dict] = []
         self.first_state_diff: dict | None = None
+        self.protocol_mismatches = 0
 
     def rows_check(self, step, t, got, want, sel, slots, extra):
         """Compare output rows ``got[i] == want[i]`` for the sequences ``sel`` at row ``t``."""
@@ -124,6 +128,13 @@ class _Run:
             self.rows_check(step, t, o[sel][:, t], _plain_rows(pst, x, t, sel, slot_t, layout),
                             sel, slots, extra)
 
+    def mismatch(self, step, what: str, count: int, **info):
+        """A protocol event that differs from what the acceptance counts imply (a swap that
+        did or did not happen): counted, recorded, and the form is not bitwise."""
+        self.protocol_mismatches += count
+        if len(self.details) < MAX_DETAILS:
+            self.details.append(dict(what=what, step=step, count=count, **info))
+
     def state_check(self, step, got, want, final=False):
         """Compare whole state pools (``[S, HV, ., .]``); the first difference is kept."""
         d = _state_diff(got, want)
@@ -136,10 +147,11 @@ class _Run:
                                              step=step, slot=e["element"][0], **e)
 
     def result(self) -> dict:
-        ok = self.differ == 0 and self.state_bitwise
+        ok = self.differ == 0 and self.state_bitwise and self.protocol_mismatches == 0
         out = dict(form=self.form, rows_compared=self.rows, rows_differing=self.differ,
                    max_abs_state_diff=self.state_max, state_bitwise=self.state_bitwise,
-                   bitwise=ok, details=self.details)
+                   protocol_mismatches=self.protocol_mismatches, bitwise=ok,
+                   details=self.details)
         if self.first_state_diff is not None:
             out["first_state_diff"] = self.first_state_diff
         return out
@@ -229,10 +241,12 @@ def run_spec(cfg: dict, *, B: int, steps: int, seed: int, heads=(1, 2), alpha: f
     """The lazy carry with the speculative store against plain decoding (one layer:
     ``gdn_carry_verify(..., spec_slot_tab=...)`` + ``carry_accept_spec``). Sequence ``s`` owns
     slots ``s`` and ``s + S`` of a ``2 S`` pool; a commit accepting all ``K`` rows swaps them,
-    so its live slot moves (tracked from the updated ``slot_tab``). Every slot flushed at
-    mid-run and at the end, the folded state compared every step, as in ``run_carry``. A
-    K-major configuration is refused before any launch. Returns ``_Run.result()`` plus
-    ``stats`` (``steps``, ``swaps``: full acceptances that moved a sequence)."""
+    so its live slot moves (read back from the updated ``slot_tab``); a lane that moved without
+    accepting all ``K`` rows, or accepted them all and did not move, is a protocol mismatch.
+    Every slot flushed at mid-run and at the end, the folded state compared every step, as in
+    ``run_carry``; a differing row's ``slot`` is the pool slot its verify read, a state
+    difference's is the sequence. Returns ``_Run.result()`` plus ``stats`` (``steps``,
+    ``swaps``: lanes the commits moved to their spare slot)."""
     progress, HK, HV, d, K, layout, sdt, idt, S, st, rng, pyrng = _setup(
         cfg, B=B, seed=seed, heads=heads, progress=progress)
     state = torch.cat([st, st]).contiguous()
@@ -257,10 +271,15 @@ def run_spec(cfg: dict, *, B: int, steps: int, seed: int, heads=(1, 2), alpha: f
         acc = accept_counts(rng, B, K, alpha, p_zero)
         extra = dict(pend=pend, write_back=(eng.cpu() == 2).tolist(), lazy=[True] * B,
                      flushed_this_step=[int(n == steps // 2)] * B)
+        before = slot_tab.tolist()
         carry_accept_spec(carry, slot_tab, spare, eng, acc.tolist(), rows=K, validate=True)
+        moved = torch.tensor([a != b for a, b in zip(slot_tab.tolist(), before)])
+        wrong = moved != torch.from_numpy(acc == K)
+        if wrong.any():
+            run.mismatch(n, "swap", int(wrong.sum()), lanes=wrong.nonzero().flatten().tolist())
         live[seq_t.long()] = slot_tab                 # the commit swapped full acceptances
-        swaps += int((acc == K).sum())
-        run.accepted(n, acc, o, pst, x, seq_t, layout, seqs, extra)
+        swaps += int(moved.sum())
+        run.accepted(n, acc, o, pst, x, seq_t, layout, before, extra)
         if run.first_state_diff is None:
             c = dataclasses.replace(carry, buf=carry.buf.clone(), pend=carry.pend.clone())
             folded = state.clone()
@@ -305,41 +324,39 @@ def run_chain(cfg: dict, *, B: int, steps: int, seed: int, heads=(1, 2), alpha: 
 def run_config(cfg: dict, *, B: int = 32, steps: int = 12, seed: int = 0, heads=(1, 2),
                forms=FORMS) -> dict:
     """Every form of ``forms`` at one configuration: the config, ``status`` (``"bitwise"``,
-    ``"differs"``, ``"unsupported"`` (every form refused before its first launch) or
-    ``"error"``), the totals over the forms that ran (``rows_compared``, ``rows_differing``,
-    ``max_abs_state_diff``, ``bitwise``), per-form results (a refused form as
-    ``{form, status: "unsupported", error}``) and the seconds taken."""
+    ``"differs"``, ``"unsupported"`` (refused before any launch), ``"n/a"`` (no form of
+    ``forms`` takes it) or ``"error"``), the totals
+    over the forms that ran (``rows_compared``, ``rows_differing``, ``max_abs_state_diff``,
+    ``bitwise``), per-form results (a form ``FORM_LAYOUTS`` rules out as ``{form, status:
+    "n/a", reason}``, not run) and the seconds taken."""
     t0 = time.perf_counter()
     rec = dict(config=config_name(cfg), **cfg, B=B, steps=steps, seed=seed, heads=list(heads))
     results = []
     size = dict(B=B, steps=steps, seed=seed, heads=heads)
-    for form in forms:
-        progress = {"launched": False}
-        try:
-            if form == "chain":
+    progress = {"launched": False}
+    try:
+        for form in forms:
+            if cfg["layout"] not in FORM_LAYOUTS.get(form, LAYOUTS):
+                results.append(dict(form=form, status="n/a", reason=(
+                    f"{form} takes state_layout {', '.join(FORM_LAYOUTS[form])} only")))
+            elif form == "chain":
                 results.append(run_chain(cfg, **size, progress=progress))
             elif form == "carry_spec":
                 results.append(run_spec(cfg, **size, progress=progress))
             else:
                 results.append(run_carry(cfg, form.removeprefix("carry_"), **size,
                                          progress=progress))
-        except ValueError as exc:
-            # a launcher's documented refusal comes before its first launch; a ValueError later
-            # (validate=True finding a bad pend, say) is a failure
-            if progress["launched"]:
-                rec.update(status="error", error=f"{form}: {type(exc).__name__}: {exc}")
-                break
-            results.append(dict(form=form, status="unsupported",
-                                error=f"{type(exc).__name__}: {exc}"))
-        except Exception as exc:             # anything else is a failure of the grid
-            rec.update(status="error", error=f"{form}: {type(exc).__name__}: {exc}")
-            break
-    ran = [r for r in results if r.get("status") != "unsupported"]
+    except ValueError as exc:
+        # a launcher's documented refusal comes before its first launch; a ValueError later
+        # (validate=True finding a bad pend, say) is a failure
+        status = "error" if progress["launched"] else "unsupported"
+        rec.update(status=status, error=f"{type(exc).__name__}: {exc}")
+    except Exception as exc:             # anything else is a failure of the grid
+        rec.update(status="error", error=f"{type(exc).__name__}: {exc}")
+    ran = [r for r in results if r.get("status") != "n/a"]
     if "status" not in rec:
-        if not ran:
-            rec.update(status="unsupported", error=results[0]["error"] if results else "")
-        else:
-            rec.update(status="bitwise" if all(r["bitwise"] for r in ran) else "differs")
+        rec.update(status="n/a" if not ran else
+                   "bitwise" if all(r["bitwise"] for r in ran) else "differs")
     rec.update(rows_compared=sum(r["rows_compared"] for r in ran),
                rows_differing=sum(r["rows_differing"] for r in ran),
                max_abs_state_diff=max([r["max_abs_state_diff"] for r in ran], default=0.0),
@@ -353,6 +370,9 @@ def summary_line(rec: dict) -> str:
     line = (f"{rec['config']:<44} rows {rec['rows_compared']:>6}  differ {rec['rows_differing']:>4}"
             f"  state_max_abs {rec['max_abs_state_diff']:.3e}  bitwise "
             f"{'yes' if rec['bitwise'] else 'no'}  [{rec['status']}, {rec['seconds']:.1f} s]")
+    n_a = [r["form"] for r in rec.get("forms", []) if r.get("status") == "n/a"]
+    if n_a:
+        line += f"  n/a: {', '.join(n_a)}"
     if rec.get("error"):
         line += f"  {rec['error']}"
     return line
@@ -363,10 +383,12 @@ def detail_lines(rec: dict) -> list[str]:
     where its folded state leaves plain decoding, and its first differing rows."""
     out = []
     for r in rec["forms"]:
-        if r.get("status") == "unsupported" or r["bitwise"]:
+        if r.get("status") == "n/a" or r["bitwise"]:
             continue
         out.append(f"    {r['form']}: rows differ {r['rows_differing']} of {r['rows_compared']},"
-                   f" state bitwise {r['state_bitwise']}, max abs {r['max_abs_state_diff']:.3e}")
+                   f" state bitwise {r['state_bitwise']}, max abs {r['max_abs_state_diff']:.3e}"
+                   + (f", protocol mismatches {r['protocol_mismatches']}"
+                      if r.get("protocol_mismatches") else ""))
         if r.get("first_state_diff"):
             out.append(f"      first state diff: {json.dumps(r['first_state_diff'])}")
         out += [f"      row: {json.dumps(d)}" for d in r["details"]]
@@ -374,12 +396,13 @@ def detail_lines(rec: dict) -> list[str]:
 
 
 def run_grid(cfgs, *, B: int, steps: int, seed: int, heads=(1, 2), forms=FORMS, out=None,
-             echo=print, run=run_config, lines=None) -> list[dict]:
+             echo=print, run=None, lines=None) -> list[dict]:
     """``run`` (``run_config``) for every configuration, its ``lines`` (a summary line and the
     detail lines of a differing one) through ``echo``; each record appended to the JSON-lines
     file ``out`` as it completes. Returns the records."""
     recs = []
-    kw = dict(forms=forms) if run is run_config else {}
+    kw = dict(forms=forms) if run is None else {}
+    run = run_config if run is None else run
     with open(out, "a") if out else contextlib.nullcontext() as fh:
         for cfg in cfgs:
             rec = run(cfg, B=B, steps=steps, seed=seed, heads=heads, **kw)
@@ -435,7 +458,7 @@ def main(argv=None) -> int:
     recs = run_grid(cfgs, B=args.batch, steps=args.steps, seed=args.seed, heads=args.heads,
                     forms=args.forms, out=args.out, echo=lambda s: print(s, flush=True))
     counts = {s: sum(r["status"] == s for r in recs)
-              for s in ("bitwise", "differs", "unsupported", "error")}
+              for s in ("bitwise", "differs", "unsupported", "n/a", "error")}
     print("summary: " + ", ".join(f"{v} {k}" for k, v in counts.items()), flush=True)
     return 1 if counts["differs"] or counts["error"] else 0
 

@@ -36,7 +36,8 @@ def kv64(state, slots):
 
 
 def fresh(case: StepCase):
-    """A copy of the case's state pool, its slots and accepted counts."""
+    """A copy of the case's state pool, and its slots and accepted counts (shared, not
+    copied)."""
     t = case.tensors
     return t["state"].clone(), t["slots"], t["accepted"]
 

@@ -46,7 +46,7 @@ def test_sub_grid_is_bitwise(cfg):
     assert [r["form"] for r in rec["forms"]] == list(E.FORMS)
     for r in rec["forms"]:
         if r["form"] == "carry_spec" and cfg["layout"] == "kv":
-            assert r["status"] == "unsupported" and "spec_slot_tab" in r["error"], r
+            assert r["status"] == "n/a" and "vk" in r["reason"], r   # V-major only: not run
             continue
         assert r["rows_compared"] > 0 and r["state_bitwise"], r["form"]
     stats = {r["form"]: r["stats"] for r in rec["forms"] if "stats" in r}
@@ -54,6 +54,27 @@ def test_sub_grid_is_bitwise(cfg):
     assert stats["carry_policy"]["lazy_steps"] and stats["carry_policy"]["eager_steps"]
     if cfg["layout"] == "vk":
         assert stats["carry_spec"]["swaps"] > 0
+    else:
+        assert "n/a: carry_spec" in E.summary_line(rec)
+
+
+def test_a_commit_that_never_swaps_is_caught(monkeypatch):
+    """The speculative store's commit replaced by the lazy commit (pending rows kept, no swap to
+    the spare slot): outputs and states stay plain decoding's, so only the protocol check can
+    see it; every full acceptance is a mismatch and the form is not bitwise."""
+    from pmll_lab.carry import carry_accept
+
+    def lazy_only(carry, slot_tab, spec_slot_tab, engaged, accepted, *, rows, validate=False):
+        carry_accept(carry, slot_tab, engaged, accepted, rows=rows, validate=validate)
+
+    monkeypatch.setattr(E, "carry_accept_spec", lazy_only)
+    cfg = dict(kd=16, layout="vk", state_dtype="float32", input_dtype="float32", K=2)
+    rec = E.run_config(cfg, seed=3, forms=("carry_spec",), **SIZE)
+    run = rec["forms"][0]
+    assert rec["status"] == "differs" and run["rows_differing"] == 0 and run["state_bitwise"]
+    assert run["protocol_mismatches"] > 0 and run["stats"]["swaps"] == 0
+    assert run["details"][0]["what"] == "swap"
+    assert "protocol mismatches" in "\n".join(E.detail_lines(rec))
 
 
 def test_runner_reports_a_one_bit_difference(monkeypatch, tmp_path, capsys):
