@@ -246,7 +246,7 @@ def carry_accept_kernel(pend_ptr, pend_off_ptr, slot_ptr, engaged_ptr, acc_ptr, 
 
 
 def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=False,
-                 impl="triton") -> None:
+                 impl="triton") -> torch.Tensor:
     """The pending update after a verify, on the device with no host sync (SPEC §3b):
     ``pend[slot] = a if engaged == 2 else pend[slot] + a`` for each sequence.
 
@@ -266,7 +266,8 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
     ``validate=True`` checks slots distinct and in range, ``engaged`` in {1, 2}, ``0 <= a <= K``
     (``rows``) and ``<= CAP``, and that no ``pend`` exceeds ``CAP`` afterwards (a sync); with
     every tensor on the host these checks run whatever ``validate`` says, as ``ring_accept``'s.
-    ``impl``: ``"triton"`` only (no CUDA twin).
+    ``impl``: ``"triton"`` only (no CUDA twin). Returns ``accepted`` as the device tensor the
+    launch read (a host list copied once, so a caller launching after it reuses the copy).
     """
     _checks.impl("carry_accept", impl)
     carries = list(carry) if isinstance(carry, (list, tuple)) else [carry]
@@ -316,12 +317,13 @@ def carry_accept(carry, slot_tab, engaged, accepted, *, rows=None, validate=Fals
             after = torch.where(engaged[live] == 2, acc, p + acc)
             _checks.range_values(f"carry.pend[{i}] after accept", after, 0, c.cap)
     if B == 0:
-        return
+        return accepted
     pends = [c.pend for c in carries]
     with device_guard(pends[0]):
         block = settings.carry().accept_block
         carry_accept_kernel[(cdiv(B, block), len(pends))](
             pends[0], offsets_table(pends), slot_tab, engaged, accepted, B, BLOCK=block)
+    return accepted
 
 
 @triton.jit
@@ -368,9 +370,7 @@ def carry_accept_spec(carry, slot_tab, spec_slot_tab, engaged, accepted, *, rows
         raise ValueError(f"rows: {rows}, but the verify that returned engaged ran "
                          f"K = {engaged.verify_rows} rows")
     check_spare_slots("spec_slot_tab", spec_slot_tab, slot_tab, carry.pend.shape[0], validate)
-    carry_accept(carry, slot_tab, engaged, accepted, rows=rows, validate=validate)
-    if not isinstance(accepted, torch.Tensor):
-        accepted = torch.tensor(accepted, dtype=torch.int32).to(slot_tab.device)
+    accepted = carry_accept(carry, slot_tab, engaged, accepted, rows=rows, validate=validate)
     B = slot_tab.shape[0]
     if B == 0:
         return
