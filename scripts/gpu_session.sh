@@ -100,8 +100,8 @@ case $part in
       --reports-dir /tmp/pmll-reports "${only[@]}" 2>&1 | tail -n 60 | tee "$OUT/logs/quick.log"
     tar czf "$OUT/$run.tgz" -C /tmp/pmll-reports "$run" ;;
   xnb)        # the whole exactness grid (every state dtype; EXACT_S seconds, the slowest process
-              # needs ~440 s on an H100) and SGLang's claim, then notebooks
-    shift 2; exactness 16,32,64,128,256 "${EXACT_S:-460}" true float32,bfloat16,float16
+              # took 316 s on an H100) and SGLang's claim, then notebooks
+    shift 2; exactness 16,32,64,128,256 "${EXACT_S:-360}" true float32,bfloat16,float16
     notebooks "$@" ;;
   a)          # first of four calls (part-a): the bits, every form once, the packed-tile A/B
     exactness 64,128,256 180; smoke; ab 0; ab 1 ;;
