@@ -291,13 +291,20 @@ def stored_points(path: str | Path) -> dict[str, dict]:
     """What a resumed sweep finds in its results file ``path`` (``<name>.jsonl``): ``path``
     repaired first (``repair``), then for every point stored whole in it or in the archived
     ``<name>.jsonl.gz`` beside it, ``{point_id: a row of the copy load returns}`` (the rows of
-    one copy share their provenance: ``commit``, ``import_settings``). Each file is read once."""
+    one copy share their provenance: ``commit``, ``import_settings``). The row is one not
+    marked failed where the copy has one, so ``status == "failed"`` says the point itself
+    failed (every row of it is). Each file is read once."""
     plain, gz = _pair(Path(path))
     kept = []
     if gz.is_file():
         kept, _ = _parse(gzip.decompress(gz.read_bytes()).decode("utf-8"))
     kept = kept + _repair(plain)                     # the .jsonl is the later of the two
-    return {row["point_id"]: row for _, row in kept if isinstance(row.get("point_id"), str)}
+    out: dict[str, dict] = {}
+    for _, row in kept:
+        pid = row.get("point_id")
+        if isinstance(pid, str) and (pid not in out or out[pid].get("status") == "failed"):
+            out[pid] = row
+    return out
 
 
 def replace_text(path: Path, text: str) -> None:

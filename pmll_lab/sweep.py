@@ -98,7 +98,9 @@ def run_sweep(
     the file first (``pmll_lab.results.repair``), on a cluster as in-process. A point whose function raises is stored as one failed row (``status="failed"``,
     ``error`` = the exception and the end of its traceback); ``CheckFailed`` keeps the error rows
     it carries, all marked failed. ``KeyboardInterrupt`` stops the sweep (the points done so far
-    stay stored).
+    stay stored). A point stored as failed runs again when the sweep is resumed (a compile
+    killed by the stop of a run, a kernel or peer fixed since): its new rows replace the failed
+    ones; a point that ran with some rows failed (a peer's, inside the point) is done.
 
     ``client``: None runs the points here, one after the other. A ``distributed.Client`` or a
     scheduler address (``"tcp://host:8786"``, e.g. the notebooks' ``scheduler`` parameter) runs
@@ -185,7 +187,8 @@ def run_sweep(
     commit = provenance_here()["commit"]
     other = {pid: str(row["commit"]) for pid, row in stored.items()
              if row.get("commit") not in (None, commit)}
-    done = set(stored) if keep_other_commits else set(stored) - set(other)
+    failed_before = {pid for pid, row in stored.items() if row.get("status") == "failed"}
+    done = (set(stored) if keep_other_commits else set(stored) - set(other)) - failed_before
     wanted = {point_id(p) for p in points}
     todo: dict[str, dict] = {}
     for p in points:
@@ -225,6 +228,8 @@ def run_sweep(
                  f"{', '.join(kept)}; this is {commit})" if kept else "")
               + (f"; points stored at commit {', '.join(rerun)} ran again at {commit}"
                  if rerun else "")
+              + (f"; {len(failed_before & set(todo))} that had failed ran again"
+                 if failed_before & set(todo) else "")
               + f"; results in {path}")
     return df
 

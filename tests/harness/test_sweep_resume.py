@@ -147,3 +147,37 @@ def test_resume_refuses_points_run_under_other_kernel_switches(tmp_path):
     with pytest.raises(ValueError, match=r"^results_dir: .*s\.jsonl holds points run with "
                                          r"kernel switches .*packed_state_tile="):
         run_sweep("s", grid(n=[1, 2, 3, 4]), fn, results_dir=tmp_path, progress=False)
+
+
+def test_failed_points_run_again_on_resume(tmp_path):
+    """A point that failed (its function raised, or its check failed: every row marked failed)
+    runs again when the sweep is resumed, and its new rows replace the failed ones; a point
+    with one failed row among others (a peer's, inside the point) is done and does not."""
+    from pmll_lab.results import CheckFailed
+
+    points = grid(i=range(4))
+
+    def first(p):
+        if p["i"] == 1:
+            raise RuntimeError("ptxas killed by the run's stop")
+        if p["i"] == 2:
+            raise CheckFailed("o differs", [{"kernel": "k", "metric": "rel_l2", "value": 9.0}])
+        rows = three_rows(p)
+        if p["i"] == 3:
+            rows[0]["status"] = "failed"               # a peer's row failed inside the point
+        return rows
+
+    df = run_sweep("s", points, first, results_dir=tmp_path, progress=False)
+    assert sorted(df.loc[df.status == "failed", "i"].unique()) == [1, 2, 3]
+    calls = []
+    df = run_sweep("s", points, lambda p: calls.append(p["i"]) or three_rows(p),
+                   results_dir=tmp_path, progress=False)
+    assert calls == [1, 2], "the failed points, and only they, run again"
+    assert df.groupby("i").size().tolist() == [3, 3, 3, 3]
+    assert (df.loc[df.i.isin([1, 2]), "status"] == "ok").all()
+    assert sorted(df.loc[df.i == 1, "value"]) == [10.0, 11.0, 12.0]
+    assert (df.loc[df.i == 3, "status"] == "failed").sum() == 1
+    again = []
+    run_sweep("s", points, lambda p: again.append(p["i"]) or three_rows(p),
+              results_dir=tmp_path, progress=False)
+    assert again == [], "nothing failed is left to run"
