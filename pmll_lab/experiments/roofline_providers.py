@@ -158,7 +158,9 @@ def point_fla(c, name: str) -> list[dict]:
 
 def point_flashinfer(c, provider: str) -> list[dict]:
     """One FlashInfer provider (``roofline_case.FLASHINFER``) on a V-major case; its time rows
-    carry ``flashinfer_version``."""
+    carry ``flashinfer_version``. A ``ZeroDivisionError`` inside FlashInfer's own launcher (its
+    K-row kernel at head size 256, in 0.7.2.post1 and 0.7.4) is one ``unsupported`` row naming
+    the version and the head size: a limit of the peer, nothing measured."""
     if provider not in C.FLASHINFER:
         raise ValueError(f"provider: not a FlashInfer provider: {provider!r}")
     if peers.flashinfer_gdn() is None or not P.on_cuda():
@@ -168,11 +170,12 @@ def point_flashinfer(c, provider: str) -> list[dict]:
     name, K, n = provider, c.K, c.n
     try:
         run, bufs, pool = c.flashinfer(provider)               # pool [S, HV, vd, kd]
-    except ZeroDivisionError as exc:       # FlashInfer 0.7.2's K-row kernel at head size 256
-        raise RuntimeError(
-            f"{provider}: FlashInfer {peers.flashinfer_version()} fails inside its own launcher "
-            f"at head size {c.D} (ZeroDivisionError: {exc}); a limit of the peer at this "
-            f"shape, nothing measured") from exc
+    except ZeroDivisionError as exc:
+        ver = peers.flashinfer_version()
+        return [{"kernel": name, "metric": "unsupported", "value": 1.0, "status": "unsupported",
+                 "flashinfer_version": ver,
+                 "reason": f"FlashInfer {ver} fails inside its own launcher at head size {c.D} "
+                           f"(ZeroDivisionError: {exc}): not taken, nothing measured"}]
     o = bufs["o"]
     o_ref, s_ref, i_ref = c.fi_ref()
     o_dec, st_dec, snaps, _ = c.decoded("kv")
