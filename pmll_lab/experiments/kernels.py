@@ -13,6 +13,7 @@ import pandas as pd
 
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
+from pmll_lab.experiments import target_table as TT
 from pmll_lab.harness import registry
 from pmll_lab.harness.runner import run_point
 
@@ -32,6 +33,13 @@ def setup(family: str, implementations, plugins=(), grids=None) -> tuple[list[st
     loaded = registry.load_plugins() + registry.load_plugins(plugins)
     names = registry.resolve(family, implementations, arg="implementations")
     return names, loaded
+
+
+def targets(family: str) -> tuple:
+    """The target table's rows for this notebook (``target_table.KERNELS``) whose
+    implementation belongs to ``family``: the headline of the family run."""
+    return tuple(t for t in TT.for_report(TT.KERNELS)
+                 if isinstance(t.ours, str) and registry.get(t.ours).family == family)
 
 
 DEFAULTS = {"alpha": 0.8}

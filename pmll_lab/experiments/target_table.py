@@ -1,4 +1,5 @@
-"""The one table of speculative-step targets, keyed by registry names (``pmll_lab.harness``).
+"""The one table of targets, keyed by registry names (``pmll_lab.harness``): the speculative
+step's, and the GDN decode's against FlashInfer's (the kernels notebook's headline).
 
 Each row is a ``targets.Target`` over the step sweeps' rows (``metric="step_us"``, ``K = 4``,
 one headline row per ``B``) with the notebooks whose headline shows it (``reports``; carry_step,
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from pmll_lab.experiments.targets import Target
 
-ROOF, PROTO, STEP = "roofline", "carry_protocol", "carry_step"
+ROOF, PROTO, STEP, KERNELS = "roofline", "carry_protocol", "carry_step", "kernels"
 B_MAIN = (64, 128)
 B_ALL = (1, 8, 64, 128, 256)
 
@@ -103,14 +104,21 @@ TARGETS = (
                 "flashinfer_replayssm", "flashinfer_snapshot_restore", None, reports=(STEP,)),
     step_target("SGLang's ReplaySSM ring step against its fold-every-commit step, bf16 state",
                 "sglang_replayssm", "sglang_exact_fold", None, reports=(STEP,)),
+    # one GDN decode (gdn_decode rows: time_us of one launch), bf16 state
+    Target("bf16-state decode <= FlashInfer's decode", "decode", "flashinfer_decode", 1.0,
+           where={"state_dtype": "bfloat16", "B": list(B_ALL)}, per=("B",), reports=(KERNELS,)),
+    Target("bf16-state decode >= 0.85 of the copy ceiling from B = 64", "decode", None, 0.85,
+           kind="frac", where={"state_dtype": "bfloat16", "B": [64, 128, 256]}, per=("B",),
+           reports=(KERNELS,)),
 )
-"""Every speculative-step target; a new target or report is one more row or tag."""
+"""Every target; a new target or report is one more row or tag."""
 
 SETS = {ROOF: "The speculative step at Qwen3-Next's shape (verify + accept/commit/restore, K=4) "
               "against FlashInfer and SGLang",
         PROTO: "The carried state's whole speculative step against the snapshot chain and the "
                "field's exact carried state",
-        STEP: "The whole speculative step"}
+        STEP: "The whole speculative step",
+        KERNELS: "One GDN decode against FlashInfer's"}
 """The headline's title per report."""
 
 
