@@ -295,10 +295,15 @@ def stored_points(path: str | Path) -> dict[str, dict]:
     marked failed where the copy has one, so ``status == "failed"`` says the point itself
     failed (every row of it is). Each file is read once."""
     plain, gz = _pair(Path(path))
-    kept = []
+    archived = {}
     if gz.is_file():
-        kept, _ = _parse(gzip.decompress(gz.read_bytes()).decode("utf-8"))
-    kept = kept + _repair(plain)                     # the .jsonl is the later of the two
+        archived = _point_rows(_parse(gzip.decompress(gz.read_bytes()).decode("utf-8"))[0])
+    return {**archived, **_point_rows(_repair(plain))}   # the .jsonl's copy is the later one
+
+
+def _point_rows(kept: list[tuple[str, dict]]) -> dict[str, dict]:
+    """``{point_id: a row}`` of one file's kept rows (one copy per point): a row not marked
+    failed where the copy has one."""
     out: dict[str, dict] = {}
     for _, row in kept:
         pid = row.get("point_id")

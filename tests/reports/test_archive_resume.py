@@ -134,3 +134,39 @@ def test_resume_keeps_points_of_another_commit_only_when_asked(tmp_path, capsys,
         run_sweep("s", grid(i=[0]), _fn(), results_dir=tmp_path, progress=False)
     with pytest.raises(ValueError, match="^keep_other_commits: must be None, True or False"):
         run_sweep("s", grid(i=[0]), _fn(), results_dir=tmp_path, keep_other_commits="yes")
+
+
+def test_an_archived_run_resumed_at_another_commit_runs_its_points_once(tmp_path):
+    """Points archived (``.gz``) at another commit run again on the first resume; their new
+    copies (in the ``.jsonl``) are the ones the next resume finds, so it runs nothing. A point
+    whose new copy failed runs again even when other commits' points are kept."""
+    from pmll_lab.results import provenance_here, stored_points
+
+    now = provenance_here()["commit"]
+    run, res = _run(tmp_path)
+    run_sweep("s", grid(i=[0, 1, 2]), _fn(), results_dir=res, progress=False)
+    _restamp(res / "s.jsonl", "0123456789ab")
+    _manifest(run)
+    archive_run(run)
+    calls = []
+
+    def fail_on_1(p):
+        if p["i"] == 1:
+            calls.append(p["i"])
+            raise RuntimeError("killed by the run's stop")
+        return _fn(calls)(p)
+
+    run_sweep("s", grid(i=[0, 1, 2]), fail_on_1, results_dir=res, progress=False)
+    assert calls == [0, 1, 2]
+    stored = stored_points(res / "s.jsonl")
+    assert {pid: r["commit"] for pid, r in stored.items()} == {
+        point_id(p): now for p in grid(i=[0, 1, 2])}
+    assert stored[point_id({"i": 1})]["status"] == "failed"
+    again = []
+    df = run_sweep("s", grid(i=[0, 1, 2]), _fn(again), results_dir=res, progress=False,
+                   keep_other_commits=True)
+    assert again == [1], "only the point that failed at this commit runs again"
+    assert set(df["commit"]) == {now} and (df["status"] == "ok").all() and len(df) == 6
+    last = []
+    run_sweep("s", grid(i=[0, 1, 2]), _fn(last), results_dir=res, progress=False)
+    assert last == []
