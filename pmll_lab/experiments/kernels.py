@@ -35,11 +35,13 @@ def setup(family: str, implementations, plugins=(), grids=None) -> tuple[list[st
     return names, loaded
 
 
-def targets(family: str) -> tuple:
-    """The target table's rows for this notebook (``target_table.KERNELS``) whose
-    implementation belongs to ``family``: the headline of the family run."""
+def targets(family: str, names) -> tuple:
+    """The target table's rows for this notebook (``target_table.KERNELS``) that the run can
+    judge: ours of ``family`` and every implementation they name among ``names`` (those run)."""
+    names = set(names)
     return tuple(t for t in TT.for_report(TT.KERNELS)
-                 if isinstance(t.ours, str) and registry.get(t.ours).family == family)
+                 if isinstance(t.ours, str) and registry.get(t.ours).family == family
+                 and {t.ours, t.peer} - {None} <= names)
 
 
 DEFAULTS = {"alpha": 0.8}

@@ -14,22 +14,30 @@ from pmll_lab.experiments import targets as T
 from pmll_lab.results import load
 
 RUN = ROOT / "reports/h100-2026-12-07f/results/kernels/kernels_gdn_decode.jsonl"
+RAN = ("decode", "decode_cuda", "flashinfer_decode")
 
 
-def test_the_decode_family_gets_the_decode_targets_and_no_other_family_does():
-    names = {t.ours for t in kernels.targets("gdn_decode")}
-    assert names == {"decode"}
-    assert kernels.targets("gdn_step") == () and kernels.targets("conv_step") == ()
+def test_a_run_gets_the_targets_it_can_judge_and_no_other():
+    assert {t.ours for t in kernels.targets("gdn_decode", RAN)} == {"decode"}
+    assert {t.peer for t in kernels.targets("gdn_decode", RAN)} == {"flashinfer_decode", None}
+    alone = kernels.targets("gdn_decode", ["decode"])          # FlashInfer not selected
+    assert [t.peer for t in alone] == [None]
+    assert kernels.targets("gdn_decode", ["my_decode"]) == ()  # a plugin run alone
+    assert kernels.targets("gdn_step", ["ring", "exact_lazy"]) == ()
+
+
+def _with_peer(df, scale):
+    """``df`` with FlashInfer's decode made up from ours, ``scale`` times our time."""
+    peer = df[df["kernel"] == "decode"].assign(kernel="flashinfer_decode")
+    peer.loc[peer["metric"] == "time_us", "value"] *= scale
+    return pd.concat([df[df["kernel"] != "flashinfer_decode"], peer], ignore_index=True)
 
 
 @pytest.mark.parametrize("scale", [0.9, 1.25])
 def test_decode_targets_judge_real_rows(scale):
-    df = load(RUN)
+    df = _with_peer(load(RUN), scale)
     ours = df[df["kernel"] == "decode"]
-    peer = ours.assign(kernel="flashinfer_decode")
-    peer.loc[peer["metric"] == "time_us", "value"] *= scale
-    df = pd.concat([df[df["kernel"] != "flashinfer_decode"], peer], ignore_index=True)
-    head = T.headline(df, kernels.targets("gdn_decode"))
+    head = T.headline(df, kernels.targets("gdn_decode", RAN))
     ratio = head[head["target"].str.contains("FlashInfer")]
     assert sorted(ratio["B"]) == [1, 8, 64, 128, 256]
     assert ratio["ratio"].tolist() == pytest.approx([round(1 / scale, 3)] * 5)
@@ -41,3 +49,16 @@ def test_decode_targets_judge_real_rows(scale):
     for B in (64, 128, 256):
         assert frac.loc[B, "roofline_frac"] == pytest.approx(t.loc[B], abs=5e-4)
         assert frac.loc[B, "status"] == ("met" if t.loc[B] >= 0.85 else "missed")
+
+
+def test_decode_targets_compare_one_shape_only():
+    """Our decode at a smaller head size (faster, and not FlashInfer's) beside the real rows
+    does not enter the ratio: the targets are judged at Qwen3-Next's shape."""
+    df = _with_peer(load(RUN), 0.9)
+    small = df[df["kernel"] == "decode"].assign(head_dim=64)
+    small.loc[small["metric"] == "time_us", "value"] /= 3
+    small = small.assign(point_id=small["point_id"] + "-kd64")
+    head = T.headline(pd.concat([df, small], ignore_index=True),
+                      kernels.targets("gdn_decode", RAN))
+    ratio = head[head["target"].str.contains("FlashInfer")]
+    assert ratio["ratio"].tolist() == pytest.approx([round(1 / 0.9, 3)] * 5)
