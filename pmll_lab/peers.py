@@ -37,6 +37,9 @@ or cannot import on this machine, so notebooks and sweeps run without it.
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import traceback
 
 from collections.abc import Callable
 from functools import lru_cache
@@ -137,6 +140,26 @@ def flashinfer_gdn() -> tuple[Callable, Callable] | None:
     except Exception:  # noqa: BLE001 - another layout of FlashInfer's package: logs stay on
         pass
     return gated_delta_rule_decode_pretranspose, gated_delta_rule_mtp
+
+
+def raised_inside_flashinfer(exc: BaseException) -> bool:
+    """Whether ``exc`` passed through FlashInfer's own code after leaving ours: a frame of its
+    traceback below the last frame of ``pmll_lab`` lies in the package that provides
+    ``flashinfer_gdn``'s functions (raised there or deeper, in a library it calls). False where
+    FlashInfer does not import. Why: a failure of the peer's is a limit of the peer, one of
+    ours is a failure."""
+    fns = flashinfer_gdn()
+    if fns is None or exc.__traceback__ is None:
+        return False
+    roots = set()
+    for fn in fns:
+        mod = sys.modules.get(str(getattr(fn, "__module__", "")).split(".")[0])
+        if getattr(mod, "__file__", None):
+            roots.add(os.path.dirname(os.path.abspath(mod.__file__)) + os.sep)
+    ours = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    files = [os.path.abspath(f.filename) for f in traceback.extract_tb(exc.__traceback__)]
+    last_ours = max((i for i, f in enumerate(files) if f.startswith(ours)), default=-1)
+    return any(f.startswith(r) for f in files[last_ours + 1:] for r in roots)
 
 
 def flashinfer_available() -> bool:

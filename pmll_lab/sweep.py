@@ -221,9 +221,9 @@ def run_sweep(
         ran = df[df["point_id"].isin(todo)] if "point_id" in df else df
         rerun = sorted({c for pid, c in other.items() if pid in todo})
         kept = sorted({c for pid, c in other.items() if pid in wanted and pid not in todo})
-        print(f"sweep {name}: {len(points)} points, {len(todo)} run now "
+        print(f"sweep {name}: {len(wanted)} points, {len(todo)} run now "
               f"({failed} failed) in {time.perf_counter() - t0:.1f} s "
-              f"{describe_placement(ran)}, {len(points) - len(todo)} from earlier runs"
+              f"{describe_placement(ran)}, {len(wanted) - len(todo)} from earlier runs"
               + (f" ({sum(pid in wanted for pid in other)} kept from other commits: "
                  f"{', '.join(kept)}; this is {commit})" if kept else "")
               + (f"; points stored at commit {', '.join(rerun)} ran again at {commit}"

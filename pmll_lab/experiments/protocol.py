@@ -400,6 +400,26 @@ def failed_points(df: pd.DataFrame, params: Sequence[str]) -> pd.DataFrame:
     return out.dropna(axis=1, how="all").drop_duplicates().reset_index(drop=True)
 
 
+def not_run(df: pd.DataFrame) -> pd.DataFrame:
+    """One line per kernel and reason for the rows marked ``unsupported`` (a shape, dtype or
+    layout it does not take) or ``unavailable`` (not installed, GPU only): the kernel, the
+    status, the reason (the first of ``reason``, ``error``, ``note`` that the row fills) and
+    how many points."""
+    if df.empty or "status" not in df:
+        return pd.DataFrame()
+    rows = df[df["status"].isin(("unsupported", "unavailable"))]
+    if rows.empty:
+        return pd.DataFrame()
+    why = pd.Series("", index=rows.index)
+    for col in ("note", "error", "reason"):          # the last filled one named here wins
+        if col in rows:
+            filled = rows[col].notna() & (rows[col].astype(str) != "")
+            why = why.where(~filled, rows[col].astype(str))
+    rows = rows.assign(reason=why.map(error_line))
+    out = rows.groupby(["kernel", "status", "reason"], sort=False)["point_id"].nunique()
+    return out.rename("points").reset_index()
+
+
 def point_failures(df: pd.DataFrame) -> tuple[int, pd.DataFrame]:
     """``(points that failed as a whole, failed rows of single kernels inside points that ran:
     a peer that raised, or an implementation that failed its check or raised)``."""

@@ -158,9 +158,10 @@ def point_fla(c, name: str) -> list[dict]:
 
 def point_flashinfer(c, provider: str) -> list[dict]:
     """One FlashInfer provider (``roofline_case.FLASHINFER``) on a V-major case; its time rows
-    carry ``flashinfer_version``. A ``ZeroDivisionError`` inside FlashInfer's own launcher (its
-    K-row kernel at head size 256, in 0.7.2.post1 and 0.7.4) is one ``unsupported`` row naming
-    the version and the head size: a limit of the peer, nothing measured."""
+    carry ``flashinfer_version``. A ``ZeroDivisionError`` raised inside FlashInfer's own code
+    (``peers.raised_inside_flashinfer``; its K-row kernel at head size 256, in 0.7.2.post1 and
+    0.7.4) is one ``unsupported`` row whose ``reason`` names the version and the head size: a
+    limit of the peer, nothing measured. Raised in ours, it fails the point."""
     if provider not in C.FLASHINFER:
         raise ValueError(f"provider: not a FlashInfer provider: {provider!r}")
     if peers.flashinfer_gdn() is None or not P.on_cuda():
@@ -171,6 +172,8 @@ def point_flashinfer(c, provider: str) -> list[dict]:
     try:
         run, bufs, pool = c.flashinfer(provider)               # pool [S, HV, vd, kd]
     except ZeroDivisionError as exc:
+        if not peers.raised_inside_flashinfer(exc):
+            raise
         ver = peers.flashinfer_version()
         return [{"kernel": name, "metric": "unsupported", "value": 1.0, "status": "unsupported",
                  "flashinfer_version": ver,

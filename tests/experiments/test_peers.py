@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -225,27 +226,48 @@ def test_flashinfer_point_catches_a_misread_buffer(monkeypatch):
     E.release()
 
 
-def test_flashinfer_failure_inside_its_launcher_is_an_unsupported_row(monkeypatch):
-    """FlashInfer's K-row kernel raises ZeroDivisionError inside its launcher at head size 256
-    (0.7.2.post1 and 0.7.4, H100 and H200): the point gives one ``unsupported`` row whose reason
-    names the version and the head size, nothing timed, and the sweep counts no failure."""
-    E.release()
-    _fake_flashinfer(monkeypatch, Contract())
-    monkeypatch.setattr(E, "flashinfer_supports", lambda head_dim, dtype: True)
-    monkeypatch.setattr(P, "on_cuda", lambda: True)
+class DividesByZero(Contract):
+    """FlashInfer whose K-row kernel raises inside its own code, as 0.7.2.post1 and 0.7.4 do at
+    head size 256 (H100 and H200)."""
 
-    def broken(*args, **kwargs):
+    def mtp(self, *args, **kwargs):
         raise ZeroDivisionError("integer division or modulo by zero")
 
-    monkeypatch.setattr(peers, "flashinfer_mtp_runner", broken)
+
+def _raising_in_our_code():
+    """A stand-in for our runner that divides by zero in a file of ``pmll_lab``."""
+    scope = {}
+    exec(compile("def runner(*args, **kwargs):\n    return 1 // 0\n",
+                 peers.__file__, "exec"), scope)
+    return scope["runner"]
+
+
+@pytest.mark.parametrize("where", ["flashinfer", "ours"])
+def test_a_division_by_zero_is_the_peers_limit_only_inside_flashinfer(monkeypatch, where):
+    """Raised inside FlashInfer's code, the point gives one ``unsupported`` row whose reason
+    names the version and the head size, nothing timed; raised in ours (our runner), it fails
+    the point as any error of ours does."""
+    E.release()
+    _fake_flashinfer(monkeypatch, DividesByZero() if where == "flashinfer" else Contract())
+    if where == "ours":
+        monkeypatch.setattr(peers, "flashinfer_mtp_runner", _raising_in_our_code())
+    monkeypatch.setattr(E, "flashinfer_supports", lambda head_dim, dtype: True)
+    monkeypatch.setattr(P, "on_cuda", lambda: True)
     timed = []
     monkeypatch.setattr(P, "time_launch", lambda fn, **kw: timed.append(fn) or {})
     (pt,) = _fi_points(2, 2, "flashinfer_mtp_frozen")
-    (row,) = E.gdn_point(pt)
+    if where == "ours":
+        with pytest.raises(ZeroDivisionError):
+            E.gdn_point(pt)
+    else:
+        (row,) = E.gdn_point(pt)
+        assert row["kernel"] == "flashinfer_mtp_frozen" and row["status"] == "unsupported"
+        assert row["reason"].startswith("FlashInfer contract-float64 fails inside its own "
+                                        "launcher at head size 16 (ZeroDivisionError")
+        (line,) = P.not_run(pd.DataFrame([dict(row, point_id="p")])).to_dict("records")
+        assert line["kernel"] == "flashinfer_mtp_frozen" and line["points"] == 1
+        assert line["reason"].startswith("FlashInfer contract-float64 fails inside")
     assert timed == []
-    assert row["kernel"] == "flashinfer_mtp_frozen" and row["status"] == "unsupported"
-    assert row["reason"].startswith("FlashInfer contract-float64 fails inside its own launcher at "
-                                    "head size 16 (ZeroDivisionError")
     E.release()
 
 

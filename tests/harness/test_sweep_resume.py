@@ -181,3 +181,11 @@ def test_failed_points_run_again_on_resume(tmp_path):
     run_sweep("s", points, lambda p: again.append(p["i"]) or three_rows(p),
               results_dir=tmp_path, progress=False)
     assert again == [], "nothing failed is left to run"
+
+
+def test_the_summary_counts_a_point_listed_twice_once(tmp_path, capsys):
+    run_sweep("s", [{"i": 0}, {"i": 0}, {"i": 1}], three_rows, results_dir=tmp_path,
+              progress=True)
+    said = capsys.readouterr().out
+    assert "sweep s: 2 points, 2 run now (0 failed)" in said
+    assert ", 0 from earlier runs" in said
