@@ -60,6 +60,10 @@ def compare(run_a: str | Path, run_b: str | Path, noise: float = NOISE) -> pd.Da
     b = b.dropna(subset=["figure"])[keys + ["figure", "status"]]
     both = a.merge(b, on=keys, suffixes=("_a", "_b"))
     both = both.rename(columns={"figure_a": "a", "figure_b": "b"})
+    for c in per:                      # B and the like as integers where every value is one
+        v = pd.to_numeric(both[c], errors="coerce")
+        if v.notna().all() and (v % 1 == 0).all():
+            both[c] = v.astype("int64")
     both["change"] = (both["b"] / both["a"] - 1).round(4)
     both["moved"] = both["change"].abs() > noise
     return both[keys + ["a", "b", "status_a", "status_b", "change", "moved"]]
