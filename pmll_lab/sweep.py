@@ -213,7 +213,8 @@ def run_sweep(
     finally:
         if bar is not None:
             bar.close()
-    df = load(path) if path.exists() else pd.DataFrame()
+    gz = path.with_name(path.name + ".gz")              # an archived run's points
+    df = load(path) if path.exists() or gz.exists() else pd.DataFrame()
     if "point_id" in df:
         df = df[df["point_id"].isin(wanted)].reset_index(drop=True)
     frame_to_csv(df, results_dir / f"{name}.csv")

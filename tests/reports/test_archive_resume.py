@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 
+import pandas as pd
 import pytest
 
 import pmll_lab  # noqa: F401  (backend first)
@@ -170,3 +171,18 @@ def test_an_archived_run_resumed_at_another_commit_runs_its_points_once(tmp_path
     last = []
     run_sweep("s", grid(i=[0, 1, 2]), _fn(last), results_dir=res, progress=False)
     assert last == []
+
+
+def test_a_resume_with_nothing_left_to_run_returns_the_archived_rows(tmp_path):
+    """Every point already in the archived ``.gz`` and no ``.jsonl`` beside it: nothing runs,
+    and the rows returned (and the CSV written) are the archived ones, not an empty frame."""
+    run, res = _run(tmp_path)
+    run_sweep("s", grid(i=[0, 1]), _fn(), results_dir=res, progress=False)
+    _manifest(run)
+    archive_run(run)
+    assert not (res / "s.jsonl").exists()
+    calls = []
+    df = run_sweep("s", grid(i=[0, 1]), _fn(calls), results_dir=res, progress=False)
+    assert calls == [] and len(df) == 4
+    assert sorted(df.loc[df["metric"] == "m", "value"]) == [0.5, 1.5]
+    assert len(pd.read_csv(res / "s.csv")) == 4
