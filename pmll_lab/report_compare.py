@@ -1,14 +1,16 @@
 """Two runs' headlines side by side: each target's figure in both, and how far it moved.
 
 ``python -m pmll_lab.report_compare RUN_A RUN_B [--noise 0.02]`` reads every notebook's
-``results/<notebook>/headline.csv`` that both run folders hold and prints one line per target
-(and ``B`` or other per-cell columns) found in both: the figure of each run (the ratio where the
-target has a peer, else our fraction of the copy ceiling), their status and ``change = B / A - 1``;
-``moved`` marks a change beyond ``--noise`` (default 0.02: between two sessions of one card
-type a step ratio moved by under 2 %, ``reports/perf-notes.md``). Why: a rerun on another day
-or card is judged against an earlier run target by target, not by reading two indexes. Figures
-of two runs are compared as ratios each run measured inside itself; the device of each run is
-on its index.
+``results/<notebook>/headline.csv`` of the two run folders (target headlines: a CPU run's
+check headline has no targets) and prints one line per target and cell (``B`` or the other
+columns a headline gives between ``target`` and ``ours``) of either run: the figure of each run
+(the ratio where the target has a peer, else our time in µs), their status, ``change = B / A -
+1`` and ``moved`` (a change beyond ``--noise``, default 0.02: between two sessions of one card
+type a step ratio moved by under 2 %, ``reports/perf-notes.md``). A target in one run only, or
+without a figure in one, is listed with the other side empty, not dropped. Figures are the
+headlines' (ratios to 3 decimals). Why: a rerun on another day or card is judged against an
+earlier run target by target, not by reading two indexes. Each figure is a ratio or time one
+run measured inside itself; the device of each run is on its index.
 """
 
 from __future__ import annotations
@@ -26,46 +28,79 @@ NOISE = 0.02
 (``reports/perf-notes.md``)."""
 
 
+def _cells(columns) -> list[str]:
+    """A headline's per-cell columns: those right after ``target`` before any of ``COLUMNS``
+    (``targets.headline`` puts them there; older headlines too)."""
+    cols = list(columns)
+    out = []
+    for c in cols[cols.index("target") + 1:]:
+        if c in COLUMNS:
+            break
+        out.append(c)
+    return out
+
+
 def headlines(run: str | Path) -> pd.DataFrame:
-    """Every ``results/<notebook>/headline.csv`` of run folder ``run`` in one frame with a
-    ``notebook`` column and ``figure`` (the ratio, else the roofline fraction); ``ValueError``
-    naming ``run`` when it is not a run folder."""
+    """Every target headline (``results/<notebook>/headline.csv`` with a ``target`` column) of run
+    folder ``run`` in one frame: ``notebook``, ``target``, its cells, ``figure`` (the ratio, else
+    our time in µs) and ``status``. ``ValueError`` naming ``run`` when it is not a run folder, or
+    when one headline holds a target and cell twice."""
     run = Path(run)
     if not (run / "results").is_dir():
         raise ValueError(f"run: {str(run)!r} is not a run folder (no results/ in it)")
     frames = []
     for path in sorted(run.glob("results/*/headline.csv")):
-        df = pd.read_csv(path)
-        if len(df):
-            frames.append(df.assign(notebook=path.parent.name))
+        try:
+            df = pd.read_csv(path)
+        except pd.errors.EmptyDataError:
+            continue                                   # an empty file: nothing to compare
+        if "target" not in df or df.empty:
+            continue                                   # a check headline (a CPU run)
+        cells = _cells(df.columns)
+        keys = ["target", *cells]
+        dup = df[df.duplicated(keys, keep=False)]
+        if len(dup):
+            raise ValueError(f"run: {path} holds target {dup['target'].iloc[0]!r} twice for the "
+                             f"same cell ({', '.join(cells) or 'no cell columns'})")
+        ratio = pd.to_numeric(df.get("ratio", pd.Series(index=df.index, dtype=float)),
+                              errors="coerce")
+        us = pd.to_numeric(df.get("ours_us", pd.Series(index=df.index, dtype=float)),
+                           errors="coerce")
+        frames.append(df[keys].assign(notebook=path.parent.name,
+                                      figure=ratio.where(ratio.notna(), us),
+                                      status=df.get("status", "")))
     if not frames:
         return pd.DataFrame(columns=["notebook", "target", "figure", "status"])
-    out = pd.concat(frames, ignore_index=True)
-    ratio = pd.to_numeric(out.get("ratio"), errors="coerce")
-    frac = pd.to_numeric(out.get("roofline_frac"), errors="coerce")
-    return out.assign(figure=ratio.where(ratio.notna(), frac))
+    return pd.concat(frames, ignore_index=True)
 
 
 def compare(run_a: str | Path, run_b: str | Path, noise: float = NOISE) -> pd.DataFrame:
-    """One row per (notebook, target, per-cell columns) that both runs measured: ``a``, ``b``
-    (the figures), ``status_a``, ``status_b``, ``change`` (``b / a - 1``) and ``moved``
-    (``|change| > noise``). ``ValueError`` naming ``noise`` unless it is a positive number."""
+    """One row per (notebook, target, cell) of either run: ``a``, ``b`` (the figures; empty
+    where that run has none), ``status_a``, ``status_b``, ``change`` (``b / a - 1``; empty
+    unless both figures are there and ``a`` is not 0) and ``moved`` (``|change| > noise``).
+    ``ValueError`` naming ``noise`` unless it is a positive number, or naming ``run`` (see
+    ``headlines``)."""
     if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not noise > 0:
         raise ValueError(f"noise: must be a positive fraction, not {noise!r}")
     a, b = headlines(run_a), headlines(run_b)
-    per = [c for c in dict.fromkeys([*a.columns, *b.columns])
-           if c not in COLUMNS and c not in ("notebook", "figure") and c in a and c in b]
-    keys = ["notebook", "target", *per]
-    a = a.dropna(subset=["figure"])[keys + ["figure", "status"]]
-    b = b.dropna(subset=["figure"])[keys + ["figure", "status"]]
-    both = a.merge(b, on=keys, suffixes=("_a", "_b"))
+    fixed = ("notebook", "target", "figure", "status")
+    cells = [c for c in dict.fromkeys([*a.columns, *b.columns]) if c not in fixed]
+    for df in (a, b):
+        for c in cells:
+            if c not in df:
+                df[c] = pd.NA
+            df[c] = df[c].astype(object).where(df[c].notna(), None)
+    keys = ["notebook", "target", *cells]
+    both = a.merge(b, on=keys, how="outer", suffixes=("_a", "_b"), sort=False)
     both = both.rename(columns={"figure_a": "a", "figure_b": "b"})
-    for c in per:                      # B and the like as integers where every value is one
+    ok = both["a"].notna() & both["b"].notna() & (both["a"] != 0)
+    both["change"] = (both["b"] / both["a"].where(ok) - 1).round(4)
+    both["moved"] = both["change"].abs() > noise
+    for c in cells:                    # B and the like as integers where every value is one
         v = pd.to_numeric(both[c], errors="coerce")
         if v.notna().all() and (v % 1 == 0).all():
             both[c] = v.astype("int64")
-    both["change"] = (both["b"] / both["a"] - 1).round(4)
-    both["moved"] = both["change"].abs() > noise
+    keys = [c for c in keys if both[c].notna().any()]   # a cell column neither run fills
     return both[keys + ["a", "b", "status_a", "status_b", "change", "moved"]]
 
 
@@ -84,9 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with pd.option_context("display.max_rows", None, "display.width", 200,
                            "display.max_colwidth", 70):
-        print(df.to_string(index=False) if len(df) else "no target measured in both runs")
-    print(f"{len(df)} targets in both runs, {int(df['moved'].sum())} moved by more than "
-          f"{args.noise:g}")
+        print(df.to_string(index=False) if len(df) else "no target headline in either run")
+    both = int(df["change"].notna().sum()) if len(df) else 0
+    print(f"{len(df)} targets; {both} with a figure in both runs, "
+          f"{int(df['moved'].sum()) if len(df) else 0} of them moved by more than "
+          f"{args.noise:g}; {len(df) - both} in one run only or without a figure in one")
     return 0
 
 

@@ -1,7 +1,10 @@
 """``report_compare``: two runs' headlines matched target by target (and by ``B``), the change
-of each figure and whether it moved beyond the noise; bad input refused naming the argument."""
+of each figure and whether it moved beyond the noise; a target of one run only listed, not
+dropped; bad input refused naming the argument."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pandas as pd
@@ -13,45 +16,58 @@ HEAD = ["status", "target", "B", "ours", "peer", "ratio", "roofline_frac", "ours
         "bound", "cells", "met_cells", "layout", "timer", "note"]
 
 
-def _run(root, name, rows, notebook="roofline"):
+def _run(root, name, rows, notebook="roofline", columns=HEAD):
     d = root / name / "results" / notebook
     d.mkdir(parents=True)
-    pd.DataFrame(rows, columns=HEAD).to_csv(d / "headline.csv", index=False)
+    pd.DataFrame(rows, columns=columns).to_csv(d / "headline.csv", index=False)
     return root / name
 
 
-def _row(target, B, ratio=None, frac=None, status="met"):
-    return [status, target, B, "ours", "peer" if ratio is not None else "", ratio, frac,
-            10.0, 12.0, 1.0, 1, 1, "vk", "cuda_graph", ""]
+def _row(target, B, ratio=None, us=10.0, status="met"):
+    """A headline row: a ratio target where ``ratio`` is given, else a fraction or time target
+    (no peer; its figure is our time)."""
+    return [status, target, B, "ours", "peer" if ratio is not None else "", ratio, 0.8,
+            us, 12.0, 1.0, 1, 1, "vk", "cuda_graph", ""]
 
 
-def test_targets_in_both_runs_are_matched_and_their_change_judged(tmp_path):
+def test_targets_are_matched_and_their_change_judged(tmp_path):
     rng = np.random.default_rng()
-    r = rng.uniform(0.5, 1.5, size=3)
+    r = rng.uniform(0.5, 1.5, size=2)
+    us = rng.uniform(5, 500)
     a = _run(tmp_path, "a", [_row("ring <= FI", 64, r[0]), _row("ring <= FI", 128, r[1]),
-                             _row("decode >= 0.85", 64, frac=r[2]),
-                             _row("only in a", 64, 1.0)])
+                             _row("decode >= 0.85", 64, us=us), _row("only in a", 64, 1.0),
+                             _row("zero", 64, 0.0)])
     b = _run(tmp_path, "b", [_row("ring <= FI", 64, r[0] * 1.01),
                              _row("ring <= FI", 128, r[1] * 1.10, status="missed"),
-                             _row("decode >= 0.85", 64, frac=r[2] * 0.95)])
+                             _row("decode >= 0.85", 64, us=us * 0.95),
+                             _row("zero", 64, 0.0)])
+    _run(tmp_path, "b", [["passed", "decode", 4, 4, 2, 1e-3, 8e-3, "o"]], notebook="kernels",
+         columns=["status", "kernel", "passed", "checks", "points", "worst_rel_l2",
+                  "tolerance", "worst_of"])                   # a check headline: no targets
     df = compare(a, b).set_index(["target", "B"])
-    assert len(df) == 3 and ("only in a", 64) not in df.index
+    assert len(df) == 5
     assert df.loc[("ring <= FI", 64), "change"] == pytest.approx(0.01, abs=1e-4)
     assert not df.loc[("ring <= FI", 64), "moved"]
     assert df.loc[("ring <= FI", 128), "moved"]
     assert df.loc[("ring <= FI", 128), "status_b"] == "missed"
-    assert df.loc[("decode >= 0.85", 64), "a"] == pytest.approx(r[2])
+    assert df.loc[("decode >= 0.85", 64), "a"] == pytest.approx(us)
     assert df.loc[("decode >= 0.85", 64), "change"] == pytest.approx(-0.05, abs=1e-4)
+    only = df.loc[("only in a", 64)]
+    assert only["a"] == 1.0 and math.isnan(only["b"]) and not only["moved"]
+    assert math.isnan(df.loc[("zero", 64), "change"]) and not df.loc[("zero", 64), "moved"]
     assert not compare(a, b, noise=0.2)["moved"].any()
 
 
 def test_bad_input_is_refused_naming_the_argument(tmp_path, capsys):
     a = _run(tmp_path, "a", [_row("t", 1, 1.0)])
+    dup = _run(tmp_path, "dup", [_row("t", 1, 1.0), _row("t", 1, 1.1)])
     with pytest.raises(ValueError, match="^run: .* is not a run folder"):
         compare(a, tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="^run: .* holds target 't' twice for the same cell"):
+        compare(a, dup)
     with pytest.raises(ValueError, match="^noise: must be a positive fraction"):
         compare(a, a, noise=0)
     assert main([str(a), str(tmp_path / "nowhere")]) == 2
     assert "report_compare: run:" in capsys.readouterr().err
     assert main([str(a), str(a)]) == 0
-    assert "1 targets in both runs, 0 moved" in capsys.readouterr().out
+    assert "1 targets; 1 with a figure in both runs, 0 of them moved" in capsys.readouterr().out
