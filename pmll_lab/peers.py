@@ -154,8 +154,9 @@ def raised_inside_flashinfer(exc: BaseException) -> bool:
     roots = set()
     for fn in fns:
         mod = sys.modules.get(str(getattr(fn, "__module__", "")).split(".")[0])
-        if getattr(mod, "__file__", None):
-            roots.add(os.path.dirname(os.path.abspath(mod.__file__)) + os.sep)
+        dirs = ([os.path.dirname(mod.__file__)] if getattr(mod, "__file__", None)
+                else list(getattr(mod, "__path__", [])))       # a namespace package
+        roots.update(os.path.abspath(d) + os.sep for d in dirs)
     ours = os.path.dirname(os.path.abspath(__file__)) + os.sep
     files = [os.path.abspath(f.filename) for f in traceback.extract_tb(exc.__traceback__)]
     last_ours = max((i for i, f in enumerate(files) if f.startswith(ours)), default=-1)

@@ -37,8 +37,11 @@ def setup(family: str, implementations, plugins=(), grids=None) -> tuple[list[st
 
 def targets(family: str, names) -> tuple:
     """The target table's rows for this notebook (``target_table.KERNELS``) that the run can
-    judge: ours of ``family`` and every implementation they name among ``names`` (those run)."""
-    names = set(names)
+    judge: ours of ``family`` and every implementation they name among ``names`` (those run: a
+    list, or ``"all"`` / names joined by ``"+"`` as ``setup`` takes them). ``ValueError`` naming
+    ``family`` or ``names`` for a family or name not registered."""
+    registry.family(family)
+    names = set(registry.resolve(family, names, arg="names"))
     return tuple(t for t in TT.for_report(TT.KERNELS)
                  if isinstance(t.ours, str) and registry.get(t.ours).family == family
                  and {t.ours, t.peer} - {None} <= names)

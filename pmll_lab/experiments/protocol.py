@@ -415,8 +415,10 @@ def not_run(df: pd.DataFrame) -> pd.DataFrame:
         if col in rows:
             filled = rows[col].notna() & (rows[col].astype(str) != "")
             why = why.where(~filled, rows[col].astype(str))
-    rows = rows.assign(reason=why.map(error_line))
-    out = rows.groupby(["kernel", "status", "reason"], sort=False)["point_id"].nunique()
+    rows = rows.assign(reason=why.map(error_line),
+                       kernel=rows["kernel"].fillna("*") if "kernel" in rows else "*")
+    grouped = rows.groupby(["kernel", "status", "reason"], sort=False)
+    out = grouped["point_id"].nunique() if "point_id" in rows else grouped.size()
     return out.rename("points").reset_index()
 
 

@@ -22,8 +22,15 @@ def test_a_run_gets_the_targets_it_can_judge_and_no_other():
     assert {t.peer for t in kernels.targets("gdn_decode", RAN)} == {"flashinfer_decode", None}
     alone = kernels.targets("gdn_decode", ["decode"])          # FlashInfer not selected
     assert [t.peer for t in alone] == [None]
-    assert kernels.targets("gdn_decode", ["my_decode"]) == ()  # a plugin run alone
+    assert kernels.targets("gdn_decode", ["decode_cuda"]) == ()  # the target's kernel not run
     assert kernels.targets("gdn_step", ["ring", "exact_lazy"]) == ()
+    assert kernels.targets("gdn_decode", "all") == kernels.targets("gdn_decode", RAN)
+    assert kernels.targets("gdn_decode", "decode+flashinfer_decode") == \
+        kernels.targets("gdn_decode", RAN)
+    with pytest.raises(ValueError, match="names: no implementation registered as 'my_decod'"):
+        kernels.targets("gdn_decode", "my_decod")
+    with pytest.raises(ValueError, match="gdn_decod"):
+        kernels.targets("gdn_decod", RAN)
 
 
 def _with_peer(df, scale):

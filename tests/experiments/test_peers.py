@@ -317,3 +317,24 @@ def test_flashinfer_bf16_state_points(monkeypatch, provider, K):
     assert peers.flashinfer_supports(128, "bfloat16", "bfloat16")
     assert not peers.flashinfer_supports(128, "bfloat16", "float16")
     E.release()
+
+
+def test_flashinfer_installed_as_a_namespace_package_is_still_recognised(monkeypatch, tmp_path):
+    """A FlashInfer package without ``__file__`` (a namespace package: its ``__path__`` only):
+    an error raised in a file under that path is FlashInfer's."""
+    import sys
+    import types
+
+    pkg = types.ModuleType("fakefi")
+    pkg.__path__ = [str(tmp_path)]
+    monkeypatch.setitem(sys.modules, "fakefi", pkg)
+    scope = {"__name__": "fakefi.gdn_decode"}
+    exec(compile("def mtp(*a, **k):\n    return 1 // 0\n", str(tmp_path / "gdn_decode.py"),
+                 "exec"), scope)
+    monkeypatch.setattr(peers, "flashinfer_gdn", lambda: (scope["mtp"], scope["mtp"]))
+    with pytest.raises(ZeroDivisionError) as info:
+        scope["mtp"]()
+    assert peers.raised_inside_flashinfer(info.value)
+    with pytest.raises(ZeroDivisionError) as ours:
+        _raising_in_our_code()()
+    assert not peers.raised_inside_flashinfer(ours.value)

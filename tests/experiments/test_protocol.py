@@ -320,3 +320,28 @@ def test_counts_and_probabilities_are_checked_on_the_grid():
             "gate": ["none"], "segments": [0]}
     with pytest.raises(ValueError, match=r"^grids: axis segments: must be an int >= 1"):
         pmll.points([ring])
+
+
+def test_not_run_lists_each_kernel_and_reason_once_with_its_points():
+    """Rows marked unsupported or unavailable, grouped by kernel, status and reason (the first
+    of ``reason``, ``error``, ``note`` a row fills; a traceback cut away); failed and ok rows
+    are not listed; a row without a kernel or a frame without point ids still counts."""
+    rows = pd.DataFrame([
+        dict(kernel="fi", status="unsupported", reason="kd 256 not taken", point_id="a"),
+        dict(kernel="fi", status="unsupported", reason="kd 256 not taken", point_id="b"),
+        dict(kernel="fi", status="unsupported", reason="kd 256 not taken", point_id="b"),
+        dict(kernel="twin", status="unavailable", error="needs a GPU\nTraceback (most recent "
+             "call last):\n  File x", point_id="a"),
+        dict(kernel="tok", status="unsupported", note="FlashInfer: not installed", point_id="c"),
+        dict(kernel=None, status="unsupported", reason="no kernel", point_id="d"),
+        dict(kernel="ours", status="failed", error="boom", point_id="e"),
+        dict(kernel="ours", status="ok", point_id="e"),
+    ])
+    out = P.not_run(rows).set_index("kernel")
+    assert out.loc["fi", "points"] == 2 and out.loc["fi", "reason"] == "kd 256 not taken"
+    assert out.loc["twin", "status"] == "unavailable" and out.loc["twin", "reason"] == "needs a GPU"
+    assert out.loc["tok", "reason"] == "FlashInfer: not installed"
+    assert out.loc["*", "reason"] == "no kernel"
+    assert "ours" not in out.index
+    assert P.not_run(rows.drop(columns="point_id")).set_index("kernel").loc["fi", "points"] == 3
+    assert P.not_run(rows[rows["status"] == "ok"]).empty
