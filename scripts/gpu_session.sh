@@ -16,8 +16,12 @@
 # With less device time, one call without FlashInfer (one: the exactness grid, SGLang's bitwise
 # claim, every other step form, then the packed tile off), or three calls: first (part-a: the exactness grid of the 2-byte pools and
 # SGLang's bitwise claim), second (part-b: the A/B, exact lazy and plain decoding, bf16), steps.
-# The notebooks' full preset in one run folder: n1 (part-a, .whl: the exactness grid's fp32 third,
-# then the notebooks that need no FlashInfer), n2 (part-b), n3 (part-c.tar: carry_step), n4.
+# The notebooks' full preset in one run folder, over two sessions (times on an H100,
+# h100-2026-12-07f): n1 (part-a, .whl: the whole exactness grid, 327 s, then pmll_ring),
+# n2 (part-b: gdn_conv), n3 (part-c.tar: carry_step, 471 s), n4 (.whlm: kernels and roofline,
+# FlashInfer unpacked by then, 64 + 472 s); the next session n5 (part-a, .whl: every form once),
+# n6 (part-b), n7 (part-c.tar: carry_protocol, gdn_verify) and n8 (.whlm: spec_decode, tokens,
+# pmll_attention), each resuming the same RUN (the folder brought back between the sessions).
 # Usage (device machine, repo root): PMLL_LAB_COMMIT=<sha> bash scripts/gpu_session.sh PART [RUN]
 #   or ... gpu_session.sh nb RUN NB[:SECONDS]... (those notebooks' full preset into RUN)
 #   or ... gpu_session.sh fiver RUN [SECONDS [NB[:SECONDS]...]] (after parts a-c, with part-d:
@@ -25,7 +29,7 @@
 #   or ... gpu_session.sh quick RUN [SECONDS [NB...]] (every notebook's, or those NBs', quick
 #   preset on the GPU)
 set -u
-part=${1:?a session part: n1-n4, a, b, steps, last, ...}
+part=${1:?a session part: n1-n8, a, b, steps, last, ...}
 run=${2:-h200-$(date -u +%Y-%m-%d)}
 [ -f .fi/fi-unpack.sh ] && bash .fi/fi-unpack.sh
 for w in .whl .whlm; do
@@ -84,13 +88,17 @@ fi_releases() {   # FlashInfer's two releases (part-d beside parts a-c) on the r
   done
 }
 case $part in
-  n1)         # four calls, back to back (FlashInfer parts a, b, c; .whl in the first): the
-              # fp32 third of the exactness grid, then the notebooks that need no FlashInfer
-    exactness 16,32,64,128,256 120 true float32
-    notebooks pmll_ring:130 gdn_conv:90 kernels:60 ;;
-  n2) notebooks pmll_attention:130 ;;                           # part-b
+  n1)         # four calls, back to back (FlashInfer parts a, b, c, then .whlm): the whole
+              # exactness grid, then the notebooks that need no FlashInfer
+    exactness 16,32,64,128,256 340 true float32,bfloat16,float16
+    notebooks pmll_ring:150 ;;
+  n2) notebooks gdn_conv:150 ;;                                 # part-b
   n3) notebooks carry_step:540 ;;                               # part-c: FlashInfer unpacked
-  n4) notebooks spec_decode:200 gdn_verify:150 carry_protocol:200 ;;  # what time is left
+  n4) notebooks kernels:90 roofline:480 ;;                      # .whlm: FlashInfer's peers in both
+  n5) smoke ;;                          # part-a, .whl, next session: every form once, B = 64
+  n6) true ;;                           # part-b: FlashInfer's second part only
+  n7) notebooks carry_protocol:360 gdn_verify:220 ;;            # part-c.tar (a cut one: nb RUN NB:S)
+  n8) notebooks spec_decode:200 tokens:150 pmll_attention:200 ;;  # .whlm: the models
   nb) shift 2; notebooks "$@" ;;   # any notebooks: nb RUN NB[:SECONDS]...
   quick)      # every notebook's quick preset on the GPU (or those named), one run folder: the
               # workbench end to end on this card at this commit (quick RUN [SECONDS [NB...]])
@@ -145,7 +153,7 @@ case $part in
     bash scripts/h200_reports.sh "$run" 400 carry_step:400 ;;
   last) fi_releases; exactness 16,32,256 200 train
     tail -n 5 "$OUT/logs/train_gpu.log" ;;
-  *) echo "part: expected n1-n4, nb, xnb, quick, spec, fiver, a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
+  *) echo "part: expected n1-n8, nb, xnb, quick, spec, fiver, a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
 esac
 # at most 8 files come back from $OUT: the logs travel as one archive
 (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)
