@@ -72,7 +72,11 @@ smoke() {   # every step form that needs no FlashInfer, B = 64, both pools: chec
     exact_lazy,exact_eager,ring,ring_exact_fold,chain_restore,plain_decode,sglang_exact_fold,sglang_replayssm,sglang_replayssm_rawfold \
     --states bfloat16,float32 --batches 64 --out "$OUT/logs/smoke.jsonl" 2>&1 | tee "$OUT/logs/smoke.log"
 }
-notebooks() {   # the notebooks' full preset into one run folder kept across the calls
+notebooks() {   # the notebooks' full preset into one run folder kept across the calls; a run
+                # committed in an earlier session (reports/RUN) is resumed from its copy
+  if [ ! -d "/tmp/pmll-reports/$run" ] && [ -d "reports/$run" ]; then
+    mkdir -p /tmp/pmll-reports && cp -r "reports/$run" /tmp/pmll-reports/
+  fi
   REPORTS_DIR=/tmp/pmll-reports bash scripts/h200_reports.sh "$run" 150 "$@" 2>&1 \
     | tee -a "$OUT/logs/notebooks.log"
 }
