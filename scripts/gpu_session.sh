@@ -18,8 +18,8 @@
 # SGLang's bitwise claim), second (part-b: the A/B, exact lazy and plain decoding, bf16), steps.
 # The notebooks' full preset in one run folder, over two sessions (times on an H100,
 # h100-2026-12-07f): n1 (part-a, .whl: the whole exactness grid, 327 s, then pmll_ring),
-# n2 (part-b: gdn_conv), n3 (part-c.tar: carry_step, 471 s), n4 (.whlm: kernels and roofline,
-# FlashInfer unpacked by then, 64 + 472 s); the next session n5 (part-a, .whl: every form once),
+# n2 (part-b: gdn_conv), n3 (part-c.tar: carry_step, 471 s), n4 (nothing more to carry: kernels
+# and roofline, FlashInfer unpacked by then, 64 + 472 s: a cut roofline resumes in the next); the next session n5 (part-a, .whl: every form once),
 # n6 (part-b), n7 (part-c.tar: carry_protocol, gdn_verify) and n8 (.whlm: spec_decode, tokens,
 # pmll_attention), each resuming the same RUN (the folder brought back between the sessions).
 # Usage (device machine, repo root): PMLL_LAB_COMMIT=<sha> bash scripts/gpu_session.sh PART [RUN]
@@ -98,7 +98,7 @@ case $part in
     notebooks pmll_ring:150 ;;
   n2) notebooks gdn_conv:150 ;;                                 # part-b
   n3) notebooks carry_step:540 ;;                               # part-c: FlashInfer unpacked
-  n4) notebooks kernels:90 roofline:480 ;;                      # .whlm: FlashInfer's peers in both
+  n4) notebooks kernels:80 roofline:450 ;;                      # FlashInfer's peers in both
   n5) smoke ;;                          # part-a, .whl, next session: every form once, B = 64
   n6) true ;;                           # part-b: FlashInfer's second part only
   n7) notebooks carry_protocol:360 gdn_verify:220 ;;            # part-c.tar (a cut one: nb RUN NB:S)
