@@ -19,9 +19,10 @@
 # The notebooks' full preset in one run folder, over two sessions (times on an H100,
 # h100-2026-12-07f): n1 (part-a, .whl: the whole exactness grid, 327 s, then pmll_ring),
 # n2 (part-b: gdn_conv), n3 (part-c.tar: carry_step, 471 s), n4 (nothing more to carry: kernels
-# and roofline, FlashInfer unpacked by then, 64 + 472 s: a cut roofline resumes in the next); the next session n5 (part-a, .whl: every form once),
-# n6 (part-b), n7 (part-c.tar: carry_protocol, gdn_verify) and n8 (.whlm: spec_decode, tokens,
-# pmll_attention), each resuming the same RUN (the folder brought back between the sessions).
+# and roofline, FlashInfer unpacked by then, 64 + 472 s: a cut roofline resumes in the next);
+# the next session n5 (part-a, .whl: every form once), n6 (part-b), n7 (part-c.tar:
+# carry_protocol, gdn_verify) and n8 (.whlm: spec_decode, tokens, pmll_attention), each resuming
+# the same RUN (the folder brought back between the sessions).
 # Usage (device machine, repo root): PMLL_LAB_COMMIT=<sha> bash scripts/gpu_session.sh PART [RUN]
 #   or ... gpu_session.sh nb RUN NB[:SECONDS]... (those notebooks' full preset into RUN)
 #   or ... gpu_session.sh fiver RUN [SECONDS [NB[:SECONDS]...]] (after parts a-c, with part-d:
