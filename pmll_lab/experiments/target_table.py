@@ -24,10 +24,12 @@ def step_target(text: str, ours: str, peer: str, bound: float | None, *, reports
                 state_dtype: str = "bfloat16", Bs=B_MAIN, ours_dtype: str | None = None
                 ) -> Target:
     """A per-step target (``step_us`` at ``K = 4``, one row per ``B``): implementation ``ours``
-    against ``peer`` at ``state_dtype`` (ours at ``ours_dtype`` where given)."""
+    against ``peer`` at ``state_dtype`` (ours at ``ours_dtype`` where given), each ring length
+    both ran a cell of its own (the two sides matched, every cell judged, the worst shown)."""
     return Target(text, {"form": ours, "state_dtype": ours_dtype or state_dtype},
                   {"form": peer, "state_dtype": state_dtype}, bound,
-                  where={"K": 4, "B": list(Bs)}, per=("B",), metric="step_us",
+                  where={"K": 4, "B": list(Bs)}, per=("B",), over=("ring_length",),
+                  metric="step_us",
                   reports=tuple(dict.fromkeys(reports + (STEP,))))
 
 

@@ -71,7 +71,8 @@ def _side(w: pd.DataFrame, sel, t: Target, cell: list[str]) -> pd.DataFrame:
     if rows.empty:
         return rows
     rows = rows.assign(value=rows["time_us"], layout=rows["state_layout"], _k=0,
-                       frac=rows["roofline_frac"] if "roofline_frac" in rows else math.nan)
+                       frac=rows["roofline_frac"] if "roofline_frac" in rows else math.nan,
+                       **{c: math.nan for c in cell if c not in rows})   # rows without the axis
     best = rows.loc[rows.groupby(cell + ["_k"], dropna=False)["value"].idxmin()]
     keep = [c for c in t.show if c in best]
     return best[cell + ["_k", "value", "frac", "layout"] + keep]
@@ -121,7 +122,7 @@ def _rows_of(w: pd.DataFrame, t: Target, timer: str) -> list[dict]:
         worst = max(range(len(figs)), key=lambda i: figs[i] * (-1 if t.kind == "frac" else 1))
         w = cells.iloc[worst]
         met = sum(j[1] for j in judged)
-        where = ", ".join(f"{c}={w[c]}" for c in t.over)
+        where = ", ".join(f"{c}={w[c]}" for c in t.over) if len(judged) > 1 else ""
         shown = ", ".join(f"{c} {w[c]:.2f}" for c in t.show if c in w and pd.notna(w[c]))
         status = "reported" if t.bound is None else "met" if met == len(judged) else "missed"
         out.append(dict(row, status=status,

@@ -351,3 +351,27 @@ def test_roofline_and_carry_protocol_headlines_judge_the_step():
     ring1 = rhead.loc[("B = 1, 8: ring step <= FlashInfer's ReplaySSM step, bf16 state", 1)]
     assert ring1["status"] == "missed" and abs(ring1["ratio"] - 47.0 / 33.5) < 1e-3
     assert set(rhead["status"]) <= {"met", "missed", "reported", "not measured"}
+
+
+def test_step_targets_match_the_two_sides_ring_length_by_ring_length():
+    """Each ring length both sides ran is a cell of its own: the ring at R = 32 is set against
+    the peer at R = 32, not against the peer's faster R = 16 (a mismatched pair), every cell is
+    judged and the worst is shown with its ring length."""
+    import pandas as pd
+
+    from pmll_lab.experiments import targets as T
+    from pmll_lab.experiments.target_table import TARGETS
+
+    times = {("ring", 16): 48.0, ("ring", 32): 44.0,
+             ("flashinfer_replayssm", 16): 42.0, ("flashinfer_replayssm", 32): 50.0}
+    rows = [dict(point_id=f"{B}-{R}", kernel=form, form=form, state_dtype="bfloat16", B=B, K=4,
+                 ring_length=R, metric="step_us", value=us * B / 64, timer="cuda_graph",
+                 status="ok")
+            for (form, R), us in times.items() for B in (64, 128)]
+    (target,) = [t for t in TARGETS
+                 if t.text == "ring step <= 0.9x FlashInfer's ReplaySSM step, bf16 state"]
+    head = T.headline(pd.DataFrame(rows), [target]).set_index("B")
+    assert head.loc[64, "cells"] == 2 and head.loc[64, "met_cells"] == 1
+    assert abs(head.loc[64, "ratio"] - 48.0 / 42.0) < 1e-3           # the worst: R = 16
+    assert head.loc[64, "note"] == "worst at ring_length=16"
+    assert head.loc[64, "status"] == "missed"
