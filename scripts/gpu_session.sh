@@ -16,13 +16,13 @@
 # With less device time, one call without FlashInfer (one: the exactness grid, SGLang's bitwise
 # claim, every other step form, then the packed tile off), or three calls: first (part-a: the exactness grid of the 2-byte pools and
 # SGLang's bitwise claim), second (part-b: the A/B, exact lazy and plain decoding, bf16), steps.
-# The notebooks' full preset in one run folder, over two sessions (times on an H100,
-# h100-2026-12-07f): n1 (part-a, .whl: the whole exactness grid, 327 s, then pmll_ring),
-# n2 (part-b: gdn_conv), n3 (part-c.tar: carry_step, 471 s), n4 (nothing more to carry: kernels
-# and roofline, FlashInfer unpacked by then, 64 + 472 s: a cut roofline resumes in the next);
-# the next session n5 (part-a, .whl: every form once), n6 (part-b), n7 (part-c.tar:
-# carry_protocol, gdn_verify) and n8 (.whlm: spec_decode, tokens, pmll_attention), each resuming
-# the same RUN (the folder brought back between the sessions).
+# The notebooks' full preset in one run folder, over two sessions of 30 device-minutes (times
+# on an H100, h100-2026-12-07f; each part's limits leave room under a call's 600 s): n1 (part-a,
+# .whl: pmll_ring, gdn_conv), n2 (part-b: the whole exactness grid, 327 s), n3 (part-c.tar:
+# carry_step, 471 s), n4 (roofline, 472 s); the next session n5 (part-a, .whl: every form once),
+# n6 (part-b), n7 (part-c.tar: carry_protocol, kernels), n8 (.whlm: gdn_verify, spec_decode)
+# and n9 (tokens, pmll_attention), each resuming the same RUN (the folder brought back and
+# committed between the sessions).
 # Usage (device machine, repo root): PMLL_LAB_COMMIT=<sha> bash scripts/gpu_session.sh PART [RUN]
 #   or ... gpu_session.sh nb RUN NB[:SECONDS]... (those notebooks' full preset into RUN)
 #   or ... gpu_session.sh fiver RUN [SECONDS [NB[:SECONDS]...]] (after parts a-c, with part-d:
@@ -30,7 +30,7 @@
 #   or ... gpu_session.sh quick RUN [SECONDS [NB...]] (every notebook's, or those NBs', quick
 #   preset on the GPU)
 set -u
-part=${1:?a session part: n1-n8, a, b, steps, last, ...}
+part=${1:?a session part: n1-n9, a, b, steps, last, ...}
 run=${2:-h200-$(date -u +%Y-%m-%d)}
 [ -f .fi/fi-unpack.sh ] && bash .fi/fi-unpack.sh
 for w in .whl .whlm; do
@@ -93,17 +93,15 @@ fi_releases() {   # FlashInfer's two releases (part-d beside parts a-c) on the r
   done
 }
 case $part in
-  n1)         # four calls, back to back (FlashInfer parts a, b, c, then .whlm): the whole
-              # exactness grid, then the notebooks that need no FlashInfer
-    exactness 16,32,64,128,256 340 true float32,bfloat16,float16
-    notebooks pmll_ring:150 ;;
-  n2) notebooks gdn_conv:150 ;;                                 # part-b
-  n3) notebooks carry_step:540 ;;                               # part-c: FlashInfer unpacked
-  n4) notebooks kernels:80 roofline:450 ;;                      # FlashInfer's peers in both
-  n5) smoke ;;                          # part-a, .whl, next session: every form once, B = 64
-  n6) true ;;                           # part-b: FlashInfer's second part only
-  n7) notebooks carry_protocol:360 gdn_verify:220 ;;            # part-c.tar (a cut one: nb RUN NB:S)
-  n8) notebooks spec_decode:200 tokens:150 pmll_attention:200 ;;  # .whlm: the models
+  n1) notebooks pmll_ring:150 gdn_conv:150 ;;    # part-a, .whl: no FlashInfer needed (~320 s)
+  n2) exactness 16,32,64,128,256 340 true float32,bfloat16,float16 ;;   # part-b: the whole grid
+  n3) notebooks carry_step:520 ;;                # part-c.tar: FlashInfer unpacked (471 s)
+  n4) notebooks roofline:480 ;;                  # no carry (472 s in two calls: a cut one resumes)
+  n5) smoke ;;                                   # next session, part-a, .whl: every form, B = 64
+  n6) true ;;                                    # part-b: FlashInfer's second part only
+  n7) notebooks carry_protocol:380 kernels:80 ;; # part-c.tar
+  n8) notebooks gdn_verify:240 spec_decode:220 ;;   # .whlm: the models' wheels
+  n9) notebooks tokens:150 pmll_attention:220 ;;    # no carry
   nb) shift 2; notebooks "$@" ;;   # any notebooks: nb RUN NB[:SECONDS]...
   quick)      # every notebook's quick preset on the GPU (or those named), one run folder: the
               # workbench end to end on this card at this commit (quick RUN [SECONDS [NB...]])
@@ -158,7 +156,7 @@ case $part in
     bash scripts/h200_reports.sh "$run" 400 carry_step:400 ;;
   last) fi_releases; exactness 16,32,256 200 train
     tail -n 5 "$OUT/logs/train_gpu.log" ;;
-  *) echo "part: expected n1-n8, nb, xnb, quick, spec, fiver, a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
+  *) echo "part: expected n1-n9, nb, xnb, quick, spec, fiver, a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
 esac
 # at most 8 files come back from $OUT: the logs travel as one archive
 (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)

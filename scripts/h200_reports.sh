@@ -17,10 +17,11 @@ set -u
 run=$1; limit=$2; shift 2
 rdir=${REPORTS_DIR:-reports}
 [ -f .fi/jit-cache.tgz ] && tar xzf .fi/jit-cache.tgz -C "$HOME"
-# the wheels: installed when carried (a later call on the same warm machine may leave them out)
-if ls .whl/*.whl >/dev/null 2>&1; then
+# the wheels: installed when carried (a later call on the same warm machine may leave them
+# out), once per machine (scripts/gpu_session.sh marks /tmp/site/.whl-done the same way)
+if ls .whl/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site/.whl-done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
+    --target /tmp/site .whl/*.whl && touch /tmp/site/.whl-done || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD JUPYTER_PATH=/tmp/site/share/jupyter PATH=/tmp/site/bin:$PATH
 # FlashInfer, when ../shared/device/fetch-flashinfer.sh's three parts were unpacked (fi-unpack.sh)

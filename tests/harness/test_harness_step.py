@@ -375,3 +375,21 @@ def test_step_targets_match_the_two_sides_ring_length_by_ring_length():
     assert abs(head.loc[64, "ratio"] - 48.0 / 42.0) < 1e-3           # the worst: R = 16
     assert head.loc[64, "note"] == "worst at ring_length=16"
     assert head.loc[64, "status"] == "missed"
+
+
+def test_a_form_without_a_ring_meets_the_ring_at_its_best_ring_length():
+    """exact lazy (no ring; its rows carry the grid's ring length 16) against the ring run at
+    16 and 32: the ring's fastest length counts, one cell, nothing left out."""
+    import pandas as pd
+
+    from pmll_lab.experiments import targets as T
+    from pmll_lab.experiments.target_table import TARGETS
+
+    times = {("exact_lazy", 16): 150.0, ("ring", 16): 48.0, ("ring", 32): 44.0}
+    rows = [dict(point_id=f"{B}-{R}-{form}", kernel=form, form=form, state_dtype="bfloat16",
+                 B=B, K=4, ring_length=R, metric="step_us", value=us * B / 64,
+                 timer="cuda_graph", status="ok")
+            for (form, R), us in times.items() for B in (64, 128)]
+    (target,) = [t for t in TARGETS if t.text == "exact lazy step <= 2.5x the ring step, bf16 state"]
+    head = T.headline(pd.DataFrame(rows), [target]).set_index("B")
+    assert head.loc[64, "cells"] == 1 and abs(head.loc[64, "ratio"] - 150.0 / 44.0) < 1e-3
