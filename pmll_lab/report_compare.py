@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pmll_lab.experiments.targets import COLUMNS
+from pmll_lab.report_index import HEADLINE_FILE
 
 NOISE = 0.02
 """Default ``--noise``: the largest change of a step ratio between two sessions of one card type
@@ -31,6 +31,8 @@ NOISE = 0.02
 def _cells(columns) -> list[str]:
     """A headline's per-cell columns: those right after ``target`` before any of ``COLUMNS``
     (``targets.headline`` puts them there; older headlines too)."""
+    from pmll_lab.experiments.targets import COLUMNS    # as report_index: not at start-up
+
     cols = list(columns)
     out = []
     for c in cols[cols.index("target") + 1:]:
@@ -49,7 +51,7 @@ def headlines(run: str | Path) -> pd.DataFrame:
     if not (run / "results").is_dir():
         raise ValueError(f"run: {str(run)!r} is not a run folder (no results/ in it)")
     frames = []
-    for path in sorted(run.glob("results/*/headline.csv")):
+    for path in sorted(run.glob(f"results/*/{HEADLINE_FILE}")):
         try:
             df = pd.read_csv(path)
         except pd.errors.EmptyDataError:

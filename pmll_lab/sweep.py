@@ -213,8 +213,10 @@ def run_sweep(
     finally:
         if bar is not None:
             bar.close()
-    gz = path.with_name(path.name + ".gz")              # an archived run's points
-    df = load(path) if path.exists() or gz.exists() else pd.DataFrame()
+    try:
+        df = load(path)                      # the .jsonl and an archived run's .jsonl.gz
+    except FileNotFoundError:                # nothing stored: no point ran, none archived
+        df = pd.DataFrame()
     if "point_id" in df:
         df = df[df["point_id"].isin(wanted)].reset_index(drop=True)
     frame_to_csv(df, results_dir / f"{name}.csv")
