@@ -114,7 +114,8 @@ def test_ring_probes_hold_the_ring_tolerance(probe, state_dtype, fill):
     """A ring verify probe of ``scripts/probes`` (a candidate for ``tune_ring.py --kernels``)
     against the float64 ring reference: outputs within ``RING_TOLERANCE`` and no more than
     1.5x the library kernel's error; the folded state and the appended ring rows within
-    ``RING_TOLERANCE`` of the library's, ``engaged`` equal; with and without a fold (fill 13 of
+    ``RING_TOLERANCE`` of the library's, ``engaged`` and the appended cumulative decays equal,
+    the appended keys within ``RING_TOLERANCE`` (their norms are summed chunk by chunk); with and without a fold (fill 13 of
     a 16-row ring folds), at a one-chunk tile (``BK = kd``) and a two-chunk one; seeded random
     inputs (in the state's dtype)."""
     import torch
@@ -151,15 +152,17 @@ def test_ring_probes_hold_the_ring_tolerance(probe, state_dtype, fill):
         with variant_kernel(ring_form, "gdn_ring_fused_kernel", path), \
                 settings.override(ring_form_tiles=((1 << 62, 4) + tile,)):
             o, e = gdn_ring_verify(st, rg, x["q"], x["k"], x["v"], **kw)
-        return o, st, rg.u, e
+        return o, st, rg.u, e, rg.k, rg.G
 
     lib = run("lib", (32, 16, 2, 2))
     lib_err = errors(lib[0].float(), o_ref)["rel_l2"]
     assert 0 < lib_err <= tol
     for tile in ((32, 32, 2, 1), (32, 16, 2, 2)):
-        o, st, u, e = run(str(probe), tile)
+        o, st, u, e, k_ring, G_ring = run(str(probe), tile)
         err = errors(o.float(), o_ref)["rel_l2"]
         assert err <= min(tol, 1.5 * lib_err), (tile, err, lib_err)
         assert errors(st.float(), lib[1].float())["rel_l2"] <= tol, tile
         assert errors(u.float(), lib[2].float())["rel_l2"] <= tol, tile
         assert e.cpu().tolist() == e_ref.tolist() == lib[3].cpu().tolist()
+        assert errors(k_ring.float(), lib[4].float())["rel_l2"] <= tol, tile
+        assert torch.equal(G_ring, lib[5]), tile
