@@ -2,7 +2,7 @@
 
     python -m pmll_lab report --preset quick|full --device auto|cpu|cuda [--only NAME ...]
                               [--run NAME] [--resume [--keep-other-commits]]
-                              [--cell-timeout SECONDS]
+                              [--cell-timeout SECONDS] [--replace]
                               [--workers N | --scheduler ADDRESS]
 
 ``--workers N`` runs the notebooks' sweeps on a Dask LocalCluster started for the report: one
@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                      help="folder of the notebooks to run (default: notebooks)")
     rep.add_argument("--reports-dir", default="reports",
                      help="folder the run folder is written under (default: reports)")
+    rep.add_argument("--replace", action="store_true",
+                     help="let this call replace a notebook's results that the run folder holds "
+                     "from another device or preset (refused otherwise: a committed GPU run is "
+                     "not overwritten by a CPU run by mistake)")
     args = parser.parse_args(argv)
     if args.keep_other_commits and not args.resume:
         rep.error("--keep-other-commits: only with --resume (it keeps stored points of "
@@ -83,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             rep.error(f"PMLL_LAB_PLUGINS: no such file {missing[0]!r} (from {os.getcwd()})")
         os.environ["PMLL_LAB_PLUGINS"] = os.pathsep.join(os.path.abspath(p) for p in plugins)
+        from pmll_lab.harness import registry   # loaded here first: a plugin that does not
+        try:                                    # load stops the report before any folder or
+            registry.load_plugins()             # stored result is touched
+        except (ValueError, RuntimeError) as exc:
+            rep.error(str(exc))
 
     try:
         manifest = build_report(preset=args.preset, device=args.device, run=args.run,
@@ -91,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                                 cell_timeout=args.cell_timeout,
                                 workers=args.workers, scheduler=args.scheduler,
                                 notebooks_dir=args.notebooks_dir, reports_dir=args.reports_dir,
+                                replace=args.replace,
                                 log=lambda msg: print(msg, flush=True))
     except ReportError as exc:
         print(f"pmll_lab report: {exc}", file=sys.stderr)

@@ -218,6 +218,7 @@ def build_report(
     cell_timeout: float | None = None,
     workers: int | None = None,
     scheduler: str | None = None,
+    replace: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict:
     """Run notebooks into ``<reports_dir>/<run>/`` and write ``index.html`` and ``manifest.json``.
@@ -234,6 +235,10 @@ def build_report(
     ``resume``: keep the notebooks' stored results (the sweeps skip the points done);
     ``keep_other_commits`` (with ``resume`` only): reuse stored points of another commit too,
     instead of running them again (each entry's ``other_commits`` counts them per commit).
+    ``replace``: let this call replace a notebook's stored results that the run's manifest
+    says came from another device or preset; without it that is refused (``ReportError``
+    naming ``run``) before anything in the folder is written, as is a ``resume`` on another
+    device: a CPU call never replaces or mixes into a GPU run's rows by mistake.
 
     Returns the manifest (``manifest["ok"]`` is False when a notebook of this call failed).
     When some notebooks are chosen (``notebooks`` or ``only``), the entries of the run's earlier
@@ -251,8 +256,11 @@ def build_report(
         raise ReportError(f"preset: must be one of {PRESETS}, not {preset!r}")
     if device not in DEVICES:
         raise ReportError(f"device: must be one of {DEVICES}, not {device!r}")
-    if not run or Path(run).name != run or run.startswith("."):
+    if not run or Path(run).name != run or run.startswith(".") or Path(run).suffix in (
+            ".html", ".md", ".json", ".csv", ".txt", ".ipynb"):
         raise ReportError(f"run: must be a plain folder name, not {run!r}")
+    if (Path(reports_dir) / run).exists() and not (Path(reports_dir) / run).is_dir():
+        raise ReportError(f"run: {Path(reports_dir) / run} exists and is not a folder")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 1):
         raise ReportError(f"workers: must be a positive int, not {workers!r}")
@@ -286,6 +294,7 @@ def build_report(
             previous = json.loads(manifest_path.read_text()).get("notebooks", [])
         except (json.JSONDecodeError, AttributeError):
             previous = []
+    previous = [e for e in previous if isinstance(e, dict)]
 
     manifest = {"run": run, "preset": preset, "device_requested": device,
                 "started_utc": utc_now(), "notebooks_dir": str(notebooks_dir),
@@ -295,7 +304,13 @@ def build_report(
             address, cluster_desc):
         manifest["cluster"] = cluster_desc
         manifest["environment"] = env_info = probe_environment(env)
-        run_dir.mkdir(parents=True, exist_ok=True)      # only once the run can start
+        if not replace:
+            _refuse_replacing(run_dir, previous, [p.stem for p in paths], env_info, preset,
+                              resume)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)      # only once the run can start
+        except OSError as exc:
+            raise ReportError(f"reports_dir: cannot make {run_dir}: {exc}") from None
         if not paths:
             log(f"no notebooks found in {notebooks_dir}: nothing to run "
                 f"(writing an empty index)")
@@ -339,6 +354,29 @@ def build_report(
         manifest["running"], manifest["to_run"] = None, []
         _write_index(run_dir, manifest, ran, previous, complete=True, keep_all=chosen)
     return manifest
+
+
+def _refuse_replacing(run_dir: Path, previous: list[dict], plan: list[str], env_info: dict,
+                      preset: str, resume: bool) -> None:
+    """``ReportError`` naming ``run`` when a notebook of ``plan`` has stored results in
+    ``run_dir`` that its earlier manifest entry says came from another device (or, without
+    ``resume``, another preset): this call would delete them, or resume them with rows of
+    another device."""
+    device = env_info.get("device", "")
+    for e in previous:
+        name = e.get("name")
+        results = run_dir / "results" / str(name)
+        if name not in plan or not results.is_dir() or not any(results.iterdir()):
+            continue
+        other = [f"device {e.get('device')!r}" for _ in [0] if e.get("device") != device]
+        if not resume and e.get("preset") != preset:
+            other.append(f"preset {e.get('preset')!r}")
+        if other:
+            doing = "resume them with rows of" if resume else "replace them with those of"
+            raise ReportError(
+                f"run: {run_dir.name!r} holds {name}'s results from {' and '.join(other)}; this "
+                f"call would {doing} device {device!r}, preset {preset!r}. Choose another "
+                f"--run, or pass --replace (build_report(replace=True)) to replace them")
 
 
 @contextlib.contextmanager

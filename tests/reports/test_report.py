@@ -415,3 +415,46 @@ def test_full_preset_under_the_interpreter_warns(tmp_path):
         assert [n["status"] for n in manifest["notebooks"]] == ["failed"]  # a stand-in notebook
         said = any("full preset is the H200 grid" in m for m in lines)
         assert said is warned, lines
+
+
+def test_a_gpu_runs_results_are_not_replaced_by_another_device_or_preset(tmp_path, capsys,
+                                                                         monkeypatch):
+    """A run folder whose manifest says a notebook's stored results came from another device
+    (a committed GPU run) or, without ``--resume``, another preset is refused (exit 2, naming
+    the run, the device and ``--replace``) before anything in it is written; ``--replace`` lets
+    the call replace them. A plugin that does not load stops the CLI before the folder is
+    touched; a run name that is a file, or looks like one, is refused."""
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    _notebook(nbdir / "good.ipynb", [GOOD])
+    reports = tmp_path / "reports"
+    build_report(device="cpu", run="gpu", notebooks_dir=nbdir, reports_dir=reports,
+                 log=lambda m: None)
+    run = reports / "gpu"
+    manifest = json.loads((run / "manifest.json").read_text())
+    for e in manifest["notebooks"]:                       # as a GPU run would have written it
+        e["device"], e["preset"] = "NVIDIA H200", "full"
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    stored = sorted(p.name for p in (run / "results" / "good").iterdir())
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    args = ["report", "--device", "cpu", "--notebooks-dir", str(nbdir), "--reports-dir",
+            str(reports), "--run", "gpu"]
+    for extra in ([], ["--resume"]):
+        assert main(args + extra) == 2
+        err = capsys.readouterr().err
+        assert "run: 'gpu' holds good's results from device 'NVIDIA H200'" in err, err
+        assert "--replace" in err
+    (tmp_path / "bad_plugin.py").write_text("def broken(:\n")
+    monkeypatch.setenv("PMLL_LAB_PLUGINS", str(tmp_path / "bad_plugin.py"))
+    with pytest.raises(SystemExit) as stop:
+        main(args + ["--replace"])
+    assert stop.value.code == 2 and "raised SyntaxError" in capsys.readouterr().err
+    monkeypatch.delenv("PMLL_LAB_PLUGINS")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert main(args + ["--replace"]) == 0
+    assert sorted(p.name for p in (run / "results" / "good").iterdir()) == stored
+    assert json.loads((run / "manifest.json").read_text())["notebooks"][0]["preset"] == "quick"
+    (reports / "notes.txt").write_text("x")
+    for name in ("notes.txt", "index.html", "README.md"):
+        with pytest.raises(ReportError, match="^run: "):
+            build_report(device="cpu", run=name, notebooks_dir=nbdir, reports_dir=reports)
