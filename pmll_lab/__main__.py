@@ -2,7 +2,7 @@
 
     python -m pmll_lab report --preset quick|full --device auto|cpu|cuda [--only NAME ...]
                               [--run NAME] [--resume [--keep-other-commits]]
-                              [--cell-timeout SECONDS] [--replace]
+                              [--cell-timeout SECONDS] [--replace] [--param NAME=VALUE ...]
                               [--workers N | --scheduler ADDRESS]
 
 ``--workers N`` runs the notebooks' sweeps on a Dask LocalCluster started for the report: one
@@ -18,6 +18,7 @@ when Ctrl-C or SIGTERM stopped it (the index names the notebook stopped and thos
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import sys
 
@@ -73,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
                      help="folder of the notebooks to run (default: notebooks)")
     rep.add_argument("--reports-dir", default="reports",
                      help="folder the run folder is written under (default: reports)")
+    rep.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                     help="a notebook parameter beside preset and device (repeatable; VALUE a "
+                     "Python literal or else a string), e.g. --only kernels --param "
+                     "family=gdn_step --param grids=roofline_step; every notebook run must "
+                     "take it")
     rep.add_argument("--replace", action="store_true",
                      help="let this call replace a notebook's results that the run folder holds "
                      "from another device or preset (refused otherwise: a committed GPU run is "
@@ -81,6 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep_other_commits and not args.resume:
         rep.error("--keep-other-commits: only with --resume (it keeps stored points of "
                   "another commit)")
+    params = {}
+    for item in args.param:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip().isidentifier():
+            rep.error(f"--param: {item!r} is not NAME=VALUE")
+        if name.strip() in params:
+            rep.error(f"--param: {name.strip()} given twice")
+        try:
+            params[name.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            params[name.strip()] = value.strip()          # a string: a workload's name
     plugins = [p for p in os.environ.get("PMLL_LAB_PLUGINS", "").split(os.pathsep) if p]
     if plugins:          # the notebooks run in their own folder: paths from here, made absolute
         missing = [p for p in plugins if not os.path.isfile(p)]
@@ -100,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                                 cell_timeout=args.cell_timeout,
                                 workers=args.workers, scheduler=args.scheduler,
                                 notebooks_dir=args.notebooks_dir, reports_dir=args.reports_dir,
-                                replace=args.replace,
+                                replace=args.replace, params=params or None,
                                 log=lambda msg: print(msg, flush=True))
     except ReportError as exc:
         print(f"pmll_lab report: {exc}", file=sys.stderr)

@@ -51,7 +51,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from pmll_lab import PRESETS
@@ -96,7 +96,7 @@ def select(notebooks: Sequence[Path], only: Sequence[str]) -> list[Path]:
     return [by_name[n] for n in dict.fromkeys(wanted)]
 
 
-def check_notebooks(paths: Sequence[Path]) -> None:
+def check_notebooks(paths: Sequence[Path], params: Mapping | None = None) -> None:
     """``ReportError`` naming the notebook, before anything runs, when a notebook cannot make
     a report page: a name that clashes with the run's own files (``RUN_FILES``, any case: a
     case-insensitive disk would mix them) or has characters a link does not take as they are
@@ -104,10 +104,16 @@ def check_notebooks(paths: Sequence[Path]) -> None:
     parameters every notebook is given (``INJECTED``), whose results would land beside the
     notebook rather than in the run, unlisted (``scheduler`` is injected too when the sweeps
     run on a cluster; a notebook that ignores it runs them in its own process). A file that
-    is not a notebook is left to its run, which fails it while the others run."""
+    is not a notebook is left to its run, which fails it while the others run. ``params``
+    (names a call gives the notebooks beside the injected ones) must each be assigned in every
+    notebook's parameters cell, and none may be one the report injects."""
     import nbformat
 
     want = INJECTED
+    taken = sorted(set(params or ()) & {*INJECTED, "scheduler"})
+    if taken:
+        raise ReportError(f"params: {', '.join(taken)} set by the report itself (--preset, "
+                          f"--device, --run; use those)")
     for path in paths:
         name = path.stem
         if name.casefold() in RUN_FILES:
@@ -130,6 +136,11 @@ def check_notebooks(paths: Sequence[Path]) -> None:
                               f"(the report injects {', '.join(want)} after it; without it the "
                               f"notebook's own values win and its results miss the run)")
         assigned = {prm.name for prm in PythonTranslator.inspect(tagged[0])}
+        unknown = [k for k in (params or ()) if k not in assigned]
+        if unknown:
+            raise ReportError(f"params: {path.name} has no parameter {', '.join(unknown)} (its "
+                              f"parameters cell assigns {', '.join(sorted(assigned))}); run "
+                              f"--only the notebooks that take it")
         missing = [w for w in want if w not in assigned]
         if missing:
             raise ReportError(f"notebooks: the parameters cell of {path.name} does not assign "
@@ -219,6 +230,7 @@ def build_report(
     workers: int | None = None,
     scheduler: str | None = None,
     replace: bool = False,
+    params: Mapping | None = None,
     log: Callable[[str], None] = print,
 ) -> dict:
     """Run notebooks into ``<reports_dir>/<run>/`` and write ``index.html`` and ``manifest.json``.
@@ -235,6 +247,10 @@ def build_report(
     ``resume``: keep the notebooks' stored results (the sweeps skip the points done);
     ``keep_other_commits`` (with ``resume`` only): reuse stored points of another commit too,
     instead of running them again (each entry's ``other_commits`` counts them per commit).
+    ``params``: parameters given to every notebook run beside the injected ones (a workload's
+    name as ``grids``, a ``family`` and its ``implementations``: the kernels notebook's), each
+    one its parameters cell must assign (``ReportError`` naming ``params`` otherwise);
+    recorded in each entry of the manifest.
     ``replace``: let this call replace a notebook's stored results that the run's manifest
     says came from another device or preset; without it that is refused (``ReportError``
     naming ``run``) before anything in the folder is written, as is a ``resume`` on another
@@ -284,7 +300,9 @@ def build_report(
         raise ReportError(f"notebooks: not found: {', '.join(missing)}")
     if only:
         paths = select(paths, only)
-    check_notebooks(paths)
+    if params is not None and not isinstance(params, Mapping):
+        raise ReportError(f"params: a dict of parameter names and values, got {params!r}")
+    check_notebooks(paths, params)
 
     run_dir = Path(reports_dir) / run
     previous = []
@@ -339,7 +357,8 @@ def build_report(
                 try:
                     entry = run_notebook(src, run_dir, preset=preset, device=device,
                                      resume=resume, cell_timeout=cell_timeout,
-                                     env_info=env_info, log=log, scheduler=address)
+                                     env_info=env_info, log=log, scheduler=address,
+                                     params=params)
                 except KeyboardInterrupt:      # outside the notebook's cells (rendering...)
                     entry = None
                 if entry is not None:

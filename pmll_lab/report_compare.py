@@ -4,7 +4,8 @@
 ``results/<notebook>/headline.csv`` of the two run folders (target headlines: a CPU run's
 check headline has no targets) and prints one line per target and cell (``B`` or the other
 columns a headline gives between ``target`` and ``ours``) of either run: the figure of each run
-(the ratio where the target has a peer, else our time in µs), their status, ``change = B / A -
+(``measure``: the ratio where the target has a peer, else the fraction of the copy ceiling a
+bandwidth target judges, else our time in µs), their status, ``change = B / A -
 1`` and ``moved`` (a change beyond ``--noise``, default 0.02: between two sessions of one card
 type a step ratio moved by under 2 %, ``reports/perf-notes.md``). A target in one run only, or
 without a figure in one, is listed with the other side empty, not dropped. Figures are the
@@ -45,8 +46,10 @@ def _cells(columns) -> list[str]:
 def headlines(run: str | Path) -> pd.DataFrame:
     """Every target headline (``results/<notebook>/headline.csv`` with a ``target`` column) of run
     folder ``run`` in one frame: ``notebook``, ``target``, its cells, ``figure`` (the ratio, else
-    our time in µs) and ``status``. ``ValueError`` naming ``run`` when it is not a run folder, or
-    when one headline holds a target and cell twice."""
+    the copy-ceiling fraction of a bandwidth target, else our time in µs), ``measure`` (which
+    of the three) and ``status``. ``ValueError`` naming ``run`` when it is not a run folder, or
+    naming the file when a headline is not a table of numbers or holds a target and cell
+    twice."""
     run = Path(run)
     if not (run / "results").is_dir():
         raise ValueError(f"run: {str(run)!r} is not a run folder (no results/ in it)")
@@ -56,6 +59,9 @@ def headlines(run: str | Path) -> pd.DataFrame:
             df = pd.read_csv(path)
         except pd.errors.EmptyDataError:
             continue                                   # an empty file: nothing to compare
+        except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+            raise ValueError(f"run: {path} is not a headline table ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0][:120]})") from None
         if "target" not in df or df.empty:
             continue                                   # a check headline (a CPU run)
         cells = _cells(df.columns)
@@ -68,11 +74,23 @@ def headlines(run: str | Path) -> pd.DataFrame:
                               errors="coerce")
         us = pd.to_numeric(df.get("ours_us", pd.Series(index=df.index, dtype=float)),
                            errors="coerce")
-        frames.append(df[keys].assign(notebook=path.parent.name,
-                                      figure=ratio.where(ratio.notna(), us),
-                                      status=df.get("status", "")))
+        frac = pd.to_numeric(df.get("roofline_frac", pd.Series(index=df.index, dtype=float)),
+                             errors="coerce")
+        for col, got in (("ratio", ratio), ("ours_us", us), ("roofline_frac", frac)):
+            if col in df and (df[col].notna() & got.isna()).any():
+                bad = df[col][df[col].notna() & got.isna()].iloc[0]
+                raise ValueError(f"run: {path}: {col} {bad!r} is not a number")
+        bound = pd.to_numeric(df.get("bound", pd.Series(index=df.index, dtype=float)),
+                              errors="coerce")
+        is_frac = ratio.isna() & frac.notna() & ((bound <= 1) | df["target"].astype(str)
+                                                 .str.contains("%|fraction", regex=True))
+        figure = ratio.where(ratio.notna(), frac.where(is_frac, us))
+        measure = pd.Series("ratio", index=df.index).where(ratio.notna(), "µs")
+        measure = measure.where(~is_frac, "fraction").where(figure.notna(), "")
+        frames.append(df[keys].assign(notebook=path.parent.name, figure=figure,
+                                      measure=measure, status=df.get("status", "")))
     if not frames:
-        return pd.DataFrame(columns=["notebook", "target", "figure", "status"])
+        return pd.DataFrame(columns=["notebook", "target", "figure", "measure", "status"])
     return pd.concat(frames, ignore_index=True)
 
 
@@ -82,10 +100,10 @@ def compare(run_a: str | Path, run_b: str | Path, noise: float = NOISE) -> pd.Da
     unless both figures are there and ``a`` is not 0) and ``moved`` (``|change| > noise``).
     ``ValueError`` naming ``noise`` unless it is a positive number, or naming ``run`` (see
     ``headlines``)."""
-    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not noise > 0:
-        raise ValueError(f"noise: must be a positive fraction, not {noise!r}")
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 < noise < 1:
+        raise ValueError(f"noise: must be a fraction in (0, 1), not {noise!r}")
     a, b = headlines(run_a), headlines(run_b)
-    fixed = ("notebook", "target", "figure", "status")
+    fixed = ("notebook", "target", "figure", "measure", "status")
     cells = [c for c in dict.fromkeys([*a.columns, *b.columns]) if c not in fixed]
     for df in (a, b):
         for c in cells:
@@ -95,15 +113,18 @@ def compare(run_a: str | Path, run_b: str | Path, noise: float = NOISE) -> pd.Da
     keys = ["notebook", "target", *cells]
     both = a.merge(b, on=keys, how="outer", suffixes=("_a", "_b"), sort=False)
     both = both.rename(columns={"figure_a": "a", "figure_b": "b"})
+    both["measure"] = both["measure_a"].where(both["measure_a"].fillna("") != "",
+                                              both["measure_b"])
     ok = both["a"].notna() & both["b"].notna() & (both["a"] != 0)
     both["change"] = (both["b"] / both["a"].where(ok) - 1).round(4)
     both["moved"] = both["change"].abs() > noise
     for c in cells:                    # B and the like as integers where every value is one
         v = pd.to_numeric(both[c], errors="coerce")
-        if v.notna().all() and (v % 1 == 0).all():
-            both[c] = v.astype("int64")
+        given = both[c].notna()
+        if given.any() and v[given].notna().all() and (v[given] % 1 == 0).all():
+            both[c] = v.astype("Int64")
     keys = [c for c in keys if both[c].notna().any()]   # a cell column neither run fills
-    return both[keys + ["a", "b", "status_a", "status_b", "change", "moved"]]
+    return both[keys + ["measure", "a", "b", "status_a", "status_b", "change", "moved"]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                            "display.max_colwidth", 70):
         print(df.to_string(index=False) if len(df) else "no target headline in either run")
     both = int(df["change"].notna().sum()) if len(df) else 0
-    print(f"{len(df)} targets; {both} with a figure in both runs, "
+    targets = len(df[["notebook", "target"]].drop_duplicates()) if len(df) else 0
+    print(f"{targets} targets in {len(df)} cells; {both} cells with a figure in both runs, "
           f"{int(df['moved'].sum()) if len(df) else 0} of them moved by more than "
           f"{args.noise:g}; {len(df) - both} in one run only or without a figure in one")
     return 0

@@ -220,7 +220,7 @@ def render_html(executed: Path, target: Path, *, failure: str | None = None,
 
 def run_notebook(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool,
                  cell_timeout: float | None, env_info: dict, log: Callable[[str], None],
-                 scheduler: str | None = None) -> dict:
+                 scheduler: str | None = None, params: dict | None = None) -> dict:
     import papermill
 
     name = src.stem
@@ -235,7 +235,10 @@ def run_notebook(src: Path, run_dir: Path, *, preset: str, device: str, resume: 
              "started_utc": utc_now(), "preset": preset, "device_requested": device,
              "device": env_info.get("device", ""), "commit": env_info.get("commit", "")}
     t0 = time.perf_counter()
-    parameters = {"preset": preset, "device": device, "results_dir": str(results.resolve())}
+    parameters = {**(params or {}), "preset": preset, "device": device,
+                  "results_dir": str(results.resolve())}
+    if params:
+        entry["params"] = dict(params)
     if scheduler:
         parameters["scheduler"] = scheduler
     try:

@@ -62,7 +62,12 @@ def main(argv=None) -> int:
         problem = variant_problem(ring_form, "gdn_ring_fused_kernel", kfile)
         if problem:                         # loaded once here: a bad file stops the run now
             ap.error(f"--ring-variant: {problem}")
-        variants.append((spec, kfile, _settings(ap, "--ring-variant", items)))
+        vover = _settings(ap, "--ring-variant", items)
+        both = sorted(set(vover) & set(over))
+        if both:
+            ap.error(f"--ring-variant: {spec!r} sets {', '.join(both)}, which --set sets too")
+        seen = sum(v[0].split("#")[0] == spec for v in variants)   # a spec repeated (lib
+        variants.append((f"{spec}#{seen + 1}" if seen else spec, kfile, vover))  # first, last)
     if a.ring_variant and SF.RING.name not in a.forms.split(","):
         ap.error("--ring-variant: applies to the ring form, which --forms does not list")
     states = a.states.split(",")

@@ -27,7 +27,11 @@ def setup(family: str, implementations, plugins=(), grids=None) -> tuple[list[st
 
     registry.family(family)
     if isinstance(grids, str) and workloads.family(grids) != family:
-        raise ValueError(f"grids: workload {grids!r} runs the {workloads.family(grids) or 'no registry'} family, "
+        named = workloads.family(grids)
+        if named and named not in registry.FAMILIES:
+            raise ValueError(f"grids: workload {grids!r} names family {named!r}, which is not "
+                             f"registered ({', '.join(sorted(registry.FAMILIES))})")
+        raise ValueError(f"grids: workload {grids!r} runs the {named or 'no registry'} family, "
                          f"not {family}")
     plugins = [plugins] if isinstance(plugins, str) else list(plugins)
     loaded = registry.load_plugins() + registry.load_plugins(plugins)
@@ -51,24 +55,33 @@ DEFAULTS = {"alpha": 0.8}
 """Axis values a grid may leave out (the step families' acceptance probability)."""
 
 
-def points(grids: list[dict], family: str, *, seed: int) -> list[dict]:
+def points(grids: list[dict], family: str, *, seed: int, implementations="all") -> list[dict]:
     """Every grid's product with the seed (and ``DEFAULTS`` of the family's axes); axes checked
-    against the family's. A step workload's ``forms`` axis (what the step notebooks run at its
-    points) is left out: this notebook runs its ``implementations`` at them; its names are
-    still checked (``ValueError`` naming ``forms``)."""
+    against the family's. A grid's ``forms`` (registry names joined by ``"+"``: what a step
+    notebook runs at its points; names checked, ``ValueError`` naming ``forms``) selects what
+    runs at that grid's points while ``implementations`` is ``"all"``; a selection of the
+    notebook's own (``implementations`` naming some) runs at every point instead."""
     axes = registry.family(family).axes
     for g in grids:
         for selection in (g.get("forms", ()) if isinstance(g, dict) else ()):
             registry.resolve(family, selection, arg="forms")
     fill = {"seed": [seed], **{k: [v] for k, v in DEFAULTS.items() if k in axes}}
-    grids = [{k: v for k, v in g.items() if k != "forms"} if isinstance(g, dict) else g
+    keep = implementations == "all"
+    grids = [{k: v for k, v in g.items() if k != "forms" or keep} if isinstance(g, dict) else g
              for g in grids]
-    return P.grid_points(grids, fill, axes=axes)
+    out = P.grid_points(grids, fill, axes=tuple(axes) + (("forms",) if keep else ()))
+    fam = registry.family(family)
+    for p in out:
+        if fam.missing(p):
+            raise ValueError(f"grids: the {family} family needs axis "
+                             f"{', '.join(fam.missing(p))} in every grid (axes: "
+                             f"{', '.join(axes)}; optional: {', '.join(fam.optional)})")
+    return out
 
 
 def _point(p: dict, *, family: str, names: tuple, plugins: tuple) -> list[dict]:
     registry.load_plugins(list(plugins))       # on a Dask worker too (once per process)
-    return run_point(family, p, names)
+    return run_point(family, p, p.get("forms") or names)
 
 
 def point_fn(family: str, names, plugins=()):
@@ -79,17 +92,30 @@ def point_fn(family: str, names, plugins=()):
 
 def speed_table(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     """One row per timed (point, implementation): µs, GB/s and the fraction of the copy
-    ceiling, the do_bench time beside a graph time, and each implementation's time over the
-    first (ours) at the same point."""
+    ceiling, the do_bench time beside a graph time, and each implementation's time over ours at
+    the same point (``vs_ours``: over the first of our registered implementations timed there,
+    named in ``ours``). A point is every axis of the family that the rows carry, so points that
+    differ only in, e.g., ``HV`` are not merged."""
     w = P.wide(df, metric=metric)
     if w.empty:
         return w
-    keys = [c for c in ("B", "K", "state_dtype", "head_dim") if c in w]
-    w = w.assign(label=w["kernel"].map(registry.label))
-    first = w.groupby(keys)["time_us"].transform("first")
-    w = w.assign(vs_first=w["time_us"] / first)
-    cols = keys + ["label", "time_us", "do_bench_us", "gbps", "roofline_frac", "vs_first"]
-    return w[[c for c in cols if c in w]].sort_values(keys).reset_index(drop=True)
+    fams = w["family"].dropna().unique() if "family" in w else []
+    order = registry.names(fams[0]) if len(fams) == 1 else list(dict.fromkeys(w["kernel"]))
+    axes = registry.family(fams[0]).axes if len(fams) == 1 else ("B", "K", "state_dtype",
+                                                                  "head_dim")
+    keys = [c for c in axes if c in w and w[c].notna().any() and c != "seed"]
+    ours = [n for n in order if registry.get(n).provider == "pmll_lab"]
+    rank = {n: i for i, n in enumerate(ours + [n for n in order if n not in ours])}
+    w = w.assign(label=w["kernel"].map(registry.label),
+                 _rank=w["kernel"].map(lambda k: rank.get(k, len(rank))))
+    base = (w.sort_values("_rank").groupby(keys, dropna=False, sort=False)
+            .first()[["kernel", "time_us"]]
+            .rename(columns={"kernel": "_ours", "time_us": "_ours_us"}).reset_index())
+    w = w.merge(base, on=keys, how="left")
+    w = w.assign(vs_ours=w["time_us"] / w["_ours_us"],
+                 ours=w["_ours"].map(registry.label))
+    cols = keys + ["label", "time_us", "do_bench_us", "gbps", "roofline_frac", "vs_ours", "ours"]
+    return w[[c for c in cols if c in w]].sort_values(keys + ["label"]).reset_index(drop=True)
 
 
 def plot_speed(df: pd.DataFrame, metric: str):

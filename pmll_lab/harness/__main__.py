@@ -1,12 +1,28 @@
-"""``python -m pmll_lab.harness``: every registered implementation, one line each (name,
-family, provider, impl, exact, the module that registers it, label; ``registry.table``)."""
+"""``python -m pmll_lab.harness [--family NAME]``: every registered implementation (the files of
+``$PMLL_LAB_PLUGINS`` loaded first), one line each (name, family, provider, impl, exact, the
+module that registers it, label; ``registry.table``); ``--family`` keeps one family's."""
+
+import argparse
+import sys
 
 import pmll_lab  # noqa: F401  (picks the device first; importing it registers the catalog)
 from pmll_lab.harness import registry
 
-rows = registry.table()
+ap = argparse.ArgumentParser(prog="python -m pmll_lab.harness",
+                             description="the registered implementations, one line each")
+ap.add_argument("--family", default=None, help="only this family's (e.g. gdn_step)")
+args = ap.parse_args()
+try:
+    rows = registry.table()
+except (ValueError, RuntimeError) as exc:        # a plugin file that does not load
+    ap.error(str(exc))
+if args.family is not None:
+    if args.family not in registry.FAMILIES:
+        ap.error(f"--family: no family {args.family!r} ({', '.join(sorted(registry.FAMILIES))})")
+    rows = [r for r in rows if r["family"] == args.family]
 cols = ("name", "family", "provider", "impl", "exact", "module", "label")
 width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
 print("  ".join(c.ljust(width[c]) for c in cols).rstrip())
 for r in rows:
     print("  ".join(str(r[c]).ljust(width[c]) for c in cols).rstrip())
+sys.exit(0)

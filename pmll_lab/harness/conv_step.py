@@ -111,6 +111,7 @@ FAMILY = add_family(Family(
         "B", "K", "HK", "HV", "head_dim", "steps", "alpha", "state_dtype", "seed", "dtype",
         "ring_length"),
     make_case=make_case, check=check, metric="step_us",
+    optional=("seed", "dtype", "ring_length"),
     doc="SPEC §3c: the causal conv's window carried like the GDN state"))
 CARRY_LAZY = register(Implementation(
     name="conv_carry_lazy", family="conv_step", label="conv twin: carry, lazy", exact=True,

@@ -41,8 +41,8 @@ class Family:
     the float64 reference), ``tolerance`` (one, or one per quantity), ``passed``, optionally
     ``bitwise`` (quantity -> equal to ``plain``'s, the plain decoding an exact implementation
     answers to) and ``facts`` (counted figures), all before any timing; ``axes`` the workload
-    columns it reads; ``metric`` the timed quantity (``time_us`` per call, ``step_us`` per
-    speculative step)."""
+    columns it reads, of which ``optional`` may be left out (``make_case`` has a default);
+    ``metric`` the timed quantity (``time_us`` per call, ``step_us`` per speculative step)."""
 
     name: str
     label: str
@@ -51,6 +51,11 @@ class Family:
     check: Callable
     metric: str = "time_us"
     doc: str = ""
+    optional: tuple[str, ...] = ("seed", "dtype")
+
+    def missing(self, point) -> list[str]:
+        """The axes a workload row must give that ``point`` lacks."""
+        return [a for a in self.axes if a not in self.optional and a not in point]
 
 
 @dataclass(frozen=True)
@@ -270,7 +275,9 @@ def resolve(family: str, selection: str | Iterable[str] | None, *, arg: str = "f
 def table() -> list[dict]:
     """One row per registered implementation: ``name, family, label, provider, impl, exact,
     gpu_only, module`` (the module its ``build`` lives in: where it is registered), in
-    registration order; ``python -m pmll_lab.harness`` prints it."""
+    registration order, ``$PMLL_LAB_PLUGINS``'s files loaded first; ``python -m
+    pmll_lab.harness`` prints it."""
+    _env_plugins()
     return [dict(name=i.name, family=i.family, label=i.label, provider=i.provider,
                  impl=i.impl, exact=i.exact, gpu_only=i.gpu_only,
                  module=getattr(i.build, "__module__", "?"))

@@ -172,6 +172,10 @@ def case_of(fam, point: Mapping):
                 isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)):
             raise ValueError(f"{name}: a torch dtype's name (float32, bfloat16, float16), got "
                              f"{value!r}")
+    missing = fam.missing(point)
+    if missing:
+        raise ValueError(f"point: the {fam.name} family needs axis {', '.join(missing)} "
+                         f"({', '.join(fam.axes)}; optional: {', '.join(fam.optional)})")
     if "HK" in point and "HV" in point and point["HV"] % point["HK"]:
         raise ValueError(f"HV: must be a multiple of HK = {point['HK']}, got {point['HV']}")
     try:

@@ -474,13 +474,16 @@ def parse_overrides(items) -> dict:
     over = {}
     for item in items:
         name, eq, value = item.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise ValueError(f"{item!r} is not NAME=VALUE")
+        if name in over:
+            raise ValueError(f"{name} given twice ({item!r})")
         try:
-            if not eq:
-                raise ValueError
-            over[name.strip()] = ast.literal_eval(value.strip())
+            over[name] = ast.literal_eval(value.strip())
         except (ValueError, SyntaxError):
-            raise ValueError(f"{item!r} is not NAME=VALUE with a Python literal VALUE "
-                             "(write 4611686018427387904, not 1 << 62)") from None
+            raise ValueError(f"{item!r}: VALUE is not a Python literal (a number, True, a "
+                             "tuple of numbers; write 4611686018427387904, not 1 << 62)") from None
     with override(**over):
         pass
     return over

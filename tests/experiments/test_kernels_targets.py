@@ -69,3 +69,20 @@ def test_decode_targets_compare_one_shape_only():
                       kernels.targets("gdn_decode", RAN))
     ratio = head[head["target"].str.contains("FlashInfer")]
     assert ratio["ratio"].tolist() == pytest.approx([round(1 / 0.9, 3)] * 5)
+
+
+def test_speed_table_keeps_points_apart_and_divides_by_ours():
+    """The speed table's ratio is each implementation's time over ours (``decode``) at the same
+    point, whatever order the rows come in, and points that differ only in ``HV`` stay apart."""
+    df = _with_peer(load(RUN), 1.25)
+    wide = df[df["kernel"] == "decode"].assign(HV=64, point_id=lambda d: d["point_id"] + "-hv64")
+    wide.loc[wide["metric"] == "time_us", "value"] *= 2
+    both = pd.concat([wide, df.iloc[::-1]], ignore_index=True)     # peer rows before ours
+    tab = kernels.speed_table(both, "time_us")
+    assert {"HV", "vs_ours", "ours"} <= set(tab.columns)
+    peer = tab[tab["label"].str.startswith("FlashInfer")]
+    assert peer["vs_ours"].tolist() == pytest.approx([1.25] * len(peer), rel=1e-6)
+    assert set(tab["ours"]) == {"GDN decode (Triton)"}
+    ours = tab[tab["label"] == "GDN decode (Triton)"]
+    assert ours["vs_ours"].tolist() == pytest.approx([1.0] * len(ours))
+    assert len(ours) == 2 * len(peer) and sorted(ours["HV"].unique()) == [32, 64]

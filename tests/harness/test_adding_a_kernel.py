@@ -120,6 +120,8 @@ def test_the_step_example_runs_as_written(tmp_path):
         run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                              env=env, cwd=tmp_path, timeout=600)
         assert run.returncode == 0, run.stderr[-2000:]
-        got = {tuple(line.split()[:2]): line.split() for line in run.stdout.splitlines()}
-        assert got[("chain_restore", "state")][3] == "passed", run.stdout
-        assert got[("my_step", "state")][3] == want, run.stdout
+        got = {(w[0], " ".join(w[1:-2])): w[-1] for w in map(str.split, run.stdout.splitlines())}
+        assert got[("chain_restore", "state")] == "passed", run.stdout
+        assert got[("chain_restore", "state vs plain")] == "passed", run.stdout
+        assert got[("my_step", "state")] == want, run.stdout
+        assert got[("my_step", "state vs plain")] == want, run.stdout

@@ -76,6 +76,34 @@ def test_ring_exact_fold_keeps_plain_decodings_bf16_state(monkeypatch):
     assert short["bitwise"] == {"state vs plain decoding": False} and not short["passed"]
 
 
+@pytest.mark.parametrize("breaks", ["outputs", "state"])
+def test_a_form_right_only_on_the_reference_sequences_fails(breaks):
+    """The float64 reference covers the first ``ref_seqs`` sequences; every other one is
+    compared with plain decoding on the device, so a form that is right on the first sequences
+    only (here the ring, its later sequences' outputs zeroed or their state rounded through
+    bf16) fails the check, and the same form unbroken passes it."""
+    case = StepCase(batch=6, rows=3, num_k_heads=1, num_v_heads=2, head_dim=16, steps=4,
+                    state_dtype=torch.float32, ring_length=8, seed=3)
+    assert check(registry.get("ring").build(case), case, ref_seqs=2)["passed"]
+    sf = registry.get("ring").build(case)
+    real, slots = sf._step, case.tensors["slots"].long()
+
+    def broken(i, collect):
+        o, e, fill = real(i, collect)
+        if breaks == "outputs":
+            o[2:] = 0
+        else:                         # the later sequences' state through bf16 (1e-3 off)
+            st = sf.cursors()[-1]
+            st[slots[2:]] = st[slots[2:]].to(torch.bfloat16).float()
+        return o, e, fill
+    sf._step = broken
+    r = check(sf, case, ref_seqs=2)
+    assert not r["passed"], r
+    what = "o vs plain" if breaks == "outputs" else "state vs plain"
+    assert r["errors"][what] > r["tolerance"][what], r
+    assert r["errors"]["o"] <= r["tolerance"]["o"], r        # the first two are right
+
+
 def test_cursor_audit_catches_a_commit_that_never_advances():
     """A ring whose commit is skipped (the cursor never moves, as in a benchmark that times no
     fold) fails the audit, though its first step's outputs are right."""

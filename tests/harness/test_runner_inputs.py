@@ -59,15 +59,33 @@ def test_a_bad_implementation_list_is_refused(no_build, names, message):
         run_point("gdn_step", STEP, names)
 
 
-def test_kernels_notebook_runs_its_implementations_at_a_step_workloads_points():
-    """A step workload names the forms the step notebooks run; the kernels notebook runs its
-    own implementations at the same points (its ``forms`` axis left out), and names its
-    argument when one is not registered."""
+def test_kernels_notebook_runs_its_implementations_at_a_step_workloads_points(monkeypatch):
+    """A step workload names the forms the step notebooks run; the kernels notebook runs them
+    at its points while its ``implementations`` is ``"all"``, and its own selection instead
+    (``forms`` left out); it names its argument when one is not registered, a grid without an
+    axis the family needs and a workload whose family is not registered, before any point
+    runs."""
     grids = workloads.grids("roofline_step", "quick")
     assert all("forms" in g for g in grids)
-    pts = kernels.points(grids, "gdn_step", seed=3)
+    pts = kernels.points(grids, "gdn_step", seed=3, implementations="ring")
     assert pts and all("forms" not in p and p["seed"] == 3 for p in pts)
     assert {p["state_dtype"] for p in pts} == {"float32", "bfloat16"}
+    every = kernels.points(grids, "gdn_step", seed=3)
+    assert {p["forms"] for p in every} == {f for g in grids for f in g["forms"]}
+    ran = []
+    monkeypatch.setattr(kernels, "run_point", lambda fam, p, names: ran.append(names) or [])
+    kernels.point_fn("gdn_step", ["ring"])(every[0])
+    kernels.point_fn("gdn_step", ["ring"])(pts[0])
+    assert ran == [every[0]["forms"], ("ring",)]
+    with pytest.raises(ValueError, match=r"^grids: the gdn_decode family needs axis head_dim"):
+        kernels.points([dict(B=[1], HK=[1], HV=[2], state_dtype=["float32"])], "gdn_decode",
+                       seed=0)
+    with pytest.raises(ValueError, match=r"^point: the gdn_decode family needs axis head_dim"):
+        run_point("gdn_decode", dict(B=1, HK=1, HV=2, state_dtype="float32"), "decode")
+    monkeypatch.setattr(workloads, "family", lambda name: "gdn_decod")
+    with pytest.raises(ValueError, match=r"names family 'gdn_decod', which is not registered"):
+        kernels.setup("gdn_decode", "all", grids="whatever")
+    monkeypatch.undo()
     names, _ = kernels.setup("gdn_step", "ring+ring_exact_fold", grids="roofline_step")
     assert names == ["ring", "ring_exact_fold"]
     with pytest.raises(ValueError, match=r"^implementations: no implementation registered"):
@@ -133,6 +151,39 @@ def test_the_catalog_says_where_each_name_is_registered():
                                                      "PMLL_LAB_DEVICE": "cpu"}).stdout
     lines = out.splitlines()
     assert lines[0].split()[:2] == ["name", "family"] and len(lines) == len(rows) + 1
+
+
+def test_the_listing_loads_plugins_and_takes_one_family(tmp_path):
+    """``python -m pmll_lab.harness`` lists a plugin's implementation (``$PMLL_LAB_PLUGINS``),
+    ``--family`` keeps one family's, and an unknown family, an unknown flag or a plugin that
+    does not load is an error naming it (exit 2)."""
+    import os
+    import subprocess
+    import sys
+
+    plugin = tmp_path / "zz_plugin.py"
+    plugin.write_text(
+        "from pmll_lab.harness.decode import decode_run\n"
+        "from pmll_lab.harness.registry import Implementation, register\n"
+        "register(Implementation(name='zz_decode', family='gdn_decode', label='zz', "
+        "provider='yours', impl='torch', build=decode_run(lambda *a, **k: None)))\n")
+    env = {**os.environ, "PMLL_LAB_DEVICE": "cpu", "PMLL_LAB_PLUGINS": str(plugin)}
+
+    def listing(*args, **over):
+        return subprocess.run([sys.executable, "-m", "pmll_lab.harness", *args],
+                              capture_output=True, text=True, env={**env, **over})
+
+    got = listing("--family", "gdn_decode")
+    names = [line.split()[0] for line in got.stdout.splitlines()[1:]]
+    assert got.returncode == 0 and names == ["decode", "decode_cuda", "flashinfer_decode",
+                                             "zz_decode"], got
+    for args, said in ((["--family", "gdn_decod"], "--family: no family 'gdn_decod'"),
+                       (["--bogus"], "unrecognized arguments: --bogus")):
+        got = listing(*args)
+        assert got.returncode == 2 and said in got.stderr, got.stderr
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    got = listing(PMLL_LAB_PLUGINS=str(tmp_path / "broken.py"))
+    assert got.returncode == 2 and "raised SyntaxError" in got.stderr, got.stderr
 
 
 def _with_toml(tmp_path, monkeypatch, text):

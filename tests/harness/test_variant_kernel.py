@@ -55,12 +55,21 @@ def _script(name):
     ("no/such/file.py", "neither 'lib' nor a file"),
     ("lib+ring_fold_chunk=12", "ring_fold_chunk"),
     ("lib+not_a_setting=1", "not a launch setting"),
+    ("lib+ring_fold_chunk=16+ring_fold_chunk=32", "ring_fold_chunk given twice"),
+    ("lib+", "'' is not NAME=VALUE"),
 ])
 def test_bench_step_refuses_bad_ring_variants(spec, message, capsys):
     with pytest.raises(SystemExit):
         _script("bench_step").main(["--forms", "ring", "--ring-variant", spec])
     assert message in capsys.readouterr().err
 
+
+
+def test_bench_step_refuses_a_variant_setting_that_set_gives_too(capsys):
+    with pytest.raises(SystemExit):
+        _script("bench_step").main(["--forms", "ring", "--set", "ring_fold_chunk=16",
+                                    "--ring-variant", "lib+ring_fold_chunk=32"])
+    assert "sets ring_fold_chunk, which --set sets too" in capsys.readouterr().err
 
 
 def test_scripts_refuse_variant_files_that_define_no_kernel(tmp_path, monkeypatch, capsys):

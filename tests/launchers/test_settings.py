@@ -297,7 +297,10 @@ def test_parse_overrides_reads_literals_and_refuses_the_rest():
                                      "ring_form_tiles=((8, 2, 64, 32, 2, 2),)"])
     assert over == {"ring_fold_chunk": 16, "ring_form_tiles": ((8, 2, 64, 32, 2, 2),)}
     for items, named in ((["ring_fold_chunk"], "is not NAME=VALUE"),
-                         (["ring_fold_chunk=1 << 4"], "is not NAME=VALUE"),
+                         ([""], "is not NAME=VALUE"), (["=4"], "is not NAME=VALUE"),
+                         (["ring_fold_chunk=1 << 4"], "VALUE is not a Python literal"),
+                         (["ring_fold_chunk=16", "ring_fold_chunk=32"],
+                          "ring_fold_chunk given twice"),
                          (["ring_fold_chunk=24"], "^ring_fold_chunk:"),
                          (["no_such=1"], "not a launch setting")):
         with pytest.raises(ValueError, match=named):

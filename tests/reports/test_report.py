@@ -458,3 +458,34 @@ def test_a_gpu_runs_results_are_not_replaced_by_another_device_or_preset(tmp_pat
     for name in ("notes.txt", "index.html", "README.md"):
         with pytest.raises(ReportError, match="^run: "):
             build_report(device="cpu", run=name, notebooks_dir=nbdir, reports_dir=reports)
+
+
+def test_param_reaches_the_notebooks_that_take_it_and_is_refused_elsewhere(tmp_path, capsys):
+    """``--param NAME=VALUE`` is given to each notebook run (a literal, else a string) and
+    recorded in its manifest entry; a name a notebook's parameters cell does not assign, a
+    name the report injects itself and a malformed item are refused before anything runs."""
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell('preset = "quick"\ndevice = "auto"\nresults_dir = "r"\n'
+                                     'grids = "default"\nsteps = 1')
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell, nbformat.v4.new_code_cell('print("GRIDS-IS", grids, steps * 10)')]
+    nbformat.write(nb, nbdir / "takes.ipynb")
+    _notebook(nbdir / "plain.ipynb", ['print("PLAIN")'])
+    args = ["report", "--device", "cpu", "--notebooks-dir", str(nbdir), "--reports-dir",
+            str(tmp_path / "r"), "--run", "p"]
+    assert main(args + ["--only", "takes", "--param", "grids=my_sweep", "--param",
+                        "steps=3"]) == 0
+    html = (tmp_path / "r/p/takes.html").read_text()
+    assert "GRIDS-IS my_sweep 30" in html
+    entry = json.loads((tmp_path / "r/p/manifest.json").read_text())["notebooks"][0]
+    assert entry["params"] == {"grids": "my_sweep", "steps": 3}
+    assert main(args + ["--param", "grids=x"]) == 2          # plain.ipynb has no grids
+    assert "params: plain.ipynb has no parameter grids" in capsys.readouterr().err
+    assert main(args + ["--only", "takes", "--param", "preset=full"]) == 2
+    assert "params: preset set by the report itself" in capsys.readouterr().err
+    for bad in ("grids", "1x=2"):
+        with pytest.raises(SystemExit):
+            main(args + ["--only", "takes", "--param", bad])
+        assert "--param:" in capsys.readouterr().err

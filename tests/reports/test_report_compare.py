@@ -23,11 +23,12 @@ def _run(root, name, rows, notebook="roofline", columns=HEAD):
     return root / name
 
 
-def _row(target, B, ratio=None, us=10.0, status="met"):
-    """A headline row: a ratio target where ``ratio`` is given, else a fraction or time target
-    (no peer; its figure is our time)."""
-    return [status, target, B, "ours", "peer" if ratio is not None else "", ratio, 0.8,
-            us, 12.0, 1.0, 1, 1, "vk", "cuda_graph", ""]
+def _row(target, B, ratio=None, us=10.0, status="met", frac=0.8, bound=1.0):
+    """A headline row: a ratio target where ``ratio`` is given, else a fraction target (bound
+    <= 1: its figure is our fraction of the copy ceiling) or a time target (a bound in µs: its
+    figure is our time)."""
+    return [status, target, B, "ours", "peer" if ratio is not None else "", ratio, frac,
+            us, 12.0, bound, 1, 1, "vk", "cuda_graph", ""]
 
 
 def test_targets_are_matched_and_their_change_judged(tmp_path):
@@ -35,23 +36,30 @@ def test_targets_are_matched_and_their_change_judged(tmp_path):
     r = rng.uniform(0.5, 1.5, size=2)
     us = rng.uniform(5, 500)
     a = _run(tmp_path, "a", [_row("ring <= FI", 64, r[0]), _row("ring <= FI", 128, r[1]),
-                             _row("decode >= 0.85", 64, us=us), _row("only in a", 64, 1.0),
-                             _row("zero", 64, 0.0)])
+                             _row("decode >= 0.85", 64, us=us, frac=0.9),
+                             _row("call <= 10 us", 1, us=us, bound=10.0),
+                             _row("only in a", 64, 1.0), _row("zero", 64, 0.0)])
     b = _run(tmp_path, "b", [_row("ring <= FI", 64, r[0] * 1.01),
                              _row("ring <= FI", 128, r[1] * 1.10, status="missed"),
-                             _row("decode >= 0.85", 64, us=us * 0.95),
+                             _row("decode >= 0.85", 64, us=us * 0.95, frac=0.9 * 0.97),
+                             _row("call <= 10 us", 1, us=us * 0.95, bound=10.0),
                              _row("zero", 64, 0.0)])
     _run(tmp_path, "b", [["passed", "decode", 4, 4, 2, 1e-3, 8e-3, "o"]], notebook="kernels",
          columns=["status", "kernel", "passed", "checks", "points", "worst_rel_l2",
                   "tolerance", "worst_of"])                   # a check headline: no targets
     df = compare(a, b).set_index(["target", "B"])
-    assert len(df) == 5
+    assert len(df) == 6
     assert df.loc[("ring <= FI", 64), "change"] == pytest.approx(0.01, abs=1e-4)
     assert not df.loc[("ring <= FI", 64), "moved"]
     assert df.loc[("ring <= FI", 128), "moved"]
     assert df.loc[("ring <= FI", 128), "status_b"] == "missed"
-    assert df.loc[("decode >= 0.85", 64), "a"] == pytest.approx(us)
-    assert df.loc[("decode >= 0.85", 64), "change"] == pytest.approx(-0.05, abs=1e-4)
+    frac = df.loc[("decode >= 0.85", 64)]            # a fraction target: its fraction, not µs
+    assert frac["measure"] == "fraction" and frac["a"] == pytest.approx(0.9)
+    assert frac["change"] == pytest.approx(-0.03, abs=1e-4)
+    call = df.loc[("call <= 10 us", 1)]
+    assert call["measure"] == "µs" and call["a"] == pytest.approx(us)
+    assert call["change"] == pytest.approx(-0.05, abs=1e-4)
+    assert df.loc[("ring <= FI", 64), "measure"] == "ratio"
     only = df.loc[("only in a", 64)]
     assert only["a"] == 1.0 and math.isnan(only["b"]) and not only["moved"]
     assert math.isnan(df.loc[("zero", 64), "change"]) and not df.loc[("zero", 64), "moved"]
@@ -65,9 +73,18 @@ def test_bad_input_is_refused_naming_the_argument(tmp_path, capsys):
         compare(a, tmp_path / "nowhere")
     with pytest.raises(ValueError, match="^run: .* holds target 't' twice for the same cell"):
         compare(a, dup)
-    with pytest.raises(ValueError, match="^noise: must be a positive fraction"):
-        compare(a, a, noise=0)
+    for noise in (0, -0.1, 1.0, math.inf, math.nan, True):
+        with pytest.raises(ValueError, match=r"^noise: must be a fraction in \(0, 1\)"):
+            compare(a, a, noise=noise)
+    broken = _run(tmp_path, "broken", [_row("t", 1, 1.0)])
+    (broken / "results/roofline/headline.csv").write_bytes(b'status,target\n"met,\xa5\xff')
+    with pytest.raises(ValueError, match="^run: .*headline.csv is not a headline table"):
+        compare(a, broken)
+    text = _run(tmp_path, "text", [_row("t", 1, "abc")])
+    with pytest.raises(ValueError, match="^run: .*headline.csv: ratio 'abc' is not a number"):
+        compare(a, text)
     assert main([str(a), str(tmp_path / "nowhere")]) == 2
     assert "report_compare: run:" in capsys.readouterr().err
     assert main([str(a), str(a)]) == 0
-    assert "1 targets; 1 with a figure in both runs, 0 of them moved" in capsys.readouterr().out
+    assert "1 targets in 1 cells; 1 cells with a figure in both runs, 0 of them moved" in \
+        capsys.readouterr().out
