@@ -16,24 +16,13 @@ from pmll_lab.experiments.acceptance import SIM_MODES, mean_accept_len
 from pmll_lab.experiments.carry import CAP, FORMS, KERNELS, LABELS
 from pmll_lab.experiments.gdn import QWEN3_NEXT
 from pmll_lab.sizes import stash_row_bytes
-from pmll_lab.experiments.target_table import PROTO, SETS, for_report
-from pmll_lab.experiments.targets import Target, fact, facts
+from pmll_lab.experiments.target_table import PROTO, PROTO_LAUNCH, SETS, for_report
+from pmll_lab.experiments.targets import fact, facts
 from pmll_lab.harness import verify as V
 
 PARAMS = ("K", "B", "HK", "HV", "head_dim", "dtype", "state_layout", "form")
-TARGET_SET = "Carried-state verify at Qwen3-Next's shape (HK=16, HV=32, kd=vd=128), K=4"
-_AT = dict(QWEN3_NEXT, K=4)
-TARGETS = (
-    Target("carry exact lazy <= 0.4x FlashInfer's snapshot verify", V.CARRY_LAZY.name,
-           V.MTP_SNAPSHOTS.name, 0.4, where=dict(_AT, B=[64, 128]), per=("B",)),
-    Target("carry exact lazy >= 2.5x faster than FLA fused_recurrent (same K rows)",
-           V.CARRY_LAZY.name, V.FLA.name, 0.4, where=dict(_AT, B=[64, 128]),
-           per=("B",)),
-    Target("carry exact lazy >= 50% of the copy roofline", V.CARRY_LAZY.name, kind="frac",
-           bound=0.5, where=dict(_AT, B=[64, 128]), per=("B",)),
-    Target("carry exact lazy against our chain + K-1 snapshots", V.CARRY_LAZY.name,
-           V.CHAIN.name, None, where=dict(_AT, B=[64, 128]), per=("B",)),
-)
+TARGET_SET = SETS[PROTO_LAUNCH]
+TARGETS = for_report(PROTO_LAUNCH)
 STEP_TARGETS = for_report(PROTO)
 """The headline: per speculative step (``experiments.step``, the ``step_grids`` sweep;
 ``target_table``); the per-verify ``TARGETS`` stay as detail."""

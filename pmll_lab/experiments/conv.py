@@ -21,7 +21,8 @@ from pmll_lab.conv import (
 )
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
-from pmll_lab.experiments.targets import Target, fact, facts
+from pmll_lab.experiments import target_table as TT
+from pmll_lab.experiments.targets import fact, facts
 from pmll_lab.ops.conv.common import INPUT_DTYPES
 from pmll_lab.inputs import conv_inputs, generator
 from pmll_lab.reference import conv as ref
@@ -39,17 +40,8 @@ KERNELS = ("chain", "updates", "carry_eager", "carry_lazy")
 LABELS = {"chain": "chain + window snapshots", "updates": "K successive conv_update",
           "carry_eager": "carry verify, eager", "carry_lazy": "carry verify, lazy"}
 PARAMS = ("K", "B", "shape", "dtype", "pending", "d_conv")
-TARGET_SET = "Conv twin verify at Qwen3-Next's conv (dim 8192, bf16), K=4, B=64"
-_AT = dict(shape="qwen3-next", dtype="bfloat16", K=4, B=[64])
-TARGETS = (
-    Target("carry verify, lazy, against the chain + window snapshots", "carry_lazy", "chain",
-           None, where=_AT, per=("B",)),
-    Target("K successive conv_update against the chain", "updates", "chain", None, where=_AT,
-           per=("B",)),
-    Target("chain + window snapshots: fraction of the copy roofline", "chain", kind="frac",
-           bound=None, where=_AT, per=("B",)),
-)
-
+TARGET_SET = TT.SETS[TT.CONV]
+TARGETS = TT.for_report(TT.CONV)
 
 AXES = ("K", "B", "shape", "dtype", "pending", "d_conv", "seed")
 CONV_DTYPES = tuple(str(d).removeprefix("torch.") for d in INPUT_DTYPES)

@@ -19,7 +19,8 @@ from pmll_lab.bench import bitwise_equal, error_rows
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.gdn_case import Case
-from pmll_lab.experiments.targets import Target, fact, facts
+from pmll_lab.experiments import target_table as TT
+from pmll_lab.experiments.targets import fact, facts
 from pmll_lab.gdn import (
     carry_stash_bytes, chain_bytes, decodes_bytes, gdn_chain, gdn_chain_ref,
     snapshot_bytes, state_bytes,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from pmll_lab.carry import GdnCarry
 
 LAYOUTS = P.LAYOUTS
-QWEN3_NEXT = dict(HK=16, HV=32, head_dim=128, dtype="bfloat16")
+QWEN3_NEXT = TT.QWEN3_NEXT_BF16
 """Qwen3-Next's GDN heads: the shape every GDN target is held at."""
 COMPILE_KEYS = ("K", "head_dim", "dtype", "state_layout")
 """Point keys that decide which kernels a point compiles (``run_sweep(affinity=...)``)."""
@@ -233,17 +234,8 @@ def verify_point(point: dict) -> list[dict]:
 
 SHAPE_KEYS = ("HK", "HV", "head_dim", "dtype")
 PARAMS = ("K", "B", "HK", "HV", "head_dim", "dtype", "state_layout")
-TARGET_SET = "Snapshot verify at Qwen3-Next's shape (HK=16, HV=32, kd=vd=128, bf16 inputs)"
-TARGETS = (
-    Target("chain + K-1 snapshots <= FlashInfer mtp with its snapshot buffer, K=4", "chain",
-           V.MTP_SNAPSHOTS.name, 1.0, where=dict(QWEN3_NEXT, K=4, B=[64, 128, 256]),
-           per=("B",)),
-    Target("chain + K-1 snapshots >= 75% of the copy roofline, K=4", "chain", kind="frac",
-           bound=0.75, where=dict(QWEN3_NEXT, K=4, B=[64, 128]), per=("B",)),
-    Target("chain + K-1 snapshots against FLA fused_recurrent (no snapshots), K=4", "chain",
-           V.FLA.name, None, where=dict(QWEN3_NEXT, K=4, B=[64]), per=("B",)),
-)
-
+TARGET_SET = TT.SETS[TT.GDN_VERIFY]
+TARGETS = TT.for_report(TT.GDN_VERIFY)
 
 correctness_table = partial(P.correctness_table, by=("state_layout", "dtype"))
 failed_points = partial(P.failed_points, params=PARAMS)

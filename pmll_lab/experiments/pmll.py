@@ -19,7 +19,8 @@ from pmll_lab.backend import DEVICE
 from pmll_lab.bench import H200_L2_BYTES, error_rows
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
-from pmll_lab.experiments.targets import Target, fact, facts
+from pmll_lab.experiments import target_table as TT
+from pmll_lab.experiments.targets import fact, facts
 from pmll_lab.inputs import pmll_inputs
 from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_write, read_bytes, write_bytes
 from pmll_lab.reference import pmll as ref
@@ -245,40 +246,14 @@ def plot_wraparound(capacity: int = 8, segments=(5, 6, 3, 11)):
 
 # ---- targets, tables and plots ----------------------------------------------------------------
 
-CELL = ("B", "H", "M", "T", "D", "dtype", "gate")
+CELL = TT.PMLL_CELL
 PARAMS = CELL + ("segments", "impl")
-L2 = 4 * H200_L2_BYTES
-TARGET_SET = "PMLL ring read and write against the copy roofline"
-_BIG = dict(bytes=lambda b: b.astype(float) >= L2, impl="triton")
-_TM = dict(T=8192, M=8192)
-
-
-def _k(kernel: str, impl: str) -> dict:
-    return {"kernel": kernel, "impl": impl}
-
-
-TARGETS = (
-    Target(f"read >= 80% of the copy bandwidth on launches >= {L2 / 1e6:.0f} MB (4x the L2)",
-           _k("pmll_read", "triton"), kind="frac", bound=0.8, where=_BIG, over=CELL),
-    Target(f"write, no gate, >= 80% of the copy bandwidth on launches >= {L2 / 1e6:.0f} MB",
-           _k("pmll_write", "triton"), kind="frac", bound=0.8, where=dict(_BIG, gate="none"),
-           over=CELL),
-    Target(f"gated write: fraction of the copy bandwidth on launches >= {L2 / 1e6:.0f} MB",
-           _k("pmll_write", "triton"), kind="frac", bound=None,
-           where=dict(_BIG, gate=["bt", "bht"]), over=CELL),
-    Target("CUDA twin: read >= 90% of the copy bandwidth at T = M = 8192",
-           _k("pmll_read", "cuda"), kind="frac", bound=0.9, where=_TM, over=CELL),
-    Target("CUDA twin: write, no gate, >= 90% of the copy bandwidth at T = M = 8192",
-           _k("pmll_write", "cuda"), kind="frac", bound=0.9, where=dict(_TM, gate="none"),
-           over=CELL),
-    Target("CUDA twin / Triton: read at T = M = 8192", _k("pmll_read", "cuda"),
-           _k("pmll_read", "triton"), bound=None, where=_TM, over=CELL),
-    Target("CUDA twin / Triton: write at T = M = 8192", _k("pmll_write", "cuda"),
-           _k("pmll_write", "triton"), bound=None, where=_TM, over=CELL),
-)
+L2 = TT.L2_RINGS
+TARGET_SET = TT.SETS[TT.PMLL_RING]
+TARGETS = TT.for_report(TT.PMLL_RING)
 """The Triton kernels' bandwidth targets on launches past the L2; the CUDA twins' (SPEC §1,
 ``kernels/pmll_ring.cu``) at a ring and segment of 8192 rows, and their time against Triton's on
-the same launches (reported)."""
+the same launches (reported; ``target_table``)."""
 
 
 def correctness_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -16,7 +16,8 @@ from pmll_lab.backend import DEVICE
 from pmll_lab.bench import error_rows, errors
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
-from pmll_lab.experiments.targets import Target, fact, facts
+from pmll_lab.experiments import target_table as TT
+from pmll_lab.experiments.targets import fact, facts
 from pmll_lab.inputs import pmll_inputs
 from pmll_lab.ops.pmll.ring_attention import attention_flops
 from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_step
@@ -278,18 +279,8 @@ def eviction_point(point: dict) -> list[dict]:
 # ---- targets, tables and plots ---------------------------------------------------------------
 
 PARAMS = ("B", "H", "D", "M", "T", "dtype", "capacity", "gate")
-TARGET_SET = "Attention straight from the ring against PyTorch SDPA"
-_CELLS = dict(per=("H", "D"), over=("M", "T"))
-TARGETS = (
-    Target("fused ring attention <= 0.5x gather + SDPA with mask, every M >= 1 and T",
-           "fused", "gather_sdpa_mask", 0.5, where=dict(M=lambda m: m >= 1), **_CELLS),
-    Target("fused ring attention <= 1.1x SDPA over contiguous keys (lower-right causal), "
-           "T <= 1024", "fused", "sdpa_contiguous", 1.1, where=dict(T=lambda t: t <= 1024),
-           **_CELLS),
-    Target("pmll_step (attention + ring write) <= 1.1x its attention alone, every M >= 1",
-           "pmll_step", "fused", 1.1, where=dict(M=lambda m: m >= 1), **_CELLS),
-)
-
+TARGET_SET = TT.SETS[TT.ATTENTION]
+TARGETS = TT.for_report(TT.ATTENTION)
 
 times = P.wide
 """One row per timed (point, provider): ``protocol.wide``."""

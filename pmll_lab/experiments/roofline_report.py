@@ -16,8 +16,9 @@ from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.acceptance import acceptance
 from pmll_lab.sizes import fla_bytes, floor_bytes
 from pmll_lab.experiments.roofline_case import L2_BYTES, LABELS, MAIN_SHAPE, PROVIDERS, SHAPE_KEYS
-from pmll_lab.experiments.target_table import ROOF, SETS, for_report
-from pmll_lab.experiments.targets import Target, fact, facts
+from pmll_lab.experiments import target_table as TT
+from pmll_lab.experiments.target_table import ROOF, ROOF_LAUNCH, SETS, for_report
+from pmll_lab.experiments.targets import fact, facts
 from pmll_lab.harness import verify as V
 
 __all__ = ["TARGET_SET", "TARGETS", "STEP_TARGET_SET", "STEP_TARGETS",
@@ -28,73 +29,11 @@ __all__ = ["TARGET_SET", "TARGETS", "STEP_TARGET_SET", "STEP_TARGETS",
 
 PARAMS = ("provider", "K", "B", "HK", "HV", "head_dim", "dtype", "state_layout", "state_dtype",
           "gate", "M", "T")
-PLAN_TARGET_US = 10.0
-TARGET_SET = "Verify kernels at Qwen3-Next's shape against FlashInfer, FLA and the copy roofline"
-_S = dict(MAIN_SHAPE, state_dtype="float32")
-_B3, _B2 = [64, 128, 256], [64, 128]
-
-
-_B4, _B5 = [1, 64, 128, 256], [1, 8, 64, 128, 256]
-
-
-def _t(text, ours, peer=None, bound=1.0, K=4, Bs=_B2, sd="float32", **kw):
-    return Target(text, ours, peer, bound, where=dict(_S, K=K, B=Bs, state_dtype=sd),
-                  per=("B",), **kw)
-
-
-def _ring(kernel: str, label: str) -> Target:
-    return Target(f"{label} >= 80% of the copy bandwidth on rings >= 4x the L2 "
-                  f"({4 * L2_BYTES / 1e6:.0f} MB)", kernel, kind="frac", bound=0.8,
-                  where=dict(bytes=lambda b: b.astype(float) >= 4 * L2_BYTES, impl="triton"),
-                  over=("dtype", "gate", "M", "T"))
-
-
-TARGETS = (
-    _t("decode K=1: ours <= FlashInfer decode", V.DECODES.name, V.FLASHINFER_DECODE.name, K=1,
-       Bs=_B3),
-    _t("decode K=1 >= 85% of the copy roofline", V.DECODES.name, kind="frac", bound=0.85, K=1,
-       Bs=_B3),
-    _t("decode K=1 faster than FLA", V.DECODES.name, V.FLA.name, K=1, Bs=_B3),
-    _t("snapshot verify K=4: chain + K-1 snapshots <= FlashInfer mtp with its snapshot buffer",
-       V.CHAIN.name, V.MTP_SNAPSHOTS.name, Bs=_B3),
-    _t("snapshot chain K=4 >= 75% of the copy roofline", V.CHAIN.name, kind="frac",
-       bound=0.75),
-    _t("carry lazy exact K=4, amortised: <= 0.4x FlashInfer's snapshot verify",
-       V.CARRY_LAZY.name, V.MTP_SNAPSHOTS.name, 0.4),
-    _t("carry lazy exact K=4 without write-back <= FlashInfer mtp frozen, no buffer",
-       f"{V.CARRY_LAZY.name}:nowb", V.MTP_FROZEN.name, show=("mean_pend",)),
-    _t("carry lazy exact K=4, amortised: >= 50% of the copy roofline", V.CARRY_LAZY.name,
-       kind="frac", bound=0.5),
-    _t("carry lazy exact K=4: >= 2.5x faster than FLA (same K rows)", V.CARRY_LAZY.name,
-       V.FLA.name, 0.4),
-    _t("B=1, K=4 verify, graph replay: carry lazy exact <= FlashInfer mtp with buffer",
-       V.CARRY_LAZY.name, V.MTP_SNAPSHOTS.name, Bs=[1], timer="cuda_graph"),
-    _t(f"B=1, K=4: launch-plan call of the lazy exact verify <= {PLAN_TARGET_US:.0f} us "
-       "(host included, amortised)", f"{V.CARRY_LAZY.name}:plan", kind="time",
-       bound=PLAN_TARGET_US, Bs=[1], timer="do_bench"),
-    _t(f"B=1, K=4: lazy exact verify call <= {PLAN_TARGET_US:.0f} us (host included)",
-       V.CARRY_LAZY.name, kind="time", bound=PLAN_TARGET_US, Bs=[1], timer="do_bench"),
-    _t("bf16 state: decode K=1 <= FlashInfer decode", V.DECODES.name, V.FLASHINFER_DECODE.name, K=1,
-       Bs=_B4, sd="bfloat16"),
-    _t("bf16 state: chain K=4 + snapshots <= FlashInfer mtp with its snapshot buffer",
-       V.CHAIN.name, V.MTP_SNAPSHOTS.name, Bs=_B4, sd="bfloat16"),
-    _t("bf16 state: carry lazy exact K=4 without write-back <= 1.2x FlashInfer mtp frozen",
-       f"{V.CARRY_LAZY.name}:nowb", V.MTP_FROZEN.name, 1.2, Bs=_B4, sd="bfloat16"),
-    _t("decode K=1, CUDA C++ twin <= FlashInfer decode, fp32 state", V.DECODES_CUDA.name,
-       V.FLASHINFER_DECODE.name, K=1, Bs=_B5),
-    _t("decode K=1, CUDA C++ twin <= FlashInfer decode, bf16 state", V.DECODES_CUDA.name,
-       V.FLASHINFER_DECODE.name, K=1, Bs=_B5, sd="bfloat16"),
-    _t("decode K=1, CUDA C++ twin / Triton decode (reported)", V.DECODES_CUDA.name,
-       V.DECODES.name, None, K=1, Bs=_B5),
-    _t("chain K=4 + snapshots, CUDA C++ twin / FlashInfer mtp + buffer (reported)",
-       V.CHAIN_CUDA.name, V.MTP_SNAPSHOTS.name, None, Bs=_B5),
-    _t("chain K=4 + snapshots, CUDA C++ twin / Triton chain (reported)", V.CHAIN_CUDA.name,
-       V.CHAIN.name, None, Bs=_B5),
-    _ring("pmll_read", "PMLL read"),
-    _ring("pmll_write", "PMLL write"),
-)
-"""One target per row (``targets.Target``): a new kernel or target is one more row. Since the
-speculative step is the unit the headline judges (``STEP_TARGETS``), these are its detail."""
+TARGET_SET = SETS[ROOF_LAUNCH]
+TARGETS = for_report(ROOF_LAUNCH)
+"""The single launches' targets (``target_table``): since the speculative step is the unit the
+headline judges (``STEP_TARGETS``), these are its detail."""
+PLAN_TARGET_US = TT.PLAN_TARGET_US
 
 STEP_TARGETS = for_report(ROOF)
 """The headline (per step, ``experiments.step`` on the ``step_grids`` sweep;

@@ -16,7 +16,8 @@ from pmll_lab.backend import DEVICE
 from pmll_lab.carry import GDN_CARRY_CAP
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import protocol as P
-from pmll_lab.experiments.targets import Target, fact, facts
+from pmll_lab.experiments import target_table as TT
+from pmll_lab.experiments.targets import fact, facts
 from pmll_lab.sweep import CheckFailed
 from pmll_lab.harness import step_forms as SF
 
@@ -253,14 +254,8 @@ def timer_label(df: pd.DataFrame) -> str:
     return GPU_TIMER if P.on_gpu(df) else CPU_TIMER
 
 
-TARGET_SET = "Speculative decoding on the Qwen3-Next-sized stack, B=64, K=4, noisy draft p=0.8"
-_SPEC = dict(draft="noisy", K=4, p=0.8)
-TARGETS = tuple(
-    Target(f"step time: {LABELS[k]} / {LABELS[peer]} (tokens per step: the acceptance length)",
-           dict(_SPEC, kernel=k), {"kernel": peer}, None, metric="step_us",
-           where=dict(B=[64], arch="qwen3_next_sized"), per=("B",))
-    for k, peer in ((SF.EXACT_LAZY.name, "plain"), (SF.EXACT_EAGER.name, "plain"),
-                    ("chain", "plain"), (SF.EXACT_LAZY.name, "chain")))
+TARGET_SET = TT.SETS[TT.SPEC]
+TARGETS = TT.for_report(TT.SPEC)
 """Reported figures (no bounds): whole speculative steps against plain decoding's."""
 
 

@@ -1,23 +1,42 @@
-"""The one table of targets, keyed by registry names (``pmll_lab.harness``): the speculative
-step's, and the GDN decode's against FlashInfer's (the kernels notebook's headline).
+"""The one table of targets, keyed by registry names (``pmll_lab.harness``) and the notebooks'
+kernel names: every report's targets, one row each.
 
-Each row is a ``targets.Target`` over the step sweeps' rows (``metric="step_us"``, ``K = 4``,
-one headline row per ``B``) with the notebooks whose headline shows it (``reports``; carry_step,
-the step's own notebook, shows every one); a report takes its rows with
-``for_report(notebook)``. ``bound=None``: the figure is reported, not judged.
-Every target compares rows of one run on one device; a peer's row is the fastest of its
+Each row is a ``targets.Target`` with the reports that show it (``reports``): a notebook's
+headline (``roofline``, ``carry_protocol``, ``carry_step``: the speculative step's, over the
+step sweeps' rows, ``metric="step_us"``, ``K = 4``, one headline row per ``B``; carry_step, the
+step's own notebook, shows every step target; ``kernels``: the GDN decode's against
+FlashInfer's; ``gdn_verify``, ``gdn_conv``, ``pmll_ring``, ``pmll_attention``,
+``spec_decode``) or the detail under a headline (``roofline:launches``,
+``carry_protocol:launches``: single launches). A report takes its rows with
+``for_report(name)`` and its title from ``SETS``. ``bound=None``: the figure is reported, not
+judged. Every target compares rows of one run on one device; a peer's row is the fastest of its
 versions in that run.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+from pmll_lab.bench import H200_L2_BYTES
 from pmll_lab.experiments.targets import Target
 
 ROOF, PROTO, STEP, KERNELS = "roofline", "carry_protocol", "carry_step", "kernels"
+ROOF_LAUNCH, PROTO_LAUNCH = "roofline:launches", "carry_protocol:launches"
+GDN_VERIFY, CONV, PMLL_RING, ATTENTION, SPEC = ("gdn_verify", "gdn_conv", "pmll_ring",
+                                                "pmll_attention", "spec_decode")
 B_MAIN = (64, 128)
 B_ALL = (1, 8, 64, 128, 256)
 QWEN3_NEXT = {"HK": 16, "HV": 32, "head_dim": 128}
-"""The GDN layer's shape the decode targets are judged at (a grid may span others)."""
+"""The GDN layer's shape (Qwen3-Next: 16 key heads, 32 value heads, head size 128) the GDN
+targets are judged at (a grid may span others); with ``dtype`` bf16 inputs where the rows name
+them (``QWEN3_NEXT_BF16``)."""
+QWEN3_NEXT_BF16 = dict(QWEN3_NEXT, dtype="bfloat16")
+PLAN_TARGET_US = 10.0
+"""The B = 1 verify call's host-included time the roofline's launch-plan targets bound (µs)."""
+L2_RINGS = 4 * H200_L2_BYTES
+"""Launches at least this many bytes (4x the H200's L2) count for the PMLL bandwidth targets."""
+PMLL_CELL = ("B", "H", "M", "T", "D", "dtype", "gate")
+"""A PMLL ring launch's cell: every one must meet a bandwidth target (the worst is shown)."""
 
 
 def step_target(text: str, ours: str, peer: str, bound: float | None, *, reports: tuple,
@@ -117,21 +136,171 @@ TARGETS = (
     Target("bf16-state decode >= 0.85 of the copy ceiling from B = 64", "decode", None, 0.85,
            kind="frac", where={**QWEN3_NEXT, "state_dtype": "bfloat16", "B": [64, 128, 256]},
            per=("B",), reports=(KERNELS,)),
+    *(Target(text, ours, peer, bound, where=dict(QWEN3_NEXT_BF16, K=K, B=list(Bs),
+                                                  state_dtype=sd),
+             per=("B",), **{"reports": (ROOF_LAUNCH,), **kw})
+      for text, ours, peer, bound, K, Bs, sd, kw in (
+        # single launches of the verify kernels (the roofline's detail), fp32 unless named
+        ("decode K=1: ours <= FlashInfer decode", "decodes", "flashinfer_decode", 1.0, 1,
+         (64, 128, 256), F32, {}),
+        ("decode K=1 >= 85% of the copy roofline", "decodes", None, 0.85, 1, (64, 128, 256),
+         F32, {"kind": "frac"}),
+        ("decode K=1 faster than FLA", "decodes", "fla_fused_recurrent", 1.0, 1, (64, 128, 256),
+         F32, {}),
+        ("snapshot verify K=4: chain + K-1 snapshots <= FlashInfer mtp with its snapshot "
+         "buffer", "chain_snapshots", "flashinfer_mtp_snapshots", 1.0, 4, (64, 128, 256), F32,
+         {}),
+        ("snapshot chain K=4 >= 75% of the copy roofline", "chain_snapshots", None, 0.75, 4,
+         B_MAIN, F32, {"kind": "frac"}),
+        ("carry lazy exact K=4, amortised: <= 0.4x FlashInfer's snapshot verify",
+         "carry_exact_lazy", "flashinfer_mtp_snapshots", 0.4, 4, B_MAIN, F32, {}),
+        ("carry lazy exact K=4 without write-back <= FlashInfer mtp frozen, no buffer",
+         "carry_exact_lazy:nowb", "flashinfer_mtp_frozen", 1.0, 4, B_MAIN, F32,
+         {"show": ("mean_pend",)}),
+        ("carry lazy exact K=4, amortised: >= 50% of the copy roofline", "carry_exact_lazy",
+         None, 0.5, 4, B_MAIN, F32, {"kind": "frac"}),
+        ("carry lazy exact K=4: >= 2.5x faster than FLA (same K rows)", "carry_exact_lazy",
+         "fla_fused_recurrent", 0.4, 4, B_MAIN, F32, {}),
+        ("B=1, K=4 verify, graph replay: carry lazy exact <= FlashInfer mtp with buffer",
+         "carry_exact_lazy", "flashinfer_mtp_snapshots", 1.0, 4, (1,), F32,
+         {"timer": "cuda_graph"}),
+        (f"B=1, K=4: launch-plan call of the lazy exact verify <= {PLAN_TARGET_US:.0f} us "
+         "(host included, amortised)", "carry_exact_lazy:plan", None, PLAN_TARGET_US, 4, (1,),
+         F32, {"kind": "time", "timer": "do_bench"}),
+        (f"B=1, K=4: lazy exact verify call <= {PLAN_TARGET_US:.0f} us (host included)",
+         "carry_exact_lazy", None, PLAN_TARGET_US, 4, (1,), F32,
+         {"kind": "time", "timer": "do_bench"}),
+        ("bf16 state: decode K=1 <= FlashInfer decode", "decodes", "flashinfer_decode", 1.0, 1,
+         (1, 64, 128, 256), "bfloat16", {}),
+        ("bf16 state: chain K=4 + snapshots <= FlashInfer mtp with its snapshot buffer",
+         "chain_snapshots", "flashinfer_mtp_snapshots", 1.0, 4, (1, 64, 128, 256), "bfloat16",
+         {}),
+        ("bf16 state: carry lazy exact K=4 without write-back <= 1.2x FlashInfer mtp frozen",
+         "carry_exact_lazy:nowb", "flashinfer_mtp_frozen", 1.2, 4, (1, 64, 128, 256),
+         "bfloat16", {}),
+        ("decode K=1, CUDA C++ twin <= FlashInfer decode, fp32 state", "decodes_cuda",
+         "flashinfer_decode", 1.0, 1, B_ALL, F32, {}),
+        ("decode K=1, CUDA C++ twin <= FlashInfer decode, bf16 state", "decodes_cuda",
+         "flashinfer_decode", 1.0, 1, B_ALL, "bfloat16", {}),
+        ("decode K=1, CUDA C++ twin / Triton decode (reported)", "decodes_cuda", "decodes",
+         None, 1, B_ALL, F32, {}),
+        ("chain K=4 + snapshots, CUDA C++ twin / FlashInfer mtp + buffer (reported)",
+         "chain_snapshots_cuda", "flashinfer_mtp_snapshots", None, 4, B_ALL, F32, {}),
+        ("chain K=4 + snapshots, CUDA C++ twin / Triton chain (reported)",
+         "chain_snapshots_cuda", "chain_snapshots", None, 4, B_ALL, F32, {}),
+        # the carried verify's single launches (carry_protocol's detail; bf16 inputs as rows)
+        ("carry exact lazy <= 0.4x FlashInfer's snapshot verify", "carry_exact_lazy",
+         "flashinfer_mtp_snapshots", 0.4, 4, B_MAIN, None, {"reports": (PROTO_LAUNCH,)}),
+        ("carry exact lazy >= 2.5x faster than FLA fused_recurrent (same K rows)",
+         "carry_exact_lazy", "fla_fused_recurrent", 0.4, 4, B_MAIN, None,
+         {"reports": (PROTO_LAUNCH,)}),
+        ("carry exact lazy >= 50% of the copy roofline", "carry_exact_lazy", None, 0.5, 4,
+         B_MAIN, None, {"kind": "frac", "reports": (PROTO_LAUNCH,)}),
+        ("carry exact lazy against our chain + K-1 snapshots", "carry_exact_lazy",
+         "chain_snapshots", None, 4, B_MAIN, None, {"reports": (PROTO_LAUNCH,)}),
+        # the snapshot chain (gdn_verify)
+        ("chain + K-1 snapshots <= FlashInfer mtp with its snapshot buffer, K=4", "chain",
+         "flashinfer_mtp_snapshots", 1.0, 4, (64, 128, 256), None,
+         {"reports": (GDN_VERIFY,)}),
+        ("chain + K-1 snapshots >= 75% of the copy roofline, K=4", "chain", None, 0.75, 4,
+         B_MAIN, None, {"kind": "frac", "reports": (GDN_VERIFY,)}),
+        ("chain + K-1 snapshots against FLA fused_recurrent (no snapshots), K=4", "chain",
+         "fla_fused_recurrent", None, 4, (64,), None, {"reports": (GDN_VERIFY,)}),
+      )),
+    # the conv twin (gdn_conv), Qwen3-Next's conv (dim 8192), bf16, K = 4, B = 64
+    *(Target(text, ours, peer, bound, where=dict(shape="qwen3-next", dtype="bfloat16", K=4,
+                                                  B=[64]), per=("B",), reports=(CONV,), **kw)
+      for text, ours, peer, bound, kw in (
+        ("carry verify, lazy, against the chain + window snapshots", "carry_lazy", "chain",
+         None, {}),
+        ("K successive conv_update against the chain", "updates", "chain", None, {}),
+        ("chain + window snapshots: fraction of the copy roofline", "chain", None, None,
+         {"kind": "frac"}),
+      )),
+    # the PMLL ring: Triton on launches past the L2, the CUDA twins at T = M = 8192
+    *(Target(text, {"kernel": kernel, "impl": impl}, peer, bound, kind=kind, over=PMLL_CELL,
+             where=where, reports=(PMLL_RING,))
+      for text, kernel, impl, peer, bound, kind, where in (
+        (f"read >= 80% of the copy bandwidth on launches >= {L2_RINGS / 1e6:.0f} MB (4x the L2)",
+         "pmll_read", "triton", None, 0.8, "frac", {"bytes": "l2_rings", "impl": "triton"}),
+        (f"write, no gate, >= 80% of the copy bandwidth on launches >= {L2_RINGS / 1e6:.0f} MB",
+         "pmll_write", "triton", None, 0.8, "frac",
+         {"bytes": "l2_rings", "impl": "triton", "gate": "none"}),
+        (f"gated write: fraction of the copy bandwidth on launches >= {L2_RINGS / 1e6:.0f} MB",
+         "pmll_write", "triton", None, None, "frac",
+         {"bytes": "l2_rings", "impl": "triton", "gate": ["bt", "bht"]}),
+        ("CUDA twin: read >= 90% of the copy bandwidth at T = M = 8192", "pmll_read", "cuda",
+         None, 0.9, "frac", {"T": 8192, "M": 8192}),
+        ("CUDA twin: write, no gate, >= 90% of the copy bandwidth at T = M = 8192",
+         "pmll_write", "cuda", None, 0.9, "frac", {"T": 8192, "M": 8192, "gate": "none"}),
+        ("CUDA twin / Triton: read at T = M = 8192", "pmll_read", "cuda",
+         {"kernel": "pmll_read", "impl": "triton"}, None, "ratio", {"T": 8192, "M": 8192}),
+        ("CUDA twin / Triton: write at T = M = 8192", "pmll_write", "cuda",
+         {"kernel": "pmll_write", "impl": "triton"}, None, "ratio", {"T": 8192, "M": 8192}),
+      )),
+    # the PMLL ring read and write as part of the roofline's detail (Triton, past the L2)
+    *(Target(f"{label} >= 80% of the copy bandwidth on rings >= 4x the L2 "
+             f"({L2_RINGS / 1e6:.0f} MB)", kernel, kind="frac", bound=0.8,
+             where={"bytes": "l2_rings", "impl": "triton"}, over=("dtype", "gate", "M", "T"),
+             reports=(ROOF_LAUNCH,))
+      for kernel, label in (("pmll_read", "PMLL read"), ("pmll_write", "PMLL write"))),
+    # attention straight from the ring (pmll_attention), per (H, D), every (M, T)
+    Target("fused ring attention <= 0.5x gather + SDPA with mask, every M >= 1 and T",
+           "fused", "gather_sdpa_mask", 0.5, where={"M": "positive"}, per=("H", "D"),
+           over=("M", "T"), reports=(ATTENTION,)),
+    Target("fused ring attention <= 1.1x SDPA over contiguous keys (lower-right causal), "
+           "T <= 1024", "fused", "sdpa_contiguous", 1.1, where={"T": "upto_1024"},
+           per=("H", "D"), over=("M", "T"), reports=(ATTENTION,)),
+    Target("pmll_step (attention + ring write) <= 1.1x its attention alone, every M >= 1",
+           "pmll_step", "fused", 1.1, where={"M": "positive"}, per=("H", "D"), over=("M", "T"),
+           reports=(ATTENTION,)),
+    # whole speculative steps on the Qwen3-Next-sized stack (spec_decode), reported
+    *(Target(f"step time: {ours_label} / {peer_label} (tokens per step: the acceptance "
+             "length)", dict(draft="noisy", K=4, p=0.8, kernel=ours), {"kernel": peer}, None,
+             metric="step_us", where=dict(B=[64], arch="qwen3_next_sized"), per=("B",),
+             reports=(SPEC,))
+      for ours, ours_label, peer, peer_label in (
+        ("exact_lazy", "carry exact, lazy", "plain", "plain decoding"),
+        ("exact_eager", "carry exact, eager", "plain", "plain decoding"),
+        ("chain", "snapshot chain", "plain", "plain decoding"),
+        ("exact_lazy", "carry exact, lazy", "chain", "snapshot chain"))),
 )
-"""Every target; a new target or report is one more row or tag."""
+"""Every target; a new target or report is one more row or tag. ``where`` values that are
+conditions rather than values are named (``WHERE``)."""
+
+WHERE = {"l2_rings": lambda b: b.astype(float) >= L2_RINGS, "positive": lambda m: m >= 1,
+         "upto_1024": lambda t: t <= 1024}
+"""Named conditions a ``where`` gives by name (a column's mask)."""
 
 SETS = {ROOF: "The speculative step at Qwen3-Next's shape (verify + accept/commit/restore, K=4) "
               "against FlashInfer and SGLang",
         PROTO: "The carried state's whole speculative step against the snapshot chain and the "
                "field's exact carried state",
         STEP: "The whole speculative step",
-        KERNELS: "One GDN decode against FlashInfer's"}
-"""The headline's title per report."""
+        KERNELS: "One GDN decode against FlashInfer's",
+        ROOF_LAUNCH: "Verify kernels at Qwen3-Next's shape against FlashInfer, FLA and the copy "
+                     "roofline",
+        PROTO_LAUNCH: "Carried-state verify at Qwen3-Next's shape (HK=16, HV=32, kd=vd=128), K=4",
+        GDN_VERIFY: "Snapshot verify at Qwen3-Next's shape (HK=16, HV=32, kd=vd=128, bf16 "
+                    "inputs)",
+        CONV: "Conv twin verify at Qwen3-Next's conv (dim 8192, bf16), K=4, B=64",
+        PMLL_RING: "PMLL ring read and write against the copy roofline",
+        ATTENTION: "Attention straight from the ring against PyTorch SDPA",
+        SPEC: "Speculative decoding on the Qwen3-Next-sized stack, B=64, K=4, noisy draft p=0.8"}
+"""The title of each report's targets."""
+
+
+def _resolved(t: Target) -> Target:
+    """``t`` with its named ``where`` conditions (``WHERE``) made masks, and a ``where`` value
+    of ``None`` (a column the rows leave to their default) dropped."""
+    where = {k: WHERE[v] if isinstance(v, str) and v in WHERE else v
+             for k, v in t.where.items() if v is not None}
+    return dataclasses.replace(t, where=where)
 
 
 def for_report(notebook: str) -> tuple[Target, ...]:
-    """The targets ``notebook``'s headline shows (``ValueError`` naming ``notebook`` for a
-    report no target names)."""
+    """The targets report ``notebook`` shows (a key of ``SETS``; ``ValueError`` naming
+    ``notebook`` for another)."""
     if notebook not in SETS:
-        raise ValueError(f"notebook: no step targets for {notebook!r} ({', '.join(SETS)})")
-    return tuple(t for t in TARGETS if notebook in t.reports)
+        raise ValueError(f"notebook: no targets for {notebook!r} ({', '.join(SETS)})")
+    return tuple(_resolved(t) for t in TARGETS if notebook in t.reports)
