@@ -29,6 +29,7 @@ import statistics
 import time
 from collections.abc import Callable
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
@@ -294,6 +295,43 @@ def variant_problem(module, name: str, path: str) -> str | None:
             return None
     except Exception as exc:            # noqa: BLE001  (any failure of the file's import)
         return f"{path!r}: {exc}"
+
+
+def cli_ints(ap, flag: str, text: str, *, least: int = 1, group: int | None = None) -> list:
+    """A script flag's comma-separated ints, each at least ``least`` (with ``group``:
+    ``;``-separated groups of that many, as tuples); ``ap.error`` naming ``flag`` otherwise,
+    before any kernel runs."""
+    items = [t for t in str(text).split(";" if group else ",") if t.strip()]
+    try:
+        vals = [tuple(int(v) for v in t.split(",")) if group else int(t) for t in items]
+    except ValueError:
+        vals = None
+    flat = [v for t in vals for v in (t if group else (t,))] if vals else []
+    if (not vals or any(v < least for v in flat)
+            or (group and any(len(t) != group for t in vals))):
+        shape = f"';'-separated groups of {group} comma-separated ints" if group else \
+            "comma-separated ints"
+        ap.error(f"{flag}: expected {shape}, each >= {least}, got {text!r}")
+    return vals
+
+
+def cli_out(ap, flag: str, path) -> None:
+    """``ap.error`` naming ``flag`` when ``path`` (a file a script writes its rows to) is a
+    folder or its folder does not exist: found before the GPU work, not after it."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir() or not p.parent.is_dir():
+        ap.error(f"{flag}: cannot write {path} ({'a folder' if p.is_dir() else 'no folder ' + str(p.parent)})")
+
+
+def cli_gpu(ap, what: str) -> None:
+    """``ap.error`` when no GPU is visible: ``what`` needs one (a timing script outside its
+    ``--smoke`` mode), said before anything is measured."""
+    from pmll_lab.backend import DEVICE
+
+    if DEVICE.type != "cuda":
+        ap.error(f"needs a GPU ({what}); on the CPU run its --smoke mode, where it has one")
 
 
 def run_subcommand(prog: str, commands: dict, argv=None):

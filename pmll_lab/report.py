@@ -309,10 +309,15 @@ def build_report(
     manifest_path = run_dir / "manifest.json"
     if manifest_path.exists():
         try:
-            previous = json.loads(manifest_path.read_text()).get("notebooks", [])
-        except (json.JSONDecodeError, AttributeError):
-            previous = []
-    previous = [e for e in previous if isinstance(e, dict)]
+            previous = json.loads(manifest_path.read_text(encoding="utf-8"))["notebooks"]
+            if not isinstance(previous, list) or not all(
+                    isinstance(e, dict) and isinstance(e.get("name"), str) for e in previous):
+                raise TypeError("its notebooks are not a list of named entries")
+        except (ValueError, KeyError, TypeError) as exc:   # JSON, shape, encoding
+            raise ReportError(
+                f"run: {manifest_path} cannot be read ({type(exc).__name__}: {exc}); the run's "
+                "other notebooks would be left unlisted and unguarded: restore it (git "
+                "checkout, for a committed run) or choose another --run") from None
 
     manifest = {"run": run, "preset": preset, "device_requested": device,
                 "started_utc": utc_now(), "notebooks_dir": str(notebooks_dir),

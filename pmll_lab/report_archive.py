@@ -6,7 +6,8 @@ included), so the committed reports must stay lean; and a run's index must not l
 that were pruned. ``archive_run`` prunes a run folder in place and rewrites its
 ``manifest.json`` and ``index.html`` (``report_index.index_html``) to list what is left.
 
-Usage: ``python -m pmll_lab.report_archive RUN_DIR [--drop-html NB ...] [--note TEXT]``
+Usage: ``python -m pmll_lab.report_archive RUN_DIR [--drop-html NB ...] [--note TEXT]
+[--incomplete]``
 (``--drop-html``: notebooks whose rendered report a newer run replaces).
 """
 
@@ -16,21 +17,22 @@ import argparse
 import gzip
 import json
 import os
-import shutil
 from pathlib import Path
 
 from pmll_lab.report_index import HEADLINE_FILE, index_html
-from pmll_lab.results import compact_text
+from pmll_lab.results import compact_text, locked, replace_text
 
 
 def _gzip(path: Path) -> Path:
-    """``<name>.jsonl`` -> ``<name>.jsonl.gz`` (same bytes every time: no time stamp). Where the
-    ``.gz`` is already there (a run archived, then resumed), the two are merged: every point
-    stored whole in either, once (``results.compact_text``: the later copy where both hold one),
-    written to a temporary file and moved over the ``.gz`` before the ``.jsonl`` is deleted,
-    so a kill at any moment leaves every point in one of the two files."""
+    """``<name>.jsonl`` -> ``<name>.jsonl.gz`` (same bytes every time: no time stamp), merged
+    with the ``.gz`` already there (a run archived, then resumed): every point stored whole in
+    either, once (``results.compact_text``: each file parsed on its own, the ``.jsonl``'s copy
+    where both hold one; torn lines and cut-off points left out). Done under the file's lock
+    (``results.locked``: a sweep appending to it waits), written to a temporary file moved
+    over the ``.gz`` before the ``.jsonl`` is deleted, so a kill at any moment leaves every
+    point in one of the two files and a concurrent append is never read and then deleted."""
     out = path.with_name(path.name + ".gz")
-    if out.is_file():
+    with locked(path):
         data = compact_text(path).encode("utf-8")
         tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
         try:
@@ -42,30 +44,66 @@ def _gzip(path: Path) -> Path:
             os.replace(tmp, out)
         finally:
             tmp.unlink(missing_ok=True)
-    else:
-        with open(path, "rb") as src, open(out, "wb") as raw, \
-                gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:
-            shutil.copyfileobj(src, dst)
-    path.unlink()
+        path.unlink()
     return out
 
 
+def _manifest(run: Path) -> dict:
+    """The run's ``manifest.json``, checked before anything is touched: ``FileNotFoundError``
+    naming ``run_dir`` without one, ``ValueError`` naming the file when it is not JSON or not a
+    run's manifest (a ``notebooks`` list of entries with a ``name``, their ``html`` and
+    ``ipynb`` a file name or null, their ``results`` a list of paths)."""
+    path = run / "manifest.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"run_dir: no manifest.json in {run}")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"run_dir: {path} is not readable JSON ({exc}); nothing was "
+                         "changed") from None
+    bad = None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("notebooks", []), list):
+        bad = "not a dict with a list of notebooks"
+    else:
+        for e in manifest.get("notebooks", []):
+            if not isinstance(e, dict) or not isinstance(e.get("name"), str):
+                bad = f"an entry without a name: {e!r}"[:120]
+            elif any(e.get(k) is not None and not isinstance(e.get(k), str)
+                     for k in ("html", "ipynb")):
+                bad = f"{e['name']}: html/ipynb not a file name"
+            elif not isinstance(e.get("results", []), list) or not all(
+                    isinstance(r, str) for r in e.get("results", [])):
+                bad = f"{e['name']}: results not a list of paths"
+            if bad:
+                break
+    if bad:
+        raise ValueError(f"run_dir: {path} is not a run's manifest ({bad}); nothing was changed")
+    return manifest
+
+
 def archive_run(run_dir: str | Path, *, drop_html: tuple[str, ...] = (),
-                note: str | None = None) -> dict:
+                note: str | None = None, incomplete: bool = False) -> dict:
     """Prune ``run_dir`` (a run folder with ``manifest.json``) in place: delete every executed
     notebook (``.ipynb``) and every results CSV except ``headline.csv``, gzip every ``.jsonl``
     (merged into the ``.jsonl.gz`` already there, if any: a resumed archived run keeps the
     points of both),
     delete the rendered HTML of the notebooks named in ``drop_html``, and rewrite the manifest's
     file lists and ``index.html`` to match (a file already gone is no longer listed). ``note`` is added to the manifest's notes (shown on
-    the index). Idempotent. Returns the new manifest. Raises ``FileNotFoundError`` when
-    ``run_dir`` has no ``manifest.json`` and ``ValueError`` naming ``drop_html`` when it names a
-    notebook the run does not have."""
+    the index). Idempotent. Returns the new manifest. Raises, before anything is changed,
+    ``FileNotFoundError`` when ``run_dir`` has no ``manifest.json``, ``ValueError`` naming the
+    manifest when it is not a run's (``_manifest``), naming ``incomplete`` when the manifest
+    says a notebook is still running or the run did not finish (a report running now would
+    write after the archive; a run killed, or cut by a time limit, is archived with
+    ``incomplete=True``, ``--incomplete``), and naming ``drop_html`` when it names a notebook
+    the run does not have. The manifest and index are written atomically."""
     run = Path(run_dir)
     man_path = run / "manifest.json"
-    if not man_path.is_file():
-        raise FileNotFoundError(f"run_dir: no manifest.json in {run}")
-    manifest = json.loads(man_path.read_text(encoding="utf-8"))
+    manifest = _manifest(run)
+    if not incomplete and (manifest.get("running") or manifest.get("complete") is False):
+        what = (f"{manifest['running'].get('name')} is running"
+                if isinstance(manifest.get("running"), dict) else "the run did not finish")
+        raise ValueError(f"incomplete: {man_path} says {what}; archive a report that has "
+                         "ended (a run killed or cut by a time limit: --incomplete)")
     names = {b["name"] for b in manifest.get("notebooks", [])}
     unknown = sorted(set(drop_html) - names)
     if unknown:
@@ -91,8 +129,10 @@ def archive_run(run_dir: str | Path, *, drop_html: tuple[str, ...] = (),
         b["results"] = kept
     if note and note not in manifest.setdefault("notes", []):
         manifest["notes"].append(note)
-    man_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    (run / "index.html").write_text(index_html(manifest, run_dir=run), encoding="utf-8")
+    for lock in run.rglob("results/**/.*.lock"):     # the results files' locks (results.locked)
+        lock.unlink(missing_ok=True)
+    replace_text(man_path, json.dumps(manifest, indent=2) + "\n")
+    replace_text(run / "index.html", index_html(manifest, run_dir=run))
     return manifest
 
 
@@ -103,9 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drop-html", nargs="*", default=[],
                     help="notebooks whose rendered HTML a newer run replaces")
     ap.add_argument("--note", default=None, help="a provenance note for the run's index")
+    ap.add_argument("--incomplete", action="store_true",
+                    help="archive a run whose manifest says it did not finish (killed, or cut "
+                    "by a time limit); refused otherwise")
     a = ap.parse_args(argv)
     try:
-        archive_run(a.run_dir, drop_html=tuple(a.drop_html), note=a.note)
+        archive_run(a.run_dir, drop_html=tuple(a.drop_html), note=a.note,
+                    incomplete=a.incomplete)
     except (FileNotFoundError, ValueError) as exc:
         ap.error(str(exc))                       # names the argument, exit status 2
     return 0

@@ -264,6 +264,12 @@ def run_notebook(src: Path, run_dir: Path, *, preset: str, device: str, resume: 
                         title="STOPPED" if entry["status"] == "interrupted" else "FAILED",
                         note=other_commits_text(entry["other_commits"], total,
                                                 entry["commit"]))
+        except KeyboardInterrupt:     # stopped while rendering: the entry still says so
+            out_html.unlink(missing_ok=True)
+            entry["status"] = "interrupted"
+            entry["error"] = (entry["error"] + "; " if entry["error"] else "") + \
+                "stopped by an interrupt while its HTML was rendered (the executed notebook " \
+                "and the stored results are kept)"
         except Exception as exc:  # noqa: BLE001
             entry["status"] = "failed"
             entry["error"] = (entry["error"] + "; " if entry["error"] else "") + \
@@ -271,7 +277,8 @@ def run_notebook(src: Path, run_dir: Path, *, preset: str, device: str, resume: 
     entry["ipynb"] = out_nb.name if out_nb.exists() else None
     entry["html"] = out_html.name if out_html.exists() else None
     entry["results"] = sorted(p.relative_to(run_dir).as_posix()
-                              for p in results.rglob("*") if p.is_file())
+                              for p in results.rglob("*")
+                              if p.is_file() and not p.name.startswith("."))
     entry["ran_on"] = results_placement(results)
     lost = sweeps_all_failed(results)
     if lost and entry["status"] == "ok":

@@ -25,9 +25,11 @@ import gzip
 import json
 import math
 import os
+import contextlib
 import socket
 import traceback
-from collections.abc import Callable, Mapping
+import zlib
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -168,20 +170,42 @@ def stored_columns() -> tuple[str, ...]:
             *provenance_here(), *PLACEMENT_COLUMNS)
 
 
+def _rows_problem(rows, point: Mapping) -> str | None:
+    """What is wrong with a point function's return value, or None: it must be a non-empty
+    list of dicts with string keys, each with ``ROW_KEYS``, none giving one of the point's
+    axes another value (it would overwrite the axis in the stored row)."""
+    if not isinstance(rows, list) or not all(isinstance(r, Mapping) for r in rows):
+        return f"must return a list of row dicts, returned {type(rows).__name__}"
+    if not rows:
+        return "returned no rows (a point that measured nothing)"
+    for r in rows:
+        if not all(isinstance(k, str) for k in r):
+            return f"a row's keys must be strings, got {sorted(map(repr, r))[:4]}"
+        missing = [k for k in ROW_KEYS if k not in r]
+        if missing:
+            return f"a row lacks {', '.join(missing)} (every row has {', '.join(ROW_KEYS)})"
+        clash = sorted(k for k in set(r) & set(point) if r[k] != point[k])
+        if clash:
+            return (f"a row gives axis {', '.join(clash)} another value than the point's "
+                    f"({', '.join(f'{k}={r[k]!r}, not {point[k]!r}' for k in clash)}): it "
+                    "would overwrite the axis in the stored row")
+    return None
+
+
 def point_rows(point_fn: Callable[[dict], list[dict]], point: Mapping, pid: str) -> list[dict]:
     """Run one point where this is called (this process or a Dask worker) and return its rows
     as stored (``stored_rows``), with the provenance and placement of this process. Every
-    exception of ``point_fn`` becomes a failed row (``KeyboardInterrupt`` and ``SystemExit``
-    pass)."""
+    exception of ``point_fn``, and a return value ``_rows_problem`` refuses (no rows, rows
+    without ``kernel``/``metric``/``value``, a key that is not a string or gives one of the
+    point's axes another value), becomes a failed row (``KeyboardInterrupt`` and ``SystemExit`` pass)."""
     env = provenance_here()
     stamp = now_stamp()
     try:
         rows = point_fn(dict(point))
         status, err = "ok", ""
-        if not isinstance(rows, list) or not all(isinstance(r, Mapping) for r in rows):
-            err = (f"point_fn: must return a list of row dicts, returned "
-                   f"{type(rows).__name__}")
-            rows, status = [], "failed"
+        problem = _rows_problem(rows, point)
+        if problem:
+            rows, status, err = [], "failed", f"point_fn: {problem}"
     except CheckFailed as exc:
         rows, status, err = exc.rows, "failed", f"check failed: {exc}"
     except Exception as exc:  # noqa: BLE001 - one bad point must not lose the others
@@ -193,16 +217,40 @@ def point_rows(point_fn: Callable[[dict], list[dict]], point: Mapping, pid: str)
 
 # ---- the file -------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def locked(path: str | Path) -> Iterator[None]:
+    """Hold the results file ``path``'s lock (``.<name>.lock`` beside it, ``flock``; a no-op
+    where the system has none) while appending to it, repairing it or archiving it, so that
+    two processes on one results file (two sweeps of one ``results_dir``, an archive beside a
+    running sweep) never lose each other's rows: a rewrite of the file waits for an append in
+    progress and the next append waits for the rewrite."""
+    try:
+        import fcntl
+    except ImportError:                            # not POSIX: no lock
+        yield
+        return
+    path = Path(path)
+    name = path.name.removesuffix(".gz")
+    fd = os.open(path.with_name(f".{name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)                               # closing releases the lock
+
+
 def append(path: Path, data: bytes) -> None:
     """Append ``data`` with one ``write`` call where the system allows (a point's rows land
-    whole or, if the process is killed mid-write, as a cut-off end that ``repair`` removes)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
+    whole or, if the process is killed mid-write, as a cut-off end that ``repair`` removes),
+    under the file's lock (``locked``)."""
+    with locked(path):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
@@ -278,12 +326,14 @@ def repair(path: Path) -> set[str]:
 
 
 def _repair(path: Path) -> list[tuple[str, dict]]:
-    """``repair``'s work: the kept ``(line, row)`` pairs of ``path`` (rewritten if unclean)."""
+    """``repair``'s work: the kept ``(line, row)`` pairs of ``path`` (rewritten if unclean),
+    read and rewritten under the file's lock (``locked``)."""
     if not path.exists():
         return []
-    kept, clean = _parse(path.read_text(encoding="utf-8"))
-    if not clean:
-        replace_text(path, "".join(line + "\n" for line, _ in kept))
+    with locked(path):
+        kept, clean = _parse(path.read_text(encoding="utf-8") if path.exists() else "")
+        if not clean:
+            replace_text(path, "".join(line + "\n" for line, _ in kept))
     return kept
 
 
@@ -295,9 +345,7 @@ def stored_points(path: str | Path) -> dict[str, dict]:
     marked failed where the copy has one, so ``status == "failed"`` says the point itself
     failed (every row of it is). Each file is read once."""
     plain, gz = _pair(Path(path))
-    archived = {}
-    if gz.is_file():
-        archived = _point_rows(_parse(gzip.decompress(gz.read_bytes()).decode("utf-8"))[0])
+    archived = _point_rows(_parse(gz_text(gz))[0]) if gz.is_file() else {}
     return {**archived, **_point_rows(_repair(plain))}   # the .jsonl's copy is the later one
 
 
@@ -333,8 +381,39 @@ def compact_text(path: str | Path) -> str:
     """The rows ``load`` reads from ``path`` (``<name>.jsonl`` and its ``.jsonl.gz``), as the
     text of one results file: every point stored whole, once; torn lines and cut-off points
     left out (the archive's merge of the two files)."""
-    kept, _ = _parse(read_jsonl_text(path))
-    return "".join(line + "\n" for line, _ in kept)
+    return "".join(line + "\n" for line, _ in _kept(path))
+
+
+def gz_text(gz: str | Path) -> str:
+    """The text of an archived results file ``<name>.jsonl.gz``; a file cut short (an archive
+    killed mid-write by an earlier version, a copy cut off) gives what its stream holds up to
+    the cut, whose last point ``_parse`` then drops as cut off, instead of failing the read."""
+    data = Path(gz).read_bytes()
+    try:
+        return gzip.decompress(data).decode("utf-8")
+    except (EOFError, OSError, zlib.error):
+        d = zlib.decompressobj(wbits=31)
+        try:
+            text = d.decompress(data)
+        except zlib.error:
+            text = b""
+        return text.decode("utf-8", errors="ignore").rsplit("\n", 1)[0]
+
+
+def _kept(path: str | Path) -> list[tuple[str, dict]]:
+    """The kept ``(line, row)`` pairs of the results file ``path`` and its archived form: each
+    of the two files parsed on its own (a point cut off at the end of the ``.gz`` is not
+    joined to the rows of its next copy in the ``.jsonl``), then one copy per point, the
+    ``.jsonl``'s where both hold one (it is the later). ``FileNotFoundError`` naming ``path``
+    when neither exists."""
+    plain, gz = _pair(Path(path))
+    if not plain.is_file() and not gz.is_file():
+        other = gz if Path(path) == plain else plain
+        raise FileNotFoundError(f"path: no results file {path} (nor {other.name})")
+    old = _parse(gz_text(gz))[0] if gz.is_file() else []
+    new = _parse(plain.read_text(encoding="utf-8"))[0] if plain.is_file() else []
+    later = {row["point_id"] for _, row in new if isinstance(row.get("point_id"), str)}
+    return [pair for pair in old if pair[1].get("point_id") not in later] + new
 
 
 def _pair(path: Path) -> tuple[Path, Path]:
@@ -355,7 +434,7 @@ def read_jsonl_text(path: str | Path) -> str:
     plain, gz = _pair(path)
     parts = []
     if gz.is_file():
-        parts.append(gzip.decompress(gz.read_bytes()).decode("utf-8"))
+        parts.append(gz_text(gz))
     if plain.is_file():
         if parts and parts[0] and not parts[0].endswith("\n"):
             parts.append("\n")                   # a torn last line stays a line of its own
@@ -370,10 +449,9 @@ def load(path: str | Path) -> pd.DataFrame:
     """Read a results JSONL file (``.jsonl`` and its archived ``.jsonl.gz``, either name:
     ``read_jsonl_text``) into a DataFrame: the rows of every point stored whole (a torn line,
     and the rows of a point cut short, are left out; a point stored twice counts once, its
-    later copy); ``value`` stored as
+    later copy; each of the two files read on its own, ``_kept``); ``value`` stored as
     "inf"/"nan" comes back as a float."""
-    kept, _ = _parse(read_jsonl_text(path))
-    df = pd.DataFrame([row for _, row in kept])
+    df = pd.DataFrame([row for _, row in _kept(path)])
     if "value" in df:
         nonfinite = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
         df["value"] = df["value"].map(lambda v: nonfinite.get(v, v) if isinstance(v, str) else v)
@@ -391,5 +469,5 @@ def frame_to_csv(df: pd.DataFrame, path: Path) -> None:
 
 __all__ = ["IN_PROCESS", "PLACEMENT_COLUMNS", "ROW_COUNT", "CheckFailed", "point_id",
            "placement_here", "stored_rows", "point_rows", "append", "write_rows", "repair",
-           "stored_points", "compact_text", "stored_columns", "provenance_here", "ROW_KEYS",
+           "stored_points", "compact_text", "gz_text", "locked", "stored_columns", "provenance_here", "ROW_KEYS",
            "replace_text", "read_jsonl_text", "load", "frame_to_csv", "now_stamp"]

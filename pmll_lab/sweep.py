@@ -49,7 +49,12 @@ atomic writes (``.<name>.jsonl.<pid>.tmp``) must fit a file name (255 bytes)."""
 
 
 def grid(**axes: Iterable) -> list[dict]:
-    """Cartesian product of named axes: ``grid(K=[1, 2], B=[1, 64])`` -> 4 points."""
+    """Cartesian product of named axes: ``grid(K=[1, 2], B=[1, 64])`` -> 4 points.
+    ``ValueError`` naming an axis whose values are not a list (a string or a number: write
+    ``B=[5]``, not ``B=5``)."""
+    for n, v in axes.items():
+        if isinstance(v, (str, bytes, Mapping)) or not isinstance(v, Iterable):
+            raise ValueError(f"grid: axis {n} must be a list of values, got {v!r}")
     names = list(axes)
     values = itertools.product(*(list(axes[n]) for n in names))
     return [dict(zip(names, combo)) for combo in values]
@@ -180,6 +185,8 @@ def run_sweep(
         client = dist.as_client(client, wait_s)
     gpu = DEVICE.type == "cuda" if gpu is None else bool(gpu)
     results_dir = Path(results_dir)
+    if results_dir.exists() and not results_dir.is_dir():
+        raise ValueError(f"results_dir: {results_dir} is a file, not a folder")
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.jsonl"
     stored = stored_points(path)             # the .jsonl repaired, and the archived .gz

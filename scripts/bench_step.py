@@ -31,7 +31,7 @@ from pmll_lab.harness import registry
 from pmll_lab.harness.runner import run_point
 from pmll_lab.backend import DEVICE
 from pmll_lab.results import provenance
-from pmll_lab.bench import variant_kernel, variant_problem
+from pmll_lab.bench import cli_out, variant_kernel, variant_problem
 from pmll_lab.ops import settings
 from pmll_lab.ops.carry import ring as ring_form
 from pmll_lab.ops.gdn import recurrence
@@ -55,6 +55,7 @@ def main(argv=None) -> int:
                     help="lib or a probe FILE defining gdn_ring_fused_kernel, then optional "
                          "+NAME=VALUE settings; repeatable; the ring form runs once per SPEC")
     a = ap.parse_args(argv)
+    cli_out(ap, "--out", a.out)
     over = _settings(ap, "--set", a.set)
     variants = []
     for spec in a.ring_variant or ["lib"]:

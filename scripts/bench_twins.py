@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 import pmll_lab  # noqa: F401  (first: picks the device)
 import pandas as pd
@@ -25,7 +24,7 @@ import torch
 
 from pmll_lab import cuda_ext
 from pmll_lab.backend import DEVICE
-from pmll_lab.bench import errors
+from pmll_lab.bench import cli_gpu, cli_ints, cli_out, errors
 from pmll_lab.experiments import protocol as P
 from pmll_lab.gdn import gdn_chain, gdn_decode
 from pmll_lab.inputs import gdn_inputs
@@ -111,23 +110,26 @@ def main(argv=None) -> int:
             specs[tag] = cuda_ext.check_defines(defs.split(","))
         except ValueError as exc:
             ap.error(f"--build {spec!r}: {exc}")
-    if DEVICE.type != "cuda":
-        print("bench_twins: needs an NVIDIA GPU (the CUDA twins)", file=sys.stderr)
-        return 2
+    batches = cli_ints(ap, "--batches", a.batches)
+    cli_out(ap, "--out", a.out)
+    cli_gpu(ap, "the CUDA twins")
     builds = {tag: cuda_ext.load("gdn_decode", defines=d) for tag, d in specs.items()}
     rows = []
+    if a.out:
+        open(a.out, "w").close()
     for sdt in (torch.float32, torch.bfloat16):
         for K in (1, 4):
-            for B in (int(b) for b in a.batches.split(",")):
+            for B in batches:
                 try:
-                    rows += _pair(B, K, sdt, builds)
+                    got = _pair(B, K, sdt, builds)
                 except Exception as exc:  # noqa: BLE001 - one failed point loses no other
                     print(f"FAILED B={B} K={K} {sdt}: {type(exc).__name__}: {exc}")
+                    continue
+                rows += got
+                if a.out:                        # as measured: a crash later loses none
+                    with open(a.out, "a") as f:
+                        f.writelines(json.dumps(r, default=str) + "\n" for r in got)
     df = pd.DataFrame(rows)
-    if a.out:
-        with open(a.out, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r, default=str) + "\n")
     if df.empty:
         return 1
     for metric in ("time_us", "roofline_frac"):

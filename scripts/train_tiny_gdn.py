@@ -9,13 +9,14 @@ directory of the size, ``pmll_lab/models/checkpoints/tiny_gdn_<size>/``).
 Usage: ``python scripts/train_tiny_gdn.py --size cpu`` (CPU sibling, a few minutes on two
 cores); ``python scripts/train_tiny_gdn.py --size gpu --out $OUT/tiny_gdn_gpu`` on a GPU (FLA's
 chunked delta rule where fla-core is installed). ``--steps N`` overrides the step count (a
-smoke run).
+smoke run, written only to an ``--out`` of its own).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pmll_lab  # noqa: F401  (first: picks the device)
 
@@ -32,6 +33,20 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     ap.add_argument("--log-every", type=int, default=50)
     args = ap.parse_args(argv)
+    for flag, value in (("--steps", args.steps), ("--log-every", args.log_every)):
+        if value is not None and value < 1:
+            ap.error(f"{flag}: must be >= 1, got {value}")
+    if args.steps is not None and args.out is None:
+        ap.error("--steps: a run of other steps than the size's does not replace the committed "
+                 "checkpoint; give --out DIR")
+    if args.device not in (None, "cpu", "cuda"):
+        ap.error(f"--device: cpu or cuda, got {args.device!r}")
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            ap.error("--device: cuda asked for, but no GPU is visible")
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        ap.error(f"--out: {args.out} is a file, not a folder")
     over = {} if args.steps is None else {"steps": args.steps}
     model, prov = T.train(args.size, seed=args.seed, device=args.device,
                           log_every=args.log_every, **over)

@@ -53,8 +53,9 @@ import pmll_lab  # noqa: E402,F401  (first: GPU or the Triton interpreter)
 import torch  # noqa: E402
 
 from pmll_lab.backend import DEVICE, device_name  # noqa: E402
-from pmll_lab.bench import (bitwise_equal, copy_bandwidth, errors, run_subcommand,  # noqa: E402
-                            time_cuda_graph, time_launch)
+from pmll_lab.bench import (bitwise_equal, cli_gpu, cli_ints, cli_out,  # noqa: E402
+                            copy_bandwidth, errors, run_subcommand, time_cuda_graph,
+                            time_launch)
 from pmll_lab.carry import (GdnCarry, carry_accept, gdn_carry_flush,  # noqa: E402
                             gdn_carry_verify)
 from pmll_lab.gdn import gdn_chain, gdn_decode, row_io_bytes, state_bytes  # noqa: E402
@@ -247,8 +248,22 @@ def tiles_main(argv=None):
         tiles = [parse_tile(t) for t in a.tiles.split(",")]
     except ValueError:
         ap.error(f"--tiles: expected 'default[:cCW]' or 'R[:RC]xW[:cCW]' items, got {a.tiles!r}")
-    aheads = [None if s == "default" else tuple(int(n) for n in s.split("-"))
-              for s in a.ahead.split(",")]
+    try:
+        aheads = [None if s == "default" else tuple(int(n) for n in s.split("-"))
+                  for s in a.ahead.split(",")]
+    except ValueError:
+        ap.error(f"--ahead: expected 'default' or R-C-S ints, comma-separated, got {a.ahead!r}")
+    if any(ah is not None and (len(ah) != 3 or min(ah) < 0) for ah in aheads):
+        ap.error(f"--ahead: each item 'default' or three ints >= 0 as R-C-S, got {a.ahead!r}")
+    for spec in filter(None, a.family.split(",")):
+        kd, _, rest = spec.partition(":")
+        K, _, dt = rest.partition(":")
+        if not (kd.isdigit() and K.isdigit() and int(kd) >= 16 and 1 <= int(K) <= 8
+                and dt in DT):
+            ap.error(f"--family: items kd:K:dtype (kd >= 16, K 1-8, dtype one of "
+                     f"{', '.join(DT)}), got {spec!r}")
+    Bs = cli_ints(ap, "--B", a.B)
+    cli_out(ap, "--json", a.json)
     blocks = [kv_block_settings(b) for b in a.kv_blocks.split(",") if b]
     if a.smoke:
         for tile in tiles[:2]:
@@ -261,9 +276,9 @@ def tiles_main(argv=None):
                 print(tag, check_family(1, 2, 16, 3, torch.float32, B=5, layout="kv")
                       or "bitwise")
         return
+    cli_gpu(ap, "tiles times the GDN kernels")
     roof = copy_bandwidth()
     print(f"device {device_name()}, copy roofline {roof:.0f} GB/s")
-    Bs = [int(b) for b in a.B.split(",")]
     res = []
 
     def record(tag, B, t):
@@ -347,6 +362,8 @@ def carry_main(argv=None):
     ap = argparse.ArgumentParser(prog="tune_gdn.py carry", description="the exact verify's two launches")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, no timing (CPU check)")
     a = ap.parse_args(argv)
+    if not a.smoke:
+        cli_gpu(ap, "carry times the exact verify's launches")
     HK, HV, D, K = (1, 2, 16, 2) if a.smoke else (16, 32, 128, 4)
     batches = (2,) if a.smoke else (64, 128)
     roof = copy_bandwidth()

@@ -33,7 +33,8 @@ import torch
 import triton.testing
 
 from pmll_lab.backend import DEVICE, INTERPRET
-from pmll_lab.bench import copy_bandwidth, errors, run_subcommand, time_cuda_graph, time_launch
+from pmll_lab.bench import (cli_gpu, cli_ints, copy_bandwidth, errors, run_subcommand,
+                            time_cuda_graph, time_launch)
 from pmll_lab.experiments.pmll_attention import TOL, sdpa_contiguous, speed_inputs
 from pmll_lab.inputs import pmll_inputs
 from pmll_lab.ops import settings
@@ -47,8 +48,10 @@ def bench(fn):
 
 
 def ring_main(argv=None):
-    argparse.ArgumentParser(
-        prog="tune_pmll.py ring", description="the PMLL ring's read and write tiles").parse_args(argv)
+    ap = argparse.ArgumentParser(
+        prog="tune_pmll.py ring", description="the PMLL ring's read and write tiles")
+    ap.parse_args(argv)
+    cli_gpu(ap, "ring times the PMLL ring's read and write")
     roof = copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}  copy bandwidth {roof:.0f} GB/s")
     shapes = [  # (B, H, M, D, dtype)
@@ -113,13 +116,6 @@ def gpu_us(fn, replays=100) -> float:
     return time_launch(fn, cpu_reps=1)["median_us"]
 
 
-def _pairs(text: str, n: int) -> list[tuple[int, ...]]:
-    out = [tuple(int(v) for v in item.split(",")) for item in text.split(";") if item]
-    if any(len(o) != n for o in out):
-        raise SystemExit(f"expected ';'-separated groups of {n} comma-separated ints: {text!r}")
-    return out
-
-
 def attention_main(argv=None):
     ap = argparse.ArgumentParser(prog="tune_pmll.py attention",
                                  description="the fused ring attention's tiles")
@@ -132,7 +128,9 @@ def attention_main(argv=None):
                     help="M,T;M,T... (default %(default)s)")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
-    shapes, cell_list = _pairs(args.shapes, 3), _pairs(args.cells, 2)
+    shapes = cli_ints(ap, "--shapes", args.shapes, group=3)
+    cell_list = cli_ints(ap, "--cells", args.cells, least=0, group=2)   # M = 0: no memory
+    stages = cli_ints(ap, "--stages", args.stages)
     name = torch.cuda.get_device_name() if DEVICE.type == "cuda" else "CPU (interpreter)"
     print(f"device {name}  torch {torch.__version__}  dtype {args.dtype}")
     print(f"current attention_tiles: {settings.attention().attention_tiles}")
@@ -146,7 +144,7 @@ def attention_main(argv=None):
             peer[(M, T)] = gpu_us(lambda x=x: sdpa_contiguous(x["q"], x["k_cat"], x["v_cat"]))
             want[(M, T)] = memory_attention(x["q"], x["k"], x["v"], x["mem"], impl="reference")
         rows = []
-        for tile in tiles(args.quick, [int(v) for v in args.stages.split(",")]):
+        for tile in tiles(args.quick, stages):
             cfg = dict(tile, BLOCK_C=min(tile["BLOCK_N"], tile["BLOCK_M"]), BLOCK_D=block_d)
             row = {"BLOCK_M": tile["BLOCK_M"], "BLOCK_N": tile["BLOCK_N"],
                    "warps": tile["num_warps"], "stages": tile["num_stages"]}

@@ -21,7 +21,7 @@ import json
 import torch
 
 import pmll_lab  # noqa: F401  (first)
-from pmll_lab.bench import errors, time_cuda_graph, variant_kernel, variant_problem
+from pmll_lab.bench import cli_out, errors, time_cuda_graph, variant_kernel, variant_problem
 from pmll_lab.carry import GdnRing, gdn_ring_verify, ring_accept
 from pmll_lab.experiments.gdn import gating_inputs
 from pmll_lab.inputs import gdn_inputs
@@ -103,6 +103,7 @@ def main():
                     help="a launch setting to override for every point (pmll_lab.ops.settings), "
                          "repeatable: e.g. ring_coefficients_first=4 (fp32 states too)")
     args = ap.parse_args()
+    cli_out(ap, "--json", args.json)
     try:
         over = settings.parse_overrides(args.set)
     except ValueError as exc:

@@ -489,3 +489,24 @@ def test_param_reaches_the_notebooks_that_take_it_and_is_refused_elsewhere(tmp_p
         with pytest.raises(SystemExit):
             main(args + ["--only", "takes", "--param", bad])
         assert "--param:" in capsys.readouterr().err
+
+
+def test_a_stop_while_rendering_keeps_the_notebook_listed(tmp_path, monkeypatch):
+    """SIGTERM or Ctrl-C while a notebook's HTML is rendered: the report stops (interrupt),
+    and its index still lists the notebook, STOPPED, with its stored results."""
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    _notebook(nbdir / "good.ipynb", [GOOD])
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt("SIGTERM")
+    monkeypatch.setattr("pmll_lab.report_notebooks.render_html", stop)
+    with pytest.raises(KeyboardInterrupt):
+        build_report(device="cpu", run="s", notebooks_dir=nbdir, reports_dir=tmp_path / "r",
+                     log=lambda m: None)
+    manifest = json.loads((tmp_path / "r/s/manifest.json").read_text())
+    (entry,) = manifest["notebooks"]
+    assert entry["name"] == "good" and entry["status"] == "interrupted"
+    assert "while its HTML was rendered" in entry["error"]
+    assert any(r.endswith("tiny.jsonl") for r in entry["results"]), entry["results"]
+    assert not any("/." in r for r in entry["results"])          # no lock files listed
