@@ -306,7 +306,24 @@ def _sweep_frames(results: Path) -> Iterator[tuple[str, "object"]]:
         except (OSError, ValueError, EOFError):
             continue
         if not df.empty and "point_id" in df:
-            yield fname.removesuffix(".jsonl"), df
+            yield fname.removesuffix(".jsonl"), _in_last_grid(df, Path(results) / fname)
+
+
+def _in_last_grid(df, path: Path):
+    """The rows of ``df`` whose point the sweep's last run asked for: those in the
+    ``<name>.csv`` ``run_sweep`` wrote at its end (a grid changed on a resume leaves points of
+    the earlier grid in the ``.jsonl``, not counted); all of them where there is no such CSV
+    (an archived run) or it is older than the last rows (a sweep cut off before its end)."""
+    import pandas as pd
+
+    csv = path.with_suffix(".csv")
+    try:
+        if path.is_file() and csv.stat().st_mtime < path.stat().st_mtime:
+            return df                          # rows appended after it: a sweep cut short
+        ids = pd.read_csv(csv, usecols=["point_id"])["point_id"]
+    except (OSError, ValueError):             # none, empty, no point_id column
+        return df
+    return df[df["point_id"].isin(set(ids))]
 
 
 def other_commits(results: Path, commit: str) -> tuple[dict[str, int], int]:

@@ -164,3 +164,18 @@ def test_sweep_inputs_are_named(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="^results_dir: .* is a file"):
         run_sweep("s", grid(i=[0]), _fn, results_dir=tmp_path / "file", progress=False)
+
+
+def test_a_report_counts_the_points_of_the_last_grid_only(tmp_path):
+    """A sweep resumed with a smaller grid: the report's counts (failed points, all points)
+    are of the grid it last ran, not of every point its file still holds."""
+    from pmll_lab.report_notebooks import failed_points
+
+    def fn(p):
+        if p["i"] == 3:
+            raise RuntimeError("bad point")
+        return _fn(p)
+    run_sweep("s", grid(i=[0, 1, 2, 3]), fn, results_dir=tmp_path, progress=False)
+    assert failed_points(tmp_path) == (1, 4)
+    run_sweep("s", grid(i=[0, 1]), fn, results_dir=tmp_path, progress=False)
+    assert failed_points(tmp_path) == (0, 2)
