@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import os
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +156,10 @@ def add_family(family: Family) -> Family:
     return family
 
 
+REGISTERED_IN: dict[str, str] = {}
+"""The module whose ``register`` call made each name (a plugin file's: ``pmll_lab_plugin_<stem>``)."""
+
+
 def register(impl: Implementation, *, replace: bool = False) -> Implementation:
     """Register ``impl`` under its name. ``ValueError`` for an unknown family, or a name
     already taken unless ``replace`` (a notebook cell re-run replaces its own kernel; only an
@@ -174,6 +179,7 @@ def register(impl: Implementation, *, replace: bool = False) -> Implementation:
     if impl.name not in MEMBERS[impl.family]:
         MEMBERS[impl.family].append(impl.name)
     IMPLEMENTATIONS[impl.name] = impl
+    REGISTERED_IN[impl.name] = sys._getframe(1).f_globals.get("__name__", "?")
     return impl
 
 
@@ -274,13 +280,13 @@ def resolve(family: str, selection: str | Iterable[str] | None, *, arg: str = "f
 
 def table() -> list[dict]:
     """One row per registered implementation: ``name, family, label, provider, impl, exact,
-    gpu_only, module`` (the module its ``build`` lives in: where it is registered), in
+    gpu_only, module`` (the module whose ``register`` call made it: ``REGISTERED_IN``), in
     registration order, ``$PMLL_LAB_PLUGINS``'s files loaded first; ``python -m
     pmll_lab.harness`` prints it."""
     _env_plugins()
     return [dict(name=i.name, family=i.family, label=i.label, provider=i.provider,
                  impl=i.impl, exact=i.exact, gpu_only=i.gpu_only,
-                 module=getattr(i.build, "__module__", "?"))
+                 module=REGISTERED_IN.get(i.name, getattr(i.build, "__module__", "?")))
             for i in IMPLEMENTATIONS.values()]
 
 

@@ -175,6 +175,7 @@ def test_the_listing_loads_plugins_and_takes_one_family(tmp_path):
 
     got = listing("--family", "gdn_decode")
     names = [line.split()[0] for line in got.stdout.splitlines()[1:]]
+    assert "pmll_lab_plugin_zz_plugin" in got.stdout, got.stdout
     assert got.returncode == 0 and names == ["decode", "decode_cuda", "flashinfer_decode",
                                              "zz_decode"], got
     for args, said in ((["--family", "gdn_decod"], "--family: no family 'gdn_decod'"),
