@@ -226,6 +226,11 @@ def run_sweep(
         df = pd.DataFrame()
     if "point_id" in df:
         df = df[df["point_id"].isin(wanted)].reset_index(drop=True)
+    for k in {k for p in points for k in p}:  # an int axis absent from older rows: ints again
+        if (k in df and df[k].dtype.kind == "f" and df[k].notna().all()
+                and all(isinstance(p[k], int) and not isinstance(p[k], bool)
+                        for p in points if k in p)):
+            df[k] = df[k].astype("int64")
     frame_to_csv(df, results_dir / f"{name}.csv")
     if progress:
         ran = df[df["point_id"].isin(todo)] if "point_id" in df else df

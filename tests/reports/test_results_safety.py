@@ -179,3 +179,9 @@ def test_a_report_counts_the_points_of_the_last_grid_only(tmp_path):
     assert failed_points(tmp_path) == (1, 4)
     run_sweep("s", grid(i=[0, 1]), fn, results_dir=tmp_path, progress=False)
     assert failed_points(tmp_path) == (0, 2)
+
+
+def test_an_int_axis_added_on_resume_stays_int(tmp_path):
+    run_sweep("s", grid(i=[0, 1]), _fn, results_dir=tmp_path, progress=False)
+    df = run_sweep("s", grid(i=[0, 1], D=[16]), _fn, results_dir=tmp_path, progress=False)
+    assert df["D"].dtype.kind == "i" and set(df["D"]) == {16}
