@@ -385,12 +385,21 @@ def _refuse_replacing(run_dir: Path, previous: list[dict], plan: list[str], env_
     """``ReportError`` naming ``run`` when a notebook of ``plan`` has stored results in
     ``run_dir`` that its earlier manifest entry says came from another device (or, without
     ``resume``, another preset): this call would delete them, or resume them with rows of
-    another device."""
+    another device; likewise when any other notebook of the run is another device's (the run
+    would mix devices and its index be rewritten around them)."""
     device = env_info.get("device", "")
     for e in previous:
         name = e.get("name")
         results = run_dir / "results" / str(name)
-        if name not in plan or not results.is_dir() or not any(results.iterdir()):
+        if not results.is_dir() or not any(results.iterdir()):
+            continue
+        if name not in plan:          # another notebook of the run: only its device matters
+            if e.get("device") not in (None, device):
+                raise ReportError(
+                    f"run: {run_dir.name!r} holds {name}'s results from device "
+                    f"{e.get('device')!r}; this call on device {device!r} would make the run "
+                    "mix devices (and rewrite its index). Choose another --run, or pass "
+                    "--replace (build_report(replace=True))")
             continue
         other = [f"device {e.get('device')!r}" for _ in [0] if e.get("device") != device]
         if not resume and e.get("preset") != preset:
@@ -437,7 +446,7 @@ def _write_index(run_dir: Path, manifest: dict, ran: list[dict], previous: list[
                  complete: bool, keep_all: bool) -> None:
     """Fill ``manifest`` with the notebooks run so far plus the earlier entries kept, and write
     ``manifest.json`` and ``index.html``. Kept (``kept_from_earlier``, with their own date,
-    preset and commit), while their report exists: with ``keep_all`` (some notebooks chosen)
+    preset and commit), while their report or results exist: with ``keep_all`` (some chosen)
     every earlier notebook this call has not run; otherwise those still to run in this call, so
     a run cut short links the earlier reports it did not replace instead of leaving them in the
     folder unlisted."""
@@ -445,7 +454,8 @@ def _write_index(run_dir: Path, manifest: dict, ran: list[dict], previous: list[
     waiting = set(manifest.get("to_run") or [])
     kept = [dict(e, kept_from_earlier=True) for e in previous
             if e.get("name") not in names and (keep_all or e.get("name") in waiting)
-            and e.get("html") and (run_dir / e["html"]).exists()]
+            and ((e.get("html") and (run_dir / e["html"]).exists())
+                 or any((run_dir / r).exists() for r in e.get("results") or ()))]
     if not keep_all and complete:       # nothing left to replace them: unlisted, so removed
         _drop_files(run_dir, [e for e in previous if e.get("name") not in names])
     manifest["notebooks"] = sorted(ran + kept, key=lambda e: e["name"])

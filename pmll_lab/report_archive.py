@@ -62,7 +62,7 @@ def _manifest(run: Path) -> dict:
         raise ValueError(f"run_dir: {path} is not readable JSON ({exc}); nothing was "
                          "changed") from None
     bad = None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("notebooks", []), list):
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("notebooks"), list):
         bad = "not a dict with a list of notebooks"
     else:
         for e in manifest.get("notebooks", []):

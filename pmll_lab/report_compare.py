@@ -55,6 +55,8 @@ def headlines(run: str | Path) -> pd.DataFrame:
         raise ValueError(f"run: {str(run)!r} is not a run folder (no results/ in it)")
     frames = []
     for path in sorted(run.glob(f"results/*/{HEADLINE_FILE}")):
+        if not path.is_file():
+            raise ValueError(f"run: {path} is not a file")
         try:
             df = pd.read_csv(path)
         except pd.errors.EmptyDataError:
@@ -115,7 +117,8 @@ def compare(run_a: str | Path, run_b: str | Path, noise: float = NOISE) -> pd.Da
     both = both.rename(columns={"figure_a": "a", "figure_b": "b"})
     both["measure"] = both["measure_a"].where(both["measure_a"].fillna("") != "",
                                               both["measure_b"])
-    ok = both["a"].notna() & both["b"].notna() & (both["a"] != 0)
+    ok = (both["a"].notna() & both["b"].notna() & (both["a"] != 0)
+          & (both["measure_a"].fillna("") == both["measure_b"].fillna("")))  # one kind of figure
     both["change"] = (both["b"] / both["a"].where(ok) - 1).round(4)
     both["moved"] = both["change"].abs() > noise
     for c in cells:                    # B and the like as integers where every value is one

@@ -242,10 +242,14 @@ def locked(path: str | Path) -> Iterator[None]:
 def append(path: Path, data: bytes) -> None:
     """Append ``data`` with one ``write`` call where the system allows (a point's rows land
     whole or, if the process is killed mid-write, as a cut-off end that ``repair`` removes),
-    under the file's lock (``locked``)."""
+    under the file's lock (``locked``); a torn last line left by another writer is ended
+    first, so these rows are not glued onto it."""
     with locked(path):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data          # a writer killed mid-line: its torn line ends
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]

@@ -36,9 +36,10 @@ def main(argv=None) -> int:
     for flag, value in (("--steps", args.steps), ("--log-every", args.log_every)):
         if value is not None and value < 1:
             ap.error(f"{flag}: must be >= 1, got {value}")
-    if args.steps is not None and args.out is None:
-        ap.error("--steps: a run of other steps than the size's does not replace the committed "
-                 "checkpoint; give --out DIR")
+    if args.out is None and (args.steps is not None or args.seed != 0):
+        flag = "--steps" if args.steps is not None else "--seed"
+        ap.error(f"{flag}: a run of other steps or seed than the committed checkpoint's (seed 0) "
+                 "does not replace it; give --out DIR")
     if args.device not in (None, "cpu", "cuda"):
         ap.error(f"--device: cpu or cuda, got {args.device!r}")
     if args.device == "cuda":

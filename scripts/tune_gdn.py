@@ -217,6 +217,8 @@ def kv_block_settings(spec):
     """``"BVxW"`` or ``"BVxW:nopf"`` -> ``(tag, overrides)``: the K-major block ``(BV, W)`` for
     every head size, and the row prefetch off with ``:nopf``; for ``settings.override``."""
     block, _, opt = spec.partition(":")
+    if opt not in ("", "nopf"):
+        raise ValueError(f"{spec!r}: the only option is ':nopf'")
     bv, w = (int(n) for n in block.split("x"))
     return (f"kv{bv}x{w}" + (":nopf" if opt == "nopf" else ""),
             dict(kv_block=(bv, w), carry_prefetch_rows=opt != "nopf"))
@@ -264,7 +266,18 @@ def tiles_main(argv=None):
                      f"{', '.join(DT)}), got {spec!r}")
     Bs = cli_ints(ap, "--B", a.B)
     cli_out(ap, "--json", a.json)
-    blocks = [kv_block_settings(b) for b in a.kv_blocks.split(",") if b]
+    try:
+        blocks = [kv_block_settings(b) for b in a.kv_blocks.split(",") if b]
+    except ValueError as exc:
+        ap.error(f"--kv-blocks: expected BVxW[:nopf] items, got {a.kv_blocks!r} ({exc})")
+    for flag, overs in (("--tiles", [tile_settings(t, ah)[1] for t in tiles for ah in aheads]),
+                        ("--kv-blocks", [o for _, o in blocks])):
+        for over in overs:                   # each checked as the settings check it, now
+            try:
+                with settings.override(**over):
+                    pass
+            except ValueError as exc:
+                ap.error(f"{flag}: {exc}")
     if a.smoke:
         for tile in tiles[:2]:
             for ahead in aheads:

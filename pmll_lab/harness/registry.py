@@ -323,12 +323,12 @@ def load_plugins(paths: str | Iterable[str] | None = None) -> list[str]:
         spec = importlib.util.spec_from_file_location(f"pmll_lab_plugin_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         _PLUGINS_LOADED.add(str(path))             # once, even if it raises below
-        before = len(IMPLEMENTATIONS) + len(FAMILIES)
+        before = (dict(IMPLEMENTATIONS), dict(FAMILIES))
         try:
             spec.loader.exec_module(module)
         except Exception as exc:
             raise RuntimeError(f"{what}: {path} raised {type(exc).__name__}: {exc}") from exc
-        if len(IMPLEMENTATIONS) + len(FAMILIES) == before:
+        if before == (IMPLEMENTATIONS, FAMILIES):   # nothing added or replaced
             raise ValueError(f"{what}: {path} registered nothing (a plugin calls "
                              "pmll_lab.harness.registry.register; docs/adding-a-kernel.md)")
         loaded.append(str(path))

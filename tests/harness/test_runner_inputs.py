@@ -300,3 +300,35 @@ def test_a_preset_given_one_grid_instead_of_a_list_is_refused():
     with pytest.raises(ValueError, match=r"^grids\['quick'\]: must be a list of grids, got one "
                                          r"dict"):
         pick({"quick": {"K": [2]}, "full": []}, "quick")
+
+
+def test_the_kernels_notebook_passes_its_selection_to_the_points():
+    """The kernels notebook gives ``KN.points`` its ``implementations``, so a selection of its
+    own runs at a step workload's points instead of the workload's ``forms``."""
+    import ast
+    import json
+
+    from _paths import ROOT
+    cells = json.loads((ROOT / "notebooks/kernels.ipynb").read_text())["cells"]
+    calls = [n for c in cells if c["cell_type"] == "code"
+             for n in ast.walk(ast.parse("".join(c["source"]))) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr == "points"]
+    assert calls and all(any(k.arg == "implementations" for k in c.keywords) for c in calls)
+
+
+def test_a_plugin_that_replaces_its_own_name_registered_something(tmp_path):
+    """A second plugin file re-registering a name of the first with ``replace=True`` (a new
+    version of one's kernel) counts as registering."""
+    text = ("from pmll_lab.harness.decode import decode_run\n"
+            "from pmll_lab.harness.registry import Implementation, register\n"
+            "register(Implementation(name='zz_v', family='gdn_decode', label='{}', "
+            "provider='yours', impl='torch', build=decode_run(lambda *a, **k: None)), "
+            "replace=True)\n")
+    for v in ("v1", "v2"):
+        (tmp_path / f"p_{v}.py").write_text(text.format(v))
+    try:
+        registry.load_plugins([str(tmp_path / "p_v1.py"), str(tmp_path / "p_v2.py")])
+        assert registry.get("zz_v").label == "v2"
+    finally:
+        registry.IMPLEMENTATIONS.pop("zz_v", None)
+        registry.MEMBERS["gdn_decode"].remove("zz_v")

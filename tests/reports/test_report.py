@@ -510,3 +510,34 @@ def test_a_stop_while_rendering_keeps_the_notebook_listed(tmp_path, monkeypatch)
     assert "while its HTML was rendered" in entry["error"]
     assert any(r.endswith("tiny.jsonl") for r in entry["results"]), entry["results"]
     assert not any("/." in r for r in entry["results"])          # no lock files listed
+
+
+def test_a_run_of_another_device_is_not_rewritten_by_other_notebooks(tmp_path, capsys):
+    """A run folder holding another device's notebooks (a committed GPU run) is refused when
+    this call runs other notebooks into it (the run would mix devices and its index drop
+    them), before anything is written; an earlier notebook with results but no HTML (an
+    archived run's) stays listed when another one runs."""
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    _notebook(nbdir / "good.ipynb", [GOOD])
+    _notebook(nbdir / "other.ipynb", ['print("OTHER")'])
+    reports = tmp_path / "reports"
+    build_report(device="cpu", run="gpu", only=["good"], notebooks_dir=nbdir,
+                 reports_dir=reports, log=lambda m: None)
+    run = reports / "gpu"
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["notebooks"][0].update(device="NVIDIA H200", html=None)
+    (run / "good.html").unlink()
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    args = ["report", "--device", "cpu", "--notebooks-dir", str(nbdir), "--reports-dir",
+            str(reports), "--run", "gpu"]
+    for extra in (["--only", "other"], []):
+        assert main(args + extra) == 2
+        assert "holds good's results from device 'NVIDIA H200'" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    manifest["notebooks"][0]["device"] = None                     # an older manifest
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert main(args + ["--only", "other"]) == 0
+    names = [e["name"] for e in json.loads((run / "manifest.json").read_text())["notebooks"]]
+    assert names == ["good", "other"]

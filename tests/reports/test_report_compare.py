@@ -88,3 +88,16 @@ def test_bad_input_is_refused_naming_the_argument(tmp_path, capsys):
     assert main([str(a), str(a)]) == 0
     assert "1 targets in 1 cells; 1 cells with a figure in both runs, 0 of them moved" in \
         capsys.readouterr().out
+
+
+def test_figures_of_two_kinds_are_not_compared(tmp_path):
+    """A target whose figure is a ratio in one run and a fraction in the other (a headline
+    without its ratio) gets no change, and a headline that is a folder is named."""
+    a = _run(tmp_path, "a", [_row("t", 64, 1.1)])
+    b = _run(tmp_path, "b", [_row("t", 64, None, frac=0.01, bound=0.9)])
+    row = compare(a, b).iloc[0]
+    assert math.isnan(row["change"]) and not row["moved"]
+    c = tmp_path / "c" / "results" / "nb" / "headline.csv"
+    c.mkdir(parents=True)
+    with pytest.raises(ValueError, match="^run: .*headline.csv is not a file"):
+        compare(a, tmp_path / "c")

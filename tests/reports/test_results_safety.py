@@ -185,3 +185,39 @@ def test_an_int_axis_added_on_resume_stays_int(tmp_path):
     run_sweep("s", grid(i=[0, 1]), _fn, results_dir=tmp_path, progress=False)
     df = run_sweep("s", grid(i=[0, 1], D=[16]), _fn, results_dir=tmp_path, progress=False)
     assert df["D"].dtype.kind == "i" and set(df["D"]) == {16}
+
+
+def test_an_append_after_a_torn_line_is_not_glued_onto_it(tmp_path):
+    """Another writer killed mid-line (here: a torn row at the end of the file) does not cost
+    the next point: its rows start on a line of their own."""
+    run_sweep("s", grid(i=[0, 1]), _fn, results_dir=tmp_path, progress=False)
+    with open(tmp_path / "s.jsonl", "a") as fh:
+        fh.write('{"point_id": "torn", "kernel": "k"')
+    write_rows(tmp_path / "s.jsonl", [{"point_id": "x", "point_rows": 1, "kernel": "k",
+                                       "metric": "m", "value": 1.0}])
+    df = load(tmp_path / "s.jsonl")
+    assert set(df["point_id"]) >= {"x"} and df["i"].dropna().nunique() == 2
+
+
+def test_archive_refuses_a_manifest_without_notebooks(tmp_path):
+    run = tmp_path / "run"
+    res = run / "results" / "nb"
+    _sweep(res, [0])
+    for text in ("{}", '{"run": "x"}'):
+        (run / "manifest.json").write_text(text)
+        with pytest.raises(ValueError, match="not a dict with a list of notebooks"):
+            archive_run(run)
+    assert (res / "s.jsonl").exists() and not (res / "s.jsonl.gz").exists()
+
+
+def test_train_tiny_gdn_keeps_other_seeds_off_the_committed_checkpoint(capsys):
+    import importlib.util
+
+    from _paths import ROOT
+    spec = importlib.util.spec_from_file_location("train_script",
+                                                  ROOT / "scripts/train_tiny_gdn.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(SystemExit):
+        mod.main(["--seed", "1"])
+    assert "--seed: a run of other steps or seed" in capsys.readouterr().err
