@@ -135,7 +135,8 @@ case $part in
     fi_releases "${3:-120}"; shift 3 2>/dev/null && [ $# -gt 0 ] && notebooks "$@" ;;
   probe)      # ring verify probes (scripts/probes/ring_*.py) beside the library kernel in one
               # process, lib first and last (the drift of the machine between them), both pools
-    pv=(--ring-variant lib); for f in scripts/probes/ring_*.py; do pv+=(--ring-variant "$f"); done
+    pv=(--ring-variant lib)
+    for f in scripts/probes/ring_*.py; do [ -e "$f" ] && pv+=(--ring-variant "$f"); done
     timeout "${3:-240}" python3 scripts/bench_step.py --forms ring "${pv[@]}" --ring-variant lib \
       --states bfloat16,float32 --batches 1,8,64,128,256 --out "$OUT/logs/probe-ring.jsonl" 2>&1 \
       | tee "$OUT/logs/probe-ring.log" ;;
