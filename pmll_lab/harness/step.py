@@ -209,6 +209,12 @@ def cursor_audit(sf: StepForm) -> dict:
     return {"cursor_steps": len(sf.fills), "cursor_mismatches": bad}
 
 
+PLAIN: Callable[[StepCase], StepForm] | None = None
+"""The family's plain decoding (``case -> StepForm``) every sequence of a non-exact form is
+compared with; ``harness.step_forms`` sets it (``build_plain``) when it registers the forms, so
+this module need not import that one (which imports this)."""
+
+
 def _worst_seq(x: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor | None = None) -> float:
     """The largest per-sequence rel L2 of ``x`` against ``ref`` (``[B, ...]``; with ``rows
     [B]``, only the first ``rows[b]`` entries of dim 1 of sequence ``b`` count)."""
@@ -235,7 +241,7 @@ def check(sf: StepForm, case: StepCase, *, ref_seqs: int = 4, plain: Callable | 
       form that gets only the first sequences right fails; ``plain``: the exact
       implementation's own plain decoding (``Implementation.plain``), whose final states every
       sequence must also equal to the bit (``bitwise``); without it the family's
-      (``step_forms.build_plain``) is run;
+      (``PLAIN``: ``step_forms.build_plain``) is run;
     - the cursor audit (``cursor_audit``).
 
     ``facts``: ``fold_frac`` (folds or write-backs per verify), ``mean_fill`` (pending rows
@@ -249,8 +255,10 @@ def check(sf: StepForm, case: StepCase, *, ref_seqs: int = 4, plain: Callable | 
             "draft would be checked; take more steps or a lower alpha")
     exact = plain is not None
     if plain is None:
-        from pmll_lab.harness.step_forms import build_plain    # (imports this module)
-        plain = build_plain(case)
+        if PLAIN is None:
+            raise RuntimeError("no plain decoding to check against: harness.step_forms sets "
+                               "step.PLAIN when it is imported (harness.catalog imports it)")
+        plain = PLAIN(case)
     sd = str(case.state_dtype).removeprefix("torch.")
     ref = t["state"][:].double().transpose(-1, -2).cpu()
     slots = t["slots"][:n].cpu()

@@ -15,6 +15,7 @@ from pmll_lab.carry import (GDN_CARRY_CAP, GdnCarry, GdnRing, carry_accept, carr
                             gdn_carry_flush, gdn_carry_verify, gdn_ring_verify, ring_accept)
 from pmll_lab.gdn import gdn_chain, gdn_decode
 from pmll_lab.harness.registry import Implementation, register
+from pmll_lab.harness import step as step_module
 from pmll_lab.harness.step import StepCase, StepForm, folds_when_full, folds_when_pending
 from pmll_lab.ops.carry.ring import RING_HEAD_DIMS
 from pmll_lab.ops.gdn.restore import gdn_snapshot_restore
@@ -162,6 +163,9 @@ def build_plain(case: StepCase, impl: str = "triton", name: str | None = None) -
 
     return StepForm(name, case, step, kv64(state, slots), 0, cursors=lambda: [state])
 
+
+
+step_module.PLAIN = build_plain      # the plain decoding every form's check compares with
 
 def build_flashinfer_snapshots(case: StepCase, name: str = "") -> StepForm:
     """FlashInfer ``mtp`` on a frozen pool with its ``K`` snapshots, + our restore."""
