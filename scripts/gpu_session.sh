@@ -16,13 +16,16 @@
 # With less device time, one call without FlashInfer (one: the exactness grid, SGLang's bitwise
 # claim, every other step form, then the packed tile off), or three calls: first (part-a: the exactness grid of the 2-byte pools and
 # SGLang's bitwise claim), second (part-b: the A/B, exact lazy and plain decoding, bf16), steps.
-# The notebooks' full preset in one run folder, over two sessions of 30 device-minutes (times
-# on an H100, h100-2026-12-07f; each part's limits leave room under a call's 600 s): n1 (part-a,
-# .whl: pmll_ring, gdn_conv), n2 (part-b: the whole exactness grid, 327 s), n3 (part-c.tar:
-# carry_step, 471 s), n4 (roofline, 472 s); the next session n5 (part-a, .whl: every form once),
-# n6 (part-b), n7 (part-c.tar: carry_protocol, kernels), n8 (.whlm: gdn_verify, spec_decode)
-# and n9 (tokens, pmll_attention), each resuming the same RUN (the folder brought back and
-# committed between the sessions).
+# The notebooks' full preset in one run folder, over three sessions of 30 device-minutes (times
+# on an H100: h100-2026-12-07f, and h100-2026-12-07r with every sequence checked against plain
+# decoding, where carry_step took 516 + 112 s; a machine's start counts about 300 s; each
+# part's limit leaves room under a call's 600 s). Session 1: n1 (part-a, .whl, .sgl: the whole
+# exactness grid and SGLang's claim, 340 s), n2 (part-b), n3 (part-c.tar: carry_step, cut at
+# 540 s), n4 (part-d.tar: FlashInfer's two releases, carry_step resumed). Session 2: n5
+# (part-a, .whl: pmll_ring, gdn_conv), n6 (part-b: smoke), n7 (part-c.tar: roofline, cut at
+# 540 s), n8 (roofline resumed, kernels). Session 3: n9 (part-a, .whl, .whlm: spec_decode,
+# tokens), n10 (part-b), n11 (part-c.tar: gdn_verify, pmll_attention), n12 (carry_protocol).
+# Each resumes the same RUN (the folder brought back and committed between the sessions).
 # Usage (device machine, repo root): PMLL_LAB_COMMIT=<sha> bash scripts/gpu_session.sh PART [RUN]
 #   or ... gpu_session.sh nb RUN NB[:SECONDS]... (those notebooks' full preset into RUN)
 #   or ... gpu_session.sh fiver RUN [SECONDS [NB[:SECONDS]...]] (after parts a-c, with part-d:
@@ -30,7 +33,7 @@
 #   or ... gpu_session.sh quick RUN [SECONDS [NB...]] (every notebook's, or those NBs', quick
 #   preset on the GPU)
 set -u
-part=${1:?a session part: n1-n9, a, b, steps, last, ...}
+part=${1:?a session part: n1-n12, a, b, steps, last, ...}
 run=${2:-h200-$(date -u +%Y-%m-%d)}
 [ -f .fi/fi-unpack.sh ] && bash .fi/fi-unpack.sh
 for w in .whl .whlm; do
@@ -93,15 +96,17 @@ fi_releases() {   # FlashInfer's two releases (part-d beside parts a-c) on the r
   done
 }
 case $part in
-  n1) notebooks pmll_ring:150 gdn_conv:150 ;;    # part-a, .whl: no FlashInfer needed (~320 s)
-  n2) exactness 16,32,64,128,256 340 true float32,bfloat16,float16 ;;   # part-b: the whole grid
-  n3) notebooks carry_step:520 ;;                # part-c.tar: FlashInfer unpacked (471 s)
-  n4) notebooks roofline:480 ;;                  # no carry (472 s in two calls: a cut one resumes)
-  n5) smoke ;;                                   # next session, part-a, .whl: every form, B = 64
-  n6) true ;;                                    # part-b: FlashInfer's second part only
-  n7) notebooks carry_protocol:380 kernels:80 ;; # part-c.tar
-  n8) notebooks gdn_verify:240 spec_decode:220 ;;   # .whlm: the models' wheels
-  n9) notebooks tokens:150 pmll_attention:220 ;;    # no carry
+  n1) exactness 16,32,64,128,256 340 true float32,bfloat16,float16 ;;   # part-a: the whole grid
+  n2|n10) true ;;                                # part-b: FlashInfer's second part only
+  n3) notebooks carry_step:540 ;;                # part-c.tar: FlashInfer unpacked
+  n4) fi_releases 80; notebooks carry_step:300 ;;   # part-d.tar: the releases, carry_step resumed
+  n5) notebooks pmll_ring:150 gdn_conv:150 ;;    # second session, part-a, .whl
+  n6) smoke ;;                                   # part-b: every form, B = 64
+  n7) notebooks roofline:540 ;;                  # part-c.tar
+  n8) notebooks roofline:300 kernels:170 ;;      # roofline resumed, kernels
+  n9) notebooks spec_decode:220 tokens:150 ;;    # third session, part-a, .whl, .whlm
+  n11) notebooks gdn_verify:240 pmll_attention:200 ;;   # part-c.tar
+  n12) notebooks carry_protocol:450 ;;
   nb) shift 2; notebooks "$@" ;;   # any notebooks: nb RUN NB[:SECONDS]...
   quick)      # every notebook's quick preset on the GPU (or those named), one run folder: the
               # workbench end to end on this card at this commit (quick RUN [SECONDS [NB...]])
@@ -163,7 +168,7 @@ case $part in
     bash scripts/h200_reports.sh "$run" 400 carry_step:400 ;;
   last) fi_releases; exactness 16,32,256 200 train
     tail -n 5 "$OUT/logs/train_gpu.log" ;;
-  *) echo "part: expected n1-n9, nb, xnb, quick, spec, fiver, a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
+  *) echo "part: expected n1-n12, probe, nb, xnb, quick, spec, fiver, a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
 esac
 # at most 8 files come back from $OUT: the logs travel as one archive
 (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)
