@@ -68,6 +68,13 @@ def headlines(run: str | Path) -> pd.DataFrame:
             continue                                   # a check headline (a CPU run)
         cells = _cells(df.columns)
         keys = ["target", *cells]
+        from pmll_lab.harness.workloads import INT_AXES
+        for c in cells:
+            if c in INT_AXES:
+                v = pd.to_numeric(df[c], errors="coerce")
+                bad = df[c][df[c].notna() & (v.isna() | (v % 1 != 0))]
+                if len(bad):
+                    raise ValueError(f"run: {path}: {c} {bad.iloc[0]!r} is not an integer")
         dup = df[df.duplicated(keys, keep=False)]
         if len(dup):
             raise ValueError(f"run: {path} holds target {dup['target'].iloc[0]!r} twice for the "

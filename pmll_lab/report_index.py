@@ -263,6 +263,9 @@ def _status_cell(b: dict, counts: dict | None, to_run: set) -> str:
                  "sweep points failed (see the report's correctness section)</div>")
     if b.get("error"):
         text += f"<div class='err'>{e(b['error'])}</div>"
+    if b.get("params"):
+        given = ", ".join(f"{k} = {v!r}" for k, v in b["params"].items())
+        text += f"<div class='note'>parameters given: {e(given)}</div>"
     if b.get("other_commits"):
         said = other_commits_text(b["other_commits"], b.get("points"), b.get("commit", "?"))
         text += f"<div class='note'>{e(said)}</div>"

@@ -145,7 +145,7 @@ def timings(B, layout, HK=16, HV=32, D=128, K=4, seed=3):
     stash_row = 4 * HV * (2 * D + 1)
     out = {}
     x1 = [r[:, 0].contiguous() for r in rows(x)]
-    fns = {"decode": (lambda: gdn_decode(st, *x1, state_indices=slots, state_layout=layout),
+    fns = {DECODE_LABEL: (lambda: gdn_decode(st, *x1, state_indices=slots, state_layout=layout),
                       B * (2 * hb + io))}
     inter = torch.empty(B, K - 1, *st.shape[1:], device=DEVICE)
     fns[V.CHAIN.name] = (lambda: gdn_chain(st, *rows(x), state_indices=slots,
@@ -177,6 +177,8 @@ def timings(B, layout, HK=16, HV=32, D=128, K=4, seed=3):
 
 KERNELS: set[str] = set()
 """Kernels to time (``--kernels``); empty: all."""
+DECODE_LABEL = "decode"
+"""The bare decode launcher's label in the timings."""
 DEFAULT_CHUNK = settings.SHIPPED["gdn"].vk_chunk
 
 
@@ -245,7 +247,13 @@ def tiles_main(argv=None):
                     help="K-major blocks BVxW[:nopf] to sweep (kv_block; ':nopf' turns "
                          "carry_prefetch_rows off), e.g. 32x1,16x1,32x1:nopf")
     a = ap.parse_args(argv)
-    KERNELS.update(n for n in a.kernels.split(",") if n)
+    named = {n for n in a.kernels.split(",") if n}
+    known = {DECODE_LABEL, V.CHAIN.name, f"{V.CARRY_LAZY.name}:nowb",
+             f"{V.CARRY_LAZY.name}:wb", V.CARRY_EAGER.name, V.FLA.name}
+    if named - known:
+        ap.error(f"--kernels: {', '.join(sorted(named - known))} not among "
+                 f"{', '.join(sorted(known))}")
+    KERNELS.update(named)
     try:
         tiles = [parse_tile(t) for t in a.tiles.split(",")]
     except ValueError:

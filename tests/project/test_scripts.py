@@ -54,6 +54,7 @@ def test_tune_pmll_attention_smoke_checks_each_tile(capsys):
     ("tune_gdn", ["tiles", "--kv-blocks", "16x1:nopff"], "the only option is ':nopf'"),
     ("tune_gdn", ["tiles", "--kv-blocks", "16x0"], "--kv-blocks: "),
     ("tune_gdn", ["tiles", "--tiles", "0x0"], "--tiles: "),
+    ("tune_gdn", ["tiles", "--kernels", "decode,nosuch"], "--kernels: nosuch not among"),
     ("tune_gdn", ["tiles"], "needs a GPU (tiles times the GDN kernels)"),
     ("tune_gdn", ["carry"], "needs a GPU (carry times"),
     ("tune_pmll", ["ring"], "needs a GPU (ring times"),

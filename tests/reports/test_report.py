@@ -481,6 +481,8 @@ def test_param_reaches_the_notebooks_that_take_it_and_is_refused_elsewhere(tmp_p
     assert "GRIDS-IS my_sweep 30" in html
     entry = json.loads((tmp_path / "r/p/manifest.json").read_text())["notebooks"][0]
     assert entry["params"] == {"grids": "my_sweep", "steps": 3}
+    assert "parameters given: grids = &#x27;my_sweep&#x27;, steps = 3" in \
+        (tmp_path / "r/p/index.html").read_text()
     assert main(args + ["--param", "grids=x"]) == 2          # plain.ipynb has no grids
     assert "params: plain.ipynb has no parameter grids" in capsys.readouterr().err
     assert main(args + ["--only", "takes", "--param", "preset=full"]) == 2

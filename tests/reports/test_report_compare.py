@@ -101,3 +101,10 @@ def test_figures_of_two_kinds_are_not_compared(tmp_path):
     c.mkdir(parents=True)
     with pytest.raises(ValueError, match="^run: .*headline.csv is not a file"):
         compare(a, tmp_path / "c")
+
+
+def test_a_cell_that_is_not_an_integer_is_named(tmp_path):
+    a = _run(tmp_path, "a", [_row("t", 64, 1.1)])
+    b = _run(tmp_path, "b", [_row("t", "sixty", 1.1)])
+    with pytest.raises(ValueError, match="^run: .*headline.csv: B 'sixty' is not an integer"):
+        compare(a, b)
