@@ -355,7 +355,7 @@ def test_interrupted_client_cancels_its_tasks_and_resumes(cluster, tmp_path, mon
 def _torch_threads(point):
     import torch
 
-    return [{"metric": "threads", "value": torch.get_num_threads()}]
+    return [{"kernel": "k", "metric": "threads", "value": torch.get_num_threads()}]
 
 
 def test_workers_share_the_cores_instead_of_one_thread_each(monkeypatch, tmp_path):
@@ -378,7 +378,7 @@ def test_workers_share_the_cores_instead_of_one_thread_each(monkeypatch, tmp_pat
 def _worker_name(p):
     from distributed import get_worker
 
-    return [{"metric": "worker", "value": float(p["n"]), "name": get_worker().name}]
+    return [{"kernel": "k", "metric": "worker", "value": float(p["n"]), "name": get_worker().name}]
 
 
 def test_a_point_waits_for_its_busy_worker_instead_of_being_stolen(cluster, tmp_path):
