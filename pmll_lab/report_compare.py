@@ -43,6 +43,18 @@ def _cells(columns) -> list[str]:
     return out
 
 
+def _whole_rows(path: Path, width: int) -> None:
+    """``ValueError`` naming ``path`` and the line when a record has fewer or more fields than
+    the header (pandas fills a cut-off last line with NaN and reads its last number short)."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as f:
+        for n, rec in enumerate(csv.reader(f), 1):
+            if rec and len(rec) != width:
+                raise ValueError(f"run: {path} line {n} has {len(rec)} fields, the header "
+                                 f"{width} (a cut-off or hand-edited line)")
+
+
 def headlines(run: str | Path) -> pd.DataFrame:
     """Every target headline (``results/<notebook>/headline.csv`` with a ``target`` column) of run
     folder ``run`` in one frame: ``notebook``, ``target``, its cells, ``figure`` (the ratio, else
@@ -66,6 +78,7 @@ def headlines(run: str | Path) -> pd.DataFrame:
                              f"{str(exc).splitlines()[0][:120]})") from None
         if "target" not in df or df.empty:
             continue                                   # a check headline (a CPU run)
+        _whole_rows(path, len(df.columns))
         cells = _cells(df.columns)
         keys = ["target", *cells]
         from pmll_lab.harness.workloads import INT_AXES

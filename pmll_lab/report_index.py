@@ -260,7 +260,8 @@ def _status_cell(b: dict, counts: dict | None, to_run: set) -> str:
         text += f"<div class='{_verdict_class(counts)}'>{e(verdict_text(counts))}</div>"
     if b.get("failed_points"):
         text += (f"<div class='failed'>{b['failed_points']} of {b.get('points', '?')} "
-                 "sweep points failed (see the report's correctness section)</div>")
+                 "sweep points had a failed check or kernel (see the report's correctness "
+                 "section)</div>")
     if b.get("error"):
         text += f"<div class='err'>{e(b['error'])}</div>"
     if b.get("params"):
@@ -302,7 +303,7 @@ def _summary(books: list[dict], verdicts: dict, complete: bool = True) -> str:
     if only:
         parts.append(f"{only} with results only (no rendered notebook)")
     if lost:
-        parts.append(f"<span class='failed'>{lost} sweep point(s) failed</span>")
+        parts.append(f"<span class='failed'>{lost} sweep point(s) with a failure</span>")
     gpu = [v for v in verdicts.values() if v and "targets" in v]
     cpu = [v for v in verdicts.values() if v and "kernels" in v]
     if gpu:

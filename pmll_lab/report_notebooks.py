@@ -284,8 +284,8 @@ def run_notebook(src: Path, run_dir: Path, *, preset: str, device: str, resume: 
     if lost and entry["status"] == "ok":
         entry["status"], entry["error"] = "failed", lost
     entry["failed_points"], entry["points"] = failed_points(results)
-    some = (f" ({entry['failed_points']} of {entry['points']} sweep points failed: see the "
-            "notebook's correctness section)" if entry["failed_points"] else "")
+    some = (f" ({entry['failed_points']} of {entry['points']} sweep points had a failed check or "
+            "kernel: see the notebook's correctness section)" if entry["failed_points"] else "")
     said = {"ok": "ok", "interrupted": "STOPPED"}.get(entry["status"], "FAILED")
     log(f"  {name}: {said} in {entry['seconds']:.0f} s"
         + some + (f" -- {entry['error']}" if entry["error"] else ""))
@@ -356,8 +356,9 @@ def other_commits_text(counts: dict[str, int] | None, total: int | None, commit:
 
 
 def failed_points(results: Path) -> tuple[int, int]:
-    """``(failed, total)`` sweep points over every sweep in ``results`` (a point fails when any
-    of its rows has status failed: its check, its kernel or a peer raised)."""
+    """``(failed, total)`` sweep points over every sweep in ``results`` (a point counts as failed
+    when any of its rows has status failed: one implementation's check, its kernel or a peer
+    that raised, though the others ran)."""
     failed = total = 0
     for _, df in _sweep_frames(results):
         if "status" not in df:
@@ -370,11 +371,14 @@ def failed_points(results: Path) -> tuple[int, int]:
 def sweeps_all_failed(results: Path) -> str:
     """A message naming each sweep in ``results`` whose every point failed (with its first
     error), or ``""``: such a notebook ran to its end but measured nothing, so the report marks
-    it failed. Points that failed among points that ran are the notebook's own to report."""
+    it failed. A point failed when it has failed rows and none ok (an implementation that passed
+    beside one that raised measured something). Points that failed among points that ran are
+    the notebook's own to report."""
     msgs = []
     for stem, df in _sweep_frames(results):
-        status = df.groupby("point_id")["status"].agg(lambda s: "failed" if (s == "failed").any()
-                                                      else "ran") if "status" in df else None
+        status = df.groupby("point_id")["status"].agg(
+            lambda s: "failed" if (s == "failed").any() and not (s == "ok").any() else "ran") \
+            if "status" in df else None
         if status is None or not (status == "failed").all():
             continue
         err = df.loc[df["status"] == "failed", "error"].dropna().astype(str) if "error" in df \

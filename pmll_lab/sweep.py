@@ -184,6 +184,9 @@ def run_sweep(
 
         client = dist.as_client(client, wait_s)
     gpu = DEVICE.type == "cuda" if gpu is None else bool(gpu)
+    if not isinstance(results_dir, (str, Path)) or not str(results_dir).strip():
+        raise ValueError(f"results_dir: a folder's path, got {results_dir!r} (an empty path "
+                         "would write into the current folder)")
     results_dir = Path(results_dir)
     if results_dir.exists() and not results_dir.is_dir():
         raise ValueError(f"results_dir: {results_dir} is a file, not a folder")

@@ -117,6 +117,8 @@ def pick(table: Mapping | str, preset: str, name: str = "grids", *, fallback: st
     if name.endswith("grids") and isinstance(table[preset], Mapping):
         raise ValueError(f"{name}[{preset!r}]: must be a list of grids, got one dict "
                          f"(write [{{...}}] around it)")
+    if name.endswith("grids") and isinstance(table[preset], (list, tuple)) and not table[preset]:
+        raise ValueError(f"{name}[{preset!r}]: lists no grid (the sweep would run no point)")
     return table[preset]
 
 

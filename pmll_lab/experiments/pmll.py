@@ -47,7 +47,26 @@ def points(grids: list[dict], seed: int = 0) -> list[dict]:
     """The grids' points (axes ``B, H, M, T, D, dtype, gate, segments``; ``seed`` and ``impl``
     "triton" unless a grid names them), duplicates dropped."""
     return P.grid_points(grids, {"seed": [seed], "impl": ["triton"]}, axes=AXES,
-                         choices={"dtype": P.KERNEL_DTYPES})
+                         choices={"dtype": P.KERNEL_DTYPES, "gate": GATES,
+                                  "impl": ("triton", "cuda")})
+
+
+GATES = ("none", "bt", "bht")
+"""The write gate's forms: none, one per token ``[B, T]``, one per head and token ``[B, H, T]``."""
+
+
+def check_wraparound(wrap_capacity, wrap_segments) -> tuple[int, tuple[int, ...]]:
+    """The notebook's wraparound parameters, checked before any sweep runs: a ring of at least
+    one slot and a non-empty list of segment lengths, each at least 1. ``ValueError`` naming
+    the parameter."""
+    P.int_param("wrap_capacity", wrap_capacity, 1)
+    if isinstance(wrap_segments, (str, bytes)) or not isinstance(wrap_segments, (list, tuple)) \
+            or not wrap_segments:
+        raise ValueError(f"wrap_segments: a non-empty list of segment lengths, got "
+                         f"{wrap_segments!r}")
+    for n in wrap_segments:
+        P.int_param("wrap_segments", n, 1)
+    return int(wrap_capacity), tuple(int(n) for n in wrap_segments)
 
 
 def with_impl(df: pd.DataFrame) -> pd.DataFrame:

@@ -387,15 +387,18 @@ def error_line(text: object) -> str:
 
 
 def failed_points(df: pd.DataFrame, params: Sequence[str]) -> pd.DataFrame:
-    """One line per failed point or failed peer: the ``params`` columns present, the kernel
-    (``*``: the whole point) and the error's message (``error_line``)."""
+    """One line per failed point or failed implementation: the ``params`` columns present, the
+    kernel (``*``: the whole point, where no row of it is ok and more than one kernel failed)
+    and the error's message (``error_line``)."""
     if df.empty or "status" not in df:
         return pd.DataFrame()
     bad = df[df["status"] == "failed"]
     cols = [c for c in (*params, "kernel") if c in bad]
     out = bad[cols].assign(error=bad["error"].map(error_line) if "error" in bad else "")
-    if "point_id" in bad:       # a failed check fails the point: one line for it
-        whole = bad.groupby("point_id")["kernel"].transform("nunique") > 1
+    if "point_id" in bad and "kernel" in bad:    # nothing of the point ran: one line for it
+        ran = set(df.loc[df["status"] == "ok", "point_id"])
+        whole = (bad.groupby("point_id")["kernel"].transform("nunique") > 1) \
+            & ~bad["point_id"].isin(ran)
         out.loc[whole.to_numpy(), "kernel"] = "*"
     return out.dropna(axis=1, how="all").drop_duplicates().reset_index(drop=True)
 

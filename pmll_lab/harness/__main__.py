@@ -1,6 +1,7 @@
 """``python -m pmll_lab.harness [--family NAME]``: every registered implementation (the files of
 ``$PMLL_LAB_PLUGINS`` loaded first), one line each (name, family, provider, impl, exact, the
-module that registers it, label; ``registry.table``); ``--family`` keeps one family's."""
+module that registers it, label; ``registry.table``); ``--family`` keeps one family's, those
+joined to it from another family included (``registry.join``)."""
 
 import argparse
 import sys
@@ -19,7 +20,10 @@ except (ValueError, RuntimeError) as exc:        # a plugin file that does not l
 if args.family is not None:
     if args.family not in registry.FAMILIES:
         ap.error(f"--family: no family {args.family!r} ({', '.join(sorted(registry.FAMILIES))})")
-    rows = [r for r in rows if r["family"] == args.family]
+    members = registry.names(args.family)          # its own and those joined to it
+    rows = sorted((dict(r, family=args.family if r["family"] == args.family
+                        else f"{args.family} (joined from {r['family']})")
+                   for r in rows if r["name"] in members), key=lambda r: members.index(r["name"]))
 cols = ("name", "family", "provider", "impl", "exact", "module", "label")
 width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
 print("  ".join(c.ljust(width[c]) for c in cols).rstrip())

@@ -72,7 +72,9 @@ def decode_run(launch: Callable) -> Callable[[DecodeCase], DecodeRun]:
 
 def check(run: DecodeRun, case: DecodeCase, plain=None) -> dict:
     """One launch against ``gdn_decode_ref`` in float64: ``errors["o"]`` (every sequence) and
-    ``errors["state"]`` (every addressed slot), rel L2 within the dtype's tolerance."""
+    ``errors["state"]`` (every addressed slot), rel L2 within the dtype's tolerance.
+    ``ValueError`` for outputs not ``[B, HV, vd]`` in the inputs' dtype (a kernel that returns
+    fp32 outputs would otherwise be held to a tolerance it does not meet the contract of)."""
     x = run.inputs
     g, beta = fused_gating(x["A_log"].cpu(), x["a"].cpu(), x["dt_bias"].cpu(), x["b"].cpu())
     sd = case.state_dtype
@@ -81,6 +83,11 @@ def check(run: DecodeRun, case: DecodeCase, plain=None) -> dict:
         beta, state_indices=x["state_indices"].cpu(), scale=x["scale"], state_layout="vk",
         state_dtype=None if sd == torch.float32 else sd)
     o = run.run()
+    v = x["v"]
+    if not isinstance(o, torch.Tensor) or o.dtype != v.dtype or tuple(o.shape) != tuple(v.shape):
+        got = f"{o.dtype} {tuple(o.shape)}" if isinstance(o, torch.Tensor) else type(o).__name__
+        raise ValueError(f"outputs: must be [B, HV, vd] = {tuple(v.shape)} in the inputs' dtype "
+                         f"{v.dtype}, got {got}")
     slots = x["state_indices"].long().cpu()
     e_o = errors(o.float().cpu(), o_ref)["rel_l2"]
     e_s = errors(run.state.double().cpu()[slots], s_ref[slots])["rel_l2"]

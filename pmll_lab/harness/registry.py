@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -94,8 +95,14 @@ class Implementation:
     drift: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if not self.name or not self.name.replace("_", "").isalnum():
-            raise ValueError(f"name: letters, digits and '_' only, got {self.name!r}")
+        if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}",
+                                                              self.name):
+            raise ValueError(f"name: an ASCII letter, then letters, digits and '_' (at most 64), "
+                             f"got {self.name!r}")
+        if self.name == "all":
+            raise ValueError("name: 'all' selects every implementation; choose another name")
+        if not isinstance(self.label, str) or not self.label.strip():
+            raise ValueError(f"label: the text tables and plots show, got {self.label!r}")
         if self.provider not in PROVIDERS:
             raise ValueError(f"provider: one of {PROVIDERS}, got {self.provider!r}")
         if self.impl not in IMPLS:
@@ -140,7 +147,9 @@ class Implementation:
                 "peer_version": (self.version() or None) if self.version else None}
 
 
-_PLUGINS_LOADED: set[str] = set()
+_PLUGINS_LOADED: dict[str, tuple[tuple[int, int], tuple[str, ...], tuple[str, ...]]] = {}
+"""Each plugin file loaded: ``(mtime_ns, size)`` when it was, the implementations and families it
+added (a changed file is loaded again in their place)."""
 FAMILIES: dict[str, Family] = {}
 IMPLEMENTATIONS: dict[str, Implementation] = {}
 MEMBERS: dict[str, list[str]] = {}
@@ -303,8 +312,12 @@ def label(name: str) -> str:
 
 def load_plugins(paths: str | Iterable[str] | None = None) -> list[str]:
     """Import each Python file of ``paths`` (default: ``$PMLL_LAB_PLUGINS``, separated by
-    ``os.pathsep``): their ``register`` calls add implementations. Returns the files loaded;
-    ``ValueError`` naming ``PMLL_LAB_PLUGINS`` for a file that does not exist."""
+    ``os.pathsep``): their ``register`` calls add implementations. A file already loaded and
+    unchanged since is not imported again; one edited since (a notebook cell re-run after a fix)
+    is, its earlier registrations removed first; one that raised or registered nothing left the
+    registry as it was and loads again when asked. Returns the files imported by this call;
+    ``ValueError`` naming ``PMLL_LAB_PLUGINS`` (or ``plugins``) for a file that does not exist,
+    ``RuntimeError`` for one that raised."""
     what = PLUGINS_ENV if paths is None else "plugins"
     if paths is None:
         paths = [p for p in os.environ.get(PLUGINS_ENV, "").split(os.pathsep) if p]
@@ -318,18 +331,42 @@ def load_plugins(paths: str | Iterable[str] | None = None) -> list[str]:
         path = Path(p).expanduser().resolve()
         if not path.is_file():
             raise ValueError(f"{what}: no such file {str(p)!r} (from {os.getcwd()})")
-        if str(path) in _PLUGINS_LOADED:
+        st = path.stat()
+        stamp = (st.st_mtime_ns, st.st_size)
+        prev = _PLUGINS_LOADED.get(str(path))
+        if prev is not None and prev[0] == stamp:
             continue
+        saved = (dict(IMPLEMENTATIONS), dict(FAMILIES),
+                 {f: list(m) for f, m in MEMBERS.items()}, dict(REGISTERED_IN))
+        if prev is not None:                           # edited since: its old entries go first
+            for name in prev[1]:
+                if name in IMPLEMENTATIONS:
+                    unregister(name)
+            for fam in prev[2]:
+                FAMILIES.pop(fam, None)
+                MEMBERS.pop(fam, None)
+        before = (dict(IMPLEMENTATIONS), dict(FAMILIES))
         spec = importlib.util.spec_from_file_location(f"pmll_lab_plugin_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
-        _PLUGINS_LOADED.add(str(path))             # once, even if it raises below
-        before = (dict(IMPLEMENTATIONS), dict(FAMILIES))
         try:
             spec.loader.exec_module(module)
         except Exception as exc:
+            _restore(saved)
             raise RuntimeError(f"{what}: {path} raised {type(exc).__name__}: {exc}") from exc
         if before == (IMPLEMENTATIONS, FAMILIES):   # nothing added or replaced
+            _restore(saved)
             raise ValueError(f"{what}: {path} registered nothing (a plugin calls "
                              "pmll_lab.harness.registry.register; docs/adding-a-kernel.md)")
+        added = tuple(n for n, i in IMPLEMENTATIONS.items() if before[0].get(n) is not i)
+        families = tuple(f for f in FAMILIES if f not in before[1])
+        _PLUGINS_LOADED[str(path)] = (stamp, added, families)
         loaded.append(str(path))
     return loaded
+
+
+def _restore(saved) -> None:
+    """The registry as ``saved`` (``load_plugins``' copy) held it: a plugin that failed leaves
+    nothing half-registered."""
+    for table, old in zip((IMPLEMENTATIONS, FAMILIES, MEMBERS, REGISTERED_IN), saved):
+        table.clear()
+        table.update(old)

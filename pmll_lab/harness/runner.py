@@ -210,7 +210,7 @@ def run_point(family: str, point: Mapping, names: Iterable[str] | str) -> list[d
             plain = impl.plain(case) if impl.exact and impl.plain else None
             chk = fam.check(run, case, plain=plain)
         except Exception as exc:  # noqa: BLE001 - one failed row of that implementation
-            rows.append(failed_row(base, "rel_l2", exc, what="o"))
+            rows.append(failed_row(base, "rel_l2", exc, what="o", passed=False))
             continue
         rows += check_rows(base, chk)
         status = "ok" if chk["passed"] else "failed"

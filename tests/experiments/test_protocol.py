@@ -70,6 +70,29 @@ def test_a_peer_that_failed_its_check_drops_its_own_times_only():
     assert P.point_failures(df)[0] == 1
 
 
+def test_failed_implementations_beside_one_that_ran_keep_their_names():
+    """Two implementations failed at a point where a third passed: each is named (not ``*``, the
+    whole point), the one that raised is in the check table as failed, and the point is not
+    counted as lost; a point where every row failed is one ``*`` line."""
+    df = pd.DataFrame([
+        _rows(point_id="p", kernel="decode", metric="rel_l2", value=1e-3, tolerance=8e-3,
+              passed=True, what="o"),
+        _rows(point_id="p", kernel="my_wrong", metric="rel_l2", value=0.1, tolerance=8e-3,
+              passed=False, what="o", status="failed"),
+        _rows(point_id="p", kernel="my_boom", metric="rel_l2", value=float("nan"), passed=False,
+              what="o", status="failed", error="RuntimeError: boom"),
+        _rows(point_id="q", kernel="my_wrong", metric="rel_l2", value=0.1, passed=False,
+              what="o", status="failed", error="check"),
+        _rows(point_id="q", kernel="my_boom", metric="rel_l2", value=float("nan"), passed=False,
+              what="o", status="failed", error="RuntimeError: boom"),
+    ])
+    bad = P.failed_points(df, ())
+    assert list(bad["kernel"]) == ["my_wrong", "my_boom", "*", "*"]   # q: one line per error
+    c = P.checks(df).set_index("kernel")
+    assert c.loc["my_boom", "status"] == "failed" and c.loc["decode", "status"] == "passed"
+    assert P.point_failures(df)[0] == 1
+
+
 def test_targets_over_cells_report_the_worst_and_reported_rows_are_not_counted():
     rows = []
     for M, T_, ours, peer in ((1, 16, 5.0, 10.0), (1, 32, 9.0, 10.0), (2, 16, 4.0, 10.0)):

@@ -79,8 +79,14 @@ def test_registry_refuses_with_the_argument_named(tmp_path):
         registry.register(Implementation(name="x", family="nope", label="x", build=len))
     with pytest.raises(ValueError, match="provider"):
         Implementation(name="x", family="gdn_decode", label="x", build=len, provider="me")
-    with pytest.raises(ValueError, match="name"):
-        Implementation(name="my decode", family="gdn_decode", label="x", build=len)
+    for bad in ("my decode", "ümlaut", "１２", "x" * 65, "_lead", ""):
+        with pytest.raises(ValueError, match="^name: an ASCII letter"):
+            Implementation(name=bad, family="gdn_decode", label="x", build=len)
+    with pytest.raises(ValueError, match="^name: 'all' selects every implementation"):
+        Implementation(name="all", family="gdn_decode", label="x", build=len)
+    for bad in ("", "  ", None):
+        with pytest.raises(ValueError, match="^label: the text tables and plots show"):
+            Implementation(name="x", family="gdn_decode", label=bad, build=len)
     with pytest.raises(ValueError, match="plugins: no such file"):
         registry.load_plugins(str(tmp_path / "missing.py"))
     raising = tmp_path / "raising.py"
@@ -125,3 +131,74 @@ def test_the_step_example_runs_as_written(tmp_path):
         assert got[("chain_restore", "state vs plain")] == "passed", run.stdout
         assert got[("my_step", "state")] == want, run.stdout
         assert got[("my_step", "state vs plain")] == want, run.stdout
+
+
+PLUGIN = '''\
+from pmll_lab.harness.decode import decode_bytes, decode_run
+from pmll_lab.harness.registry import Implementation, register
+from pmll_lab.harness.decode import DECODE
+register(Implementation(name="test_plug_a", family="gdn_decode", label={label!r},
+                        provider="yours", impl="torch", build=DECODE.build))
+{tail}
+'''
+
+
+def test_a_plugin_fixed_or_edited_loads_again(tmp_path):
+    """A notebook re-run after a fix: a plugin that raised (after registering one name) left
+    nothing registered and loads once fixed; an edited one replaces its own entries; an
+    unchanged one is not imported twice."""
+    path = tmp_path / "plug.py"
+    path.write_text(PLUGIN.format(label="first", tail="raise RuntimeError('half done')"))
+    try:
+        with pytest.raises(RuntimeError, match=r"plugins: .*plug\.py raised RuntimeError: half"):
+            registry.load_plugins(str(path))
+        assert "test_plug_a" not in registry.names("gdn_decode")
+        path.write_text(PLUGIN.format(label="first", tail=""))
+        assert registry.load_plugins(str(path)) == [str(path.resolve())]
+        assert registry.get("test_plug_a").label == "first"
+        assert registry.load_plugins(str(path)) == []                  # unchanged: not again
+        path.write_text(PLUGIN.format(label="second, edited", tail=""))
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+        assert registry.load_plugins(str(path)) == [str(path.resolve())]
+        assert registry.get("test_plug_a").label == "second, edited"
+        assert registry.names("gdn_decode").count("test_plug_a") == 1
+    finally:
+        if "test_plug_a" in registry.IMPLEMENTATIONS:
+            registry.unregister("test_plug_a")
+
+
+def test_a_decode_must_return_the_inputs_dtype_and_a_raising_one_reads_failed():
+    """Outputs in fp32 (not the inputs' bf16) fail the check with the contract named; a kernel
+    that raises gives a failed check row (``passed`` False) with its error, so the page's
+    snippet prints FAILED for it."""
+    import pmll_lab.harness.decode as D
+    from pmll_lab.harness import runner
+
+    def fp32_out(state, **kw):
+        return D._ours("triton")(state, **kw).float()
+
+    def boom(state, **kw):
+        raise RuntimeError("boom inside my kernel")
+
+    for name, fn in (("test_fp32_out", fp32_out), ("test_boom", boom)):
+        registry.register(Implementation(name=name, family="gdn_decode", label=name,
+                                         provider="yours", impl="torch",
+                                         build=D.decode_run(fn)), replace=True)
+    try:
+        rows = runner.run_point("gdn_decode", dict(B=2, HK=1, HV=2, head_dim=16,
+                                                   state_dtype="float32"),
+                                ["decode", "test_fp32_out", "test_boom"])
+    finally:
+        registry.unregister("test_fp32_out")
+        registry.unregister("test_boom")
+    by = {}
+    for r in rows:
+        if r["metric"] == "rel_l2":
+            by.setdefault(r["kernel"], []).append(r)
+    assert all(r["passed"] for r in by["decode"])
+    (bad,) = by["test_fp32_out"]
+    assert bad["passed"] is False and bad["status"] == "failed"
+    assert "outputs: must be [B, HV, vd] = (2, 2, 16) in the inputs' dtype torch.bfloat16, " \
+           "got torch.float32" in bad["error"]
+    (boomed,) = by["test_boom"]
+    assert boomed["passed"] is False and "RuntimeError: boom inside my kernel" in boomed["error"]

@@ -178,6 +178,8 @@ def test_the_listing_loads_plugins_and_takes_one_family(tmp_path):
     assert "pmll_lab_plugin_zz_plugin" in got.stdout, got.stdout
     assert got.returncode == 0 and names == ["decode", "decode_cuda", "flashinfer_decode",
                                              "zz_decode"], got
+    joined = listing("--family", "roofline_verify").stdout      # with those joined to it
+    assert "flashinfer_decode" in joined and "roofline_verify (joined from gdn_decode)" in joined
     for args, said in ((["--family", "gdn_decod"], "--family: no family 'gdn_decod'"),
                        (["--bogus"], "unrecognized arguments: --bogus")):
         got = listing(*args)

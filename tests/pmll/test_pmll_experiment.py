@@ -132,3 +132,22 @@ def test_one_token_write_is_reported_per_impl():
     assert f.loc["one-token write (decode): median time", "value"] == pytest.approx(7.5)
     assert f.loc["one-token write (decode), CUDA twin: median time", "value"] == pytest.approx(11.0)
     assert set(f["unit"]) == {"us"}
+
+
+def test_the_notebooks_wraparound_and_grid_choices_are_checked_before_a_sweep():
+    """The pmll_ring notebook's wraparound parameters and its grids' ``gate`` / ``impl`` values
+    are refused naming the parameter or axis, before any point runs."""
+    assert E.check_wraparound(8, [5, 6, 3, 11]) == (8, (5, 6, 3, 11))
+    with pytest.raises(ValueError, match=r"^wrap_capacity: must be an int >= 1, got -3"):
+        E.check_wraparound(-3, [5])
+    with pytest.raises(ValueError, match=r"^wrap_segments: must be an int >= 1, got -1"):
+        E.check_wraparound(8, [5, -1])
+    for bad in ([], "5,6", None):
+        with pytest.raises(ValueError, match=r"^wrap_segments: a non-empty list"):
+            E.check_wraparound(8, bad)
+    grid = dict(B=[1], H=[1], M=[8], T=[2], D=[16], dtype=["float32"], segments=[1])
+    with pytest.raises(ValueError, match=r"grids: axis gate: 'nonee' is not one of none, bt, bht"):
+        E.points([dict(grid, gate=["nonee"])])
+    with pytest.raises(ValueError, match=r"grids: axis impl: 'cutlass' is not one of triton, cuda"):
+        E.points([dict(grid, gate=["none"], impl=["cutlass"])])
+    assert E.points([dict(grid, gate=["bt"])])[0]["gate"] == "bt"

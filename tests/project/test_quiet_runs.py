@@ -171,6 +171,8 @@ def test_injected_parameters_are_checked_against_the_parameters_cell():
 def test_pick_names_a_grid_that_is_not_a_dict():
     with pytest.raises(ValueError, match=r"^grids: must be a dict of presets .* got int 3"):
         P.pick(3, "quick")
+    with pytest.raises(ValueError, match=r"^grids\['quick'\]: lists no grid"):
+        P.pick({"quick": []}, "quick")
     with pytest.raises(ValueError, match=r"^step_grids: must be a dict"):
         P.pick([{"B": [1]}], "quick", "step_grids")
 

@@ -181,6 +181,10 @@ def test_a_notebook_whose_sweep_lost_every_point_is_failed(tmp_path):
             {"point_id": "b", "status": "ok", "error": ""}]
     (res / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert sweeps_all_failed(res) == ""                   # a failed point beside one that ran
+    rows = [{"point_id": p, "kernel": k, "status": st, "error": "E" if st == "failed" else ""}
+            for p in "cd" for k, st in (("ours", "ok"), ("boom", "failed"))]
+    (res / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert sweeps_all_failed(res) == ""          # one implementation raised, another measured
 
 
 SOME = '''\
@@ -207,10 +211,10 @@ def test_a_notebook_with_some_failed_points_says_so_on_the_index(tmp_path):
                             reports_dir=tmp_path / "reports", log=lines.append)
     (entry,) = manifest["notebooks"]
     assert entry["status"] == "ok" and (entry["failed_points"], entry["points"]) == (1, 3)
-    assert any("1 of 3 sweep points failed" in ln for ln in lines), lines
+    assert any("1 of 3 sweep points had a failed check or kernel" in ln for ln in lines), lines
     page = index_html(manifest, run_dir=tmp_path / "reports" / "latest")
-    assert "all ok" not in page and "1 sweep point(s) failed" in page
-    assert "1 of 3 sweep points failed" in page
+    assert "all ok" not in page and "1 sweep point(s) with a failure" in page
+    assert "1 of 3 sweep points had a failed check or kernel" in page
     assert "Kernel switches fixed at import" in page and "packed_state_tile=1" in page
     assert failed_points(tmp_path / "reports" / "latest" / "results" / "some") == (1, 3)
 

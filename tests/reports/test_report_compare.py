@@ -108,3 +108,17 @@ def test_a_cell_that_is_not_an_integer_is_named(tmp_path):
     b = _run(tmp_path, "b", [_row("t", "sixty", 1.1)])
     with pytest.raises(ValueError, match="^run: .*headline.csv: B 'sixty' is not an integer"):
         compare(a, b)
+
+
+def test_a_cut_off_last_line_is_refused_naming_the_line(tmp_path):
+    """A headline whose last line was cut after a number (pandas would read ``5.55`` of
+    ``5.557`` and fill the rest with NaN) is refused naming the file and line."""
+    a = _run(tmp_path, "a", [_row("t", 64, 1.1), _row("u", 64, 5.557)])
+    cut = _run(tmp_path, "cut", [_row("t", 64, 1.1), _row("u", 64, 5.557)])
+    path = cut / "results/roofline/headline.csv"
+    text = path.read_text()
+    path.write_text(text[:text.index("5.557") + 4])
+    with pytest.raises(ValueError, match=r"^run: .*headline.csv line 3 has 6 fields, the header "
+                                         r"15 \(a cut-off"):
+        compare(a, cut)
+    assert len(compare(a, a)) == 2

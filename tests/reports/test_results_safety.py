@@ -164,6 +164,9 @@ def test_sweep_inputs_are_named(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="^results_dir: .* is a file"):
         run_sweep("s", grid(i=[0]), _fn, results_dir=tmp_path / "file", progress=False)
+    for bad in ("", "  ", None):
+        with pytest.raises(ValueError, match="^results_dir: a folder's path"):
+            run_sweep("s", grid(i=[0]), _fn, results_dir=bad, progress=False)
 
 
 def test_a_report_counts_the_points_of_the_last_grid_only(tmp_path):
