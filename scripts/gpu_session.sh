@@ -26,6 +26,8 @@
 # 540 s), n8 (roofline resumed, kernels). Session 3: n9 (part-a, .whl, .whlm: spec_decode,
 # tokens), n10 (part-b), n11 (part-c.tar: gdn_verify, pmll_attention), n12 (carry_protocol).
 # Each resumes the same RUN (the folder brought back and committed between the sessions).
+# With one short session (about 1300 s left): n1s (part-a: the exactness grid at kd 128 only),
+# n2, n3, then `nb RUN carry_step:300` (carry_step resumed; .sgl only).
 # Usage (device machine, repo root): PMLL_LAB_COMMIT=<sha> bash scripts/gpu_session.sh PART [RUN]
 #   or ... gpu_session.sh nb RUN NB[:SECONDS]... (those notebooks' full preset into RUN)
 #   or ... gpu_session.sh fiver RUN [SECONDS [NB[:SECONDS]...]] (after parts a-c, with part-d:
@@ -97,6 +99,8 @@ fi_releases() {   # FlashInfer's two releases (part-d beside parts a-c) on the r
 }
 case $part in
   n1) exactness 16,32,64,128,256 340 true float32,bfloat16,float16 ;;   # part-a: the whole grid
+  n1s) exactness 128 "${3:-150}" true float32,bfloat16,float16 ;;   # part-a, a short session:
+                                                 # kd 128, both layouts, every state dtype
   n2|n10) true ;;                                # part-b: FlashInfer's second part only
   n3) notebooks carry_step:540 ;;                # part-c.tar: FlashInfer unpacked
   n4) fi_releases 80; notebooks carry_step:300 ;;   # part-d.tar: the releases, carry_step resumed
@@ -168,7 +172,7 @@ case $part in
     bash scripts/h200_reports.sh "$run" 400 carry_step:400 ;;
   last) fi_releases; exactness 16,32,256 200 train
     tail -n 5 "$OUT/logs/train_gpu.log" ;;
-  *) echo "part: expected n1-n12, probe, nb, xnb, quick, spec, fiver, a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
+  *) echo "part: expected n1-n12, n1s, probe, nb, xnb, quick, spec, fiver, a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
 esac
 # at most 8 files come back from $OUT: the logs travel as one archive
 (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)
