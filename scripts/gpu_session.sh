@@ -101,6 +101,13 @@ case $part in
   n1) exactness 16,32,64,128,256 340 true float32,bfloat16,float16 ;;   # part-a: the whole grid
   n1s) exactness 128 "${3:-150}" true float32,bfloat16,float16 ;;   # part-a, a short session:
                                                  # kd 128, both layouts, every state dtype
+  h1)         # one call, no FlashInfer (about 500 s): the exactness grid at kd 128 and SGLang's
+              # claim, then the exact forms, the ring and SGLang's two designs, every B, both pools
+    exactness 128 "${3:-130}" true float32,bfloat16,float16
+    timeout "${4:-330}" python3 scripts/bench_step.py --forms \
+      exact_lazy,exact_eager,exact_spec,plain_decode,sglang_exact_fold,ring,sglang_replayssm \
+      --states bfloat16,float32 --batches 1,8,64,128,256 --out "$OUT/logs/h1.jsonl" 2>&1 \
+      | tee "$OUT/logs/h1.log" ;;
   n2|n10) true ;;                                # part-b: FlashInfer's second part only
   n3) notebooks carry_step:540 ;;                # part-c.tar: FlashInfer unpacked
   n4) fi_releases 80; notebooks carry_step:300 ;;   # part-d.tar: the releases, carry_step resumed
@@ -172,7 +179,7 @@ case $part in
     bash scripts/h200_reports.sh "$run" 400 carry_step:400 ;;
   last) fi_releases; exactness 16,32,256 200 train
     tail -n 5 "$OUT/logs/train_gpu.log" ;;
-  *) echo "part: expected n1-n12, n1s, probe, nb, xnb, quick, spec, fiver, a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
+  *) echo "part: expected n1-n12, n1s, h1, probe, nb, xnb, quick, spec, fiver, a, b, fill, one, lite, first, second, steps, last, ab0 or ab1, got $part" >&2; exit 2 ;;
 esac
 # at most 8 files come back from $OUT: the logs travel as one archive
 (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal, error_rows
 from pmll_lab.experiments import plots
+from pmll_lab.ops.gdn.checks import MAX_ROWS
 from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments.gdn_case import Case
 from pmll_lab.experiments import target_table as TT
@@ -80,6 +81,10 @@ def points(grids: Sequence[dict], *, axes: Sequence[str] = AXES, **fixed) -> lis
         bad = [x for x in P.axis_values(g, "state_layout", ["kv"]) if x not in LAYOUTS]
         if bad:
             raise ValueError(f"state_layout: unknown {bad}; known {list(LAYOUTS)}")
+        many = [k for k in P.axis_values(g, "K", []) if isinstance(k, int) and k > MAX_ROWS]
+        if many:
+            raise ValueError(f"grids: axis K: at most {MAX_ROWS} rows per verify (the kernels' "
+                             f"bound), got {many[0]}")
     for name, value in fixed.items():
         if name in P.INT_AXES:
             P.int_param(name, value, P.INT_AXES[name])

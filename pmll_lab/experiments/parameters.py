@@ -83,8 +83,75 @@ def check_injected(cells: Sequence[str], namespace: Mapping) -> None:
                              f"{type(value).__name__} {value!r}")
 
 
+def _prob(name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        raise ValueError(f"{name}: must be a probability in [0, 1], got {v!r}")
+
+
+def _int_list(least):
+    def rule(name, v):
+        if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple)) or not v:
+            raise ValueError(f"{name}: must be a non-empty list of ints >= {least}, got {v!r}")
+        for x in v:
+            int_param(name, x, least)
+    return rule
+
+
+def _prob_list(name, v):
+    if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple)) or not v:
+        raise ValueError(f"{name}: must be a non-empty list of probabilities, got {v!r}")
+    for x in v:
+        _prob(name, x)
+
+
+def _mean_accept(name, v, ns):
+    k = ns.get("accept_K", 1)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 1 <= v <= k:
+        raise ValueError(f"{name}: the mean accepted length of accept_K = {k} rows, a number in "
+                         f"[1, {k}], got {v!r}")
+
+
+PARAM_RULES = {
+    "seed": lambda n, v: int_param(n, v, 0),
+    "accept_K": lambda n, v: int_param(n, v, 1),
+    "mean_accept": _mean_accept,
+    "alpha": _prob, "step_alpha": _prob, "p_zero": _prob, "main_p": _prob,
+    "main_K": lambda n, v: int_param(n, v, 1),
+    "lazy_min_seqs": lambda n, v: int_param(n, v, 0),
+    "eager_max_pending": lambda n, v: int_param(n, v, 0),
+    "sim_Ks": _int_list(1), "sim_alphas": _prob_list,
+    "wrap_capacity": lambda n, v: int_param(n, v, 1), "wrap_segments": _int_list(1),
+}
+"""The notebooks' scalar and list parameters, one rule each (a parameter's name means the same in
+every notebook): ``rule(name, value)`` (``mean_accept``'s also takes the namespace: it lies in
+``[1, accept_K]``), raising ``ValueError`` naming the parameter. ``check_values`` applies them."""
+
+
+def check_values(namespace: Mapping) -> None:
+    """Every parameter of ``PARAM_RULES`` that ``namespace`` (a notebook's globals) holds, against
+    its rule; and every sweep parameter (a name ending in ``grids`` or ``_points``) given as a
+    string, as a workload's name (``harness/workloads.toml``). ``ValueError`` naming the
+    parameter: before any sweep runs, not after the ones before it."""
+    for name, rule in PARAM_RULES.items():
+        if name not in namespace:
+            continue
+        if rule is _mean_accept:
+            rule(name, namespace[name], namespace)
+        else:
+            rule(name, namespace[name])
+    from pmll_lab.harness import workloads
+
+    for name, value in namespace.items():
+        if isinstance(value, str) and (name.endswith("grids") or name.endswith("_points")):
+            try:
+                workloads.presets(value)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+
+
 def check_notebook() -> None:
-    """``check_injected`` on the cells the running IPython kernel has run (no-op outside one)."""
+    """``check_injected`` and ``check_values`` on the running IPython kernel's cells and globals
+    (no-op outside one)."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -93,6 +160,7 @@ def check_notebook() -> None:
     if ip is None:
         return
     check_injected(list(ip.user_ns.get("In", [])), ip.user_ns)
+    check_values(ip.user_ns)
 
 
 def pick(table: Mapping | str, preset: str, name: str = "grids", *, fallback: str | None = None):
@@ -147,8 +215,8 @@ def pick_points(table: Mapping | str, preset: str, name: str = "points",
 
 def check_points(points, keys: Mapping[str, object], name: str = "points") -> None:
     """Each point a dict whose keys are ``keys``' and whose values pass their rule: an int
-    (the least value of an integer key), ``float``, ``str``, ``list`` (a non-empty list), or a
-    tuple of choices. A key whose rule is wrapped as ``optional(rule)`` may be left out; every
+    (the least value of an integer key), ``float``, ``str``, ``list`` (a non-empty list), a
+    tuple of choices, or a function ``rule(name, value)`` that raises ``ValueError``. A key whose rule is wrapped as ``optional(rule)`` may be left out; every
     other is required. Raises ``ValueError`` naming ``name``, the point and the key: an unknown
     key (a typo would fall back to the point function's full-size default), a missing one, or
     a value against its rule (a grid's list where one value belongs)."""
@@ -175,9 +243,12 @@ def check_points(points, keys: Mapping[str, object], name: str = "points") -> No
                 if not isinstance(v, rule) or (rule is list and not v):
                     kind = "non-empty list" if rule is list else "string"
                     raise ValueError(f"{where}: {k} must be a {kind}, got {v!r}")
-            elif isinstance(rule, tuple) and v not in rule:
-                raise ValueError(f"{where}: {k} must be one of {', '.join(map(str, rule))}, "
-                                 f"got {v!r}")
+            elif isinstance(rule, tuple):
+                if v not in rule:
+                    raise ValueError(f"{where}: {k} must be one of "
+                                     f"{', '.join(map(str, rule))}, got {v!r}")
+            elif callable(rule):                   # a rule of its own: rule(name, value)
+                rule(f"{where}: {k}", v)
 
 
 class optional:

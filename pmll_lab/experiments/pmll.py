@@ -55,20 +55,6 @@ GATES = ("none", "bt", "bht")
 """The write gate's forms: none, one per token ``[B, T]``, one per head and token ``[B, H, T]``."""
 
 
-def check_wraparound(wrap_capacity, wrap_segments) -> tuple[int, tuple[int, ...]]:
-    """The notebook's wraparound parameters, checked before any sweep runs: a ring of at least
-    one slot and a non-empty list of segment lengths, each at least 1. ``ValueError`` naming
-    the parameter."""
-    P.int_param("wrap_capacity", wrap_capacity, 1)
-    if isinstance(wrap_segments, (str, bytes)) or not isinstance(wrap_segments, (list, tuple)) \
-            or not wrap_segments:
-        raise ValueError(f"wrap_segments: a non-empty list of segment lengths, got "
-                         f"{wrap_segments!r}")
-    for n in wrap_segments:
-        P.int_param("wrap_segments", n, 1)
-    return int(wrap_capacity), tuple(int(n) for n in wrap_segments)
-
-
 def with_impl(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with an ``impl`` column on every row: ``"triton"`` where it is missing (rows
     stored before the CUDA twins joined the sweep ran the Triton kernels)."""

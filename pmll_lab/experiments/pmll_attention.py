@@ -20,6 +20,7 @@ from pmll_lab.experiments import target_table as TT
 from pmll_lab.experiments.targets import fact, facts
 from pmll_lab.inputs import pmll_inputs
 from pmll_lab.ops.pmll.ring_attention import attention_flops
+from pmll_lab.pmll import IMPLS as PMLL_IMPLS
 from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_step
 from pmll_lab.reference import pmll as ref
 from pmll_lab.sweep import CheckFailed
@@ -72,6 +73,10 @@ def points(grids: list[dict], seed: int = 0, sweep: str = "speed") -> list[dict]
     """The grids' points (``shape`` pairs split into ``H`` and ``D``; ``seed`` unless a grid has
     its own), duplicates dropped. A GPT-2 point without a ring (``capacity`` 0) keeps only
     ``gate="none"``: without a ring there is nothing to blend."""
+    for g in grids if isinstance(grids, (list, tuple)) else ():
+        for s in g.get("shape", ()) if isinstance(g, dict) else ():
+            if not isinstance(s, (list, tuple)):
+                raise ValueError(f"grids: axis shape must list (H, D) pairs, got {s!r}")
     last = [{**{k: v for k, v in g.items() if k != "shape"},   # the shape axis varies last
              **({"shape": [tuple(x) for x in g["shape"]]} if "shape" in g else {})}
             for g in grids]
@@ -79,10 +84,27 @@ def points(grids: list[dict], seed: int = 0, sweep: str = "speed") -> list[dict]
         raise ValueError(f"sweep: must be one of {', '.join(SWEEP_AXES)}, got {sweep!r}")
     for g in last:
         for s in g.get("shape", ()):
-            if len(s) != 2:
-                raise ValueError(f"grids: axis shape must list (H, D) pairs, got {s!r}")
+            if len(s) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                                      for x in s):
+                raise ValueError(f"grids: axis shape must list (H, D) pairs of ints >= 1, got "
+                                 f"{list(s)!r}")
+        for v in g.get("gate", ()):
+            try:
+                ok = v == "none" or 0.0 <= float(v) <= 1.0
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise ValueError(f"grids: axis gate: \"none\" or a blend weight in [0, 1] (a "
+                                 f"number or its text), got {v!r}")
+        for v in g.get("providers", ()):
+            names = [v] if isinstance(v, str) else v
+            bad = [n for n in names if n not in PROVIDERS] if isinstance(names, (list, tuple)) \
+                else [names]
+            if bad or not names:
+                raise ValueError(f"grids: axis providers: each value a provider or a list of "
+                                 f"them ({', '.join(PROVIDERS)}), got {v!r}")
     return P.grid_points(last, {"seed": [seed]}, _split_shape, axes=SWEEP_AXES[sweep],
-                         choices={"dtype": P.KERNEL_DTYPES})
+                         choices={"dtype": P.KERNEL_DTYPES, "impl": PMLL_IMPLS + ("triton",)})
 
 
 # ---- ring states ------------------------------------------------------------------------------
@@ -173,7 +195,9 @@ def speed_point(point: dict) -> list[dict]:
     sequences and heads against float64, then time them (see the module docstring)."""
     B, H, M, T, D = (int(point[n]) for n in ("B", "H", "M", "T", "D"))
     dname = point["dtype"]
-    providers = [p for p in point.get("providers", PROVIDERS)
+    chosen = point.get("providers", PROVIDERS)
+    chosen = [chosen] if isinstance(chosen, str) else chosen    # one provider, or a list
+    providers = [p for p in chosen
                  if M > 0 or p not in ("gather_sdpa_mask", "reference", "pmll_step")]
     x = speed_inputs(point)
     mem, q, k, v = x["mem"], x["q"], x["k"], x["v"]

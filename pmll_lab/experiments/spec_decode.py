@@ -20,6 +20,7 @@ from pmll_lab.experiments import target_table as TT
 from pmll_lab.experiments.targets import fact, facts
 from pmll_lab.sweep import CheckFailed
 from pmll_lab.harness import step_forms as SF
+from pmll_lab.models.cache import FORMS as CACHE_FORMS
 
 ARCHS = ("tiny", "qwen3_next_sized")
 """``tiny_config("qwen3_next")`` / ``qwen3_next_sized_config()`` (``pmll_lab.models``)."""
@@ -40,6 +41,14 @@ def _plain(p: dict) -> dict:
     return p
 
 
+def _forms(name: str, forms) -> None:
+    """``ValueError`` naming ``name`` for a form the speculative generation does not have
+    (``models.cache.FORMS``), before any point runs."""
+    for f in forms:
+        if f not in CACHE_FORMS:
+            raise ValueError(f"{name}: {f!r} is not one of {', '.join(CACHE_FORMS)}")
+
+
 AXES = ("B", "K", "arch", "draft", "dtype", "form", "forms", "lazy", "lazy_min_seqs", "mode",
         "new_tokens", "p", "prompt_len", "state_layout", "seed")
 """The spec_decode sweep's axes (``protocol.grid_points``; ``dtype`` takes the model dtypes of
@@ -49,6 +58,9 @@ AXES = ("B", "K", "arch", "draft", "dtype", "form", "forms", "lazy", "lazy_min_s
 def points(grids: list[dict], seed: int = 0) -> list[dict]:
     """The grids' points (``seed`` unless a grid has its own; ``mode="plain"`` points drop the
     speculative axes), duplicates dropped."""
+    for g in grids if isinstance(grids, (list, tuple)) else ():
+        if isinstance(g, dict) and isinstance(g.get("form"), (list, tuple)):
+            _forms("grids: axis form", g["form"])
     return P.grid_points(grids, {"seed": [seed]}, _plain, axes=AXES,
                          choices={"dtype": tuple(DTYPES), "mode": ("plain", "spec"),
                                   "arch": ARCHS})
@@ -183,8 +195,14 @@ def generation_point(point: dict) -> list[dict]:
     return rows
 
 
+def _oracle_forms(name: str, forms) -> None:
+    if isinstance(forms, (str, bytes)) or not isinstance(forms, (list, tuple)) or not forms:
+        raise ValueError(f"{name} must be a non-empty list of forms, got {forms!r}")
+    _forms(name, forms)
+
+
 ORACLE_KEYS = {"arch": ARCHS, "dtype": tuple(DTYPES), "B": 1, "prompt_len": 1, "new_tokens": 1,
-               "state_layout": P.LAYOUTS, "K": 1, "p": float, "forms": list}
+               "state_layout": P.LAYOUTS, "K": 1, "p": float, "forms": _oracle_forms}
 """An oracle run's keys and their rules (``protocol.check_points``); the notebook adds
 ``seed``."""
 

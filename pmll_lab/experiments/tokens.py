@@ -39,11 +39,14 @@ from pathlib import Path
 
 import torch
 
+from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.carry import GDN_CARRY_EAGER_MAX_PENDING, GDN_CARRY_LAZY_MIN_SEQS
 from pmll_lab.experiments import protocol as P
 from pmll_lab.sweep import CheckFailed
 from pmll_lab.harness import step_forms as SF
+from pmll_lab.ops.carry.ring import RING_LENGTHS
+from pmll_lab.ops.carry.stash import GDN_CARRY_CAP
 
 FORMS = ("plain", SF.EXACT_EAGER.name, SF.EXACT_LAZY.name, "exact_policy", SF.CHAIN_RESTORE.name,
          SF.RING.name, SF.REPLAYSSM.name)
@@ -85,6 +88,14 @@ def _each(p: dict) -> dict | None:
     if p.get("forced_reject") not in (None, True, False):
         raise ValueError(f"grids: axis forced_reject: expected True or False, got "
                          f"{p['forced_reject']!r}")
+    if p["form"] != "plain":
+        if "forced_reject" not in p:
+            raise ValueError("grids: speculative forms need the axis forced_reject (True or "
+                             "False)")
+        if "K" in p:
+            _checks.positive_int("grids: axis K", p["K"], minimum=2, maximum=GDN_CARRY_CAP)
+        if "ring_length" in p:
+            _checks.choice("grids: axis ring_length", p["ring_length"], RING_LENGTHS)
     return p
 
 

@@ -264,7 +264,8 @@ def resolve(family: str, selection: str | Iterable[str] | None, *, arg: str = "f
     one of another family)."""
     if selection is None or selection == "all":
         return names(family)
-    if not isinstance(selection, str) and not all(isinstance(n, str) for n in selection):
+    if not isinstance(selection, str) and (not isinstance(selection, Iterable)
+                                           or not all(isinstance(n, str) for n in selection)):
         raise ValueError(f"{arg}: registry names, a '+'-joined string or a list, got "
                          f"{selection!r}")
     chosen = selection.split("+") if isinstance(selection, str) else list(selection)

@@ -135,16 +135,19 @@ def test_one_token_write_is_reported_per_impl():
 
 
 def test_the_notebooks_wraparound_and_grid_choices_are_checked_before_a_sweep():
-    """The pmll_ring notebook's wraparound parameters and its grids' ``gate`` / ``impl`` values
-    are refused naming the parameter or axis, before any point runs."""
-    assert E.check_wraparound(8, [5, 6, 3, 11]) == (8, (5, 6, 3, 11))
+    """The pmll_ring notebook's wraparound parameters (``parameters.PARAM_RULES``, checked by
+    ``targets.setup``) and its grids' ``gate`` / ``impl`` values are refused naming the parameter
+    or axis, before any point runs."""
+    from pmll_lab.experiments.parameters import check_values
+
+    check_values(dict(wrap_capacity=8, wrap_segments=[5, 6, 3, 11]))
     with pytest.raises(ValueError, match=r"^wrap_capacity: must be an int >= 1, got -3"):
-        E.check_wraparound(-3, [5])
+        check_values(dict(wrap_capacity=-3, wrap_segments=[5]))
     with pytest.raises(ValueError, match=r"^wrap_segments: must be an int >= 1, got -1"):
-        E.check_wraparound(8, [5, -1])
+        check_values(dict(wrap_capacity=8, wrap_segments=[5, -1]))
     for bad in ([], "5,6", None):
-        with pytest.raises(ValueError, match=r"^wrap_segments: a non-empty list"):
-            E.check_wraparound(8, bad)
+        with pytest.raises(ValueError, match=r"^wrap_segments: must be a non-empty list"):
+            check_values(dict(wrap_capacity=8, wrap_segments=bad))
     grid = dict(B=[1], H=[1], M=[8], T=[2], D=[16], dtype=["float32"], segments=[1])
     with pytest.raises(ValueError, match=r"grids: axis gate: 'nonee' is not one of none, bt, bht"):
         E.points([dict(grid, gate=["nonee"])])

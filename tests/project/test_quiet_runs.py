@@ -195,5 +195,43 @@ def test_a_notebook_refuses_a_misspelt_parameter_before_running(tmp_path):
     with pytest.raises(PapermillExecutionError) as err:
         _papermill(tmp_path / "nb.ipynb", tmp_path / "out.ipynb", {"grids": 3}, tmp_path)
     assert err.value.evalue.startswith("grids: must be a dict")
+    with pytest.raises(PapermillExecutionError) as err:     # a value against its rule
+        _papermill(tmp_path / "nb.ipynb", tmp_path / "out.ipynb", {"seed": -1}, tmp_path)
+    assert err.value.evalue.startswith("seed: must be an int >= 0, got -1")
+    assert not (tmp_path / "ran.txt").exists()
     _papermill(tmp_path / "nb.ipynb", tmp_path / "out.ipynb", {"preset": "full"}, tmp_path)
     assert (tmp_path / "ran.txt").read_text() == "ran"
+
+
+def test_parameter_values_are_checked_naming_the_parameter():
+    """``parameters.check_values`` (run by ``targets.setup`` before any sweep): each rule of
+    ``PARAM_RULES`` names its parameter, ``mean_accept`` is held within ``[1, accept_K]``, and a
+    sweep parameter given as a workload's name must name one."""
+    from pmll_lab.experiments.parameters import PARAM_RULES, check_values
+
+    good = dict(seed=0, mean_accept=3.3, accept_K=4, step_alpha=0.8, p_zero=0.0,
+                lazy_min_seqs=8, eager_max_pending=4, sim_alphas=[0.2, 0.95], sim_Ks=[2, 8],
+                main_K=4, main_p=0.8, alpha=0.8, grids="roofline", drift_points="carry_drift",
+                step_grids={"quick": []}, wrap_capacity=8, wrap_segments=[5, 6])
+    assert set(PARAM_RULES) <= set(good)
+    check_values(good)
+    for over, said in (
+            (dict(mean_accept=5), r"^mean_accept: the mean accepted length of accept_K = 4 rows, "
+                                  r"a number in \[1, 4\], got 5"),
+            (dict(mean_accept="3,3"), r"^mean_accept: .* got '3,3'"),
+            (dict(accept_K=0), r"^accept_K: must be an int >= 1, got 0"),
+            (dict(accept_K="four"), r"^accept_K: must be an int >= 1, got 'four'"),
+            (dict(step_alpha=1.5), r"^step_alpha: must be a probability in \[0, 1\], got 1.5"),
+            (dict(p_zero=2), r"^p_zero: must be a probability"),
+            (dict(main_p=1.5), r"^main_p: must be a probability"),
+            (dict(main_K=0), r"^main_K: must be an int >= 1, got 0"),
+            (dict(lazy_min_seqs=-1), r"^lazy_min_seqs: must be an int >= 0, got -1"),
+            (dict(eager_max_pending=-3), r"^eager_max_pending: must be an int >= 0"),
+            (dict(sim_Ks=[0, 2, 4]), r"^sim_Ks: must be an int >= 1, got 0"),
+            (dict(sim_alphas=[0.2, 1.5]), r"^sim_alphas: must be a probability"),
+            (dict(seed="abc"), r"^seed: must be an int >= 0, got 'abc'"),
+            (dict(step_grids="roofline_stpe"), r"^step_grids: workload: no workload "
+                                               r"'roofline_stpe'"),
+            (dict(drift_points="carry_drfit"), r"^drift_points: workload: no workload")):
+        with pytest.raises(ValueError, match=said):
+            check_values({**good, **over})
