@@ -88,6 +88,13 @@ def _prob(name, v):
         raise ValueError(f"{name}: must be a probability in [0, 1], got {v!r}")
 
 
+def _step_alpha(name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+        raise ValueError(f"{name}: the per-draft acceptance of the speculative step, in (0, 1) "
+                         f"(at 1 no draft is rejected and the step's check refuses the case), "
+                         f"got {v!r}")
+
+
 def _int_list(least):
     def rule(name, v):
         if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple)) or not v:
@@ -115,7 +122,7 @@ PARAM_RULES = {
     "seed": lambda n, v: int_param(n, v, 0),
     "accept_K": lambda n, v: int_param(n, v, 1),
     "mean_accept": _mean_accept,
-    "alpha": _prob, "step_alpha": _prob, "p_zero": _prob, "main_p": _prob,
+    "alpha": _step_alpha, "step_alpha": _step_alpha, "p_zero": _prob, "main_p": _prob,
     "main_K": lambda n, v: int_param(n, v, 1),
     "lazy_min_seqs": lambda n, v: int_param(n, v, 0),
     "eager_max_pending": lambda n, v: int_param(n, v, 0),
@@ -216,8 +223,8 @@ def pick_points(table: Mapping | str, preset: str, name: str = "points",
 def check_points(points, keys: Mapping[str, object], name: str = "points") -> None:
     """Each point a dict whose keys are ``keys``' and whose values pass their rule: an int
     (the least value of an integer key), ``float``, ``str``, ``list`` (a non-empty list), a
-    tuple of choices, or a function ``rule(name, value)`` that raises ``ValueError``. A key whose rule is wrapped as ``optional(rule)`` may be left out; every
-    other is required. Raises ``ValueError`` naming ``name``, the point and the key: an unknown
+    tuple of choices, or a function ``rule(name, value)`` that raises ``ValueError``. A key
+    whose rule is wrapped as ``optional(rule)`` may be left out; every other is required. Raises ``ValueError`` naming ``name``, the point and the key: an unknown
     key (a typo would fall back to the point function's full-size default), a missing one, or
     a value against its rule (a grid's list where one value belongs)."""
     rules = {k: getattr(r, "rule", r) for k, r in keys.items()}

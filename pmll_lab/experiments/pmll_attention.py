@@ -90,7 +90,7 @@ def points(grids: list[dict], seed: int = 0, sweep: str = "speed") -> list[dict]
                                  f"{list(s)!r}")
         for v in g.get("gate", ()):
             try:
-                ok = v == "none" or 0.0 <= float(v) <= 1.0
+                ok = v == "none" or (not isinstance(v, bool) and 0.0 <= float(v) <= 1.0)
             except (TypeError, ValueError):
                 ok = False
             if not ok:

@@ -15,6 +15,7 @@ import torch
 
 from pmll_lab.backend import DEVICE
 from pmll_lab.experiments import protocol as P
+from pmll_lab.ops.gdn.checks import MAX_ROWS
 from pmll_lab.experiments import replayssm_peer
 from pmll_lab.experiments import roofline_providers  # noqa: F401  (binds the point functions)
 from pmll_lab.experiments import roofline_case as C
@@ -119,6 +120,10 @@ def points(grids: list[dict], *, seed: int = 0, mean_accept: float = 3.3, accept
     P.check_axes(grids, AXES)
     full = []
     for g in grids:
+        many = [k for k in P.axis_values(g, "K", []) if isinstance(k, int) and k > MAX_ROWS]
+        if many:
+            raise ValueError(f"grids: axis K: at most {MAX_ROWS} rows per verify (the kernels' "
+                             f"bound), got {many[0]}")
         ax = dict(heads=[tuple(h) for h in P.pair_axis(g, "heads")],
                   state_dtype=[str(x) for x in P.axis_values(g, "state_dtype", ["float32"])],
                   provider=list(P.axis_values(g, "providers", PROVIDERS)),

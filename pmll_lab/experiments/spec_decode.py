@@ -41,6 +41,17 @@ def _plain(p: dict) -> dict:
     return p
 
 
+DRAFTS = ("noisy", "ngram")
+"""The drafters: greedy's token with probability ``p`` (``noisy``), or an n-gram lookup."""
+
+
+def _k(name: str, k) -> None:
+    """``K``: the draft rows a verify takes, 2 to the carry's capacity."""
+    from pmll_lab import _checks
+
+    _checks.positive_int(name, k, minimum=2, maximum=GDN_CARRY_CAP)
+
+
 def _forms(name: str, forms) -> None:
     """``ValueError`` naming ``name`` for a form the speculative generation does not have
     (``models.cache.FORMS``), before any point runs."""
@@ -61,9 +72,12 @@ def points(grids: list[dict], seed: int = 0) -> list[dict]:
     for g in grids if isinstance(grids, (list, tuple)) else ():
         if isinstance(g, dict) and isinstance(g.get("form"), (list, tuple)):
             _forms("grids: axis form", g["form"])
+        if isinstance(g, dict) and isinstance(g.get("K"), (list, tuple)):
+            for k in g["K"]:
+                _k("grids: axis K", k)
     return P.grid_points(grids, {"seed": [seed]}, _plain, axes=AXES,
                          choices={"dtype": tuple(DTYPES), "mode": ("plain", "spec"),
-                                  "arch": ARCHS})
+                                  "arch": ARCHS, "draft": DRAFTS})
 
 
 def kernel_name(p: dict) -> str:
@@ -195,14 +209,34 @@ def generation_point(point: dict) -> list[dict]:
     return rows
 
 
+def _oracle_p(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        raise ValueError(f"{name} must be the noisy draft's probability in [0, 1], got {v!r}")
+
+
 def _oracle_forms(name: str, forms) -> None:
     if isinstance(forms, (str, bytes)) or not isinstance(forms, (list, tuple)) or not forms:
         raise ValueError(f"{name} must be a non-empty list of forms, got {forms!r}")
     _forms(name, forms)
 
 
+def check_main(points: list[dict], main_K: int, main_p: float) -> None:
+    """The notebook's ``main_K`` and ``main_p`` (the cut its tables show) must be a ``K`` and a
+    noisy draft's ``p`` of the speculative points: ``ValueError`` naming them otherwise (the
+    tables would show plain decoding only)."""
+    spec = [p for p in points if p.get("mode") != "plain"]
+    ks = sorted({p["K"] for p in spec if "K" in p})
+    if spec and main_K not in ks:
+        raise ValueError(f"main_K: {main_K!r} is not a K of the grids' speculative points {ks}")
+    ps = sorted({p["p"] for p in spec if p.get("K") == main_K and p.get("draft") == "noisy"
+                 and "p" in p})
+    if ps and main_p not in ps:
+        raise ValueError(f"main_p: {main_p!r} is not a noisy draft's p of the grids' points at "
+                         f"K = {main_K} {ps}")
+
+
 ORACLE_KEYS = {"arch": ARCHS, "dtype": tuple(DTYPES), "B": 1, "prompt_len": 1, "new_tokens": 1,
-               "state_layout": P.LAYOUTS, "K": 1, "p": float, "forms": _oracle_forms}
+               "state_layout": P.LAYOUTS, "K": _k, "p": _oracle_p, "forms": _oracle_forms}
 """An oracle run's keys and their rules (``protocol.check_points``); the notebook adds
 ``seed``."""
 

@@ -17,7 +17,7 @@ from pmll_lab.experiments.targets import fact, facts
 from pmll_lab.harness import registry
 from pmll_lab.harness.runner import run_point
 from pmll_lab.harness.step import check_point, make_case
-from pmll_lab.ops.carry.ring import RING_LENGTHS
+from pmll_lab.ops.carry.ring import RING_LENGTHS, RING_MAX_ROWS
 from pmll_lab.tolerances import STEP_TOL
 from pmll_lab.harness import step_forms as SF
 
@@ -215,7 +215,8 @@ def kernel_point(p: dict) -> list[dict]:
     return rows
 
 
-DRIFT_KEYS = {"batch": 1, "steps": 1, "rows": 1, "num_k_heads": 1, "num_v_heads": 1,
+DRIFT_KEYS = {"batch": 1, "steps": 1, "rows": tuple(range(1, RING_MAX_ROWS + 1)),
+              "num_k_heads": 1, "num_v_heads": 1,
               "head_dim": 1, "checkpoints": 1, "ring_length": RING_LENGTHS}
 """A drift point's keys and their least values, ``ring_length`` one of the ring's lengths
 (``protocol.check_points``); the notebook adds ``seed`` and ``alpha``."""

@@ -85,7 +85,7 @@ def _each(p: dict) -> dict | None:
             p.pop(k, None)
     elif p["form"] != SF.RING.name:
         p.pop("ring_length", None)
-    if p.get("forced_reject") not in (None, True, False):
+    if p.get("forced_reject") is not None and not isinstance(p["forced_reject"], bool):
         raise ValueError(f"grids: axis forced_reject: expected True or False, got "
                          f"{p['forced_reject']!r}")
     if p["form"] != "plain":

@@ -25,7 +25,7 @@ if args.family is not None:
                         else f"{args.family} (joined from {r['family']})")
                    for r in rows if r["name"] in members), key=lambda r: members.index(r["name"]))
 cols = ("name", "family", "provider", "impl", "exact", "module", "label")
-width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+width = {c: max([len(c), *(len(str(r[c])) for r in rows)]) for c in cols}
 print("  ".join(c.ljust(width[c]) for c in cols).rstrip())
 for r in rows:
     print("  ".join(str(r[c]).ljust(width[c]) for c in cols).rstrip())

@@ -147,9 +147,10 @@ class Implementation:
                 "peer_version": (self.version() or None) if self.version else None}
 
 
-_PLUGINS_LOADED: dict[str, tuple[tuple[int, int], tuple[str, ...], tuple[str, ...]]] = {}
-"""Each plugin file loaded: ``(mtime_ns, size)`` when it was, the implementations and families it
-added (a changed file is loaded again in their place)."""
+_PLUGINS_LOADED: dict[str, tuple[tuple[int, int], dict, tuple[str, ...]]] = {}
+"""Each plugin file loaded: ``(mtime_ns, size)`` when it was, the implementations it registered
+(name -> the ``Implementation``) and the families it added (a changed file is loaded again in
+their place)."""
 FAMILIES: dict[str, Family] = {}
 IMPLEMENTATIONS: dict[str, Implementation] = {}
 MEMBERS: dict[str, list[str]] = {}
@@ -340,8 +341,8 @@ def load_plugins(paths: str | Iterable[str] | None = None) -> list[str]:
         saved = (dict(IMPLEMENTATIONS), dict(FAMILIES),
                  {f: list(m) for f, m in MEMBERS.items()}, dict(REGISTERED_IN))
         if prev is not None:                           # edited since: its old entries go first
-            for name in prev[1]:
-                if name in IMPLEMENTATIONS:
+            for name, impl in prev[1].items():
+                if IMPLEMENTATIONS.get(name) is impl:   # still its own (not another file's since)
                     unregister(name)
             for fam in prev[2]:
                 FAMILIES.pop(fam, None)
@@ -358,7 +359,7 @@ def load_plugins(paths: str | Iterable[str] | None = None) -> list[str]:
             _restore(saved)
             raise ValueError(f"{what}: {path} registered nothing (a plugin calls "
                              "pmll_lab.harness.registry.register; docs/adding-a-kernel.md)")
-        added = tuple(n for n, i in IMPLEMENTATIONS.items() if before[0].get(n) is not i)
+        added = {n: i for n, i in IMPLEMENTATIONS.items() if before[0].get(n) is not i}
         families = tuple(f for f in FAMILIES if f not in before[1])
         _PLUGINS_LOADED[str(path)] = (stamp, added, families)
         loaded.append(str(path))

@@ -232,6 +232,8 @@ def cuda_supports(case) -> str | None:
 
 def fi_supports(case) -> str | None:
     dt, sd = (str(x).removeprefix("torch.") for x in (case.dtype, case.state_dtype))
+    if dt != "bfloat16":
+        return f"writes bf16 outputs (inputs {dt})"
     return None if flashinfer_supports(case.head_dim, dt, sd) else "shape or dtype not taken"
 
 

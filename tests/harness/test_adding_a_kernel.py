@@ -205,3 +205,27 @@ def test_a_decode_must_return_the_inputs_dtype_and_a_raising_one_reads_failed():
            "got torch.float32" in bad["error"]
     (boomed,) = by["test_boom"]
     assert boomed["passed"] is False and "RuntimeError: boom inside my kernel" in boomed["error"]
+
+
+def test_reloading_one_plugin_leaves_another_files_kernel(tmp_path):
+    """Two files register the same name (``replace=True``, the page's way); the second's stands.
+    Editing the first to register another name removes only what is still the first's own."""
+    d1, d2 = tmp_path / "d1.py", tmp_path / "d2.py"
+    body = ("from pmll_lab.harness.registry import Implementation, register\n"
+            "from pmll_lab.harness.decode import DECODE\n"
+            "register(Implementation(name={name!r}, family='gdn_decode', label={label!r}, "
+            "provider='yours', impl='torch', build=DECODE.build), replace=True)\n")
+    d1.write_text(body.format(name="test_same", label="from d1"))
+    d2.write_text(body.format(name="test_same", label="from d2"))
+    try:
+        registry.load_plugins([str(d1), str(d2)])
+        assert registry.get("test_same").label == "from d2"
+        d1.write_text(body.format(name="test_other", label="d1, edited"))
+        os.utime(d1, ns=(d1.stat().st_atime_ns, d1.stat().st_mtime_ns + 10**9))
+        assert registry.load_plugins([str(d1), str(d2)]) == [str(d1.resolve())]
+        assert registry.get("test_same").label == "from d2"
+        assert registry.get("test_other").label == "d1, edited"
+    finally:
+        for n in ("test_same", "test_other"):
+            if n in registry.IMPLEMENTATIONS:
+                registry.unregister(n)

@@ -244,7 +244,7 @@ def test_rows_follow_the_schema(study):
 
 
 def test_bad_grids_and_forms_are_refused():
-    g = {**_BASE, **_SPEC, "form": ["ring"], "state_dtype": ["bfloat16"]}
+    g = {**_BASE, **_SPEC, "form": ["ring"], "state_dtype": ["bfloat16"], "forced_reject": [False]}
     with pytest.raises(ValueError, match="^grids: axis form: 'rng' is not one of"):
         E.points([{**g, "form": ["rng"]}])
     with pytest.raises(ValueError, match="^grids: axis model: 'tiny' is neither"):
