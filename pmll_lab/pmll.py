@@ -42,6 +42,8 @@ __all__ = ["RingMemory", "pmll_write", "pmll_read", "memory_attention", "pmll_st
            "MEMORY_ATTENTION_IMPL", "IMPLS", "read_bytes", "write_bytes"]
 
 IMPLS = ("fused", "reference")
+WRITE_GATES = (None, "bt", "bht")
+"""``pmll_write``'s gate: none, one per token ``[B, T]``, one per head and token ``[B, H, T]``."""
 """The ways ``memory_attention`` computes: the Triton kernel reading the ring in place, or the
 gather + PyTorch reference path (the oracle the kernel is tested against)."""
 MEMORY_ATTENTION_IMPL = "fused" if DEVICE.type == "cuda" else "reference"
@@ -335,7 +337,7 @@ def write_bytes(batch: int, heads: int, capacity: int, head_dim: int, tokens: in
         _size_arg(name, value)
     _size_arg("batch", batch, minimum=0)
     _size_arg("tokens", tokens, minimum=0)
-    _checks.choice("gate", gate, (None, "bt", "bht"))
+    _checks.choice("gate", gate, WRITE_GATES)
     el = itemsize("dtype", dtype)
     row = head_dim * el * batch * heads * 2                           # one row of k and of v
     hit = min(tokens, capacity)

@@ -22,7 +22,8 @@ from pmll_lab.experiments import protocol as P
 from pmll_lab.experiments import target_table as TT
 from pmll_lab.experiments.targets import fact, facts
 from pmll_lab.inputs import pmll_inputs
-from pmll_lab.pmll import RingMemory, memory_attention, pmll_read, pmll_write, read_bytes, write_bytes
+from pmll_lab.pmll import (WRITE_GATES, RingMemory, memory_attention, pmll_read, pmll_write,
+                           read_bytes, write_bytes)
 from pmll_lab.reference import pmll as ref
 from pmll_lab.sweep import CheckFailed
 from pmll_lab.tolerances import O_TOL as ATTN_TOL
@@ -51,8 +52,8 @@ def points(grids: list[dict], seed: int = 0) -> list[dict]:
                                   "impl": ("triton", "cuda")})
 
 
-GATES = ("none", "bt", "bht")
-"""The write gate's forms: none, one per token ``[B, T]``, one per head and token ``[B, H, T]``."""
+GATES = tuple("none" if g is None else g for g in WRITE_GATES)
+"""The grids' names of ``pmll_write``'s gates (``pmll.WRITE_GATES``; ``"none"`` for None)."""
 
 
 def with_impl(df: pd.DataFrame) -> pd.DataFrame:

@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
+from pmll_lab import _checks
 from pmll_lab.backend import DEVICE
 from pmll_lab.carry import GDN_CARRY_CAP
 from pmll_lab.experiments import plots
@@ -21,6 +22,7 @@ from pmll_lab.experiments.targets import fact, facts
 from pmll_lab.sweep import CheckFailed
 from pmll_lab.harness import step_forms as SF
 from pmll_lab.models.cache import FORMS as CACHE_FORMS
+from pmll_lab.models.drafts import DRAFTS
 
 ARCHS = ("tiny", "qwen3_next_sized")
 """``tiny_config("qwen3_next")`` / ``qwen3_next_sized_config()`` (``pmll_lab.models``)."""
@@ -41,14 +43,8 @@ def _plain(p: dict) -> dict:
     return p
 
 
-DRAFTS = ("noisy", "ngram")
-"""The drafters: greedy's token with probability ``p`` (``noisy``), or an n-gram lookup."""
-
-
 def _k(name: str, k) -> None:
     """``K``: the draft rows a verify takes, 2 to the carry's capacity."""
-    from pmll_lab import _checks
-
     _checks.positive_int(name, k, minimum=2, maximum=GDN_CARRY_CAP)
 
 

@@ -118,6 +118,10 @@ def check_draft_args(draft, draft_accept=None, reference=None) -> None:
                              "None")
 
 
+DRAFTS = ("ngram", "noisy")
+"""The drafts named by a string (``make_draft``); a callable is a draft of one's own."""
+
+
 def make_draft(draft, *, draft_accept: float | None = None, reference=None,
                vocab_size: int | None = None, seed: int = 0) -> Callable:
     """The draft callable for ``speculative_generate``'s ``draft``: ``"ngram"``, ``"noisy"``
@@ -134,4 +138,4 @@ def make_draft(draft, *, draft_accept: float | None = None, reference=None,
             raise ValueError("draft_accept: draft='noisy' needs the probability p that a draft "
                              "token is the target's")
         return NoisyDraft(reference, draft_accept, vocab_size, seed)
-    raise ValueError(f"draft: expected 'ngram', 'noisy' or a callable, got {draft!r}")
+    raise ValueError(f"draft: expected one of {DRAFTS} or a callable, got {draft!r}")

@@ -80,7 +80,7 @@ def test_spec_decode_checks_k_drafts_oracle_p_and_the_main_cut():
     grid = next(g for g in P.pick("spec_decode", "quick") if "form" in g)
     with pytest.raises(ValueError, match=r"^grids: axis K: must be >= 2 and <= 8, got 9"):
         E.points([dict(grid, K=[9])])
-    with pytest.raises(ValueError, match=r"^grids: axis draft: 'noisey' is not one of noisy"):
+    with pytest.raises(ValueError, match=r"^grids: axis draft: 'noisey' is not one of ngram, noisy"):
         E.points([dict(grid, draft=["noisey"])])
     (oracle,) = P.pick_points("spec_decode_oracle", "quick", "oracle_points", E.ORACLE_KEYS)
     for over, said in ((dict(p=2.0), "p must be the noisy draft's probability"),
