@@ -224,9 +224,10 @@ def check_points(points, keys: Mapping[str, object], name: str = "points") -> No
     """Each point a dict whose keys are ``keys``' and whose values pass their rule: an int
     (the least value of an integer key), ``float``, ``str``, ``list`` (a non-empty list), a
     tuple of choices, or a function ``rule(name, value)`` that raises ``ValueError``. A key
-    whose rule is wrapped as ``optional(rule)`` may be left out; every other is required. Raises ``ValueError`` naming ``name``, the point and the key: an unknown
-    key (a typo would fall back to the point function's full-size default), a missing one, or
-    a value against its rule (a grid's list where one value belongs)."""
+    whose rule is wrapped as ``optional(rule)`` may be left out; every other is required.
+    Raises ``ValueError`` naming ``name``, the point and the key: an unknown key (a typo would
+    fall back to the point function's full-size default), a missing one, or a value against its
+    rule (a grid's list where one value belongs)."""
     rules = {k: getattr(r, "rule", r) for k, r in keys.items()}
     required = {k for k, r in keys.items() if not isinstance(r, optional)}
     for i, p in enumerate(points):
