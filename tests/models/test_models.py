@@ -369,12 +369,12 @@ def test_prompts_outside_the_vocabulary_and_short_references_are_refused():
 
 
 def test_throughput_table_pairs_each_run_with_its_own_plain_run():
-    """``spec_decode.throughput_table`` divides a speculative run by the plain run of its own
+    """``spec_decode_report.throughput_table`` divides a speculative run by the plain run of its own
     process when the row carries one (``plain_tokens_per_s``), else by the plain row of the same
     (B, layout); rows of other K, p or drafts are left out; CPU runs get no ratio."""
     import pandas as pd
 
-    from pmll_lab.experiments import spec_decode as E
+    from pmll_lab.experiments import spec_decode_report as E
 
     nan = float("nan")
     base = dict(B=8, state_layout="kv", mean_accept=2.9, step_ms=20.0, agreement_with_greedy=1.0,

@@ -17,7 +17,7 @@ from pmll_lab.experiments import carry_report as R
 from pmll_lab.experiments import plots
 from pmll_lab.experiments import pmll_attention as PA
 from pmll_lab.experiments import protocol as P
-from pmll_lab.experiments import spec_decode as SD
+from pmll_lab.experiments import spec_decode_report as SD
 from pmll_lab.experiments.acceptance import simulation_table
 
 matplotlib.use("Agg")
