@@ -127,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
               f"was stopped: {args.reports_dir}/{args.run}/index.html", file=sys.stderr,
               flush=True)
         return 130
+    except OSError as exc:           # a full disk, a read-only run folder: no traceback
+        print(f"pmll_lab report: cannot write the run ({type(exc).__name__}: {exc}); the "
+              f"points stored so far stay in {args.reports_dir}/{args.run}/results/ and "
+              f"--resume continues them once it can write", file=sys.stderr, flush=True)
+        return 1
     index = f"{args.reports_dir}/{args.run}/index.html"
     failed = [b["name"] for b in manifest["notebooks"]
               if b["status"] != "ok" and not b.get("kept_from_earlier")]

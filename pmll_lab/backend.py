@@ -20,6 +20,7 @@ the interpreter is chosen), so CPU tests of bf16 storage check the GPU's roundin
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
@@ -107,7 +108,11 @@ def device_name() -> str:
 
 @lru_cache(maxsize=1)
 def git_commit() -> str:
-    """Short commit hash of the checkout pmll_lab is imported from ('unknown' outside git).
+    """Short commit hash of the checkout pmll_lab is imported from ('unknown' outside git),
+    with ``-dirty-<8 hex>`` where tracked files outside ``reports/`` differ from it: a hash of
+    that difference, so two different uncommitted edits of one commit are two commits to a
+    resumed sweep (it does not reuse one's points for the other), while results written under
+    ``reports/`` do not change it.
 
     ``PMLL_LAB_COMMIT``, when set, is returned instead: for a copy of the tree without its
     ``.git`` (an offline GPU machine), so that its results still name the commit they ran."""
@@ -120,11 +125,11 @@ def git_commit() -> str:
             ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
             capture_output=True, text=True, timeout=10, check=True,
         ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout.strip()
-        return out + ("-dirty" if dirty else "")
+        diff = subprocess.run(
+            ["git", "-C", str(root), "diff", "HEAD", "--binary", "--", ".", ":(exclude)reports"],
+            capture_output=True, timeout=30, check=True,
+        ).stdout
+        return out + (f"-dirty-{hashlib.sha1(diff).hexdigest()[:8]}" if diff else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

@@ -55,6 +55,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from pmll_lab import PRESETS
+from pmll_lab import report_guard as guard
 from pmll_lab.results import replace_text
 from pmll_lab.report_index import index_html
 from pmll_lab.report_notebooks import (  # noqa: F401  (REPO_ROOT: public here too)
@@ -141,6 +142,8 @@ def check_notebooks(paths: Sequence[Path], params: Mapping | None = None) -> Non
             raise ReportError(f"params: {path.name} has no parameter {', '.join(unknown)} (its "
                               f"parameters cell assigns {', '.join(sorted(assigned))}); run "
                               f"--only the notebooks that take it")
+        if params:
+            guard.check_values(path, tagged[0], params)
         missing = [w for w in want if w not in assigned]
         if missing:
             raise ReportError(f"notebooks: the parameters cell of {path.name} does not assign "
@@ -305,19 +308,19 @@ def build_report(
     check_notebooks(paths, params)
 
     run_dir = Path(reports_dir) / run
-    previous = []
-    manifest_path = run_dir / "manifest.json"
-    if manifest_path.exists():
-        try:
-            previous = json.loads(manifest_path.read_text(encoding="utf-8"))["notebooks"]
-            if not isinstance(previous, list) or not all(
-                    isinstance(e, dict) and isinstance(e.get("name"), str) for e in previous):
-                raise TypeError("its notebooks are not a list of named entries")
-        except (ValueError, KeyError, TypeError) as exc:   # JSON, shape, encoding
-            raise ReportError(
-                f"run: {manifest_path} cannot be read ({type(exc).__name__}: {exc}); the run's "
-                "other notebooks would be left unlisted and unguarded: restore it (git "
-                "checkout, for a committed run) or choose another --run") from None
+    with guard.run_lock(run_dir):
+        return _build(run_dir, paths, chosen, preset=preset, device=device, resume=resume,
+                      replace=replace, cell_timeout=cell_timeout, workers=workers,
+                      scheduler=scheduler, keep_other_commits=keep_other_commits,
+                      notebooks_dir=notebooks_dir, params=params, log=log)
+
+
+def _build(run_dir: Path, paths: list[Path], chosen: bool, *, preset, device, resume, replace,
+           cell_timeout, workers, scheduler, keep_other_commits, notebooks_dir, params,
+           log) -> dict:
+    """``build_report`` once its arguments are checked, holding the run's lock."""
+    run = run_dir.name
+    previous, guarded = guard.previous(run_dir)
 
     manifest = {"run": run, "preset": preset, "device_requested": device,
                 "started_utc": utc_now(), "notebooks_dir": str(notebooks_dir),
@@ -328,8 +331,8 @@ def build_report(
         manifest["cluster"] = cluster_desc
         manifest["environment"] = env_info = probe_environment(env)
         if not replace:
-            _refuse_replacing(run_dir, previous, [p.stem for p in paths], env_info, preset,
-                              resume)
+            guard.refuse_replacing(run_dir, guarded, [p.stem for p in paths], env_info,
+                                   preset, resume)
         try:
             run_dir.mkdir(parents=True, exist_ok=True)      # only once the run can start
         except OSError as exc:
@@ -378,38 +381,6 @@ def build_report(
         manifest["running"], manifest["to_run"] = None, []
         _write_index(run_dir, manifest, ran, previous, complete=True, keep_all=chosen)
     return manifest
-
-
-def _refuse_replacing(run_dir: Path, previous: list[dict], plan: list[str], env_info: dict,
-                      preset: str, resume: bool) -> None:
-    """``ReportError`` naming ``run`` when a notebook of ``plan`` has stored results in
-    ``run_dir`` that its earlier manifest entry says came from another device (or, without
-    ``resume``, another preset): this call would delete them, or resume them with rows of
-    another device; likewise when any other notebook of the run is another device's (the run
-    would mix devices and its index be rewritten around them)."""
-    device = env_info.get("device", "")
-    for e in previous:
-        name = e.get("name")
-        results = run_dir / "results" / str(name)
-        if not results.is_dir() or not any(results.iterdir()):
-            continue
-        if name not in plan:          # another notebook of the run: only its device matters
-            if e.get("device") not in (None, device):
-                raise ReportError(
-                    f"run: {run_dir.name!r} holds {name}'s results from device "
-                    f"{e.get('device')!r}; this call on device {device!r} would make the run "
-                    "mix devices (and rewrite its index). Choose another --run, or pass "
-                    "--replace (build_report(replace=True))")
-            continue
-        other = [f"device {e.get('device')!r}" for _ in [0] if e.get("device") != device]
-        if not resume and e.get("preset") != preset:
-            other.append(f"preset {e.get('preset')!r}")
-        if other:
-            doing = "resume them with rows of" if resume else "replace them with those of"
-            raise ReportError(
-                f"run: {run_dir.name!r} holds {name}'s results from {' and '.join(other)}; this "
-                f"call would {doing} device {device!r}, preset {preset!r}. Choose another "
-                f"--run, or pass --replace (build_report(replace=True)) to replace them")
 
 
 @contextlib.contextmanager

@@ -68,9 +68,10 @@ def _manifest(run: Path) -> dict:
         for e in manifest.get("notebooks", []):
             if not isinstance(e, dict) or not isinstance(e.get("name"), str):
                 bad = f"an entry without a name: {e!r}"[:120]
-            elif any(e.get(k) is not None and not isinstance(e.get(k), str)
+            elif any(e.get(k) is not None and (not isinstance(e.get(k), str)
+                                               or Path(e[k]).name != e[k])
                      for k in ("html", "ipynb")):
-                bad = f"{e['name']}: html/ipynb not a file name"
+                bad = f"{e['name']}: html/ipynb not a file name of the run folder"
             elif not isinstance(e.get("results", []), list) or not all(
                     isinstance(r, str) for r in e.get("results", [])):
                 bad = f"{e['name']}: results not a list of paths"
@@ -94,8 +95,9 @@ def archive_run(run_dir: str | Path, *, drop_html: tuple[str, ...] = (),
     manifest when it is not a run's (``_manifest``), naming ``incomplete`` when the manifest
     says a notebook is still running or the run did not finish (a report running now would
     write after the archive; a run killed, or cut by a time limit, is archived with
-    ``incomplete=True``, ``--incomplete``), and naming ``drop_html`` when it names a notebook
-    the run does not have. The manifest and index are written atomically."""
+    ``incomplete=True``, ``--incomplete``), naming ``drop_html`` when it names a notebook
+    the run does not have, and naming a results file that cannot be read (not a file, not
+    UTF-8). The manifest and index are written atomically."""
     run = Path(run_dir)
     man_path = run / "manifest.json"
     manifest = _manifest(run)
@@ -108,12 +110,22 @@ def archive_run(run_dir: str | Path, *, drop_html: tuple[str, ...] = (),
     unknown = sorted(set(drop_html) - names)
     if unknown:
         raise ValueError(f"drop_html: {unknown} not among this run's notebooks {sorted(names)}")
+    jsonl = sorted(run.rglob("results/**/*.jsonl"))
+    for path in jsonl:                 # every results file read before anything is deleted
+        try:
+            if not path.is_file():
+                raise ValueError("not a file")
+            path.read_bytes().decode("utf-8")   # a line not UTF-8 would be dropped as torn
+            compact_text(path)
+        except (ValueError, OSError) as exc:          # UnicodeDecodeError is a ValueError
+            raise ValueError(f"run_dir: results file {path} cannot be read ({exc}); nothing "
+                             "was changed: move it aside or repair it") from None
     for path in sorted(run.rglob("*.ipynb")):
         path.unlink()
     for path in sorted(run.rglob("results/**/*.csv")):
         if path.name != HEADLINE_FILE:
             path.unlink()
-    for path in sorted(run.rglob("results/**/*.jsonl")):
+    for path in jsonl:
         _gzip(path)
     for b in manifest.get("notebooks", []):
         b["ipynb"] = None

@@ -335,7 +335,7 @@ def _repair(path: Path) -> list[tuple[str, dict]]:
     if not path.exists():
         return []
     with locked(path):
-        kept, clean = _parse(path.read_text(encoding="utf-8") if path.exists() else "")
+        kept, clean = _parse(_text(path.read_bytes()) if path.exists() else "")
         if not clean:
             replace_text(path, "".join(line + "\n" for line, _ in kept))
     return kept
@@ -394,7 +394,7 @@ def gz_text(gz: str | Path) -> str:
     the cut, whose last point ``_parse`` then drops as cut off, instead of failing the read."""
     data = Path(gz).read_bytes()
     try:
-        return gzip.decompress(data).decode("utf-8")
+        return _text(gzip.decompress(data))
     except (EOFError, OSError, zlib.error):
         d = zlib.decompressobj(wbits=31)
         try:
@@ -402,6 +402,22 @@ def gz_text(gz: str | Path) -> str:
         except zlib.error:
             text = b""
         return text.decode("utf-8", errors="ignore").rsplit("\n", 1)[0]
+
+
+def _text(data: bytes) -> str:
+    """A results file's bytes as text; a line that is not UTF-8 (a write cut inside a
+    character, a corrupted byte) becomes one ``_parse`` reads as torn (its point is dropped and
+    run again on resume) instead of making the whole file unreadable."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        out = []
+        for line in data.split(b"\n"):
+            try:
+                out.append(line.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append("\ufffd not UTF-8")
+        return "\n".join(out)
 
 
 def _kept(path: str | Path) -> list[tuple[str, dict]]:
@@ -415,7 +431,7 @@ def _kept(path: str | Path) -> list[tuple[str, dict]]:
         other = gz if Path(path) == plain else plain
         raise FileNotFoundError(f"path: no results file {path} (nor {other.name})")
     old = _parse(gz_text(gz))[0] if gz.is_file() else []
-    new = _parse(plain.read_text(encoding="utf-8"))[0] if plain.is_file() else []
+    new = _parse(_text(plain.read_bytes()))[0] if plain.is_file() else []
     later = {row["point_id"] for _, row in new if isinstance(row.get("point_id"), str)}
     return [pair for pair in old if pair[1].get("point_id") not in later] + new
 
@@ -442,7 +458,7 @@ def read_jsonl_text(path: str | Path) -> str:
     if plain.is_file():
         if parts and parts[0] and not parts[0].endswith("\n"):
             parts.append("\n")                   # a torn last line stays a line of its own
-        parts.append(plain.read_text(encoding="utf-8"))
+        parts.append(_text(plain.read_bytes()))
     if not parts:
         other = gz if path == plain else plain
         raise FileNotFoundError(f"path: no results file {path} (nor {other.name})")

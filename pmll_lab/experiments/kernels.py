@@ -6,7 +6,10 @@ them (``registry.load_plugins``: files named by the notebook's ``plugins`` or by
 
 from __future__ import annotations
 
+import hashlib
+import os
 from functools import partial
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -69,7 +72,8 @@ def points(grids: list[dict], family: str, *, seed: int, implementations="all") 
     keep = implementations == "all"
     grids = [{k: v for k, v in g.items() if k != "forms" or keep} if isinstance(g, dict) else g
              for g in grids]
-    out = P.grid_points(grids, fill, axes=tuple(axes) + (("forms",) if keep else ()))
+    out = P.grid_points(grids, fill, axes=tuple(axes) + (("forms",) if keep else ()),
+                        choices={"dtype": P.KERNEL_DTYPES})
     fam = registry.family(family)
     for p in out:
         if fam.missing(p):
@@ -79,9 +83,38 @@ def points(grids: list[dict], family: str, *, seed: int, implementations="all") 
     return out
 
 
+def bind(points: list[dict], names, plugins=()) -> list[dict]:
+    """Each point with what runs at it as part of it, so that a resumed run runs a point again
+    whose implementations or plugin files changed (an implementation added by a plugin would
+    otherwise find the point done without it): ``forms``, the grid's own or ``names`` joined by
+    ``"+"``; ``plugins``, a hash of the bytes of the plugin files (``plugins`` and
+    ``$PMLL_LAB_PLUGINS``) where there are any."""
+    files = [Path(f).resolve() for f in
+             (os.environ.get(registry.PLUGINS_ENV, "").split(os.pathsep)
+              + ([plugins] if isinstance(plugins, str) else list(plugins))) if f]
+    h = hashlib.sha1()
+    for f in sorted(set(files)):
+        h.update(str(f).encode() + b"\0" + (f.read_bytes() if f.is_file() else b""))
+    stamp = {"plugins": h.hexdigest()[:12]} if files else {}
+    return [{**p, "forms": p.get("forms") or "+".join(names), **stamp} for p in points]
+
+
+def ran(family: str, names, points: list[dict]) -> list[str]:
+    """The implementations that run at ``points``: ``names``, or, where every point selects its
+    own (a grid's ``forms``), those selections together, in ``names``' order (what the headline
+    counts and lists)."""
+    picked: set[str] = set()
+    for p in points:
+        if not p.get("forms"):
+            return list(names)
+        picked |= set(registry.resolve(family, p["forms"], arg="forms"))
+    return [n for n in names if n in picked] + sorted(picked - set(names))
+
+
 def _point(p: dict, *, family: str, names: tuple, plugins: tuple) -> list[dict]:
     registry.load_plugins(list(plugins))       # on a Dask worker too (once per process)
-    return run_point(family, p, p.get("forms") or names)
+    point = {k: v for k, v in p.items() if k != "plugins"}
+    return run_point(family, point, p.get("forms") or names)
 
 
 def point_fn(family: str, names, plugins=()):

@@ -22,6 +22,7 @@ from pmll_lab import bench
 from pmll_lab.backend import DEVICE, INTERPRET
 from pmll_lab.bench import copy_bandwidth, throughput_rows, time_cuda_graph, time_launch
 from pmll_lab.dist import on_workers  # noqa: F401  (for the notebooks)
+from pmll_lab.harness import registry
 from pmll_lab.harness.runner import (GPU_TIMERS, base_kernel, best_timer,  # noqa: F401
                                      failed_row, valid_speed_rows)
 from pmll_lab.harness.workloads import INT_AXES, int_param  # noqa: F401  (the axis rules)
@@ -59,12 +60,12 @@ FRACTION_AXES = ("alpha", "p")
 """Grid axes that hold a probability in [0, 1] (``p`` may also be None: a draft without a
 set acceptance)."""
 
-KERNEL_DTYPES = ("float32", "bfloat16", "float16")
+KERNEL_DTYPES = registry.INPUT_DTYPES
 """Input dtypes of the kernels' sweeps (``grid_points(choices={"dtype": KERNEL_DTYPES})``):
 float64 is the references' precision, and spec_decode's oracle model dtype only."""
 
-CHOICE_AXES = {"dtype": ("float32", "bfloat16", "float16", "float64"),
-               "state_dtype": ("float32", "bfloat16", "float16"),
+CHOICE_AXES = {"dtype": KERNEL_DTYPES + ("float64",),
+               "state_dtype": registry.STATE_DTYPES,
                "state_layout": ("kv", "vk")}
 """Grid axes that take the same names in every notebook, with those names (a misspelt
 ``"bf16"`` or ``"VK"`` is refused before any point runs, not by every point; ``float64`` is the
@@ -449,11 +450,8 @@ def checks(df: pd.DataFrame, by: Sequence[str] = ("kernel",)) -> pd.DataFrame:
     by = [b for b in by if b in c]
     out = c.groupby(by, sort=False).agg(passed=("passed", "sum"), checks=("passed", "size"),
                                         points=("point_id", "nunique"))
-    err = c[c["metric"] == "rel_l2"].copy()
-    if not err.empty:
-        v, tol = err["value"].astype(float), err["tolerance"].astype(float)
-        err["margin"] = (v / tol.where(tol > 0)).fillna((v > 0).astype(float) * 1e300)
-        worst = err.loc[err.groupby(by, sort=False)["margin"].idxmax()].set_index(by)
+    worst = _worst_errors(c, by)
+    if worst is not None:
         out = out.join(worst[["value", "tolerance", "what"]].rename(
             columns={"value": "worst_rel_l2", "what": "worst_of"}))
     out.insert(0, "status", ["passed" if p == n else "failed"
@@ -472,12 +470,27 @@ def correctness_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
     keys = [k for k in by if k in c] + ["kernel", "check", "what"]
     out = c.groupby(keys).agg(points=("point_id", "nunique"), passed=("passed", "sum"),
                               checks=("passed", "size")).reset_index()
-    err = c[c["metric"] == "rel_l2"]
-    if not err.empty:
-        worst = err.groupby(keys).agg(worst_rel_l2=("value", "max"),
-                                      tolerance=("tolerance", "max"))
-        out = out.join(worst, on=keys)
+    worst = _worst_errors(c, keys)
+    if worst is not None:
+        cols = ["value", "tolerance"] + (["dtype"] if "dtype" in worst else [])
+        out = out.join(worst[cols].rename(columns={"value": "worst_rel_l2",
+                                                   "dtype": "worst_at_dtype"}), on=keys)
     return out
+
+
+def _worst_errors(c: pd.DataFrame, keys: list[str]) -> pd.DataFrame | None:
+    """Per ``keys``, the rel_l2 row nearest its own tolerance (value / tolerance, largest; a
+    nonzero error against a zero tolerance first): a group's value and tolerance come from one
+    row, so rows of different input dtypes (and tolerances) are not mixed. None without rel_l2
+    rows (a group whose kernel raised has none)."""
+    err = c[c["metric"] == "rel_l2"].copy()
+    if err.empty:
+        return None
+    if "tolerance" not in err:
+        err["tolerance"] = float("nan")
+    v, tol = err["value"].astype(float), err["tolerance"].astype(float)
+    err["margin"] = (v / tol.where(tol > 0)).fillna((v > 0).astype(float) * 1e300)
+    return err.loc[err.groupby(keys, sort=False)["margin"].idxmax()].set_index(keys)
 
 
 def sweep(name: str, points: list[dict], point_fn: Callable, *, results_dir, client=None,

@@ -31,6 +31,9 @@ IMPLS = ("triton", "cuda", "cute-dsl", "torch")
 """What it is written in (the ``impl`` column)."""
 STATE_DTYPES = tuple(settings.STATE_DTYPES)
 """The state dtypes an implementation may take: those the launch tables have rows for."""
+INPUT_DTYPES = ("float32", "bfloat16", "float16")
+"""The input dtypes (``q``, ``k``, ``v``, ...; a case's ``dtype``) the families take: float64 is
+the references' precision, not a kernel's."""
 LAYOUTS = ("vk", "kv")
 PLUGINS_ENV = "PMLL_LAB_PLUGINS"
 """Python files (``os.pathsep``-separated) whose ``register`` calls ``load_plugins`` runs."""
@@ -53,11 +56,23 @@ class Family:
     check: Callable
     metric: str = "time_us"
     doc: str = ""
+    exact_plain: bool = False
+    """Its check compares an exact implementation with that implementation's ``plain`` to the
+    bit, so ``register`` refuses an exact one without ``plain``."""
     optional: tuple[str, ...] = ("seed", "dtype")
 
     def missing(self, point) -> list[str]:
         """The axes a workload row must give that ``point`` lacks."""
         return [a for a in self.axes if a not in self.optional and a not in point]
+
+
+def _reason(name: str, reason):
+    """``supports``/``available``'s answer: None (it runs) or the reason it does not, a str; a
+    bool (``lambda c: c.head_dim >= 16``) would read as a reason, so it is refused."""
+    if reason is not None and not isinstance(reason, str):
+        raise ValueError(f"{name}: must return None (it runs) or the reason it does not (a str),"
+                         f" got {reason!r}")
+    return reason
 
 
 @dataclass(frozen=True)
@@ -123,7 +138,7 @@ class Implementation:
         """Why it cannot run on this machine (not installed, GPU only), or None."""
         from pmll_lab.backend import DEVICE, INTERPRET
 
-        reason = self.available() if self.available else None
+        reason = _reason("available", self.available()) if self.available else None
         if reason:
             return reason
         if self.gpu_only and (DEVICE.type != "cuda" or INTERPRET):
@@ -138,7 +153,7 @@ class Implementation:
         lay = getattr(case, "state_layout", None)
         if lay and lay not in self.layouts:
             return f"state_layout {lay!r} not taken ({', '.join(self.layouts)})"
-        return self.supports(case) if self.supports else None
+        return _reason("supports", self.supports(case)) if self.supports else None
 
     def columns(self) -> dict:
         """The columns every row of this implementation carries."""
@@ -171,12 +186,17 @@ REGISTERED_IN: dict[str, str] = {}
 
 
 def register(impl: Implementation, *, replace: bool = False) -> Implementation:
-    """Register ``impl`` under its name. ``ValueError`` for an unknown family, or a name
-    already taken unless ``replace`` (a notebook cell re-run replaces its own kernel; only an
+    """Register ``impl`` under its name. ``ValueError`` for an unknown family, an exact
+    implementation without ``plain`` in a family that checks it against one (``exact_plain``),
+    or a name already taken unless ``replace`` (a notebook cell re-run replaces its own kernel; only an
     implementation of provider ``"yours"`` can be replaced)."""
     if impl.family not in FAMILIES:
         raise ValueError(f"family: {impl.family!r} is not a registered family "
                          f"({', '.join(sorted(FAMILIES))})")
+    if impl.exact and impl.plain is None and FAMILIES[impl.family].exact_plain:
+        raise ValueError(f"plain: an exact {impl.family} implementation gives plain(case), the "
+                         "plain decoding it must equal to the bit (harness.step_forms."
+                         "build_plain), or is registered with exact=False")
     old = IMPLEMENTATIONS.get(impl.name)
     if old is not None and not replace:
         raise ValueError(f"name: {impl.name!r} is already registered ({old.label}); pass "

@@ -157,7 +157,8 @@ ring fill, the sequences checked against float64)."""
 def case_of(fam, point: Mapping):
     """``fam.make_case(point)``; ``ValueError`` naming a key that is none of the family's axes
     (a typo), a missing axis, an integer axis (``workloads.INT_AXES``) that is not an int at or
-    above its least value, or a dtype name torch does not have."""
+    above its least value, or a dtype the kernels do not take (``registry.STATE_DTYPES``,
+    ``registry.INPUT_DTYPES``)."""
     if not isinstance(point, Mapping):
         raise ValueError(f"point: must be a dict of the {fam.name} family's axes "
                          f"({', '.join(fam.axes)}), got {type(point).__name__} {point!r}")
@@ -168,10 +169,9 @@ def case_of(fam, point: Mapping):
     for name, value in point.items():
         if name in INT_AXES and name in fam.axes:
             int_param(name, value, INT_AXES[name])
-        if name in ("state_dtype", "dtype") and not (
-                isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)):
-            raise ValueError(f"{name}: a torch dtype's name (float32, bfloat16, float16), got "
-                             f"{value!r}")
+        names = {"state_dtype": registry.STATE_DTYPES, "dtype": registry.INPUT_DTYPES}
+        if name in names and value not in names[name]:
+            raise ValueError(f"{name}: one of {', '.join(names[name])}, got {value!r}")
     missing = fam.missing(point)
     if missing:
         raise ValueError(f"point: the {fam.name} family needs axis {', '.join(missing)} "
@@ -200,7 +200,11 @@ def run_point(family: str, point: Mapping, names: Iterable[str] | str) -> list[d
                     state_layout=getattr(case, "state_layout", None))
         if units > 1:                                  # a speculative step: its form
             base.update(form=name, mean_accept=float(case.tensors["accepted"].float().mean()))
-        reason = impl.unavailable() or impl.unsupported(case)
+        try:
+            reason = impl.unavailable() or impl.unsupported(case)
+        except Exception as exc:  # noqa: BLE001 - its supports/available is at fault
+            rows.append(failed_row(base, "rel_l2", exc, what="o", passed=False))
+            continue
         if reason:
             rows.append(dict(base, metric="unsupported", value=1.0, status="unsupported",
                              note=reason))

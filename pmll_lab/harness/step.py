@@ -314,24 +314,28 @@ def make_case(p: dict) -> StepCase:
 def check_point(p: dict) -> None:
     """``ValueError`` naming the axis for ``K`` above the verify kernels' ``MAX_ROWS`` (8), a
     ``ring_length`` outside ``RING_LENGTHS`` (8, 16, 32: the ring's window, which also bounds
-    ``K``), ``HV`` not a multiple of ``HK`` or ``alpha`` outside ``(0, 1]``: what no form of
-    the step can run, refused before any tensor is drawn (a sweep refuses it before any point
-    runs)."""
+    ``K``) or below 2, ``HV`` not a multiple of ``HK`` or ``alpha`` outside ``(0, 1)``: what
+    no form of the step can run or the check cannot judge (it needs a rejected draft: with
+    ``K = 1`` or ``alpha = 1`` none is), refused before any tensor is drawn (a sweep refuses it
+    before any point runs)."""
     if int(p["K"]) > MAX_ROWS:
         raise ValueError(f"K: at most {MAX_ROWS} draft rows per verify, got {p['K']!r}")
+    if int(p["K"]) < 2:
+        raise ValueError(f"K: at least 2 rows per verify (one row has no draft to reject, and "
+                         f"the check needs a rejected one), got {p['K']!r}")
     if int(p.get("ring_length", 16)) not in RING_LENGTHS:
         raise ValueError(f"ring_length: must be one of {RING_LENGTHS}, got {p['ring_length']!r}")
     if int(p["HV"]) % int(p["HK"]):
         raise ValueError(f"HV: must be a multiple of HK = {p['HK']}, got {p['HV']!r}")
-    if not 0 < float(p["alpha"]) <= 1:
-        raise ValueError(f"alpha: the per-draft acceptance probability lies in (0, 1], got "
-                         f"{p['alpha']!r}")
+    if not 0 < float(p["alpha"]) < 1:
+        raise ValueError(f"alpha: the per-draft acceptance probability lies in (0, 1) (at 1 no "
+                         f"draft is rejected, and the check needs one), got {p['alpha']!r}")
 
 
 FAMILY = add_family(Family(
     name="gdn_step", label="the whole speculative step (verify + accept/commit/restore)",
     axes=("B", "K", "HK", "HV", "head_dim", "steps", "alpha", "state_dtype", "ring_length",
           "seed", "dtype"),
-    make_case=make_case, check=check, metric="step_us",
+    make_case=make_case, check=check, metric="step_us", exact_plain=True,
     optional=("seed", "dtype", "ring_length"),
     doc="SPEC §3: per step of K draft rows, what a serving engine pays"))

@@ -295,7 +295,7 @@ CHAIN_RESTORE = register(Implementation(
     doc="SPEC §3a: the baseline, one snapshot per draft row"))
 PLAIN = register(Implementation(
     name="plain_decode", family=FAMILY, exact=True, label="plain decoding",
-    style={"color": "#000000"}, drift=("bfloat16",),
+    style={"color": "#000000"}, drift=("bfloat16",), plain=build_plain,   # run to run the same
     build=build_plain, bytes=lambda c, f: sizes.snapshot_step_bytes(
         **dims(c), writes=c.rows, restore_frac=0.0) + (c.rows - 1) * sizes.state_bytes(
         c.num_v_heads, c.head_dim, c.head_dim, c.state_dtype),

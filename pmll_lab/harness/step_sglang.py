@@ -29,10 +29,11 @@ from __future__ import annotations
 import torch
 
 from pmll_lab import _checks, sizes
-from pmll_lab.peers_sglang import (SglangFoldWindow, SglangRing, exact_fold_supports,
-                                   fold_commit, fold_verify, require, ring_advance,
-                                   ring_materialize, ring_state, ring_supports, ring_verify,
-                                   sglang_available, sglang_status, sglang_version)
+from pmll_lab.peers_sglang import (INPUT_DTYPES, SglangFoldWindow, SglangRing,
+                                   exact_fold_supports, fold_commit, fold_verify, require,
+                                   ring_advance, ring_materialize, ring_state, ring_supports,
+                                   ring_verify, sglang_available, sglang_status,
+                                   sglang_version)
 from pmll_lab.harness.registry import Implementation, register
 from pmll_lab.harness.step import StepCase, StepForm
 
@@ -64,6 +65,18 @@ def supports(form: str, case: StepCase) -> bool:
         return exact_fold_supports(case.head_dim, case.rows, case.dtype, case.state_dtype)
     return ring_supports(case.head_dim, case.rows, case.dtype, case.state_dtype,
                          case.ring_length)
+
+
+def unsupported(form: str, case: StepCase) -> str | None:
+    """None where ``form`` takes the case (``supports``), else what it does not take."""
+    if supports(form, case):
+        return None
+    dt, sd = (str(d).removeprefix("torch.") for d in (case.dtype, case.state_dtype))
+    if form == EXACT_FOLD:
+        return f"inputs {dt} with a {sd} state not taken (inputs {', '.join(INPUT_DTYPES)})"
+    return (f"head size {case.head_dim}, K = {case.rows}, ring length {case.ring_length}, "
+            f"inputs {dt} not taken (a head size a power of two >= 32, a ring length a power of "
+            f"two >= 16 and >= 2K, inputs {', '.join(INPUT_DTYPES)})")
 
 
 def build_form(form: str, case: StepCase) -> StepForm:
@@ -175,8 +188,7 @@ for _form in FORMS:
     register(Implementation(
         name=_form, family="gdn_step", label=LABELS[_form], provider="sglang", impl="triton",
         build=lambda c, f=_form: build_form(f, c),
-        supports=lambda c, f=_form: None if supports(f, c) else (
-            "head size, K, dtype or ring length not taken"),
+        supports=lambda c, f=_form: unsupported(f, c),
         available=lambda: None if sglang_available() else sglang_status(),
         version=sglang_version, state_dtypes=("float32", "bfloat16"),
         bytes=lambda c, facts, f=_form: step_bytes(f, c, facts["fold_frac"], facts["mean_fill"]),

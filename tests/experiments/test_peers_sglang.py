@@ -183,6 +183,11 @@ def test_supports():
     assert step_sglang.supports("sglang_replayssm", c)
     assert not step_sglang.supports("sglang_replayssm", _case(head_dim=16))
     assert step_sglang.supports("sglang_exact_fold", _case(head_dim=16))
+    assert step_sglang.unsupported("sglang_replayssm", c) is None
+    assert step_sglang.unsupported("sglang_replayssm", _case(head_dim=16)).startswith(
+        "head size 16, K = ")
+    assert "a head size a power of two >= 32" in step_sglang.unsupported(
+        "sglang_replayssm", _case(head_dim=16))
     with pytest.raises(ValueError, match="form: must be one of"):
         step_sglang.supports("sglang", c)
     with pytest.raises(ValueError, match="form: sglang_replayssm does not take this case"):

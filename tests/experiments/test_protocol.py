@@ -93,6 +93,31 @@ def test_failed_implementations_beside_one_that_ran_keep_their_names():
     assert P.point_failures(df)[0] == 1
 
 
+def test_the_worst_error_and_its_tolerance_come_from_one_row():
+    """Rows of one kernel and state dtype at two input dtypes (two tolerances): the table shows
+    the row nearest its own tolerance (a failing fp32 row, 1.6e-3 against 1e-5) with that row's
+    tolerance and input dtype, not the largest error beside the largest tolerance; a table of
+    rows from kernels that all raised (no tolerance column) is still a table."""
+    df = pd.DataFrame([
+        _rows(point_id="a", kernel="mine", metric="rel_l2", value=1.6e-3, tolerance=1e-5,
+              passed=False, what="o", dtype="float32", state_dtype="float16", status="failed"),
+        _rows(point_id="b", kernel="mine", metric="rel_l2", value=2e-3, tolerance=8e-3,
+              passed=True, what="o", dtype="bfloat16", state_dtype="float16"),
+    ])
+    t = P.correctness_table(df, by=("state_dtype",)).iloc[0]
+    assert (t["worst_rel_l2"], t["tolerance"], t["worst_at_dtype"]) == (1.6e-3, 1e-5, "float32")
+    assert (t["points"], t["passed"]) == (2, 1)
+    t = P.correctness_table(df, by=("state_dtype", "dtype")).set_index("dtype")
+    assert t.loc["float32", "tolerance"] == 1e-5 and t.loc["bfloat16", "tolerance"] == 8e-3
+    c = P.checks(df).iloc[0]
+    assert (c["status"], c["worst_rel_l2"], c["tolerance"]) == ("failed", 1.6e-3, 1e-5)
+    boom = pd.DataFrame([_rows(point_id="a", kernel="mine", metric="rel_l2",
+                               value=float("nan"), passed=False, what="o", status="failed",
+                               error="ValueError: outputs")])
+    assert P.checks(boom).iloc[0]["status"] == "failed"
+    assert P.correctness_table(boom)["passed"].tolist() == [0]
+
+
 def test_targets_over_cells_report_the_worst_and_reported_rows_are_not_counted():
     rows = []
     for M, T_, ours, peer in ((1, 16, 5.0, 10.0), (1, 32, 9.0, 10.0), (2, 16, 4.0, 10.0)):

@@ -36,7 +36,12 @@ def no_build(monkeypatch):
     (dict(K=9), r"^K: at most 8 draft rows per verify, got 9"),
     (dict(ring_length=2), r"^ring_length: must be one of \(8, 16, 32\), got 2"),
     (dict(HK=2, HV=3), r"^HV: must be a multiple of HK = 2, got 3"),
-    (dict(alpha=1.5), r"^alpha: the per-draft acceptance probability lies in \(0, 1\]"),
+    (dict(alpha=1.5), r"^alpha: the per-draft acceptance probability lies in \(0, 1\)"),
+    (dict(alpha=1.0), r"^alpha: the per-draft acceptance probability lies in \(0, 1\) \(at 1 "),
+    (dict(K=1), r"^K: at least 2 rows per verify"),
+    (dict(state_dtype="float64"), r"^state_dtype: one of float32, bfloat16, float16, got "),
+    (dict(dtype="int32"), r"^dtype: one of float32, bfloat16, float16, got 'int32'"),
+    (dict(dtype="float64"), r"^dtype: one of float32, bfloat16, float16, got 'float64'"),
 ])
 def test_a_bad_step_point_is_refused_naming_its_axis(no_build, change, message):
     with pytest.raises(ValueError, match=message):
@@ -290,7 +295,8 @@ def test_grids_and_points_refuse_value_heads_that_key_heads_do_not_divide():
         grid_points([{"HK": [2], "HV": [3]}])
     with pytest.raises(ValueError, match=r"^HV: must be a multiple of HK = 2, got 3"):
         run_point("gdn_decode", dict(DECODE, HK=2, HV=3), ["decode"])
-    with pytest.raises(ValueError, match=r"^state_dtype: a torch dtype's name"):
+    with pytest.raises(ValueError,
+                       match=r"^state_dtype: one of float32, bfloat16, float16, got torch\."):
         run_point("gdn_decode", dict(DECODE, state_dtype=torch.float32), ["decode"])
     with pytest.raises(ValueError, match=r"^point: must be a dict"):
         run_point("gdn_decode", [1, 2], ["decode"])
@@ -334,3 +340,86 @@ def test_a_plugin_that_replaces_its_own_name_registered_something(tmp_path):
     finally:
         registry.IMPLEMENTATIONS.pop("zz_v", None)
         registry.MEMBERS["gdn_decode"].remove("zz_v")
+
+
+def test_the_kernels_notebook_refuses_a_dtype_the_kernels_do_not_take():
+    """float64 is the references' precision: a grid naming it as the inputs' dtype is refused
+    by the kernels notebook's points, naming the axis, before any point runs."""
+    grid = {k: [v] for k, v in DECODE.items()}
+    assert kernels.points([grid], "gdn_decode", seed=0)
+    with pytest.raises(ValueError, match=r"^grids: axis dtype: 'float64' is not one of"):
+        kernels.points([dict(grid, dtype=["float64"])], "gdn_decode", seed=0)
+
+
+def test_the_kernels_headline_counts_what_a_workloads_forms_run():
+    """Where every point names its forms, the implementations run are those forms, not every
+    registered one; a point without forms runs the notebook's own selection."""
+    every = kernels.points(workloads.grids("roofline_step", "quick"), "gdn_step", seed=0)
+    names = registry.names("gdn_step")
+    ran = kernels.ran("gdn_step", names, every)
+    assert set(ran) == {n for p in every for n in p["forms"].split("+")} < set(names)
+    assert ran == [n for n in names if n in ran]
+    assert kernels.ran("gdn_step", ["ring"], [dict(every[0], forms=None)]) == ["ring"]
+
+
+def test_an_exact_step_form_without_its_plain_decoding_is_refused():
+    """An exact ``gdn_step`` form is checked against plain decoding to the bit, so it must give
+    ``plain``; registering one without is refused, naming ``plain``."""
+    from pmll_lab.harness import step_forms as SF
+    from pmll_lab.harness.registry import Implementation
+
+    bad = Implementation(name="test_exact_no_plain", family="gdn_step", label="x",
+                         provider="yours", impl="torch", exact=True, build=SF.build_plain)
+    with pytest.raises(ValueError, match=r"^plain: an exact gdn_step implementation gives "):
+        registry.register(bad)
+    assert "test_exact_no_plain" not in registry.IMPLEMENTATIONS
+    assert all(registry.get(n).plain for n in registry.names("gdn_step", exact=True))
+
+
+@pytest.mark.parametrize("field", ["supports", "available"])
+def test_a_supports_or_available_that_answers_a_bool_reads_failed(field):
+    """``supports``/``available`` return None or a reason; ``lambda c: c.head_dim >= 16``
+    returns True, which would read as a reason and skip the kernel unchecked: its row fails,
+    naming the field, while the others run."""
+    from pmll_lab.harness.decode import DECODE as OURS
+    from pmll_lab.harness.registry import Implementation
+
+    answer = (lambda c: True) if field == "supports" else (lambda: True)
+    registry.register(Implementation(name="test_bool_answer", family="gdn_decode", label="x",
+                                     provider="yours", impl="torch", build=OURS.build,
+                                     **{field: answer}), replace=True)
+    try:
+        rows = run_point("gdn_decode", DECODE, ["decode", "test_bool_answer"])
+    finally:
+        registry.unregister("test_bool_answer")
+    (bad,) = [r for r in rows if r["kernel"] == "test_bool_answer"]
+    assert bad["status"] == "failed" and bad["passed"] is False
+    assert f"{field}: must return None (it runs) or the reason it does not (a str), got True" \
+        in bad["error"]
+    assert all(r["passed"] for r in rows if r["kernel"] == "decode" and r["metric"] == "rel_l2")
+
+
+def test_a_resumed_kernels_run_runs_a_point_again_when_what_runs_there_changed(tmp_path,
+                                                                                monkeypatch):
+    """The implementations run at a point, and the bytes of the plugin files, are part of the
+    point: a plugin added or edited, or another selection, gives new point ids (a resumed run
+    runs them), while the same selection and files give the same ids."""
+    from pmll_lab.results import point_id
+
+    monkeypatch.delenv(registry.PLUGINS_ENV, raising=False)
+    pts = kernels.points([{k: [v] for k, v in DECODE.items()}], "gdn_decode", seed=0)
+    ids = lambda ps: [point_id(p) for p in ps]                          # noqa: E731
+    plain = kernels.bind(pts, ["decode"])
+    assert plain[0]["forms"] == "decode" and "plugins" not in plain[0]
+    assert ids(kernels.bind(pts, ["decode"])) == ids(plain)
+    assert ids(kernels.bind(pts, ["decode", "mine"])) != ids(plain)
+    f = tmp_path / "mine.py"
+    f.write_text("# v1\n")
+    v1 = kernels.bind(pts, ["decode"], [str(f)])
+    f.write_text("# v2\n")
+    v2 = kernels.bind(pts, ["decode"], [str(f)])
+    assert len({*ids(plain), *ids(v1), *ids(v2)}) == 3
+    monkeypatch.setenv(registry.PLUGINS_ENV, str(f))
+    assert ids(kernels.bind(pts, ["decode"])) == ids(v2)
+    grid_forms = kernels.bind([dict(pts[0], forms="decode+decode_cuda")], ["decode"])
+    assert grid_forms[0]["forms"] == "decode+decode_cuda"
