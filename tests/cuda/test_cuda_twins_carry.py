@@ -35,11 +35,12 @@ import torch
 import torch.nn.functional as F
 
 from _cuda_refusal import _refused
+from _twin_cases import vk as _vk, vk_case as _case
 from pmll_lab import cuda_ext
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal, errors
 from pmll_lab.carry import GDN_CARRY_CAP, GdnCarry, carry_accept, gdn_carry_flush, gdn_carry_verify
-from pmll_lab.gdn import gdn_decode, gdn_gating_ref
+from pmll_lab.gdn import gdn_decode
 from pmll_lab.inputs import gdn_inputs
 from pmll_lab.reference import carry as ref
 from pmll_lab.tolerances import HALF_STATE_TOL, O_TOL, STATE_TOL
@@ -60,33 +61,6 @@ def _tols(dtype, state_dtype):
     if state_dtype == torch.float32:
         return O_TOL[dtype], STATE_TOL
     return max(O_TOL[dtype], HALF_STATE_TOL[state_dtype]), HALF_STATE_TOL[state_dtype]
-
-
-def _vk(state):
-    """A K-major ``[S, HV, kd, vd]`` state as a contiguous V-major ``[S, HV, vd, kd]`` one."""
-    return state.transpose(-1, -2).contiguous()
-
-
-def _case(seed, dtype, state_dtype, B, K, S, HK, HV, kd, vd, pad, gated):
-    """Inputs of a V-major verify: ``(x, state, slots, gates, (g, beta))``; ``gates`` the
-    launcher's gate arguments (``g, beta`` or ``A_log, a, dt_bias, b``), ``(g, beta)`` what the
-    reference takes. ``pad``: lane 1 is a padding lane (slot -1)."""
-    x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype, state_layout="kv")
-    state = _vk(x["state"]).to(state_dtype)
-    slots = x["state_indices"].clone()
-    if pad:
-        slots[1] = -1
-    if gated:
-        gen = torch.Generator().manual_seed(seed)
-        gates = dict(A_log=(torch.rand(HV, generator=gen) * 2 - 1).to(DEVICE),
-                     dt_bias=torch.randn(HV, generator=gen).to(DEVICE),
-                     a=(torch.randn(B, K, HV, generator=gen) * 3).to(dtype).to(DEVICE),
-                     b=(torch.randn(B, K, HV, generator=gen) * 3).to(dtype).to(DEVICE))
-        gb = gdn_gating_ref(gates["A_log"], gates["a"], gates["dt_bias"], gates["b"])
-    else:
-        gates = dict(g=x["g"], beta=x["beta"])
-        gb = (x["g"], x["beta"])
-    return x, state, slots, gates, gb
 
 
 def _fill_stash(carry: GdnCarry, seed: int) -> None:

@@ -22,10 +22,11 @@ import pytest
 import torch
 
 from _cuda_refusal import _refused
+from _twin_cases import vk_case as _case
 from pmll_lab import cuda_ext
 from pmll_lab.backend import DEVICE
 from pmll_lab.bench import bitwise_equal, errors
-from pmll_lab.gdn import gdn_chain, gdn_chain_ref, gdn_decode, gdn_gating_ref
+from pmll_lab.gdn import gdn_chain, gdn_chain_ref, gdn_decode
 from pmll_lab.inputs import gdn_inputs
 from pmll_lab.tolerances import HALF_STATE_TOL, O_TOL, STATE_TOL
 
@@ -35,26 +36,6 @@ ON_GPU = DEVICE.type == "cuda"
 def _close(name, out, want, tol):
     e = errors(out, want)
     assert e["rel_l2"] <= tol, f"{name}: rel_l2 {e['rel_l2']:.3e} > {tol:.0e}"
-
-
-def _case(seed, dtype, state_dtype, B, K, S, HK, HV, kd, vd, pad, gated):
-    """Inputs of a V-major chain: ``(x, state, idx, gates, (g, beta) as float64 or fp32)``."""
-    x = gdn_inputs(seed, B, HK, HV, kd, vd, rows=K, slots=S, dtype=dtype, state_layout="kv")
-    state = x["state"].transpose(-1, -2).contiguous().to(state_dtype)     # [S, HV, vd, kd]
-    idx = x["state_indices"].clone()
-    if pad:
-        idx[1] = -1
-    if gated:
-        gen = torch.Generator().manual_seed(seed)
-        gates = dict(A_log=(torch.rand(HV, generator=gen) * 2 - 1).to(DEVICE),
-                     dt_bias=torch.randn(HV, generator=gen).to(DEVICE),
-                     a=(torch.randn(B, K, HV, generator=gen) * 3).to(dtype).to(DEVICE),
-                     b=(torch.randn(B, K, HV, generator=gen) * 3).to(dtype).to(DEVICE))
-        gb = gdn_gating_ref(gates["A_log"], gates["a"], gates["dt_bias"], gates["b"])
-    else:
-        gates = dict(g=x["g"], beta=x["beta"])
-        gb = (x["g"], x["beta"])
-    return x, state, idx, gates, gb
 
 
 def _row(gates, t):
