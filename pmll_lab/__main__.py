@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         return 130
     except OSError as exc:           # a full disk, a read-only run folder: no traceback
-        print(f"pmll_lab report: cannot write the run ({type(exc).__name__}: {exc}); the "
-              f"points stored so far stay in {args.reports_dir}/{args.run}/results/ and "
+        print(f"pmll_lab report: cannot read or write the run ({type(exc).__name__}: {exc}); "
+              f"the points stored so far stay in {args.reports_dir}/{args.run}/results/ and "
               f"--resume continues them once it can write", file=sys.stderr, flush=True)
         return 1
     index = f"{args.reports_dir}/{args.run}/index.html"

@@ -17,6 +17,8 @@ import argparse
 import gzip
 import json
 import os
+import sys
+import zlib
 from pathlib import Path
 
 from pmll_lab.report_index import HEADLINE_FILE, index_html
@@ -46,6 +48,29 @@ def _gzip(path: Path) -> Path:
             tmp.unlink(missing_ok=True)
         path.unlink()
     return out
+
+
+def _readable(path: Path) -> None:
+    """``ValueError`` naming the results file ``path`` or its archived ``.gz`` when either is
+    not a file or holds a line that is not UTF-8 (the merge would drop it as a torn line: a
+    point lost): the archive changes nothing then. A ``.gz`` cut short is read as far as it
+    goes (``results.gz_text``), as its merge reads it."""
+    gz = path.with_name(path.name + ".gz")
+    try:
+        if not path.is_file():
+            raise ValueError("not a file")
+        path.read_bytes().decode("utf-8")
+        if gz.exists():
+            if not gz.is_file():
+                raise ValueError(f"{gz.name} is not a file")
+            try:
+                gzip.decompress(gz.read_bytes()).decode("utf-8")
+            except (EOFError, OSError, zlib.error):
+                pass                                   # cut short: read as far as it goes
+        compact_text(path)
+    except (ValueError, OSError) as exc:               # UnicodeDecodeError is a ValueError
+        raise ValueError(f"run_dir: results file {path} cannot be read ({exc}); nothing "
+                         "was changed: move it aside or repair it") from None
 
 
 def _manifest(run: Path) -> dict:
@@ -96,9 +121,22 @@ def archive_run(run_dir: str | Path, *, drop_html: tuple[str, ...] = (),
     says a notebook is still running or the run did not finish (a report running now would
     write after the archive; a run killed, or cut by a time limit, is archived with
     ``incomplete=True``, ``--incomplete``), naming ``drop_html`` when it names a notebook
-    the run does not have, and naming a results file that cannot be read (not a file, not
-    UTF-8). The manifest and index are written atomically."""
+    the run does not have, naming a results file that cannot be read (not a file, not
+    UTF-8), and naming ``run_dir`` while a report is writing the run (its lock,
+    ``report_guard.run_lock``). The manifest and index are written atomically."""
+    from pmll_lab.report_guard import ReportError, run_lock
+
     run = Path(run_dir)
+    _manifest(run)                   # a folder that is not a run: refused before its lock
+    try:
+        with run_lock(run):          # not while a report writes the run
+            return _archive(run, drop_html, note, incomplete)
+    except ReportError as exc:
+        raise ValueError(f"run_dir: {exc}") from None
+
+
+def _archive(run: Path, drop_html: tuple[str, ...], note: str | None, incomplete: bool) -> dict:
+    """``archive_run`` under the run's lock."""
     man_path = run / "manifest.json"
     manifest = _manifest(run)
     if not incomplete and (manifest.get("running") or manifest.get("complete") is False):
@@ -112,14 +150,10 @@ def archive_run(run_dir: str | Path, *, drop_html: tuple[str, ...] = (),
         raise ValueError(f"drop_html: {unknown} not among this run's notebooks {sorted(names)}")
     jsonl = sorted(run.rglob("results/**/*.jsonl"))
     for path in jsonl:                 # every results file read before anything is deleted
-        try:
-            if not path.is_file():
-                raise ValueError("not a file")
-            path.read_bytes().decode("utf-8")   # a line not UTF-8 would be dropped as torn
-            compact_text(path)
-        except (ValueError, OSError) as exc:          # UnicodeDecodeError is a ValueError
-            raise ValueError(f"run_dir: results file {path} cannot be read ({exc}); nothing "
-                             "was changed: move it aside or repair it") from None
+        _readable(path)
+    for path in sorted(run.rglob("*.ipynb")) + sorted(run.rglob("results/**/*.csv")):
+        if not path.is_file():
+            raise ValueError(f"run_dir: {path} is not a file; nothing was changed")
     for path in sorted(run.rglob("*.ipynb")):
         path.unlink()
     for path in sorted(run.rglob("results/**/*.csv")):
@@ -164,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
                     incomplete=a.incomplete)
     except (FileNotFoundError, ValueError) as exc:
         ap.error(str(exc))                       # names the argument, exit status 2
+    except OSError as exc:                       # a read-only run, a full disk: no traceback
+        print(f"python -m pmll_lab.report_archive: cannot write {a.run_dir} "
+              f"({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -41,7 +41,7 @@ def check_values(path: Path, cell, params: Mapping) -> None:
 def previous(run_dir: Path) -> tuple[list[dict], list[dict]]:
     """The run's earlier manifest entries, and beside them what guards the results they hold:
     those entries plus the notebook a killed call was running (``running``: a kill, a full disk
-    or a crash left no entry for it) with that call's device and preset. ``ReportError``
+    or a crash left no entry of that call for it) with that call's device and preset. ``ReportError``
     naming ``run`` for a manifest that cannot be read."""
     manifest_path = run_dir / "manifest.json"
     if not manifest_path.exists():
@@ -59,28 +59,36 @@ def previous(run_dir: Path) -> tuple[list[dict], list[dict]]:
             "checkout, for a committed run) or choose another --run") from None
     guard = list(previous)
     running = old.get("running")
-    if isinstance(running, dict) and isinstance(running.get("name"), str) \
-            and running["name"] not in {e["name"] for e in previous}:
+    if isinstance(running, dict) and isinstance(running.get("name"), str):
+        # beside an entry of the same name, both count: the killed call (a --replace, say)
+        # wrote its own rows after the entry's
         env = old.get("environment") if isinstance(old.get("environment"), dict) else {}
-        guard.append({"name": running["name"], "device": env.get("device"),
+        guard.append({"name": running["name"], "device": env.get("device", "unknown"),
                       "preset": old.get("preset"), "status": "interrupted"})
     return previous, guard
 
 
 @contextlib.contextmanager
 def run_lock(run_dir: Path) -> Iterator[None]:
-    """One report at a time per run folder: an exclusive ``flock`` on a file in the temp
-    folder named by the run folder's path (nothing written into the run; the kernel drops the
-    lock of a killed process). ``ReportError`` naming ``run`` while another call holds it: two
+    """One report at a time per run folder: an exclusive ``flock`` on ``.<run>.lock`` beside
+    the run folder (in the reports folder: every call on the run, from any process, user or
+    machine that shares the folder, sees it; the kernel drops the lock of a killed process, so
+    a kill leaves none held). ``ReportError`` naming ``run`` while another call holds it: two
     calls would each rewrite the manifest without the other's notebooks."""
     import fcntl
-    import hashlib
     import os
-    import tempfile
 
-    key = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
-    path = Path(tempfile.gettempdir()) / f"pmll_lab-run-{key}.lock"
-    with open(path, "a+", encoding="utf-8") as fh:
+    run_dir = run_dir.resolve()
+    try:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(f"reports_dir: cannot make {run_dir.parent}: {exc}") from None
+    path = run_dir.parent / f".{run_dir.name}.lock"
+    try:
+        fh, mine = open(path, "a+", encoding="utf-8"), True
+    except PermissionError:                 # another user's lock file: lock it read-only
+        fh, mine = open(path, encoding="utf-8"), False
+    with fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -88,13 +96,17 @@ def run_lock(run_dir: Path) -> Iterator[None]:
             raise ReportError(f"run: another report is writing to {run_dir} (process "
                               f"{fh.read().strip() or '?'}); wait for it, or choose another "
                               "--run") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(str(os.getpid()))
-        fh.flush()
+        if mine:                            # the holder's pid, for the message above
+            fh.seek(0)
+            fh.truncate()
+            fh.write(str(os.getpid()))
+            fh.flush()
         try:
             yield
         finally:
+            if mine:
+                fh.seek(0)
+                fh.truncate()
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 

@@ -125,7 +125,8 @@ def run_sweep(
     returns. ``keep_other_commits=True`` keeps them instead (they keep their own ``commit``,
     and the summary line names it); ``None`` reads ``PMLL_LAB_KEEP_OTHER_COMMITS`` (``1``:
     keep; ``report --resume --keep-other-commits`` sets it). Rows stored before rows named
-    their commit count as this commit's.
+    their commit count as this commit's. Stored points of another device (their rows'
+    ``device``) are always run again: a figure of one card is never another's.
 
     Raises ``ValueError`` naming ``client`` for an unusable client (not a client or address, an
     address that does not parse, no scheduler there, no worker, no GPU resource on a GPU run),
@@ -194,11 +195,13 @@ def run_sweep(
     path = results_dir / f"{name}.jsonl"
     stored = stored_points(path)             # the .jsonl repaired, and the archived .gz
     _same_switches(path, stored)
-    commit = provenance_here()["commit"]
+    commit, device = provenance_here()["commit"], provenance_here().get("device")
     other = {pid: str(row["commit"]) for pid, row in stored.items()
              if row.get("commit") not in (None, commit)}
     failed_before = {pid for pid, row in stored.items() if row.get("status") == "failed"}
-    done = (set(stored) if keep_other_commits else set(stored) - set(other)) - failed_before
+    elsewhere = {pid for pid, row in stored.items() if row.get("device") not in (None, device)}
+    done = ((set(stored) if keep_other_commits else set(stored) - set(other)) - failed_before
+            - elsewhere)                     # another device's point is never this one's
     wanted = {point_id(p) for p in points}
     todo: dict[str, dict] = {}
     for p in points:

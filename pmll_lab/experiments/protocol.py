@@ -481,15 +481,16 @@ def correctness_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
 def _worst_errors(c: pd.DataFrame, keys: list[str]) -> pd.DataFrame | None:
     """Per ``keys``, the rel_l2 row nearest its own tolerance (value / tolerance, largest; a
     nonzero error against a zero tolerance first): a group's value and tolerance come from one
-    row, so rows of different input dtypes (and tolerances) are not mixed. None without rel_l2
-    rows (a group whose kernel raised has none)."""
-    err = c[c["metric"] == "rel_l2"].copy()
+    row, so rows of different input dtypes (and tolerances) are not mixed; a NaN error (a
+    kernel that wrote NaN, one that raised) first. None without rel_l2 rows.""" 
+    err = c[c["metric"] == "rel_l2"].reset_index(drop=True)
     if err.empty:
         return None
     if "tolerance" not in err:
         err["tolerance"] = float("nan")
     v, tol = err["value"].astype(float), err["tolerance"].astype(float)
     err["margin"] = (v / tol.where(tol > 0)).fillna((v > 0).astype(float) * 1e300)
+    err.loc[v.isna(), "margin"] = float("inf")        # a NaN error is the worst there is
     return err.loc[err.groupby(keys, sort=False)["margin"].idxmax()].set_index(keys)
 
 

@@ -69,9 +69,9 @@ class Family:
 def _reason(name: str, reason):
     """``supports``/``available``'s answer: None (it runs) or the reason it does not, a str; a
     bool (``lambda c: c.head_dim >= 16``) would read as a reason, so it is refused."""
-    if reason is not None and not isinstance(reason, str):
-        raise ValueError(f"{name}: must return None (it runs) or the reason it does not (a str),"
-                         f" got {reason!r}")
+    if reason is not None and (not isinstance(reason, str) or not reason.strip()):
+        raise ValueError(f"{name}: must return None (it runs) or the reason it does not (a "
+                         f"non-empty str), got {reason!r}")
     return reason
 
 

@@ -115,6 +115,9 @@ def test_the_worst_error_and_its_tolerance_come_from_one_row():
                                value=float("nan"), passed=False, what="o", status="failed",
                                error="ValueError: outputs")])
     assert P.checks(boom).iloc[0]["status"] == "failed"
+    nan = pd.concat([df, boom.assign(dtype="bfloat16", state_dtype="float16", tolerance=8e-3,
+                                     point_id="c")])
+    assert math.isnan(P.correctness_table(nan, by=("state_dtype",)).iloc[0]["worst_rel_l2"])
     assert P.correctness_table(boom)["passed"].tolist() == [0]
 
 

@@ -394,8 +394,8 @@ def test_a_supports_or_available_that_answers_a_bool_reads_failed(field):
         registry.unregister("test_bool_answer")
     (bad,) = [r for r in rows if r["kernel"] == "test_bool_answer"]
     assert bad["status"] == "failed" and bad["passed"] is False
-    assert f"{field}: must return None (it runs) or the reason it does not (a str), got True" \
-        in bad["error"]
+    assert f"{field}: must return None (it runs) or the reason it does not (a non-empty str), " \
+        "got True" in bad["error"]
     assert all(r["passed"] for r in rows if r["kernel"] == "decode" and r["metric"] == "rel_l2")
 
 
@@ -423,3 +423,11 @@ def test_a_resumed_kernels_run_runs_a_point_again_when_what_runs_there_changed(t
     assert ids(kernels.bind(pts, ["decode"])) == ids(v2)
     grid_forms = kernels.bind([dict(pts[0], forms="decode+decode_cuda")], ["decode"])
     assert grid_forms[0]["forms"] == "decode+decode_cuda"
+
+
+def test_an_empty_reason_is_refused():
+    """``""`` would read as "it runs" though a reason was meant."""
+    with pytest.raises(ValueError, match=r"^supports: must return None .* got ''"):
+        registry._reason("supports", "")
+    assert registry._reason("supports", None) is None
+    assert registry._reason("supports", "head size") == "head size"

@@ -189,3 +189,24 @@ def test_the_summary_counts_a_point_listed_twice_once(tmp_path, capsys):
     said = capsys.readouterr().out
     assert "sweep s: 2 points, 2 run now (0 failed)" in said
     assert ", 0 from earlier runs" in said
+
+
+def test_points_stored_on_another_device_run_again_on_resume(tmp_path):
+    """A stored point whose rows name another device (a GPU run's folder resumed on the CPU,
+    or the other way round) is never reused, with or without ``keep_other_commits``: its rows
+    are replaced by this device's."""
+    points = grid(i=range(3))
+    run_sweep("s", points, three_rows, results_dir=tmp_path, progress=False)
+    path = tmp_path / "s.jsonl"
+    rows = [json.loads(line) for line in _lines(path)]
+    here = rows[0]["device"]
+    for r in rows:
+        if r["i"] == 1:
+            r["device"] = "NVIDIA H200 (elsewhere)"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for keep in (False, True):
+        calls = []
+        df = run_sweep("s", points, lambda p: calls.append(p["i"]) or three_rows(p),
+                       results_dir=tmp_path, progress=False, keep_other_commits=keep)
+        assert calls == ([1] if not keep else []), keep
+        assert set(df["device"]) == {here} and len(df) == 9

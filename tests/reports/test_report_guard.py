@@ -178,5 +178,82 @@ def test_a_run_that_cannot_be_written_ends_with_a_message_not_a_traceback(monkey
     monkeypatch.setattr(cli, "build_report", full)
     assert cli.main(["report", "--run", "disk", "--reports-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("pmll_lab report: cannot write the run (OSError: [Errno 28] No space")
+    assert err.startswith("pmll_lab report: cannot read or write the run (OSError: [Errno 28] No space")
     assert "--resume continues them" in err and "Traceback" not in err
+
+
+def test_a_killed_replace_is_guarded_by_its_own_preset_beside_the_kept_entry(tmp_path):
+    """A ``--replace`` with the full preset killed mid-notebook: the manifest keeps the earlier
+    quick entry and names the killed call's preset; both guard the results, so a quick call
+    without ``resume`` (which would delete the full rows) is refused."""
+    run = _killed_run(tmp_path, preset="full")
+    m = json.loads((run / "manifest.json").read_text())
+    m["notebooks"] = [{"name": "gdn_conv", "preset": "quick", "device": ENV["device"],
+                       "status": "ok", "kept_from_earlier": True}]
+    (run / "manifest.json").write_text(json.dumps(m))
+    previous, guarded = report_guard.previous(run)
+    assert [g["preset"] for g in guarded] == ["quick", "full"]
+    with pytest.raises(ReportError, match=r"holds gdn_conv's results from preset 'full'"):
+        report_guard.refuse_replacing(run, guarded, ["gdn_conv"], ENV, "quick", resume=False)
+
+
+def test_the_lock_lies_beside_the_run_whatever_the_temp_folder(tmp_path, monkeypatch):
+    """Two calls with different temp folders (a batch system's per-job ``TMPDIR``) still see
+    one lock: it is ``.<run>.lock`` in the reports folder."""
+    import tempfile
+
+    run = tmp_path / "reports" / "r1"
+    with report_guard.run_lock(run):
+        assert (tmp_path / "reports" / ".r1.lock").is_file()
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        with pytest.raises(ReportError, match=r"^run: another report is writing"):
+            with report_guard.run_lock(run):
+                pass
+    archived = _archivable(tmp_path / "reports")
+    with report_guard.run_lock(archived):
+        with pytest.raises(ValueError, match=r"^run_dir: run: another report is writing"):
+            archive_run(archived)
+    assert (archived / "gdn_conv.ipynb").exists()
+
+
+@pytest.mark.parametrize("odd", ["gz_folder", "gz_not_utf8"])
+def test_the_archive_reads_the_archived_copy_too_before_it_merges(tmp_path, odd):
+    import gzip
+
+    run = _archivable(tmp_path)
+    gz = run / "results" / "gdn_conv" / "gdn_conv.jsonl.gz"
+    if odd == "gz_folder":
+        gz.mkdir()
+    else:
+        gz.write_bytes(gzip.compress(b'{"point_id": "old", "point_rows": 1, "u": "\xff"}\n'))
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    with pytest.raises(ValueError, match=r"^run_dir: results file .* cannot be read"):
+        archive_run(run)
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
+def test_results_set_aside_come_back_when_the_call_stored_none(tmp_path):
+    """Without ``resume`` a notebook's earlier results are set aside, not deleted: a call that
+    fails before it stores anything (a parameter its notebook refuses) gets them back; one that
+    stored rows, or finished, drops them; a folder a killed call left set aside comes back
+    first where that call stored nothing."""
+    from pmll_lab.report_notebooks import _set_aside, _settle
+
+    res = tmp_path / "results" / "kernels"
+    res.mkdir(parents=True)
+    (res / "kernels.jsonl").write_text('{"point_id": "p"}\n')
+    aside = _set_aside(res, resume=False)
+    assert not res.exists() and (aside / "kernels.jsonl").is_file()
+    res.mkdir()
+    assert _settle(res, aside, failed=True) is True
+    assert (res / "kernels.jsonl").read_text() == '{"point_id": "p"}\n' and not aside.exists()
+    aside = _set_aside(res, resume=False)
+    res.mkdir()
+    (res / "kernels.jsonl").write_text('{"point_id": "new"}\n')
+    assert _settle(res, aside, failed=True) is False and not aside.exists()
+    aside = _set_aside(res, resume=False)          # killed here: nothing stored by the call
+    res.mkdir()
+    assert _set_aside(res, resume=True) is None
+    assert (res / "kernels.jsonl").read_text() == '{"point_id": "new"}\n'
+    assert _set_aside(res, resume=False) is not None
+    assert _settle(res, aside, failed=False) is False and not aside.exists()
