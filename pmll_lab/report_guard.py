@@ -15,7 +15,7 @@ from pmll_lab.report_notebooks import ReportError
 
 
 def check_values(path: Path, cell, params: Mapping) -> None:
-    """The notebook's parameter rules (``experiments.parameters.check_values``: ranges, and a
+    """For a notebook that checks its parameters (``targets.setup()``), its parameter rules (``experiments.parameters.check_values``: ranges, and a
     workload's name where a sweep parameter is a string) on its parameters cell's values with
     ``params`` over them: ``ReportError`` naming the parameter before the report deletes or
     replaces anything (the notebook would refuse the value only once it ran)."""
@@ -41,8 +41,8 @@ def check_values(path: Path, cell, params: Mapping) -> None:
 def previous(run_dir: Path) -> tuple[list[dict], list[dict]]:
     """The run's earlier manifest entries, and beside them what guards the results they hold:
     those entries plus the notebook a killed call was running (``running``: a kill, a full disk
-    or a crash left no entry of that call for it) with that call's device and preset. ``ReportError``
-    naming ``run`` for a manifest that cannot be read."""
+    or a crash left no entry of that call for it) with that call's device and preset.
+    ``ReportError`` naming ``run`` for a manifest that cannot be read."""
     manifest_path = run_dir / "manifest.json"
     if not manifest_path.exists():
         return [], []
@@ -73,17 +73,33 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     """One report at a time per run folder: an exclusive ``flock`` on ``.<run>.lock`` beside
     the run folder (in the reports folder: every call on the run, from any process, user or
     machine that shares the folder, sees it; the kernel drops the lock of a killed process, so
-    a kill leaves none held). ``ReportError`` naming ``run`` while another call holds it: two
-    calls would each rewrite the manifest without the other's notebooks."""
-    import fcntl
-    import os
-
+    a kill leaves none held; a call whose run never started leaves no file or folder behind).
+    ``ReportError`` naming ``run`` while another call holds it: two calls would each rewrite
+    the manifest without the other's notebooks."""
     run_dir = run_dir.resolve()
+    made = [d for d in (run_dir.parent, *run_dir.parent.parents) if not d.exists()]
     try:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ReportError(f"reports_dir: cannot make {run_dir.parent}: {exc}") from None
     path = run_dir.parent / f".{run_dir.name}.lock"
+    held: list[bool] = []
+    try:
+        yield from _locked(path, run_dir, held)
+    finally:
+        if held and not run_dir.exists():   # its run never started: leave no folder behind
+            path.unlink(missing_ok=True)
+            for d in made:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+
+
+def _locked(path: Path, run_dir: Path, held: list) -> Iterator[None]:
+    """``run_lock``'s ``flock`` on ``path``, held while the caller's block runs (``held``
+    gets an entry once it is)."""
+    import fcntl
+    import os
+
     try:
         fh, mine = open(path, "a+", encoding="utf-8"), True
     except PermissionError:                 # another user's lock file: lock it read-only
@@ -96,6 +112,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
             raise ReportError(f"run: another report is writing to {run_dir} (process "
                               f"{fh.read().strip() or '?'}); wait for it, or choose another "
                               "--run") from None
+        held.append(True)
         if mine:                            # the holder's pid, for the message above
             fh.seek(0)
             fh.truncate()

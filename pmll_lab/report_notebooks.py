@@ -224,10 +224,10 @@ def _stored(results: Path) -> bool:
                                     not p.name.startswith(".") for p in results.rglob("*"))
 
 
-def _set_aside(results: Path, resume: bool) -> Path | None:
+def set_aside(results: Path, resume: bool) -> Path | None:
     """Without ``resume``, the notebook's earlier results moved to ``.<name>.replaced`` beside
     them (not deleted: a run that fails before it stores anything, a bad parameter say, gets
-    them back, ``_settle``); the folder set aside, or None. A folder left set aside by a call
+    them back, ``settle``); the folder set aside, or None. A folder left set aside by a call
     that was killed comes back first where that call stored nothing, else it is dropped."""
     aside = results.with_name(f".{results.name}.replaced")
     if aside.exists():
@@ -242,7 +242,7 @@ def _set_aside(results: Path, resume: bool) -> Path | None:
     return aside
 
 
-def _settle(results: Path, aside: Path | None, failed: bool) -> bool:
+def settle(results: Path, aside: Path | None, failed: bool) -> bool:
     """After the notebook: the results set aside put back where it ``failed`` (or was
     stopped) before it stored any of its own (True), else dropped."""
     if aside is None or not aside.exists():
@@ -265,7 +265,7 @@ def run_notebook(src: Path, run_dir: Path, *, preset: str, device: str, resume: 
     results = run_dir / "results" / name
     for stale in (out_nb, out_html):
         stale.unlink(missing_ok=True)
-    aside = _set_aside(results, resume)
+    aside = set_aside(results, resume)
     results.mkdir(parents=True, exist_ok=True)
     entry = {"name": name, "source": str(src), "status": "ok", "error": "",
              "started_utc": utc_now(), "preset": preset, "device_requested": device,
@@ -292,7 +292,7 @@ def run_notebook(src: Path, run_dir: Path, *, preset: str, device: str, resume: 
     except Exception as exc:  # noqa: BLE001 - a failed notebook must not stop the others
         entry["status"], entry["error"] = "failed", _short_error(exc)
     entry["seconds"] = round(time.perf_counter() - t0, 1)
-    if _settle(results, aside, failed=entry["status"] != "ok"):
+    if settle(results, aside, failed=entry["status"] != "ok"):
         entry["error"] += "; it stored no result, so the results it was to replace are kept"
     entry["other_commits"], total = other_commits(results, entry["commit"])
     if out_nb.exists():

@@ -426,8 +426,16 @@ def test_a_resumed_kernels_run_runs_a_point_again_when_what_runs_there_changed(t
 
 
 def test_an_empty_reason_is_refused():
-    """``""`` would read as "it runs" though a reason was meant."""
-    with pytest.raises(ValueError, match=r"^supports: must return None .* got ''"):
-        registry._reason("supports", "")
-    assert registry._reason("supports", None) is None
-    assert registry._reason("supports", "head size") == "head size"
+    """``""`` would read as "it runs" though a reason was meant: the row fails, naming it."""
+    from pmll_lab.harness.decode import DECODE as OURS
+    from pmll_lab.harness.registry import Implementation
+
+    registry.register(Implementation(name="test_empty_reason", family="gdn_decode", label="x",
+                                     provider="yours", impl="torch", build=OURS.build,
+                                     supports=lambda c: ""), replace=True)
+    try:
+        (bad,) = [r for r in run_point("gdn_decode", DECODE, ["test_empty_reason"])]
+    finally:
+        registry.unregister("test_empty_reason")
+    assert bad["status"] == "failed" and "supports: must return None" in bad["error"]
+    assert "got ''" in bad["error"]

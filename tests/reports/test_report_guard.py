@@ -237,7 +237,7 @@ def test_results_set_aside_come_back_when_the_call_stored_none(tmp_path):
     fails before it stores anything (a parameter its notebook refuses) gets them back; one that
     stored rows, or finished, drops them; a folder a killed call left set aside comes back
     first where that call stored nothing."""
-    from pmll_lab.report_notebooks import _set_aside, _settle
+    from pmll_lab.report_notebooks import set_aside as _set_aside, settle as _settle
 
     res = tmp_path / "results" / "kernels"
     res.mkdir(parents=True)
