@@ -349,6 +349,7 @@ def _build(run_dir: Path, paths: list[Path], chosen: bool, *, preset, device, re
                     "(make report PRESET=quick)")
         plan = [p.stem for p in paths]
         manifest["plan"] = plan
+        manifest["killed"] = guard.carried(guarded, plan)
         if not chosen:                     # a whole run: reports of notebooks it no longer has
             _drop_files(run_dir, [e for e in previous if e.get("name") not in plan])
         ran: list[dict] = []

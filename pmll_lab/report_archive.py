@@ -65,8 +65,10 @@ def _readable(path: Path) -> None:
                 raise ValueError(f"{gz.name} is not a file")
             try:
                 gzip.decompress(gz.read_bytes()).decode("utf-8")
-            except (EOFError, OSError, zlib.error):
+            except EOFError:
                 pass                                   # cut short: read as far as it goes
+            except (OSError, zlib.error) as exc:       # not gzip, a CRC error
+                raise ValueError(f"{gz.name}: {exc}") from None
         compact_text(path)
     except (ValueError, OSError) as exc:               # UnicodeDecodeError is a ValueError
         raise ValueError(f"run_dir: results file {path} cannot be read ({exc}); nothing "
@@ -131,8 +133,9 @@ def archive_run(run_dir: str | Path, *, drop_html: tuple[str, ...] = (),
     try:
         with run_lock(run):          # not while a report writes the run
             return _archive(run, drop_html, note, incomplete)
-    except ReportError as exc:
-        raise ValueError(f"run_dir: {exc}") from None
+    except ReportError:
+        raise ValueError(f"run_dir: a report is writing {run} now (it holds the run's lock); "
+                         "archive it once that report has ended; nothing was changed") from None
 
 
 def _archive(run: Path, drop_html: tuple[str, ...], note: str | None, incomplete: bool) -> dict:

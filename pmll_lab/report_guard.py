@@ -41,7 +41,8 @@ def check_values(path: Path, cell, params: Mapping) -> None:
 def previous(run_dir: Path) -> tuple[list[dict], list[dict]]:
     """The run's earlier manifest entries, and beside them what guards the results they hold:
     those entries plus the notebook a killed call was running (``running``: a kill, a full disk
-    or a crash left no entry of that call for it) with that call's device and preset.
+    or a crash left no entry of that call for it) with that call's device and preset, and the
+    guards of earlier killed calls a later call carried forward (``killed``, ``carried``).
     ``ReportError`` naming ``run`` for a manifest that cannot be read."""
     manifest_path = run_dir / "manifest.json"
     if not manifest_path.exists():
@@ -57,7 +58,8 @@ def previous(run_dir: Path) -> tuple[list[dict], list[dict]]:
             f"run: {manifest_path} cannot be read ({type(exc).__name__}: {exc}); the run's "
             "other notebooks would be left unlisted and unguarded: restore it (git "
             "checkout, for a committed run) or choose another --run") from None
-    guard = list(previous)
+    guard = list(previous) + [dict(g, status="interrupted") for g in old.get("killed") or []
+                              if isinstance(g, dict) and isinstance(g.get("name"), str)]
     running = old.get("running")
     if isinstance(running, dict) and isinstance(running.get("name"), str):
         # beside an entry of the same name, both count: the killed call (a --replace, say)
@@ -73,46 +75,45 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     """One report at a time per run folder: an exclusive ``flock`` on ``.<run>.lock`` beside
     the run folder (in the reports folder: every call on the run, from any process, user or
     machine that shares the folder, sees it; the kernel drops the lock of a killed process, so
-    a kill leaves none held; a call whose run never started leaves no file or folder behind).
-    ``ReportError`` naming ``run`` while another call holds it: two calls would each rewrite
-    the manifest without the other's notebooks."""
-    run_dir = run_dir.resolve()
-    made = [d for d in (run_dir.parent, *run_dir.parent.parents) if not d.exists()]
-    try:
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ReportError(f"reports_dir: cannot make {run_dir.parent}: {exc}") from None
-    path = run_dir.parent / f".{run_dir.name}.lock"
-    held: list[bool] = []
-    try:
-        yield from _locked(path, run_dir, held)
-    finally:
-        if held and not run_dir.exists():   # its run never started: leave no folder behind
-            path.unlink(missing_ok=True)
-            for d in made:
-                with contextlib.suppress(OSError):
-                    d.rmdir()
-
-
-def _locked(path: Path, run_dir: Path, held: list) -> Iterator[None]:
-    """``run_lock``'s ``flock`` on ``path``, held while the caller's block runs (``held``
-    gets an entry once it is)."""
+    a kill leaves none held). A call whose run never started removes the lock file and the
+    folders it made while it still holds the lock, and a call that locked a file so removed
+    takes the new one. ``ReportError`` naming ``run`` while another call holds it: two calls
+    would each rewrite the manifest without the other's notebooks."""
     import fcntl
     import os
 
-    try:
-        fh, mine = open(path, "a+", encoding="utf-8"), True
-    except PermissionError:                 # another user's lock file: lock it read-only
-        fh, mine = open(path, encoding="utf-8"), False
-    with fh:
+    run_dir = run_dir.resolve()
+    made = [d for d in (run_dir.parent, *run_dir.parent.parents) if not d.exists()]
+    path = run_dir.parent / f".{run_dir.name}.lock"
+    for _ in range(20):
+        try:
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ReportError(f"reports_dir: cannot make {run_dir.parent}: {exc}") from None
+        try:
+            fh, mine = open(path, "a+", encoding="utf-8"), True
+        except PermissionError:             # another user's lock file: lock it read-only
+            fh, mine = open(path, encoding="utf-8"), False
+        except FileNotFoundError:           # its folder removed meanwhile: again
+            continue
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             fh.seek(0)
+            holder = fh.read().strip() or "?"
+            fh.close()
             raise ReportError(f"run: another report is writing to {run_dir} (process "
-                              f"{fh.read().strip() or '?'}); wait for it, or choose another "
-                              "--run") from None
-        held.append(True)
+                              f"{holder}); wait for it, or choose another --run") from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fh.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        fh.close()                          # a file its holder removed: lock the new one
+    else:
+        raise ReportError(f"run: could not take the lock of {run_dir} ({path})")
+    with fh:
         if mine:                            # the holder's pid, for the message above
             fh.seek(0)
             fh.truncate()
@@ -121,7 +122,12 @@ def _locked(path: Path, run_dir: Path, held: list) -> Iterator[None]:
         try:
             yield
         finally:
-            if mine:
+            if not run_dir.exists():        # its run never started: leave nothing behind
+                path.unlink(missing_ok=True)
+                for d in made:
+                    with contextlib.suppress(OSError):
+                        d.rmdir()
+            elif mine:
                 fh.seek(0)
                 fh.truncate()
             fcntl.flock(fh, fcntl.LOCK_UN)
@@ -167,3 +173,11 @@ def refuse_replacing(run_dir: Path, previous: list[dict], plan: list[str], env_i
                 f"and preset (the run's manifest does not list them); this call would delete "
                 f"them. Pass --resume to continue them, choose another --run, or pass --replace "
                 f"(build_report(replace=True)) to replace them")
+
+
+def carried(guarded: list[dict], plan: list[str]) -> list[dict]:
+    """The guards of killed calls (``previous``) on notebooks this call does not run: its
+    manifest keeps them (``killed``) until a call runs those notebooks again, so a call on
+    another notebook does not drop them."""
+    return [{k: g.get(k) for k in ("name", "device", "preset")} for g in guarded
+            if g.get("status") == "interrupted" and g["name"] not in plan]

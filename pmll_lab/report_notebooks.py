@@ -218,43 +218,6 @@ def render_html(executed: Path, target: Path, *, failure: str | None = None,
     target.write_text(with_alts(body, image_alts(nb)), encoding="utf-8")
 
 
-def _stored(results: Path) -> bool:
-    """Whether ``results`` holds a results file with something in it."""
-    return results.is_dir() and any(p.is_file() and p.stat().st_size and
-                                    not p.name.startswith(".") for p in results.rglob("*"))
-
-
-def set_aside(results: Path, resume: bool) -> Path | None:
-    """Without ``resume``, the notebook's earlier results moved to ``.<name>.replaced`` beside
-    them (not deleted: a run that fails before it stores anything, a bad parameter say, gets
-    them back, ``settle``); the folder set aside, or None. A folder left set aside by a call
-    that was killed comes back first where that call stored nothing, else it is dropped."""
-    aside = results.with_name(f".{results.name}.replaced")
-    if aside.exists():
-        if _stored(results):
-            shutil.rmtree(aside)
-        else:
-            shutil.rmtree(results, ignore_errors=True)
-            aside.rename(results)
-    if resume or not results.exists():
-        return None
-    results.rename(aside)
-    return aside
-
-
-def settle(results: Path, aside: Path | None, failed: bool) -> bool:
-    """After the notebook: the results set aside put back where it ``failed`` (or was
-    stopped) before it stored any of its own (True), else dropped."""
-    if aside is None or not aside.exists():
-        return False
-    if not failed or _stored(results):
-        shutil.rmtree(aside)
-        return False
-    shutil.rmtree(results, ignore_errors=True)
-    aside.rename(results)
-    return True
-
-
 def run_notebook(src: Path, run_dir: Path, *, preset: str, device: str, resume: bool,
                  cell_timeout: float | None, env_info: dict, log: Callable[[str], None],
                  scheduler: str | None = None, params: dict | None = None) -> dict:
@@ -265,7 +228,8 @@ def run_notebook(src: Path, run_dir: Path, *, preset: str, device: str, resume: 
     results = run_dir / "results" / name
     for stale in (out_nb, out_html):
         stale.unlink(missing_ok=True)
-    aside = set_aside(results, resume)
+    if results.exists() and not resume:
+        shutil.rmtree(results)
     results.mkdir(parents=True, exist_ok=True)
     entry = {"name": name, "source": str(src), "status": "ok", "error": "",
              "started_utc": utc_now(), "preset": preset, "device_requested": device,
@@ -292,8 +256,6 @@ def run_notebook(src: Path, run_dir: Path, *, preset: str, device: str, resume: 
     except Exception as exc:  # noqa: BLE001 - a failed notebook must not stop the others
         entry["status"], entry["error"] = "failed", _short_error(exc)
     entry["seconds"] = round(time.perf_counter() - t0, 1)
-    if settle(results, aside, failed=entry["status"] != "ok"):
-        entry["error"] += "; it stored no result, so the results it was to replace are kept"
     entry["other_commits"], total = other_commits(results, entry["commit"])
     if out_nb.exists():
         try:

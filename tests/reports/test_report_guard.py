@@ -211,12 +211,12 @@ def test_the_lock_lies_beside_the_run_whatever_the_temp_folder(tmp_path, monkeyp
                 pass
     archived = _archivable(tmp_path / "reports")
     with report_guard.run_lock(archived):
-        with pytest.raises(ValueError, match=r"^run_dir: run: another report is writing"):
+        with pytest.raises(ValueError, match=r"^run_dir: a report is writing .* now"):
             archive_run(archived)
     assert (archived / "gdn_conv.ipynb").exists()
 
 
-@pytest.mark.parametrize("odd", ["gz_folder", "gz_not_utf8"])
+@pytest.mark.parametrize("odd", ["gz_folder", "gz_not_utf8", "gz_not_gzip"])
 def test_the_archive_reads_the_archived_copy_too_before_it_merges(tmp_path, odd):
     import gzip
 
@@ -224,6 +224,8 @@ def test_the_archive_reads_the_archived_copy_too_before_it_merges(tmp_path, odd)
     gz = run / "results" / "gdn_conv" / "gdn_conv.jsonl.gz"
     if odd == "gz_folder":
         gz.mkdir()
+    elif odd == "gz_not_gzip":
+        gz.write_text('{"point_id": "old", "point_rows": 1}\n')
     else:
         gz.write_bytes(gzip.compress(b'{"point_id": "old", "point_rows": 1, "u": "\xff"}\n'))
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
@@ -232,28 +234,27 @@ def test_the_archive_reads_the_archived_copy_too_before_it_merges(tmp_path, odd)
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
 
 
-def test_results_set_aside_come_back_when_the_call_stored_none(tmp_path):
-    """Without ``resume`` a notebook's earlier results are set aside, not deleted: a call that
-    fails before it stores anything (a parameter its notebook refuses) gets them back; one that
-    stored rows, or finished, drops them; a folder a killed call left set aside comes back
-    first where that call stored nothing."""
-    from pmll_lab.report_notebooks import set_aside as _set_aside, settle as _settle
+def test_a_killed_calls_guard_outlives_a_call_on_another_notebook(tmp_path):
+    """The guard of a notebook killed mid-run is carried forward by a call that runs only
+    another notebook (``killed`` in its manifest), until that notebook runs again."""
+    run = _killed_run(tmp_path, preset="full")
+    _, guarded = report_guard.previous(run)
+    kept = report_guard.carried(guarded, ["pmll_ring"])
+    assert kept == [{"name": "gdn_conv", "device": ENV["device"], "preset": "full"}]
+    assert report_guard.carried(guarded, ["gdn_conv"]) == []
+    (run / "manifest.json").write_text(json.dumps({"run": "k9", "preset": "quick",
+                                                   "environment": ENV, "notebooks": [],
+                                                   "running": None, "killed": kept}))
+    _, guarded = report_guard.previous(run)
+    with pytest.raises(ReportError, match=r"holds gdn_conv's results from preset 'full'"):
+        report_guard.refuse_replacing(run, guarded, ["gdn_conv"], ENV, "quick", resume=False)
 
-    res = tmp_path / "results" / "kernels"
-    res.mkdir(parents=True)
-    (res / "kernels.jsonl").write_text('{"point_id": "p"}\n')
-    aside = _set_aside(res, resume=False)
-    assert not res.exists() and (aside / "kernels.jsonl").is_file()
-    res.mkdir()
-    assert _settle(res, aside, failed=True) is True
-    assert (res / "kernels.jsonl").read_text() == '{"point_id": "p"}\n' and not aside.exists()
-    aside = _set_aside(res, resume=False)
-    res.mkdir()
-    (res / "kernels.jsonl").write_text('{"point_id": "new"}\n')
-    assert _settle(res, aside, failed=True) is False and not aside.exists()
-    aside = _set_aside(res, resume=False)          # killed here: nothing stored by the call
-    res.mkdir()
-    assert _set_aside(res, resume=True) is None
-    assert (res / "kernels.jsonl").read_text() == '{"point_id": "new"}\n'
-    assert _set_aside(res, resume=False) is not None
-    assert _settle(res, aside, failed=False) is False and not aside.exists()
+
+def test_a_lock_on_a_run_that_never_started_leaves_nothing_and_is_taken_again(tmp_path):
+    reports = tmp_path / "new" / "reports"
+    with report_guard.run_lock(reports / "r"):
+        assert (reports / ".r.lock").is_file()
+    assert not (tmp_path / "new").exists()
+    with report_guard.run_lock(reports / "r"):
+        (reports / "r").mkdir()
+    assert (reports / ".r.lock").is_file() and (reports / "r").is_dir()
