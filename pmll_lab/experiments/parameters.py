@@ -16,7 +16,8 @@ against its point function's keys by ``check_points``); ``protocol`` re-exports 
 from __future__ import annotations
 
 import ast
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 
 from pmll_lab.harness.workloads import int_param
 
@@ -168,6 +169,20 @@ def check_notebook() -> None:
         return
     check_injected(list(ip.user_ns.get("In", [])), ip.user_ns)
     check_values(ip.user_ns)
+
+
+@contextlib.contextmanager
+def named(param: str) -> Iterator[None]:
+    """Errors of the points built inside it named by the notebook parameter their grids came
+    from: the points functions name what they refuse ``grids: ...``; inside ``named("step_grids")``
+    that reads ``step_grids: ...``, the parameter to fix."""
+    try:
+        yield
+    except ValueError as exc:
+        text = str(exc)
+        if param != "grids" and text.startswith("grids:"):
+            raise ValueError(param + text[len("grids"):]) from None
+        raise
 
 
 def pick(table: Mapping | str, preset: str, name: str = "grids", *, fallback: str | None = None):

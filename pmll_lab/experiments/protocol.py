@@ -27,7 +27,7 @@ from pmll_lab.harness.runner import (GPU_TIMERS, base_kernel, best_timer,  # noq
                                      failed_row, valid_speed_rows)
 from pmll_lab.harness.workloads import INT_AXES, int_param  # noqa: F401  (the axis rules)
 from pmll_lab.experiments.parameters import (  # noqa: F401  (what the notebooks call P.pick)
-    check_points, optional, pick, pick_points)
+    check_points, named, optional, pick, pick_points)
 from pmll_lab.experiments.table_html import (  # noqa: F401  (the notebooks' table helpers)
     COLUMN_LABELS, UNIT_SUFFIXES, details, header, labelled, table)
 from pmll_lab.sweep import CheckFailed, grid, run_sweep

@@ -139,3 +139,28 @@ def test_flashinfer_decode_takes_bf16_inputs_only_and_an_empty_family_lists(tmp_
                          capture_output=True, text=True, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["name", "family", "provider", "impl", "exact", "module", "label"]
+
+
+def test_a_secondary_sweeps_error_names_its_own_parameter():
+    """The points functions name a bad grid ``grids: ...``; built inside ``P.named``, the
+    error names the notebook parameter the grids came from (``step_grids``), and every
+    notebook builds its secondary sweeps that way."""
+    import json
+
+    from _paths import ROOT
+    from pmll_lab.experiments import step as S
+
+    with pytest.raises(ValueError, match=r"^step_grids: axis K: "):
+        with P.named("step_grids"):
+            S.points([{"B": [2], "K": [0], "HK": [1], "HV": [2], "head_dim": [16],
+                       "steps": [4], "state_dtype": ["float32"]}], alpha=0.5, seed=0)
+    with pytest.raises(ValueError, match=r"^grids: other"):
+        with P.named("grids"):
+            raise ValueError("grids: other")
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        code = "".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"]
+                       if c["cell_type"] == "code")
+        for line in code.splitlines():
+            if "P.pick(" in line and "_grids" in line and "= " in line:
+                param = line.split("P.pick(")[1].split(",")[0]
+                assert f'P.named("{param}")' in code, (nb.name, param)
