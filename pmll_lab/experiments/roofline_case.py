@@ -31,7 +31,7 @@ PLAN_MAX_B = 1
 """Batch widths up to which decodes and carry verifies also run through launch plans
 (``<kernel>:plan``: arguments bound once, the host-bound small-batch path)."""
 L2_BYTES = H200_L2_BYTES
-STATE_DTYPES = ("float32", "bfloat16", "float16")
+STATE_DTYPES = registry.STATE_DTYPES
 LAYOUTS = ("kv", "vk")
 PROVIDERS = tuple(registry.names(verify.FAMILY))
 """Every implementation of the ``roofline_verify`` family (``harness.verify``), in its order: ours,

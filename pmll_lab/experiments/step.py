@@ -186,15 +186,20 @@ def kernel_point(p: dict) -> list[dict]:
     rg = GdnRing(ring.k.clone(), ring.u.clone(), ring.G.clone(), ring.len.clone(),
                  ring.base.clone(), 16)
     runs["ring_verify"] = lambda: gdn_ring_verify(st, rg, **r, slot_tab=slots, scale=case.scale)[0]
-    peer = registry.get(SF.REPLAYSSM.name)
-    if peer.unavailable() is None and peer.unsupported(case) is None:
+    peer, rows = registry.get(SF.REPLAYSSM.name), []
+    try:
+        why = peer.unavailable() or peer.unsupported(case)
+    except Exception as exc:  # noqa: BLE001 - its available/supports at fault: a failed row
+        why = str(exc)
+        rows.append(P.failed_row(dict(kernel="flashinfer_ucache_flush", fill=int(p["fill"]),
+                                      state_layout="vk"), "rel_l2", exc, what="o"))
+    if why is None:
         st2 = t["state"].clone()
         fr = ReplaySSMRing(ring.k.clone(), ring.u.clone(), ring.G.clone(),
                            ring.len[slots.long()].clone(), ring.base[slots.long()].clone())
         run, o2 = replayssm_runner(r["q"], r["k"], r["v"], r["A_log"], r["a"], r["dt_bias"],
                                    r["b"], st2, slots, fr, scale=case.scale)
         runs["flashinfer_ucache_flush"] = lambda: (run(), o2)[1]
-    rows = []
     for name, fn in runs.items():
         base = dict(kernel=name, fill=int(p["fill"]), state_layout="vk")
         try:

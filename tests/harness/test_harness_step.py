@@ -421,3 +421,29 @@ def test_a_form_without_a_ring_meets_the_ring_at_its_best_ring_length():
     (target,) = [t for t in TARGETS if t.text == "exact lazy step <= 2.5x the ring step, bf16 state"]
     head = T.headline(pd.DataFrame(rows), [target]).set_index("B")
     assert head.loc[64, "cells"] == 1 and abs(head.loc[64, "ratio"] - 150.0 / 44.0) < 1e-3
+
+
+def test_drift_study_leaves_out_a_form_whose_available_raises_and_says_so():
+    """A registered step form whose ``available`` raises (a broken install) is left out of the
+    drift study with a warning naming it; the other forms' rows are those of a study without it."""
+    from pmll_lab.harness.registry import Implementation
+    from pmll_lab.step_drift import drift_study
+
+    def broken():
+        raise RuntimeError("libfoo.so: cannot open shared object file")
+
+    kw = dict(batch=1, steps=2, rows=2, num_k_heads=1, num_v_heads=2, head_dim=16,
+              checkpoints=1, ring_length=8)
+    base = drift_study(forms=(("ring", torch.float32),), **kw)
+    registry.register(Implementation(name="test_broken_step", family="gdn_step", label="x",
+                                     provider="yours", impl="torch",
+                                     build=registry.get("ring").build, available=broken),
+                      replace=True)
+    try:
+        with pytest.warns(UserWarning, match="test_broken_step .*RuntimeError: libfoo.so"):
+            both = drift_study(forms=(("ring", torch.float32),
+                                      ("test_broken_step", torch.float32)), **kw)
+    finally:
+        registry.unregister("test_broken_step")
+    assert set(both.form) == {"ring"} and len(base) == 3
+    pd.testing.assert_frame_equal(both.reset_index(drop=True), base.reset_index(drop=True))
