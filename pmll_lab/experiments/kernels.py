@@ -88,13 +88,15 @@ def bind(points: list[dict], names, plugins=()) -> list[dict]:
     whose implementations or plugin files changed (an implementation added by a plugin would
     otherwise find the point done without it): ``forms``, the grid's own or ``names`` joined by
     ``"+"``; ``plugins``, a hash of the bytes of the plugin files (``plugins`` and
-    ``$PMLL_LAB_PLUGINS``) where there are any."""
-    files = [Path(f).resolve() for f in
+    ``$PMLL_LAB_PLUGINS``) where there are any: their contents, not where they lie, so a run
+    resumed from another clone or folder finds its points done."""
+    files = {Path(f).expanduser().resolve() for f in
              (os.environ.get(registry.PLUGINS_ENV, "").split(os.pathsep)
-              + ([plugins] if isinstance(plugins, str) else list(plugins))) if f]
+              + ([plugins] if isinstance(plugins, str) else list(plugins))) if f}
     h = hashlib.sha1()
-    for f in sorted(set(files)):
-        h.update(str(f).encode() + b"\0" + (f.read_bytes() if f.is_file() else b""))
+    for digest in sorted(hashlib.sha1(f.read_bytes() if f.is_file() else b"").digest()
+                         for f in files):
+        h.update(digest)
     stamp = {"plugins": h.hexdigest()[:12]} if files else {}
     return [{**p, "forms": p.get("forms") or "+".join(names), **stamp} for p in points]
 

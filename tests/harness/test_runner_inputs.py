@@ -421,6 +421,11 @@ def test_a_resumed_kernels_run_runs_a_point_again_when_what_runs_there_changed(t
     assert len({*ids(plain), *ids(v1), *ids(v2)}) == 3
     monkeypatch.setenv(registry.PLUGINS_ENV, str(f))
     assert ids(kernels.bind(pts, ["decode"])) == ids(v2)
+    monkeypatch.delenv(registry.PLUGINS_ENV)
+    (tmp_path / "elsewhere").mkdir()
+    moved = tmp_path / "elsewhere" / "mine.py"           # the same file in another clone
+    moved.write_bytes(f.read_bytes())
+    assert ids(kernels.bind(pts, ["decode"], [str(moved)])) == ids(v2)
     grid_forms = kernels.bind([dict(pts[0], forms="decode+decode_cuda")], ["decode"])
     assert grid_forms[0]["forms"] == "decode+decode_cuda"
 
