@@ -205,8 +205,11 @@ def same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None)
 
 
 def positive_int(name: str, value, *, minimum: int = 1, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    """An integer (Python or NumPy, not a bool) in ``[minimum, maximum]``, returned as an int;
+    ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name}: expected an int, got {type(value).__name__}")
+    value = int(value)
     if value < minimum or (maximum is not None and value > maximum):
         hi = "" if maximum is None else f" and <= {maximum}"
         raise ValueError(f"{name}: must be >= {minimum}{hi}, got {value}")

@@ -113,19 +113,20 @@ def conv_inputs(
 ) -> dict[str, torch.Tensor]:
     """Inputs for the causal conv: ``x [B, (K,) dim]``, ``weight [dim, d_conv]`` (scale
     ``d_conv**-0.5``), ``bias [dim]``, ``conv_state [S, dim, state_len]`` (default
-    ``state_len = d_conv - 1``), all in ``dtype``; ``state_indices [B]`` int32 permuted slots.
+    ``state_len = max(1, d_conv - 1)``), all in ``dtype``; ``state_indices [B]`` int32 permuted slots.
     Raises ``ValueError`` naming the argument as ``gdn_inputs`` does."""
     dev = _checked(seed, dtype, device, batch=batch, dim=dim, rows=rows, d_conv=d_conv,
                    state_len=state_len, slots=slots)
     if slots is not None and slots < batch:
         raise ValueError(f"slots: must be >= batch ({batch}), got {slots}")
-    if state_len is not None and state_len < d_conv - 1:
-        raise ValueError(f"state_len: must be >= d_conv - 1 = {d_conv - 1} (the window the conv "
-                         f"keeps), got {state_len}")
+    least = max(1, d_conv - 1)             # what conv_update takes (a 1-wide window at least)
+    if state_len is not None and state_len < least:
+        raise ValueError(f"state_len: must be >= max(1, d_conv - 1) = {least} (the window the "
+                         f"conv keeps), got {state_len}")
     gen = generator(seed)
     lead = (batch,) if rows is None else (batch, rows)
     slots = batch if slots is None else slots
-    state_len = d_conv - 1 if state_len is None else state_len
+    state_len = least if state_len is None else state_len
     x = _randn(gen, *lead, dim)
     weight = _randn(gen, dim, d_conv, scale=d_conv ** -0.5)
     bias = _randn(gen, dim, scale=0.1)

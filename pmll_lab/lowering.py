@@ -24,8 +24,11 @@ import re
 import sys
 from collections.abc import Mapping
 
+import triton.language as tl
+
 from pmll_lab.backend import INTERPRET
 from pmll_lab.lowering_ir import lane_split_fma_sums, reduction_layouts, sass_stats  # noqa: F401
+from pmll_lab.ops.setting_rows import STATE_DTYPES
 
 _TRITON_TYPES = {"i1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "fp8e4nv", "fp8e5",
                  "fp16", "bf16", "fp32", "fp64"}
@@ -298,9 +301,9 @@ def gdn_exact_family(*, head_dim: int = 128, rows: int = 4, heads: tuple[int, in
 HEAD_DIMS = (16, 32, 64, 128, 256)
 """Head sizes (``kd = vd``) the launch-table check (``launch_cases``) lowers: every size
 Qwen3-Next-style models and the notebooks' grids use."""
-_STATE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-"""The state pool types the launch tables have rows for, Triton's names to torch's
-(``settings.STATE_DTYPES``)."""
+_STATE_DTYPES = {str(getattr(tl, name)): name for name in STATE_DTYPES}
+"""The state pool types the launch tables have rows for (``settings.STATE_DTYPES``), Triton's
+names (``fp32``) to torch's (``float32``)."""
 STATE_TYPES = tuple(_STATE_DTYPES)
 
 

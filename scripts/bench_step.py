@@ -73,8 +73,8 @@ def main(argv=None) -> int:
         ap.error("--ring-variant: applies to the ring form, which --forms does not list")
     states = a.states.split(",")
     for sd in states:
-        if sd not in ("float32", "bfloat16", "float16"):
-            ap.error(f"--states: {sd!r} not in float32, bfloat16, float16")
+        if sd not in registry.STATE_DTYPES:
+            ap.error(f"--states: {sd!r} not in {', '.join(registry.STATE_DTYPES)}")
     try:
         batches = [int(x) for x in a.batches.split(",")]
     except ValueError:

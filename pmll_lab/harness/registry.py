@@ -98,7 +98,7 @@ class Implementation:
     impl: str = "triton"
     exact: bool = False
     layouts: tuple[str, ...] = ("vk",)
-    state_dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+    state_dtypes: tuple[str, ...] = STATE_DTYPES
     gpu_only: bool = False
     supports: Callable | None = None
     available: Callable | None = None
@@ -124,6 +124,13 @@ class Implementation:
             raise ValueError(f"impl: one of {IMPLS}, got {self.impl!r}")
         if not callable(self.build):
             raise ValueError(f"build: must be callable (case -> run), got {self.build!r}")
+        for name in ("supports", "available", "version", "bytes", "plain"):
+            fn = getattr(self, name)
+            if fn is not None and not callable(fn):
+                raise ValueError(f"{name}: a function or None, got {fn!r}")
+        for name in ("exact", "gpu_only"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: True or False, got {getattr(self, name)!r}")
         for name, values, known in (("state_dtypes", self.state_dtypes, STATE_DTYPES),
                                     ("layouts", self.layouts, LAYOUTS)):
             bad = [v for v in values if v not in known]
@@ -204,6 +211,9 @@ def register(impl: Implementation, *, replace: bool = False) -> Implementation:
     if old is not None and old.provider != "yours":
         raise ValueError(f"name: {impl.name!r} is {old.label} ({old.provider}'s); choose "
                          "another name for yours (replace=True replaces only your own)")
+    if old is not None and impl.provider != "yours":
+        raise ValueError(f"provider: {impl.name!r} replaces your own implementation, so it is "
+                         f"yours too (provider='yours'), got {impl.provider!r}")
     if old is not None and old.family != impl.family:
         MEMBERS[old.family].remove(impl.name)
     if impl.name not in MEMBERS[impl.family]:

@@ -19,6 +19,8 @@ the point's parameters and provenance (device, versions, commit, switches).
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable, Mapping
 
 import pandas as pd
@@ -196,8 +198,15 @@ def run_point(family: str, point: Mapping, names: Iterable[str] | str) -> list[d
     rows: list[dict] = []
     for name in names:
         impl = registry.get(name)
-        base = dict(impl.columns(), family=family,
-                    state_layout=getattr(case, "state_layout", None))
+        try:
+            cols = impl.columns()
+        except Exception as exc:  # noqa: BLE001 - its version() is at fault: a failed row
+            rows.append(failed_row(dict(kernel=name, impl=impl.impl, provider=impl.provider,
+                                        exact=impl.exact, family=family), "rel_l2",
+                                   RuntimeError(f"version: {type(exc).__name__}: {exc}"),
+                                   what="o", passed=False))
+            continue
+        base = dict(cols, family=family, state_layout=getattr(case, "state_layout", None))
         if units > 1:                                  # a speculative step: its form
             base.update(form=name, mean_accept=float(case.tensors["accepted"].float().mean()))
         try:
@@ -218,7 +227,11 @@ def run_point(family: str, point: Mapping, names: Iterable[str] | str) -> list[d
             continue
         rows += check_rows(base, chk)
         status = "ok" if chk["passed"] else "failed"
-        nbytes = int(impl.bytes(case, chk.get("facts", {}))) if impl.bytes else None
+        try:
+            nbytes = _bytes_moved(impl, case, chk.get("facts", {}))
+        except Exception as exc:  # noqa: BLE001 - its checks stand; no time without its bytes
+            rows.append(failed_row(base, "bytes_moved_step" if units > 1 else "bytes_moved", exc))
+            continue
         if nbytes is not None:
             rows.append(dict(base, metric="bytes_moved_step" if units > 1 else "bytes_moved",
                              unit="B", value=nbytes, status=status))
@@ -234,6 +247,20 @@ def run_point(family: str, point: Mapping, names: Iterable[str] | str) -> list[d
             continue
         rows += time_rows(base, fam.metric, times, nbytes)
     return rows
+
+
+def _bytes_moved(impl, case, facts: dict) -> int | None:
+    """``impl.bytes(case, facts)`` as a whole number of bytes >= 0 (None: no ``bytes``, or it
+    answered None); ``ValueError`` naming ``bytes`` for another answer."""
+    if impl.bytes is None:
+        return None
+    n = impl.bytes(case, facts)
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, numbers.Real) or not math.isfinite(n) \
+            or n < 0 or n != int(n):
+        raise ValueError(f"bytes: must return a whole number of bytes >= 0 (or None), got {n!r}")
+    return int(n)
 
 
 # ---- which rows are speed ---------------------------------------------------------------------

@@ -327,7 +327,12 @@ def check_point(p: dict) -> None:
         raise ValueError(f"ring_length: must be one of {RING_LENGTHS}, got {p['ring_length']!r}")
     if int(p["HV"]) % int(p["HK"]):
         raise ValueError(f"HV: must be a multiple of HK = {p['HK']}, got {p['HV']!r}")
-    if not 0 < float(p["alpha"]) < 1:
+    try:
+        alpha = float(p["alpha"])
+    except (TypeError, ValueError):
+        raise ValueError(f"alpha: the per-draft acceptance probability, a number in (0, 1), got "
+                         f"{p['alpha']!r}") from None
+    if not 0 < alpha < 1:
         raise ValueError(f"alpha: the per-draft acceptance probability lies in (0, 1) (at 1 no "
                          f"draft is rejected, and the check needs one), got {p['alpha']!r}")
 

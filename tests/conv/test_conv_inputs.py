@@ -205,3 +205,61 @@ def test_flush_bad_input():
     c2.pend[0] = 9
     with pytest.raises(ValueError, match=r"^conv_carries\[1\].pend"):
         conv_carry_flush([st, st.clone()], [c, c2], slot_tab, validate=True)
+
+
+@pytest.mark.parametrize("validate", [None, 0, "no"])
+def test_validate_must_be_a_bool_in_every_conv_launcher(validate):
+    """``validate=None`` used to skip the checks and ``"no"`` to run them: every launcher
+    (and ``gdn_carry_flush``) refuses a non-bool, naming it, before any launch."""
+    from pmll_lab.carry import GdnCarry, gdn_carry_flush
+    from pmll_lab.inputs import gdn_inputs
+
+    d, dk = _base(), _base(K=2)
+    c = ConvCarry.empty(4, 64, dtype=torch.float32)
+    before = d["conv_state"].clone()
+    calls = [
+        lambda: conv_update(d["conv_state"], d["x"], d["weight"], d["bias"],
+                            state_indices=d["state_indices"], validate=validate),
+        lambda: conv_chain(dk["conv_state"], dk["x"], dk["weight"], dk["bias"],
+                           state_indices=dk["state_indices"], validate=validate),
+        lambda: conv_carry_verify(dk["conv_state"], c, dk["x"], dk["weight"], dk["bias"],
+                                  slot_tab=dk["state_indices"], validate=validate),
+        lambda: conv_carry_flush([d["conv_state"]], [c], d["state_indices"], validate=validate),
+    ]
+    g = gdn_inputs(1, 2, 1, 2, 16, 16, slots=4, dtype=torch.float32)
+    carry = GdnCarry.empty(4, 2, 16, 16, cap=4, state_layout="vk")
+    calls.append(lambda: gdn_carry_flush([g["state"]], [carry], g["state_indices"],
+                                         validate=validate))
+    for call in calls:
+        with pytest.raises(ValueError, match=r"^validate: expected a bool"):
+            call()
+    assert bitwise_equal(d["conv_state"], before)
+
+
+def test_conv_inputs_make_what_conv_update_takes_at_every_width():
+    """``d_conv = 1`` keeps a one-column window (``max(1, d_conv - 1)``), as ``conv_update``
+    requires; the update then matches the float64 reference."""
+    from pmll_lab.reference.conv import conv_update as ref_update
+
+    d = conv_inputs(7, 2, 32, d_conv=1, dtype=torch.float32)
+    assert d["conv_state"].shape == (2, 32, 1)
+    st = d["conv_state"].double().cpu()
+    want = ref_update(st, d["x"].double().cpu(), d["weight"].double().cpu(),
+                      d["bias"].double().cpu(), state_indices=d["state_indices"].cpu())
+    got = conv_update(d["conv_state"], d["x"], d["weight"], d["bias"],
+                      state_indices=d["state_indices"])
+    y_ref, st_ref = want
+    assert torch.allclose(got.double().cpu(), y_ref, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(d["conv_state"].double().cpu(), st_ref, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match=r"^state_len: must be >= max\(1, d_conv - 1\) = 2"):
+        conv_inputs(7, 2, 32, d_conv=3, state_len=1)
+
+
+def test_conv_carry_dtype_message_and_numpy_sizes():
+    with pytest.raises(ValueError, match=r"^dtype: must be torch.float32 or torch.bfloat16, "
+                                         r"got 'bfloat16'"):
+        ConvCarry.empty(3, 32, dtype="bfloat16")
+    import numpy as np
+
+    c = ConvCarry.empty(np.int64(3), np.int64(32), dtype=torch.float32)
+    assert c.stash.shape[0] == 3 and c.stash.shape[2] == 32

@@ -39,6 +39,9 @@ def no_build(monkeypatch):
     (dict(alpha=1.5), r"^alpha: the per-draft acceptance probability lies in \(0, 1\)"),
     (dict(alpha=1.0), r"^alpha: the per-draft acceptance probability lies in \(0, 1\) \(at 1 "),
     (dict(K=1), r"^K: at least 2 rows per verify"),
+    (dict(alpha="x"), r"^alpha: the per-draft acceptance probability, a number in \(0, 1\), "
+                      r"got 'x'"),
+    (dict(alpha=None), r"^alpha: .* got None"),
     (dict(state_dtype="float64"), r"^state_dtype: one of float32, bfloat16, float16, got "),
     (dict(dtype="int32"), r"^dtype: one of float32, bfloat16, float16, got 'int32'"),
     (dict(dtype="float64"), r"^dtype: one of float32, bfloat16, float16, got 'float64'"),
@@ -444,3 +447,68 @@ def test_an_empty_reason_is_refused():
         registry.unregister("test_empty_reason")
     assert bad["status"] == "failed" and "supports: must return None" in bad["error"]
     assert "got ''" in bad["error"]
+
+
+def test_a_conv_step_point_with_a_non_numeric_alpha_is_refused_naming_it(no_build):
+    with pytest.raises(ValueError, match=r"^alpha: the per-draft acceptance probability"):
+        run_point("conv_step", {**STEP, "alpha": "0.5x"}, registry.names("conv_step"))
+
+
+@pytest.mark.parametrize("field, answer, message", [
+    ("bytes", lambda c, f: 1 / 0, "ZeroDivisionError"),
+    ("bytes", lambda c, f: -5, r"bytes: must return a whole number of bytes >= 0 \(or None\), got -5"),
+    ("bytes", lambda c, f: float("nan"), "bytes: must return a whole number .* got nan"),
+    ("bytes", lambda c, f: "64", "bytes: must return a whole number .* got '64'"),
+    ("version", lambda: 1 / 0, "version: ZeroDivisionError"),
+])
+def test_a_bytes_or_version_that_misbehaves_is_its_own_failed_row(field, answer, message):
+    """A researcher's ``bytes``/``version`` that raises or answers nonsense fails its own row;
+    the point's other implementations keep theirs (checked, and timed on a GPU)."""
+    from pmll_lab.harness.decode import DECODE as OURS
+    from pmll_lab.harness.registry import Implementation
+
+    registry.register(Implementation(name="test_bad_field", family="gdn_decode", label="x",
+                                     provider="yours", impl="torch", build=OURS.build,
+                                     **{field: answer}), replace=True)
+    try:
+        rows = run_point("gdn_decode", DECODE, ["decode", "test_bad_field"])
+    finally:
+        registry.unregister("test_bad_field")
+    bad = [r for r in rows if r["kernel"] == "test_bad_field" and r["status"] == "failed"]
+    assert len(bad) == 1 and __import__("re").search(message, bad[0]["error"]), bad
+    assert not [r for r in rows if r["kernel"] == "test_bad_field" and r["status"] == "ok"
+                and r.get("metric") in ("time_us", "bytes_moved")]
+    mine = [r for r in rows if r["kernel"] == "decode" and r["metric"] == "rel_l2"]
+    assert mine and all(r["passed"] for r in mine)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(gpu_only="False"), r"^gpu_only: True or False, got 'False'"),
+    (dict(exact="no"), r"^exact: True or False, got 'no'"),
+    (dict(exact=None), r"^exact: True or False, got None"),
+    (dict(supports=True), r"^supports: a function or None, got True"),
+    (dict(available="yes"), r"^available: a function or None, got 'yes'"),
+    (dict(version="0.1"), r"^version: a function or None, got '0.1'"),
+    (dict(bytes=64), r"^bytes: a function or None, got 64"),
+])
+def test_an_implementation_with_a_field_of_the_wrong_kind_is_refused(fields, message):
+    from pmll_lab.harness.decode import DECODE as OURS
+    from pmll_lab.harness.registry import Implementation
+
+    with pytest.raises(ValueError, match=message):
+        Implementation(name="test_field", family="gdn_decode", label="x", provider="yours",
+                       impl="torch", build=OURS.build, **fields)
+
+
+def test_your_implementation_is_not_replaced_by_one_claiming_to_be_ours():
+    from pmll_lab.harness.decode import DECODE as OURS
+    from pmll_lab.harness.registry import Implementation
+
+    mine = dict(name="test_claim", family="gdn_decode", label="x", impl="torch", build=OURS.build)
+    registry.register(Implementation(provider="yours", **mine), replace=True)
+    try:
+        with pytest.raises(ValueError, match=r"^provider: 'test_claim' replaces your own"):
+            registry.register(Implementation(provider="pmll_lab", **mine), replace=True)
+        assert registry.get("test_claim").provider == "yours"
+    finally:
+        registry.unregister("test_claim")

@@ -288,7 +288,7 @@ def _good(dtype=torch.float32):
     ("device", "k_new"), ("gate_shape", "gate"), ("gate_rank", "gate"), ("gate_dtype", "gate"),
     ("gate_range", "gate"), ("gate_nan", "gate"), ("last_stride", "k_new"), ("mem_type", "mem"),
     ("mem_count", "mem.count"), ("mem_v", "mem.v"), ("neg_count", "mem.count"),
-    ("gate_list", "gate"),
+    ("gate_list", "gate"), ("count_strided", "mem.count"),
 ])
 def test_write_bad_input_names_argument(case, name):
     mem, x = _good()
@@ -335,6 +335,8 @@ def test_write_bad_input_names_argument(case, name):
         mem.count[1] = -1
     elif case == "gate_list":
         g = [0.5] * 5
+    elif case == "count_strided":          # counts [1, 2] as a stride-2 view
+        mem.count = torch.tensor([1, 7, 2, 7], device=mem.count.device)[::2]
     before = mem.k.clone() if hasattr(mem, "k") else None
     with pytest.raises(ValueError, match=rf"^{name}:"):
         pmll_write(mem, k, v, g, validate=True)

@@ -38,7 +38,7 @@ from pmll_lab.ops.carry.common import INDEX_DTYPES, check_state, offsets_table
 from pmll_lab.ops.carry.ring_verify import gdn_ring_fused_kernel
 from pmll_lab.ops.carry.ring_kernels import (SMALL_PRODUCTS, gdn_ring_flush_kernel,
                                                  ring_accept_kernel)
-from pmll_lab.ops.gdn.gating import check_gating, gate_groups, split_gating
+from pmll_lab.ops.gdn.gating import check_gating, gate_groups, gate_inputs, split_gating
 from pmll_lab.ops.gdn.recurrence import DEFAULT_STATE_LAYOUT
 from pmll_lab.ops.host import cdiv, next_power_of_2
 from pmll_lab.ops.launch import device_guard
@@ -249,6 +249,11 @@ def _check_verify(state, ring, q, k, v, g, beta, slot_tab, scale, validate, stat
                          f"{RING_MAX_ROWS})]")
     if B > S:
         raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
+    # the state (at a fold) and the ring's rows are written while the inputs, the slot table
+    # and the cursors are read
+    _checks.apart({"state": state, "ring.k": ring.k, "ring.u": ring.u, "ring.G": ring.G},
+                  {"q": q, "k": k, "v": v, **gate_inputs(g, beta, gating),
+                   "slot_tab": slot_tab, "ring.len": ring.len, "ring.base": ring.base})
     _host_slots(slot_tab, S)
     _host_cursors(ring, slot_tab)
     scale = _checks.optional_float("scale", scale)
@@ -390,6 +395,9 @@ def _ring_list(rings) -> list[GdnRing]:
             raise ValueError(f"rings[{i}]: expected a GdnRing, got {type(r).__name__}")
         if (r.slots, r.length) != (rings[0].slots, rings[0].length):
             raise ValueError(f"rings[{i}]: slots/length differ from rings[0]")
+        if r.num_k_heads != rings[0].num_k_heads:     # one launch takes rings[0]'s HK, strides
+            raise ValueError(f"rings[{i}]: {r.num_k_heads} key heads, rings[0] has "
+                             f"{rings[0].num_k_heads} (one launch serves layers of one shape)")
         _checks.same_device("rings[0].len", rings[0].len, **{f"rings[{i}].len": r.len})
     return rings
 
@@ -423,6 +431,10 @@ def ring_accept(rings, slot_tab, engaged, accepted, *, rows=None, validate=False
     rows = _checks.accepted_bound(rows, engaged)
     if B > rings[0].slots:
         raise ValueError(f"slot_tab: {B} sequences but only {rings[0].slots} slots")
+    # every ring's cursors are written while the tables are read
+    _checks.apart({**{f"rings[{i}].len": r.len for i, r in enumerate(rings)},
+                   **{f"rings[{i}].base": r.base for i, r in enumerate(rings)}},
+                  {"slot_tab": slot_tab, "engaged": engaged, "accepted": accepted})
     _host_slots(slot_tab, rings[0].slots)
     if validate or all(_checks.on_host(t) for t in (slot_tab, engaged, accepted, rings[0].len)):
         _checks.indices_values("slot_tab", slot_tab, rings[0].slots, padding=True)
@@ -472,6 +484,11 @@ def gdn_ring_flush(states, rings, slot_tab, *, validate=False,
     if B > S:
         raise ValueError(f"slot_tab: {B} sequences but only {S} slots")
     _checks.flag("validate", validate)
+    # every layer's state is written while every ring and the slot table are read
+    _checks.apart({f"states[{i}]": st for i, st in enumerate(states)},
+                  {"slot_tab": slot_tab,
+                   **{f"rings[{i}].{a}": getattr(r, a) for i, r in enumerate(rings)
+                      for a in ("k", "u", "G", "len", "base")}})
     _host_slots(slot_tab, S)
     for r in rings:
         _host_cursors(r, slot_tab)

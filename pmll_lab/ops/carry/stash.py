@@ -403,6 +403,7 @@ def gdn_carry_flush(states, carries, slot_tab, *, validate=False,
     without a CUDA device. Raises ``ValueError`` naming the argument.
     """
     _checks.impl("gdn_carry_flush", impl)
+    _checks.flag("validate", validate)
     check_layout("state_layout", state_layout)
     if isinstance(states, torch.Tensor) or isinstance(carries, GdnCarry):
         raise ValueError("states, carries: pass lists (one entry per layer)")

@@ -76,7 +76,7 @@ class ConvCarry:
         _checks.positive_int("dim", dim)
         _checks.positive_int("cap", cap)
         if dtype not in INPUT_DTYPES:
-            raise ValueError(f"dtype: must be float32 or bfloat16, got {dtype}")
+            raise ValueError(f"dtype: must be torch.float32 or torch.bfloat16, got {dtype!r}")
         dev = _checks.device("device", device, DEVICE)
         _checks.fits("slots, dim, cap", slots * (cap * dim * dtype.itemsize + 4), dev,
                      f"a stash [{slots}, {cap}, {dim}] and pend [{slots}]")
@@ -266,6 +266,7 @@ def check_verify_args(conv_state, conv_carry, x, weight, bias=None, *, slot_tab,
         raise ValueError(f"x: rows K (shape[1]) must be in 1..conv_carry.cap = {conv_carry.cap}, got {K}")
     if not isinstance(lazy, bool):
         raise ValueError(f"lazy: must be a bool, got {lazy!r}")
+    _checks.flag("validate", validate)
     check_indices("slot_tab", slot_tab, B, S, conv_state.device)
     _checks.no_overlap("conv_state", conv_state)
     # the window (on a write-back) and the stash are written while the rows, the weights,
@@ -403,6 +404,7 @@ def conv_carry_flush(conv_states, conv_carries, slot_tab, *, validate=False,
     Raises ``ValueError`` naming the argument.
     """
     _checks.impl("conv_carry_flush", impl)
+    _checks.flag("validate", validate)
     if not isinstance(conv_states, (list, tuple)) or not conv_states:
         raise ValueError("conv_states: expected a non-empty list of per-layer windows")
     if not isinstance(conv_carries, (list, tuple)) or len(conv_carries) != len(conv_states):

@@ -200,6 +200,7 @@ def conv_chain(conv_state, x, weight, bias=None, *, state_indices=None, intermed
 def _check_slots(conv_state, state_indices, B, validate, carry=None):
     """The slot table (host: range always; ``validate``: range, distinct) and, with ``carry``
     and ``validate``, no slot holding pending carry inputs."""
+    _checks.flag("validate", validate)
     S = conv_state.shape[0]
     if carry is not None:
         _checks.tensor("carry.pend", getattr(carry, "pend", None), shape=(S,), dtype=torch.int32,

@@ -162,7 +162,7 @@ def check_memory(mem) -> tuple[int, int, int, int]:
 
     Raises ``ValueError`` naming ``mem``/``mem.k``/``mem.v``/``mem.count``: missing tensors,
     ``k`` not 4-D, not fp32/bf16/fp16, not contiguous or not on the kernels' device
-    (``pmll_lab.backend.DEVICE``); ``v`` unlike ``k``; ``count`` not int64 ``[B]`` beside them;
+    (``pmll_lab.backend.DEVICE``); ``v`` unlike ``k``; ``count`` not a contiguous int64 ``[B]`` beside them;
     two of them sharing memory; a negative count on the host (free there; on a GPU
     ``pmll_write(validate=True)`` checks it).
     """
@@ -177,7 +177,8 @@ def check_memory(mem) -> tuple[int, int, int, int]:
     if capacity < 1 or head_dim < 1:
         raise ValueError(f"mem.k: capacity and head size must be >= 1, got shape {tuple(k.shape)}")
     _checks.tensor("mem.v", mem.v, shape=tuple(k.shape), dtype=k.dtype, like="mem.k", contiguous=True)
-    _checks.tensor("mem.count", mem.count, shape=(batch,), dtype=torch.int64)
+    # the kernels read count[b] at offset b: a strided view would read another sequence's count
+    _checks.tensor("mem.count", mem.count, shape=(batch,), dtype=torch.int64, contiguous=True)
     _checks.same_device("mem.k", k, **{"mem.v": mem.v, "mem.count": mem.count})
     # one ring's keys, values and counts are three buffers (a write updates all three)
     _checks.apart({"mem.k": k, "mem.v": mem.v, "mem.count": mem.count})
