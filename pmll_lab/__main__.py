@@ -4,6 +4,7 @@
                               [--run NAME] [--resume [--keep-other-commits]]
                               [--cell-timeout SECONDS] [--replace] [--param NAME=VALUE ...]
                               [--workers N | --scheduler ADDRESS]
+                              [--notebooks-dir DIR] [--reports-dir DIR]
 
 ``--workers N`` runs the notebooks' sweeps on a Dask LocalCluster started for the report: one
 worker per visible GPU (the first N, each pinned with CUDA_VISIBLE_DEVICES, one thread), or N CPU

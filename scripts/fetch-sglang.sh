@@ -2,7 +2,7 @@
 # SGLang's GDN speculative-verify kernels (the peers of pmll_lab/peers_sglang.py) for a machine
 # without network access, e.g. the offline GPU machine: downloads the sglang wheel (about 39 MB,
 # deleted afterwards, never installed) and keeps only the Triton modules pmll_lab loads, in .sgl/
-# (git-ignored, about 110 KB) with a VERSION line. pmll_lab finds .sgl/ in the project root by
+# (git-ignored, about 90 KB) with a VERSION line. pmll_lab finds .sgl/ in the project root by
 # itself (or PMLL_LAB_SGLANG_DIR=<dir>); on the device machine send it along (carry: .sgl).
 #
 # Usage, from the project root:   scripts/fetch-sglang.sh [version]     (default 0.5.23)
