@@ -205,11 +205,13 @@ def same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None)
 
 
 def positive_int(name: str, value, *, minimum: int = 1, maximum: int | None = None) -> int:
-    """An integer (Python or NumPy, not a bool) in ``[minimum, maximum]``, returned as an int;
-    ``ValueError`` naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name}: expected an int, got {type(value).__name__}")
-    value = int(value)
+    """A Python int (not a bool) in ``[minimum, maximum]``; ``ValueError`` naming ``name``
+    otherwise. A NumPy integer is refused with the cast to write: the callers keep the value
+    they were given, and a kernel's size argument must be a Python int."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        hint = (f" (a NumPy integer: pass int({name}))"
+                if isinstance(value, numbers.Integral) and not isinstance(value, bool) else "")
+        raise ValueError(f"{name}: expected an int, got {type(value).__name__}{hint}")
     if value < minimum or (maximum is not None and value > maximum):
         hi = "" if maximum is None else f" and <= {maximum}"
         raise ValueError(f"{name}: must be >= {minimum}{hi}, got {value}")

@@ -306,6 +306,7 @@ def pmll_step(mem: RingMemory | None, q: torch.Tensor, k: torch.Tensor, v: torch
     capturable in a CUDA graph. Source: the seed's memory layer (``000_…txt``), its read-attend-write order.
     """
     impl = _impl(impl)
+    _checks.flag("validate", validate)
     with _step_names():
         dims = check_attention(q, k, v, mem)
         if mem is None:

@@ -51,6 +51,11 @@ def _masked_rel_l2(o, ref, acc) -> float:
     return errors(o.float() * m, ref.float() * m)["rel_l2"]
 
 
+def _left_out(form, sd, what: str, exc: Exception) -> None:
+    warnings.warn(f"drift: {form} ({sd}) left out: its {what} raised {type(exc).__name__}: {exc}",
+                  stacklevel=3)
+
+
 def drift_study(*, batch: int = 4, steps: int = 1390, rows: int = 4, num_k_heads: int = 16,
                 num_v_heads: int = 32, head_dim: int = 128, alpha: float = 0.8,
                 checkpoints: int = 8, seed: int = 0, forms=DRIFT_FORMS,
@@ -70,16 +75,20 @@ def drift_study(*, batch: int = 4, steps: int = 1390, rows: int = 4, num_k_heads
             continue
         impl = registry.get(form)
         try:
-            if impl.unavailable() is not None:     # not here (SGLang absent): no case drawn
-                continue
-            case = StepCase(state_dtype=sd, **kw)
-            if impl.unsupported(case) is not None:
-                continue
-        except Exception as exc:  # noqa: BLE001 - its available/supports at fault: said, skipped
-            warnings.warn(f"drift: {form} ({sd}) left out: its available/supports raised "
-                          f"{type(exc).__name__}: {exc}", stacklevel=2)
+            why = impl.unavailable()               # not here (SGLang absent): no case drawn
+        except Exception as exc:  # noqa: BLE001 - its available at fault: said, skipped
+            _left_out(form, sd, "available", exc)
             continue
-        runs.append((form, sd, impl.build(case)))
+        if why is not None:
+            continue
+        case = StepCase(state_dtype=sd, **kw)      # a bad forms entry is the caller's error
+        try:
+            why = impl.unsupported(case)
+        except Exception as exc:  # noqa: BLE001 - its supports at fault: said, skipped
+            _left_out(form, sd, "supports", exc)
+            continue
+        if why is None:
+            runs.append((form, sd, impl.build(case)))
     marks = {int(round(steps * (j + 1) / checkpoints)) - 1 for j in range(checkpoints)}
     acc_all = ref_case.tensors["accepted"]
     tokens = torch.cumsum(acc_all.float().mean(1), 0).tolist()

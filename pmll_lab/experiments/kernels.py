@@ -92,7 +92,7 @@ def bind(points: list[dict], names, plugins=()) -> list[dict]:
     resumed from another clone or folder finds its points done."""
     files = {Path(f).expanduser().resolve() for f in
              (os.environ.get(registry.PLUGINS_ENV, "").split(os.pathsep)
-              + ([plugins] if isinstance(plugins, str) else list(plugins))) if f}
+              + ([plugins] if isinstance(plugins, (str, os.PathLike)) else list(plugins))) if f}
     h = hashlib.sha1()
     for digest in sorted(hashlib.sha1(f.read_bytes() if f.is_file() else b"").digest()
                          for f in files):

@@ -86,7 +86,10 @@ def _wanted(prov: str, base: dict, fla: bool, flashinfer: bool, sdt: str) -> boo
         return False           # FlashInfer's head sizes and dtypes
     if impl.family != V.FAMILY or impl.supports is None:
         return True            # a joined implementation's supports takes its own family's case
-    return impl.supports(SimpleNamespace(rows=K, head_dim=D, dtype=dt, state_dtype=sdt)) is None
+    try:
+        return impl.supports(SimpleNamespace(rows=K, head_dim=D, dtype=dt, state_dtype=sdt)) is None
+    except Exception:  # noqa: BLE001 - its supports at fault: the point runs, and is checked
+        return True
 
 
 def _point(p: dict, fla: bool, flashinfer: bool) -> dict | None:

@@ -198,17 +198,20 @@ def run_point(family: str, point: Mapping, names: Iterable[str] | str) -> list[d
     rows: list[dict] = []
     for name in names:
         impl = registry.get(name)
+        base = dict(kernel=name, impl=impl.impl, provider=impl.provider, exact=impl.exact,
+                    peer_version=None, family=family,
+                    state_layout=getattr(case, "state_layout", None))
+        if units > 1:                                  # a speculative step: its form
+            base.update(form=name, mean_accept=float(case.tensors["accepted"].float().mean()))
         try:
-            cols = impl.columns()
+            base.update(impl.columns())
+            if base["peer_version"] is not None and not isinstance(base["peer_version"], str):
+                raise ValueError(f"must return a str (or None), got {base['peer_version']!r}")
         except Exception as exc:  # noqa: BLE001 - its version() is at fault: a failed row
-            rows.append(failed_row(dict(kernel=name, impl=impl.impl, provider=impl.provider,
-                                        exact=impl.exact, family=family), "rel_l2",
+            rows.append(failed_row(dict(base, peer_version=None), "rel_l2",
                                    RuntimeError(f"version: {type(exc).__name__}: {exc}"),
                                    what="o", passed=False))
             continue
-        base = dict(cols, family=family, state_layout=getattr(case, "state_layout", None))
-        if units > 1:                                  # a speculative step: its form
-            base.update(form=name, mean_accept=float(case.tensors["accepted"].float().mean()))
         try:
             reason = impl.unavailable() or impl.unsupported(case)
         except Exception as exc:  # noqa: BLE001 - its supports/available is at fault
@@ -230,7 +233,8 @@ def run_point(family: str, point: Mapping, names: Iterable[str] | str) -> list[d
         try:
             nbytes = _bytes_moved(impl, case, chk.get("facts", {}))
         except Exception as exc:  # noqa: BLE001 - its checks stand; no time without its bytes
-            rows.append(failed_row(base, "bytes_moved_step" if units > 1 else "bytes_moved", exc))
+            rows.append(failed_row(base, "bytes_moved_step" if units > 1 else "bytes_moved",
+                                   RuntimeError(f"bytes: {type(exc).__name__}: {exc}")))
             continue
         if nbytes is not None:
             rows.append(dict(base, metric="bytes_moved_step" if units > 1 else "bytes_moved",
@@ -250,16 +254,21 @@ def run_point(family: str, point: Mapping, names: Iterable[str] | str) -> list[d
 
 
 def _bytes_moved(impl, case, facts: dict) -> int | None:
-    """``impl.bytes(case, facts)`` as a whole number of bytes >= 0 (None: no ``bytes``, or it
-    answered None); ``ValueError`` naming ``bytes`` for another answer."""
+    """``impl.bytes(case, facts)`` as a whole number of bytes in ``[0, 2**62]`` (a Python or
+    NumPy number, or a one-element integer tensor; None: no ``bytes``, or it answered None);
+    ``ValueError`` for another answer."""
     if impl.bytes is None:
         return None
     n = impl.bytes(case, facts)
+    if isinstance(n, torch.Tensor) and n.numel() == 1 and not n.is_floating_point() \
+            and n.dtype != torch.bool:
+        n = n.item()
     if n is None:
         return None
     if isinstance(n, bool) or not isinstance(n, numbers.Real) or not math.isfinite(n) \
-            or n < 0 or n != int(n):
-        raise ValueError(f"bytes: must return a whole number of bytes >= 0 (or None), got {n!r}")
+            or not 0 <= n <= 2 ** 62 or n != int(n):
+        raise ValueError(f"must return a whole number of bytes in [0, 2**62] (or None), got "
+                         f"{n!r}")
     return int(n)
 
 

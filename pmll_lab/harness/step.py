@@ -39,8 +39,13 @@ def acceptance_counts(steps: int, batch: int, rows: int, alpha: float, seed: int
     each accepted with probability ``alpha``; drawn from a seeded generator on the device."""
     _checks.positive_int("steps", steps)
     _checks.positive_int("rows", rows)
-    if not 0.0 <= float(alpha) <= 1.0:
-        raise ValueError(f"alpha: must lie in [0, 1], got {alpha}")
+    try:
+        ok = not isinstance(alpha, bool) and 0.0 <= float(alpha) <= 1.0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"alpha: the per-draft acceptance probability, a number in [0, 1], got "
+                         f"{alpha!r}")
     dev = DEVICE if device is None else torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(int(seed))
     u = torch.rand(steps, batch, max(rows - 1, 1), generator=gen, device=dev)

@@ -337,9 +337,9 @@ def test_ring_checks_found_by_a_fresh_trial():
 
 def test_ring_launchers_refuse_aliased_buffers_and_mixed_layer_shapes():
     """What a ring launch writes may not share memory with what it reads or writes elsewhere
-    (a race on a GPU), and one flush or accept launch serves rings of one shape (it takes
-    ``rings[0]``'s key heads and strides for every layer): ValueErrors naming the arguments,
-    nothing written."""
+    (a race on a GPU), and one flush launch serves rings of one shape (it takes ``rings[0]``'s
+    key heads and strides for every layer; the accept, which moves cursors only, takes any):
+    ValueErrors naming the arguments, nothing written."""
     x = gdn_inputs(3, 2, 1, 2, 16, 32, rows=3, slots=4, dtype=torch.float32, state_layout="kv")
     st = x["state"].transpose(-1, -2).contiguous()
     ring = GdnRing.empty(4, 1, 2, 16, 32, length=8)
@@ -353,9 +353,11 @@ def test_ring_launchers_refuse_aliased_buffers_and_mixed_layer_shapes():
     two_heads = GdnRing.empty(4, 2, 2, 16, 32, length=8)
     with pytest.raises(ValueError, match="^rings\\[1\\]: 2 key heads, rings\\[0\\] has 1"):
         gdn_ring_flush([st, st.clone()], [ring, two_heads], slots)
-    with pytest.raises(ValueError, match="^rings\\[1\\]: 2 key heads"):
-        ring_accept([ring, two_heads], slots, torch.ones(2, dtype=torch.int32, device=DEVICE),
-                    torch.zeros(2, dtype=torch.int32, device=DEVICE))
+    lens = two_heads.len.clone()                 # the accept moves cursors only: any heads
+    ring_accept([ring, two_heads], slots, torch.ones(2, dtype=torch.int32, device=DEVICE),
+                torch.ones(2, dtype=torch.int32, device=DEVICE))
+    moved = slots.long()
+    assert two_heads.len[moved].tolist() == (lens[moved] + 1).tolist()
     with pytest.raises(ValueError, match="^rings\\[0\\].len: shares memory with accepted"):
         ring_accept(ring, slots, torch.ones(2, dtype=torch.int32, device=DEVICE), ring.len[:2])
     assert bitwise_equal(st, before[0]) and bitwise_equal(ring.u, before[1])

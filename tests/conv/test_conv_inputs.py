@@ -256,10 +256,17 @@ def test_conv_inputs_make_what_conv_update_takes_at_every_width():
 
 
 def test_conv_carry_dtype_message_and_numpy_sizes():
+    """A str dtype and NumPy sizes (which would reach a kernel's size argument as NumPy
+    values and fail there) are refused, each naming its argument and the fix."""
+    import numpy as np
+
     with pytest.raises(ValueError, match=r"^dtype: must be torch.float32 or torch.bfloat16, "
                                          r"got 'bfloat16'"):
         ConvCarry.empty(3, 32, dtype="bfloat16")
-    import numpy as np
-
-    c = ConvCarry.empty(np.int64(3), np.int64(32), dtype=torch.float32)
-    assert c.stash.shape[0] == 3 and c.stash.shape[2] == 32
+    with pytest.raises(ValueError, match=r"^slots: expected an int, got int64 \(a NumPy "
+                                         r"integer: pass int\(slots\)\)"):
+        ConvCarry.empty(np.int64(3), 32, dtype=torch.float32)
+    d = _base()
+    with pytest.raises(ValueError, match=r"^qk_channels: expected an int, got int64"):
+        conv_update(d["conv_state"], d["x"], d["weight"], d["bias"],
+                    state_indices=d["state_indices"], qk_channels=np.int64(32), head_dim=16)

@@ -315,3 +315,25 @@ def test_failed_providers_are_marked_and_the_rest_runs(monkeypatch, tmp_path):
     shown = set(valid_speed_rows(df)["kernel"]) | set(E.wide_table(df)["kernel"])
     assert shown == {"decodes", "carry_exact_lazy", "carry_exact_lazy:nowb", "carry_exact_lazy:wb"}
     assert set(E.failed_points(df)["provider"]) == {"chain_snapshots", "carry_exact_eager"}
+
+
+def test_a_roofline_provider_whose_supports_raises_still_gets_its_points():
+    """A researcher's ``roofline_verify`` implementation whose ``supports`` raises is not
+    dropped from the grid (nor does it stop the grid): its points run and are checked there."""
+    from pmll_lab.experiments import roofline as RF
+    from pmll_lab.harness import registry
+    from pmll_lab.harness.registry import Implementation
+
+    def broken(case):
+        raise KeyError("rows")
+
+    verify = registry.family("roofline_verify")
+    registry.register(Implementation(name="test_broken_supports", family=verify.name,
+                                     label="x", provider="yours", impl="torch",
+                                     build=registry.get(registry.names(verify.name)[0]).build,
+                                     supports=broken), replace=True)
+    try:
+        base = dict(K=2, head_dim=16, dtype="float32")
+        assert RF._wanted("test_broken_supports", base, False, False, "float32") is True
+    finally:
+        registry.unregister("test_broken_supports")

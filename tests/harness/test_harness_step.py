@@ -447,3 +447,18 @@ def test_drift_study_leaves_out_a_form_whose_available_raises_and_says_so():
         registry.unregister("test_broken_step")
     assert set(both.form) == {"ring"} and len(base) == 3
     pd.testing.assert_frame_equal(both.reset_index(drop=True), base.reset_index(drop=True))
+
+
+def test_drift_study_names_a_bad_alpha_and_raises_for_a_bad_forms_entry():
+    """The caller's own errors are raised, not taken for a peer's: a non-numeric ``alpha``
+    names it, and a state dtype that is no torch dtype in ``forms`` raises (no warning)."""
+    from pmll_lab.step_drift import drift_study
+
+    kw = dict(batch=1, steps=2, rows=2, num_k_heads=1, num_v_heads=2, head_dim=16,
+              checkpoints=1, ring_length=8)
+    for bad in ("x", None, [0.5], True):
+        with pytest.raises(ValueError, match=r"^alpha: the per-draft acceptance probability"):
+            drift_study(alpha=bad, forms=(("ring", torch.float32),), **kw)
+    with pytest.raises(Exception) as info:
+        drift_study(forms=(("ring", "float32"),), **kw)
+    assert not isinstance(info.value, Warning)

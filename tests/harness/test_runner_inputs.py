@@ -429,6 +429,7 @@ def test_a_resumed_kernels_run_runs_a_point_again_when_what_runs_there_changed(t
     moved = tmp_path / "elsewhere" / "mine.py"           # the same file in another clone
     moved.write_bytes(f.read_bytes())
     assert ids(kernels.bind(pts, ["decode"], [str(moved)])) == ids(v2)
+    assert ids(kernels.bind(pts, ["decode"], moved)) == ids(v2)      # a Path, as load_plugins
     grid_forms = kernels.bind([dict(pts[0], forms="decode+decode_cuda")], ["decode"])
     assert grid_forms[0]["forms"] == "decode+decode_cuda"
 
@@ -455,11 +456,15 @@ def test_a_conv_step_point_with_a_non_numeric_alpha_is_refused_naming_it(no_buil
 
 
 @pytest.mark.parametrize("field, answer, message", [
-    ("bytes", lambda c, f: 1 / 0, "ZeroDivisionError"),
-    ("bytes", lambda c, f: -5, r"bytes: must return a whole number of bytes >= 0 \(or None\), got -5"),
-    ("bytes", lambda c, f: float("nan"), "bytes: must return a whole number .* got nan"),
-    ("bytes", lambda c, f: "64", "bytes: must return a whole number .* got '64'"),
+    ("bytes", lambda c, f: 1 / 0, "^RuntimeError: bytes: ZeroDivisionError"),
+    ("bytes", lambda c, f: -5, r"bytes: .*must return a whole number of bytes in \[0, 2\*\*62\] "
+                               r"\(or None\), got -5"),
+    ("bytes", lambda c, f: float("nan"), "bytes: .*must return a whole number .* got nan"),
+    ("bytes", lambda c, f: "64", "bytes: .*must return a whole number .* got '64'"),
+    ("bytes", lambda c, f: 1e30, "bytes: .*must return a whole number .* got 1e\\+30"),
     ("version", lambda: 1 / 0, "version: ZeroDivisionError"),
+    ("version", lambda: 5, "version: ValueError: must return a str \\(or None\\), got 5"),
+    ("version", lambda: ["1.0"], "version: ValueError: must return a str .* got \\['1.0'\\]"),
 ])
 def test_a_bytes_or_version_that_misbehaves_is_its_own_failed_row(field, answer, message):
     """A researcher's ``bytes``/``version`` that raises or answers nonsense fails its own row;
@@ -512,3 +517,36 @@ def test_your_implementation_is_not_replaced_by_one_claiming_to_be_ours():
         assert registry.get("test_claim").provider == "yours"
     finally:
         registry.unregister("test_claim")
+
+
+def test_a_step_form_whose_version_raises_keeps_its_form_in_the_failed_row():
+    """A step family's rows carry ``form`` (the step tables group by it): the failed row of a
+    form whose ``version`` raises has it, so the failure shows in those tables."""
+    from pmll_lab.harness.registry import Implementation
+
+    ring = registry.get("ring")
+    registry.register(Implementation(name="test_bad_version", family="gdn_step", label="x",
+                                     provider="yours", impl="torch", build=ring.build,
+                                     version=lambda: 1 / 0), replace=True)
+    try:
+        rows = run_point("gdn_step", STEP, ["test_bad_version"])
+    finally:
+        registry.unregister("test_bad_version")
+    (bad,) = rows
+    assert bad["status"] == "failed" and bad["form"] == "test_bad_version"
+    assert bad["peer_version"] is None and "version: ZeroDivisionError" in bad["error"]
+
+
+def test_bytes_may_be_a_one_element_integer_tensor():
+    from pmll_lab.harness.decode import DECODE as OURS
+    from pmll_lab.harness.registry import Implementation
+
+    registry.register(Implementation(name="test_tensor_bytes", family="gdn_decode", label="x",
+                                     provider="yours", impl="torch", build=OURS.build,
+                                     bytes=lambda c, f: torch.tensor(4096)), replace=True)
+    try:
+        rows = run_point("gdn_decode", DECODE, ["test_tensor_bytes"])
+    finally:
+        registry.unregister("test_tensor_bytes")
+    (b,) = [r for r in rows if r["metric"] == "bytes_moved"]
+    assert b["value"] == 4096 and type(b["value"]) is int and b["status"] == "ok"

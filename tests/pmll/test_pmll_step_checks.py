@@ -62,3 +62,10 @@ def test_head_size_mismatch_names_q(impl):
     with pytest.raises(ValueError, match=r"^mem: "):            # q, k, v agree, the ring not
         pmll_step(RingMemory.empty(B, H, M, 2 * D), q, k, v, impl=impl)
     assert bitwise_equal(mem.k, before.k) and mem.count.tolist() == before.count.tolist()
+
+
+@pytest.mark.parametrize("validate", ["no", None, 1])
+def test_pmll_step_refuses_a_non_bool_validate_without_a_ring_too(validate):
+    x = pmll_inputs(3, 2, 2, 3, 16, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"^validate: expected a bool"):
+        pmll_step(None, x["q"], x["k_new"], x["v_new"], validate=validate)

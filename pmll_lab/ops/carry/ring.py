@@ -395,9 +395,6 @@ def _ring_list(rings) -> list[GdnRing]:
             raise ValueError(f"rings[{i}]: expected a GdnRing, got {type(r).__name__}")
         if (r.slots, r.length) != (rings[0].slots, rings[0].length):
             raise ValueError(f"rings[{i}]: slots/length differ from rings[0]")
-        if r.num_k_heads != rings[0].num_k_heads:     # one launch takes rings[0]'s HK, strides
-            raise ValueError(f"rings[{i}]: {r.num_k_heads} key heads, rings[0] has "
-                             f"{rings[0].num_k_heads} (one launch serves layers of one shape)")
         _checks.same_device("rings[0].len", rings[0].len, **{f"rings[{i}].len": r.len})
     return rings
 
@@ -474,6 +471,10 @@ def gdn_ring_flush(states, rings, slot_tab, *, validate=False,
         check_state(f"states[{i}]", st)
         _check_dims(st, state_layout)
         check_ring(f"rings[{i}]", r, st)
+        if r.num_k_heads != rings[0].num_k_heads:     # one launch takes rings[0]'s HK, strides
+            raise ValueError(f"rings[{i}]: {r.num_k_heads} key heads, rings[0] has "
+                             f"{rings[0].num_k_heads} (one flush launch serves layers of one "
+                             "shape)")
         if st.shape != states[0].shape or st.stride() != states[0].stride() \
                 or st.dtype != states[0].dtype:
             raise ValueError(f"states[{i}]: shape/strides/dtype differ from states[0]")
