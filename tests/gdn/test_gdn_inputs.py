@@ -186,5 +186,5 @@ def test_input_makers_name_a_bad_argument():
         pmll_inputs(0, 1, 0, 4, 8)
     with pytest.raises(ValueError, match=r"^slots: must be >= batch \(2\), got 1"):
         conv_inputs(0, 2, 8, slots=1)
-    with pytest.raises(ValueError, match=r"^state_len: must be >= d_conv - 1 = 3"):
+    with pytest.raises(ValueError, match=r"^state_len: must be >= max\(1, d_conv - 1\) = 3"):
         conv_inputs(0, 2, 8, d_conv=4, state_len=1)
